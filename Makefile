@@ -1,0 +1,34 @@
+# Everything starts from a fresh machine: `make test` and `make demo` create .venv themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+DEMO   := demo_out
+
+.PHONY: setup test lint typecheck demo bench-pack clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check shardkit tests pipelines benchmarks sample_data
+
+typecheck: setup
+	$(BIN)/mypy
+
+test: setup lint
+	$(BIN)/python -m pytest -q tests
+
+demo: setup
+	rm -rf $(DEMO)
+	$(BIN)/shardkit pack sample_data/imagefolder $(DEMO)/imagefolder --max-count 64 --seed 0
+	$(BIN)/shardkit verify $(DEMO)/imagefolder --decode
+	$(BIN)/shardkit info $(DEMO)/imagefolder
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,60 @@
+"""shardkit: pack image datasets into tar shards and stream them fast into PyTorch.
+
+``import shardkit`` stays light (no torch); the torch-backed names (``ShardLoader``,
+``transforms``) are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from shardkit.errors import (
+    DecodeError,
+    FormatError,
+    LoaderError,
+    ManifestError,
+    PackError,
+    ShardkitError,
+    SourceError,
+    StorageError,
+    VerifyError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DecodeError",
+    "FormatError",
+    "LoaderError",
+    "ManifestError",
+    "PackError",
+    "ShardkitError",
+    "SourceError",
+    "StorageError",
+    "VerifyError",
+    "ShardLoader",
+    "transforms",
+    "__version__",
+]
+
+# name -> "module:attribute" (attribute empty: the module itself); imported on first access.
+_LAZY = {
+    "ShardLoader": "shardkit.loader:ShardLoader",
+    "transforms": "shardkit.transforms:",
+}
+
+if TYPE_CHECKING:
+    from shardkit import transforms
+    from shardkit.loader import ShardLoader
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'shardkit' has no attribute {name!r}")
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value

@@ -1,0 +1,48 @@
+"""The exceptions shardkit raises, each carrying the place (url, shard, key) it concerns."""
+
+from __future__ import annotations
+
+
+class ShardkitError(Exception):
+    """Base class of every error shardkit raises on purpose.
+
+    ``where`` names the file, shard, member or sample concerned (may be empty); the message
+    says what is wrong with it. ``str(err)`` gives ``"<where>: <message>"``.
+    """
+
+    def __init__(self, message: str, *, where: str = "") -> None:
+        self.message = message
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class SourceError(ShardkitError):
+    """The input dataset (ImageFolder tree, COCO json) is missing or malformed."""
+
+
+class FormatError(ShardkitError):
+    """A shard or member does not follow the shardkit/webdataset tar format."""
+
+
+class ManifestError(ShardkitError):
+    """``index.json`` is missing, malformed, or of an unknown format version."""
+
+
+class VerifyError(ShardkitError):
+    """A packed dataset does not match its manifest (size, count, hash, member)."""
+
+
+class StorageError(ShardkitError):
+    """Reading or writing a local path or fsspec URL failed."""
+
+
+class PackError(ShardkitError):
+    """Packing cannot proceed (e.g. DST holds a different dataset)."""
+
+
+class DecodeError(ShardkitError):
+    """An image could not be decoded."""
+
+
+class LoaderError(ShardkitError):
+    """The loader was misconfigured or hit data it cannot recover from."""
