@@ -1,0 +1,1 @@
+"""Streaming packed shards into PyTorch: epoch plan, shard reading, decode, batching, prefetch."""

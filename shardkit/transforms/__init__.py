@@ -1,0 +1,1 @@
+"""Image transforms: crop/flip parameter sampling, CPU tensor ops, presets, batched GPU kernels."""
