@@ -1,0 +1,172 @@
+"""Resume state of a loader: a tiny, versioned, JSON-able record and its compatibility check.
+
+The state is the same on every rank (rank is not part of it), so rank 0 alone may save it.
+``batches_consumed`` counts batches each rank has delivered in ``epoch``; resuming means
+``worker_batch_indices(..., start_batch=batches_consumed)`` on the same epoch plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import LoaderError
+from shardkit.loader.plan import num_batches
+
+STATE_VERSION = 1
+_WHERE = "loader state"
+_BOOLS = frozenset({"drop_last", "shuffle"})
+_PROGRESS = frozenset({"version", "epoch", "batches_consumed"})
+_MINIMUM = {
+    "seed": 0,
+    "epoch": 0,
+    "batches_consumed": 0,
+    "num_samples": 1,
+    "world_size": 1,
+    "batch_size": 1,
+    "window": 1,
+}
+
+
+def shards_digest(shard_sizes: Sequence[int] | np.ndarray) -> str:
+    """A short fingerprint of the shard layout (sizes, in manifest order) for :class:`LoaderState`.
+
+    >>> shards_digest([3, 2]) == shards_digest([3, 2]) != shards_digest([2, 3])
+    True
+    """
+    text = ",".join(str(int(s)) for s in np.asarray(shard_sizes).reshape(-1))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoaderState:
+    """Where a loader stands: progress (``epoch``, ``batches_consumed``) plus the configuration
+    the epoch plan depends on, so a resume with a different plan is refused, not silently wrong.
+
+    Construction validates types and ranges (numpy ints/bools are converted to Python ones) and
+    raises LoaderError. ``batches_consumed == num_batches`` means the epoch is complete.
+
+    >>> s = LoaderState(seed=0, epoch=1, batches_consumed=2, num_samples=100,
+    ...                 shards_digest=shards_digest([50, 50]), world_size=2, batch_size=8,
+    ...                 drop_last=True, shuffle=True, window=8)
+    >>> LoaderState.from_dict(s.to_dict()) == s
+    True
+    """
+
+    version: int = STATE_VERSION
+    seed: int
+    epoch: int
+    batches_consumed: int
+    num_samples: int
+    shards_digest: str
+    world_size: int
+    batch_size: int
+    drop_last: bool
+    shuffle: bool
+    window: int
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _BOOLS:
+                if not isinstance(value, (bool, np.bool_)):
+                    raise LoaderError(f"{f.name} must be a bool, got {value!r}", where=_WHERE)
+                value = bool(value)
+            elif f.name == "shards_digest":
+                if not isinstance(value, str):
+                    raise LoaderError(f"{f.name} must be a str, got {value!r}", where=_WHERE)
+            else:
+                value = _as_int(f.name, value)
+            object.__setattr__(self, f.name, value)
+        if self.version != STATE_VERSION:
+            raise LoaderError(
+                f"unsupported state version {self.version} "
+                f"(this shardkit reads version {STATE_VERSION})",
+                where=_WHERE,
+            )
+        for name, low in _MINIMUM.items():
+            if getattr(self, name) < low:
+                raise LoaderError(
+                    f"{name} must be >= {low}, got {getattr(self, name)}", where=_WHERE
+                )
+        nb = num_batches(
+            self.num_samples,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
+        if self.batches_consumed > nb:
+            raise LoaderError(
+                f"batches_consumed {self.batches_consumed} exceeds the {nb} batches of an epoch",
+                where=_WHERE,
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field (``json.dumps`` works on it as is)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LoaderState:
+        """Rebuild a state from :meth:`to_dict` output (e.g. after ``json.loads``).
+
+        Raises LoaderError for a non-mapping, an unknown ``version``, missing or unknown keys,
+        or values of the wrong type or range.
+        """
+        if not isinstance(d, Mapping):
+            raise LoaderError(f"expected a dict, got {type(d).__name__}", where=_WHERE)
+        if "version" not in d or d["version"] != STATE_VERSION:
+            raise LoaderError(
+                f"unsupported state version {d.get('version')!r} "
+                f"(this shardkit reads version {STATE_VERSION})",
+                where=_WHERE,
+            )
+        names = {f.name for f in dataclasses.fields(cls)}
+        if missing := sorted(names - d.keys()):
+            raise LoaderError(f"missing keys {missing}", where=_WHERE)
+        if unknown := sorted(map(str, d.keys() - names)):
+            raise LoaderError(f"unknown keys {unknown}", where=_WHERE)
+        return cls(**d)
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise LoaderError(f"{name} must be an int, got {value!r}", where=_WHERE)
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise LoaderError(f"{name} must be an int, got {value!r}", where=_WHERE) from None
+
+
+def check_compatible(state: LoaderState, **current: object) -> None:
+    """Refuse to resume ``state`` in a loader configured differently.
+
+    ``current`` must name every configuration field of :class:`LoaderState` (all but
+    ``version``, ``epoch`` and ``batches_consumed``) with the resuming loader's value; a missing,
+    unknown or differing one raises LoaderError naming every mismatch.
+
+    >>> s = LoaderState(seed=0, epoch=0, batches_consumed=0, num_samples=10, shards_digest="x",
+    ...                 world_size=1, batch_size=2, drop_last=False, shuffle=False, window=8)
+    >>> check_compatible(s, seed=0, num_samples=10, shards_digest="x", world_size=1,
+    ...                  batch_size=2, drop_last=False, shuffle=False, window=8)
+    """
+    config = {f.name for f in dataclasses.fields(state)} - _PROGRESS
+    if unknown := sorted(current.keys() - config):
+        raise LoaderError(f"not configuration fields: {unknown}", where=_WHERE)
+    if missing := sorted(config - current.keys()):
+        raise LoaderError(f"check_compatible needs {missing}", where=_WHERE)
+    diffs = [
+        f"{k}: state has {getattr(state, k)!r}, loader has {current[k]!r}"
+        for k in sorted(config)
+        if getattr(state, k) != current[k]
+    ]
+    if diffs:
+        raise LoaderError(
+            "cannot resume, the saved state was made for a different "
+            "configuration: " + "; ".join(diffs),
+            where=_WHERE,
+        )

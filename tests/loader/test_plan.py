@@ -1,0 +1,225 @@
+"""Property tests of the epoch plan: permutation, window bound, partition, workers, resume."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from shardkit.errors import LoaderError
+from shardkit.loader.plan import (
+    batch_positions,
+    epoch_order,
+    locate,
+    num_batches,
+    rank_batches,
+    sample_seed,
+    sample_seeds,
+    shard_offsets,
+    worker_batch_indices,
+)
+
+
+@st.composite
+def shard_sizes(draw: st.DrawFn, max_n: int = 5000) -> list[int]:
+    """Random shard sizes (empty shards included) totalling 1..max_n samples."""
+    n = draw(st.integers(1, max_n))
+    num_shards = draw(st.integers(1, min(n, 60)))
+    cuts = draw(st.lists(st.integers(0, n), min_size=num_shards - 1, max_size=num_shards - 1))
+    return np.diff([0, *sorted(cuts), n]).tolist()
+
+
+def merge_round_robin(streams: list[range]) -> list[int]:
+    """What torch's DataLoader does with iterable workers: take one from each in turn."""
+    out, its = [], [iter(s) for s in streams]
+    while its:
+        for it in list(its):
+            if (x := next(it, None)) is None:
+                its.remove(it)
+            else:
+                out.append(x)
+    return out
+
+
+def open_shards(order: np.ndarray, offsets: np.ndarray) -> int:
+    """Most shards a sequential reader of ``order`` has started but not finished at once."""
+    shard, _ = locate(order, offsets)
+    pos = np.arange(order.size)
+    first = np.full(offsets.size - 1, order.size)
+    last = np.full(offsets.size - 1, -1)
+    np.minimum.at(first, shard, pos)
+    np.maximum.at(last, shard, pos)
+    used = last >= 0
+    delta = np.zeros(order.size + 1, dtype=np.int64)
+    np.add.at(delta, first[used], 1)
+    np.add.at(delta, last[used] + 1, -1)
+    return int(np.cumsum(delta).max())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=shard_sizes(),
+    seed=st.integers(0, 2**64 - 1),
+    epoch=st.integers(0, 1000),
+    window=st.integers(1, 10),
+)
+def test_epoch_order_is_a_deterministic_windowed_permutation(sizes, seed, epoch, window):
+    order = epoch_order(sizes, seed=seed, epoch=epoch, shuffle=True, window=window)
+    n = sum(sizes)
+    assert order.dtype == np.int64
+    assert np.array_equal(np.sort(order), np.arange(n))
+    again = epoch_order(sizes, seed=seed, epoch=epoch, shuffle=True, window=window)
+    assert np.array_equal(order, again)
+    assert open_shards(order, shard_offsets(sizes)) <= window
+    assert np.array_equal(epoch_order(sizes, seed=seed, epoch=epoch, shuffle=False), np.arange(n))
+    if n >= 20:  # two epochs coincide with probability < 1/20!
+        other = epoch_order(sizes, seed=seed, epoch=epoch + 1, shuffle=True, window=window)
+        assert not np.array_equal(order, other)
+
+
+def test_window_groups_are_whole_shards():
+    sizes = [5] * 12
+    order = epoch_order(sizes, seed=3, epoch=0, shuffle=True, window=4)
+    shard, _ = locate(order, shard_offsets(sizes))
+    groups = [set(shard[i : i + 20].tolist()) for i in range(0, 60, 20)]
+    assert all(len(g) == 4 for g in groups) and set.union(*groups) == set(range(12))
+    assert open_shards(order, shard_offsets(sizes)) > 1  # samples really do mix across shards
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=shard_sizes(),
+    world_size=st.integers(1, 8),
+    batch_size=st.integers(1, 64),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+)
+def test_ranks_partition_the_epoch(sizes, world_size, batch_size, drop_last, shuffle):
+    n = sum(sizes)
+    order = epoch_order(sizes, seed=7, epoch=1, shuffle=shuffle)
+    if drop_last:
+        assume(n >= world_size * batch_size)
+    nb = num_batches(n, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
+    per_rank = [
+        rank_batches(
+            order, rank=r, world_size=world_size, batch_size=batch_size, drop_last=drop_last
+        )
+        for r in range(world_size)
+    ]
+    assert all(b.shape == (nb, batch_size) and b.dtype == np.int64 for b in per_rank)
+    stream = np.concatenate([b.reshape(-1) for b in per_rank])
+    counts = np.bincount(stream, minlength=n)
+    if drop_last:
+        assert counts.max() == 1 and n - stream.size < world_size * batch_size
+        assert np.array_equal(stream, order[: stream.size])
+    else:
+        assert counts.min() >= 1 and stream.size - n < world_size * batch_size
+        assert np.array_equal(stream, np.resize(order, stream.size))  # cyclic padding
+        assert counts.max() - counts.min() <= 1  # repeats spread as evenly as possible
+
+
+def test_drop_last_with_too_few_samples_gives_no_batches():
+    batches = rank_batches(np.arange(5), rank=1, world_size=2, batch_size=4, drop_last=True)
+    assert batches.shape == (0, 4)
+
+
+def test_padding_wraps_when_pad_exceeds_dataset():
+    batches = rank_batches(np.arange(3), rank=0, world_size=2, batch_size=5, drop_last=False)
+    assert batches.tolist() == [[0, 1, 2, 0, 1]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    nb=st.integers(0, 40),
+    num_workers=st.integers(0, 4),
+    start=st.integers(0, 40),
+)
+def test_workers_cover_all_batches_in_order_from_any_resume_point(nb, num_workers, start):
+    start = min(start, nb)
+    streams = [
+        worker_batch_indices(nb, num_workers=num_workers, worker_id=w, start_batch=start)
+        for w in range(max(num_workers, 1))
+    ]
+    assert merge_round_robin(streams) == list(range(start, nb))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=shard_sizes(max_n=2000),
+    world_size=st.integers(1, 8),
+    batch_size=st.integers(1, 64),
+    workers=st.tuples(st.integers(0, 4), st.integers(0, 4)),
+    data=st.data(),
+)
+def test_resume_continues_the_uninterrupted_run(sizes, world_size, batch_size, workers, data):
+    order = epoch_order(sizes, seed=11, epoch=3, shuffle=True)
+    rank = data.draw(st.integers(0, world_size - 1))
+    batches = rank_batches(
+        order, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=False
+    )
+    nb = len(batches)
+    k = data.draw(st.integers(0, nb))
+
+    def run(num_workers: int, start: int) -> list[list[int]]:
+        streams = [
+            worker_batch_indices(nb, num_workers=num_workers, worker_id=w, start_batch=start)
+            for w in range(max(num_workers, 1))
+        ]
+        return [batches[j].tolist() for j in merge_round_robin(streams)]
+
+    full = run(workers[0], 0)
+    assert full == batches.tolist()  # independent of the number of workers
+    assert run(workers[1], k) == full[k:]
+
+
+def test_locate_inverts_offsets():
+    offsets = shard_offsets([3, 0, 2, 4])
+    shard, index = locate(np.arange(9), offsets)
+    assert shard.tolist() == [0, 0, 0, 2, 2, 3, 3, 3, 3]
+    assert index.tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3]
+    with pytest.raises(LoaderError):
+        locate([9], offsets)
+
+
+def test_sample_seeds_match_scalar_and_differ():
+    positions = np.arange(10_000)
+    seeds = sample_seeds(5, 2, positions)
+    assert seeds.dtype == np.uint64
+    assert [int(s) for s in seeds[:100]] == [sample_seed(5, 2, p) for p in range(100)]
+    assert len(set(seeds.tolist())) == seeds.size
+    assert sample_seed(5, 2, 0) != sample_seed(5, 3, 0) != sample_seed(6, 2, 0)
+    assert list(batch_positions(2, 1, num_batches=3, batch_size=4)) == [28, 29, 30, 31]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: shard_offsets([1, -1]),
+        lambda: shard_offsets([1.5]),
+        lambda: epoch_order([4], seed=-1, epoch=0, shuffle=True),
+        lambda: epoch_order([4], seed=0, epoch=0, shuffle=True, window=0),
+        lambda: rank_batches(np.arange(0), rank=0, world_size=1, batch_size=1, drop_last=False),
+        lambda: rank_batches(np.arange(4), rank=2, world_size=2, batch_size=1, drop_last=False),
+        lambda: rank_batches(np.arange(4), rank=0, world_size=1, batch_size=0, drop_last=False),
+        lambda: num_batches(4, world_size=0, batch_size=1, drop_last=True),
+        lambda: worker_batch_indices(4, num_workers=2, worker_id=2),
+        lambda: worker_batch_indices(4, num_workers=0, worker_id=1),
+        lambda: worker_batch_indices(4, num_workers=1, worker_id=0, start_batch=5),
+        lambda: sample_seed(0, 0, -1),
+    ],
+)
+def test_bad_arguments_raise_loader_error(call):
+    with pytest.raises(LoaderError):
+        call()
+
+
+def test_imagenet_sized_order_is_fast():
+    sizes = [1000] * 1300
+    epoch_order(sizes, seed=0, epoch=0, shuffle=True)  # warm up
+    start = time.perf_counter()
+    order = epoch_order(sizes, seed=0, epoch=1, shuffle=True)
+    assert time.perf_counter() - start < 0.5  # target 0.2 s; slack for loaded CI machines
+    assert order.size == 1_300_000

@@ -1,0 +1,121 @@
+"""LoaderState: JSON round trip, validation, and refusal of incompatible resumes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardkit.errors import LoaderError
+from shardkit.loader.plan import num_batches
+from shardkit.loader.state import LoaderState, check_compatible, shards_digest
+
+CONFIG: dict[str, Any] = dict(
+    seed=1,
+    num_samples=100,
+    shards_digest=shards_digest([60, 40]),
+    world_size=2,
+    batch_size=8,
+    drop_last=False,
+    shuffle=True,
+    window=8,
+)
+
+
+def make(**changes: Any) -> LoaderState:
+    return LoaderState(**{**CONFIG, "epoch": 3, "batches_consumed": 5, **changes})
+
+
+@given(
+    seed=st.integers(0, 2**64 - 1),
+    epoch=st.integers(0, 10**6),
+    world_size=st.integers(1, 8),
+    batch_size=st.integers(1, 64),
+    drop_last=st.booleans(),
+    consumed=st.integers(0, 100),
+)
+def test_round_trips_through_json(seed, epoch, world_size, batch_size, drop_last, consumed):
+    nb = num_batches(100, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
+    state = make(
+        seed=seed,
+        epoch=epoch,
+        batches_consumed=min(consumed, nb),
+        world_size=world_size,
+        batch_size=batch_size,
+        drop_last=drop_last,
+    )
+    assert LoaderState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+
+def test_numpy_values_become_python_values():
+    state = make(num_samples=np.int64(100), shuffle=np.bool_(True))
+    assert type(state.num_samples) is int and type(state.shuffle) is bool
+    json.dumps(state.to_dict())
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", None])
+def test_unknown_version_is_refused(version):
+    d = make().to_dict() | {"version": version}
+    with pytest.raises(LoaderError, match="version"):
+        LoaderState.from_dict(d)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"epoch": "3"},
+        {"epoch": 3.0},
+        {"batch_size": True},
+        {"shuffle": 1},
+        {"shards_digest": 5},
+        {"world_size": 0},
+        {"seed": -1},
+        {"batches_consumed": 8},  # an epoch of 100 samples on 2 ranks x 8 has 7 batches
+    ],
+)
+def test_bad_values_are_refused(bad):
+    with pytest.raises(LoaderError):
+        LoaderState.from_dict(make().to_dict() | bad)
+
+
+def test_missing_and_unknown_keys_are_refused():
+    d = make().to_dict()
+    with pytest.raises(LoaderError, match="missing"):
+        LoaderState.from_dict({k: v for k, v in d.items() if k != "window"})
+    with pytest.raises(LoaderError, match="unknown"):
+        LoaderState.from_dict(d | {"rank": 0})
+    with pytest.raises(LoaderError):
+        LoaderState.from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_compatible_configuration_passes():
+    check_compatible(make(), **CONFIG)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"num_samples": 101},
+        {"world_size": 4},
+        {"batch_size": 16},
+        {"drop_last": True},
+        {"shuffle": False},
+        {"seed": 2},
+        {"window": 4},
+        {"shards_digest": shards_digest([40, 60])},
+    ],
+)
+def test_incompatible_configuration_is_refused(change):
+    with pytest.raises(LoaderError, match=next(iter(change))):
+        check_compatible(make(), **(CONFIG | change))
+
+
+def test_check_compatible_needs_every_config_field():
+    with pytest.raises(LoaderError, match="window"):
+        check_compatible(make(), **{k: v for k, v in CONFIG.items() if k != "window"})
+    with pytest.raises(LoaderError, match="epoch"):
+        check_compatible(make(), **CONFIG, epoch=3)
