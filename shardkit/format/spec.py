@@ -1,0 +1,107 @@
+"""The shardkit format, version 1: names of shards, keys and members (see FORMAT.md)."""
+
+from __future__ import annotations
+
+import re
+
+from shardkit.errors import FormatError
+
+FORMAT_NAME = "shardkit"
+FORMAT_VERSION = 1
+INDEX_NAME = "index.json"
+SHARD_SUFFIX = ".tar"
+OFFSETS_SUFFIX = ".idx"
+
+#: torchvision's ``IMG_EXTENSIONS`` (what ``ImageFolder`` accepts), lower case, without dot.
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
+#: Member extensions an image may have inside a shard (after normalisation).
+IMAGE_MEMBER_EXTENSIONS = frozenset({"jpg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
+#: PIL format name -> member extension, used when the content says what the file is.
+PIL_FORMAT_EXTENSIONS = {
+    "JPEG": "jpg",
+    "MPO": "jpg",
+    "PNG": "png",
+    "PPM": "ppm",
+    "BMP": "bmp",
+    "TIFF": "tiff",
+    "WEBP": "webp",
+}
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+_SHARD_RE = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{6,})\.tar$")
+
+
+def shard_name(prefix: str, index: int) -> str:
+    """Name of shard ``index``: ``"<prefix>-<NNNNNN>.tar"``.
+
+    >>> shard_name("train", 3)
+    'train-000003.tar'
+    """
+    if index < 0:
+        raise ValueError(f"shard index must be >= 0, got {index}")
+    return f"{prefix}-{index:06d}{SHARD_SUFFIX}"
+
+
+def offsets_name(shard: str) -> str:
+    """Name of the per-sample offsets file beside ``shard`` (``x-000000.tar`` -> ``x-000000.idx``)."""
+    return shard[: -len(SHARD_SUFFIX)] + OFFSETS_SUFFIX if shard.endswith(SHARD_SUFFIX) else shard + OFFSETS_SUFFIX
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether ``name`` looks like a shard this format writes."""
+    return _SHARD_RE.match(name) is not None
+
+
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if usable in shard names, else raise ``ValueError``."""
+    if not prefix or "/" in prefix or "\\" in prefix or prefix.startswith("."):
+        raise ValueError(f"invalid shard prefix {prefix!r}: use a plain name without slashes")
+    return prefix
+
+
+def make_key(index: int, width: int) -> str:
+    """The key of the sample with source index ``index``, zero-padded to ``width`` digits.
+
+    >>> make_key(42, 8)
+    '00000042'
+    """
+    return f"{index:0{width}d}"
+
+
+def key_width(num_samples: int) -> int:
+    """Digits needed for keys of a dataset of ``num_samples`` (at least 8, so keys sort numerically)."""
+    return max(8, len(str(max(num_samples - 1, 0))))
+
+
+def check_key(key: str, *, where: str = "") -> str:
+    """Return ``key`` if valid (ASCII letters, digits, ``_``, ``-``; no dots or slashes)."""
+    if not _KEY_RE.match(key):
+        raise FormatError(f"invalid sample key {key!r} (allowed: A-Z a-z 0-9 _ -)", where=where)
+    return key
+
+
+def member_name(key: str, ext: str) -> str:
+    """Tar member name of field ``ext`` of sample ``key``: ``"<key>.<ext>"``."""
+    return f"{key}.{ext}"
+
+
+def split_member(name: str, *, where: str = "") -> tuple[str, str]:
+    """Split a member name into ``(key, ext)`` at the first dot, like webdataset.
+
+    >>> split_member("00000001.jpg")
+    ('00000001', 'jpg')
+    """
+    key, dot, ext = name.partition(".")
+    if not dot or not key or not ext:
+        raise FormatError(f"member {name!r} is not named '<key>.<ext>'", where=where)
+    return key, ext
+
+
+def normalize_extension(suffix: str) -> str:
+    """Lower-case an image file suffix and map ``jpeg``/``jpe`` to ``jpg``.
+
+    >>> normalize_extension(".JPEG")
+    'jpg'
+    """
+    ext = suffix.lower().lstrip(".")
+    return "jpg" if ext in ("jpeg", "jpe") else ext

@@ -1,0 +1,94 @@
+"""Byte-reproducible tar writing: fixed member order, mtime, owner and mode; offsets recorded."""
+
+from __future__ import annotations
+
+import hashlib
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from shardkit.format.spec import check_key, member_name
+
+BLOCK = 512
+RECORD = 20 * BLOCK  # GNU tar's default record size; the archive is padded to a multiple of it
+_MTIME = 0
+_MODE = 0o444
+
+
+@dataclass(frozen=True)
+class SampleSpan:
+    """Where one sample sits in a shard: ``size`` bytes from ``offset`` (its first header)."""
+
+    key: str
+    offset: int
+    size: int
+
+
+@dataclass
+class ShardSummary:
+    """What was written: counts, total bytes, sha256 of the whole file, per-sample spans."""
+
+    num_samples: int
+    num_bytes: int
+    sha256: str
+    spans: list[SampleSpan] = field(default_factory=list)
+
+
+class TarShardWriter:
+    """Write samples as consecutive tar members ``<key>.<ext>`` into a binary file object.
+
+    Members of a sample are written in sorted extension order with mtime 0, uid/gid 0, empty
+    owner names and mode 0444, so the same samples always give the same bytes. The sha256 of
+    everything written is computed on the way.
+
+    Example::
+
+        with open("x-000000.tar", "wb") as f:
+            w = TarShardWriter(f)
+            w.add("00000001", [("cls", b"3"), ("jpg", data)])
+            summary = w.close()
+    """
+
+    def __init__(self, fileobj: BinaryIO) -> None:
+        self._file = fileobj
+        self._hash = hashlib.sha256()
+        self._pos = 0
+        self._spans: list[SampleSpan] = []
+        self._closed = False
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self._file.write(data)
+        self._hash.update(data)
+        self._pos += len(data)
+
+    def add(self, key: str, fields: Sequence[tuple[str, bytes]]) -> None:
+        """Append sample ``key`` with ``(ext, bytes)`` fields (written sorted by ext)."""
+        if self._closed:
+            raise ValueError("writer is closed")
+        check_key(key)
+        start = self._pos
+        for ext, data in sorted(fields, key=lambda f: f[0]):
+            info = tarfile.TarInfo(member_name(key, ext))
+            info.size = len(data)
+            info.mtime = _MTIME
+            info.mode = _MODE
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.type = tarfile.REGTYPE
+            self._write(info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict"))
+            self._write(data)
+            pad = -len(data) % BLOCK
+            if pad:
+                self._write(bytes(pad))
+        self._spans.append(SampleSpan(key, start, self._pos - start))
+
+    def close(self) -> ShardSummary:
+        """Write the end-of-archive blocks and record padding; return the summary."""
+        if not self._closed:
+            self._write(bytes(2 * BLOCK))
+            pad = -self._pos % RECORD
+            if pad:
+                self._write(bytes(pad))
+            self._closed = True
+        return ShardSummary(len(self._spans), self._pos, self._hash.hexdigest(), list(self._spans))

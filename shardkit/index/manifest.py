@@ -1,0 +1,155 @@
+"""``index.json``: the manifest of a packed dataset. Read, validate, write (always last)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardkit.errors import ManifestError
+from shardkit.format.spec import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
+from shardkit.storage import Store
+
+KINDS = ("imagefolder", "coco")
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard: ``url`` relative to the index, its sample count, size and sha256."""
+
+    url: str
+    num_samples: int
+    num_bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "num_samples": self.num_samples, "num_bytes": self.num_bytes, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed ``index.json`` (format v1; see FORMAT.md for every field).
+
+    Example::
+
+        m = read_manifest(Store("out"))
+        m.num_samples, [s.url for s in m.shards]
+    """
+
+    kind: str
+    shards: tuple[ShardEntry, ...]
+    classes: tuple[str, ...] | None = None
+    categories: tuple[dict[str, Any], ...] | None = None
+    skipped: tuple[dict[str, str], ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+    created_by: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.num_samples for s in self.shards)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(s.num_bytes for s in self.shards)
+
+    def to_json(self) -> bytes:
+        """Serialise deterministically (same manifest, same bytes)."""
+        doc: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "kind": self.kind,
+            "num_samples": self.num_samples,
+        }
+        if self.classes is not None:
+            doc["classes"] = list(self.classes)
+        if self.categories is not None:
+            doc["categories"] = list(self.categories)
+        doc.update(self.extra)
+        doc["shards"] = [s.to_dict() for s in self.shards]
+        doc["skipped"] = list(self.skipped)
+        doc["options"] = self.options
+        doc["created_by"] = self.created_by
+        return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes, *, where: str) -> Manifest:
+        """Parse and validate; raise ``ManifestError`` naming ``where`` and the bad field."""
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ManifestError(f"not valid JSON ({err})", where=where) from err
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+            raise ManifestError(f"not a shardkit manifest (missing \"format\": \"{FORMAT_NAME}\")", where=where)
+        if doc.get("version") != FORMAT_VERSION:
+            raise ManifestError(
+                f"format version {doc.get('version')!r} is not supported (this shardkit reads version {FORMAT_VERSION})",
+                where=where,
+            )
+        kind = doc.get("kind")
+        if kind not in KINDS:
+            raise ManifestError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})", where=where)
+        shards = []
+        for i, s in enumerate(_require(doc, "shards", list, where)):
+            try:
+                entry = ShardEntry(str(s["url"]), int(s["num_samples"]), int(s["num_bytes"]), str(s["sha256"]))
+            except (KeyError, TypeError, ValueError) as err:
+                raise ManifestError(f"shards[{i}] is malformed ({err!r})", where=where) from err
+            if entry.num_samples < 0 or entry.num_bytes < 0:
+                raise ManifestError(f"shards[{i}] has negative counts", where=where)
+            if entry.url.startswith("/") or "://" in entry.url or ".." in entry.url.split("/"):
+                raise ManifestError(f"shards[{i}].url {entry.url!r} must be relative to the index", where=where)
+            shards.append(entry)
+        manifest = cls(
+            kind=kind,
+            shards=tuple(shards),
+            classes=tuple(doc["classes"]) if "classes" in doc else None,
+            categories=tuple(doc["categories"]) if "categories" in doc else None,
+            skipped=tuple(doc.get("skipped", ())),
+            options=dict(doc.get("options", {})),
+            created_by=str(doc.get("created_by", "")),
+            extra={k: doc[k] for k in ("info", "licenses") if k in doc},
+        )
+        if _require(doc, "num_samples", int, where) != manifest.num_samples:
+            raise ManifestError(
+                f"num_samples {doc['num_samples']} differs from the sum over shards ({manifest.num_samples})",
+                where=where,
+            )
+        if kind == "imagefolder" and manifest.classes is None:
+            raise ManifestError("an imagefolder manifest needs \"classes\"", where=where)
+        return manifest
+
+
+def _require(doc: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    if key not in doc:
+        raise ManifestError(f"missing field {key!r}", where=where)
+    if not isinstance(doc[key], kind):
+        raise ManifestError(f"field {key!r} must be {kind.__name__}", where=where)
+    return doc[key]
+
+
+def locate_dataset(url: str, storage_options: dict[str, Any] | None = None) -> Store:
+    """The store holding a dataset given as a directory, URL prefix or ``.../index.json``."""
+    base = url[: -len(INDEX_NAME)].rstrip("/") if url.rstrip("/").endswith("/" + INDEX_NAME) or url == INDEX_NAME else url
+    return Store(base or ".", storage_options)
+
+
+def read_manifest(store: Store) -> Manifest:
+    """Read and validate ``index.json`` from ``store``.
+
+    Raises:
+        ManifestError: no index (not a packed dataset, or a pack that did not finish), or an
+            invalid one.
+    """
+    where = store.path(INDEX_NAME)
+    if not store.exists(INDEX_NAME):
+        raise ManifestError(
+            "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to resume)",
+            where=where,
+        )
+    return Manifest.from_json(store.read_bytes(INDEX_NAME), where=where)
+
+
+def write_manifest(store: Store, manifest: Manifest) -> None:
+    """Atomically write ``index.json`` (call this last: its presence marks a complete dataset)."""
+    store.write_bytes(INDEX_NAME, manifest.to_json())

@@ -1,0 +1,52 @@
+"""Packing: plan shards (pure), write them (processes), publish ``index.json`` last."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardkit.pack.api import PackResult, Progress, pack_listing
+from shardkit.pack.options import PackOptions, parse_size
+from shardkit.sources import scan_imagefolder
+
+__all__ = ["PackOptions", "PackResult", "pack", "pack_listing", "parse_size"]
+
+
+def pack(
+    src: str,
+    dst: str,
+    *,
+    options: PackOptions | None = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> PackResult:
+    """Pack the ImageFolder tree ``src`` into WebDataset-compatible shards under ``dst``.
+
+    Args:
+        src: root of an ImageFolder tree (``src/<class>/<images>``), read like torchvision.
+        dst: output directory or fsspec URL (``s3://bucket/prefix``, ``memory://x``).
+        options: shard sizes, shuffling, re-encoding (:class:`PackOptions`).
+        workers: writer processes (default: all cores). Output does not depend on it.
+        overwrite: replace whatever shardkit files DST holds.
+        storage_options: passed to fsspec for ``dst`` (credentials, endpoint).
+        progress: called with the number of samples finished, as shards complete.
+
+    Returns:
+        A :class:`PackResult` with the manifest written.
+
+    Raises:
+        SourceError: ``src`` is not an ImageFolder tree.
+        PackError: DST holds a different dataset or unfinished pack (without ``overwrite``).
+        StorageError: DST cannot be written.
+
+    Example::
+
+        result = pack("data/train", "shards/train", options=PackOptions(max_count=1000))
+        print(result.manifest.num_samples, len(result.manifest.shards))
+    """
+    listing = scan_imagefolder(src)
+    return pack_listing(
+        listing, dst, options=options, workers=workers, overwrite=overwrite,
+        storage_options=storage_options, progress=progress,
+    )

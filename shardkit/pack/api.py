@@ -1,0 +1,136 @@
+"""``pack()``: list a source, plan shards, write them in parallel, write ``index.json`` last."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import PackError, ShardkitError
+from shardkit.format.spec import key_width
+from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
+from shardkit.pack.options import PackOptions
+from shardkit.pack.plan import plan_shards
+from shardkit.pack.resume import fingerprint, finish_destination, prepare_destination
+from shardkit.pack.write import ShardReceipt, ShardTask, write_shard
+from shardkit.sources.base import SourceListing
+from shardkit.storage import Store
+
+Progress = Callable[[int], None]
+"""Called with the number of samples (packed or skipped) just finished."""
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """Summary of a pack run. ``reused_shards``: shards kept from an interrupted earlier run."""
+
+    url: str
+    manifest: Manifest
+    seconds: float
+    reused_shards: int
+    already_complete: bool
+
+    @property
+    def images_per_second(self) -> float:
+        return self.manifest.num_samples / self.seconds if self.seconds > 0 else 0.0
+
+
+def _run(tasks: list[ShardTask], workers: int, progress: Progress | None) -> list[ShardReceipt]:
+    if workers <= 1 or len(tasks) <= 1:
+        receipts = []
+        for task in tasks:
+            receipts.append(write_shard(task))
+            if progress:
+                progress(len(task.samples))
+        return receipts
+    # spawn: workers start clean (no inherited fsspec instances, threads or locks).
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
+        futures: dict[Future[ShardReceipt], ShardTask] = {pool.submit(write_shard, t): t for t in tasks}
+        pending = set(futures)
+        receipts = []
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    receipts.append(future.result())  # re-raises a worker's error here
+                    if progress:
+                        progress(len(futures[future].samples))
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    return receipts
+
+
+def pack_listing(
+    listing: SourceListing,
+    dst: str,
+    *,
+    options: PackOptions | None = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> PackResult:
+    """Pack the samples of ``listing`` into shards under ``dst`` (a path or fsspec URL).
+
+    Same listing and options give byte-identical shards and index for any ``workers``. A run
+    interrupted at any point (even ``kill -9``) resumes when called again: complete shards are
+    kept, the rest rewritten. See :func:`shardkit.pack.pack` for the arguments.
+    """
+    options = options or PackOptions()
+    started = time.perf_counter()
+    store = Store(dst, storage_options)
+    recorded = options.to_dict()
+    fp = fingerprint(listing, recorded)
+    plans = plan_shards(
+        [s.size for s in listing.samples],
+        max_count=options.max_count,
+        max_size=options.max_size,
+        shuffle=options.shuffle,
+        seed=options.seed,
+        prefix=options.prefix,
+    )
+    state = prepare_destination(store, fp, plans, overwrite=overwrite)
+    if state.complete is not None:
+        return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans), True)
+    width = key_width(len(listing.samples))
+    tasks = [
+        ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes, options)
+        for plan in plans
+        if plan.index not in state.receipts
+    ]
+    if progress and state.receipts:
+        progress(sum(len(plans[i].members) for i in state.receipts))
+    try:
+        fresh = _run(tasks, workers or os.cpu_count() or 1, progress)
+    except ShardkitError:
+        raise
+    except OSError as err:
+        raise PackError(f"writing shards failed ({err}); re-run the same command to resume", where=dst) from err
+    receipts = sorted([*state.receipts.values(), *fresh], key=lambda r: r.index)
+    skipped = [*listing.warnings, *(s for r in receipts for s in r.skipped)]
+    manifest = Manifest(
+        kind=listing.kind,
+        shards=tuple(ShardEntry(r.name, r.num_samples, r.num_bytes, r.sha256) for r in receipts),
+        classes=tuple(listing.classes) if listing.classes is not None else None,
+        categories=tuple(listing.categories) if listing.categories is not None else None,
+        skipped=tuple(sorted(skipped, key=lambda s: (s["source"], s["reason"]))),
+        options={**recorded, "fingerprint": fp},
+        created_by=f"shardkit {_version()}",
+        extra=dict(listing.extra),
+    )
+    write_manifest(store, manifest)
+    finish_destination(store)
+    return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts), False)
+
+
+def _version() -> str:
+    from shardkit import __version__
+
+    return __version__

@@ -1,0 +1,107 @@
+"""Turn one source sample into the fields of its shard entry, or a reason to skip it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import warnings
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from shardkit.format.spec import PIL_FORMAT_EXTENSIONS, normalize_extension
+from shardkit.pack.options import PackOptions
+from shardkit.sources.base import SourceSample
+
+#: How close to the end of the file the end marker must be (some writers append a few bytes).
+_TAIL = 1024
+
+
+class SkipSample(Exception):
+    """Raised for an input that is not packed; ``reason`` goes into ``index.json`` ``skipped``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _open(data: bytes) -> Image.Image:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise SkipSample(f"decompression bomb refused ({err})") from err
+    except UnidentifiedImageError as err:
+        raise SkipSample("not an image (no image format recognised)") from err
+    except (OSError, ValueError, SyntaxError) as err:
+        raise SkipSample(f"unreadable image header ({err})") from err
+
+
+def _check_complete(img: Image.Image, data: bytes, full_decode: bool) -> None:
+    """Cheap truncation checks for JPEG/PNG; a full decode for other formats or when asked."""
+    fmt = img.format
+    if fmt in ("JPEG", "MPO") and b"\xff\xd9" not in data[-_TAIL:]:
+        raise SkipSample("truncated JPEG (no end-of-image marker)")
+    if fmt == "PNG" and b"IEND" not in data[-_TAIL:]:
+        raise SkipSample("truncated PNG (no IEND chunk)")
+    if full_decode or fmt not in ("JPEG", "MPO", "PNG"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                img.load()
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+            raise SkipSample(f"corrupt image data ({err})") from err
+
+
+def _reencode(img: Image.Image, shorter: int, quality: int) -> tuple[bytes, int, int]:
+    width, height = img.size
+    scale = shorter / min(width, height)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    out = io.BytesIO()
+    img.convert("RGB").resize(size, Image.Resampling.BICUBIC).save(out, "JPEG", quality=quality)
+    return out.getvalue(), size[0], size[1]
+
+
+def read_source(sample: SourceSample) -> bytes:
+    """Read an input file; raise ``SkipSample`` if it cannot be read or is empty."""
+    try:
+        with open(sample.path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise SkipSample(f"unreadable file ({err.strerror or err})") from err
+    if not data:
+        raise SkipSample("empty file (0 bytes)")
+    return data
+
+
+def encode_sample(
+    sample: SourceSample, data: bytes, *, classes: list[str] | None, options: PackOptions
+) -> list[tuple[str, bytes]]:
+    """The ``(ext, bytes)`` fields of ``sample``'s shard entry (image, ``cls``, ``json``).
+
+    The image keeps its original bytes unless ``options.resize_max`` asks for re-encoding;
+    its extension comes from the detected format (``jpg``, ``png`` …). Raises ``SkipSample``
+    for empty, non-image, truncated, corrupt or decompression-bomb inputs.
+    """
+    img = _open(data)
+    width, height = img.size
+    if width * height > Image.MAX_IMAGE_PIXELS:
+        raise SkipSample(f"decompression bomb refused ({width}x{height} pixels > PIL's limit)")
+    _check_complete(img, data, options.decode_check)
+    ext = PIL_FORMAT_EXTENSIONS.get(img.format or "", normalize_extension(os.path.splitext(sample.path)[1]))
+    if options.resize_max is not None and min(width, height) > options.resize_max:
+        data, width, height = _reencode(img, options.resize_max, options.quality)
+        ext = "jpg"
+    doc: dict[str, Any] = {"source": sample.rel}
+    fields = [(ext, data)]
+    if sample.label is not None:
+        doc.update(label=sample.label, width=width, height=height)
+        if classes is not None:
+            doc["class"] = classes[sample.label]
+        fields.append(("cls", str(sample.label).encode("ascii")))
+    if sample.meta is not None:
+        doc.update(sample.meta)
+    fields.append(("json", json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()))
+    return fields

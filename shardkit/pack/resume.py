@@ -1,0 +1,108 @@
+"""The state of DST before a pack: fresh, resumable, already complete, or someone else's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import PackError
+from shardkit.format.spec import INDEX_NAME, OFFSETS_SUFFIX, is_shard_name
+from shardkit.index.manifest import Manifest, read_manifest
+from shardkit.pack.plan import ShardPlan
+from shardkit.pack.write import STATE_DIR, ShardReceipt, receipt_name
+from shardkit.sources.base import SourceListing
+from shardkit.storage import Store
+
+_PLAN_NAME = "plan.json"
+
+
+def fingerprint(listing: SourceListing, recorded_options: dict[str, Any]) -> str:
+    """A hash of everything that determines the output bytes (not the worker count)."""
+    h = hashlib.sha256()
+    head = {"kind": listing.kind, "classes": listing.classes, "categories": listing.categories,
+            "extra": listing.extra, "options": recorded_options}
+    h.update(json.dumps(head, sort_keys=True).encode())
+    for s in listing.samples:
+        h.update(json.dumps([s.rel, s.size, s.mtime_ns, s.label, s.meta], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class DestinationState:
+    """``complete``: DST already holds this exact dataset. ``receipts``: shards reusable now."""
+
+    complete: Manifest | None
+    receipts: dict[int, ShardReceipt]
+
+
+def _ours(name: str) -> bool:
+    return name in (INDEX_NAME, STATE_DIR) or is_shard_name(name) or (
+        name.endswith(OFFSETS_SUFFIX) and is_shard_name(name[: -len(OFFSETS_SUFFIX)] + ".tar")
+    ) or (name.startswith(".") and ".tmp-" in name)
+
+
+def clear_destination(store: Store) -> None:
+    """Remove a previous pack's files (index first, so DST stops being a dataset at once)."""
+    store.remove(INDEX_NAME)
+    for name in store.listdir():
+        if _ours(name):
+            store.remove(name)
+
+
+def _reusable(store: Store, plans: list[ShardPlan]) -> dict[int, ShardReceipt]:
+    state = store.child(STATE_DIR)
+    done = set(state.listdir())
+    present = set(store.listdir())
+    receipts = {}
+    for plan in plans:
+        if receipt_name(plan) in done and plan.name in present:
+            receipt = ShardReceipt.from_json(state.read_bytes(receipt_name(plan)))
+            if receipt.name == plan.name and store.size(plan.name) == receipt.num_bytes:
+                receipts[plan.index] = receipt
+    return receipts
+
+
+def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwrite: bool) -> DestinationState:
+    """Decide what to do with DST and leave it ready for writing.
+
+    Raises:
+        PackError: DST holds something else (another dataset, another unfinished pack, or
+            unrelated files) and ``overwrite`` is false. Nothing is touched then.
+    """
+    entries = store.listdir()
+    if overwrite and entries:
+        clear_destination(store)
+        entries = [e for e in store.listdir() if _ours(e)]  # unrelated files may stay
+    if INDEX_NAME in entries:
+        manifest = read_manifest(store)
+        if manifest.options.get("fingerprint") == fp:
+            return DestinationState(manifest, {})
+        raise PackError("holds a different packed dataset; pass --overwrite to replace it", where=store.url)
+    if STATE_DIR in entries:
+        state = store.child(STATE_DIR)
+        previous = json.loads(state.read_bytes(_PLAN_NAME)) if state.exists(_PLAN_NAME) else {}
+        if previous.get("fingerprint") != fp:
+            raise PackError(
+                "holds an unfinished pack of different input or options; re-run that command to resume it, "
+                "or pass --overwrite to start over",
+                where=store.url,
+            )
+        return DestinationState(None, _reusable(store, plans))
+    if entries:
+        raise PackError(
+            f"is not empty ({len(entries)} entries, e.g. {entries[0]!r}); pack into an empty or new directory, "
+            "or pass --overwrite",
+            where=store.url,
+        )
+    store.makedirs()
+    state = store.child(STATE_DIR)
+    state.makedirs()
+    state.write_bytes(_PLAN_NAME, json.dumps({"fingerprint": fp}).encode())
+    return DestinationState(None, {})
+
+
+def finish_destination(store: Store) -> None:
+    """Drop the pack state once ``index.json`` is written."""
+    store.remove(STATE_DIR)

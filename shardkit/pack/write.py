@@ -1,0 +1,78 @@
+"""Write one planned shard: the unit of work a pack worker (process or Ray task) runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from shardkit.format.offsets import dump_offsets
+from shardkit.format.spec import make_key, offsets_name
+from shardkit.format.tarwrite import TarShardWriter
+from shardkit.pack.encode import SkipSample, encode_sample, read_source
+from shardkit.pack.options import PackOptions
+from shardkit.pack.plan import ShardPlan
+from shardkit.sources.base import SourceSample
+from shardkit.storage import Store
+
+STATE_DIR = ".shardkit-pack"
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """Everything a worker needs to write shard ``plan`` (picklable)."""
+
+    store: Store
+    plan: ShardPlan
+    samples: list[SourceSample]
+    key_width: int
+    classes: list[str] | None
+    options: PackOptions
+
+
+@dataclass(frozen=True)
+class ShardReceipt:
+    """What was written for one shard; saved in the pack state so a resumed pack can reuse it."""
+
+    index: int
+    name: str
+    num_samples: int
+    num_bytes: int
+    sha256: str
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ShardReceipt:
+        return cls(**json.loads(data))
+
+
+def receipt_name(plan: ShardPlan) -> str:
+    return f"{plan.name}.done.json"
+
+
+def write_shard(task: ShardTask) -> ShardReceipt:
+    """Encode and write one shard (and its offsets file); record a receipt in the pack state.
+
+    Bad inputs are skipped and listed in the receipt; the shard appears under its final name
+    only once complete, so an interrupted worker leaves nothing half-written behind.
+    """
+    plan, store = task.plan, task.store
+    skipped: list[dict[str, str]] = []
+    with store.write_atomic(plan.name) as f:
+        writer = TarShardWriter(f)
+        for source_index, sample in zip(plan.members, task.samples):
+            try:
+                data = read_source(sample)
+                fields = encode_sample(sample, data, classes=task.classes, options=task.options)
+            except SkipSample as skip:
+                skipped.append({"source": sample.rel, "reason": skip.reason})
+                continue
+            writer.add(make_key(source_index, task.key_width), fields)
+        summary = writer.close()
+    store.write_bytes(offsets_name(plan.name), dump_offsets(summary.spans))
+    receipt = ShardReceipt(plan.index, plan.name, summary.num_samples, summary.num_bytes, summary.sha256, skipped)
+    store.child(STATE_DIR).write_bytes(receipt_name(plan), receipt.to_json())
+    return receipt
+

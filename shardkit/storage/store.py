@@ -1,0 +1,193 @@
+"""One directory of files, on local disk or behind any fsspec URL, with atomic writes.
+
+Local paths use ``os`` directly (the fast path); anything with a scheme (``s3://``,
+``memory://``, ``gcs://`` …) goes through fsspec. Filesystem objects are created lazily in the
+process that uses them, so a ``Store`` pickles cheaply to worker processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+from shardkit.errors import StorageError
+
+# Object stores where a plain write only becomes visible once complete (multipart commit).
+_ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+
+
+def is_remote(url: str) -> bool:
+    """Whether ``url`` names an fsspec location rather than a local path (``file://`` is local)."""
+    return "://" in url and not url.startswith("file://")
+
+
+def _local_path(url: str) -> str:
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+class Store:
+    """Files under ``url`` (a local directory or an fsspec URL prefix).
+
+    Example::
+
+        store = Store("s3://bucket/train", {"anon": False})
+        with store.write_atomic("index.json") as f:
+            f.write(b"{}")
+        store.read_bytes("index.json")
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/") if url not in ("/", "") else url
+        self.storage_options = dict(storage_options or {})
+        self.remote = is_remote(url)
+        self._fs: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fs"] = None  # re-created in the receiving process (fsspec caches are per process)
+        return state
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem for a remote store (created on first use)."""
+        if self._fs is None:
+            import fsspec
+
+            protocol = self.url.split("://", 1)[0]
+            try:
+                self._fs = fsspec.filesystem(protocol, **self.storage_options)
+            except (ImportError, ValueError) as err:
+                raise StorageError(f"cannot open filesystem {protocol!r}: {err}", where=self.url) from err
+        return self._fs
+
+    def path(self, name: str) -> str:
+        """Full path or URL of file ``name`` in this store."""
+        base = self.url if self.remote else _local_path(self.url)
+        return f"{base}/{name}" if name else base
+
+    def child(self, name: str) -> Store:
+        """The store for sub-directory ``name``."""
+        return Store(self.path(name), self.storage_options)
+
+    @contextlib.contextmanager
+    def _errors(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except StorageError:
+            raise
+        except FileNotFoundError as err:
+            raise StorageError("no such file", where=self.path(name)) from err
+        except (OSError, ValueError) as err:
+            raise StorageError(f"{type(err).__name__}: {err}", where=self.path(name)) from err
+
+    def exists(self, name: str = "") -> bool:
+        """Whether ``name`` (or the store itself) exists."""
+        with self._errors(name):
+            if self.remote:
+                return bool(self.fs.exists(self.path(name)))
+            return os.path.exists(self.path(name))
+
+    def listdir(self) -> list[str]:
+        """Names directly under the store, sorted; ``[]`` if it does not exist."""
+        with self._errors(""):
+            if self.remote:
+                if not self.fs.exists(self.url):
+                    return []
+                entries = self.fs.ls(self.url, detail=False)
+                return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+            path = self.path("")
+            return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+    def size(self, name: str) -> int:
+        """Size of file ``name`` in bytes."""
+        with self._errors(name):
+            if self.remote:
+                return int(self.fs.size(self.path(name)))
+            return os.path.getsize(self.path(name))
+
+    def open_read(self, name: str) -> BinaryIO:
+        """Open file ``name`` for binary reading (caller closes)."""
+        with self._errors(name):
+            if self.remote:
+                return self.fs.open(self.path(name), "rb")  # type: ignore[no-any-return]
+            return open(self.path(name), "rb")
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole content of file ``name``."""
+        with self._errors(name), self.open_read(name) as f:
+            return f.read()
+
+    def makedirs(self) -> None:
+        """Create the store's directory (no-op on object stores)."""
+        with self._errors(""):
+            if self.remote:
+                self.fs.makedirs(self.url, exist_ok=True)
+            else:
+                os.makedirs(self.path(""), exist_ok=True)
+
+    def remove(self, name: str, *, missing_ok: bool = True) -> None:
+        """Delete file ``name`` (or a sub-directory, recursively)."""
+        with self._errors(name):
+            path = self.path(name)
+            if self.remote:
+                if self.fs.exists(path):
+                    self.fs.rm(path, recursive=True)
+                elif not missing_ok:
+                    raise FileNotFoundError(path)
+            elif os.path.isdir(path):
+                import shutil
+
+                shutil.rmtree(path)
+            elif os.path.exists(path) or not missing_ok:
+                os.remove(path)
+
+    @contextlib.contextmanager
+    def write_atomic(self, name: str) -> Iterator[BinaryIO]:
+        """Write file ``name`` so that it appears complete or not at all.
+
+        Local: a temporary sibling ``.<name>.tmp-<random>`` is written, fsynced and renamed.
+        Object stores (s3, gcs, azure): the upload is committed only on a clean close. Other
+        fsspec filesystems: temporary name then move. On error nothing is left behind.
+        """
+        tmp_name = f".{name}.tmp-{uuid.uuid4().hex[:12]}"
+        with self._errors(name):
+            if not self.remote:
+                tmp = self.path(tmp_name)
+                try:
+                    with open(tmp, "wb") as f:
+                        yield f
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, self.path(name))
+                finally:
+                    if os.path.exists(tmp):
+                        os.remove(tmp)
+                return
+            protocol = self.url.split("://", 1)[0]
+            direct = protocol in _ATOMIC_PUT_PROTOCOLS
+            target = self.path(name if direct else tmp_name)
+            f = self.fs.open(target, "wb")
+            try:
+                yield f
+            except BaseException:
+                if hasattr(f, "discard"):
+                    f.discard()  # abort the multipart upload: nothing becomes visible
+                else:
+                    f.close()
+                    if self.fs.exists(target):
+                        self.fs.rm(target)
+                raise
+            f.close()
+            if not direct:
+                self.fs.mv(target, self.path(name))
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Atomically write ``data`` to file ``name``."""
+        with self.write_atomic(name) as f:
+            f.write(data)
