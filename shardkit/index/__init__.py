@@ -7,5 +7,14 @@ from shardkit.index.manifest import (
     read_manifest,
     write_manifest,
 )
+from shardkit.index.verify import VerifyReport, verify_dataset
 
-__all__ = ["Manifest", "ShardEntry", "locate_dataset", "read_manifest", "write_manifest"]
+__all__ = [
+    "Manifest",
+    "ShardEntry",
+    "VerifyReport",
+    "locate_dataset",
+    "read_manifest",
+    "verify_dataset",
+    "write_manifest",
+]

@@ -62,7 +62,7 @@ def write_shard(task: ShardTask) -> ShardReceipt:
     skipped: list[dict[str, str]] = []
     with store.write_atomic(plan.name) as f:
         writer = TarShardWriter(f)
-        for source_index, sample in zip(plan.members, task.samples):
+        for source_index, sample in zip(plan.members, task.samples, strict=True):
             try:
                 data = read_source(sample)
                 fields = encode_sample(sample, data, classes=task.classes, options=task.options)

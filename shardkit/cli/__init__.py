@@ -1,0 +1,48 @@
+"""The ``shardkit`` command: a thin click group over the library (pack, info, verify, bench).
+
+Library errors become one-line messages and exit code 1; usage errors exit 2 (click's).
+Heavy imports (torch) happen inside the commands that need them, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from shardkit import __version__
+from shardkit.errors import ShardkitError
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except ShardkitError as err:
+            click.secho(f"error: {err}", fg="red", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted; re-run the same command to resume", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="shardkit")
+def cli() -> None:
+    """Pack image datasets into tar shards and stream them fast into PyTorch."""
+
+
+def _register() -> None:
+    from shardkit.cli import info, pack, verify
+
+    cli.add_command(pack.pack_command)
+    cli.add_command(info.info_command)
+    cli.add_command(verify.verify_command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="shardkit")
+
+
+_register()

@@ -1,0 +1,41 @@
+"""``shardkit info DST``: what a packed dataset holds."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from shardkit.cli.report import human_bytes
+from shardkit.index import locate_dataset, read_manifest
+
+
+@click.command("info")
+@click.argument("dataset")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
+def info_command(dataset: str, as_json: bool) -> None:
+    """Summarise the packed DATASET (directory, index.json path or URL)."""
+    store = locate_dataset(dataset)
+    m = read_manifest(store)
+    sizes = [s.num_samples for s in m.shards]
+    summary = {
+        "url": store.url, "kind": m.kind, "num_samples": m.num_samples, "num_shards": len(m.shards),
+        "num_bytes": m.num_bytes, "num_classes": len(m.classes) if m.classes is not None else None,
+        "num_categories": len(m.categories) if m.categories is not None else None,
+        "skipped": len(m.skipped), "options": m.options, "created_by": m.created_by,
+    }
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+        return
+    click.echo(f"dataset   {store.url}  ({m.kind}, {m.created_by})")
+    click.echo(f"samples   {m.num_samples:,}")
+    if m.classes is not None:
+        shown = ", ".join(m.classes[:8]) + (" …" if len(m.classes) > 8 else "")
+        click.echo(f"classes   {len(m.classes)}: {shown}")
+    if m.categories is not None:
+        click.echo(f"categories {len(m.categories)}")
+    click.echo(f"shards    {len(m.shards)}  ({min(sizes, default=0)}–{max(sizes, default=0)} samples each)")
+    click.echo(f"bytes     {human_bytes(m.num_bytes)}")
+    click.echo(f"skipped   {len(m.skipped)}")
+    opts = {k: v for k, v in m.options.items() if k != "fingerprint"}
+    click.echo("options   " + ", ".join(f"{k}={v}" for k, v in opts.items()))

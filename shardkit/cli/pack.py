@@ -1,0 +1,73 @@
+"""``shardkit pack SRC DST``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from shardkit.cli.report import human_bytes
+from shardkit.pack import PackOptions, pack, parse_size
+
+
+def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from err
+
+
+@click.command("pack")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--max-count", default=1000, show_default=True, type=click.IntRange(min=1), help="Samples per shard at most.")
+@click.option("--max-size", default="256MB", show_default=True, callback=_size, help="Bytes per shard at most (e.g. 256MB, 1GiB).")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Writer processes [default: all cores].")
+@click.option("--shuffle/--no-shuffle", default=True, show_default=True, help="Shuffle samples across shards.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed of the shuffle.")
+@click.option("--prefix", default="shard", show_default=True, help="Shard names: PREFIX-NNNNNN.tar.")
+@click.option("--resize-max", type=click.IntRange(min=1), default=None, help="Re-encode images whose shorter side exceeds PX.")
+@click.option("--quality", default=90, show_default=True, type=click.IntRange(1, 100), help="JPEG quality when re-encoding.")
+@click.option("--decode-check", is_flag=True, help="Fully decode every image to find corrupt data (slower).")
+@click.option("--overwrite", is_flag=True, help="Replace what a previous pack left in DST.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+def pack_command(src: str, dst: str, max_count: int, max_size: int, workers: int | None, shuffle: bool,
+                 seed: int, prefix: str, resize_max: int | None, quality: int, decode_check: bool,
+                 overwrite: bool, quiet: bool) -> None:
+    """Pack the ImageFolder tree SRC into WebDataset tar shards under DST (path or fsspec URL).
+
+    Re-running the same command after an interruption resumes it; the output is
+    byte-identical for any --workers.
+    """
+    try:
+        options = PackOptions(max_count=max_count, max_size=max_size, shuffle=shuffle, seed=seed,
+                              prefix=prefix, resize_max=resize_max, quality=quality, decode_check=decode_check)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    bar = None
+    if not quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(unit="img", desc="packing", dynamic_ncols=True)
+    try:
+        result = pack(src, dst, options=options, workers=workers or os.cpu_count(), overwrite=overwrite,
+                      progress=bar.update if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    if quiet:
+        return
+    m = result.manifest
+    if result.already_complete:
+        click.echo(f"{dst}: already packed with these inputs and options; nothing to do.")
+    click.echo(f"samples   {m.num_samples:,}  ({len(m.classes or m.categories or ())} classes)")
+    click.echo(f"shards    {len(m.shards):,}  in {result.url}" + (f"  ({result.reused_shards} reused from an interrupted run)" if result.reused_shards and not result.already_complete else ""))
+    click.echo(f"bytes     {human_bytes(m.num_bytes)}")
+    click.echo(f"skipped   {len(m.skipped):,}")
+    for s in m.skipped[:10]:
+        click.echo(f"  - {s['source']}: {s['reason']}")
+    if len(m.skipped) > 10:
+        click.echo(f"  … {len(m.skipped) - 10} more in index.json")
+    if not result.already_complete:
+        click.echo(f"speed     {result.images_per_second:,.0f} images/s  ({result.seconds:.1f} s)")

@@ -1,0 +1,150 @@
+"""Verify a packed dataset against its manifest: sizes, hashes, counts, member names, decoding."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shardkit.errors import FormatError, ShardkitError
+from shardkit.format.offsets import load_offsets
+from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, check_key, offsets_name
+from shardkit.format.tarread import iter_samples
+from shardkit.index.manifest import Manifest, ShardEntry, read_manifest
+from shardkit.storage import Store
+
+
+@dataclass
+class VerifyReport:
+    """Result of :func:`verify_dataset`: ``problems`` is empty when everything matches."""
+
+    manifest: Manifest
+    shards_checked: int = 0
+    samples_checked: int = 0
+    images_decoded: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class _HashingReader(io.RawIOBase):
+    """Wrap a binary file: count and hash everything read through it."""
+
+    def __init__(self, raw: io.BufferedIOBase) -> None:
+        self._raw = raw
+        self.hash = hashlib.sha256()
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self._raw.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.hash.update(data)
+        self.count += n
+        return n
+
+
+def _decodes(data: bytes) -> str | None:
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as img:
+                img.convert("RGB")
+    except Exception as err:  # any decoder failure is a finding, not a crash
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[str],
+                 report: VerifyReport, decode: bool) -> None:
+    where = store.path(entry.url)
+    found: list[str] = []
+    with store.open_read(entry.url) as f:
+        reader = _HashingReader(f)
+        for key, fields in iter_samples(io.BufferedReader(reader, 1 << 20), where=where):  # type: ignore[arg-type]
+            here = f"{where}:{key}"
+            found.append(key)
+            try:
+                check_key(key, where=where)
+            except FormatError as err:
+                report.problems.append(str(err))
+            if key in keys:
+                report.problems.append(f"{here}: key appears more than once in the dataset")
+            keys.add(key)
+            images = [e for e in fields if e in IMAGE_MEMBER_EXTENSIONS]
+            if len(images) != 1:
+                report.problems.append(f"{here}: expected one image member, found {sorted(fields)}")
+            elif decode:
+                error = _decodes(fields[images[0]])
+                report.images_decoded += error is None
+                if error:
+                    report.problems.append(f"{here}.{images[0]}: does not decode ({error})")
+            if manifest.kind == "imagefolder":
+                _check_label(fields, manifest, here, report)
+        while reader.read(1 << 20):  # hash the trailing padding too
+            pass
+    report.samples_checked += len(found)
+    if reader.count != entry.num_bytes:
+        report.problems.append(f"{where}: {reader.count} bytes, manifest says {entry.num_bytes}")
+    if reader.hash.hexdigest() != entry.sha256:
+        report.problems.append(f"{where}: sha256 differs from the manifest")
+    if len(found) != entry.num_samples:
+        report.problems.append(f"{where}: {len(found)} samples, manifest says {entry.num_samples}")
+    idx = offsets_name(entry.url)
+    if store.exists(idx):
+        spans = load_offsets(store.read_bytes(idx), where=store.path(idx))
+        if [s.key for s in spans] != found:
+            report.problems.append(f"{store.path(idx)}: keys differ from the shard's")
+
+
+def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str, report: VerifyReport) -> None:
+    try:
+        label = int(fields["cls"])
+        meta = json.loads(fields["json"])
+    except (KeyError, ValueError) as err:
+        report.problems.append(f"{here}: missing or malformed cls/json member ({err})")
+        return
+    classes = manifest.classes or ()
+    if not 0 <= label < len(classes) or meta.get("label") != label or meta.get("class") != classes[label]:
+        report.problems.append(f"{here}: label {label} disagrees with json or the class list")
+
+
+def verify_dataset(
+    url: str,
+    *,
+    decode: bool = False,
+    storage_options: dict[str, object] | None = None,
+    progress: Callable[[ShardEntry], None] | None = None,
+) -> VerifyReport:
+    """Re-read every shard of the dataset at ``url`` and compare it with ``index.json``.
+
+    Checks each shard's size, sha256, sample count, member names and key uniqueness, labels
+    against the class list, offsets files, and with ``decode=True`` that every image decodes.
+    Problems are collected, not raised, so one run lists them all.
+
+    Raises:
+        ManifestError: the manifest itself is missing or invalid.
+    """
+    store = Store(url, storage_options)
+    manifest = read_manifest(store)
+    report = VerifyReport(manifest)
+    keys: set[str] = set()
+    for entry in manifest.shards:
+        try:
+            _check_shard(store, entry, manifest, keys, report, decode)
+        except ShardkitError as err:
+            report.problems.append(str(err))
+        report.shards_checked += 1
+        if progress:
+            progress(entry)
+    return report
