@@ -124,3 +124,31 @@ def parse_span(data: bytes | memoryview, *, where: str) -> tuple[str, dict[str, 
     if not key:
         raise FormatError("empty sample span", where=where)
     return key, fields
+
+
+def scan_spans(fileobj: BinaryIO, *, where: str) -> list[tuple[str, int, int]]:
+    """Find each sample's ``(key, offset, size)`` by reading only the tar headers (seeking past
+    the data). Used when a shard has no offsets file.
+    """
+    spans: list[tuple[str, int, int]] = []
+    pos = 0
+    while True:
+        fileobj.seek(pos)
+        header = fileobj.read(BLOCK)
+        if len(header) < BLOCK:
+            raise FormatError("tar file is truncated (no end-of-archive marker)", where=where)
+        if header == bytes(BLOCK):
+            return spans
+        name = header[:100].rstrip(b"\0").decode("utf-8", "replace")
+        try:
+            size = _octal(header[124:136])
+        except ValueError as err:
+            raise FormatError(f"corrupt header at byte {pos}", where=where) from err
+        key, _ = split_member(name.rsplit("/", 1)[-1], where=where)
+        end = pos + BLOCK + size + (-size % BLOCK)
+        if spans and spans[-1][0] == key:
+            k, start, _ = spans[-1]
+            spans[-1] = (k, start, end - start)
+        else:
+            spans.append((key, pos, end - pos))
+        pos = end

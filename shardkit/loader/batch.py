@@ -1,0 +1,138 @@
+"""Build one batch in a worker: read samples, decode, transform into one buffer, apply the
+bad-sample policy. A plain picklable object; no process or epoch logic here.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shardkit.errors import DecodeError, LoaderError
+from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
+from shardkit.loader.decode import DecodeStats, decode_rgb
+from shardkit.loader.reader import ShardReader
+from shardkit.loader.stats import StageStats
+from shardkit.transforms.base import ImageTransform
+
+ON_ERROR = ("replace", "raise")
+
+
+@dataclass
+class Batch:
+    """What a worker ships: images (uint8 ``[B,3,H,W]`` or a list), labels, keys, stats."""
+
+    images: torch.Tensor | list[torch.Tensor]
+    labels: torch.Tensor
+    keys: list[str]
+    stats: StageStats
+
+
+class _BadSample(Exception):
+    pass
+
+
+def _image_field(fields: dict[str, bytes], where: str) -> bytes:
+    for ext, data in fields.items():
+        if ext in IMAGE_MEMBER_EXTENSIONS:
+            return data
+    raise _BadSample(f"{where}: no image member (has {sorted(fields)})")
+
+
+def _label(fields: dict[str, bytes], where: str) -> int:
+    try:
+        return int(fields["cls"])
+    except (KeyError, ValueError) as err:
+        raise _BadSample(f"{where}: missing or malformed cls member") from err
+
+
+class BatchBuilder:
+    """Turn ``(shard, index, seed)`` triples into a :class:`Batch`.
+
+    ``transform``: an :class:`ImageTransform` (fast path: writes straight into one uint8 batch
+    tensor), any other callable ``uint8 [3,H,W] -> Tensor`` (seeded through ``torch`` per
+    sample, outputs stacked), or ``None`` (a list of decoded images). ``on_error="replace"``
+    replaces a corrupt sample by the next good one of the same batch (deterministic) and counts
+    it; ``"raise"`` raises :class:`LoaderError` naming shard and key.
+    """
+
+    def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[[torch.Tensor], Any] | None,
+                 *, on_error: str = "replace") -> None:
+        if on_error not in ON_ERROR:
+            raise LoaderError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.reader = reader
+        self.transform = transform
+        self.on_error = on_error
+
+    def _one(self, shard: int, index: int, seed: int, out: torch.Tensor | None,
+             stats: StageStats, dstats: DecodeStats) -> tuple[str, int, Any]:
+        t0 = time.perf_counter()
+        key, fields = self.reader.read(shard, index)
+        where = f"{self.reader.store.path(self.reader.shards[shard].url)}:{key}"
+        t1 = time.perf_counter()
+        stats.read_s += t1 - t0
+        label = _label(fields, where)
+        try:
+            image = decode_rgb(_image_field(fields, where), where=where, stats=dstats)
+        except DecodeError as err:
+            raise _BadSample(str(err)) from err
+        t2 = time.perf_counter()
+        stats.decode_s += t2 - t1
+        transform = self.transform
+        if isinstance(transform, ImageTransform):
+            params = transform.sample_params(image.shape[-2], image.shape[-1], random.Random(seed))
+            result: Any = transform.apply(image, params, out=out)
+        elif transform is not None:
+            torch.manual_seed(seed)
+            result = transform(image)
+        else:
+            result = image
+        stats.transform_s += time.perf_counter() - t2
+        return key, label, result
+
+    def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> Batch:
+        """Read, decode and transform the given samples, in order."""
+        n = len(shards)
+        stats, dstats = StageStats(batches=1, samples=n), DecodeStats()
+        fixed = isinstance(self.transform, ImageTransform)
+        out = torch.empty((n, 3, *self.transform.output_size), dtype=torch.uint8) if fixed else None  # type: ignore[union-attr]
+        keys: list[str] = [""] * n
+        labels = torch.empty(n, dtype=torch.int64)
+        results: list[Any] = [None] * n
+        bad: list[int] = []
+        for i in range(n):
+            try:
+                keys[i], label, results[i] = self._one(
+                    int(shards[i]), int(indices[i]), int(seeds[i]), out[i] if out is not None else None, stats, dstats)
+                labels[i] = label
+            except _BadSample as err:
+                if self.on_error == "raise":
+                    raise LoaderError(f"bad sample ({err}); use on_error='replace' to skip such samples") from None
+                bad.append(i)
+        if bad:
+            self._replace(bad, n, out, keys, labels, results)
+            stats.replaced += len(bad)
+        stats.fast, stats.fallback = dstats.fast, dstats.fallback
+        if out is not None:
+            return Batch(out, labels, keys, stats)
+        if self.transform is not None and all(isinstance(r, torch.Tensor) for r in results):
+            shapes = {tuple(r.shape) for r in results}
+            if len(shapes) == 1:
+                return Batch(torch.stack(results), labels, keys, stats)
+        return Batch(results, labels, keys, stats)
+
+    @staticmethod
+    def _replace(bad: list[int], n: int, out: torch.Tensor | None, keys: list[str],
+                 labels: torch.Tensor, results: list[Any]) -> None:
+        bad_set = set(bad)
+        if len(bad_set) == n:
+            raise LoaderError(f"all {n} samples of a batch are corrupt (first: {keys[0] or 'unknown key'})")
+        for i in bad:
+            j = next((i + k) % n for k in range(1, n) if (i + k) % n not in bad_set)
+            keys[i], labels[i], results[i] = keys[j], labels[j], results[j]
+            if out is not None:
+                out[i].copy_(out[j])

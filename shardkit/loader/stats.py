@@ -1,0 +1,40 @@
+"""Per-stage counters and timings, so a run can say where its time goes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class StageStats:
+    """Counts and seconds accumulated by workers (shipped with each batch) and the main process.
+
+    ``read_s``/``decode_s``/``transform_s``: worker seconds per stage (summed over workers);
+    ``wait_s``: seconds the consumer waited for the next batch; ``copy_s``: host-to-device and
+    finalize time in the main process; ``replaced``: corrupt samples replaced by another sample
+    of the same batch; ``fast``/``fallback``: images decoded by the native decoder / by PIL.
+    """
+
+    batches: int = 0
+    samples: int = 0
+    replaced: int = 0
+    fast: int = 0
+    fallback: int = 0
+    read_s: float = 0.0
+    decode_s: float = 0.0
+    transform_s: float = 0.0
+    wait_s: float = 0.0
+    copy_s: float = 0.0
+    elapsed_s: float = 0.0
+
+    def add(self, other: StageStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def images_per_second(self) -> float:
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """All counters plus ``images_per_second``, JSON-able."""
+        return {**asdict(self), "images_per_second": self.images_per_second}
