@@ -8,7 +8,7 @@ import sys
 import click
 
 from shardkit.cli.report import human_bytes
-from shardkit.pack import PackOptions, pack, parse_size
+from shardkit.pack import PackOptions, pack, pack_coco, parse_size
 
 
 def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
@@ -21,6 +21,11 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
 @click.command("pack")
 @click.argument("src")
 @click.argument("dst")
+@click.option("--format", "fmt", type=click.Choice(["auto", "imagefolder", "coco"]), default="auto", show_default=True,
+              help="Input layout; auto: coco when --annotations is given, else imagefolder.")
+@click.option("--annotations", type=click.Path(dir_okay=False), default=None,
+              help="COCO instances JSON (SRC is then the images folder).")
+@click.option("--drop-empty", is_flag=True, help="COCO: leave out images without annotations.")
 @click.option("--max-count", default=1000, show_default=True, type=click.IntRange(min=1), help="Samples per shard at most.")
 @click.option("--max-size", default="256MB", show_default=True, callback=_size, help="Bytes per shard at most (e.g. 256MB, 1GiB).")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Writer processes [default: all cores].")
@@ -32,14 +37,24 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
 @click.option("--decode-check", is_flag=True, help="Fully decode every image to find corrupt data (slower).")
 @click.option("--overwrite", is_flag=True, help="Replace what a previous pack left in DST.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-def pack_command(src: str, dst: str, max_count: int, max_size: int, workers: int | None, shuffle: bool,
-                 seed: int, prefix: str, resize_max: int | None, quality: int, decode_check: bool,
-                 overwrite: bool, quiet: bool) -> None:
+def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool, max_count: int,
+                 max_size: int, workers: int | None, shuffle: bool, seed: int, prefix: str,
+                 resize_max: int | None, quality: int, decode_check: bool, overwrite: bool, quiet: bool) -> None:
     """Pack the ImageFolder tree SRC into WebDataset tar shards under DST (path or fsspec URL).
+
+    With --annotations instances.json, SRC is a COCO images folder: one sample per image
+    record, its annotation records kept exactly in the sample's json member.
 
     Re-running the same command after an interruption resumes it; the output is
     byte-identical for any --workers.
     """
+    coco = fmt == "coco" or (fmt == "auto" and annotations is not None)
+    if coco and annotations is None:
+        raise click.UsageError("--format coco needs --annotations INSTANCES.json")
+    if not coco and (annotations is not None or drop_empty):
+        raise click.UsageError("--annotations and --drop-empty apply to --format coco only")
+    if coco and resize_max is not None:
+        raise click.UsageError("--resize-max is not supported for COCO (it would invalidate the boxes)")
     try:
         options = PackOptions(max_count=max_count, max_size=max_size, shuffle=shuffle, seed=seed,
                               prefix=prefix, resize_max=resize_max, quality=quality, decode_check=decode_check)
@@ -51,8 +66,12 @@ def pack_command(src: str, dst: str, max_count: int, max_size: int, workers: int
 
         bar = tqdm(unit="img", desc="packing", dynamic_ncols=True)
     try:
-        result = pack(src, dst, options=options, workers=workers or os.cpu_count(), overwrite=overwrite,
-                      progress=bar.update if bar else None)
+        progress, procs = (bar.update if bar else None), workers or os.cpu_count()
+        if annotations is not None:  # checked above: given exactly when packing COCO
+            result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options, workers=procs,
+                               overwrite=overwrite, progress=progress)
+        else:
+            result = pack(src, dst, options=options, workers=procs, overwrite=overwrite, progress=progress)
     finally:
         if bar:
             bar.close()
@@ -61,7 +80,8 @@ def pack_command(src: str, dst: str, max_count: int, max_size: int, workers: int
     m = result.manifest
     if result.already_complete:
         click.echo(f"{dst}: already packed with these inputs and options; nothing to do.")
-    click.echo(f"samples   {m.num_samples:,}  ({len(m.classes or m.categories or ())} classes)")
+    groups = f"{len(m.categories)} categories" if m.categories is not None else f"{len(m.classes or ())} classes"
+    click.echo(f"samples   {m.num_samples:,}  ({groups})")
     click.echo(f"shards    {len(m.shards):,}  in {result.url}" + (f"  ({result.reused_shards} reused from an interrupted run)" if result.reused_shards and not result.already_complete else ""))
     click.echo(f"bytes     {human_bytes(m.num_bytes)}")
     click.echo(f"skipped   {len(m.skipped):,}")

@@ -91,6 +91,8 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
                     report.problems.append(f"{here}.{images[0]}: does not decode ({error})")
             if manifest.kind == "imagefolder":
                 _check_label(fields, manifest, here, report)
+            elif manifest.kind == "coco":
+                _check_coco(fields, manifest, here, report)
         while reader.read(1 << 20):  # hash the trailing padding too
             pass
     report.samples_checked += len(found)
@@ -119,6 +121,22 @@ def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str, report
         report.problems.append(f"{here}: label {label} disagrees with json or the class list")
 
 
+def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str, report: VerifyReport) -> None:
+    try:
+        meta = json.loads(fields["json"])
+    except (KeyError, ValueError) as err:
+        report.problems.append(f"{here}: missing or malformed json member ({err})")
+        return
+    meta = meta if isinstance(meta, dict) else {}
+    image, anns = meta.get("image"), meta.get("annotations")
+    if "cls" in fields or not isinstance(image, dict) or not isinstance(anns, list) or meta.get("source") != image.get("file_name"):
+        report.problems.append(f"{here}: json is not {{image, annotations, source}} of one COCO image (or a cls member is present)")
+        return
+    categories = {c.get("id") for c in manifest.categories or ()}
+    if any(not isinstance(a, dict) or a.get("image_id") != image.get("id") or a.get("category_id") not in categories for a in anns):
+        report.problems.append(f"{here}: an annotation belongs to another image or to an unknown category")
+
+
 def verify_dataset(
     url: str,
     *,
@@ -129,7 +147,7 @@ def verify_dataset(
     """Re-read every shard of the dataset at ``url`` and compare it with ``index.json``.
 
     Checks each shard's size, sha256, sample count, member names and key uniqueness, labels
-    against the class list, offsets files, and with ``decode=True`` that every image decodes.
+    against the class list (COCO: records and category ids in ``json``), offsets files, and with ``decode=True`` that every image decodes.
     Problems are collected, not raised, so one run lists them all.
 
     Raises:

@@ -6,9 +6,9 @@ from typing import Any
 
 from shardkit.pack.api import PackResult, Progress, pack_listing
 from shardkit.pack.options import PackOptions, parse_size
-from shardkit.sources import scan_imagefolder
+from shardkit.sources import scan_coco, scan_imagefolder
 
-__all__ = ["PackOptions", "PackResult", "pack", "pack_listing", "parse_size"]
+__all__ = ["PackOptions", "PackResult", "pack", "pack_coco", "pack_listing", "parse_size"]
 
 
 def pack(
@@ -46,6 +46,49 @@ def pack(
         print(result.manifest.num_samples, len(result.manifest.shards))
     """
     listing = scan_imagefolder(src)
+    return pack_listing(
+        listing, dst, options=options, workers=workers, overwrite=overwrite,
+        storage_options=storage_options, progress=progress,
+    )
+
+
+def pack_coco(
+    images_dir: str,
+    annotations: str,
+    dst: str,
+    *,
+    drop_empty: bool = False,
+    options: PackOptions | None = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> PackResult:
+    """Pack a COCO detection dataset: one sample per image record of ``annotations``.
+
+    Each sample holds the original image bytes and a ``json`` member
+    ``{"image": <record>, "annotations": [<its records>], "source": <file_name>}``, the records
+    exactly as in the file; ``index.json`` gets ``kind: "coco"``, ``categories`` and
+    ``info``/``licenses``. Bad references and boxes are listed in ``skipped`` (see
+    :func:`shardkit.sources.scan_coco`). Other arguments as for :func:`pack`.
+
+    Args:
+        images_dir: folder the image records' ``file_name``s are relative to.
+        annotations: the COCO instances JSON file.
+        drop_empty: leave out images without annotations (kept by default).
+
+    Raises:
+        SourceError: the folder or file is missing, or the JSON is malformed.
+        ValueError: ``options.resize_max`` is set (re-encoding would invalidate the boxes).
+        PackError, StorageError: as for :func:`pack`.
+
+    Example::
+
+        pack_coco("coco/val2017", "coco/annotations/instances_val2017.json", "shards/val")
+    """
+    if options is not None and options.resize_max is not None:
+        raise ValueError("resize_max is not supported for COCO: resizing would invalidate the annotations")
+    listing = scan_coco(images_dir, annotations, drop_empty=drop_empty)
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
         storage_options=storage_options, progress=progress,

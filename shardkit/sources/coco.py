@@ -1,0 +1,189 @@
+"""COCO detection datasets: an images folder plus an ``instances.json``, one sample per image.
+
+Samples are the ``images`` records sorted by ``id`` (ints before strings), the order of
+``torchvision.datasets.CocoDetection``, so with nothing dropped the sample with source index
+``i`` (key ``i``) is ``CocoDetection(...)[i]``. Each sample's ``meta`` is
+``{"image": <record>, "annotations": [<records of that image, in file order>]}``, the records
+being the very objects read from the file (every field kept; nothing added).
+
+Structural errors (malformed JSON, missing required keys) raise ``SourceError``. Data errors are
+reported in ``listing.warnings`` as ``{source, reason}`` and packing goes on:
+
+* annotations of unknown image ids or unknown categories: dropped, counted per kind;
+* later records repeating an image id, and ``file_name``s escaping the images folder: dropped;
+* boxes outside the image (more than :data:`BOX_TOLERANCE` px) or malformed: kept, counted
+  per image;
+* files missing on disk: kept with ``size=-1``; the packer skips them with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from typing import Any
+
+from shardkit.errors import SourceError
+from shardkit.sources.base import SourceListing, SourceSample
+
+#: How far (pixels) a box may overshoot the image before it is reported (COCO's own boxes
+#: overshoot by float rounding).
+BOX_TOLERANCE = 1.0
+_EXAMPLES = 5
+
+
+def load_instances(path: str) -> dict[str, Any]:
+    """Read a COCO instances file and check its top level; raise ``SourceError`` naming it."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.load(f)
+    except FileNotFoundError as err:
+        raise SourceError("annotations file does not exist", where=path) from err
+    except json.JSONDecodeError as err:
+        raise SourceError(f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})", where=path) from err
+    except UnicodeDecodeError as err:
+        raise SourceError(f"not valid JSON (not UTF-8: {err.reason} at byte {err.start})", where=path) from err
+    except OSError as err:
+        raise SourceError(f"cannot read annotations file: {err.strerror or err}", where=path) from err
+    if not isinstance(doc, dict):
+        raise SourceError(f"top level must be a JSON object, not {type(doc).__name__}", where=path)
+    for key in ("images", "annotations", "categories"):
+        if key not in doc:
+            raise SourceError(f'missing "{key}" (a COCO instances file has images, annotations, categories)', where=path)
+        if not isinstance(doc[key], list):
+            raise SourceError(f'"{key}" must be a list, not {type(doc[key]).__name__}', where=path)
+    return doc
+
+
+def _record(doc: dict[str, Any], section: str, i: int, keys: tuple[str, ...], path: str) -> dict[str, Any]:
+    record = doc[section][i]
+    if not isinstance(record, dict):
+        raise SourceError(f"{section}[{i}]: must be an object, not {type(record).__name__}", where=path)
+    for key in keys:
+        if key not in record:
+            raise SourceError(f'{section}[{i}]: missing "{key}"', where=path)
+        value = record[key]
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise SourceError(f'{section}[{i}]: "{key}" must be an integer or string, not {value!r}', where=path)
+    return record
+
+
+def _safe_rel(name: Any) -> bool:
+    parts = name.replace("\\", "/").split("/")
+    return bool(name) and not name.startswith("/") and ".." not in parts and ":" not in parts[0]
+
+
+def _bbox_problem(ann: dict[str, Any], image: dict[str, Any]) -> str | None:
+    box = ann.get("bbox")
+    if box is None:
+        return None
+    if not (isinstance(box, list) and len(box) == 4 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)) or box[2] < 0 or box[3] < 0:
+        return "malformed"
+    width, height = image.get("width"), image.get("height")
+    if not isinstance(width, (int, float)) or not isinstance(height, (int, float)):
+        return None
+    x, y, w, h = box
+    t = BOX_TOLERANCE
+    if x < -t or y < -t or x + w > width + t or y + h > height + t:
+        return "outside"
+    return None
+
+
+def _ids(values: list[Any]) -> str:
+    more = f", … {len(values) - _EXAMPLES} more" if len(values) > _EXAMPLES else ""
+    return ", ".join(map(str, values[:_EXAMPLES])) + more
+
+
+def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = False) -> SourceListing:
+    """List a COCO dataset: one sample per image record, with its annotation records.
+
+    Args:
+        images_dir: folder the records' ``file_name``s are relative to.
+        annotations_json: the instances file (``images``, ``annotations``, ``categories``;
+            ``info`` and ``licenses`` are carried into ``listing.extra`` when present).
+        drop_empty: leave out images that have no (valid) annotation.
+
+    Raises:
+        SourceError: ``images_dir`` is not a directory; the file is missing or not JSON; a
+            section, an image ``id``/``file_name``, an annotation ``id``/``image_id``/
+            ``category_id`` or a category ``id`` is missing (the message names e.g.
+            ``annotations[17]``).
+
+    Example::
+
+        listing = scan_coco("coco/train2017", "coco/annotations/instances_train2017.json")
+        listing.samples[0].meta["annotations"][0]["bbox"]
+    """
+    images_dir = os.path.expanduser(images_dir)
+    if not os.path.isdir(images_dir):
+        raise SourceError("images directory does not exist or is not a directory", where=images_dir)
+    doc = load_instances(annotations_json)
+    name = os.path.basename(annotations_json)
+    warnings: list[dict[str, str]] = []
+
+    categories = [_record(doc, "categories", i, ("id",), annotations_json) for i in range(len(doc["categories"]))]
+    category_ids = {c["id"] for c in categories}
+    if len(category_ids) != len(categories):
+        warnings.append({"source": name, "reason": f"{len(categories) - len(category_ids)} categories repeat an id"})
+
+    images: dict[Any, dict[str, Any]] = {}
+    for i in range(len(doc["images"])):
+        image = _record(doc, "images", i, ("id", "file_name"), annotations_json)
+        if not isinstance(image["file_name"], str) or not _safe_rel(image["file_name"]):
+            warnings.append({"source": str(image["file_name"]),
+                             "reason": f"images[{i}]: file_name is not a path inside the images folder; not packed"})
+        elif image["id"] in images:
+            warnings.append({"source": image["file_name"],
+                             "reason": f"images[{i}]: repeats image id {image['id']!r}; only the first record is packed"})
+        else:
+            images[image["id"]] = image
+
+    by_image: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    unknown_image: list[Any] = []
+    unknown_category: dict[Any, list[Any]] = defaultdict(list)
+    bad_boxes: dict[Any, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+    for i in range(len(doc["annotations"])):
+        ann = _record(doc, "annotations", i, ("id", "image_id", "category_id"), annotations_json)
+        image = images.get(ann["image_id"])
+        if image is None:
+            unknown_image.append(ann["id"])
+        elif ann["category_id"] not in category_ids:
+            unknown_category[ann["category_id"]].append(ann["id"])
+        else:
+            by_image[ann["image_id"]].append(ann)
+            problem = _bbox_problem(ann, image)
+            if problem:
+                bad_boxes[ann["image_id"]][problem].append(ann["id"])
+    if unknown_image:
+        warnings.append({"source": name, "reason": f"{len(unknown_image)} annotation(s) reference unknown image ids; "
+                                                   f"dropped (annotation ids {_ids(unknown_image)})"})
+    for cid, ann_ids in unknown_category.items():
+        warnings.append({"source": name, "reason": f"{len(ann_ids)} annotation(s) have unknown category_id {cid!r}; "
+                                                   f"dropped (annotation ids {_ids(ann_ids)})"})
+    for image_id, problems in bad_boxes.items():
+        image = images[image_id]
+        for problem, ann_ids in sorted(problems.items()):
+            what = (f"extend outside the {image.get('width')}x{image.get('height')} image"
+                    if problem == "outside" else "are malformed (need [x, y, w, h], w, h >= 0)")
+            warnings.append({"source": image["file_name"],
+                             "reason": f"{len(ann_ids)} annotation bbox(es) {what}; kept as is "
+                                       f"(annotation ids {_ids(ann_ids)})"})
+
+    samples = []
+    for image_id in sorted(images, key=lambda k: (isinstance(k, str), k)):
+        anns = by_image.get(image_id, [])
+        if drop_empty and not anns:
+            continue
+        image = images[image_id]
+        path = os.path.join(images_dir, *image["file_name"].split("/"))
+        try:
+            st = os.stat(path)
+            size, mtime_ns = st.st_size, st.st_mtime_ns
+        except OSError:
+            size, mtime_ns = -1, 0
+        samples.append(SourceSample(path, image["file_name"], size, meta={"image": image, "annotations": anns},
+                                    mtime_ns=mtime_ns))
+    extra = {k: doc[k] for k in ("info", "licenses") if k in doc}
+    return SourceListing(kind="coco", root=images_dir, samples=samples, categories=categories,
+                         extra=extra, warnings=warnings)
