@@ -176,16 +176,24 @@ class Store:
             try:
                 yield f
             except BaseException:
-                if hasattr(f, "discard"):
-                    f.discard()  # abort the multipart upload: nothing becomes visible
-                else:
-                    f.close()
-                    if self.fs.exists(target):
-                        self.fs.rm(target)
+                self._abandon(f, target, direct)
                 raise
             f.close()
             if not direct:
                 self.fs.mv(target, self.path(name))
+
+    def _abandon(self, f: Any, target: str, direct: bool) -> None:
+        """Drop a failed remote write so that nothing of it stays visible."""
+        if direct and hasattr(f, "discard"):
+            f.discard()  # abort the multipart upload / drop the buffer: nothing was published
+            # s3fs leaves the file "open" after discard and would upload on garbage collection.
+            with contextlib.suppress(AttributeError):
+                f.closed = True
+            return
+        # Other filesystems (memory://, …) may show the file from open(): remove the temporary.
+        f.close()
+        if self.fs.exists(target):
+            self.fs.rm(target)
 
     def write_bytes(self, name: str, data: bytes) -> None:
         """Atomically write ``data`` to file ``name``."""
