@@ -1,0 +1,139 @@
+"""scan_coco: records kept exactly, torchvision's order, clear errors, warnings with counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sample_data.coco_gen import make_coco
+from shardkit.errors import SourceError
+from shardkit.sources import scan_coco
+
+
+@pytest.fixture
+def coco(tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
+    images_dir, ann = make_coco(tmp_path / "coco", images=12)
+    return images_dir, ann, json.loads(ann.read_text(encoding="utf-8"))
+
+
+def _write(path: Path, doc: Any) -> Path:
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_one_sample_per_image_sorted_by_id_with_records_exactly(coco: tuple[Path, Path, dict[str, Any]]) -> None:
+    images_dir, ann, doc = coco
+    listing = scan_coco(str(images_dir), str(ann))
+    expected_ids = sorted(im["id"] for im in doc["images"])
+    assert [s.meta["image"]["id"] for s in listing.samples if s.meta] == expected_ids
+    by_id = {im["id"]: im for im in doc["images"]}
+    for s in listing.samples:
+        assert s.meta is not None and s.label is None
+        assert s.meta["image"] == by_id[s.meta["image"]["id"]]
+        assert s.meta["annotations"] == [a for a in doc["annotations"] if a["image_id"] == s.meta["image"]["id"]]
+        assert s.rel == s.meta["image"]["file_name"]
+        assert s.size == Path(s.path).stat().st_size > 0
+    assert listing.kind == "coco" and listing.categories == doc["categories"]
+    assert listing.extra == {"info": doc["info"], "licenses": doc["licenses"]}
+    assert listing.warnings == []
+    rels = {s.rel for s in listing.samples}
+    assert {"sub/dir/deep_0001.jpg", "café_ü_0002.jpg"} <= rels
+    assert sum(1 for s in listing.samples if s.meta and not s.meta["annotations"]) == 4
+
+
+def test_drop_empty(coco: tuple[Path, Path, dict[str, Any]]) -> None:
+    images_dir, ann, _ = coco
+    listing = scan_coco(str(images_dir), str(ann), drop_empty=True)
+    assert len(listing.samples) == 8 and all(s.meta and s.meta["annotations"] for s in listing.samples)
+
+
+def test_missing_file_on_disk_has_size_minus_one(coco: tuple[Path, Path, dict[str, Any]]) -> None:
+    images_dir, ann, _ = coco
+    (images_dir / "img_0005.jpg").unlink()
+    listing = scan_coco(str(images_dir), str(ann))
+    sizes = {s.rel: s.size for s in listing.samples}
+    assert sizes["img_0005.jpg"] == -1 and len(sizes) == 12
+
+
+def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "img").mkdir()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"images": [\n  {"id": 1,}\n]}', encoding="utf-8")
+    with pytest.raises(SourceError, match=r"bad\.json: not valid JSON \(line 2, column"):
+        scan_coco(str(tmp_path / "img"), str(bad))
+    bad.write_bytes(b'{"images": "\xff"}')
+    with pytest.raises(SourceError, match="not valid JSON"):
+        scan_coco(str(tmp_path / "img"), str(bad))
+    with pytest.raises(SourceError, match="annotations file does not exist"):
+        scan_coco(str(tmp_path / "img"), str(tmp_path / "nope.json"))
+    with pytest.raises(SourceError, match="images directory does not exist"):
+        scan_coco(str(tmp_path / "nope"), str(bad))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("images"), 'missing "images"'),
+        (lambda d: d.pop("categories"), 'missing "categories"'),
+        (lambda d: d.update(annotations={}), '"annotations" must be a list'),
+        (lambda d: d["images"][3].pop("id"), r'images\[3\]: missing "id"'),
+        (lambda d: d["images"][0].pop("file_name"), r'images\[0\]: missing "file_name"'),
+        (lambda d: d["images"].__setitem__(2, "x.jpg"), r"images\[2\]: must be an object"),
+        (lambda d: d["annotations"][5].pop("image_id"), r'annotations\[5\]: missing "image_id"'),
+        (lambda d: d["annotations"][1].pop("category_id"), r'annotations\[1\]: missing "category_id"'),
+        (lambda d: d["annotations"][0].pop("id"), r'annotations\[0\]: missing "id"'),
+        (lambda d: d["annotations"][2].update(image_id=[1]), r'annotations\[2\]: "image_id" must be an integer'),
+        (lambda d: d["categories"][1].pop("id"), r'categories\[1\]: missing "id"'),
+    ],
+)
+def test_missing_required_keys_name_the_place(coco: tuple[Path, Path, dict[str, Any]], mutate: Any, message: str) -> None:
+    images_dir, ann, doc = coco
+    mutate(doc)
+    with pytest.raises(SourceError, match=message) as info:
+        scan_coco(str(images_dir), str(_write(ann, doc)))
+    assert info.value.where == str(ann)
+    with pytest.raises(SourceError, match="top level must be a JSON object"):
+        scan_coco(str(images_dir), str(_write(ann, [doc])))
+
+
+def test_bad_references_and_boxes_are_warned_with_counts(coco: tuple[Path, Path, dict[str, Any]]) -> None:
+    images_dir, ann, doc = coco
+    n_anns = len(doc["annotations"])
+    base = {"iscrowd": 0, "area": 1.0}
+    doc["annotations"] += [
+        {"id": 1, "image_id": 999, "category_id": 1, "bbox": [0, 0, 1, 1], **base},
+        {"id": 2, "image_id": 998, "category_id": 1, "bbox": [0, 0, 1, 1], **base},
+        {"id": 3, "image_id": 100, "category_id": 2, "bbox": [0, 0, 1, 1], **base},  # 2: not a category
+        {"id": 4, "image_id": 100, "category_id": 3, "bbox": [-5, 0, 10, 10], **base},
+        {"id": 5, "image_id": 100, "category_id": 3, "bbox": [0, 0, 10_000, 10], **base},
+        {"id": 6, "image_id": 100, "category_id": 3, "bbox": [0, 0, -1], **base},
+    ]
+    doc["images"].append({**doc["images"][0], "file_name": "dup.jpg"})  # repeats an id
+    doc["images"].append({"id": 5000, "file_name": "../escape.jpg"})
+    listing = scan_coco(str(images_dir), str(_write(ann, doc)))
+    reasons = {(w["source"], w["reason"]) for w in listing.warnings}
+    assert ("instances.json", "2 annotation(s) reference unknown image ids; dropped (annotation ids 1, 2)") in reasons
+    assert ("instances.json", "1 annotation(s) have unknown category_id 2; dropped (annotation ids 3)") in reasons
+    assert ("img_0000.jpg", "2 annotation bbox(es) extend outside the "
+            f"{doc['images'][-3]['width']}x{doc['images'][-3]['height']} image; kept as is (annotation ids 4, 5)") in reasons
+    assert any(s == "img_0000.jpg" and r.startswith("1 annotation bbox(es) are malformed") for s, r in reasons)
+    assert any(s == "dup.jpg" and "repeats image id" in r for s, r in reasons)
+    assert any(s == "../escape.jpg" and "not a path inside the images folder" in r for s, r in reasons)
+    assert len(listing.warnings) == 6
+    assert len(listing.samples) == 12  # the rest continues
+    first = next(s for s in listing.samples if s.meta and s.meta["image"]["id"] == 100)
+    assert first.meta is not None and [a["id"] for a in first.meta["annotations"]][-3:] == [4, 5, 6]
+    kept = sum(len(s.meta["annotations"]) for s in listing.samples if s.meta)
+    assert kept == n_anns + 3
+
+
+def test_string_ids_sort_after_ints(tmp_path: Path) -> None:
+    (tmp_path / "img").mkdir()
+    doc = {"images": [{"id": "b", "file_name": "b.jpg"}, {"id": 7, "file_name": "a.jpg"}, {"id": "a", "file_name": "c.jpg"}],
+           "annotations": [], "categories": []}
+    listing = scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
+    assert [s.rel for s in listing.samples] == ["a.jpg", "c.jpg", "b.jpg"]
+    assert all(s.size == -1 for s in listing.samples)
