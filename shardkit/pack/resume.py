@@ -37,10 +37,14 @@ class DestinationState:
     receipts: dict[int, ShardReceipt]
 
 
+def _is_temporary(name: str) -> bool:
+    return name.startswith(".") and ".tmp-" in name
+
+
 def _ours(name: str) -> bool:
     return name in (INDEX_NAME, STATE_DIR) or is_shard_name(name) or (
         name.endswith(OFFSETS_SUFFIX) and is_shard_name(name[: -len(OFFSETS_SUFFIX)] + ".tar")
-    ) or (name.startswith(".") and ".tmp-" in name)
+    ) or _is_temporary(name)
 
 
 def clear_destination(store: Store) -> None:
@@ -82,13 +86,19 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         raise PackError("holds a different packed dataset; pass --overwrite to replace it", where=store.url)
     if STATE_DIR in entries:
         state = store.child(STATE_DIR)
-        previous = json.loads(state.read_bytes(_PLAN_NAME)) if state.exists(_PLAN_NAME) else {}
+        if not state.exists(_PLAN_NAME):  # killed before the plan was recorded: no shard was written
+            state.write_bytes(_PLAN_NAME, json.dumps({"fingerprint": fp}).encode())
+            return DestinationState(None, {})
+        previous = json.loads(state.read_bytes(_PLAN_NAME))
         if previous.get("fingerprint") != fp:
             raise PackError(
                 "holds an unfinished pack of different input or options; re-run that command to resume it, "
                 "or pass --overwrite to start over",
                 where=store.url,
             )
+        for name in entries:
+            if _is_temporary(name):  # left by a killed writer; its shard is rewritten below
+                store.remove(name)
         return DestinationState(None, _reusable(store, plans))
     if entries:
         raise PackError(
