@@ -86,10 +86,8 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         raise PackError("holds a different packed dataset; pass --overwrite to replace it", where=store.url)
     if STATE_DIR in entries:
         state = store.child(STATE_DIR)
-        if not state.exists(_PLAN_NAME):  # killed before the plan was recorded: no shard was written
-            state.write_bytes(_PLAN_NAME, json.dumps({"fingerprint": fp}).encode())
-            return DestinationState(None, {})
-        previous = json.loads(state.read_bytes(_PLAN_NAME))
+        # No plan: killed before it was recorded, so before any shard was written. Take it over.
+        previous = json.loads(state.read_bytes(_PLAN_NAME)) if state.exists(_PLAN_NAME) else {"fingerprint": fp}
         if previous.get("fingerprint") != fp:
             raise PackError(
                 "holds an unfinished pack of different input or options; re-run that command to resume it, "
@@ -99,6 +97,8 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         for name in entries:
             if _is_temporary(name):  # left by a killed writer; its shard is rewritten below
                 store.remove(name)
+        if not state.exists(_PLAN_NAME):
+            state.write_bytes(_PLAN_NAME, json.dumps({"fingerprint": fp}).encode())
         return DestinationState(None, _reusable(store, plans))
     if entries:
         raise PackError(
