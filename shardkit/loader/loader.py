@@ -91,6 +91,8 @@ class ShardLoader:
             detected_rank, detected_world = _distributed()
             rank = detected_rank if rank is None else rank
             world_size = detected_world if world_size is None else world_size
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise LoaderError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, world_size={world_size}")
         self.config = PlanConfig(
             shard_sizes=tuple(s.num_samples for s in self.manifest.shards), seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,

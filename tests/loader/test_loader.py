@@ -1,0 +1,179 @@
+"""ShardLoader end to end on packed indexed trees: labels, order, epochs, resume, bad data."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.datasets import ImageFolder
+
+from sample_data.generate import decode_index
+from shardkit import LoaderError, ShardLoader, transforms
+from shardkit.format.spec import offsets_name
+
+
+def _run(loader: ShardLoader) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    return [(x.clone(), y.clone(), list(k)) for x, y, k in loader]
+
+
+def _loader(packed: Path, **kw: object) -> ShardLoader:
+    args: dict[str, object] = {"batch_size": 8, "transform": transforms.imagenet_train(32), "keys": True}
+    args.update(kw)
+    return ShardLoader(str(packed), **args)  # type: ignore[arg-type]
+
+
+def test_labels_and_pixels_match_torchvision_imagefolder(packed: Path, indexed_tree: Path) -> None:
+    reference = ImageFolder(str(indexed_tree))
+    loader = _loader(packed, transform=transforms.imagenet_val(32), shuffle=False, drop_last=False)
+    seen = {}
+    for images, labels, keys in loader:
+        for image, label, key in zip(images, labels, keys, strict=True):
+            index = int(key)  # keys are the sample's index in ImageFolder order
+            seen[index] = key
+            assert label.item() == reference.targets[index]
+            assert decode_index(image) == index
+    assert sorted(seen) == list(range(len(reference)))
+
+
+def test_shuffle_false_is_manifest_order_and_epochs_differ_when_shuffled(packed: Path) -> None:
+    manifest = json.loads((packed / "index.json").read_text())
+    plain = [k for _, _, keys in _loader(packed, shuffle=False) for k in keys]
+    expected = []
+    for shard in manifest["shards"]:
+        lines = (packed / offsets_name(shard["url"])).read_text().splitlines()[1:]
+        expected += [line.split()[0] for line in lines]
+    assert plain[: len(expected)] == expected
+    shuffled = _loader(packed, seed=3)
+    first = [k for _, _, keys in shuffled for k in keys]
+    second = [k for _, _, keys in shuffled for k in keys]
+    assert first != second and set(first) == set(second)
+    assert shuffled.epoch == 2
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_output_does_not_depend_on_worker_count(packed: Path, num_workers: int) -> None:
+    reference = _run(_loader(packed, num_workers=0))
+    got = _run(_loader(packed, num_workers=num_workers))
+    assert [k for *_, k in got] == [k for *_, k in reference]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, reference, strict=True))
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_len_and_exact_epoch(packed: Path, drop_last: bool) -> None:
+    loader = _loader(packed, drop_last=drop_last)
+    batches = _run(loader)
+    assert len(batches) == len(loader)
+    keys = [k for *_, ks in batches for k in ks]
+    assert all(len(ks) == 8 for *_, ks in batches)
+    if drop_last:
+        assert len(set(keys)) == len(keys) == 64
+    else:
+        assert set(keys) == {f"{i:08d}" for i in range(69)} and len(keys) == 72
+
+
+def test_resume_at_random_steps_equals_uninterrupted_run(packed: Path) -> None:
+    loader = _loader(packed, num_workers=2, seed=5)
+    loader.set_epoch(1)
+    reference = _run(loader)
+    for step in random.Random(0).sample(range(len(reference) + 1), 4):
+        first = _loader(packed, num_workers=2, seed=5)
+        first.set_epoch(1)
+        it = iter(first)
+        for _ in range(step):
+            next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+        resumed = _loader(packed, num_workers=1, seed=5)  # a different worker count
+        resumed.load_state_dict(state)
+        rest = _run(resumed)
+        if step == len(reference):  # a finished epoch resumes at the next one
+            assert state["epoch"] == 1 and rest and resumed.epoch == 3
+            continue
+        assert [k for *_, k in rest] == [k for *_, k in reference[step:]]
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(rest, reference[step:], strict=True))
+
+
+def test_state_for_another_configuration_is_refused(packed: Path) -> None:
+    state = _loader(packed).state_dict()
+    with pytest.raises(LoaderError, match="batch_size"):
+        _loader(packed, batch_size=4).load_state_dict(state)
+    with pytest.raises(LoaderError):
+        _loader(packed).load_state_dict({**state, "version": 99})
+
+
+def test_world_size_splits_evenly(packed: Path) -> None:
+    per_rank = [[k for *_, ks in _loader(packed, rank=r, world_size=3, seed=2) for k in ks] for r in range(3)]
+    assert len({len(p) for p in per_rank}) == 1
+    assert set().union(*map(set, per_rank)) == {f"{i:08d}" for i in range(69)}
+
+
+def _copy(packed: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "ds"
+    shutil.copytree(packed, dst)
+    return dst
+
+
+def _corrupt_first_image(ds: Path) -> str:
+    """Overwrite the first sample's image bytes in shard 0 with garbage; return its key."""
+    shard = ds / "shard-000000.tar"
+    raw = bytearray(shard.read_bytes())
+    key, offset, _ = (ds / "shard-000000.idx").read_text().splitlines()[1].split()
+    start = int(offset) + 512  # cls member header; its data block follows, then the jpg
+    jpg_header = start + 512
+    size = int(raw[jpg_header + 124 : jpg_header + 135], 8)
+    raw[jpg_header + 512 : jpg_header + 512 + size] = b"\x00" * size
+    shard.write_bytes(bytes(raw))
+    return key
+
+
+def test_corrupt_image_is_replaced_and_counted_or_raises(packed: Path, tmp_path: Path) -> None:
+    ds = _copy(packed, tmp_path)
+    key = _corrupt_first_image(ds)
+    loader = _loader(ds, shuffle=False, batch_size=69)
+    ((images, labels, keys),) = _run(loader)
+    assert key not in keys and loader.stats.replaced == 1 and len(keys) == 69
+    with pytest.raises(LoaderError, match=key):
+        _run(_loader(ds, shuffle=False, on_error="raise"))
+
+
+def test_truncated_shard_raises_naming_it(packed: Path, tmp_path: Path) -> None:
+    ds = _copy(packed, tmp_path)
+    shard = ds / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:2000])
+    with pytest.raises(LoaderError, match="shard-000001.tar"):
+        _run(_loader(ds, shuffle=False, num_workers=2))
+
+
+def test_missing_offsets_file_falls_back_to_scanning(packed: Path, tmp_path: Path) -> None:
+    ds = _copy(packed, tmp_path)
+    for idx in ds.glob("*.idx"):
+        idx.unlink()
+    assert [k for *_, k in _run(_loader(ds))] == [k for *_, k in _run(_loader(packed))]
+
+
+def test_plain_callable_and_no_transform(packed: Path) -> None:
+    def fixed(image: torch.Tensor) -> torch.Tensor:
+        return image[:, :16, :16].float()
+
+    images, labels = next(iter(ShardLoader(str(packed), batch_size=4, transform=fixed)))
+    assert images.shape == (4, 3, 16, 16) and images.dtype == torch.float32 and labels.dtype == torch.int64
+    raw, _ = next(iter(ShardLoader(str(packed), batch_size=4)))
+    assert isinstance(raw, list) and raw[0].shape == (3, 48, 64)
+
+
+def test_normalize_preset_finalizes_batches(packed: Path) -> None:
+    loader = ShardLoader(str(packed), batch_size=4, transform=transforms.imagenet_val(32, normalize=True))
+    images, _ = next(iter(loader))
+    assert images.dtype == torch.float32 and images.shape == (4, 3, 32, 32)
+
+
+def test_bad_arguments(packed: Path, tmp_path: Path) -> None:
+    with pytest.raises(LoaderError):
+        ShardLoader(str(packed), batch_size=0)
+    with pytest.raises(LoaderError):
+        ShardLoader(str(packed), batch_size=4, rank=3, world_size=2)
+    with pytest.raises(Exception, match="index.json"):
+        ShardLoader(str(tmp_path), batch_size=4)
