@@ -108,7 +108,9 @@ def pack_listing(
     if progress and state.receipts:
         progress(sum(len(plans[i].members) for i in state.receipts))
     try:
-        fresh = _run(tasks, workers or os.cpu_count() or 1, progress)
+        # memory:// lives in this process only: shards written by worker processes would vanish.
+        procs = 1 if store.process_local else workers or os.cpu_count() or 1
+        fresh = _run(tasks, procs, progress)
     except ShardkitError:
         raise
     except OSError as err:

@@ -66,6 +66,11 @@ class Store:
                 raise StorageError(f"cannot open filesystem {protocol!r}: {err}", where=self.url) from err
         return self._fs
 
+    @property
+    def process_local(self) -> bool:
+        """Whether files written here are visible only to this process (``memory://``)."""
+        return self.remote and self.url.split("://", 1)[0] == "memory"
+
     def path(self, name: str) -> str:
         """Full path or URL of file ``name`` in this store."""
         base = self.url if self.remote else _local_path(self.url)
