@@ -7,15 +7,17 @@ import json
 import click
 
 from shardkit.cli.report import human_bytes
+from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import locate_dataset, read_manifest
 
 
 @click.command("info")
 @click.argument("dataset")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
-def info_command(dataset: str, as_json: bool) -> None:
+@storage_option_flag
+def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -> None:
     """Summarise the packed DATASET (directory, index.json path or URL)."""
-    store = locate_dataset(dataset)
+    store = locate_dataset(dataset, storage_options(storage_option, dataset))
     m = read_manifest(store)
     sizes = [s.num_samples for s in m.shards]
     summary = {

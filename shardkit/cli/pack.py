@@ -8,6 +8,7 @@ import sys
 import click
 
 from shardkit.cli.report import human_bytes
+from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.pack import PackOptions, pack, pack_coco, parse_size
 
 
@@ -37,9 +38,11 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
 @click.option("--decode-check", is_flag=True, help="Fully decode every image to find corrupt data (slower).")
 @click.option("--overwrite", is_flag=True, help="Replace what a previous pack left in DST.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@storage_option_flag
 def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool, max_count: int,
                  max_size: int, workers: int | None, shuffle: bool, seed: int, prefix: str,
-                 resize_max: int | None, quality: int, decode_check: bool, overwrite: bool, quiet: bool) -> None:
+                 resize_max: int | None, quality: int, decode_check: bool, overwrite: bool, quiet: bool,
+                 storage_option: tuple[str, ...]) -> None:
     """Pack the ImageFolder tree SRC into WebDataset tar shards under DST (path or fsspec URL).
 
     With --annotations instances.json, SRC is a COCO images folder: one sample per image
@@ -60,6 +63,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
                               prefix=prefix, resize_max=resize_max, quality=quality, decode_check=decode_check)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
+    remote = storage_options(storage_option, dst)
     bar = None
     if not quiet and sys.stderr.isatty():
         from tqdm import tqdm
@@ -69,9 +73,10 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         progress, procs = (bar.update if bar else None), workers or os.cpu_count()
         if annotations is not None:  # checked above: given exactly when packing COCO
             result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options, workers=procs,
-                               overwrite=overwrite, progress=progress)
+                               overwrite=overwrite, storage_options=remote, progress=progress)
         else:
-            result = pack(src, dst, options=options, workers=procs, overwrite=overwrite, progress=progress)
+            result = pack(src, dst, options=options, workers=procs, overwrite=overwrite,
+                          storage_options=remote, progress=progress)
     finally:
         if bar:
             bar.close()

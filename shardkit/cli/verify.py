@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import locate_dataset, verify_dataset
 
 
@@ -13,10 +14,12 @@ from shardkit.index import locate_dataset, verify_dataset
 @click.argument("dataset")
 @click.option("--decode", is_flag=True, help="Also decode every image.")
 @click.option("--quiet", "-q", is_flag=True, help="Print problems only.")
-def verify_command(dataset: str, decode: bool, quiet: bool) -> None:
+@storage_option_flag
+def verify_command(dataset: str, decode: bool, quiet: bool, storage_option: tuple[str, ...]) -> None:
     """Check the packed DATASET against its index.json; exit 1 on any mismatch."""
-    store = locate_dataset(dataset)
-    report = verify_dataset(store.url, decode=decode)
+    options = storage_options(storage_option, dataset)
+    store = locate_dataset(dataset, options)
+    report = verify_dataset(store.url, decode=decode, storage_options=options)
     for problem in report.problems:
         click.secho(f"FAIL {problem}", fg="red", err=True)
     if not report.ok:
