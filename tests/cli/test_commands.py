@@ -1,0 +1,116 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from shardkit.cli import cli
+from tests.conftest import encode_image, write_tree
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def _pack(runner, src, dst, *extra):
+    return runner.invoke(cli, ["pack", str(src), str(dst), "--max-count", "5", "--workers", "1", *extra])
+
+
+def test_pack_summary_info_and_verify(runner, small_tree, tmp_path):
+    (small_tree / "class1" / "broken.jpg").write_bytes(b"")
+    result = _pack(runner, small_tree, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "samples   12  (3 classes)" in out
+    assert "shards    3" in out
+    assert "skipped   1" in out and "class1/broken.jpg: empty file (0 bytes)" in out
+    assert "images/s" in out
+    again = _pack(runner, small_tree, tmp_path / "out")
+    assert again.exit_code == 0 and "already packed" in again.output
+
+    info = runner.invoke(cli, ["info", str(tmp_path / "out")])
+    assert info.exit_code == 0
+    assert "samples   12" in info.output and "classes   3: class0, class1, class2" in info.output
+    as_json = json.loads(runner.invoke(cli, ["info", str(tmp_path / "out" / "index.json"), "--json"]).output)
+    assert as_json["num_samples"] == 12 and as_json["num_shards"] == 3 and as_json["skipped"] == 1
+    assert as_json["options"]["max_count"] == 5
+
+    verify = runner.invoke(cli, ["verify", str(tmp_path / "out"), "--decode"])
+    assert verify.exit_code == 0
+    assert verify.output.strip() == f"OK {tmp_path / 'out'}: 3 shards, 12 samples, 12 images decoded"
+    assert runner.invoke(cli, ["verify", "-q", str(tmp_path / "out")]).output == ""
+
+
+def test_quiet_pack_prints_nothing(runner, small_tree, tmp_path):
+    result = _pack(runner, small_tree, tmp_path / "out", "--quiet")
+    assert result.exit_code == 0 and result.output == ""
+    assert (tmp_path / "out" / "index.json").exists()
+
+
+def test_verify_reports_a_truncated_shard(runner, small_tree, tmp_path):
+    _pack(runner, small_tree, tmp_path / "out", "-q")
+    shard = tmp_path / "out" / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:2000])
+    result = runner.invoke(cli, ["verify", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert f"FAIL {shard}" in result.output and "problem(s)" in result.output
+
+
+def _one_line_error(result, *fragments):
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in result.output
+
+
+def test_source_errors_are_one_line(runner, tmp_path):
+    write_tree(tmp_path, {"file.jpg": encode_image(), "notree/loose.jpg": encode_image(),
+                          "emptyclass/a/x.jpg": encode_image(), "emptyclass/b/readme.txt": b"x"})
+    (tmp_path / "empty").mkdir()
+    cases = {"missing": "does not exist", "file.jpg": "not a directory", "empty": "no class folders",
+             "notree": "no class folders", "emptyclass": "no image files in class folder(s): b"}
+    for name, message in cases.items():
+        result = _pack(runner, tmp_path / name, tmp_path / f"out-{name}")
+        _one_line_error(result, str(tmp_path / name), message)
+
+
+def test_manifest_and_destination_errors_are_one_line(runner, small_tree, tmp_path):
+    _one_line_error(runner.invoke(cli, ["info", str(tmp_path)]), "no index.json")
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "index.json").write_text('{"format": "shardkit", "version": 7}')
+    _one_line_error(runner.invoke(cli, ["verify", str(tmp_path / "ds")]), "format version 7 is not supported")
+    (tmp_path / "ds" / "index.json").write_text("{oops")
+    _one_line_error(runner.invoke(cli, ["info", str(tmp_path / "ds")]), "not valid JSON")
+    _one_line_error(_pack(runner, small_tree, tmp_path / "ds"), "index.json: not valid JSON")
+    (tmp_path / "ds" / "index.json").unlink()
+    (tmp_path / "ds" / "mine.txt").write_text("x")
+    _one_line_error(_pack(runner, small_tree, tmp_path / "ds"), "is not empty", "--overwrite")
+
+
+def test_usage_errors_exit_2(runner, small_tree, tmp_path):
+    assert _pack(runner, small_tree, tmp_path / "o", "--max-size", "lots").exit_code == 2
+    assert _pack(runner, small_tree, tmp_path / "o", "--prefix", "a/b").exit_code == 2
+    assert _pack(runner, small_tree, tmp_path / "o", "-o", "novalue").exit_code == 2
+
+
+def test_s3_through_the_cli(runner, small_tree, s3_server, s3_bucket, monkeypatch):
+    url = f"{s3_bucket}/cli"
+    endpoint = s3_server["client_kwargs"]["endpoint_url"]
+    creds = ["-o", "key=test", "-o", "secret=test", "-o", "skip_instance_cache=true"]
+    result = _pack(runner, small_tree, url, "-o", f"client_kwargs.endpoint_url={endpoint}", *creds)
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    verify = runner.invoke(cli, ["verify", url, "--decode", *creds])
+    assert verify.exit_code == 0, verify.output
+    assert "12 images decoded" in verify.output
+    info = runner.invoke(cli, ["info", url, "--json", *creds])
+    assert json.loads(info.output)["num_samples"] == 12
+
+
+def test_console_entry_point_runs(small_tree, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "shardkit", "pack", str(small_tree), str(tmp_path / "o"),
+                           "--workers", "1", "-q"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == ""

@@ -1,0 +1,79 @@
+"""Shared fixtures: tiny image bytes and a moto S3 server on loopback (no network)."""
+
+from __future__ import annotations
+
+import io
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from PIL import Image
+
+
+def encode_image(size: tuple[int, int] = (12, 9), mode: str = "RGB", fmt: str = "JPEG",
+                 color: Any = None) -> bytes:
+    """Encode a flat image; ``color`` defaults to something mode-appropriate."""
+    if color is None:
+        color = {"L": 77, "CMYK": (10, 20, 30, 40), "RGBA": (1, 2, 3, 4)}.get(mode, (200, 100, 50))
+    out = io.BytesIO()
+    Image.new(mode, size, color).save(out, fmt)
+    return out.getvalue()
+
+
+@pytest.fixture
+def image_bytes() -> Callable[..., bytes]:
+    """``image_bytes(size=, mode=, fmt=, color=)`` -> encoded bytes of a flat image."""
+    return encode_image
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, Any]]:
+    """A moto S3 server on 127.0.0.1; yields fsspec ``storage_options`` that reach it."""
+    moto_server = pytest.importorskip("moto.server")
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    yield {"client_kwargs": {"endpoint_url": endpoint}, "key": "test", "secret": "test",
+           "skip_instance_cache": True}
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: dict[str, Any]) -> str:
+    """A fresh, empty bucket on the moto server; returns its ``s3://`` URL."""
+    import s3fs
+
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    fs = s3fs.S3FileSystem(**s3_server)
+    fs.mkdir(name)
+    return f"s3://{name}"
+
+
+def write_tree(root: Any, files: dict[str, bytes]) -> None:
+    """Write ``{relative path: bytes}`` under ``root`` (a ``pathlib.Path``)."""
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+@pytest.fixture
+def small_tree(tmp_path: Any) -> Any:
+    """A valid ImageFolder tree: 3 classes x 4 tiny JPEG/PNG images (distinct bytes)."""
+    root = tmp_path / "src"
+    files = {}
+    for c in range(3):
+        for j in range(4):
+            fmt, ext = ("PNG", "png") if j == 3 else ("JPEG", "jpg")
+            files[f"class{c}/img{j}.{ext}"] = encode_image((8 + j, 6 + c), fmt=fmt, color=(c * 80, j * 60, 9))
+    write_tree(root, files)
+    return root

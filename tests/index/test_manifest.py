@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from shardkit.errors import ManifestError
+from shardkit.index import Manifest, ShardEntry, locate_dataset, read_manifest, write_manifest
+from shardkit.storage import Store
+
+SHARDS = (ShardEntry("s-000000.tar", 2, 10240, "a" * 64), ShardEntry("s-000001.tar", 1, 10240, "b" * 64))
+
+
+def _manifest(**kw):
+    base = dict(kind="imagefolder", shards=SHARDS, classes=("cat", "dog"),
+                skipped=({"source": "cat/x.jpg", "reason": "empty file (0 bytes)"},),
+                options={"max_count": 2}, created_by="shardkit test")
+    return Manifest(**{**base, **kw})
+
+
+def test_round_trip_and_field_order():
+    m = _manifest()
+    data = m.to_json()
+    assert Manifest.from_json(data, where="x") == m
+    doc = json.loads(data)
+    assert list(doc) == ["format", "version", "kind", "num_samples", "classes", "shards", "skipped",
+                         "options", "created_by"]
+    assert (doc["format"], doc["version"], doc["num_samples"]) == ("shardkit", 1, 3)
+    assert m.to_json() == _manifest().to_json()
+
+
+def _doc(**changes):
+    doc = json.loads(_manifest().to_json())
+    doc.update(changes)
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[]", "not a shardkit manifest"),
+        (_doc(format="webdataset"), "not a shardkit manifest"),
+        (_doc(version=2), "version 2 is not supported"),
+        (_doc(version="1"), "not supported"),
+        (_doc(kind="video"), "unknown kind"),
+        (_doc(num_samples=4), "differs"),
+        (_doc(shards="x"), "'shards' must be list"),
+        (_doc(shards=[{"url": "a.tar"}]), "shards\\[0\\] is malformed"),
+        (_doc(shards=[{"url": "../a.tar", "num_samples": 3, "num_bytes": 1, "sha256": ""}]), "relative"),
+        (_doc(shards=[{"url": "s3://b/a.tar", "num_samples": 3, "num_bytes": 1, "sha256": ""}]), "relative"),
+        (_doc(shards=[{"url": "a.tar", "num_samples": -1, "num_bytes": 1, "sha256": ""}]), "negative"),
+        (_doc(classes=None) .replace(b'"classes": null, ', b""), "needs"),
+    ],
+)
+def test_invalid_manifests(data, message):
+    with pytest.raises(ManifestError, match=message) as err:
+        Manifest.from_json(data, where="somewhere/index.json")
+    assert str(err.value).startswith("somewhere/index.json: ")
+
+
+def test_missing_num_samples():
+    doc = json.loads(_manifest().to_json())
+    del doc["num_samples"]
+    with pytest.raises(ManifestError, match="num_samples"):
+        Manifest.from_json(json.dumps(doc).encode(), where="x")
+
+
+def test_read_write_and_locate(tmp_path):
+    store = Store(str(tmp_path))
+    with pytest.raises(ManifestError, match="no index.json"):
+        read_manifest(store)
+    write_manifest(store, _manifest())
+    assert read_manifest(store) == _manifest()
+    assert [p.name for p in tmp_path.iterdir()] == ["index.json"]
+    assert locate_dataset(str(tmp_path / "index.json")).url == str(tmp_path)
+    assert locate_dataset(str(tmp_path) + "/").url == str(tmp_path)
+    assert locate_dataset("memory://a/b/index.json").url == "memory://a/b"

@@ -1,0 +1,100 @@
+import io
+import json
+
+import pytest
+
+from shardkit.errors import ManifestError
+from shardkit.format import TarShardWriter, iter_samples
+from shardkit.index import read_manifest, verify_dataset
+from shardkit.pack import PackOptions, pack
+from shardkit.storage import Store
+
+
+@pytest.fixture
+def packed(small_tree, tmp_path):
+    dst = tmp_path / "out"
+    pack(str(small_tree), str(dst), options=PackOptions(max_count=5), workers=1)
+    return dst
+
+
+def test_clean_dataset_verifies(packed):
+    report = verify_dataset(str(packed), decode=True)
+    assert report.ok, report.problems
+    assert (report.shards_checked, report.samples_checked, report.images_decoded) == (3, 12, 12)
+
+
+def test_truncated_shard_is_named(packed):
+    shard = packed / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:1500])
+    report = verify_dataset(str(packed))
+    assert not report.ok
+    assert any(str(shard) in p and "truncated" in p for p in report.problems), report.problems
+
+
+def test_tampered_bytes_give_a_hash_mismatch(packed):
+    shard = packed / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[-1] = 1  # inside the end-of-archive padding: still a readable tar
+    shard.write_bytes(bytes(data))
+    report = verify_dataset(str(packed))
+    assert report.problems == [f"{shard}: sha256 differs from the manifest"]
+
+
+def _rewrite(shard, mutate):
+    samples = list(iter_samples(io.BytesIO(shard.read_bytes()), where=str(shard)))
+    buf = io.BytesIO()
+    writer = TarShardWriter(buf)
+    for key, fields in mutate(samples):
+        writer.add(key, list(fields.items()))
+    writer.close()
+    shard.write_bytes(buf.getvalue())
+
+
+def test_decode_catches_an_undecodable_image(packed):
+    shard = packed / "shard-000002.tar"
+
+    def corrupt(samples):
+        key, fields = samples[0]
+        ext = next(e for e in fields if e in ("jpg", "png"))
+        fields[ext] = fields[ext][:40]
+        return samples
+
+    _rewrite(shard, corrupt)
+    without = verify_dataset(str(packed))
+    assert all("does not decode" not in p for p in without.problems)
+    report = verify_dataset(str(packed), decode=True)
+    decode_problems = [p for p in report.problems if "does not decode" in p]
+    assert len(decode_problems) == 1 and str(shard) in decode_problems[0]
+
+
+def test_label_count_and_offsets_mismatches(packed):
+    shard = packed / "shard-000000.tar"
+
+    def relabel_and_drop(samples):
+        key, fields = samples[0]
+        fields["cls"] = b"2" if fields["cls"] != b"2" else b"0"
+        return samples[:-1]
+
+    _rewrite(shard, relabel_and_drop)
+    problems = "\n".join(verify_dataset(str(packed)).problems)
+    assert "disagrees" in problems
+    assert "samples, manifest says 5" in problems
+    assert "keys differ" in problems
+    assert "sha256 differs" in problems
+
+
+def test_missing_shard_and_bad_manifest(packed):
+    (packed / "shard-000001.tar").unlink()
+    report = verify_dataset(str(packed))
+    assert any("shard-000001.tar" in p and "no such file" in p for p in report.problems)
+    doc = json.loads((packed / "index.json").read_bytes())
+    doc["version"] = 99
+    (packed / "index.json").write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="version 99"):
+        verify_dataset(str(packed))
+
+
+def test_manifest_lists_all_shards(packed):
+    m = read_manifest(Store(str(packed)))
+    assert [s.url for s in m.shards] == [f"shard-00000{i}.tar" for i in range(3)]
+    assert [s.num_samples for s in m.shards] == [5, 5, 2]

@@ -1,0 +1,131 @@
+"""Kill ``shardkit pack`` (the whole process group, SIGKILL) at random points and resume it."""
+
+import io
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from shardkit.errors import PackError
+from shardkit.pack import PackOptions, pack
+
+MAX_COUNT = 6
+
+
+@pytest.fixture(scope="module")
+def many_images(tmp_path_factory):
+    """300 small, distinct JPEGs in 5 classes."""
+    root = tmp_path_factory.mktemp("many") / "src"
+    rng = random.Random(0)
+    for c in range(5):
+        (root / f"c{c}").mkdir(parents=True)
+        for j in range(60):
+            out = io.BytesIO()
+            Image.new("RGB", (48, 40), (rng.randrange(256), rng.randrange(256), c * 50)).save(out, "JPEG")
+            (root / f"c{c}" / f"{j:03d}.jpg").write_bytes(out.getvalue())
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(many_images, tmp_path_factory):
+    dst = tmp_path_factory.mktemp("ref") / "out"
+    pack(str(many_images), str(dst), options=PackOptions(max_count=MAX_COUNT), workers=1)
+    return {p.name: p.read_bytes() for p in dst.iterdir()}
+
+
+def _command(src, dst, *extra):
+    return [sys.executable, "-m", "shardkit", "pack", str(src), str(dst), "--max-count", str(MAX_COUNT),
+            "--workers", "2", "--quiet", *extra]
+
+
+def _visible(dst: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in dst.iterdir() if not p.name.startswith(".")} if dst.exists() else {}
+
+
+def _check_only_complete_files(dst: Path, reference: dict[str, bytes]) -> int:
+    """Every visible file is byte-identical to the finished run's; others are hidden temporaries."""
+    visible = _visible(dst)
+    for name, data in visible.items():
+        assert data == reference[name], f"{name} is visible but not complete"
+    hidden = [p.name for p in dst.iterdir() if p.name.startswith(".")] if dst.exists() else []
+    assert all(h == ".shardkit-pack" or ".tmp-" in h for h in hidden), hidden
+    return sum(name.endswith(".tar") for name in visible)
+
+
+def test_kill_at_random_points_then_resume(many_images, reference, tmp_path):
+    dst = tmp_path / "out"
+    rng = random.Random(1234)
+    num_shards = sum(name.endswith(".tar") for name in reference)
+    kills = 0
+    for _ in range(4):
+        target = rng.randrange(1, num_shards)
+        proc = subprocess.Popen(_command(many_images, dst), start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            present = sum(1 for p in dst.glob("*.tar")) if dst.exists() else 0
+            if present >= target:
+                time.sleep(rng.uniform(0, 0.05))
+                break
+            time.sleep(0.002)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        assert "index.json" not in _visible(dst) or proc.returncode == 0
+        _check_only_complete_files(dst, reference)
+    assert kills >= 2  # the test really interrupted the pack
+    finished = subprocess.run(_command(many_images, dst), capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert _visible(dst) == reference
+    assert sorted(p.name for p in dst.iterdir()) == sorted(reference)  # state and temporaries gone
+
+
+def test_different_command_into_unfinished_destination(many_images, reference, tmp_path):
+    dst = tmp_path / "out"
+    pack(str(many_images), str(dst), options=PackOptions(max_count=MAX_COUNT), workers=1)
+    (dst / "index.json").unlink()
+    (dst / ".shardkit-pack").mkdir()
+    (dst / ".shardkit-pack" / "plan.json").write_text('{"fingerprint": "another run"}')
+    refused = subprocess.run(_command(many_images, dst, "--seed", "3"), capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    assert "unfinished pack of different input or options" in refused.stderr and "--overwrite" in refused.stderr
+    done = subprocess.run(_command(many_images, dst, "--overwrite"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert _visible(dst) == reference
+
+
+def test_complete_destination_is_kept_or_refused(small_tree, tmp_path):
+    dst = str(tmp_path / "out")
+    first = pack(str(small_tree), dst, workers=1)
+    again = pack(str(small_tree), dst, workers=1)
+    assert again.already_complete and again.manifest == first.manifest
+    with pytest.raises(PackError, match="different packed dataset"):
+        pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1)
+    assert pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1, overwrite=True).manifest.options["seed"] == 5
+
+
+def test_non_empty_unrelated_destination_is_refused(small_tree, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "precious.txt").write_text("mine")
+    with pytest.raises(PackError, match="not empty"):
+        pack(str(small_tree), str(tmp_path / "out"), workers=1)
+    pack(str(small_tree), str(tmp_path / "out"), workers=1, overwrite=True)
+    assert (tmp_path / "out" / "precious.txt").read_text() == "mine"  # --overwrite removes only our files
+
+
+def test_killed_before_the_plan_was_recorded(small_tree, tmp_path):
+    (tmp_path / "out" / ".shardkit-pack").mkdir(parents=True)
+    (tmp_path / "out" / ".shard-000000.tar.tmp-0123456789ab").write_bytes(b"partial")
+    pack(str(small_tree), str(tmp_path / "out"), workers=1)
+    reference = pack(str(small_tree), str(tmp_path / "ref"), workers=1)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in (tmp_path / "ref").iterdir())
+    assert reference.manifest.num_samples == 12

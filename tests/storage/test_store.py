@@ -1,0 +1,87 @@
+"""One contract suite for ``Store``, bound to local disk, ``memory://`` and S3 (moto server)."""
+
+import pickle
+import uuid
+
+import pytest
+
+from shardkit.errors import StorageError
+from shardkit.storage import Store, is_remote
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return Store(str(tmp_path / "d"))
+    if request.param == "memory":
+        return Store(f"memory://shardkit-tests/{uuid.uuid4().hex}")
+    options = request.getfixturevalue("s3_server")
+    return Store(request.getfixturevalue("s3_bucket") + "/ds", options)
+
+
+def test_write_read_list_remove(store):
+    assert not store.exists()
+    assert store.listdir() == []
+    store.makedirs()
+    store.write_bytes("b.bin", b"hello")
+    with store.write_atomic("a.bin") as f:
+        f.write(b"x" * 1000)
+    assert store.listdir() == ["a.bin", "b.bin"]
+    assert store.read_bytes("b.bin") == b"hello"
+    assert store.size("a.bin") == 1000
+    with store.open_read("a.bin") as f:
+        assert f.read(3) == b"xxx"
+    store.write_bytes("b.bin", b"replaced")
+    assert store.read_bytes("b.bin") == b"replaced"
+    store.remove("b.bin")
+    store.remove("b.bin")  # missing_ok
+    assert store.listdir() == ["a.bin"]
+    with pytest.raises(StorageError):
+        store.remove("b.bin", missing_ok=False)
+
+
+def test_sub_stores(store):
+    sub = store.child("state")
+    sub.makedirs()
+    sub.write_bytes("r.json", b"{}")
+    assert sub.read_bytes("r.json") == b"{}"
+    assert "state" in store.listdir()
+    store.remove("state")
+    assert not sub.exists("r.json")
+
+
+def test_failed_atomic_write_leaves_nothing_visible(store):
+    store.makedirs()
+    store.write_bytes("keep.bin", b"old")
+    for name in ["new.bin", "keep.bin"]:
+        with pytest.raises(RuntimeError), store.write_atomic(name) as f:
+            f.write(b"partial" * 1000)
+            raise RuntimeError("boom")
+    assert store.listdir() == ["keep.bin"]
+    assert store.read_bytes("keep.bin") == b"old"
+
+
+def test_missing_files_raise_storage_error_naming_them(store):
+    store.makedirs()
+    with pytest.raises(StorageError, match="nope.bin"):
+        store.read_bytes("nope.bin")
+    with pytest.raises(StorageError, match="nope.bin"):
+        store.size("nope.bin")
+
+
+def test_pickles_without_its_filesystem(store):
+    store.makedirs()
+    store.write_bytes("a", b"1")
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.read_bytes("a") == b"1"
+
+
+def test_local_paths_and_urls(tmp_path):
+    assert not is_remote("/data/x") and not is_remote("file:///data/x") and not is_remote("rel/x")
+    assert is_remote("s3://b/x") and is_remote("memory://x")
+    store = Store(f"file://{tmp_path}/")
+    assert store.path("a") == f"{tmp_path}/a"
+    store.write_bytes("a", b"1")
+    assert (tmp_path / "a").read_bytes() == b"1"
+    with pytest.raises(StorageError, match="nosuchproto"):
+        Store("nosuchproto://x").listdir()

@@ -1,0 +1,81 @@
+"""Generated ImageFolder trees full of edge cases, shared by the sources and pack tests."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zlib
+from pathlib import Path
+
+from PIL import Image
+
+from tests.conftest import encode_image, write_tree
+
+
+def huge_header_png(width: int = 40000, height: int = 40000) -> bytes:
+    """A tiny, well-formed PNG whose header claims ``width x height`` pixels (a decompression bomb)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def _encode(mode: str, fmt: str, size: tuple[int, int] = (10, 7), **save: object) -> bytes:
+    out = io.BytesIO()
+    color = {"L": 90, "CMYK": (0, 50, 100, 20), "RGBA": (9, 8, 7, 128), "P": 3, "I;16": 4000}.get(mode, (1, 2, 3))
+    Image.new(mode, size, color).save(out, fmt, **save)
+    return out.getvalue()
+
+
+#: Files that are not valid images, and why the pack must skip them.
+CORRUPT = {
+    "plain/zero.jpg": "empty file",
+    "plain/truncated.jpg": "truncated JPEG",
+    "plain/truncated.png": "truncated PNG",
+    "plain/text.jpg": "not an image",
+    "plain/bomb.png": "decompression bomb",
+    "plain/dangling.jpg": "unreadable file",
+}
+
+
+def make_tricky_tree(base: Path) -> Path:
+    """Write ``base/src``: odd names, nesting, links, many modes/formats and corrupt files."""
+    root = base / "src"
+    noisy = io.BytesIO()
+    Image.effect_noise((96, 64), 60).convert("RGB").save(noisy, "JPEG")
+    big_jpeg = noisy.getvalue()
+    write_tree(root, {
+        "a cls/my photo.v2.jpg": encode_image((12, 9)),
+        "a cls/UPPER.JPEG": encode_image((13, 9), color=(5, 5, 5)),
+        "a cls/.hidden.jpg": encode_image((14, 9), color=(6, 6, 6)),
+        "a cls/notes.txt": b"not an image extension: ignored by torchvision and us",
+        "b.dots/gray.jpg": _encode("L", "JPEG"),
+        "b.dots/cmyk.jpg": _encode("CMYK", "JPEG"),
+        "b.dots/rgba.PNG": _encode("RGBA", "PNG"),
+        "b.dots/palette.png": _encode("P", "PNG"),
+        "b.dots/sixteen.png": _encode("I;16", "PNG"),
+        "b.dots/lossless.webp": _encode("RGB", "WEBP", lossless=True),
+        "b.dots/bitmap.bmp": _encode("RGB", "BMP"),
+        "b.dots/scan.tif": _encode("RGB", "TIFF"),
+        "ünïcødé/文件 名.PNG": encode_image((9, 9), fmt="PNG"),
+        "ünïcødé/ça.jpeg": encode_image((11, 9), color=(250, 1, 1)),
+        "plain/sub/deeper/nested.jpg": encode_image((15, 9), color=(7, 7, 7)),
+        "plain/sub/a.jpg": encode_image((16, 9), color=(8, 8, 8)),
+        "plain/z.jpg": encode_image((17, 9), color=(9, 9, 9)),
+        "plain/zero.jpg": b"",
+        "plain/truncated.jpg": big_jpeg[: len(big_jpeg) // 2],
+        "plain/truncated.png": _encode("RGB", "PNG", (64, 48))[:-30],
+        "plain/text.jpg": b"hello, I am text\n",
+        "plain/bomb.png": huge_header_png(),
+        "../outside/real.jpg": encode_image((18, 9), color=(100, 0, 100)),
+        "../outside_cls/linked.jpg": encode_image((19, 9), color=(0, 100, 100)),
+        "../outside_sub/in_linked_sub.jpg": encode_image((20, 9), color=(50, 50, 0)),
+    })
+    os.symlink(base / "outside/real.jpg", root / "plain/link.jpg")
+    os.symlink(base / "outside_cls", root / "zz linked class")
+    os.symlink(base / "outside_sub", root / "plain/linked_sub")
+    os.symlink(base / "missing.jpg", root / "plain/dangling.jpg")
+    return root
