@@ -147,18 +147,18 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     for i, ann in enumerate(doc["annotations"]):
         try:  # fast path for the ~1M annotations of COCO train; _record explains any failure
             ann_id, image_id, category_id = ann["id"], ann["image_id"], ann["category_id"]
-            image = images.get(image_id)
+            owner = images.get(image_id)
             known_category = category_id in category_ids
         except (KeyError, TypeError, IndexError):
             _record(doc, "annotations", i, ("id", "image_id", "category_id"), annotations_json)
             raise
-        if image is None:
+        if owner is None:
             unknown_image.append(ann_id)
         elif not known_category:
             unknown_category[category_id].append(ann_id)
         else:
             by_image[image_id].append(ann)
-            problem = _bbox_problem(ann.get("bbox"), image.get("width"), image.get("height"))
+            problem = _bbox_problem(ann.get("bbox"), owner.get("width"), owner.get("height"))
             if problem:
                 bad_boxes[image_id][problem].append(ann_id)
     if unknown_image:
@@ -190,6 +190,6 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             size, mtime_ns = -1, 0
         samples.append(SourceSample(path, image["file_name"], size, meta={"image": image, "annotations": anns},
                                     mtime_ns=mtime_ns))
-    extra = {k: doc[k] for k in ("info", "licenses") if k in doc}
+    extra: dict[str, Any] = {k: doc[k] for k in ("info", "licenses") if k in doc}
     return SourceListing(kind="coco", root=images_dir, samples=samples, categories=categories,
                          extra=extra, warnings=warnings)
