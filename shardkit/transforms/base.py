@@ -1,0 +1,52 @@
+"""The contract the loader relies on: sample parameters, apply them per image, finalise batches."""
+
+from __future__ import annotations
+
+import abc
+import random
+
+import torch
+
+from shardkit.transforms.batch import BatchFormat
+from shardkit.transforms.ops import crop_resize_flip
+from shardkit.transforms.params import CropFlip
+
+__all__ = ["ImageTransform"]
+
+
+class ImageTransform(abc.ABC):
+    """A crop-resize-flip image transform, split so each step can run where it is cheapest.
+
+    * :meth:`sample_params` (CPU worker, seeded ``random.Random``, header size only) picks a
+      :class:`CropFlip`; the same generator state always gives the same parameters.
+    * :meth:`apply` crops, resizes the crop to :attr:`output_size` and flips, writing into
+      ``out`` when given (e.g. one slice of a pinned batch buffer).
+    * :meth:`finalize` runs once per batch on the target device (normalise, cast, layout).
+
+    Subclasses are frozen dataclasses with ``output_size`` and ``batch_format`` fields, so they
+    pickle to worker processes.
+
+    Example:
+        >>> t = imagenet_train(224)  # doctest: +SKIP
+        >>> p = t.sample_params(375, 500, random.Random(0))  # doctest: +SKIP
+        >>> t.apply(img, p, out=batch[i])  # doctest: +SKIP
+    """
+
+    output_size: tuple[int, int]
+    batch_format: BatchFormat
+
+    @abc.abstractmethod
+    def sample_params(self, height: int, width: int, rng: random.Random) -> CropFlip:
+        """The crop box and flip for a ``height x width`` image; the box lies inside the image."""
+
+    def apply(self, image: torch.Tensor, params: CropFlip, out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """uint8 ``[3, H, W]`` -> uint8 ``[3, *output_size]``; see :func:`crop_resize_flip`."""
+        return crop_resize_flip(image, params, self.output_size, out)
+
+    def __call__(self, image: torch.Tensor, rng: random.Random) -> torch.Tensor:
+        """``apply(image, sample_params(H, W, rng))``."""
+        return self.apply(image, self.sample_params(image.shape[-2], image.shape[-1], rng))
+
+    def finalize(self, batch: torch.Tensor) -> torch.Tensor:
+        """Apply :attr:`batch_format` to a uint8 ``[B, 3, *output_size]`` batch on its device."""
+        return self.batch_format(batch)

@@ -1,0 +1,60 @@
+"""Ready-made ImageNet train/eval transforms with torchvision's parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from shardkit.transforms.batch import BatchFormat
+from shardkit.transforms.center_crop import ResizeCenterCrop
+from shardkit.transforms.random_resized_crop import RandomResizedCropFlip
+
+__all__ = ["imagenet_train", "imagenet_val"]
+
+Normalize = bool | tuple[Sequence[float], Sequence[float]]
+
+
+def imagenet_train(
+    size: int = 224,
+    *,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    flip_p: float = 0.5,
+    normalize: Normalize = False,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+) -> RandomResizedCropFlip:
+    """``RandomResizedCrop(size, scale, ratio)`` + ``RandomHorizontalFlip(flip_p)``, uint8 out.
+
+    ``normalize``: False (batches stay uint8), True (ImageNet mean/std) or ``(mean, std)`` on a
+    0–1 scale, applied by ``finalize`` on the device and returned as ``dtype``.
+    ``channels_last``: ``finalize`` returns channels-last memory.
+
+    Example:
+        >>> t = imagenet_train(224, normalize=True)
+        >>> t.output_size
+        (224, 224)
+    """
+    fmt = BatchFormat.make(normalize, dtype, channels_last)
+    return RandomResizedCropFlip((size, size), scale, ratio, flip_p, fmt)
+
+
+def imagenet_val(
+    size: int = 224,
+    *,
+    crop_fraction: float = 0.875,
+    normalize: Normalize = False,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+) -> ResizeCenterCrop:
+    """``Resize(int(size / crop_fraction))`` + ``CenterCrop(size)``, uint8 out (crop first).
+
+    Example:
+        >>> imagenet_val(224).resize_to
+        256
+    """
+    if not 0 < crop_fraction <= 1:
+        raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
+    fmt = BatchFormat.make(normalize, dtype, channels_last)
+    return ResizeCenterCrop((size, size), int(size / crop_fraction), fmt)

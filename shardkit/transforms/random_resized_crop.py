@@ -1,0 +1,83 @@
+"""RandomResizedCrop + horizontal flip with torchvision's parameters, drawn from a random.Random."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.batch import BatchFormat
+from shardkit.transforms.params import CropFlip
+
+__all__ = ["RandomResizedCropFlip", "random_resized_crop_box"]
+
+
+def random_resized_crop_box(
+    height: int,
+    width: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    rng: random.Random,
+) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` by torchvision's ``RandomResizedCrop.get_params`` algorithm.
+
+    Ten tries at a box of ``scale`` times the area and log-uniform aspect ``ratio`` that fits,
+    then a centre crop clamped to ``ratio``. Draws only from ``rng``.
+
+    Example:
+        >>> random_resized_crop_box(375, 500, (0.08, 1.0), (3 / 4, 4 / 3), random.Random(0))
+        (3, 5, 372, 432)
+    """
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        h, w = height, width
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+@dataclass(frozen=True)
+class RandomResizedCropFlip(ImageTransform):
+    """``v2.RandomResizedCrop(output_size, scale, ratio)`` then ``v2.RandomHorizontalFlip(flip_p)``.
+
+    Same parameter distribution and (antialiased bilinear) resize as torchvision; randomness
+    comes only from the ``random.Random`` passed in: a box, then one ``rng.random()`` for the flip.
+
+    Example:
+        >>> t = RandomResizedCropFlip((224, 224))
+        >>> t.sample_params(375, 500, random.Random(0)).height
+        372
+    """
+
+    output_size: tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_p: float = 0.5
+    batch_format: BatchFormat = field(default_factory=BatchFormat)
+
+    def __post_init__(self) -> None:
+        if min(self.output_size) <= 0 or len(self.output_size) != 2:
+            raise ValueError(f"output_size must be two positive ints, got {self.output_size}")
+        if not 0 < self.scale[0] <= self.scale[1]:
+            raise ValueError(f"scale must be (lo, hi) with 0 < lo <= hi, got {self.scale}")
+        if not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"ratio must be (lo, hi) with 0 < lo <= hi, got {self.ratio}")
+        if not 0.0 <= self.flip_p <= 1.0:
+            raise ValueError(f"flip_p must be in [0, 1], got {self.flip_p}")
+
+    def sample_params(self, height: int, width: int, rng: random.Random) -> CropFlip:
+        """A random box (inside the image) and flip; see :func:`random_resized_crop_box`."""
+        top, left, h, w = random_resized_crop_box(height, width, self.scale, self.ratio, rng)
+        return CropFlip(top, left, h, w, flip=rng.random() < self.flip_p)
