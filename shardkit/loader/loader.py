@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import locate_dataset, read_manifest
 from shardkit.loader.batch import Batch, BatchBuilder
+from shardkit.loader.gpu_setup import GpuPath, gpu_path
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.state import LoaderState, check_compatible, shards_digest
 from shardkit.loader.stats import StageStats
@@ -52,6 +53,16 @@ class ShardLoader:
         prefetch: batches each worker prepares ahead.
         cache_dir: local cache for shards of a remote dataset.
         storage_options: fsspec options for a remote dataset.
+        compile: GPU path only: run crop-resize-flip as one Triton kernel per batch (True) or
+            as the eager torch reference (False); both give the same pixels.
+        device_prefetch: GPU path only: batches decoded ahead on the prefetch stream.
+
+    GPU path: with a CUDA ``device`` and an :class:`ImageTransform`, workers ship JPEG bytes and
+    crop boxes (drawn as on the CPU path: same crops and flips per sample), and the main process
+    decodes each batch with nvJPEG and crops, resizes and flips it in one launch, overlapping the
+    training step (see :mod:`shardkit.loader.prefetch`). Images nvJPEG cannot take are decoded
+    on the CPU and joined to the batch. Without CUDA or nvJPEG, one warning is logged and the
+    CPU path is used (on the CPU when CUDA is missing altogether).
 
     Example::
 
@@ -82,6 +93,8 @@ class ShardLoader:
         prefetch: int = 2,
         cache_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        compile: bool = True,
+        device_prefetch: int = 2,
     ) -> None:
         if num_workers < 0:
             raise LoaderError(f"num_workers must be >= 0, got {num_workers}")
@@ -102,18 +115,23 @@ class ShardLoader:
         self._num_batches = self.config.num_batches  # validates rank/world/batch size
         self.transform = transform
         self.device = torch.device(device)
+        self._gpu: GpuPath | None = None
+        if self.device.type == "cuda" and isinstance(transform, ImageTransform):
+            self._gpu, self.device = gpu_path(transform, self.device, batch_size=batch_size,
+                                              compile=compile, depth=device_prefetch)
         self.keys = keys
         self.num_workers = num_workers
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
         reader = ShardReader(store, self.manifest.shards, cache_dir=cache)
-        builder = BatchBuilder(reader, transform, on_error=on_error)
+        builder = (self._gpu.builder(reader, on_error) if self._gpu is not None
+                   else BatchBuilder(reader, transform, on_error=on_error))
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._stream = BatchStream(self.config, builder, self._control)
         self._dataloader: DataLoader[Batch] | None = None
         if num_workers > 0:
             self._dataloader = DataLoader(
                 self._stream, batch_size=None, num_workers=num_workers, persistent_workers=True,
-                prefetch_factor=prefetch, pin_memory=self.device.type == "cuda",
+                prefetch_factor=prefetch, pin_memory=self.device.type == "cuda" and self._gpu is None,
                 worker_init_fn=_init_worker,
             )
         # Where we stand: the next batch to deliver is batch _pos[1] of epoch _pos[0]. _fresh:
@@ -149,6 +167,8 @@ class ShardLoader:
         self._fresh = False
         self._control[0], self._control[1] = epoch, start
         source: Any = iter(self._dataloader) if self._dataloader is not None else iter(self._stream)
+        if self._gpu is not None:
+            source = iter(self._gpu.prefetch(source, self._stats))
         last = time.perf_counter()
         for consumed in range(start + 1, self._num_batches + 1):
             t0 = time.perf_counter()
@@ -157,8 +177,11 @@ class ShardLoader:
             except StopIteration:
                 raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {self._num_batches} batches") from None
             t1 = time.perf_counter()
-            images = self._deliver(batch.images)
-            labels = batch.labels.to(self.device, non_blocking=True)
+            if self._gpu is not None:  # already finalised on the device by the prefetcher
+                images, labels = batch.images, batch.labels
+            else:
+                images = self._deliver(batch.images)
+                labels = batch.labels.to(self.device, non_blocking=True)
             t2 = time.perf_counter()
             self._stats.add(batch.stats)
             self._stats.wait_s += t1 - t0

@@ -13,6 +13,11 @@ class StageStats:
     ``wait_s``: seconds the consumer waited for the next batch; ``copy_s``: host-to-device and
     finalize time in the main process; ``replaced``: corrupt samples replaced by another sample
     of the same batch; ``fast``/``fallback``: images decoded by the native decoder / by PIL.
+    GPU path (``device="cuda"``): ``gpu_images`` decoded by nvJPEG, ``gpu_fallback`` decoded on
+    the CPU instead (by workers, or in the main process after nvJPEG rejected them);
+    ``gpu_decode_s``/``gpu_augment_s``: device time (CUDA events) of batched decode and of
+    crop-resize-flip + finalize; ``gpu_copy_s``: host time staging pinned buffers and launching
+    their host-to-device copies.
     """
 
     batches: int = 0
@@ -26,6 +31,11 @@ class StageStats:
     wait_s: float = 0.0
     copy_s: float = 0.0
     elapsed_s: float = 0.0
+    gpu_images: int = 0
+    gpu_fallback: int = 0
+    gpu_decode_s: float = 0.0
+    gpu_augment_s: float = 0.0
+    gpu_copy_s: float = 0.0
 
     def add(self, other: StageStats) -> None:
         for f in fields(self):

@@ -1,0 +1,197 @@
+"""GPU input pipeline, side by side in one run: ImageFolder+DataLoader, nvJPEG decode alone,
+ShardLoader(device="cuda"), the batched kernel alone, and a ResNet-50 training step.
+
+Conditions: one CUDA device, ``--workers`` DataLoader workers, batch ``--batch``, output
+RandomResizedCrop(224) + flip uint8 [B,3,224,224] delivered on the GPU (synchronised at the
+end of each timed span), warm page cache, local disk. Each rate skips ``--warmup`` batches
+(worker start-up, JIT) before timing ``--batches`` batches.
+
+Run (repository root)::
+
+    python3 benchmarks/bench_gpu.py --root /tmp/inet --shards /tmp/shards --out results.json \\
+        --phases imagefolder,nvjpeg,kernel,shardkit,train
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shardkit import ShardLoader, transforms
+from shardkit.loader.gpu_decode import nvjpeg_friendly
+from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows
+
+
+def _timed(batches: Iterator[Any], warmup: int, n: int) -> tuple[float, int]:
+    for _ in range(warmup):
+        next(batches)
+    torch.cuda.synchronize()
+    t0, count = time.perf_counter(), 0
+    for _ in range(n):
+        x = next(batches)[0]
+        count += x.shape[0] if hasattr(x, "shape") else len(x)
+    torch.cuda.synchronize()
+    return count / (time.perf_counter() - t0), count
+
+
+def _forever(make: Any) -> Iterator[Any]:
+    while True:
+        yield from make()
+
+
+def imagefolder_loader(root: str, workers: int, batch: int) -> Any:
+    import torchvision.transforms.v2 as v2
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    tf = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    return DataLoader(ImageFolder(root, transform=tf), batch_size=batch, shuffle=True, num_workers=workers,
+                      persistent_workers=True, pin_memory=True, drop_last=True)
+
+
+def imagefolder_cuda(dl: Any) -> Iterator[Any]:
+    for x, y in _forever(lambda: iter(dl)):
+        yield x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+
+
+def nvjpeg_batches(root: str, batch: int, limit: int = 4096) -> Iterator[Any]:
+    from torchvision.io import decode_jpeg
+
+    raw = [p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()][:limit * 2]
+    datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw if nvjpeg_friendly(b)][:limit]
+    i = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        while True:
+            chunk = datas[i:i + batch] if i + batch <= len(datas) else datas[:batch]
+            i = (i + batch) % max(1, len(datas) - batch)
+            yield decode_jpeg(chunk, device="cuda"), None
+
+
+def kernel_rates(root: str, batch: int) -> dict[str, float]:
+    """Milliseconds per batch of the Triton kernel and of the eager reference on decoded images."""
+    import random
+
+    imgs = next(nvjpeg_batches(root, batch))[0]
+    t, rng = transforms.imagenet_train(224), random.Random(0)
+    sizes = [(int(im.shape[1]), int(im.shape[2])) for im in imgs]
+    geom = geometry_rows(sizes, [t.sample_params(h, w, rng) for h, w in sizes], (224, 224)).cuda()
+    flat = torch.cat([im.reshape(-1) for im in imgs])
+    offs = torch.tensor([0] + [im.numel() for im in imgs]).cumsum(0)[:-1].cuda()
+    out: dict[str, float] = {}
+    for name, comp in (("kernel_ms", True), ("eager_ms", False)):
+        for _ in range(3):
+            crop_resize_flip_batch(flat, offs, geom, (224, 224), compile=comp)
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(20):
+            crop_resize_flip_batch(flat, offs, geom, (224, 224), compile=comp)
+        e.record()
+        torch.cuda.synchronize()
+        out[name] = s.elapsed_time(e) / 20
+    return out
+
+
+def shardkit_loader(shards: str, workers: int, batch: int, compile: bool = True, **kw: Any) -> ShardLoader:
+    t = kw.pop("transform", transforms.imagenet_train(224))
+    return ShardLoader(shards, batch_size=batch, transform=t, device="cuda", num_workers=workers,
+                       drop_last=True, compile=compile, prefetch=4, **kw)
+
+
+def train_wait(batches: Iterator[Any], steps: int, uint8: bool) -> dict[str, float]:
+    """ResNet-50 bf16 channels_last compiled step: synthetic step time vs fed by ``batches``."""
+    import torchvision
+
+    model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cmodel = torch.compile(model)
+    mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1) * 255
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        if uint8:
+            x = ((x.float() - mean) / std).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(cmodel(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    x0, y0 = next(batches)
+    for _ in range(5):  # compile + warm
+        step(x0, y0)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step(x0, y0)
+    torch.cuda.synchronize()
+    synth = (time.perf_counter() - t0) / steps
+    waited, t0 = 0.0, time.perf_counter()
+    for _ in range(steps):
+        w0 = time.perf_counter()
+        x, y = next(batches)
+        waited += time.perf_counter() - w0
+        step(x, y)
+    torch.cuda.synchronize()
+    real = (time.perf_counter() - t0) / steps
+    return {"synthetic_step_ms": synth * 1e3, "fed_step_ms": real * 1e3,
+            "data_wait_fraction": max(0.0, 1 - synth / real), "host_wait_fraction": waited / (real * steps),
+            "fed_images_per_s": x0.shape[0] / real}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--shards", required=True)
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--batches", type=int, default=150)
+    ap.add_argument("--train-steps", type=int, default=40)
+    ap.add_argument("--phases", default="imagefolder,nvjpeg,kernel,shardkit")
+    ap.add_argument("--out", default="bench_gpu.json")
+    args = ap.parse_args()
+    phases, res = args.phases.split(","), {"device": torch.cuda.get_device_name(), "args": vars(args)}
+
+    def save(key: str, value: Any) -> None:
+        res[key] = value
+        print(key, json.dumps(value), flush=True)
+        Path(args.out).write_text(json.dumps(res, indent=2))
+
+    if "nvjpeg" in phases:
+        save("nvjpeg_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch), 5, args.batches)[0])
+    if "kernel" in phases:
+        save("kernel", kernel_rates(args.root, args.batch))
+    if "shardkit" in phases:
+        loader = shardkit_loader(args.shards, args.workers, args.batch)
+        rate, _ = _timed(_forever(lambda: iter(loader)), args.warmup, args.batches)
+        save("shardkit_cuda_img_s", rate)
+        save("shardkit_stats", loader.stats.as_dict())
+        del loader
+    if "eager" in phases:
+        loader = shardkit_loader(args.shards, args.workers, args.batch, compile=False)
+        save("shardkit_cuda_eager_img_s", _timed(_forever(lambda: iter(loader)), args.warmup, args.batches // 3)[0])
+        del loader
+    if "imagefolder" in phases:
+        dl = imagefolder_loader(args.root, args.workers, args.batch)
+        save("imagefolder_img_s", _timed(imagefolder_cuda(dl), args.warmup, min(args.batches, 60))[0])
+        del dl
+    if "train" in phases:
+        t = transforms.imagenet_train(224, normalize=True, dtype=torch.bfloat16, channels_last=True)
+        loader = shardkit_loader(args.shards, args.workers, args.batch, transform=t)
+        save("train_shardkit", train_wait(_forever(lambda: iter(loader)), args.train_steps, uint8=False))
+        del loader
+        dl = imagefolder_loader(args.root, args.workers, args.batch)
+        save("train_imagefolder", train_wait(imagefolder_cuda(dl), args.train_steps, uint8=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Main-process GPU stage: one batch of :class:`RawImages` -> a finalised batch on the device.
+
+Per batch: stage the small host tensors (geometry, offsets, labels, CPU-decoded pixels) in a
+pinned slot and copy them asynchronously; decode all JPEGs with one batched nvJPEG call; gather
+them into one flat buffer; run one crop-resize-flip launch over the batch; drop the CPU-decoded
+images into their rows; ``transform.finalize``. Everything is enqueued on the caller's current
+stream (the prefetcher's side stream); nothing here synchronises the device in steady state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from shardkit.errors import DecodeError
+from shardkit.loader.batch import Batch
+from shardkit.loader.decode import decode_rgb
+from shardkit.loader.gpu_batch import RawImages
+from shardkit.loader.gpu_decode import GpuJpegDecoder
+from shardkit.loader.pinned import PinnedSlot, chw_offsets
+from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.gpu import crop_resize_flip_batch
+from shardkit.transforms.params import CropFlip
+
+__all__ = ["GpuPipeline"]
+
+log = logging.getLogger(__name__)
+
+
+class GpuPipeline:
+    """Decode and augment raw batches on ``device`` (see module doc).
+
+    ``compile=False`` uses the eager reference resize instead of the Triton kernel.
+    """
+
+    def __init__(self, transform: ImageTransform, device: torch.device, *, compile: bool = True) -> None:
+        self.transform = transform
+        self.device = device
+        self.compile = compile
+        self.decoder = GpuJpegDecoder(device)
+
+    def _decode(self, raw: RawImages, batch: Batch) -> tuple[list[torch.Tensor], list[int]]:
+        """nvJPEG-decode the batch's JPEGs; on failure retry one by one. Returns images and the
+        indices (into ``raw.geometry``) that nvJPEG rejected."""
+        jpegs = raw.jpegs()
+        try:
+            return self.decoder.decode(jpegs), []
+        except RuntimeError:
+            pass
+        images: list[torch.Tensor] = []
+        rejected: list[int] = []
+        for i, data in enumerate(jpegs):
+            try:
+                images.extend(self.decoder.decode([data]))
+            except RuntimeError:
+                rejected.append(i)
+        log.debug("nvJPEG rejected %d images of a batch (keys %s)", len(rejected),
+                  [batch.keys[int(raw.geometry[i, 11])] for i in rejected])
+        return images, rejected
+
+    def _cpu_rescue(self, raw: RawImages, rejected: list[int], out: torch.Tensor, batch: Batch) -> None:
+        """Decode nvJPEG's rejects on the CPU (same crop); replace undecodable ones by a neighbour."""
+        bad: list[int] = []
+        for i in rejected:
+            g = raw.geometry[i].tolist()
+            dest = g[11]
+            try:
+                image = decode_rgb(raw.jpegs()[i], where=batch.keys[dest])
+            except DecodeError:
+                bad.append(dest)
+                continue
+            # the geometry row holds the box drawn in the worker (centre crops: see gpu_window)
+            pixels = self.transform.apply(image, CropFlip(g[2], g[3], g[4], g[5], bool(g[10])))
+            out[dest].copy_(pixels, non_blocking=False)
+        good = [i for i in range(len(out)) if i not in set(bad)]
+        for dest in bad:
+            src = next(j for j in good if j > dest) if any(j > dest for j in good) else good[0]
+            out[dest].copy_(out[src])
+            batch.labels[dest], batch.keys[dest] = batch.labels[src], batch.keys[src]
+        batch.stats.replaced += len(bad)
+
+    def __call__(self, batch: Batch, slot: PinnedSlot, mark: Callable[[], None] | None = None) -> Batch:
+        """Return ``batch`` with images (finalised) and labels on the device; enqueues only."""
+        raw = batch.images
+        if not isinstance(raw, RawImages):
+            raise TypeError(f"GpuPipeline needs RawImages, got {type(raw).__name__}")
+        n, dev = len(raw), self.device
+        t0 = time.perf_counter()
+        geometry, offsets, cpu_images, cpu_dest, labels = slot.stage(raw, batch.labels, dev)
+        batch.stats.gpu_copy_s += time.perf_counter() - t0
+        decoded, rejected = self._decode(raw, batch)
+        if mark is not None:
+            mark()
+        out = torch.empty((n, 3, *raw.size), dtype=torch.uint8, device=dev)
+        if cpu_images.shape[0]:
+            out.index_copy_(0, cpu_dest, cpu_images)
+        if rejected:  # rare: rebuild geometry and offsets for the images nvJPEG did decode
+            keep = [i for i in range(raw.geometry.shape[0]) if i not in set(rejected)]
+            geometry = raw.geometry[keep].to(dev)
+            offsets = chw_offsets(raw.geometry[keep]).to(dev)
+        if decoded:
+            flat = torch.cat([d.reshape(-1) for d in decoded]) if len(decoded) > 1 else decoded[0].reshape(-1)
+            crop_resize_flip_batch(flat, offsets, geometry, raw.size, out=out, compile=self.compile)
+        if rejected:
+            self._cpu_rescue(raw, rejected, out, batch)
+        batch.stats.gpu_images += len(decoded)
+        batch.stats.gpu_fallback += len(rejected)
+        return Batch(self.transform.finalize(out), labels, batch.keys, batch.stats)

@@ -1,0 +1,99 @@
+"""GPU path pieces that need no GPU: what workers ship, the nvJPEG decision, the fallback, and
+the device math emulated on the CPU against the CPU path."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardkit import ShardLoader, transforms
+from shardkit.loader.batch import BatchBuilder
+from shardkit.loader.gpu_batch import RawBatchBuilder, RawImages
+from shardkit.loader.gpu_decode import gpu_decode_unavailable, nvjpeg_friendly
+from shardkit.loader.reader import ShardReader
+from shardkit.loader.stream import BatchStream, PlanConfig
+from tests.conftest import encode_image
+from tests.loader.gpu_helpers import emulate_device, make_packed_imagenet_like
+
+
+@pytest.fixture(scope="module")
+def inet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_packed_imagenet_like(tmp_path_factory.mktemp("inet"))
+
+
+def _streams(ds: Path, transform: transforms.ImageTransform, seed: int = 5) -> tuple[BatchStream, BatchStream]:
+    loader = ShardLoader(str(ds), batch_size=16, transform=transform, seed=seed)
+    reader = ShardReader(loader._stream.builder.reader.store, loader.manifest.shards,
+                         cache_dir=str(ds / "cache"))
+    control = torch.tensor([1, 0])
+    cfg: PlanConfig = loader.config
+    cpu = BatchStream(cfg, BatchBuilder(reader, transform), control)
+    raw = BatchStream(cfg, RawBatchBuilder(reader, transform), control)
+    return cpu, raw
+
+
+@pytest.mark.parametrize("mode", ["jpeg", "gray", "cmyk", "png", "progressive"])
+def test_nvjpeg_decision(mode: str) -> None:
+    if mode == "progressive":
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (20, 10), (1, 2, 3)).save(buf, "JPEG", progressive=True)
+        data = buf.getvalue()
+    else:
+        data = {"jpeg": encode_image(mode="RGB"), "gray": encode_image(mode="L"),
+                "cmyk": encode_image(mode="CMYK"), "png": encode_image(fmt="PNG")}[mode]
+    assert nvjpeg_friendly(data) is (mode == "jpeg")
+
+
+@pytest.mark.parametrize("preset", [transforms.imagenet_train, transforms.imagenet_val])
+def test_raw_batches_match_the_cpu_path(inet: Path, preset: object) -> None:
+    transform = preset(64)  # type: ignore[operator]
+    cpu, raw = _streams(inet, transform)
+    fallback = 0
+    for a, b in zip(cpu, raw, strict=True):
+        assert isinstance(b.images, RawImages)
+        assert a.keys == b.keys and torch.equal(a.labels, b.labels)
+        fallback += b.stats.gpu_fallback
+        assert b.stats.gpu_fallback == len(b.images.cpu_dest)
+        got = emulate_device(b)
+        diff = (got.int() - a.images.int()).abs()
+        assert diff.max() <= 1, diff.max()  # float vs fixed-point uint8 rounding only
+    assert fallback >= 3  # the CMYK, grayscale and PNG files, decoded by workers
+
+
+def test_shipped_boxes_are_the_cpu_paths_draws(inet: Path) -> None:
+    transform = transforms.imagenet_train(64)
+    _, raw = _streams(inet, transform)
+    batch = next(iter(raw))
+    rows = batch.images.geometry.tolist()
+    assert rows, "expected some JPEGs on the GPU path"
+    for row in rows:
+        h, w, top, left, bh, bw, vh, vw, oy, ox, flip, dest = row
+        assert (vh, vw, oy, ox) == (64, 64, 0, 0) and 0 <= dest < 16
+        assert transforms.CropFlip(top, left, bh, bw, bool(flip)).inside(h, w)
+
+
+def test_same_seeded_draws_give_same_boxes() -> None:
+    t = transforms.imagenet_train(224)
+    a = t.sample_params(380, 500, random.Random(11))
+    b = t.sample_params(380, 500, random.Random(11))
+    assert a == b
+
+
+def test_cuda_device_without_cuda_falls_back_with_one_log_line(inet: Path, caplog: pytest.LogCaptureFixture) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        loader = ShardLoader(str(inet), batch_size=8, transform=transforms.imagenet_train(32), device="cuda")
+    assert loader.device.type == "cpu"
+    assert sum("GPU decoding unavailable" in r.getMessage() for r in caplog.records) == 1
+    images, labels = next(iter(loader))
+    assert images.shape == (8, 3, 32, 32) and images.dtype == torch.uint8
+    assert gpu_decode_unavailable(torch.device("cpu")) is not None
