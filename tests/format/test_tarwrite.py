@@ -99,3 +99,12 @@ def test_parse_span_rejects_mixed_or_empty_spans():
         parse_span(bytes(1024), where="x")
     with pytest.raises(FormatError, match="truncated"):
         parse_span(data[3072 : 3072 + 2048 + 512 + 500], where="x")
+
+
+@pytest.mark.parametrize("name", ["00000000.jpg", "k.json", "a" * 99, "a" * 100, "x" * 150 + "/y.jpg", "é.jpg"])
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 10**9, 8**11 - 1])
+def test_fast_header_equals_tarfiles(name, size):
+    from shardkit.format.tarwrite import _tarfile_header, ustar_header
+
+    assert ustar_header(name, size) == _tarfile_header(name, size)
+    assert len(ustar_header(name, size)) == 512
