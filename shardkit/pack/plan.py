@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from shardkit.format.spec import shard_name
 
 #: Tar bytes a sample costs beyond its image: three headers, small cls/json members, padding.
@@ -26,6 +24,8 @@ def sample_order(num_samples: int, *, shuffle: bool, seed: int) -> list[int]:
     """Source indices in packing order: identity, or a permutation seeded by ``seed``."""
     if not shuffle:
         return list(range(num_samples))
+    import numpy as np  # here, not at the top: pack worker processes import this module too
+
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0x5AC4])))
     return rng.permutation(num_samples).tolist()
 
