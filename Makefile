@@ -29,6 +29,9 @@ demo: setup
 	$(BIN)/shardkit pack sample_data/imagefolder $(DEMO)/imagefolder --max-count 64 --seed 0
 	$(BIN)/shardkit verify $(DEMO)/imagefolder --decode
 	$(BIN)/shardkit info $(DEMO)/imagefolder
+	$(BIN)/shardkit pack sample_data/coco/images --annotations sample_data/coco/instances.json $(DEMO)/coco --max-count 8
+	$(BIN)/shardkit verify $(DEMO)/coco --decode
+	$(BIN)/shardkit info $(DEMO)/coco
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache .mypy_cache
