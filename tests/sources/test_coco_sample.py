@@ -51,7 +51,7 @@ def test_boxes_are_tight_around_the_masks(doc: dict) -> None:
             else mask_utils.frPyObjects(ann["segmentation"], h, w)
         x, y, bw, bh = ann["bbox"]
         mx, my, mw, mh = mask_utils.toBbox(rle).tolist()
-        assert 0 <= x and 0 <= y and x + bw <= w and y + bh <= h
+        assert x >= 0 and y >= 0 and x + bw <= w and y + bh <= h
         assert abs(mx - x) <= 1.5 and abs(my - y) <= 1.5 and abs(mw - bw) <= 2 and abs(mh - bh) <= 2, ann["id"]
         assert ann["area"] == pytest.approx(float(mask_utils.area(rle)))
 
