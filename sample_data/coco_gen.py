@@ -104,7 +104,7 @@ def make_coco(root: str | Path, *, images: int = 12, seed: int = 0) -> tuple[Pat
     for i in range(images):
         width, height = int(rng.integers(48, 120)), int(rng.integers(40, 100))
         image_id = 100 + 7 * i
-        record = {"id": image_id, "file_name": _file_name(i), "width": width, "height": height,
+        record: dict[str, Any] = {"id": image_id, "file_name": _file_name(i), "width": width, "height": height,
                   "license": 1 + i % 2, "date_captured": "2024-01-01 00:00:00", "coco_url": ""}
         image_records.append(record)
         count = 0 if i % 3 == 2 else 1 + int(rng.integers(3))

@@ -114,9 +114,11 @@ def _view(obj: dict[str, Any], crop: tuple[int, int, int, int], flip: bool, size
 
 def build(out: Path = OUT) -> Path:
     """Write ``out/images/...`` and ``out/instances.json``; return the JSON's path."""
-    if out.exists():
-        shutil.rmtree(out)
-    images, annotations = [], []
+    if (out / "images").exists():
+        shutil.rmtree(out / "images")  # README.md beside it stays
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    views: list[tuple[str, str, tuple[int, int, int, int] | None, bool]]
     views = [(name, rel, None, False) for name, rel in PHOTOS.items()]
     views += [(name, rel, box, flip) for name, rel, box, flip in CROPS]
     for image_id, (name, rel, crop, flip) in enumerate(views, start=1):
