@@ -24,8 +24,10 @@ def fingerprint(listing: SourceListing, recorded_options: dict[str, Any]) -> str
     head = {"kind": listing.kind, "classes": listing.classes, "categories": listing.categories,
             "extra": listing.extra, "options": recorded_options}
     h.update(json.dumps(head, sort_keys=True).encode())
+    h.update(str(listing.meta_digest).encode())
     for s in listing.samples:
-        h.update(json.dumps([s.rel, s.size, s.mtime_ns, s.label, s.meta], sort_keys=True).encode())
+        meta = None if listing.meta_digest is not None else s.meta
+        h.update(json.dumps([s.rel, s.size, s.mtime_ns, s.label, meta], sort_keys=True).encode())
     return h.hexdigest()
 
 

@@ -34,3 +34,6 @@ class SourceListing:
     categories: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     warnings: list[dict[str, str]] = field(default_factory=list)
+    #: A digest standing for every sample's ``meta`` (e.g. the annotation file's sha256), so
+    #: the pack fingerprint need not re-serialise per-sample metadata; ``None``: hash each.
+    meta_digest: str | None = None

@@ -18,6 +18,7 @@ reported in ``listing.warnings`` as ``{source, reason}`` and packing goes on:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import defaultdict
@@ -32,11 +33,16 @@ BOX_TOLERANCE = 1.0
 _EXAMPLES = 5
 
 
-def load_instances(path: str) -> dict[str, Any]:
-    """Read a COCO instances file and check its top level; raise ``SourceError`` naming it."""
+def load_instances(path: str) -> tuple[dict[str, Any], str]:
+    """Read a COCO instances file and check its top level; raise ``SourceError`` naming it.
+
+    Returns the parsed document and the sha256 of the file's bytes.
+    """
     try:
         with open(path, "rb") as f:
-            doc = json.load(f)
+            raw = f.read()
+        digest = hashlib.sha256(raw).hexdigest()
+        doc = json.loads(raw)
     except FileNotFoundError as err:
         raise SourceError("annotations file does not exist", where=path) from err
     except json.JSONDecodeError as err:
@@ -52,7 +58,7 @@ def load_instances(path: str) -> dict[str, Any]:
             raise SourceError(f'missing "{key}" (a COCO instances file has images, annotations, categories)', where=path)
         if not isinstance(doc[key], list):
             raise SourceError(f'"{key}" must be a list, not {type(doc[key]).__name__}', where=path)
-    return doc
+    return doc, digest
 
 
 def _record(doc: dict[str, Any], section: str, i: int, keys: tuple[str, ...], path: str) -> dict[str, Any]:
@@ -119,7 +125,7 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     images_dir = os.path.expanduser(images_dir)
     if not os.path.isdir(images_dir):
         raise SourceError("images directory does not exist or is not a directory", where=images_dir)
-    doc = load_instances(annotations_json)
+    doc, digest = load_instances(annotations_json)
     name = os.path.basename(annotations_json)
     warnings: list[dict[str, str]] = []
 
@@ -192,4 +198,4 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                                     mtime_ns=mtime_ns))
     extra: dict[str, Any] = {k: doc[k] for k in ("info", "licenses") if k in doc}
     return SourceListing(kind="coco", root=images_dir, samples=samples, categories=categories,
-                         extra=extra, warnings=warnings)
+                         extra=extra, warnings=warnings, meta_digest=f"{digest}:drop_empty={drop_empty}")
