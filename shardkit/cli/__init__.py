@@ -33,11 +33,12 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from shardkit.cli import info, pack, verify
+    from shardkit.cli import bench, info, pack, verify
 
     cli.add_command(pack.pack_command)
     cli.add_command(info.info_command)
     cli.add_command(verify.verify_command)
+    cli.add_command(bench.bench_command)
 
 
 def main() -> None:

@@ -1,0 +1,102 @@
+"""Throughput: ShardLoader vs torchvision ImageFolder + DataLoader vs plain webdataset.
+
+A short, readable version of ``shardkit bench`` built only on the public API, to read and adapt:
+
+    python pipelines/throughput.py DIR [--workers 2] [--batch-size 64] [--repeats 3]
+
+DIR is an ImageFolder tree; it is packed into DIR-shards/ first (once). All three loaders
+produce uint8 [B,3,224,224] batches after RandomResizedCrop(224) + horizontal flip, use the same
+batch size and workers, and run in alternating order (A B C, C B A, …) so drift cancels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+import torchvision.transforms.v2 as v2
+import webdataset as wds
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+
+from shardkit import ShardLoader, transforms
+from shardkit.pack import pack
+
+
+def torchvision_loader(root: str, batch_size: int, workers: int) -> DataLoader:
+    """What a careful user writes today: PIL loader, v2 transforms on PIL images, uint8 out."""
+    tf = v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    return DataLoader(ImageFolder(root, transform=tf), batch_size=batch_size, shuffle=True, drop_last=True,
+                      num_workers=workers, persistent_workers=workers > 0, prefetch_factor=2 if workers else None)
+
+
+def webdataset_loader(shard_dir: str, batch_size: int, workers: int) -> wds.WebLoader:
+    """Plain webdataset on the same shards, PIL decode, the same transform."""
+    tf = v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    urls = sorted(os.path.join(shard_dir, f) for f in os.listdir(shard_dir) if f.endswith(".tar"))
+    dataset = (wds.WebDataset(urls, shardshuffle=False).decode("pil").to_tuple("jpg;png;webp", "cls")
+               .map_tuple(tf, int).batched(batch_size, partial=False))
+    return wds.WebLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+                         prefetch_factor=2 if workers else None)
+
+
+def shardkit_loader(shard_dir: str, batch_size: int, workers: int) -> ShardLoader:
+    return ShardLoader(shard_dir, batch_size=batch_size, transform=transforms.imagenet_train(224),
+                       num_workers=workers, drop_last=True)
+
+
+def images_per_second(make: Callable[[], Iterable], epochs: int, warmup: int = 5) -> float:
+    """Build a fresh loader, skip ``warmup`` batches, time the rest of ``epochs`` epochs."""
+    loader = make()
+    images, t0, seen = 0, 0.0, 0
+    for _ in range(epochs):
+        for _images, labels in loader:
+            seen += 1
+            if seen == warmup:
+                t0 = time.perf_counter()
+            elif seen > warmup:
+                images += len(labels)
+    seconds = time.perf_counter() - t0
+    del loader  # persistent workers exit before the next loader starts
+    return images / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    shard_dir = args.dir.rstrip("/") + "-shards"
+    if not os.path.exists(os.path.join(shard_dir, "index.json")):
+        result = pack(args.dir, shard_dir, workers=os.cpu_count())
+        print(f"packed {result.manifest.num_samples} images: {result.images_per_second:,.0f} img/s")
+
+    loaders = {
+        "torchvision ImageFolder + DataLoader": lambda: torchvision_loader(args.dir, args.batch_size, args.workers),
+        "webdataset + WebLoader": lambda: webdataset_loader(shard_dir, args.batch_size, args.workers),
+        "shardkit ShardLoader": lambda: shardkit_loader(shard_dir, args.batch_size, args.workers),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
+    for r in range(args.repeats):
+        for name in list(loaders)[:: 1 if r % 2 == 0 else -1]:  # alternate the order
+            rates[name].append(images_per_second(loaders[name], args.epochs))
+            print(f"  run {r + 1}: {name}: {rates[name][-1]:,.0f} img/s", flush=True)
+
+    base = rates["torchvision ImageFolder + DataLoader"]
+    print(f"\n{'loader':<40}{'img/s (median)':>16}{'x ImageFolder':>16}")
+    for name, vals in rates.items():
+        ratio = statistics.median(v / b for v, b in zip(vals, base, strict=True))  # paired per repetition
+        print(f"{name:<40}{statistics.median(vals):>16,.0f}{ratio:>15.2f}x")
+    print(f"({os.cpu_count()} cores, {args.workers} workers, batch {args.batch_size}, torch {torch.__version__})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""``run_bench``: pack (if needed), then time ImageFolder, webdataset and ShardLoader side by side."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from shardkit.bench import baselines, conditions, runner
+from shardkit.bench.harness import Contender, RunResult, run_alternating
+from shardkit.bench.report import build_report
+from shardkit.index.manifest import locate_dataset, read_manifest
+from shardkit.storage.store import is_remote
+
+CONTENDERS = ("imagefolder", "webdataset", "shardloader")
+
+
+class ProgressSink(Protocol):
+    """Where :func:`run_bench` reports progress (the CLI draws a tqdm bar from it)."""
+
+    def begin(self, what: str, total: int | None) -> None: ...
+    def advance(self, n: int) -> None: ...
+    def describe(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to compare and how.
+
+    ``shards``: a packed dataset of ``imagefolder``; None packs one into a temporary directory
+    (removed afterwards); a path without ``index.json`` is packed into. ``transform``: ``train``
+    (RandomResizedCrop + flip) or ``val`` (resize + centre crop), at ``size`` px, uint8 out.
+    Each run iterates ``epochs`` epochs; its first ``warmup`` batches are not timed. Every
+    contender runs ``repeats`` times, in alternating order. ``drop_caches``: drop the page cache
+    before every run (cold cache) where permitted; otherwise all files are read once first (warm).
+    """
+
+    imagefolder: str
+    shards: str | None = None
+    workers: int = 2
+    batch_size: int = 64
+    device: str = "cpu"
+    transform: str = "train"
+    size: int = 224
+    epochs: int = 2
+    repeats: int = 3
+    warmup: int = 5
+    drop_caches: bool = False
+    pack_workers: int | None = None
+    contenders: tuple[str, ...] = CONTENDERS
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)
+
+    def validate(self) -> None:
+        """Raise ValueError on settings that cannot be benchmarked."""
+        if self.transform not in ("train", "val"):
+            raise ValueError(f"transform must be 'train' or 'val', got {self.transform!r}")
+        if min(self.batch_size, self.size, self.epochs, self.repeats) < 1 or self.workers < 0 or self.warmup < 0:
+            raise ValueError("batch_size, size, epochs and repeats must be >= 1; workers and warmup >= 0")
+        unknown = set(self.contenders) - set(CONTENDERS)
+        if unknown or "imagefolder" not in self.contenders:
+            raise ValueError(f"contenders must include 'imagefolder' and be among {CONTENDERS}, got {self.contenders}")
+
+
+def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) -> dict[str, Any]:
+    from shardkit.pack import PackOptions, pack
+
+    # Enough shards that every worker of the webdataset baseline gets several whole shards.
+    per_shard = max(1, min(1000, math.ceil(n_images / (4 * max(cfg.workers, 1)))))
+    workers = cfg.pack_workers or os.cpu_count() or 1
+    if sink is not None:
+        sink.begin("packing", n_images)
+    result = pack(cfg.imagefolder, dst, options=PackOptions(max_count=per_shard), workers=workers,
+                  storage_options=cfg.storage_options, progress=sink.advance if sink else None)
+    return {"images": result.manifest.num_samples, "seconds": result.seconds,
+            "images_per_second": result.images_per_second, "shards": len(result.manifest.shards),
+            "workers": workers, "max_count": per_shard, "reused": result.already_complete}
+
+
+def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None) -> list[Contender]:
+    common = {"size": cfg.size, "train": cfg.transform == "train", "batch_size": cfg.batch_size,
+              "workers": cfg.workers, "device": cfg.device}
+    where = "CPU decode" if cfg.device == "cpu" else f"CPU decode → {cfg.device}"
+    out = [Contender("imagefolder", "torchvision ImageFolder + DataLoader",
+                     lambda: baselines.imagefolder_loader(cfg.imagefolder, **common), baseline=True)]
+    if "webdataset" in cfg.contenders and shard_paths is not None:
+        out.append(Contender("webdataset", "webdataset + WebLoader (PIL)",
+                             lambda: baselines.webdataset_loader(shard_paths, **common)))
+    if "shardloader" in cfg.contenders:
+        out.append(Contender("shardloader", f"shardkit ShardLoader ({where})",
+                             lambda: runner.shardloader(shards, storage_options=cfg.storage_options, **common),
+                             stages=runner.shardloader_stages))
+    return out
+
+
+def _drop(_contender: Contender) -> None:
+    conditions.drop_page_cache()
+
+
+def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
+              after_run: Callable[[str, int, RunResult], None] | None = None) -> dict[str, Any]:
+    """Run the whole comparison and return the report dict (:mod:`shardkit.bench.report`).
+
+    Raises:
+        ValueError: invalid settings or too few images for one batch after warm-up.
+        ShardkitError: packing or reading the shards failed.
+
+    Example::
+
+        report = run_bench(BenchConfig("data/train", workers=2, batch_size=64, repeats=5))
+        print(format_table(report))
+    """
+    cfg.validate()
+    data = conditions.describe_imagefolder(cfg.imagefolder)
+    per_epoch = data["images"] // cfg.batch_size
+    if per_epoch < 1:
+        raise ValueError(f"{data['images']} images make no full batch of {cfg.batch_size}")
+    warmup = min(cfg.warmup, per_epoch * cfg.epochs - 1)
+    tmp = tempfile.mkdtemp(prefix="shardkit-bench-") if cfg.shards is None else None
+    shards = cfg.shards or os.path.join(tmp or "", "shards")
+    try:
+        store = locate_dataset(shards, cfg.storage_options)
+        pack_info = None if store.exists("index.json") else _pack(cfg, shards, data["images"], sink)
+        manifest = read_manifest(store)
+        remote = is_remote(shards)
+        shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
+        cache = "warm (every file read once before the runs)"
+        drop: Callable[[Contender], None] | None = None
+        if cfg.drop_caches:
+            why = conditions.drop_page_cache()
+            if why is None:
+                cache, drop = "cold (dropped before every run)", _drop
+            else:
+                cache = f"warm: could not drop the page cache ({why})"
+        if drop is None:
+            conditions.warm_page_cache(conditions.files_under(cfg.imagefolder) + (shard_paths or []))
+        conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
+                 "data": data, "page_cache": cache, "shards_location": "remote" if remote else "local",
+                 "shards": {"url": shards, "count": len(manifest.shards), "bytes": manifest.num_bytes,
+                            "temporary": tmp is not None}}
+        contenders = _contenders(cfg, shards, shard_paths)
+        runs = _run(cfg, contenders, warmup, per_epoch, drop, sink, after_run)
+        config = {**asdict(cfg), "warmup": warmup, "storage_options": None,
+                  "contenders": [c.name for c in contenders]}
+        return build_report(config, conds, pack_info, contenders, runs)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(cfg: BenchConfig, contenders: list[Contender], warmup: int, per_epoch: int,
+         drop: Callable[[Contender], None] | None, sink: ProgressSink | None,
+         after_run: Callable[[str, int, RunResult], None] | None) -> dict[str, list[RunResult]]:
+    current = {"count": 0}
+
+    def before(c: Contender) -> None:
+        current["count"] += 1
+        if sink is not None:
+            sink.describe(f"{c.name} {current['count']}/{cfg.repeats * len(contenders)}")
+        if drop is not None:
+            drop(c)
+
+    def progress(_name: str, n: int) -> None:
+        if sink is not None:
+            sink.advance(n)
+
+    if sink is not None:
+        sink.begin("timing", cfg.repeats * len(contenders) * cfg.epochs * per_epoch)
+    return run_alternating(contenders, repeats=cfg.repeats, epochs=cfg.epochs, warmup=warmup, device=cfg.device,
+                           progress=progress, before_run=before, after_run=after_run)

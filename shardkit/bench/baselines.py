@@ -1,0 +1,85 @@
+"""The baselines ``shardkit bench`` compares against, written as a careful user writes them.
+
+* torchvision ``ImageFolder`` + ``DataLoader``: PIL loader, v2 transforms on PIL images ending in
+  ``PILToTensor`` (uint8 out), ``persistent_workers=True``, ``prefetch_factor=2``,
+  ``pin_memory`` on CUDA, shuffled, ``drop_last=True``.
+* plain ``webdataset`` on the same shards: ``WebDataset(urls, shardshuffle=False)``, PIL
+  decode to RGB, the same v2 transform, ``batched(B, partial=False)`` and a ``WebLoader`` with
+  the same worker settings.
+
+Both produce uint8 ``[B,3,S,S]`` batches and int64 labels, like ShardLoader with
+``imagenet_train(S)`` / ``imagenet_val(S)``. Everything handed to workers is picklable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torchvision.transforms.v2 as v2
+from torch.utils.data import DataLoader
+
+__all__ = ["imagefolder_loader", "torchvision_transform", "webdataset_loader"]
+
+IMAGE_KEYS = "jpg;jpeg;png;webp;ppm;bmp;tif;tiff"
+
+
+def torchvision_transform(size: int, train: bool) -> v2.Compose:
+    """``RandomResizedCrop(size) + RandomHorizontalFlip()`` (train) or
+    ``Resize(int(size / 0.875)) + CenterCrop(size)`` (val), then ``PILToTensor()`` (uint8).
+
+    Example:
+        >>> torchvision_transform(224, train=False).transforms[0].size
+        [256]
+    """
+    if train:
+        steps: list[Any] = [v2.RandomResizedCrop(size), v2.RandomHorizontalFlip()]
+    else:
+        steps = [v2.Resize(int(size / 0.875)), v2.CenterCrop(size)]
+    return v2.Compose([*steps, v2.PILToTensor()])
+
+
+def _loader_kwargs(workers: int, device: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": torch.device(device).type == "cuda"}
+    if workers > 0:
+        kwargs.update(persistent_workers=True, prefetch_factor=2)
+    return kwargs
+
+
+def imagefolder_loader(root: str, *, size: int, train: bool, batch_size: int, workers: int,
+                       device: str = "cpu", seed: int = 0) -> DataLoader[Any]:
+    """torchvision ``ImageFolder(root)`` in a shuffled ``DataLoader`` (``drop_last=True``).
+
+    Each ``iter()`` is one epoch of ``(uint8 [B,3,S,S], int64 [B])`` on the CPU (pinned on CUDA).
+
+    Example::
+
+        for images, labels in imagefolder_loader("data/train", size=224, train=True,
+                                                 batch_size=64, workers=2):
+            ...
+    """
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(root, transform=torchvision_transform(size, train))
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
+                      generator=torch.Generator().manual_seed(seed), **_loader_kwargs(workers, device))
+
+
+def webdataset_loader(urls: Sequence[str], *, size: int, train: bool, batch_size: int, workers: int,
+                      device: str = "cpu") -> Any:
+    """Plain webdataset over local shard paths ``urls``, batched in the workers.
+
+    Each worker reads whole shards (webdataset's ``split_by_worker``) and drops its last partial
+    batch, so with shards split evenly the batch count matches ``drop_last=True`` elsewhere.
+    """
+    import webdataset as wds
+
+    dataset = (
+        wds.WebDataset(list(urls), shardshuffle=False)
+        .decode("pil")  # "pil" converts to RGB, like ImageFolder's loader
+        .to_tuple(IMAGE_KEYS, "cls")
+        .map_tuple(torchvision_transform(size, train), int)
+        .batched(batch_size, partial=False)
+    )
+    return wds.WebLoader(dataset, batch_size=None, **_loader_kwargs(workers, device))

@@ -1,0 +1,128 @@
+"""The conditions a benchmark ran under: machine, library versions, data, page cache.
+
+Numbers without conditions mislead; every report carries what this module collects.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import random
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+_PACKAGES = ("shardkit", "torch", "torchvision", "webdataset", "pillow", "pillow-simd", "numpy", "torchcodec")
+
+
+def machine() -> dict[str, Any]:
+    """Cores (total and usable by this process), CPU model, memory, OS, Python, load average."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(), "usable_cores": usable, "cpu_model": _cpu_model(),
+        "platform": platform.platform(), "python": platform.python_version(),
+    }
+    try:
+        info["memory_gib"] = round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1)
+        info["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the libraries that shape the numbers, plus shardkit's JPEG decoder."""
+    out: dict[str, str] = {}
+    for name in _PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    try:
+        from shardkit.loader.decode import decode_backend
+
+        out["shardkit_decoder"] = decode_backend()
+    except Exception as err:  # report, never fail a benchmark over a version probe
+        out["shardkit_decoder"] = f"unknown ({type(err).__name__})"
+    return out
+
+
+def gpu(device: str) -> dict[str, Any] | None:
+    """Name, count and CUDA version when ``device`` is CUDA, else None."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return {"name": torch.cuda.get_device_name(torch.device(device)), "count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda}
+
+
+def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:
+    """Count images, classes and bytes of an ImageFolder tree; mean pixel count of a sample.
+
+    Example::
+
+        describe_imagefolder("data/train")  # {"images": 4000, "classes": 10, "mean_kpix": 190.3, ...}
+    """
+    from PIL import Image
+
+    from shardkit.sources import scan_imagefolder
+
+    listing = scan_imagefolder(root)
+    paths = [s.path for s in listing.samples]
+    sizes = [s.size for s in listing.samples]
+    chosen = random.Random(seed).sample(paths, min(sample, len(paths)))
+    kpix: list[float] = []
+    modes: Counter[str] = Counter()
+    for p in chosen:
+        with Image.open(p) as im:
+            kpix.append(im.width * im.height / 1000)
+            modes[f"{im.format}/{im.mode}"] += 1
+    n = max(len(paths), 1)
+    return {
+        "path": os.path.abspath(root), "images": len(paths), "classes": len(listing.classes or ()),
+        "bytes": sum(sizes), "mean_kb": round(sum(sizes) / n / 1000, 1),
+        "mean_kpix": round(sum(kpix) / max(len(kpix), 1), 1),
+        "formats_in_sample": dict(modes.most_common()), "sample_size": len(chosen),
+    }
+
+
+def warm_page_cache(paths: Iterable[str]) -> int:
+    """Read every file once so the page cache holds it; returns the bytes read."""
+    total = 0
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
+    return total
+
+
+def drop_page_cache() -> str | None:
+    """Flush dirty pages and drop the page cache (needs root and a writable ``/proc/sys``).
+
+    Returns None on success, else why it could not (the cache then stays as it was).
+    """
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as err:
+        return f"{type(err).__name__}: {err.strerror or err}"
+    return None
+
+
+def files_under(root: str) -> list[str]:
+    """All regular files below ``root``, sorted."""
+    return sorted(str(p) for p in Path(root).rglob("*") if p.is_file())

@@ -1,0 +1,32 @@
+"""The ShardLoader side of a benchmark: the loader configured like the baselines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["shardloader", "shardloader_stages"]
+
+
+def shardloader(dataset: str, *, size: int, train: bool, batch_size: int, workers: int,
+                device: str = "cpu", seed: int = 0, **options: Any) -> Any:
+    """A shuffled ``ShardLoader`` with ``imagenet_train(size)`` or ``imagenet_val(size)``.
+
+    ``drop_last=True`` (as the baselines); ``device="cuda"`` delivers batches on the GPU through
+    the loader's CUDA path. ``options`` are passed on to :class:`shardkit.ShardLoader`.
+
+    Example::
+
+        loader = shardloader("shards/", size=224, train=True, batch_size=64, workers=2)
+    """
+    from shardkit.loader import ShardLoader
+    from shardkit.transforms import imagenet_train, imagenet_val
+
+    transform = imagenet_train(size) if train else imagenet_val(size)
+    return ShardLoader(dataset, batch_size=batch_size, transform=transform, num_workers=workers,
+                       device=device, shuffle=True, seed=seed, drop_last=True, **options)
+
+
+def shardloader_stages(loader: Any) -> dict[str, float] | None:
+    """The loader's per-stage counters (``read_s``, ``decode_s``, ``transform_s``, …) as a dict."""
+    stats = getattr(loader, "stats", None)
+    return stats.as_dict() if stats is not None and hasattr(stats, "as_dict") else None

@@ -1,0 +1,88 @@
+"""Report schema, paired ratios, the text table and the PNG plot, from synthetic runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shardkit.bench import (
+    SCHEMA,
+    Contender,
+    RunResult,
+    build_report,
+    format_table,
+    plot_report,
+    write_json,
+)
+from shardkit.bench.report import spread
+
+
+def _run(ips: float, pss: int | None = 300 * 2**20) -> RunResult:
+    return RunResult(images=1000, seconds=1000 / ips, first_batch_s=0.5, cpu_seconds=1.5, cores_busy=1.9,
+                     peak_rss_bytes=900 * 2**20, wait_fraction=0.99, batch_shape=(64, 3, 224, 224),
+                     peak_pss_bytes=pss)
+
+
+def _report() -> dict:
+    contenders = [Contender("imagefolder", "ImageFolder", list, baseline=True),
+                  Contender("webdataset", "webdataset", list),
+                  Contender("shardloader", "ShardLoader", list)]
+    runs = {"imagefolder": [_run(500), _run(400), _run(450)],
+            "webdataset": [_run(450), _run(400), _run(500)],
+            "shardloader": [_run(1500), _run(1000), _run(1800, pss=None)]}
+    conditions = {"machine": {"usable_cores": 2, "cpu_model": "test cpu"}, "versions": {"torch": "x"},
+                  "data": {"images": 1000, "classes": 2, "mean_kb": 50.0, "mean_kpix": 190.0},
+                  "page_cache": "warm", "shards_location": "local", "gpu": None}
+    config = {"transform": "train", "size": 224, "batch_size": 64, "workers": 2, "device": "cpu",
+              "epochs": 1, "warmup": 5, "repeats": 3}
+    pack = {"images": 1000, "seconds": 0.5, "images_per_second": 2000.0, "shards": 8, "workers": 2}
+    return build_report(config, conditions, pack, contenders, runs)
+
+
+def test_report_schema_and_paired_ratios(tmp_path: Path) -> None:
+    report = _report()
+    assert report["schema"] == SCHEMA and report["baseline"] == "imagefolder"
+    assert set(report) >= {"created", "config", "conditions", "pack", "results"}
+    by_name = {r["name"]: r for r in report["results"]}
+    assert by_name["imagefolder"]["images_per_second"]["median"] == pytest.approx(450)
+    assert by_name["imagefolder"]["ratio_to_baseline"]["runs"] == pytest.approx([1, 1, 1])
+    # Paired by repetition: 1500/500, 1000/400, 1800/450.
+    assert by_name["shardloader"]["ratio_to_baseline"]["runs"] == pytest.approx([3.0, 2.5, 4.0])
+    assert by_name["shardloader"]["ratio_to_baseline"]["median"] == pytest.approx(3.0)
+    assert by_name["shardloader"]["cpu_efficiency_to_baseline"]["median"] == pytest.approx(1.0)  # same CPU/img
+    assert by_name["shardloader"]["peak_pss_mib"] is None  # one run without PSS
+    assert by_name["webdataset"]["peak_pss_mib"] == pytest.approx(300)
+    for r in report["results"]:
+        assert set(r) >= {"label", "baseline", "first_batch_s", "cores_busy", "peak_rss_mib", "wait_fraction",
+                          "cpu_seconds_per_1k_images", "batch_shape", "images_per_run", "stages",
+                          "cpu_efficiency_to_baseline", "load_average_1min"}
+        assert set(r["images_per_second"]) == {"median", "min", "max", "q1", "q3", "runs"}
+    path = tmp_path / "r.json"
+    write_json(report, str(path))
+    assert json.loads(path.read_text()) == json.loads(json.dumps(report))
+
+
+def test_table_text() -> None:
+    text = format_table(_report())
+    lines = text.splitlines()
+    assert lines[0].startswith("loader") and set(lines[1]) <= {"-", " "}
+    assert "ImageFolder [baseline]" in text and "3.00× (2.50–4.00)" in text
+    assert "1,500" in text and "450" in text
+    assert "2 cores (test cpu)" in text and "page cache warm" in text
+    assert "pack: 1,000 images in 0.5 s = 2,000 img/s" in text
+
+
+def test_plot_file_created(tmp_path: Path) -> None:
+    path = tmp_path / "plot.png"
+    plot_report(_report(), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_spread() -> None:
+    s = spread([4.0, 1.0, 3.0, 2.0])
+    assert (s["median"], s["min"], s["max"]) == (2.5, 1.0, 4.0)
+    assert s["q1"] <= s["median"] <= s["q3"]
+    with pytest.raises(ValueError):
+        spread([])

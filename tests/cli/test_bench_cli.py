@@ -1,0 +1,58 @@
+"""``shardkit bench`` end to end on a tiny generated tree (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sample_data.generate import make_imagenet_like
+from shardkit.bench import SCHEMA
+from shardkit.cli import cli
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("benchcli") / "tree"
+    make_imagenet_like(root, classes=2, per_class=12, seed=0, size=(80, 60))
+    return root
+
+
+def test_bench_end_to_end(tree: Path, tmp_path: Path) -> None:
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    result = CliRunner().invoke(cli, [
+        "bench", str(tree), "--workers", "1", "--batch-size", "4", "--size", "32", "--repeats", "1",
+        "--epochs", "1", "--warmup", "1", "--out", str(out), "--plot", str(png),
+    ])
+    assert result.exit_code == 0, result.output
+    assert "torchvision ImageFolder + DataLoader [baseline]" in result.output
+    assert "ShardLoader" in result.output and "webdataset" in result.output
+    assert "\npack: 24 images" in result.output  # packed into a temporary directory first
+    report = json.loads(out.read_text())
+    assert report["schema"] == SCHEMA
+    assert [r["name"] for r in report["results"]] == ["imagefolder", "webdataset", "shardloader"]
+    for r in report["results"]:
+        assert r["batch_shape"] == [4, 3, 32, 32]
+        assert len(r["images_per_second"]["runs"]) == 1
+    assert report["pack"]["images"] == 24
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_reuses_given_shards(tree: Path, tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    args = ["bench", str(tree), "--shards", str(shards), "--workers", "0", "--batch-size", "6", "--size", "16",
+            "--repeats", "1", "--epochs", "1", "--warmup", "0", "--no-webdataset", "--transform", "val"]
+    first = CliRunner().invoke(cli, args)
+    assert first.exit_code == 0, first.output
+    assert (shards / "index.json").exists() and "\npack: 24 images" in first.output
+    second = CliRunner().invoke(cli, args)
+    assert second.exit_code == 0, second.output
+    assert "\npack: " not in second.output and "WebLoader" not in second.output
+
+
+def test_bench_rejects_too_large_batch(tree: Path) -> None:
+    result = CliRunner().invoke(cli, ["bench", str(tree), "--batch-size", "100", "--workers", "0"])
+    assert result.exit_code == 2
+    assert "no full batch" in result.output
