@@ -106,45 +106,52 @@ def shardkit_loader(shards: str, workers: int, batch: int, compile: bool = True,
                        drop_last=True, compile=compile, prefetch=4, **kw)
 
 
-def train_wait(batches: Iterator[Any], steps: int, uint8: bool) -> dict[str, float]:
-    """ResNet-50 bf16 channels_last compiled step: synthetic step time vs fed by ``batches``."""
-    import torchvision
+class Trainer:
+    """ResNet-50, bf16 autocast, channels_last, ``torch.compile``d; SGD steps on given batches."""
 
-    model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    cmodel = torch.compile(model)
-    mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1) * 255
-    std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1) * 255
+    def __init__(self) -> None:
+        import torchvision
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        if uint8:
-            x = ((x.float() - mean) / std).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        self.model = torch.compile(model)
+        self.mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1) * 255
+        self.std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1) * 255
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if x.dtype == torch.uint8:  # the ImageFolder baseline normalises on the GPU, in the step
+            x = ((x.float() - self.mean) / self.std).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
         with torch.autocast("cuda", torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(cmodel(x), y)
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
 
-    x0, y0 = next(batches)
-    for _ in range(5):  # compile + warm
-        step(x0, y0)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step(x0, y0)
-    torch.cuda.synchronize()
-    synth = (time.perf_counter() - t0) / steps
-    waited, t0 = 0.0, time.perf_counter()
-    for _ in range(steps):
-        w0 = time.perf_counter()
-        x, y = next(batches)
-        waited += time.perf_counter() - w0
-        step(x, y)
-    torch.cuda.synchronize()
-    real = (time.perf_counter() - t0) / steps
-    return {"synthetic_step_ms": synth * 1e3, "fed_step_ms": real * 1e3,
-            "data_wait_fraction": max(0.0, 1 - synth / real), "host_wait_fraction": waited / (real * steps),
-            "fed_images_per_s": x0.shape[0] / real}
+    def synthetic_ms(self, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
+        for _ in range(5):  # compile + warm
+            self.step(x, y)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step(x, y)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps * 1e3
+
+    def fed(self, batches: Iterator[Any], steps: int, synthetic_ms: float) -> dict[str, float]:
+        for _ in range(5):
+            self.step(*next(batches))
+        torch.cuda.synchronize()
+        waited, t0 = 0.0, time.perf_counter()
+        for _ in range(steps):
+            w0 = time.perf_counter()
+            x, y = next(batches)
+            waited += time.perf_counter() - w0
+            self.step(x, y)
+        torch.cuda.synchronize()
+        real = (time.perf_counter() - t0) / steps * 1e3
+        return {"synthetic_step_ms": synthetic_ms, "fed_step_ms": real,
+                "data_wait_fraction": max(0.0, 1 - synthetic_ms / real),
+                "host_wait_fraction": waited * 1e3 / (real * steps), "images_per_s": x.shape[0] * 1e3 / real}
 
 
 def main() -> None:
@@ -176,6 +183,13 @@ def main() -> None:
         save("shardkit_cuda_img_s", rate)
         save("shardkit_stats", loader.stats.as_dict())
         del loader
+    if "rawfetch" in phases:  # workers + IPC alone: raw batches reaching the main process
+        loader = shardkit_loader(args.shards, args.workers, args.batch)
+        if loader._dataloader is None:
+            raise SystemExit("rawfetch needs workers")
+        rate, _ = _timed(((b.labels,) for b in _forever(lambda: iter(loader._dataloader))), args.warmup, args.batches)
+        save("raw_fetch_img_s", rate)
+        del loader
     if "eager" in phases:
         loader = shardkit_loader(args.shards, args.workers, args.batch, compile=False)
         save("shardkit_cuda_eager_img_s", _timed(_forever(lambda: iter(loader)), args.warmup, args.batches // 3)[0])
@@ -185,12 +199,17 @@ def main() -> None:
         save("imagefolder_img_s", _timed(imagefolder_cuda(dl), args.warmup, min(args.batches, 60))[0])
         del dl
     if "train" in phases:
+        trainer = Trainer()
+        x = torch.randn(args.batch, 3, 224, 224, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (args.batch,), device="cuda")
+        synth = trainer.synthetic_ms(x, y, args.train_steps)
+        save("train_synthetic_step_ms", synth)
         t = transforms.imagenet_train(224, normalize=True, dtype=torch.bfloat16, channels_last=True)
         loader = shardkit_loader(args.shards, args.workers, args.batch, transform=t)
-        save("train_shardkit", train_wait(_forever(lambda: iter(loader)), args.train_steps, uint8=False))
+        save("train_shardkit", trainer.fed(_forever(lambda: iter(loader)), args.train_steps, synth))
         del loader
         dl = imagefolder_loader(args.root, args.workers, args.batch)
-        save("train_imagefolder", train_wait(imagefolder_cuda(dl), args.train_steps, uint8=True))
+        save("train_imagefolder", trainer.fed(imagefolder_cuda(dl), args.train_steps, synth))
 
 
 if __name__ == "__main__":

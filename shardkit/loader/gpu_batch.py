@@ -6,10 +6,20 @@ alike) and ships the encoded bytes with one row of geometry
 (:data:`~shardkit.transforms.gpu.GEOMETRY_COLUMNS`). Images nvJPEG cannot take
 (:func:`~shardkit.loader.gpu_decode.nvjpeg_friendly`) are decoded and transformed here, exactly
 as the CPU path does, and travel as pixels to be joined into the same batch on the device.
+
+Shared-memory reuse: in a worker process the JPEG bytes of batch ``k`` go into buffer
+``k % ring`` of a small per-worker ring of shared-memory tensors, so the main process (which keeps
+them mapped) copies from already-mapped pages instead of faulting in a fresh segment per batch.
+Safe for ``ring >= prefetch + 1`` (we use ``prefetch + 2``): torch's DataLoader sends a worker
+the task for its batch ``j`` only when the main process takes that worker's batch
+``j - prefetch``; the prefetcher stages (copies out of shared memory) batches in order before
+taking the next, so by then batch ``j - prefetch - 1`` and all earlier ones have been copied,
+and buffer ``j % ring`` last held batch ``j - ring``, one of those.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -17,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.batch import Batch, BatchBuilder, _BadSample, _image_field, _label
@@ -54,13 +65,44 @@ class RawImages:
         return [self.data[b[i]:b[i + 1]] for i in range(len(b) - 1)]
 
 
-class RawBatchBuilder(BatchBuilder):
-    """A :class:`BatchBuilder` whose batches carry :class:`RawImages` (needs an ImageTransform)."""
+class _ShmRing:
+    """Per-process shared-memory byte buffers, reused round-robin (see module doc)."""
 
-    def __init__(self, reader: object, transform: ImageTransform, *, on_error: str = "replace") -> None:
+    def __init__(self, slots: int) -> None:
+        self.pid, self.bufs, self.next = os.getpid(), [torch.empty(0, dtype=torch.uint8)] * slots, 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        k = self.next % len(self.bufs)
+        self.next += 1
+        if self.bufs[k].numel() < nbytes:
+            self.bufs[k] = torch.empty(max(nbytes * 5 // 4, 1 << 20), dtype=torch.uint8).share_memory_()
+        return self.bufs[k][:nbytes]
+
+
+class RawBatchBuilder(BatchBuilder):
+    """A :class:`BatchBuilder` whose batches carry :class:`RawImages` (needs an ImageTransform).
+
+    ``shm_ring``: shared-memory buffers per worker process for JPEG bytes (0: a fresh tensor per
+    batch); must be at least the DataLoader's ``prefetch_factor + 2``.
+    """
+
+    def __init__(self, reader: object, transform: ImageTransform, *, on_error: str = "replace",
+                 shm_ring: int = 0) -> None:
         if not isinstance(transform, ImageTransform):
             raise LoaderError("the GPU path needs an ImageTransform (e.g. transforms.imagenet_train(224))")
         super().__init__(reader, transform, on_error=on_error)  # type: ignore[arg-type]
+        self.shm_ring = shm_ring
+        self._ring: _ShmRing | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_ring": None}  # each process makes its own ring
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        if self.shm_ring <= 0 or get_worker_info() is None:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        if self._ring is None or self._ring.pid != os.getpid():
+            self._ring = _ShmRing(self.shm_ring)
+        return self._ring.take(nbytes)
 
     def _raw(self, shard: int, index: int, seed: int, stats: StageStats, dstats: DecodeStats
              ) -> tuple[str, int, bytes | torch.Tensor, tuple[int, ...] | None]:
@@ -107,14 +149,18 @@ class RawBatchBuilder(BatchBuilder):
             stats.replaced += len(bad)
         stats.fast, stats.fallback = dstats.fast, dstats.fallback
         stats.gpu_fallback = dstats.fast + dstats.fallback
-        return Batch(_pack(items, self.transform.output_size), labels, keys, stats)  # type: ignore[arg-type, union-attr]
+        return Batch(self._pack(items), labels, keys, stats)  # type: ignore[arg-type]
+
+    def _pack(self, items: list[tuple[bytes | torch.Tensor, tuple[int, ...] | None]]) -> RawImages:
+        size = self.transform.output_size  # type: ignore[union-attr]
+        jpegs = [(i, data, win) for i, (data, win) in enumerate(items) if win is not None]
+        lengths = [len(d) for _, d, _ in jpegs]  # type: ignore[arg-type]
+        return _pack(items, jpegs, lengths, self._buffer(sum(lengths)), size)
 
 
-def _pack(items: list[tuple[bytes | torch.Tensor, tuple[int, ...] | None]], size: tuple[int, int]) -> RawImages:
-    jpegs = [(i, data, win) for i, (data, win) in enumerate(items) if win is not None]
+def _pack(items: list[tuple[bytes | torch.Tensor, tuple[int, ...] | None]], jpegs: list[tuple[int, object, object]],
+          lengths: list[int], data: torch.Tensor, size: tuple[int, int]) -> RawImages:
     cpu = [(i, px) for i, (px, win) in enumerate(items) if win is None]
-    lengths = [len(d) for _, d, _ in jpegs]  # type: ignore[arg-type]
-    data = torch.empty(sum(lengths), dtype=torch.uint8)
     view, pos = data.numpy(), 0
     for (_, d, _), length in zip(jpegs, lengths, strict=True):
         view[pos:pos + length] = np.frombuffer(d, dtype=np.uint8)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """Main-process GPU stage: one batch of :class:`RawImages` -> a finalised batch on the device.
 
-Per batch: stage the small host tensors (geometry, offsets, labels, CPU-decoded pixels) in a
-pinned slot and copy them asynchronously; decode all JPEGs with one batched nvJPEG call; gather
+Per batch (already staged in a pinned slot by the prefetcher): copy the small tensors
+(geometry, offsets, labels, CPU-decoded pixels) asynchronously; decode all JPEGs with one batched nvJPEG call; gather
 them into one flat buffer; run one crop-resize-flip launch over the batch; drop the CPU-decoded
 images into their rows; ``transform.finalize``. Everything is enqueued on the caller's current
 stream (the prefetcher's side stream); nothing here synchronises the device in steady state.
@@ -10,8 +10,6 @@ stream (the prefetcher's side stream); nothing here synchronises the device in s
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 
 import torch
 
@@ -42,10 +40,9 @@ class GpuPipeline:
         self.compile = compile
         self.decoder = GpuJpegDecoder(device)
 
-    def _decode(self, raw: RawImages, batch: Batch) -> tuple[list[torch.Tensor], list[int]]:
+    def _decode(self, raw: RawImages, jpegs: list[torch.Tensor], batch: Batch) -> tuple[list[torch.Tensor], list[int]]:
         """nvJPEG-decode the batch's JPEGs; on failure retry one by one. Returns images and the
         indices (into ``raw.geometry``) that nvJPEG rejected."""
-        jpegs = raw.jpegs()
         try:
             return self.decoder.decode(jpegs), []
         except RuntimeError:
@@ -82,18 +79,18 @@ class GpuPipeline:
             batch.labels[dest], batch.keys[dest] = batch.labels[src], batch.keys[src]
         batch.stats.replaced += len(bad)
 
-    def __call__(self, batch: Batch, slot: PinnedSlot, mark: Callable[[], None] | None = None) -> Batch:
-        """Return ``batch`` with images (finalised) and labels on the device; enqueues only."""
+    def decode(self, batch: Batch, slot: PinnedSlot) -> tuple[list[torch.Tensor], list[int]]:
+        """Stage 1 (host-synchronous: nvJPEG returns when done): decode the slot's JPEGs."""
         raw = batch.images
         if not isinstance(raw, RawImages):
             raise TypeError(f"GpuPipeline needs RawImages, got {type(raw).__name__}")
+        return self._decode(raw, slot.jpegs(), batch)
+
+    def augment(self, batch: Batch, slot: PinnedSlot, decoded: list[torch.Tensor], rejected: list[int]) -> Batch:
+        """Stage 2 (enqueues only): copy the slot's small tensors, crop-resize-flip, finalize."""
+        raw: RawImages = batch.images  # type: ignore[assignment]
         n, dev = len(raw), self.device
-        t0 = time.perf_counter()
-        geometry, offsets, cpu_images, cpu_dest, labels = slot.stage(raw, batch.labels, dev)
-        batch.stats.gpu_copy_s += time.perf_counter() - t0
-        decoded, rejected = self._decode(raw, batch)
-        if mark is not None:
-            mark()
+        geometry, offsets, cpu_images, cpu_dest, labels = slot.to_device(dev)
         out = torch.empty((n, 3, *raw.size), dtype=torch.uint8, device=dev)
         if cpu_images.shape[0]:
             out.index_copy_(0, cpu_dest, cpu_images)
@@ -109,3 +106,7 @@ class GpuPipeline:
         batch.stats.gpu_images += len(decoded)
         batch.stats.gpu_fallback += len(rejected)
         return Batch(self.transform.finalize(out), labels, batch.keys, batch.stats)
+
+    def __call__(self, batch: Batch, slot: PinnedSlot) -> Batch:
+        """Both stages in one call (tests, single-threaded use)."""
+        return self.augment(batch, slot, *self.decode(batch, slot))

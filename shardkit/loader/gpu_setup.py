@@ -12,7 +12,7 @@ from shardkit.loader.gpu_batch import RawBatchBuilder
 from shardkit.loader.gpu_decode import gpu_decode_unavailable
 from shardkit.loader.gpu_pipeline import GpuPipeline
 from shardkit.loader.pinned import PinnedSlot
-from shardkit.loader.prefetch import DevicePrefetcher
+from shardkit.loader.prefetch import DevicePrefetcher, ring_size
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
@@ -27,23 +27,26 @@ class GpuPath:
     """What a loader needs for the GPU path: the worker-side builder and the device prefetcher."""
 
     def __init__(self, transform: ImageTransform, device: torch.device, *, batch_size: int,
-                 compile: bool, depth: int) -> None:
+                 compile: bool, depth: int, num_workers: int, prefetch: int) -> None:
         if depth < 1:
             raise ValueError(f"device_prefetch must be >= 1, got {depth}")
         self.transform, self.device = transform, device
         self.pipeline = GpuPipeline(transform, device, compile=compile)
         self._slots = [PinnedSlot(batch_size, transform.output_size, len(GEOMETRY_COLUMNS), pin=True)
-                       for _ in range(depth + 1)]
+                       for _ in range(ring_size(depth))]
+        self.depth, self.shm_ring = depth, prefetch + 2
+        self.keep_alive = num_workers * (self.shm_ring + 1)
 
     def builder(self, reader: ShardReader, on_error: str) -> RawBatchBuilder:
-        return RawBatchBuilder(reader, self.transform, on_error=on_error)
+        return RawBatchBuilder(reader, self.transform, on_error=on_error, shm_ring=self.shm_ring)
 
     def prefetch(self, source: Iterator[Batch], stats: StageStats) -> DevicePrefetcher:
-        return DevicePrefetcher(source, self.pipeline, self.device, self._slots, stats)
+        return DevicePrefetcher(source, self.pipeline, self.device, self._slots, stats, self.depth,
+                                keep_alive=self.keep_alive)
 
 
 def gpu_path(transform: ImageTransform, device: torch.device, *, batch_size: int, compile: bool,
-             depth: int) -> tuple[GpuPath | None, torch.device]:
+             depth: int, num_workers: int, prefetch: int) -> tuple[GpuPath | None, torch.device]:
     """The GPU path for ``device``, or ``(None, device to use)`` after logging why not.
 
     Without CUDA at all the loader delivers on the CPU; with CUDA but no working nvJPEG it
@@ -51,7 +54,9 @@ def gpu_path(transform: ImageTransform, device: torch.device, *, batch_size: int
     """
     reason = gpu_decode_unavailable(device)
     if reason is None:
-        return GpuPath(transform, device, batch_size=batch_size, compile=compile, depth=depth), device
+        path = GpuPath(transform, device, batch_size=batch_size, compile=compile, depth=depth,
+                       num_workers=num_workers, prefetch=prefetch)
+        return path, device
     fallback = device if torch.cuda.is_available() else torch.device("cpu")
     log.warning("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s", reason, fallback)
     return None, fallback

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import locate_dataset, read_manifest
 from shardkit.loader.batch import Batch, BatchBuilder
+from shardkit.loader.detection import detection_builder, to_device
 from shardkit.loader.gpu_setup import GpuPath, gpu_path
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.state import LoaderState, check_compatible, shards_digest
@@ -41,7 +42,9 @@ class ShardLoader:
         transform: an :class:`~shardkit.transforms.ImageTransform` such as
             ``transforms.imagenet_train(224)`` (images come as one uint8 ``[B,3,H,W]`` tensor,
             finalised on ``device``), any callable on uint8 ``[3,H,W]`` tensors, or ``None``
-            (a list of decoded images).
+            (a list of decoded images). COCO datasets: a detection transform
+            (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
+            are ``(images, targets)``, see :mod:`shardkit.loader.detection`.
         num_workers: worker processes (persistent across epochs); 0 reads in this process.
         device: where batches are delivered (``"cpu"`` or ``"cuda[:i]"``).
         shuffle, seed: epoch order is a pure function of ``(seed, epoch, manifest)``.
@@ -56,6 +59,11 @@ class ShardLoader:
         compile: GPU path only: run crop-resize-flip as one Triton kernel per batch (True) or
             as the eager torch reference (False); both give the same pixels.
         device_prefetch: GPU path only: batches decoded ahead on the prefetch stream.
+        contiguous_labels: COCO only: labels 1..K in category-id order (0: background) instead
+            of the category ids; the mapping is :attr:`label_map`.
+        masks: COCO only: targets also hold ``masks`` uint8 ``[N,H,W]`` (needs pycocotools).
+        pad: COCO only: images as one zero-padded :class:`~shardkit.loader.detection.PaddedImages`
+            ``(images, sizes)`` instead of a list (an int: sides rounded up to its multiple).
 
     GPU path: with a CUDA ``device`` and an :class:`ImageTransform`, workers ship JPEG bytes and
     crop boxes (drawn as on the CPU path: same crops and flips per sample), and the main process
@@ -95,6 +103,9 @@ class ShardLoader:
         storage_options: dict[str, Any] | None = None,
         compile: bool = True,
         device_prefetch: int = 2,
+        contiguous_labels: bool = False,
+        masks: bool = False,
+        pad: bool | int = False,
     ) -> None:
         if num_workers < 0:
             raise LoaderError(f"num_workers must be >= 0, got {num_workers}")
@@ -116,14 +127,19 @@ class ShardLoader:
         self.transform = transform
         self.device = torch.device(device)
         self._gpu: GpuPath | None = None
-        if self.device.type == "cuda" and isinstance(transform, ImageTransform):
-            self._gpu, self.device = gpu_path(transform, self.device, batch_size=batch_size,
-                                              compile=compile, depth=device_prefetch)
+        if self.device.type == "cuda" and isinstance(transform, ImageTransform) and self.manifest.kind != "coco":
+            self._gpu, self.device = gpu_path(transform, self.device, batch_size=batch_size, compile=compile,
+                                              depth=device_prefetch, num_workers=num_workers, prefetch=prefetch)
         self.keys = keys
         self.num_workers = num_workers
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
         reader = ShardReader(store, self.manifest.shards, cache_dir=cache)
-        builder = (self._gpu.builder(reader, on_error) if self._gpu is not None
+        detection = detection_builder(self.manifest, reader, transform, on_error=on_error, masks=masks,
+                                      pad=pad, contiguous_labels=contiguous_labels)
+        #: COCO with ``contiguous_labels``: category id -> label; otherwise None (labels are the ids).
+        self.label_map = detection.label_map if detection is not None else None
+        self.categories = self.manifest.categories
+        builder = (detection if detection is not None else self._gpu.builder(reader, on_error) if self._gpu is not None
                    else BatchBuilder(reader, transform, on_error=on_error))
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._stream = BatchStream(self.config, builder, self._control)
@@ -181,7 +197,8 @@ class ShardLoader:
                 images, labels = batch.images, batch.labels
             else:
                 images = self._deliver(batch.images)
-                labels = batch.labels.to(self.device, non_blocking=True)
+                labels = (batch.labels.to(self.device, non_blocking=True) if batch.targets is None
+                          else to_device(batch.targets, self.device))
             t2 = time.perf_counter()
             self._stats.add(batch.stats)
             self._stats.wait_s += t1 - t0
@@ -193,8 +210,8 @@ class ShardLoader:
         self._pos, self._fresh = (epoch + 1, 0), True
 
     def _deliver(self, images: torch.Tensor | list[torch.Tensor]) -> Any:
-        if isinstance(images, list):
-            return [im.to(self.device, non_blocking=True) for im in images]
+        if not isinstance(images, torch.Tensor):  # a list, or detection's PaddedImages
+            return to_device(images, self.device)
         images = images.to(self.device, non_blocking=True)
         if isinstance(self.transform, ImageTransform):
             images = self.transform.finalize(images)

@@ -1,9 +1,10 @@
 """A ring slot of pinned host buffers for one in-flight batch, and its reuse guard.
 
-Why reuse is safe: every host-to-device copy out of a slot is enqueued on the prefetch stream
-before the slot's event is recorded on that stream, and :meth:`PinnedSlot.stage` first waits for
-that event (in steady state it completed long ago, so the wait is free). A slot is therefore never
-overwritten while a copy may still read it.
+A slot holds what a batch needs on the device besides decoded pixels: the JPEG bytes (nvJPEG
+reads them from pinned memory), geometry, offsets, labels and CPU-decoded images. Reuse is safe
+because every copy out of a slot is enqueued before the slot's event is recorded, and
+:meth:`PinnedSlot.stage` waits for that event first (in steady state it completed long ago);
+the prefetcher's ring size makes sure a slot is not restaged while still queued.
 """
 
 from __future__ import annotations
@@ -20,32 +21,52 @@ def chw_offsets(geometry: torch.Tensor) -> torch.Tensor:
 
 
 class PinnedSlot:
-    """Pinned staging buffers sized for ``batch_size`` images of ``size``, plus a CUDA event."""
+    """Pinned staging buffers for up to ``batch_size`` images of ``size``, plus a CUDA event.
 
-    def __init__(self, batch_size: int, size: tuple[int, int], ncol: int, pin: bool) -> None:
+    The JPEG buffer starts at ``data_bytes`` and grows (to 1.5x the need) when a batch needs more.
+    """
+
+    def __init__(self, batch_size: int, size: tuple[int, int], ncol: int, pin: bool,
+                 data_bytes: int = 1 << 24) -> None:
+        self.pin = pin
+        self.data = torch.empty(data_bytes, dtype=torch.uint8, pin_memory=pin)
         self.geometry = torch.empty((batch_size, ncol), dtype=torch.int32, pin_memory=pin)
         self.offsets = torch.empty(batch_size, dtype=torch.int64, pin_memory=pin)
         self.labels = torch.empty(batch_size, dtype=torch.int64, pin_memory=pin)
         self.cpu_dest = torch.empty(batch_size, dtype=torch.int64, pin_memory=pin)
         self.cpu_images = torch.empty((batch_size, 3, *size), dtype=torch.uint8, pin_memory=pin)
         self.event: torch.cuda.Event | None = None
+        self.counts = (0, 0, 0)
+        self.bounds: list[int] = [0]
 
-    def stage(self, raw: object, labels: torch.Tensor, device: torch.device
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Copy a batch's small tensors in and start their async copies to ``device``.
-
-        Returns device tensors: geometry, offsets, CPU-decoded images, their rows, labels.
-        """
+    def stage(self, batch: object) -> None:
+        """Copy a worker batch's host tensors (``batch.images``: RawImages) into this slot."""
         if self.event is not None:
             self.event.synchronize()
-        k, m, n = raw.geometry.shape[0], raw.cpu_dest.shape[0], labels.shape[0]  # type: ignore[attr-defined]
+        raw, labels = batch.images, batch.labels  # type: ignore[attr-defined]
+        k, m, n = raw.geometry.shape[0], raw.cpu_dest.shape[0], labels.shape[0]
         if n > self.labels.shape[0]:
             raise ValueError(f"batch of {n} does not fit a slot of {self.labels.shape[0]}")
-        self.geometry[:k].copy_(raw.geometry)  # type: ignore[attr-defined]
-        self.offsets[:k].copy_(chw_offsets(raw.geometry))  # type: ignore[attr-defined]
+        nbytes = raw.data.numel()
+        if nbytes > self.data.numel():
+            self.data = torch.empty(nbytes * 3 // 2, dtype=torch.uint8, pin_memory=self.pin)
+        self.data[:nbytes].copy_(raw.data)
+        self.geometry[:k].copy_(raw.geometry)
+        self.offsets[:k].copy_(chw_offsets(raw.geometry))
         self.labels[:n].copy_(labels)
-        self.cpu_dest[:m].copy_(raw.cpu_dest)  # type: ignore[attr-defined]
-        self.cpu_images[:m].copy_(raw.cpu_images)  # type: ignore[attr-defined]
+        self.cpu_dest[:m].copy_(raw.cpu_dest)
+        self.cpu_images[:m].copy_(raw.cpu_images)
+        self.counts, self.bounds = (k, m, n), raw.bounds.tolist()
+
+    def jpegs(self) -> list[torch.Tensor]:
+        """Pinned views of the staged JPEGs, one 1-D uint8 tensor each."""
+        b = self.bounds
+        return [self.data[b[i]:b[i + 1]] for i in range(len(b) - 1)]
+
+    def to_device(self, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Start async copies (current stream): geometry, offsets, CPU images, their rows, labels."""
+        k, m, n = self.counts
         return tuple(t.to(device, non_blocking=True) for t in (  # type: ignore[return-value]
             self.geometry[:k], self.offsets[:k], self.cpu_images[:m], self.cpu_dest[:m], self.labels[:n]))
 

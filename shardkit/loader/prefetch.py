@@ -1,12 +1,24 @@
-"""Device prefetch: a thread turns batch i+1 into device tensors while the step runs on batch i.
+"""Device prefetch: threads turn the next batches into device tensors while the step runs.
 
-The thread pulls worker batches, stages them through a ring of pinned slots
-(:class:`~shardkit.loader.pinned.PinnedSlot`) and runs the GPU pipeline on a dedicated CUDA
-stream, recording one event per batch. The consumer makes its current stream wait for that event
-(no host synchronisation) and calls ``record_stream`` so the caching allocator does not hand the
-batch's memory to the prefetch stream while the consumer's stream may still use it. Exceptions in
-the thread reach the consumer unchanged (type and traceback). Device times of decode and augment
-come from CUDA events read only once they have completed (``query``), never by waiting.
+Three stages, each a thread, joined by bounded queues, so host and device work overlap:
+
+1. *fetch*: take the next worker batch and stage it in the next pinned slot of the ring
+   (:class:`~shardkit.loader.pinned.PinnedSlot`: JPEG bytes, geometry, labels, CPU pixels);
+2. *decode*: batched nvJPEG (torchvision's call returns only when the batch is decoded, so it
+   gets a thread of its own and decodes back to back);
+3. *augment*: on a dedicated CUDA stream, enqueue the small copies, the one crop-resize-flip
+   launch and finalize, then record one event per batch.
+
+The consumer makes its current stream wait for that event (no host synchronisation) and calls
+``record_stream`` so the caching allocator does not give the batch's memory to the prefetch
+stream while the consumer's stream may still use it. An exception in any stage reaches the
+consumer unchanged (type and traceback). Augment device time comes from CUDA events read once
+they have completed (``query``), never by waiting.
+
+Why slot reuse is safe: each queue holds at most ``depth`` batches, so at most ``2 * depth + 3``
+batches are between staging and the end of the augment stage; the ring has ``2 * depth + 4``
+slots, so when the fetch stage returns to a slot its previous batch has been fully enqueued, and
+the slot's event (recorded after every copy out of it) is what :meth:`PinnedSlot.stage` waits for.
 """
 
 from __future__ import annotations
@@ -14,87 +26,124 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from shardkit.loader.batch import Batch
+from shardkit.loader.gpu_pipeline import GpuPipeline
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.loader.stats import StageStats
 
-__all__ = ["DevicePrefetcher"]
+__all__ = ["DevicePrefetcher", "ring_size"]
 
 _DONE = object()
-Process = Callable[[Batch, PinnedSlot, Callable[[], None]], Batch]
+
+
+def ring_size(depth: int) -> int:
+    """Pinned slots needed for queues of ``depth`` (see module doc)."""
+    return 2 * depth + 4
 
 
 class DevicePrefetcher:
-    """Iterate ``process(batch, slot)`` of each batch of ``source``, ``depth`` batches ahead.
+    """Iterate ``source``'s batches as finalised device batches, prepared ahead in threads.
 
-    ``process(batch, slot, mark)`` runs in a background thread on the prefetch stream, must only
-    enqueue work, and calls ``mark()`` between decoding and augmenting (for the stage times).
-    Stop early by closing the iterator (``for`` loops do it when abandoned).
+    ``keep_alive``: how many recent worker batches to hold, so shared-memory buffers that workers
+    reuse stay mapped in this process (no page faults on reuse). Stop early by closing the
+    iterator (``for`` loops do it when abandoned).
     """
 
-    def __init__(self, source: Iterator[Batch], process: Process, device: torch.device,
-                 slots: list[PinnedSlot], stats: StageStats) -> None:
-        if len(slots) < 2:
-            raise ValueError(f"need at least 2 pinned slots, got {len(slots)}")
-        self.source, self.process, self.device, self.slots = source, process, device, slots
-        self.stats = stats  # device times are added here once their events complete
+    def __init__(self, source: Iterator[Batch], pipeline: GpuPipeline, device: torch.device,
+                 slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0) -> None:
+        if depth < 1 or len(slots) < ring_size(depth):
+            raise ValueError(f"need depth >= 1 and {ring_size(depth)} slots, got {depth} and {len(slots)}")
+        self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
+        self.stats = stats  # stage times are added here
         self.stream = torch.cuda.Stream(device)
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=len(slots) - 1)
+        self._q = [queue.Queue[Any](maxsize=depth) for _ in range(3)]  # staged, decoded, ready
         self._stop = threading.Event()
-        self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event]] = deque()
-        self._thread = threading.Thread(target=self._run, name="shardkit-prefetch", daemon=True)
-        self._thread.start()
+        self._keep: deque[Batch] = deque(maxlen=max(keep_alive, 1))
+        self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self._threads = [threading.Thread(target=self._guard, args=(f, out), name=f"shardkit-{f.__name__}", daemon=True)
+                         for f, out in ((self._fetch, 0), (self._decode, 1), (self._augment, 2))]
+        for t in self._threads:
+            t.start()
 
-    def _put(self, item: object) -> bool:
+    def _put(self, q: queue.Queue[Any], item: object) -> bool:
         while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
+            with contextlib.suppress(queue.Full):
+                q.put(item, timeout=0.1)
                 return True
-            except queue.Full:
-                continue
         return False
 
-    def _harvest(self) -> None:
-        while self._timers and self._timers[0][2].query():
-            e0, e1, e2 = self._timers.popleft()
-            self.stats.gpu_decode_s += e0.elapsed_time(e1) / 1e3
-            self.stats.gpu_augment_s += e1.elapsed_time(e2) / 1e3
+    def _items(self, q: queue.Queue[Any], out: queue.Queue[Any]) -> Iterator[Any]:
+        """Items of ``q`` until the end marker or an error, which are passed on to ``out``."""
+        while not self._stop.is_set():
+            with contextlib.suppress(queue.Empty):
+                item = q.get(timeout=0.1)
+                if item is _DONE or isinstance(item, BaseException):
+                    self._put(out, item)
+                    return
+                yield item
 
-    def _run(self) -> None:
+    def _guard(self, stage: Any, out: int) -> None:
         try:
             with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-                for i, batch in enumerate(self.source):
-                    if self._stop.is_set():
-                        return
-                    slot = self.slots[i % len(self.slots)]
-                    e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-                    e0.record(self.stream)
-                    ready = self.process(batch, slot, lambda e=e1: e.record(self.stream))
-                    e2.record(self.stream)
-                    slot.release(self.stream)
-                    self._timers.append((e0, e1, e2))
-                    self._harvest()
-                    if not self._put((ready, slot.event)):
-                        return
-            self._put(_DONE)
+                stage()
         except BaseException as err:  # crosses to the consumer with its type and traceback
-            self._put(err)
+            self._put(self._q[out], err)
+
+    def _fetch(self) -> None:
+        i, t0 = 0, time.perf_counter()
+        for batch in self.source:
+            self.stats.gpu_fetch_wait_s += time.perf_counter() - t0
+            self._keep.append(batch)
+            slot = self.slots[i % len(self.slots)]
+            t1 = time.perf_counter()
+            slot.stage(batch)
+            self.stats.gpu_copy_s += time.perf_counter() - t1
+            if self._stop.is_set() or not self._put(self._q[0], (batch, slot)):
+                return
+            i, t0 = i + 1, time.perf_counter()
+        self._put(self._q[0], _DONE)
+
+    def _decode(self) -> None:
+        for batch, slot in self._items(self._q[0], self._q[1]):
+            t0 = time.perf_counter()
+            decoded = self.pipeline.decode(batch, slot)
+            self.stats.gpu_decode_s += time.perf_counter() - t0
+            if not self._put(self._q[1], (batch, slot, decoded)):
+                return
+
+    def _augment(self) -> None:
+        for batch, slot, (decoded, rejected) in self._items(self._q[1], self._q[2]):
+            t0 = time.perf_counter()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(self.stream)
+            ready = self.pipeline.augment(batch, slot, decoded, rejected)
+            e1.record(self.stream)
+            slot.release(self.stream)
+            self._timers.append((e0, e1))
+            while self._timers and self._timers[0][1].query():
+                a, b = self._timers.popleft()
+                self.stats.gpu_augment_s += a.elapsed_time(b) / 1e3
+            self.stats.gpu_host_s += time.perf_counter() - t0
+            if not self._put(self._q[2], (ready, slot.event)):
+                return
 
     def __iter__(self) -> Iterator[Batch]:
         current = torch.cuda.current_stream(self.device)
         try:
             while True:
-                item = self._queue.get()
+                item = self._q[2].get()
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                batch, event = item  # type: ignore[misc]
+                batch, event = item
                 current.wait_event(event)
                 for t in (batch.images, batch.labels):
                     if isinstance(t, torch.Tensor):
@@ -104,9 +153,11 @@ class DevicePrefetcher:
             self.close()
 
     def close(self) -> None:
-        """Stop the thread (after its current batch) and drop what it prepared."""
+        """Stop the threads (after their current batch) and drop what they prepared."""
         self._stop.set()
-        while self._thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                self._queue.get(timeout=0.05)
-        self._thread.join()
+        for t in self._threads:
+            while t.is_alive():
+                for q in self._q:
+                    with contextlib.suppress(queue.Empty):
+                        q.get_nowait()
+                t.join(timeout=0.05)

@@ -15,9 +15,10 @@ class StageStats:
     of the same batch; ``fast``/``fallback``: images decoded by the native decoder / by PIL.
     GPU path (``device="cuda"``): ``gpu_images`` decoded by nvJPEG, ``gpu_fallback`` decoded on
     the CPU instead (by workers, or in the main process after nvJPEG rejected them);
-    ``gpu_decode_s``/``gpu_augment_s``: device time (CUDA events) of batched decode and of
-    crop-resize-flip + finalize; ``gpu_copy_s``: host time staging pinned buffers and launching
-    their host-to-device copies.
+    ``gpu_decode_s``: time of the batched nvJPEG calls (synchronous); ``gpu_augment_s``: device
+    time (CUDA events) of crop-resize-flip + finalize; ``gpu_copy_s``: host time staging
+    batches in pinned buffers; ``gpu_fetch_wait_s``: time the prefetcher waited for workers;
+    ``gpu_host_s``: host time launching the augment stage.
     """
 
     batches: int = 0
@@ -36,6 +37,8 @@ class StageStats:
     gpu_decode_s: float = 0.0
     gpu_augment_s: float = 0.0
     gpu_copy_s: float = 0.0
+    gpu_fetch_wait_s: float = 0.0
+    gpu_host_s: float = 0.0
 
     def add(self, other: StageStats) -> None:
         for f in fields(self):

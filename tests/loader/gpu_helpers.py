@@ -3,17 +3,22 @@ device pipeline (decode on the CPU, then the batched eager resize) for machines 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from PIL import Image
 
 from sample_data.generate import make_imagenet_like
-from shardkit.loader.batch import Batch
+from shardkit import ShardLoader
+from shardkit.loader.batch import Batch, BatchBuilder
 from shardkit.loader.decode import decode_rgb
-from shardkit.loader.gpu_batch import RawImages
+from shardkit.loader.gpu_batch import RawBatchBuilder, RawImages
 from shardkit.loader.pinned import chw_offsets
+from shardkit.loader.reader import ShardReader
+from shardkit.loader.stream import BatchStream
 from shardkit.pack import PackOptions, pack
+from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import crop_resize_flip_batch
 
 
@@ -28,15 +33,32 @@ def make_packed_imagenet_like(tmp: Path, classes: int = 2, per_class: int = 40) 
     return dst
 
 
-def emulate_device(batch: Batch) -> torch.Tensor:
-    """What the GPU pipeline computes for a raw batch, with a CPU decoder and the eager resize."""
+def raw_and_cpu_streams(ds: Path, transform: ImageTransform, seed: int = 5, batch_size: int = 16
+                        ) -> tuple[BatchStream, BatchStream]:
+    """Epoch-1 batch streams of one plan: the CPU path's and the GPU path's worker side."""
+    loader = ShardLoader(str(ds), batch_size=batch_size, transform=transform, seed=seed)
+    reader = ShardReader(loader._stream.builder.reader.store, loader.manifest.shards,
+                         cache_dir=str(ds / "cache"))
+    control = torch.tensor([1, 0])
+    cpu = BatchStream(loader.config, BatchBuilder(reader, transform), control)
+    raw = BatchStream(loader.config, RawBatchBuilder(reader, transform), control)
+    return cpu, raw
+
+
+def emulate_device(batch: Batch, decode: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
+                   ) -> torch.Tensor:
+    """What the GPU pipeline computes for a raw batch: ``decode`` (default: the CPU decoder) the
+    JPEGs, then the eager resize on the CPU."""
     raw = batch.images
     if not isinstance(raw, RawImages):
         raise TypeError(type(raw))
     out = torch.zeros((len(raw), 3, *raw.size), dtype=torch.uint8)
     if raw.cpu_dest.numel():
         out[raw.cpu_dest] = raw.cpu_images
-    images = [decode_rgb(bytes(j.numpy())).contiguous().reshape(-1) for j in raw.jpegs()]
+    if decode is None:
+        images = [decode_rgb(bytes(j.numpy())).contiguous().reshape(-1) for j in raw.jpegs()]
+    else:
+        images = [im.cpu().contiguous().reshape(-1) for im in decode(raw.jpegs())]
     if images:
         crop_resize_flip_batch(torch.cat(images), chw_offsets(raw.geometry), raw.geometry, raw.size,
                                out=out, compile=False)

@@ -1,9 +1,10 @@
 """The GPU path on a CUDA device: same samples, crops and flips as the CPU path, pixels within
 tolerance, eager and compiled equal, exact resume, stats, stream safety.
 
-Tolerance (documented in BENCHMARKS.md/DESIGN): nvJPEG and libjpeg-turbo differ in IDCT and
-chroma upsampling, and the device resamples in float32 while torch's CPU uint8 kernel rounds
-between passes; per image the mean absolute difference stays under ``MEAN_TOL`` levels and
+Tolerance (also in BENCHMARKS.md): the crop/resize/flip math equals the CPU path's within one
+level given the same decoded pixels (tested below with nvJPEG's pixels); end to end, nvJPEG and
+libjpeg-turbo differ in IDCT and chroma upsampling, so on these grainy synthetic photos the mean
+absolute difference per image stays under ``MEAN_TOL`` levels (worst seen on an H200: 2.1) and
 fewer than ``FRAC_TOL`` of values differ by more than ``BIG`` levels.
 """
 
@@ -15,11 +16,15 @@ import pytest
 import torch
 
 from shardkit import ShardLoader, transforms
-from tests.loader.gpu_helpers import make_packed_imagenet_like
+from shardkit.loader.gpu_decode import GpuJpegDecoder
+from shardkit.loader.gpu_pipeline import GpuPipeline
+from shardkit.loader.pinned import PinnedSlot
+from shardkit.transforms.gpu import GEOMETRY_COLUMNS
+from tests.loader.gpu_helpers import emulate_device, make_packed_imagenet_like, raw_and_cpu_streams
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-MEAN_TOL, BIG, FRAC_TOL = 2.0, 16, 0.01
+MEAN_TOL, BIG, FRAC_TOL = 3.0, 16, 0.01
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +53,21 @@ def test_gpu_matches_cpu_path(inet: Path, preset: object) -> None:
             worst = max(worst, d.mean().item())
             assert d.mean() <= MEAN_TOL and (d > BIG).float().mean() <= FRAC_TOL
     print(f"worst per-image mean abs diff GPU vs CPU: {worst:.3f}")
+
+
+@pytest.mark.parametrize("compile", [True, False])
+@pytest.mark.parametrize("preset", [transforms.imagenet_train, transforms.imagenet_val])
+def test_device_pipeline_equals_reference_on_nvjpeg_pixels(inet: Path, preset: object, compile: bool) -> None:
+    t = preset(224)  # type: ignore[operator]
+    dev = torch.device("cuda")
+    _, raw = raw_and_cpu_streams(inet, t)
+    pipe, slot = GpuPipeline(t, dev, compile=compile), PinnedSlot(16, (224, 224), len(GEOMETRY_COLUMNS), pin=True)
+    decoder = GpuJpegDecoder(dev)
+    for batch in raw:
+        want = emulate_device(batch, decoder.decode)
+        slot.stage(batch)
+        got = pipe(batch, slot).images.cpu()
+        assert (got.int() - want.int()).abs().max() <= 1
 
 
 def test_flips_match(inet: Path) -> None:

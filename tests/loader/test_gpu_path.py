@@ -11,29 +11,15 @@ import pytest
 import torch
 
 from shardkit import ShardLoader, transforms
-from shardkit.loader.batch import BatchBuilder
-from shardkit.loader.gpu_batch import RawBatchBuilder, RawImages
+from shardkit.loader.gpu_batch import RawImages
 from shardkit.loader.gpu_decode import gpu_decode_unavailable, nvjpeg_friendly
-from shardkit.loader.reader import ShardReader
-from shardkit.loader.stream import BatchStream, PlanConfig
 from tests.conftest import encode_image
-from tests.loader.gpu_helpers import emulate_device, make_packed_imagenet_like
+from tests.loader.gpu_helpers import emulate_device, make_packed_imagenet_like, raw_and_cpu_streams
 
 
 @pytest.fixture(scope="module")
 def inet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_packed_imagenet_like(tmp_path_factory.mktemp("inet"))
-
-
-def _streams(ds: Path, transform: transforms.ImageTransform, seed: int = 5) -> tuple[BatchStream, BatchStream]:
-    loader = ShardLoader(str(ds), batch_size=16, transform=transform, seed=seed)
-    reader = ShardReader(loader._stream.builder.reader.store, loader.manifest.shards,
-                         cache_dir=str(ds / "cache"))
-    control = torch.tensor([1, 0])
-    cfg: PlanConfig = loader.config
-    cpu = BatchStream(cfg, BatchBuilder(reader, transform), control)
-    raw = BatchStream(cfg, RawBatchBuilder(reader, transform), control)
-    return cpu, raw
 
 
 @pytest.mark.parametrize("mode", ["jpeg", "gray", "cmyk", "png", "progressive"])
@@ -55,7 +41,7 @@ def test_nvjpeg_decision(mode: str) -> None:
 @pytest.mark.parametrize("preset", [transforms.imagenet_train, transforms.imagenet_val])
 def test_raw_batches_match_the_cpu_path(inet: Path, preset: object) -> None:
     transform = preset(64)  # type: ignore[operator]
-    cpu, raw = _streams(inet, transform)
+    cpu, raw = raw_and_cpu_streams(inet, transform)
     fallback = 0
     for a, b in zip(cpu, raw, strict=True):
         assert isinstance(b.images, RawImages)
@@ -70,7 +56,7 @@ def test_raw_batches_match_the_cpu_path(inet: Path, preset: object) -> None:
 
 def test_shipped_boxes_are_the_cpu_paths_draws(inet: Path) -> None:
     transform = transforms.imagenet_train(64)
-    _, raw = _streams(inet, transform)
+    _, raw = raw_and_cpu_streams(inet, transform)
     batch = next(iter(raw))
     rows = batch.images.geometry.tolist()
     assert rows, "expected some JPEGs on the GPU path"
@@ -97,3 +83,25 @@ def test_cuda_device_without_cuda_falls_back_with_one_log_line(inet: Path, caplo
     images, labels = next(iter(loader))
     assert images.shape == (8, 3, 32, 32) and images.dtype == torch.uint8
     assert gpu_decode_unavailable(torch.device("cpu")) is not None
+
+
+def test_worker_shared_memory_ring_gives_the_same_bytes(inet: Path) -> None:
+    """Workers reuse shared-memory buffers; batches taken and copied in order are unchanged."""
+    from torch.utils.data import DataLoader
+
+    from shardkit.loader.gpu_batch import RawBatchBuilder
+    from shardkit.loader.stream import BatchStream
+
+    t = transforms.imagenet_train(32)
+    _, plain = raw_and_cpu_streams(inet, t, batch_size=4)
+    want = [(b.keys, b.images.data.clone()) for b in plain]
+    ringed = BatchStream(plain.config, RawBatchBuilder(plain.builder.reader, t, shm_ring=3), plain.control)
+    dl = DataLoader(ringed, batch_size=None, num_workers=2, prefetch_factor=1, persistent_workers=True)
+    keep, got = [], []
+    for b in dl:
+        keep.append(b)  # keeps the mappings alive, as the prefetcher does
+        got.append((b.keys, b.images.data.clone()))  # the copy the prefetcher's staging makes
+    assert [k for k, _ in got] == [k for k, _ in want]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, want, strict=True))
+    storages = {b.images.data.untyped_storage().data_ptr() for b in keep}
+    assert len(got) > 12 and len(storages) <= 2 * 3  # two workers, three buffers each
