@@ -6,6 +6,10 @@ its offsets files and ``index.json``. Runs alternate (wds, shardkit, wds, …) s
 machine's speed hits both. Not a test: run it by hand and record the numbers in BENCHMARKS.md.
 
     python benchmarks/bench_pack.py --classes 10 --per-class 300 --max-count 100 --workers 2 --repeats 3
+
+``--ray`` adds a row: the same pack with ``executor="ray"`` on a local Ray cluster of ``--workers``
+CPUs, started once before the runs (its start-up is printed, not counted in the rates). Its CPU
+column counts the driver only: Ray's workers are not children this process reaps.
 """
 
 from __future__ import annotations
@@ -71,11 +75,12 @@ def run_webdataset(src: Path, dst: Path, max_count: int) -> tuple[int, float]:
     return count, time.perf_counter() - started
 
 
-def run_shardkit(src: Path, dst: Path, max_count: int, workers: int) -> tuple[int, float]:
+def run_shardkit(src: Path, dst: Path, max_count: int, workers: int, ray: bool = False) -> tuple[int, float]:
     from shardkit.pack import PackOptions, pack
 
     started = time.perf_counter()
-    result = pack(str(src), str(dst), options=PackOptions(max_count=max_count, shuffle=False), workers=workers)
+    result = pack(str(src), str(dst), options=PackOptions(max_count=max_count, shuffle=False), workers=workers,
+                  executor="ray" if ray else "processes")
     return result.manifest.num_samples, time.perf_counter() - started
 
 
@@ -88,12 +93,20 @@ def main() -> None:
                         help="samples per shard (both writers); enough shards to keep every worker busy")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ray", action="store_true", help="add a row: executor='ray' on a local cluster")
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "shardkit-bench-pack")
     args = parser.parse_args()
 
     src = args.src or _tree(args.work_dir / "src", args.classes, args.per_class)
     size = _warm(src)
     rates: dict[str, list[float]] = {"webdataset ShardWriter (1 process)": [], f"shardkit pack (workers={args.workers})": []}
+    if args.ray:
+        import ray
+
+        started = time.perf_counter()
+        ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+        print(f"local Ray cluster of {args.workers} CPUs started in {time.perf_counter() - started:.1f} s", flush=True)
+        rates[f"shardkit pack (ray, {args.workers} CPUs)"] = []
     cpu: dict[str, list[float]] = {name: [] for name in rates}
     names = list(rates)
     for rep in range(args.repeats):
@@ -104,7 +117,7 @@ def main() -> None:
             if name.startswith("webdataset"):
                 n, seconds = run_webdataset(src, dst, args.max_count)
             else:
-                n, seconds = run_shardkit(src, dst, args.max_count, args.workers)
+                n, seconds = run_shardkit(src, dst, args.max_count, args.workers, ray="(ray" in name)
             cpu[name].append((_cpu_seconds() - cpu_before) / n * 1000)
             rates[name].append(n / seconds)
             print(f"rep {rep}  {name:40s} {n} images in {seconds:6.2f} s = {n / seconds:8.0f} img/s"
@@ -119,6 +132,8 @@ def main() -> None:
     for name, c in cpu_medians.items():
         print(f"{name:40s} median {c:8.2f} CPU s per 1000 images")
     print(f"ratio shardkit / webdataset: {ratio:.2f}x   (load average now: {os.getloadavg()[0]:.1f})")
+    for name in names[2:]:
+        print(f"ratio {name} / webdataset: {medians[name] / medians[names[0]]:.2f}x")
     print(json.dumps({"images": n, "medians": medians, "ratio": round(ratio, 3), "cpu_per_1000": cpu_medians}))
 
 

@@ -9,7 +9,7 @@ import click
 
 from shardkit.cli.report import human_bytes
 from shardkit.cli.storage import storage_option_flag, storage_options
-from shardkit.pack import PackOptions, pack, pack_coco, parse_size
+from shardkit.pack import Executor, PackOptions, pack, pack_coco, parse_size
 
 
 def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
@@ -30,6 +30,10 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
 @click.option("--max-count", default=1000, show_default=True, type=click.IntRange(min=1), help="Samples per shard at most.")
 @click.option("--max-size", default="256MB", show_default=True, callback=_size, help="Bytes per shard at most (e.g. 256MB, 1GiB).")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Writer processes [default: all cores].")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Write shards as Ray tasks: on a new local cluster of --workers CPUs (no ADDRESS, or local), "
+                   "or on the cluster at ADDRESS (auto, ray://host:port). Put it after SRC DST or write "
+                   "--ray=ADDRESS. A local DST needs a one-node cluster.")
 @click.option("--shuffle/--no-shuffle", default=True, show_default=True, help="Shuffle samples across shards.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed of the shuffle.")
 @click.option("--prefix", default="shard", show_default=True, help="Shard names: PREFIX-NNNNNN.tar.")
@@ -40,7 +44,7 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @storage_option_flag
 def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool, max_count: int,
-                 max_size: int, workers: int | None, shuffle: bool, seed: int, prefix: str,
+                 max_size: int, workers: int | None, ray_address: str | None, shuffle: bool, seed: int, prefix: str,
                  resize_max: int | None, quality: int, decode_check: bool, overwrite: bool, quiet: bool,
                  storage_option: tuple[str, ...]) -> None:
     """Pack the ImageFolder tree SRC into WebDataset tar shards under DST (path or fsspec URL).
@@ -64,6 +68,8 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     remote = storage_options(storage_option, dst)
+    executor: Executor = "processes" if ray_address is None else "ray"
+    address = None if ray_address in (None, "local") else ray_address
     bar = None
     if not quiet and sys.stderr.isatty():
         from tqdm import tqdm
@@ -73,10 +79,12 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         progress, procs = (bar.update if bar else None), workers or os.cpu_count()
         if annotations is not None:  # checked above: given exactly when packing COCO
             result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options, workers=procs,
-                               overwrite=overwrite, storage_options=remote, progress=progress)
+                               overwrite=overwrite, storage_options=remote, progress=progress,
+                               executor=executor, ray_address=address)
         else:
             result = pack(src, dst, options=options, workers=procs, overwrite=overwrite,
-                          storage_options=remote, progress=progress)
+                          storage_options=remote, progress=progress,
+                          executor=executor, ray_address=address)
     finally:
         if bar:
             bar.close()

@@ -1,14 +1,14 @@
-"""Packing: plan shards (pure), write them (processes), publish ``index.json`` last."""
+"""Packing: plan shards (pure), write them (processes or Ray), publish ``index.json`` last."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from shardkit.pack.api import PackResult, Progress, pack_listing
+from shardkit.pack.api import Executor, PackResult, Progress, pack_listing
 from shardkit.pack.options import PackOptions, parse_size
 from shardkit.sources import scan_coco, scan_imagefolder
 
-__all__ = ["PackOptions", "PackResult", "pack", "pack_coco", "pack_listing", "parse_size"]
+__all__ = ["Executor", "PackOptions", "PackResult", "pack", "pack_coco", "pack_listing", "parse_size"]
 
 
 def pack(
@@ -20,6 +20,8 @@ def pack(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    executor: Executor = "processes",
+    ray_address: str | None = None,
 ) -> PackResult:
     """Pack the ImageFolder tree ``src`` into WebDataset-compatible shards under ``dst``.
 
@@ -31,13 +33,18 @@ def pack(
         overwrite: replace whatever shardkit files DST holds.
         storage_options: passed to fsspec for ``dst`` (credentials, endpoint).
         progress: called with the number of samples finished, as shards complete.
+        executor: ``"processes"`` (a local process pool) or ``"ray"`` (one Ray task per shard;
+            same bytes). A local ``dst`` needs a single-node cluster; remote URLs work anywhere.
+        ray_address: with ``executor="ray"``: ``"auto"``, ``"ray://host:port"``, or ``None`` to use
+            an already initialised Ray or start a local cluster of ``workers`` CPUs (stopped after).
 
     Returns:
         A :class:`PackResult` with the manifest written.
 
     Raises:
         SourceError: ``src`` is not an ImageFolder tree.
-        PackError: DST holds a different dataset or unfinished pack (without ``overwrite``).
+        PackError: DST holds a different dataset or unfinished pack (without ``overwrite``); a shard
+            failed (named); Ray is missing, or ``dst`` is ``memory://`` with ``executor="ray"``.
         StorageError: DST cannot be written.
 
     Example::
@@ -48,7 +55,7 @@ def pack(
     listing = scan_imagefolder(src)
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
-        storage_options=storage_options, progress=progress,
+        storage_options=storage_options, progress=progress, executor=executor, ray_address=ray_address,
     )
 
 
@@ -63,6 +70,8 @@ def pack_coco(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    executor: Executor = "processes",
+    ray_address: str | None = None,
 ) -> PackResult:
     """Pack a COCO detection dataset: one sample per image record of ``annotations``.
 
@@ -91,5 +100,5 @@ def pack_coco(
     listing = scan_coco(images_dir, annotations, drop_empty=drop_empty)
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
-        storage_options=storage_options, progress=progress,
+        storage_options=storage_options, progress=progress, executor=executor, ray_address=ray_address,
     )

@@ -8,11 +8,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from shardkit.errors import PackError, ShardkitError
 from shardkit.format.spec import key_width
 from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
+from shardkit.pack import ray_exec
 from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import plan_shards
 from shardkit.pack.resume import fingerprint, finish_destination, prepare_destination
@@ -22,6 +23,9 @@ from shardkit.storage import Store
 
 Progress = Callable[[int], None]
 """Called with the number of samples (packed or skipped) just finished."""
+
+Executor = Literal["processes", "ray"]
+"""Where shards are written: a local process pool, or Ray tasks (see :mod:`shardkit.pack.ray_exec`)."""
 
 
 @dataclass(frozen=True)
@@ -76,16 +80,30 @@ def pack_listing(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    executor: Executor = "processes",
+    ray_address: str | None = None,
 ) -> PackResult:
     """Pack the samples of ``listing`` into shards under ``dst`` (a path or fsspec URL).
 
-    Same listing and options give byte-identical shards and index for any ``workers``. A run
-    interrupted at any point (even ``kill -9``) resumes when called again: complete shards are
-    kept, the rest rewritten. See :func:`shardkit.pack.pack` for the arguments.
+    Same listing and options give byte-identical shards and index for any ``workers`` and either
+    ``executor``. A run interrupted at any point (even ``kill -9``) resumes when called again,
+    with either executor: complete shards are kept, the rest rewritten. See
+    :func:`shardkit.pack.pack` for the arguments.
+
+    Raises:
+        ValueError: ``executor`` is not ``"processes"`` or ``"ray"``, or ``ray_address`` is given
+            without ``executor="ray"``.
     """
+    if executor not in ("processes", "ray"):
+        raise ValueError(f"executor must be 'processes' or 'ray', not {executor!r}")
+    if ray_address is not None and executor != "ray":
+        raise ValueError("ray_address needs executor='ray'")
     options = options or PackOptions()
     started = time.perf_counter()
     store = Store(dst, storage_options)
+    if executor == "ray":
+        ray_exec.check_ray_destination(store)
+        ray_exec.import_ray()  # fail before touching DST
     recorded = options.to_dict()
     fp = fingerprint(listing, recorded)
     plans = plan_shards(
@@ -110,7 +128,10 @@ def pack_listing(
     try:
         # memory:// lives in this process only: shards written by worker processes would vanish.
         procs = 1 if store.process_local else workers or os.cpu_count() or 1
-        fresh = _run(tasks, procs, progress)
+        if executor == "ray":
+            fresh = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address, progress=progress)
+        else:
+            fresh = _run(tasks, procs, progress)
     except ShardkitError:
         raise
     except OSError as err:

@@ -1,0 +1,157 @@
+"""Run planned shards as Ray tasks: the same ``write_shard`` calls, spread over a Ray cluster.
+
+Ray is imported here only, and only when a Ray pack is asked for. Output bytes do not depend
+on the executor: the plan is made (purely) in the driver and every task writes one shard.
+Every node of the cluster needs shardkit installed (tasks run ``shardkit.pack.write.write_shard``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from shardkit.errors import PackError, ShardkitError
+from shardkit.pack.write import ShardReceipt, ShardTask, write_shard
+from shardkit.storage import Store
+
+INSTALL_HINT = "pip install 'shardkit[ray]'"
+#: Tasks submitted but not finished, per CPU of the cluster: enough to keep every CPU busy
+#: while results come back, without submitting (and pickling) 100k shards up front.
+IN_FLIGHT_PER_CPU = 2
+_CANCEL_WAIT_S = 10.0
+
+
+def import_ray() -> Any:
+    """Return the ``ray`` module.
+
+    Raises:
+        PackError: Ray is not installed (the message has the install command).
+    """
+    try:
+        import ray
+    except ImportError as err:
+        raise PackError(f"packing with Ray needs Ray installed: {INSTALL_HINT}") from err
+    return ray
+
+
+def check_ray_destination(store: Store) -> None:
+    """Refuse destinations that Ray workers cannot share with the driver.
+
+    Raises:
+        PackError: ``store`` is process-local (``memory://``).
+    """
+    if store.process_local:
+        raise PackError("memory:// is per process, so shards written by Ray workers would be lost; "
+                        "pack into a directory or a shared URL (s3://, gs://, …)", where=store.url)
+
+
+@contextmanager
+def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
+    """Yield ``ray``, connected to a cluster for the duration of the block.
+
+    An already initialised Ray is used as is and left running. Otherwise ``address`` (``"auto"``,
+    ``"ray://host:port"``, ``"host:port"``) is connected to, or, when ``None``, a local cluster of
+    ``num_cpus`` CPUs is started; either is shut down (disconnected) on exit.
+
+    Raises:
+        PackError: Ray is missing or the cluster cannot be reached.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    try:
+        if address is None:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise PackError(f"cannot start or reach a Ray cluster ({err})", where=address or "local") from err
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def write_on_ray(
+    tasks: list[ShardTask], *, workers: int, address: str | None, progress: Callable[[int], None] | None
+) -> list[ShardReceipt]:
+    """Write ``tasks`` on the Ray cluster at ``address`` (see :func:`ray_cluster`; a local one of
+    ``workers`` CPUs when ``None``) with :func:`run_ray`. No cluster is touched when ``tasks`` is empty."""
+    if not tasks:
+        return []
+    with ray_cluster(address, num_cpus=workers) as ray:
+        return run_ray(ray, tasks, progress)
+
+
+def _check_nodes(ray: Any, store: Store) -> None:
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if not store.remote and len(nodes) > 1:
+        raise PackError(
+            f"is a local path but the Ray cluster has {len(nodes)} nodes: workers on other nodes would write "
+            "to their own disks; pack into a shared URL (s3://, gs://, …) or use a single-node cluster",
+            where=store.url,
+        )
+
+
+def run_ray(
+    ray: Any,
+    tasks: list[ShardTask],
+    progress: Callable[[int], None] | None,
+    *,
+    max_in_flight: int | None = None,
+) -> list[ShardReceipt]:
+    """Write ``tasks`` as Ray tasks (one CPU each) on the connected cluster; receipts in completion order.
+
+    At most ``max_in_flight`` tasks (default: ``IN_FLIGHT_PER_CPU`` per cluster CPU) are
+    submitted at a time. ``progress`` gets each finished shard's sample count. On any error or
+    interrupt the outstanding tasks are cancelled; what finished stays, so a re-run resumes.
+
+    Raises:
+        PackError: a shard failed (named, with the worker's error as cause), or DST is a local
+            path on a multi-node cluster.
+    """
+    if not tasks:
+        return []
+    _check_nodes(ray, tasks[0].store)
+    limit = max_in_flight or max(1, int(ray.cluster_resources().get("CPU", 1)) * IN_FLIGHT_PER_CPU)
+    remote_write = ray.remote(num_cpus=1)(write_shard)
+    running: dict[Any, ShardTask] = {}
+    receipts: list[ShardReceipt] = []
+    try:
+        for task in tasks:
+            running[remote_write.remote(task)] = task
+            if len(running) >= limit:
+                receipts.append(_collect_one(ray, running, progress))
+        while running:
+            receipts.append(_collect_one(ray, running, progress))
+    except BaseException:
+        for ref in running:
+            ray.cancel(ref)
+        # Let the cancellations land, so that a re-run started right away (on a cluster that
+        # outlives this call) does not race with tasks still writing this pack's state.
+        if running:
+            ray.wait(list(running), num_returns=len(running), timeout=_CANCEL_WAIT_S)
+        raise
+    return receipts
+
+
+def _collect_one(ray: Any, running: dict[Any, ShardTask], progress: Callable[[int], None] | None) -> ShardReceipt:
+    [ref], _ = ray.wait(list(running), num_returns=1)
+    task = running.pop(ref)
+    where = task.store.path(task.plan.name)
+    try:
+        receipt: ShardReceipt = ray.get(ref)
+    except ray.exceptions.RayTaskError as err:
+        cause = err.cause if isinstance(err.cause, BaseException) else err
+        what = str(cause) if isinstance(cause, ShardkitError) else f"{type(cause).__name__}: {cause}"
+        raise PackError(f"writing the shard failed ({what}); re-run the same command to resume",
+                        where=where) from cause
+    except ray.exceptions.RayError as err:
+        raise PackError(f"the Ray task writing the shard was lost ({type(err).__name__}: {err}); "
+                        "re-run the same command to resume", where=where) from err
+    if progress:
+        progress(len(task.samples))
+    return receipt

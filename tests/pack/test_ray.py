@@ -1,0 +1,164 @@
+"""Packing on a real local Ray cluster: same bytes as the process pool, resumable, CLI ``--ray``."""
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sample_data.generate import make_indexed_imagefolder
+from shardkit.errors import PackError
+from shardkit.format import offsets_name
+from shardkit.pack import PackOptions, pack
+
+OPTIONS = PackOptions(max_count=4, seed=3)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ray():
+    """One local Ray cluster (2 CPUs) for the module; ``pack`` uses it and leaves it running."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ray-src") / "src"
+    make_indexed_imagefolder(root, classes=3, per_class=10, size=(24, 16))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(src, tmp_path_factory):
+    """sha256 of every file of a process-pool pack (shards, offsets, ``index.json``)."""
+    dst = tmp_path_factory.mktemp("ray-ref") / "out"
+    pack(str(src), str(dst), options=OPTIONS, workers=2)
+    return _digests(dst)
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())}
+
+
+def test_ray_pack_is_byte_identical_to_processes(ray, src, reference, tmp_path):
+    finished = []
+    result = pack(str(src), str(tmp_path / "out"), options=OPTIONS, executor="ray", progress=finished.append)
+    assert _digests(tmp_path / "out") == reference
+    assert len(finished) == len(result.manifest.shards) == 8 and sum(finished) == 30  # one call per shard
+    assert ray.is_initialized()  # a cluster we did not start is left running
+
+
+def test_one_task_in_flight_gives_the_same_bytes(ray, src, reference, tmp_path, monkeypatch):
+    from shardkit.pack import ray_exec
+
+    real = ray_exec.run_ray
+    monkeypatch.setattr(ray_exec, "run_ray", lambda r, t, p: real(r, t, p, max_in_flight=1))
+    pack(str(src), str(tmp_path / "out"), options=OPTIONS, executor="ray")
+    assert _digests(tmp_path / "out") == reference
+
+
+def test_failing_shard_is_named_and_resumes_with_processes(ray, src, reference, tmp_path):
+    dst = tmp_path / "out"
+    (dst / ".shardkit-pack").mkdir(parents=True)  # an unfinished pack killed before its plan was recorded
+    blocker = dst / offsets_name("shard-000005.tar")
+    blocker.mkdir()  # the worker cannot write shard 5's offsets file over a directory
+    with pytest.raises(PackError, match=r"shard-000005\.tar: writing the shard failed .*re-run"):
+        pack(str(src), str(dst), options=OPTIONS, executor="ray")
+    assert not (dst / "index.json").exists()
+    blocker.rmdir()
+    resumed = pack(str(src), str(dst), options=OPTIONS, workers=2)
+    assert resumed.reused_shards >= 1
+    assert _digests(dst) == reference
+
+
+def test_interrupted_ray_pack_resumes_with_processes(ray, src, reference, tmp_path):
+    dst = tmp_path / "out"
+    done = []
+
+    def interrupt_after_two(n: int) -> None:
+        done.append(n)
+        if len(done) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack(str(src), str(dst), options=OPTIONS, executor="ray", progress=interrupt_after_two)
+    assert not (dst / "index.json").exists() and (dst / ".shardkit-pack").is_dir()
+    resumed = pack(str(src), str(dst), options=OPTIONS, workers=2)
+    assert 2 <= resumed.reused_shards < len(resumed.manifest.shards)
+    assert _digests(dst) == reference
+
+
+def _cli(src: Path, dst: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, "-m", "shardkit", "pack", str(src), str(dst), "--max-count", "4",
+                           "--seed", "3", *extra], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+
+
+def test_cli_ray_on_a_cluster_address(ray, src, reference, tmp_path):
+    out = _cli(src, tmp_path / "out", f"--ray={ray.get_runtime_context().gcs_address}")
+    assert out.returncode == 0, out.stderr
+    assert "samples   30" in out.stdout
+    assert _digests(tmp_path / "out") == reference
+
+
+def test_cli_ray_starts_and_stops_a_local_cluster(src, reference, tmp_path):
+    pytest.importorskip("ray")
+    out = _cli(src, tmp_path / "out", "--workers", "1", "--quiet", "--ray")
+    assert out.returncode == 0, out.stderr
+    assert _digests(tmp_path / "out") == reference
+
+
+def test_cli_ray_in_process_uses_the_running_cluster(ray, src, reference, tmp_path):
+    from click.testing import CliRunner
+
+    from shardkit.cli import cli
+
+    out = CliRunner().invoke(cli, ["pack", str(src), str(tmp_path / "out"), "--max-count", "4", "--seed", "3",
+                                   "--quiet", "--ray"])
+    assert out.exit_code == 0, out.output
+    assert _digests(tmp_path / "out") == reference
+    assert ray.is_initialized()
+
+
+def test_memory_destination_is_refused(src):
+    with pytest.raises(PackError, match="memory:// is per process"):
+        pack(str(src), "memory://ray-refused", executor="ray")
+
+
+def test_local_destination_on_several_nodes_is_refused(tmp_path):
+    from shardkit.pack.ray_exec import run_ray
+    from shardkit.pack.write import ShardTask
+    from shardkit.storage import Store
+
+    class TwoNodes:
+        def nodes(self):
+            return [{"Alive": True}, {"Alive": True}, {"Alive": False}]
+
+    task = ShardTask(Store(str(tmp_path)), None, [], 8, None, OPTIONS)  # type: ignore[arg-type]
+    with pytest.raises(PackError, match="local path but the Ray cluster has 2 nodes"):
+        run_ray(TwoNodes(), [task], None)
+
+
+def test_missing_ray_gives_the_install_hint(src, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(PackError, match=r"pip install 'shardkit\[ray\]'"):
+        pack(str(src), str(tmp_path / "out"), executor="ray")
+    assert not (tmp_path / "out").exists()  # refused before DST was touched
+
+
+def test_bad_executor_arguments(src, tmp_path):
+    with pytest.raises(ValueError, match="executor"):
+        pack(str(src), str(tmp_path / "a"), executor="threads")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ray_address"):
+        pack(str(src), str(tmp_path / "b"), ray_address="auto")
+
+
+def test_import_does_not_pull_in_ray():
+    code = "import sys, shardkit, shardkit.pack, shardkit.cli; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60, cwd=ROOT)
+    assert out.stdout.strip() == "False"
