@@ -61,7 +61,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            step, seen, loss_value = step + 1, seen + len(labels), float(loss)
+            step, seen, loss_value = step + 1, seen + len(labels), loss.item()
             if step >= args.steps:
                 break
     if args.checkpoint:
