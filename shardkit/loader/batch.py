@@ -24,12 +24,14 @@ ON_ERROR = ("replace", "raise")
 
 @dataclass
 class Batch:
-    """What a worker ships: images (uint8 ``[B,3,H,W]`` or a list), labels, keys, stats."""
+    """What a worker ships: images (uint8 ``[B,3,H,W]`` or a list), labels, keys, stats;
+    detection batches (COCO) carry ``targets`` (one dict per image) and an empty ``labels``."""
 
     images: torch.Tensor | list[torch.Tensor]
     labels: torch.Tensor
     keys: list[str]
     stats: StageStats
+    targets: list[dict[str, Any]] | None = None
 
 
 class _BadSample(Exception):

@@ -87,7 +87,7 @@ class ShardLoader:
         dataset: str,
         *,
         batch_size: int,
-        transform: ImageTransform | Callable[[torch.Tensor], Any] | None = None,
+        transform: ImageTransform | Callable[..., Any] | None = None,
         num_workers: int = 0,
         device: str | torch.device = "cpu",
         shuffle: bool = True,

@@ -1,4 +1,4 @@
-"""Image transforms: crop/flip parameter sampling, CPU tensor ops, presets.
+"""Image transforms: crop/flip parameter sampling, CPU tensor ops, presets; detection presets.
 
 Workers call ``sample_params`` (seeded ``random.Random``) and ``apply`` per image; the loader
 calls ``finalize`` once per batch on the target device.
@@ -14,6 +14,12 @@ Example:
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.batch import IMAGENET_MEAN, IMAGENET_STD, BatchFormat
 from shardkit.transforms.center_crop import ResizeCenterCrop, resize_center_crop_box
+from shardkit.transforms.detection import (
+    DetectionTransform,
+    detection_train,
+    detection_val,
+    run_detection_transform,
+)
 from shardkit.transforms.ops import crop_resize_flip
 from shardkit.transforms.params import CropFlip
 from shardkit.transforms.presets import imagenet_train, imagenet_val
@@ -24,12 +30,16 @@ __all__ = [
     "IMAGENET_STD",
     "BatchFormat",
     "CropFlip",
+    "DetectionTransform",
     "ImageTransform",
     "RandomResizedCropFlip",
     "ResizeCenterCrop",
     "crop_resize_flip",
+    "detection_train",
+    "detection_val",
     "imagenet_train",
     "imagenet_val",
     "random_resized_crop_box",
     "resize_center_crop_box",
+    "run_detection_transform",
 ]

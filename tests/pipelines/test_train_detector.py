@@ -1,0 +1,36 @@
+"""The detection recipe trains a few steps on CPU on the packed COCO sample and resumes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.train_detector import main
+from shardkit.pack import PackOptions, pack_coco
+
+COCO = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
+
+
+@pytest.fixture(scope="module")
+def packed_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dst = tmp_path_factory.mktemp("coco") / "ds"
+    pack_coco(str(COCO / "images"), str(COCO / "instances.json"), str(dst), options=PackOptions(max_count=8), workers=1)
+    return dst
+
+
+def test_train_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_coco: Path) -> None:
+    ckpt = tmp_path / "det.pt"
+    common = [str(packed_coco), "--batch-size", "2", "--size", "64", "--workers", "0", "--device", "cpu",
+              "--checkpoint", str(ckpt)]
+    main([*common, "--steps", "2"])
+    state = torch.load(ckpt)
+    assert state["step"] == 2 and state["loader"]["batches_consumed"] == 2
+    assert state["model"]["roi_heads.box_predictor.cls_score.bias"].shape == (16,)  # 15 categories + background
+    main([*common, "--steps", "3"])
+    state = torch.load(ckpt)
+    assert state["step"] == 3 and state["loader"]["batches_consumed"] == 3
+    out = capsys.readouterr().out
+    assert "step 3" in out and math.isfinite(float(out.split("loss")[-1].split()[0]))
