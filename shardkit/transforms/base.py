@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import random
+from typing import ClassVar
 
 import torch
 
@@ -34,6 +35,10 @@ class ImageTransform(abc.ABC):
 
     output_size: tuple[int, int]
     batch_format: BatchFormat
+    #: True when :meth:`apply` reads only the pixels inside the parameters' box, so a loader
+    #: may decode just that region (see ``shardkit.loader.roi``) and apply with the box moved
+    #: to the origin. False (e.g. resize-then-centre-crop) means the whole image is needed.
+    crop_first: ClassVar[bool] = False
 
     @abc.abstractmethod
     def sample_params(self, height: int, width: int, rng: random.Random) -> CropFlip:

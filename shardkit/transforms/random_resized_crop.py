@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.batch import BatchFormat
@@ -60,6 +61,8 @@ class RandomResizedCropFlip(ImageTransform):
         >>> t.sample_params(375, 500, random.Random(0)).height
         372
     """
+
+    crop_first: ClassVar[bool] = True
 
     output_size: tuple[int, int]
     scale: tuple[float, float] = (0.08, 1.0)

@@ -1,0 +1,102 @@
+/* Region-of-interest JPEG decoding with libjpeg(-turbo): decode only the rows and iMCU columns
+ * a crop needs. Rows above the crop are skipped (entropy-decoded only: jpeg_skip_scanlines),
+ * rows below it are never decoded (jpeg_abort_decompress), columns outside the iMCU-aligned
+ * crop are not inverse-transformed or colour-converted (jpeg_crop_scanline). For a
+ * RandomResizedCrop this makes decoding cost follow the crop, not the whole image.
+ *
+ * decode_crop(data, top, left, height, width) -> (rgb bytes, x_offset, row_width)
+ *   rgb (a bytearray) is height rows of row_width RGB pixels starting at column x_offset <= left.
+ *   Raises ValueError on any libjpeg error or warning (corrupt data, CMYK, ...); the caller
+ *   falls back to a full decode, which decides whether the image is really bad.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <jpeglib.h>
+
+struct error_manager {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+};
+
+static void on_error(j_common_ptr cinfo) {
+    struct error_manager *err = (struct error_manager *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level) {
+    if (level < 0) cinfo->err->num_warnings++; /* warnings make the result untrustworthy */
+}
+
+static PyObject *decode_crop(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    int top, left, height, width;
+    if (!PyArg_ParseTuple(args, "y*iiii", &data, &top, &left, &height, &width)) return NULL;
+    if (top < 0 || left < 0 || height <= 0 || width <= 0) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "crop box must have top, left >= 0 and a positive size");
+        return NULL;
+    }
+    struct jpeg_decompress_struct cinfo;
+    struct error_manager err;
+    PyObject *volatile out = NULL;
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        Py_XDECREF(out);
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, err.message);
+        return NULL;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_read_header(&cinfo, TRUE);
+    if (cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_GRAYSCALE &&
+        cinfo.jpeg_color_space != JCS_RGB) {
+        strcpy(err.message, "colour space needs a full decode");
+        longjmp(err.jump, 1);
+    }
+    cinfo.out_color_space = JCS_RGB;
+    jpeg_start_decompress(&cinfo);
+    if ((JDIMENSION)(top + height) > cinfo.output_height || (JDIMENSION)(left + width) > cinfo.output_width) {
+        strcpy(err.message, "crop box outside the image");
+        longjmp(err.jump, 1);
+    }
+    JDIMENSION x_offset = (JDIMENSION)left, row_width = (JDIMENSION)width;
+    jpeg_crop_scanline(&cinfo, &x_offset, &row_width);
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)row_width * 3 * height);
+    if (out == NULL) longjmp(err.jump, 1);
+    unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
+    if (top > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)top);
+    for (int row = 0; row < height;) {
+        JSAMPROW pointer = pixels + (size_t)row * row_width * 3;
+        JDIMENSION got = jpeg_read_scanlines(&cinfo, &pointer, 1);
+        if (got == 0) {
+            strcpy(err.message, "no more scanlines");
+            longjmp(err.jump, 1);
+        }
+        row += (int)got;
+    }
+    if (err.pub.num_warnings > 0) {
+        strcpy(err.message, "corrupt JPEG data");
+        longjmp(err.jump, 1);
+    }
+    jpeg_abort_decompress(&cinfo);
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    return Py_BuildValue("Nii", out, (int)x_offset, (int)row_width);
+}
+
+static PyMethodDef methods[] = {
+    {"decode_crop", decode_crop, METH_VARARGS, "Decode only a crop box of a JPEG to RGB rows."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg_roi", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__jpeg_roi(void) { return PyModule_Create(&module); }

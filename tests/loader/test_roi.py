@@ -1,0 +1,68 @@
+"""Region JPEG decoding equals the same box of a full decode (up to edge upsampling context)."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from shardkit.loader.decode import decode_rgb, peek_size
+from shardkit.loader.roi import decode_box_rgb, roi_available
+from shardkit.transforms import CropFlip, imagenet_train
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "imagefolder"
+
+
+def test_extension_is_built_where_libjpeg_headers_exist() -> None:
+    if os.path.exists("/usr/include/jpeglib.h"):
+        assert roi_available(), "libjpeg headers are here but shardkit.loader._jpeg_roi was not built"
+
+
+@pytest.mark.skipif(not roi_available(), reason="region decoder not built")
+def test_random_crops_match_full_decode() -> None:
+    rng = random.Random(0)
+    transform = imagenet_train(224)
+    checked = 0
+    for path in sorted(SAMPLE.rglob("*.jpg"))[:80]:
+        data = path.read_bytes()
+        h, w = peek_size(data)
+        box = transform.sample_params(h, w, rng)
+        region = decode_box_rgb(data, box)
+        if region is None:  # CMYK: needs the full decoder
+            assert Image.open(path).mode == "CMYK"
+            continue
+        full = decode_rgb(data)[:, box.top : box.top + box.height, box.left : box.left + box.width]
+        assert region.shape == full.shape
+        assert (region.int() - full.int()).abs().float().mean() < 0.1
+        checked += 1
+    assert checked > 60
+
+
+@pytest.mark.skipif(not roi_available(), reason="region decoder not built")
+@pytest.mark.parametrize("make", ["png", "truncated", "garbage", "outside"])
+def test_anything_unusual_asks_for_a_full_decode(make: str) -> None:
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (10, 200, 30)).save(buf, "PNG" if make == "png" else "JPEG")
+    data = buf.getvalue()
+    box = CropFlip(0, 0, 48, 64)
+    if make == "truncated":
+        data = data[: len(data) // 2]
+    elif make == "garbage":
+        data = b"\xff\xd8\xff" + bytes(200)
+    elif make == "outside":
+        box = CropFlip(10, 10, 48, 64)
+    assert decode_box_rgb(data, box) is None
+
+
+@pytest.mark.skipif(not roi_available(), reason="region decoder not built")
+def test_gray_jpeg_comes_back_as_rgb() -> None:
+    buf = io.BytesIO()
+    Image.new("L", (40, 30), 77).save(buf, "JPEG")
+    region = decode_box_rgb(buf.getvalue(), CropFlip(5, 3, 20, 30))
+    assert region is not None and region.shape == (3, 20, 30)
+    assert torch.all((region.int() - 77).abs() <= 1)
