@@ -7,17 +7,19 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
-from shardkit.loader.decode import DecodeStats, decode_rgb
+from shardkit.loader.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
 from shardkit.loader.reader import ShardReader
+from shardkit.loader.roi import decode_box_rgb, roi_available, within_pixel_limit
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.params import CropFlip
 
 ON_ERROR = ("replace", "raise")
 
@@ -52,6 +54,25 @@ def _label(fields: dict[str, bytes], where: str) -> int:
         raise _BadSample(f"{where}: missing or malformed cls member") from err
 
 
+def _decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where: str,
+                dstats: DecodeStats) -> tuple[torch.Tensor, CropFlip]:
+    """Decode what ``transform`` needs and draw its parameters (always the same draws from
+    ``rng``, whichever decoder runs). Crop-first transforms on JPEGs decode only their box."""
+    if transform.crop_first and roi_available() and is_jpeg(raw):
+        height, width = peek_size(raw)
+        params = transform.sample_params(height, width, rng)
+        region = decode_box_rgb(raw, params) if within_pixel_limit(height, width) else None
+        if region is not None:
+            dstats.fast += 1
+            return region, replace(params, top=0, left=0)
+        image = decode_rgb(raw, where=where, stats=dstats)
+        if tuple(image.shape[-2:]) != (height, width):
+            raise DecodeError(f"header says {height}x{width}, image decodes to {tuple(image.shape[-2:])}", where=where)
+        return image, params
+    image = decode_rgb(raw, where=where, stats=dstats)
+    return image, transform.sample_params(image.shape[-2], image.shape[-1], rng)
+
+
 class BatchBuilder:
     """Turn ``(shard, index, seed)`` triples into a :class:`Batch`.
 
@@ -78,15 +99,18 @@ class BatchBuilder:
         t1 = time.perf_counter()
         stats.read_s += t1 - t0
         label = _label(fields, where)
+        raw = _image_field(fields, where)
+        transform = self.transform
         try:
-            image = decode_rgb(_image_field(fields, where), where=where, stats=dstats)
+            if isinstance(transform, ImageTransform):
+                image, params = _decode_for(transform, raw, random.Random(seed), where, dstats)
+            else:
+                image, params = decode_rgb(raw, where=where, stats=dstats), None
         except DecodeError as err:
             raise _BadSample(str(err)) from err
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
-        transform = self.transform
-        if isinstance(transform, ImageTransform):
-            params = transform.sample_params(image.shape[-2], image.shape[-1], random.Random(seed))
+        if isinstance(transform, ImageTransform) and params is not None:
             result: Any = transform.apply(image, params, out=out)
         elif transform is not None:
             torch.manual_seed(seed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from PIL import Image
 
 from shardkit.transforms.params import CropFlip
 
@@ -20,6 +21,12 @@ try:
     from shardkit.loader._jpeg_roi import decode_crop as _decode_crop
 except ImportError:  # extension not built (no libjpeg headers at install): full decodes only
     _decode_crop = None
+
+
+def within_pixel_limit(height: int, width: int) -> bool:
+    """Whether an image of this size is under PIL's decompression-bomb limit (where PIL raises)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    return limit is None or height * width <= 2 * limit
 
 
 def roi_available() -> bool:
