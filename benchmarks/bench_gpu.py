@@ -175,6 +175,8 @@ def main() -> None:
 
     if "nvjpeg" in phases:
         save("nvjpeg_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch), 5, args.batches)[0])
+    if "nvjpeg256" in phases:  # the same images, two batches per call
+        save("nvjpeg_decode_only_b256_img_s", _timed(nvjpeg_batches(args.root, 2 * args.batch), 5, args.batches // 2)[0])
     if "kernel" in phases:
         save("kernel", kernel_rates(args.root, args.batch))
     if "shardkit" in phases:

@@ -40,24 +40,65 @@ from shardkit.transforms.gpu import GEOMETRY_COLUMNS, gpu_window
 __all__ = ["RawBatchBuilder", "RawImages"]
 
 
+def _align(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
 @dataclass
 class RawImages:
     """A batch's images before the device: JPEG bytes for nvJPEG and pixels decoded on the CPU.
 
-    ``data[bounds[i]:bounds[i+1]]`` is the i-th GPU image's JPEG, ``geometry[i]`` its crop row
-    (its ``dest`` column is its position in the batch); ``cpu_images[k]`` (uint8
-    ``[3, *size]``) goes to position ``cpu_dest[k]``.
+    Everything lives in one uint8 ``blob`` (one shared-memory handle per batch: each tensor sent
+    between processes costs a file-descriptor round trip), laid out as JPEG bytes, then int64
+    ``bounds`` (``k + 1``), ``cpu_dest`` (``m``) and ``labels`` (``n``), int32 ``geometry``
+    (``[k, 12]``), uint8 ``cpu_images`` (``[m, 3, *size]``). ``data[bounds[i]:bounds[i+1]]`` is
+    the i-th GPU image's JPEG and ``geometry[i]`` its crop row (``dest``: its position in the
+    batch); ``cpu_images[j]`` goes to position ``cpu_dest[j]``.
     """
 
-    data: torch.Tensor
-    bounds: torch.Tensor
-    geometry: torch.Tensor
-    cpu_images: torch.Tensor
-    cpu_dest: torch.Tensor
+    blob: torch.Tensor
+    k: int
+    m: int
+    n: int
+    nbytes: int
     size: tuple[int, int]
 
+    @staticmethod
+    def blob_size(nbytes: int, k: int, m: int, n: int, size: tuple[int, int]) -> int:
+        return _align(nbytes) + 8 * (k + 1 + m + n) + _align(4 * 12 * k) + m * 3 * size[0] * size[1]
+
+    def _part(self, start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+        width = torch.empty(0, dtype=dtype).element_size()
+        return self.blob[start:start + count * width].view(dtype)
+
+    @property
+    def data(self) -> torch.Tensor:
+        return self.blob[:self.nbytes]
+
+    @property
+    def bounds(self) -> torch.Tensor:
+        return self._part(_align(self.nbytes), self.k + 1, torch.int64)
+
+    @property
+    def cpu_dest(self) -> torch.Tensor:
+        return self._part(_align(self.nbytes) + 8 * (self.k + 1), self.m, torch.int64)
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self._part(_align(self.nbytes) + 8 * (self.k + 1 + self.m), self.n, torch.int64)
+
+    @property
+    def geometry(self) -> torch.Tensor:
+        start = _align(self.nbytes) + 8 * (self.k + 1 + self.m + self.n)
+        return self._part(start, 12 * self.k, torch.int32).view(self.k, len(GEOMETRY_COLUMNS))
+
+    @property
+    def cpu_images(self) -> torch.Tensor:
+        start = _align(self.nbytes) + 8 * (self.k + 1 + self.m + self.n) + _align(4 * 12 * self.k)
+        return self._part(start, self.m * 3 * self.size[0] * self.size[1], torch.uint8).view(self.m, 3, *self.size)
+
     def __len__(self) -> int:
-        return int(self.geometry.shape[0] + self.cpu_dest.shape[0])
+        return self.n
 
     def jpegs(self) -> list[torch.Tensor]:
         """Views of ``data``, one 1-D uint8 tensor per GPU image."""
@@ -149,27 +190,25 @@ class RawBatchBuilder(BatchBuilder):
             stats.replaced += len(bad)
         stats.fast, stats.fallback = dstats.fast, dstats.fallback
         stats.gpu_fallback = dstats.fast + dstats.fallback
-        return Batch(self._pack(items), labels, keys, stats)  # type: ignore[arg-type]
+        # labels travel inside the blob; an empty tensor costs no shared-memory handle
+        return Batch(self._pack(items, labels), torch.empty(0, dtype=torch.int64), keys, stats)
 
-    def _pack(self, items: list[tuple[bytes | torch.Tensor, tuple[int, ...] | None]]) -> RawImages:
-        size = self.transform.output_size  # type: ignore[union-attr]
+    def _pack(self, items: list[tuple[bytes | torch.Tensor, tuple[int, ...] | None]], labels: torch.Tensor) -> RawImages:
+        size: tuple[int, int] = self.transform.output_size  # type: ignore[union-attr]
         jpegs = [(i, data, win) for i, (data, win) in enumerate(items) if win is not None]
+        cpu = [(i, px) for i, (px, win) in enumerate(items) if win is None]
         lengths = [len(d) for _, d, _ in jpegs]  # type: ignore[arg-type]
-        return _pack(items, jpegs, lengths, self._buffer(sum(lengths)), size)
-
-
-def _pack(items: list[tuple[bytes | torch.Tensor, tuple[int, ...] | None]], jpegs: list[tuple[int, object, object]],
-          lengths: list[int], data: torch.Tensor, size: tuple[int, int]) -> RawImages:
-    cpu = [(i, px) for i, (px, win) in enumerate(items) if win is None]
-    view, pos = data.numpy(), 0
-    for (_, d, _), length in zip(jpegs, lengths, strict=True):
-        view[pos:pos + length] = np.frombuffer(d, dtype=np.uint8)  # type: ignore[arg-type]
-        pos += length
-    bounds = torch.zeros(len(jpegs) + 1, dtype=torch.int64)
-    if lengths:
-        bounds[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-    rows = [(*win, i) for i, _, win in jpegs]  # type: ignore[misc]
-    geometry = torch.tensor(rows, dtype=torch.int32).reshape(-1, len(GEOMETRY_COLUMNS))
-    cpu_images = torch.stack([px for _, px in cpu]).contiguous() if cpu else torch.empty((0, 3, *size), dtype=torch.uint8)  # type: ignore[misc]
-    cpu_dest = torch.tensor([i for i, _ in cpu], dtype=torch.int64)
-    return RawImages(data, bounds, geometry, cpu_images, cpu_dest, size)
+        k, m, n, nbytes = len(jpegs), len(cpu), len(items), sum(lengths)
+        raw = RawImages(self._buffer(RawImages.blob_size(nbytes, k, m, n, size)), k, m, n, nbytes, size)
+        view, pos = raw.data.numpy(), 0
+        for (_, d, _), length in zip(jpegs, lengths, strict=True):
+            view[pos:pos + length] = np.frombuffer(d, dtype=np.uint8)  # type: ignore[arg-type]
+            pos += length
+        raw.bounds.numpy()[:] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        raw.cpu_dest.numpy()[:] = [i for i, _ in cpu]
+        raw.labels.numpy()[:] = labels.numpy()
+        if k:
+            raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]  # type: ignore[misc]
+        for j, (_, px) in enumerate(cpu):
+            raw.cpu_images[j].copy_(px)  # type: ignore[arg-type]
+        return raw

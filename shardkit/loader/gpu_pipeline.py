@@ -58,7 +58,8 @@ class GpuPipeline:
                   [batch.keys[int(raw.geometry[i, 11])] for i in rejected])
         return images, rejected
 
-    def _cpu_rescue(self, raw: RawImages, rejected: list[int], out: torch.Tensor, batch: Batch) -> None:
+    def _cpu_rescue(self, raw: RawImages, rejected: list[int], out: torch.Tensor, labels: torch.Tensor,
+                    batch: Batch) -> None:
         """Decode nvJPEG's rejects on the CPU (same crop); replace undecodable ones by a neighbour."""
         bad: list[int] = []
         for i in rejected:
@@ -76,7 +77,7 @@ class GpuPipeline:
         for dest in bad:
             src = next(j for j in good if j > dest) if any(j > dest for j in good) else good[0]
             out[dest].copy_(out[src])
-            batch.labels[dest], batch.keys[dest] = batch.labels[src], batch.keys[src]
+            labels[dest], batch.keys[dest] = labels[src], batch.keys[src]
         batch.stats.replaced += len(bad)
 
     def decode(self, batch: Batch, slot: PinnedSlot) -> tuple[list[torch.Tensor], list[int]]:
@@ -85,6 +86,21 @@ class GpuPipeline:
         if not isinstance(raw, RawImages):
             raise TypeError(f"GpuPipeline needs RawImages, got {type(raw).__name__}")
         return self._decode(raw, slot.jpegs(), batch)
+
+    def decode_many(self, items: list[tuple[Batch, PinnedSlot]]) -> list[tuple[list[torch.Tensor], list[int]]]:
+        """:meth:`decode` of several staged batches with one nvJPEG call (falls back per batch)."""
+        if len(items) == 1:
+            return [self.decode(*items[0])]
+        lists = [slot.jpegs() for _, slot in items]
+        try:
+            flat = self.decoder.decode([j for js in lists for j in js])
+        except RuntimeError:
+            return [self.decode(b, s) for b, s in items]
+        out, pos = [], 0
+        for js in lists:
+            out.append((flat[pos:pos + len(js)], []))
+            pos += len(js)
+        return out
 
     def augment(self, batch: Batch, slot: PinnedSlot, decoded: list[torch.Tensor], rejected: list[int]) -> Batch:
         """Stage 2 (enqueues only): copy the slot's small tensors, crop-resize-flip, finalize."""
@@ -102,7 +118,7 @@ class GpuPipeline:
             flat = torch.cat([d.reshape(-1) for d in decoded]) if len(decoded) > 1 else decoded[0].reshape(-1)
             crop_resize_flip_batch(flat, offsets, geometry, raw.size, out=out, compile=self.compile)
         if rejected:
-            self._cpu_rescue(raw, rejected, out, batch)
+            self._cpu_rescue(raw, rejected, out, labels, batch)
         batch.stats.gpu_images += len(decoded)
         batch.stats.gpu_fallback += len(rejected)
         return Batch(self.transform.finalize(out), labels, batch.keys, batch.stats)

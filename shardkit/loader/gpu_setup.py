@@ -28,8 +28,8 @@ class GpuPath:
 
     def __init__(self, transform: ImageTransform, device: torch.device, *, batch_size: int,
                  compile: bool, depth: int, num_workers: int, prefetch: int) -> None:
-        if depth < 1:
-            raise ValueError(f"device_prefetch must be >= 1, got {depth}")
+        if depth < 2:
+            raise ValueError(f"device_prefetch must be >= 2, got {depth}")
         self.transform, self.device = transform, device
         self.pipeline = GpuPipeline(transform, device, compile=compile)
         self._slots = [PinnedSlot(batch_size, transform.output_size, len(GEOMETRY_COLUMNS), pin=True)

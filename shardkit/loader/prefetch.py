@@ -5,7 +5,8 @@ Three stages, each a thread, joined by bounded queues, so host and device work o
 1. *fetch*: take the next worker batch and stage it in the next pinned slot of the ring
    (:class:`~shardkit.loader.pinned.PinnedSlot`: JPEG bytes, geometry, labels, CPU pixels);
 2. *decode*: batched nvJPEG (torchvision's call returns only when the batch is decoded, so it
-   gets a thread of its own and decodes back to back);
+   gets a thread of its own and decodes back to back, two staged batches per call when both
+   are waiting);
 3. *augment*: on a dedicated CUDA stream, enqueue the small copies, the one crop-resize-flip
    launch and finalize, then record one event per batch.
 
@@ -15,8 +16,9 @@ stream while the consumer's stream may still use it. An exception in any stage r
 consumer unchanged (type and traceback). Augment device time comes from CUDA events read once
 they have completed (``query``), never by waiting.
 
-Why slot reuse is safe: each queue holds at most ``depth`` batches, so at most ``2 * depth + 3``
-batches are between staging and the end of the augment stage; the ring has ``2 * depth + 4``
+Why slot reuse is safe: each queue holds at most ``depth`` batches and the decode stage holds at
+most ``merge <= depth``, so at most ``3 * depth + 3`` batches are between staging and the end of
+the augment stage; the ring has ``3 * depth + 4``
 slots, so when the fetch stage returns to a slot its previous batch has been fully enqueued, and
 the slot's event (recorded after every copy out of it) is what :meth:`PinnedSlot.stage` waits for.
 """
@@ -45,22 +47,25 @@ _DONE = object()
 
 def ring_size(depth: int) -> int:
     """Pinned slots needed for queues of ``depth`` (see module doc)."""
-    return 2 * depth + 4
+    return 3 * depth + 4
 
 
 class DevicePrefetcher:
     """Iterate ``source``'s batches as finalised device batches, prepared ahead in threads.
 
-    ``keep_alive``: how many recent worker batches to hold, so shared-memory buffers that workers
+    ``merge``: up to this many staged batches are decoded in one nvJPEG call when they are
+    already waiting (fewer fixed costs per image). ``keep_alive``: how many recent worker batches to hold, so shared-memory buffers that workers
     reuse stay mapped in this process (no page faults on reuse). Stop early by closing the
     iterator (``for`` loops do it when abandoned).
     """
 
     def __init__(self, source: Iterator[Batch], pipeline: GpuPipeline, device: torch.device,
-                 slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0) -> None:
-        if depth < 1 or len(slots) < ring_size(depth):
+                 slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0,
+                 merge: int = 2) -> None:
+        if depth < merge or len(slots) < ring_size(depth):
             raise ValueError(f"need depth >= 1 and {ring_size(depth)} slots, got {depth} and {len(slots)}")
         self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
+        self.merge = merge
         self.stats = stats  # stage times are added here
         self.stream = torch.cuda.Stream(device)
         self._q = [queue.Queue[Any](maxsize=depth) for _ in range(3)]  # staged, decoded, ready
@@ -110,12 +115,30 @@ class DevicePrefetcher:
             i, t0 = i + 1, time.perf_counter()
         self._put(self._q[0], _DONE)
 
+    def _get(self, q: queue.Queue[Any]) -> Any:
+        while not self._stop.is_set():
+            with contextlib.suppress(queue.Empty):
+                return q.get(timeout=0.1)
+        return _DONE
+
     def _decode(self) -> None:
-        for batch, slot in self._items(self._q[0], self._q[1]):
-            t0 = time.perf_counter()
-            decoded = self.pipeline.decode(batch, slot)
-            self.stats.gpu_decode_s += time.perf_counter() - t0
-            if not self._put(self._q[1], (batch, slot, decoded)):
+        pending: list[tuple[Batch, PinnedSlot]] = []
+        while True:
+            item = self._get(self._q[0])
+            end = item is _DONE or isinstance(item, BaseException)
+            if not end:
+                pending.append(item)
+            # decode now unless another staged batch is already waiting to join this call
+            if pending and (end or len(pending) >= self.merge or self._q[0].qsize() == 0):
+                t0 = time.perf_counter()
+                decoded = self.pipeline.decode_many(pending)
+                self.stats.gpu_decode_s += time.perf_counter() - t0
+                for (b, s), d in zip(pending, decoded, strict=True):
+                    if not self._put(self._q[1], (b, s, d)):
+                        return
+                pending = []
+            if end:
+                self._put(self._q[1], item)
                 return
 
     def _augment(self) -> None:

@@ -39,13 +39,16 @@ def test_nvjpeg_decision(mode: str) -> None:
 
 
 @pytest.mark.parametrize("preset", [transforms.imagenet_train, transforms.imagenet_val])
-def test_raw_batches_match_the_cpu_path(inet: Path, preset: object) -> None:
+def test_raw_batches_match_the_cpu_path(inet: Path, preset: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the CPU path's region-of-interest JPEG decoder rounds chroma differently at box edges;
+    # compare against its full decode so only the resize math differs
+    monkeypatch.setattr("shardkit.loader.batch.roi_available", lambda: False)
     transform = preset(64)  # type: ignore[operator]
     cpu, raw = raw_and_cpu_streams(inet, transform)
     fallback = 0
     for a, b in zip(cpu, raw, strict=True):
         assert isinstance(b.images, RawImages)
-        assert a.keys == b.keys and torch.equal(a.labels, b.labels)
+        assert a.keys == b.keys and torch.equal(a.labels, b.images.labels)
         fallback += b.stats.gpu_fallback
         assert b.stats.gpu_fallback == len(b.images.cpu_dest)
         got = emulate_device(b)
