@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 from shardkit import ShardLoader, transforms
-from shardkit.pack import pack
+from shardkit.pack import PackOptions, pack
 
 
 def torchvision_loader(root: str, batch_size: int, workers: int) -> DataLoader:
@@ -76,7 +76,9 @@ def main() -> None:
 
     shard_dir = args.dir.rstrip("/") + "-shards"
     if not os.path.exists(os.path.join(shard_dir, "index.json")):
-        result = pack(args.dir, shard_dir, workers=os.cpu_count())
+        # Several shards per worker: plain webdataset hands each worker whole shards.
+        per_shard = max(1, min(1000, len(ImageFolder(args.dir)) // (4 * max(args.workers, 1))))
+        result = pack(args.dir, shard_dir, options=PackOptions(max_count=per_shard), workers=os.cpu_count())
         print(f"packed {result.manifest.num_samples} images: {result.images_per_second:,.0f} img/s")
 
     loaders = {

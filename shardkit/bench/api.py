@@ -81,9 +81,10 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
 
 
 def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None) -> list[Contender]:
-    common = {"size": cfg.size, "train": cfg.transform == "train", "batch_size": cfg.batch_size,
+    common: dict[str, Any] = {"size": cfg.size, "train": cfg.transform == "train", "batch_size": cfg.batch_size,
               "workers": cfg.workers, "device": cfg.device}
-    where = "CPU decode" if cfg.device == "cpu" else f"CPU decode → {cfg.device}"
+    # On CUDA the loader picks its GPU path (nvJPEG) when it can; stages say which path ran.
+    where = "CPU decode" if cfg.device == "cpu" else f"{cfg.device} path"
     out = [Contender("imagefolder", "torchvision ImageFolder + DataLoader",
                      lambda: baselines.imagefolder_loader(cfg.imagefolder, **common), baseline=True)]
     if "webdataset" in cfg.contenders and shard_paths is not None:

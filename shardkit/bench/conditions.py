@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-_PACKAGES = ("shardkit", "torch", "torchvision", "webdataset", "pillow", "pillow-simd", "numpy", "torchcodec")
+_PACKAGES = ("torch", "torchvision", "webdataset", "pillow", "pillow-simd", "numpy", "torchcodec")
 
 
 def machine() -> dict[str, Any]:
@@ -44,7 +44,9 @@ def _cpu_model() -> str:
 
 def versions() -> dict[str, str]:
     """Installed versions of the libraries that shape the numbers, plus shardkit's JPEG decoder."""
-    out: dict[str, str] = {}
+    from shardkit import __version__
+
+    out: dict[str, str] = {"shardkit": __version__}  # also when run from a source tree
     for name in _PACKAGES:
         try:
             out[name] = importlib.metadata.version(name)

@@ -12,7 +12,8 @@ def shardloader(dataset: str, *, size: int, train: bool, batch_size: int, worker
     """A shuffled ``ShardLoader`` with ``imagenet_train(size)`` or ``imagenet_val(size)``.
 
     ``drop_last=True`` (as the baselines); ``device="cuda"`` delivers batches on the GPU through
-    the loader's CUDA path. ``options`` are passed on to :class:`shardkit.ShardLoader`.
+    the loader's CUDA path (nvJPEG decode and batched GPU augmentation where available, else CPU
+    decode and a copy). ``options`` are passed on to :class:`shardkit.ShardLoader`.
 
     Example::
 
