@@ -189,7 +189,8 @@ def main() -> None:
         loader = shardkit_loader(args.shards, args.workers, args.batch)
         if loader._dataloader is None:
             raise SystemExit("rawfetch needs workers")
-        rate, _ = _timed(((b.labels,) for b in _forever(lambda: iter(loader._dataloader))), args.warmup, args.batches)
+        sizes = (([None] * len(b.images),) for b in _forever(lambda: iter(loader._dataloader)))
+        rate, _ = _timed(sizes, args.warmup, args.batches)
         save("raw_fetch_img_s", rate)
         del loader
     if "eager" in phases:

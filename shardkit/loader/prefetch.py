@@ -7,8 +7,10 @@ Three stages, each a thread, joined by bounded queues, so host and device work o
 2. *decode*: batched nvJPEG (torchvision's call returns only when the batch is decoded, so it
    gets a thread of its own and decodes back to back, two staged batches per call when both
    are waiting);
-3. *augment*: on a dedicated CUDA stream, enqueue the small copies, the one crop-resize-flip
-   launch and finalize, then record one event per batch.
+3. *augment*: on a dedicated CUDA stream (after the decode's event), enqueue the small copies,
+   the one crop-resize-flip launch and finalize, then record one event per batch. Decoded
+   images live on the decode stream and are held until that event completes, because nvJPEG
+   writes new outputs from its own stream without waiting for pending readers of reused memory.
 
 The consumer makes its current stream wait for that event (no host synchronisation) and calls
 ``record_stream`` so the caching allocator does not give the batch's memory to the prefetch
@@ -67,13 +69,18 @@ class DevicePrefetcher:
         self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
         self.merge = merge
         self.stats = stats  # stage times are added here
-        self.stream = torch.cuda.Stream(device)
+        self.stream = torch.cuda.Stream(device)  # augment: copies, kernel, finalize
+        # nvJPEG writes its outputs on a stream of its own, ordered only after the caller's
+        # current stream's *past* work; so decode outputs are allocated on this separate stream,
+        # whose blocks are reused only after the augment that read them completed (see _augment)
+        self.decode_stream = torch.cuda.Stream(device)
         self._q = [queue.Queue[Any](maxsize=depth) for _ in range(3)]  # staged, decoded, ready
         self._stop = threading.Event()
         self._keep: deque[Batch] = deque(maxlen=max(keep_alive, 1))
-        self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
-        self._threads = [threading.Thread(target=self._guard, args=(f, out), name=f"shardkit-{f.__name__}", daemon=True)
-                         for f, out in ((self._fetch, 0), (self._decode, 1), (self._augment, 2))]
+        self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event, list[torch.Tensor]]] = deque()
+        stages = ((self._fetch, 0, self.stream), (self._decode, 1, self.decode_stream), (self._augment, 2, self.stream))
+        self._threads = [threading.Thread(target=self._guard, args=args, name=f"shardkit-{args[0].__name__}", daemon=True)
+                         for args in stages]
         for t in self._threads:
             t.start()
 
@@ -94,9 +101,9 @@ class DevicePrefetcher:
                     return
                 yield item
 
-    def _guard(self, stage: Any, out: int) -> None:
+    def _guard(self, stage: Any, out: int, stream: torch.cuda.Stream) -> None:
         try:
-            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            with torch.cuda.device(self.device), torch.cuda.stream(stream):
                 stage()
         except BaseException as err:  # crosses to the consumer with its type and traceback
             self._put(self._q[out], err)
@@ -133,8 +140,10 @@ class DevicePrefetcher:
                 t0 = time.perf_counter()
                 decoded = self.pipeline.decode_many(pending)
                 self.stats.gpu_decode_s += time.perf_counter() - t0
+                done = torch.cuda.Event()
+                done.record(self.decode_stream)
                 for (b, s), d in zip(pending, decoded, strict=True):
-                    if not self._put(self._q[1], (b, s, d)):
+                    if not self._put(self._q[1], (b, s, d, done)):
                         return
                 pending = []
             if end:
@@ -142,16 +151,17 @@ class DevicePrefetcher:
                 return
 
     def _augment(self) -> None:
-        for batch, slot, (decoded, rejected) in self._items(self._q[1], self._q[2]):
+        for batch, slot, (decoded, rejected), done in self._items(self._q[1], self._q[2]):
             t0 = time.perf_counter()
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.stream.wait_event(done)
             e0.record(self.stream)
             ready = self.pipeline.augment(batch, slot, decoded, rejected)
             e1.record(self.stream)
             slot.release(self.stream)
-            self._timers.append((e0, e1))
+            self._timers.append((e0, e1, decoded))  # decoded images stay allocated until e1
             while self._timers and self._timers[0][1].query():
-                a, b = self._timers.popleft()
+                a, b, _ = self._timers.popleft()
                 self.stats.gpu_augment_s += a.elapsed_time(b) / 1e3
             self.stats.gpu_host_s += time.perf_counter() - t0
             if not self._put(self._q[2], (ready, slot.event)):
