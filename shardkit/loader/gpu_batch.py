@@ -24,6 +24,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -38,6 +39,8 @@ from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS, gpu_window
 
 __all__ = ["RawBatchBuilder", "RawImages"]
+
+Item = tuple[bytes | torch.Tensor, tuple[int, ...] | None]  # JPEG bytes + geometry, or pixels + None
 
 
 def _align(n: int) -> int:
@@ -186,18 +189,19 @@ class RawBatchBuilder(BatchBuilder):
                     raise LoaderError(f"bad sample ({err}); use on_error='replace' to skip such samples") from None
         bad = [i for i in range(n) if items[i] is None]
         if bad:
-            self._replace(bad, n, None, keys, labels, items)  # type: ignore[arg-type]
+            self._replace(bad, n, None, keys, labels, items)
             stats.replaced += len(bad)
         stats.fast, stats.fallback = dstats.fast, dstats.fallback
         stats.gpu_fallback = dstats.fast + dstats.fallback
         # labels travel inside the blob; an empty tensor costs no shared-memory handle
-        return Batch(self._pack(items, labels), torch.empty(0, dtype=torch.int64), keys, stats)
+        packed = self._pack(cast(list[Item], items), labels)
+        return Batch(packed, torch.empty(0, dtype=torch.int64), keys, stats)  # type: ignore[arg-type]
 
-    def _pack(self, items: list[tuple[bytes | torch.Tensor, tuple[int, ...] | None]], labels: torch.Tensor) -> RawImages:
+    def _pack(self, items: list[Item], labels: torch.Tensor) -> RawImages:
         size: tuple[int, int] = self.transform.output_size  # type: ignore[union-attr]
         jpegs = [(i, data, win) for i, (data, win) in enumerate(items) if win is not None]
         cpu = [(i, px) for i, (px, win) in enumerate(items) if win is None]
-        lengths = [len(d) for _, d, _ in jpegs]  # type: ignore[arg-type]
+        lengths = [len(d) for _, d, _ in jpegs]
         k, m, n, nbytes = len(jpegs), len(cpu), len(items), sum(lengths)
         raw = RawImages(self._buffer(RawImages.blob_size(nbytes, k, m, n, size)), k, m, n, nbytes, size)
         view, pos = raw.data.numpy(), 0
@@ -208,7 +212,7 @@ class RawBatchBuilder(BatchBuilder):
         raw.cpu_dest.numpy()[:] = [i for i, _ in cpu]
         raw.labels.numpy()[:] = labels.numpy()
         if k:
-            raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]  # type: ignore[misc]
+            raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]
         for j, (_, px) in enumerate(cpu):
             raw.cpu_images[j].copy_(px)  # type: ignore[arg-type]
         return raw

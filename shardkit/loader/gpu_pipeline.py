@@ -96,7 +96,8 @@ class GpuPipeline:
             flat = self.decoder.decode([j for js in lists for j in js])
         except RuntimeError:
             return [self.decode(b, s) for b, s in items]
-        out, pos = [], 0
+        out: list[tuple[list[torch.Tensor], list[int]]] = []
+        pos = 0
         for js in lists:
             out.append((flat[pos:pos + len(js)], []))
             pos += len(js)
