@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch.utils.data import get_worker_info
 
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
@@ -52,6 +53,13 @@ def _label(fields: dict[str, bytes], where: str) -> int:
         return int(fields["cls"])
     except (KeyError, ValueError) as err:
         raise _BadSample(f"{where}: missing or malformed cls member") from err
+
+
+def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+    """A uint8 batch tensor; in a DataLoader worker, allocated in shared memory from the start
+    so handing it to the main process needs no copy (torch copies non-shared tensors there)."""
+    out = torch.empty(shape, dtype=torch.uint8)
+    return out.share_memory_() if get_worker_info() is not None else out
 
 
 def _decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where: str,
@@ -125,7 +133,7 @@ class BatchBuilder:
         n = len(shards)
         stats, dstats = StageStats(batches=1, samples=n), DecodeStats()
         fixed = isinstance(self.transform, ImageTransform)
-        out = torch.empty((n, 3, *self.transform.output_size), dtype=torch.uint8) if fixed else None  # type: ignore[union-attr]
+        out = _batch_buffer((n, 3, *self.transform.output_size)) if fixed else None  # type: ignore[union-attr]
         keys: list[str] = [""] * n
         labels = torch.empty(n, dtype=torch.int64)
         results: list[Any] = [None] * n
