@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEMO   := demo_out
 
-.PHONY: setup test lint typecheck demo bench-pack clean
+.PHONY: setup test lint typecheck demo clean
 
 setup: $(STAMP)
 
@@ -21,7 +21,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-test: setup lint
+test: setup lint typecheck
 	$(BIN)/python -m pytest -q tests
 
 demo: setup
@@ -32,6 +32,9 @@ demo: setup
 	$(BIN)/shardkit pack sample_data/coco/images --annotations sample_data/coco/instances.json $(DEMO)/coco --max-count 8
 	$(BIN)/shardkit verify $(DEMO)/coco --decode
 	$(BIN)/shardkit info $(DEMO)/coco
+	@echo "--- streaming the packed sample side by side with torchvision ImageFolder and webdataset ---"
+	$(BIN)/shardkit bench sample_data/imagefolder --shards $(DEMO)/imagefolder --workers 2 --batch-size 32 \
+		--epochs 2 --repeats 3 --warmup 1 --size 128 --out $(DEMO)/bench.json --plot $(DEMO)/bench.png
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache .mypy_cache

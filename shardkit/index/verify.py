@@ -8,6 +8,7 @@ import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from shardkit.errors import FormatError, ShardkitError
 from shardkit.format.offsets import load_offsets
@@ -35,7 +36,7 @@ class VerifyReport:
 class _HashingReader(io.RawIOBase):
     """Wrap a binary file: count and hash everything read through it."""
 
-    def __init__(self, raw: io.BufferedIOBase) -> None:
+    def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
         self.hash = hashlib.sha256()
         self.count = 0
@@ -71,7 +72,7 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
     found: list[str] = []
     with store.open_read(entry.url) as f:
         reader = _HashingReader(f)
-        for key, fields in iter_samples(io.BufferedReader(reader, 1 << 20), where=where):  # type: ignore[arg-type]
+        for key, fields in iter_samples(io.BufferedReader(reader, 1 << 20), where=where):
             here = f"{where}:{key}"
             found.append(key)
             try:

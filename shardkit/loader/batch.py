@@ -113,12 +113,12 @@ class BatchBuilder:
             if isinstance(transform, ImageTransform):
                 image, params = _decode_for(transform, raw, random.Random(seed), where, dstats)
             else:
-                image, params = decode_rgb(raw, where=where, stats=dstats), None
+                image = decode_rgb(raw, where=where, stats=dstats)
         except DecodeError as err:
             raise _BadSample(str(err)) from err
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
-        if isinstance(transform, ImageTransform) and params is not None:
+        if isinstance(transform, ImageTransform):
             result: Any = transform.apply(image, params, out=out)
         elif transform is not None:
             torch.manual_seed(seed)

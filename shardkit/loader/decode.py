@@ -51,7 +51,7 @@ def _buffer(data: Bytes | torch.Tensor) -> Bytes:
     if isinstance(data, torch.Tensor):  # encoded bytes as a 1-D uint8 CPU tensor
         if data.dtype != torch.uint8 or data.dim() != 1 or data.device.type != "cpu":
             raise DecodeError(f"encoded bytes must be a 1-D uint8 CPU tensor, got {data.dtype} {list(data.shape)} on {data.device}")  # fmt: skip
-        return memoryview(data.contiguous().numpy())
+        return data.contiguous().numpy().data
     return data
 
 

@@ -16,11 +16,13 @@ from PIL import Image
 
 from shardkit.transforms.params import CropFlip
 
-_decode_crop: Callable[[bytes | memoryview, int, int, int, int], tuple[bytearray, int, int]] | None
+_decode_crop: Callable[[bytes | memoryview, int, int, int, int], tuple[bytearray, int, int]] | None = None
 try:
-    from shardkit.loader._jpeg_roi import decode_crop as _decode_crop
+    from shardkit.loader import _jpeg_roi  # type: ignore[attr-defined]
+
+    _decode_crop = _jpeg_roi.decode_crop
 except ImportError:  # extension not built (no libjpeg headers at install): full decodes only
-    _decode_crop = None
+    pass
 
 
 def within_pixel_limit(height: int, width: int) -> bool:

@@ -87,7 +87,8 @@ def encode_sample(
     """
     img = _open(data)
     width, height = img.size
-    if width * height > Image.MAX_IMAGE_PIXELS:
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
         raise SkipSample(f"decompression bomb refused ({width}x{height} pixels > PIL's limit)")
     _check_complete(img, data, options.decode_check)
     ext = PIL_FORMAT_EXTENSIONS.get(img.format or "", normalize_extension(os.path.splitext(sample.path)[1]))

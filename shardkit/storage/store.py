@@ -120,7 +120,7 @@ class Store:
         """Open file ``name`` for binary reading (caller closes)."""
         with self._errors(name):
             if self.remote:
-                return self.fs.open(self.path(name), "rb")  # type: ignore[no-any-return]
+                return self.fs.open(self.path(name), "rb")
             return open(self.path(name), "rb")
 
     def read_bytes(self, name: str) -> bytes:
