@@ -1,5 +1,6 @@
 """GPU input pipeline, side by side in one run: ImageFolder+DataLoader, nvJPEG decode alone,
-ShardLoader(device="cuda"), the batched kernel alone, and a ResNet-50 training step.
+the hardware JPEG engines (nvImageCodec) alone, ShardLoader(device="cuda") with nvJPEG, with the
+hardware decoder beside nvJPEG and with it alone, the batched kernel alone, and a ResNet-50 training step.
 
 Conditions: one CUDA device, ``--workers`` DataLoader workers, batch ``--batch``, output
 RandomResizedCrop(224) + flip uint8 [B,3,224,224] delivered on the GPU (synchronised at the
@@ -9,13 +10,14 @@ end of each timed span), warm page cache, local disk. Each rate skips ``--warmup
 Run (repository root)::
 
     python3 benchmarks/bench_gpu.py --root /tmp/inet --shards /tmp/shards --out results.json \\
-        --phases imagefolder,nvjpeg,kernel,shardkit,train
+        --phases imagefolder,nvjpeg,hwjpeg,kernel,shardkit,shardkit_hw,shardkit_hwonly,train
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import warnings
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ import torch
 
 from shardkit import ShardLoader, transforms
 from shardkit.loader.gpu_decode import nvjpeg_friendly
+from shardkit.loader.hw_decode import HwJpegDecoder, hw_decode_unavailable
 from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows
 
 
@@ -61,12 +64,33 @@ def imagefolder_cuda(dl: Any) -> Iterator[Any]:
         yield x.cuda(non_blocking=True), y.cuda(non_blocking=True)
 
 
+def _jpegs(root: str, limit: int) -> list[torch.Tensor]:
+    raw = [p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()][:limit * 2]
+    return [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw if nvjpeg_friendly(b)][:limit]
+
+
+def hwjpeg_batches(root: str, batch: int, limit: int = 4096) -> Iterator[Any]:
+    """Batches decoded by the hardware JPEG engines (nvImageCodec HW_GPU_ONLY), back to back."""
+    os.environ["SHARDKIT_HW_JPEG"] = "1"
+    hw_decode_unavailable.cache_clear()
+    reason, planar = hw_decode_unavailable(torch.device("cuda"))
+    os.environ.pop("SHARDKIT_HW_JPEG")
+    hw_decode_unavailable.cache_clear()
+    if reason is not None:
+        raise RuntimeError(reason)
+    hw, stream, datas, i = HwJpegDecoder(torch.device("cuda"), planar=planar), torch.cuda.Stream(), _jpegs(root, limit), 0
+    while True:
+        chunk = datas[i:i + batch] if i + batch <= len(datas) else datas[:batch]
+        i = (i + batch) % max(1, len(datas) - batch)
+        out = hw.decode(chunk, stream)
+        stream.synchronize()
+        yield [o for o in out if o is not None], None
+
+
 def nvjpeg_batches(root: str, batch: int, limit: int = 4096) -> Iterator[Any]:
     from torchvision.io import decode_jpeg
 
-    raw = [p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()][:limit * 2]
-    datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw if nvjpeg_friendly(b)][:limit]
-    i = 0
+    datas, i = _jpegs(root, limit), 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         while True:
@@ -177,6 +201,11 @@ def main() -> None:
         save("nvjpeg_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch), 5, args.batches)[0])
     if "nvjpeg256" in phases:  # the same images, two batches per call
         save("nvjpeg_decode_only_b256_img_s", _timed(nvjpeg_batches(args.root, 2 * args.batch), 5, args.batches // 2)[0])
+    if "hwjpeg" in phases:  # counts only the images the engines decoded
+        try:
+            save("hwjpeg_decode_only_img_s", _timed(hwjpeg_batches(args.root, args.batch), 5, args.batches)[0])
+        except RuntimeError as e:
+            save("hwjpeg_decode_only_img_s", f"unavailable: {e}")
     if "kernel" in phases:
         save("kernel", kernel_rates(args.root, args.batch))
     if "shardkit" in phases:
@@ -185,6 +214,17 @@ def main() -> None:
         save("shardkit_cuda_img_s", rate)
         save("shardkit_stats", loader.stats.as_dict())
         del loader
+    for phase, mode in (("shardkit_hw", "1"), ("shardkit_hwonly", "only")):  # hardware JPEG engines on
+        if phase not in phases:
+            continue
+        os.environ["SHARDKIT_HW_JPEG"] = mode
+        hw_decode_unavailable.cache_clear()
+        loader = shardkit_loader(args.shards, args.workers, args.batch)
+        save(f"{phase}_cuda_img_s", _timed(_forever(lambda ld=loader: iter(ld)), args.warmup, args.batches)[0])
+        save(f"{phase}_stats", loader.stats.as_dict())
+        del loader
+        os.environ.pop("SHARDKIT_HW_JPEG")
+        hw_decode_unavailable.cache_clear()
     if "rawfetch" in phases:  # workers + IPC alone: raw batches reaching the main process
         loader = shardkit_loader(args.shards, args.workers, args.batch)
         if loader._dataloader is None:

@@ -18,6 +18,7 @@ from shardkit.loader.batch import Batch
 from shardkit.loader.decode import decode_rgb
 from shardkit.loader.gpu_batch import RawImages
 from shardkit.loader.gpu_decode import GpuJpegDecoder
+from shardkit.loader.hw_decode import HwJpegDecoder
 from shardkit.loader.pinned import PinnedSlot, chw_offsets
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import crop_resize_flip_batch
@@ -39,10 +40,13 @@ class GpuPipeline:
         self.device = device
         self.compile = compile
         self.decoder = GpuJpegDecoder(device)
+        self._hw_warned = False
 
-    def _decode(self, raw: RawImages, jpegs: list[torch.Tensor], batch: Batch) -> tuple[list[torch.Tensor], list[int]]:
+    def _decode(self, raw: RawImages, jpegs: list[torch.Tensor], batch: Batch,
+                rows: list[int] | None = None) -> tuple[list[torch.Tensor], list[int]]:
         """nvJPEG-decode the batch's JPEGs; on failure retry one by one. Returns images and the
-        indices (into ``raw.geometry``) that nvJPEG rejected."""
+        indices (into ``jpegs``) that nvJPEG rejected. ``rows``: each JPEG's row of
+        ``raw.geometry`` (default: its position), for the log line."""
         try:
             return self.decoder.decode(jpegs), []
         except RuntimeError:
@@ -55,7 +59,7 @@ class GpuPipeline:
             except RuntimeError:
                 rejected.append(i)
         log.debug("nvJPEG rejected %d images of a batch (keys %s)", len(rejected),
-                  [batch.keys[int(raw.geometry[i, 11])] for i in rejected])
+                  [batch.keys[int(raw.geometry[i if rows is None else rows[i], 11])] for i in rejected])
         return images, rejected
 
     def _cpu_rescue(self, raw: RawImages, rejected: list[int], out: torch.Tensor, labels: torch.Tensor,
@@ -101,6 +105,38 @@ class GpuPipeline:
         for js in lists:
             out.append((flat[pos:pos + len(js)], []))
             pos += len(js)
+        return out
+
+    def decode_hw(self, items: list[tuple[Batch, PinnedSlot]], hw: HwJpegDecoder, stream: torch.cuda.Stream
+                  ) -> list[tuple[list[torch.Tensor], list[int]]]:
+        """:meth:`decode_many` with the hardware JPEG engines (one call for all ``items``), ready on
+        ``stream``; images the engines return as None are decoded by nvJPEG (on the current
+        stream, which must be ``stream``), and those nvJPEG rejects too go to the CPU rescue."""
+        lists = [slot.jpegs() for _, slot in items]
+        datas = [j for js in lists for j in js]
+        try:
+            flat = hw.decode(datas, stream)
+        except Exception as e:  # library trouble mid-run: nvJPEG takes these batches
+            if not self._hw_warned:
+                log.warning("shardkit: hardware JPEG decode failed (%s: %s); nvJPEG decodes those batches",
+                            type(e).__name__, e)
+                self._hw_warned = True
+            flat = [None] * len(datas)
+        out: list[tuple[list[torch.Tensor], list[int]]] = []
+        pos = 0
+        for (batch, _), js in zip(items, lists, strict=True):
+            got, pos = flat[pos:pos + len(js)], pos + len(js)
+            batch.stats.gpu_hw_images += sum(g is not None for g in got)
+            missing = [i for i, g in enumerate(got) if g is None]
+            if not missing:
+                out.append(([g for g in got if g is not None], []))
+                continue
+            raw: RawImages = batch.images  # type: ignore[assignment]
+            images, bad = self._decode(raw, [js[i] for i in missing], batch, rows=missing)
+            rejected = [missing[r] for r in bad]
+            rescued, skip = iter(images), set(rejected)
+            merged = [g if g is not None else next(rescued) for i, g in enumerate(got) if i not in skip]
+            out.append((merged, rejected))
         return out
 
     def augment(self, batch: Batch, slot: PinnedSlot, decoded: list[torch.Tensor], rejected: list[int]) -> Batch:

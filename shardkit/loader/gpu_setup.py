@@ -11,6 +11,7 @@ from shardkit.loader.batch import Batch
 from shardkit.loader.gpu_batch import RawBatchBuilder
 from shardkit.loader.gpu_decode import gpu_decode_unavailable
 from shardkit.loader.gpu_pipeline import GpuPipeline
+from shardkit.loader.hw_decode import hw_decode_mode, hw_decode_unavailable
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.loader.prefetch import DevicePrefetcher, ring_size
 from shardkit.loader.reader import ShardReader
@@ -24,7 +25,14 @@ log = logging.getLogger("shardkit.loader")
 
 
 class GpuPath:
-    """What a loader needs for the GPU path: the worker-side builder and the device prefetcher."""
+    """What a loader needs for the GPU path: the worker-side builder and the device prefetcher.
+
+    When asked for (``SHARDKIT_HW_JPEG=1`` or ``only``) and the GPU's hardware JPEG engines work
+    through nvImageCodec (probed once per device,
+    :func:`~shardkit.loader.hw_decode.hw_decode_unavailable`), the prefetcher runs that decoder
+    beside (or instead of) nvJPEG; otherwise nvJPEG decodes alone (one log line says why when
+    it was asked for).
+    """
 
     def __init__(self, transform: ImageTransform, device: torch.device, *, batch_size: int,
                  compile: bool, depth: int, num_workers: int, prefetch: int) -> None:
@@ -36,13 +44,22 @@ class GpuPath:
                        for _ in range(ring_size(depth))]
         self.depth, self.shm_ring = depth, prefetch + 2
         self.keep_alive = num_workers * (self.shm_ring + 1)
+        reason, planar = hw_decode_unavailable(device)
+        self.hw_planar: bool | None = None if reason is not None else planar
+        self.hw_only = reason is None and hw_decode_mode() == "only"
+        if reason is None:
+            log.info("shardkit: hardware JPEG decoder (nvImageCodec) decodes %s on %s",
+                     "alone" if self.hw_only else "beside nvJPEG", device)
+        elif hw_decode_mode() != "off":
+            log.warning("shardkit: no hardware JPEG decoder (%s); nvJPEG decodes alone", reason)
 
     def builder(self, reader: ShardReader, on_error: str) -> RawBatchBuilder:
         return RawBatchBuilder(reader, self.transform, on_error=on_error, shm_ring=self.shm_ring)
 
     def prefetch(self, source: Iterator[Batch], stats: StageStats) -> DevicePrefetcher:
         return DevicePrefetcher(source, self.pipeline, self.device, self._slots, stats, self.depth,
-                                keep_alive=self.keep_alive)
+                                keep_alive=self.keep_alive, hw_planar=self.hw_planar,
+                                hw_only=self.hw_only)
 
 
 def gpu_path(transform: ImageTransform, device: torch.device, *, batch_size: int, compile: bool,

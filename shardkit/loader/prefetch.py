@@ -6,8 +6,13 @@ Three stages, each a thread, joined by bounded queues, so host and device work o
    (:class:`~shardkit.loader.pinned.PinnedSlot`: JPEG bytes, geometry, labels, CPU pixels);
 2. *decode*: batched nvJPEG (torchvision's call returns only when the batch is decoded, so it
    gets a thread of its own and decodes back to back, two staged batches per call when both
-   are waiting);
-3. *augment*: on a dedicated CUDA stream (after the decode's event), enqueue the small copies,
+   are waiting); when asked for and the GPU's hardware JPEG engines work through nvImageCodec
+   (:mod:`~shardkit.loader.hw_decode`), a second decode thread with its own decoder object and
+   CUDA stream takes staged batches from the same queue, so both decoders run at once (or
+   that thread decodes alone);
+3. *augment*: takes decoded batches back in staging order (a small reorder buffer keyed by
+   sequence number, since two decoders finish out of order); on a dedicated CUDA stream (after
+   the decode's event), enqueue the small copies,
    the one crop-resize-flip launch and finalize, then record one event per batch. Decoded
    images live on the decode stream and are held until that event completes, because nvJPEG
    writes new outputs from its own stream without waiting for pending readers of reused memory.
@@ -18,11 +23,11 @@ stream while the consumer's stream may still use it. An exception in any stage r
 consumer unchanged (type and traceback). Augment device time comes from CUDA events read once
 they have completed (``query``), never by waiting.
 
-Why slot reuse is safe: each queue holds at most ``depth`` batches and the decode stage holds at
-most ``merge <= depth``, so at most ``3 * depth + 3`` batches are between staging and the end of
-the augment stage; the ring has ``3 * depth + 4``
-slots, so when the fetch stage returns to a slot its previous batch has been fully enqueued, and
-the slot's event (recorded after every copy out of it) is what :meth:`PinnedSlot.stage` waits for.
+Why slot reuse is safe: the fetch stage takes one of ``len(slots)`` permits before it stages
+batch ``i`` into slot ``i % len(slots)``, and the augment stage gives one back after it has
+enqueued every copy out of a slot and recorded the slot's event; augment runs in staging order,
+so when batch ``i`` gets its permit batch ``i - len(slots)`` (the slot's previous batch) is
+through, and the slot's event is what :meth:`PinnedSlot.stage` waits for.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import torch
 
 from shardkit.loader.batch import Batch
 from shardkit.loader.gpu_pipeline import GpuPipeline
+from shardkit.loader.hw_decode import HwJpegDecoder
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.loader.stats import StageStats
 
@@ -48,22 +54,51 @@ _DONE = object()
 
 
 def ring_size(depth: int) -> int:
-    """Pinned slots needed for queues of ``depth`` (see module doc)."""
+    """Pinned slots for queues of ``depth``: enough that no stage waits for a free slot."""
     return 3 * depth + 4
+
+
+class InOrder:
+    """Reorder buffer: :meth:`push` ``(seq, item)`` in any order, get items back in ``seq`` order.
+
+    Example:
+        >>> r = InOrder()
+        >>> r.push(1, "b"), r.push(0, "a"), r.push(2, "c")
+        ([], ['a', 'b'], ['c'])
+    """
+
+    def __init__(self) -> None:
+        self.next, self._held = 0, dict[int, Any]()
+
+    def push(self, seq: int, item: Any) -> list[Any]:
+        """Hold ``item``; return the items now due (consecutive from the next expected seq)."""
+        if seq < self.next or seq in self._held:
+            raise ValueError(f"sequence number {seq} seen twice")
+        self._held[seq] = item
+        out = []
+        while self.next in self._held:
+            out.append(self._held.pop(self.next))
+            self.next += 1
+        return out
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 class DevicePrefetcher:
     """Iterate ``source``'s batches as finalised device batches, prepared ahead in threads.
 
     ``merge``: up to this many staged batches are decoded in one nvJPEG call when they are
-    already waiting (fewer fixed costs per image). ``keep_alive``: how many recent worker batches to hold, so shared-memory buffers that workers
+    already waiting (fewer fixed costs per image). ``hw_planar``: None for nvJPEG alone, else run
+    a hardware JPEG decoder thread beside it (``HwJpegDecoder(planar=hw_planar)``), or instead of
+    it with ``hw_only``. ``keep_alive``: how many recent worker batches to hold, so shared-memory buffers that workers
     reuse stay mapped in this process (no page faults on reuse). Stop early by closing the
     iterator (``for`` loops do it when abandoned).
     """
 
     def __init__(self, source: Iterator[Batch], pipeline: GpuPipeline, device: torch.device,
                  slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0,
-                 merge: int = 2) -> None:
+                 merge: int = 2, hw_planar: bool | None = None, hw_only: bool = False) -> None:
         if depth < merge or len(slots) < ring_size(depth):
             raise ValueError(f"need depth >= 1 and {ring_size(depth)} slots, got {depth} and {len(slots)}")
         self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
@@ -76,9 +111,17 @@ class DevicePrefetcher:
         self.decode_stream = torch.cuda.Stream(device)
         self._q = [queue.Queue[Any](maxsize=depth) for _ in range(3)]  # staged, decoded, ready
         self._stop = threading.Event()
+        self._free = threading.Semaphore(len(slots))  # permits to (re)stage a slot, see module doc
+        self.hw_planar = hw_planar
+        self.hw_stream = torch.cuda.Stream(device) if hw_planar is not None else None
         self._keep: deque[Batch] = deque(maxlen=max(keep_alive, 1))
         self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event, list[torch.Tensor]]] = deque()
-        stages = ((self._fetch, 0, self.stream), (self._decode, 1, self.decode_stream), (self._augment, 2, self.stream))
+        stages: list[tuple[Any, int, torch.cuda.Stream]] = [(self._fetch, 0, self.stream), (self._augment, 2, self.stream)]
+        if self.hw_stream is None or not hw_only:
+            stages.append((self._decode, 1, self.decode_stream))
+        if self.hw_stream is not None:
+            stages.append((self._decode_hw, 1, self.hw_stream))
+        self.decoders = len(stages) - 2
         self._threads = [threading.Thread(target=self._guard, args=args, name=f"shardkit-{args[0].__name__}", daemon=True)
                          for args in stages]
         for t in self._threads:
@@ -90,16 +133,6 @@ class DevicePrefetcher:
                 q.put(item, timeout=0.1)
                 return True
         return False
-
-    def _items(self, q: queue.Queue[Any], out: queue.Queue[Any]) -> Iterator[Any]:
-        """Items of ``q`` until the end marker or an error, which are passed on to ``out``."""
-        while not self._stop.is_set():
-            with contextlib.suppress(queue.Empty):
-                item = q.get(timeout=0.1)
-                if item is _DONE or isinstance(item, BaseException):
-                    self._put(out, item)
-                    return
-                yield item
 
     def _guard(self, stage: Any, out: int, stream: torch.cuda.Stream) -> None:
         try:
@@ -114,13 +147,17 @@ class DevicePrefetcher:
             self.stats.gpu_fetch_wait_s += time.perf_counter() - t0
             self._keep.append(batch)
             slot = self.slots[i % len(self.slots)]
+            while not self._free.acquire(timeout=0.1):
+                if self._stop.is_set():
+                    return
             t1 = time.perf_counter()
             slot.stage(batch)
             self.stats.gpu_copy_s += time.perf_counter() - t1
-            if self._stop.is_set() or not self._put(self._q[0], (batch, slot)):
+            if self._stop.is_set() or not self._put(self._q[0], (i, batch, slot)):
                 return
             i, t0 = i + 1, time.perf_counter()
-        self._put(self._q[0], _DONE)
+        for _ in range(self.decoders):
+            self._put(self._q[0], _DONE)
 
     def _get(self, q: queue.Queue[Any]) -> Any:
         while not self._stop.is_set():
@@ -128,8 +165,9 @@ class DevicePrefetcher:
                 return q.get(timeout=0.1)
         return _DONE
 
-    def _decode(self) -> None:
-        pending: list[tuple[Batch, PinnedSlot]] = []
+    def _decode_loop(self, decode: Any, stream: torch.cuda.Stream, timer: str) -> None:
+        """Decode staged batches with ``decode(items)`` until the end, adding seconds to ``stats.<timer>``."""
+        pending: list[tuple[int, Batch, PinnedSlot]] = []
         while True:
             item = self._get(self._q[0])
             end = item is _DONE or isinstance(item, BaseException)
@@ -138,34 +176,60 @@ class DevicePrefetcher:
             # decode now unless another staged batch is already waiting to join this call
             if pending and (end or len(pending) >= self.merge or self._q[0].qsize() == 0):
                 t0 = time.perf_counter()
-                decoded = self.pipeline.decode_many(pending)
-                self.stats.gpu_decode_s += time.perf_counter() - t0
+                decoded = decode([(b, s) for _, b, s in pending])
+                setattr(self.stats, timer, getattr(self.stats, timer) + time.perf_counter() - t0)
                 done = torch.cuda.Event()
-                done.record(self.decode_stream)
-                for (b, s), d in zip(pending, decoded, strict=True):
-                    if not self._put(self._q[1], (b, s, d, done)):
+                done.record(stream)
+                for (seq, b, s), d in zip(pending, decoded, strict=True):
+                    if not self._put(self._q[1], (seq, (b, s, d, done))):
                         return
                 pending = []
             if end:
                 self._put(self._q[1], item)
                 return
 
+    def _decode(self) -> None:
+        self._decode_loop(self.pipeline.decode_many, self.decode_stream, "gpu_decode_s")
+
+    def _decode_hw(self) -> None:
+        assert self.hw_stream is not None and self.hw_planar is not None
+        hw, stream = HwJpegDecoder(self.device, planar=self.hw_planar), self.hw_stream  # this thread's own
+        self._decode_loop(lambda items: self.pipeline.decode_hw(items, hw, stream), stream, "gpu_hw_decode_s")
+
     def _augment(self) -> None:
-        for batch, slot, (decoded, rejected), done in self._items(self._q[1], self._q[2]):
-            t0 = time.perf_counter()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.stream.wait_event(done)
-            e0.record(self.stream)
-            ready = self.pipeline.augment(batch, slot, decoded, rejected)
-            e1.record(self.stream)
-            slot.release(self.stream)
-            self._timers.append((e0, e1, decoded))  # decoded images stay allocated until e1
-            while self._timers and self._timers[0][1].query():
-                a, b, _ = self._timers.popleft()
-                self.stats.gpu_augment_s += a.elapsed_time(b) / 1e3
-            self.stats.gpu_host_s += time.perf_counter() - t0
-            if not self._put(self._q[2], (ready, slot.event)):
+        order, ended = InOrder(), 0
+        while not self._stop.is_set():
+            item = self._get(self._q[1])
+            if isinstance(item, BaseException):
+                self._put(self._q[2], item)
                 return
+            if item is _DONE:
+                ended += 1
+                if ended == self.decoders:
+                    self._put(self._q[2], _DONE)
+                    return
+                continue
+            for args in order.push(*item):
+                if not self._augment_one(*args):
+                    return
+
+    def _augment_one(self, batch: Batch, slot: PinnedSlot, decoded_rejected: tuple[list[torch.Tensor], list[int]],
+                     done: torch.cuda.Event) -> bool:
+        decoded, rejected = decoded_rejected
+        t0 = time.perf_counter()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.stream.wait_event(done)
+        e0.record(self.stream)
+        ready = self.pipeline.augment(batch, slot, decoded, rejected)
+        e1.record(self.stream)
+        slot.release(self.stream)
+        self._free.release()
+        self._timers.append((e0, e1, decoded))  # decoded images stay allocated until e1
+        while self._timers and self._timers[0][1].query():
+            a, b, _ = self._timers.popleft()
+            self.stats.gpu_augment_s += a.elapsed_time(b) / 1e3
+        self.stats.gpu_host_s += time.perf_counter() - t0
+        return self._put(self._q[2], (ready, slot.event))
 
     def __iter__(self) -> Iterator[Batch]:
         current = torch.cuda.current_stream(self.device)
