@@ -43,6 +43,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     struct jpeg_decompress_struct cinfo;
     struct error_manager err;
     PyObject *volatile out = NULL;
+    err.message[0] = '\0';
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error;
     err.pub.emit_message = on_message;
@@ -70,7 +71,11 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     JDIMENSION x_offset = (JDIMENSION)left, row_width = (JDIMENSION)width;
     jpeg_crop_scanline(&cinfo, &x_offset, &row_width);
     out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)row_width * 3 * height);
-    if (out == NULL) longjmp(err.jump, 1);
+    if (out == NULL) { /* keep Python's MemoryError */
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
     unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
     if (top > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)top);
     for (int row = 0; row < height;) {
