@@ -33,20 +33,27 @@ def load_offsets(data: bytes, *, where: str) -> list[SampleSpan]:
     """Parse an offsets file; raise ``FormatError`` naming ``where`` if it is malformed."""
     try:
         lines = data.decode("ascii").splitlines()
-        magic, version, count = lines[0].split()
+        magic, version, count_text = lines[0].split()
     except (UnicodeDecodeError, IndexError, ValueError) as err:
         raise FormatError("not a shardkit offsets file", where=where) from err
     if magic != _MAGIC:
         raise FormatError("not a shardkit offsets file", where=where)
     if version != str(_VERSION):
         raise FormatError(f"unknown offsets file version {version}", where=where)
-    spans = []
     try:
-        for line in lines[1:]:
-            key, offset, size = line.split()
-            spans.append(SampleSpan(key, int(offset), int(size)))
+        count = int(count_text)
     except ValueError as err:
-        raise FormatError(f"malformed line {len(spans) + 2}", where=where) from err
-    if len(spans) != int(count):
+        raise FormatError(f"malformed sample count {count_text!r} in the header", where=where) from err
+    spans = []
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            key, offset_text, size_text = line.split()
+            offset, size = int(offset_text), int(size_text)
+        except ValueError as err:
+            raise FormatError(f"malformed line {number}", where=where) from err
+        if offset < 0 or size < 0:
+            raise FormatError(f"negative offset or size on line {number}", where=where)
+        spans.append(SampleSpan(key, offset, size))
+    if len(spans) != count:
         raise FormatError(f"header says {count} samples, file lists {len(spans)}", where=where)
     return spans

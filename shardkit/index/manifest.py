@@ -8,6 +8,7 @@ from typing import Any
 
 from shardkit.errors import ManifestError
 from shardkit.format.spec import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
+from shardkit.index import _fields
 from shardkit.storage import Store
 
 KINDS = ("imagefolder", "coco")
@@ -91,26 +92,29 @@ class Manifest:
             raise ManifestError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})", where=where)
         shards = []
         for i, s in enumerate(_require(doc, "shards", list, where)):
-            try:
-                entry = ShardEntry(str(s["url"]), int(s["num_samples"]), int(s["num_bytes"]), str(s["sha256"]))
-            except (KeyError, TypeError, ValueError) as err:
-                raise ManifestError(f"shards[{i}] is malformed ({err!r})", where=where) from err
-            if entry.num_samples < 0 or entry.num_bytes < 0:
-                raise ManifestError(f"shards[{i}] has negative counts", where=where)
+            s = _fields.obj(s, f"shards[{i}]", where)
+            entry = ShardEntry(
+                _fields.string(s.get("url"), f"shards[{i}].url", where),
+                _fields.integer(s.get("num_samples"), f"shards[{i}].num_samples", where),
+                _fields.integer(s.get("num_bytes"), f"shards[{i}].num_bytes", where),
+                _fields.string(s.get("sha256"), f"shards[{i}].sha256", where),
+            )
             if entry.url.startswith("/") or "://" in entry.url or ".." in entry.url.split("/"):
                 raise ManifestError(f"shards[{i}].url {entry.url!r} must be relative to the index", where=where)
             shards.append(entry)
         manifest = cls(
             kind=kind,
             shards=tuple(shards),
-            classes=tuple(doc["classes"]) if "classes" in doc else None,
-            categories=tuple(doc["categories"]) if "categories" in doc else None,
-            skipped=tuple(doc.get("skipped", ())),
-            options=dict(doc.get("options", {})),
-            created_by=str(doc.get("created_by", "")),
+            classes=_fields.string_list(doc["classes"], "classes", where) if "classes" in doc else None,
+            categories=_fields.object_list(doc["categories"], "categories", where) if "categories" in doc else None,
+            skipped=_fields.skipped_list(doc.get("skipped", []), "skipped", where),
+            options=dict(_fields.obj(doc.get("options", {}), "options", where)),
+            created_by=_fields.string(doc.get("created_by", ""), "created_by", where),
             extra={k: doc[k] for k in ("info", "licenses") if k in doc},
         )
-        if _require(doc, "num_samples", int, where) != manifest.num_samples:
+        if "num_samples" not in doc:
+            raise ManifestError("missing field 'num_samples'", where=where)
+        if _fields.integer(doc["num_samples"], "num_samples", where) != manifest.num_samples:
             raise ManifestError(
                 f"num_samples {doc['num_samples']} differs from the sum over shards ({manifest.num_samples})",
                 where=where,

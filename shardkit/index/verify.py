@@ -117,6 +117,9 @@ def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str, report
     except (KeyError, ValueError) as err:
         report.problems.append(f"{here}: missing or malformed cls/json member ({err})")
         return
+    if not isinstance(meta, dict):
+        report.problems.append(f"{here}.json: must be a JSON object, not {type(meta).__name__}")
+        return
     classes = manifest.classes or ()
     if not 0 <= label < len(classes) or meta.get("label") != label or meta.get("class") != classes[label]:
         report.problems.append(f"{here}: label {label} disagrees with json or the class list")

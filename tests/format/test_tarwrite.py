@@ -82,6 +82,16 @@ def test_malformed_offsets_files(bad):
         load_offsets(bad, where="x.idx")
 
 
+@pytest.mark.parametrize(("bad", "message"), [
+    (b"shardkit-offsets 1 many\nk 0 10\n", "malformed sample count 'many'"),
+    (b"shardkit-offsets 1 1\nk -5 10\n", "negative offset or size on line 2"),
+    (b"shardkit-offsets 1 1\nk 0 -10\n", "negative offset or size on line 2"),
+])
+def test_offsets_header_count_and_negative_spans(bad, message):
+    with pytest.raises(FormatError, match=message):
+        load_offsets(bad, where="x.idx")
+
+
 def test_writer_refuses_bad_keys_and_use_after_close():
     writer = TarShardWriter(io.BytesIO())
     with pytest.raises(FormatError):

@@ -83,6 +83,25 @@ def test_label_count_and_offsets_mismatches(packed):
     assert "sha256 differs" in problems
 
 
+def test_json_member_that_is_not_an_object_is_a_problem(packed):
+    shard = packed / "shard-000000.tar"
+
+    def listify(samples):
+        samples[0][1]["json"] = b"[1, 2]"
+        return samples
+
+    _rewrite(shard, listify)
+    problems = verify_dataset(str(packed)).problems
+    assert any(p.startswith(f"{shard}:") and "json: must be a JSON object, not list" in p for p in problems), problems
+
+
+def test_malformed_offsets_header_is_a_problem(packed):
+    idx = packed / "shard-000000.idx"
+    idx.write_bytes(idx.read_bytes().replace(b" 5\n", b" five\n", 1))
+    problems = verify_dataset(str(packed)).problems
+    assert problems == [f"{idx}: malformed sample count 'five' in the header"]
+
+
 def test_missing_shard_and_bad_manifest(packed):
     (packed / "shard-000001.tar").unlink()
     report = verify_dataset(str(packed))
