@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report
-from shardkit.index.manifest import locate_dataset, read_manifest
+from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")
@@ -101,6 +101,17 @@ def _drop(_contender: Contender) -> None:
     conditions.drop_page_cache()
 
 
+def _check_same_data(manifest: Manifest, data: dict[str, Any], shards: str) -> None:
+    """Refuse shards that cannot be a pack of the ImageFolder tree being compared."""
+    packed = manifest.num_samples + len(manifest.skipped)
+    if manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"] or packed != data["images"]:
+        raise ValueError(
+            f"--shards {shards} holds {manifest.kind} data of {len(manifest.classes or ())} classes and "
+            f"{packed} source images, but {data['path']} has {data['classes']} classes and {data['images']} "
+            "images: the comparison would not be on the same data (pack it with shardkit pack, or omit --shards)"
+        )
+
+
 def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
               after_run: Callable[[str, int, RunResult], None] | None = None) -> dict[str, Any]:
     """Run the whole comparison and return the report dict (:mod:`shardkit.bench.report`).
@@ -126,6 +137,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         store = locate_dataset(shards, cfg.storage_options)
         pack_info = None if store.exists("index.json") else _pack(cfg, shards, data["images"], sink)
         manifest = read_manifest(store)
+        _check_same_data(manifest, data, shards)
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
         cache = "warm (every file read once before the runs)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 from sample_data.generate import make_imagenet_like
 from shardkit.bench import SCHEMA
 from shardkit.cli import cli
+from shardkit.pack import pack
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +58,14 @@ def test_bench_rejects_too_large_batch(tree: Path) -> None:
     result = CliRunner().invoke(cli, ["bench", str(tree), "--batch-size", "100", "--workers", "0"])
     assert result.exit_code == 2
     assert "no full batch" in result.output
+
+
+def test_bench_refuses_shards_of_other_data(tree: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other" / "only"
+    other.mkdir(parents=True)
+    shutil.copy(next(p for p in sorted(tree.rglob("*")) if p.is_file()), other / "x.jpg")
+    shards = tmp_path / "shards"
+    pack(str(other.parent), str(shards), workers=1)
+    result = CliRunner().invoke(cli, ["bench", str(tree), "--shards", str(shards), "--workers", "0",
+                                      "--batch-size", "2", "--repeats", "1", "--epochs", "1", "--warmup", "0"])
+    assert result.exit_code != 0 and "not be on the same data" in result.output
