@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from shardkit.errors import StorageError
+from shardkit.storage import _remote
 
 # Object stores where a plain write only becomes visible once complete (multipart commit).
 _ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
@@ -61,9 +62,11 @@ class Store:
 
             protocol = self.url.split("://", 1)[0]
             try:
-                self._fs = fsspec.filesystem(protocol, **self.storage_options)
+                fs = fsspec.filesystem(protocol, **_remote.filesystem_options(protocol, self.storage_options))
             except (ImportError, ValueError) as err:
                 raise StorageError(f"cannot open filesystem {protocol!r}: {err}", where=self.url) from err
+            _remote.tune(fs, protocol)
+            self._fs = fs
         return self._fs
 
     @property
@@ -82,14 +85,23 @@ class Store:
 
     @contextlib.contextmanager
     def _errors(self, name: str) -> Iterator[None]:
+        """Turn errors of the store's own calls into ``StorageError`` naming the file.
+
+        Never wrap a caller's code in this: its errors must keep their type.
+        """
         try:
             yield
         except StorageError:
             raise
         except FileNotFoundError as err:
             raise StorageError("no such file", where=self.path(name)) from err
-        except (OSError, ValueError) as err:
-            raise StorageError(f"{type(err).__name__}: {err}", where=self.path(name)) from err
+        except Exception as err:
+            message = _remote.describe(err)
+            if message is None and isinstance(err, (OSError, ValueError)):
+                message = f"{type(err).__name__}: {err}"
+            if message is None:
+                raise
+            raise StorageError(message, where=self.path(name)) from err
 
     def exists(self, name: str = "") -> bool:
         """Whether ``name`` (or the store itself) exists."""
@@ -134,7 +146,10 @@ class Store:
             if self.remote:
                 self.fs.makedirs(self.url, exist_ok=True)
             else:
-                os.makedirs(self.path(""), exist_ok=True)
+                path = self.path("")
+                if os.path.exists(path) and not os.path.isdir(path):
+                    raise StorageError("is a file, not a directory", where=path)
+                os.makedirs(path, exist_ok=True)
 
     def remove(self, name: str, *, missing_ok: bool = True) -> None:
         """Delete file ``name`` (or a sub-directory, recursively)."""
@@ -161,31 +176,44 @@ class Store:
         fsspec filesystems: temporary name then move. On error nothing is left behind.
         """
         tmp_name = f".{name}.tmp-{uuid.uuid4().hex[:12]}"
-        with self._errors(name):
-            if not self.remote:
-                tmp = self.path(tmp_name)
-                try:
-                    with open(tmp, "wb") as f:
-                        yield f
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, self.path(name))
-                finally:
-                    if os.path.exists(tmp):
-                        os.remove(tmp)
-                return
-            protocol = self.url.split("://", 1)[0]
-            direct = protocol in _ATOMIC_PUT_PROTOCOLS
-            target = self.path(name if direct else tmp_name)
-            f = self.fs.open(target, "wb")
+        if not self.remote:
+            tmp = self.path(tmp_name)
+            with self._errors(name):
+                f = open(tmp, "wb")  # noqa: SIM115 (closed below on every path; the caller's body must stay outside _errors)
             try:
                 yield f
-            except BaseException:
+                with self._errors(name):
+                    f.flush()
+                    os.fsync(f.fileno())
+                    f.close()
+                    os.replace(tmp, self.path(name))
+            finally:
+                if not f.closed or os.path.exists(tmp):
+                    self._discard_local(f, tmp)
+            return
+        protocol = self.url.split("://", 1)[0]
+        direct = protocol in _ATOMIC_PUT_PROTOCOLS
+        target = self.path(name if direct else tmp_name)
+        with self._errors(name):
+            f = self.fs.open(target, "wb")
+        try:
+            yield f
+        except BaseException:
+            with self._errors(name):
                 self._abandon(f, target, direct)
-                raise
+            raise
+        with self._errors(name):
             f.close()
             if not direct:
                 self.fs.mv(target, self.path(name))
+
+    @staticmethod
+    def _discard_local(f: BinaryIO, tmp: str) -> None:
+        """Drop a failed local write; best effort, so the error that caused it is what surfaces."""
+        with contextlib.suppress(OSError):
+            f.close()
+        with contextlib.suppress(OSError):  # a leftover temporary is removed by the next pack
+            os.remove(tmp)
 
     def _abandon(self, f: Any, target: str, direct: bool) -> None:
         """Drop a failed remote write so that nothing of it stays visible."""

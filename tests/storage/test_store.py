@@ -61,6 +61,16 @@ def test_failed_atomic_write_leaves_nothing_visible(store):
     assert store.read_bytes("keep.bin") == b"old"
 
 
+def test_caller_errors_inside_an_atomic_write_keep_their_type(store):
+    store.makedirs()
+    with pytest.raises(UnicodeEncodeError), store.write_atomic("a.json") as f:
+        f.write("caf\udce9".encode())  # the caller's own encoding error is not a storage error
+    with pytest.raises(OSError) as err, store.write_atomic("b.bin"):
+        raise OSError("the caller's disk-free check")
+    assert not isinstance(err.value, StorageError)
+    assert store.listdir() == []
+
+
 def test_missing_files_raise_storage_error_naming_them(store):
     store.makedirs()
     with pytest.raises(StorageError, match="nope.bin"):
@@ -74,6 +84,12 @@ def test_pickles_without_its_filesystem(store):
     store.write_bytes("a", b"1")
     clone = pickle.loads(pickle.dumps(store))
     assert clone.read_bytes("a") == b"1"
+
+
+def test_makedirs_on_a_file_says_so(tmp_path):
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(StorageError, match="f: is a file, not a directory"):
+        Store(str(tmp_path / "f")).makedirs()
 
 
 def test_local_paths_and_urls(tmp_path):

@@ -1,0 +1,101 @@
+"""Remote (fsspec) specifics: bounded S3 timeouts/retries, and S3 client errors as messages.
+
+botocore is imported lazily and only if installed, so local-only use never pays for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from typing import Any
+
+#: Defaults for s3/s3a so that an unresponsive endpoint fails within minutes instead of
+#: hanging (botocore's defaults are 60 s per read and s3fs retries 5 times on top of it).
+_S3_DEFAULTS: dict[str, Any] = {
+    "config_kwargs": {"connect_timeout": 10, "read_timeout": 30, "retries": {"max_attempts": 3}},
+}
+#: s3fs's own retry loop around each call (a class attribute, not an option): one attempt,
+#: since botocore already retries timeouts and throttling per ``config_kwargs.retries``.
+_S3FS_RETRIES = 1
+
+_NO_CREDENTIALS = (
+    "no AWS credentials found (searched the standard AWS credential chain: AWS_ACCESS_KEY_ID/"
+    "AWS_SECRET_ACCESS_KEY, AWS_PROFILE and ~/.aws/credentials, instance metadata); "
+    "pass -o key=… -o secret=… (or -o anon=true for a public bucket)"
+)
+
+
+def _merge_defaults(options: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Fill ``options`` from ``defaults`` key by key (nested dicts too); the user's values win."""
+    for key, value in defaults.items():
+        if key not in options:
+            options[key] = copy.deepcopy(value)
+        elif isinstance(options[key], dict) and isinstance(value, dict):
+            _merge_defaults(options[key], value)
+
+
+_sessions: dict[tuple[int, str | None], Any] = {}
+
+
+def _s3_session(profile: str | None) -> Any:
+    """A botocore session (one per process and profile) whose S3 requests skip 100-continue.
+
+    With ``Expect: 100-continue`` aiohttp waits for the server's go-ahead with no timeout at
+    all, so an upload to an endpoint that accepts connections but never answers hangs for
+    ever; without it the upload is bounded by ``read_timeout`` like every other request.
+    Reusing the session keeps fsspec's instance cache (keyed on the options) effective.
+    """
+    key = (os.getpid(), profile)
+    if key not in _sessions:
+        from aiobotocore.session import AioSession
+        from botocore.handlers import add_expect_header
+
+        session = AioSession(profile=profile)
+        session.unregister("before-call.s3", add_expect_header)
+        _sessions[key] = session
+    return _sessions[key]
+
+
+def filesystem_options(protocol: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """``storage_options`` plus shardkit's defaults for ``protocol`` (a new dict).
+
+    For s3/s3a: bounded timeouts and retries, and (unless the caller passes its own
+    ``session``) a session without 100-continue; see :func:`_s3_session`.
+    """
+    options = copy.deepcopy(storage_options)
+    if protocol in ("s3", "s3a"):
+        _merge_defaults(options, _S3_DEFAULTS)
+        if "session" not in options:
+            # Without aiobotocore there is no s3fs: fsspec reports that when it builds the filesystem.
+            with contextlib.suppress(ImportError):
+                options["session"] = _s3_session(options.get("profile"))
+    return options
+
+
+def tune(fs: Any, protocol: str) -> None:
+    """Adjust a freshly created filesystem where no option exists for it (s3fs's retry loop)."""
+    if protocol in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
+        fs.retries = min(fs.retries, _S3FS_RETRIES)
+
+
+def describe(err: BaseException) -> str | None:
+    """A one-line message for a remote client error, or ``None`` if ``err`` is not one.
+
+    Covers botocore's errors (no credentials, endpoint unreachable, timeouts, service
+    errors) and asyncio timeouts. Messages never include credentials: botocore's own texts
+    name the endpoint and operation only.
+    """
+    if isinstance(err, TimeoutError):  # also asyncio.TimeoutError and fsspec's FSTimeoutError
+        return f"timed out ({err or type(err).__name__})"
+    try:
+        from botocore import exceptions as boto
+    except ImportError:
+        return None
+    if isinstance(err, boto.NoCredentialsError):
+        return _NO_CREDENTIALS
+    if isinstance(err, (boto.ConnectTimeoutError, boto.ReadTimeoutError)):
+        return f"timed out ({err})"
+    if isinstance(err, (boto.BotoCoreError, boto.ClientError)):
+        return f"{type(err).__name__}: {err}"
+    return None
