@@ -1,13 +1,12 @@
 """Random access to samples of a packed dataset: ``(shard, index) -> {ext: bytes}``.
 
 Local shards are read with ``os.pread`` at offsets from the ``.idx`` files. Remote shards are
-first copied whole into a bounded local cache (each fetched once per node, read sequentially),
-then read the same way. Open files are kept in a small LRU.
+first copied whole into a local :class:`~shardkit.loader.cache.ShardCache` (keyed by content
+hash, fetched once per node, bounded), then read the same way. Open files are kept in a small LRU.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import OrderedDict
 from typing import Any
@@ -17,12 +16,13 @@ from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import offsets_name
 from shardkit.format.tarread import parse_span, scan_spans
 from shardkit.index.manifest import ShardEntry
+from shardkit.loader.cache import DEFAULT_CACHE_BYTES, ShardCache
 from shardkit.storage import Store
 
 
 class _OpenShard:
-    def __init__(self, path: str, offsets: list[tuple[int, int]], keys: list[str]) -> None:
-        self.fd = os.open(path, os.O_RDONLY)
+    def __init__(self, fd: int, offsets: list[tuple[int, int]], keys: list[str]) -> None:
+        self.fd = fd
         self.size = os.fstat(self.fd).st_size
         self.offsets = offsets
         self.keys = keys
@@ -34,15 +34,16 @@ class _OpenShard:
 class ShardReader:
     """Read samples by ``(shard index, sample index in shard)``; picklable, opens lazily.
 
-    ``cache_dir`` holds local copies of remote shards (created if missing); at most
-    ``max_open`` shards stay open.
+    ``cache_dir`` holds local copies of remote shards (created if missing), at most about
+    ``cache_bytes`` (see :class:`~shardkit.loader.cache.ShardCache`); at most ``max_open``
+    shards stay open.
     """
 
     def __init__(self, store: Store, shards: tuple[ShardEntry, ...], *, cache_dir: str | None = None,
-                 max_open: int = 16) -> None:
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_open: int = 16) -> None:
         self.store = store
         self.shards = shards
-        self.cache_dir = cache_dir
+        self.cache = ShardCache(cache_dir, cache_bytes) if cache_dir is not None else None
         self.max_open = max_open
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
 
@@ -51,22 +52,16 @@ class ShardReader:
         state["_open"] = OrderedDict()
         return state
 
-    def _local_path(self, name: str) -> str:
+    def _open_fd(self, entry: ShardEntry) -> int:
         if not self.store.remote:
-            return self.store.path(name)
-        if self.cache_dir is None:
+            return os.open(self.store.path(entry.url), os.O_RDONLY)
+        if self.cache is None:
             raise LoaderError("a remote dataset needs a cache_dir for its shards", where=self.store.url)
-        tag = hashlib.sha256(self.store.url.encode()).hexdigest()[:16]
-        folder = os.path.join(self.cache_dir, tag)
-        path = os.path.join(folder, name)
-        if not os.path.exists(path):
-            os.makedirs(folder, exist_ok=True)
-            tmp = f"{path}.tmp-{os.getpid()}"
-            with self.store.open_read(name) as src, open(tmp, "wb") as dst:
-                while chunk := src.read(8 << 20):
-                    dst.write(chunk)
-            os.replace(tmp, path)  # concurrent fetchers write identical bytes; last rename wins
-        return path
+        return self.cache.open(self.store, entry)
+
+    def key(self, shard_index: int, sample_index: int) -> str:
+        """The key of one sample (from the shard's offsets; opens the shard if needed)."""
+        return self._shard(shard_index).keys[sample_index]
 
     def _shard(self, i: int) -> _OpenShard:
         shard = self._open.get(i)
@@ -75,19 +70,25 @@ class ShardReader:
             return shard
         entry = self.shards[i]
         where = self.store.path(entry.url)
+        fd = -1
         try:
-            path = self._local_path(entry.url)
+            fd = self._open_fd(entry)
             idx = offsets_name(entry.url)
             if self.store.exists(idx):
                 spans = [(s.key, s.offset, s.size) for s in load_offsets(self.store.read_bytes(idx), where=self.store.path(idx))]
             else:
-                with open(path, "rb") as f:
+                with os.fdopen(os.dup(fd), "rb") as f:
                     spans = scan_spans(f, where=where)
-            shard = _OpenShard(path, [(o, n) for _, o, n in spans], [k for k, _, _ in spans])
-        except StorageError as err:
-            raise LoaderError(f"cannot read shard ({err.message})", where=where) from err
-        except OSError as err:
-            raise LoaderError(f"cannot read shard ({err})", where=where) from err
+            shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans])
+        except (StorageError, OSError) as err:
+            if fd >= 0:
+                os.close(fd)
+            detail = err.message if isinstance(err, StorageError) else str(err)
+            raise LoaderError(f"cannot read shard ({detail})", where=where) from err
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
         if len(shard.offsets) != entry.num_samples:
             shard.close()
             raise LoaderError(f"shard has {len(shard.offsets)} samples, index.json says {entry.num_samples}", where=where)

@@ -1,0 +1,126 @@
+"""A node-local cache of remote shards: content-addressed, fetched once per node, LRU-bounded.
+
+A shard is cached as ``<cache_dir>/<sha256>.tar`` where ``sha256`` is the manifest's hash of
+its bytes, so re-packing new content into the same URL never reuses stale bytes: a new hash is a
+new file. A cached file is reused only if its size equals the manifest's ``num_bytes`` (the
+full hash is checked by ``shardkit verify``, not on every open).
+
+Fetching holds an exclusive ``fcntl.flock`` on ``<file>.lock``, so of all the processes of a
+node (ranks, DataLoader workers) one downloads a shard and the others wait, then reuse it. The
+descriptor is opened while that lock is held. Eviction removes the least recently used files
+(modification time, refreshed on every open) until the cache holds at most ``budget`` bytes,
+skipping the file just opened and any file whose lock another process holds. Eviction only
+unlinks: descriptors already open keep reading the bytes (POSIX), which are freed when closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+
+from shardkit.errors import LoaderError
+from shardkit.index.manifest import ShardEntry
+from shardkit.storage import Store
+
+__all__ = ["DEFAULT_CACHE_BYTES", "ShardCache"]
+
+#: Default byte budget of the shard cache (20 GB): many times a typical 100 MB-1 GB shard, so the
+#: window of shards being read stays cached, and small next to a training node's local disk.
+DEFAULT_CACHE_BYTES = 20 * 10**9
+
+_SUFFIX = ".tar"
+
+
+@contextlib.contextmanager
+def _locked(path: str, *, blocking: bool = True) -> Iterator[bool]:
+    """Hold an exclusive flock on ``path + ".lock"``; yields False when ``blocking=False`` and busy."""
+    with open(f"{path}.lock", "a") as lock:
+        flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(lock, flags)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return -1
+
+
+class ShardCache:
+    """Local copies of remote shards under ``directory``, at most about ``budget`` bytes.
+
+    Picklable (holds only the directory and budget); safe to use from many processes at once.
+
+    Raises:
+        LoaderError: ``budget`` is not positive.
+    """
+
+    def __init__(self, directory: str, budget: int = DEFAULT_CACHE_BYTES) -> None:
+        if budget <= 0:
+            raise LoaderError(f"cache_bytes must be > 0, got {budget}")
+        self.directory, self.budget = directory, budget
+
+    def path(self, entry: ShardEntry) -> str:
+        """Where ``entry``'s bytes are cached."""
+        return os.path.join(self.directory, entry.sha256 + _SUFFIX)
+
+    def open(self, store: Store, entry: ShardEntry) -> int:
+        """A read-only descriptor of a local copy of ``entry`` (fetched from ``store`` if needed).
+
+        Raises:
+            LoaderError: the fetched file's size differs from the manifest's ``num_bytes``.
+            StorageError, OSError: the shard cannot be read or the cache written.
+        """
+        path = self.path(entry)
+        os.makedirs(self.directory, exist_ok=True)
+        with _locked(path):
+            if _size(path) != entry.num_bytes:
+                self._fetch(store, entry, path)
+            fd = os.open(path, os.O_RDONLY)
+            os.utime(path)  # most recently used
+        self._evict(keep=path)
+        return fd
+
+    def _fetch(self, store: Store, entry: ShardEntry, path: str) -> None:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with store.open_read(entry.url) as src, open(tmp, "wb") as dst:
+                while chunk := src.read(8 << 20):
+                    dst.write(chunk)
+            got = os.path.getsize(tmp)
+            if got != entry.num_bytes:
+                raise LoaderError(f"fetched {got} bytes, index.json says {entry.num_bytes} "
+                                  "(the dataset changed while being read?)", where=store.path(entry.url))
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+
+    def _evict(self, keep: str) -> None:
+        files = []
+        for name in os.listdir(self.directory):
+            if name.endswith(_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(os.path.join(self.directory, name))
+                    files.append((st.st_mtime_ns, st.st_size, os.path.join(self.directory, name)))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):  # least recently used first
+            if total <= self.budget:
+                return
+            if path == keep:
+                continue
+            with _locked(path, blocking=False) as mine:
+                if mine:  # else someone is fetching or opening it right now
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(path)
+                    total -= size
