@@ -15,6 +15,7 @@ from torch.utils.data import get_worker_info
 
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
+from shardkit.loader.bad_samples import BadSample, fill_batch
 from shardkit.loader.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.roi import decode_box_rgb, roi_available, within_pixel_limit
@@ -37,22 +38,18 @@ class Batch:
     targets: list[dict[str, Any]] | None = None
 
 
-class _BadSample(Exception):
-    pass
-
-
 def _image_field(fields: dict[str, bytes], where: str) -> bytes:
     for ext, data in fields.items():
         if ext in IMAGE_MEMBER_EXTENSIONS:
             return data
-    raise _BadSample(f"{where}: no image member (has {sorted(fields)})")
+    raise BadSample(f"{where}: no image member (has {sorted(fields)})")
 
 
 def _label(fields: dict[str, bytes], where: str) -> int:
     try:
         return int(fields["cls"])
     except (KeyError, ValueError) as err:
-        raise _BadSample(f"{where}: missing or malformed cls member") from err
+        raise BadSample(f"{where}: missing or malformed cls member") from err
 
 
 def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
@@ -85,10 +82,11 @@ class BatchBuilder:
     """Turn ``(shard, index, seed)`` triples into a :class:`Batch`.
 
     ``transform``: an :class:`ImageTransform` (fast path: writes straight into one uint8 batch
-    tensor), any other callable ``uint8 [3,H,W] -> Tensor`` (seeded through ``torch`` per
-    sample, outputs stacked), or ``None`` (a list of decoded images). ``on_error="replace"``
-    replaces a corrupt sample by the next good one of the same batch (deterministic) and counts
-    it; ``"raise"`` raises :class:`LoaderError` naming shard and key.
+    tensor), any other callable ``uint8 [3,H,W] -> Tensor`` (run under a forked torch RNG seeded
+    per sample, so the caller's global RNG is untouched; outputs stacked), or ``None`` (a list of
+    decoded images). ``on_error="replace"`` replaces a corrupt sample deterministically and counts
+    it (see :mod:`shardkit.loader.bad_samples`); ``"raise"`` raises :class:`LoaderError` naming
+    shard and key.
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[[torch.Tensor], Any] | None,
@@ -100,7 +98,7 @@ class BatchBuilder:
         self.on_error = on_error
 
     def _one(self, shard: int, index: int, seed: int, out: torch.Tensor | None,
-             stats: StageStats, dstats: DecodeStats) -> tuple[str, int, Any]:
+             stats: StageStats, dstats: DecodeStats) -> tuple[int, Any]:
         t0 = time.perf_counter()
         key, fields = self.reader.read(shard, index)
         where = f"{self.reader.store.path(self.reader.shards[shard].url)}:{key}"
@@ -115,18 +113,19 @@ class BatchBuilder:
             else:
                 image = decode_rgb(raw, where=where, stats=dstats)
         except DecodeError as err:
-            raise _BadSample(str(err)) from err
+            raise BadSample(str(err)) from err
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
         if isinstance(transform, ImageTransform):
             result: Any = transform.apply(image, params, out=out)
         elif transform is not None:
-            torch.manual_seed(seed)
-            result = transform(image)
+            with torch.random.fork_rng(devices=[]):  # the caller's global RNG stays as it was
+                torch.manual_seed(seed)
+                result = transform(image)
         else:
             result = image
         stats.transform_s += time.perf_counter() - t2
-        return key, label, result
+        return label, result
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> Batch:
         """Read, decode and transform the given samples, in order."""
@@ -134,22 +133,18 @@ class BatchBuilder:
         stats, dstats = StageStats(batches=1, samples=n), DecodeStats()
         fixed = isinstance(self.transform, ImageTransform)
         out = _batch_buffer((n, 3, *self.transform.output_size)) if fixed else None  # type: ignore[union-attr]
-        keys: list[str] = [""] * n
-        labels = torch.empty(n, dtype=torch.int64)
-        results: list[Any] = [None] * n
-        bad: list[int] = []
-        for i in range(n):
-            try:
-                keys[i], label, results[i] = self._one(
-                    int(shards[i]), int(indices[i]), int(seeds[i]), out[i] if out is not None else None, stats, dstats)
-                labels[i] = label
-            except _BadSample as err:
-                if self.on_error == "raise":
-                    raise LoaderError(f"bad sample ({err}); use on_error='replace' to skip such samples") from None
-                bad.append(i)
-        if bad:
-            self._replace(bad, n, out, keys, labels, results)
-            stats.replaced += len(bad)
+
+        def attempt(slot: int, shard: int, index: int, seed: int) -> tuple[int, Any]:
+            return self._one(shard, index, seed, out[slot] if out is not None else None, stats, dstats)
+
+        got = fill_batch(attempt, self.reader, shards, indices, seeds, on_error=self.on_error)
+        keys = got.keys
+        labels = torch.tensor([label for label, _ in got.results], dtype=torch.int64)
+        results = [result for _, result in got.results]
+        if out is not None:
+            for dst, src in got.copies:
+                out[dst].copy_(out[src])
+        stats.replaced += got.replaced
         stats.fast, stats.fallback = dstats.fast, dstats.fallback
         if out is not None:
             return Batch(out, labels, keys, stats)
@@ -158,15 +153,3 @@ class BatchBuilder:
             if len(shapes) == 1:
                 return Batch(torch.stack(results), labels, keys, stats)
         return Batch(results, labels, keys, stats)
-
-    @staticmethod
-    def _replace(bad: list[int], n: int, out: torch.Tensor | None, keys: list[str],
-                 labels: torch.Tensor, results: list[Any]) -> None:
-        bad_set = set(bad)
-        if len(bad_set) == n:
-            raise LoaderError(f"all {n} samples of a batch are corrupt (first: {keys[0] or 'unknown key'})")
-        for i in bad:
-            j = next((i + k) % n for k in range(1, n) if (i + k) % n not in bad_set)
-            keys[i], labels[i], results[i] = keys[j], labels[j], results[j]
-            if out is not None:
-                out[i].copy_(out[j])

@@ -6,7 +6,7 @@ decode the image (:func:`~shardkit.loader.decode.decode_rgb`), build the target
 sample's seed (:func:`~shardkit.transforms.detection.run_detection_transform`). The batch carries
 the images as a list of uint8 ``[3, H, W]`` tensors (or a :class:`PaddedImages`) and the targets
 as a list of dicts in :attr:`Batch.targets`. The bad-sample policy is the classification
-builder's: ``"replace"`` by the next good sample of the batch (counted), or ``"raise"``.
+builder's (:mod:`shardkit.loader.bad_samples`): ``"replace"`` (counted) or ``"raise"``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.index.manifest import Manifest
-from shardkit.loader.batch import Batch, BatchBuilder, _BadSample, _image_field
+from shardkit.loader.bad_samples import BadSample, fill_batch
+from shardkit.loader.batch import Batch, BatchBuilder, _image_field
 from shardkit.loader.coco_target import BadTarget, coco_target, contiguous_label_map
 from shardkit.loader.decode import DecodeStats, decode_rgb
 from shardkit.loader.reader import ShardReader
@@ -95,7 +96,7 @@ class DetectionBatchBuilder(BatchBuilder):
         self.masks, self.label_map, self.pad = masks, label_map, pad
 
     def _sample(self, shard: int, index: int, seed: int, stats: StageStats,
-                dstats: DecodeStats) -> tuple[str, torch.Tensor, dict[str, Any]]:
+                dstats: DecodeStats) -> tuple[torch.Tensor, dict[str, Any]]:
         t0 = time.perf_counter()
         key, fields = self.reader.read(shard, index)
         where = f"{self.reader.store.path(self.reader.shards[shard].url)}:{key}"
@@ -104,41 +105,30 @@ class DetectionBatchBuilder(BatchBuilder):
         try:
             image = decode_rgb(_image_field(fields, where), where=where, stats=dstats)
             if "json" not in fields:
-                raise _BadSample(f"{where}: no json member (has {sorted(fields)})")
+                raise BadSample(f"{where}: no json member (has {sorted(fields)})")
             target = coco_target(fields["json"], image.shape[-2], image.shape[-1], masks=self.masks,
                                  label_map=self.label_map)
         except (DecodeError, BadTarget) as err:
-            raise _BadSample(f"{where}: {err}") from err
+            raise BadSample(f"{where}: {err}") from err
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
         if self.transform is not None:
             image, target = run_detection_transform(self.transform, image, target, seed)
         stats.transform_s += time.perf_counter() - t2
-        return key, image, target
+        return image, target
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> Batch:
         """Read, decode and transform the given samples, in order."""
         n = len(shards)
         stats, dstats = StageStats(batches=1, samples=n), DecodeStats()
-        keys, images = [""] * n, [torch.empty(0)] * n
-        targets: list[dict[str, Any]] = [{}] * n
-        bad: list[int] = []
-        for i in range(n):
-            try:
-                keys[i], images[i], targets[i] = self._sample(int(shards[i]), int(indices[i]), int(seeds[i]), stats, dstats)
-            except _BadSample as err:
-                if self.on_error == "raise":
-                    raise LoaderError(f"bad sample ({err}); use on_error='replace' to skip such samples") from None
-                bad.append(i)
-        if len(bad) == n:
-            raise LoaderError(f"all {n} samples of a batch are corrupt")
-        for i in bad:  # the next good sample of the batch, as BatchBuilder does
-            j = next((i + k) % n for k in range(1, n) if (i + k) % n not in bad)
-            keys[i], images[i], targets[i] = keys[j], images[j], targets[j]
-        stats.replaced += len(bad)
+        got = fill_batch(lambda _slot, shard, index, seed: self._sample(shard, index, seed, stats, dstats),
+                         self.reader, shards, indices, seeds, on_error=self.on_error)
+        images = [image for image, _ in got.results]
+        targets = [target for _, target in got.results]
+        stats.replaced += got.replaced
         stats.fast, stats.fallback = dstats.fast, dstats.fallback
         batch_images: Any = pad_images(images, self.pad) if self.pad else images
-        return Batch(batch_images, torch.empty(0, dtype=torch.int64), keys, stats, targets=targets)
+        return Batch(batch_images, torch.empty(0, dtype=torch.int64), got.keys, stats, targets=targets)
 
 
 def detection_builder(manifest: Manifest, reader: ShardReader, transform: Callable[..., Any] | None, *,

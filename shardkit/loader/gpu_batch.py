@@ -31,7 +31,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardkit.errors import DecodeError, LoaderError
-from shardkit.loader.batch import Batch, BatchBuilder, _BadSample, _image_field, _label
+from shardkit.loader.bad_samples import BadSample, fill_batch
+from shardkit.loader.batch import Batch, BatchBuilder, _image_field, _label
 from shardkit.loader.decode import DecodeStats, decode_rgb, peek_size
 from shardkit.loader.gpu_decode import nvjpeg_friendly
 from shardkit.loader.stats import StageStats
@@ -149,7 +150,7 @@ class RawBatchBuilder(BatchBuilder):
         return self._ring.take(nbytes)
 
     def _raw(self, shard: int, index: int, seed: int, stats: StageStats, dstats: DecodeStats
-             ) -> tuple[str, int, bytes | torch.Tensor, tuple[int, ...] | None]:
+             ) -> tuple[int, tuple[bytes | torch.Tensor, tuple[int, ...] | None]]:
         t0 = time.perf_counter()
         key, fields = self.reader.read(shard, index)
         where = f"{self.reader.store.path(self.reader.shards[shard].url)}:{key}"
@@ -163,39 +164,31 @@ class RawBatchBuilder(BatchBuilder):
                 h, w = peek_size(data)
                 params = transform.sample_params(h, w, rng)
                 stats.transform_s += time.perf_counter() - t1
-                return key, label, data, gpu_window(transform, h, w, params, transform.output_size)
+                return label, (data, gpu_window(transform, h, w, params, transform.output_size))
             image = decode_rgb(data, where=where, stats=dstats)
         except DecodeError as err:
-            raise _BadSample(str(err)) from err
+            raise BadSample(str(err)) from err
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
         params = transform.sample_params(image.shape[-2], image.shape[-1], rng)
         pixels = transform.apply(image, params)
         stats.transform_s += time.perf_counter() - t2
-        return key, label, pixels, None
+        return label, (pixels, None)
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> Batch:
         """Read the given samples in order; JPEGs stay encoded, the rest are decoded here."""
         n = len(shards)
         stats, dstats = StageStats(batches=1, samples=n), DecodeStats()
-        keys, labels = [""] * n, torch.empty(n, dtype=torch.int64)
-        items: list[tuple[bytes | torch.Tensor, tuple[int, ...] | None] | None] = [None] * n
-        for i in range(n):
-            try:
-                keys[i], label, payload, window = self._raw(int(shards[i]), int(indices[i]), int(seeds[i]), stats, dstats)
-                labels[i], items[i] = label, (payload, window)
-            except _BadSample as err:
-                if self.on_error == "raise":
-                    raise LoaderError(f"bad sample ({err}); use on_error='replace' to skip such samples") from None
-        bad = [i for i in range(n) if items[i] is None]
-        if bad:
-            self._replace(bad, n, None, keys, labels, items)
-            stats.replaced += len(bad)
+        got = fill_batch(lambda _slot, shard, index, seed: self._raw(shard, index, seed, stats, dstats),
+                         self.reader, shards, indices, seeds, on_error=self.on_error)
+        labels = torch.tensor([label for label, _ in got.results], dtype=torch.int64)
+        items = [item for _, item in got.results]
+        stats.replaced += got.replaced
         stats.fast, stats.fallback = dstats.fast, dstats.fallback
         stats.gpu_fallback = dstats.fast + dstats.fallback
         # labels travel inside the blob; an empty tensor costs no shared-memory handle
         packed = self._pack(cast(list[Item], items), labels)
-        return Batch(packed, torch.empty(0, dtype=torch.int64), keys, stats)  # type: ignore[arg-type]
+        return Batch(packed, torch.empty(0, dtype=torch.int64), got.keys, stats)  # type: ignore[arg-type]
 
     def _pack(self, items: list[Item], labels: torch.Tensor) -> RawImages:
         size: tuple[int, int] = self.transform.output_size  # type: ignore[union-attr]
