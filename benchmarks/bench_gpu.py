@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 import warnings
 from collections.abc import Iterator
@@ -69,16 +68,12 @@ def _jpegs(root: str, limit: int) -> list[torch.Tensor]:
     return [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw if nvjpeg_friendly(b)][:limit]
 
 
-def hwjpeg_batches(root: str, batch: int, limit: int = 4096) -> Iterator[Any]:
+def hwjpeg_batches(root: str, batch: int, threads: int, limit: int = 4096) -> Iterator[Any]:
     """Batches decoded by the hardware JPEG engines (nvImageCodec HW_GPU_ONLY), back to back."""
-    os.environ["SHARDKIT_HW_JPEG"] = "1"
-    hw_decode_unavailable.cache_clear()
-    reason, planar = hw_decode_unavailable(torch.device("cuda"))
-    os.environ.pop("SHARDKIT_HW_JPEG")
-    hw_decode_unavailable.cache_clear()
+    reason, planar = hw_decode_unavailable(torch.device("cuda"), threads)
     if reason is not None:
         raise RuntimeError(reason)
-    hw, stream, datas, i = HwJpegDecoder(torch.device("cuda"), planar=planar), torch.cuda.Stream(), _jpegs(root, limit), 0
+    hw, stream, datas, i = HwJpegDecoder(torch.device("cuda"), planar=planar, threads=threads), torch.cuda.Stream(), _jpegs(root, limit), 0
     while True:
         chunk = datas[i:i + batch] if i + batch <= len(datas) else datas[:batch]
         i = (i + batch) % max(1, len(datas) - batch)
@@ -189,6 +184,7 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=40)
     ap.add_argument("--phases", default="imagefolder,nvjpeg,kernel,shardkit")
     ap.add_argument("--out", default="bench_gpu.json")
+    ap.add_argument("--hw-threads", type=int, default=2, help="nvImageCodec CPU threads (hw phases)")
     args = ap.parse_args()
     phases, res = args.phases.split(","), {"device": torch.cuda.get_device_name(), "args": vars(args)}
 
@@ -203,7 +199,7 @@ def main() -> None:
         save("nvjpeg_decode_only_b256_img_s", _timed(nvjpeg_batches(args.root, 2 * args.batch), 5, args.batches // 2)[0])
     if "hwjpeg" in phases:  # counts only the images the engines decoded
         try:
-            save("hwjpeg_decode_only_img_s", _timed(hwjpeg_batches(args.root, args.batch), 5, args.batches)[0])
+            save("hwjpeg_decode_only_img_s", _timed(hwjpeg_batches(args.root, args.batch, args.hw_threads), 5, args.batches)[0])
         except RuntimeError as e:
             save("hwjpeg_decode_only_img_s", f"unavailable: {e}")
     if "kernel" in phases:
@@ -214,17 +210,15 @@ def main() -> None:
         save("shardkit_cuda_img_s", rate)
         save("shardkit_stats", loader.stats.as_dict())
         del loader
-    for phase, mode in (("shardkit_hw", "1"), ("shardkit_hwonly", "only")):  # hardware JPEG engines on
+    for phase, mode in (("shardkit_hw", "mix"), ("shardkit_hwonly", "only")):  # hardware JPEG engines on
         if phase not in phases:
             continue
-        os.environ["SHARDKIT_HW_JPEG"] = mode
-        hw_decode_unavailable.cache_clear()
-        loader = shardkit_loader(args.shards, args.workers, args.batch)
+        loader = shardkit_loader(args.shards, args.workers, args.batch, hw_decode=mode,
+                                 hw_decode_threads=args.hw_threads)
         save(f"{phase}_cuda_img_s", _timed(_forever(lambda ld=loader: iter(ld)), args.warmup, args.batches)[0])
         save(f"{phase}_stats", loader.stats.as_dict())
+        loader.close()
         del loader
-        os.environ.pop("SHARDKIT_HW_JPEG")
-        hw_decode_unavailable.cache_clear()
     if "rawfetch" in phases:  # workers + IPC alone: raw batches reaching the main process
         loader = shardkit_loader(args.shards, args.workers, args.batch)
         if loader._dataloader is None:

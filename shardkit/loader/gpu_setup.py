@@ -11,7 +11,7 @@ from shardkit.loader.batch import Batch
 from shardkit.loader.gpu_batch import RawBatchBuilder
 from shardkit.loader.gpu_decode import gpu_decode_unavailable
 from shardkit.loader.gpu_pipeline import GpuPipeline
-from shardkit.loader.hw_decode import hw_decode_mode, hw_decode_unavailable
+from shardkit.loader.hw_decode import hw_decode_unavailable
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.loader.prefetch import DevicePrefetcher, ring_size
 from shardkit.loader.reader import ShardReader
@@ -27,7 +27,7 @@ log = logging.getLogger("shardkit.loader")
 class GpuPath:
     """What a loader needs for the GPU path: the worker-side builder and the device prefetcher.
 
-    When asked for (``SHARDKIT_HW_JPEG=1`` or ``only``) and the GPU's hardware JPEG engines work
+    When asked for (``hw_decode="mix"`` or ``"only"``) and the GPU's hardware JPEG engines work
     through nvImageCodec (probed once per device,
     :func:`~shardkit.loader.hw_decode.hw_decode_unavailable`), the prefetcher runs that decoder
     beside (or instead of) nvJPEG; otherwise nvJPEG decodes alone (one log line says why when
@@ -35,7 +35,8 @@ class GpuPath:
     """
 
     def __init__(self, transform: ImageTransform, device: torch.device, *, batch_size: int,
-                 compile: bool, depth: int, num_workers: int, prefetch: int) -> None:
+                 compile: bool, depth: int, num_workers: int, prefetch: int, hw_decode: str = "off",
+                 hw_threads: int = 2) -> None:
         if depth < 2:
             raise ValueError(f"device_prefetch must be >= 2, got {depth}")
         self.transform, self.device = transform, device
@@ -44,13 +45,14 @@ class GpuPath:
                        for _ in range(ring_size(depth))]
         self.depth, self.shm_ring = depth, prefetch + 2
         self.keep_alive = num_workers * (self.shm_ring + 1)
-        reason, planar = hw_decode_unavailable(device)
+        reason, planar = ("off", False) if hw_decode == "off" else hw_decode_unavailable(device, hw_threads)
         self.hw_planar: bool | None = None if reason is not None else planar
-        self.hw_only = reason is None and hw_decode_mode() == "only"
+        self.hw_only = reason is None and hw_decode == "only"
+        self.hw_threads = hw_threads
         if reason is None:
             log.info("shardkit: hardware JPEG decoder (nvImageCodec) decodes %s on %s",
                      "alone" if self.hw_only else "beside nvJPEG", device)
-        elif hw_decode_mode() != "off":
+        elif hw_decode != "off":
             log.warning("shardkit: no hardware JPEG decoder (%s); nvJPEG decodes alone", reason)
 
     def builder(self, reader: ShardReader, on_error: str) -> RawBatchBuilder:
@@ -59,11 +61,12 @@ class GpuPath:
     def prefetch(self, source: Iterator[Batch], stats: StageStats) -> DevicePrefetcher:
         return DevicePrefetcher(source, self.pipeline, self.device, self._slots, stats, self.depth,
                                 keep_alive=self.keep_alive, hw_planar=self.hw_planar,
-                                hw_only=self.hw_only)
+                                hw_only=self.hw_only, hw_threads=self.hw_threads)
 
 
 def gpu_path(transform: ImageTransform, device: torch.device, *, batch_size: int, compile: bool,
-             depth: int, num_workers: int, prefetch: int) -> tuple[GpuPath | None, torch.device]:
+             depth: int, num_workers: int, prefetch: int, hw_decode: str = "off",
+             hw_threads: int = 2) -> tuple[GpuPath | None, torch.device]:
     """The GPU path for ``device``, or ``(None, device to use)`` after logging why not.
 
     Without CUDA at all the loader delivers on the CPU; with CUDA but no working nvJPEG it
@@ -72,7 +75,7 @@ def gpu_path(transform: ImageTransform, device: torch.device, *, batch_size: int
     reason = gpu_decode_unavailable(device)
     if reason is None:
         path = GpuPath(transform, device, batch_size=batch_size, compile=compile, depth=depth,
-                       num_workers=num_workers, prefetch=prefetch)
+                       num_workers=num_workers, prefetch=prefetch, hw_decode=hw_decode, hw_threads=hw_threads)
         return path, device
     fallback = device if torch.cuda.is_available() else torch.device("cpu")
     log.warning("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s", reason, fallback)

@@ -8,8 +8,8 @@ thread of its own (one ``Decoder`` object per thread: it is not safe to share be
 and a CUDA stream of its own.
 
 Opt-in (measured slower than nvJPEG alone beside 16 DataLoader workers on an H200, see
-BENCHMARKS.md): ``SHARDKIT_HW_JPEG=1`` runs it beside nvJPEG, ``SHARDKIT_HW_JPEG=only`` instead
-of nvJPEG; unset or ``0``: off. ``SHARDKIT_HW_JPEG_THREADS``: nvImageCodec's CPU threads
+BENCHMARKS.md): ``ShardLoader(hw_decode="mix")`` runs it beside nvJPEG, ``"only"`` instead of
+nvJPEG, ``"off"`` (the default) not at all; ``hw_decode_threads``: nvImageCodec's CPU threads
 (default 2). Safe: :func:`hw_decode_unavailable` imports the package and decodes a probe image
 with the hardware backend only (``BackendKind.HW_GPU_ONLY``); when anything fails the loader
 logs one line and keeps the torchvision-only path.
@@ -26,12 +26,11 @@ from __future__ import annotations
 import functools
 import io
 import logging
-import os
 from typing import Any
 
 import torch
 
-__all__ = ["HwJpegDecoder", "hw_decode_mode", "hw_decode_unavailable"]
+__all__ = ["HwJpegDecoder", "hw_decode_unavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -42,27 +41,19 @@ def _nvimgcodec() -> Any:
     return nvimgcodec
 
 
-def hw_decode_mode() -> str:
-    """``"off"``, ``"mix"`` (beside nvJPEG) or ``"only"`` (instead of nvJPEG), from ``SHARDKIT_HW_JPEG``."""
-    value = os.environ.get("SHARDKIT_HW_JPEG", "0").strip().lower()
-    if value == "only":
-        return "only"
-    return "off" if value in ("", "0", "false", "no", "off") else "mix"
-
-
 class HwJpegDecoder:
     """Decode lists of JPEG byte tensors with the hardware JPEG engines of ``device``.
 
     Make one per thread and call it only from that thread. ``decode(datas, stream)`` enqueues on
     (and returns images ready on) ``stream``; positions the hardware could not decode are None.
-    ``planar``: ask for planar RGB (else interleaved output viewed as CHW).
+    ``planar``: ask for planar RGB (else interleaved output viewed as CHW); ``threads``:
+    nvImageCodec's CPU threads.
     """
 
-    def __init__(self, device: torch.device, planar: bool = True) -> None:
+    def __init__(self, device: torch.device, planar: bool = True, threads: int = 2) -> None:
         nv = _nvimgcodec()
         self.device, self.planar = device, planar
         index = device.index if device.index is not None else torch.cuda.current_device()
-        threads = int(os.environ.get("SHARDKIT_HW_JPEG_THREADS", "2"))
         self._decoder = nv.Decoder(device_id=index, max_num_cpu_threads=threads,
                                    backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)])
         spec = nv.ColorSpec.SRGB if hasattr(nv.ColorSpec, "SRGB") else nv.ColorSpec.RGB
@@ -118,15 +109,13 @@ def _probe_jpeg() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @functools.cache
-def hw_decode_unavailable(device: torch.device) -> tuple[str | None, bool]:
-    """``(None, planar)`` when hardware JPEG decoding is asked for and works on ``device``, else
-    ``(why not, False)``.
+def hw_decode_unavailable(device: torch.device, threads: int = 2) -> tuple[str | None, bool]:
+    """``(None, planar)`` when hardware JPEG decoding works on ``device``, else ``(why not, False)``.
 
-    Probed once per device: decodes two copies of a small JPEG with ``HW_GPU_ONLY`` and checks
-    shape and pixels against PIL (mean difference under 4 levels); planar output is tried first.
+    Probed once per device (and thread count): decodes two copies of a small JPEG with
+    ``HW_GPU_ONLY`` and checks shape and pixels against PIL (mean difference under 4 levels);
+    planar output is tried first.
     """
-    if hw_decode_mode() == "off":
-        return "off unless SHARDKIT_HW_JPEG=1 or only", False
     if device.type != "cuda" or not torch.cuda.is_available():
         return "not a CUDA device, or CUDA not available", False
     try:
@@ -139,7 +128,7 @@ def hw_decode_unavailable(device: torch.device) -> tuple[str | None, bool]:
             with torch.cuda.device(device):
                 stream = torch.cuda.Stream(device)
                 data, ref = _probe_jpeg()
-                got = HwJpegDecoder(device, planar=planar).decode([data, data], stream)
+                got = HwJpegDecoder(device, planar=planar, threads=threads).decode([data, data], stream)
                 stream.synchronize()
             if any(g is None for g in got):
                 why = "the hardware backend decoded nothing (no JPEG engines on this GPU?)"

@@ -6,31 +6,26 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import TracebackType
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader
 
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import locate_dataset, read_manifest
-from shardkit.loader.batch import Batch, BatchBuilder
+from shardkit.loader.batch import BatchBuilder
+from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.detection import detection_builder, to_device
 from shardkit.loader.gpu_setup import GpuPath, gpu_path
+from shardkit.loader.prefetch import DevicePrefetcher
 from shardkit.loader.reader import ShardReader
-from shardkit.loader.state import LoaderState, check_compatible, shards_digest
 from shardkit.loader.stats import StageStats
-from shardkit.loader.stream import BatchStream, PlanConfig
+from shardkit.loader.stream import BatchStream, PlanConfig, raise_failures
+from shardkit.loader.workers import rank_and_world, shutdown_workers, worker_loader
 from shardkit.transforms.base import ImageTransform
 
-
-def _init_worker(_worker_id: int) -> None:
-    torch.set_num_threads(1)  # one core per worker; decode and resize are single-threaded anyway
-
-
-def _distributed() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
+HW_DECODE = ("off", "mix", "only")
 
 
 class ShardLoader:
@@ -54,7 +49,10 @@ class ShardLoader:
         window: shards mixed by the within-window shuffle (bounds memory and open files).
         on_error: ``"replace"`` corrupt samples (counted in :attr:`stats`) or ``"raise"``.
         prefetch: batches each worker prepares ahead.
-        cache_dir: local cache for shards of a remote dataset.
+        cache_dir: local cache for shards of a remote dataset, shared by the node's processes
+            (files named by content hash, so re-packing a URL never serves stale bytes).
+        cache_bytes: the cache's budget; least recently used shards beyond it are deleted
+            (default 20 GB; see :class:`~shardkit.loader.cache.ShardCache`).
         storage_options: fsspec options for a remote dataset.
         compile: GPU path only: run crop-resize-flip as one Triton kernel per batch (True) or
             as the eager torch reference (False); both give the same pixels.
@@ -64,6 +62,11 @@ class ShardLoader:
         masks: COCO only: targets also hold ``masks`` uint8 ``[N,H,W]`` (needs pycocotools).
         pad: COCO only: images as one zero-padded :class:`~shardkit.loader.detection.PaddedImages`
             ``(images, sizes)`` instead of a list (an int: sides rounded up to its multiple).
+        hw_decode: GPU path only: also decode JPEGs with the GPU's hardware JPEG engines through
+            nvImageCodec, ``"mix"`` (beside nvJPEG) or ``"only"`` (instead of it). Opt-in: it was
+            slower than nvJPEG alone in our H200 measurements (BENCHMARKS.md), and ``"mix"``
+            breaks bit-exact resume (which decoder takes a batch depends on timing).
+        hw_decode_threads: CPU threads of the nvImageCodec decoder.
 
     GPU path: with a CUDA ``device`` and an :class:`ImageTransform`, workers ship JPEG bytes and
     crop boxes (drawn as on the CPU path: same crops and flips per sample), and the main process
@@ -72,14 +75,18 @@ class ShardLoader:
     on the CPU and joined to the batch. Without CUDA or nvJPEG, one warning is logged and the
     CPU path is used (on the CPU when CUDA is missing altogether).
 
+    Errors raised in worker processes reach the caller with their type, message and ``where``.
+    :meth:`close` (or leaving a ``with`` block) stops the workers and closes open shards.
+
     Example::
 
-        loader = ShardLoader("shards/train", batch_size=256, transform=transforms.imagenet_train(224),
-                             num_workers=8)
-        for epoch in range(90):
-            for images, labels in loader:
-                ...
-        state = loader.state_dict()  # tiny, JSON-able; load_state_dict() resumes exactly
+        with ShardLoader("shards/train", batch_size=256, transform=transforms.imagenet_train(224),
+                         num_workers=8) as loader:
+            for epoch in range(90):
+                loader.set_epoch(epoch)
+                for images, labels in loader:
+                    ...
+            state = loader.state_dict()  # tiny, JSON-able; load_state_dict() resumes exactly
     """
 
     def __init__(
@@ -100,23 +107,24 @@ class ShardLoader:
         on_error: str = "replace",
         prefetch: int = 2,
         cache_dir: str | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
         storage_options: dict[str, Any] | None = None,
         compile: bool = True,
         device_prefetch: int = 2,
         contiguous_labels: bool = False,
         masks: bool = False,
         pad: bool | int = False,
+        hw_decode: Literal["off", "mix", "only"] = "off",
+        hw_decode_threads: int = 2,
     ) -> None:
         if num_workers < 0:
             raise LoaderError(f"num_workers must be >= 0, got {num_workers}")
+        if hw_decode not in HW_DECODE or hw_decode_threads < 1:
+            raise LoaderError(f"hw_decode must be one of {HW_DECODE} and hw_decode_threads >= 1, "
+                              f"got {hw_decode!r} and {hw_decode_threads}")
         store = locate_dataset(dataset, storage_options)
         self.manifest = read_manifest(store)
-        if rank is None or world_size is None:
-            detected_rank, detected_world = _distributed()
-            rank = detected_rank if rank is None else rank
-            world_size = detected_world if world_size is None else world_size
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise LoaderError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, world_size={world_size}")
+        rank, world_size = rank_and_world(rank, world_size)
         self.config = PlanConfig(
             shard_sizes=tuple(s.num_samples for s in self.manifest.shards), seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
@@ -129,11 +137,12 @@ class ShardLoader:
         self._gpu: GpuPath | None = None
         if self.device.type == "cuda" and isinstance(transform, ImageTransform) and self.manifest.kind != "coco":
             self._gpu, self.device = gpu_path(transform, self.device, batch_size=batch_size, compile=compile,
-                                              depth=device_prefetch, num_workers=num_workers, prefetch=prefetch)
+                                              depth=device_prefetch, num_workers=num_workers, prefetch=prefetch,
+                                              hw_decode=hw_decode, hw_threads=hw_decode_threads)
         self.keys = keys
         self.num_workers = num_workers
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
-        reader = ShardReader(store, self.manifest.shards, cache_dir=cache)
+        self._reader = reader = ShardReader(store, self.manifest.shards, cache_dir=cache, cache_bytes=cache_bytes)
         detection = detection_builder(self.manifest, reader, transform, on_error=on_error, masks=masks,
                                       pad=pad, contiguous_labels=contiguous_labels)
         #: COCO with ``contiguous_labels``: category id -> label; otherwise None (labels are the ids).
@@ -143,17 +152,16 @@ class ShardLoader:
                    else BatchBuilder(reader, transform, on_error=on_error))
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._stream = BatchStream(self.config, builder, self._control)
-        self._dataloader: DataLoader[Batch] | None = None
+        self._dataloader: DataLoader[Any] | None = None
         if num_workers > 0:
-            self._dataloader = DataLoader(
-                self._stream, batch_size=None, num_workers=num_workers, persistent_workers=True,
-                prefetch_factor=prefetch, pin_memory=self.device.type == "cuda" and self._gpu is None,
-                worker_init_fn=_init_worker,
-            )
+            self._dataloader = worker_loader(self._stream, num_workers=num_workers, prefetch=prefetch,
+                                             pin_memory=self.device.type == "cuda" and self._gpu is None)
+        self._prefetcher: DevicePrefetcher | None = None
         # Where we stand: the next batch to deliver is batch _pos[1] of epoch _pos[0]. _fresh:
         # _pos was set as a starting point (init, set_epoch, load_state_dict, epoch finished);
         # otherwise an iteration was abandoned mid-epoch and the next one starts a new epoch.
-        self._pos, self._fresh = (0, 0), True
+        # _loaded: _pos came from load_state_dict and nothing ran since (set_epoch keeps it).
+        self._pos, self._fresh, self._loaded = (0, 0), True, False
         self._stats = StageStats()
 
     def __len__(self) -> int:
@@ -166,10 +174,21 @@ class ShardLoader:
         return self._pos[0]
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration run ``epoch`` from its start."""
+        """Make the next iteration run ``epoch`` from its start.
+
+        Right after :meth:`load_state_dict`, ``set_epoch`` of the epoch the state resumes in keeps
+        the resume point, so the usual loop resumes mid-epoch::
+
+            loader.load_state_dict(ckpt)
+            for epoch in range(loader.epoch, epochs):
+                loader.set_epoch(epoch)  # continues where the checkpoint stopped
+                for batch in loader: ...
+        """
         if epoch < 0:
             raise LoaderError(f"epoch must be >= 0, got {epoch}")
-        self._pos, self._fresh = (epoch, 0), True
+        if self._loaded and epoch == self._pos[0]:
+            return
+        self._pos, self._fresh, self._loaded = (epoch, 0), True, False
 
     @property
     def stats(self) -> StageStats:
@@ -180,11 +199,12 @@ class ShardLoader:
         if not self._fresh:
             self._pos = (self._pos[0] + 1, 0)
         epoch, start = self._pos
-        self._fresh = False
+        self._fresh = self._loaded = False
         self._control[0], self._control[1] = epoch, start
-        source: Any = iter(self._dataloader) if self._dataloader is not None else iter(self._stream)
+        source: Any = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
         if self._gpu is not None:
-            source = iter(self._gpu.prefetch(source, self._stats))
+            self._prefetcher = self._gpu.prefetch(source, self._stats)
+            source = iter(self._prefetcher)
         last = time.perf_counter()
         for consumed in range(start + 1, self._num_batches + 1):
             t0 = time.perf_counter()
@@ -217,30 +237,34 @@ class ShardLoader:
             images = self.transform.finalize(images)
         return images
 
-    def _state(self, epoch: int, consumed: int) -> LoaderState:
-        cfg = self.config
-        return LoaderState(
-            seed=cfg.seed, epoch=epoch, batches_consumed=consumed, num_samples=cfg.num_samples,
-            shards_digest=shards_digest(cfg.shard_sizes), world_size=cfg.world_size,
-            batch_size=cfg.batch_size, drop_last=cfg.drop_last, shuffle=cfg.shuffle, window=cfg.window,
-        )
-
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, as a tiny JSON-able dict (the same on every rank).
 
         Loading it into a fresh loader (any ``num_workers``) continues with exactly the batches
         not yet delivered, with the same samples, order and augmentation.
         """
-        return self._state(*self._pos).to_dict()
+        return self.config.state(*self._pos).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` output; refuses a state made for another configuration."""
-        s = LoaderState.from_dict(state)
-        cfg = self.config
-        check_compatible(
-            s, seed=cfg.seed, num_samples=cfg.num_samples, shards_digest=shards_digest(cfg.shard_sizes),
-            world_size=cfg.world_size, batch_size=cfg.batch_size, drop_last=cfg.drop_last,
-            shuffle=cfg.shuffle, window=cfg.window,
-        )
-        done = s.batches_consumed >= self._num_batches
-        self._pos, self._fresh = ((s.epoch + 1, 0) if done else (s.epoch, s.batches_consumed)), True
+        self._pos = self.config.resume(state)
+        self._fresh = self._loaded = True
+
+    def close(self) -> None:
+        """Stop the worker processes and the GPU prefetcher, close open shard files.
+
+        Idempotent; iterating again afterwards starts new workers.
+        """
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+        if self._dataloader is not None:
+            shutdown_workers(self._dataloader)
+        self._reader.close()
+
+    def __enter__(self) -> ShardLoader:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

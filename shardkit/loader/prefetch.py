@@ -91,14 +91,15 @@ class DevicePrefetcher:
     ``merge``: up to this many staged batches are decoded in one nvJPEG call when they are
     already waiting (fewer fixed costs per image). ``hw_planar``: None for nvJPEG alone, else run
     a hardware JPEG decoder thread beside it (``HwJpegDecoder(planar=hw_planar)``), or instead of
-    it with ``hw_only``. ``keep_alive``: how many recent worker batches to hold, so shared-memory buffers that workers
+    it with ``hw_only`` (``hw_threads``: its CPU threads). ``keep_alive``: how many recent worker batches to hold, so shared-memory buffers that workers
     reuse stay mapped in this process (no page faults on reuse). Stop early by closing the
     iterator (``for`` loops do it when abandoned).
     """
 
     def __init__(self, source: Iterator[Batch], pipeline: GpuPipeline, device: torch.device,
                  slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0,
-                 merge: int = 2, hw_planar: bool | None = None, hw_only: bool = False) -> None:
+                 merge: int = 2, hw_planar: bool | None = None, hw_only: bool = False,
+                 hw_threads: int = 2) -> None:
         if depth < merge or len(slots) < ring_size(depth):
             raise ValueError(f"need depth >= 1 and {ring_size(depth)} slots, got {depth} and {len(slots)}")
         self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
@@ -112,7 +113,7 @@ class DevicePrefetcher:
         self._q = [queue.Queue[Any](maxsize=depth) for _ in range(3)]  # staged, decoded, ready
         self._stop = threading.Event()
         self._free = threading.Semaphore(len(slots))  # permits to (re)stage a slot, see module doc
-        self.hw_planar = hw_planar
+        self.hw_planar, self.hw_threads = hw_planar, hw_threads
         self.hw_stream = torch.cuda.Stream(device) if hw_planar is not None else None
         self._keep: deque[Batch] = deque(maxlen=max(keep_alive, 1))
         self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event, list[torch.Tensor]]] = deque()
@@ -193,7 +194,7 @@ class DevicePrefetcher:
 
     def _decode_hw(self) -> None:
         assert self.hw_stream is not None and self.hw_planar is not None
-        hw, stream = HwJpegDecoder(self.device, planar=self.hw_planar), self.hw_stream  # this thread's own
+        hw, stream = HwJpegDecoder(self.device, planar=self.hw_planar, threads=self.hw_threads), self.hw_stream  # this thread's own
         self._decode_loop(lambda items: self.pipeline.decode_hw(items, hw, stream), stream, "gpu_hw_decode_s")
 
     def _augment(self) -> None:

@@ -3,17 +3,25 @@
 A ``torch.utils.data.IterableDataset`` so torch's ``DataLoader`` can run it in persistent worker
 processes. The epoch and resume point are read from a small shared-memory tensor at the start of
 each iteration, which is how persistent workers learn about a new epoch.
+
+A :class:`~shardkit.errors.ShardkitError` raised in a worker process is shipped to the main
+process as a :class:`WorkerFailure` record (torch would otherwise re-raise it as its type built
+from the whole traceback text, losing ``where``); :func:`raise_failures` re-raises it there with
+its type, message and ``where``, chained to the worker's traceback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import traceback
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from shardkit.errors import ShardkitError
 from shardkit.loader.batch import Batch, BatchBuilder
 from shardkit.loader.plan import (
     batch_positions,
@@ -25,6 +33,7 @@ from shardkit.loader.plan import (
     shard_offsets,
     worker_batch_indices,
 )
+from shardkit.loader.state import LoaderState, check_compatible, shards_digest
 
 
 @dataclass(frozen=True)
@@ -55,16 +64,61 @@ class PlanConfig:
         return rank_batches(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
                             drop_last=self.drop_last)
 
+    def state(self, epoch: int, consumed: int) -> LoaderState:
+        """The resume state after ``consumed`` batches of ``epoch``."""
+        return LoaderState(
+            seed=self.seed, epoch=epoch, batches_consumed=consumed, num_samples=self.num_samples,
+            shards_digest=shards_digest(self.shard_sizes), world_size=self.world_size,
+            batch_size=self.batch_size, drop_last=self.drop_last, shuffle=self.shuffle, window=self.window,
+        )
 
-class BatchStream(IterableDataset[Batch]):
-    """Yield this worker's batches of the epoch in ``control = [epoch, start_batch]``."""
+    def resume(self, state: dict[str, Any]) -> tuple[int, int]:
+        """``(epoch, next batch)`` to resume ``state`` at (a finished epoch: the next one's start).
+
+        Raises:
+            LoaderError: the state is malformed or was made for another configuration.
+        """
+        s = LoaderState.from_dict(state)
+        check_compatible(
+            s, seed=self.seed, num_samples=self.num_samples, shards_digest=shards_digest(self.shard_sizes),
+            world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
+            shuffle=self.shuffle, window=self.window,
+        )
+        return (s.epoch + 1, 0) if s.batches_consumed >= self.num_batches else (s.epoch, s.batches_consumed)
+
+
+class WorkerTraceback(Exception):
+    """The traceback of an error raised in a DataLoader worker, as text (the ``__cause__``)."""
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A :class:`ShardkitError` raised in a worker, as picklable data."""
+
+    kind: type[ShardkitError]
+    message: str
+    where: str
+    traceback: str
+
+
+def raise_failures(source: Iterable[Batch | WorkerFailure]) -> Iterator[Batch]:
+    """Pass ``source``'s batches on; re-raise a :class:`WorkerFailure` as its original error."""
+    for item in source:
+        if isinstance(item, WorkerFailure):
+            raise item.kind(item.message, where=item.where) from WorkerTraceback(item.traceback)
+        yield item
+
+
+class BatchStream(IterableDataset[Batch | WorkerFailure]):
+    """Yield this worker's batches of the epoch in ``control = [epoch, start_batch]``; in a
+    worker process, a :class:`ShardkitError` ends the stream as a :class:`WorkerFailure`."""
 
     def __init__(self, config: PlanConfig, builder: BatchBuilder, control: torch.Tensor) -> None:
         self.config = config
         self.builder = builder
         self.control = control
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Batch | WorkerFailure]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, start = int(self.control[0]), int(self.control[1])
@@ -74,4 +128,11 @@ class BatchStream(IterableDataset[Batch]):
         for j in worker_batch_indices(len(batches), num_workers=workers, worker_id=worker, start_batch=start):
             positions = np.asarray(batch_positions(cfg.rank, j, num_batches=len(batches), batch_size=cfg.batch_size))
             seeds = sample_seeds(cfg.seed, epoch, positions)
-            yield self.builder.build(shards[j], indices[j], seeds.tolist())
+            try:
+                batch = self.builder.build(shards[j], indices[j], seeds.tolist())
+            except ShardkitError as err:
+                if info is None:  # in this process: the error keeps its own traceback
+                    raise
+                yield WorkerFailure(type(err), err.message, err.where, traceback.format_exc())
+                return
+            yield batch

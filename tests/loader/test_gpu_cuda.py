@@ -6,7 +6,7 @@ level given the same decoded pixels (tested below with nvJPEG's pixels); end to 
 libjpeg-turbo differ in IDCT and chroma upsampling, so on these grainy synthetic photos the mean
 absolute difference per image stays under ``MEAN_TOL`` levels (worst seen on an H200: 2.1) and
 fewer than ``FRAC_TOL`` of values differ by more than ``BIG`` levels. The same tolerances hold
-for the hardware JPEG engines (nvImageCodec ``HW_GPU_ONLY``; opt-in with ``SHARDKIT_HW_JPEG``):
+for the hardware JPEG engines (nvImageCodec ``HW_GPU_ONLY``; opt-in with ``ShardLoader(hw_decode=...)``):
 the tests named ``hw`` check them (skipped without nvImageCodec or engines). Mixing both
 decoders picks a decoder per batch by timing, so pixels are then not bit-reproducible run to run.
 """
@@ -31,7 +31,7 @@ from tests.loader.gpu_helpers import emulate_device, make_packed_imagenet_like, 
 
 @pytest.fixture(autouse=True)
 def _fresh_hw_probe() -> Iterator[None]:
-    """Tests below switch the hardware decoder on through the environment; forget that after."""
+    """Tests below probe the hardware decoder; forget the cached probe after each."""
     yield
     hw_decode_unavailable.cache_clear()
 
@@ -137,8 +137,7 @@ def test_batches_are_safe_on_a_user_stream(inet: Path) -> None:
         assert torch.equal(a, b)
 
 
-def _hw(monkeypatch: pytest.MonkeyPatch, mode: str = "1") -> HwJpegDecoder:
-    monkeypatch.setenv("SHARDKIT_HW_JPEG", mode)
+def _hw() -> HwJpegDecoder:
     hw_decode_unavailable.cache_clear()
     reason, planar = hw_decode_unavailable(torch.device("cuda"))
     if reason is not None:
@@ -146,8 +145,8 @@ def _hw(monkeypatch: pytest.MonkeyPatch, mode: str = "1") -> HwJpegDecoder:
     return HwJpegDecoder(torch.device("cuda"), planar=planar)
 
 
-def test_hw_decoder_pixels_within_tolerance_of_cpu(inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    hw, stream = _hw(monkeypatch), torch.cuda.current_stream()
+def test_hw_decoder_pixels_within_tolerance_of_cpu(inet: Path) -> None:
+    hw, stream = _hw(), torch.cuda.current_stream()
     _, raw = raw_and_cpu_streams(inet, transforms.imagenet_train(224))
     worst, decoded, missed = 0.0, 0, 0
     for batch in raw:
@@ -167,9 +166,8 @@ def test_hw_decoder_pixels_within_tolerance_of_cpu(inet: Path, monkeypatch: pyte
 
 
 @pytest.mark.parametrize("compile", [True, False])
-def test_device_pipeline_equals_reference_on_hw_pixels(inet: Path, compile: bool,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    hw, stream = _hw(monkeypatch), torch.cuda.current_stream()
+def test_device_pipeline_equals_reference_on_hw_pixels(inet: Path, compile: bool) -> None:
+    hw, stream = _hw(), torch.cuda.current_stream()
     t = transforms.imagenet_train(224)
     _, raw = raw_and_cpu_streams(inet, t)
     pipe = GpuPipeline(t, torch.device("cuda"), compile=compile)
@@ -183,13 +181,13 @@ def test_device_pipeline_equals_reference_on_hw_pixels(inet: Path, compile: bool
         assert (got.int() - want.int()).abs().max() <= 1
 
 
-@pytest.mark.parametrize("mode", ["1", "only"])
-def test_loader_runs_the_hw_decoder(inet: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
-    _hw(monkeypatch, mode)
+@pytest.mark.parametrize("mode", ["mix", "only"])
+def test_loader_runs_the_hw_decoder(inet: Path, mode: str) -> None:
+    _hw()
     t = transforms.imagenet_train(224)
     kw = {"batch_size": 16, "transform": t, "keys": True, "seed": 7, "num_workers": 2}
     ref = ShardLoader(str(inet), device="cpu", **kw)  # type: ignore[arg-type]
-    loader = ShardLoader(str(inet), device="cuda", **kw)  # type: ignore[arg-type]
+    loader = ShardLoader(str(inet), device="cuda", hw_decode=mode, **kw)  # type: ignore[arg-type]
     for _ in range(2):  # the second epoch forks fresh workers while the first one's state is alive
         cpu = [(x, y, k) for x, y, k in ref]
         gpu = [(x.cpu(), y.cpu(), k) for x, y, k in loader]

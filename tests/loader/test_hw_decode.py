@@ -11,7 +11,7 @@ import torch
 
 from shardkit import transforms
 from shardkit.loader.gpu_pipeline import GpuPipeline
-from shardkit.loader.hw_decode import hw_decode_mode, hw_decode_unavailable
+from shardkit.loader.hw_decode import hw_decode_unavailable
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.loader.prefetch import InOrder
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
@@ -23,24 +23,25 @@ def inet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_packed_imagenet_like(tmp_path_factory.mktemp("inet_hw"))
 
 
-def test_probe_refuses_without_cuda_or_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_refuses_without_cuda() -> None:
     hw_decode_unavailable.cache_clear()
     reason, planar = hw_decode_unavailable(torch.device("cpu"))
     assert reason is not None and planar is False
-    monkeypatch.setenv("SHARDKIT_HW_JPEG", "0")
-    hw_decode_unavailable.cache_clear()
-    assert "SHARDKIT_HW_JPEG" in (hw_decode_unavailable(torch.device("cuda"))[0] or "")
     hw_decode_unavailable.cache_clear()
 
 
-@pytest.mark.parametrize(("value", "mode"), [(None, "off"), ("0", "off"), ("", "off"), ("1", "mix"),
-                                             ("yes", "mix"), ("only", "only")])
-def test_hw_decode_mode(monkeypatch: pytest.MonkeyPatch, value: str | None, mode: str) -> None:
-    if value is None:
-        monkeypatch.delenv("SHARDKIT_HW_JPEG", raising=False)
-    else:
-        monkeypatch.setenv("SHARDKIT_HW_JPEG", value)
-    assert hw_decode_mode() == mode
+def test_hw_decode_is_a_parameter_off_by_default_and_validated(packed: Path) -> None:
+    from shardkit import LoaderError, ShardLoader
+    from shardkit.loader.gpu_setup import GpuPath
+
+    source = (Path(__file__).parents[2] / "shardkit" / "loader" / "hw_decode.py").read_text()
+    assert "environ" not in source  # no ambient configuration (STYLE principle 6)
+    with pytest.raises(LoaderError, match="hw_decode"):
+        ShardLoader(str(packed), batch_size=4, hw_decode="yes")  # type: ignore[arg-type]
+    with pytest.raises(LoaderError, match="hw_decode_threads"):
+        ShardLoader(str(packed), batch_size=4, hw_decode_threads=0)
+    init = GpuPath.__init__.__kwdefaults__ or {}
+    assert init["hw_decode"] == "off" and ShardLoader.__init__.__kwdefaults__["hw_decode"] == "off"  # type: ignore[index]
 
 
 def test_in_order_returns_items_in_sequence() -> None:
@@ -186,7 +187,7 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
                         ("stream", lambda s: contextlib.nullcontext()),
                         ("current_stream", lambda d=None: _FakeStream())):
         monkeypatch.setattr(torch.cuda, name, value)
-    monkeypatch.setattr(prefetch, "HwJpegDecoder", lambda device, planar: object())
+    monkeypatch.setattr(prefetch, "HwJpegDecoder", lambda device, planar, threads: object())
 
 
 def _prefetcher(pipe: object, n: int, hw_planar: bool | None, hw_only: bool = False) -> object:

@@ -1,0 +1,56 @@
+"""The worker processes behind a :class:`~shardkit.loader.ShardLoader`: start and stop them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from shardkit.errors import LoaderError
+from shardkit.loader.stream import BatchStream
+
+__all__ = ["rank_and_world", "shutdown_workers", "worker_loader"]
+
+
+def _init_worker(_worker_id: int) -> None:
+    torch.set_num_threads(1)  # one core per worker; decode and resize are single-threaded anyway
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The given ``rank``/``world_size``; each None one from the initialised ``torch.distributed``
+    group, else 0 and 1.
+
+    Raises:
+        LoaderError: not ``0 <= rank < world_size``.
+    """
+    detected = (0, 1)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        detected = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    rank = detected[0] if rank is None else rank
+    world_size = detected[1] if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise LoaderError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, world_size={world_size}")
+    return rank, world_size
+
+
+def worker_loader(stream: BatchStream, *, num_workers: int, prefetch: int, pin_memory: bool) -> DataLoader[Any]:
+    """A DataLoader running ``stream`` in ``num_workers`` persistent worker processes."""
+    return DataLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=True,
+                      prefetch_factor=prefetch, pin_memory=pin_memory, worker_init_fn=_init_worker)
+
+
+def shutdown_workers(loader: DataLoader[Any]) -> None:
+    """Stop ``loader``'s persistent workers now (a later ``iter(loader)`` starts new ones).
+
+    torch keeps the multi-process iterator in ``loader._iterator`` while ``persistent_workers``
+    is on and stops its processes only when that iterator is garbage collected; this asks it to
+    stop them (its ``_shutdown_workers``, private but stable since torch 1.7) and drops it.
+    """
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is None:
+        return
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+    loader._iterator = None

@@ -1,0 +1,86 @@
+"""The remote-shard cache: keyed by content hash (re-packed URLs read fresh), size-checked,
+fetched once under a lock, evicted least-recently-used beyond its budget."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sample_data.generate import decode_index
+from shardkit import LoaderError, ShardLoader, transforms
+from shardkit.index.manifest import ShardEntry
+from shardkit.loader.cache import ShardCache
+from shardkit.pack import PackOptions, pack
+
+
+def _epoch(url: str, cache: Path, **kw: Any) -> list[str]:
+    loader = ShardLoader(url, batch_size=8, transform=transforms.imagenet_val(32), shuffle=False, keys=True,
+                         cache_dir=str(cache), **kw)
+    keys = []
+    for images, _, batch_keys in loader:
+        for image, key in zip(images, batch_keys, strict=True):
+            assert decode_index(image) == int(key)  # the pixels are the sample the key names
+        keys += batch_keys
+    loader.close()
+    return keys
+
+
+def test_repacking_the_same_url_never_reads_stale_cached_bytes(indexed_tree: Path, tmp_path: Path) -> None:
+    url, cache = f"memory://shardkit-tests/{uuid.uuid4().hex}/ds", tmp_path / "cache"
+    pack(str(indexed_tree), url, options=PackOptions(max_count=10, seed=1), workers=1)
+    first = _epoch(url, cache)
+    pack(str(indexed_tree), url, options=PackOptions(max_count=10, seed=2), workers=1, overwrite=True)
+    second = _epoch(url, cache, num_workers=2)
+    assert first != second and set(first) == set(second) == {f"{i:08d}" for i in range(69)}
+    assert not list(cache.glob("*.tmp-*"))
+
+
+def test_eviction_keeps_the_cache_under_its_budget(indexed_tree: Path, tmp_path: Path) -> None:
+    url, cache = f"memory://shardkit-tests/{uuid.uuid4().hex}/ds", tmp_path / "cache"
+    manifest = pack(str(indexed_tree), url, options=PackOptions(max_count=10, seed=1), workers=1).manifest
+    budget = 2 * max(s.num_bytes for s in manifest.shards) + 1
+    assert budget < sum(s.num_bytes for s in manifest.shards)
+    keys = _epoch(url, cache, cache_bytes=budget)
+    assert set(keys) == {f"{i:08d}" for i in range(69)}
+    files = list(cache.glob("*.tar"))
+    assert 0 < sum(f.stat().st_size for f in files) <= budget
+    assert {f.stem for f in files} <= {s.sha256 for s in manifest.shards}
+
+
+class _SlowStore:
+    """A store whose reads take a while and are counted (widens the fetch race on purpose)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.reads = data, 0
+
+    def open_read(self, name: str) -> io.BytesIO:
+        self.reads += 1
+        time.sleep(0.05)
+        return io.BytesIO(self.data)
+
+    def path(self, name: str) -> str:
+        return f"memory://x/{name}"
+
+
+def test_concurrent_openers_fetch_once_and_a_wrong_size_is_refused(tmp_path: Path) -> None:
+    store, cache = _SlowStore(b"x" * 1000), ShardCache(str(tmp_path / "c"))
+    entry = ShardEntry(url="s.tar", num_samples=1, num_bytes=1000, sha256="ab" * 32)
+    fds: list[int] = []
+    threads = [threading.Thread(target=lambda: fds.append(cache.open(store, entry))) for _ in range(4)]  # type: ignore[arg-type]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.reads == 1 and len(fds) == 4
+    bad = ShardEntry(url="t.tar", num_samples=1, num_bytes=999, sha256="cd" * 32)
+    with pytest.raises(LoaderError, match="999"):
+        cache.open(store, bad)  # type: ignore[arg-type]
+    assert not Path(cache.path(bad)).exists()
+    with pytest.raises(LoaderError):
+        ShardCache(str(tmp_path), 0)
