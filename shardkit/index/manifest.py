@@ -71,7 +71,8 @@ class Manifest:
         doc["skipped"] = list(self.skipped)
         doc["options"] = self.options
         doc["created_by"] = self.created_by
-        return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+        # backslashreplace: a lone surrogate in a string (COCO json escapes) stays a JSON escape.
+        return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> Manifest:

@@ -6,7 +6,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, BrokenExecutor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -134,6 +134,11 @@ def pack_listing(
             fresh = _run(tasks, procs, progress)
     except ShardkitError:
         raise
+    except BrokenExecutor as err:
+        raise PackError(
+            f"a writer process died (killed, e.g. out of memory: {err}); re-run the same command to resume",
+            where=dst,
+        ) from err
     except OSError as err:
         raise PackError(f"writing shards failed ({err}); re-run the same command to resume", where=dst) from err
     receipts = sorted([*state.receipts.values(), *fresh], key=lambda r: r.index)

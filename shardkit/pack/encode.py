@@ -60,7 +60,12 @@ def _reencode(img: Image.Image, shorter: int, quality: int) -> tuple[bytes, int,
     scale = shorter / min(width, height)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
     out = io.BytesIO()
-    img.convert("RGB").resize(size, Image.Resampling.BICUBIC).save(out, "JPEG", quality=quality)
+    try:  # the full decode happens here: the cheap checks before it cannot see corrupt scan data
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            img.convert("RGB").resize(size, Image.Resampling.BICUBIC).save(out, "JPEG", quality=quality)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise SkipSample(f"corrupt image data ({err})") from err
     return out.getvalue(), size[0], size[1]
 
 
@@ -104,5 +109,7 @@ def encode_sample(
         fields.append(("cls", str(sample.label).encode("ascii")))
     if sample.meta is not None:
         doc.update(sample.meta)
-    fields.append(("json", json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()))
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # A lone surrogate (e.g. from a "\\udce9" escape in a COCO json) becomes that same JSON escape.
+    fields.append(("json", text.encode("utf-8", "backslashreplace")))
     return fields

@@ -11,7 +11,7 @@ import os
 
 from shardkit.errors import SourceError
 from shardkit.format.spec import IMAGE_EXTENSIONS
-from shardkit.sources.base import SourceListing, SourceSample
+from shardkit.sources.base import SourceListing, SourceSample, source_name
 
 _SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
 
@@ -64,7 +64,7 @@ def scan_imagefolder(root: str) -> SourceListing:
             for fname in sorted(fnames):
                 if fname.lower().endswith(_SUFFIXES):
                     path = os.path.join(dirpath, fname)
-                    rel = os.path.relpath(path, root).replace(os.sep, "/")
+                    rel = source_name(os.path.relpath(path, root).replace(os.sep, "/"))
                     size, mtime_ns = _stat(path)
                     samples.append(SourceSample(path, rel, size, label, mtime_ns=mtime_ns))
         if len(samples) == count:

@@ -87,3 +87,10 @@ def test_read_write_and_locate(tmp_path):
     assert locate_dataset(str(tmp_path / "index.json")).url == str(tmp_path)
     assert locate_dataset(str(tmp_path) + "/").url == str(tmp_path)
     assert locate_dataset("memory://a/b/index.json").url == "memory://a/b"
+
+
+def test_lone_surrogates_are_written_as_json_escapes():
+    m = _manifest(classes=("caf\udce9", "dog"))  # e.g. a COCO name given as a "\udce9" escape
+    data = m.to_json()
+    assert b'"caf\\udce9"' in data
+    assert Manifest.from_json(data, where="x") == m
