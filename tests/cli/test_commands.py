@@ -114,3 +114,20 @@ def test_console_entry_point_runs(small_tree, tmp_path):
     done = subprocess.run([sys.executable, "-m", "shardkit", "pack", str(small_tree), str(tmp_path / "o"),
                            "--workers", "1", "-q"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
+
+
+def test_s3_without_credentials_is_a_one_line_error(runner, monkeypatch):
+    pytest.importorskip("s3fs")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    result = runner.invoke(cli, ["info", "s3://bucket/x", "-o", "client_kwargs.endpoint_url=http://127.0.0.1:9",
+                                 "-o", "skip_instance_cache=true"])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("error: s3://bucket/x/index.json: no AWS credentials found")
+    assert "-o key=" in result.output and "Traceback" not in result.output
