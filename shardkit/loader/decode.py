@@ -26,13 +26,13 @@ import torch
 from PIL import Image
 
 from shardkit.errors import DecodeError
+from shardkit.loader.jpeg_header import jpeg_frame
 
 __all__ = ["DecodeStats", "decode_backend", "decode_rgb", "is_jpeg", "peek_size"]
 
 Bytes = bytes | bytearray | memoryview
 _Decoder = Callable[[torch.Tensor, str], torch.Tensor]  # (encoded uint8 1-D, kind) -> [3,H,W]
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
-_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
 @dataclass
@@ -69,25 +69,6 @@ def _kind(data: Bytes) -> str:
     return "other"
 
 
-def _jpeg_size(b: Bytes) -> tuple[int, int] | None:
-    i, n = 2, len(b)
-    while i + 3 < n:
-        if b[i] != 0xFF:
-            return None
-        m = b[i + 1]
-        if m == 0xFF:  # fill byte
-            i += 1
-        elif m == 0x01 or 0xD0 <= m <= 0xD7:  # markers without a length
-            i += 2
-        elif m in (0xD9, 0xDA):  # EOI/SOS before any SOF
-            return None
-        elif m in _SOF:
-            return ((b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8]) if i + 8 < n else None
-        else:
-            i += 2 + ((b[i + 2] << 8) | b[i + 3])
-    return None
-
-
 def peek_size(data: Bytes | torch.Tensor) -> tuple[int, int]:
     """``(height, width)`` of an encoded image, without decoding it (EXIF not applied).
 
@@ -98,9 +79,9 @@ def peek_size(data: Bytes | torch.Tensor) -> tuple[int, int]:
     """
     mv = memoryview(_buffer(data)).cast("B")
     if is_jpeg(mv):
-        hw = _jpeg_size(mv)
-        if hw is not None and hw[0] > 0 and hw[1] > 0:
-            return hw
+        frame = jpeg_frame(mv)
+        if frame is not None and frame.height > 0 and frame.width > 0:
+            return frame.height, frame.width
     elif bytes(mv[:8]) == _PNG_SIG and len(mv) >= 24 and bytes(mv[12:16]) == b"IHDR":
         w, h = int.from_bytes(mv[16:20], "big"), int.from_bytes(mv[20:24], "big")
         return h, w

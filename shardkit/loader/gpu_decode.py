@@ -20,32 +20,11 @@ import warnings
 import torch
 
 from shardkit.loader.decode import Bytes, is_jpeg
+from shardkit.loader.jpeg_header import SEQUENTIAL_HUFFMAN, jpeg_frame
 
 __all__ = ["GpuJpegDecoder", "gpu_decode_unavailable", "nvjpeg_friendly"]
 
 log = logging.getLogger(__name__)
-_GPU_SOF = (0xC0, 0xC1)  # baseline and extended sequential, Huffman coded
-_OTHER_SOF = frozenset(range(0xC2, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
-def _frame(b: Bytes) -> tuple[int, int] | None:
-    """``(SOF marker, number of components)`` of a JPEG, from its header, or None."""
-    i, n = 2, len(b)
-    while i + 3 < n:
-        if b[i] != 0xFF:
-            return None
-        m = b[i + 1]
-        if m == 0xFF:
-            i += 1
-        elif m == 0x01 or 0xD0 <= m <= 0xD7:
-            i += 2
-        elif m in (0xD9, 0xDA):
-            return None
-        elif m in _GPU_SOF or m in _OTHER_SOF:
-            return (m, b[i + 9]) if i + 9 < n else None
-        else:
-            i += 2 + ((b[i + 2] << 8) | b[i + 3])
-    return None
 
 
 def nvjpeg_friendly(data: Bytes) -> bool:
@@ -53,8 +32,8 @@ def nvjpeg_friendly(data: Bytes) -> bool:
     mv = memoryview(data).cast("B")
     if not is_jpeg(mv):
         return False
-    frame = _frame(mv)
-    return frame is not None and frame[0] in _GPU_SOF and frame[1] == 3
+    frame = jpeg_frame(mv)
+    return frame is not None and frame.marker in SEQUENTIAL_HUFFMAN and frame.components == 3
 
 
 def _decode_jpeg(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
