@@ -52,7 +52,7 @@ def test_tree_sampler_counts_child_cpu() -> None:
     sampler = TreeSampler(interval=0.05).start()
     # The child burns 0.4 s of CPU (however long that takes on a busy machine), then idles so
     # that a sample sees its final CPU time before it exits.
-    code = "import time\nwhile time.process_time() < 0.4: pass\ntime.sleep(0.5)"
+    code = "import time\nwhile time.process_time() < 0.4: pass\ntime.sleep(1.5)"
     child = subprocess.Popen([sys.executable, "-c", code])
     assert child.pid in descendants()
     assert os.getpid() in tree_snapshot()
