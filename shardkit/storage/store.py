@@ -45,6 +45,7 @@ class Store:
         self.storage_options = dict(storage_options or {})
         self.remote = is_remote(url)
         self._fs: Any = None
+        self._fs_pid = 0  # the process that made _fs: async filesystems (s3fs) are not fork-safe
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -56,8 +57,9 @@ class Store:
 
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem for a remote store (created on first use)."""
-        if self._fs is None:
+        """The fsspec filesystem for a remote store (created on first use in each process, so a
+        forked DataLoader worker never reuses its parent's event loop)."""
+        if self._fs is None or self._fs_pid != os.getpid():
             import fsspec
 
             protocol = self.url.split("://", 1)[0]
@@ -66,7 +68,7 @@ class Store:
             except (ImportError, ValueError) as err:
                 raise StorageError(f"cannot open filesystem {protocol!r}: {err}", where=self.url) from err
             _remote.tune(fs, protocol)
-            self._fs = fs
+            self._fs, self._fs_pid = fs, os.getpid()
         return self._fs
 
     @property
