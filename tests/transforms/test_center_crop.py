@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import glob
 import random
-import site
 from pathlib import Path
 
 import pytest
@@ -15,16 +13,17 @@ from shardkit.loader.decode import decode_rgb
 from shardkit.transforms import CropFlip, imagenet_val, resize_center_crop_box
 from tests.transforms.images import make_photo
 
-SKIMAGE = sorted(p for d in site.getsitepackages() for p in glob.glob(f"{d}/skimage/data/*.[jp][pn]g"))  # fmt: skip
+# Real photos shipped with the repository (scikit-image's data set, see sample_data/README.md).
+REAL = sorted((Path(__file__).resolve().parents[2] / "sample_data" / "photos").glob("*.jpg"))
 PHOTOS = [f"synthetic-{h}x{w}" for h, w in [(375, 500), (500, 375), (333, 333), (200, 900)]]
-PHOTOS += [Path(p).name for p in SKIMAGE[:12]]
+PHOTOS += [p.name for p in REAL]
 
 
 def load(name: str) -> torch.Tensor:
     if name.startswith("synthetic-"):
         h, w = map(int, name.split("-")[1].split("x"))
         return make_photo(h, w, seed=h)
-    return decode_rgb(next(Path(p) for p in SKIMAGE if Path(p).name == name).read_bytes())
+    return decode_rgb(next(p for p in REAL if p.name == name).read_bytes())
 
 
 @pytest.mark.parametrize("name", PHOTOS)
