@@ -74,8 +74,9 @@ class ShardReader:
         try:
             fd = self._open_fd(entry)
             idx = offsets_name(entry.url)
-            if self.store.exists(idx):
-                spans = [(s.key, s.offset, s.size) for s in load_offsets(self.store.read_bytes(idx), where=self.store.path(idx))]
+            raw = self.store.read_optional(idx)
+            if raw is not None:
+                spans = [(s.key, s.offset, s.size) for s in load_offsets(raw, where=self.store.path(idx))]
             else:
                 with os.fdopen(os.dup(fd), "rb") as f:
                     spans = scan_spans(f, where=where)

@@ -142,6 +142,16 @@ class Store:
         with self._errors(name), self.open_read(name) as f:
             return f.read()
 
+    def read_optional(self, name: str) -> bytes | None:
+        """The content of file ``name``, or ``None`` if it does not exist (one request on object
+        stores, where ``exists`` + ``read_bytes`` would be two)."""
+        try:
+            return self.read_bytes(name)
+        except StorageError as err:
+            if isinstance(err.__cause__, FileNotFoundError):
+                return None
+            raise
+
     def makedirs(self) -> None:
         """Create the store's directory (no-op on object stores)."""
         with self._errors(""):

@@ -79,6 +79,13 @@ def test_missing_files_raise_storage_error_naming_them(store):
         store.size("nope.bin")
 
 
+def test_read_optional_returns_none_only_for_missing_files(store):
+    store.makedirs()
+    store.write_bytes("here.bin", b"data")
+    assert store.read_optional("here.bin") == b"data"
+    assert store.read_optional("absent.bin") is None
+
+
 def test_pickles_without_its_filesystem(store):
     store.makedirs()
     store.write_bytes("a", b"1")
