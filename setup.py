@@ -9,5 +9,7 @@ setup(
     ext_modules=[
         Extension("shardkit.loader._jpeg_roi", ["shardkit/loader/_jpeg_roi.c"], libraries=["jpeg"],
                   extra_compile_args=["-O2"], optional=True),
+        Extension("shardkit.format._jpeg_restart", ["shardkit/format/_jpeg_restart.c"], libraries=["jpeg"],
+                  extra_compile_args=["-O2"], optional=True),
     ]
 )
