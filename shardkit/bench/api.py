@@ -37,6 +37,8 @@ class BenchConfig:
     Each run iterates ``epochs`` epochs; its first ``warmup`` batches are not timed. Every
     contender runs ``repeats`` times, in alternating order. ``drop_caches``: drop the page cache
     before every run (cold cache) where permitted; otherwise all files are read once first (warm).
+    ``jpeg_restart``: pack with :attr:`PackOptions.jpeg_restart <shardkit.pack.PackOptions>`; given
+    ``shards`` that already hold a pack must have been packed with the same value.
     """
 
     imagefolder: str
@@ -52,6 +54,7 @@ class BenchConfig:
     drop_caches: bool = False
     pack_workers: int | None = None
     contenders: tuple[str, ...] = CONTENDERS
+    jpeg_restart: int | None = None
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
 
     def validate(self) -> None:
@@ -60,6 +63,8 @@ class BenchConfig:
             raise ValueError(f"transform must be 'train' or 'val', got {self.transform!r}")
         if min(self.batch_size, self.size, self.epochs, self.repeats) < 1 or self.workers < 0 or self.warmup < 0:
             raise ValueError("batch_size, size, epochs and repeats must be >= 1; workers and warmup >= 0")
+        if self.jpeg_restart is not None and self.jpeg_restart < 1:
+            raise ValueError(f"jpeg_restart must be >= 1, got {self.jpeg_restart}")
         unknown = set(self.contenders) - set(CONTENDERS)
         if unknown or "imagefolder" not in self.contenders:
             raise ValueError(f"contenders must include 'imagefolder' and be among {CONTENDERS}, got {self.contenders}")
@@ -73,7 +78,7 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
     workers = cfg.pack_workers or os.cpu_count() or 1
     if sink is not None:
         sink.begin("packing", n_images)
-    result = pack(cfg.imagefolder, dst, options=PackOptions(max_count=per_shard), workers=workers,
+    result = pack(cfg.imagefolder, dst, options=PackOptions(max_count=per_shard, jpeg_restart=cfg.jpeg_restart), workers=workers,
                   storage_options=cfg.storage_options, progress=sink.advance if sink else None)
     return {"images": result.manifest.num_samples, "seconds": result.seconds,
             "images_per_second": result.images_per_second, "shards": len(result.manifest.shards),
@@ -101,14 +106,21 @@ def _drop(_contender: Contender) -> None:
     conditions.drop_page_cache()
 
 
-def _check_same_data(manifest: Manifest, data: dict[str, Any], shards: str) -> None:
-    """Refuse shards that cannot be a pack of the ImageFolder tree being compared."""
+def _check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_restart: int | None) -> None:
+    """Refuse shards that cannot be a pack of the ImageFolder tree being compared (or, when
+    ``jpeg_restart`` is asked for, were packed without it)."""
     packed = manifest.num_samples + len(manifest.skipped)
     if manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"] or packed != data["images"]:
         raise ValueError(
             f"--shards {shards} holds {manifest.kind} data of {len(manifest.classes or ())} classes and "
             f"{packed} source images, but {data['path']} has {data['classes']} classes and {data['images']} "
             "images: the comparison would not be on the same data (pack it with shardkit pack, or omit --shards)"
+        )
+    packed_with = manifest.options.get("jpeg_restart")
+    if jpeg_restart is not None and packed_with != jpeg_restart:
+        raise ValueError(
+            f"--shards {shards} was packed with jpeg_restart={packed_with}, not {jpeg_restart}: repack it with "
+            f"shardkit pack --jpeg-restart {jpeg_restart} --overwrite, or omit --jpeg-restart to use it as it is"
         )
 
 
@@ -137,7 +149,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         store = locate_dataset(shards, cfg.storage_options)
         pack_info = None if store.exists("index.json") else _pack(cfg, shards, data["images"], sink)
         manifest = read_manifest(store)
-        _check_same_data(manifest, data, shards)
+        _check_same_data(manifest, data, shards, cfg.jpeg_restart)
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
         cache = "warm (every file read once before the runs)"
@@ -153,7 +165,8 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
                  "data": data, "page_cache": cache, "shards_location": "remote" if remote else "local",
                  "shards": {"url": shards, "count": len(manifest.shards), "bytes": manifest.num_bytes,
-                            "temporary": tmp is not None}}
+                            "temporary": tmp is not None,
+                            "jpeg_restart": manifest.options.get("jpeg_restart")}}
         contenders = _contenders(cfg, shards, shard_paths)
         runs = _run(cfg, contenders, warmup, per_epoch, drop, sink, after_run)
         config = {**asdict(cfg), "warmup": warmup, "storage_options": None,

@@ -52,11 +52,14 @@ class _Bar:
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0), help="Untimed batches at the start of each run.")
 @click.option("--drop-caches", is_flag=True, help="Drop the page cache before every run (needs root); default: warm cache.")
 @click.option("--no-webdataset", is_flag=True, help="Leave out the plain webdataset baseline.")
+@click.option("--jpeg-restart", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Pack with restart-indexed JPEGs (shardkit pack --jpeg-restart N); existing --shards must "
+                   "have been packed with the same N.")
 @click.option("--out", "out", default=None, type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option("--plot", "plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart here.")
 def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_size: int, device: str,
                   transform: str, size: int, epochs: int, repeats: int, warmup: int, drop_caches: bool,
-                  no_webdataset: bool, out: str | None, plot: str | None) -> None:
+                  no_webdataset: bool, jpeg_restart: int | None, out: str | None, plot: str | None) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
 
@@ -73,7 +76,8 @@ def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_
     contenders = tuple(c for c in ("imagefolder", "webdataset", "shardloader") if not (no_webdataset and c == "webdataset"))
     cfg = BenchConfig(imagefolder=imagefolder_dir, shards=shards, workers=workers, batch_size=batch_size,
                       device=device, transform=transform, size=size, epochs=epochs, repeats=repeats,
-                      warmup=warmup, drop_caches=drop_caches, contenders=contenders)
+                      warmup=warmup, drop_caches=drop_caches, contenders=contenders,
+                      jpeg_restart=jpeg_restart)
     bar = _Bar(sys.stderr.isatty())
 
     def after_run(name: str, rep: int, result: Any) -> None:

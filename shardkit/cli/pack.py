@@ -39,13 +39,16 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
 @click.option("--prefix", default="shard", show_default=True, help="Shard names: PREFIX-NNNNNN.tar.")
 @click.option("--resize-max", type=click.IntRange(min=1), default=None, help="Re-encode images whose shorter side exceeds PX.")
 @click.option("--quality", default=90, show_default=True, type=click.IntRange(1, 100), help="JPEG quality when re-encoding.")
+@click.option("--jpeg-restart", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Store JPEGs losslessly re-encoded with a restart marker every N MCUs at most (4 is a good "
+                   "value): identical pixels, the loader decodes only the crop; costs pack CPU. Off: source bytes.")
 @click.option("--decode-check", is_flag=True, help="Fully decode every image to find corrupt data (slower).")
 @click.option("--overwrite", is_flag=True, help="Replace what a previous pack left in DST.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @storage_option_flag
 def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool, max_count: int,
                  max_size: int, workers: int | None, ray_address: str | None, shuffle: bool, seed: int, prefix: str,
-                 resize_max: int | None, quality: int, decode_check: bool, overwrite: bool, quiet: bool,
+                 resize_max: int | None, quality: int, jpeg_restart: int | None, decode_check: bool, overwrite: bool, quiet: bool,
                  storage_option: tuple[str, ...]) -> None:
     """Pack the ImageFolder tree SRC into WebDataset tar shards under DST (path or fsspec URL).
 
@@ -64,7 +67,8 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         raise click.UsageError("--resize-max is not supported for COCO (it would invalidate the boxes)")
     try:
         options = PackOptions(max_count=max_count, max_size=max_size, shuffle=shuffle, seed=seed,
-                              prefix=prefix, resize_max=resize_max, quality=quality, decode_check=decode_check)
+                              prefix=prefix, resize_max=resize_max, quality=quality, decode_check=decode_check,
+                              jpeg_restart=jpeg_restart)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     remote = storage_options(storage_option, dst)

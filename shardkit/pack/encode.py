@@ -10,6 +10,8 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from shardkit.errors import PackError
+from shardkit.format import jpeg_restart
 from shardkit.format.spec import PIL_FORMAT_EXTENSIONS, normalize_extension
 from shardkit.pack.options import PackOptions
 from shardkit.sources.base import SourceSample
@@ -69,6 +71,17 @@ def _reencode(img: Image.Image, shorter: int, quality: int) -> tuple[bytes, int,
     return out.getvalue(), size[0], size[1]
 
 
+def _restart_indexed(data: bytes, max_interval: int, where: str) -> bytes:
+    """``data`` (a JPEG) re-encoded with restart markers, or as it is when not YCbCr/grayscale."""
+    if not jpeg_restart.available():  # checked by PackOptions too; this catches a Ray node without it
+        raise PackError("jpeg_restart is set but shardkit's C extension is not built on this machine", where=where)
+    try:
+        restarted = jpeg_restart.transcode(data, max_interval)
+    except ValueError as err:  # libjpeg read the whole scan and found it damaged
+        raise SkipSample(f"corrupt image data ({err})") from err
+    return data if restarted is None else restarted
+
+
 def read_source(sample: SourceSample) -> bytes:
     """Read an input file; raise ``SkipSample`` if it cannot be read or is empty."""
     try:
@@ -86,9 +99,11 @@ def encode_sample(
 ) -> list[tuple[str, bytes]]:
     """The ``(ext, bytes)`` fields of ``sample``'s shard entry (image, ``cls``, ``json``).
 
-    The image keeps its original bytes unless ``options.resize_max`` asks for re-encoding;
-    its extension comes from the detected format (``jpg``, ``png`` …). Raises ``SkipSample``
-    for empty, non-image, truncated, corrupt or decompression-bomb inputs.
+    The image keeps its original bytes unless ``options.resize_max`` asks for re-encoding or
+    ``options.jpeg_restart`` for restart markers (JPEG only, applied to the final bytes); its
+    extension comes from the detected format (``jpg``, ``png`` …). Raises ``SkipSample`` for
+    empty, non-image, truncated, corrupt or decompression-bomb inputs, and ``PackError`` when
+    ``jpeg_restart`` is set on a machine without the C extension.
     """
     img = _open(data)
     width, height = img.size
@@ -97,9 +112,14 @@ def encode_sample(
         raise SkipSample(f"decompression bomb refused ({width}x{height} pixels > PIL's limit)")
     _check_complete(img, data, options.decode_check)
     ext = PIL_FORMAT_EXTENSIONS.get(img.format or "", normalize_extension(os.path.splitext(sample.path)[1]))
+    restart = options.jpeg_restart
     if options.resize_max is not None and min(width, height) > options.resize_max:
         data, width, height = _reencode(img, options.resize_max, options.quality)
         ext = "jpg"
+    elif img.format != "JPEG":  # MPO too: re-encoding its first picture would orphan the others
+        restart = None
+    if restart is not None:
+        data = _restart_indexed(data, restart, sample.rel)
     doc: dict[str, Any] = {"source": sample.rel}
     fields = [(ext, data)]
     if sample.label is not None:
