@@ -4,15 +4,17 @@
  * crop are not inverse-transformed or colour-converted (jpeg_crop_scanline). For a
  * RandomResizedCrop this makes decoding cost follow the crop, not the whole image.
  *
- * decode_crop(data, top, left, height, width) -> (rgb bytes, x_offset, row_width)
- *   rgb (a bytearray) is height rows of row_width RGB pixels starting at column x_offset <= left.
- *   Raises ValueError on any libjpeg error or warning (corrupt data, CMYK, ...); the caller
- *   falls back to a full decode, which decides whether the image is really bad.
+ * decode_crop(data, top, left, height, width) -> bytearray
+ *   The box's pixels: height rows of width RGB pixels (HWC). Raises ValueError on any libjpeg
+ *   error or warning (corrupt data, CMYK, ...); the caller falls back to a full decode, which
+ *   decides whether the image is really bad.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <setjmp.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <jpeglib.h>
 
 struct error_manager {
@@ -43,12 +45,14 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     struct jpeg_decompress_struct cinfo;
     struct error_manager err;
     PyObject *volatile out = NULL;
+    unsigned char *volatile scratch = NULL;
     err.message[0] = '\0';
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error;
     err.pub.emit_message = on_message;
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
+        free(scratch);
         Py_XDECREF(out);
         PyBuffer_Release(&data);
         PyErr_SetString(PyExc_ValueError, err.message);
@@ -68,25 +72,35 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         strcpy(err.message, "crop box outside the image");
         longjmp(err.jump, 1);
     }
+    /* libjpeg decodes whole iMCU columns: [x_offset, x_offset + row_width) covers the box */
     JDIMENSION x_offset = (JDIMENSION)left, row_width = (JDIMENSION)width;
-    jpeg_crop_scanline(&cinfo, &x_offset, &row_width);
-    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)row_width * 3 * height);
+    if (left > 0 || (JDIMENSION)width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &x_offset, &row_width);
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)width * 3 * height);
     if (out == NULL) { /* keep Python's MemoryError */
         jpeg_destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
         return NULL;
     }
     unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
+    size_t skip = (size_t)(left - (int)x_offset) * 3, box_row = (size_t)width * 3;
+    if (row_width != (JDIMENSION)width) {
+        scratch = malloc((size_t)row_width * 3);
+        if (scratch == NULL) {
+            strcpy(err.message, "out of memory");
+            longjmp(err.jump, 1);
+        }
+    }
     if (top > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)top);
-    for (int row = 0; row < height;) {
-        JSAMPROW pointer = pixels + (size_t)row * row_width * 3;
-        JDIMENSION got = jpeg_read_scanlines(&cinfo, &pointer, 1);
-        if (got == 0) {
+    for (int row = 0; row < height; row++) {
+        JSAMPROW pointer = scratch != NULL ? scratch : pixels + (size_t)row * box_row;
+        if (jpeg_read_scanlines(&cinfo, &pointer, 1) != 1) {
             strcpy(err.message, "no more scanlines");
             longjmp(err.jump, 1);
         }
-        row += (int)got;
+        if (scratch != NULL) memcpy(pixels + (size_t)row * box_row, scratch + skip, box_row);
     }
+    free(scratch);
+    scratch = NULL;
     if (err.pub.num_warnings > 0) {
         strcpy(err.message, "corrupt JPEG data");
         longjmp(err.jump, 1);
@@ -94,7 +108,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     jpeg_abort_decompress(&cinfo);
     jpeg_destroy_decompress(&cinfo);
     PyBuffer_Release(&data);
-    return Py_BuildValue("Nii", out, (int)x_offset, (int)row_width);
+    return out;
 }
 
 static PyMethodDef methods[] = {

@@ -59,7 +59,7 @@ def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
     return out.share_memory_() if get_worker_info() is not None else out
 
 
-def _decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where: str,
+def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where: str,
                 dstats: DecodeStats) -> tuple[torch.Tensor, CropFlip]:
     """Decode what ``transform`` needs and draw its parameters (always the same draws from
     ``rng``, whichever decoder runs). Crop-first transforms on JPEGs decode only their box."""
@@ -109,7 +109,7 @@ class BatchBuilder:
         transform = self.transform
         try:
             if isinstance(transform, ImageTransform):
-                image, params = _decode_for(transform, raw, random.Random(seed), where, dstats)
+                image, params = decode_for(transform, raw, random.Random(seed), where, dstats)
             else:
                 image = decode_rgb(raw, where=where, stats=dstats)
         except DecodeError as err:

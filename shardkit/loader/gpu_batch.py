@@ -2,7 +2,8 @@
 
 For each sample the worker reads the image size from the header, draws the crop/flip from the
 same seeded ``random.Random(seed)`` as the CPU path (so both paths crop and flip every sample
-alike) and ships the encoded bytes with one row of geometry
+alike) and ships the encoded bytes (of a restart-indexed JPEG, only the restart intervals around
+a crop-first transform's box: :func:`~shardkit.format.jpeg_restart.cut`) with one row of geometry
 (:data:`~shardkit.transforms.gpu.GEOMETRY_COLUMNS`). Images nvJPEG cannot take
 (:func:`~shardkit.loader.gpu_decode.nvjpeg_friendly`) are decoded and transformed here, exactly
 as the CPU path does, and travel as pixels to be joined into the same batch on the device.
@@ -23,7 +24,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
@@ -31,9 +32,10 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardkit.errors import DecodeError, LoaderError
+from shardkit.format import jpeg_restart
 from shardkit.loader.bad_samples import BadSample, fill_batch
-from shardkit.loader.batch import Batch, BatchBuilder, _image_field, _label
-from shardkit.loader.decode import DecodeStats, decode_rgb, peek_size
+from shardkit.loader.batch import Batch, BatchBuilder, _image_field, _label, decode_for
+from shardkit.loader.decode import DecodeStats, peek_size
 from shardkit.loader.gpu_decode import nvjpeg_friendly
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
@@ -163,14 +165,18 @@ class RawBatchBuilder(BatchBuilder):
             if nvjpeg_friendly(data):
                 h, w = peek_size(data)
                 params = transform.sample_params(h, w, rng)
+                piece = jpeg_restart.cut(data, params.top, params.left, params.height, params.width) \
+                    if transform.crop_first else None
+                if piece is not None:  # nvJPEG decodes only the restart intervals around the crop
+                    data, h, w = piece.data, piece.height, piece.width
+                    params = replace(params, top=params.top - piece.top, left=params.left - piece.left)
                 stats.transform_s += time.perf_counter() - t1
                 return label, (data, gpu_window(transform, h, w, params, transform.output_size))
-            image = decode_rgb(data, where=where, stats=dstats)
+            image, params = decode_for(transform, data, rng, where, dstats)  # as the CPU path does
         except DecodeError as err:
             raise BadSample(str(err)) from err
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
-        params = transform.sample_params(image.shape[-2], image.shape[-1], rng)
         pixels = transform.apply(image, params)
         stats.transform_s += time.perf_counter() - t2
         return label, (pixels, None)

@@ -14,9 +14,10 @@ from collections.abc import Callable
 import torch
 from PIL import Image
 
+from shardkit.format import jpeg_restart
 from shardkit.transforms.params import CropFlip
 
-_decode_crop: Callable[[bytes | memoryview, int, int, int, int], tuple[bytearray, int, int]] | None = None
+_decode_crop: Callable[[bytes | memoryview, int, int, int, int], bytearray] | None = None
 try:
     from shardkit.loader import _jpeg_roi  # type: ignore[attr-defined]
 
@@ -42,6 +43,10 @@ def decode_box_rgb(data: bytes | memoryview, box: CropFlip) -> torch.Tensor | No
     any libjpeg warning or error, or no extension). Never raises for bad data: the full decode
     that follows decides whether the image is corrupt.
 
+    Restart-indexed JPEGs (``pack --jpeg-restart``) are first cut down to the restart intervals
+    around the box (:func:`shardkit.format.jpeg_restart.cut`), so nothing outside it is
+    entropy-decoded either.
+
     Example::
 
         region = decode_box_rgb(raw, params)
@@ -49,10 +54,12 @@ def decode_box_rgb(data: bytes | memoryview, box: CropFlip) -> torch.Tensor | No
     """
     if _decode_crop is None:
         return None
+    top, left = box.top, box.left
+    piece = jpeg_restart.cut(data, top, left, box.height, box.width)
+    if piece is not None:
+        data, top, left = piece.data, top - piece.top, left - piece.left
     try:
-        rgb, x_offset, row_width = _decode_crop(data, box.top, box.left, box.height, box.width)
+        rgb = _decode_crop(data, top, left, box.height, box.width)
     except ValueError:
         return None
-    rows = torch.frombuffer(rgb, dtype=torch.uint8).view(box.height, row_width, 3)
-    start = box.left - x_offset
-    return rows[:, start : start + box.width].permute(2, 0, 1)
+    return torch.frombuffer(rgb, dtype=torch.uint8).view(box.height, box.width, 3).permute(2, 0, 1)

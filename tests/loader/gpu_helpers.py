@@ -11,6 +11,7 @@ from PIL import Image
 
 from sample_data.generate import make_imagenet_like
 from shardkit import ShardLoader
+from shardkit.format import jpeg_restart
 from shardkit.loader.batch import Batch, BatchBuilder
 from shardkit.loader.decode import decode_rgb
 from shardkit.loader.gpu_batch import RawBatchBuilder, RawImages
@@ -22,13 +23,19 @@ from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import crop_resize_flip_batch
 
 
-def make_packed_imagenet_like(tmp: Path, classes: int = 2, per_class: int = 40) -> Path:
+def make_packed_imagenet_like(tmp: Path, classes: int = 2, per_class: int = 40, *, restart: bool = False) -> Path:
+    """``restart``: store the JPEGs restart-indexed (what ``pack --jpeg-restart`` stores)."""
     src, dst = tmp / "src", tmp / "ds"
     paths = make_imagenet_like(src, classes=classes, per_class=per_class, seed=3, size=(200, 150))
     with Image.open(paths[0]) as im:  # make sure odd files are there: CPU-decoded on the GPU path
         rgb = im.convert("RGB")
     for i, (mode, fmt, ext) in enumerate([("CMYK", "JPEG", "JPEG"), ("L", "JPEG", "JPEG"), ("RGB", "PNG", "png")]):
         rgb.convert(mode).save(paths[0].parent / f"odd_{i}.{ext}", fmt)
+    if restart:
+        for path in src.rglob("*"):
+            data = path.read_bytes() if path.is_file() else b""
+            if data.startswith(b"\xff\xd8\xff"):
+                path.write_bytes(jpeg_restart.transcode(data, 2) or data)
     pack(str(src), str(dst), options=PackOptions(max_count=16, seed=1), workers=1)
     return dst
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from shardkit import ShardLoader, transforms
+from shardkit.format import jpeg_restart
 from shardkit.loader.gpu_batch import RawImages
 from shardkit.loader.gpu_decode import gpu_decode_unavailable, nvjpeg_friendly
 from tests.conftest import encode_image
@@ -55,6 +56,24 @@ def test_raw_batches_match_the_cpu_path(inet: Path, preset: object, monkeypatch:
         diff = (got.int() - a.images.int()).abs()
         assert diff.max() <= 1, diff.max()  # float vs fixed-point uint8 rounding only
     assert fallback >= 3  # the CMYK, grayscale and PNG files, decoded by workers
+
+
+@pytest.mark.skipif(not jpeg_restart.available(), reason="restart-indexed JPEG extension not built")
+def test_restart_indexed_jpegs_ship_only_the_crop(tmp_path: Path, inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shardkit.loader.batch.roi_available", lambda: False)  # CPU path: full decodes
+    transform = transforms.imagenet_train(64)
+    restart = make_packed_imagenet_like(tmp_path, restart=True)
+    cpu, raw = raw_and_cpu_streams(restart, transform)
+    _, plain = raw_and_cpu_streams(inet, transform)
+    shipped = {"restart": 0, "plain": 0}
+    for a, b, c in zip(cpu, raw, plain, strict=True):
+        assert isinstance(b.images, RawImages) and isinstance(c.images, RawImages)
+        shipped["restart"] += b.images.nbytes
+        shipped["plain"] += c.images.nbytes
+        got = emulate_device(b)  # decodes the shipped cut JPEGs, crops by the shifted boxes
+        diff = (got.int() - a.images.int()).abs()
+        assert diff.max() <= 1, diff.max()  # cut pieces decode to the full image's pixels
+    assert shipped["restart"] < 0.8 * shipped["plain"], shipped
 
 
 def test_shipped_boxes_are_the_cpu_paths_draws(inet: Path) -> None:

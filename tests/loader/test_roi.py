@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from shardkit.format import jpeg_restart
 from shardkit.loader.decode import decode_rgb, peek_size
 from shardkit.loader.roi import decode_box_rgb, roi_available
 from shardkit.transforms import CropFlip, imagenet_train
@@ -66,3 +67,28 @@ def test_gray_jpeg_comes_back_as_rgb() -> None:
     region = decode_box_rgb(buf.getvalue(), CropFlip(5, 3, 20, 30))
     assert region is not None and region.shape == (3, 20, 30)
     assert torch.all((region.int() - 77).abs() <= 1)
+
+
+@pytest.mark.skipif(not (roi_available() and jpeg_restart.available()), reason="extensions not built")
+def test_restart_indexed_jpegs_decode_the_same_boxes() -> None:
+    """Cut to the restart intervals around the box first: same pixels as the plain region decode
+    of the original (both are exact inside the box but for libjpeg's edge context)."""
+    rng = random.Random(1)
+    transform = imagenet_train(224)
+    checked = 0
+    for path in sorted(SAMPLE.rglob("*.jpg"))[:80]:
+        data = path.read_bytes()
+        indexed = jpeg_restart.transcode(data, 4)
+        if indexed is None:  # CMYK stays as it is
+            continue
+        h, w = peek_size(data)
+        for box in [transform.sample_params(h, w, rng), CropFlip(0, 0, h, w), CropFlip(h - 1, w - 1, 1, 1)]:
+            full = decode_rgb(data)[:, box.top : box.top + box.height, box.left : box.left + box.width]
+            region = decode_box_rgb(indexed, box)
+            assert region is not None and region.shape == full.shape
+            diff = (region.int() - full.int()).abs()
+            if box.height > 1:
+                assert diff.float().mean() < 0.1
+            assert diff.max() <= 16  # one corner pixel: libjpeg's upsampling context at the edge
+        checked += 1
+    assert checked > 60
