@@ -1,6 +1,7 @@
 """GPU input pipeline, side by side in one run: ImageFolder+DataLoader, nvJPEG decode alone,
-the hardware JPEG engines (nvImageCodec) alone, ShardLoader(device="cuda") with nvJPEG, with the
-hardware decoder beside nvJPEG and with it alone, the batched kernel alone, and a ResNet-50 training step.
+the hardware JPEG engines (nvImageCodec) alone, ShardLoader(device="cuda") with nvJPEG (on plain
+shards, and on shards packed with ``--jpeg-restart``: ``--restart-shards``), with the hardware
+decoder beside nvJPEG and with it alone, the batched kernel alone, and a ResNet-50 training step.
 
 Conditions: one CUDA device, ``--workers`` DataLoader workers, batch ``--batch``, output
 RandomResizedCrop(224) + flip uint8 [B,3,224,224] delivered on the GPU (synchronised at the
@@ -177,6 +178,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--root", required=True)
     ap.add_argument("--shards", required=True)
+    ap.add_argument("--restart-shards", help="the same images packed with --jpeg-restart (shardkit_restart, train)")
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=10)
@@ -209,6 +211,12 @@ def main() -> None:
         rate, _ = _timed(_forever(lambda: iter(loader)), args.warmup, args.batches)
         save("shardkit_cuda_img_s", rate)
         save("shardkit_stats", loader.stats.as_dict())
+        del loader
+    if "shardkit_restart" in phases:  # restart-indexed JPEGs: workers ship only the crop's intervals
+        loader = shardkit_loader(args.restart_shards, args.workers, args.batch)
+        rate, _ = _timed(_forever(lambda: iter(loader)), args.warmup, args.batches)
+        save("shardkit_restart_cuda_img_s", rate)
+        save("shardkit_restart_stats", loader.stats.as_dict())
         del loader
     for phase, mode in (("shardkit_hw", "mix"), ("shardkit_hwonly", "only")):  # hardware JPEG engines on
         if phase not in phases:
@@ -245,6 +253,10 @@ def main() -> None:
         loader = shardkit_loader(args.shards, args.workers, args.batch, transform=t)
         save("train_shardkit", trainer.fed(_forever(lambda: iter(loader)), args.train_steps, synth))
         del loader
+        if args.restart_shards:
+            loader = shardkit_loader(args.restart_shards, args.workers, args.batch, transform=t)
+            save("train_shardkit_restart", trainer.fed(_forever(lambda: iter(loader)), args.train_steps, synth))
+            del loader
         dl = imagefolder_loader(args.root, args.workers, args.batch)
         save("train_imagefolder", trainer.fed(imagefolder_cuda(dl), args.train_steps, synth))
 
