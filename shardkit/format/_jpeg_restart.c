@@ -101,6 +101,7 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     dst_created = 1;
     jpeg_mem_dest(&dst, (unsigned char **)&outbuf, &outsize);
     jpeg_copy_critical_parameters(&src, &dst);
+    dst.write_JFIF_header = src.saw_JFIF_marker;  /* add no JFIF segment (EXIF must stay first) */
     dst.optimize_coding = TRUE;
     unsigned int mcu_width = gray ? 8 : 8 * (unsigned int)src.max_h_samp_factor;
     unsigned int mcus_per_row = (src.image_width + mcu_width - 1) / mcu_width;
@@ -191,8 +192,8 @@ static PyObject *cut(PyObject *self, PyObject *args) {
     size_t n = (size_t)data.len;
     struct layout L;
     memset(&L, 0, sizeof L);
-    if (top < 0 || left < 0 || height <= 0 || width <= 0 || margin < 0 || !parse_layout(d, n, &L) ||
-        (unsigned int)(top + height) > L.height || (unsigned int)(left + width) > L.width) {
+    if (top < 0 || left < 0 || height <= 0 || width <= 0 || margin < 0 || margin > 65535 || !parse_layout(d, n, &L) ||
+        (long long)top + height > (long long)L.height || (long long)left + width > (long long)L.width) {
         PyBuffer_Release(&data);
         Py_RETURN_NONE;
     }

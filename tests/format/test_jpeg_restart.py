@@ -111,6 +111,16 @@ def test_transcode_keeps_exif_and_icc():
         assert out.info["icc_profile"] == icc
         assert out.getexif()[0x010F] == "shardkit test camera"
     assert np.array_equal(_pixels(restarted), _pixels(original))
+    assert _markers(restarted)[:2] == _markers(original)[:2]  # EXIF stays first; no JFIF added
+
+
+def _markers(data: bytes) -> list[int]:
+    """The marker codes from SOI up to the scan."""
+    out, p = [], 2
+    while data[p + 1] != 0xDA:
+        out.append(data[p + 1])
+        p += 2 + int.from_bytes(data[p + 2 : p + 4], "big")
+    return out
 
 
 @pytest.mark.parametrize("mode", ["CMYK"])
