@@ -111,7 +111,12 @@ def test_transcode_keeps_exif_and_icc():
         assert out.info["icc_profile"] == icc
         assert out.getexif()[0x010F] == "shardkit test camera"
     assert np.array_equal(_pixels(restarted), _pixels(original))
-    assert _markers(restarted)[:2] == _markers(original)[:2]  # EXIF stays first; no JFIF added
+    assert _markers(restarted)[:2] == _markers(original)[:2]
+    # a camera file: EXIF first, no JFIF segment; none is added (EXIF must follow SOI)
+    assert original[2:4] == b"\xff\xe0"
+    camera = original[:2] + original[4 + int.from_bytes(original[4:6], "big") :]
+    assert _markers(camera)[0] == 0xE1
+    assert _markers(transcode(camera) or b"")[0] == 0xE1
 
 
 def _markers(data: bytes) -> list[int]:
