@@ -83,10 +83,29 @@ def hwjpeg_batches(root: str, batch: int, threads: int, limit: int = 4096) -> It
         yield [o for o in out if o is not None], None
 
 
-def nvjpeg_batches(root: str, batch: int, limit: int = 4096) -> Iterator[Any]:
+def _cut_jpegs(root: str, limit: int, interval: int) -> list[torch.Tensor]:
+    """The JPEGs made restart-indexed in memory, then cut to a RandomResizedCrop box each (what
+    ShardLoader's workers ship for shards packed with ``--jpeg-restart``)."""
+    import random
+
+    from shardkit.format import jpeg_restart
+    from shardkit.loader.decode import peek_size
+
+    t, rng, out = transforms.imagenet_train(224), random.Random(0), []
+    for data in _jpegs(root, limit):
+        indexed = jpeg_restart.transcode(data.numpy().tobytes(), interval) or data.numpy().tobytes()
+        box = t.sample_params(*peek_size(indexed), rng)
+        piece = jpeg_restart.cut(indexed, box.top, box.left, box.height, box.width)
+        out.append(torch.frombuffer(bytearray(piece.data if piece else indexed), dtype=torch.uint8))
+    return out
+
+
+def nvjpeg_batches(root: str, batch: int, limit: int = 4096, cut_interval: int = 0) -> Iterator[Any]:
+    """Batched nvJPEG decode alone, back to back; ``cut_interval``: of crops cut from
+    restart-indexed JPEGs with that interval instead of the whole files."""
     from torchvision.io import decode_jpeg
 
-    datas, i = _jpegs(root, limit), 0
+    datas, i = (_cut_jpegs(root, limit, cut_interval) if cut_interval else _jpegs(root, limit)), 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         while True:
@@ -197,6 +216,8 @@ def main() -> None:
 
     if "nvjpeg" in phases:
         save("nvjpeg_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch), 5, args.batches)[0])
+    if "nvjpeg_cut" in phases:  # the ceiling for restart-indexed shards: decode of the crops' pieces
+        save("nvjpeg_cut_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch, cut_interval=4), 5, args.batches)[0])
     if "nvjpeg256" in phases:  # the same images, two batches per call
         save("nvjpeg_decode_only_b256_img_s", _timed(nvjpeg_batches(args.root, 2 * args.batch), 5, args.batches // 2)[0])
     if "hwjpeg" in phases:  # counts only the images the engines decoded
