@@ -199,7 +199,6 @@ def main() -> None:
     ap.add_argument("--shards", required=True)
     ap.add_argument("--restart-shards", help="the same images packed with --jpeg-restart (shardkit_restart, train)")
     ap.add_argument("--workers", type=int, default=16)
-    ap.add_argument("--cpu-shares", default="0", help="shardkit_restart: comma-separated cpu_decode_share values, one run each")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batches", type=int, default=150)
@@ -234,14 +233,11 @@ def main() -> None:
         save("shardkit_cuda_img_s", rate)
         save("shardkit_stats", loader.stats.as_dict())
         del loader
-    for share in (float(x) for x in args.cpu_shares.split(",")) if "shardkit_restart" in phases else ():
-        # restart-indexed JPEGs: workers ship only the crop's intervals (and decode `share` themselves)
-        loader = shardkit_loader(args.restart_shards, args.workers, args.batch, cpu_decode_share=share)
-        rate, _ = _timed(_forever(lambda ld=loader: iter(ld)), args.warmup, args.batches)
-        suffix = f"_share{share:g}" if share else ""
-        save(f"shardkit_restart{suffix}_cuda_img_s", rate)
-        save(f"shardkit_restart{suffix}_stats", loader.stats.as_dict())
-        loader.close()
+    if "shardkit_restart" in phases:  # restart-indexed JPEGs: workers ship only the crop's intervals
+        loader = shardkit_loader(args.restart_shards, args.workers, args.batch)
+        rate, _ = _timed(_forever(lambda: iter(loader)), args.warmup, args.batches)
+        save("shardkit_restart_cuda_img_s", rate)
+        save("shardkit_restart_stats", loader.stats.as_dict())
         del loader
     for phase, mode in (("shardkit_hw", "mix"), ("shardkit_hwonly", "only")):  # hardware JPEG engines on
         if phase not in phases:

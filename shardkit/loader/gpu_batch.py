@@ -41,7 +41,7 @@ from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS, gpu_window
 
-__all__ = ["RawBatchBuilder", "RawImages", "cpu_decodes"]
+__all__ = ["RawBatchBuilder", "RawImages"]
 
 Item = tuple[bytes | torch.Tensor, tuple[int, ...] | None]  # JPEG bytes + geometry, or pixels + None
 
@@ -126,35 +126,19 @@ class _ShmRing:
         return self.bufs[k][:nbytes]
 
 
-def cpu_decodes(seed: int, share: float) -> bool:
-    """Whether the sample with this seed is one of the ``share`` decoded by workers on the CPU.
-
-    A fixed function of the sample's seed (a multiplicative hash of it against ``share``), so
-    which samples take which decoder is the same in every run, resume and worker count.
-
-    Example: ``sum(cpu_decodes(s, 0.25) for s in range(10_000))`` is close to 2,500.
-    """
-    return share > 0 and ((seed * 0x9E3779B97F4A7C15) >> 32 & 0xFFFFFFFF) < share * 2**32
-
-
 class RawBatchBuilder(BatchBuilder):
     """A :class:`BatchBuilder` whose batches carry :class:`RawImages` (needs an ImageTransform).
 
     ``shm_ring``: shared-memory buffers per worker process for JPEG bytes (0: a fresh tensor per
-    batch); must be at least the DataLoader's ``prefetch_factor + 2``. ``cpu_share``: fraction of
-    the JPEGs the worker decodes and augments itself, as the CPU path does, instead of shipping
-    them to nvJPEG (:func:`cpu_decodes` picks them); for when nvJPEG, not the workers, limits.
+    batch); must be at least the DataLoader's ``prefetch_factor + 2``.
     """
 
     def __init__(self, reader: object, transform: ImageTransform, *, on_error: str = "replace",
-                 shm_ring: int = 0, cpu_share: float = 0.0) -> None:
+                 shm_ring: int = 0) -> None:
         if not isinstance(transform, ImageTransform):
             raise LoaderError("the GPU path needs an ImageTransform (e.g. transforms.imagenet_train(224))")
-        if not 0.0 <= cpu_share <= 1.0:
-            raise LoaderError(f"cpu_decode_share must be in [0, 1], got {cpu_share}")
         super().__init__(reader, transform, on_error=on_error)  # type: ignore[arg-type]
         self.shm_ring = shm_ring
-        self.cpu_share = cpu_share
         self._ring: _ShmRing | None = None
 
     def __getstate__(self) -> dict[str, object]:
@@ -178,9 +162,7 @@ class RawBatchBuilder(BatchBuilder):
         transform: ImageTransform = self.transform  # type: ignore[assignment]
         rng = random.Random(seed)
         try:
-            friendly = nvjpeg_friendly(data)
-            chosen = friendly and cpu_decodes(seed, self.cpu_share)
-            if friendly and not chosen:
+            if nvjpeg_friendly(data):
                 h, w = peek_size(data)
                 params = transform.sample_params(h, w, rng)
                 piece = jpeg_restart.cut(data, params.top, params.left, params.height, params.width) \
@@ -193,7 +175,6 @@ class RawBatchBuilder(BatchBuilder):
             image, params = decode_for(transform, data, rng, where, dstats)  # as the CPU path does
         except DecodeError as err:
             raise BadSample(str(err)) from err
-        stats.gpu_cpu_share += chosen
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
         pixels = transform.apply(image, params)
@@ -210,7 +191,7 @@ class RawBatchBuilder(BatchBuilder):
         items = [item for _, item in got.results]
         stats.replaced += got.replaced
         stats.fast, stats.fallback = dstats.fast, dstats.fallback
-        stats.gpu_fallback = dstats.fast + dstats.fallback - stats.gpu_cpu_share
+        stats.gpu_fallback = dstats.fast + dstats.fallback
         # labels travel inside the blob; an empty tensor costs no shared-memory handle
         packed = self._pack(cast(list[Item], items), labels)
         return Batch(packed, torch.empty(0, dtype=torch.int64), got.keys, stats)  # type: ignore[arg-type]

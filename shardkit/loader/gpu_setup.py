@@ -36,7 +36,7 @@ class GpuPath:
 
     def __init__(self, transform: ImageTransform, device: torch.device, *, batch_size: int,
                  compile: bool, depth: int, num_workers: int, prefetch: int, hw_decode: str = "off",
-                 hw_threads: int = 2, cpu_share: float = 0.0) -> None:
+                 hw_threads: int = 2) -> None:
         if depth < 2:
             raise ValueError(f"device_prefetch must be >= 2, got {depth}")
         self.transform, self.device = transform, device
@@ -49,7 +49,6 @@ class GpuPath:
         self.hw_planar: bool | None = None if reason is not None else planar
         self.hw_only = reason is None and hw_decode == "only"
         self.hw_threads = hw_threads
-        self.cpu_share = cpu_share
         if reason is None:
             log.info("shardkit: hardware JPEG decoder (nvImageCodec) decodes %s on %s",
                      "alone" if self.hw_only else "beside nvJPEG", device)
@@ -57,8 +56,7 @@ class GpuPath:
             log.warning("shardkit: no hardware JPEG decoder (%s); nvJPEG decodes alone", reason)
 
     def builder(self, reader: ShardReader, on_error: str) -> RawBatchBuilder:
-        return RawBatchBuilder(reader, self.transform, on_error=on_error, shm_ring=self.shm_ring,
-                               cpu_share=self.cpu_share)
+        return RawBatchBuilder(reader, self.transform, on_error=on_error, shm_ring=self.shm_ring)
 
     def prefetch(self, source: Iterator[Batch], stats: StageStats) -> DevicePrefetcher:
         return DevicePrefetcher(source, self.pipeline, self.device, self._slots, stats, self.depth,
@@ -68,7 +66,7 @@ class GpuPath:
 
 def gpu_path(transform: ImageTransform, device: torch.device, *, batch_size: int, compile: bool,
              depth: int, num_workers: int, prefetch: int, hw_decode: str = "off",
-             hw_threads: int = 2, cpu_share: float = 0.0) -> tuple[GpuPath | None, torch.device]:
+             hw_threads: int = 2) -> tuple[GpuPath | None, torch.device]:
     """The GPU path for ``device``, or ``(None, device to use)`` after logging why not.
 
     Without CUDA at all the loader delivers on the CPU; with CUDA but no working nvJPEG it
@@ -77,8 +75,7 @@ def gpu_path(transform: ImageTransform, device: torch.device, *, batch_size: int
     reason = gpu_decode_unavailable(device)
     if reason is None:
         path = GpuPath(transform, device, batch_size=batch_size, compile=compile, depth=depth,
-                       num_workers=num_workers, prefetch=prefetch, hw_decode=hw_decode, hw_threads=hw_threads,
-                       cpu_share=cpu_share)
+                       num_workers=num_workers, prefetch=prefetch, hw_decode=hw_decode, hw_threads=hw_threads)
         return path, device
     fallback = device if torch.cuda.is_available() else torch.device("cpu")
     log.warning("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s", reason, fallback)

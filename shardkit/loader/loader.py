@@ -67,12 +67,6 @@ class ShardLoader:
             slower than nvJPEG alone in our H200 measurements (BENCHMARKS.md), and ``"mix"``
             breaks bit-exact resume (which decoder takes a batch depends on timing).
         hw_decode_threads: CPU threads of the nvImageCodec decoder.
-        cpu_decode_share: GPU path: the fraction of JPEGs that workers decode and augment on the
-            CPU (as the CPU path does) instead of nvJPEG, chosen per sample from its seed (the
-            same samples in every run and resume). Raises throughput when nvJPEG is the
-            bottleneck and the workers have idle cores (``loader.stats``: ``gpu_decode_s`` near
-            the elapsed time, small ``gpu_fetch_wait_s``); pixels of those samples differ from
-            nvJPEG's by decoder rounding only.
 
     GPU path: with a CUDA ``device`` and an :class:`ImageTransform`, workers ship JPEG bytes and
     crop boxes (drawn as on the CPU path: same crops and flips per sample), and the main process
@@ -122,12 +116,9 @@ class ShardLoader:
         pad: bool | int = False,
         hw_decode: Literal["off", "mix", "only"] = "off",
         hw_decode_threads: int = 2,
-        cpu_decode_share: float = 0.0,
     ) -> None:
         if num_workers < 0:
             raise LoaderError(f"num_workers must be >= 0, got {num_workers}")
-        if not 0.0 <= cpu_decode_share <= 1.0:
-            raise LoaderError(f"cpu_decode_share must be in [0, 1], got {cpu_decode_share}")
         if hw_decode not in HW_DECODE or hw_decode_threads < 1:
             raise LoaderError(f"hw_decode must be one of {HW_DECODE} and hw_decode_threads >= 1, "
                               f"got {hw_decode!r} and {hw_decode_threads}")
@@ -147,8 +138,7 @@ class ShardLoader:
         if self.device.type == "cuda" and isinstance(transform, ImageTransform) and self.manifest.kind != "coco":
             self._gpu, self.device = gpu_path(transform, self.device, batch_size=batch_size, compile=compile,
                                               depth=device_prefetch, num_workers=num_workers, prefetch=prefetch,
-                                              hw_decode=hw_decode, hw_threads=hw_decode_threads,
-                                              cpu_share=cpu_decode_share)
+                                              hw_decode=hw_decode, hw_threads=hw_decode_threads)
         self.keys = keys
         self.num_workers = num_workers
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")

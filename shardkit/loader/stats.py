@@ -15,8 +15,6 @@ class StageStats:
     of the same batch; ``fast``/``fallback``: images decoded by the native decoder / by PIL.
     GPU path (``device="cuda"``): ``gpu_images`` decoded by nvJPEG, ``gpu_fallback`` decoded on
     the CPU instead (by workers, or in the main process after nvJPEG rejected them);
-    ``gpu_cpu_share``: JPEGs nvJPEG could take that workers decoded on purpose
-    (``cpu_decode_share``, not counted in ``gpu_fallback``);
     ``gpu_decode_s``: time of the batched nvJPEG calls (synchronous); ``gpu_augment_s``: device
     time (CUDA events) of crop-resize-flip + finalize; ``gpu_copy_s``: host time staging
     batches in pinned buffers; ``gpu_fetch_wait_s``: time the prefetcher waited for workers;
@@ -38,7 +36,6 @@ class StageStats:
     elapsed_s: float = 0.0
     gpu_images: int = 0
     gpu_fallback: int = 0
-    gpu_cpu_share: int = 0
     gpu_decode_s: float = 0.0
     gpu_augment_s: float = 0.0
     gpu_copy_s: float = 0.0

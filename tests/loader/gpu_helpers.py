@@ -40,15 +40,15 @@ def make_packed_imagenet_like(tmp: Path, classes: int = 2, per_class: int = 40, 
     return dst
 
 
-def raw_and_cpu_streams(ds: Path, transform: ImageTransform, seed: int = 5, batch_size: int = 16,
-                        cpu_share: float = 0.0) -> tuple[BatchStream, BatchStream]:
+def raw_and_cpu_streams(ds: Path, transform: ImageTransform, seed: int = 5, batch_size: int = 16
+                        ) -> tuple[BatchStream, BatchStream]:
     """Epoch-1 batch streams of one plan: the CPU path's and the GPU path's worker side."""
     loader = ShardLoader(str(ds), batch_size=batch_size, transform=transform, seed=seed)
     reader = ShardReader(loader._stream.builder.reader.store, loader.manifest.shards,
                          cache_dir=str(ds / "cache"))
     control = torch.tensor([1, 0])
     cpu = BatchStream(loader.config, BatchBuilder(reader, transform), control)
-    raw = BatchStream(loader.config, RawBatchBuilder(reader, transform, cpu_share=cpu_share), control)
+    raw = BatchStream(loader.config, RawBatchBuilder(reader, transform), control)
     return cpu, raw
 
 

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from shardkit import ShardLoader, transforms
-from shardkit.errors import LoaderError
 from shardkit.format import jpeg_restart
-from shardkit.loader.gpu_batch import RawBatchBuilder, RawImages, cpu_decodes
+from shardkit.loader.gpu_batch import RawImages
 from shardkit.loader.gpu_decode import gpu_decode_unavailable, nvjpeg_friendly
 from tests.conftest import encode_image
 from tests.loader.gpu_helpers import emulate_device, make_packed_imagenet_like, raw_and_cpu_streams
@@ -75,33 +74,6 @@ def test_restart_indexed_jpegs_ship_only_the_crop(tmp_path: Path, inet: Path, mo
         diff = (got.int() - a.images.int()).abs()
         assert diff.max() <= 1, diff.max()  # cut pieces decode to the full image's pixels
     assert shipped["restart"] < 0.8 * shipped["plain"], shipped
-
-
-def test_cpu_decode_share_decodes_a_fixed_share_in_workers(inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shardkit.loader.batch.roi_available", lambda: False)  # as in the test above
-    transform = transforms.imagenet_train(64)
-    cpu, none = raw_and_cpu_streams(inet, transform)
-    _, some = raw_and_cpu_streams(inet, transform, cpu_share=0.4)
-    _, again = raw_and_cpu_streams(inet, transform, cpu_share=0.4)
-    chosen = total = 0
-    for a, b, c, d in zip(cpu, none, some, again, strict=True):
-        assert isinstance(c.images, RawImages) and isinstance(d.images, RawImages)
-        assert c.keys == a.keys and torch.equal(c.images.cpu_dest, d.images.cpu_dest)  # same samples each run
-        assert c.stats.gpu_fallback == b.stats.gpu_fallback  # real fallbacks are counted apart
-        assert len(c.images.cpu_dest) == c.stats.gpu_fallback + c.stats.gpu_cpu_share
-        diff = (emulate_device(c).int() - a.images.int()).abs()
-        assert diff.max() <= 1, diff.max()
-        chosen += c.stats.gpu_cpu_share
-        total += len(c.keys)
-    assert 0.25 * total < chosen < 0.55 * total, (chosen, total)
-
-
-def test_cpu_decodes_picks_the_share_asked_for() -> None:
-    for share in (0.0, 0.1, 0.5, 1.0):
-        picked = sum(cpu_decodes(seed * 7919 + 13, share) for seed in range(20_000))
-        assert abs(picked - share * 20_000) < 400, (share, picked)
-    with pytest.raises(LoaderError, match="cpu_decode_share"):
-        RawBatchBuilder(None, transforms.imagenet_train(64), cpu_share=1.5)
 
 
 def test_shipped_boxes_are_the_cpu_paths_draws(inet: Path) -> None:
