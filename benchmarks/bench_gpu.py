@@ -217,7 +217,7 @@ def main() -> None:
     if "nvjpeg" in phases:
         save("nvjpeg_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch), 5, args.batches)[0])
     if "nvjpeg_cut" in phases:  # the ceiling for restart-indexed shards: decode of the crops' pieces
-        save("nvjpeg_cut_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch, cut_interval=4), 5, args.batches)[0])
+        save("nvjpeg_cut_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch, cut_interval=1), 5, args.batches)[0])
     if "nvjpeg256" in phases:  # the same images, two batches per call
         save("nvjpeg_decode_only_b256_img_s", _timed(nvjpeg_batches(args.root, 2 * args.batch), 5, args.batches // 2)[0])
     if "hwjpeg" in phases:  # counts only the images the engines decoded

@@ -50,7 +50,7 @@ def available() -> bool:
     return _cut is not None
 
 
-def transcode(data: Bytes, max_interval: int = 4) -> bytes | None:
+def transcode(data: Bytes, max_interval: int = 1) -> bytes | None:
     """``data`` (a YCbCr or grayscale JPEG) losslessly re-encoded to be restart-indexed.
 
     Single-scan sequential, optimised Huffman tables, a restart marker every ``k`` MCUs where

@@ -41,10 +41,11 @@ class PackOptions:
     ``jpeg_restart``: store every YCbCr or grayscale JPEG (including ``resize_max`` output)
     losslessly re-encoded with a restart marker every ``jpeg_restart`` MCUs at most
     (:func:`shardkit.format.jpeg_restart.transcode`): same DCT coefficients, so identical
-    pixels in any decoder, but the loader can decode just the intervals a crop covers. Sizes
-    move a few percent either way: optimised Huffman tables save, markers cost (measured: -3.5%
-    on ``sample_data/imagefolder``, +0.6% on the already optimised ``sample_data/photos``, up to
-    +3% for their grayscale ones). Costs pack CPU: one entropy decode and encode per JPEG,
+    pixels in any decoder, but the loader can decode just the intervals a crop covers (1 loaded
+    fastest, CPU and GPU: BENCHMARKS.md). Sizes move a few percent either way: optimised
+    Huffman tables save, markers cost ~2.5 bytes each (measured with 1 / 4: -0.4% / -2.0% on the
+    benchmark's ImageNet-like set, -2.1% / -3.9% on ``sample_data/imagefolder``, +6.8% / +0.6%
+    on the already optimised ``sample_data/photos``; grayscale, with 8x8 MCUs, +8% to +17% at 1). Costs pack CPU: one entropy decode and encode per JPEG,
     measured at about 2.7 ms per 512x512 photo on one core (about twice ``decode_check``'s full
     decode) and 0.4 ms per 130x130 crop. Corrupt scan data is found as a side effect (and the
     sample skipped) without ``decode_check``. CMYK/RGB JPEGs and multi-picture (MPO) files keep
