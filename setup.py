@@ -1,5 +1,6 @@
-"""Build the optional region-of-interest JPEG decoder (needs libjpeg headers: Debian's
-libjpeg62-turbo-dev). Without them the build is skipped and shardkit decodes whole images.
+"""Build the optional C extensions on the system libjpeg (needs its headers: Debian's
+libjpeg62-turbo-dev): the region-of-interest JPEG decoder and restart-indexed JPEGs. Without
+them the build is skipped: shardkit decodes whole images and ``pack --jpeg-restart`` refuses.
 Everything else is configured in pyproject.toml.
 """
 
@@ -7,9 +8,9 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("shardkit.loader._jpeg_roi", ["shardkit/loader/_jpeg_roi.c"], libraries=["jpeg"],
-                  extra_compile_args=["-O2"], optional=True),
-        Extension("shardkit.format._jpeg_restart", ["shardkit/format/_jpeg_restart.c"], libraries=["jpeg"],
-                  extra_compile_args=["-O2"], optional=True),
+        Extension(name, [source], libraries=["jpeg"], include_dirs=["shardkit"], depends=["shardkit/_jpeg_errors.h"],
+                  extra_compile_args=["-O2"], optional=True)
+        for name, source in [("shardkit.loader._jpeg_roi", "shardkit/loader/_jpeg_roi.c"),
+                             ("shardkit.format._jpeg_restart", "shardkit/format/_jpeg_restart.c")]
     ]
 )

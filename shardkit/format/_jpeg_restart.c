@@ -27,22 +27,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <jpeglib.h>
+#include "_jpeg_errors.h"
 
-struct error_manager {
-    struct jpeg_error_mgr pub;
-    jmp_buf jump;
-    char message[JMSG_LENGTH_MAX];
-};
-
-static void on_error(j_common_ptr cinfo) {
-    struct error_manager *err = (struct error_manager *)cinfo->err;
-    (*cinfo->err->format_message)(cinfo, err->message);
-    longjmp(err->jump, 1);
-}
-
-static void on_message(j_common_ptr cinfo, int level) {
-    if (level < 0) cinfo->err->num_warnings++;
-}
 
 static int is_jfif(jpeg_saved_marker_ptr m) {
     return m->marker == JPEG_APP0 && m->data_length >= 5 && memcmp(m->data, "JFIF", 5) == 0;

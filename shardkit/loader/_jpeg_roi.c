@@ -16,22 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
+#include "_jpeg_errors.h"
 
-struct error_manager {
-    struct jpeg_error_mgr pub;
-    jmp_buf jump;
-    char message[JMSG_LENGTH_MAX];
-};
-
-static void on_error(j_common_ptr cinfo) {
-    struct error_manager *err = (struct error_manager *)cinfo->err;
-    (*cinfo->err->format_message)(cinfo, err->message);
-    longjmp(err->jump, 1);
-}
-
-static void on_message(j_common_ptr cinfo, int level) {
-    if (level < 0) cinfo->err->num_warnings++; /* warnings make the result untrustworthy */
-}
 
 static PyObject *decode_crop(PyObject *self, PyObject *args) {
     Py_buffer data;
