@@ -5,9 +5,9 @@
  * RandomResizedCrop this makes decoding cost follow the crop, not the whole image.
  *
  * decode_crop(data, top, left, height, width) -> bytearray
- *   The box's pixels: height rows of width RGB pixels (HWC). Raises ValueError on any libjpeg
- *   error or warning (corrupt data, CMYK, ...); the caller falls back to a full decode, which
- *   decides whether the image is really bad.
+ *   The box's pixels, equal to a full decode's: height rows of width RGB pixels (HWC). Raises
+ *   ValueError on any libjpeg error or warning (corrupt data, CMYK, ...); the caller falls back
+ *   to a full decode, which decides whether the image is really bad.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -17,6 +17,8 @@
 #include <string.h>
 #include <jpeglib.h>
 #include "_jpeg_errors.h"
+
+#define CONTEXT 2 /* pixels: one chroma sample of 2x-subsampled chroma */
 
 
 static PyObject *decode_crop(PyObject *self, PyObject *args) {
@@ -54,13 +56,19 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     }
     cinfo.out_color_space = JCS_RGB;
     jpeg_start_decompress(&cinfo);
-    if ((JDIMENSION)(top + height) > cinfo.output_height || (JDIMENSION)(left + width) > cinfo.output_width) {
+    if ((long long)top + height > (long long)cinfo.output_height || (long long)left + width > (long long)cinfo.output_width) {
         strcpy(err.message, "crop box outside the image");
         longjmp(err.jump, 1);
     }
-    /* libjpeg decodes whole iMCU columns: [x_offset, x_offset + row_width) covers the box */
-    JDIMENSION x_offset = (JDIMENSION)left, row_width = (JDIMENSION)width;
-    if (left > 0 || (JDIMENSION)width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &x_offset, &row_width);
+    /* libjpeg decodes whole iMCU columns: [x_offset, x_offset + row_width) covers the box. The
+     * region's edges are image edges to the chroma upsampler, so keep CONTEXT pixels beside the
+     * box (where the image has them): then the box's pixels equal a full decode's. */
+    JDIMENSION x_lo = left > CONTEXT ? (JDIMENSION)(left - CONTEXT) : 0;
+    JDIMENSION x_hi = (JDIMENSION)(left + width + CONTEXT) < cinfo.output_width ? (JDIMENSION)(left + width + CONTEXT)
+                                                                                 : cinfo.output_width;
+    JDIMENSION x_offset = x_lo, row_width = x_hi - x_lo;
+    if (x_lo > 0 || x_hi < cinfo.output_width) jpeg_crop_scanline(&cinfo, &x_offset, &row_width);
+    else x_offset = 0, row_width = cinfo.output_width;
     out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)width * 3 * height);
     if (out == NULL) { /* keep Python's MemoryError */
         jpeg_destroy_decompress(&cinfo);
