@@ -25,8 +25,10 @@
 #include <Python.h>
 #include <setjmp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
+#include <jerror.h>
 #include "_jpeg_errors.h"
 
 
@@ -37,6 +39,29 @@ static int is_jfif(jpeg_saved_marker_ptr m) {
 static int is_adobe(jpeg_saved_marker_ptr m) {
     return m->marker == JPEG_APP0 + 14 && m->data_length >= 5 && memcmp(m->data, "Adobe", 5) == 0;
 }
+
+/* A destination that grows one malloc'd buffer this module owns (jpeg_mem_dest frees and replaces
+ * its buffer behind the caller's back as it grows, which an error path cannot clean up safely). */
+struct growing_dest {
+    struct jpeg_destination_mgr pub;
+    unsigned char *buffer;
+    size_t size;
+};
+
+static void dest_init(j_compress_ptr cinfo) { (void)cinfo; }
+
+static boolean dest_grow(j_compress_ptr cinfo) {
+    struct growing_dest *d = (struct growing_dest *)cinfo->dest;
+    unsigned char *grown = realloc(d->buffer, d->size * 2);
+    if (grown == NULL) ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 0);
+    d->pub.next_output_byte = grown + d->size;
+    d->pub.free_in_buffer = d->size;
+    d->buffer = grown;
+    d->size *= 2;
+    return TRUE;
+}
+
+static void dest_term(j_compress_ptr cinfo) { (void)cinfo; }
 
 static PyObject *transcode(PyObject *self, PyObject *args) {
     Py_buffer data;
@@ -50,8 +75,7 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     struct jpeg_decompress_struct src;
     struct jpeg_compress_struct dst;
     struct error_manager err;
-    unsigned char *volatile outbuf = NULL;
-    unsigned long outsize = 0;
+    struct growing_dest out = {{0}, NULL, 0};
     volatile int dst_created = 0;
     err.message[0] = '\0';
     src.err = jpeg_std_error(&err.pub);
@@ -61,7 +85,7 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     if (setjmp(err.jump)) {
         if (dst_created) jpeg_destroy_compress(&dst);
         jpeg_destroy_decompress(&src);
-        free(outbuf);
+        free(out.buffer);
         PyBuffer_Release(&data);
         PyErr_SetString(PyExc_ValueError, err.message);
         return NULL;
@@ -85,14 +109,23 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     }
     jpeg_create_compress(&dst);
     dst_created = 1;
-    jpeg_mem_dest(&dst, (unsigned char **)&outbuf, &outsize);
+    out.size = (size_t)data.len + 65536;
+    out.buffer = malloc(out.size);
+    if (out.buffer == NULL) ERREXIT1(&dst, JERR_OUT_OF_MEMORY, 0);
+    out.pub.init_destination = dest_init;
+    out.pub.empty_output_buffer = dest_grow;
+    out.pub.term_destination = dest_term;
+    out.pub.next_output_byte = out.buffer;
+    out.pub.free_in_buffer = out.size;
+    dst.dest = &out.pub;
     jpeg_copy_critical_parameters(&src, &dst);
     dst.write_JFIF_header = src.saw_JFIF_marker;  /* add no JFIF segment (EXIF must stay first) */
     dst.optimize_coding = TRUE;
     unsigned int mcu_width = gray ? 8 : 8 * (unsigned int)src.max_h_samp_factor;
     unsigned int mcus_per_row = (src.image_width + mcu_width - 1) / mcu_width;
     unsigned int interval = 1;
-    for (unsigned int k = (unsigned int)max_interval; k >= 1; k--) {
+    unsigned int largest = (unsigned int)max_interval < mcus_per_row ? (unsigned int)max_interval : mcus_per_row;
+    for (unsigned int k = largest; k >= 1; k--) {
         if (mcus_per_row % k == 0) {
             interval = k;
             break;
@@ -106,10 +139,10 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     }
     jpeg_finish_compress(&dst);
     jpeg_finish_decompress(&src);
-    PyObject *result = PyBytes_FromStringAndSize((const char *)outbuf, (Py_ssize_t)outsize);
+    PyObject *result = PyBytes_FromStringAndSize((const char *)out.buffer, (Py_ssize_t)(out.size - out.pub.free_in_buffer));
     jpeg_destroy_compress(&dst);
     jpeg_destroy_decompress(&src);
-    free(outbuf);
+    free(out.buffer);
     PyBuffer_Release(&data);
     return result;
 }
@@ -157,7 +190,7 @@ static int parse_layout(const unsigned char *d, size_t n, struct layout *out) {
             if (length != 4) return 0;
             out->interval = be16(seg);
         } else if (marker == 0xDA) {
-            if (!have_sof || seg[0] != frame_components) return 0;  /* not one interleaved scan */
+            if (length < 3 || !have_sof || seg[0] != frame_components) return 0;  /* not one interleaved scan */
             out->scan_at = p + 2 + length;
             break;
         }
@@ -193,7 +226,14 @@ static PyObject *cut(PyObject *self, PyObject *args) {
     unsigned int s0 = x_lo / seg_w, s1 = (x_hi + seg_w - 1) / seg_w;
     if (r1 > rows) r1 = rows;
     if (s1 > segs_per_row) s1 = segs_per_row;
+    /* libjpeg upsamples chroma 2 samples wide or less by replication, not its smoothing filter:
+     * a piece that narrow (a last, partial interval) takes the interval before it too */
+    if (s0 > 0 && (s1 * seg_w < L.width ? s1 * seg_w : L.width) - s0 * seg_w <= L.mcu_w / 4) s0--;
     unsigned int last = r1 * segs_per_row; /* intervals [0, last) must be located */
+    if ((size_t)last > (n - L.scan_at) / 2 + 1) {  /* each needs its 2-byte marker: headers lie */
+        PyBuffer_Release(&data);
+        Py_RETURN_NONE;
+    }
 
     /* Start of every interval up to `last`: after the scan start, then after each RSTn marker. */
     size_t *starts = PyMem_Malloc(sizeof(size_t) * (last + 1));

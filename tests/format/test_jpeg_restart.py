@@ -279,3 +279,52 @@ def test_cut_never_raises(noise, top, left, h, w):
     for data in (noise, base[:200] + noise, base[: len(base) // 2] + noise):
         piece = cut(data, top, left, h, w)
         assert piece is None or isinstance(piece.data, bytes)
+
+
+# --- regressions found by review (fuzzing and hand-made headers) -------------------------------
+
+_SOF_GRAY_16 = b"\xff\xc0\x00\x0b\x08\x00\x10\x00\x10\x01\x01\x11\x00"  # SOF0 16x16, one component
+_DRI_1 = b"\xff\xdd\x00\x04\x00\x01"
+
+
+def test_cut_never_reads_past_a_buffer_ending_in_a_short_sos():
+    import ctypes
+    import mmap
+
+    data = b"\xff\xd8" + _SOF_GRAY_16 + _DRI_1 + b"\xff\xda\x00\x02"  # SOS of length 2, then the end
+    page = mmap.PAGESIZE
+    m = mmap.mmap(-1, 2 * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    m[page - len(data) : page] = data
+    libc = ctypes.CDLL(None)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(ctypes.addressof(ctypes.c_char.from_buffer(m)) + page, page, 0) == 0  # guard page
+    assert cut(memoryview(m)[page - len(data) : page], 0, 0, 1, 1) is None  # a segfault before the fix
+
+
+def test_cut_of_lying_dimensions_allocates_nothing_big():
+    import tracemalloc
+
+    huge = b"\xff\xc0\x00\x0b\x08\xff\xff\xff\xff\x01\x01\x11\x00"  # 65535x65535
+    data = b"\xff\xd8" + huge + _DRI_1 + b"\xff\xda\x00\x08\x01\x01\x00\x00\x3f\x00" + bytes(10) + b"\xff\xd9"
+    tracemalloc.start()
+    try:
+        assert cut(data, 65000, 65000, 100, 100) is None
+        assert tracemalloc.get_traced_memory()[1] < 10**6  # was 533 MB for the interval starts
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("subsampling", [2, 1, 0], ids=["420", "422", "444"])
+def test_cut_at_a_narrow_last_interval_keeps_the_chroma_filter(subsampling):
+    """A piece <= 4 px wide (the last, partial interval) would get libjpeg's box chroma upsampling."""
+    rng = np.random.default_rng(subsampling)
+    for width in range(17, 53):
+        img = Image.fromarray(rng.integers(0, 256, (32, width, 3), dtype=np.uint8))
+        data = transcode(_jpeg(img, subsampling=subsampling, quality=90), 1)
+        assert data is not None
+        full = _pixels(data)
+        for left in range(max(0, width - 4), width):
+            piece = cut(data, 8, left, 8, width - left)
+            assert piece is not None
+            box = _pixels(piece.data)[8 - piece.top : 16 - piece.top, left - piece.left : width - piece.left]
+            assert np.array_equal(box, full[8:16, left:width]), (width, left)
