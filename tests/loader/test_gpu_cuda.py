@@ -199,3 +199,52 @@ def test_loader_runs_the_hw_decoder(inet: Path, mode: str) -> None:
     s = loader.stats
     print(f"mode {mode}: {s.gpu_hw_images} by the hardware decoder, {s.gpu_images} on the GPU in all")
     assert 0 < s.gpu_hw_images <= s.gpu_images and (mode != "only" or s.gpu_hw_images == s.gpu_images)
+
+
+def test_nvjpeg_decodes_cut_pieces_like_whole_images() -> None:
+    """nvJPEG on the restart intervals around a box gives the box's pixels of nvJPEG on the whole
+    (restart-indexed) image: random boxes on real photos, and boxes in a narrow last interval."""
+    import io
+    import random
+
+    import numpy as np
+    from PIL import Image
+
+    from shardkit.format import jpeg_restart
+    from shardkit.loader.decode import peek_size
+    from shardkit.loader.gpu_decode import nvjpeg_friendly
+
+    if not jpeg_restart.available():
+        pytest.skip("restart-indexed JPEG extension not built")
+    from torchvision.io import decode_jpeg
+
+    sample = Path(__file__).resolve().parents[2] / "sample_data" / "imagefolder"
+    datas = [p.read_bytes() for p in sorted(sample.rglob("*.jpg"))[:60]]
+    rng_np = np.random.default_rng(0)
+    for width in (33, 35, 50, 52):  # last interval 1-4 px wide for 4:2:0
+        buf = io.BytesIO()
+        Image.fromarray(rng_np.integers(0, 256, (40, width, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+        datas.append(buf.getvalue())
+    rng, t = random.Random(0), transforms.imagenet_train(224)
+    worst_mean, worst_max, checked = 0.0, 0, 0
+    for raw in datas:
+        data = jpeg_restart.transcode(raw, 1)
+        if data is None or not nvjpeg_friendly(data):
+            continue
+        h, w = peek_size(data)
+        boxes = [t.sample_params(h, w, rng), transforms.CropFlip(h // 3, w - 2, h // 2, 2)]
+        whole = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), device="cuda").cpu()
+        for b in boxes:
+            piece = jpeg_restart.cut(data, b.top, b.left, b.height, b.width)
+            assert piece is not None
+            part = decode_jpeg(torch.frombuffer(bytearray(piece.data), dtype=torch.uint8), device="cuda").cpu()
+            assert tuple(part.shape[1:]) == (piece.height, piece.width)
+            y, x = b.top - piece.top, b.left - piece.left
+            got = part[:, y : y + b.height, x : x + b.width].int()
+            want = whole[:, b.top : b.top + b.height, b.left : b.left + b.width].int()
+            diff = (got - want).abs()
+            worst_mean, worst_max = max(worst_mean, diff.float().mean().item()), max(worst_max, int(diff.max()))
+            checked += 1
+    print(f"nvJPEG piece vs whole: {checked} boxes, worst mean {worst_mean:.3f}, worst max {worst_max}")
+    assert checked > 100
+    assert worst_mean < 0.5 and worst_max <= BIG, (worst_mean, worst_max)
