@@ -60,7 +60,7 @@ def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where: str,
-                dstats: DecodeStats) -> tuple[torch.Tensor, CropFlip]:
+               dstats: DecodeStats) -> tuple[torch.Tensor, CropFlip]:
     """Decode what ``transform`` needs and draw its parameters (always the same draws from
     ``rng``, whichever decoder runs). Crop-first transforms on JPEGs decode only their box."""
     if transform.crop_first and roi_available() and is_jpeg(raw):
