@@ -18,6 +18,7 @@ from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
 from shardkit.loader.bad_samples import BadSample, fill_batch
 from shardkit.loader.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
 from shardkit.loader.reader import ShardReader
+from shardkit.loader.ring import BatchRing, SlotImages
 from shardkit.loader.roi import decode_box_rgb, roi_available, within_pixel_limit
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
@@ -29,13 +30,39 @@ ON_ERROR = ("replace", "raise")
 @dataclass
 class Batch:
     """What a worker ships: images (uint8 ``[B,3,H,W]`` or a list), labels, keys, stats;
-    detection batches (COCO) carry ``targets`` (one dict per image) and an empty ``labels``."""
+    detection batches (COCO) carry ``targets`` (one dict per image) and an empty ``labels``.
 
-    images: torch.Tensor | list[torch.Tensor]
+    In a worker, ``images`` may be a :class:`~shardkit.loader.ring.SlotImages`, which arrives in
+    the main process as the tensor. Labels travel as a numpy array (pickled inline) rather than
+    as a tensor, which torch would move into a new shared-memory segment for every batch.
+    """
+
+    images: torch.Tensor | list[torch.Tensor] | SlotImages
     labels: torch.Tensor
     keys: list[str]
     stats: StageStats
     targets: list[dict[str, Any]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self.labels.device.type == "cpu":
+            state["labels"] = self.labels.numpy()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if not isinstance(state["labels"], torch.Tensor):
+            state["labels"] = torch.from_numpy(state["labels"])
+        self.__dict__.update(state)
+
+    def pin_memory(self) -> Batch:
+        """This batch with its tensors in page-locked memory (DataLoader's pin-memory thread
+        calls this when the loader delivers to CUDA from CPU-decoded batches)."""
+        images = self.images
+        if isinstance(images, torch.Tensor):
+            images = images.pin_memory()
+        elif isinstance(images, list):
+            images = [im.pin_memory() for im in images]
+        return replace(self, images=images, labels=self.labels.pin_memory())
 
 
 def _image_field(fields: dict[str, bytes], where: str) -> bytes:
@@ -52,11 +79,20 @@ def _label(fields: dict[str, bytes], where: str) -> int:
         raise BadSample(f"{where}: missing or malformed cls member") from err
 
 
-def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """A uint8 batch tensor; in a DataLoader worker, allocated in shared memory from the start
-    so handing it to the main process needs no copy (torch copies non-shared tensors there)."""
-    out = torch.empty(shape, dtype=torch.uint8)
-    return out.share_memory_() if get_worker_info() is not None else out
+def _batch_buffer(shape: tuple[int, ...], ring: BatchRing | None) -> tuple[torch.Tensor, torch.Tensor | SlotImages]:
+    """A uint8 batch tensor to fill, and what to ship. In a DataLoader worker: a free slot of
+    ``ring`` when there is one, else a tensor allocated in shared memory from the start (torch
+    would copy a non-shared one into shared memory to ship it)."""
+    info = get_worker_info()
+    if info is None:
+        out = torch.empty(shape, dtype=torch.uint8)
+        return out, out
+    if ring is not None:
+        got = ring.acquire(info.id, shape[0])
+        if got is not None:
+            return got
+    out = torch.empty(shape, dtype=torch.uint8).share_memory_()
+    return out, out
 
 
 def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where: str,
@@ -86,16 +122,18 @@ class BatchBuilder:
     per sample, so the caller's global RNG is untouched; outputs stacked), or ``None`` (a list of
     decoded images). ``on_error="replace"`` replaces a corrupt sample deterministically and counts
     it (see :mod:`shardkit.loader.bad_samples`); ``"raise"`` raises :class:`LoaderError` naming
-    shard and key.
+    shard and key. ``ring``: reusable shared batch buffers for the :class:`ImageTransform` path
+    in worker processes (see :mod:`shardkit.loader.ring`).
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[[torch.Tensor], Any] | None,
-                 *, on_error: str = "replace") -> None:
+                 *, on_error: str = "replace", ring: BatchRing | None = None) -> None:
         if on_error not in ON_ERROR:
             raise LoaderError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.reader = reader
         self.transform = transform
         self.on_error = on_error
+        self.ring = ring
 
     def _one(self, shard: int, index: int, seed: int, out: torch.Tensor | None,
              stats: StageStats, dstats: DecodeStats) -> tuple[int, Any]:
@@ -131,8 +169,9 @@ class BatchBuilder:
         """Read, decode and transform the given samples, in order."""
         n = len(shards)
         stats, dstats = StageStats(batches=1, samples=n), DecodeStats()
-        fixed = isinstance(self.transform, ImageTransform)
-        out = _batch_buffer((n, 3, *self.transform.output_size)) if fixed else None  # type: ignore[union-attr]
+        out: torch.Tensor | None = None
+        if isinstance(self.transform, ImageTransform):
+            out, shipped = _batch_buffer((n, 3, *self.transform.output_size), self.ring)
 
         def attempt(slot: int, shard: int, index: int, seed: int) -> tuple[int, Any]:
             return self._one(shard, index, seed, out[slot] if out is not None else None, stats, dstats)
@@ -147,7 +186,7 @@ class BatchBuilder:
         stats.replaced += got.replaced
         stats.fast, stats.fallback = dstats.fast, dstats.fallback
         if out is not None:
-            return Batch(out, labels, keys, stats)
+            return Batch(shipped, labels, keys, stats)
         if self.transform is not None and all(isinstance(r, torch.Tensor) for r in results):
             shapes = {tuple(r.shape) for r in results}
             if len(shapes) == 1:
