@@ -1,6 +1,7 @@
-"""Build the optional C extensions on the system libjpeg (needs its headers: Debian's
-libjpeg62-turbo-dev): the region-of-interest JPEG decoder and restart-indexed JPEGs. Without
-them the build is skipped: shardkit decodes whole images and ``pack --jpeg-restart`` refuses.
+"""Build the optional C extensions. Two need the system libjpeg's headers (Debian's
+libjpeg62-turbo-dev): the region-of-interest JPEG decoder and restart-indexed JPEGs; without
+them shardkit decodes whole images and ``pack --jpeg-restart`` refuses. The third, the HWC ->
+CHW repacking of resized crops, needs only a C compiler (without it numpy does that, slower).
 Everything else is configured in pyproject.toml.
 """
 
@@ -13,4 +14,7 @@ setup(
         for name, source in [("shardkit.loader._jpeg_roi", "shardkit/loader/_jpeg_roi.c"),
                              ("shardkit.format._jpeg_restart", "shardkit/format/_jpeg_restart.c")]
     ]
+    # -O3: the repacking loops are only fast once the compiler vectorises them.
+    + [Extension("shardkit.transforms._planar", ["shardkit/transforms/_planar.c"], extra_compile_args=["-O3"],
+                 optional=True)]
 )

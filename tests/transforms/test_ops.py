@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import shutil
 
 import pytest
 import torch
 import torchvision.transforms.v2.functional as F
 
-from shardkit.transforms import CropFlip, crop_resize_flip, imagenet_train
+from shardkit.transforms import CropFlip, crop_resize_flip, imagenet_train, ops
 from tests.transforms.images import make_photo
 
 
@@ -68,3 +69,31 @@ def test_result_does_not_alias_the_input(photo: torch.Tensor) -> None:
 def test_invalid_inputs_raise(img: torch.Tensor, p: CropFlip, out: torch.Tensor | None) -> None:
     with pytest.raises(ValueError):
         crop_resize_flip(img, p, (16, 16), out)
+
+
+def test_planar_extension_is_built_where_a_c_compiler_exists() -> None:
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert ops.hwc_to_chw is not None, "a C compiler is here but shardkit.transforms._planar was not built"
+
+
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("size", [(224, 224), (1, 1), (7, 33), (33, 7)])
+def test_c_repacking_equals_numpy(flip: bool, size: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    hwc = torch.randint(0, 256, (*size, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    res = hwc.permute(2, 0, 1)  # [3, H, W] with HWC memory, as the resize kernel returns it
+    expected = res.flip(-1) if flip else res
+    got = ops._write(torch.empty(3, *size, dtype=torch.uint8), res, flip)
+    assert torch.equal(got, expected)
+    monkeypatch.setattr(ops, "hwc_to_chw", None)
+    assert torch.equal(ops._write(torch.empty(3, *size, dtype=torch.uint8), res, flip), expected)
+
+
+@pytest.mark.skipif(ops.hwc_to_chw is None, reason="repacking extension not built")
+def test_c_repacking_refuses_short_buffers() -> None:
+    src = torch.zeros(4 * 5 * 3, dtype=torch.uint8).numpy()
+    with pytest.raises(ValueError, match="height\\*width\\*3"):
+        ops.hwc_to_chw(src, torch.zeros(59, dtype=torch.uint8).numpy(), 4, 5, False)
+    with pytest.raises(ValueError):
+        ops.hwc_to_chw(src[:-1], torch.zeros(60, dtype=torch.uint8).numpy(), 4, 5, False)
+    with pytest.raises(ValueError):
+        ops.hwc_to_chw(src, torch.zeros(60, dtype=torch.uint8).numpy(), -1, 5, False)
