@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from shardkit.transforms.params import CropFlip
 
+hwc_to_chw: Callable[[np.ndarray, np.ndarray, int, int, bool], None] | None = None
 try:
-    from shardkit.transforms._planar import hwc_to_chw  # type: ignore[import-not-found]
+    from shardkit.transforms import _planar  # type: ignore[attr-defined]
+
+    hwc_to_chw = _planar.hwc_to_chw
 except ImportError:  # extension not built (no C compiler at install): numpy repacks instead
-    hwc_to_chw = None
+    pass
 
 __all__ = ["crop_resize_flip", "resize_uint8"]
 
