@@ -105,7 +105,7 @@ def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where:
         region = decode_box_rgb(raw, params) if within_pixel_limit(height, width) else None
         if region is not None:
             dstats.fast += 1
-            return region, replace(params, top=0, left=0)
+            return region, CropFlip(0, 0, params.height, params.width, params.flip)
         image = decode_rgb(raw, where=where, stats=dstats)
         if tuple(image.shape[-2:]) != (height, width):
             raise DecodeError(f"header says {height}x{width}, image decodes to {tuple(image.shape[-2:])}", where=where)
