@@ -248,3 +248,28 @@ def test_nvjpeg_decodes_cut_pieces_like_whole_images() -> None:
     print(f"nvJPEG piece vs whole: {checked} boxes, worst mean {worst_mean:.3f}, worst max {worst_max}")
     assert checked > 100
     assert worst_mean < 0.5 and worst_max <= BIG, (worst_mean, worst_max)
+
+
+def test_cpu_path_to_cuda_pins_batches_and_matches_cpu(inet: Path) -> None:
+    """A plain callable takes the CPU path; its batches reach CUDA through DataLoader's pin
+    thread (Batch.pin_memory) and equal the CPU run's."""
+    from shardkit.loader.batch import Batch
+    from shardkit.loader.stats import StageStats
+
+    batch = Batch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), ["a", "b"], StageStats())
+    pinned = batch.pin_memory()
+    assert pinned.images.is_pinned() and pinned.labels.is_pinned()  # type: ignore[union-attr]
+
+    def half(image: torch.Tensor) -> torch.Tensor:
+        return image[:, ::2, ::2].contiguous()
+
+    def run(device: str) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
+        loader = ShardLoader(str(inet), batch_size=16, transform=half, device=device, num_workers=2, seed=3)
+        out = []
+        for x, y in loader:
+            assert x[0].device.type == device and y.device.type == device
+            out.append(([im.cpu() for im in x], y.cpu()))
+        return out
+
+    for (a, b), (c, d) in zip(run("cuda"), run("cpu"), strict=True):
+        assert all(torch.equal(p, q) for p, q in zip(a, c, strict=True)) and torch.equal(b, d)
