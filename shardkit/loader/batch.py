@@ -170,13 +170,19 @@ class BatchBuilder:
         n = len(shards)
         stats, dstats = StageStats(batches=1, samples=n), DecodeStats()
         out: torch.Tensor | None = None
+        shipped: torch.Tensor | SlotImages | None = None
         if isinstance(self.transform, ImageTransform):
             out, shipped = _batch_buffer((n, 3, *self.transform.output_size), self.ring)
 
         def attempt(slot: int, shard: int, index: int, seed: int) -> tuple[int, Any]:
             return self._one(shard, index, seed, out[slot] if out is not None else None, stats, dstats)
 
-        got = fill_batch(attempt, self.reader, shards, indices, seeds, on_error=self.on_error)
+        try:
+            got = fill_batch(attempt, self.reader, shards, indices, seeds, on_error=self.on_error)
+        except BaseException:
+            if isinstance(shipped, SlotImages):
+                shipped.release()  # nothing will be shipped from this slot
+            raise
         keys = got.keys
         labels = torch.tensor([label for label, _ in got.results], dtype=torch.int64)
         results = [result for _, result in got.results]
@@ -185,7 +191,7 @@ class BatchBuilder:
                 out[dst].copy_(out[src])
         stats.replaced += got.replaced
         stats.fast, stats.fallback = dstats.fast, dstats.fallback
-        if out is not None:
+        if out is not None and shipped is not None:
             return Batch(shipped, labels, keys, stats)
         if self.transform is not None and all(isinstance(r, torch.Tensor) for r in results):
             shapes = {tuple(r.shape) for r in results}

@@ -208,6 +208,7 @@ class ShardLoader:
         epoch, start = self._pos
         self._fresh = self._loaded = False
         self._control[0], self._control[1] = epoch, start
+        self._prepare_ring()
         source: Any = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
         if self._gpu is not None:
             self._prefetcher = self._gpu.prefetch(source, self._stats)
@@ -235,6 +236,18 @@ class ShardLoader:
             self._pos = (epoch, consumed)
             yield (images, labels, batch.keys) if self.keys else (images, labels)
         self._pos, self._fresh = (epoch + 1, 0), True
+
+    def _prepare_ring(self) -> None:
+        """Before workers start: a copied loader gets a batch ring of its own, and slots left
+        busy by batches that never arrived (workers stopped mid-flight) are freed."""
+        builder = self._stream.builder
+        ring: BatchRing | None = getattr(builder, "ring", None)
+        if ring is None or self._dataloader is None or getattr(self._dataloader, "_iterator", None) is not None:
+            return
+        if ring.owned():
+            ring.reclaim()
+        else:  # unpickled or deep-copied: its flags are shared with the original's
+            builder.ring = ring.fresh()
 
     def _deliver(self, images: torch.Tensor | list[torch.Tensor]) -> Any:
         if not isinstance(images, torch.Tensor):  # a list, or detection's PaddedImages
@@ -267,6 +280,9 @@ class ShardLoader:
             self._prefetcher = None
         if self._dataloader is not None:
             shutdown_workers(self._dataloader)
+        ring: BatchRing | None = getattr(self._stream.builder, "ring", None)
+        if ring is not None and ring.owned():
+            ring.reclaim()
         self._reader.close()
 
     def __enter__(self) -> ShardLoader:

@@ -18,6 +18,13 @@ in a finaliser that runs only once nothing references the slot's memory any more
 handed out holds the buffer object the finaliser watches; every view holds that tensor's
 storage). A worker that finds none of its slots free allocates a fresh segment as before, so
 a consumer that keeps many batches alive only loses the speed-up, never data.
+
+Slots that never reach the main process are given back too: a worker whose batch fails
+releases its slot, and :meth:`BatchRing.reclaim` frees every slot no delivered tensor holds
+once no worker runs (torch drops in-flight batches unread when it stops workers). A ring is
+tied to the process that created it: a copy (a pickled loader in another process, or a deep
+copy) must not share its flags, so the loader makes the copy a ring of its own
+(:meth:`BatchRing.owned`, :meth:`BatchRing.fresh`) before it starts workers.
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ def _memory_type(nbytes: int) -> type[ctypes.Array[ctypes.c_uint8]]:
     return kind
 
 
-def _release(busy: torch.Tensor, slot: int) -> None:
+def _release(busy: torch.Tensor, live: set[int], slot: int) -> None:
+    live.discard(slot)
     busy[slot] = 0
 
 
@@ -78,13 +86,33 @@ class BatchRing:
         # Worker side, filled lazily: this process's segment per slot and whether it was shipped.
         self._segments: dict[int, torch.UntypedStorage] = {}
         self._shipped: set[int] = set()
-        # Main side: the segment each slot was last shipped with.
+        # Main side: the segment each slot was last shipped with, and the slots a delivered
+        # tensor still holds.
         self._received: dict[int, torch.UntypedStorage] = {}
+        self._live: set[int] = set()
         _RINGS[self.token] = self
 
     def __getstate__(self) -> dict[str, Any]:
         return {"token": self.token, "slots_per_worker": self.slots_per_worker, "shape": self.shape,
-                "busy": self.busy, "_segments": {}, "_shipped": set(), "_received": {}}
+                "busy": self.busy, "_segments": {}, "_shipped": set(), "_received": {}, "_live": set()}
+
+    def owned(self) -> bool:
+        """Whether this is the ring its token was created for, in this process (not a copy)."""
+        return _RINGS.get(self.token) is self
+
+    def fresh(self) -> BatchRing:
+        """A new ring of the same geometry, with flags and slots of its own."""
+        return BatchRing(num_workers=self.busy.numel() // self.slots_per_worker,
+                         slots_per_worker=self.slots_per_worker, shape=self.shape)
+
+    def reclaim(self) -> None:
+        """Main process, while no worker runs: free every slot that no delivered tensor holds
+        (batches in flight when workers stopped were dropped unread), and unmap their segments
+        (the next workers ship new ones)."""
+        for slot in range(self.busy.numel()):
+            if slot not in self._live:
+                self.busy[slot] = 0
+                self._received.pop(slot, None)
 
     @property
     def slot_bytes(self) -> int:
@@ -128,6 +156,10 @@ class SlotImages:
     def __reduce__(self) -> tuple[Any, ...]:
         return _receive, (self.ring.token, self.slot, self.shape, self.ring._ship(self.slot))
 
+    def release(self) -> None:
+        """Worker side: give the slot back unshipped (its batch failed)."""
+        self.ring.busy[self.slot] = 0
+
 
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
@@ -142,9 +174,12 @@ def _receive(token: str, slot: int, shape: tuple[int, ...], segment: torch.Untyp
         raise LoaderError(f"a worker sent a batch for ring {token}, which this process does not hold")
     if segment is not None:
         ring._received[slot] = segment
-    segment = ring._received[slot]
+    segment = ring._received.get(slot)
+    if segment is None:
+        raise LoaderError(f"a worker sent slot {slot} of ring {token} before its shared-memory segment")
     nbytes = _numel(shape)
     memory = _memory_type(nbytes).from_address(segment.data_ptr())
     memory.segment = segment  # type: ignore[attr-defined]  # the mapping lives as long as any view
-    weakref.finalize(memory, _release, ring.busy, slot)
+    ring._live.add(slot)
+    weakref.finalize(memory, _release, ring.busy, ring._live, slot)
     return torch.frombuffer(memory, dtype=torch.uint8).view(shape)

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import io
 import pickle
+import time
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from shardkit import ShardLoader, transforms
-from shardkit.loader.batch import Batch
+from shardkit import LoaderError, ShardLoader, transforms
+from shardkit.loader import batch as batch_module
+from shardkit.loader.bad_samples import BadSample
+from shardkit.loader.batch import Batch, BatchBuilder
 from shardkit.loader.ring import BatchRing
 from shardkit.loader.stats import StageStats
 
@@ -93,3 +97,57 @@ def test_batches_kept_alive_are_never_overwritten(packed: Path) -> None:
         assert len({x.untyped_storage().data_ptr() for x, _y, _k in ld}) <= ring.busy.numel()
     third = reference[-len(again):]
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(again, third, strict=True))
+
+
+def _train_loader(packed: Path, workers: int) -> ShardLoader:
+    return ShardLoader(str(packed), batch_size=8, transform=transforms.imagenet_train(32), num_workers=workers)
+
+
+def test_close_mid_epoch_gives_back_the_slots_of_batches_in_flight(packed: Path) -> None:
+    """torch drops the batches in flight unread when it stops workers: their slots must not
+    stay busy, or the ring stops serving after a few close() / re-iterate cycles."""
+    reference = [(x.clone(), y.clone()) for x, y in _train_loader(packed, 0)]
+    with _train_loader(packed, 2) as ld:
+        ring = ld._stream.builder.ring  # type: ignore[attr-defined]
+        for _ in range(3):
+            it = iter(ld)
+            kept = next(it)  # a delivered batch still held: its slot must stay busy
+            time.sleep(0.5)  # the workers fill their prefetch slots meanwhile
+            del it
+            ld.close()
+            assert int(ring.busy.sum()) == 1
+            del kept
+            assert int(ring.busy.sum()) == 0
+        ld.set_epoch(0)
+        got = [(x.clone(), y.clone()) for x, y in ld]
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, reference, strict=True))
+
+
+def test_failed_build_gives_its_slot_back(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ring = BatchRing(num_workers=1, slots_per_worker=2, shape=(4, 3, 32, 32))
+    ld = _train_loader(packed, 0)
+    builder = BatchBuilder(ld._reader, ld.transform, on_error="raise", ring=ring)
+    monkeypatch.setattr(batch_module, "get_worker_info", lambda: SimpleNamespace(id=0))  # as worker 0
+
+    def bad(*_args: object) -> None:
+        raise BadSample("simulated corrupt sample")
+
+    monkeypatch.setattr(builder, "_one", bad)
+    for _ in range(3):
+        with pytest.raises(LoaderError, match="simulated"):
+            builder.build([0] * 4, [0, 1, 2, 3], [1, 2, 3, 4])
+    assert ring.busy.tolist() == [0, 0]
+
+
+def test_a_copied_loader_gets_a_ring_of_its_own(packed: Path) -> None:
+    """A pickled loader (e.g. handed to mp.spawn) must not share slot flags with the original."""
+    original = _train_loader(packed, 2)
+    copy = pickle.loads(pickle.dumps(original))
+    reference = [(x.clone(), y.clone()) for x, y in _train_loader(packed, 0)]
+    with copy:
+        got = [(x.clone(), y.clone()) for x, y in copy]
+        ring = copy._stream.builder.ring  # type: ignore[attr-defined]
+        assert ring.owned() and ring.busy.data_ptr() != original._stream.builder.ring.busy.data_ptr()  # type: ignore[attr-defined]
+        assert ring._received and int(ring.busy.sum()) == 0  # its batches came through its own slots
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, reference, strict=True))
+    original.close()
