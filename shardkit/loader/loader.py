@@ -149,14 +149,19 @@ class ShardLoader:
         #: COCO with ``contiguous_labels``: category id -> label; otherwise None (labels are the ids).
         self.label_map = detection.label_map if detection is not None else None
         self.categories = self.manifest.categories
-        ring = None
-        if num_workers > 0 and isinstance(transform, ImageTransform):
-            # Slots a worker may need at once: `prefetch` batches in the pipeline, plus those the
-            # consumer (and this loop) still hold; a worker whose slots are all busy allocates.
-            ring = BatchRing(num_workers=num_workers, slots_per_worker=prefetch + 3,
-                             shape=(batch_size, 3, *transform.output_size))
-        builder = (detection if detection is not None else self._gpu.builder(reader, on_error) if self._gpu is not None
-                   else BatchBuilder(reader, transform, on_error=on_error, ring=ring))
+        builder: BatchBuilder
+        if detection is not None:
+            builder = detection
+        elif self._gpu is not None:
+            builder = self._gpu.builder(reader, on_error)
+        else:
+            ring = None
+            if num_workers > 0 and isinstance(transform, ImageTransform):
+                # Slots a worker may need at once: `prefetch` batches in the pipeline, plus those the
+                # consumer (and this loop) still hold; a worker whose slots are all busy allocates.
+                ring = BatchRing(num_workers=num_workers, slots_per_worker=prefetch + 3,
+                                 shape=(batch_size, 3, *transform.output_size))
+            builder = BatchBuilder(reader, transform, on_error=on_error, ring=ring)
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._stream = BatchStream(self.config, builder, self._control)
         self._dataloader: DataLoader[Any] | None = None

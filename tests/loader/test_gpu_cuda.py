@@ -273,3 +273,23 @@ def test_cpu_path_to_cuda_pins_batches_and_matches_cpu(inet: Path) -> None:
 
     for (a, b), (c, d) in zip(run("cuda"), run("cpu"), strict=True):
         assert all(torch.equal(p, q) for p, q in zip(a, c, strict=True)) and torch.equal(b, d)
+
+
+def test_cpu_fallback_to_cuda_through_the_batch_ring(inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA without nvJPEG: an ImageTransform decodes on the CPU into the workers' batch ring,
+    DataLoader's pin thread copies each slot into pinned memory, and the batches equal the CPU run."""
+    from shardkit.loader import gpu_setup
+
+    monkeypatch.setattr(gpu_setup, "gpu_decode_unavailable", lambda _device: "simulated: no nvJPEG")
+    t = transforms.imagenet_train(224)
+    cuda = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", num_workers=2, seed=7, keys=True)
+    ring = cuda._stream.builder.ring  # type: ignore[attr-defined]
+    assert ring is not None and cuda._gpu is None
+    got = [(x.cpu(), y.cpu(), k) for x, y, k in cuda]
+    assert all(x.device.type == "cuda" for x, _y, _k in cuda)
+    assert ring._received and int(ring.busy.sum()) == 0  # served from the ring, every slot given back
+    cuda.close()
+    assert len(got) == len(cuda)
+    cpu = _run(inet, "cpu", t, num_workers=2)
+    assert [k for *_, k in got] == [k for *_, k in cpu]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, cpu, strict=True))
