@@ -191,7 +191,7 @@ def make_imagenet_like(
         folder.mkdir(parents=True, exist_ok=True)
         for j in range(per_class):
             stem = folder / f"{imagenet_class_name(c)}_{j:05d}"
-            jobs.append((c * per_class + j, c, stem, seed, tuple(size), photo_key))
+            jobs.append((c * per_class + j, c, stem, seed, (size[0], size[1]), photo_key))
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             paths = list(pool.map(_write_imagenet_like, jobs, chunksize=64))
@@ -310,14 +310,15 @@ def make_indexed_imagefolder(
         raise ValueError(f"{classes * per_class} images > MAX_INDEXED ({MAX_INDEXED})")
     root = Path(root)
     suffix = ext.lstrip(".")
-    options: dict[str, Any] = {"JPEG": {"quality": 95}, "WEBP": {"lossless": True}}.get(fmt, {})
+    presets: dict[str, dict[str, Any]] = {"JPEG": {"quality": 95}, "WEBP": {"lossless": True}}
+    options = presets.get(fmt, {})
     paths = []
     for k in range(classes):
         folder = root / indexed_class_name(k)
         folder.mkdir(parents=True, exist_ok=True)
         for j in range(per_class):
             path = folder / f"{j:06d}.{suffix}"
-            Image.new("RGB", tuple(size), index_color(k * per_class + j)).save(path, fmt, **options)
+            Image.new("RGB", (size[0], size[1]), index_color(k * per_class + j)).save(path, fmt, **options)
             paths.append(path)
     return paths
 

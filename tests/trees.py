@@ -25,7 +25,9 @@ def huge_header_png(width: int = 40000, height: int = 40000) -> bytes:
 
 def _encode(mode: str, fmt: str, size: tuple[int, int] = (10, 7), **save: object) -> bytes:
     out = io.BytesIO()
-    color = {"L": 90, "CMYK": (0, 50, 100, 20), "RGBA": (9, 8, 7, 128), "P": 3, "I;16": 4000}.get(mode, (1, 2, 3))
+    colors: dict[str, float | tuple[float, ...]] = {"L": 90, "CMYK": (0, 50, 100, 20), "RGBA": (9, 8, 7, 128), "P": 3,
+                                                    "I;16": 4000}
+    color = colors.get(mode, (1, 2, 3))
     Image.new(mode, size, color).save(out, fmt, **save)
     return out.getvalue()
 

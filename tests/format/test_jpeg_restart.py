@@ -71,7 +71,7 @@ def test_transcode_sample_photos_lossless(path):
 @pytest.mark.parametrize("size", [(1, 1), (17, 9), (500, 375), (496, 40), (64, 64), (8, 300)])
 @pytest.mark.parametrize("kind", ["420", "422", "444", "gray", "progressive"])
 def test_transcode_lossless(size, kind):
-    img = _noise(*size, seed=size[0])
+    img = _noise(size[0], size[1], seed=size[0])
     if kind == "gray":
         original = _jpeg(img.convert("L"))
     elif kind == "progressive":

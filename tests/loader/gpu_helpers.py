@@ -3,7 +3,7 @@ device pipeline (decode on the CPU, then the batched eager resize) for machines 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -17,7 +17,7 @@ from shardkit.loader.decode import decode_rgb
 from shardkit.loader.gpu_batch import RawBatchBuilder, RawImages
 from shardkit.loader.pinned import chw_offsets
 from shardkit.loader.reader import ShardReader
-from shardkit.loader.stream import BatchStream
+from shardkit.loader.stream import BatchStream, raise_failures
 from shardkit.pack import PackOptions, pack
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import crop_resize_flip_batch
@@ -40,16 +40,40 @@ def make_packed_imagenet_like(tmp: Path, classes: int = 2, per_class: int = 40, 
     return dst
 
 
+class Batches:
+    """The batches of a :class:`BatchStream` (a worker failure raises), lazily, re-iterable."""
+
+    def __init__(self, stream: BatchStream) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[Batch]:
+        return raise_failures(self.stream)
+
+
 def raw_and_cpu_streams(ds: Path, transform: ImageTransform, seed: int = 5, batch_size: int = 16
-                        ) -> tuple[BatchStream, BatchStream]:
-    """Epoch-1 batch streams of one plan: the CPU path's and the GPU path's worker side."""
+                        ) -> tuple[Batches, Batches]:
+    """Epoch-1 batches of one plan: the CPU path's and the GPU path's worker side."""
     loader = ShardLoader(str(ds), batch_size=batch_size, transform=transform, seed=seed)
     reader = ShardReader(loader._stream.builder.reader.store, loader.manifest.shards,
                          cache_dir=str(ds / "cache"))
     control = torch.tensor([1, 0])
     cpu = BatchStream(loader.config, BatchBuilder(reader, transform), control)
     raw = BatchStream(loader.config, RawBatchBuilder(reader, transform), control)
-    return cpu, raw
+    return Batches(cpu), Batches(raw)
+
+
+def pixels(batch: Batch) -> torch.Tensor:
+    """A CPU-path batch's uint8 images tensor."""
+    if not isinstance(batch.images, torch.Tensor):
+        raise TypeError(type(batch.images))
+    return batch.images
+
+
+def raw_images(batch: Batch) -> RawImages:
+    """A GPU-path worker batch's :class:`RawImages`."""
+    if not isinstance(batch.images, RawImages):
+        raise TypeError(type(batch.images))
+    return batch.images
 
 
 def emulate_device(batch: Batch, decode: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None

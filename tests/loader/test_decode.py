@@ -119,7 +119,7 @@ def test_exif_orientation_is_not_applied() -> None:
         lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8),
     ],
 )
-def test_buffer_types(wrap) -> None:  # type: ignore[no-untyped-def]
+def test_buffer_types(wrap) -> None:
     for name in ["jpeg-rgb", "png-rgb"]:
         data = CASES[name]
         assert torch.equal(decode_rgb(wrap(data)), pil_rgb(data))

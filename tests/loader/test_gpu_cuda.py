@@ -26,7 +26,12 @@ from shardkit.loader.gpu_pipeline import GpuPipeline
 from shardkit.loader.hw_decode import HwJpegDecoder, hw_decode_unavailable
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
-from tests.loader.gpu_helpers import emulate_device, make_packed_imagenet_like, raw_and_cpu_streams
+from tests.loader.gpu_helpers import (
+    emulate_device,
+    make_packed_imagenet_like,
+    pixels,
+    raw_and_cpu_streams,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +85,7 @@ def test_device_pipeline_equals_reference_on_nvjpeg_pixels(inet: Path, preset: o
     for batch in raw:
         want = emulate_device(batch, decoder.decode)
         slot.stage(batch)
-        got = pipe(batch, slot).images.cpu()
+        got = pixels(pipe(batch, slot)).cpu()
         assert (got.int() - want.int()).abs().max() <= 1
 
 
@@ -283,7 +288,7 @@ def test_cpu_fallback_to_cuda_through_the_batch_ring(inet: Path, monkeypatch: py
     monkeypatch.setattr(gpu_setup, "gpu_decode_unavailable", lambda _device: "simulated: no nvJPEG")
     t = transforms.imagenet_train(224)
     cuda = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", num_workers=2, seed=7, keys=True)
-    ring = cuda._stream.builder.ring  # type: ignore[attr-defined]
+    ring = cuda._stream.builder.ring
     assert ring is not None and cuda._gpu is None
     got = [(x.cpu(), y.cpu(), k) for x, y, k in cuda]
     assert all(x.device.type == "cuda" for x, _y, _k in cuda)

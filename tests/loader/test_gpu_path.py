@@ -15,7 +15,13 @@ from shardkit.format import jpeg_restart
 from shardkit.loader.gpu_batch import RawImages
 from shardkit.loader.gpu_decode import gpu_decode_unavailable, nvjpeg_friendly
 from tests.conftest import encode_image
-from tests.loader.gpu_helpers import emulate_device, make_packed_imagenet_like, raw_and_cpu_streams
+from tests.loader.gpu_helpers import (
+    emulate_device,
+    make_packed_imagenet_like,
+    pixels,
+    raw_and_cpu_streams,
+    raw_images,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +60,7 @@ def test_raw_batches_match_the_cpu_path(inet: Path, preset: object, monkeypatch:
         fallback += b.stats.gpu_fallback
         assert b.stats.gpu_fallback == len(b.images.cpu_dest)
         got = emulate_device(b)
-        diff = (got.int() - a.images.int()).abs()
+        diff = (got.int() - pixels(a).int()).abs()
         assert diff.max() <= 1, diff.max()  # float vs fixed-point uint8 rounding only
     assert fallback >= 3  # the CMYK, grayscale and PNG files, decoded by workers
 
@@ -72,7 +78,7 @@ def test_restart_indexed_jpegs_ship_only_the_crop(tmp_path: Path, inet: Path, mo
         shipped["restart"] += b.images.nbytes
         shipped["plain"] += c.images.nbytes
         got = emulate_device(b)  # decodes the shipped cut JPEGs, crops by the shifted boxes
-        diff = (got.int() - a.images.int()).abs()
+        diff = (got.int() - pixels(a).int()).abs()
         assert diff.max() <= 1, diff.max()  # cut pieces decode to the full image's pixels
     assert shipped["restart"] < 0.8 * shipped["plain"], shipped
 
@@ -81,7 +87,7 @@ def test_shipped_boxes_are_the_cpu_paths_draws(inet: Path) -> None:
     transform = transforms.imagenet_train(64)
     _, raw = raw_and_cpu_streams(inet, transform)
     batch = next(iter(raw))
-    rows = batch.images.geometry.tolist()
+    rows = raw_images(batch).geometry.tolist()
     assert rows, "expected some JPEGs on the GPU path"
     for row in rows:
         h, w, top, left, bh, bw, vh, vw, oy, ox, flip, dest = row
@@ -117,8 +123,9 @@ def test_worker_shared_memory_ring_gives_the_same_bytes(inet: Path) -> None:
 
     t = transforms.imagenet_train(32)
     _, plain = raw_and_cpu_streams(inet, t, batch_size=4)
-    want = [(b.keys, b.images.data.clone()) for b in plain]
-    ringed = BatchStream(plain.config, RawBatchBuilder(plain.builder.reader, t, shm_ring=3), plain.control)
+    want = [(b.keys, raw_images(b).data.clone()) for b in plain]
+    stream = plain.stream
+    ringed = BatchStream(stream.config, RawBatchBuilder(stream.builder.reader, t, shm_ring=3), stream.control)
     dl = DataLoader(ringed, batch_size=None, num_workers=2, prefetch_factor=1, persistent_workers=True)
     keep, got = [], []
     for b in dl:

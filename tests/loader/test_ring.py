@@ -89,7 +89,7 @@ def test_batches_kept_alive_are_never_overwritten(packed: Path) -> None:
         held = [(x, y) for _ in range(2) for x, y, _k in ld]
         assert len(held) == 2 * len(ld)
         assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(held, reference, strict=False))
-        ring = ld._stream.builder.ring  # type: ignore[attr-defined]
+        ring = ld._stream.builder.ring
         assert ring is not None and int(ring.busy.sum()) > 0
         del held
         assert int(ring.busy.sum()) == 0
@@ -108,7 +108,8 @@ def test_close_mid_epoch_gives_back_the_slots_of_batches_in_flight(packed: Path)
     stay busy, or the ring stops serving after a few close() / re-iterate cycles."""
     reference = [(x.clone(), y.clone()) for x, y in _train_loader(packed, 0)]
     with _train_loader(packed, 2) as ld:
-        ring = ld._stream.builder.ring  # type: ignore[attr-defined]
+        ring = ld._stream.builder.ring
+        assert ring is not None
         for _ in range(3):
             it = iter(ld)
             kept = next(it)  # a delivered batch still held: its slot must stay busy
@@ -146,8 +147,9 @@ def test_a_copied_loader_gets_a_ring_of_its_own(packed: Path) -> None:
     reference = [(x.clone(), y.clone()) for x, y in _train_loader(packed, 0)]
     with copy:
         got = [(x.clone(), y.clone()) for x, y in copy]
-        ring = copy._stream.builder.ring  # type: ignore[attr-defined]
-        assert ring.owned() and ring.busy.data_ptr() != original._stream.builder.ring.busy.data_ptr()  # type: ignore[attr-defined]
+        ring, first = copy._stream.builder.ring, original._stream.builder.ring
+        assert ring is not None and first is not None
+        assert ring.owned() and ring.busy.data_ptr() != first.busy.data_ptr()
         assert ring._received and int(ring.busy.sum()) == 0  # its batches came through its own slots
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, reference, strict=True))
     original.close()

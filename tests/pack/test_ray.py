@@ -46,7 +46,7 @@ def _digests(root: Path) -> dict[str, str]:
 
 
 def test_ray_pack_is_byte_identical_to_processes(ray, src, reference, tmp_path):
-    finished = []
+    finished: list[int] = []
     result = pack(str(src), str(tmp_path / "out"), options=OPTIONS, executor="ray", progress=finished.append)
     assert _digests(tmp_path / "out") == reference
     assert len(finished) == len(result.manifest.shards) == 8 and sum(finished) == 30  # one call per shard

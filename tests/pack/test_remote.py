@@ -40,7 +40,7 @@ def test_s3_destination_round_trip(small_tree, tmp_path, s3_server, s3_bucket):
     assert result.manifest == manifest
     remote = Store(url, s3_server)
     assert sorted(remote.listdir()) == sorted(local.listdir())
-    expected = {}
+    expected: dict[str, dict[str, bytes]] = {}
     for shard in manifest.shards:
         expected.update(iter_samples(io.BytesIO(local.read_bytes(shard.url)), where=shard.url))
 

@@ -9,7 +9,7 @@ import torch
 from pipelines.train_classifier import main
 
 
-def test_train_then_resume(tmp_path: Path, capsys, packed_sample: Path) -> None:  # type: ignore[no-untyped-def]
+def test_train_then_resume(tmp_path: Path, capsys, packed_sample: Path) -> None:
     ckpt = tmp_path / "ckpt.pt"
     common = [str(packed_sample), "--batch-size", "8", "--size", "32", "--workers", "0", "--device", "cpu",
               "--checkpoint", str(ckpt)]

@@ -6,6 +6,7 @@ import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ def _tree_bytes(paths: list[Path], root: Path) -> dict[str, bytes]:
 
 
 def test_imagenet_like_is_byte_identical_for_a_seed_whatever_the_workers(tmp_path: Path) -> None:
-    kw = {"classes": 2, "per_class": 4, "size": (120, 100)}
+    kw: dict[str, Any] = {"classes": 2, "per_class": 4, "size": (120, 100)}
     a = g.make_imagenet_like(tmp_path / "a", seed=3, **kw)
     b = g.make_imagenet_like(tmp_path / "b", seed=3, workers=2, **kw)
     c = g.make_imagenet_like(tmp_path / "c", seed=4, **kw)

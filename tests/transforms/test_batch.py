@@ -60,7 +60,7 @@ def test_bfloat16_and_channels_last(batch: torch.Tensor) -> None:
         {"mean": (0.5,) * 3, "std": (1,) * 3, "dtype": torch.uint8},
     ],  # fmt: skip
 )
-def test_invalid_batch_format(kw: dict) -> None:  # type: ignore[type-arg]
+def test_invalid_batch_format(kw: dict) -> None:
     with pytest.raises(ValueError):
         BatchFormat(**kw)
 
@@ -73,7 +73,7 @@ def test_invalid_batch_format(kw: dict) -> None:  # type: ignore[type-arg]
         imagenet_val(64),
     ],  # fmt: skip
 )
-def test_pickle_round_trip(t, batch: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
+def test_pickle_round_trip(t, batch: torch.Tensor) -> None:
     u = pickle.loads(pickle.dumps(t))
     assert u == t
     img = make_photo(120, 150)

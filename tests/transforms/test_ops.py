@@ -90,10 +90,12 @@ def test_c_repacking_equals_numpy(flip: bool, size: tuple[int, int], monkeypatch
 
 @pytest.mark.skipif(ops.hwc_to_chw is None, reason="repacking extension not built")
 def test_c_repacking_refuses_short_buffers() -> None:
+    repack = ops.hwc_to_chw
+    assert repack is not None
     src = torch.zeros(4 * 5 * 3, dtype=torch.uint8).numpy()
     with pytest.raises(ValueError, match="height\\*width\\*3"):
-        ops.hwc_to_chw(src, torch.zeros(59, dtype=torch.uint8).numpy(), 4, 5, False)
+        repack(src, torch.zeros(59, dtype=torch.uint8).numpy(), 4, 5, False)
     with pytest.raises(ValueError):
-        ops.hwc_to_chw(src[:-1], torch.zeros(60, dtype=torch.uint8).numpy(), 4, 5, False)
+        repack(src[:-1], torch.zeros(60, dtype=torch.uint8).numpy(), 4, 5, False)
     with pytest.raises(ValueError):
-        ops.hwc_to_chw(src, torch.zeros(60, dtype=torch.uint8).numpy(), -1, 5, False)
+        repack(src, torch.zeros(60, dtype=torch.uint8).numpy(), -1, 5, False)
