@@ -30,7 +30,7 @@ def make_jpegs(n: int, seed: int = 0) -> list[bytes]:
     for _ in range(n):
         h, w = int(rng.integers(320, 385)), int(rng.integers(360, 441))
         low = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize(
-            (w, h), Image.BICUBIC
+            (w, h), Image.Resampling.BICUBIC
         )
         arr = np.asarray(low, dtype=np.float32) + rng.normal(0, 20, (h, w, 3))
         buf = io.BytesIO()

@@ -68,6 +68,8 @@ def run_webdataset(src: Path, dst: Path, max_count: int) -> tuple[int, float]:
             data = Path(s.path).read_bytes()
             with Image.open(s.path) as img:  # width/height for the json, like shardkit records
                 width, height = img.size
+            if listing.classes is None or s.label is None:
+                raise SystemExit(f"{s.rel}: not an ImageFolder sample (no class)")
             meta = {"label": s.label, "class": listing.classes[s.label], "source": s.rel,
                     "width": width, "height": height}
             sink.write({"__key__": f"{i:08d}", "jpg": data, "cls": s.label, "json": meta})

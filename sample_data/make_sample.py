@@ -67,8 +67,8 @@ def write_photos(src_dir: Path, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True)
     paths = []
     for name, fname in SOURCES.items():
-        with Image.open(src_dir / fname) as im:
-            im = im.convert("RGB") if im.mode not in ("RGB", "L") else im.copy()
+        with Image.open(src_dir / fname) as opened:
+            im = opened.convert("RGB") if opened.mode not in ("RGB", "L") else opened.copy()
         scale = PHOTO_LONG_SIDE / max(im.size)
         if scale < 1:
             size = (round(im.width * scale), round(im.height * scale))
@@ -114,10 +114,10 @@ def write_imagefolder(photo_dir: Path, out_dir: Path, *, seed: int = 0) -> list[
         shutil.rmtree(out_dir)
     paths = []
     for cls_idx, (name, fname) in enumerate(SOURCES.items()):
-        with Image.open(photo_dir / fname) as src:
-            src.load()
+        with Image.open(photo_dir / fname) as opened:
+            opened.load()
         # Gray sources become RGB so that only the listed special cases are 1-channel files.
-        src = src.convert("RGB")
+        src = opened.convert("RGB")
         (out_dir / name).mkdir(parents=True)
         for j in range(PER_CLASS):
             rng = np.random.default_rng([seed, cls_idx, j])
