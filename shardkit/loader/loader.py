@@ -246,7 +246,7 @@ class ShardLoader:
         """Before workers start: a copied loader gets a batch ring of its own, and slots left
         busy by batches that never arrived (workers stopped mid-flight) are freed."""
         builder = self._stream.builder
-        ring: BatchRing | None = getattr(builder, "ring", None)
+        ring = builder.ring
         if ring is None or self._dataloader is None or getattr(self._dataloader, "_iterator", None) is not None:
             return
         if ring.owned():
@@ -285,7 +285,7 @@ class ShardLoader:
             self._prefetcher = None
         if self._dataloader is not None:
             shutdown_workers(self._dataloader)
-        ring: BatchRing | None = getattr(self._stream.builder, "ring", None)
+        ring = self._stream.builder.ring
         if ring is not None and ring.owned():
             ring.reclaim()
         self._reader.close()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import os
 import weakref
 from typing import Any
@@ -116,7 +117,7 @@ class BatchRing:
 
     @property
     def slot_bytes(self) -> int:
-        return _numel(self.shape)
+        return math.prod(self.shape)
 
     def acquire(self, worker: int, n: int) -> tuple[torch.Tensor, SlotImages] | None:
         """A free slot of ``worker`` as ``(uint8 [n, *shape[1:]] tensor to fill, reference to
@@ -161,13 +162,6 @@ class SlotImages:
         self.ring.busy[self.slot] = 0
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _receive(token: str, slot: int, shape: tuple[int, ...], segment: torch.UntypedStorage | None) -> torch.Tensor:
     ring = _RINGS.get(token)
     if ring is None:
@@ -177,7 +171,7 @@ def _receive(token: str, slot: int, shape: tuple[int, ...], segment: torch.Untyp
     segment = ring._received.get(slot)
     if segment is None:
         raise LoaderError(f"a worker sent slot {slot} of ring {token} before its shared-memory segment")
-    nbytes = _numel(shape)
+    nbytes = math.prod(shape)
     memory = _memory_type(nbytes).from_address(segment.data_ptr())
     memory.segment = segment  # type: ignore[attr-defined]  # the mapping lives as long as any view
     ring._live.add(slot)
