@@ -9,7 +9,7 @@ DEMO   := demo_out
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt setup.py shardkit/loader/_jpeg_roi.c shardkit/format/_jpeg_restart.c shardkit/_jpeg_errors.h \
+$(STAMP): pyproject.toml constraints.txt setup.py shardkit/codec/_jpeg_region.c shardkit/codec/_jpeg_restart.c shardkit/codec/_jpeg_errors.h \
 		shardkit/transforms/_planar.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip

@@ -19,7 +19,7 @@ import torch
 import torchvision.transforms.v2 as v2
 from PIL import Image
 
-from shardkit.loader.decode import DecodeStats, decode_backend, decode_rgb
+from shardkit.codec.decode import DecodeStats, decode_backend, decode_rgb
 from shardkit.transforms import imagenet_train, imagenet_val
 
 

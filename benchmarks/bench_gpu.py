@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from shardkit import ShardLoader, transforms
-from shardkit.loader.gpu_decode import nvjpeg_friendly
-from shardkit.loader.hw_decode import HwJpegDecoder, hw_decode_unavailable
+from shardkit.codec.nvimgcodec import HwJpegDecoder, hw_decode_unavailable
+from shardkit.codec.nvjpeg import nvjpeg_friendly
 from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows
 
 
@@ -88,8 +88,8 @@ def _cut_jpegs(root: str, limit: int, interval: int) -> list[torch.Tensor]:
     ShardLoader's workers ship for shards packed with ``--jpeg-restart``)."""
     import random
 
-    from shardkit.format import jpeg_restart
-    from shardkit.loader.decode import peek_size
+    from shardkit.codec import jpeg_restart
+    from shardkit.codec.decode import peek_size
 
     t, rng, out = transforms.imagenet_train(224), random.Random(0), []
     for data in _jpegs(root, limit):

@@ -53,7 +53,7 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     try:
-        from shardkit.loader.decode import decode_backend
+        from shardkit.codec.decode import decode_backend
 
         out["shardkit_decoder"] = decode_backend()
     except Exception as err:  # report, never fail a benchmark over a version probe

@@ -13,13 +13,13 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
+from shardkit.codec.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
+from shardkit.codec.jpeg_region import decode_box_rgb, roi_available, within_pixel_limit
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
 from shardkit.loader.bad_samples import BadSample, fill_batch
-from shardkit.loader.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.ring import BatchRing, SlotImages
-from shardkit.loader.roi import decode_box_rgb, roi_available, within_pixel_limit
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.params import CropFlip

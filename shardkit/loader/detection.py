@@ -1,7 +1,7 @@
 """Build one detection batch in a worker: COCO samples -> images and torchvision-style targets.
 
 Used by :class:`~shardkit.loader.ShardLoader` when ``manifest.kind == "coco"``. Per sample: read,
-decode the image (:func:`~shardkit.loader.decode.decode_rgb`), build the target
+decode the image (:func:`~shardkit.codec.decode.decode_rgb`), build the target
 (:func:`~shardkit.loader.coco_target.coco_target`), run the detection transform seeded by the
 sample's seed (:func:`~shardkit.transforms.detection.run_detection_transform`). The batch carries
 the images as a list of uint8 ``[3, H, W]`` tensors (or a :class:`PaddedImages`) and the targets
@@ -17,12 +17,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from shardkit.codec.decode import DecodeStats, decode_rgb
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.index.manifest import Manifest
 from shardkit.loader.bad_samples import BadSample, fill_batch
 from shardkit.loader.batch import Batch, BatchBuilder, _image_field
 from shardkit.loader.coco_target import BadTarget, coco_target, contiguous_label_map
-from shardkit.loader.decode import DecodeStats, decode_rgb
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform

@@ -3,9 +3,9 @@
 For each sample the worker reads the image size from the header, draws the crop/flip from the
 same seeded ``random.Random(seed)`` as the CPU path (so both paths crop and flip every sample
 alike) and ships the encoded bytes (of a restart-indexed JPEG, only the restart intervals around
-a crop-first transform's box: :func:`~shardkit.format.jpeg_restart.cut`) with one row of geometry
+a crop-first transform's box: :func:`~shardkit.codec.jpeg_restart.cut`) with one row of geometry
 (:data:`~shardkit.transforms.gpu.GEOMETRY_COLUMNS`). Images nvJPEG cannot take
-(:func:`~shardkit.loader.gpu_decode.nvjpeg_friendly`) are decoded and transformed here, exactly
+(:func:`~shardkit.codec.nvjpeg.nvjpeg_friendly`) are decoded and transformed here, exactly
 as the CPU path does, and travel as pixels to be joined into the same batch on the device.
 
 Shared-memory reuse: in a worker process the JPEG bytes of batch ``k`` go into buffer
@@ -31,12 +31,12 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from shardkit.codec import jpeg_restart
+from shardkit.codec.decode import DecodeStats, peek_size
+from shardkit.codec.nvjpeg import nvjpeg_friendly
 from shardkit.errors import DecodeError, LoaderError
-from shardkit.format import jpeg_restart
 from shardkit.loader.bad_samples import BadSample, fill_batch
 from shardkit.loader.batch import Batch, BatchBuilder, _image_field, _label, decode_for
-from shardkit.loader.decode import DecodeStats, peek_size
-from shardkit.loader.gpu_decode import nvjpeg_friendly
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS, gpu_window

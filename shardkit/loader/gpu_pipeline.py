@@ -13,12 +13,12 @@ import logging
 
 import torch
 
+from shardkit.codec.decode import decode_rgb
+from shardkit.codec.nvimgcodec import HwJpegDecoder
+from shardkit.codec.nvjpeg import GpuJpegDecoder
 from shardkit.errors import DecodeError
 from shardkit.loader.batch import Batch
-from shardkit.loader.decode import decode_rgb
 from shardkit.loader.gpu_batch import RawImages
-from shardkit.loader.gpu_decode import GpuJpegDecoder
-from shardkit.loader.hw_decode import HwJpegDecoder
 from shardkit.loader.pinned import PinnedSlot, chw_offsets
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import crop_resize_flip_batch

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import torch
 
+from shardkit.codec.nvimgcodec import hw_decode_unavailable
+from shardkit.codec.nvjpeg import gpu_decode_unavailable
 from shardkit.loader.batch import Batch
 from shardkit.loader.gpu_batch import RawBatchBuilder
-from shardkit.loader.gpu_decode import gpu_decode_unavailable
 from shardkit.loader.gpu_pipeline import GpuPipeline
-from shardkit.loader.hw_decode import hw_decode_unavailable
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.loader.prefetch import DevicePrefetcher, ring_size
 from shardkit.loader.reader import ShardReader
@@ -29,7 +29,7 @@ class GpuPath:
 
     When asked for (``hw_decode="mix"`` or ``"only"``) and the GPU's hardware JPEG engines work
     through nvImageCodec (probed once per device,
-    :func:`~shardkit.loader.hw_decode.hw_decode_unavailable`), the prefetcher runs that decoder
+    :func:`~shardkit.codec.nvimgcodec.hw_decode_unavailable`), the prefetcher runs that decoder
     beside (or instead of) nvJPEG; otherwise nvJPEG decodes alone (one log line says why when
     it was asked for).
     """

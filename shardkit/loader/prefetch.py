@@ -7,7 +7,7 @@ Three stages, each a thread, joined by bounded queues, so host and device work o
 2. *decode*: batched nvJPEG (torchvision's call returns only when the batch is decoded, so it
    gets a thread of its own and decodes back to back, two staged batches per call when both
    are waiting); when asked for and the GPU's hardware JPEG engines work through nvImageCodec
-   (:mod:`~shardkit.loader.hw_decode`), a second decode thread with its own decoder object and
+   (:mod:`~shardkit.codec.nvimgcodec`), a second decode thread with its own decoder object and
    CUDA stream takes staged batches from the same queue, so both decoders run at once (or
    that thread decodes alone);
 3. *augment*: takes decoded batches back in staging order (a small reorder buffer keyed by
@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
+from shardkit.codec.nvimgcodec import HwJpegDecoder
 from shardkit.loader.batch import Batch
 from shardkit.loader.gpu_pipeline import GpuPipeline
-from shardkit.loader.hw_decode import HwJpegDecoder
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.loader.stats import StageStats
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from shardkit.codec import jpeg_restart
 from shardkit.errors import PackError
-from shardkit.format import jpeg_restart
 from shardkit.format.spec import PIL_FORMAT_EXTENSIONS, normalize_extension
 from shardkit.pack.options import PackOptions
 from shardkit.sources.base import SourceSample

@@ -6,7 +6,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shardkit.format import jpeg_restart
+from shardkit.codec import jpeg_restart
 from shardkit.format.spec import check_prefix
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -40,7 +40,7 @@ class PackOptions:
 
     ``jpeg_restart``: store every YCbCr or grayscale JPEG (including ``resize_max`` output)
     losslessly re-encoded with a restart marker every ``jpeg_restart`` MCUs at most
-    (:func:`shardkit.format.jpeg_restart.transcode`): same DCT coefficients, so identical
+    (:func:`shardkit.codec.jpeg_restart.transcode`): same DCT coefficients, so identical
     pixels in any decoder, but the loader can decode just the intervals a crop covers (1 loaded
     fastest, CPU and GPU: BENCHMARKS.md). Sizes move a few percent either way: optimised
     Huffman tables save, markers cost ~2.5 bytes each (measured with 1 / 4: -0.4% / -2.0% on the
@@ -76,7 +76,7 @@ class PackOptions:
             if self.jpeg_restart < 1:
                 raise ValueError(f"jpeg_restart must be >= 1 MCU, got {self.jpeg_restart}")
             if not jpeg_restart.available():
-                raise ValueError("jpeg_restart needs shardkit's C extension shardkit.format._jpeg_restart, which "
+                raise ValueError("jpeg_restart needs shardkit's C extension shardkit.codec._jpeg_restart, which "
                                  "is not built here (install the libjpeg headers, then reinstall shardkit)")
         check_prefix(self.prefix)
 

@@ -36,7 +36,7 @@ class ImageTransform(abc.ABC):
     output_size: tuple[int, int]
     batch_format: BatchFormat
     #: True when :meth:`apply` reads only the pixels inside the parameters' box, so a loader
-    #: may decode just that region (see ``shardkit.loader.roi``) and apply with the box moved
+    #: may decode just that region (see ``shardkit.codec.jpeg_region``) and apply with the box moved
     #: to the origin. False (e.g. resize-then-centre-crop) means the whole image is needed.
     crop_first: ClassVar[bool] = False
 

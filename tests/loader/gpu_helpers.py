@@ -11,9 +11,9 @@ from PIL import Image
 
 from sample_data.generate import make_imagenet_like
 from shardkit import ShardLoader
-from shardkit.format import jpeg_restart
+from shardkit.codec import jpeg_restart
+from shardkit.codec.decode import decode_rgb
 from shardkit.loader.batch import Batch, BatchBuilder
-from shardkit.loader.decode import decode_rgb
 from shardkit.loader.gpu_batch import RawBatchBuilder, RawImages
 from shardkit.loader.pinned import chw_offsets
 from shardkit.loader.reader import ShardReader

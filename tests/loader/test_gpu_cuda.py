@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from shardkit import ShardLoader, transforms
-from shardkit.loader.decode import decode_rgb
-from shardkit.loader.gpu_decode import GpuJpegDecoder
+from shardkit.codec.decode import decode_rgb
+from shardkit.codec.nvimgcodec import HwJpegDecoder, hw_decode_unavailable
+from shardkit.codec.nvjpeg import GpuJpegDecoder
 from shardkit.loader.gpu_pipeline import GpuPipeline
-from shardkit.loader.hw_decode import HwJpegDecoder, hw_decode_unavailable
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 from tests.loader.gpu_helpers import (
@@ -215,9 +215,9 @@ def test_nvjpeg_decodes_cut_pieces_like_whole_images() -> None:
     import numpy as np
     from PIL import Image
 
-    from shardkit.format import jpeg_restart
-    from shardkit.loader.decode import peek_size
-    from shardkit.loader.gpu_decode import nvjpeg_friendly
+    from shardkit.codec import jpeg_restart
+    from shardkit.codec.decode import peek_size
+    from shardkit.codec.nvjpeg import nvjpeg_friendly
 
     if not jpeg_restart.available():
         pytest.skip("restart-indexed JPEG extension not built")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from shardkit import ShardLoader, transforms
-from shardkit.format import jpeg_restart
+from shardkit.codec import jpeg_restart
+from shardkit.codec.nvjpeg import gpu_decode_unavailable, nvjpeg_friendly
 from shardkit.loader.gpu_batch import RawImages
-from shardkit.loader.gpu_decode import gpu_decode_unavailable, nvjpeg_friendly
 from tests.conftest import encode_image
 from tests.loader.gpu_helpers import (
     emulate_device,

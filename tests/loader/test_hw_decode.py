@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from shardkit import transforms
+from shardkit.codec.nvimgcodec import hw_decode_unavailable
 from shardkit.loader.gpu_pipeline import GpuPipeline
-from shardkit.loader.hw_decode import hw_decode_unavailable
 from shardkit.loader.pinned import PinnedSlot
 from shardkit.loader.prefetch import InOrder
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS

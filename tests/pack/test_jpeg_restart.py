@@ -15,8 +15,9 @@ from PIL import Image
 from sample_data.coco_gen import make_coco
 from shardkit.bench.api import _check_same_data
 from shardkit.cli import cli
+from shardkit.codec import jpeg_restart
 from shardkit.errors import PackError
-from shardkit.format import iter_samples, jpeg_restart
+from shardkit.format import iter_samples
 from shardkit.index import read_manifest, verify_dataset
 from shardkit.pack import PackOptions, pack, pack_coco
 from shardkit.pack.encode import SkipSample, encode_sample

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torchvision.transforms.v2 as v2
 
-from shardkit.loader.decode import decode_rgb
+from shardkit.codec.decode import decode_rgb
 from shardkit.transforms import CropFlip, imagenet_val, resize_center_crop_box
 from tests.transforms.images import make_photo
 

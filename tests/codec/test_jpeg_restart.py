@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from shardkit.format import jpeg_restart
-from shardkit.format.jpeg_restart import cut, transcode
+from shardkit.codec import jpeg_restart
+from shardkit.codec.jpeg_restart import cut, transcode
 
 pytestmark = pytest.mark.skipif(not jpeg_restart.available(), reason="C extension _jpeg_restart not built")
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
+from shardkit.codec.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
 from shardkit.errors import DecodeError
-from shardkit.loader.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
 
 
 def photo(h: int = 61, w: int = 83, seed: int = 0) -> np.ndarray:

@@ -19,8 +19,8 @@ import warnings
 
 import torch
 
-from shardkit.loader.decode import Bytes, is_jpeg
-from shardkit.loader.jpeg_header import SEQUENTIAL_HUFFMAN, jpeg_frame
+from shardkit.codec.decode import Bytes, is_jpeg
+from shardkit.codec.jpeg_header import SEQUENTIAL_HUFFMAN, jpeg_frame
 
 __all__ = ["GpuJpegDecoder", "gpu_decode_unavailable", "nvjpeg_friendly"]
 

@@ -9,7 +9,7 @@ JPEG of just that region (:func:`cut`): decoding then costs what the box costs. 
 can, on the CPU path before libjpeg, on the GPU path before nvJPEG. Plain readers (webdataset,
 PIL, browsers) decode these files as usual, to identical pixels.
 
-Backed by the C extension ``shardkit.format._jpeg_restart`` (built at install against the system
+Backed by the C extension ``shardkit.codec._jpeg_restart`` (built at install against the system
 libjpeg); without it :func:`transcode` raises and :func:`cut` returns ``None``.
 """
 
@@ -24,7 +24,7 @@ Bytes = bytes | bytearray | memoryview
 _transcode: Callable[[Bytes, int], bytes | None] | None = None
 _cut: Callable[[Bytes, int, int, int, int, int], tuple[bytes, int, int, int, int] | None] | None = None
 try:
-    from shardkit.format import _jpeg_restart  # type: ignore[attr-defined]
+    from shardkit.codec import _jpeg_restart  # type: ignore[attr-defined]
 
     _transcode, _cut = _jpeg_restart.transcode, _jpeg_restart.cut
 except ImportError:  # built without libjpeg headers

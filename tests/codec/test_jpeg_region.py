@@ -11,26 +11,26 @@ import pytest
 import torch
 from PIL import Image
 
-from shardkit.format import jpeg_restart
-from shardkit.loader.decode import decode_rgb, peek_size
-from shardkit.loader.roi import decode_box_rgb, roi_available
+from shardkit.codec import jpeg_restart
+from shardkit.codec.decode import decode_rgb, peek_size
+from shardkit.codec.jpeg_region import decode_box_rgb, roi_available
 from shardkit.transforms import CropFlip, imagenet_train
 
 if roi_available():
-    from shardkit.loader import _jpeg_roi  # type: ignore[attr-defined]
+    from shardkit.codec import _jpeg_region  # type: ignore[attr-defined]
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "imagefolder"
 
 
 def test_extension_is_built_where_libjpeg_headers_exist() -> None:
     if os.path.exists("/usr/include/jpeglib.h"):
-        assert roi_available(), "libjpeg headers are here but shardkit.loader._jpeg_roi was not built"
+        assert roi_available(), "libjpeg headers are here but shardkit.codec._jpeg_region was not built"
 
 
 def _full_box(data: bytes, box: CropFlip) -> torch.Tensor:
     """``box`` of a full decode by the same libjpeg (other builds may round the IDCT otherwise)."""
     h, w = peek_size(data)
-    full = torch.frombuffer(_jpeg_roi.decode_crop(data, 0, 0, h, w), dtype=torch.uint8).view(h, w, 3)
+    full = torch.frombuffer(_jpeg_region.decode_crop(data, 0, 0, h, w), dtype=torch.uint8).view(h, w, 3)
     return full[box.top : box.top + box.height, box.left : box.left + box.width].permute(2, 0, 1)
 
 

@@ -1,6 +1,6 @@
 """Decode only the crop box a transform needs, for JPEGs (libjpeg region decoding).
 
-Backed by the optional C extension ``shardkit.loader._jpeg_roi`` (built at install when libjpeg
+Backed by the optional C extension ``shardkit.codec._jpeg_region`` (built at install when libjpeg
 headers are present). Rows above the box are skipped, rows below are never decoded and columns
 outside the iMCU-aligned box are not inverse-transformed, so for RandomResizedCrop the decode
 cost follows the crop. Two pixels of chroma-upsampling context are decoded beside the box, so
@@ -14,14 +14,14 @@ from collections.abc import Callable
 import torch
 from PIL import Image
 
-from shardkit.format import jpeg_restart
+from shardkit.codec import jpeg_restart
 from shardkit.transforms.params import CropFlip
 
 _decode_crop: Callable[[bytes | memoryview, int, int, int, int], bytearray] | None = None
 try:
-    from shardkit.loader import _jpeg_roi  # type: ignore[attr-defined]
+    from shardkit.codec import _jpeg_region  # type: ignore[attr-defined]
 
-    _decode_crop = _jpeg_roi.decode_crop
+    _decode_crop = _jpeg_region.decode_crop
 except ImportError:  # extension not built (no libjpeg headers at install): full decodes only
     pass
 
@@ -44,7 +44,7 @@ def decode_box_rgb(data: bytes | memoryview, box: CropFlip) -> torch.Tensor | No
     that follows decides whether the image is corrupt.
 
     Restart-indexed JPEGs (``pack --jpeg-restart``) are first cut down to the restart intervals
-    around the box (:func:`shardkit.format.jpeg_restart.cut`), so nothing outside it is
+    around the box (:func:`shardkit.codec.jpeg_restart.cut`), so nothing outside it is
     entropy-decoded either.
 
     Example::

@@ -118,6 +118,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg_roi", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg_region", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__jpeg_roi(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__jpeg_region(void) { return PyModule_Create(&module); }

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from shardkit.codec.jpeg_header import jpeg_frame
 from shardkit.errors import DecodeError
-from shardkit.loader.jpeg_header import jpeg_frame
 
 __all__ = ["DecodeStats", "decode_backend", "decode_rgb", "is_jpeg", "peek_size"]
 
