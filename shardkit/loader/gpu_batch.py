@@ -39,7 +39,7 @@ from shardkit.loader.bad_samples import BadSample, fill_batch
 from shardkit.loader.batch import Batch, BatchBuilder, _image_field, _label, decode_for
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
-from shardkit.transforms.gpu import GEOMETRY_COLUMNS, gpu_window
+from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
 __all__ = ["RawBatchBuilder", "RawImages"]
 
@@ -57,7 +57,7 @@ class RawImages:
     Everything lives in one uint8 ``blob`` (one shared-memory handle per batch: each tensor sent
     between processes costs a file-descriptor round trip), laid out as JPEG bytes, then int64
     ``bounds`` (``k + 1``), ``cpu_dest`` (``m``) and ``labels`` (``n``), int32 ``geometry``
-    (``[k, 12]``), uint8 ``cpu_images`` (``[m, 3, *size]``). ``data[bounds[i]:bounds[i+1]]`` is
+    (``[k, len(GEOMETRY_COLUMNS)]``), uint8 ``cpu_images`` (``[m, 3, *size]``). ``data[bounds[i]:bounds[i+1]]`` is
     the i-th GPU image's JPEG and ``geometry[i]`` its crop row (``dest``: its position in the
     batch); ``cpu_images[j]`` goes to position ``cpu_dest[j]``.
     """
@@ -71,7 +71,7 @@ class RawImages:
 
     @staticmethod
     def blob_size(nbytes: int, k: int, m: int, n: int, size: tuple[int, int]) -> int:
-        return _align(nbytes) + 8 * (k + 1 + m + n) + _align(4 * 12 * k) + m * 3 * size[0] * size[1]
+        return _align(nbytes) + 8 * (k + 1 + m + n) + _align(4 * len(GEOMETRY_COLUMNS) * k) + m * 3 * size[0] * size[1]
 
     def _part(self, start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
         width = torch.empty(0, dtype=dtype).element_size()
@@ -96,11 +96,11 @@ class RawImages:
     @property
     def geometry(self) -> torch.Tensor:
         start = _align(self.nbytes) + 8 * (self.k + 1 + self.m + self.n)
-        return self._part(start, 12 * self.k, torch.int32).view(self.k, len(GEOMETRY_COLUMNS))
+        return self._part(start, len(GEOMETRY_COLUMNS) * self.k, torch.int32).view(self.k, len(GEOMETRY_COLUMNS))
 
     @property
     def cpu_images(self) -> torch.Tensor:
-        start = _align(self.nbytes) + 8 * (self.k + 1 + self.m + self.n) + _align(4 * 12 * self.k)
+        start = _align(self.nbytes) + 8 * (self.k + 1 + self.m + self.n) + _align(4 * len(GEOMETRY_COLUMNS) * self.k)
         return self._part(start, self.m * 3 * self.size[0] * self.size[1], torch.uint8).view(self.m, 3, *self.size)
 
     def __len__(self) -> int:
@@ -171,7 +171,7 @@ class RawBatchBuilder(BatchBuilder):
                     data, h, w = piece.data, piece.height, piece.width
                     params = replace(params, top=params.top - piece.top, left=params.left - piece.left)
                 stats.transform_s += time.perf_counter() - t1
-                return label, (data, gpu_window(transform, h, w, params, transform.output_size))
+                return label, (data, transform.gpu_window(h, w, params))
             image, params = decode_for(transform, data, rng, where, dstats)  # as the CPU path does
         except DecodeError as err:
             raise BadSample(str(err)) from err

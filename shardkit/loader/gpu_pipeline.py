@@ -21,7 +21,7 @@ from shardkit.loader.batch import Batch
 from shardkit.loader.gpu_batch import RawImages
 from shardkit.loader.pinned import PinnedSlot, chw_offsets
 from shardkit.transforms.base import ImageTransform
-from shardkit.transforms.gpu import crop_resize_flip_batch
+from shardkit.transforms.gpu import Col, crop_resize_flip_batch
 from shardkit.transforms.params import CropFlip
 
 __all__ = ["GpuPipeline"]
@@ -59,7 +59,7 @@ class GpuPipeline:
             except RuntimeError:
                 rejected.append(i)
         log.debug("nvJPEG rejected %d images of a batch (keys %s)", len(rejected),
-                  [batch.keys[int(raw.geometry[i if rows is None else rows[i], 11])] for i in rejected])
+                  [batch.keys[int(raw.geometry[i if rows is None else rows[i], Col.DEST])] for i in rejected])
         return images, rejected
 
     def _cpu_rescue(self, raw: RawImages, rejected: list[int], out: torch.Tensor, labels: torch.Tensor,
@@ -68,14 +68,14 @@ class GpuPipeline:
         bad: list[int] = []
         for i in rejected:
             g = raw.geometry[i].tolist()
-            dest = g[11]
+            dest = g[Col.DEST]
             try:
                 image = decode_rgb(raw.jpegs()[i], where=batch.keys[dest])
             except DecodeError:
                 bad.append(dest)
                 continue
-            # the geometry row holds the box drawn in the worker (centre crops: see gpu_window)
-            pixels = self.transform.apply(image, CropFlip(g[2], g[3], g[4], g[5], bool(g[10])))
+            # the geometry row holds the box drawn in the worker (centre crops: see ImageTransform.gpu_window)
+            pixels = self.transform.apply(image, CropFlip(g[Col.TOP], g[Col.LEFT], g[Col.BOX_H], g[Col.BOX_W], bool(g[Col.FLIP])))
             out[dest].copy_(pixels, non_blocking=False)
         good = [i for i in range(len(out)) if i not in set(bad)]
         for dest in bad:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from shardkit.transforms.gpu import Col
+
 __all__ = ["PinnedSlot", "chw_offsets"]
 
 
 def chw_offsets(geometry: torch.Tensor) -> torch.Tensor:
     """int64 start of each image in a flat buffer of CHW images ``3 * height * width`` long."""
-    sizes = 3 * geometry[:, 0].long() * geometry[:, 1].long()
+    sizes = 3 * geometry[:, Col.HEIGHT].long() * geometry[:, Col.WIDTH].long()
     return torch.cumsum(sizes, 0) - sizes
 
 

@@ -9,6 +9,7 @@ from typing import ClassVar
 import torch
 
 from shardkit.transforms.batch import BatchFormat
+from shardkit.transforms.gpu import Window, window_geometry
 from shardkit.transforms.ops import crop_resize_flip
 from shardkit.transforms.params import CropFlip
 
@@ -51,6 +52,13 @@ class ImageTransform(abc.ABC):
     def __call__(self, image: torch.Tensor, rng: random.Random) -> torch.Tensor:
         """``apply(image, sample_params(H, W, rng))``."""
         return self.apply(image, self.sample_params(image.shape[-2], image.shape[-1], rng))
+
+    def gpu_window(self, height: int, width: int, params: CropFlip) -> Window:
+        """The GPU route's geometry row (without ``dest``, see :mod:`shardkit.transforms.gpu`) that
+        reproduces :meth:`apply` of ``params`` on a ``height x width`` image: by default the box
+        resized to :attr:`output_size` and flipped. Transforms whose ``apply`` computes something
+        else for some boxes override this (the centre crop does)."""
+        return window_geometry(height, width, params, self.output_size)
 
     def finalize(self, batch: torch.Tensor) -> torch.Tensor:
         """Apply :attr:`batch_format` to a uint8 ``[B, 3, *output_size]`` batch on its device."""

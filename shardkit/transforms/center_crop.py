@@ -9,6 +9,7 @@ import torch
 
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.batch import BatchFormat
+from shardkit.transforms.gpu import Window
 from shardkit.transforms.ops import crop_resize_flip, resize_uint8
 from shardkit.transforms.params import CropFlip
 
@@ -76,6 +77,16 @@ class ResizeCenterCrop(ImageTransform):
     def sample_params(self, height: int, width: int, rng: random.Random) -> CropFlip:
         """The fixed centre box for a ``height x width`` image (no flip)."""
         return CropFlip(*resize_center_crop_box(height, width, self.resize_to, self.output_size))
+
+    def gpu_window(self, height: int, width: int, params: CropFlip) -> Window:
+        """For its own centre box: the resize of the whole image, cropped at the centre offset
+        (what :meth:`apply` computes); any other box: resized to ``output_size`` and flipped."""
+        if params != self.sample_params(height, width, _UNUSED):
+            return super().gpu_window(height, width, params)
+        new_h, new_w = _resized_size(height, width, self.resize_to)
+        size = self.output_size
+        top, left = int(round((new_h - size[0]) / 2.0)), int(round((new_w - size[1]) / 2.0))
+        return (height, width, 0, 0, height, width, new_h, new_w, top, left, 0)
 
     def apply(self, image: torch.Tensor, params: CropFlip, out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """uint8 ``[3, H, W]`` -> uint8 ``[3, *output_size]``; exact for ``sample_params``' box."""

@@ -1,7 +1,7 @@
 """Batched crop-resize-flip over images of different sizes, in one launch per batch.
 
 Images lie in one flat uint8 buffer (each image CHW-contiguous at its own offset, as nvJPEG
-returns them). Each sample has a row of integer *geometry* (see :data:`GEOMETRY_COLUMNS`):
+returns them). Each sample has a row of integer *geometry* (columns :class:`Col`, names :data:`GEOMETRY_COLUMNS`):
 
 * ``height, width``: the decoded image;
 * ``top, left, box_h, box_w``: the source box; taps never read outside it (edge weights are
@@ -31,30 +31,50 @@ Example:
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
+from enum import IntEnum
 
 import torch
 
 from shardkit.transforms.params import CropFlip
 
-__all__ = ["GEOMETRY_COLUMNS", "crop_resize_flip_batch", "geometry_rows", "gpu_window", "window_geometry"]
+__all__ = ["GEOMETRY_COLUMNS", "Col", "Window", "crop_resize_flip_batch", "geometry_rows", "window_geometry"]
 
-GEOMETRY_COLUMNS = ("height", "width", "top", "left", "box_h", "box_w", "virt_h", "virt_w",
-                    "off_y", "off_x", "flip", "dest")  # fmt: skip
+
+
+class Col(IntEnum):
+    """The columns of a geometry row, in order (the Triton kernel reads them at these offsets)."""
+
+    HEIGHT = 0
+    WIDTH = 1
+    TOP = 2
+    LEFT = 3
+    BOX_H = 4
+    BOX_W = 5
+    VIRT_H = 6
+    VIRT_W = 7
+    OFF_Y = 8
+    OFF_X = 9
+    FLIP = 10
+    DEST = 11
+
+
+#: Column names of a geometry row (``Col`` in order); ``len(GEOMETRY_COLUMNS)`` columns per row.
+GEOMETRY_COLUMNS = tuple(c.name.lower() for c in Col)
+#: A geometry row without its ``dest`` column: what a transform's ``gpu_window`` returns.
 Window = tuple[int, int, int, int, int, int, int, int, int, int, int]
-_NO_RNG = random.Random(0)  # centre crops draw nothing
 
 
 def window_geometry(height: int, width: int, params: CropFlip, size: tuple[int, int]) -> Window:
     """Geometry (without ``dest``) that resizes ``params``' box to ``size`` and flips."""
     return (height, width, params.top, params.left, params.height, params.width,
-            size[0], size[1], 0, 0, int(params.flip))  # fmt: skip
+            size[0], size[1], 0, 0, int(params.flip))
 
 
 def geometry_rows(sizes: Sequence[tuple[int, int]], params: Sequence[CropFlip],
                   size: tuple[int, int], dests: Sequence[int] | None = None) -> torch.Tensor:
-    """int32 ``[n, 12]`` geometry for plain crop-resize-flip windows (``dest`` defaults to ``i``)."""
+    """int32 ``[n, len(GEOMETRY_COLUMNS)]`` geometry for plain crop-resize-flip windows
+    (``dest`` defaults to ``i``)."""
     rows = [(*window_geometry(h, w, p, size), i if dests is None else dests[i])
             for i, ((h, w), p) in enumerate(zip(sizes, params, strict=True))]
     return torch.tensor(rows, dtype=torch.int32).reshape(-1, len(GEOMETRY_COLUMNS))
@@ -95,8 +115,10 @@ def _axis(size: torch.Tensor, virt: torch.Tensor, off: torch.Tensor, n_out: int,
 def max_taps(geom: torch.Tensor) -> tuple[int, int]:
     """Upper bound on filter taps per axis over a batch: ``ceil(2 * support) + 1``."""
     g = geom.detach().to("cpu", torch.int64)
-    sy = torch.clamp(g[:, 4].double() / g[:, 6].double(), min=1).max().item() if len(g) else 1.0
-    sx = torch.clamp(g[:, 5].double() / g[:, 7].double(), min=1).max().item() if len(g) else 1.0
+    sy = sx = 1.0
+    if len(g):
+        sy = torch.clamp(g[:, Col.BOX_H].double() / g[:, Col.VIRT_H].double(), min=1).max().item()
+        sx = torch.clamp(g[:, Col.BOX_W].double() / g[:, Col.VIRT_W].double(), min=1).max().item()
     return math.ceil(2 * sy) + 2, math.ceil(2 * sx) + 2
 
 
@@ -107,23 +129,24 @@ def _eager_resize(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
         return
     taps_y, taps_x = max_taps(geom)
     g = geom.long()
-    height, width, top, left = g[:, 0], g[:, 1], g[:, 2], g[:, 3]
-    y0, wy = _axis(g[:, 4], g[:, 6], g[:, 8], oh, taps_y)  # [B, oh], [B, oh, ty]
-    x0, wx = _axis(g[:, 5], g[:, 7], g[:, 9], ow, taps_x)
-    flip = g[:, 10].bool()
+    height, width, top, left = g[:, Col.HEIGHT], g[:, Col.WIDTH], g[:, Col.TOP], g[:, Col.LEFT]
+    box_h, box_w = g[:, Col.BOX_H:Col.BOX_H + 1], g[:, Col.BOX_W:Col.BOX_W + 1]
+    y0, wy = _axis(g[:, Col.BOX_H], g[:, Col.VIRT_H], g[:, Col.OFF_Y], oh, taps_y)  # [B, oh], [B, oh, ty]
+    x0, wx = _axis(g[:, Col.BOX_W], g[:, Col.VIRT_W], g[:, Col.OFF_X], ow, taps_x)
+    flip = g[:, Col.FLIP].bool()
     x0 = torch.where(flip[:, None], x0.flip(-1), x0)  # output column j reads resized column ow-1-j
     wx = torch.where(flip[:, None, None], wx.flip(1), wx)
     plane = (height * width)[:, None, None]
     acc = torch.zeros((n, 3, oh, ow), dtype=torch.float32, device=out.device)
     for ky in range(taps_y):
-        row = torch.minimum(y0 + ky, g[:, 4:5] - 1) + top[:, None]  # clamped; weight is 0 there
+        row = torch.minimum(y0 + ky, box_h - 1) + top[:, None]  # clamped; weight is 0 there
         for kx in range(taps_x):
-            col = torch.minimum(x0 + kx, g[:, 5:6] - 1) + left[:, None]
+            col = torch.minimum(x0 + kx, box_w - 1) + left[:, None]
             idx = offsets[:, None, None] + row[:, :, None] * width[:, None, None] + col[:, None, :]
             weight = wy[:, :, None, ky] * wx[:, None, :, kx]
             for c in range(3):
                 acc[:, c] += weight * flat[idx + c * plane].float()
-    out[g[:, 11]] = torch.floor(acc + 0.5).clamp_(0, 255).to(torch.uint8)
+    out[g[:, Col.DEST]] = torch.floor(acc + 0.5).clamp_(0, 255).to(torch.uint8)
 
 
 def crop_resize_flip_batch(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
@@ -134,7 +157,7 @@ def crop_resize_flip_batch(flat: torch.Tensor, offsets: torch.Tensor, geom: torc
     Args:
         flat: uint8 1-D buffer holding each image CHW-contiguous.
         offsets: int64 ``[n]``, where each image starts in ``flat``.
-        geom: int32 ``[n, 12]`` rows of :data:`GEOMETRY_COLUMNS` (on ``flat``'s device).
+        geom: int32 ``[n, len(GEOMETRY_COLUMNS)]`` rows of :data:`GEOMETRY_COLUMNS` (on ``flat``'s device).
         size: ``(out_h, out_w)``.
         out: optional contiguous uint8 ``[B, 3, out_h, out_w]``; rows not named by ``dest`` are
             left untouched (e.g. images decoded on the CPU).
@@ -158,20 +181,3 @@ def crop_resize_flip_batch(flat: torch.Tensor, offsets: torch.Tensor, geom: torc
             return out
     _eager_resize(flat, offsets, geom, out)
     return out
-
-
-def gpu_window(transform: object, height: int, width: int, params: CropFlip,
-               size: tuple[int, int]) -> Window:
-    """The geometry (without ``dest``) that reproduces ``transform.apply(image, params)``.
-
-    For :class:`~shardkit.transforms.ResizeCenterCrop` given its own centre box, that is the
-    resize of the whole image cropped at the centre offset (what its CPU ``apply`` computes);
-    for everything else the box resized to ``size`` and flipped.
-    """
-    from shardkit.transforms.center_crop import ResizeCenterCrop, _resized_size
-
-    if isinstance(transform, ResizeCenterCrop) and params == transform.sample_params(height, width, _NO_RNG):
-        new_h, new_w = _resized_size(height, width, transform.resize_to)
-        top, left = int(round((new_h - size[0]) / 2.0)), int(round((new_w - size[1]) / 2.0))
-        return (height, width, 0, 0, height, width, new_h, new_w, top, left, 0)
-    return window_geometry(height, width, params, size)

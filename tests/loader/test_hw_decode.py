@@ -34,7 +34,7 @@ def test_hw_decode_is_a_parameter_off_by_default_and_validated(packed: Path) -> 
     from shardkit import LoaderError, ShardLoader
     from shardkit.loader.gpu_setup import GpuPath
 
-    source = (Path(__file__).parents[2] / "shardkit" / "loader" / "hw_decode.py").read_text()
+    source = (Path(__file__).parents[2] / "shardkit" / "codec" / "nvimgcodec.py").read_text()
     assert "environ" not in source  # no ambient configuration (STYLE principle 6)
     with pytest.raises(LoaderError, match="hw_decode"):
         ShardLoader(str(packed), batch_size=4, hw_decode="yes")  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
 from shardkit import transforms
-from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows, gpu_window
+from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows
 from shardkit.transforms.params import CropFlip
 
 SIZES = [(60, 80), (97, 41), (30, 30), (120, 90), (300, 400)]
@@ -60,7 +60,7 @@ def test_center_crop_window_matches_resize_then_crop() -> None:
     for h, w in [(150, 200), (201, 130), (73, 73)]:
         img = torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
         params = t.sample_params(h, w, random.Random(0))
-        geom = torch.tensor([[*gpu_window(t, h, w, params, (64, 64)), 0]], dtype=torch.int32)
+        geom = torch.tensor([[*t.gpu_window(h, w, params), 0]], dtype=torch.int32)
         got = crop_resize_flip_batch(
             img.reshape(-1), torch.tensor([0]), geom, (64, 64), compile=False
         )[0]
