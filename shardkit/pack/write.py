@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from shardkit.format.offsets import dump_offsets
@@ -46,6 +47,10 @@ class ShardReceipt:
     @classmethod
     def from_json(cls, data: bytes) -> ShardReceipt:
         return cls(**json.loads(data))
+
+
+ShardDone = Callable[[ShardTask, ShardReceipt], None]
+"""Called in the parent as each shard is written; may raise to stop the pack (the rest is cancelled)."""
 
 
 def receipt_name(plan: ShardPlan) -> str:
