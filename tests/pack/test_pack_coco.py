@@ -129,11 +129,17 @@ def test_drop_empty_and_resize_refused(coco: tuple[Path, Path, dict[str, Any]], 
 
 def test_cli_auto_detects_coco(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
     images_dir, ann, doc = coco
+    doc["annotations"].append({"id": 77, "image_id": 12345, "category_id": 1, "bbox": [0, 0, 1, 1]})
+    ann.write_text(json.dumps(doc), encoding="utf-8")
     runner = CliRunner()
     dst = tmp_path / "out"
     res = runner.invoke(cli, ["pack", str(images_dir), str(dst), "--annotations", str(ann), "--workers", "1"])
     assert res.exit_code == 0, res.output
     assert f"samples   {len(doc['images'])}  (4 categories)" in res.output
+    # The dropped annotation is an annotation, not a skipped image.
+    assert "skipped   0\n" in res.output
+    assert f"annotations {len(doc['annotations']) - 1} packed; 1 dropped\n" in res.output
+    assert "  - instances.json: 1 annotation(s) reference unknown image ids; dropped (annotation ids 77)" in res.output
     assert runner.invoke(cli, ["verify", str(dst), "--decode"]).exit_code == 0
     res = runner.invoke(cli, ["pack", "--format", "coco", "--drop-empty", str(images_dir), str(tmp_path / "o2"),
                               "--annotations", str(ann), "-q"])
