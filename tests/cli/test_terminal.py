@@ -105,7 +105,7 @@ def test_info_in_a_terminal_and_piped(packed: Path) -> None:
 def test_help_in_a_terminal_lists_every_command() -> None:
     seen = run_in_pty(shardkit_argv("--help"), columns=100)
     _clean(seen)
-    for command in ("pack", "verify", "info", "bench"):
+    for command in ("pack", "verify", "info", "bench", "doctor"):
         assert any(line.strip().startswith(command + " ") for line in seen.lines), (command, seen.text)
 
 
