@@ -101,7 +101,9 @@ def check_platform() -> list[Finding]:
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
     findings.append(Finding("torch", "ok", f"{torch.__version__} ({build})"))
     try:
-        import torchvision
+        with warnings.catch_warnings():  # torchvision 0.29 deprecates torchvision.io in favour of torchcodec
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import torchvision
 
         findings.append(Finding("torchvision", "ok", torchvision.__version__))
     except Exception as err:
