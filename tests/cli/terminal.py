@@ -6,6 +6,7 @@ import fcntl
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -33,22 +34,29 @@ def shardkit_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "shardkit", *args]
 
 
+#: The checkout these tests belong to: ``python -m shardkit`` puts the working directory first on
+#: sys.path, so commands run from here, whatever directory pytest was started in.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ, TERM="xterm", PYTHONUNBUFFERED="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     return env
 
 
-def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0, cwd: str | None = None) -> Seen:
+def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0,
+               interrupt_after: bytes | None = None) -> Seen:
     """Run ``argv`` on a fresh pty sized ``columns`` x 24 (0: unsized, 0x0, like ``script`` in CI).
 
-    Raises ``TimeoutError`` (after killing the process) if it runs past ``timeout``: a hang is a failure.
+    ``interrupt_after``: once this text has appeared, send SIGINT to the process group, as
+    Ctrl-C does. Raises ``TimeoutError`` (after killing the process) if it runs past ``timeout``:
+    a hang is a failure.
     """
     master, slave = os.openpty()
     if columns:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=_env(), cwd=cwd,
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=_env(), cwd=ROOT,
                             start_new_session=True, close_fds=True)
     os.close(slave)
     chunks: list[bytes] = []
@@ -69,6 +77,9 @@ def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0, cwd
                 if not data:
                     break
                 chunks.append(data)
+                if interrupt_after is not None and interrupt_after in b"".join(chunks):
+                    os.killpg(proc.pid, signal.SIGINT)
+                    interrupt_after = None
             elif proc.poll() is not None and not _pending(master):
                 break
         code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -84,6 +95,6 @@ def _pending(fd: int) -> bool:
 
 def run_piped(argv: list[str], *, timeout: float = 120.0) -> tuple[int, str, str]:
     """Run ``argv`` with stdout and stderr piped (not a terminal); ``(code, stdout, stderr)``."""
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(),
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT,
                           stdin=subprocess.DEVNULL)
     return done.returncode, done.stdout, done.stderr

@@ -110,6 +110,26 @@ def test_help_in_a_terminal_lists_every_command() -> None:
 
 
 @pytest.mark.slow
+def test_ctrl_c_in_a_terminal_stops_cleanly_and_the_rerun_resumes(tmp_path: Path) -> None:
+    from sample_data.generate import make_imagenet_like
+
+    src, dst = tmp_path / "src", tmp_path / "out"
+    make_imagenet_like(src, classes=4, per_class=100, seed=0, size=(320, 240))
+    argv = shardkit_argv("pack", str(src), str(dst), "--max-count", "10", "--workers", "2", "--decode-check")
+    seen = run_in_pty(argv, columns=100, interrupt_after=b"packing:")
+    if seen.returncode == 0:
+        pytest.skip("the pack finished before Ctrl-C arrived (machine too fast for this input)")
+    _clean(seen, code=130)
+    assert [line for line in seen.lines if line.strip()] == ["interrupted; re-run the same command to resume"]
+    assert not (dst / "index.json").exists()
+    again = run_in_pty(argv, columns=100)
+    _clean(again)
+    assert "samples   400  (4 classes)" in again.lines
+    code, out, err = run_piped(shardkit_argv("verify", str(dst)))
+    assert code == 0 and out.startswith(f"OK {dst}: 40 shards, 400 samples"), err
+
+
+@pytest.mark.slow
 def test_bench_in_a_terminal(tree: Path, packed: Path) -> None:
     args = ["bench", str(tree), "--shards", str(packed), "--workers", "0", "--batch-size", "4", "--size", "16",
             "--repeats", "1", "--epochs", "1", "--warmup", "0", "--no-webdataset"]
