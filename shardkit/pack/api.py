@@ -48,7 +48,7 @@ def _run(tasks: list[ShardTask], workers: int, on_done: ShardDone | None) -> lis
         receipts = []
         for task in tasks:
             receipts.append(write_shard(task))
-            if on_done:
+            if on_done is not None:
                 on_done(task, receipts[-1])
         return receipts
     # spawn: workers start clean (no inherited fsspec instances, threads or locks).
@@ -62,7 +62,7 @@ def _run(tasks: list[ShardTask], workers: int, on_done: ShardDone | None) -> lis
                 done, pending = wait(pending, return_when=FIRST_EXCEPTION)
                 for future in done:
                     receipts.append(future.result())  # re-raises a worker's error here
-                    if on_done:
+                    if on_done is not None:
                         on_done(futures[future], receipts[-1])
         except BaseException:
             for future in pending:
@@ -139,7 +139,7 @@ def pack_listing(
     ]
     tracker = as_pack_progress(progress)
     skipped = [*listing.warnings, *(s for r in state.receipts.values() for s in r.skipped)]
-    if tracker:
+    if tracker is not None:
         tracker.start(len(listing.samples), sum(_input_bytes(listing.samples[i] for i in p.members) for p in plans))
         reused = [plans[i] for i in state.receipts]
         if reused:
@@ -148,7 +148,7 @@ def pack_listing(
     check_budget(skipped, total, max_skipped, where=dst, finished=False)
 
     def on_done(task: ShardTask, receipt: ShardReceipt) -> None:
-        if tracker:
+        if tracker is not None:
             tracker.advance(len(task.samples), _input_bytes(task.samples))
         skipped.extend(receipt.skipped)
         check_budget(skipped, total, max_skipped, where=dst, finished=False)

@@ -153,6 +153,6 @@ def _collect_one(ray: Any, running: dict[Any, ShardTask], on_done: ShardDone | N
     except ray.exceptions.RayError as err:
         raise PackError(f"the Ray task writing the shard was lost ({type(err).__name__}: {err}); "
                         "re-run the same command to resume", where=where) from err
-    if on_done:
+    if on_done is not None:
         on_done(task, receipt)
     return receipt
