@@ -22,7 +22,9 @@ class _Group(click.Group):
             click.secho(f"error: {err}", fg="red", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            click.echo("interrupted; re-run the same command to resume", err=True)
+            # Only pack resumes; saying so after verify or bench would send people looking for it.
+            resumes = ctx.invoked_subcommand == "pack"
+            click.echo("interrupted" + ("; re-run the same command to resume" if resumes else ""), err=True)
             sys.exit(130)
 
 

@@ -129,6 +129,14 @@ def test_ctrl_c_in_a_terminal_stops_cleanly_and_the_rerun_resumes(tmp_path: Path
     assert code == 0 and out.startswith(f"OK {dst}: 40 shards, 400 samples"), err
 
 
+def test_ctrl_c_during_verify_says_interrupted_without_promising_a_resume(packed: Path) -> None:
+    seen = run_in_pty(shardkit_argv("verify", str(packed), "--decode"), columns=100, interrupt_after=b"verifying")
+    if seen.returncode == 0:
+        pytest.skip("verify finished before Ctrl-C arrived")
+    _clean(seen, code=130)
+    assert [line for line in seen.lines if line.strip()] == ["interrupted"]
+
+
 @pytest.mark.slow
 def test_bench_in_a_terminal(tree: Path, packed: Path) -> None:
     args = ["bench", str(tree), "--shards", str(packed), "--workers", "0", "--batch-size", "4", "--size", "16",
