@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
-from collections.abc import Iterable
-from concurrent.futures import FIRST_EXCEPTION, BrokenExecutor, Future, ProcessPoolExecutor, wait
+from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,11 +15,12 @@ from shardkit.pack import ray_exec
 from shardkit.pack.annotations import ANNOTATION_REPORT, annotation_report
 from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import plan_shards
-from shardkit.pack.progress import PackProgress, Progress, as_pack_progress
+from shardkit.pack.pool import run_local
+from shardkit.pack.progress import PackProgress, Progress, as_pack_progress, input_bytes
 from shardkit.pack.resume import fingerprint, finish_destination, prepare_destination
 from shardkit.pack.skips import SkipBudget, check_budget
-from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
-from shardkit.sources.base import SourceListing, SourceSample
+from shardkit.pack.write import ShardReceipt, ShardTask
+from shardkit.sources.base import SourceListing
 from shardkit.storage import Store
 
 Executor = Literal["processes", "ray"]
@@ -41,34 +40,6 @@ class PackResult:
     @property
     def images_per_second(self) -> float:
         return self.manifest.num_samples / self.seconds if self.seconds > 0 else 0.0
-
-
-def _run(tasks: list[ShardTask], workers: int, on_done: ShardDone | None) -> list[ShardReceipt]:
-    if workers <= 1 or len(tasks) <= 1:
-        receipts = []
-        for task in tasks:
-            receipts.append(write_shard(task))
-            if on_done is not None:
-                on_done(task, receipts[-1])
-        return receipts
-    # spawn: workers start clean (no inherited fsspec instances, threads or locks).
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
-        futures: dict[Future[ShardReceipt], ShardTask] = {pool.submit(write_shard, t): t for t in tasks}
-        pending = set(futures)
-        receipts = []
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    receipts.append(future.result())  # re-raises a worker's error here
-                    if on_done is not None:
-                        on_done(futures[future], receipts[-1])
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
-    return receipts
 
 
 def pack_listing(
@@ -140,26 +111,29 @@ def pack_listing(
     tracker = as_pack_progress(progress)
     skipped = [*listing.warnings, *(s for r in state.receipts.values() for s in r.skipped)]
     if tracker is not None:
-        tracker.start(len(listing.samples), sum(_input_bytes(listing.samples[i] for i in p.members) for p in plans))
+        tracker.start(len(listing.samples), sum(input_bytes(listing.samples[i] for i in p.members) for p in plans))
         reused = [plans[i] for i in state.receipts]
         if reused:
             tracker.advance(sum(len(p.members) for p in reused),
-                            sum(_input_bytes(listing.samples[i] for i in p.members) for p in reused))
+                            sum(input_bytes(listing.samples[i] for i in p.members) for p in reused))
     check_budget(skipped, total, max_skipped, where=dst, finished=False)
 
-    def on_done(task: ShardTask, receipt: ShardReceipt) -> None:
-        if tracker is not None:
-            tracker.advance(len(task.samples), _input_bytes(task.samples))
+    def check_shard(_task: ShardTask, receipt: ShardReceipt) -> None:
         skipped.extend(receipt.skipped)
         check_budget(skipped, total, max_skipped, where=dst, finished=False)
+
+    def shard_progress(task: ShardTask, receipt: ShardReceipt) -> None:  # Ray: progress per shard
+        if tracker is not None:
+            tracker.advance(len(task.samples), input_bytes(task.samples))
+        check_shard(task, receipt)
 
     try:
         # memory:// lives in this process only: shards written by worker processes would vanish.
         procs = 1 if store.process_local else workers or os.cpu_count() or 1
         if executor == "ray":
-            fresh = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address, on_done=on_done)
+            fresh = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address, on_done=shard_progress)
         else:
-            fresh = _run(tasks, procs, on_done)
+            fresh = run_local(tasks, procs, check_shard, None if tracker is None else tracker.advance)
     except ShardkitError:
         raise
     except BrokenExecutor as err:
@@ -192,10 +166,6 @@ def pack_listing(
     write_manifest(store, manifest)
     finish_destination(store)
     return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts), False)
-
-
-def _input_bytes(samples: Iterable[SourceSample]) -> int:
-    return sum(max(s.size, 0) for s in samples)
 
 
 def _version() -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
+
+from shardkit.sources.base import SourceSample
 
 Progress = Callable[[int], None]
 """Called with the number of samples (packed or skipped) just finished."""
@@ -42,3 +44,8 @@ def as_pack_progress(progress: Progress | PackProgress | None) -> PackProgress |
     if progress is None or isinstance(progress, PackProgress):
         return progress
     return _Counting(progress)
+
+
+def input_bytes(samples: Iterable[SourceSample]) -> int:
+    """The input bytes progress counts for ``samples``: their file sizes (unreadable ones: 0)."""
+    return sum(max(s.size, 0) for s in samples)

@@ -1,4 +1,4 @@
-"""Pack progress: totals first (samples and input bytes), then every shard exactly once."""
+"""Pack progress: totals first (samples and input bytes), then samples as they are written."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 
 from shardkit.pack import PackOptions, PackProgress, SkipBudget, SkipBudgetError, pack
-from shardkit.sources import scan_imagefolder
+from shardkit.pack.plan import ShardPlan
+from shardkit.pack.pool import _Tally
+from shardkit.pack.write import ShardTask
+from shardkit.sources import SourceSample, scan_imagefolder
+from shardkit.storage import Store
 
 
 class Recorder:
@@ -33,8 +37,9 @@ def test_totals_then_each_shard(small_tree: Path, tmp_path: Path, workers: int) 
     assert isinstance(rec, PackProgress)
     pack(str(small_tree), str(tmp_path / "out"), options=PackOptions(max_count=4), workers=workers, progress=rec)
     assert rec.started == (13, total_bytes)
-    assert len(rec.steps) == 4  # 13 samples in shards of 4
     assert (sum(n for n, _ in rec.steps), sum(b for _, b in rec.steps)) == rec.started
+    if workers == 1:  # in this process every sample is reported as it is written
+        assert sorted(rec.steps) == sorted((1, max(s.size, 0)) for s in listing.samples)
 
 
 def test_a_resumed_pack_counts_kept_shards_at_once(small_tree: Path, tmp_path: Path) -> None:
@@ -53,4 +58,33 @@ def test_a_resumed_pack_counts_kept_shards_at_once(small_tree: Path, tmp_path: P
 def test_a_plain_callable_gets_sample_counts(small_tree: Path, tmp_path: Path) -> None:
     seen: list[int] = []
     pack(str(small_tree), str(tmp_path / "out"), options=PackOptions(max_count=5), workers=1, progress=seen.append)
-    assert sorted(seen) == [2, 5, 5]
+    assert seen == [1] * 12
+
+
+def test_tally_adds_each_shard_up_exactly_once() -> None:
+    samples = [SourceSample(f"/x/{i}.jpg", f"{i}.jpg", 100 + i) for i in range(3)]
+    task = ShardTask(Store("/unused"), ShardPlan(7, "shard-000007.tar", (0, 1, 2)), samples, 1, None, PackOptions())
+    steps: list[tuple[int, int]] = []
+    tally = _Tally(lambda n, b: steps.append((n, b)))
+    tally.sample(7, 100)  # reported by the worker
+    tally.finish(task)  # done before the other two reports were read: the rest at once
+    tally.sample(7, 101)  # a late report of a finished shard counts no more
+    assert steps == [(1, 100), (2, 203)]
+
+
+def test_progress_moves_before_the_pack_ends_with_workers(small_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out"
+    shards_at_first_report: list[int] = []
+
+    class Watch(Recorder):
+        def advance(self, samples: int, nbytes: int) -> None:
+            super().advance(samples, nbytes)
+            if not shards_at_first_report:
+                shards_at_first_report.append(len(list(dst.glob("shard-*.tar"))))
+
+    rec = Watch()
+    result = pack(str(small_tree), str(dst), options=PackOptions(max_count=1), workers=2, progress=rec)
+    assert result.manifest.num_samples == 12
+    # Reports arrive while shards are written; before, the pool reported only once all 12 were done.
+    assert shards_at_first_report and shards_at_first_report[0] < 12
+    assert (sum(n for n, _ in rec.steps), sum(b for _, b in rec.steps)) == rec.started
