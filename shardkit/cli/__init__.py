@@ -1,4 +1,4 @@
-"""The ``shardkit`` command: a thin click group over the library (pack, info, verify, bench).
+"""The ``shardkit`` command: a thin click group over the library (pack, info, verify, bench, doctor).
 
 Library errors become one-line messages and exit code 1; usage errors exit 2 (click's).
 Heavy imports (torch) happen inside the commands that need them, so ``--help`` is fast.
@@ -22,7 +22,9 @@ class _Group(click.Group):
             click.secho(f"error: {err}", fg="red", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            click.echo("interrupted; re-run the same command to resume", err=True)
+            # Only pack resumes; saying so after verify or bench would send people looking for it.
+            resumes = ctx.invoked_subcommand == "pack"
+            click.echo("interrupted" + ("; re-run the same command to resume" if resumes else ""), err=True)
             sys.exit(130)
 
 
@@ -33,12 +35,13 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from shardkit.cli import bench, info, pack, verify
+    from shardkit.cli import bench, doctor, info, pack, verify
 
     cli.add_command(pack.pack_command)
     cli.add_command(info.info_command)
     cli.add_command(verify.verify_command)
     cli.add_command(bench.bench_command)
+    cli.add_command(doctor.doctor_command)
 
 
 def main() -> None:

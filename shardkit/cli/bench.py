@@ -2,39 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
 
-
-class _Bar:
-    """A tqdm bar on a TTY; otherwise silent (per-run lines go to stderr instead)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bar: Any = None
-
-    def begin(self, what: str, total: int | None) -> None:
-        self.close()
-        if self.enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=what, unit="img" if what == "packing" else "batch",
-                            dynamic_ncols=True, leave=False)
-
-    def advance(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def describe(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.set_description(text)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+from shardkit.cli.progress import BenchBar, bars_enabled
 
 
 @click.command("bench")
@@ -57,9 +29,11 @@ class _Bar:
                    "have been packed with the same N.")
 @click.option("--out", "out", default=None, type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option("--plot", "plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart here.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_size: int, device: str,
                   transform: str, size: int, epochs: int, repeats: int, warmup: int, drop_caches: bool,
-                  no_webdataset: bool, jpeg_restart: int | None, out: str | None, plot: str | None) -> None:
+                  no_webdataset: bool, jpeg_restart: int | None, out: str | None, plot: str | None,
+                  quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
 
@@ -78,10 +52,10 @@ def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_
                       device=device, transform=transform, size=size, epochs=epochs, repeats=repeats,
                       warmup=warmup, drop_caches=drop_caches, contenders=contenders,
                       jpeg_restart=jpeg_restart)
-    bar = _Bar(sys.stderr.isatty())
+    bar = BenchBar(bars_enabled(quiet))
 
     def after_run(name: str, rep: int, result: Any) -> None:
-        if not bar.enabled:
+        if not bar.enabled and not quiet:
             click.echo(f"  {name:<12} run {rep + 1}/{repeats}: {result.images_per_second:,.0f} img/s "
                        f"({result.images} images in {result.seconds:.1f} s)", err=True)
 

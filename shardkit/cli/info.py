@@ -9,6 +9,7 @@ import click
 from shardkit.cli.report import human_bytes
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import locate_dataset, read_manifest
+from shardkit.pack.skips import describe_reasons
 
 
 @click.command("info")
@@ -38,6 +39,7 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
         click.echo(f"categories {len(m.categories)}")
     click.echo(f"shards    {len(m.shards)}  ({min(sizes, default=0)}–{max(sizes, default=0)} samples each)")
     click.echo(f"bytes     {human_bytes(m.num_bytes)}")
-    click.echo(f"skipped   {len(m.skipped)}")
+    grouped = describe_reasons(m.skipped)
+    click.echo(f"skipped   {len(m.skipped)}" + (f": {grouped}" if grouped else ""))
     opts = {k: v for k, v in m.options.items() if k != "fingerprint"}
     click.echo("options   " + ", ".join(f"{k}={v}" for k, v in opts.items()))

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import click
 
-from shardkit.cli.report import human_bytes
+from shardkit.cli.progress import PackBar, bars_enabled
+from shardkit.cli.report import print_pack_summary, print_skipped
 from shardkit.cli.storage import storage_option_flag, storage_options
-from shardkit.pack import Executor, PackOptions, pack, pack_coco, parse_size
+from shardkit.pack import (
+    Executor,
+    PackOptions,
+    SkipBudget,
+    SkipBudgetError,
+    pack,
+    pack_coco,
+    parse_size,
+)
 
 
 def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
     try:
         return parse_size(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from err
+
+
+def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> SkipBudget | None:
+    try:
+        return None if value is None else SkipBudget.parse(value)
     except ValueError as err:
         raise click.BadParameter(str(err)) from err
 
@@ -45,12 +60,15 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
                    "CPU. Off: source bytes.")
 @click.option("--decode-check", is_flag=True, help="Fully decode every image to find corrupt data (slower).")
 @click.option("--overwrite", is_flag=True, help="Replace what a previous pack left in DST.")
+@click.option("--max-skipped", default=None, callback=_budget, metavar="N|P%",
+              help="Fail, without publishing index.json, when more inputs than N (or P% of them) are "
+                   "skipped as unreadable or corrupt [default: any number, but a pack of no sample fails].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @storage_option_flag
 def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool, max_count: int,
                  max_size: int, workers: int | None, ray_address: str | None, shuffle: bool, seed: int, prefix: str,
-                 resize_max: int | None, quality: int, jpeg_restart: int | None, decode_check: bool, overwrite: bool, quiet: bool,
-                 storage_option: tuple[str, ...]) -> None:
+                 resize_max: int | None, quality: int, jpeg_restart: int | None, decode_check: bool, overwrite: bool,
+                 max_skipped: SkipBudget | None, quiet: bool, storage_option: tuple[str, ...]) -> None:
     """Pack the ImageFolder tree SRC into WebDataset tar shards under DST (path or fsspec URL).
 
     With --annotations instances.json, SRC is a COCO images folder: one sample per image
@@ -75,37 +93,23 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     remote = storage_options(storage_option, dst)
     executor: Executor = "processes" if ray_address is None else "ray"
     address = None if ray_address in (None, "local") else ray_address
-    bar = None
-    if not quiet and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(unit="img", desc="packing", dynamic_ncols=True)
+    bar = PackBar(bars_enabled(quiet))
+    procs = workers or os.cpu_count()
     try:
-        progress, procs = (bar.update if bar else None), workers or os.cpu_count()
         if annotations is not None:  # checked above: given exactly when packing COCO
             result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options, workers=procs,
-                               overwrite=overwrite, storage_options=remote, progress=progress,
-                               executor=executor, ray_address=address)
+                               overwrite=overwrite, storage_options=remote, progress=bar,
+                               executor=executor, ray_address=address, max_skipped=max_skipped)
         else:
             result = pack(src, dst, options=options, workers=procs, overwrite=overwrite,
-                          storage_options=remote, progress=progress,
-                          executor=executor, ray_address=address)
+                          storage_options=remote, progress=bar,
+                          executor=executor, ray_address=address, max_skipped=max_skipped)
+    except SkipBudgetError as err:
+        bar.close()
+        if not quiet:
+            print_skipped(err.skipped, err=True)
+        raise
     finally:
-        if bar:
-            bar.close()
-    if quiet:
-        return
-    m = result.manifest
-    if result.already_complete:
-        click.echo(f"{dst}: already packed with these inputs and options; nothing to do.")
-    groups = f"{len(m.categories)} categories" if m.categories is not None else f"{len(m.classes or ())} classes"
-    click.echo(f"samples   {m.num_samples:,}  ({groups})")
-    click.echo(f"shards    {len(m.shards):,}  in {result.url}" + (f"  ({result.reused_shards} reused from an interrupted run)" if result.reused_shards and not result.already_complete else ""))
-    click.echo(f"bytes     {human_bytes(m.num_bytes)}")
-    click.echo(f"skipped   {len(m.skipped):,}")
-    for s in m.skipped[:10]:
-        click.echo(f"  - {s['source']}: {s['reason']}")
-    if len(m.skipped) > 10:
-        click.echo(f"  … {len(m.skipped) - 10} more in index.json")
-    if not result.already_complete:
-        click.echo(f"speed     {result.images_per_second:,.0f} images/s  ({result.seconds:.1f} s)")
+        bar.close()
+    if not quiet:
+        print_pack_summary(result, dst)

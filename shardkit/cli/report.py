@@ -1,6 +1,20 @@
-"""Small formatting helpers shared by the commands."""
+"""What the commands print: sizes, and the summary of a pack (skipped inputs, annotations)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from shardkit.pack.annotations import ANNOTATION_REPORT
+from shardkit.pack.skips import describe_reasons
+
+if TYPE_CHECKING:
+    from shardkit.pack import PackResult
+
+#: Skipped inputs and annotation problems listed one per line; the rest are in index.json.
+SHOWN = 10
 
 
 def human_bytes(n: float) -> str:
@@ -10,3 +24,47 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def print_skipped(skipped: Sequence[Mapping[str, str]], *, err: bool = False) -> None:
+    """``skipped   N: <count> <kind>, …`` then the first :data:`SHOWN` entries."""
+    grouped = describe_reasons(skipped)
+    click.echo(f"skipped   {len(skipped):,}" + (f": {grouped}" if grouped else ""), err=err)
+    for s in skipped[:SHOWN]:
+        click.echo(f"  - {s['source']}: {s['reason']}", err=err)
+    if len(skipped) > SHOWN:
+        click.echo(f"  … {len(skipped) - SHOWN:,} more" + ("" if err else " in index.json"), err=err)
+
+
+def print_annotations(report: Mapping[str, Any]) -> None:
+    """The COCO annotation line: packed, dropped, flagged but kept, lost with skipped images."""
+    parts = [f"{report['dropped']:,} dropped"]
+    if report["kept_with_problems"]:
+        parts.append(f"{report['kept_with_problems']:,} kept with flagged boxes")
+    if report["in_skipped_images"]:
+        parts.append(f"{report['in_skipped_images']:,} in skipped images")
+    click.echo(f"annotations {report['packed']:,} packed; " + ", ".join(parts))
+    problems = report["problems"]
+    for p in problems[:SHOWN]:
+        click.echo(f"  - {p['source']}: {p['reason']}")
+    if len(problems) > SHOWN:
+        click.echo(f"  … {len(problems) - SHOWN:,} more in index.json ({ANNOTATION_REPORT})")
+
+
+def print_pack_summary(result: PackResult, dst: str) -> None:
+    """The summary a person reads after ``shardkit pack``."""
+    m = result.manifest
+    if result.already_complete:
+        click.echo(f"{dst}: already packed with these inputs and options; nothing to do.")
+    groups = f"{len(m.categories)} categories" if m.categories is not None else f"{len(m.classes or ())} classes"
+    click.echo(f"samples   {m.num_samples:,}  ({groups})")
+    reused = result.reused_shards and not result.already_complete
+    click.echo(f"shards    {len(m.shards):,}  in {result.url}"
+               + (f"  ({result.reused_shards} reused from an interrupted run)" if reused else ""))
+    click.echo(f"bytes     {human_bytes(m.num_bytes)}")
+    print_skipped(m.skipped)
+    report = m.extra.get(ANNOTATION_REPORT)
+    if isinstance(report, Mapping):
+        print_annotations(report)
+    if not result.already_complete:
+        click.echo(f"speed     {result.images_per_second:,.0f} images/s  ({result.seconds:.1f} s)")

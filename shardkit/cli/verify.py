@@ -6,20 +6,32 @@ import sys
 
 import click
 
+from shardkit.cli.progress import Bar, bars_enabled
 from shardkit.cli.storage import storage_option_flag, storage_options
-from shardkit.index import locate_dataset, verify_dataset
+from shardkit.index import ShardEntry, locate_dataset, read_manifest, verify_dataset
 
 
 @click.command("verify")
 @click.argument("dataset")
 @click.option("--decode", is_flag=True, help="Also decode every image.")
-@click.option("--quiet", "-q", is_flag=True, help="Print problems only.")
+@click.option("--quiet", "-q", is_flag=True, help="Print problems only (no progress bar).")
 @storage_option_flag
 def verify_command(dataset: str, decode: bool, quiet: bool, storage_option: tuple[str, ...]) -> None:
     """Check the packed DATASET against its index.json; exit 1 on any mismatch."""
     options = storage_options(storage_option, dataset)
     store = locate_dataset(dataset, options)
-    report = verify_dataset(store.url, decode=decode, storage_options=options)
+    shards = read_manifest(store).shards  # for the bar's totals (verify_dataset reads it again)
+    done = 0
+    with Bar(bars_enabled(quiet), desc="verifying" + (" + decoding" if decode else ""),
+             total=sum(s.num_bytes for s in shards), unit="B") as bar:
+
+        def progress(entry: ShardEntry) -> None:
+            nonlocal done
+            done += 1
+            bar.note(f"{done:,}/{len(shards):,} shards")
+            bar.update(entry.num_bytes)
+
+        report = verify_dataset(store.url, decode=decode, storage_options=options, progress=progress)
     for problem in report.problems:
         click.secho(f"FAIL {problem}", fg="red", err=True)
     if not report.ok:

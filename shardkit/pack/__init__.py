@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardkit.pack.api import Executor, PackResult, Progress, pack_listing
+from shardkit.pack.api import Executor, PackResult, pack_listing
 from shardkit.pack.options import PackOptions, parse_size
+from shardkit.pack.progress import PackProgress, Progress
+from shardkit.pack.skips import SkipBudget, SkipBudgetError
 from shardkit.sources import scan_coco, scan_imagefolder
 
-__all__ = ["Executor", "PackOptions", "PackResult", "pack", "pack_coco", "pack_listing", "parse_size"]
+__all__ = ["Executor", "PackOptions", "PackProgress", "PackResult", "Progress", "SkipBudget", "SkipBudgetError",
+           "pack", "pack_coco", "pack_listing", "parse_size"]
 
 
 def pack(
@@ -19,9 +22,10 @@ def pack(
     workers: int | None = None,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
-    progress: Progress | None = None,
+    progress: Progress | PackProgress | None = None,
     executor: Executor = "processes",
     ray_address: str | None = None,
+    max_skipped: SkipBudget | None = None,
 ) -> PackResult:
     """Pack the ImageFolder tree ``src`` into WebDataset-compatible shards under ``dst``.
 
@@ -32,17 +36,23 @@ def pack(
         workers: writer processes (default: all cores). Output does not depend on it.
         overwrite: replace whatever shardkit files DST holds.
         storage_options: passed to fsspec for ``dst`` (credentials, endpoint).
-        progress: called with the number of samples finished, as shards complete.
+        progress: called with the number of samples finished, as shards complete; or a
+            :class:`PackProgress`, which also gets the totals and input bytes (for an ETA).
         executor: ``"processes"`` (a local process pool) or ``"ray"`` (one Ray task per shard;
             same bytes). A local ``dst`` needs a single-node cluster; remote URLs work anywhere.
         ray_address: with ``executor="ray"``: ``"auto"``, ``"ray://host:port"``, or ``None`` to use
             an already initialised Ray or start a local cluster of ``workers`` CPUs (stopped after).
+        max_skipped: fail (before publishing) when more inputs are skipped than this
+            :class:`SkipBudget` allows (a count or a percentage). A pack that would publish no
+            sample fails in any case.
 
     Returns:
         A :class:`PackResult` with the manifest written.
 
     Raises:
         SourceError: ``src`` is not an ImageFolder tree.
+        SkipBudgetError: more inputs skipped than ``max_skipped`` allows, or none packed; no
+            ``index.json`` is written, complete shards are kept for a re-run to resume.
         PackError: DST holds a different dataset or unfinished pack (without ``overwrite``); a shard
             failed (named); Ray is missing, or ``dst`` is ``memory://`` with ``executor="ray"``.
         StorageError: DST cannot be written.
@@ -56,6 +66,7 @@ def pack(
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
         storage_options=storage_options, progress=progress, executor=executor, ray_address=ray_address,
+        max_skipped=max_skipped,
     )
 
 
@@ -69,16 +80,19 @@ def pack_coco(
     workers: int | None = None,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
-    progress: Progress | None = None,
+    progress: Progress | PackProgress | None = None,
     executor: Executor = "processes",
     ray_address: str | None = None,
+    max_skipped: SkipBudget | None = None,
 ) -> PackResult:
     """Pack a COCO detection dataset: one sample per image record of ``annotations``.
 
     Each sample holds the original image bytes and a ``json`` member
     ``{"image": <record>, "annotations": [<its records>], "source": <file_name>}``, the records
     exactly as in the file; ``index.json`` gets ``kind: "coco"``, ``categories`` and
-    ``info``/``licenses``. Bad references and boxes are listed in ``skipped`` (see
+    ``info``/``licenses``. Image records that cannot be packed are listed in ``skipped``;
+    annotations dropped for bad references, and flagged boxes, are counted apart in
+    ``annotation_report`` (:func:`shardkit.pack.annotations.annotation_report`; see
     :func:`shardkit.sources.scan_coco`). Other arguments as for :func:`pack`.
 
     Args:
@@ -101,4 +115,5 @@ def pack_coco(
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
         storage_options=storage_options, progress=progress, executor=executor, ray_address=ray_address,
+        max_skipped=max_skipped,
     )

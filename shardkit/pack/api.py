@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, BrokenExecutor, Future, ProcessPoolExecutor, wait
+from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shardkit.errors import PackError, ShardkitError
+from shardkit.errors import PackError, ShardkitError, SourceError
 from shardkit.format.spec import key_width
 from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
 from shardkit.pack import ray_exec
+from shardkit.pack.annotations import ANNOTATION_REPORT, annotation_report
 from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import plan_shards
+from shardkit.pack.pool import run_local
+from shardkit.pack.progress import PackProgress, Progress, as_pack_progress, input_bytes
 from shardkit.pack.resume import fingerprint, finish_destination, prepare_destination
-from shardkit.pack.write import ShardReceipt, ShardTask, write_shard
+from shardkit.pack.skips import SkipBudget, check_budget
+from shardkit.pack.write import ShardReceipt, ShardTask
 from shardkit.sources.base import SourceListing
 from shardkit.storage import Store
-
-Progress = Callable[[int], None]
-"""Called with the number of samples (packed or skipped) just finished."""
 
 Executor = Literal["processes", "ray"]
 """Where shards are written: a local process pool, or Ray tasks (see :mod:`shardkit.pack.ray_exec`)."""
@@ -43,34 +42,6 @@ class PackResult:
         return self.manifest.num_samples / self.seconds if self.seconds > 0 else 0.0
 
 
-def _run(tasks: list[ShardTask], workers: int, progress: Progress | None) -> list[ShardReceipt]:
-    if workers <= 1 or len(tasks) <= 1:
-        receipts = []
-        for task in tasks:
-            receipts.append(write_shard(task))
-            if progress:
-                progress(len(task.samples))
-        return receipts
-    # spawn: workers start clean (no inherited fsspec instances, threads or locks).
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
-        futures: dict[Future[ShardReceipt], ShardTask] = {pool.submit(write_shard, t): t for t in tasks}
-        pending = set(futures)
-        receipts = []
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    receipts.append(future.result())  # re-raises a worker's error here
-                    if progress:
-                        progress(len(futures[future].samples))
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
-    return receipts
-
-
 def pack_listing(
     listing: SourceListing,
     dst: str,
@@ -79,9 +50,10 @@ def pack_listing(
     workers: int | None = None,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
-    progress: Progress | None = None,
+    progress: Progress | PackProgress | None = None,
     executor: Executor = "processes",
     ray_address: str | None = None,
+    max_skipped: SkipBudget | None = None,
 ) -> PackResult:
     """Pack the samples of ``listing`` into shards under ``dst`` (a path or fsspec URL).
 
@@ -90,15 +62,28 @@ def pack_listing(
     with either executor: complete shards are kept, the rest rewritten. See
     :func:`shardkit.pack.pack` for the arguments.
 
+    ``max_skipped`` bounds the inputs that may be skipped (unpackable files, and for COCO image
+    records that cannot be packed); more fail the pack as soon as that is known, before
+    ``index.json`` is written. It is policy, not output: it is not recorded and does not stop a
+    re-run with another budget from resuming. A pack that would publish no sample always fails.
+
     Raises:
         ValueError: ``executor`` is not ``"processes"`` or ``"ray"``, or ``ray_address`` is given
             without ``executor="ray"``.
+        SourceError: the listing holds no sample (nothing to pack); DST is not touched.
+        SkipBudgetError: more inputs skipped than ``max_skipped`` allows, or none packed. Shards
+            already complete stay (with their receipts) so that a re-run resumes.
     """
     if executor not in ("processes", "ray"):
         raise ValueError(f"executor must be 'processes' or 'ray', not {executor!r}")
     if ray_address is not None and executor != "ray":
         raise ValueError("ray_address needs executor='ray'")
     options = options or PackOptions()
+    total = len(listing.samples) + len(listing.warnings)
+    if not listing.samples:
+        unpacked = f" ({len(listing.warnings)} image record(s) not packable)" if listing.warnings else ""
+        raise SourceError(f"nothing to pack: the source lists no sample{unpacked}", where=listing.root)
+    check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     started = time.perf_counter()
     store = Store(dst, storage_options)
     if executor == "ray":
@@ -123,15 +108,32 @@ def pack_listing(
         for plan in plans
         if plan.index not in state.receipts
     ]
-    if progress and state.receipts:
-        progress(sum(len(plans[i].members) for i in state.receipts))
+    tracker = as_pack_progress(progress)
+    skipped = [*listing.warnings, *(s for r in state.receipts.values() for s in r.skipped)]
+    if tracker is not None:
+        tracker.start(len(listing.samples), sum(input_bytes(listing.samples[i] for i in p.members) for p in plans))
+        reused = [plans[i] for i in state.receipts]
+        if reused:
+            tracker.advance(sum(len(p.members) for p in reused),
+                            sum(input_bytes(listing.samples[i] for i in p.members) for p in reused))
+    check_budget(skipped, total, max_skipped, where=dst, finished=False)
+
+    def check_shard(_task: ShardTask, receipt: ShardReceipt) -> None:
+        skipped.extend(receipt.skipped)
+        check_budget(skipped, total, max_skipped, where=dst, finished=False)
+
+    def shard_progress(task: ShardTask, receipt: ShardReceipt) -> None:  # Ray: progress per shard
+        if tracker is not None:
+            tracker.advance(len(task.samples), input_bytes(task.samples))
+        check_shard(task, receipt)
+
     try:
         # memory:// lives in this process only: shards written by worker processes would vanish.
         procs = 1 if store.process_local else workers or os.cpu_count() or 1
         if executor == "ray":
-            fresh = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address, progress=progress)
+            fresh = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address, on_done=shard_progress)
         else:
-            fresh = _run(tasks, procs, progress)
+            fresh = run_local(tasks, procs, check_shard, None if tracker is None else tracker.advance)
     except ShardkitError:
         raise
     except BrokenExecutor as err:
@@ -142,16 +144,24 @@ def pack_listing(
     except OSError as err:
         raise PackError(f"writing shards failed ({err}); re-run the same command to resume", where=dst) from err
     receipts = sorted([*state.receipts.values(), *fresh], key=lambda r: r.index)
-    skipped = [*listing.warnings, *(s for r in receipts for s in r.skipped)]
+    # Rebuilt in one key order: receipts of a resumed run come back from JSON with sorted keys,
+    # and index.json must be byte-identical to an uninterrupted run's.
+    skipped = sorted(({"source": s["source"], "reason": s["reason"]}
+                      for s in [*listing.warnings, *(s for r in receipts for s in r.skipped)]),
+                     key=lambda s: (s["source"], s["reason"]))
+    check_budget(skipped, total, max_skipped, where=dst, finished=True)
+    extra = dict(listing.extra)
+    if listing.kind == "coco":
+        extra[ANNOTATION_REPORT] = annotation_report(listing, skipped)
     manifest = Manifest(
         kind=listing.kind,
         shards=tuple(ShardEntry(r.name, r.num_samples, r.num_bytes, r.sha256) for r in receipts),
         classes=tuple(listing.classes) if listing.classes is not None else None,
         categories=tuple(listing.categories) if listing.categories is not None else None,
-        skipped=tuple(sorted(skipped, key=lambda s: (s["source"], s["reason"]))),
+        skipped=tuple(skipped),
         options={**recorded, "fingerprint": fp},
         created_by=f"shardkit {_version()}",
-        extra=dict(listing.extra),
+        extra=extra,
     )
     write_manifest(store, manifest)
     finish_destination(store)

@@ -8,12 +8,12 @@ Every node of the cluster needs shardkit installed (tasks run ``shardkit.pack.wr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from shardkit.errors import PackError, ShardkitError
-from shardkit.pack.write import ShardReceipt, ShardTask, write_shard
+from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
 from shardkit.storage import Store
 
 INSTALL_HINT = "pip install 'shardkit[ray]'"
@@ -76,14 +76,14 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
 
 
 def write_on_ray(
-    tasks: list[ShardTask], *, workers: int, address: str | None, progress: Callable[[int], None] | None
+    tasks: list[ShardTask], *, workers: int, address: str | None, on_done: ShardDone | None
 ) -> list[ShardReceipt]:
     """Write ``tasks`` on the Ray cluster at ``address`` (see :func:`ray_cluster`; a local one of
     ``workers`` CPUs when ``None``) with :func:`run_ray`. No cluster is touched when ``tasks`` is empty."""
     if not tasks:
         return []
     with ray_cluster(address, num_cpus=workers) as ray:
-        return run_ray(ray, tasks, progress)
+        return run_ray(ray, tasks, on_done)
 
 
 def _check_nodes(ray: Any, store: Store) -> None:
@@ -99,15 +99,16 @@ def _check_nodes(ray: Any, store: Store) -> None:
 def run_ray(
     ray: Any,
     tasks: list[ShardTask],
-    progress: Callable[[int], None] | None,
+    on_done: ShardDone | None,
     *,
     max_in_flight: int | None = None,
 ) -> list[ShardReceipt]:
     """Write ``tasks`` as Ray tasks (one CPU each) on the connected cluster; receipts in completion order.
 
     At most ``max_in_flight`` tasks (default: ``IN_FLIGHT_PER_CPU`` per cluster CPU) are
-    submitted at a time. ``progress`` gets each finished shard's sample count. On any error or
-    interrupt the outstanding tasks are cancelled; what finished stays, so a re-run resumes.
+    submitted at a time. ``on_done`` gets each finished shard's task and receipt (it may raise to
+    stop the pack). On any error or interrupt the outstanding tasks are cancelled; what finished
+    stays, so a re-run resumes.
 
     Raises:
         PackError: a shard failed (named, with the worker's error as cause), or DST is a local
@@ -124,9 +125,9 @@ def run_ray(
         for task in tasks:
             running[remote_write.remote(task)] = task
             if len(running) >= limit:
-                receipts.append(_collect_one(ray, running, progress))
+                receipts.append(_collect_one(ray, running, on_done))
         while running:
-            receipts.append(_collect_one(ray, running, progress))
+            receipts.append(_collect_one(ray, running, on_done))
     except BaseException:
         for ref in running:
             ray.cancel(ref)
@@ -138,7 +139,7 @@ def run_ray(
     return receipts
 
 
-def _collect_one(ray: Any, running: dict[Any, ShardTask], progress: Callable[[int], None] | None) -> ShardReceipt:
+def _collect_one(ray: Any, running: dict[Any, ShardTask], on_done: ShardDone | None) -> ShardReceipt:
     [ref], _ = ray.wait(list(running), num_returns=1)
     task = running.pop(ref)
     where = task.store.path(task.plan.name)
@@ -152,6 +153,6 @@ def _collect_one(ray: Any, running: dict[Any, ShardTask], progress: Callable[[in
     except ray.exceptions.RayError as err:
         raise PackError(f"the Ray task writing the shard was lost ({type(err).__name__}: {err}); "
                         "re-run the same command to resume", where=where) from err
-    if progress:
-        progress(len(task.samples))
+    if on_done is not None:
+        on_done(task, receipt)
     return receipt

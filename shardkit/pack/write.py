@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from shardkit.format.offsets import dump_offsets
@@ -48,15 +49,20 @@ class ShardReceipt:
         return cls(**json.loads(data))
 
 
+ShardDone = Callable[[ShardTask, ShardReceipt], None]
+"""Called in the parent as each shard is written; may raise to stop the pack (the rest is cancelled)."""
+
+
 def receipt_name(plan: ShardPlan) -> str:
     return f"{plan.name}.done.json"
 
 
-def write_shard(task: ShardTask) -> ShardReceipt:
+def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None) -> ShardReceipt:
     """Encode and write one shard (and its offsets file); record a receipt in the pack state.
 
     Bad inputs are skipped and listed in the receipt; the shard appears under its final name
     only once complete, so an interrupted worker leaves nothing half-written behind.
+    ``on_sample`` is called after each sample, packed or skipped, with its input file size.
     """
     plan, store = task.plan, task.store
     skipped: list[dict[str, str]] = []
@@ -68,8 +74,10 @@ def write_shard(task: ShardTask) -> ShardReceipt:
                 fields = encode_sample(sample, data, classes=task.classes, options=task.options)
             except SkipSample as skip:
                 skipped.append({"source": sample.rel, "reason": skip.reason})
-                continue
-            writer.add(make_key(source_index, task.key_width), fields)
+            else:
+                writer.add(make_key(source_index, task.key_width), fields)
+            if on_sample is not None:
+                on_sample(max(sample.size, 0))
         summary = writer.close()
     store.write_bytes(offsets_name(plan.name), dump_offsets(summary.spans))
     receipt = ShardReceipt(plan.index, plan.name, summary.num_samples, summary.num_bytes, summary.sha256, skipped)

@@ -47,7 +47,11 @@ class SourceListing:
     classes: list[str] | None = None
     categories: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Inputs listed but not packable, as ``{source, reason}``: they count as skipped inputs.
     warnings: list[dict[str, str]] = field(default_factory=list)
+    #: Problems of annotation records (COCO), reported apart from skipped inputs:
+    #: ``{source, reason, annotations: <records concerned>, dropped: <whether left out>}``.
+    annotation_problems: list[dict[str, Any]] = field(default_factory=list)
     #: A digest standing for every sample's ``meta`` (e.g. the annotation file's sha256), so
     #: the pack fingerprint need not re-serialise per-sample metadata; ``None``: hash each.
     meta_digest: str | None = None

@@ -7,12 +7,16 @@ Samples are the ``images`` records sorted by ``id`` (ints before strings), the o
 being the very objects read from the file (every field kept; nothing added).
 
 Structural errors (malformed JSON, missing required keys) raise ``SourceError``. Data errors are
-reported in ``listing.warnings`` as ``{source, reason}`` and packing goes on:
+reported and packing goes on. Problems of images go into ``listing.warnings`` (``{source,
+reason}``; they count as skipped inputs); problems of annotation records go into
+``listing.annotation_problems`` (``{source, reason, annotations, dropped}``), never counted as
+skipped images:
 
 * annotations of unknown image ids or unknown categories: dropped, counted per kind;
-* later records repeating an image id, and ``file_name``s escaping the images folder: dropped;
 * boxes outside the image (more than :data:`BOX_TOLERANCE` px) or malformed: kept, counted
-  per image;
+  per image; categories repeating an id: kept (``annotations: 0``);
+* image records repeating an image id, and ``file_name``s escaping the images folder: not
+  packed (``warnings``);
 * files missing on disk: kept with ``size=-1``; the packer skips them with a reason.
 """
 
@@ -128,11 +132,13 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     doc, digest = load_instances(annotations_json)
     name = os.path.basename(annotations_json)
     warnings: list[dict[str, str]] = []
+    ann_problems: list[dict[str, Any]] = []
 
     categories = [_record(doc, "categories", i, ("id",), annotations_json) for i in range(len(doc["categories"]))]
     category_ids = {c["id"] for c in categories}
     if len(category_ids) != len(categories):
-        warnings.append({"source": name, "reason": f"{len(categories) - len(category_ids)} categories repeat an id"})
+        ann_problems.append({"source": name, "reason": f"{len(categories) - len(category_ids)} categories repeat an id",
+                         "annotations": 0, "dropped": False})
 
     images: dict[Any, dict[str, Any]] = {}
     for i in range(len(doc["images"])):
@@ -168,19 +174,22 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             if problem:
                 bad_boxes[image_id][problem].append(ann_id)
     if unknown_image:
-        warnings.append({"source": name, "reason": f"{len(unknown_image)} annotation(s) reference unknown image ids; "
-                                                   f"dropped (annotation ids {_ids(unknown_image)})"})
+        ann_problems.append({"source": name, "reason": f"{len(unknown_image)} annotation(s) reference unknown image ids; "
+                                                   f"dropped (annotation ids {_ids(unknown_image)})",
+                         "annotations": len(unknown_image), "dropped": True})
     for cid, ann_ids in unknown_category.items():
-        warnings.append({"source": name, "reason": f"{len(ann_ids)} annotation(s) have unknown category_id {cid!r}; "
-                                                   f"dropped (annotation ids {_ids(ann_ids)})"})
+        ann_problems.append({"source": name, "reason": f"{len(ann_ids)} annotation(s) have unknown category_id {cid!r}; "
+                                                   f"dropped (annotation ids {_ids(ann_ids)})",
+                         "annotations": len(ann_ids), "dropped": True})
     for image_id, problems in bad_boxes.items():
         image = images[image_id]
         for problem, ann_ids in sorted(problems.items()):
             what = (f"extend outside the {image.get('width')}x{image.get('height')} image"
                     if problem == "outside" else "are malformed (need [x, y, w, h], w, h >= 0)")
-            warnings.append({"source": image["file_name"],
+            ann_problems.append({"source": image["file_name"],
                              "reason": f"{len(ann_ids)} annotation bbox(es) {what}; kept as is "
-                                       f"(annotation ids {_ids(ann_ids)})"})
+                                       f"(annotation ids {_ids(ann_ids)})",
+                             "annotations": len(ann_ids), "dropped": False})
 
     samples = []
     for image_id in sorted(images, key=lambda k: (isinstance(k, str), k)):
@@ -198,4 +207,4 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                                     mtime_ns=mtime_ns))
     extra: dict[str, Any] = {k: doc[k] for k in ("info", "licenses") if k in doc}
     return SourceListing(kind="coco", root=images_dir, samples=samples, categories=categories,
-                         extra=extra, warnings=warnings, meta_digest=f"{digest}:drop_empty={drop_empty}")
+                         extra=extra, warnings=warnings, annotation_problems=ann_problems, meta_digest=f"{digest}:drop_empty={drop_empty}")

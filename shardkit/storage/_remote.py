@@ -9,6 +9,7 @@ import contextlib
 import copy
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 #: Defaults for s3/s3a so that an unresponsive endpoint fails within minutes instead of
 #: hanging (botocore's defaults are 60 s per read and s3fs retries 5 times on top of it).
@@ -79,21 +80,41 @@ def tune(fs: Any, protocol: str) -> None:
         fs.retries = min(fs.retries, _S3FS_RETRIES)
 
 
+def _unreachable(host: str, cause: object) -> str:
+    if isinstance(cause, OSError) and cause.errno and cause.errno > 0:
+        reason = os.strerror(cause.errno)  # "Connection refused", not asyncio's "Connect call failed (…)"
+    elif isinstance(cause, OSError) and cause.strerror:
+        reason = cause.strerror  # name resolution: "Name or service not known" (negative errno)
+    else:
+        reason = str(cause)
+    return (f"network error: cannot connect to {host} ({reason}); check the endpoint URL "
+            "(-o client_kwargs.endpoint_url=…, AWS_ENDPOINT_URL) and that it is reachable")
+
+
 def describe(err: BaseException) -> str | None:
     """A one-line message for a remote client error, or ``None`` if ``err`` is not one.
 
     Covers botocore's errors (no credentials, endpoint unreachable, timeouts, service
-    errors) and asyncio timeouts. Messages never include credentials: botocore's own texts
+    errors), aiohttp's connection errors and asyncio timeouts. An unreachable endpoint is
+    named (host and port) with the operating system's reason. Messages never include credentials: botocore's own texts
     name the endpoint and operation only.
     """
     if isinstance(err, TimeoutError):  # also asyncio.TimeoutError and fsspec's FSTimeoutError
         return f"timed out ({err or type(err).__name__})"
+    host = getattr(err, "host", None)
+    if isinstance(err, OSError) and isinstance(host, str):  # aiohttp's ClientConnectorError (gcsfs, …)
+        return _unreachable(f"{host}:{getattr(err, 'port', '?')}", getattr(err, "os_error", None) or err)
     try:
         from botocore import exceptions as boto
     except ImportError:
         return None
     if isinstance(err, boto.NoCredentialsError):
         return _NO_CREDENTIALS
+    if isinstance(err, boto.EndpointConnectionError):
+        kwargs = getattr(err, "kwargs", {})
+        url = urlsplit(str(kwargs.get("endpoint_url", "")))
+        cause = kwargs.get("error")
+        return _unreachable(url.netloc or "the endpoint", getattr(cause, "os_error", None) or cause or err)
     if isinstance(err, (boto.ConnectTimeoutError, boto.ReadTimeoutError)):
         return f"timed out ({err})"
     if isinstance(err, (boto.BotoCoreError, boto.ClientError)):

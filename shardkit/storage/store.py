@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 from shardkit.errors import StorageError
 from shardkit.storage import _remote
+from shardkit.storage.buckets import bucket_of, check_bucket
 
 # Object stores where a plain write only becomes visible once complete (multipart commit).
 _ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
@@ -46,6 +47,7 @@ class Store:
         self.remote = is_remote(url)
         self._fs: Any = None
         self._fs_pid = 0  # the process that made _fs: async filesystems (s3fs) are not fork-safe
+        self._bucket_seen = bucket_of(self.url) is None  # no bucket to check (local, memory://)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -83,7 +85,20 @@ class Store:
 
     def child(self, name: str) -> Store:
         """The store for sub-directory ``name``."""
-        return Store(self.path(name), self.storage_options)
+        child = Store(self.path(name), self.storage_options)
+        child._bucket_seen = self._bucket_seen
+        return child
+
+    def _check_bucket(self) -> None:
+        """Raise ``StorageError`` naming the bucket if it does not exist (asked once per store).
+
+        Called where the store would otherwise report "not found" or create the bucket.
+        """
+        if self._bucket_seen:
+            return
+        with self._errors(""):
+            check_bucket(self.fs, self.url)
+        self._bucket_seen = True
 
     @contextlib.contextmanager
     def _errors(self, name: str) -> Iterator[None]:
@@ -96,6 +111,7 @@ class Store:
         except StorageError:
             raise
         except FileNotFoundError as err:
+            self._check_bucket()  # "no such file" in a missing bucket: name the bucket instead
             raise StorageError("no such file", where=self.path(name)) from err
         except Exception as err:
             message = _remote.describe(err)
@@ -109,7 +125,10 @@ class Store:
         """Whether ``name`` (or the store itself) exists."""
         with self._errors(name):
             if self.remote:
-                return bool(self.fs.exists(self.path(name)))
+                found = bool(self.fs.exists(self.path(name)))
+                if not found:
+                    self._check_bucket()
+                return found
             return os.path.exists(self.path(name))
 
     def listdir(self) -> list[str]:
@@ -117,6 +136,7 @@ class Store:
         with self._errors(""):
             if self.remote:
                 if not self.fs.exists(self.url):
+                    self._check_bucket()
                     return []
                 entries = self.fs.ls(self.url, detail=False)
                 return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
@@ -153,9 +173,12 @@ class Store:
             raise
 
     def makedirs(self) -> None:
-        """Create the store's directory (no-op on object stores)."""
+        """Create the store's directory. Object stores have no directories: there the bucket must
+        exist (``StorageError`` naming it otherwise); it is never created."""
         with self._errors(""):
-            if self.remote:
+            if self.remote and bucket_of(self.url) is not None:
+                self._check_bucket()
+            elif self.remote:
                 self.fs.makedirs(self.url, exist_ok=True)
             else:
                 path = self.path("")

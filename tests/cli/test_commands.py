@@ -33,6 +33,7 @@ def test_pack_summary_info_and_verify(runner, small_tree, tmp_path):
     info = runner.invoke(cli, ["info", str(tmp_path / "out")])
     assert info.exit_code == 0
     assert "samples   12" in info.output and "classes   3: class0, class1, class2" in info.output
+    assert "skipped   1: 1 empty file\n" in info.output
     as_json = json.loads(runner.invoke(cli, ["info", str(tmp_path / "out" / "index.json"), "--json"]).output)
     assert as_json["num_samples"] == 12 and as_json["num_shards"] == 3 and as_json["skipped"] == 1
     assert as_json["options"]["max_count"] == 5

@@ -103,9 +103,18 @@ def test_bad_input_is_reported_and_the_rest_packed(coco: tuple[Path, Path, dict[
     skipped = {s["source"]: s["reason"] for s in result.manifest.skipped}
     assert skipped["img_0005.jpg"].startswith("unreadable file")
     assert "img_0006.jpg" in skipped
-    assert skipped["instances.json"].startswith("1 annotation(s)")
-    assert len(result.manifest.skipped) == 4  # missing, corrupt, unknown image, unknown category
+    assert len(result.manifest.skipped) == 2  # images only: missing, corrupt
     assert result.manifest.num_samples == len(doc["images"]) - 2
+    # The dropped annotations are reported as annotations (in index.json), not as skipped images.
+    written = json.loads((tmp_path / "out" / "index.json").read_text())
+    report = written["annotation_report"]
+    assert report["dropped"] == 2 and report["kept_with_problems"] == 0
+    gone = {im["id"] for im in doc["images"] if im["file_name"] in ("img_0005.jpg", "img_0006.jpg")}
+    lost = sum(1 for a in doc["annotations"] if a["image_id"] in gone or a["id"] in (77, 78))
+    assert report["in_skipped_images"] + report["packed"] + report["dropped"] == len(doc["annotations"])
+    assert report["in_skipped_images"] + report["dropped"] == lost
+    assert sorted(p["reason"].split(";")[0] for p in report["problems"]) == [
+        "1 annotation(s) have unknown category_id 4", "1 annotation(s) reference unknown image ids"]
     assert verify_dataset(str(tmp_path / "out")).ok
 
 
@@ -120,11 +129,17 @@ def test_drop_empty_and_resize_refused(coco: tuple[Path, Path, dict[str, Any]], 
 
 def test_cli_auto_detects_coco(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
     images_dir, ann, doc = coco
+    doc["annotations"].append({"id": 77, "image_id": 12345, "category_id": 1, "bbox": [0, 0, 1, 1]})
+    ann.write_text(json.dumps(doc), encoding="utf-8")
     runner = CliRunner()
     dst = tmp_path / "out"
     res = runner.invoke(cli, ["pack", str(images_dir), str(dst), "--annotations", str(ann), "--workers", "1"])
     assert res.exit_code == 0, res.output
     assert f"samples   {len(doc['images'])}  (4 categories)" in res.output
+    # The dropped annotation is an annotation, not a skipped image.
+    assert "skipped   0\n" in res.output
+    assert f"annotations {len(doc['annotations']) - 1} packed; 1 dropped\n" in res.output
+    assert "  - instances.json: 1 annotation(s) reference unknown image ids; dropped (annotation ids 77)" in res.output
     assert runner.invoke(cli, ["verify", str(dst), "--decode"]).exit_code == 0
     res = runner.invoke(cli, ["pack", "--format", "coco", "--drop-empty", str(images_dir), str(tmp_path / "o2"),
                               "--annotations", str(ann), "-q"])

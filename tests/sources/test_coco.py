@@ -114,15 +114,23 @@ def test_bad_references_and_boxes_are_warned_with_counts(coco: tuple[Path, Path,
     doc["images"].append({**doc["images"][0], "file_name": "dup.jpg"})  # repeats an id
     doc["images"].append({"id": 5000, "file_name": "../escape.jpg"})
     listing = scan_coco(str(images_dir), str(_write(ann, doc)))
-    reasons = {(w["source"], w["reason"]) for w in listing.warnings}
-    assert ("instances.json", "2 annotation(s) reference unknown image ids; dropped (annotation ids 1, 2)") in reasons
-    assert ("instances.json", "1 annotation(s) have unknown category_id 2; dropped (annotation ids 3)") in reasons
+    # Image records that cannot be packed are skipped inputs ...
+    images = {(w["source"], w["reason"]) for w in listing.warnings}
+    assert any(s == "dup.jpg" and "repeats image id" in r for s, r in images)
+    assert any(s == "../escape.jpg" and "not a path inside the images folder" in r for s, r in images)
+    assert len(listing.warnings) == 2
+    # ... annotation problems are reported as annotations, with counts, never as skipped images.
+    problems = {(p["source"], p["reason"], p["annotations"], p["dropped"]) for p in listing.annotation_problems}
+    assert ("instances.json", "2 annotation(s) reference unknown image ids; dropped (annotation ids 1, 2)",
+            2, True) in problems
+    assert ("instances.json", "1 annotation(s) have unknown category_id 2; dropped (annotation ids 3)",
+            1, True) in problems
     assert ("img_0000.jpg", "2 annotation bbox(es) extend outside the "
-            f"{doc['images'][-3]['width']}x{doc['images'][-3]['height']} image; kept as is (annotation ids 4, 5)") in reasons
-    assert any(s == "img_0000.jpg" and r.startswith("1 annotation bbox(es) are malformed") for s, r in reasons)
-    assert any(s == "dup.jpg" and "repeats image id" in r for s, r in reasons)
-    assert any(s == "../escape.jpg" and "not a path inside the images folder" in r for s, r in reasons)
-    assert len(listing.warnings) == 6
+            f"{doc['images'][-3]['width']}x{doc['images'][-3]['height']} image; kept as is (annotation ids 4, 5)",
+            2, False) in problems
+    assert any(s == "img_0000.jpg" and r.startswith("1 annotation bbox(es) are malformed") and (n, d) == (1, False)
+               for s, r, n, d in problems)
+    assert len(listing.annotation_problems) == 4
     assert len(listing.samples) == 12  # the rest continues
     first = next(s for s in listing.samples if s.meta and s.meta["image"]["id"] == 100)
     assert first.meta is not None and [a["id"] for a in first.meta["annotations"]][-3:] == [4, 5, 6]

@@ -1,0 +1,124 @@
+"""Progress bars of the commands: tqdm on stderr when it is a terminal and not ``-q``, else nothing.
+
+Every bar has a total, so tqdm shows a rate and an ETA. Code never tests a tqdm object for
+truth (``if bar:``): a tqdm without a total raises on ``bool()``; :class:`Bar` holds ``None``
+when disabled and checks ``is not None``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import TracebackType
+from typing import Any
+
+#: Size used when the terminal reports 0x0 (a pty nobody sized: ``script`` without a terminal,
+#: some CI runners, ``docker exec -t`` before its first resize). tqdm draws nothing there.
+_FALLBACK_COLUMNS, _FALLBACK_ROWS = 80, 24
+
+
+def _terminal_columns() -> int:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 0
+
+
+def bars_enabled(quiet: bool) -> bool:
+    """Whether to draw progress: only for a person watching (stderr is a terminal) and not ``-q``."""
+    return not quiet and sys.stderr.isatty()
+
+
+class Bar:
+    """One tqdm bar on stderr, or a no-op when ``enabled`` is false.
+
+    Example::
+
+        with Bar(bars_enabled(quiet), desc="verifying", total=nbytes, unit="B") as bar:
+            bar.update(4096)
+    """
+
+    def __init__(self, enabled: bool, *, desc: str, total: int | None, unit: str = "it") -> None:
+        self._bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            in_bytes = unit == "B"
+            sized = _terminal_columns() > 0
+            self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=in_bytes,
+                             unit_divisor=1024 if in_bytes else 1000, dynamic_ncols=sized,
+                             ncols=None if sized else _FALLBACK_COLUMNS, nrows=None if sized else _FALLBACK_ROWS,
+                             leave=False, file=sys.stderr)
+
+    @property
+    def enabled(self) -> bool:
+        return self._bar is not None
+
+    def update(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def note(self, text: str) -> None:
+        """Show ``text`` after the bar (e.g. ``"3/9 shards"``)."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=False)
+
+    def describe(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.set_description(text)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Bar:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class PackBar:
+    """:class:`shardkit.pack.PackProgress` drawn as a bar of input bytes with an image count."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = Bar(False, desc="", total=None)
+        self.total = self.done = 0
+
+    def start(self, samples: int, nbytes: int) -> None:
+        self.bar.close()
+        self.bar = Bar(self.enabled, desc="packing", total=nbytes, unit="B")
+        self.total, self.done = samples, 0
+        self.bar.note(f"0/{samples:,} images")
+
+    def advance(self, samples: int, nbytes: int) -> None:
+        self.done += samples
+        self.bar.note(f"{self.done:,}/{self.total:,} images")
+        self.bar.update(nbytes)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class BenchBar:
+    """``shardkit.bench``'s progress sink: one bar per phase (packing, timing)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = Bar(False, desc="", total=None)
+
+    def begin(self, what: str, total: int | None) -> None:
+        self.bar.close()
+        self.bar = Bar(self.enabled, desc=what, total=total, unit="img" if what == "packing" else "batch")
+
+    def advance(self, n: int) -> None:
+        self.bar.update(n)
+
+    def describe(self, text: str) -> None:
+        self.bar.describe(text)
+
+    def close(self) -> None:
+        self.bar.close()

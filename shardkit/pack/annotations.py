@@ -1,0 +1,45 @@
+"""The COCO annotation report of a pack: annotations packed, dropped, and why (``index.json``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shardkit.sources.base import SourceListing
+
+#: The ``index.json`` field holding :func:`annotation_report` (COCO packs only).
+ANNOTATION_REPORT = "annotation_report"
+
+
+def annotation_report(listing: SourceListing, skipped: Sequence[dict[str, str]]) -> dict[str, Any]:
+    """Count the annotations of a COCO pack apart from its images.
+
+    Returns ``{"packed", "dropped", "kept_with_problems", "in_skipped_images", "problems"}``:
+    annotations written into samples; dropped by the source scan (unknown image or category);
+    kept although flagged (boxes outside the image or malformed); lost with images the packer
+    skipped; and the source's ``annotation_problems`` entries (``{source, reason, annotations,
+    dropped}``).
+
+    >>> from shardkit.sources.base import SourceSample
+    >>> anns = {"image": {}, "annotations": [{"id": 1}, {"id": 2}]}
+    >>> listing = SourceListing("coco", "img", [SourceSample("img/a.jpg", "a.jpg", 9, meta=anns)],
+    ...     annotation_problems=[{"source": "i.json", "reason": "r", "annotations": 3, "dropped": True}])
+    >>> {k: v for k, v in annotation_report(listing, []).items() if k != "problems"}
+    {'packed': 2, 'dropped': 3, 'kept_with_problems': 0, 'in_skipped_images': 0}
+    """
+    lost = {s["source"] for s in skipped}
+    packed = in_skipped = 0
+    for sample in listing.samples:
+        n = len(sample.meta.get("annotations", ())) if sample.meta else 0
+        if sample.rel in lost:
+            in_skipped += n
+        else:
+            packed += n
+    problems = listing.annotation_problems
+    return {
+        "packed": packed,
+        "dropped": sum(p["annotations"] for p in problems if p["dropped"]),
+        "kept_with_problems": sum(p["annotations"] for p in problems if not p["dropped"]),
+        "in_skipped_images": in_skipped,
+        "problems": list(problems),
+    }

@@ -1,0 +1,119 @@
+"""Write shards in a local process pool (or in this process), reporting progress per sample.
+
+Workers report each finished sample through a queue that the parent drains between waits, so a
+progress bar moves while shards are written, not only as they complete. The counts are
+advisory: when a shard completes, whatever of it was not reported yet is added at once, and
+later reports for it are ignored, so each shard adds up exactly once. Workers never wait at
+exit for the parent to read their reports (``cancel_join_thread``), so no shutdown can hang on
+the queue.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue as queue_module
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any
+
+from shardkit.pack.progress import input_bytes
+from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
+
+SampleDone = Callable[[int, int], None]
+"""Called in the parent with (samples, input bytes) just finished."""
+
+#: How often the parent drains progress reports while it waits for shards (seconds).
+POLL_S = 0.1
+
+_reports: Any = None  # in a worker process: the queue its samples are reported to
+
+
+def _init_worker(reports: Any) -> None:
+    global _reports
+    if reports is not None:
+        reports.cancel_join_thread()  # exiting never blocks on reports nobody reads any more
+    _reports = reports
+
+
+def _write_reporting(task: ShardTask) -> ShardReceipt:
+    reports, index = _reports, task.plan.index
+    if reports is None:
+        return write_shard(task)
+    return write_shard(task, on_sample=lambda nbytes: reports.put((index, nbytes)))
+
+
+class _Tally:
+    """Per-shard counts of reported samples, so that every shard adds up exactly once."""
+
+    def __init__(self, on_sample: SampleDone) -> None:
+        self.on_sample = on_sample
+        self.counts: dict[int, tuple[int, int]] = {}
+        self.finished: set[int] = set()
+
+    def sample(self, index: int, nbytes: int) -> None:
+        if index in self.finished:
+            return
+        samples, total = self.counts.get(index, (0, 0))
+        self.counts[index] = (samples + 1, total + nbytes)
+        self.on_sample(1, nbytes)
+
+    def finish(self, task: ShardTask) -> None:
+        samples, total = self.counts.pop(task.plan.index, (0, 0))
+        self.finished.add(task.plan.index)
+        rest = (len(task.samples) - samples, input_bytes(task.samples) - total)
+        if rest != (0, 0):
+            self.on_sample(*rest)
+
+    def drain(self, reports: Any) -> None:
+        while True:
+            try:
+                index, nbytes = reports.get_nowait()
+            except queue_module.Empty:
+                return
+            self.sample(index, nbytes)
+
+
+def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
+              on_sample: SampleDone | None) -> list[ShardReceipt]:
+    """Write ``tasks`` with ``workers`` spawned processes (in this process when 1 or one task).
+
+    Receipts come back in completion order. ``on_done`` runs in this process as each shard
+    completes and may raise to stop the pack: shards not started are cancelled, running ones
+    finish (complete shards are kept for a resume). ``on_sample`` gets per-sample progress.
+    """
+    if workers <= 1 or len(tasks) <= 1:
+        receipts = []
+        for task in tasks:
+            report = None if on_sample is None else (lambda nbytes: on_sample(1, nbytes))
+            receipts.append(write_shard(task, on_sample=report))
+            if on_done is not None:
+                on_done(task, receipts[-1])
+        return receipts
+    # spawn: workers start clean (no inherited fsspec instances, threads or locks).
+    context = multiprocessing.get_context("spawn")
+    reports = context.Queue() if on_sample is not None else None
+    tally = _Tally(on_sample) if on_sample is not None else None
+    receipts = []
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_init_worker,
+                             initargs=(reports,)) as pool:
+        futures: dict[Future[ShardReceipt], ShardTask] = {pool.submit(_write_reporting, t): t for t in tasks}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+                if tally is not None:
+                    tally.drain(reports)
+                for future in done:
+                    receipts.append(future.result())  # re-raises a worker's error here
+                    task = futures[future]
+                    if tally is not None:
+                        tally.finish(task)
+                    if on_done is not None:
+                        on_done(task, receipts[-1])
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    if reports is not None:
+        reports.close()
+    return receipts

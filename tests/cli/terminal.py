@@ -1,0 +1,100 @@
+"""Run a command as a person would: in a pseudo-terminal (stdin, stdout, stderr all a tty), or piped."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from dataclasses import dataclass
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What came back: the exit code and the bytes on the screen (``\\r\\n`` made ``\\n``)."""
+
+    returncode: int
+    text: str
+
+    @property
+    def lines(self) -> list[str]:
+        """The lines left visible: colours removed, each line as its last carriage return redrew it."""
+        return [line.rsplit("\r", 1)[-1] for line in _ANSI.sub("", self.text).split("\n")]
+
+
+def shardkit_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "shardkit", *args]
+
+
+#: The checkout these tests belong to: ``python -m shardkit`` puts the working directory first on
+#: sys.path, so commands run from here, whatever directory pytest was started in.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, TERM="xterm", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0,
+               interrupt_after: bytes | None = None) -> Seen:
+    """Run ``argv`` on a fresh pty sized ``columns`` x 24 (0: unsized, 0x0, like ``script`` in CI).
+
+    ``interrupt_after``: once this text has appeared, send SIGINT to the process group, as
+    Ctrl-C does. Raises ``TimeoutError`` (after killing the process) if it runs past ``timeout``:
+    a hang is a failure.
+    """
+    master, slave = os.openpty()
+    if columns:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=_env(), cwd=ROOT,
+                            start_new_session=True, close_fds=True)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.kill()
+                proc.wait()
+                raise TimeoutError(f"{argv} ran past {timeout} s; output so far: {b''.join(chunks)!r}")
+            ready, _, _ = select.select([master], [], [], min(left, 0.5))
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every holder of the slave side closed it
+                    data = b""
+                if not data:
+                    break
+                chunks.append(data)
+                if interrupt_after is not None and interrupt_after in b"".join(chunks):
+                    os.killpg(proc.pid, signal.SIGINT)
+                    interrupt_after = None
+            elif proc.poll() is not None and not _pending(master):
+                break
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(master)
+    return Seen(code, b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n"))
+
+
+def _pending(fd: int) -> bool:
+    ready, _, _ = select.select([fd], [], [], 0)
+    return bool(ready)
+
+
+def run_piped(argv: list[str], *, timeout: float = 120.0) -> tuple[int, str, str]:
+    """Run ``argv`` with stdout and stderr piped (not a terminal); ``(code, stdout, stderr)``."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT,
+                          stdin=subprocess.DEVNULL)
+    return done.returncode, done.stdout, done.stderr
