@@ -39,6 +39,7 @@ def _register() -> None:
     cli.add_command(info.info_command)
     cli.add_command(verify.verify_command)
     cli.add_command(bench.bench_command)
+    cli.add_command(__import__("shardkit.cli.index", fromlist=["index_command"]).index_command)
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ OFFSETS_SUFFIX = ".idx"
 #: torchvision's ``IMG_EXTENSIONS`` (what ``ImageFolder`` accepts), lower case, without dot.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
 #: Member extensions an image may have inside a shard (after normalisation).
-IMAGE_MEMBER_EXTENSIONS = frozenset({"jpg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
+#: shardkit pack writes only the normalised names (`jpg`, never `jpeg`); `jpeg` is read in adopted shards.
+IMAGE_MEMBER_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
 #: PIL format name -> member extension, used when the content says what the file is.
 PIL_FORMAT_EXTENSIONS = {
     "JPEG": "jpg",

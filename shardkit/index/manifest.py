@@ -45,6 +45,9 @@ class Manifest:
     options: dict[str, Any] = field(default_factory=dict)
     created_by: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Shards written by another tool and indexed in place (``shardkit index``): their samples
+    #: need no ``json`` member and may use any image extension (FORMAT.md §8).
+    adopted: bool = False
 
     @property
     def num_samples(self) -> int:
@@ -62,6 +65,8 @@ class Manifest:
             "kind": self.kind,
             "num_samples": self.num_samples,
         }
+        if self.adopted:
+            doc["adopted"] = True
         if self.classes is not None:
             doc["classes"] = list(self.classes)
         if self.categories is not None:
@@ -112,6 +117,7 @@ class Manifest:
             options=dict(_fields.obj(doc.get("options", {}), "options", where)),
             created_by=_fields.string(doc.get("created_by", ""), "created_by", where),
             extra={k: doc[k] for k in ("info", "licenses") if k in doc},
+            adopted=_flag(doc.get("adopted", False), "adopted", where),
         )
         if "num_samples" not in doc:
             raise ManifestError("missing field 'num_samples'", where=where)
@@ -123,6 +129,12 @@ class Manifest:
         if kind == "imagefolder" and manifest.classes is None:
             raise ManifestError("an imagefolder manifest needs \"classes\"", where=where)
         return manifest
+
+
+def _flag(value: Any, key: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ManifestError(f"field {key!r} must be true or false", where=where)
+    return value
 
 
 def _require(doc: dict[str, Any], key: str, kind: type, where: str) -> Any:
