@@ -30,10 +30,20 @@ def index_command(dataset: str, classes_file: str | None, dali_index: bool, over
 
     Each sample needs one image member and a 'cls' label; 'json' is optional. Writes index.json
     and offsets files so ShardLoader, info and verify work on the shards.
-    """
-    from shardkit.index.adopt import adopt_shards
 
+    On a DATASET that already has index.json (e.g. one shardkit packed), --dali-index alone adds
+    DALI index files for its shards and changes nothing else.
+    """
+    from shardkit.index import locate_dataset
+    from shardkit.index.adopt import adopt_shards
+    from shardkit.index.dali import write_dali_indexes
+
+    remote = storage_options(storage_option, dataset)
+    if dali_index and not overwrite and classes_file is None and locate_dataset(dataset, remote).exists("index.json"):
+        names = write_dali_indexes(locate_dataset(dataset, remote).url, storage_options=remote)
+        click.echo(f"{dataset}: already a dataset; wrote {len(names)} DALI index files")
+        return
     manifest = adopt_shards(dataset, classes=_class_names(classes_file), dali_index=dali_index,
-                            overwrite=overwrite, storage_options=storage_options(storage_option, dataset))
+                            overwrite=overwrite, storage_options=remote)
     click.echo(f"indexed {dataset}: {len(manifest.shards)} shards, {manifest.num_samples:,} samples, "
                f"{len(manifest.classes or ())} classes" + (", DALI index files written" if dali_index else ""))

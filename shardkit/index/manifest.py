@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit.errors import ManifestError
-from shardkit.format.spec import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
+from shardkit.format.spec import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_NAME,
+    SUPPORTED_VERSIONS,
+    UNIFORM_NAMES_VERSION,
+)
 from shardkit.index import _fields
 from shardkit.storage import Store
 
@@ -50,6 +56,11 @@ class Manifest:
     adopted: bool = False
 
     @property
+    def version(self) -> int:
+        """The format version these shards follow: 2 with uniform member names, else 1."""
+        return UNIFORM_NAMES_VERSION if self.options.get("uniform_names") is True else FORMAT_VERSION
+
+    @property
     def num_samples(self) -> int:
         return sum(s.num_samples for s in self.shards)
 
@@ -61,7 +72,7 @@ class Manifest:
         """Serialise deterministically (same manifest, same bytes)."""
         doc: dict[str, Any] = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": self.version,
             "kind": self.kind,
             "num_samples": self.num_samples,
         }
@@ -88,9 +99,11 @@ class Manifest:
             raise ManifestError(f"not valid JSON ({err})", where=where) from err
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ManifestError(f"not a shardkit manifest (missing \"format\": \"{FORMAT_NAME}\")", where=where)
-        if doc.get("version") != FORMAT_VERSION:
+        version = doc.get("version")
+        if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+            readable = " and ".join(map(str, SUPPORTED_VERSIONS))
             raise ManifestError(
-                f"format version {doc.get('version')!r} is not supported (this shardkit reads version {FORMAT_VERSION})",
+                f"format version {version!r} is not supported (this shardkit reads versions {readable})",
                 where=where,
             )
         kind = doc.get("kind")
@@ -126,6 +139,9 @@ class Manifest:
                 f"num_samples {doc['num_samples']} differs from the sum over shards ({manifest.num_samples})",
                 where=where,
             )
+        if manifest.version != version:
+            raise ManifestError(f"version {version} disagrees with options.uniform_names (version "
+                                f"{UNIFORM_NAMES_VERSION} means uniform member names)", where=where)
         if kind == "imagefolder" and manifest.classes is None:
             raise ManifestError("an imagefolder manifest needs \"classes\"", where=where)
         return manifest
