@@ -155,3 +155,28 @@ def test_index_adds_dali_files_to_a_packed_dataset_only(small_tree: Path, tmp_pa
                   if not p.name.endswith(".dali.idx")) == offsets
     again = CliRunner().invoke(cli, ["index", str(tmp_path / "out")])
     assert again.exit_code == 1 and "already has index.json" in again.output
+
+
+def test_hf_datasets_loads_coco_with_the_json_recipe(tmp_path: Path) -> None:
+    """The README recipe: ``features={"jpg": Image(), "json": Json()}`` keeps every COCO sample
+    and every annotation, polygon and RLE segmentation alike (Arrow cannot infer one type)."""
+    datasets = pytest.importorskip("datasets")
+    from shardkit.pack import pack_coco
+
+    root = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
+    instances = json.loads((root / "instances.json").read_text(encoding="utf-8"))
+    assert {type(a["segmentation"]) for a in instances["annotations"]} == {list, dict}  # both kinds
+    pack_coco(str(root / "images"), str(root / "instances.json"), str(tmp_path / "out"),
+              options=PackOptions(max_count=10, uniform_names=True), workers=1)
+    shards = sorted(str(p) for p in (tmp_path / "out").glob("*.tar"))
+    features = datasets.Features({"jpg": datasets.Image(), "json": datasets.Json()})
+    ds = datasets.load_dataset("webdataset", data_files={"train": shards}, split="train",
+                               cache_dir=str(tmp_path / "hf"), features=features)
+    assert len(ds) == len(instances["images"])
+    by_image: dict[int, list[dict[str, Any]]] = {}
+    for ann in instances["annotations"]:
+        by_image.setdefault(ann["image_id"], []).append(ann)
+    for row in ds:
+        record = row["json"]["image"]
+        assert row["jpg"].size == (record["width"], record["height"])
+        assert row["json"]["annotations"] == by_image.get(record["id"], [])  # polygons and RLE intact
