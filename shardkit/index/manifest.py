@@ -177,7 +177,8 @@ def read_manifest(store: Store) -> Manifest:
     where = store.path(INDEX_NAME)
     if not store.exists(INDEX_NAME):
         raise ManifestError(
-            "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to resume)",
+            "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to resume; "
+            "WebDataset shards written by another tool become one with `shardkit index DIR`)",
             where=where,
         )
     return Manifest.from_json(store.read_bytes(INDEX_NAME), where=where)

@@ -158,3 +158,27 @@ def test_dali_index_matches_the_tar(tmp_path: Path) -> None:
                     assert handle is not None and handle.read() == data[m.offset:m.offset + m.size]
         spans = load_offsets((root / offsets_name(shard.name)).read_bytes(), where="o")
         assert len(spans) == len(samples)
+
+
+def test_foreign_shards_without_offsets_files_and_info_hint(tmp_path: Path) -> None:
+    root = _write_wds(tmp_path / "wds")
+    info = CliRunner().invoke(cli, ["info", str(root)])
+    assert info.exit_code == 1 and "shardkit index DIR" in info.output
+    adopt_shards(str(root))
+    for idx in root.glob("*.idx"):  # the loader then scans the PAX-headed tars itself
+        idx.unlink()
+    with ShardLoader(str(root), batch_size=4, shuffle=False, drop_last=False, keys=True) as loader:
+        keys = [k for _, _, batch in loader for k in batch]
+    assert sorted(keys) == [f"s{i:05d}" for i in range(N)]
+
+
+def test_adopt_on_an_object_store_url(tmp_path: Path) -> None:
+    import fsspec
+
+    local = _write_wds(tmp_path / "wds", n=12)
+    fs = fsspec.filesystem("memory")
+    for shard in local.glob("*.tar"):
+        fs.pipe(f"/adopt-test/{shard.name}", shard.read_bytes())
+    manifest = adopt_shards("memory://adopt-test")
+    assert manifest.num_samples == 12 and fs.exists("/adopt-test/index.json")
+    assert verify_dataset("memory://adopt-test").ok
