@@ -14,10 +14,8 @@ size, malformed PAX record) raises ``FormatError`` naming the shard and the head
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from shardkit.errors import FormatError
 from shardkit.format.spec import split_member
@@ -28,6 +26,7 @@ MAX_MEMBER_BYTES = 1 << 30
 #: PAX and GNU long-name headers larger than this are refused (real ones are a few hundred bytes).
 MAX_EXTENSION_BYTES = 1 << 20
 
+_ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = (b"0", b"\0", b"7")  # 7: contiguous file, a regular file to every reader
 _DIRECTORY = b"5"
 _PAX, _PAX_GLOBAL, _GNU_LONGNAME = b"x", b"g", b"L"
@@ -36,10 +35,10 @@ Sample = dict[str, bytes]
 """A sample's fields as read: ``{ext: data}``."""
 
 
-@dataclass(frozen=True)
-class TarEntry:
+class TarEntry(NamedTuple):
     """One regular member: effective ``name``, ``offset`` of its first header (extension headers
-    included), ``data_offset`` and ``size`` of its data, and the data when it was read."""
+    included), ``data_offset`` and ``size`` of its data, and the data when it was read.
+    (A tuple, not a frozen dataclass: one is built per member on the loader's hot path.)"""
 
     name: str
     offset: int
@@ -87,6 +86,24 @@ class _Reader:
         return done
 
 
+class _ViewReader(_Reader):
+    """The same reads over bytes already in memory (a sample span): slices, no file calls."""
+
+    def __init__(self, data: bytes | memoryview) -> None:  # noqa: D107 - no file behind it
+        self._view = memoryview(data)
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        data = bytes(self._view[self.pos:self.pos + n])
+        self.pos += len(data)
+        return data
+
+    def skip(self, n: int) -> int:
+        done = max(0, min(n, len(self._view) - self.pos))
+        self.pos += done
+        return done
+
+
 def _check_name(name: str, where: str) -> None:
     if name.startswith("/") or ".." in name.split("/"):
         raise FormatError(f"unsafe member name {name!r} (absolute or '..')", where=where)
@@ -100,7 +117,7 @@ def _number(field: bytes) -> int:
     text = field.rstrip(b" \0").lstrip(b" ")  # strict: nothing but NUL/space around the digits
     if not text:
         return 0
-    if not all(48 <= c <= 55 for c in text):
+    if text.translate(None, b"01234567"):  # anything but octal digits left
         raise ValueError(text)
     return int(text, 8)
 
@@ -140,7 +157,7 @@ def _header(block: bytes, where: str) -> tuple[str, int, bytes]:
         stored = _number(block[148:156])
     except ValueError as err:
         raise FormatError("corrupt tar header (checksum field is not a number)", where=where) from err
-    computed = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    computed = sum(block) - sum(block[148:156]) + 8 * 32  # the checksum field counts as spaces
     if stored != computed:
         raise FormatError(f"corrupt tar header (checksum {stored} != computed {computed})", where=where)
     name = _text(block[:100], "member name", where)
@@ -168,7 +185,7 @@ def _walk(reader: _Reader, *, where: str, read_data: bool, eof_ends: bool = Fals
         if len(block) < BLOCK:
             detail = "ends inside a header" if block else "has no end-of-archive marker"
             raise FormatError(f"tar file is truncated (it {detail} at byte {start})", where=where)
-        if block == bytes(BLOCK):
+        if block == _ZERO_BLOCK:
             if pending or first >= 0:
                 raise FormatError(f"extension header at byte {first} is not followed by a member", where=where)
             return
@@ -287,7 +304,7 @@ def parse_span(data: bytes | memoryview, *, where: str) -> tuple[str, dict[str, 
     Returns ``(key, {ext: data})``. Raises ``FormatError`` on anything but regular members
     (with their extension headers) of a single key.
     """
-    reader = _Reader(io.BytesIO(data), seek=True)
+    reader = _ViewReader(data)
     key, fields = "", {}
     for entry in _walk(reader, where=where, read_data=True, eof_ends=True):
         member_key, ext = sample_key(entry.name, where=where)

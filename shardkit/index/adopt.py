@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import FormatError, ManifestError
@@ -72,7 +72,7 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             if ext in fields:
                 raise FormatError(f"sample {key!r} has field {ext!r} twice", where=where)
             fields[ext] = (e.data or b"") if ext in ("cls", "json") else b""  # keep labels, not images
-            entries.append(replace(e, data=None))
+            entries.append(e._replace(data=None))
         while stream.read(1 << 20):  # hash the trailing padding too
             pass
     spans = [SampleSpan(k, o, n) for k, o, n in group_spans(iter(entries), where=where)]
