@@ -10,8 +10,11 @@ from shardkit.cli.storage import storage_option_flag, storage_options
 def _class_names(path: str | None) -> list[str] | None:
     if path is None:
         return None
-    with open(path, encoding="utf-8") as f:
-        names = [line.strip() for line in f if line.strip()]
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise click.BadParameter(f"cannot read {path} as UTF-8 text ({err})", param_hint="--classes") from err
     if not names:
         raise click.BadParameter(f"{path} lists no class names", param_hint="--classes")
     return names

@@ -182,3 +182,20 @@ def test_adopt_on_an_object_store_url(tmp_path: Path) -> None:
     manifest = adopt_shards("memory://adopt-test")
     assert manifest.num_samples == 12 and fs.exists("/adopt-test/index.json")
     assert verify_dataset("memory://adopt-test").ok
+
+
+def test_class_name_file_errors(tmp_path: Path) -> None:
+    root = _write_wds(tmp_path / "wds", n=6)
+    short = tmp_path / "short.txt"
+    short.write_text("cat\ndog\n")
+    result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(short)])
+    assert result.exit_code == 1 and "label 2 is out of range for the 2 class names given" in result.output
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(empty)])
+    assert result.exit_code == 2 and "lists no class names" in result.output
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9\n")
+    result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(latin)])
+    assert result.exit_code == 2 and "as UTF-8 text" in result.output
+    assert not (root / "index.json").exists()
