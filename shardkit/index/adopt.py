@@ -54,7 +54,11 @@ def _label(key: str, fields: dict[str, bytes], where: str) -> tuple[int, str | N
             meta = json.loads(fields["json"])
         except ValueError as err:
             raise FormatError(f"'json' member is not valid JSON ({err})", where=here) from err
-        if isinstance(meta, dict) and isinstance(meta.get("class"), str):
+        if not isinstance(meta, dict):
+            raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}", where=here)
+        if "label" in meta and meta["label"] != int(text):
+            raise FormatError(f"'json' label {meta['label']!r} differs from 'cls' {int(text)}", where=here)
+        if isinstance(meta.get("class"), str):
             name = meta["class"]
     return int(text), name
 

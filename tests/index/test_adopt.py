@@ -107,6 +107,9 @@ def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
         ([("a.cls", b"1")], FormatError, r"x-000000.tar:a: expected one image member"),
         ([("a.cls", b"one"), ("a.jpg", b"x")], FormatError, r"'cls' member is b'one'"),
         ([("a b.cls", b"1"), ("a b.jpg", b"x")], FormatError, "invalid sample key"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"[1]")], FormatError, "must be a JSON object, not list"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b'{"label": 2}')], FormatError, "label 2 differs from 'cls' 1"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"{")], FormatError, "'json' member is not valid JSON"),
         ([("a.cls", b"1"), ("a.jpg", b"x"), ("b.cls", b"1"), ("a.png", b"x")], FormatError, "split"),
     ],
 )
