@@ -35,13 +35,14 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from shardkit.cli import bench, doctor, info, pack, verify
+    from shardkit.cli import bench, doctor, index, info, pack, verify
 
     cli.add_command(pack.pack_command)
     cli.add_command(info.info_command)
     cli.add_command(verify.verify_command)
     cli.add_command(bench.bench_command)
     cli.add_command(doctor.doctor_command)
+    cli.add_command(index.index_command)
 
 
 def main() -> None:

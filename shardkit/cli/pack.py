@@ -58,6 +58,9 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="Store JPEGs losslessly re-encoded with a restart marker every N MCUs at most (1 loaded "
                    "fastest in our benchmarks): identical pixels, the loader decodes only the crop; costs pack "
                    "CPU. Off: source bytes.")
+@click.option("--uniform-names", is_flag=True, help="Name every image member .jpg whatever its format, so HF datasets, "
+              "webdataset to_tuple and DALI get every sample of a mixed jpg/png set (format version 2).")
+@click.option("--dali-index", is_flag=True, help="Also write DALI index files (<shard>.dali.idx, wds2idx format).")
 @click.option("--decode-check", is_flag=True, help="Fully decode every image to find corrupt data (slower).")
 @click.option("--overwrite", is_flag=True, help="Replace what a previous pack left in DST.")
 @click.option("--max-skipped", default=None, callback=_budget, metavar="N|P%",
@@ -67,8 +70,9 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @storage_option_flag
 def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool, max_count: int,
                  max_size: int, workers: int | None, ray_address: str | None, shuffle: bool, seed: int, prefix: str,
-                 resize_max: int | None, quality: int, jpeg_restart: int | None, decode_check: bool, overwrite: bool,
-                 max_skipped: SkipBudget | None, quiet: bool, storage_option: tuple[str, ...]) -> None:
+                 resize_max: int | None, quality: int, jpeg_restart: int | None, uniform_names: bool,
+                 dali_index: bool, decode_check: bool, overwrite: bool, max_skipped: SkipBudget | None,
+                 quiet: bool, storage_option: tuple[str, ...]) -> None:
     """Pack the ImageFolder tree SRC into WebDataset tar shards under DST (path or fsspec URL).
 
     With --annotations instances.json, SRC is a COCO images folder: one sample per image
@@ -87,7 +91,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     try:
         options = PackOptions(max_count=max_count, max_size=max_size, shuffle=shuffle, seed=seed,
                               prefix=prefix, resize_max=resize_max, quality=quality, decode_check=decode_check,
-                              jpeg_restart=jpeg_restart)
+                              jpeg_restart=jpeg_restart, uniform_names=uniform_names, dali_index=dali_index)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     remote = storage_options(storage_option, dst)

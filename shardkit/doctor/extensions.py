@@ -11,8 +11,8 @@ from shardkit.doctor.findings import Finding
 
 #: (module, needs libjpeg headers, what is lost without it). Keep in step with setup.py.
 EXTENSIONS: tuple[tuple[str, bool, str], ...] = (
-    ("shardkit.loader._jpeg_roi", True, "region decode: the loader decodes whole JPEGs instead of the crop"),
-    ("shardkit.format._jpeg_restart", True, "pack --jpeg-restart is refused"),
+    ("shardkit.codec._jpeg_region", True, "region decode: the loader decodes whole JPEGs instead of the crop"),
+    ("shardkit.codec._jpeg_restart", True, "pack --jpeg-restart is refused"),
     ("shardkit.transforms._planar", False, "HWC->CHW repacking falls back to numpy (~90 us vs 15 us per 224px crop)"),
 )
 

@@ -1,4 +1,4 @@
-"""The shardkit format, version 1: names of shards, keys and members (see FORMAT.md)."""
+"""The shardkit format, versions 1 and 2: names of shards, keys and members (see FORMAT.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,14 @@ from shardkit.errors import FormatError
 
 FORMAT_NAME = "shardkit"
 FORMAT_VERSION = 1
+#: Version 2 = version 1 with uniform member names (FORMAT.md §2.2): the image member is always
+#: ``jpg``, whatever the image's format. Written only for datasets packed with ``uniform_names``.
+UNIFORM_NAMES_VERSION = 2
+#: Versions this shardkit reads.
+SUPPORTED_VERSIONS = (FORMAT_VERSION, UNIFORM_NAMES_VERSION)
+#: The image member's extension under uniform names: the one every tool treats as an image
+#: (HF ``datasets`` infers an ``Image`` column from it; all of them decode by content).
+UNIFORM_IMAGE_EXT = "jpg"
 INDEX_NAME = "index.json"
 SHARD_SUFFIX = ".tar"
 OFFSETS_SUFFIX = ".idx"
@@ -15,7 +23,8 @@ OFFSETS_SUFFIX = ".idx"
 #: torchvision's ``IMG_EXTENSIONS`` (what ``ImageFolder`` accepts), lower case, without dot.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
 #: Member extensions an image may have inside a shard (after normalisation).
-IMAGE_MEMBER_EXTENSIONS = frozenset({"jpg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
+#: shardkit pack writes only the normalised names (`jpg`, never `jpeg`); `jpeg` is read in adopted shards.
+IMAGE_MEMBER_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
 #: PIL format name -> member extension, used when the content says what the file is.
 PIL_FORMAT_EXTENSIONS = {
     "JPEG": "jpg",
@@ -105,3 +114,13 @@ def normalize_extension(suffix: str) -> str:
     """
     ext = suffix.lower().lstrip(".")
     return "jpg" if ext in ("jpeg", "jpe") else ext
+
+
+def uniform_member_names(fields: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """Rename a sample's image field to :data:`UNIFORM_IMAGE_EXT` (FORMAT.md §2.2), so every
+    sample of a dataset has the same member names whatever its images' formats.
+
+    >>> uniform_member_names([("png", b"..."), ("cls", b"1")])
+    [('jpg', b'...'), ('cls', b'1')]
+    """
+    return [(UNIFORM_IMAGE_EXT if ext in IMAGE_MEMBER_EXTENSIONS else ext, data) for ext, data in fields]

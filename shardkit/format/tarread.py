@@ -1,14 +1,21 @@
 """Safe tar reading: regular members only, grouped into samples by key.
 
-Two ways in: :func:`iter_samples` streams a whole shard (sequential reads, any file object);
+One header parser serves every way in: :func:`iter_entries` walks a tar stream member by member
+(ustar headers, plus the PAX ``x``/``g`` and GNU ``L`` extension headers that Python's
+``tarfile``, GNU tar and webdataset's ``ShardWriter`` write); :func:`iter_samples` groups a whole
+shard into samples; :func:`scan_spans` finds each sample's byte span by seeking past the data;
 :func:`parse_span` parses one sample's bytes read at a known offset (random access).
+
+Every safety rule applies to the *effective* name and size (after extension headers): regular
+files only (directories are skipped), no absolute or ``..`` names, no links or devices, members
+and extension headers bounded in size. A malformed header (bad checksum, undecodable name, bad
+size, malformed PAX record) raises ``FormatError`` naming the shard and the header's byte offset.
 """
 
 from __future__ import annotations
 
-import tarfile
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from shardkit.errors import FormatError
 from shardkit.format.spec import split_member
@@ -16,9 +23,85 @@ from shardkit.format.spec import split_member
 BLOCK = 512
 #: Members larger than this are refused (a corrupt size field must not make us allocate GBs).
 MAX_MEMBER_BYTES = 1 << 30
+#: PAX and GNU long-name headers larger than this are refused (real ones are a few hundred bytes).
+MAX_EXTENSION_BYTES = 1 << 20
+
+_ZERO_BLOCK = bytes(BLOCK)
+_REGULAR = (b"0", b"\0", b"7")  # 7: contiguous file, a regular file to every reader
+_DIRECTORY = b"5"
+_PAX, _PAX_GLOBAL, _GNU_LONGNAME = b"x", b"g", b"L"
 
 Sample = dict[str, bytes]
-"""A sample as read: ``{"__key__": key (as bytes-free str), ext: data, ...}``; see iter_samples."""
+"""A sample's fields as read: ``{ext: data}``."""
+
+
+class TarEntry(NamedTuple):
+    """One regular member: effective ``name``, ``offset`` of its first header (extension headers
+    included), ``data_offset`` and ``size`` of its data, and the data when it was read.
+    (A tuple, not a frozen dataclass: one is built per member on the loader's hot path.)"""
+
+    name: str
+    offset: int
+    data_offset: int
+    size: int
+    data: bytes | None
+
+    @property
+    def end(self) -> int:
+        """Offset just past the member's data padding (where the next header starts)."""
+        return self.data_offset + self.size + (-self.size % BLOCK)
+
+
+class _Reader:
+    """Sequential reads with a position; ``skip`` seeks when the file can, else reads."""
+
+    def __init__(self, fileobj: BinaryIO, *, seek: bool) -> None:
+        self._file = fileobj
+        self._seek = seek
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        chunks, want = [], n
+        while want:
+            chunk = self._file.read(want)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            want -= len(chunk)
+        data = b"".join(chunks)
+        self.pos += len(data)
+        return data
+
+    def skip(self, n: int) -> int:
+        if self._seek:
+            self._file.seek(self.pos + n)
+            self.pos += n
+            return n
+        done = 0
+        while done < n:
+            got = len(self.read(min(n - done, 1 << 20)))
+            if not got:
+                break
+            done += got
+        return done
+
+
+class _ViewReader(_Reader):
+    """The same reads over bytes already in memory (a sample span): slices, no file calls."""
+
+    def __init__(self, data: bytes | memoryview) -> None:  # noqa: D107 - no file behind it
+        self._view = memoryview(data)
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        data = bytes(self._view[self.pos:self.pos + n])
+        self.pos += len(data)
+        return data
+
+    def skip(self, n: int) -> int:
+        done = max(0, min(n, len(self._view) - self.pos))
+        self.pos += done
+        return done
 
 
 def _check_name(name: str, where: str) -> None:
@@ -26,50 +109,181 @@ def _check_name(name: str, where: str) -> None:
         raise FormatError(f"unsafe member name {name!r} (absolute or '..')", where=where)
 
 
+def _number(field: bytes) -> int:
+    """A numeric header field: octal text, or GNU base-256 (high bit of the first byte set)."""
+    if field[:1] in (b"\x80", b"\xff"):
+        value = int.from_bytes(field[1:], "big")
+        return value if field[:1] == b"\x80" else value - (1 << (8 * (len(field) - 1)))
+    text = field.rstrip(b" \0").lstrip(b" ")  # strict: nothing but NUL/space around the digits
+    if not text:
+        return 0
+    if text.translate(None, b"01234567"):  # anything but octal digits left
+        raise ValueError(text)
+    return int(text, 8)
+
+
+def _text(field: bytes, what: str, where: str) -> str:
+    try:
+        return field.split(b"\0", 1)[0].decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise FormatError(f"{what} is not valid UTF-8 ({err.reason} at byte {err.start})", where=where) from err
+
+
+def _pax_records(data: bytes, where: str) -> dict[str, str]:
+    """Parse PAX extended header records ``"<len> <key>=<value>\\n"``."""
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos:pos + 1] != b"\0":
+        space = data.find(b" ", pos)
+        try:
+            length = int(data[pos:space]) if space > pos else 0
+        except ValueError:
+            length = 0
+        record = data[pos:pos + length]
+        if length <= 0 or len(record) != length or not record.endswith(b"\n") or b"=" not in record:
+            raise FormatError(f"malformed PAX record at byte {pos} of the extended header", where=where)
+        key, _, value = record[space - pos + 1:-1].partition(b"=")
+        try:
+            records[key.decode("utf-8")] = value.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise FormatError(f"PAX record {key!r} is not valid UTF-8", where=where) from err
+        pos += length
+    return records
+
+
+def _header(block: bytes, where: str) -> tuple[str, int, bytes]:
+    """Validate one 512-byte header; return ``(name, size, type)``. ``where`` names the offset."""
+    try:
+        stored = _number(block[148:156])
+    except ValueError as err:
+        raise FormatError("corrupt tar header (checksum field is not a number)", where=where) from err
+    computed = sum(block) - sum(block[148:156]) + 8 * 32  # the checksum field counts as spaces
+    if stored != computed:
+        raise FormatError(f"corrupt tar header (checksum {stored} != computed {computed})", where=where)
+    name = _text(block[:100], "member name", where)
+    if block[257:262] == b"ustar":
+        prefix = _text(block[345:500], "member name prefix", where)
+        name = f"{prefix}/{name}" if prefix else name
+    try:
+        size = _number(block[124:136])
+    except ValueError as err:
+        raise FormatError(f"member {name!r} has a corrupt size field", where=where) from err
+    if size < 0:
+        raise FormatError(f"member {name!r} has a negative size", where=where)
+    return name, size, block[156:157]
+
+
+def _walk(reader: _Reader, *, where: str, read_data: bool, eof_ends: bool = False) -> Iterator[TarEntry]:
+    global_pax: dict[str, str] = {}
+    pending: dict[str, str] = {}
+    first = -1  # offset of the first header of the member being assembled
+    while True:
+        start = reader.pos
+        block = reader.read(BLOCK)
+        if not block and eof_ends and first < 0:
+            return
+        if len(block) < BLOCK:
+            detail = "ends inside a header" if block else "has no end-of-archive marker"
+            raise FormatError(f"tar file is truncated (it {detail} at byte {start})", where=where)
+        if block == _ZERO_BLOCK:
+            if pending or first >= 0:
+                raise FormatError(f"extension header at byte {first} is not followed by a member", where=where)
+            return
+        here = f"{where}: byte {start}"
+        raw_name, size, kind = _header(block, here)
+        first = start if first < 0 else first
+        if kind in (_PAX, _PAX_GLOBAL, _GNU_LONGNAME):
+            if size > MAX_EXTENSION_BYTES:
+                raise FormatError(f"extension header is too large ({size} bytes)", where=here)
+            extension = reader.read(size)
+            if len(extension) < size:
+                raise FormatError("tar file is truncated (inside an extension header)", where=here)
+            reader.skip(-size % BLOCK)
+            if kind == _PAX:
+                pending.update(_pax_records(extension, here))
+            elif kind == _PAX_GLOBAL:
+                global_pax.update(_pax_records(extension, here))
+                first = -1
+            else:
+                pending["path"] = _text(extension, "GNU long name", here)
+            continue
+        fields = {**global_pax, **pending}
+        pending = {}
+        name = fields.get("path", raw_name)
+        if "size" in fields:
+            if not fields["size"].isdigit():
+                raise FormatError(f"member {name!r} has a malformed PAX size {fields['size']!r}", where=here)
+            size = int(fields["size"])
+        offset, first = first, -1
+        _check_name(name, here)
+        if kind == _DIRECTORY:
+            reader.skip(size + (-size % BLOCK))
+            continue
+        if kind not in _REGULAR:
+            raise FormatError(f"member {name!r} is not a regular file (type {kind!r})", where=here)
+        if size > MAX_MEMBER_BYTES:
+            raise FormatError(f"member {name!r} is too large ({size} bytes)", where=here)
+        data_offset = reader.pos
+        if read_data:
+            data: bytes | None = reader.read(size)
+            got = len(data or b"")
+        else:
+            data, got = None, reader.skip(size)
+        if got < size:
+            raise FormatError(f"member {name!r} is truncated", where=here)
+        reader.skip(-size % BLOCK)
+        yield TarEntry(name, offset, data_offset, size, data)
+
+
+def iter_entries(fileobj: BinaryIO, *, where: str, read_data: bool = True,
+                 seekable: bool = False) -> Iterator[TarEntry]:
+    """Yield each regular member of a tar stream as a :class:`TarEntry`, in order.
+
+    ``read_data=False`` skips the data (seeking past it when ``seekable``). Stops at the first
+    end-of-archive block.
+
+    Raises:
+        FormatError: a header is malformed (names the byte offset), the stream is truncated or
+            lacks the end-of-archive marker, or a member is a link, device, absolute or ``..``
+            path, or oversized. ``where`` names the shard.
+    """
+    return _walk(_Reader(fileobj, seek=seekable), where=where, read_data=read_data)
+
+
 def iter_members(fileobj: BinaryIO, *, where: str) -> Iterator[tuple[str, bytes]]:
     """Yield ``(name, data)`` of each regular member of a tar stream, in order.
 
     Raises:
-        FormatError: the stream is not a tar file, is truncated, or holds a link, device,
-            absolute or ``..`` path, or an oversized member. ``where`` names the shard.
+        FormatError: as :func:`iter_entries`.
     """
-    try:
-        with tarfile.open(fileobj=fileobj, mode="r|") as tar:
-            for info in tar:
-                _check_name(info.name, where)
-                if info.isdir():
-                    continue
-                if not info.isreg():
-                    raise FormatError(f"member {info.name!r} is not a regular file", where=where)
-                if info.size > MAX_MEMBER_BYTES:
-                    raise FormatError(f"member {info.name!r} is too large ({info.size} bytes)", where=where)
-                handle = tar.extractfile(info)
-                if handle is None:  # pragma: no cover - regular members always have data
-                    raise FormatError(f"member {info.name!r} has no data", where=where)
-                data = handle.read()
-                if len(data) != info.size:
-                    raise FormatError(f"member {info.name!r} is truncated", where=where)
-                yield info.name, data
-    except tarfile.TarError as err:
-        raise FormatError(f"not a readable tar file ({err})", where=where) from err
-    except EOFError as err:
-        raise FormatError("tar file is truncated", where=where) from err
+    for entry in iter_entries(fileobj, where=where):
+        yield entry.name, entry.data or b""
+
+
+def sample_key(name: str, *, where: str) -> tuple[str, str]:
+    """``(key, ext)`` of a member name: the directory part stays in the key, the base name is
+    split at its first dot (webdataset's and DALI's rule).
+
+    >>> sample_key("train/0001.seg.png", where="s")
+    ('train/0001', 'seg.png')
+    """
+    base = name.rsplit("/", 1)[-1]
+    key, ext = split_member(base, where=f"{where}:{name}")
+    return name[: len(name) - len(base)] + key, ext
 
 
 def iter_samples(fileobj: BinaryIO, *, where: str) -> Iterator[tuple[str, dict[str, bytes]]]:
     """Yield ``(key, {ext: data})`` per sample: consecutive members sharing a key.
 
     Raises:
-        FormatError: as :func:`iter_members`, or a key appears in two separate runs or a
+        FormatError: as :func:`iter_entries`, or a key appears in two separate runs or a
             sample has the same field twice.
     """
     seen: set[str] = set()
     key: str | None = None
     fields: dict[str, bytes] = {}
     for name, data in iter_members(fileobj, where=where):
-        base = name.rsplit("/", 1)[-1]
-        member_key, ext = split_member(base, where=f"{where}:{name}")
-        member_key = name[: len(name) - len(base)] + member_key
+        member_key, ext = sample_key(name, where=where)
         if member_key != key:
             if key is not None:
                 yield key, fields
@@ -84,71 +298,48 @@ def iter_samples(fileobj: BinaryIO, *, where: str) -> Iterator[tuple[str, dict[s
         yield key, fields
 
 
-def _octal(field: bytes) -> int:
-    text = field.rstrip(b"\0 ").lstrip(b" ")
-    return int(text, 8) if text else 0
-
-
 def parse_span(data: bytes | memoryview, *, where: str) -> tuple[str, dict[str, bytes]]:
     """Parse one sample's members from its bytes (a span recorded in the offsets file).
 
-    Returns ``(key, {ext: data})``. Raises ``FormatError`` on anything but regular ustar
-    members of a single key.
+    Returns ``(key, {ext: data})``. Raises ``FormatError`` on anything but regular members
+    (with their extension headers) of a single key.
     """
-    view = memoryview(data)
-    pos, key, fields = 0, "", {}
-    while pos + BLOCK <= len(view):
-        header = bytes(view[pos : pos + BLOCK])
-        if header == bytes(BLOCK):
-            break
-        name = header[:100].rstrip(b"\0").decode("utf-8", "strict")
-        prefix = header[345:500].rstrip(b"\0").decode("utf-8", "strict")
-        if prefix:
-            name = f"{prefix}/{name}"
-        if header[156:157] not in (b"0", b"\0"):
-            raise FormatError(f"member {name!r} is not a regular file", where=where)
-        _check_name(name, where)
-        try:
-            size = _octal(header[124:136])
-        except ValueError as err:
-            raise FormatError(f"member {name!r} has a corrupt header", where=where) from err
-        member_key, ext = split_member(name, where=where)
+    reader = _ViewReader(data)
+    key, fields = "", {}
+    for entry in _walk(reader, where=where, read_data=True, eof_ends=True):
+        member_key, ext = sample_key(entry.name, where=where)
         if key and member_key != key:
             raise FormatError(f"span mixes samples {key!r} and {member_key!r}", where=where)
+        if ext in fields:
+            raise FormatError(f"sample {member_key!r} has field {ext!r} twice", where=where)
         key = member_key
-        start = pos + BLOCK
-        if start + size > len(view):
-            raise FormatError(f"member {name!r} is truncated", where=where)
-        fields[ext] = bytes(view[start : start + size])
-        pos = start + size + (-size % BLOCK)
+        fields[ext] = entry.data or b""
     if not key:
         raise FormatError("empty sample span", where=where)
     return key, fields
+
+
+def group_spans(entries: Iterator[TarEntry], *, where: str) -> list[tuple[str, int, int]]:
+    """Group consecutive entries by key into ``(key, offset, size)`` sample spans.
+
+    Raises ``FormatError`` when a key appears in two separate runs.
+    """
+    spans: list[tuple[str, int, int]] = []
+    seen: set[str] = set()
+    for entry in entries:
+        key, _ = sample_key(entry.name, where=where)
+        if spans and spans[-1][0] == key:
+            spans[-1] = (key, spans[-1][1], entry.end - spans[-1][1])
+            continue
+        if key in seen:
+            raise FormatError(f"sample {key!r} is split across the shard", where=where)
+        seen.add(key)
+        spans.append((key, entry.offset, entry.end - entry.offset))
+    return spans
 
 
 def scan_spans(fileobj: BinaryIO, *, where: str) -> list[tuple[str, int, int]]:
     """Find each sample's ``(key, offset, size)`` by reading only the tar headers (seeking past
     the data). Used when a shard has no offsets file.
     """
-    spans: list[tuple[str, int, int]] = []
-    pos = 0
-    while True:
-        fileobj.seek(pos)
-        header = fileobj.read(BLOCK)
-        if len(header) < BLOCK:
-            raise FormatError("tar file is truncated (no end-of-archive marker)", where=where)
-        if header == bytes(BLOCK):
-            return spans
-        name = header[:100].rstrip(b"\0").decode("utf-8", "replace")
-        try:
-            size = _octal(header[124:136])
-        except ValueError as err:
-            raise FormatError(f"corrupt header at byte {pos}", where=where) from err
-        key, _ = split_member(name.rsplit("/", 1)[-1], where=where)
-        end = pos + BLOCK + size + (-size % BLOCK)
-        if spans and spans[-1][0] == key:
-            k, start, _ = spans[-1]
-            spans[-1] = (k, start, end - start)
-        else:
-            spans.append((key, pos, end - pos))
-        pos = end
+    return group_spans(iter_entries(fileobj, where=where, read_data=False, seekable=True), where=where)

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit.errors import ManifestError
-from shardkit.format.spec import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
+from shardkit.format.spec import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_NAME,
+    SUPPORTED_VERSIONS,
+    UNIFORM_NAMES_VERSION,
+)
 from shardkit.index import _fields
 from shardkit.storage import Store
 
@@ -45,6 +51,14 @@ class Manifest:
     options: dict[str, Any] = field(default_factory=dict)
     created_by: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Shards written by another tool and indexed in place (``shardkit index``): their samples
+    #: need no ``json`` member and may use any image extension (FORMAT.md §8).
+    adopted: bool = False
+
+    @property
+    def version(self) -> int:
+        """The format version these shards follow: 2 with uniform member names, else 1."""
+        return UNIFORM_NAMES_VERSION if self.options.get("uniform_names") is True else FORMAT_VERSION
 
     @property
     def num_samples(self) -> int:
@@ -58,10 +72,12 @@ class Manifest:
         """Serialise deterministically (same manifest, same bytes)."""
         doc: dict[str, Any] = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": self.version,
             "kind": self.kind,
             "num_samples": self.num_samples,
         }
+        if self.adopted:
+            doc["adopted"] = True
         if self.classes is not None:
             doc["classes"] = list(self.classes)
         if self.categories is not None:
@@ -83,9 +99,11 @@ class Manifest:
             raise ManifestError(f"not valid JSON ({err})", where=where) from err
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ManifestError(f"not a shardkit manifest (missing \"format\": \"{FORMAT_NAME}\")", where=where)
-        if doc.get("version") != FORMAT_VERSION:
+        version = doc.get("version")
+        if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+            readable = " and ".join(map(str, SUPPORTED_VERSIONS))
             raise ManifestError(
-                f"format version {doc.get('version')!r} is not supported (this shardkit reads version {FORMAT_VERSION})",
+                f"format version {version!r} is not supported (this shardkit reads versions {readable})",
                 where=where,
             )
         kind = doc.get("kind")
@@ -112,6 +130,7 @@ class Manifest:
             options=dict(_fields.obj(doc.get("options", {}), "options", where)),
             created_by=_fields.string(doc.get("created_by", ""), "created_by", where),
             extra={k: doc[k] for k in ("info", "licenses") if k in doc},
+            adopted=_flag(doc.get("adopted", False), "adopted", where),
         )
         if "num_samples" not in doc:
             raise ManifestError("missing field 'num_samples'", where=where)
@@ -120,9 +139,18 @@ class Manifest:
                 f"num_samples {doc['num_samples']} differs from the sum over shards ({manifest.num_samples})",
                 where=where,
             )
+        if manifest.version != version:
+            raise ManifestError(f"version {version} disagrees with options.uniform_names (version "
+                                f"{UNIFORM_NAMES_VERSION} means uniform member names)", where=where)
         if kind == "imagefolder" and manifest.classes is None:
             raise ManifestError("an imagefolder manifest needs \"classes\"", where=where)
         return manifest
+
+
+def _flag(value: Any, key: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ManifestError(f"field {key!r} must be true or false", where=where)
+    return value
 
 
 def _require(doc: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -149,7 +177,8 @@ def read_manifest(store: Store) -> Manifest:
     where = store.path(INDEX_NAME)
     if not store.exists(INDEX_NAME):
         raise ManifestError(
-            "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to resume)",
+            "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to resume; "
+            "WebDataset shards written by another tool become one with `shardkit index DIR`)",
             where=where,
         )
     return Manifest.from_json(store.read_bytes(INDEX_NAME), where=where)

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 from shardkit.errors import FormatError, ShardkitError
 from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, check_key, offsets_name
 from shardkit.format.tarread import iter_samples
+from shardkit.index._hashing import HashingReader
 from shardkit.index.manifest import Manifest, ShardEntry, read_manifest
 from shardkit.storage import Store
 
@@ -31,26 +30,6 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-class _HashingReader(io.RawIOBase):
-    """Wrap a binary file: count and hash everything read through it."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self._raw = raw
-        self.hash = hashlib.sha256()
-        self.count = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        data = self._raw.read(len(buffer))
-        n = len(data)
-        buffer[:n] = data
-        self.hash.update(data)
-        self.count += n
-        return n
 
 
 def _decodes(data: bytes) -> str | None:
@@ -71,7 +50,7 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
     where = store.path(entry.url)
     found: list[str] = []
     with store.open_read(entry.url) as f:
-        reader = _HashingReader(f)
+        reader = HashingReader(f)
         for key, fields in iter_samples(io.BufferedReader(reader, 1 << 20), where=where):
             here = f"{where}:{key}"
             found.append(key)
@@ -111,9 +90,11 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
 
 
 def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str, report: VerifyReport) -> None:
+    # Adopted shards (written by another tool) need no json member; when one is there, only the
+    # fields it has are checked against cls and the class list.
     try:
         label = int(fields["cls"])
-        meta = json.loads(fields["json"])
+        meta = json.loads(fields["json"]) if "json" in fields or not manifest.adopted else {}
     except (KeyError, ValueError) as err:
         report.problems.append(f"{here}: missing or malformed cls/json member ({err})")
         return
@@ -121,7 +102,12 @@ def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str, report
         report.problems.append(f"{here}.json: must be a JSON object, not {type(meta).__name__}")
         return
     classes = manifest.classes or ()
-    if not 0 <= label < len(classes) or meta.get("label") != label or meta.get("class") != classes[label]:
+    if manifest.adopted:
+        agrees = 0 <= label < len(classes) and meta.get("label", label) == label and (
+            "class" not in meta or meta["class"] == classes[label])
+    else:
+        agrees = 0 <= label < len(classes) and meta.get("label") == label and meta.get("class") == classes[label]
+    if not agrees:
         report.problems.append(f"{here}: label {label} disagrees with json or the class list")
 
 

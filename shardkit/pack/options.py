@@ -51,6 +51,11 @@ class PackOptions:
     sample skipped) without ``decode_check``. CMYK/RGB JPEGs and multi-picture (MPO) files keep
     their bytes. Off by default because the shards then no longer hold the source files' bytes.
     Needs shardkit's C extension: without it, constructing options with it set raises.
+
+    ``uniform_names``: name every sample's image member ``jpg`` whatever its format (format
+    version 2, FORMAT.md §2.2), so tools that take a dataset's columns from its first samples
+    (HF ``datasets``, webdataset ``to_tuple("jpg", "cls")``, DALI ``ext``) get every sample.
+    ``dali_index``: also write DALI's index file beside each shard (FORMAT.md §9).
     """
 
     max_count: int = 1000
@@ -62,6 +67,8 @@ class PackOptions:
     quality: int = 90
     decode_check: bool = False
     jpeg_restart: int | None = None
+    uniform_names: bool = False
+    dali_index: bool = False
 
     def __post_init__(self) -> None:
         if self.max_count < 1:

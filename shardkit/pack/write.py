@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from shardkit.format.offsets import dump_offsets
-from shardkit.format.spec import make_key, offsets_name
+from shardkit.format.spec import make_key, offsets_name, uniform_member_names
 from shardkit.format.tarwrite import TarShardWriter
+from shardkit.index.dali import write_dali_index
 from shardkit.pack.encode import SkipSample, encode_sample, read_source
 from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import ShardPlan
@@ -75,11 +76,15 @@ def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None)
             except SkipSample as skip:
                 skipped.append({"source": sample.rel, "reason": skip.reason})
             else:
+                if task.options.uniform_names:
+                    fields = uniform_member_names(fields)
                 writer.add(make_key(source_index, task.key_width), fields)
             if on_sample is not None:
                 on_sample(max(sample.size, 0))
         summary = writer.close()
     store.write_bytes(offsets_name(plan.name), dump_offsets(summary.spans))
+    if task.options.dali_index:
+        write_dali_index(store, plan.name)
     receipt = ShardReceipt(plan.index, plan.name, summary.num_samples, summary.num_bytes, summary.sha256, skipped)
     store.child(STATE_DIR).write_bytes(receipt_name(plan), receipt.to_json())
     return receipt

@@ -62,13 +62,13 @@ def test_missing_extension_names_the_headers_per_platform(monkeypatch: pytest.Mo
 
 
 def test_built_extensions_report_their_libjpeg() -> None:
-    roi = pytest.importorskip("shardkit.loader._jpeg_roi")
+    roi = pytest.importorskip("shardkit.codec._jpeg_region")
     linked = extensions.linked_libjpeg(roi.__file__)
     if linked is None:
         pytest.skip("no ldd, or libjpeg linked statically")
     lib, version = linked
     assert "libjpeg" in lib
-    found = {f.check: f for f in extensions.check_extensions()}["_jpeg_roi"]
+    found = {f.check: f for f in extensions.check_extensions()}["_jpeg_region"]
     assert lib in found.detail
     assert (found.status == "ok") == (version is not None)
 
@@ -114,7 +114,7 @@ def test_command_exit_code_follows_the_problems() -> None:
     assert result.exit_code == (1 if problems else 0)
     assert doc["plan"] == {"workers": 1, "batch_size": 2, "size": 8, "prefetch": 2}
     checks = [f["check"] for f in doc["findings"]]
-    for check in ("python", "torch", "torchvision", "CUDA", "_jpeg_roi", "_jpeg_restart", "_planar", "/dev/shm",
+    for check in ("python", "torch", "torchvision", "CUDA", "_jpeg_region", "_jpeg_restart", "_planar", "/dev/shm",
                   "ulimit -n", "cores", "s3fs"):
         assert check in checks
 

@@ -1,0 +1,52 @@
+"""``shardkit index DIR``: adopt existing WebDataset shards as a shardkit dataset, in place."""
+
+from __future__ import annotations
+
+import click
+
+from shardkit.cli.storage import storage_option_flag, storage_options
+
+
+def _class_names(path: str | None) -> list[str] | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise click.BadParameter(f"cannot read {path} as UTF-8 text ({err})", param_hint="--classes") from err
+    if not names:
+        raise click.BadParameter(f"{path} lists no class names", param_hint="--classes")
+    return names
+
+
+@click.command("index")
+@click.argument("dataset")
+@click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Text file of class names, one per line, in label order (line 1 is label 0).")
+@click.option("--dali-index", is_flag=True, help="Also write DALI index files (<shard>.dali.idx, wds2idx format).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing index.json and .idx files beside the shards.")
+@storage_option_flag
+def index_command(dataset: str, classes_file: str | None, dali_index: bool, overwrite: bool,
+                  storage_option: tuple[str, ...]) -> None:
+    """Index the WebDataset shards (*.tar) in DATASET (directory or URL) without rewriting them.
+
+    Each sample needs one image member and a 'cls' label; 'json' is optional. Writes index.json
+    and offsets files so ShardLoader, info and verify work on the shards.
+
+    On a DATASET that already has index.json (e.g. one shardkit packed), --dali-index alone adds
+    DALI index files for its shards and changes nothing else.
+    """
+    from shardkit.index import locate_dataset
+    from shardkit.index.adopt import adopt_shards
+    from shardkit.index.dali import write_dali_indexes
+
+    remote = storage_options(storage_option, dataset)
+    if dali_index and not overwrite and classes_file is None and locate_dataset(dataset, remote).exists("index.json"):
+        names = write_dali_indexes(locate_dataset(dataset, remote).url, storage_options=remote)
+        click.echo(f"{dataset}: already a dataset; wrote {len(names)} DALI index files")
+        return
+    manifest = adopt_shards(dataset, classes=_class_names(classes_file), dali_index=dali_index,
+                            overwrite=overwrite, storage_options=remote)
+    click.echo(f"indexed {dataset}: {len(manifest.shards)} shards, {manifest.num_samples:,} samples, "
+               f"{len(manifest.classes or ())} classes" + (", DALI index files written" if dali_index else ""))

@@ -1,0 +1,185 @@
+"""Adopt WebDataset shards written by another tool: index them in place, without rewriting.
+
+``adopt_shards`` reads every ``*.tar`` under a directory or URL prefix once (hashing it on the
+way), groups members into samples, takes each sample's label from its ``cls`` member, and writes
+what ``shardkit pack`` would have written beside the shards: an offsets file per shard and
+``index.json`` last (flagged ``adopted``, FORMAT.md §8), optionally DALI index files. The shards
+themselves are never modified, so other tools keep reading them as before.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import FormatError, ManifestError
+from shardkit.format.dali_index import dali_index_name, dump_dali_index
+from shardkit.format.offsets import dump_offsets, load_offsets
+from shardkit.format.spec import (
+    IMAGE_MEMBER_EXTENSIONS,
+    INDEX_NAME,
+    SHARD_SUFFIX,
+    check_key,
+    offsets_name,
+)
+from shardkit.format.tarread import TarEntry, group_spans, iter_entries, sample_key
+from shardkit.format.tarwrite import SampleSpan
+from shardkit.index._hashing import HashingReader
+from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
+from shardkit.storage import Store
+
+
+@dataclass
+class _Shard:
+    entry: ShardEntry
+    spans: list[SampleSpan]
+    entries: list[TarEntry]
+
+
+def _label(key: str, fields: dict[str, bytes], where: str) -> tuple[int, str | None]:
+    """``(label, class name from json or None)`` of one sample."""
+    here = f"{where}:{key}"
+    if "cls" not in fields:
+        raise FormatError(f"sample has no 'cls' member (has {sorted(fields)}); shardkit index needs a class label "
+                          "per sample", where=here)
+    text = fields["cls"].strip()
+    if not text.isdigit():
+        raise FormatError(f"'cls' member is {fields['cls'][:20]!r}, not a non-negative integer", where=here)
+    name = None
+    if "json" in fields:
+        try:
+            meta = json.loads(fields["json"])
+        except ValueError as err:
+            raise FormatError(f"'json' member is not valid JSON ({err})", where=here) from err
+        if not isinstance(meta, dict):
+            raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}", where=here)
+        if "label" in meta and meta["label"] != int(text):
+            raise FormatError(f"'json' label {meta['label']!r} differs from 'cls' {int(text)}", where=here)
+        if isinstance(meta.get("class"), str):
+            name = meta["class"]
+    return int(text), name
+
+
+def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None]) -> _Shard:
+    where = store.path(url)
+    with store.open_read(url) as f:
+        reader = HashingReader(f)
+        stream = io.BufferedReader(reader, 1 << 20)
+        entries: list[TarEntry] = []
+        samples: dict[str, dict[str, bytes]] = {}
+        for e in iter_entries(stream, where=where):
+            key, ext = sample_key(e.name, where=where)
+            fields = samples.setdefault(key, {})
+            if ext in fields:
+                raise FormatError(f"sample {key!r} has field {ext!r} twice", where=where)
+            fields[ext] = (e.data or b"") if ext in ("cls", "json") else b""  # keep labels, not images
+            entries.append(e._replace(data=None))
+        while stream.read(1 << 20):  # hash the trailing padding too
+            pass
+    spans = [SampleSpan(k, o, n) for k, o, n in group_spans(iter(entries), where=where)]
+    for span in spans:
+        fields = samples[span.key]
+        check_key(span.key, where=f"{where}:{span.key}")
+        if span.key in keys:
+            raise FormatError(f"sample key {span.key!r} appears in more than one shard", where=where)
+        keys.add(span.key)
+        images = sorted(ext for ext in fields if ext in IMAGE_MEMBER_EXTENSIONS)
+        if len(images) != 1:
+            raise FormatError(f"expected one image member ({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}), "
+                              f"found {sorted(fields)}", where=f"{where}:{span.key}")
+        label, name = _label(span.key, fields, where)
+        if name is not None and labels.get(label) not in (None, name):
+            raise FormatError(f"label {label} is class {name!r} here but {labels[label]!r} elsewhere",
+                              where=f"{where}:{span.key}")
+        labels[label] = name if name is not None else labels.get(label)
+    return _Shard(ShardEntry(url, len(spans), reader.count, reader.hash.hexdigest()), spans, entries)
+
+
+def _classes(labels: dict[int, str | None], names: Sequence[str] | None, where: str) -> tuple[str, ...]:
+    top = max(labels, default=-1)
+    if names is not None:
+        if top >= len(names):
+            raise FormatError(f"label {top} is out of range for the {len(names)} class names given", where=where)
+        for label, name in labels.items():
+            if name is not None and names[label] != name:
+                raise FormatError(f"label {label} is {name!r} in the shards' json but {names[label]!r} in the "
+                                  "class names given", where=where)
+        return tuple(names)
+    return tuple(labels.get(i) or str(i) for i in range(top + 1))
+
+
+def _check_offsets_slot(store: Store, url: str, overwrite: bool) -> None:
+    """Refuse to overwrite an ``.idx`` beside a shard that is not a shardkit offsets file
+    (e.g. DALI's ``wds2idx`` output under its default name) unless ``overwrite``."""
+    idx = offsets_name(url)
+    raw = store.read_optional(idx)
+    if raw is None or overwrite:
+        return
+    try:
+        load_offsets(raw, where=store.path(idx))
+    except FormatError as err:
+        raise ManifestError(f"exists and is not a shardkit offsets file (a DALI index from wds2idx?); "
+                            f"move it aside or pass --overwrite ({err.message})", where=store.path(idx)) from err
+
+
+def adopt_shards(
+    url: str,
+    *,
+    classes: Sequence[str] | None = None,
+    dali_index: bool = False,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> Manifest:
+    """Index the WebDataset shards (``*.tar``, in name order) under ``url`` as a shardkit dataset.
+
+    Each sample needs exactly one image member (any extension in
+    :data:`~shardkit.format.spec.IMAGE_MEMBER_EXTENSIONS`) and a ``cls`` member (decimal label);
+    ``json`` is optional. Class names come from ``classes`` (index = label), else from a ``json``
+    member's ``class`` field when samples have one, else they are the labels as text.
+    Writes ``<shard>.idx`` offsets files, with ``dali_index`` also ``<shard>.dali.idx``
+    (:mod:`shardkit.format.dali_index`), and ``index.json`` last. Shards are not modified.
+
+    Example::
+
+        manifest = adopt_shards("wds_out/", classes=["cat", "dog"], dali_index=True)
+
+    Raises:
+        ManifestError: ``url`` already holds ``index.json`` (unless ``overwrite``), an ``.idx``
+            beside a shard is not ours (unless ``overwrite``), or there are no ``.tar`` files.
+        FormatError: a shard is not a readable tar file, or a sample lacks an image or label, has
+            an invalid or duplicate key (names shard and sample).
+    """
+    store = Store(url, storage_options)
+    if store.exists(INDEX_NAME) and not overwrite:
+        raise ManifestError("already has index.json (pass --overwrite to index the shards again)",
+                            where=store.path(INDEX_NAME))
+    urls = [n for n in store.listdir() if n.endswith(SHARD_SUFFIX) and not n.startswith(".")]
+    if not urls:
+        raise ManifestError("no .tar shards here to index", where=store.url)
+    for name in urls:
+        _check_offsets_slot(store, name, overwrite)
+    keys: set[str] = set()
+    labels: dict[int, str | None] = {}
+    shards = [_read_shard(store, name, keys, labels) for name in urls]
+    class_names = _classes(labels, classes, store.url)
+    for shard in shards:
+        if shard.spans:
+            store.write_bytes(offsets_name(shard.entry.url), dump_offsets(shard.spans))
+        if dali_index:
+            store.write_bytes(dali_index_name(shard.entry.url),
+                              dump_dali_index(shard.entries, where=store.path(shard.entry.url)))
+    from shardkit import __version__
+
+    manifest = Manifest(
+        kind="imagefolder",
+        shards=tuple(s.entry for s in shards),
+        classes=class_names,
+        options={"dali_index": dali_index},
+        created_by=f"shardkit {__version__} (index)",
+        adopted=True,
+    )
+    write_manifest(store, manifest)
+    return manifest

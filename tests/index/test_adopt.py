@@ -1,0 +1,204 @@
+"""``shardkit index``: webdataset ShardWriter shards (PAX headers, no json) become a dataset."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sample_data.generate import decode_index, index_color
+from shardkit import ShardLoader
+from shardkit.cli import cli
+from shardkit.errors import FormatError, ManifestError
+from shardkit.format.dali_index import dali_index_name, load_dali_index
+from shardkit.format.offsets import load_offsets
+from shardkit.format.spec import offsets_name
+from shardkit.format.tarread import sample_key
+from shardkit.index import read_manifest, verify_dataset
+from shardkit.index.adopt import adopt_shards
+from shardkit.storage import Store
+from tests.conftest import encode_image
+
+wds = pytest.importorskip("webdataset")
+
+CLASSES = ["cat", "dog", "eel"]
+N = 24  # a multiple of the batch size: drop_last=False would pad with repeats otherwise
+
+
+def _write_wds(root: Path, *, with_json: bool = False, n: int = N) -> Path:
+    """webdataset's own ShardWriter: jpg and png images whose pixels encode their index."""
+    root.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(root / "train-%06d.tar"), maxcount=10) as sink:
+        for i in range(n):
+            fmt, ext = ("PNG", "png") if i % 3 == 0 else ("JPEG", "jpeg" if i % 3 == 1 else "jpg")
+            sample: dict[str, object] = {"__key__": f"s{i:05d}", ext: encode_image((16, 16), fmt=fmt, color=index_color(i)),
+                      "cls": str(i % 3).encode()}
+            if with_json:
+                sample["json"] = {"class": CLASSES[i % 3]}
+            sink.write(sample)
+    return root
+
+
+def test_shardwriter_shards_become_a_dataset(tmp_path: Path) -> None:
+    root = _write_wds(tmp_path / "wds")
+    assert b"PaxHeader" in (root / "train-000000.tar").read_bytes()
+    classes = tmp_path / "classes.txt"
+    classes.write_text("\n".join(CLASSES) + "\n")
+    result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(classes)])
+    assert result.exit_code == 0, result.output
+    assert "3 shards, 24 samples, 3 classes" in result.output
+    manifest = read_manifest(Store(str(root)))
+    assert manifest.adopted and manifest.classes == tuple(CLASSES)
+    assert [s.num_samples for s in manifest.shards] == [10, 10, 4]
+
+    seen: dict[int, int] = {}
+    with ShardLoader(str(root), batch_size=4, shuffle=False, drop_last=False, keys=True) as loader:
+        for images, labels, keys in loader:
+            for image, label, key in zip(images, labels, keys, strict=True):
+                index = int(key[1:])
+                assert index not in seen
+                seen[index] = int(label)
+                assert decode_index(image) == index
+    assert seen == {i: i % 3 for i in range(N)}
+
+    info = CliRunner().invoke(cli, ["info", str(root)])
+    assert info.exit_code == 0 and "24" in info.output and "cat, dog, eel" in info.output
+    ok = CliRunner().invoke(cli, ["verify", "--decode", str(root)])
+    assert ok.exit_code == 0, ok.output
+
+    shard = root / "train-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[3000] ^= 0x01  # one flipped byte (inside image data: only the hash can see it)
+    shard.write_bytes(bytes(data))
+    bad = CliRunner().invoke(cli, ["verify", str(root)])
+    assert bad.exit_code == 1
+    assert "train-000001.tar: sha256 differs from the manifest" in bad.output
+
+
+def test_class_names_from_json_and_json_is_checked_when_present(tmp_path: Path) -> None:
+    root = _write_wds(tmp_path / "wds", with_json=True)
+    manifest = adopt_shards(str(root))
+    assert manifest.classes == tuple(CLASSES)
+    assert verify_dataset(str(root)).ok
+    with pytest.raises(FormatError, match="label 0 is 'cat' in the shards' json but 'x'"):
+        adopt_shards(str(root), classes=["x", "y", "z"], overwrite=True)
+
+
+def test_labels_without_names_are_numbered(tmp_path: Path) -> None:
+    manifest = adopt_shards(str(_write_wds(tmp_path / "wds", n=5)))
+    assert manifest.classes == ("0", "1", "2")
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize(
+    ("members", "error", "message"),
+    [
+        ([("a.jpg", b"x")], FormatError, r"x-000000.tar:a: sample has no 'cls' member"),
+        ([("a.cls", b"1")], FormatError, r"x-000000.tar:a: expected one image member"),
+        ([("a.cls", b"one"), ("a.jpg", b"x")], FormatError, r"'cls' member is b'one'"),
+        ([("a b.cls", b"1"), ("a b.jpg", b"x")], FormatError, "invalid sample key"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"[1]")], FormatError, "must be a JSON object, not list"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b'{"label": 2}')], FormatError, "label 2 differs from 'cls' 1"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"{")], FormatError, "'json' member is not valid JSON"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("b.cls", b"1"), ("a.png", b"x")], FormatError, "split"),
+    ],
+)
+def test_bad_shards_are_refused_naming_the_sample(tmp_path: Path, members: list[tuple[str, bytes]],
+                                                  error: type[Exception], message: str) -> None:
+    _tar(tmp_path / "x-000000.tar", members)
+    with pytest.raises(error, match=message):
+        adopt_shards(str(tmp_path))
+    assert not (tmp_path / "index.json").exists()
+
+
+def test_refusals(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="no .tar shards"):
+        adopt_shards(str(tmp_path))
+    root = _write_wds(tmp_path / "wds", n=3)
+    (root / "train-000000.idx").write_text("v1.2 3\n")  # DALI's wds2idx under its default name
+    result = CliRunner().invoke(cli, ["index", str(root)])
+    assert result.exit_code == 1 and "not a shardkit offsets file (a DALI index" in result.output
+    adopt_shards(str(root), overwrite=True)
+    with pytest.raises(ManifestError, match="already has index.json"):
+        adopt_shards(str(root))
+    (tmp_path / "dup").mkdir()
+    _tar(tmp_path / "dup" / "a-000000.tar", [("k.cls", b"1"), ("k.jpg", b"x")])
+    _tar(tmp_path / "dup" / "a-000001.tar", [("k.cls", b"1"), ("k.jpg", b"x")])
+    with pytest.raises(FormatError, match="appears in more than one shard"):
+        adopt_shards(str(tmp_path / "dup"))
+
+
+def test_dali_index_matches_the_tar(tmp_path: Path) -> None:
+    root = _write_wds(tmp_path / "wds")
+    result = CliRunner().invoke(cli, ["index", str(root), "--dali-index"])
+    assert result.exit_code == 0, result.output
+    for shard in sorted(root.glob("*.tar")):
+        text = (root / dali_index_name(shard.name)).read_bytes()
+        assert text.startswith(b"v1.2 ")
+        samples = load_dali_index(text, where=shard.name)
+        data = shard.read_bytes()
+        with tarfile.open(shard) as tar:
+            expected = [(m.name, m.offset_data, m.size) for m in tar if m.isreg()]
+        listed = [(m.name, m.offset, m.size) for sample in samples for m in sample]
+        assert listed == expected  # DALI's offsets are of the member data, as tarfile reports them
+        for sample in samples:
+            keys = {sample_key(m.name, where="t")[0] for m in sample}
+            assert len(keys) == 1
+            for m in sample:
+                assert m.name.endswith("." + m.ext)
+                with tarfile.open(shard) as tar:
+                    handle = tar.extractfile(m.name)
+                    assert handle is not None and handle.read() == data[m.offset:m.offset + m.size]
+        spans = load_offsets((root / offsets_name(shard.name)).read_bytes(), where="o")
+        assert len(spans) == len(samples)
+
+
+def test_foreign_shards_without_offsets_files_and_info_hint(tmp_path: Path) -> None:
+    root = _write_wds(tmp_path / "wds")
+    info = CliRunner().invoke(cli, ["info", str(root)])
+    assert info.exit_code == 1 and "shardkit index DIR" in info.output
+    adopt_shards(str(root))
+    for idx in root.glob("*.idx"):  # the loader then scans the PAX-headed tars itself
+        idx.unlink()
+    with ShardLoader(str(root), batch_size=4, shuffle=False, drop_last=False, keys=True) as loader:
+        keys = [k for _, _, batch in loader for k in batch]
+    assert sorted(keys) == [f"s{i:05d}" for i in range(N)]
+
+
+def test_adopt_on_an_object_store_url(tmp_path: Path) -> None:
+    import fsspec
+
+    local = _write_wds(tmp_path / "wds", n=12)
+    fs = fsspec.filesystem("memory")
+    for shard in local.glob("*.tar"):
+        fs.pipe(f"/adopt-test/{shard.name}", shard.read_bytes())
+    manifest = adopt_shards("memory://adopt-test")
+    assert manifest.num_samples == 12 and fs.exists("/adopt-test/index.json")
+    assert verify_dataset("memory://adopt-test").ok
+
+
+def test_class_name_file_errors(tmp_path: Path) -> None:
+    root = _write_wds(tmp_path / "wds", n=6)
+    short = tmp_path / "short.txt"
+    short.write_text("cat\ndog\n")
+    result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(short)])
+    assert result.exit_code == 1 and "label 2 is out of range for the 2 class names given" in result.output
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(empty)])
+    assert result.exit_code == 2 and "lists no class names" in result.output
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9\n")
+    result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(latin)])
+    assert result.exit_code == 2 and "as UTF-8 text" in result.output
+    assert not (root / "index.json").exists()
