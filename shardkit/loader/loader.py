@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import locate_dataset, read_manifest
-from shardkit.loader.batch import BatchBuilder
+from shardkit.loader.batch import ON_ERROR, BatchBuilder
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.detection import detection_builder, to_device
 from shardkit.loader.gpu_setup import GpuPath, gpu_path
@@ -27,6 +27,26 @@ from shardkit.loader.workers import rank_and_world, shutdown_workers, worker_loa
 from shardkit.transforms.base import ImageTransform
 
 HW_DECODE = ("off", "mix", "only")
+
+
+def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, device_prefetch: int,
+                     on_error: str, rank: int | None, world_size: int | None) -> None:
+    """Refuse bad arguments when the loader is built, naming the argument, rather than later in
+    a worker process (where torch would re-raise the error under its own type) or on one route only.
+
+    Raises:
+        LoaderError: an argument is out of range or of the wrong type.
+    """
+    minimum = {"batch_size": (batch_size, 1), "num_workers": (num_workers, 0), "window": (window, 1),
+               "prefetch": (prefetch, 1), "device_prefetch": (device_prefetch, 2)}
+    for name, (value, least) in minimum.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise LoaderError(f"{name} must be an int >= {least}, got {value!r}")
+    if on_error not in ON_ERROR:
+        raise LoaderError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    for name, given in (("rank", rank), ("world_size", world_size)):
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
+            raise LoaderError(f"{name} must be an int or None, got {given!r}")
 
 
 class ShardLoader:
@@ -118,8 +138,8 @@ class ShardLoader:
         hw_decode: Literal["off", "mix", "only"] = "off",
         hw_decode_threads: int = 2,
     ) -> None:
-        if num_workers < 0:
-            raise LoaderError(f"num_workers must be >= 0, got {num_workers}")
+        _check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
+                         device_prefetch=device_prefetch, on_error=on_error, rank=rank, world_size=world_size)
         if hw_decode not in HW_DECODE or hw_decode_threads < 1:
             raise LoaderError(f"hw_decode must be one of {HW_DECODE} and hw_decode_threads >= 1, "
                               f"got {hw_decode!r} and {hw_decode_threads}")

@@ -1,0 +1,40 @@
+"""Bad ShardLoader arguments fail at construction with a LoaderError naming the argument."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardkit import LoaderError, ShardLoader, transforms
+
+BAD = [
+    ("batch_size", 0), ("batch_size", -1), ("batch_size", 2.5), ("batch_size", True),
+    ("num_workers", -1), ("window", 0), ("window", -2), ("prefetch", 0),
+    ("device_prefetch", 1), ("device_prefetch", 0), ("on_error", "skip"),
+    ("rank", 2), ("rank", -1), ("rank", "0"), ("world_size", 0),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD)
+def test_bad_argument_fails_at_construction_naming_it(packed: Path, name: str, value: Any) -> None:
+    kwargs: dict[str, Any] = {"batch_size": 4, "num_workers": 1, "transform": transforms.imagenet_val(32)}
+    if name == "rank":
+        kwargs["world_size"] = 2
+    kwargs[name] = value
+    with pytest.raises(LoaderError, match=name):
+        ShardLoader(str(packed), **kwargs)
+
+
+def test_window_zero_with_a_worker_is_refused_before_any_worker_starts(packed: Path) -> None:
+    # It used to construct, then fail inside worker 0 as torch's wrapped error, without the type.
+    with pytest.raises(LoaderError, match="window must be an int >= 1, got 0"):
+        ShardLoader(str(packed), batch_size=4, num_workers=1, window=0)
+
+
+def test_good_edge_values_construct(packed: Path) -> None:
+    loader = ShardLoader(str(packed), batch_size=1, num_workers=0, window=1, prefetch=1, device_prefetch=2,
+                         rank=1, world_size=2, on_error="raise")
+    assert len(loader) > 0
+    loader.close()
