@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import torch
@@ -12,21 +14,49 @@ from shardkit.loader.stream import BatchStream
 
 __all__ = ["rank_and_world", "shutdown_workers", "worker_loader"]
 
+log = logging.getLogger("shardkit.loader")
+
 
 def _init_worker(_worker_id: int) -> None:
     torch.set_num_threads(1)  # one core per worker; decode and resize are single-threaded anyway
 
 
-def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """The given ``rank``/``world_size``; each None one from the initialised ``torch.distributed``
-    group, else 0 and 1.
+def _launcher_rank_and_world() -> tuple[int, int] | None:
+    """``(RANK, WORLD_SIZE)`` set by torchrun (or another launcher) for this process, else None.
 
     Raises:
-        LoaderError: not ``0 <= rank < world_size``.
+        LoaderError: the variables are set but malformed.
+    """
+    world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
+    if world is None:
+        return None
+    try:
+        return int(rank if rank is not None else "0"), int(world)
+    except ValueError:
+        raise LoaderError(f"RANK={rank!r} and WORLD_SIZE={world!r} from the launcher are not integers") from None
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The given ``rank``/``world_size``; each None one from the initialised ``torch.distributed``
+    group, else from the launcher's ``RANK``/``WORLD_SIZE`` (torchrun sets them before the
+    training script initialises its process group), else 0 and 1.
+
+    Without the launcher's variables a loader made before ``init_process_group`` under torchrun
+    would read all data on every rank; with them each rank reads its share (logged once).
+
+    Raises:
+        LoaderError: not ``0 <= rank < world_size``, or malformed launcher variables.
     """
     detected = (0, 1)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         detected = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    elif rank is None or world_size is None:
+        launched = _launcher_rank_and_world()
+        if launched is not None:
+            detected = launched
+            if launched[1] > 1:
+                log.info("shardkit: no torch.distributed process group yet; rank %d of %d from the launcher's "
+                         "RANK/WORLD_SIZE", *launched)
     rank = detected[0] if rank is None else rank
     world_size = detected[1] if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:

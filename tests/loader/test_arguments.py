@@ -38,3 +38,25 @@ def test_good_edge_values_construct(packed: Path) -> None:
                          rank=1, world_size=2, on_error="raise")
     assert len(loader) > 0
     loader.close()
+
+
+def test_torchrun_variables_give_the_rank_before_a_process_group_exists(packed: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under torchrun without init_process_group every rank used to read all data (rank 0 of 1).
+    full = ShardLoader(str(packed), batch_size=4, shuffle=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    keys = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        loader = ShardLoader(str(packed), batch_size=4, shuffle=False, keys=True, drop_last=True)
+        assert len(loader) < len(full)
+        keys.append({k for _, _, ks in loader for k in ks})
+    assert keys[0] and keys[1] and not keys[0] & keys[1]
+    explicit = ShardLoader(str(packed), batch_size=4, shuffle=False, rank=0, world_size=1)
+    assert len(explicit) == len(full)  # explicit arguments win over the launcher's variables
+
+
+def test_malformed_launcher_variables_are_refused(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(LoaderError, match="WORLD_SIZE"):
+        ShardLoader(str(packed), batch_size=4)
