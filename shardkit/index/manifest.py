@@ -129,9 +129,11 @@ class Manifest:
             skipped=_fields.skipped_list(doc.get("skipped", []), "skipped", where),
             options=dict(_fields.obj(doc.get("options", {}), "options", where)),
             created_by=_fields.string(doc.get("created_by", ""), "created_by", where),
-            extra={k: doc[k] for k in ("info", "licenses") if k in doc},
+            extra={k: doc[k] for k in ("info", "licenses", "annotation_report") if k in doc},
             adopted=_flag(doc.get("adopted", False), "adopted", where),
         )
+        if "annotation_report" in doc:
+            _fields.obj(doc["annotation_report"], "annotation_report", where)
         if "num_samples" not in doc:
             raise ManifestError("missing field 'num_samples'", where=where)
         if _fields.integer(doc["num_samples"], "num_samples", where) != manifest.num_samples:

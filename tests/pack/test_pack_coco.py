@@ -56,7 +56,9 @@ def test_packed_json_equals_input_records(coco: tuple[Path, Path, dict[str, Any]
         assert packed[image["id"]] == {"image": image, "annotations": anns, "source": image["file_name"]}
     manifest = read_manifest(Store(str(dst)))
     assert manifest.kind == "coco" and list(manifest.categories or ()) == doc["categories"]
-    assert manifest.extra == {"info": doc["info"], "licenses": doc["licenses"]}
+    assert manifest.extra == {"info": doc["info"], "licenses": doc["licenses"],
+                              "annotation_report": manifest.extra["annotation_report"]}
+    assert manifest.extra["annotation_report"]["packed"] == len(doc["annotations"])
     assert manifest.classes is None and manifest.skipped == ()
     assert verify_dataset(str(dst), decode=True).ok
 
@@ -116,6 +118,8 @@ def test_bad_input_is_reported_and_the_rest_packed(coco: tuple[Path, Path, dict[
     assert sorted(p["reason"].split(";")[0] for p in report["problems"]) == [
         "1 annotation(s) have unknown category_id 4", "1 annotation(s) reference unknown image ids"]
     assert verify_dataset(str(tmp_path / "out")).ok
+    # ... and survives reading the manifest back (info and re-run summaries show it)
+    assert read_manifest(Store(str(tmp_path / "out"))).extra["annotation_report"] == report
 
 
 def test_drop_empty_and_resize_refused(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
