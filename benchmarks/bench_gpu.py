@@ -29,6 +29,7 @@ import torch
 from shardkit import ShardLoader, transforms
 from shardkit.codec.nvimgcodec import HwJpegDecoder, hw_decode_unavailable
 from shardkit.codec.nvjpeg import nvjpeg_friendly
+from shardkit.loader import GpuOptions
 from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows
 
 
@@ -142,7 +143,7 @@ def kernel_rates(root: str, batch: int) -> dict[str, float]:
 def shardkit_loader(shards: str, workers: int, batch: int, compile: bool = True, **kw: Any) -> ShardLoader:
     t = kw.pop("transform", transforms.imagenet_train(224))
     return ShardLoader(shards, batch_size=batch, transform=t, device="cuda", num_workers=workers,
-                       drop_last=True, compile=compile, prefetch=4, **kw)
+                       drop_last=True, gpu=GpuOptions(compile=compile, **kw.pop("gpu", {})), prefetch=4, **kw)
 
 
 class Trainer:
@@ -242,8 +243,7 @@ def main() -> None:
     for phase, mode in (("shardkit_hw", "mix"), ("shardkit_hwonly", "only")):  # hardware JPEG engines on
         if phase not in phases:
             continue
-        loader = shardkit_loader(args.shards, args.workers, args.batch, hw_decode=mode,
-                                 hw_decode_threads=args.hw_threads)
+        loader = shardkit_loader(args.shards, args.workers, args.batch, gpu={"hw_decode": mode, "hw_decode_threads": args.hw_threads})
         save(f"{phase}_cuda_img_s", _timed(_forever(lambda ld=loader: iter(ld)), args.warmup, args.batches)[0])
         save(f"{phase}_stats", loader.stats.as_dict())
         loader.close()

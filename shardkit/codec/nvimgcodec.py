@@ -8,8 +8,8 @@ thread of its own (one ``Decoder`` object per thread: it is not safe to share be
 and a CUDA stream of its own.
 
 Opt-in (measured slower than nvJPEG alone beside 16 DataLoader workers on an H200, see
-BENCHMARKS.md): ``ShardLoader(hw_decode="mix")`` runs it beside nvJPEG, ``"only"`` instead of
-nvJPEG, ``"off"`` (the default) not at all; ``hw_decode_threads``: nvImageCodec's CPU threads
+BENCHMARKS.md): ``ShardLoader(gpu=GpuOptions(hw_decode="mix"))`` runs it beside nvJPEG,
+``"only"`` instead of nvJPEG, ``"off"`` (the default) not at all; ``hw_decode_threads``: nvImageCodec's CPU threads
 (default 2). Safe: :func:`hw_decode_unavailable` imports the package and decodes a probe image
 with the hardware backend only (``BackendKind.HW_GPU_ONLY``); when anything fails the loader
 logs one line and keeps the torchvision-only path.

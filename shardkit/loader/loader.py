@@ -4,33 +4,29 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import locate_dataset, read_manifest
-from shardkit.loader.batch import ON_ERROR, BatchBuilder
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
-from shardkit.loader.detection import detection_builder, to_device
-from shardkit.loader.gpu_setup import GpuPath, gpu_path
-from shardkit.loader.prefetch import DevicePrefetcher
+from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
-from shardkit.loader.ring import BatchRing
+from shardkit.loader.route import Route
+from shardkit.loader.routing import choose_route
+from shardkit.loader.samples import ON_ERROR
 from shardkit.loader.stats import StageStats
 from shardkit.loader.stream import BatchStream, PlanConfig, raise_failures
-from shardkit.loader.workers import rank_and_world, shutdown_workers, worker_loader
+from shardkit.loader.workers import rank_and_world, shutdown_workers, worker_loader, workers_running
 from shardkit.transforms.base import ImageTransform
 
-HW_DECODE = ("off", "mix", "only")
 
-
-def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, device_prefetch: int,
-                     on_error: str, rank: int | None, world_size: int | None) -> None:
+def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, on_error: str,
+                     rank: int | None, world_size: int | None, gpu: GpuOptions | None) -> None:
     """Refuse bad arguments when the loader is built, naming the argument, rather than later in
     a worker process (where torch would re-raise the error under its own type) or on one route only.
 
@@ -38,7 +34,7 @@ def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch
         LoaderError: an argument is out of range or of the wrong type.
     """
     minimum = {"batch_size": (batch_size, 1), "num_workers": (num_workers, 0), "window": (window, 1),
-               "prefetch": (prefetch, 1), "device_prefetch": (device_prefetch, 2)}
+               "prefetch": (prefetch, 1)}
     for name, (value, least) in minimum.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise LoaderError(f"{name} must be an int >= {least}, got {value!r}")
@@ -47,6 +43,8 @@ def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch
     for name, given in (("rank", rank), ("world_size", world_size)):
         if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
             raise LoaderError(f"{name} must be an int or None, got {given!r}")
+    if gpu is not None and not isinstance(gpu, GpuOptions):
+        raise LoaderError(f"gpu must be a GpuOptions or None, got {type(gpu).__name__}")
 
 
 class ShardLoader:
@@ -60,7 +58,7 @@ class ShardLoader:
             finalised on ``device``), any callable on uint8 ``[3,H,W]`` tensors, or ``None``
             (a list of decoded images). COCO datasets: a detection transform
             (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
-            are ``(images, targets)``, see :mod:`shardkit.loader.detection`.
+            are ``(images, targets)``, see :mod:`shardkit.loader.coco`.
         num_workers: worker processes (persistent across epochs); 0 reads in this process.
         device: where batches are delivered (``"cpu"`` or ``"cuda[:i]"``).
         shuffle, seed: epoch order is a pure function of ``(seed, epoch, manifest)``.
@@ -75,26 +73,22 @@ class ShardLoader:
         cache_bytes: the cache's budget; least recently used shards beyond it are deleted
             (default 20 GB; see :class:`~shardkit.loader.cache.ShardCache`).
         storage_options: fsspec options for a remote dataset.
-        compile: GPU path only: run crop-resize-flip as one Triton kernel per batch (True) or
-            as the eager torch reference (False); both give the same pixels.
-        device_prefetch: GPU path only: batches decoded ahead on the prefetch stream.
+        gpu: options of the GPU route (:class:`~shardkit.loader.gpu.GpuOptions`: Triton kernel or
+            eager resize, device prefetch depth, the experimental hardware JPEG decoder).
         contiguous_labels: COCO only: labels 1..K in category-id order (0: background) instead
             of the category ids; the mapping is :attr:`label_map`.
         masks: COCO only: targets also hold ``masks`` uint8 ``[N,H,W]`` (needs pycocotools).
-        pad: COCO only: images as one zero-padded :class:`~shardkit.loader.detection.PaddedImages`
+        pad: COCO only: images as one zero-padded :class:`~shardkit.loader.coco.PaddedImages`
             ``(images, sizes)`` instead of a list (an int: sides rounded up to its multiple).
-        hw_decode: GPU path only: also decode JPEGs with the GPU's hardware JPEG engines through
-            nvImageCodec, ``"mix"`` (beside nvJPEG) or ``"only"`` (instead of it). Opt-in: it was
-            slower than nvJPEG alone in our H200 measurements (BENCHMARKS.md), and ``"mix"``
-            breaks bit-exact resume (which decoder takes a batch depends on timing).
-        hw_decode_threads: CPU threads of the nvImageCodec decoder.
 
-    GPU path: with a CUDA ``device`` and an :class:`ImageTransform`, workers ship JPEG bytes and
-    crop boxes (drawn as on the CPU path: same crops and flips per sample), and the main process
-    decodes each batch with nvJPEG and crops, resizes and flips it in one launch, overlapping the
-    training step (see :mod:`shardkit.loader.prefetch`). Images nvJPEG cannot take are decoded
-    on the CPU and joined to the batch. Without CUDA or nvJPEG, one warning is logged and the
-    CPU path is used (on the CPU when CUDA is missing altogether).
+    Routes (chosen once, :func:`~shardkit.loader.routing.choose_route`): a COCO dataset takes the
+    COCO route (:mod:`shardkit.loader.coco`); a CUDA ``device`` with an :class:`ImageTransform`
+    takes the GPU route (:mod:`shardkit.loader.gpu`): workers ship JPEG bytes and crop boxes
+    (drawn as on the CPU route: same crops and flips per sample), and the main process decodes
+    each batch with nvJPEG and crops, resizes and flips it in one launch, overlapping the
+    training step. Images nvJPEG cannot take are decoded on the CPU and joined to the batch.
+    Without CUDA or nvJPEG, one warning is logged and the CPU route (:mod:`shardkit.loader.cpu`)
+    is used (delivering on the CPU when CUDA is missing altogether).
 
     Errors raised in worker processes reach the caller with their type, message and ``where``.
     :meth:`close` (or leaving a ``with`` block) stops the workers and closes open shards.
@@ -130,19 +124,13 @@ class ShardLoader:
         cache_dir: str | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         storage_options: dict[str, Any] | None = None,
-        compile: bool = True,
-        device_prefetch: int = 2,
+        gpu: GpuOptions | None = None,
         contiguous_labels: bool = False,
         masks: bool = False,
         pad: bool | int = False,
-        hw_decode: Literal["off", "mix", "only"] = "off",
-        hw_decode_threads: int = 2,
     ) -> None:
         _check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
-                         device_prefetch=device_prefetch, on_error=on_error, rank=rank, world_size=world_size)
-        if hw_decode not in HW_DECODE or hw_decode_threads < 1:
-            raise LoaderError(f"hw_decode must be one of {HW_DECODE} and hw_decode_threads >= 1, "
-                              f"got {hw_decode!r} and {hw_decode_threads}")
+                         on_error=on_error, rank=rank, world_size=world_size, gpu=gpu)
         store = locate_dataset(dataset, storage_options)
         self.manifest = read_manifest(store)
         rank, world_size = rank_and_world(rank, world_size)
@@ -154,41 +142,25 @@ class ShardLoader:
             raise LoaderError("dataset has no samples", where=store.url)
         self._num_batches = self.config.num_batches  # validates rank/world/batch size
         self.transform = transform
-        self.device = torch.device(device)
-        self._gpu: GpuPath | None = None
-        if self.device.type == "cuda" and isinstance(transform, ImageTransform) and self.manifest.kind != "coco":
-            self._gpu, self.device = gpu_path(transform, self.device, batch_size=batch_size, compile=compile,
-                                              depth=device_prefetch, num_workers=num_workers, prefetch=prefetch,
-                                              hw_decode=hw_decode, hw_threads=hw_decode_threads)
         self.keys = keys
         self.num_workers = num_workers
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
-        self._reader = reader = ShardReader(store, self.manifest.shards, cache_dir=cache, cache_bytes=cache_bytes)
-        detection = detection_builder(self.manifest, reader, transform, on_error=on_error, masks=masks,
-                                      pad=pad, contiguous_labels=contiguous_labels)
+        self.reader = ShardReader(store, self.manifest.shards, cache_dir=cache, cache_bytes=cache_bytes)
+        #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
+        self.route: Route[Any, Any] = choose_route(
+            self.manifest, self.reader, transform, torch.device(device), on_error=on_error, batch_size=batch_size,
+            num_workers=num_workers, prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
+            contiguous_labels=contiguous_labels)
+        self.device = self.route.device
         #: COCO with ``contiguous_labels``: category id -> label; otherwise None (labels are the ids).
-        self.label_map = detection.label_map if detection is not None else None
+        self.label_map: dict[Any, int] | None = getattr(self.route, "label_map", None)
         self.categories = self.manifest.categories
-        builder: BatchBuilder
-        if detection is not None:
-            builder = detection
-        elif self._gpu is not None:
-            builder = self._gpu.builder(reader, on_error)
-        else:
-            ring = None
-            if num_workers > 0 and isinstance(transform, ImageTransform):
-                # Slots a worker may need at once: `prefetch` batches in the pipeline, plus those the
-                # consumer (and this loop) still hold; a worker whose slots are all busy allocates.
-                ring = BatchRing(num_workers=num_workers, slots_per_worker=prefetch + 3,
-                                 shape=(batch_size, 3, *transform.output_size))
-            builder = BatchBuilder(reader, transform, on_error=on_error, ring=ring)
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
-        self._stream = BatchStream(self.config, builder, self._control)
+        self._stream = BatchStream(self.config, self.route.builder, self._control)
         self._dataloader: DataLoader[Any] | None = None
         if num_workers > 0:
             self._dataloader = worker_loader(self._stream, num_workers=num_workers, prefetch=prefetch,
-                                             pin_memory=self.device.type == "cuda" and self._gpu is None)
-        self._prefetcher: DevicePrefetcher | None = None
+                                             pin_memory=self.route.pin_memory)
         # Where we stand: the next batch to deliver is batch _pos[1] of epoch _pos[0]. _fresh:
         # _pos was set as a starting point (init, set_epoch, load_state_dict, epoch finished);
         # otherwise an iteration was abandoned mid-epoch and the next one starts a new epoch.
@@ -233,54 +205,17 @@ class ShardLoader:
         epoch, start = self._pos
         self._fresh = self._loaded = False
         self._control[0], self._control[1] = epoch, start
-        self._prepare_ring()
-        source: Any = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
-        if self._gpu is not None:
-            self._prefetcher = self._gpu.prefetch(source, self._stats)
-            source = iter(self._prefetcher)
-        last = time.perf_counter()
+        if self._dataloader is not None and not workers_running(self._dataloader):
+            self.route.before_workers()
+        source = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
+        delivered = self.route.deliver(source, self._stats)
         for consumed in range(start + 1, self._num_batches + 1):
-            t0 = time.perf_counter()
-            try:
-                batch = next(source)
-            except StopIteration:
-                raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {self._num_batches} batches") from None
-            t1 = time.perf_counter()
-            if self._gpu is not None:  # already finalised on the device by the prefetcher
-                images, labels = batch.images, batch.labels
-            else:
-                images = self._deliver(batch.images)
-                labels = (batch.labels.to(self.device, non_blocking=True) if batch.targets is None
-                          else to_device(batch.targets, self.device))
-            t2 = time.perf_counter()
-            self._stats.add(batch.stats)
-            self._stats.wait_s += t1 - t0
-            self._stats.copy_s += t2 - t1
-            self._stats.elapsed_s += t2 - last  # includes the consumer's time: throughput as training sees it
-            last = t2
+            item = next(delivered, None)
+            if item is None:
+                raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {self._num_batches} batches")
             self._pos = (epoch, consumed)
-            yield (images, labels, batch.keys) if self.keys else (images, labels)
+            yield item if self.keys else item[:2]
         self._pos, self._fresh = (epoch + 1, 0), True
-
-    def _prepare_ring(self) -> None:
-        """Before workers start: a copied loader gets a batch ring of its own, and slots left
-        busy by batches that never arrived (workers stopped mid-flight) are freed."""
-        builder = self._stream.builder
-        ring = builder.ring
-        if ring is None or self._dataloader is None or getattr(self._dataloader, "_iterator", None) is not None:
-            return
-        if ring.owned():
-            ring.reclaim()
-        else:  # unpickled or deep-copied: its flags are shared with the original's
-            builder.ring = ring.fresh()
-
-    def _deliver(self, images: torch.Tensor | list[torch.Tensor]) -> Any:
-        if not isinstance(images, torch.Tensor):  # a list, or detection's PaddedImages
-            return to_device(images, self.device)
-        images = images.to(self.device, non_blocking=True)
-        if isinstance(self.transform, ImageTransform):
-            images = self.transform.finalize(images)
-        return images
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, as a tiny JSON-able dict (the same on every rank).
@@ -296,19 +231,15 @@ class ShardLoader:
         self._fresh = self._loaded = True
 
     def close(self) -> None:
-        """Stop the worker processes and the GPU prefetcher, close open shard files.
+        """Stop the worker processes and the route's threads, close open shard files.
 
         Idempotent; iterating again afterwards starts new workers.
         """
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
+        self.route.close()
         if self._dataloader is not None:
             shutdown_workers(self._dataloader)
-        ring = self._stream.builder.ring
-        if ring is not None and ring.owned():
-            ring.reclaim()
-        self._reader.close()
+            self.route.workers_stopped()
+        self.reader.close()
 
     def __enter__(self) -> ShardLoader:
         return self

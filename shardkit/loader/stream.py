@@ -15,14 +15,13 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardkit.errors import ShardkitError
-from shardkit.loader.batch import Batch, BatchBuilder
 from shardkit.loader.plan import (
     batch_positions,
     epoch_order,
@@ -33,7 +32,10 @@ from shardkit.loader.plan import (
     shard_offsets,
     worker_batch_indices,
 )
+from shardkit.loader.route import Builder, WorkerBatch
 from shardkit.loader.state import LoaderState, check_compatible, shards_digest
+
+W = TypeVar("W", bound=WorkerBatch)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class WorkerFailure:
     traceback: str
 
 
-def raise_failures(source: Iterable[Batch | WorkerFailure]) -> Iterator[Batch]:
+def raise_failures(source: Iterable[W | WorkerFailure]) -> Iterator[W]:
     """Pass ``source``'s batches on; re-raise a :class:`WorkerFailure` as its original error."""
     for item in source:
         if isinstance(item, WorkerFailure):
@@ -109,16 +111,18 @@ def raise_failures(source: Iterable[Batch | WorkerFailure]) -> Iterator[Batch]:
         yield item
 
 
-class BatchStream(IterableDataset[Batch | WorkerFailure]):
+class BatchStream(IterableDataset[W | WorkerFailure], Generic[W]):
     """Yield this worker's batches of the epoch in ``control = [epoch, start_batch]``; in a
-    worker process, a :class:`ShardkitError` ends the stream as a :class:`WorkerFailure`."""
+    worker process, a :class:`ShardkitError` ends the stream as a :class:`WorkerFailure`.
 
-    def __init__(self, config: PlanConfig, builder: BatchBuilder, control: torch.Tensor) -> None:
+    ``builder``: the route's worker half (:class:`~shardkit.loader.route.Builder`)."""
+
+    def __init__(self, config: PlanConfig, builder: Builder[W], control: torch.Tensor) -> None:
         self.config = config
         self.builder = builder
         self.control = control
 
-    def __iter__(self) -> Iterator[Batch | WorkerFailure]:
+    def __iter__(self) -> Iterator[W | WorkerFailure]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, start = int(self.control[0]), int(self.control[1])

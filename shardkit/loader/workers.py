@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from shardkit.errors import LoaderError
 from shardkit.loader.stream import BatchStream
 
-__all__ = ["rank_and_world", "shutdown_workers", "worker_loader"]
+__all__ = ["rank_and_world", "shutdown_workers", "worker_loader", "workers_running"]
 
 log = logging.getLogger("shardkit.loader")
 
@@ -84,3 +84,8 @@ def shutdown_workers(loader: DataLoader[Any]) -> None:
     if stop is not None:
         stop()
     loader._iterator = None
+
+
+def workers_running(loader: DataLoader[Any]) -> bool:
+    """Whether ``loader``'s persistent worker processes are running (an iterator holds them)."""
+    return getattr(loader, "_iterator", None) is not None

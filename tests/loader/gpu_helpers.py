@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -13,9 +14,10 @@ from sample_data.generate import make_imagenet_like
 from shardkit import ShardLoader
 from shardkit.codec import jpeg_restart
 from shardkit.codec.decode import decode_rgb
-from shardkit.loader.batch import Batch, BatchBuilder
-from shardkit.loader.gpu_batch import RawBatchBuilder, RawImages
-from shardkit.loader.pinned import chw_offsets
+from shardkit.loader.cpu.build import CpuBatch, CpuBatchBuilder
+from shardkit.loader.gpu.build import RawBatch, RawBatchBuilder, RawImages
+from shardkit.loader.gpu.pinned import chw_offsets
+from shardkit.loader.gpu.pipeline import DeviceBatch
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.stream import BatchStream, raise_failures
 from shardkit.pack import PackOptions, pack
@@ -46,7 +48,7 @@ class Batches:
     def __init__(self, stream: BatchStream) -> None:
         self.stream = stream
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Any]:
         return raise_failures(self.stream)
 
 
@@ -54,29 +56,29 @@ def raw_and_cpu_streams(ds: Path, transform: ImageTransform, seed: int = 5, batc
                         ) -> tuple[Batches, Batches]:
     """Epoch-1 batches of one plan: the CPU path's and the GPU path's worker side."""
     loader = ShardLoader(str(ds), batch_size=batch_size, transform=transform, seed=seed)
-    reader = ShardReader(loader._stream.builder.reader.store, loader.manifest.shards,
+    reader = ShardReader(loader.reader.store, loader.manifest.shards,
                          cache_dir=str(ds / "cache"))
     control = torch.tensor([1, 0])
-    cpu = BatchStream(loader.config, BatchBuilder(reader, transform), control)
+    cpu = BatchStream(loader.config, CpuBatchBuilder(reader, transform), control)
     raw = BatchStream(loader.config, RawBatchBuilder(reader, transform), control)
     return Batches(cpu), Batches(raw)
 
 
-def pixels(batch: Batch) -> torch.Tensor:
-    """A CPU-path batch's uint8 images tensor."""
+def pixels(batch: CpuBatch | DeviceBatch) -> torch.Tensor:
+    """A CPU-route batch's uint8 images tensor (or a GPU-route batch's delivered one)."""
     if not isinstance(batch.images, torch.Tensor):
         raise TypeError(type(batch.images))
     return batch.images
 
 
-def raw_images(batch: Batch) -> RawImages:
+def raw_images(batch: RawBatch) -> RawImages:
     """A GPU-path worker batch's :class:`RawImages`."""
     if not isinstance(batch.images, RawImages):
         raise TypeError(type(batch.images))
     return batch.images
 
 
-def emulate_device(batch: Batch, decode: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
+def emulate_device(batch: RawBatch, decode: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
                    ) -> torch.Tensor:
     """What the GPU pipeline computes for a raw batch: ``decode`` (default: the CPU decoder) the
     JPEGs, then the eager resize on the CPU."""

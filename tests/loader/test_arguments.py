@@ -8,13 +8,16 @@ from typing import Any
 import pytest
 
 from shardkit import LoaderError, ShardLoader, transforms
+from shardkit.loader import GpuOptions
 
 BAD = [
     ("batch_size", 0), ("batch_size", -1), ("batch_size", 2.5), ("batch_size", True),
     ("num_workers", -1), ("window", 0), ("window", -2), ("prefetch", 0),
-    ("device_prefetch", 1), ("device_prefetch", 0), ("on_error", "skip"),
+    ("device_prefetch", 1), ("device_prefetch", 0), ("hw_decode", "yes"), ("hw_decode_threads", 0),
+    ("gpu", {"device_prefetch": 4}), ("on_error", "skip"),
     ("rank", 2), ("rank", -1), ("rank", "0"), ("world_size", 0),
 ]
+GPU_FIELDS = ("device_prefetch", "hw_decode", "hw_decode_threads")
 
 
 @pytest.mark.parametrize(("name", "value"), BAD)
@@ -22,8 +25,11 @@ def test_bad_argument_fails_at_construction_naming_it(packed: Path, name: str, v
     kwargs: dict[str, Any] = {"batch_size": 4, "num_workers": 1, "transform": transforms.imagenet_val(32)}
     if name == "rank":
         kwargs["world_size"] = 2
-    kwargs[name] = value
     with pytest.raises(LoaderError, match=name):
+        if name in GPU_FIELDS:  # the GPU route's options
+            kwargs["gpu"] = GpuOptions(**{name: value})
+        else:
+            kwargs[name] = value
         ShardLoader(str(packed), **kwargs)
 
 
@@ -34,7 +40,7 @@ def test_window_zero_with_a_worker_is_refused_before_any_worker_starts(packed: P
 
 
 def test_good_edge_values_construct(packed: Path) -> None:
-    loader = ShardLoader(str(packed), batch_size=1, num_workers=0, window=1, prefetch=1, device_prefetch=2,
+    loader = ShardLoader(str(packed), batch_size=1, num_workers=0, window=1, prefetch=1, gpu=GpuOptions(device_prefetch=2),
                          rank=1, world_size=2, on_error="raise")
     assert len(loader) > 0
     loader.close()

@@ -14,7 +14,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from sample_data.coco_gen import make_coco
 from shardkit import ShardLoader, transforms
 from shardkit.errors import LoaderError
-from shardkit.loader.coco_target import BadTarget, coco_target
+from shardkit.loader.coco.target import BadTarget, coco_target
 from shardkit.pack import PackOptions, pack_coco
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "coco"

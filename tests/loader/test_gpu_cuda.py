@@ -6,7 +6,7 @@ level given the same decoded pixels (tested below with nvJPEG's pixels); end to 
 libjpeg-turbo differ in IDCT and chroma upsampling, so on these grainy synthetic photos the mean
 absolute difference per image stays under ``MEAN_TOL`` levels (worst seen on an H200: 2.1) and
 fewer than ``FRAC_TOL`` of values differ by more than ``BIG`` levels. The same tolerances hold
-for the hardware JPEG engines (nvImageCodec ``HW_GPU_ONLY``; opt-in with ``ShardLoader(hw_decode=...)``):
+for the hardware JPEG engines (nvImageCodec ``HW_GPU_ONLY``; opt-in with ``ShardLoader(gpu=GpuOptions(hw_decode=...))``):
 the tests named ``hw`` check them (skipped without nvImageCodec or engines). Mixing both
 decoders picks a decoder per batch by timing, so pixels are then not bit-reproducible run to run.
 """
@@ -23,8 +23,9 @@ from shardkit import ShardLoader, transforms
 from shardkit.codec.decode import decode_rgb
 from shardkit.codec.nvimgcodec import HwJpegDecoder, hw_decode_unavailable
 from shardkit.codec.nvjpeg import GpuJpegDecoder
-from shardkit.loader.gpu_pipeline import GpuPipeline
-from shardkit.loader.pinned import PinnedSlot
+from shardkit.loader import GpuOptions
+from shardkit.loader.gpu.pinned import PinnedSlot
+from shardkit.loader.gpu.pipeline import GpuPipeline
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 from tests.loader.gpu_helpers import (
     emulate_device,
@@ -102,8 +103,8 @@ def test_flips_match(inet: Path) -> None:
 
 def test_eager_and_compiled_agree(inet: Path) -> None:
     t = transforms.imagenet_train(224)
-    a = _run(inet, "cuda", t, compile=True, num_workers=3)
-    b = _run(inet, "cuda", t, compile=False, num_workers=3)  # slow augment: queues run full
+    a = _run(inet, "cuda", t, gpu=GpuOptions(compile=True), num_workers=3)
+    b = _run(inet, "cuda", t, gpu=GpuOptions(compile=False), num_workers=3)  # slow augment: queues run full
     for (x, _, kx), (y, _, ky) in zip(a, b, strict=True):
         assert kx == ky and (x.int() - y.int()).abs().max() <= 1
 
@@ -155,7 +156,7 @@ def test_hw_decoder_pixels_within_tolerance_of_cpu(inet: Path) -> None:
     _, raw = raw_and_cpu_streams(inet, transforms.imagenet_train(224))
     worst, decoded, missed = 0.0, 0, 0
     for batch in raw:
-        jpegs = batch.images.jpegs()  # type: ignore[union-attr]
+        jpegs = batch.images.jpegs()
         for data, img in zip(jpegs, hw.decode(jpegs, stream), strict=True):
             if img is None:
                 missed += 1
@@ -182,7 +183,7 @@ def test_device_pipeline_equals_reference_on_hw_pixels(inet: Path, compile: bool
         [(images, rejected)] = pipe.decode_hw([(batch, slot)], hw, stream)
         assert not rejected
         want = emulate_device(batch, lambda _, got=images: got)  # type: ignore[misc]
-        got = pipe.augment(batch, slot, images, rejected).images.cpu()  # type: ignore[union-attr]
+        got = pipe.augment(batch, slot, images, rejected).images.cpu()
         assert (got.int() - want.int()).abs().max() <= 1
 
 
@@ -192,7 +193,7 @@ def test_loader_runs_the_hw_decoder(inet: Path, mode: str) -> None:
     t = transforms.imagenet_train(224)
     kw = {"batch_size": 16, "transform": t, "keys": True, "seed": 7, "num_workers": 2}
     ref = ShardLoader(str(inet), device="cpu", **kw)  # type: ignore[arg-type]
-    loader = ShardLoader(str(inet), device="cuda", hw_decode=mode, **kw)  # type: ignore[arg-type]
+    loader = ShardLoader(str(inet), device="cuda", gpu=GpuOptions(hw_decode=mode), **kw)  # type: ignore[arg-type]
     for _ in range(2):  # the second epoch forks fresh workers while the first one's state is alive
         cpu = [(x, y, k) for x, y, k in ref]
         gpu = [(x.cpu(), y.cpu(), k) for x, y, k in loader]
@@ -258,10 +259,10 @@ def test_nvjpeg_decodes_cut_pieces_like_whole_images() -> None:
 def test_cpu_path_to_cuda_pins_batches_and_matches_cpu(inet: Path) -> None:
     """A plain callable takes the CPU path; its batches reach CUDA through DataLoader's pin
     thread (Batch.pin_memory) and equal the CPU run's."""
-    from shardkit.loader.batch import Batch
+    from shardkit.loader.cpu.build import CpuBatch
     from shardkit.loader.stats import StageStats
 
-    batch = Batch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), ["a", "b"], StageStats())
+    batch = CpuBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]), ["a", "b"], StageStats())
     pinned = batch.pin_memory()
     assert pinned.images.is_pinned() and pinned.labels.is_pinned()  # type: ignore[union-attr]
 
@@ -283,13 +284,14 @@ def test_cpu_path_to_cuda_pins_batches_and_matches_cpu(inet: Path) -> None:
 def test_cpu_fallback_to_cuda_through_the_batch_ring(inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA without nvJPEG: an ImageTransform decodes on the CPU into the workers' batch ring,
     DataLoader's pin thread copies each slot into pinned memory, and the batches equal the CPU run."""
-    from shardkit.loader import gpu_setup
+    from shardkit.loader import routing
+    from shardkit.loader.cpu import CpuRoute
 
-    monkeypatch.setattr(gpu_setup, "gpu_decode_unavailable", lambda _device: "simulated: no nvJPEG")
+    monkeypatch.setattr(routing, "gpu_decode_unavailable", lambda _device: "simulated: no nvJPEG")
     t = transforms.imagenet_train(224)
     cuda = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", num_workers=2, seed=7, keys=True)
-    ring = cuda._stream.builder.ring
-    assert ring is not None and cuda._gpu is None
+    ring = cuda.route.pool if isinstance(cuda.route, CpuRoute) else None
+    assert ring is not None
     got = [(x.cpu(), y.cpu(), k) for x, y, k in cuda]
     assert all(x.device.type == "cuda" for x, _y, _k in cuda)
     assert ring._received and int(ring.busy.sum()) == 0  # served from the ring, every slot given back

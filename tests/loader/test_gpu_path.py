@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import torch
 from shardkit import ShardLoader, transforms
 from shardkit.codec import jpeg_restart
 from shardkit.codec.nvjpeg import gpu_decode_unavailable, nvjpeg_friendly
-from shardkit.loader.gpu_batch import RawImages
+from shardkit.loader.gpu.build import RawImages
 from tests.conftest import encode_image
 from tests.loader.gpu_helpers import (
     emulate_device,
@@ -50,7 +51,7 @@ def test_raw_batches_match_the_cpu_path(inet: Path, preset: object, monkeypatch:
     # decode on both sides with torchvision's libjpeg (the emulation's decoder; the region
     # decoder uses the system's, another build may round the IDCT otherwise), so only the
     # resize math differs
-    monkeypatch.setattr("shardkit.loader.batch.roi_available", lambda: False)
+    monkeypatch.setattr("shardkit.loader.samples.roi_available", lambda: False)
     transform = preset(64)  # type: ignore[operator]
     cpu, raw = raw_and_cpu_streams(inet, transform)
     fallback = 0
@@ -67,7 +68,7 @@ def test_raw_batches_match_the_cpu_path(inet: Path, preset: object, monkeypatch:
 
 @pytest.mark.skipif(not jpeg_restart.available(), reason="restart-indexed JPEG extension not built")
 def test_restart_indexed_jpegs_ship_only_the_crop(tmp_path: Path, inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shardkit.loader.batch.roi_available", lambda: False)  # CPU path: full decodes
+    monkeypatch.setattr("shardkit.loader.samples.roi_available", lambda: False)  # CPU path: full decodes
     transform = transforms.imagenet_train(64)
     restart = make_packed_imagenet_like(tmp_path, restart=True)
     cpu, raw = raw_and_cpu_streams(restart, transform)
@@ -118,14 +119,14 @@ def test_worker_shared_memory_ring_gives_the_same_bytes(inet: Path) -> None:
     """Workers reuse shared-memory buffers; batches taken and copied in order are unchanged."""
     from torch.utils.data import DataLoader
 
-    from shardkit.loader.gpu_batch import RawBatchBuilder
+    from shardkit.loader.gpu.build import RawBatchBuilder
     from shardkit.loader.stream import BatchStream
 
     t = transforms.imagenet_train(32)
     _, plain = raw_and_cpu_streams(inet, t, batch_size=4)
     want = [(b.keys, raw_images(b).data.clone()) for b in plain]
     stream = plain.stream
-    ringed = BatchStream(stream.config, RawBatchBuilder(stream.builder.reader, t, shm_ring=3), stream.control)
+    ringed = BatchStream(stream.config, RawBatchBuilder(cast(RawBatchBuilder, stream.builder).samples.reader, t, buffer_cycle=3), stream.control)
     dl = DataLoader(ringed, batch_size=None, num_workers=2, prefetch_factor=1, persistent_workers=True)
     keep, got = [], []
     for b in dl:

@@ -11,9 +11,9 @@ import torch
 
 from shardkit import transforms
 from shardkit.codec.nvimgcodec import hw_decode_unavailable
-from shardkit.loader.gpu_pipeline import GpuPipeline
-from shardkit.loader.pinned import PinnedSlot
-from shardkit.loader.prefetch import InOrder
+from shardkit.loader.gpu.pinned import PinnedSlot
+from shardkit.loader.gpu.pipeline import GpuPipeline
+from shardkit.loader.gpu.prefetch import InOrder
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 from tests.loader.gpu_helpers import make_packed_imagenet_like, raw_and_cpu_streams
 
@@ -32,16 +32,15 @@ def test_probe_refuses_without_cuda() -> None:
 
 def test_hw_decode_is_a_parameter_off_by_default_and_validated(packed: Path) -> None:
     from shardkit import LoaderError, ShardLoader
-    from shardkit.loader.gpu_setup import GpuPath
+    from shardkit.loader import GpuOptions
 
     source = (Path(__file__).parents[2] / "shardkit" / "codec" / "nvimgcodec.py").read_text()
     assert "environ" not in source  # no ambient configuration (STYLE principle 6)
     with pytest.raises(LoaderError, match="hw_decode"):
-        ShardLoader(str(packed), batch_size=4, hw_decode="yes")  # type: ignore[arg-type]
+        ShardLoader(str(packed), batch_size=4, gpu=GpuOptions(hw_decode="yes"))  # type: ignore[arg-type]
     with pytest.raises(LoaderError, match="hw_decode_threads"):
-        ShardLoader(str(packed), batch_size=4, hw_decode_threads=0)
-    init = GpuPath.__init__.__kwdefaults__ or {}
-    assert init["hw_decode"] == "off" and ShardLoader.__init__.__kwdefaults__["hw_decode"] == "off"  # type: ignore[index]
+        ShardLoader(str(packed), batch_size=4, gpu=GpuOptions(hw_decode_threads=0))
+    assert GpuOptions().hw_decode == "off" and ShardLoader.__init__.__kwdefaults__["gpu"] is None  # type: ignore[index]
 
 
 def test_in_order_returns_items_in_sequence() -> None:
@@ -180,7 +179,7 @@ class _FakePipeline:
 def _fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import contextlib
 
-    from shardkit.loader import prefetch
+    from shardkit.loader.gpu import prefetch
 
     for name, value in (("Stream", _FakeStream), ("Event", _FakeEvent),
                         ("device", lambda d: contextlib.nullcontext()),
@@ -193,12 +192,12 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 def _prefetcher(pipe: object, n: int, hw_planar: bool | None, hw_only: bool = False) -> object:
     from types import SimpleNamespace
 
-    from shardkit.loader import prefetch
+    from shardkit.loader.gpu import prefetch
     from shardkit.loader.stats import StageStats
 
     batches = [SimpleNamespace(seq=i, images=None, labels=None) for i in range(n)]
     return prefetch.DevicePrefetcher(iter(batches), pipe, torch.device("cpu"),  # type: ignore[arg-type]
-                                     [_FakeSlot() for _ in range(prefetch.ring_size(2))],  # type: ignore[misc]
+                                     [_FakeSlot() for _ in range(prefetch.staging_slots(2))],  # type: ignore[misc]
                                      StageStats(), depth=2, hw_planar=hw_planar, hw_only=hw_only)
 
 

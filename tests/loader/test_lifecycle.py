@@ -75,6 +75,6 @@ def test_close_stops_the_workers_and_the_loader_still_works_after(packed: Path) 
     loader.close()
     plain = _loader(packed)
     next(iter(plain))
-    assert plain._reader._open
+    assert plain.reader._open
     plain.close()
-    assert not plain._reader._open
+    assert not plain.reader._open

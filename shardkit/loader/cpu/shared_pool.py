@@ -1,4 +1,5 @@
-"""Batch buffers shared between worker processes and the main process, reused without copying.
+"""The CPU route's shared batch pool: batch tensors that workers fill and the main process
+reads in place, each slot reused once the consumer has dropped every view of it.
 
 Handing a freshly allocated batch tensor from a DataLoader worker to the main process costs a
 new shared-memory segment per batch: created, page-faulted and zero-filled in the worker, passed
@@ -6,7 +7,7 @@ as a file descriptor, mapped and faulted again in the main process, unmapped whe
 64 x 3 x 224 x 224 uint8 batch that is ~11 ms of CPU (~0.17 ms per image, measured on the 2-core
 bench box: BENCHMARKS.md), about a tenth of the whole per-image cost of the CPU path.
 
-A :class:`BatchRing` instead gives each worker a few slots, each one shared-memory segment of a
+A :class:`SharedBatchPool` instead gives each worker a few slots, each one shared-memory segment of a
 full batch. A worker fills a free slot and ships only a :class:`SlotImages` reference (the
 segment itself travels once, with the slot's first batch). Unpickling that reference in the
 main process yields a tensor over the slot's memory, no copy. The slot is free again when the
@@ -20,11 +21,11 @@ storage). A worker that finds none of its slots free allocates a fresh segment a
 a consumer that keeps many batches alive only loses the speed-up, never data.
 
 Slots that never reach the main process are given back too: a worker whose batch fails
-releases its slot, and :meth:`BatchRing.reclaim` frees every slot no delivered tensor holds
-once no worker runs (torch drops in-flight batches unread when it stops workers). A ring is
+releases its slot, and :meth:`SharedBatchPool.reclaim` frees every slot no delivered tensor holds
+once no worker runs (torch drops in-flight batches unread when it stops workers). A pool is
 tied to the process that created it: a copy (a pickled loader in another process, or a deep
-copy) must not share its flags, so the loader makes the copy a ring of its own
-(:meth:`BatchRing.owned`, :meth:`BatchRing.fresh`) before it starts workers.
+copy) must not share its flags, so the CPU route makes the copy a pool of its own
+(:meth:`SharedBatchPool.owned`, :meth:`SharedBatchPool.fresh`) before it starts workers.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ import torch
 
 from shardkit.errors import LoaderError
 
-__all__ = ["BatchRing", "SlotImages"]
+__all__ = ["SharedBatchPool", "SlotImages"]
 
-_RINGS: weakref.WeakValueDictionary[str, BatchRing] = weakref.WeakValueDictionary()
-"""The rings this process created (the main process), by token: where slot references land."""
+_POOLS: weakref.WeakValueDictionary[str, SharedBatchPool] = weakref.WeakValueDictionary()
+"""The pools this process created (the main process), by token: where slot references land."""
 _TOKENS = itertools.count()
 
 
@@ -64,7 +65,7 @@ def _release(busy: torch.Tensor, live: set[int], slot: int) -> None:
     busy[slot] = 0
 
 
-class BatchRing:
+class SharedBatchPool:
     """``slots_per_worker`` reusable shared-memory batches of ``shape`` for each of ``num_workers``.
 
     Create it in the main process before the workers start (it travels to them inside the
@@ -72,8 +73,8 @@ class BatchRing:
 
     Example::
 
-        ring = BatchRing(num_workers=2, slots_per_worker=4, shape=(64, 3, 224, 224))
-        # in worker w:  out, images = ring.acquire(w, n)  -> fill out[:n], ship ``images``
+        pool = SharedBatchPool(num_workers=2, slots_per_worker=4, shape=(64, 3, 224, 224))
+        # in worker w:  out, images = pool.acquire(w, n)  -> fill out[:n], ship ``images``
     """
 
     def __init__(self, *, num_workers: int, slots_per_worker: int, shape: tuple[int, ...]) -> None:
@@ -91,19 +92,19 @@ class BatchRing:
         # tensor still holds.
         self._received: dict[int, torch.UntypedStorage] = {}
         self._live: set[int] = set()
-        _RINGS[self.token] = self
+        _POOLS[self.token] = self
 
     def __getstate__(self) -> dict[str, Any]:
         return {"token": self.token, "slots_per_worker": self.slots_per_worker, "shape": self.shape,
                 "busy": self.busy, "_segments": {}, "_shipped": set(), "_received": {}, "_live": set()}
 
     def owned(self) -> bool:
-        """Whether this is the ring its token was created for, in this process (not a copy)."""
-        return _RINGS.get(self.token) is self
+        """Whether this is the pool its token was created for, in this process (not a copy)."""
+        return _POOLS.get(self.token) is self
 
-    def fresh(self) -> BatchRing:
-        """A new ring of the same geometry, with flags and slots of its own."""
-        return BatchRing(num_workers=self.busy.numel() // self.slots_per_worker,
+    def fresh(self) -> SharedBatchPool:
+        """A new pool of the same geometry, with flags and slots of its own."""
+        return SharedBatchPool(num_workers=self.busy.numel() // self.slots_per_worker,
                          slots_per_worker=self.slots_per_worker, shape=self.shape)
 
     def reclaim(self) -> None:
@@ -149,31 +150,31 @@ class BatchRing:
 
 class SlotImages:
     """A worker's filled slot on its way to the main process, where unpickling makes it a
-    uint8 tensor of ``shape`` over the slot's memory (see :class:`BatchRing`)."""
+    uint8 tensor of ``shape`` over the slot's memory (see :class:`SharedBatchPool`)."""
 
-    def __init__(self, ring: BatchRing, slot: int, shape: tuple[int, ...]) -> None:
-        self.ring, self.slot, self.shape = ring, slot, shape
+    def __init__(self, pool: SharedBatchPool, slot: int, shape: tuple[int, ...]) -> None:
+        self.pool, self.slot, self.shape = pool, slot, shape
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _receive, (self.ring.token, self.slot, self.shape, self.ring._ship(self.slot))
+        return _receive, (self.pool.token, self.slot, self.shape, self.pool._ship(self.slot))
 
     def release(self) -> None:
         """Worker side: give the slot back unshipped (its batch failed)."""
-        self.ring.busy[self.slot] = 0
+        self.pool.busy[self.slot] = 0
 
 
 def _receive(token: str, slot: int, shape: tuple[int, ...], segment: torch.UntypedStorage | None) -> torch.Tensor:
-    ring = _RINGS.get(token)
-    if ring is None:
-        raise LoaderError(f"a worker sent a batch for ring {token}, which this process does not hold")
+    pool = _POOLS.get(token)
+    if pool is None:
+        raise LoaderError(f"a worker sent a batch for pool {token}, which this process does not hold")
     if segment is not None:
-        ring._received[slot] = segment
-    segment = ring._received.get(slot)
+        pool._received[slot] = segment
+    segment = pool._received.get(slot)
     if segment is None:
-        raise LoaderError(f"a worker sent slot {slot} of ring {token} before its shared-memory segment")
+        raise LoaderError(f"a worker sent slot {slot} of pool {token} before its shared-memory segment")
     nbytes = math.prod(shape)
     memory = _memory_type(nbytes).from_address(segment.data_ptr())
     memory.segment = segment  # type: ignore[attr-defined]  # the mapping lives as long as any view
-    ring._live.add(slot)
-    weakref.finalize(memory, _release, ring.busy, ring._live, slot)
+    pool._live.add(slot)
+    weakref.finalize(memory, _release, pool.busy, pool._live, slot)
     return torch.frombuffer(memory, dtype=torch.uint8).view(shape)

@@ -10,6 +10,7 @@ stream (the prefetcher's side stream); nothing here synchronises the device in s
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -17,16 +18,27 @@ from shardkit.codec.decode import decode_rgb
 from shardkit.codec.nvimgcodec import HwJpegDecoder
 from shardkit.codec.nvjpeg import GpuJpegDecoder
 from shardkit.errors import DecodeError
-from shardkit.loader.batch import Batch
-from shardkit.loader.gpu_batch import RawImages
-from shardkit.loader.pinned import PinnedSlot, chw_offsets
+from shardkit.loader.gpu.build import RawBatch, RawImages
+from shardkit.loader.gpu.pinned import PinnedSlot, chw_offsets
+from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import Col, crop_resize_flip_batch
 from shardkit.transforms.params import CropFlip
 
-__all__ = ["GpuPipeline"]
+__all__ = ["DeviceBatch", "GpuPipeline"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class DeviceBatch:
+    """A GPU-route batch ready for the user: finalised ``images`` and int64 ``labels`` on the
+    device, sample ``keys``, and the worker's ``stats`` plus the device stage's counts."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    keys: list[str]
+    stats: StageStats
 
 
 class GpuPipeline:
@@ -42,7 +54,7 @@ class GpuPipeline:
         self.decoder = GpuJpegDecoder(device)
         self._hw_warned = False
 
-    def _decode(self, raw: RawImages, jpegs: list[torch.Tensor], batch: Batch,
+    def _decode(self, raw: RawImages, jpegs: list[torch.Tensor], batch: RawBatch,
                 rows: list[int] | None = None) -> tuple[list[torch.Tensor], list[int]]:
         """nvJPEG-decode the batch's JPEGs; on failure retry one by one. Returns images and the
         indices (into ``jpegs``) that nvJPEG rejected. ``rows``: each JPEG's row of
@@ -63,7 +75,7 @@ class GpuPipeline:
         return images, rejected
 
     def _cpu_rescue(self, raw: RawImages, rejected: list[int], out: torch.Tensor, labels: torch.Tensor,
-                    batch: Batch) -> None:
+                    batch: RawBatch) -> None:
         """Decode nvJPEG's rejects on the CPU (same crop); replace undecodable ones by a neighbour."""
         bad: list[int] = []
         for i in rejected:
@@ -84,14 +96,11 @@ class GpuPipeline:
             labels[dest], batch.keys[dest] = labels[src], batch.keys[src]
         batch.stats.replaced += len(bad)
 
-    def decode(self, batch: Batch, slot: PinnedSlot) -> tuple[list[torch.Tensor], list[int]]:
+    def decode(self, batch: RawBatch, slot: PinnedSlot) -> tuple[list[torch.Tensor], list[int]]:
         """Stage 1 (host-synchronous: nvJPEG returns when done): decode the slot's JPEGs."""
-        raw = batch.images
-        if not isinstance(raw, RawImages):
-            raise TypeError(f"GpuPipeline needs RawImages, got {type(raw).__name__}")
-        return self._decode(raw, slot.jpegs(), batch)
+        return self._decode(batch.images, slot.jpegs(), batch)
 
-    def decode_many(self, items: list[tuple[Batch, PinnedSlot]]) -> list[tuple[list[torch.Tensor], list[int]]]:
+    def decode_many(self, items: list[tuple[RawBatch, PinnedSlot]]) -> list[tuple[list[torch.Tensor], list[int]]]:
         """:meth:`decode` of several staged batches with one nvJPEG call (falls back per batch)."""
         if len(items) == 1:
             return [self.decode(*items[0])]
@@ -107,7 +116,7 @@ class GpuPipeline:
             pos += len(js)
         return out
 
-    def decode_hw(self, items: list[tuple[Batch, PinnedSlot]], hw: HwJpegDecoder, stream: torch.cuda.Stream
+    def decode_hw(self, items: list[tuple[RawBatch, PinnedSlot]], hw: HwJpegDecoder, stream: torch.cuda.Stream
                   ) -> list[tuple[list[torch.Tensor], list[int]]]:
         """:meth:`decode_many` with the hardware JPEG engines (one call for all ``items``), ready on
         ``stream``; images the engines return as None are decoded by nvJPEG (on the current
@@ -131,7 +140,7 @@ class GpuPipeline:
             if not missing:
                 out.append(([g for g in got if g is not None], []))
                 continue
-            raw: RawImages = batch.images  # type: ignore[assignment]
+            raw = batch.images
             images, bad = self._decode(raw, [js[i] for i in missing], batch, rows=missing)
             rejected = [missing[r] for r in bad]
             rescued, skip = iter(images), set(rejected)
@@ -139,9 +148,9 @@ class GpuPipeline:
             out.append((merged, rejected))
         return out
 
-    def augment(self, batch: Batch, slot: PinnedSlot, decoded: list[torch.Tensor], rejected: list[int]) -> Batch:
+    def augment(self, batch: RawBatch, slot: PinnedSlot, decoded: list[torch.Tensor], rejected: list[int]) -> DeviceBatch:
         """Stage 2 (enqueues only): copy the slot's small tensors, crop-resize-flip, finalize."""
-        raw: RawImages = batch.images  # type: ignore[assignment]
+        raw = batch.images
         n, dev = len(raw), self.device
         geometry, offsets, cpu_images, cpu_dest, labels = slot.to_device(dev)
         out = torch.empty((n, 3, *raw.size), dtype=torch.uint8, device=dev)
@@ -158,8 +167,8 @@ class GpuPipeline:
             self._cpu_rescue(raw, rejected, out, labels, batch)
         batch.stats.gpu_images += len(decoded)
         batch.stats.gpu_fallback += len(rejected)
-        return Batch(self.transform.finalize(out), labels, batch.keys, batch.stats)
+        return DeviceBatch(self.transform.finalize(out), labels, batch.keys, batch.stats)
 
-    def __call__(self, batch: Batch, slot: PinnedSlot) -> Batch:
+    def __call__(self, batch: RawBatch, slot: PinnedSlot) -> DeviceBatch:
         """Both stages in one call (tests, single-threaded use)."""
         return self.augment(batch, slot, *self.decode(batch, slot))

@@ -8,14 +8,15 @@ a crop-first transform's box: :func:`~shardkit.codec.jpeg_restart.cut`) with one
 (:func:`~shardkit.codec.nvjpeg.nvjpeg_friendly`) are decoded and transformed here, exactly
 as the CPU path does, and travel as pixels to be joined into the same batch on the device.
 
-Shared-memory reuse: in a worker process the JPEG bytes of batch ``k`` go into buffer
-``k % ring`` of a small per-worker ring of shared-memory tensors, so the main process (which keeps
-them mapped) copies from already-mapped pages instead of faulting in a fresh segment per batch.
-Safe for ``ring >= prefetch + 1`` (we use ``prefetch + 2``): torch's DataLoader sends a worker
-the task for its batch ``j`` only when the main process takes that worker's batch
-``j - prefetch``; the prefetcher stages (copies out of shared memory) batches in order before
-taking the next, so by then batch ``j - prefetch - 1`` and all earlier ones have been copied,
-and buffer ``j % ring`` last held batch ``j - ring``, one of those.
+Shared-memory reuse, the *buffer cycle*: in a worker process the JPEG bytes of batch ``k`` go into
+buffer ``k % cycle`` of a small per-worker cycle of shared-memory tensors (:class:`BufferCycle`),
+so the main process (which keeps them mapped) copies from already-mapped pages instead of
+faulting in a fresh segment per batch. Why reuse is safe, for ``cycle >= prefetch + 1`` (we use
+``prefetch + 2``): torch's DataLoader sends a worker the task for its batch ``j`` only when the
+main process takes that worker's batch ``j - prefetch``; the prefetcher stages (copies out of
+shared memory) batches in order before taking the next, so by then batch ``j - prefetch - 1``
+and all earlier ones have been copied, and buffer ``j % cycle`` last held batch ``j - cycle``,
+one of those.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import cast
 
 import numpy as np
 import torch
@@ -35,13 +35,14 @@ from shardkit.codec import jpeg_restart
 from shardkit.codec.decode import DecodeStats, peek_size
 from shardkit.codec.nvjpeg import nvjpeg_friendly
 from shardkit.errors import DecodeError, LoaderError
-from shardkit.loader.bad_samples import BadSample, fill_batch
-from shardkit.loader.batch import Batch, BatchBuilder, _image_field, _label, decode_for
+from shardkit.loader.bad_samples import BadSample
+from shardkit.loader.reader import ShardReader
+from shardkit.loader.samples import Sample, SampleSource, decode_for
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
-__all__ = ["RawBatchBuilder", "RawImages"]
+__all__ = ["BufferCycle", "RawBatch", "RawBatchBuilder", "RawImages"]
 
 Item = tuple[bytes | torch.Tensor, tuple[int, ...] | None]  # JPEG bytes + geometry, or pixels + None
 
@@ -112,11 +113,21 @@ class RawImages:
         return [self.data[b[i]:b[i + 1]] for i in range(len(b) - 1)]
 
 
-class _ShmRing:
-    """Per-process shared-memory byte buffers, reused round-robin (see module doc)."""
+@dataclass
+class RawBatch:
+    """What a GPU-route worker ships: the batch's :class:`RawImages` (labels included), sample
+    ``keys`` and the worker's ``stats``."""
 
-    def __init__(self, slots: int) -> None:
-        self.pid, self.bufs, self.next = os.getpid(), [torch.empty(0, dtype=torch.uint8)] * slots, 0
+    images: RawImages
+    keys: list[str]
+    stats: StageStats
+
+
+class BufferCycle:
+    """Per-process shared-memory byte buffers, reused round-robin (see the module doc)."""
+
+    def __init__(self, size: int) -> None:
+        self.pid, self.bufs, self.next = os.getpid(), [torch.empty(0, dtype=torch.uint8)] * size, 0
 
     def take(self, nbytes: int) -> torch.Tensor:
         k = self.next % len(self.bufs)
@@ -126,78 +137,67 @@ class _ShmRing:
         return self.bufs[k][:nbytes]
 
 
-class RawBatchBuilder(BatchBuilder):
-    """A :class:`BatchBuilder` whose batches carry :class:`RawImages` (needs an ImageTransform).
+class RawBatchBuilder:
+    """Turn ``(shard, index, seed)`` triples into a :class:`RawBatch` (needs an ImageTransform).
 
-    ``shm_ring``: shared-memory buffers per worker process for JPEG bytes (0: a fresh tensor per
-    batch); must be at least the DataLoader's ``prefetch_factor + 2``.
+    ``buffer_cycle``: shared-memory buffers per worker process for JPEG bytes (0: a fresh tensor
+    per batch); must be at least the DataLoader's ``prefetch_factor + 2``.
     """
 
-    def __init__(self, reader: object, transform: ImageTransform, *, on_error: str = "replace",
-                 shm_ring: int = 0) -> None:
+    def __init__(self, reader: ShardReader, transform: ImageTransform, *, on_error: str = "replace",
+                 buffer_cycle: int = 0) -> None:
         if not isinstance(transform, ImageTransform):
-            raise LoaderError("the GPU path needs an ImageTransform (e.g. transforms.imagenet_train(224))")
-        super().__init__(reader, transform, on_error=on_error)  # type: ignore[arg-type]
-        self.shm_ring = shm_ring
-        self._ring: _ShmRing | None = None
+            raise LoaderError("the GPU route needs an ImageTransform (e.g. transforms.imagenet_train(224))")
+        self.samples = SampleSource(reader, on_error)
+        self.transform = transform
+        self.buffer_cycle = buffer_cycle
+        self._cycle: BufferCycle | None = None
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_ring": None}  # each process makes its own ring
+        return {**self.__dict__, "_cycle": None}  # each process makes its own buffers
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
-        if self.shm_ring <= 0 or get_worker_info() is None:
+        if self.buffer_cycle <= 0 or get_worker_info() is None:
             return torch.empty(nbytes, dtype=torch.uint8)
-        if self._ring is None or self._ring.pid != os.getpid():
-            self._ring = _ShmRing(self.shm_ring)
-        return self._ring.take(nbytes)
+        if self._cycle is None or self._cycle.pid != os.getpid():
+            self._cycle = BufferCycle(self.buffer_cycle)
+        return self._cycle.take(nbytes)
 
-    def _raw(self, shard: int, index: int, seed: int, stats: StageStats, dstats: DecodeStats
-             ) -> tuple[int, tuple[bytes | torch.Tensor, tuple[int, ...] | None]]:
-        t0 = time.perf_counter()
-        key, fields = self.reader.read(shard, index)
-        where = f"{self.reader.store.path(self.reader.shards[shard].url)}:{key}"
+    def _raw(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> tuple[int, Item]:
         t1 = time.perf_counter()
-        stats.read_s += t1 - t0
-        label, data = _label(fields, where), _image_field(fields, where)
-        transform: ImageTransform = self.transform  # type: ignore[assignment]
+        label, data = sample.label(), sample.image()
+        transform = self.transform
         rng = random.Random(seed)
-        try:
-            if nvjpeg_friendly(data):
+        if nvjpeg_friendly(data):
+            try:
                 h, w = peek_size(data)
                 params = transform.sample_params(h, w, rng)
                 piece = jpeg_restart.cut(data, params.top, params.left, params.height, params.width) \
                     if transform.crop_first else None
-                if piece is not None:  # nvJPEG decodes only the restart intervals around the crop
-                    data, h, w = piece.data, piece.height, piece.width
-                    params = replace(params, top=params.top - piece.top, left=params.left - piece.left)
-                stats.transform_s += time.perf_counter() - t1
-                return label, (data, transform.gpu_window(h, w, params))
-            image, params = decode_for(transform, data, rng, where, dstats)  # as the CPU path does
-        except DecodeError as err:
-            raise BadSample(str(err)) from err
+            except DecodeError as err:
+                raise BadSample(str(err)) from err
+            if piece is not None:  # nvJPEG decodes only the restart intervals around the crop
+                data, h, w = piece.data, piece.height, piece.width
+                params = replace(params, top=params.top - piece.top, left=params.left - piece.left)
+            stats.transform_s += time.perf_counter() - t1
+            return label, (data, transform.gpu_window(h, w, params))
+        image, params = decode_for(transform, data, rng, sample.where, dstats)  # as the CPU route does
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
         pixels = transform.apply(image, params)
         stats.transform_s += time.perf_counter() - t2
         return label, (pixels, None)
 
-    def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> Batch:
+    def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> RawBatch:
         """Read the given samples in order; JPEGs stay encoded, the rest are decoded here."""
-        n = len(shards)
-        stats, dstats = StageStats(batches=1, samples=n), DecodeStats()
-        got = fill_batch(lambda _slot, shard, index, seed: self._raw(shard, index, seed, stats, dstats),
-                         self.reader, shards, indices, seeds, on_error=self.on_error)
-        labels = torch.tensor([label for label, _ in got.results], dtype=torch.int64)
-        items = [item for _, item in got.results]
-        stats.replaced += got.replaced
-        stats.fast, stats.fallback = dstats.fast, dstats.fallback
-        stats.gpu_fallback = dstats.fast + dstats.fallback
-        # labels travel inside the blob; an empty tensor costs no shared-memory handle
-        packed = self._pack(cast(list[Item], items), labels)
-        return Batch(packed, torch.empty(0, dtype=torch.int64), got.keys, stats)  # type: ignore[arg-type]
+        got, stats = self.samples.fill(lambda _slot, sample, seed, stats, dstats: self._raw(sample, seed, stats, dstats),
+                                       shards, indices, seeds)
+        stats.gpu_fallback = stats.fast + stats.fallback
+        labels = np.array([label for label, _ in got.results], dtype=np.int64)
+        return RawBatch(self._pack([item for _, item in got.results], labels), got.keys, stats)
 
-    def _pack(self, items: list[Item], labels: torch.Tensor) -> RawImages:
-        size: tuple[int, int] = self.transform.output_size  # type: ignore[union-attr]
+    def _pack(self, items: list[Item], labels: np.ndarray) -> RawImages:
+        size = self.transform.output_size
         jpegs = [(i, data, win) for i, (data, win) in enumerate(items) if win is not None]
         cpu = [(i, px) for i, (px, win) in enumerate(items) if win is None]
         lengths = [len(d) for _, d, _ in jpegs]
@@ -209,7 +209,7 @@ class RawBatchBuilder(BatchBuilder):
             pos += length
         raw.bounds.numpy()[:] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         raw.cpu_dest.numpy()[:] = [i for i, _ in cpu]
-        raw.labels.numpy()[:] = labels.numpy()
+        raw.labels.numpy()[:] = labels
         if k:
             raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]
         for j, (_, px) in enumerate(cpu):

@@ -2,8 +2,8 @@
 
 Three stages, each a thread, joined by bounded queues, so host and device work overlap:
 
-1. *fetch*: take the next worker batch and stage it in the next pinned slot of the ring
-   (:class:`~shardkit.loader.pinned.PinnedSlot`: JPEG bytes, geometry, labels, CPU pixels);
+1. *fetch*: take the next worker batch and stage it in the next of its *staging slots*
+   (:class:`~shardkit.loader.gpu.pinned.PinnedSlot`: JPEG bytes, geometry, labels, CPU pixels);
 2. *decode*: batched nvJPEG (torchvision's call returns only when the batch is decoded, so it
    gets a thread of its own and decodes back to back, two staged batches per call when both
    are waiting); when asked for and the GPU's hardware JPEG engines work through nvImageCodec
@@ -23,7 +23,7 @@ stream while the consumer's stream may still use it. An exception in any stage r
 consumer unchanged (type and traceback). Augment device time comes from CUDA events read once
 they have completed (``query``), never by waiting.
 
-Why slot reuse is safe: the fetch stage takes one of ``len(slots)`` permits before it stages
+Why reusing a staging slot is safe: the fetch stage takes one of ``len(slots)`` permits before it stages
 batch ``i`` into slot ``i % len(slots)``, and the augment stage gives one back after it has
 enqueued every copy out of a slot and recorded the slot's event; augment runs in staging order,
 so when batch ``i`` gets its permit batch ``i - len(slots)`` (the slot's previous batch) is
@@ -43,18 +43,18 @@ from typing import Any
 import torch
 
 from shardkit.codec.nvimgcodec import HwJpegDecoder
-from shardkit.loader.batch import Batch
-from shardkit.loader.gpu_pipeline import GpuPipeline
-from shardkit.loader.pinned import PinnedSlot
+from shardkit.loader.gpu.build import RawBatch
+from shardkit.loader.gpu.pinned import PinnedSlot
+from shardkit.loader.gpu.pipeline import DeviceBatch, GpuPipeline
 from shardkit.loader.stats import StageStats
 
-__all__ = ["DevicePrefetcher", "ring_size"]
+__all__ = ["DevicePrefetcher", "InOrder", "staging_slots"]
 
 _DONE = object()
 
 
-def ring_size(depth: int) -> int:
-    """Pinned slots for queues of ``depth``: enough that no stage waits for a free slot."""
+def staging_slots(depth: int) -> int:
+    """Staging slots for queues of ``depth``: enough that no stage waits for a free slot."""
     return 3 * depth + 4
 
 
@@ -96,12 +96,12 @@ class DevicePrefetcher:
     iterator (``for`` loops do it when abandoned).
     """
 
-    def __init__(self, source: Iterator[Batch], pipeline: GpuPipeline, device: torch.device,
+    def __init__(self, source: Iterator[RawBatch], pipeline: GpuPipeline, device: torch.device,
                  slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0,
                  merge: int = 2, hw_planar: bool | None = None, hw_only: bool = False,
                  hw_threads: int = 2) -> None:
-        if depth < merge or len(slots) < ring_size(depth):
-            raise ValueError(f"need depth >= 1 and {ring_size(depth)} slots, got {depth} and {len(slots)}")
+        if depth < merge or len(slots) < staging_slots(depth):
+            raise ValueError(f"need depth >= 1 and {staging_slots(depth)} slots, got {depth} and {len(slots)}")
         self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
         self.merge = merge
         self.stats = stats  # stage times are added here
@@ -115,7 +115,7 @@ class DevicePrefetcher:
         self._free = threading.Semaphore(len(slots))  # permits to (re)stage a slot, see module doc
         self.hw_planar, self.hw_threads = hw_planar, hw_threads
         self.hw_stream = torch.cuda.Stream(device) if hw_planar is not None else None
-        self._keep: deque[Batch] = deque(maxlen=max(keep_alive, 1))
+        self._keep: deque[RawBatch] = deque(maxlen=max(keep_alive, 1))
         self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event, list[torch.Tensor]]] = deque()
         stages: list[tuple[Any, int, torch.cuda.Stream]] = [(self._fetch, 0, self.stream), (self._augment, 2, self.stream)]
         if self.hw_stream is None or not hw_only:
@@ -168,7 +168,7 @@ class DevicePrefetcher:
 
     def _decode_loop(self, decode: Any, stream: torch.cuda.Stream, timer: str) -> None:
         """Decode staged batches with ``decode(items)`` until the end, adding seconds to ``stats.<timer>``."""
-        pending: list[tuple[int, Batch, PinnedSlot]] = []
+        pending: list[tuple[int, RawBatch, PinnedSlot]] = []
         while True:
             item = self._get(self._q[0])
             end = item is _DONE or isinstance(item, BaseException)
@@ -214,7 +214,7 @@ class DevicePrefetcher:
                 if not self._augment_one(*args):
                     return
 
-    def _augment_one(self, batch: Batch, slot: PinnedSlot, decoded_rejected: tuple[list[torch.Tensor], list[int]],
+    def _augment_one(self, batch: RawBatch, slot: PinnedSlot, decoded_rejected: tuple[list[torch.Tensor], list[int]],
                      done: torch.cuda.Event) -> bool:
         decoded, rejected = decoded_rejected
         t0 = time.perf_counter()
@@ -232,7 +232,7 @@ class DevicePrefetcher:
         self.stats.gpu_host_s += time.perf_counter() - t0
         return self._put(self._q[2], (ready, slot.event))
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[DeviceBatch]:
         current = torch.cuda.current_stream(self.device)
         try:
             while True:

@@ -1,4 +1,4 @@
-"""BatchRing: worker batches handed to the main process in reused shared memory, never
+"""SharedBatchPool (the CPU route's): worker batches handed to the main process in reused shared memory, never
 overwritten while anything still references them."""
 
 from __future__ import annotations
@@ -14,11 +14,18 @@ import pytest
 import torch
 
 from shardkit import LoaderError, ShardLoader, transforms
-from shardkit.loader import batch as batch_module
 from shardkit.loader.bad_samples import BadSample
-from shardkit.loader.batch import Batch, BatchBuilder
-from shardkit.loader.ring import BatchRing
+from shardkit.loader.cpu import CpuRoute
+from shardkit.loader.cpu import build as batch_module
+from shardkit.loader.cpu.build import CpuBatch, CpuBatchBuilder
+from shardkit.loader.cpu.shared_pool import SharedBatchPool
 from shardkit.loader.stats import StageStats
+
+
+def _pool(loader: ShardLoader) -> SharedBatchPool | None:
+    """The shared batch pool of a loader on the CPU route."""
+    assert isinstance(loader.route, CpuRoute)
+    return loader.route.pool
 
 
 def _ship(obj: object) -> bytes:
@@ -29,7 +36,7 @@ def _ship(obj: object) -> bytes:
 
 
 def test_slot_is_busy_until_the_last_view_is_gone() -> None:
-    ring = BatchRing(num_workers=2, slots_per_worker=2, shape=(4, 3, 5, 5))
+    ring = SharedBatchPool(num_workers=2, slots_per_worker=2, shape=(4, 3, 5, 5))
     got = ring.acquire(1, 3)
     assert got is not None
     out, ref = got
@@ -45,7 +52,7 @@ def test_slot_is_busy_until_the_last_view_is_gone() -> None:
 
 
 def test_full_ring_says_so_and_segments_travel_once() -> None:
-    ring = BatchRing(num_workers=1, slots_per_worker=2, shape=(2, 3, 64, 64))
+    ring = SharedBatchPool(num_workers=1, slots_per_worker=2, shape=(2, 3, 64, 64))
     first = ring.acquire(0, 2)
     second = ring.acquire(0, 2)
     assert first is not None and second is not None
@@ -63,14 +70,14 @@ def test_full_ring_says_so_and_segments_travel_once() -> None:
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
-        BatchRing(num_workers=0, slots_per_worker=2, shape=(2, 3, 4, 4))
-    ring = BatchRing(num_workers=1, slots_per_worker=1, shape=(2, 3, 4, 4))
+        SharedBatchPool(num_workers=0, slots_per_worker=2, shape=(2, 3, 4, 4))
+    ring = SharedBatchPool(num_workers=1, slots_per_worker=1, shape=(2, 3, 4, 4))
     with pytest.raises(ValueError, match="does not fit"):
         ring.acquire(0, 3)
 
 
 def test_batch_labels_travel_inline() -> None:
-    batch = Batch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([3, 7]), ["a", "b"], StageStats())
+    batch = CpuBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([3, 7]), ["a", "b"], StageStats())
     back = pickle.loads(_ship(batch))
     assert back.labels.dtype == torch.int64 and back.labels.tolist() == [3, 7]
     assert back.keys == ["a", "b"]
@@ -89,7 +96,7 @@ def test_batches_kept_alive_are_never_overwritten(packed: Path) -> None:
         held = [(x, y) for _ in range(2) for x, y, _k in ld]
         assert len(held) == 2 * len(ld)
         assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(held, reference, strict=False))
-        ring = ld._stream.builder.ring
+        ring = _pool(ld)
         assert ring is not None and int(ring.busy.sum()) > 0
         del held
         assert int(ring.busy.sum()) == 0
@@ -108,7 +115,7 @@ def test_close_mid_epoch_gives_back_the_slots_of_batches_in_flight(packed: Path)
     stay busy, or the ring stops serving after a few close() / re-iterate cycles."""
     reference = [(x.clone(), y.clone()) for x, y in _train_loader(packed, 0)]
     with _train_loader(packed, 2) as ld:
-        ring = ld._stream.builder.ring
+        ring = _pool(ld)
         assert ring is not None
         for _ in range(3):
             it = iter(ld)
@@ -125,9 +132,9 @@ def test_close_mid_epoch_gives_back_the_slots_of_batches_in_flight(packed: Path)
 
 
 def test_failed_build_gives_its_slot_back(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ring = BatchRing(num_workers=1, slots_per_worker=2, shape=(4, 3, 32, 32))
+    ring = SharedBatchPool(num_workers=1, slots_per_worker=2, shape=(4, 3, 32, 32))
     ld = _train_loader(packed, 0)
-    builder = BatchBuilder(ld._reader, ld.transform, on_error="raise", ring=ring)
+    builder = CpuBatchBuilder(ld.reader, ld.transform, on_error="raise", pool=ring)
     monkeypatch.setattr(batch_module, "get_worker_info", lambda: SimpleNamespace(id=0))  # as worker 0
 
     def bad(*_args: object) -> None:
@@ -147,7 +154,7 @@ def test_a_copied_loader_gets_a_ring_of_its_own(packed: Path) -> None:
     reference = [(x.clone(), y.clone()) for x, y in _train_loader(packed, 0)]
     with copy:
         got = [(x.clone(), y.clone()) for x, y in copy]
-        ring, first = copy._stream.builder.ring, original._stream.builder.ring
+        ring, first = _pool(copy), _pool(original)
         assert ring is not None and first is not None
         assert ring.owned() and ring.busy.data_ptr() != first.busy.data_ptr()
         assert ring._received and int(ring.busy.sum()) == 0  # its batches came through its own slots

@@ -1,10 +1,11 @@
-"""A ring slot of pinned host buffers for one in-flight batch, and its reuse guard.
+"""A *staging slot*: pinned host buffers for one in-flight batch of the GPU route, and its reuse guard.
 
 A slot holds what a batch needs on the device besides decoded pixels: the JPEG bytes (nvJPEG
-reads them from pinned memory), geometry, offsets, labels and CPU-decoded images. Reuse is safe
-because every copy out of a slot is enqueued before the slot's event is recorded, and
-:meth:`PinnedSlot.stage` waits for that event first (in steady state it completed long ago);
-the prefetcher's ring size makes sure a slot is not restaged while still queued.
+reads them from pinned memory), geometry, offsets, labels and CPU-decoded images. The device
+prefetcher owns a fixed set of them (:func:`~shardkit.loader.gpu.prefetch.staging_slots`) and
+explains why reusing one is safe; here, the last guard: every copy out of a slot is enqueued
+before the slot's event is recorded, and :meth:`PinnedSlot.stage` waits for that event first
+(in steady state it completed long ago).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from shardkit.loader.gpu.build import RawBatch
 from shardkit.transforms.gpu import Col
 
 __all__ = ["PinnedSlot", "chw_offsets"]
@@ -42,11 +44,11 @@ class PinnedSlot:
         self.counts = (0, 0, 0)
         self.bounds: list[int] = [0]
 
-    def stage(self, batch: object) -> None:
-        """Copy a worker batch's host tensors (``batch.images``: RawImages) into this slot."""
+    def stage(self, batch: RawBatch) -> None:
+        """Copy a worker batch's host tensors into this slot."""
         if self.event is not None:
             self.event.synchronize()
-        raw = batch.images  # type: ignore[attr-defined]
+        raw = batch.images
         labels = raw.labels
         k, m, n = raw.geometry.shape[0], raw.cpu_dest.shape[0], labels.shape[0]
         if n > self.labels.shape[0]:

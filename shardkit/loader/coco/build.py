@@ -1,0 +1,130 @@
+"""The COCO route's worker half: COCO samples -> images and torchvision-style targets.
+
+Per sample: read, decode the image (:func:`~shardkit.codec.decode.decode_rgb`), build the target
+(:func:`~shardkit.loader.coco.target.coco_target`), run the detection transform seeded by the
+sample's seed (:func:`~shardkit.transforms.detection.run_detection_transform`). The batch carries
+the images as a list of uint8 ``[3, H, W]`` tensors (or a :class:`PaddedImages`) and the targets
+as a list of dicts. The bad-sample policy is every route's (:mod:`shardkit.loader.bad_samples`):
+``"replace"`` (counted) or ``"raise"``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import torch
+
+from shardkit.codec.decode import DecodeStats, decode_rgb
+from shardkit.errors import DecodeError, LoaderError
+from shardkit.loader.bad_samples import BadSample
+from shardkit.loader.coco.target import BadTarget, coco_target
+from shardkit.loader.reader import ShardReader
+from shardkit.loader.samples import Sample, SampleSource
+from shardkit.loader.stats import StageStats
+from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.detection import run_detection_transform
+
+__all__ = ["DetectionBatch", "DetectionBatchBuilder", "PaddedImages", "pad_images"]
+
+
+class PaddedImages(NamedTuple):
+    """A batch of images of different sizes in one tensor: ``images`` uint8 ``[B, 3, H, W]``
+    zero-padded at the bottom and right, ``sizes`` int64 ``[B, 2]`` each image's ``(h, w)``."""
+
+    images: torch.Tensor
+    sizes: torch.Tensor
+
+
+def pad_images(images: Sequence[torch.Tensor], multiple: int = 1) -> PaddedImages:
+    """Stack uint8 ``[3, h, w]`` images into one zero-padded batch; H and W round up to ``multiple``.
+
+    Example:
+        >>> p = pad_images([torch.ones(3, 2, 5, dtype=torch.uint8), torch.ones(3, 4, 3, dtype=torch.uint8)], 4)
+        >>> tuple(p.images.shape), p.sizes.tolist()
+        ((2, 3, 4, 8), [[2, 5], [4, 3]])
+    """
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    sizes = torch.tensor([[im.shape[-2], im.shape[-1]] for im in images], dtype=torch.int64).reshape(-1, 2)
+    h, w = (-(-int(v) // multiple) * multiple for v in sizes.max(0).values) if len(images) else (0, 0)
+    out = torch.zeros((len(images), 3, h, w), dtype=torch.uint8)
+    for i, im in enumerate(images):
+        out[i, :, : im.shape[-2], : im.shape[-1]] = im
+    return PaddedImages(out, sizes)
+
+
+@dataclass
+class DetectionBatch:
+    """A detection batch: ``images`` (a list of uint8 ``[3, H, W]`` or one :class:`PaddedImages`),
+    ``targets`` (one dict per image, see :func:`~shardkit.loader.coco.target.coco_target`),
+    sample ``keys`` and the worker's ``stats``."""
+
+    images: list[torch.Tensor] | PaddedImages
+    targets: list[dict[str, Any]]
+    keys: list[str]
+    stats: StageStats
+
+    def pin_memory(self) -> DetectionBatch:
+        """This batch with its images in page-locked memory (DataLoader's pin-memory thread)."""
+        images = self.images
+        pinned = (PaddedImages(images.images.pin_memory(), images.sizes) if isinstance(images, PaddedImages)
+                  else [im.pin_memory() for im in images])
+        return replace(self, images=pinned)
+
+
+class DetectionBatchBuilder:
+    """Turn ``(shard, index, seed)`` triples of COCO samples into a :class:`DetectionBatch`.
+
+    Args:
+        reader: the dataset's :class:`ShardReader`.
+        transform: a detection transform (``transforms.detection_train(...)``,
+            ``detection_val(...)`` or any v2-style ``(image, target)`` callable) or None.
+        on_error: ``"replace"`` or ``"raise"`` (see :mod:`shardkit.loader.bad_samples`).
+        masks: decode instance masks into ``target["masks"]``.
+        label_map: category id -> label (e.g. contiguous 1..K); None keeps the ids.
+        pad: 0: images as a list; k >= 1: one :class:`PaddedImages` batch, sides multiples of k.
+    Raises:
+        LoaderError: an :class:`ImageTransform` (a classification transform) was given.
+    """
+
+    def __init__(self, reader: ShardReader, transform: Callable[..., Any] | None, *, on_error: str = "replace",
+                 masks: bool = False, label_map: dict[Any, int] | None = None, pad: int = 0) -> None:
+        if isinstance(transform, ImageTransform):
+            raise LoaderError("a COCO dataset needs a detection transform (transforms.detection_train/detection_val), "
+                              f"not {type(transform).__name__}")
+        if pad < 0:
+            raise LoaderError(f"pad must be False, True or a positive multiple, got {pad}")
+        self.samples = SampleSource(reader, on_error)
+        self.transform = transform
+        self.masks, self.label_map, self.pad = masks, label_map, pad
+
+    def _sample(self, sample: Sample, seed: int, stats: StageStats,
+                dstats: DecodeStats) -> tuple[torch.Tensor, dict[str, Any]]:
+        t1 = time.perf_counter()
+        where = sample.where
+        try:
+            image = decode_rgb(sample.image(), where=where, stats=dstats)
+            if "json" not in sample.fields:
+                raise BadSample(f"{where}: no json member (has {sorted(sample.fields)})")
+            target = coco_target(sample.fields["json"], image.shape[-2], image.shape[-1], masks=self.masks,
+                                 label_map=self.label_map)
+        except (DecodeError, BadTarget) as err:
+            raise BadSample(f"{where}: {err}") from err
+        t2 = time.perf_counter()
+        stats.decode_s += t2 - t1
+        if self.transform is not None:
+            image, target = run_detection_transform(self.transform, image, target, seed)
+        stats.transform_s += time.perf_counter() - t2
+        return image, target
+
+    def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> DetectionBatch:
+        """Read, decode and transform the given samples, in order."""
+        got, stats = self.samples.fill(lambda _slot, sample, seed, stats, dstats: self._sample(sample, seed, stats,
+                                                                                               dstats),
+                                       shards, indices, seeds)
+        images = [image for image, _ in got.results]
+        targets = [target for _, target in got.results]
+        return DetectionBatch(pad_images(images, self.pad) if self.pad else images, targets, got.keys, stats)

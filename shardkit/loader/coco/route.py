@@ -1,0 +1,37 @@
+"""The COCO route: workers decode, build targets and run the detection transform; the host
+moves images and targets to the device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from shardkit.index.manifest import Manifest
+from shardkit.loader.coco.build import DetectionBatch, DetectionBatchBuilder
+from shardkit.loader.coco.target import contiguous_label_map
+from shardkit.loader.reader import ShardReader
+from shardkit.loader.route import Route, to_device
+
+__all__ = ["CocoRoute"]
+
+
+class CocoRoute(Route[DetectionBatch, DetectionBatch]):
+    """Detection batches ``(images, targets)`` of a COCO dataset (see :class:`DetectionBatchBuilder`).
+
+    ``contiguous_labels``: labels 1..K in category-id order (0: background) instead of the
+    category ids; the mapping is :attr:`label_map`.
+    """
+
+    def __init__(self, manifest: Manifest, reader: ShardReader, transform: Callable[..., Any] | None, *,
+                 device: torch.device, on_error: str, masks: bool, pad: bool | int, contiguous_labels: bool) -> None:
+        #: category id -> label when ``contiguous_labels``; otherwise None (labels are the ids).
+        self.label_map = contiguous_label_map(manifest.categories) if contiguous_labels else None
+        self.builder: DetectionBatchBuilder = DetectionBatchBuilder(
+            reader, transform, on_error=on_error, masks=masks, label_map=self.label_map, pad=int(pad))
+        self.device = device
+        self.pin_memory = device.type == "cuda"
+
+    def finish(self, batch: DetectionBatch) -> tuple[Any, Any]:
+        return to_device(batch.images, self.device), to_device(batch.targets, self.device)

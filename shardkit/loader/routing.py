@@ -1,0 +1,57 @@
+"""Which route a loader takes: COCO, GPU or CPU, decided once from the dataset, transform and device."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from shardkit.codec.nvjpeg import gpu_decode_unavailable
+from shardkit.errors import LoaderError
+from shardkit.index.manifest import Manifest
+from shardkit.loader.coco import CocoRoute
+from shardkit.loader.cpu import CpuRoute
+from shardkit.loader.gpu import GpuOptions, GpuRoute
+from shardkit.loader.reader import ShardReader
+from shardkit.loader.route import Route
+from shardkit.transforms.base import ImageTransform
+
+__all__ = ["choose_route"]
+
+log = logging.getLogger("shardkit.loader")
+
+
+def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransform | Callable[..., Any] | None,
+                 device: torch.device, *, on_error: str, batch_size: int, num_workers: int, prefetch: int,
+                 gpu: GpuOptions, masks: bool, pad: bool | int, contiguous_labels: bool) -> Route[Any, Any]:
+    """The route for this dataset, transform and device.
+
+    - a COCO dataset: :class:`CocoRoute` (a detection transform or None);
+    - a CUDA ``device`` with an :class:`ImageTransform`: :class:`GpuRoute` when nvJPEG works;
+      otherwise one warning and the CPU route, delivering on ``device`` (or on the CPU when
+      CUDA is missing altogether);
+    - anything else: :class:`CpuRoute`.
+
+    The route's :attr:`~shardkit.loader.route.Route.device` is where batches end up.
+
+    Raises:
+        LoaderError: detection-only options (``masks``, ``pad``, ``contiguous_labels``) on a
+            dataset that is not COCO, or a classification transform on a COCO dataset.
+    """
+    if manifest.kind == "coco":
+        return CocoRoute(manifest, reader, transform, device=device, on_error=on_error, masks=masks, pad=pad,
+                         contiguous_labels=contiguous_labels)
+    if masks or pad or contiguous_labels:
+        raise LoaderError(f"masks, pad and contiguous_labels need a COCO dataset; this one is {manifest.kind!r}")
+    if device.type == "cuda" and isinstance(transform, ImageTransform):
+        reason = gpu_decode_unavailable(device)
+        if reason is None:
+            return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
+                            num_workers=num_workers, prefetch=prefetch, options=gpu)
+        fallback = device if torch.cuda.is_available() else torch.device("cpu")
+        log.warning("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s", reason, fallback)
+        device = fallback
+    return CpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
+                    num_workers=num_workers, prefetch=prefetch)

@@ -1,0 +1,129 @@
+"""What every route's worker half shares: read a batch's samples, apply the bad-sample policy,
+count what happened, and decode an image the way a transform needs it.
+
+A route's builder supplies only what it does with one read sample (decode and transform it on
+the CPU, keep its JPEG bytes for the GPU, build a detection target); :meth:`SampleSource.fill`
+does the rest, the same way for every route: time the read, name the sample in errors
+(``where``: shard path and key), replace or raise on a :class:`BadSample`, and gather the
+batch's :class:`~shardkit.loader.stats.StageStats`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+from shardkit.codec.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
+from shardkit.codec.jpeg_region import decode_box_rgb, roi_available, within_pixel_limit
+from shardkit.errors import DecodeError, LoaderError
+from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
+from shardkit.loader.bad_samples import BadSample, Filled, fill_batch
+from shardkit.loader.reader import ShardReader
+from shardkit.loader.stats import StageStats
+from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.params import CropFlip
+
+__all__ = ["ON_ERROR", "Sample", "SampleSource", "decode_for"]
+
+T = TypeVar("T")
+
+#: The bad-sample policies: replace a bad sample deterministically (counted), or raise.
+ON_ERROR = ("replace", "raise")
+
+
+@dataclass
+class Sample:
+    """One sample as read from its shard: ``key``, its members by extension, and ``where``
+    (``<shard path>:<key>``) to name it in errors."""
+
+    key: str
+    fields: dict[str, bytes]
+    where: str
+
+    def image(self) -> bytes:
+        """The encoded image member (the first one with an image extension)."""
+        for ext, data in self.fields.items():
+            if ext in IMAGE_MEMBER_EXTENSIONS:
+                return data
+        raise BadSample(f"{self.where}: no image member (has {sorted(self.fields)})")
+
+    def label(self) -> int:
+        """The class index from the ``cls`` member."""
+        try:
+            return int(self.fields["cls"])
+        except (KeyError, ValueError) as err:
+            raise BadSample(f"{self.where}: missing or malformed cls member") from err
+
+
+class SampleSource:
+    """Read samples by ``(shard, index)`` from ``reader`` under the ``on_error`` policy.
+
+    Picklable (it travels to the worker processes inside a route's builder).
+    """
+
+    def __init__(self, reader: ShardReader, on_error: str = "replace") -> None:
+        if on_error not in ON_ERROR:
+            raise LoaderError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.reader = reader
+        self.on_error = on_error
+
+    def read(self, shard: int, index: int, stats: StageStats) -> Sample:
+        """Read one sample, adding the time to ``stats.read_s``."""
+        t0 = time.perf_counter()
+        key, fields = self.reader.read(shard, index)
+        where = f"{self.reader.store.path(self.reader.shards[shard].url)}:{key}"
+        stats.read_s += time.perf_counter() - t0
+        return Sample(key, fields, where)
+
+    def fill(self, make: Callable[[int, Sample, int, StageStats, DecodeStats], T], shards: Sequence[int],
+             indices: Sequence[int], seeds: Sequence[int]) -> tuple[Filled[T], StageStats]:
+        """Run ``make(slot, sample, seed, stats, decode_stats)`` on each sample of a batch, in
+        order, then apply the bad-sample policy (:func:`~shardkit.loader.bad_samples.fill_batch`).
+
+        ``make`` raises :class:`BadSample` for a sample it cannot use. Returns the filled batch
+        and its stats (one batch; its samples, replacements and decoder counts).
+
+        Raises:
+            LoaderError: a bad sample with ``on_error="raise"``, or a batch beyond replacing.
+        """
+        stats, dstats = StageStats(batches=1, samples=len(shards)), DecodeStats()
+
+        def attempt(slot: int, shard: int, index: int, seed: int) -> T:
+            return make(slot, self.read(shard, index, stats), seed, stats, dstats)
+
+        got = fill_batch(attempt, self.reader, shards, indices, seeds, on_error=self.on_error)
+        stats.replaced += got.replaced
+        stats.fast, stats.fallback = dstats.fast, dstats.fallback
+        return got, stats
+
+
+def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where: str,
+               dstats: DecodeStats) -> tuple[torch.Tensor, CropFlip]:
+    """Decode what ``transform`` needs and draw its parameters (always the same draws from
+    ``rng``, whichever decoder runs). Crop-first transforms on JPEGs decode only their box.
+
+    Raises:
+        BadSample: the image cannot be decoded (the message names it).
+    """
+    try:
+        if transform.crop_first and roi_available() and is_jpeg(raw):
+            height, width = peek_size(raw)
+            params = transform.sample_params(height, width, rng)
+            region = decode_box_rgb(raw, params) if within_pixel_limit(height, width) else None
+            if region is not None:
+                dstats.fast += 1
+                return region, CropFlip(0, 0, params.height, params.width, params.flip)
+            image = decode_rgb(raw, where=where, stats=dstats)
+            if tuple(image.shape[-2:]) != (height, width):
+                raise DecodeError(f"header says {height}x{width}, image decodes to {tuple(image.shape[-2:])}",
+                                  where=where)
+            return image, params
+        image = decode_rgb(raw, where=where, stats=dstats)
+    except DecodeError as err:
+        raise BadSample(str(err)) from err
+    return image, transform.sample_params(image.shape[-2], image.shape[-1], rng)
