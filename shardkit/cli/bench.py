@@ -29,16 +29,23 @@ from shardkit.cli.progress import BenchBar, bars_enabled
                    "have been packed with the same N.")
 @click.option("--out", "out", default=None, type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option("--plot", "plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart here.")
+@click.option("--train", "train_model", type=click.Choice(["resnet18", "resnet50"]), default=None,
+              help="Measure the images/s of a compiled bf16 training step of this model fed by each loader, "
+                   "and its share of the same step fed one fixed batch (needs --shards).")
+@click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1),
+              help="--train: timed steps per run (after --warmup untimed ones).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_size: int, device: str,
                   transform: str, size: int, epochs: int, repeats: int, warmup: int, drop_caches: bool,
                   no_webdataset: bool, jpeg_restart: int | None, out: str | None, plot: str | None,
-                  quiet: bool) -> None:
+                  train_model: str | None, steps: int, quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
 
     Packs the tree first unless --shards names a packed dataset (pack speed is reported
     separately). Prints a table; --out writes JSON, --plot a PNG.
+
+    With --train MODEL: the loaders feed a training step instead (see shardkit.bench.train).
     """
     from shardkit.bench import BenchConfig, format_table, plot_report, run_bench, write_json
 
@@ -47,6 +54,10 @@ def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_
 
         if not torch.cuda.is_available():
             raise click.UsageError("--device cuda: no CUDA device is available")
+    if train_model is not None:
+        _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
+               size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet)
+        return
     contenders = tuple(c for c in ("imagefolder", "webdataset", "shardloader") if not (no_webdataset and c == "webdataset"))
     cfg = BenchConfig(imagefolder=imagefolder_dir, shards=shards, workers=workers, batch_size=batch_size,
                       device=device, transform=transform, size=size, epochs=epochs, repeats=repeats,
@@ -72,3 +83,31 @@ def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_
     if plot:
         plot_report(report, plot)
         click.echo(f"plot:   {plot}")
+
+
+def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int, batch_size: int, device: str,
+           size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool) -> None:
+    from shardkit.bench import write_json
+    from shardkit.bench.train import TrainBenchConfig, TrainRun, format_train_table, run_train_bench
+    from shardkit.index.manifest import locate_dataset
+
+    if shards is None or not locate_dataset(shards).exists("index.json"):
+        raise click.UsageError("--train needs --shards naming a packed dataset of IMAGEFOLDER_DIR "
+                               "(shardkit pack IMAGEFOLDER_DIR SHARDS)")
+    cfg = TrainBenchConfig(imagefolder=imagefolder_dir, shards=shards, model=model, size=size,
+                           batch_size=batch_size, workers=workers, steps=steps, warmup=warmup, repeats=repeats,
+                           device=device, compile=device == "cuda")
+
+    def after_run(name: str, rep: int, run: TrainRun) -> None:
+        if not quiet:
+            click.echo(f"  {name:<12} run {rep + 1}/{repeats}: fed {run.fed_images_per_second:,.0f} img/s, "
+                       f"synthetic {run.synthetic_images_per_second:,.0f} img/s, share {run.share:.0%}", err=True)
+
+    try:
+        report = run_train_bench(cfg, after_run=after_run)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    click.echo(format_train_table(report))
+    if out:
+        write_json(report, out)
+        click.echo(f"report: {out}")

@@ -1,0 +1,91 @@
+"""``shardkit bench --train``: the step-fed measurement's plumbing, on the CPU (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from shardkit.bench.train import (
+    TrainBenchConfig,
+    TrainStep,
+    format_train_table,
+    measure,
+    run_train_bench,
+)
+from shardkit.cli import cli
+from shardkit.pack import PackOptions, pack
+
+
+@pytest.fixture(scope="module")
+def packed(tiny_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dst = tmp_path_factory.mktemp("train") / "shards"
+    pack(str(tiny_tree), str(dst), options=PackOptions(max_count=8), workers=1)
+    return dst
+
+
+def _cfg(tree: Path, packed: Path, **kw: object) -> TrainBenchConfig:
+    base: dict[str, object] = {"imagefolder": str(tree), "shards": str(packed), "model": "resnet18", "size": 32,
+                               "batch_size": 4, "workers": 0, "steps": 1, "warmup": 0, "repeats": 2,
+                               "device": "cpu", "compile": False}
+    return TrainBenchConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_report_has_every_run_and_share_is_fed_over_synthetic(tiny_tree: Path, packed: Path) -> None:
+    order: list[tuple[str, int]] = []
+    report = run_train_bench(_cfg(tiny_tree, packed), after_run=lambda name, rep, _run: order.append((name, rep)))
+    assert order == [("imagefolder", 0), ("shardloader", 0), ("shardloader", 1), ("imagefolder", 1)]
+    assert [r["name"] for r in report["results"]] == ["imagefolder", "shardloader"]
+    for r in report["results"]:
+        assert len(r["runs"]) == 2
+        for run in r["runs"]:
+            assert run["fed_images_per_second"] > 0 and run["synthetic_images_per_second"] > 0
+            assert 0 <= run["host_wait_fraction"] <= 1
+        shares = [run["fed_images_per_second"] / run["synthetic_images_per_second"] for run in r["runs"]]
+        assert r["share"]["runs"] == pytest.approx(shares)
+        assert r["loader_gpu_ms_per_batch"] is None  # no GPU route on the CPU
+    table = format_train_table(report)
+    assert "resnet18 @32 px" in table and "shardkit ShardLoader" in table and "share" in table
+    json.dumps(report)  # JSON-able
+
+
+def test_the_fed_run_takes_the_loaders_batches_across_epochs(tiny_tree: Path) -> None:
+    """More steps than an epoch has batches: the measurement chains epochs and counts every step."""
+    seen: list[int] = []
+
+    class Loader:
+        epochs = 0
+
+        def __iter__(self):
+            self.epochs += 1
+            for i in range(2):  # two batches per epoch
+                seen.append(i)
+                yield torch.zeros(4, 3, 32, 32, dtype=torch.uint8), torch.tensor([0, 1, 0, 1])
+
+    step = TrainStep("resnet18", 2, torch.device("cpu"), compile=False)
+    loader = Loader()
+    run = measure(step, loader, steps=3, warmup=0, batch_size=4)
+    assert len(seen) == 1 + 3 and loader.epochs == 2  # the fixed (first) batch, then the timed steps
+    assert run.fed_images_per_second > 0 and run.loader_gpu_ms_per_batch is None
+
+
+def test_settings_are_checked(tiny_tree: Path, packed: Path) -> None:
+    with pytest.raises(ValueError, match="model must be one of"):
+        run_train_bench(_cfg(tiny_tree, packed, model="vit"))
+    with pytest.raises(ValueError, match="contenders"):
+        run_train_bench(_cfg(tiny_tree, packed, contenders=("dali",)))
+
+
+def test_cli_needs_packed_shards_and_prints_the_table(tiny_tree: Path, packed: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(cli, ["bench", str(tiny_tree), "--train", "resnet18"])
+    assert missing.exit_code == 2 and "--train needs --shards" in missing.output
+    out = tmp_path / "train.json"
+    ok = runner.invoke(cli, ["bench", str(tiny_tree), "--shards", str(packed), "--train", "resnet18", "--size", "32",
+                              "--batch-size", "4", "--workers", "0", "--steps", "1", "--warmup", "0", "--repeats", "1",
+                              "--out", str(out), "-q"])
+    assert ok.exit_code == 0, ok.output
+    assert "share" in ok.output and json.loads(out.read_text())["schema"] == "shardkit.bench.train/1"
