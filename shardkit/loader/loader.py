@@ -30,7 +30,7 @@ HW_DECODE = ("off", "mix", "only")
 
 
 def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, device_prefetch: int,
-                     on_error: str, rank: int | None, world_size: int | None) -> None:
+                     on_error: str, rank: int | None, world_size: int | None, even_batches: bool) -> None:
     """Refuse bad arguments when the loader is built, naming the argument, rather than later in
     a worker process (where torch would re-raise the error under its own type) or on one route only.
 
@@ -47,6 +47,8 @@ def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch
     for name, given in (("rank", rank), ("world_size", world_size)):
         if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
             raise LoaderError(f"{name} must be an int or None, got {given!r}")
+    if not isinstance(even_batches, bool):
+        raise LoaderError(f"even_batches must be a bool, got {even_batches!r}")
 
 
 class ShardLoader:
@@ -65,6 +67,9 @@ class ShardLoader:
         device: where batches are delivered (``"cpu"`` or ``"cuda[:i]"``).
         shuffle, seed: epoch order is a pure function of ``(seed, epoch, manifest)``.
         drop_last: True: every sample at most once per epoch; False: at least once, padded.
+        even_batches: False (evaluation): every sample exactly once over all ranks, the last
+            batch short, no padding; ranks' ``len`` may differ by one batch (reduce metrics as
+            sums, e.g. ``all_reduce`` of correct and total). True: equal full batches per rank.
         rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
         keys: also yield each batch's list of sample keys.
         window: shards mixed by the within-window shuffle (bounds memory and open files).
@@ -137,9 +142,11 @@ class ShardLoader:
         pad: bool | int = False,
         hw_decode: Literal["off", "mix", "only"] = "off",
         hw_decode_threads: int = 2,
+        even_batches: bool = True,
     ) -> None:
         _check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
-                         device_prefetch=device_prefetch, on_error=on_error, rank=rank, world_size=world_size)
+                         device_prefetch=device_prefetch, on_error=on_error, rank=rank, world_size=world_size,
+                         even_batches=even_batches)
         if hw_decode not in HW_DECODE or hw_decode_threads < 1:
             raise LoaderError(f"hw_decode must be one of {HW_DECODE} and hw_decode_threads >= 1, "
                               f"got {hw_decode!r} and {hw_decode_threads}")
@@ -149,6 +156,7 @@ class ShardLoader:
         self.config = PlanConfig(
             shard_sizes=tuple(s.num_samples for s in self.manifest.shards), seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
+            even_batches=even_batches,
         )
         if self.config.num_samples == 0:
             raise LoaderError("dataset has no samples", where=store.url)
@@ -197,7 +205,7 @@ class ShardLoader:
         self._stats = StageStats()
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank)."""
+        """Batches this rank yields per epoch (the same on every rank unless ``even_batches=False``)."""
         return self._num_batches
 
     @property
