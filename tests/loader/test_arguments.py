@@ -14,6 +14,7 @@ BAD = [
     ("num_workers", -1), ("window", 0), ("window", -2), ("prefetch", 0),
     ("device_prefetch", 1), ("device_prefetch", 0), ("on_error", "skip"),
     ("rank", 2), ("rank", -1), ("rank", "0"), ("world_size", 0),
+    ("even_batches", "no"), ("even_batches", 0), ("even_batches", None),
 ]
 
 
