@@ -26,7 +26,7 @@ from shardkit.transforms.base import ImageTransform
 
 
 def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, on_error: str,
-                     rank: int | None, world_size: int | None, gpu: GpuOptions | None) -> None:
+                     rank: int | None, world_size: int | None, gpu: GpuOptions | None, even_batches: bool) -> None:
     """Refuse bad arguments when the loader is built, naming the argument, rather than later in
     a worker process (where torch would re-raise the error under its own type) or on one route only.
 
@@ -45,6 +45,8 @@ def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch
             raise LoaderError(f"{name} must be an int or None, got {given!r}")
     if gpu is not None and not isinstance(gpu, GpuOptions):
         raise LoaderError(f"gpu must be a GpuOptions or None, got {type(gpu).__name__}")
+    if not isinstance(even_batches, bool):
+        raise LoaderError(f"even_batches must be a bool, got {even_batches!r}")
 
 
 class ShardLoader:
@@ -63,6 +65,9 @@ class ShardLoader:
         device: where batches are delivered (``"cpu"`` or ``"cuda[:i]"``).
         shuffle, seed: epoch order is a pure function of ``(seed, epoch, manifest)``.
         drop_last: True: every sample at most once per epoch; False: at least once, padded.
+        even_batches: False (evaluation): every sample exactly once over all ranks, the last
+            batch short, no padding; ranks' ``len`` may differ by one batch (reduce metrics as
+            sums, e.g. ``all_reduce`` of correct and total). True: equal full batches per rank.
         rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
         keys: also yield each batch's list of sample keys.
         window: shards mixed by the within-window shuffle (bounds memory and open files).
@@ -115,6 +120,7 @@ class ShardLoader:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        even_batches: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
         keys: bool = False,
@@ -130,13 +136,14 @@ class ShardLoader:
         pad: bool | int = False,
     ) -> None:
         _check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
-                         on_error=on_error, rank=rank, world_size=world_size, gpu=gpu)
+                         on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches)
         store = locate_dataset(dataset, storage_options)
         self.manifest = read_manifest(store)
         rank, world_size = rank_and_world(rank, world_size)
         self.config = PlanConfig(
             shard_sizes=tuple(s.num_samples for s in self.manifest.shards), seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
+            even_batches=even_batches,
         )
         if self.config.num_samples == 0:
             raise LoaderError("dataset has no samples", where=store.url)
@@ -169,7 +176,7 @@ class ShardLoader:
         self._stats = StageStats()
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank)."""
+        """Batches this rank yields per epoch (the same on every rank unless ``even_batches=False``)."""
         return self._num_batches
 
     @property

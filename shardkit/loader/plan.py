@@ -2,8 +2,14 @@
 
 A sample's global id is its shard's offset in the manifest plus its index inside the shard.
 Every function here is pure (numpy only, no torch, no global RNG): the plan of an epoch depends
-only on ``(seed, epoch, shard sizes, world size, batch size, drop_last)``, never on timing, the
-number of workers or the OS, so resuming is "skip the first k batches".
+only on ``(seed, epoch, shard sizes, world size, batch size, drop_last, even_batches)``, never on
+timing, the number of workers or the OS, so resuming is "skip the first k batches".
+
+Two ways to share an epoch out over ranks: ``even_batches=True`` (the default, for training)
+gives every rank the same number of full batches, padding with repeats (or dropping the tail);
+``even_batches=False`` (for evaluation) cuts the epoch into batches of ``B``, the last one short,
+and gives each rank a contiguous run of them, ranks differing by at most one batch, so every
+sample is delivered exactly once over all ranks.
 """
 
 from __future__ import annotations
@@ -48,15 +54,28 @@ def locate(ids: npt.ArrayLike, offsets: np.ndarray) -> tuple[np.ndarray, np.ndar
     """Map global sample ids to ``(shard index, index within shard)``, both int64 arrays.
 
     ``offsets`` comes from :func:`shard_offsets`. Raises LoaderError for ids outside [0, N).
+    Ragged batches (a 1-D object array of int arrays, what :func:`rank_batches` returns with
+    ``even_batches=False``) map row by row to two object arrays of the same shape.
 
     >>> [a.tolist() for a in locate([0, 3, 4], shard_offsets([3, 0, 2]))]
     [[0, 2, 2], [0, 0, 1]]
     """
+    if isinstance(ids, np.ndarray) and ids.dtype == object:
+        rows = [locate(row, offsets) for row in ids]
+        return _objects([shard for shard, _ in rows]), _objects([index for _, index in rows])
     ids = np.asarray(ids, dtype=np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= offsets[-1]):
         raise LoaderError(f"sample ids must be in [0, {int(offsets[-1])})")
     shard = np.searchsorted(offsets, ids, side="right") - 1  # "right" skips empty shards
     return shard, ids - offsets[shard]
+
+
+def _objects(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """A 1-D object array holding ``rows`` as they are (numpy would stack equal-length rows)."""
+    out = np.empty(len(rows), dtype=object)
+    for i, row in enumerate(rows):
+        out[i] = row
+    return out
 
 
 def epoch_order(
@@ -98,12 +117,30 @@ def epoch_order(
     return order
 
 
-def num_batches(num_samples: int, *, world_size: int, batch_size: int, drop_last: bool) -> int:
-    """Batches every rank yields: ``N // (W*B)`` if ``drop_last`` else ``ceil(N / (W*B))``.
+def num_batches(
+    num_samples: int,
+    *,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+    even_batches: bool = True,
+    rank: int | None = None,
+) -> int:
+    """Batches rank ``rank`` yields per epoch.
+
+    ``even_batches=True``: the same on every rank, ``N // (W*B)`` if ``drop_last`` else
+    ``ceil(N / (W*B))`` (``rank`` is only checked). ``even_batches=False``: the epoch's ``T``
+    batches (``T = N // B`` if ``drop_last`` else ``ceil(N / B)``) shared out, the first
+    ``W - T % W`` ranks taking ``T // W`` and the others one more; ``rank=None`` gives the most
+    any rank takes, ``ceil(T / W)``: the steps of an epoch when ranks go in lock step.
+    Raises LoaderError for a negative ``num_samples`` or bad world size, batch size or rank.
 
     >>> num_batches(10, world_size=2, batch_size=3, drop_last=True), num_batches(
     ...     10, world_size=2, batch_size=3, drop_last=False)
     (1, 2)
+    >>> [num_batches(10, world_size=3, batch_size=3, drop_last=False, even_batches=False, rank=r)
+    ...  for r in (0, 1, 2, None)]
+    [1, 1, 2, 2]
     """
     if num_samples < 0:
         raise LoaderError(f"num_samples must be >= 0, got {num_samples}")
@@ -111,36 +148,91 @@ def num_batches(num_samples: int, *, world_size: int, batch_size: int, drop_last
         raise LoaderError(f"world_size must be >= 1, got {world_size}")
     if batch_size < 1:
         raise LoaderError(f"batch_size must be >= 1, got {batch_size}")
+    if rank is not None and not 0 <= rank < world_size:
+        raise LoaderError(f"rank must be in [0, {world_size}), got {rank}")
+    if not even_batches:
+        if rank is None:
+            return -(-_total_batches(num_samples, batch_size, drop_last) // world_size)
+        return _uneven_span(num_samples, rank=rank, world_size=world_size, batch_size=batch_size,
+                            drop_last=drop_last)[1]
     per_step = world_size * batch_size
     return num_samples // per_step if drop_last else -(-num_samples // per_step)
 
 
-def rank_batches(
-    order: np.ndarray, *, rank: int, world_size: int, batch_size: int, drop_last: bool
-) -> np.ndarray:
-    """This rank's batches of global sample ids: a new int64 array ``[num_batches, batch_size]``.
+def _total_batches(num_samples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches of ``batch_size`` in an epoch of ``num_samples``, the last one short unless dropped."""
+    return num_samples // batch_size if drop_last else -(-num_samples // batch_size)
 
-    The epoch stream is ``order`` cut to ``nb*W*B`` ids (``drop_last=True``: every sample at
-    most once, fewer than ``W*B`` dropped) or padded to it by repeating ``order`` cyclically from
-    its start (``drop_last=False``: every sample at least once, fewer than ``W*B`` repeats).
-    Rank ``r`` takes the contiguous slice ``[r*nb*B, (r+1)*nb*B)`` of that stream, so it reads
-    few shards; all batches are full and every rank gets the same ``nb``.
+
+def _uneven_span(
+    num_samples: int, *, rank: int, world_size: int, batch_size: int, drop_last: bool
+) -> tuple[int, int]:
+    """``(first batch, number of batches)`` of ``rank`` in the epoch's batches, ``even_batches=False``.
+
+    The later ranks take the extra batches, so :func:`batch_positions` (which knows only this
+    rank's batch count) still gives every sample of the epoch its own position.
+    """
+    total = _total_batches(num_samples, batch_size, drop_last)
+    base, extra = divmod(total, world_size)
+    fewer = world_size - extra  # ranks [0, fewer) take `base` batches, the others base + 1
+    return rank * base + max(0, rank - fewer), base + (rank >= fewer)
+
+
+def rank_batches(
+    order: np.ndarray,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+    even_batches: bool = True,
+) -> np.ndarray:
+    """This rank's batches of global sample ids.
+
+    ``even_batches=True``: a new int64 array ``[num_batches, batch_size]``. The epoch stream is
+    ``order`` cut to ``nb*W*B`` ids (``drop_last=True``: every sample at most once, fewer than
+    ``W*B`` dropped) or padded to it by repeating ``order`` cyclically from its start
+    (``drop_last=False``: every sample at least once, fewer than ``W*B`` repeats). Rank ``r``
+    takes the contiguous slice ``[r*nb*B, (r+1)*nb*B)`` of that stream, so it reads few shards;
+    all batches are full and every rank gets the same ``nb``.
+
+    ``even_batches=False``: a 1-D object array of ``num_batches(..., rank=rank)`` int64 arrays.
+    ``order`` is cut into batches of ``B`` (``drop_last=False``: the last one short, every sample
+    exactly once; ``drop_last=True``: the short one dropped, fewer than ``B`` samples left out)
+    and rank ``r`` takes a contiguous run of them; ranks differ by at most one batch, and a rank
+    may get none when there are fewer batches than ranks.
+
     Raises LoaderError for an empty order or bad rank, world size or batch size.
 
     >>> rank_batches(np.arange(5), rank=1, world_size=2, batch_size=2, drop_last=False).tolist()
     [[4, 0], [1, 2]]
+    >>> [b.tolist() for b in rank_batches(np.arange(5), rank=1, world_size=2, batch_size=2,
+    ...                                   drop_last=False, even_batches=False)]
+    [[2, 3], [4]]
     """
     order = np.asarray(order)
     if order.ndim != 1 or order.size == 0 or order.dtype.kind not in "iu":
         raise LoaderError(
             f"order must be a non-empty 1-D int array, got {order.dtype}{order.shape}"
         )
-    nb = num_batches(order.size, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
-    if not 0 <= rank < world_size:
-        raise LoaderError(f"rank must be in [0, {world_size}), got {rank}")
+    nb = num_batches(
+        order.size,
+        world_size=world_size,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        even_batches=even_batches,
+        rank=rank,
+    )
+    order = order.astype(np.int64, copy=False)
+    if not even_batches:
+        first, _ = _uneven_span(
+            order.size, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last
+        )
+        starts = range(first * batch_size, (first + nb) * batch_size, batch_size)
+        return _objects([order[i : i + batch_size].copy() for i in starts])
     per_rank = nb * batch_size
     stream = np.arange(rank * per_rank, (rank + 1) * per_rank, dtype=np.int64) % order.size
-    return order[stream].astype(np.int64, copy=False).reshape(nb, batch_size)
+    return order[stream].reshape(nb, batch_size)
 
 
 def worker_batch_indices(
@@ -169,6 +261,8 @@ def batch_positions(rank: int, batch_index: int, *, num_batches: int, batch_size
     """Global positions (in the padded epoch stream) of batch ``batch_index`` of ``rank``.
 
     Pass them to :func:`sample_seed` / :func:`sample_seeds`; unique across ranks and workers.
+    With ``even_batches=False`` (ranks' ``num_batches`` differ, the later ranks holding more) they
+    stay unique but leave gaps; a short last batch uses the first of its ``batch_size`` positions.
 
     >>> list(batch_positions(1, 2, num_batches=3, batch_size=2))
     [10, 11]

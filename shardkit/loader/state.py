@@ -3,6 +3,14 @@
 The state is the same on every rank (rank is not part of it), so rank 0 alone may save it.
 ``batches_consumed`` counts batches each rank has delivered in ``epoch``; resuming means
 ``worker_batch_indices(..., start_batch=batches_consumed)`` on the same epoch plan.
+
+With ``even_batches=False`` ranks hold different batch counts (by one at most) and go in lock
+step while they all have batches, so ``batches_consumed`` counts the steps of the epoch: rank
+``r`` resumes at ``min(batches_consumed, its batch count)`` (see :meth:`LoaderState.resume_at`).
+A rank whose shorter share is finished reports the next epoch; take the state at a step, or
+after every rank has finished the epoch (after the all-reduce of the metrics, say).
+The ``even_batches`` key is written only when it is False, so the states of default loaders are
+what they were before it existed.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from shardkit.loader.plan import num_batches
 
 STATE_VERSION = 1
 _WHERE = "loader state"
-_BOOLS = frozenset({"drop_last", "shuffle"})
+_BOOLS = frozenset({"drop_last", "shuffle", "even_batches"})
+_OPTIONAL = {"even_batches": True}  # keys a state may omit, with the value they then take
 _PROGRESS = frozenset({"version", "epoch", "batches_consumed"})
 _MINIMUM = {
     "seed": 0,
@@ -69,6 +78,7 @@ class LoaderState:
     drop_last: bool
     shuffle: bool
     window: int
+    even_batches: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -99,6 +109,7 @@ class LoaderState:
             world_size=self.world_size,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
+            even_batches=self.even_batches,
         )
         if self.batches_consumed > nb:
             raise LoaderError(
@@ -107,8 +118,32 @@ class LoaderState:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of every field (``json.dumps`` works on it as is)."""
-        return dataclasses.asdict(self)
+        """A JSON-able dict of every field (``json.dumps`` works on it as is); an optional field
+        at its default (``even_batches=True``) is left out."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if not (k in _OPTIONAL and v == _OPTIONAL[k])}
+
+    def resume_at(self, rank: int) -> tuple[int, int]:
+        """``(epoch, next batch)`` where rank ``rank`` resumes: the next epoch's start once the
+        epoch's steps are all done, else ``batches_consumed`` (capped at this rank's batch count
+        with ``even_batches=False``, so a rank whose share is done waits out the epoch's last
+        step with the others instead of running ahead into the next epoch).
+
+        Raises LoaderError for a rank outside ``[0, world_size)``.
+        """
+        steps, mine = (
+            num_batches(
+                self.num_samples,
+                world_size=self.world_size,
+                batch_size=self.batch_size,
+                drop_last=self.drop_last,
+                even_batches=self.even_batches,
+                rank=r,
+            )
+            for r in (None, rank)
+        )
+        if self.batches_consumed >= steps:
+            return self.epoch + 1, 0
+        return self.epoch, min(self.batches_consumed, mine)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LoaderState:
@@ -126,7 +161,7 @@ class LoaderState:
                 where=_WHERE,
             )
         names = {f.name for f in dataclasses.fields(cls)}
-        if missing := sorted(names - d.keys()):
+        if missing := sorted(names - d.keys() - _OPTIONAL.keys()):
             raise LoaderError(f"missing keys {missing}", where=_WHERE)
         if unknown := sorted(map(str, d.keys() - names)):
             raise LoaderError(f"unknown keys {unknown}", where=_WHERE)
@@ -146,8 +181,9 @@ def check_compatible(state: LoaderState, **current: object) -> None:
     """Refuse to resume ``state`` in a loader configured differently.
 
     ``current`` must name every configuration field of :class:`LoaderState` (all but
-    ``version``, ``epoch`` and ``batches_consumed``) with the resuming loader's value; a missing,
-    unknown or differing one raises LoaderError naming every mismatch.
+    ``version``, ``epoch`` and ``batches_consumed``; ``even_batches`` may be left out when True)
+    with the resuming loader's value; a missing, unknown or differing one raises LoaderError
+    naming every mismatch.
 
     >>> s = LoaderState(seed=0, epoch=0, batches_consumed=0, num_samples=10, shards_digest="x",
     ...                 world_size=1, batch_size=2, drop_last=False, shuffle=False, window=8)
@@ -157,6 +193,7 @@ def check_compatible(state: LoaderState, **current: object) -> None:
     config = {f.name for f in dataclasses.fields(state)} - _PROGRESS
     if unknown := sorted(current.keys() - config):
         raise LoaderError(f"not configuration fields: {unknown}", where=_WHERE)
+    current = {**_OPTIONAL, **current}
     if missing := sorted(config - current.keys()):
         raise LoaderError(f"check_compatible needs {missing}", where=_WHERE)
     diffs = [

@@ -50,6 +50,7 @@ class PlanConfig:
     world_size: int
     batch_size: int
     drop_last: bool
+    even_batches: bool = True
 
     @property
     def num_samples(self) -> int:
@@ -58,13 +59,14 @@ class PlanConfig:
     @property
     def num_batches(self) -> int:
         return num_batches(self.num_samples, world_size=self.world_size, batch_size=self.batch_size,
-                           drop_last=self.drop_last)
+                           drop_last=self.drop_last, even_batches=self.even_batches, rank=self.rank)
 
     def batches(self, epoch: int) -> np.ndarray:
-        """Global sample ids of this rank's batches in ``epoch``, shape ``[num_batches, B]``."""
+        """Global sample ids of this rank's batches in ``epoch``, shape ``[num_batches, B]``
+        (``even_batches=False``: ``num_batches`` arrays, the last one may be short)."""
         order = epoch_order(self.shard_sizes, seed=self.seed, epoch=epoch, shuffle=self.shuffle, window=self.window)
         return rank_batches(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
-                            drop_last=self.drop_last)
+                            drop_last=self.drop_last, even_batches=self.even_batches)
 
     def state(self, epoch: int, consumed: int) -> LoaderState:
         """The resume state after ``consumed`` batches of ``epoch``."""
@@ -72,6 +74,7 @@ class PlanConfig:
             seed=self.seed, epoch=epoch, batches_consumed=consumed, num_samples=self.num_samples,
             shards_digest=shards_digest(self.shard_sizes), world_size=self.world_size,
             batch_size=self.batch_size, drop_last=self.drop_last, shuffle=self.shuffle, window=self.window,
+            even_batches=self.even_batches,
         )
 
     def resume(self, state: dict[str, Any]) -> tuple[int, int]:
@@ -84,9 +87,9 @@ class PlanConfig:
         check_compatible(
             s, seed=self.seed, num_samples=self.num_samples, shards_digest=shards_digest(self.shard_sizes),
             world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
-            shuffle=self.shuffle, window=self.window,
+            shuffle=self.shuffle, window=self.window, even_batches=self.even_batches,
         )
-        return (s.epoch + 1, 0) if s.batches_consumed >= self.num_batches else (s.epoch, s.batches_consumed)
+        return s.resume_at(self.rank)
 
 
 class WorkerTraceback(Exception):

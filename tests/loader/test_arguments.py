@@ -16,6 +16,7 @@ BAD = [
     ("device_prefetch", 1), ("device_prefetch", 0), ("hw_decode", "yes"), ("hw_decode_threads", 0),
     ("gpu", {"device_prefetch": 4}), ("on_error", "skip"),
     ("rank", 2), ("rank", -1), ("rank", "0"), ("world_size", 0),
+    ("even_batches", "no"), ("even_batches", 0), ("even_batches", None),
 ]
 GPU_FIELDS = ("device_prefetch", "hw_decode", "hw_decode_threads")
 

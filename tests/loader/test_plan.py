@@ -220,3 +220,57 @@ def test_imagenet_sized_order_is_a_permutation():
     order = epoch_order(sizes, seed=0, epoch=1, shuffle=True)
     assert order.size == 1_300_000
     assert np.array_equal(np.sort(order), np.arange(1_300_000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=shard_sizes(),
+    world_size=st.integers(1, 9),
+    batch_size=st.integers(1, 64),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+)
+def test_uneven_batches_deliver_each_sample_once(sizes, world_size, batch_size, drop_last, shuffle):
+    n = sum(sizes)
+    order = epoch_order(sizes, seed=7, epoch=2, shuffle=shuffle)
+    common = dict(world_size=world_size, batch_size=batch_size, drop_last=drop_last, even_batches=False)
+    per_rank = [rank_batches(order, rank=r, **common) for r in range(world_size)]
+    counts = [len(b) for b in per_rank]
+    assert counts == [num_batches(n, rank=r, **common) for r in range(world_size)]
+    assert max(counts) - min(counts) <= 1 and max(counts) == num_batches(n, **common)
+    flat = [row for b in per_rank for row in b]
+    assert all(row.dtype == np.int64 for row in flat)
+    assert all(len(row) == batch_size for row in flat[:-1])  # only the epoch's last batch is short
+    stream = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
+    if drop_last:
+        assert stream.size == n - n % batch_size and (not flat or len(flat[-1]) == batch_size)
+    else:
+        assert stream.size == n  # every sample exactly once, no padding
+    assert np.array_equal(stream, order[: stream.size])  # ranks take contiguous runs, in order
+    # the augmentation positions BatchStream derives from (rank, batch, this rank's count) stay unique
+    positions = [
+        p
+        for r, b in enumerate(per_rank)
+        for j, row in enumerate(b)
+        for p in list(batch_positions(r, j, num_batches=len(b), batch_size=batch_size))[: len(row)]
+    ]
+    assert len(positions) == len(set(positions)) == stream.size
+
+
+def test_uneven_batches_when_there_are_fewer_batches_than_ranks():
+    per_rank = [
+        rank_batches(np.arange(5), rank=r, world_size=4, batch_size=2, drop_last=False, even_batches=False)
+        for r in range(4)
+    ]
+    assert [[row.tolist() for row in b] for b in per_rank] == [[], [[0, 1]], [[2, 3]], [[4]]]
+    shards, indices = locate(per_rank[3], shard_offsets([3, 2]))
+    assert [s.tolist() for s in shards] == [[1]] and [i.tolist() for i in indices] == [[1]]
+    assert [len(x) for x in locate(per_rank[0], shard_offsets([5]))] == [0, 0]
+
+
+def test_uneven_default_is_unchanged():
+    even = rank_batches(np.arange(5), rank=1, world_size=2, batch_size=2, drop_last=False)
+    same = rank_batches(np.arange(5), rank=1, world_size=2, batch_size=2, drop_last=False, even_batches=True)
+    assert even.tolist() == same.tolist() == [[4, 0], [1, 2]]
+    with pytest.raises(LoaderError, match="rank"):
+        num_batches(5, world_size=2, batch_size=2, drop_last=False, even_batches=False, rank=2)

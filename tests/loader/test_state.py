@@ -119,3 +119,29 @@ def test_check_compatible_needs_every_config_field():
         check_compatible(make(), **{k: v for k, v in CONFIG.items() if k != "window"})
     with pytest.raises(LoaderError, match="epoch"):
         check_compatible(make(), **CONFIG, epoch=3)
+
+
+def test_even_batches_is_recorded_only_when_false_and_old_states_still_load():
+    default = make()
+    assert "even_batches" not in default.to_dict()  # default states are what they were
+    assert LoaderState.from_dict(default.to_dict()).even_batches is True
+    uneven = make(even_batches=False)
+    assert uneven.to_dict()["even_batches"] is False
+    assert LoaderState.from_dict(json.loads(json.dumps(uneven.to_dict()))) == uneven
+    with pytest.raises(LoaderError, match="even_batches"):
+        check_compatible(uneven, **CONFIG)
+    with pytest.raises(LoaderError, match="even_batches"):
+        check_compatible(default, **CONFIG, even_batches=False)
+    with pytest.raises(LoaderError, match="even_batches"):
+        make(even_batches="no")
+
+
+def test_uneven_resume_caps_each_rank_at_its_batch_count():
+    # 100 samples in batches of 8: 13 batches (the last of 4) over 2 ranks: 6 on rank 0, 7 on rank 1
+    base = dict(CONFIG, epoch=3, even_batches=False)
+    assert [LoaderState(**base, batches_consumed=5).resume_at(r) for r in (0, 1)] == [(3, 5), (3, 5)]
+    # rank 0 is done, rank 1 has its last batch to go: rank 0 waits out the step in epoch 3
+    assert [LoaderState(**base, batches_consumed=6).resume_at(r) for r in (0, 1)] == [(3, 6), (3, 6)]
+    assert [LoaderState(**base, batches_consumed=7).resume_at(r) for r in (0, 1)] == [(4, 0), (4, 0)]
+    with pytest.raises(LoaderError, match="batches_consumed"):
+        LoaderState(**base, batches_consumed=8)

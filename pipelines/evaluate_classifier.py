@@ -1,0 +1,133 @@
+"""Evaluate an image classifier on packed shards under torchrun: top-1 with each sample counted once.
+
+The loader is built with ``even_batches=False``: over all ranks every validation sample is
+delivered exactly once, the last batch is short and ranks may hold one batch more than others.
+So no collective may run per batch; each rank sums ``correct`` and ``total`` and one
+``all_reduce`` after the loop gives the exact accuracy (the default ``even_batches=True`` pads
+the ranks with repeated samples, which would count some twice).
+
+    torchrun --nproc_per_node 8 pipelines/evaluate_classifier.py shards/val --checkpoint ckpt.pt
+    python pipelines/evaluate_classifier.py shards/val --checkpoint ckpt.pt --device cpu   # one process
+
+``--checkpoint`` is what ``pipelines/train_classifier.py`` saves (model, architecture, classes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torchvision
+
+import shardkit
+from shardkit import transforms
+
+
+def setup_distributed(device: str) -> tuple[int, int, torch.device]:
+    """``(rank, world size, device)``; under torchrun, join the process group first (gloo on
+    CPU, NCCL on CUDA) and take GPU ``LOCAL_RANK``. Without torchrun: one process."""
+    if "WORLD_SIZE" not in os.environ:
+        return 0, 1, torch.device(device)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    here = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device(device)
+    return dist.get_rank(), dist.get_world_size(), here
+
+
+def make_model(arch: str, num_classes: int) -> torch.nn.Module:
+    """A torchvision classification model by name (``resnet18``, ``resnet50``, ...), untrained."""
+    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+
+
+def val_loader(shards: str, *, batch_size: int, size: int, workers: int, device: torch.device,
+               keys: bool = False) -> shardkit.ShardLoader:
+    """The evaluation loader: centre crops, manifest order, each sample once over all ranks."""
+    return shardkit.ShardLoader(
+        shards,
+        batch_size=batch_size,
+        transform=transforms.imagenet_val(size, normalize=True, channels_last=device.type == "cuda"),
+        num_workers=workers,
+        device=device,
+        shuffle=False,
+        even_batches=False,  # no padding: ranks may differ by one batch, the last batch is short
+        keys=keys,
+    )
+
+
+def evaluate(model: torch.nn.Module, loader: shardkit.ShardLoader, *, keys_log: Path | None = None) -> tuple[int, int]:
+    """Top-1 ``(correct, total)`` summed over all ranks, each sample counted once.
+
+    Pass the plain module, not the ``DistributedDataParallel`` wrapper: its forward may run
+    collectives, which would wait forever on a rank that has one batch fewer. ``keys_log``:
+    append each batch's sample keys to this file (one line per batch).
+    """
+    device = next(model.parameters()).device
+    counts = torch.zeros(2, dtype=torch.int64, device=device)
+    was_training = model.training
+    model.eval()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    with torch.no_grad(), autocast:
+        for batch in loader:
+            images, labels = batch[0], batch[1]
+            counts[0] += (model(images).argmax(dim=1) == labels).sum()
+            counts[1] += labels.numel()
+            if keys_log is not None:
+                with keys_log.open("a") as f:
+                    f.write(" ".join(batch[2]) + "\n")
+    model.train(was_training)
+    if dist.is_initialized():
+        dist.all_reduce(counts)  # one collective, after every rank's last batch
+    return int(counts[0]), int(counts[1])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shards", help="packed validation dataset (directory, index.json or URL)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="train_classifier.py checkpoint to evaluate (default: an untrained model)")
+    parser.add_argument("--arch", default="resnet18", help="torchvision model when there is no checkpoint")
+    parser.add_argument("--batch-size", type=int, default=64, help="samples per batch per rank")
+    parser.add_argument("--size", type=int, default=224, help="side of the centre crop")
+    parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda (under torchrun each rank takes GPU LOCAL_RANK)")
+    parser.add_argument("--log-keys", default=None, metavar="DIR",
+                        help="write the sample keys each rank evaluates to DIR/eval-rank<R>.txt")
+    args = parser.parse_args(argv)
+
+    rank, world, device = setup_distributed(args.device)
+    try:
+        keys_log = None
+        if args.log_keys:
+            Path(args.log_keys).mkdir(parents=True, exist_ok=True)
+            keys_log = Path(args.log_keys) / f"eval-rank{rank}.txt"
+        with val_loader(args.shards, batch_size=args.batch_size, size=args.size, workers=args.workers,
+                        device=device, keys=keys_log is not None) as loader:
+            arch, classes = args.arch, len(loader.manifest.classes or ())
+            ckpt = torch.load(args.checkpoint, map_location=device) if args.checkpoint else None
+            if ckpt is not None:
+                arch, classes = ckpt["arch"], ckpt["num_classes"]
+            model = make_model(arch, classes).to(device)
+            if ckpt is not None:
+                model.load_state_dict(ckpt["model"])
+            if device.type == "cuda":
+                model = model.to(memory_format=torch.channels_last)
+            correct, total = evaluate(model, loader, keys_log=keys_log)
+            batches = len(loader)
+        if rank == 0:
+            print(f"top-1 {correct / max(total, 1):.4f} ({correct}/{total} samples over {world} "
+                  f"rank{'s' if world > 1 else ''}; {batches} batches on rank 0)", flush=True)
+        return {"correct": correct, "total": total}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The recipes for real under torchrun: two CPU ranks (gloo), a preemption (SIGKILL) mid-epoch,
+a resume from the last checkpoint, and an evaluation that counts each sample once."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sample_data.generate import make_indexed_imagefolder
+from shardkit import ShardLoader
+from shardkit.pack import PackOptions, pack
+
+ROOT = Path(__file__).resolve().parents[2]
+WORLD, BATCH = 2, 4
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """train: 48 samples (6 steps of 2 ranks x 4, nothing dropped); val: 42 (11 batches of 4, the
+    last of 2: 5 on rank 0, 6 on rank 1). Keys are the index in ImageFolder order."""
+    root = tmp_path_factory.mktemp("torchrun")
+    out = {}
+    for name, per_class in (("train", 24), ("val", 21)):
+        make_indexed_imagefolder(root / f"{name}-src", classes=2, per_class=per_class, size=(40, 32))
+        pack(str(root / f"{name}-src"), str(root / name), options=PackOptions(max_count=8, seed=1), workers=1)
+        out[name] = root / name
+    return out
+
+
+def torchrun(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(WORLD),
+           "--max_restarts", "0", str(ROOT / "pipelines" / script), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def read_log(path: Path) -> list[tuple[int, list[str]]]:
+    """``(step, keys)`` per line of a ``--log-keys`` training log."""
+    return [(int(line.split()[0]), line.split()[1:]) for line in path.read_text().splitlines()]
+
+
+def test_killed_mid_epoch_then_resumed_trains_on_each_sample_once(packed: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    common = [str(packed["train"]), "--epochs", "1", "--batch-size", str(BATCH), "--size", "32", "--workers", "0",
+              "--device", "cpu", "--arch", "squeezenet1_1", "--checkpoint", str(ckpt), "--checkpoint-every", "2",
+              "--log-every", "1"]
+    killed = torchrun("train_classifier.py", *common, "--stop-after-steps", "5", "--log-keys", str(tmp_path / "a"))
+    assert killed.returncode != 0, killed.stderr[-3000:]
+    assert "step 4  epoch 0" in killed.stdout  # it trained past the checkpoint at step 4, then died
+    import torch
+
+    saved = torch.load(ckpt)
+    assert saved["step"] == 4 and saved["loader"]["batches_consumed"] == 4 and saved["loader"]["epoch"] == 0
+
+    resumed = torchrun("train_classifier.py", *common, "--val", str(packed["val"]), "--log-keys", str(tmp_path / "b"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "step 4, epoch 0, batch 4 of 6" in resumed.stdout
+    assert "epoch 0  top-1" in resumed.stdout and "/42)" in resumed.stdout  # val: each of 42 samples once
+    assert torch.load(ckpt)["step"] == 6
+
+    every: list[str] = []
+    for rank in range(WORLD):
+        before = read_log(tmp_path / "a" / f"train-rank{rank}.txt")
+        after = read_log(tmp_path / "b" / f"train-rank{rank}.txt")
+        assert [s for s, _ in before][:4] == [1, 2, 3, 4] and [s for s, _ in after] == [5, 6]
+        kept = [keys for step, keys in before if step <= saved["step"]]  # steps after the checkpoint are redone
+        seen = [k for keys in kept + [keys for _, keys in after] for k in keys]
+        reference = ShardLoader(str(packed["train"]), batch_size=BATCH, rank=rank, world_size=WORLD, drop_last=True,
+                                keys=True)  # the uninterrupted epoch 0 of this rank
+        assert seen == [k for _, _, keys in reference for k in keys]
+        every += seen
+    assert sorted(every) == [f"{i:08d}" for i in range(48)]  # one epoch: each sample exactly once
+
+
+def test_evaluation_counts_each_sample_once(packed: dict[str, Path], tmp_path: Path) -> None:
+    done = torchrun("evaluate_classifier.py", str(packed["val"]), "--arch", "squeezenet1_1", "--batch-size",
+                    str(BATCH), "--size", "32", "--workers", "1", "--device", "cpu", "--log-keys", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    batches = [(tmp_path / f"eval-rank{r}.txt").read_text().splitlines() for r in range(WORLD)]
+    assert [len(b) for b in batches] == [5, 6]  # ranks differ by one batch; no padding
+    sizes = [len(line.split()) for b in batches for line in b]
+    assert sizes == [BATCH] * 10 + [2]  # the last batch is short
+    assert sorted(k for b in batches for line in b for k in line.split()) == [f"{i:08d}" for i in range(42)]
+    match = re.search(r"top-1 [0-9.]+ \((\d+)/(\d+) samples over 2 ranks", done.stdout)
+    assert match and int(match[2]) == 42, done.stdout
