@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator
 
 from shardkit.errors import LoaderError
-from shardkit.index.manifest import ShardEntry
+from shardkit.index.manifest import SHA256_RE, ShardEntry
 from shardkit.storage import Store
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ShardCache"]
@@ -71,7 +71,15 @@ class ShardCache:
         self.directory, self.budget = directory, budget
 
     def path(self, entry: ShardEntry) -> str:
-        """Where ``entry``'s bytes are cached."""
+        """Where ``entry``'s bytes are cached.
+
+        Raises:
+            LoaderError: ``entry.sha256`` is not 64 lower-case hex digits (it names the file, so
+                anything else could point outside ``directory``).
+        """
+        if not SHA256_RE.fullmatch(entry.sha256):
+            raise LoaderError(f"refusing to cache a shard whose sha256 {entry.sha256[:80]!r} is not 64 lower-case "
+                              f"hex digits (it would name a file outside {self.directory})", where=entry.url)
         return os.path.join(self.directory, entry.sha256 + _SUFFIX)
 
     def open(self, store: Store, entry: ShardEntry) -> int:

@@ -3,6 +3,13 @@
 Local shards are read with ``os.pread`` at offsets from the ``.idx`` files. Remote shards are
 first copied whole into a local :class:`~shardkit.loader.cache.ShardCache` (keyed by content
 hash, fetched once per node, bounded), then read the same way. Open files are kept in a small LRU.
+
+Nothing ``index.json`` or an offsets file claims is trusted before it is checked: the shard
+files of a local dataset must be able to hold the samples the manifest claims (checked when the
+reader is made, before the loader plans an epoch); every span of an offsets file must be
+block-aligned, in order, non-overlapping, inside the shard's ``num_bytes`` and at most
+:data:`MAX_SAMPLE_BYTES` (checked when the shard is opened, before anything is read); and the
+sample read must carry the key the offsets file gives it.
 """
 
 from __future__ import annotations
@@ -14,10 +21,71 @@ from typing import Any
 from shardkit.errors import FormatError, LoaderError, StorageError
 from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import offsets_name
-from shardkit.format.tarread import parse_span, scan_spans
+from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_spans
 from shardkit.index.manifest import ShardEntry
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES, ShardCache
 from shardkit.storage import Store
+
+#: The largest sample span read (all of a sample's members with their headers): one member of the
+#: largest size a shard may hold (``MAX_MEMBER_BYTES``) and a little room for the small ones.
+MAX_SAMPLE_BYTES = MAX_MEMBER_BYTES + (1 << 20)
+
+
+def check_spans(spans: list[tuple[str, int, int]], num_bytes: int, *, where: str) -> None:
+    """Refuse spans no shard of ``num_bytes`` bytes written as a tar can have.
+
+    Each ``(key, offset, size)`` must start on a 512-byte block, cover whole blocks (at least
+    one), start at or after the previous span's end, end inside ``num_bytes`` and be at most
+    :data:`MAX_SAMPLE_BYTES`. Raises ``LoaderError`` naming ``where`` and the line of the offsets
+    file (span ``i`` is line ``i + 2``).
+    """
+    end = 0
+    for i, (key, offset, size) in enumerate(spans):
+        line = f"line {i + 2}: sample {key!r}"
+        if offset % BLOCK or size % BLOCK or size < BLOCK:
+            raise LoaderError(f"{line} has offset {offset} and size {size}, not a multiple of {BLOCK} "
+                              "(the offsets file is damaged)", where=where)
+        if offset < end:
+            raise LoaderError(f"{line} starts at byte {offset}, which overlaps the previous sample (ends at "
+                              f"{end}; the offsets file is damaged)", where=where)
+        if size > MAX_SAMPLE_BYTES:
+            raise LoaderError(f"{line} spans {size} bytes, more than the {MAX_SAMPLE_BYTES} a sample may have",
+                              where=where)
+        end = offset + size
+        if end > num_bytes:
+            raise LoaderError(f"{line} ends at byte {end}, past the shard's {num_bytes} bytes "
+                              "(the offsets file is damaged)", where=where)
+
+
+def _check_claims(store: Store, shards: tuple[ShardEntry, ...]) -> None:
+    """Refuse a local dataset whose shard files cannot hold the samples ``index.json`` claims.
+
+    Every sample takes at least one 512-byte block, so files of ``B`` bytes hold at most
+    ``B / 512`` samples. The sum is compared (not each shard), so a truncated shard is still
+    read up to its damage; a manifest claiming far more samples than its files hold is refused
+    before the loader allocates an epoch's plan for them.
+    """
+    if store.remote or not shards:
+        return  # a remote shard's size is checked when it is fetched
+    claimed = held = 0
+    worst: tuple[int, ShardEntry, int] | None = None
+    for entry in shards:
+        try:
+            actual = os.stat(store.path(entry.url)).st_size
+        except OSError:
+            actual = 0  # missing: reported by name when it is opened
+        claimed += entry.num_samples
+        held += actual
+        deficit = entry.num_samples * BLOCK - actual
+        if worst is None or deficit > worst[0]:
+            worst = (deficit, entry, actual)
+    if claimed * BLOCK > held and worst is not None:
+        _, entry, actual = worst
+        raise LoaderError(
+            f"index.json claims {claimed} samples, but its shard files hold {held} bytes in all, too few for "
+            f"that many (each sample takes at least {BLOCK} bytes); e.g. this shard has {actual} bytes, "
+            f"index.json says {entry.num_samples} samples in {entry.num_bytes} bytes",
+            where=store.path(entry.url))
 
 
 class _OpenShard:
@@ -41,6 +109,7 @@ class ShardReader:
 
     def __init__(self, store: Store, shards: tuple[ShardEntry, ...], *, cache_dir: str | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_open: int = 16) -> None:
+        _check_claims(store, shards)
         self.store = store
         self.shards = shards
         self.cache = ShardCache(cache_dir, cache_bytes) if cache_dir is not None else None
@@ -80,6 +149,7 @@ class ShardReader:
             else:
                 with os.fdopen(os.dup(fd), "rb") as f:
                     spans = scan_spans(f, where=where)
+            check_spans(spans, entry.num_bytes, where=self.store.path(idx) if raw is not None else where)
             shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans])
         except (StorageError, OSError) as err:
             if fd >= 0:
@@ -112,9 +182,13 @@ class ShardReader:
             raise LoaderError(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size})", where=where)
         data = os.pread(shard.fd, size, offset)
         try:
-            return parse_span(data, where=where)
+            key, fields = parse_span(data, where=where)
         except FormatError as err:
             raise LoaderError(f"corrupt shard: {err.message}", where=where) from err
+        if key != shard.keys[sample_index]:
+            raise LoaderError(f"the offsets file names this sample {shard.keys[sample_index]!r}, the shard {key!r} "
+                              "(the offsets file or the shard is damaged)", where=where)
+        return key, fields
 
     def close(self) -> None:
         while self._open:
