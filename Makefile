@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEMO   := demo_out
 
-.PHONY: setup test lint typecheck demo clean
+.PHONY: setup test lint typecheck demo clean reliability
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ demo: setup
 	@echo "--- streaming the packed sample side by side with torchvision ImageFolder and webdataset ---"
 	$(BIN)/shardkit bench sample_data/imagefolder --shards $(DEMO)/imagefolder --workers 2 --batch-size 32 \
 		--epochs 2 --repeats 3 --warmup 1 --size 128 --out $(DEMO)/bench.json --plot $(DEMO)/bench.png
+
+# Not part of `make test`: seeded adversarial experiments (about a minute here), rewrites RELIABILITY.md.
+reliability: setup
+	$(BIN)/python benchmarks/reliability.py --out RELIABILITY.md
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache .mypy_cache

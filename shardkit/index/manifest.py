@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,12 @@ from shardkit.index import _fields
 from shardkit.storage import Store
 
 KINDS = ("imagefolder", "coco")
+#: A shard's ``sha256``: 64 lower-case hex digits. It names the shard's file in a node cache
+#: (``<cache_dir>/<sha256>.tar``), so anything else (``"../../x"``, ``"/abs"``) is refused.
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+#: The fewest bytes a shard holding ``n`` samples can have: each sample has at least one member,
+#: whose tar header alone is one 512-byte block (an upper bound on ``num_samples`` per byte).
+_MIN_SAMPLE_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,16 @@ class Manifest:
             )
             if entry.url.startswith("/") or "://" in entry.url or ".." in entry.url.split("/"):
                 raise ManifestError(f"shards[{i}].url {entry.url!r} must be relative to the index", where=where)
+            if not entry.url or "\0" in entry.url:
+                raise ManifestError(f"shards[{i}].url {entry.url!r} is empty or holds a NUL character",
+                                    where=where)
+            if not SHA256_RE.fullmatch(entry.sha256):
+                raise ManifestError(f"shards[{i}].sha256 {entry.sha256[:80]!r} of {entry.url!r} is not 64 "
+                                    "lower-case hex digits", where=where)
+            if entry.num_samples * _MIN_SAMPLE_BYTES > entry.num_bytes:
+                raise ManifestError(f"shards[{i}] ({entry.url!r}) claims {entry.num_samples} samples in "
+                                    f"{entry.num_bytes} bytes (each sample takes at least {_MIN_SAMPLE_BYTES})",
+                                    where=where)
             shards.append(entry)
         manifest = cls(
             kind=kind,

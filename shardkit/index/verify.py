@@ -5,13 +5,13 @@ from __future__ import annotations
 import io
 import json
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from shardkit.errors import FormatError, ShardkitError
 from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, check_key, offsets_name
-from shardkit.format.tarread import iter_samples
+from shardkit.format.tarread import iter_entries, sample_key
 from shardkit.index._hashing import HashingReader
 from shardkit.index.manifest import Manifest, ShardEntry, read_manifest
 from shardkit.storage import Store
@@ -45,15 +45,56 @@ def _decodes(data: bytes) -> str | None:
     return None
 
 
+def _samples_with_spans(f: io.BufferedReader, where: str) -> Iterator[tuple[str, dict[str, bytes], int, int]]:
+    """Like :func:`~shardkit.format.tarread.iter_samples`, plus each sample's ``(offset, size)``
+    span in the shard (what its offsets-file line must say)."""
+    seen: set[str] = set()
+    key: str | None = None
+    fields: dict[str, bytes] = {}
+    start = end = 0
+    for entry in iter_entries(f, where=where):
+        member_key, ext = sample_key(entry.name, where=where)
+        if member_key != key:
+            if key is not None:
+                yield key, fields, start, end - start
+            if member_key in seen:
+                raise FormatError(f"sample {member_key!r} is split across the shard", where=where)
+            seen.add(member_key)
+            key, fields, start = member_key, {}, entry.offset
+        if ext in fields:
+            raise FormatError(f"sample {member_key!r} has field {ext!r} twice", where=where)
+        fields[ext] = entry.data or b""
+        end = entry.end
+    if key is not None:
+        yield key, fields, start, end - start
+
+
+def _check_offsets(store: Store, entry: ShardEntry, spans: list[tuple[str, int, int]], report: VerifyReport) -> None:
+    """Compare the shard's offsets file, line by line, with the spans found in the shard."""
+    idx = offsets_name(entry.url)
+    if not store.exists(idx):
+        return
+    listed = [(s.key, s.offset, s.size) for s in load_offsets(store.read_bytes(idx), where=store.path(idx))]
+    for number, (said, real) in enumerate(zip(listed, spans, strict=False), start=2):
+        if said != real:
+            report.problems.append(f"{store.path(idx)}: line {number} says {' '.join(map(str, said))}, the shard "
+                                   f"has {' '.join(map(str, real))} (the loader would read the wrong bytes)")
+            return
+    if len(listed) != len(spans):
+        report.problems.append(f"{store.path(idx)}: lists {len(listed)} samples, the shard has {len(spans)}")
+
+
 def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[str],
                  report: VerifyReport, decode: bool) -> None:
     where = store.path(entry.url)
     found: list[str] = []
+    spans: list[tuple[str, int, int]] = []
     with store.open_read(entry.url) as f:
         reader = HashingReader(f)
-        for key, fields in iter_samples(io.BufferedReader(reader, 1 << 20), where=where):
+        for key, fields, offset, size in _samples_with_spans(io.BufferedReader(reader, 1 << 20), where):
             here = f"{where}:{key}"
             found.append(key)
+            spans.append((key, offset, size))
             try:
                 check_key(key, where=where)
             except FormatError as err:
@@ -82,11 +123,7 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
         report.problems.append(f"{where}: sha256 differs from the manifest")
     if len(found) != entry.num_samples:
         report.problems.append(f"{where}: {len(found)} samples, manifest says {entry.num_samples}")
-    idx = offsets_name(entry.url)
-    if store.exists(idx):
-        spans = load_offsets(store.read_bytes(idx), where=store.path(idx))
-        if [s.key for s in spans] != found:
-            report.problems.append(f"{store.path(idx)}: keys differ from the shard's")
+    _check_offsets(store, entry, spans, report)
 
 
 def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str, report: VerifyReport) -> None:

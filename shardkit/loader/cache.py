@@ -2,8 +2,9 @@
 
 A shard is cached as ``<cache_dir>/<sha256>.tar`` where ``sha256`` is the manifest's hash of
 its bytes, so re-packing new content into the same URL never reuses stale bytes: a new hash is a
-new file. A cached file is reused only if its size equals the manifest's ``num_bytes`` (the
-full hash is checked by ``shardkit verify``, not on every open).
+new file. Every fetched copy is hashed as it streams in and installed only if its sha256 and
+size equal the manifest's (a damaged or substituted download is refused, naming the shard); a
+cached file is then reused if its size still equals ``num_bytes``.
 
 Fetching holds an exclusive ``fcntl.flock`` on ``<file>.lock``, so of all the processes of a
 node (ranks, DataLoader workers) one downloads a shard and the others wait, then reuse it. The
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 from collections.abc import Iterator
 
 from shardkit.errors import LoaderError
-from shardkit.index.manifest import ShardEntry
+from shardkit.index.manifest import SHA256_RE, ShardEntry
 from shardkit.storage import Store
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ShardCache"]
@@ -71,7 +73,15 @@ class ShardCache:
         self.directory, self.budget = directory, budget
 
     def path(self, entry: ShardEntry) -> str:
-        """Where ``entry``'s bytes are cached."""
+        """Where ``entry``'s bytes are cached.
+
+        Raises:
+            LoaderError: ``entry.sha256`` is not 64 lower-case hex digits (it names the file, so
+                anything else could point outside ``directory``).
+        """
+        if not SHA256_RE.fullmatch(entry.sha256):
+            raise LoaderError(f"refusing to cache a shard whose sha256 {entry.sha256[:80]!r} is not 64 lower-case "
+                              f"hex digits (it would name a file outside {self.directory})", where=entry.url)
         return os.path.join(self.directory, entry.sha256 + _SUFFIX)
 
     def open(self, store: Store, entry: ShardEntry) -> int:
@@ -93,14 +103,20 @@ class ShardCache:
 
     def _fetch(self, store: Store, entry: ShardEntry, path: str) -> None:
         tmp = f"{path}.tmp-{os.getpid()}"
+        digest = hashlib.sha256()
         try:
             with store.open_read(entry.url) as src, open(tmp, "wb") as dst:
                 while chunk := src.read(8 << 20):
                     dst.write(chunk)
+                    digest.update(chunk)
             got = os.path.getsize(tmp)
             if got != entry.num_bytes:
                 raise LoaderError(f"fetched {got} bytes, index.json says {entry.num_bytes} "
                                   "(the dataset changed while being read?)", where=store.path(entry.url))
+            if digest.hexdigest() != entry.sha256:
+                raise LoaderError(f"fetched bytes have sha256 {digest.hexdigest()}, index.json says {entry.sha256} "
+                                  "(the shard is damaged or was replaced; `shardkit verify` checks the dataset)",
+                                  where=store.path(entry.url))
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -3,10 +3,18 @@
 Local shards are read with ``os.pread`` at offsets from the ``.idx`` files. Remote shards are
 first copied whole into a local :class:`~shardkit.loader.cache.ShardCache` (keyed by content
 hash, fetched once per node, bounded), then read the same way. Open files are kept in a small LRU.
+
+Nothing ``index.json`` or an offsets file claims is trusted before it is checked: the shard
+files of a local dataset must be able to hold the samples the manifest claims (checked when the
+reader is made, before the loader plans an epoch); every span of an offsets file must be
+block-aligned, in order, non-overlapping, inside the shard's ``num_bytes`` and at most
+:data:`MAX_SAMPLE_BYTES` (checked when the shard is opened, before anything is read); and the
+sample read must carry the key the offsets file gives it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import OrderedDict
 from typing import Any
@@ -14,10 +22,89 @@ from typing import Any
 from shardkit.errors import FormatError, LoaderError, StorageError
 from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import offsets_name
-from shardkit.format.tarread import parse_span, scan_spans
+from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_spans
 from shardkit.index.manifest import ShardEntry
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES, ShardCache
 from shardkit.storage import Store
+
+#: The largest sample span read (all of a sample's members with their headers): one member of the
+#: largest size a shard may hold (``MAX_MEMBER_BYTES``) and a little room for the small ones.
+MAX_SAMPLE_BYTES = MAX_MEMBER_BYTES + (1 << 20)
+
+
+def check_spans(spans: list[tuple[str, int, int]], num_bytes: int, *, where: str) -> None:
+    """Refuse spans no shard of ``num_bytes`` bytes written as a tar can have.
+
+    Each ``(key, offset, size)`` must start on a 512-byte block, cover whole blocks (at least
+    one), start at or after the previous span's end, end inside ``num_bytes`` and be at most
+    :data:`MAX_SAMPLE_BYTES`. Raises ``LoaderError`` naming ``where`` and the line of the offsets
+    file (span ``i`` is line ``i + 2``).
+    """
+    end = 0
+    for i, (key, offset, size) in enumerate(spans):
+        line = f"line {i + 2}: sample {key!r}"
+        if offset % BLOCK or size % BLOCK or size < BLOCK:
+            raise LoaderError(f"{line} has offset {offset} and size {size}, not a multiple of {BLOCK} "
+                              "(the offsets file is damaged)", where=where)
+        if offset < end:
+            raise LoaderError(f"{line} starts at byte {offset}, which overlaps the previous sample (ends at "
+                              f"{end}; the offsets file is damaged)", where=where)
+        if size > MAX_SAMPLE_BYTES:
+            raise LoaderError(f"{line} spans {size} bytes, more than the {MAX_SAMPLE_BYTES} a sample may have",
+                              where=where)
+        end = offset + size
+        if end > num_bytes:
+            raise LoaderError(f"{line} ends at byte {end}, past the shard's {num_bytes} bytes "
+                              "(the offsets file is damaged)", where=where)
+
+
+def _check_claims(store: Store, shards: tuple[ShardEntry, ...]) -> None:
+    """Refuse a local dataset whose shard files cannot hold the samples ``index.json`` claims.
+
+    Every sample takes at least one 512-byte block, so files of ``B`` bytes hold at most
+    ``B / 512`` samples. The sum is compared (not each shard), so a truncated shard is still
+    read up to its damage; a manifest claiming far more samples than its files hold is refused
+    before the loader allocates an epoch's plan for them.
+    """
+    if store.remote or not shards:
+        return  # a remote shard's size is checked when it is fetched
+    claimed = held = 0
+    worst: tuple[int, ShardEntry, int] | None = None
+    for entry in shards:
+        try:
+            actual = os.stat(store.path(entry.url)).st_size
+        except OSError:
+            actual = 0  # missing: reported by name when it is opened
+        claimed += entry.num_samples
+        held += actual
+        deficit = entry.num_samples * BLOCK - actual
+        if worst is None or deficit > worst[0]:
+            worst = (deficit, entry, actual)
+    if claimed * BLOCK > held and worst is not None:
+        _, entry, actual = worst
+        raise LoaderError(
+            f"index.json claims {claimed} samples, but its shard files hold {held} bytes in all, too few for "
+            f"that many (each sample takes at least {BLOCK} bytes); e.g. this shard has {actual} bytes, "
+            f"index.json says {entry.num_samples} samples in {entry.num_bytes} bytes",
+            where=store.path(entry.url))
+
+
+class CorruptSample(LoaderError):
+    """One sample of a shard cannot be read (truncated, damaged header, key differing from the
+    offsets file) while the shard itself opened: the rest of the shard may still be read, so a
+    batch builder with ``on_error="replace"`` may replace this sample. ``where`` is
+    ``<shard>:<key>``."""
+
+
+def _check_hash(fd: int, entry: ShardEntry, where: str) -> None:
+    digest, offset = hashlib.sha256(), 0
+    while chunk := os.pread(fd, 8 << 20, offset):
+        digest.update(chunk)
+        offset += len(chunk)
+    if offset != entry.num_bytes or digest.hexdigest() != entry.sha256:
+        raise LoaderError(f"shard's bytes differ from index.json ({offset} bytes with sha256 {digest.hexdigest()}, "
+                          f"index.json says {entry.num_bytes} bytes with {entry.sha256}): damaged or replaced",
+                          where=where)
 
 
 class _OpenShard:
@@ -37,14 +124,23 @@ class ShardReader:
     ``cache_dir`` holds local copies of remote shards (created if missing), at most about
     ``cache_bytes`` (see :class:`~shardkit.loader.cache.ShardCache`); at most ``max_open``
     shards stay open.
+
+    ``verify_hashes=True``: the first time this process opens a shard, all its bytes are hashed
+    and compared with the manifest's ``sha256`` (a mismatch is a :class:`LoaderError` naming the
+    shard), so no silently damaged byte is delivered; costs one extra sequential read of each
+    shard per process (sha256 runs at about 1.5 GB/s per core). Remote shards are always hashed
+    when fetched into the cache.
     """
 
     def __init__(self, store: Store, shards: tuple[ShardEntry, ...], *, cache_dir: str | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_open: int = 16) -> None:
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_open: int = 16, verify_hashes: bool = False) -> None:
+        _check_claims(store, shards)
         self.store = store
         self.shards = shards
         self.cache = ShardCache(cache_dir, cache_bytes) if cache_dir is not None else None
         self.max_open = max_open
+        self.verify_hashes = verify_hashes
+        self._verified: set[int] = set()
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -73,6 +169,9 @@ class ShardReader:
         fd = -1
         try:
             fd = self._open_fd(entry)
+            if self.verify_hashes and i not in self._verified:
+                _check_hash(fd, entry, where)
+                self._verified.add(i)
             idx = offsets_name(entry.url)
             raw = self.store.read_optional(idx)
             if raw is not None:
@@ -80,6 +179,7 @@ class ShardReader:
             else:
                 with os.fdopen(os.dup(fd), "rb") as f:
                     spans = scan_spans(f, where=where)
+            check_spans(spans, entry.num_bytes, where=self.store.path(idx) if raw is not None else where)
             shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans])
         except (StorageError, OSError) as err:
             if fd >= 0:
@@ -109,16 +209,20 @@ class ShardReader:
         offset, size = shard.offsets[sample_index]
         where = f"{self.store.path(self.shards[shard_index].url)}:{shard.keys[sample_index]}"
         if offset + size > shard.size:
-            raise LoaderError(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size})", where=where)
+            raise CorruptSample(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size})", where=where)
         data = os.pread(shard.fd, size, offset)
         try:
-            return parse_span(data, where=where)
+            key, fields = parse_span(data, where=where)
         except FormatError as err:
-            raise LoaderError(f"corrupt shard: {err.message}", where=where) from err
+            raise CorruptSample(f"corrupt shard: {err.message}", where=where) from err
+        if key != shard.keys[sample_index]:
+            raise CorruptSample(f"the offsets file names this sample {shard.keys[sample_index]!r}, the shard {key!r} "
+                              "(the offsets file or the shard is damaged)", where=where)
+        return key, fields
 
     def close(self) -> None:
         while self._open:
             self._open.popitem()[1].close()
 
 
-__all__ = ["ShardReader"]
+__all__ = ["MAX_SAMPLE_BYTES", "CorruptSample", "ShardReader", "check_spans"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import warnings
 from typing import Any
 
@@ -18,6 +19,11 @@ from shardkit.sources.base import SourceSample
 
 #: How close to the end of the file the end marker must be (some writers append a few bytes).
 _TAIL = 1024
+#: Input files larger than this are skipped unread: far above any real image file (PIL's pixel
+#: limit allows ~270 MB uncompressed RGB), and well inside what a shard member may hold
+#: (``MAX_MEMBER_BYTES``, 1 GiB), so every packed sample is one the loader reads.
+MAX_INPUT_BYTES = 512 << 20
+_CHUNK = 1 << 20
 
 
 class SkipSample(Exception):
@@ -32,7 +38,7 @@ def _open(data: bytes) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return Image.open(io.BytesIO(data))
+            return Image.open(io.BytesIO(data))  # other warnings: see encode_sample
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise SkipSample(f"decompression bomb refused ({err})") from err
     except UnidentifiedImageError as err:
@@ -82,16 +88,48 @@ def _restart_indexed(data: bytes, max_interval: int, where: str) -> bytes:
     return data if restarted is None else restarted
 
 
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return f"file type {stat.S_IFMT(mode):o}"
+
+
 def read_source(sample: SourceSample) -> bytes:
-    """Read an input file; raise ``SkipSample`` if it cannot be read or is empty."""
+    """Read an input file; raise ``SkipSample`` if it cannot be read, is empty, is not a
+    regular file (a FIFO, a device, e.g. a link to ``/dev/zero``) or is larger than
+    :data:`MAX_INPUT_BYTES`.
+
+    Links are followed (ImageFolder does). Only regular files are opened for reading, without
+    blocking (a FIFO would wait for a writer forever), and read in chunks up to the cap, so a
+    file that grows while read cannot exhaust memory either.
+    """
     try:
-        with open(sample.path, "rb") as f:
-            data = f.read()
+        st = os.stat(sample.path)
+        if not stat.S_ISREG(st.st_mode):
+            raise SkipSample(f"not a regular file ({_file_kind(st.st_mode)})")
+        fd = os.open(sample.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise SkipSample(f"unreadable file ({err.strerror or err})") from err
-    if not data:
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        try:
+            st = os.fstat(fd)  # what was opened, in case the path changed since the stat
+            if not stat.S_ISREG(st.st_mode):
+                raise SkipSample(f"not a regular file ({_file_kind(st.st_mode)})")
+            if st.st_size > MAX_INPUT_BYTES:
+                raise SkipSample(f"file too large ({st.st_size} bytes; at most {MAX_INPUT_BYTES} are packed)")
+            chunks, total = [], 0
+            while total <= MAX_INPUT_BYTES and (chunk := f.read(min(_CHUNK, MAX_INPUT_BYTES + 1 - total))):
+                chunks.append(chunk)
+                total += len(chunk)
+        except OSError as err:
+            raise SkipSample(f"unreadable file ({err.strerror or err})") from err
+    if total > MAX_INPUT_BYTES:
+        raise SkipSample(f"file too large (grew past {MAX_INPUT_BYTES} bytes while being read)")
+    if not total:
         raise SkipSample("empty file (0 bytes)")
-    return data
+    return b"".join(chunks)
 
 
 def encode_sample(
@@ -104,7 +142,17 @@ def encode_sample(
     extension comes from the detected format (``jpg``, ``png`` …). Raises ``SkipSample`` for
     empty, non-image, truncated, corrupt or decompression-bomb inputs, and ``PackError`` when
     ``jpeg_restart`` is set on a machine without the C extension.
+
+    PIL's warnings about damaged metadata (``Corrupt EXIF data`` …) are silenced: they concern
+    no pixel the loader delivers, and would otherwise reach the terminal of ``pack -q``.
     """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _encode(sample, data, classes=classes, options=options)
+
+
+def _encode(sample: SourceSample, data: bytes, *, classes: list[str] | None,
+            options: PackOptions) -> list[tuple[str, bytes]]:
     img = _open(data)
     width, height = img.size
     limit = Image.MAX_IMAGE_PIXELS

@@ -79,7 +79,7 @@ def test_label_count_and_offsets_mismatches(packed):
     problems = "\n".join(verify_dataset(str(packed)).problems)
     assert "disagrees" in problems
     assert "samples, manifest says 5" in problems
-    assert "keys differ" in problems
+    assert "lists 5 samples, the shard has 4" in problems
     assert "sha256 differs" in problems
 
 
@@ -100,6 +100,20 @@ def test_malformed_offsets_header_is_a_problem(packed):
     idx.write_bytes(idx.read_bytes().replace(b" 5\n", b" five\n", 1))
     problems = verify_dataset(str(packed)).problems
     assert problems == [f"{idx}: malformed sample count 'five' in the header"]
+
+
+def test_offsets_that_point_at_the_wrong_bytes_are_a_problem(packed):
+    """An offsets line with the right key but a wrong offset or size passed verify (only keys were
+    compared) while the loader then read the wrong bytes; each line is now compared with the span
+    found in the shard."""
+    idx = packed / "shard-000000.idx"
+    lines = idx.read_text().splitlines()
+    key, offset, size = lines[2].split()
+    lines[2] = f"{key} {offset} {int(size) + 512}"
+    idx.write_text("\n".join(lines) + "\n")
+    problems = verify_dataset(str(packed)).problems
+    assert problems == [f"{idx}: line 3 says {key} {offset} {int(size) + 512}, the shard has {key} {offset} {size} "
+                        "(the loader would read the wrong bytes)"]
 
 
 def test_missing_shard_and_bad_manifest(packed):

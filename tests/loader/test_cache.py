@@ -3,6 +3,7 @@ fetched once under a lock, evicted least-recently-used beyond its budget."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import threading
 import time
@@ -70,7 +71,7 @@ class _SlowStore:
 
 def test_concurrent_openers_fetch_once_and_a_wrong_size_is_refused(tmp_path: Path) -> None:
     store, cache = _SlowStore(b"x" * 1000), ShardCache(str(tmp_path / "c"))
-    entry = ShardEntry(url="s.tar", num_samples=1, num_bytes=1000, sha256="ab" * 32)
+    entry = ShardEntry(url="s.tar", num_samples=1, num_bytes=1000, sha256=hashlib.sha256(b"x" * 1000).hexdigest())
     fds: list[int] = []
     threads = [threading.Thread(target=lambda: fds.append(cache.open(store, entry))) for _ in range(4)]  # type: ignore[arg-type]
     for t in threads:
@@ -84,3 +85,21 @@ def test_concurrent_openers_fetch_once_and_a_wrong_size_is_refused(tmp_path: Pat
     assert not Path(cache.path(bad)).exists()
     with pytest.raises(LoaderError):
         ShardCache(str(tmp_path), 0)
+
+
+def test_a_fetched_shard_whose_hash_differs_is_refused_and_not_cached(indexed_tree: Path, tmp_path: Path) -> None:
+    """A remote shard damaged where no sample is read (its end-of-archive block) used to be
+    cached and streamed silently; its sha256 is now checked as it is fetched."""
+    import fsspec
+
+    url, cache = f"memory://shardkit-tests/{uuid.uuid4().hex}/ds", tmp_path / "cache"
+    manifest = pack(str(indexed_tree), url, options=PackOptions(max_count=40, seed=1), workers=1).manifest
+    shard = manifest.shards[1]
+    fs = fsspec.filesystem("memory")
+    data = bytearray(fs.cat(f"{url}/{shard.url}"))
+    data[-3] ^= 0x10
+    fs.pipe(f"{url}/{shard.url}", bytes(data))
+    with pytest.raises(LoaderError, match=f"fetched bytes have sha256 [0-9a-f]{{64}}, index.json says {shard.sha256}") as err:
+        _epoch(url, cache)
+    assert shard.url in err.value.where
+    assert {f.name for f in cache.iterdir() if f.suffix == ".tar"} == {manifest.shards[0].sha256 + ".tar"}

@@ -1,0 +1,89 @@
+"""Damaged local shards: a damaged sample is a ``CorruptSample`` naming shard and key (the rest
+of the shard stays readable), and ``verify_hashes=True`` detects every damaged byte."""
+
+from __future__ import annotations
+
+import io
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shardkit.errors import LoaderError
+from shardkit.format.tarread import iter_entries
+from shardkit.index.manifest import read_manifest
+from shardkit.loader.reader import CorruptSample, ShardReader
+from shardkit.storage import Store
+
+
+def _copy(packed: Path, tmp_path: Path) -> tuple[Path, Store]:
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    return ds, Store(str(ds))
+
+
+def _flip(path: Path, pos: int, bit: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[pos] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_header_is_a_corrupt_sample_and_its_neighbours_stay_readable(packed: Path, tmp_path: Path) -> None:
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    shard = ds / shards[0].url
+    entries = list(iter_entries(io.BytesIO(shard.read_bytes()), where="x", read_data=False))
+    second = next(e for e in entries if not e.name.startswith(entries[0].name.split(".")[0]))
+    _flip(shard, second.offset + 3, 5)  # a bit of the second sample's first member name
+    reader = ShardReader(store, shards)
+    key0, _ = reader.read(0, 0)
+    with pytest.raises(CorruptSample, match="corrupt tar header") as err:
+        reader.read(0, 1)
+    assert isinstance(err.value, LoaderError)
+    assert err.value.where.endswith(f"{shards[0].url}:{reader.key(0, 1)}")
+    assert reader.read(0, 2)[0] == reader.key(0, 2)
+    reader.close()
+
+
+def test_a_truncated_sample_is_a_corrupt_sample(packed: Path, tmp_path: Path) -> None:
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    shard = ds / shards[0].url
+    shard.write_bytes(shard.read_bytes()[:4000])
+    reader = ShardReader(store, shards)
+    reader.read(0, 0)
+    with pytest.raises(CorruptSample, match="shard is truncated"):
+        reader.read(0, shards[0].num_samples - 1)
+    reader.close()
+
+
+def test_verify_hashes_catches_a_flip_that_no_parser_sees(packed: Path, tmp_path: Path) -> None:
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    _flip(ds / shards[1].url, shards[1].num_bytes - 5)  # inside the end-of-archive blocks
+    plain = ShardReader(store, shards)
+    assert [plain.read(1, i)[0] for i in range(shards[1].num_samples)]  # read silently
+    plain.close()
+    checked = ShardReader(store, shards, verify_hashes=True)
+    checked.read(0, 0)
+    with pytest.raises(LoaderError, match="shard's bytes differ from index.json") as err:
+        checked.read(1, 0)
+    assert err.value.where.endswith(shards[1].url)
+    checked.close()
+
+
+def test_verify_hashes_detects_every_one_of_40_random_bit_flips(packed: Path, tmp_path: Path) -> None:
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    shard = ds / shards[0].url
+    original = shard.read_bytes()
+    rng = random.Random(14)
+    for _ in range(40):
+        data = bytearray(original)
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        shard.write_bytes(bytes(data))
+        reader = ShardReader(store, shards, verify_hashes=True)
+        with pytest.raises(LoaderError, match="differ from index.json"):
+            reader.read(0, 0)
+        reader.close()
