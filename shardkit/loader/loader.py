@@ -78,6 +78,9 @@ class ShardLoader:
         cache_bytes: the cache's budget; least recently used shards beyond it are deleted
             (default 20 GB; see :class:`~shardkit.loader.cache.ShardCache`).
         storage_options: fsspec options for a remote dataset.
+        verify_hashes: hash each local shard the first time a process opens it and refuse one
+            that differs from its ``sha256`` in ``index.json`` (shards of a remote dataset are
+            always checked as they are fetched into the cache; ``shardkit verify`` checks all).
         gpu: options of the GPU route (:class:`~shardkit.loader.gpu.GpuOptions`: Triton kernel or
             eager resize, device prefetch depth, the experimental hardware JPEG decoder).
         contiguous_labels: COCO only: labels 1..K in category-id order (0: background) instead
@@ -130,6 +133,7 @@ class ShardLoader:
         cache_dir: str | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         storage_options: dict[str, Any] | None = None,
+        verify_hashes: bool = False,
         gpu: GpuOptions | None = None,
         contiguous_labels: bool = False,
         masks: bool = False,
@@ -152,7 +156,8 @@ class ShardLoader:
         self.keys = keys
         self.num_workers = num_workers
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
-        self.reader = ShardReader(store, self.manifest.shards, cache_dir=cache, cache_bytes=cache_bytes)
+        self.reader = ShardReader(store, self.manifest.shards, cache_dir=cache, cache_bytes=cache_bytes,
+                                  verify_hashes=verify_hashes)
         #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
         self.route: Route[Any, Any] = choose_route(
             self.manifest, self.reader, transform, torch.device(device), on_error=on_error, batch_size=batch_size,

@@ -45,13 +45,14 @@ def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransf
                          contiguous_labels=contiguous_labels)
     if masks or pad or contiguous_labels:
         raise LoaderError(f"masks, pad and contiguous_labels need a COCO dataset; this one is {manifest.kind!r}")
+    num_classes = len(manifest.classes) if manifest.classes else None
     if device.type == "cuda" and isinstance(transform, ImageTransform):
         reason = gpu_decode_unavailable(device)
         if reason is None:
             return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
-                            num_workers=num_workers, prefetch=prefetch, options=gpu)
+                            num_workers=num_workers, prefetch=prefetch, options=gpu, num_classes=num_classes)
         fallback = device if torch.cuda.is_available() else torch.device("cpu")
         log.warning("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s", reason, fallback)
         device = fallback
     return CpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
-                    num_workers=num_workers, prefetch=prefetch)
+                    num_workers=num_workers, prefetch=prefetch, num_classes=num_classes)

@@ -23,7 +23,7 @@ from shardkit.codec.jpeg_region import decode_box_rgb, roi_available, within_pix
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
 from shardkit.loader.bad_samples import BadSample, Filled, fill_batch
-from shardkit.loader.reader import ShardReader
+from shardkit.loader.reader import CorruptSample, ShardReader
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.params import CropFlip
@@ -52,30 +52,55 @@ class Sample:
                 return data
         raise BadSample(f"{self.where}: no image member (has {sorted(self.fields)})")
 
-    def label(self) -> int:
-        """The class index from the ``cls`` member."""
-        try:
-            return int(self.fields["cls"])
-        except (KeyError, ValueError) as err:
-            raise BadSample(f"{self.where}: missing or malformed cls member") from err
+    def label(self, num_classes: int | None = None) -> int:
+        """The class index from the ``cls`` member: ASCII digits (surrounding whitespace allowed),
+        below ``num_classes`` when given.
+
+        Example:
+            >>> Sample("k", {"cls": b"3"}, "s.tar:k").label(10)
+            3
+            >>> Sample("k", {"cls": b"12"}, "s.tar:k").label(10)
+            Traceback (most recent call last):
+            ...
+            shardkit.loader.bad_samples.BadSample: s.tar:k: label 12 is outside the dataset's 10 classes
+        """
+        raw = self.fields.get("cls")
+        raw = raw.strip() if raw is not None else None  # some writers end the member with a newline
+        if raw is None or not raw.isdigit() or not raw.isascii():
+            shown = "missing" if raw is None else f"malformed ({raw[:20]!r})"
+            raise BadSample(f"{self.where}: cls member {shown}")
+        label = int(raw)
+        if num_classes is not None and label >= num_classes:
+            raise BadSample(f"{self.where}: label {label} is outside the dataset's {num_classes} classes")
+        return label
 
 
 class SampleSource:
     """Read samples by ``(shard, index)`` from ``reader`` under the ``on_error`` policy.
 
-    Picklable (it travels to the worker processes inside a route's builder).
+    ``num_classes``: labels must be below it (None: no upper bound, e.g. shards adopted without
+    class names). Picklable (it travels to the worker processes inside a route's builder).
     """
 
-    def __init__(self, reader: ShardReader, on_error: str = "replace") -> None:
+    def __init__(self, reader: ShardReader, on_error: str = "replace", num_classes: int | None = None) -> None:
         if on_error not in ON_ERROR:
             raise LoaderError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.reader = reader
         self.on_error = on_error
+        self.num_classes = num_classes
 
     def read(self, shard: int, index: int, stats: StageStats) -> Sample:
-        """Read one sample, adding the time to ``stats.read_s``."""
+        """Read one sample, adding the time to ``stats.read_s``.
+
+        Raises:
+            BadSample: the sample's bytes are damaged (truncated, bad header, wrong key).
+            LoaderError: the whole shard is unusable (missing, wrong hash, ...).
+        """
         t0 = time.perf_counter()
-        key, fields = self.reader.read(shard, index)
+        try:
+            key, fields = self.reader.read(shard, index)
+        except CorruptSample as err:
+            raise BadSample(str(err)) from err
         where = f"{self.reader.store.path(self.reader.shards[shard].url)}:{key}"
         stats.read_s += time.perf_counter() - t0
         return Sample(key, fields, where)

@@ -87,3 +87,63 @@ def test_verify_hashes_detects_every_one_of_40_random_bit_flips(packed: Path, tm
         with pytest.raises(LoaderError, match="differ from index.json"):
             reader.read(0, 0)
         reader.close()
+
+
+def _member(shard: Path, key: str, ext: str) -> int:
+    """Byte offset of the data of ``key.ext`` in ``shard``."""
+    entries = iter_entries(io.BytesIO(shard.read_bytes()), where="x", read_data=False)
+    return next(e.data_offset for e in entries if e.name == f"{key}.{ext}")
+
+
+def test_the_loader_replaces_a_damaged_sample_or_names_it(packed: Path, tmp_path: Path) -> None:
+    """A damaged sample is a bad sample like an undecodable image: replaced and counted by
+    default, named with its shard and key under on_error='raise'."""
+    from shardkit import ShardLoader, transforms
+
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    reader = ShardReader(store, shards)
+    key = reader.key(0, 1)
+    reader.close()
+    entries = list(iter_entries(io.BytesIO((ds / shards[0].url).read_bytes()), where="x", read_data=False))
+    first = next(e for e in entries if e.name.startswith(key + "."))
+    _flip(ds / shards[0].url, first.offset + 3, 5)
+    kw = {"batch_size": 8, "transform": transforms.imagenet_val(32), "shuffle": False, "keys": True}
+    loader = ShardLoader(str(ds), **kw)  # type: ignore[arg-type]
+    keys = [k for _x, _y, ks in loader for k in ks]
+    assert key not in keys and loader.stats.replaced >= 1  # (padding may repeat it)
+    with pytest.raises(LoaderError, match=f"bad sample .*{shards[0].url}:{key}"):
+        list(ShardLoader(str(ds), on_error="raise", **kw))  # type: ignore[arg-type]
+
+
+def test_a_label_outside_the_classes_is_a_bad_sample(packed: Path, tmp_path: Path) -> None:
+    from shardkit import ShardLoader, transforms
+
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    assert len(read_manifest(store).classes or ()) == 3
+    reader = ShardReader(store, shards)
+    key = reader.key(0, 0)
+    reader.close()
+    shard = ds / shards[0].url
+    pos = _member(shard, key, "cls")
+    data = bytearray(shard.read_bytes())
+    data[pos] = ord("7")  # class 7 of 3 (same length: the tar stays well-formed)
+    shard.write_bytes(bytes(data))
+    kw = {"batch_size": 8, "transform": transforms.imagenet_val(32), "shuffle": False, "keys": True}
+    loader = ShardLoader(str(ds), **kw)  # type: ignore[arg-type]
+    labels = [int(y) for _x, ys, _k in loader for y in ys]
+    assert max(labels) < 3 and loader.stats.replaced >= 1  # (padding may repeat it)
+    with pytest.raises(LoaderError, match=f"{key}: label 7 is outside the dataset's 3 classes"):
+        list(ShardLoader(str(ds), on_error="raise", **kw))  # type: ignore[arg-type]
+
+
+def test_the_loader_verifies_hashes_when_asked(packed: Path, tmp_path: Path) -> None:
+    from shardkit import ShardLoader
+
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    _flip(ds / shards[0].url, shards[0].num_bytes - 5)  # in the end-of-archive blocks: no parser sees it
+    assert len(list(ShardLoader(str(ds), batch_size=8))) > 0
+    with pytest.raises(LoaderError, match="shard's bytes differ from index.json"):
+        list(ShardLoader(str(ds), batch_size=8, verify_hashes=True))

@@ -87,20 +87,21 @@ class CpuBatchBuilder:
     per sample, so the caller's global RNG is untouched; outputs stacked), or ``None`` (a list of
     decoded images). ``on_error="replace"`` replaces a corrupt sample deterministically and counts
     it (see :mod:`shardkit.loader.bad_samples`); ``"raise"`` raises :class:`LoaderError` naming
-    shard and key. ``pool``: reusable shared batch buffers for the :class:`ImageTransform` path
+    shard and key; a label at or above ``num_classes`` is a bad sample. ``pool``: reusable shared batch buffers for the :class:`ImageTransform` path
     in worker processes (see :mod:`shardkit.loader.cpu.shared_pool`).
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[[torch.Tensor], Any] | None,
-                 *, on_error: str = "replace", pool: SharedBatchPool | None = None) -> None:
-        self.samples = SampleSource(reader, on_error)
+                 *, on_error: str = "replace", pool: SharedBatchPool | None = None,
+                 num_classes: int | None = None) -> None:
+        self.samples = SampleSource(reader, on_error, num_classes)
         self.transform = transform
         self.pool = pool
 
     def _one(self, sample: Sample, seed: int, out: torch.Tensor | None, stats: StageStats,
              dstats: DecodeStats) -> tuple[int, Any]:
         t1 = time.perf_counter()
-        label, raw, transform = sample.label(), sample.image(), self.transform
+        label, raw, transform = sample.label(self.samples.num_classes), sample.image(), self.transform
         if isinstance(transform, ImageTransform):
             image, params = decode_for(transform, raw, random.Random(seed), sample.where, dstats)
         else:

@@ -145,10 +145,10 @@ class RawBatchBuilder:
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform, *, on_error: str = "replace",
-                 buffer_cycle: int = 0) -> None:
+                 buffer_cycle: int = 0, num_classes: int | None = None) -> None:
         if not isinstance(transform, ImageTransform):
             raise LoaderError("the GPU route needs an ImageTransform (e.g. transforms.imagenet_train(224))")
-        self.samples = SampleSource(reader, on_error)
+        self.samples = SampleSource(reader, on_error, num_classes)
         self.transform = transform
         self.buffer_cycle = buffer_cycle
         self._cycle: BufferCycle | None = None
@@ -165,7 +165,7 @@ class RawBatchBuilder:
 
     def _raw(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> tuple[int, Item]:
         t1 = time.perf_counter()
-        label, data = sample.label(), sample.image()
+        label, data = sample.label(self.samples.num_classes), sample.image()
         transform = self.transform
         rng = random.Random(seed)
         if nvjpeg_friendly(data):
