@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from shardkit.codec.jpeg_region import roi_available
 from shardkit.codec.nvjpeg import gpu_decode_unavailable
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import Manifest
@@ -17,10 +18,21 @@ from shardkit.loader.gpu import GpuOptions, GpuRoute
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.route import Route
 from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.detection import DetectionTransform
 
 __all__ = ["choose_route"]
 
 log = logging.getLogger("shardkit.loader")
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str, *args: object) -> None:
+    """Log a fallback warning the first time this process takes that fallback."""
+    text = message % args
+    if text not in _warned:
+        _warned.add(text)
+        log.warning(text)
 
 
 def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransform | Callable[..., Any] | None,
@@ -36,15 +48,22 @@ def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransf
 
     The route's :attr:`~shardkit.loader.route.Route.device` is where batches end up.
 
+    A fallback is logged once per process with its fix: no nvJPEG (the CPU route decodes), no
+    libjpeg-turbo region decoder (whole JPEGs are decoded before cropping).
+
     Raises:
-        LoaderError: detection-only options (``masks``, ``pad``, ``contiguous_labels``) on a
-            dataset that is not COCO, or a classification transform on a COCO dataset.
+        LoaderError: detection-only options (``masks``, ``pad``, ``contiguous_labels``) or a
+            detection transform on a dataset that is not COCO, or a classification transform on
+            a COCO dataset.
     """
     if manifest.kind == "coco":
         return CocoRoute(manifest, reader, transform, device=device, on_error=on_error, masks=masks, pad=pad,
                          contiguous_labels=contiguous_labels)
     if masks or pad or contiguous_labels:
         raise LoaderError(f"masks, pad and contiguous_labels need a COCO dataset; this one is {manifest.kind!r}")
+    if isinstance(transform, DetectionTransform):
+        raise LoaderError(f"transforms.detection_train/detection_val need a COCO dataset; this one is "
+                          f"{manifest.kind!r}: use transforms.imagenet_train/imagenet_val (or any callable on images)")
     num_classes = len(manifest.classes) if manifest.classes else None
     if device.type == "cuda" and isinstance(transform, ImageTransform):
         reason = gpu_decode_unavailable(device)
@@ -52,7 +71,12 @@ def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransf
             return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
                             num_workers=num_workers, prefetch=prefetch, options=gpu, num_classes=num_classes)
         fallback = device if torch.cuda.is_available() else torch.device("cpu")
-        log.warning("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s", reason, fallback)
+        _warn_once("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s "
+                   "(`shardkit doctor` checks CUDA and nvJPEG)", reason, fallback)
         device = fallback
+    if isinstance(transform, ImageTransform) and transform.crop_first and not roi_available():
+        _warn_once("shardkit: the libjpeg-turbo region decoder is not built, so whole JPEGs are decoded before "
+                   "cropping (slower); install the libjpeg-turbo headers (Debian: libjpeg62-turbo-dev, Ubuntu: "
+                   "libjpeg-turbo8-dev, conda: libjpeg-turbo) and reinstall shardkit (`shardkit doctor` checks)")
     return CpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
                     num_workers=num_workers, prefetch=prefetch, num_classes=num_classes)

@@ -110,20 +110,27 @@ def detection_train(
     return DetectionTransform(ops, random=True)
 
 
-def detection_val(resize: int | None = None, *, max_size: int | None = None) -> DetectionTransform:
-    """Evaluation transform: nothing (``resize=None``) or ``Resize(resize, max_size=max_size)``.
+def detection_val(min_size: int | None = None, max_size: int | None = None) -> DetectionTransform:
+    """Evaluation transform, sized like :func:`detection_train`: nothing (``min_size=None``) or
+    ``Resize(min_size, max_size=max_size)`` (shorter side to ``min_size``, longer side at most
+    ``max_size``: what torchvision's detection models do to their inputs at 800/1333).
 
-    With ``resize=None`` the loader's targets equal torchvision's ``CocoDetection`` wrapped by
+    With ``min_size=None`` the loader's targets equal torchvision's ``CocoDetection`` wrapped by
     ``wrap_dataset_for_transforms_v2`` (crowd and degenerate boxes kept, as there).
 
+    Raises:
+        ValueError: a size that is not positive, or ``max_size`` without ``min_size`` or below it.
     Example:
-        >>> detection_val(800, max_size=1333).random
+        >>> detection_val(800, 1333).random
         False
     """
-    if resize is not None and resize < 1:
-        raise ValueError(f"resize must be positive, got {resize}")
-    ops = [] if resize is None else [v2.Resize(resize, max_size=max_size)]
-    return DetectionTransform(ops, random=False)
+    if min_size is None:
+        if max_size is not None:
+            raise ValueError("max_size needs min_size (detection_val(min_size, max_size))")
+        return DetectionTransform([], random=False)
+    if min_size < 1 or (max_size is not None and max_size <= min_size):
+        raise ValueError(f"need 1 <= min_size < max_size, got min_size={min_size}, max_size={max_size}")
+    return DetectionTransform([v2.Resize(min_size, max_size=max_size)], random=False)
 
 
 def run_detection_transform(transform: Callable[..., Any], image: torch.Tensor, target: dict[str, Any],

@@ -177,6 +177,43 @@ def test_options_refused_where_they_do_not_apply(sources: dict[str, tuple[Path, 
         ShardLoader(str(sources["sample"][2]), batch_size=2, transform=transforms.imagenet_train(32))
     with pytest.raises(LoaderError, match="COCO"):
         ShardLoader(str(packed), batch_size=2, masks=True)
+    for detection in (transforms.detection_train(), transforms.detection_val(800, 1333)):
+        with pytest.raises(LoaderError, match="detection_train/detection_val need a COCO dataset; this one is "
+                                              "'imagefolder': use transforms.imagenet_train"):
+            ShardLoader(str(packed), batch_size=2, transform=detection)
+
+
+def test_classes_name_the_labels(sources: dict[str, tuple[Path, Path, Path]], packed: Path,
+                                 indexed_tree: Path) -> None:
+    from torchvision.datasets import ImageFolder
+
+    names = ShardLoader(str(packed), batch_size=2).classes
+    assert names is not None and list(names) == ImageFolder(str(indexed_tree)).classes
+    _, ann, coco = sources["generated"]
+    categories = {c["id"]: c["name"] for c in json.loads(ann.read_text(encoding="utf-8"))["categories"]}
+    assert ShardLoader(str(coco), batch_size=2).classes is None  # labels are category ids
+    mapped = ShardLoader(str(coco), batch_size=2, contiguous_labels=True)
+    assert mapped.classes == ("__background__", *(categories[i] for i in sorted(categories)))
+    assert mapped.label_map is not None
+    assert all(mapped.classes[label] == categories[cid] for cid, label in mapped.label_map.items())
+
+
+def test_detection_val_is_sized_like_detection_train() -> None:
+    import torchvision.transforms.v2 as v2
+
+    image = torch.zeros(3, 400, 600, dtype=torch.uint8)
+    target = {"boxes": torch.tensor([[10.0, 20.0, 110.0, 220.0]]), "labels": torch.tensor([1])}
+    from shardkit.transforms.detection import run_detection_transform
+
+    out, tgt = run_detection_transform(transforms.detection_val(800, 1333), image, target, seed=0)
+    want = v2.Resize(800, max_size=1333)(image)
+    assert out.shape == want.shape == (3, 800, 1200)
+    assert tgt["boxes"].tolist() == [[20.0, 40.0, 220.0, 440.0]]
+    assert transforms.detection_val().random is False
+    with pytest.raises(ValueError, match="max_size needs min_size"):
+        transforms.detection_val(max_size=1333)
+    with pytest.raises(ValueError, match="min_size < max_size"):
+        transforms.detection_val(800, 600)
 
 
 def test_coco_target_edge_cases() -> None:

@@ -106,8 +106,12 @@ def test_same_seeded_draws_give_same_boxes() -> None:
 def test_cuda_device_without_cuda_falls_back_with_one_log_line(inet: Path, caplog: pytest.LogCaptureFixture) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
+    from shardkit.loader import routing
+
+    routing._warned.clear()  # fallbacks are logged once per process
     with caplog.at_level(logging.WARNING, logger="shardkit"):
         loader = ShardLoader(str(inet), batch_size=8, transform=transforms.imagenet_train(32), device="cuda")
+        ShardLoader(str(inet), batch_size=8, transform=transforms.imagenet_train(32), device="cuda")
     assert loader.device.type == "cpu"
     assert sum("GPU decoding unavailable" in r.getMessage() for r in caplog.records) == 1
     images, labels = next(iter(loader))
