@@ -50,12 +50,15 @@ def _outcome(fn: Callable[[], Any]) -> str:
     return "ok"
 
 
-def _epoch(ds: Path, mode: str) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+def _epoch(ds: Path, mode: str, replaced: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    """One epoch's batches; ``replaced`` (if given) gets the loader's count of replaced samples."""
     out = []
     with ShardLoader(str(ds), batch_size=4, transform=transforms.imagenet_val(32), shuffle=False, keys=True,
                      on_error=mode) as loader:
         for images, labels, keys in loader:
             out.append((images.clone(), labels.clone(), list(keys)))
+        if replaced is not None:
+            replaced.append(loader.stats.replaced)
     return out
 
 
@@ -121,9 +124,14 @@ def _damage(work: Path, kind: str, n: int, seed: int) -> collections.Counter[str
         (copy / shard).write_bytes(bytes(b))
         for mode in ("raise", "replace"):
             got: list[Any] = []
-            result = _outcome(lambda mode=mode, got=got, copy=copy: got.extend(_epoch(copy, mode)))  # type: ignore[misc]
+            replaced: list[int] = []
+            result = _outcome(lambda mode=mode, got=got, copy=copy, replaced=replaced:  # type: ignore[misc]
+                              got.extend(_epoch(copy, mode, replaced)))
             if result == "ok":
-                result = "identical" if _same(got, ref) else "SILENTLY DIFFERENT"
+                if _same(got, ref):
+                    result = "identical"
+                else:
+                    result = "replaced (counted)" if replaced and replaced[0] > 0 else "SILENTLY DIFFERENT"
             counts[f"{mode}: {result}"] += 1
     return counts
 
@@ -265,12 +273,11 @@ def main() -> None:
         "",
         "`identical` means the flip landed where no delivered byte depends on it (tar padding, the",
         "`json` member, which the classification loader does not deliver). `SILENTLY DIFFERENT`",
-        "means other pixels or labels were delivered than from the intact shard: in raise mode that is",
-        "silent damage, which only the integrity mode (R3) catches; in replace mode it also counts",
-        "samples the loader replaced on purpose (a decode failure, counted in `loader.stats.replaced`). With",
-        "`on_error=\"replace\"`, a damaged sample is still raised as a `LoaderError` naming shard and",
-        "key until the batch builders replace `CorruptSample` (issue 14; see the report of the",
-        "reliability branch).",
+        "means other pixels or labels were delivered than from the intact shard and the loader counted",
+        "no replacement: silent damage, which only the integrity mode (R3) catches. `replaced (counted)`",
+        "means the loader found bad samples (a damaged header, an undecodable image, a label outside the",
+        "classes) and replaced them, counting them in `loader.stats.replaced` (`on_error=\"replace\"`).",
+        "A truncated shard is never replaced: it raises a `LoaderError` naming the shard.",
         "",
     ]
     Path(args.out).write_text("\n".join(lines))

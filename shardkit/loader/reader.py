@@ -90,10 +90,13 @@ def _check_claims(store: Store, shards: tuple[ShardEntry, ...]) -> None:
 
 
 class CorruptSample(LoaderError):
-    """One sample of a shard cannot be read (truncated, damaged header, key differing from the
-    offsets file) while the shard itself opened: the rest of the shard may still be read, so a
-    batch builder with ``on_error="replace"`` may replace this sample. ``where`` is
-    ``<shard>:<key>``."""
+    """One sample of a shard cannot be read (damaged header, key differing from the offsets
+    file) while the shard itself opened: the rest of the shard may still be read, so a batch
+    builder with ``on_error="replace"`` may replace this sample. ``where`` is ``<shard>:<key>``.
+
+    A shard file shorter than its samples need is not one bad sample but a lost tail (an
+    interrupted copy or download): that is a plain :class:`LoaderError` naming the shard, never
+    replaced silently."""
 
 
 def _check_hash(fd: int, entry: ShardEntry, where: str) -> None:
@@ -209,7 +212,8 @@ class ShardReader:
         offset, size = shard.offsets[sample_index]
         where = f"{self.store.path(self.shards[shard_index].url)}:{shard.keys[sample_index]}"
         if offset + size > shard.size:
-            raise CorruptSample(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size})", where=where)
+            raise LoaderError(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size}; "
+                              f"index.json says {self.shards[shard_index].num_bytes} bytes)", where=where)
         data = os.pread(shard.fd, size, offset)
         try:
             key, fields = parse_span(data, where=where)
