@@ -11,8 +11,9 @@ the step. For every contender and repetition, on one freshly built loader:
 ``share = fed / synthetic``, measured right after each other so drift of the machine hits both.
 Contenders run in alternating order (A B, B A, …). ``host_wait`` is the part of the fed run the
 training loop spent waiting for the next batch; ``loader_gpu_ms`` (ShardLoader's GPU route)
-the device time its augment kernels took (CUDA events) plus the host wall time of its nvJPEG
-calls, per batch.
+the time its augment kernels took (CUDA events) plus the host wall time of its synchronous
+nvJPEG calls, per batch: an upper bound of its GPU cost, since both stretch while the step's
+kernels hold the GPU (the share is the figure that counts).
 
 The step: a torchvision classifier (``resnet18``/``resnet50``), ``channels_last``, bf16 autocast,
 SGD with momentum, ``torch.compile`` (unless ``compile=False``). ShardLoader delivers batches
