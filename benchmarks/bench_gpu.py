@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from shardkit import ShardLoader, transforms
+from shardkit.bench import baselines
 from shardkit.codec.nvimgcodec import HwJpegDecoder, hw_decode_unavailable
 from shardkit.codec.nvjpeg import nvjpeg_friendly
 from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows
@@ -50,13 +51,10 @@ def _forever(make: Any) -> Iterator[Any]:
 
 
 def imagefolder_loader(root: str, workers: int, batch: int) -> Any:
-    import torchvision.transforms.v2 as v2
-    from torch.utils.data import DataLoader
-    from torchvision.datasets import ImageFolder
-
-    tf = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor()])
-    return DataLoader(ImageFolder(root, transform=tf), batch_size=batch, shuffle=True, num_workers=workers,
-                      persistent_workers=True, pin_memory=True, drop_last=True)
+    """The ``shardkit bench`` ImageFolder baseline: RandomResizedCrop(224) + flip, uint8 out,
+    shuffled, ``drop_last=True``, persistent workers, pinned memory (batches go to CUDA)."""
+    return baselines.imagefolder_loader(root, size=224, train=True, batch_size=batch, workers=workers,
+                                        device="cuda")
 
 
 def imagefolder_cuda(dl: Any) -> Iterator[Any]:
