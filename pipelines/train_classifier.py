@@ -5,7 +5,7 @@ loader state saved in the same checkpoint as the model so a restarted job contin
 the batches it had not seen.
 
     python pipelines/train_classifier.py SHARDS --steps 50 --checkpoint ckpt.pt
-    python pipelines/train_classifier.py SHARDS --steps 100 --checkpoint ckpt.pt   # resumes at step 50
+    python pipelines/train_classifier.py SHARDS --steps 100 --checkpoint ckpt.pt  # resumes at 50
 
 Works on CPU (tiny steps for a smoke test) and on CUDA (bf16 autocast, channels_last).
 """
@@ -23,7 +23,8 @@ import shardkit
 from shardkit import transforms
 
 
-def build(args: argparse.Namespace) -> tuple[shardkit.ShardLoader, torch.nn.Module, torch.optim.Optimizer]:
+def build(args: argparse.Namespace) -> tuple[shardkit.ShardLoader, torch.nn.Module,
+                                             torch.optim.Optimizer]:
     cuda = args.device.startswith("cuda")
     loader = shardkit.ShardLoader(
         args.shards,
@@ -67,11 +68,13 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     if args.checkpoint:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "loader": loader.state_dict(), "step": step}, args.checkpoint)
-    return {"step": step, "loss": loss_value, "images_per_second": seen / (time.perf_counter() - started)}
+    return {"step": step, "loss": loss_value,
+            "images_per_second": seen / (time.perf_counter() - started)}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -80,9 +83,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpoint", default=None, help="save here at the end; resume from it if present")
+    parser.add_argument("--checkpoint", default=None,
+                        help="save here at the end; resume from it if present")
     result = train(parser.parse_args(argv))
-    print(f"step {result['step']}  loss {result['loss']:.3f}  {result['images_per_second']:.0f} images/s")
+    print(f"step {result['step']}  loss {result['loss']:.3f}  {result['images_per_second']:.0f} "
+          "images/s")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,8 @@ class TreeSampler:
         self._last = dict(self._first)
         self._peak = sum(rss for _cpu, rss in snap.values())
         self._t0 = time.perf_counter()
-        self._thread = threading.Thread(target=self._loop, name="shardkit-bench-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="shardkit-bench-sampler",
+                                        daemon=True)
         self._thread.start()
         return self
 
