@@ -22,8 +22,9 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# tests/ and the doctests in shardkit/ (pyproject sets --doctest-modules)
 test: setup lint typecheck
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests shardkit
 
 demo: setup
 	rm -rf $(DEMO)

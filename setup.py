@@ -9,12 +9,13 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension(name, [source], libraries=["jpeg"], include_dirs=["shardkit/codec"], depends=["shardkit/codec/_jpeg_errors.h"],
-                  extra_compile_args=["-O2"], optional=True)
+        Extension(name, [source], libraries=["jpeg"], include_dirs=["shardkit/codec"],
+                  depends=["shardkit/codec/_jpeg_errors.h"], extra_compile_args=["-O2"],
+                  optional=True)
         for name, source in [("shardkit.codec._jpeg_region", "shardkit/codec/_jpeg_region.c"),
                              ("shardkit.codec._jpeg_restart", "shardkit/codec/_jpeg_restart.c")]
     ]
     # -O3: the repacking loops are only fast once the compiler vectorises them.
-    + [Extension("shardkit.transforms._planar", ["shardkit/transforms/_planar.c"], extra_compile_args=["-O3"],
-                 optional=True)]
+    + [Extension("shardkit.transforms._planar", ["shardkit/transforms/_planar.c"],
+                 extra_compile_args=["-O3"], optional=True)]
 )

@@ -2,7 +2,8 @@
 
 Conditions: encoded bytes already in memory (no file I/O), ``torch.set_num_threads(1)``, 200
 generated ~400x350 JPEGs (smooth random content + noise, q75-95, ~50-100 KB), best of
-``--rounds`` interleaved passes over all images. Run: ``.venv/bin/python benchmarks/bench_decode.py``.
+``--rounds`` interleaved passes over all images.
+Run: ``.venv/bin/python benchmarks/bench_decode.py``.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def main() -> None:
         "--clock",
         choices=["wall", "cpu"],
         default="wall",
-        help="cpu: this process's CPU time (stable on a busy shared box; excludes time descheduled)",
+        help="cpu: this process's CPU time (stable on a busy shared box; excludes time "
+        "descheduled)",
     )
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -113,7 +115,8 @@ def main() -> None:
         ),
     }
     print(
-        f"{len(data)} JPEGs, mean {kb:.0f} KB; decode backend: {decode_backend()}; 1 thread; {args.clock} clock"
+        f"{len(data)} JPEGs, mean {kb:.0f} KB; decode backend: {decode_backend()}; 1 thread; "
+        f"{args.clock} clock"
     )
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for name, r in rates(cases, data, args.rounds, clock).items():

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from shardkit import ShardLoader, transforms
+from shardkit.bench import baselines
 from shardkit.codec.nvimgcodec import HwJpegDecoder, hw_decode_unavailable
 from shardkit.codec.nvjpeg import nvjpeg_friendly
 from shardkit.loader import GpuOptions
@@ -51,13 +52,10 @@ def _forever(make: Any) -> Iterator[Any]:
 
 
 def imagefolder_loader(root: str, workers: int, batch: int) -> Any:
-    import torchvision.transforms.v2 as v2
-    from torch.utils.data import DataLoader
-    from torchvision.datasets import ImageFolder
-
-    tf = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor()])
-    return DataLoader(ImageFolder(root, transform=tf), batch_size=batch, shuffle=True, num_workers=workers,
-                      persistent_workers=True, pin_memory=True, drop_last=True)
+    """The ``shardkit bench`` ImageFolder baseline: RandomResizedCrop(224) + flip, uint8 out,
+    shuffled, ``drop_last=True``, persistent workers, pinned memory (batches go to CUDA)."""
+    return baselines.imagefolder_loader(root, size=224, train=True, batch_size=batch,
+                                        workers=workers, device="cuda")
 
 
 def imagefolder_cuda(dl: Any) -> Iterator[Any]:
@@ -67,7 +65,8 @@ def imagefolder_cuda(dl: Any) -> Iterator[Any]:
 
 def _jpegs(root: str, limit: int) -> list[torch.Tensor]:
     raw = [p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()][:limit * 2]
-    return [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw if nvjpeg_friendly(b)][:limit]
+    friendly = [b for b in raw if nvjpeg_friendly(b)][:limit]
+    return [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in friendly]
 
 
 def hwjpeg_batches(root: str, batch: int, threads: int, limit: int = 4096) -> Iterator[Any]:
@@ -75,7 +74,8 @@ def hwjpeg_batches(root: str, batch: int, threads: int, limit: int = 4096) -> It
     reason, planar = hw_decode_unavailable(torch.device("cuda"), threads)
     if reason is not None:
         raise RuntimeError(reason)
-    hw, stream, datas, i = HwJpegDecoder(torch.device("cuda"), planar=planar, threads=threads), torch.cuda.Stream(), _jpegs(root, limit), 0
+    hw = HwJpegDecoder(torch.device("cuda"), planar=planar, threads=threads)
+    stream, datas, i = torch.cuda.Stream(), _jpegs(root, limit), 0
     while True:
         chunk = datas[i:i + batch] if i + batch <= len(datas) else datas[:batch]
         i = (i + batch) % max(1, len(datas) - batch)
@@ -101,7 +101,8 @@ def _cut_jpegs(root: str, limit: int, interval: int) -> list[torch.Tensor]:
     return out
 
 
-def nvjpeg_batches(root: str, batch: int, limit: int = 4096, cut_interval: int = 0) -> Iterator[Any]:
+def nvjpeg_batches(root: str, batch: int, limit: int = 4096,
+                   cut_interval: int = 0) -> Iterator[Any]:
     """Batched nvJPEG decode alone, back to back; ``cut_interval``: of crops cut from
     restart-indexed JPEGs with that interval instead of the whole files."""
     from torchvision.io import decode_jpeg
@@ -140,7 +141,8 @@ def kernel_rates(root: str, batch: int) -> dict[str, float]:
     return out
 
 
-def shardkit_loader(shards: str, workers: int, batch: int, compile: bool = True, **kw: Any) -> ShardLoader:
+def shardkit_loader(shards: str, workers: int, batch: int, compile: bool = True,
+                    **kw: Any) -> ShardLoader:
     t = kw.pop("transform", transforms.imagenet_train(224))
     return ShardLoader(shards, batch_size=batch, transform=t, device="cuda", num_workers=workers,
                        drop_last=True, gpu=GpuOptions(compile=compile, **kw.pop("gpu", {})), prefetch=4, **kw)
@@ -160,7 +162,8 @@ class Trainer:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if x.dtype == torch.uint8:  # the ImageFolder baseline normalises on the GPU, in the step
-            x = ((x.float() - self.mean) / self.std).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+            x = ((x.float() - self.mean) / self.std).to(torch.bfloat16)
+            x = x.contiguous(memory_format=torch.channels_last)
         with torch.autocast("cuda", torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(self.model(x), y)
         loss.backward()
@@ -191,14 +194,16 @@ class Trainer:
         real = (time.perf_counter() - t0) / steps * 1e3
         return {"synthetic_step_ms": synthetic_ms, "fed_step_ms": real,
                 "data_wait_fraction": max(0.0, 1 - synthetic_ms / real),
-                "host_wait_fraction": waited * 1e3 / (real * steps), "images_per_s": x.shape[0] * 1e3 / real}
+                "host_wait_fraction": waited * 1e3 / (real * steps),
+                "images_per_s": x.shape[0] * 1e3 / real}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--root", required=True)
     ap.add_argument("--shards", required=True)
-    ap.add_argument("--restart-shards", help="the same images packed with --jpeg-restart (shardkit_restart, train)")
+    ap.add_argument("--restart-shards",
+                    help="the same images packed with --jpeg-restart (shardkit_restart, train)")
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=10)
@@ -206,9 +211,11 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=40)
     ap.add_argument("--phases", default="imagefolder,nvjpeg,kernel,shardkit")
     ap.add_argument("--out", default="bench_gpu.json")
-    ap.add_argument("--hw-threads", type=int, default=2, help="nvImageCodec CPU threads (hw phases)")
+    ap.add_argument("--hw-threads", type=int, default=2,
+                    help="nvImageCodec CPU threads (hw phases)")
     args = ap.parse_args()
-    phases, res = args.phases.split(","), {"device": torch.cuda.get_device_name(), "args": vars(args)}
+    phases, res = args.phases.split(","), {"device": torch.cuda.get_device_name(),
+                                           "args": vars(args)}
 
     def save(key: str, value: Any) -> None:
         res[key] = value
@@ -216,14 +223,19 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(res, indent=2))
 
     if "nvjpeg" in phases:
-        save("nvjpeg_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch), 5, args.batches)[0])
-    if "nvjpeg_cut" in phases:  # the ceiling for restart-indexed shards: decode of the crops' pieces
-        save("nvjpeg_cut_decode_only_img_s", _timed(nvjpeg_batches(args.root, args.batch, cut_interval=1), 5, args.batches)[0])
+        save("nvjpeg_decode_only_img_s",
+             _timed(nvjpeg_batches(args.root, args.batch), 5, args.batches)[0])
+    # the ceiling for restart-indexed shards: decode of the crops' pieces
+    if "nvjpeg_cut" in phases:
+        save("nvjpeg_cut_decode_only_img_s",
+             _timed(nvjpeg_batches(args.root, args.batch, cut_interval=1), 5, args.batches)[0])
     if "nvjpeg256" in phases:  # the same images, two batches per call
-        save("nvjpeg_decode_only_b256_img_s", _timed(nvjpeg_batches(args.root, 2 * args.batch), 5, args.batches // 2)[0])
+        save("nvjpeg_decode_only_b256_img_s",
+             _timed(nvjpeg_batches(args.root, 2 * args.batch), 5, args.batches // 2)[0])
     if "hwjpeg" in phases:  # counts only the images the engines decoded
         try:
-            save("hwjpeg_decode_only_img_s", _timed(hwjpeg_batches(args.root, args.batch, args.hw_threads), 5, args.batches)[0])
+            save("hwjpeg_decode_only_img_s",
+                 _timed(hwjpeg_batches(args.root, args.batch, args.hw_threads), 5, args.batches)[0])
         except RuntimeError as e:
             save("hwjpeg_decode_only_img_s", f"unavailable: {e}")
     if "kernel" in phases:
@@ -234,16 +246,19 @@ def main() -> None:
         save("shardkit_cuda_img_s", rate)
         save("shardkit_stats", loader.stats.as_dict())
         del loader
-    if "shardkit_restart" in phases:  # restart-indexed JPEGs: workers ship only the crop's intervals
+    # restart-indexed JPEGs: workers ship only the crop's intervals
+    if "shardkit_restart" in phases:
         loader = shardkit_loader(args.restart_shards, args.workers, args.batch)
         rate, _ = _timed(_forever(lambda: iter(loader)), args.warmup, args.batches)
         save("shardkit_restart_cuda_img_s", rate)
         save("shardkit_restart_stats", loader.stats.as_dict())
         del loader
-    for phase, mode in (("shardkit_hw", "mix"), ("shardkit_hwonly", "only")):  # hardware JPEG engines on
+    # hardware JPEG engines on
+    for phase, mode in (("shardkit_hw", "mix"), ("shardkit_hwonly", "only")):
         if phase not in phases:
             continue
-        loader = shardkit_loader(args.shards, args.workers, args.batch, gpu={"hw_decode": mode, "hw_decode_threads": args.hw_threads})
+        loader = shardkit_loader(args.shards, args.workers, args.batch,
+                                 gpu={"hw_decode": mode, "hw_decode_threads": args.hw_threads})
         save(f"{phase}_cuda_img_s", _timed(_forever(lambda ld=loader: iter(ld)), args.warmup, args.batches)[0])
         save(f"{phase}_stats", loader.stats.as_dict())
         loader.close()
@@ -258,15 +273,18 @@ def main() -> None:
         del loader
     if "eager" in phases:
         loader = shardkit_loader(args.shards, args.workers, args.batch, compile=False)
-        save("shardkit_cuda_eager_img_s", _timed(_forever(lambda: iter(loader)), args.warmup, args.batches // 3)[0])
+        save("shardkit_cuda_eager_img_s",
+             _timed(_forever(lambda: iter(loader)), args.warmup, args.batches // 3)[0])
         del loader
     if "imagefolder" in phases:
         dl = imagefolder_loader(args.root, args.workers, args.batch)
-        save("imagefolder_img_s", _timed(imagefolder_cuda(dl), args.warmup, min(args.batches, 60))[0])
+        save("imagefolder_img_s",
+             _timed(imagefolder_cuda(dl), args.warmup, min(args.batches, 60))[0])
         del dl
     if "train" in phases:
         trainer = Trainer()
-        x = torch.randn(args.batch, 3, 224, 224, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        x = torch.randn(args.batch, 3, 224, 224, device="cuda").to(torch.bfloat16)
+        x = x.contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 1000, (args.batch,), device="cuda")
         synth = trainer.synthetic_ms(x, y, args.train_steps)
         save("train_synthetic_step_ms", synth)
@@ -276,7 +294,8 @@ def main() -> None:
         del loader
         if args.restart_shards:
             loader = shardkit_loader(args.restart_shards, args.workers, args.batch, transform=t)
-            save("train_shardkit_restart", trainer.fed(_forever(lambda: iter(loader)), args.train_steps, synth))
+            save("train_shardkit_restart",
+                 trainer.fed(_forever(lambda: iter(loader)), args.train_steps, synth))
             del loader
         dl = imagefolder_loader(args.root, args.workers, args.batch)
         save("train_imagefolder", trainer.fed(imagefolder_cuda(dl), args.train_steps, synth))

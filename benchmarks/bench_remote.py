@@ -38,7 +38,8 @@ def _rate(url: str, args: argparse.Namespace, **extra: Any) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", help="a packed dataset on local disk")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -52,7 +53,8 @@ def main() -> None:
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
-    options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, "key": "k", "secret": "s"}
+    options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, "key": "k",
+               "secret": "s"}
     fs = s3fs.S3FileSystem(**options)
     fs.mkdir("bench")
     fs.put(args.shards.rstrip("/") + "/", "bench/ds/", recursive=True)
@@ -65,7 +67,8 @@ def main() -> None:
                 else:
                     cache = tempfile.mkdtemp(prefix="shardkit-cache-")
                     try:
-                        rates[where].append(_rate("s3://bench/ds", args, storage_options=options, cache_dir=cache))
+                        rates[where].append(_rate("s3://bench/ds", args, storage_options=options,
+                                                  cache_dir=cache))
                     finally:
                         shutil.rmtree(cache)
                 print(f"rep {rep + 1} {where:5s} {rates[where][-1]:8.0f} img/s", flush=True)

@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sample_data/ from the repository root
+# sample_data/ from the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sample_data.generate import make_indexed_imagefolder  # noqa: E402
 from shardkit import ShardLoader, transforms  # noqa: E402
@@ -46,7 +47,8 @@ def build(root: Path, shards: int, per_shard: int) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shards", type=int, default=1300)
     parser.add_argument("--per-shard", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=2)
@@ -58,13 +60,15 @@ def main() -> None:
         size = json.loads((ds / "index.json").read_text())["num_samples"]
         for _ in range(args.repeats):
             started = time.perf_counter()
-            with ShardLoader(str(ds), batch_size=args.batch_size, transform=transforms.imagenet_train(224),
+            with ShardLoader(str(ds), batch_size=args.batch_size,
+                             transform=transforms.imagenet_train(224),
                              num_workers=args.workers) as loader:
                 built = time.perf_counter()
                 next(iter(loader))
                 first = time.perf_counter()
             print(f"{size:,} samples in {args.shards} shards: constructor {built - started:.2f} s, "
-                  f"first batch of {args.batch_size} after {first - started:.2f} s ({args.workers} workers)",
+                  f"first batch of {args.batch_size} after {first - started:.2f} s ({args.workers} "
+                  "workers)",
                   flush=True)
 
 

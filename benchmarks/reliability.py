@@ -50,7 +50,8 @@ def _outcome(fn: Callable[[], Any]) -> str:
     return "ok"
 
 
-def _epoch(ds: Path, mode: str, replaced: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+def _epoch(ds: Path, mode: str,
+           replaced: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
     """One epoch's batches; ``replaced`` (if given) gets the loader's count of replaced samples."""
     out = []
     with ShardLoader(str(ds), batch_size=4, transform=transforms.imagenet_val(32), shuffle=False, keys=True,

@@ -30,18 +30,20 @@ from shardkit.pack import PackOptions, pack
 def torchvision_loader(root: str, batch_size: int, workers: int) -> DataLoader:
     """What a careful user writes today: PIL loader, v2 transforms on PIL images, uint8 out."""
     tf = v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor()])
-    return DataLoader(ImageFolder(root, transform=tf), batch_size=batch_size, shuffle=True, drop_last=True,
-                      num_workers=workers, persistent_workers=workers > 0, prefetch_factor=2 if workers else None)
+    return DataLoader(ImageFolder(root, transform=tf), batch_size=batch_size, shuffle=True,
+                      drop_last=True, num_workers=workers, persistent_workers=workers > 0,
+                      prefetch_factor=2 if workers else None)
 
 
 def webdataset_loader(shard_dir: str, batch_size: int, workers: int) -> wds.WebLoader:
     """Plain webdataset on the same shards, PIL decode, the same transform."""
     tf = v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor()])
     urls = sorted(os.path.join(shard_dir, f) for f in os.listdir(shard_dir) if f.endswith(".tar"))
-    dataset = (wds.WebDataset(urls, shardshuffle=False).decode("pil").to_tuple("jpg;png;webp", "cls")
-               .map_tuple(tf, int).batched(batch_size, partial=False))
-    return wds.WebLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
-                         prefetch_factor=2 if workers else None)
+    dataset = (wds.WebDataset(urls, shardshuffle=False).decode("pil")
+               .to_tuple("jpg;png;webp", "cls").map_tuple(tf, int)
+               .batched(batch_size, partial=False))
+    return wds.WebLoader(dataset, batch_size=None, num_workers=workers,
+                         persistent_workers=workers > 0, prefetch_factor=2 if workers else None)
 
 
 def shardkit_loader(shard_dir: str, batch_size: int, workers: int) -> ShardLoader:
@@ -66,7 +68,8 @@ def images_per_second(make: Callable[[], Iterable], epochs: int, warmup: int = 5
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -78,12 +81,15 @@ def main() -> None:
     if not os.path.exists(os.path.join(shard_dir, "index.json")):
         # Several shards per worker: plain webdataset hands each worker whole shards.
         per_shard = max(1, min(1000, len(ImageFolder(args.dir)) // (4 * max(args.workers, 1))))
-        result = pack(args.dir, shard_dir, options=PackOptions(max_count=per_shard), workers=os.cpu_count())
+        result = pack(args.dir, shard_dir, options=PackOptions(max_count=per_shard),
+                      workers=os.cpu_count())
         print(f"packed {result.manifest.num_samples} images: {result.images_per_second:,.0f} img/s")
 
     loaders = {
-        "torchvision ImageFolder + DataLoader": lambda: torchvision_loader(args.dir, args.batch_size, args.workers),
-        "webdataset + WebLoader": lambda: webdataset_loader(shard_dir, args.batch_size, args.workers),
+        "torchvision ImageFolder + DataLoader":
+            lambda: torchvision_loader(args.dir, args.batch_size, args.workers),
+        "webdataset + WebLoader": lambda: webdataset_loader(shard_dir, args.batch_size,
+                                                            args.workers),
         "shardkit ShardLoader": lambda: shardkit_loader(shard_dir, args.batch_size, args.workers),
     }
     rates: dict[str, list[float]] = {name: [] for name in loaders}
@@ -95,9 +101,11 @@ def main() -> None:
     base = rates["torchvision ImageFolder + DataLoader"]
     print(f"\n{'loader':<40}{'img/s (median)':>16}{'x ImageFolder':>16}")
     for name, vals in rates.items():
-        ratio = statistics.median(v / b for v, b in zip(vals, base, strict=True))  # paired per repetition
+        # paired per repetition
+        ratio = statistics.median(v / b for v, b in zip(vals, base, strict=True))
         print(f"{name:<40}{statistics.median(vals):>16,.0f}{ratio:>15.2f}x")
-    print(f"({os.cpu_count()} cores, {args.workers} workers, batch {args.batch_size}, torch {torch.__version__})")
+    print(f"({os.cpu_count()} cores, {args.workers} workers, batch {args.batch_size}, torch "
+          f"{torch.__version__})")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ the model so a restarted job continues with exactly the batches it had not seen.
 
     shardkit pack sample_data/coco/images --annotations sample_data/coco/instances.json shards/coco
     python pipelines/train_detector.py shards/coco --steps 50 --checkpoint det.pt
-    python pipelines/train_detector.py shards/coco --steps 100 --checkpoint det.pt   # resumes at step 50
+    python pipelines/train_detector.py shards/coco --steps 100 --checkpoint det.pt  # resumes at 50
 
 Crowd boxes are trained on as ordinary boxes, as torchvision's v2 detection references do.
 Works on CPU (tiny sizes for a smoke test) and on CUDA.
@@ -26,11 +26,13 @@ import shardkit
 from shardkit import transforms
 
 
-def build(args: argparse.Namespace) -> tuple[shardkit.ShardLoader, torch.nn.Module, torch.optim.Optimizer]:
+def build(args: argparse.Namespace) -> tuple[shardkit.ShardLoader, torch.nn.Module,
+                                             torch.optim.Optimizer]:
     loader = shardkit.ShardLoader(
         args.shards,
         batch_size=args.batch_size,
-        transform=transforms.detection_train(min_size=args.size, max_size=2 * args.size, iou_crop=args.iou_crop),
+        transform=transforms.detection_train(min_size=args.size, max_size=2 * args.size,
+                                             iou_crop=args.iou_crop),
         contiguous_labels=True,
         num_workers=args.workers,
         device=args.device,
@@ -39,7 +41,8 @@ def build(args: argparse.Namespace) -> tuple[shardkit.ShardLoader, torch.nn.Modu
     )
     num_classes = len(loader.label_map or {}) + 1
     model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
-        weights=None, weights_backbone=None, num_classes=num_classes, min_size=args.size, max_size=2 * args.size,
+        weights=None, weights_backbone=None, num_classes=num_classes, min_size=args.size,
+        max_size=2 * args.size,
     ).to(args.device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=1e-4)
@@ -72,11 +75,13 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     if args.checkpoint:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "loader": loader.state_dict(), "step": step}, args.checkpoint)
-    return {"step": step, "loss": loss_value, "images_per_second": seen / (time.perf_counter() - started)}
+    return {"step": step, "loss": loss_value,
+            "images_per_second": seen / (time.perf_counter() - started)}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -85,10 +90,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-iou-crop", dest="iou_crop", action="store_false", help="skip RandomIoUCrop")
-    parser.add_argument("--checkpoint", default=None, help="save here at the end; resume from it if present")
+    parser.add_argument("--no-iou-crop", dest="iou_crop", action="store_false",
+                        help="skip RandomIoUCrop")
+    parser.add_argument("--checkpoint", default=None,
+                        help="save here at the end; resume from it if present")
     result = train(parser.parse_args(argv))
-    print(f"step {result['step']}  loss {result['loss']:.3f}  {result['images_per_second']:.1f} images/s")
+    print(f"step {result['step']}  loss {result['loss']:.3f}  {result['images_per_second']:.1f} "
+          "images/s")
 
 
 if __name__ == "__main__":

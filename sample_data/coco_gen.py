@@ -55,9 +55,11 @@ def _annotations(rng: np.random.Generator, image_id: int, width: int, height: in
                                "category_id": CATEGORIES[int(rng.integers(len(CATEGORIES)))]["id"],
                                "bbox": [x, y, w, h], "area": round(w * h * 0.8, 3), "iscrowd": 0}
         quad = [x, y, x + w, y, x + w, y + h, x, y + h]
-        ann["segmentation"] = [quad] if k % 2 == 0 else [quad[:6], [x, y, x + w / 2, y + h, x, y + h]]
+        ann["segmentation"] = ([quad] if k % 2 == 0
+                               else [quad[:6], [x, y, x + w / 2, y + h, x, y + h]])
         if ann["category_id"] == 1:
-            ann["keypoints"] = [round(x + w / 2, 1), round(y + h / 4, 1), 2, 0, 0, 0, round(x + w / 3, 1), round(y + h / 5, 1), 1]
+            ann["keypoints"] = [round(x + w / 2, 1), round(y + h / 4, 1), 2, 0, 0, 0,
+                                round(x + w / 3, 1), round(y + h / 5, 1), 1]
             ann["num_keypoints"] = 2
         if k == 1:
             ann["attributes"] = {"occluded": True, "note": "ünïcode"}
@@ -73,7 +75,8 @@ def _crowd(image_id: int, ann_id: int, width: int, height: int, compressed: bool
         m = np.zeros((height, width), dtype=np.uint8, order="F")
         m[y0:y0 + h, x0:x0 + w] = 1
         rle = mask_utils.encode(m)
-        segmentation: dict[str, Any] = {"size": [height, width], "counts": rle["counts"].decode("ascii")}
+        segmentation: dict[str, Any] = {"size": [height, width],
+                                        "counts": rle["counts"].decode("ascii")}
     else:
         counts, pos = [], 0  # column-major runs: zeros, ones, zeros, ...
         for col in range(width):
@@ -83,8 +86,9 @@ def _crowd(image_id: int, ann_id: int, width: int, height: int, compressed: bool
                 pos = start + y0 + h
         counts.append(width * height - pos)
         segmentation = {"size": [height, width], "counts": counts}
-    return {"id": ann_id, "image_id": image_id, "category_id": 1, "iscrowd": 1, "segmentation": segmentation,
-            "bbox": [float(x0), float(y0), float(w), float(h)], "area": float(w * h)}
+    return {"id": ann_id, "image_id": image_id, "category_id": 1, "iscrowd": 1,
+            "segmentation": segmentation, "bbox": [float(x0), float(y0), float(w), float(h)],
+            "area": float(w * h)}
 
 
 def make_coco(root: str | Path, *, images: int = 12, seed: int = 0) -> tuple[Path, Path]:
@@ -104,7 +108,8 @@ def make_coco(root: str | Path, *, images: int = 12, seed: int = 0) -> tuple[Pat
     for i in range(images):
         width, height = int(rng.integers(48, 120)), int(rng.integers(40, 100))
         image_id = 100 + 7 * i
-        record: dict[str, Any] = {"id": image_id, "file_name": _file_name(i), "width": width, "height": height,
+        record: dict[str, Any] = {"id": image_id, "file_name": _file_name(i), "width": width,
+                                  "height": height,
                   "license": 1 + i % 2, "date_captured": "2024-01-01 00:00:00", "coco_url": ""}
         image_records.append(record)
         count = 0 if i % 3 == 2 else 1 + int(rng.integers(3))
@@ -125,7 +130,8 @@ def make_coco(root: str | Path, *, images: int = 12, seed: int = 0) -> tuple[Pat
             img.save(path, "JPEG", quality=90)
     doc = {
         "info": {"description": "shardkit generated COCO sample", "version": "1.0", "year": 2024},
-        "licenses": [{"id": 1, "name": "CC0", "url": ""}, {"id": 2, "name": "Public domain", "url": ""}],
+        "licenses": [{"id": 1, "name": "CC0", "url": ""},
+                     {"id": 2, "name": "Public domain", "url": ""}],
         "images": image_records[::-1],
         "annotations": annotations,
         "categories": CATEGORIES,
@@ -136,7 +142,8 @@ def make_coco(root: str | Path, *, images: int = 12, seed: int = 0) -> tuple[Pat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out")
     parser.add_argument("--images", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)

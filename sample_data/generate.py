@@ -12,7 +12,8 @@ the number of worker processes:
 
 CLI, from the repository root::
 
-    python -m sample_data.generate imagenet-like OUT --classes 10 --per-class 100 --seed 0 --workers 2
+    python -m sample_data.generate imagenet-like OUT --classes 10 --per-class 100 --seed 0 \\
+        --workers 2
     python -m sample_data.generate indexed OUT --classes 3 --per-class 5 --ext jpg
 """
 
@@ -274,7 +275,8 @@ def make_indexed_imagefolder(
     seed: int = 0,
     ext: str = "jpg",
 ) -> list[Path]:
-    """Write a tiny ImageFolder tree whose image ``i`` (ImageFolder order) is flat ``index_color(i)``.
+    """Write a tiny ImageFolder tree whose image ``i`` (ImageFolder order) is flat
+    ``index_color(i)``.
 
     Layout: ``root/c<k:03d>/<j:06d>.<ext>``; global index ``i = k * per_class + j`` is both the
     position in torchvision ``ImageFolder`` order and what :func:`decode_index` returns for it.
@@ -318,7 +320,8 @@ def make_indexed_imagefolder(
         folder.mkdir(parents=True, exist_ok=True)
         for j in range(per_class):
             path = folder / f"{j:06d}.{suffix}"
-            Image.new("RGB", (size[0], size[1]), index_color(k * per_class + j)).save(path, fmt, **options)
+            image = Image.new("RGB", (size[0], size[1]), index_color(k * per_class + j))
+            image.save(path, fmt, **options)
             paths.append(path)
     return paths
 
@@ -343,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     common: dict[str, Any] = {
         "classes": args.classes, "per_class": args.per_class, "seed": args.seed,
-    }  # fmt: skip
+    }
     if args.size:
         common["size"] = tuple(args.size)
     try:

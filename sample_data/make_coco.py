@@ -65,7 +65,8 @@ def _polygons_mask(polys: list[Poly], height: int, width: int) -> np.ndarray:
     from pycocotools import mask as mask_utils
 
     flat = [[round(v, 2) for p in poly for v in p] for poly in polys]
-    return mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(flat, height, width))).astype(bool)
+    rle = mask_utils.merge(mask_utils.frPyObjects(flat, height, width))
+    return mask_utils.decode(rle).astype(bool)
 
 
 def _uncompressed_rle(mask: np.ndarray) -> dict[str, Any]:
@@ -77,10 +78,12 @@ def _uncompressed_rle(mask: np.ndarray) -> dict[str, Any]:
 
 
 def _box(xs: list[float], ys: list[float]) -> list[float]:
-    return [round(min(xs), 2), round(min(ys), 2), round(max(xs) - min(xs), 2), round(max(ys) - min(ys), 2)]
+    return [round(min(xs), 2), round(min(ys), 2), round(max(xs) - min(xs), 2),
+            round(max(ys) - min(ys), 2)]
 
 
-def _view(obj: dict[str, Any], crop: tuple[int, int, int, int], flip: bool, size: tuple[int, int]) -> dict[str, Any] | None:
+def _view(obj: dict[str, Any], crop: tuple[int, int, int, int], flip: bool,
+          size: tuple[int, int]) -> dict[str, Any] | None:
     """The object as seen in ``crop`` (x0, y0, x1, y1) of its photo, mirrored when ``flip``."""
     x0, y0, x1, y1 = crop
     width, height = x1 - x0, y1 - y0
@@ -94,7 +97,8 @@ def _view(obj: dict[str, Any], crop: tuple[int, int, int, int], flip: bool, size
             return None
         ys, xs = np.nonzero(mask)
         bbox = _box([float(xs.min()), float(xs.max() + 1)], [float(ys.min()), float(ys.max() + 1)])
-        return {"iscrowd": 1, "segmentation": _uncompressed_rle(mask), "bbox": bbox, "area": float(mask.sum())}
+        return {"iscrowd": 1, "segmentation": _uncompressed_rle(mask), "bbox": bbox,
+                "area": float(mask.sum())}
     polys = []
     for poly in obj["polygons"]:
         clipped = _clip(poly, x0, y0, x1, y1)
@@ -105,7 +109,8 @@ def _view(obj: dict[str, Any], crop: tuple[int, int, int, int], flip: bool, size
         return None
     segmentation = [[round(v, 2) for p in poly for v in p] for poly in polys]
     area = _mask_area(segmentation, height, width)
-    original = _mask_area([[round(v, 2) for p in poly for v in p] for poly in obj["polygons"]], size[1], size[0])
+    original = _mask_area([[round(v, 2) for p in poly for v in p] for poly in obj["polygons"]],
+                          size[1], size[0])
     if area < KEEP * original:
         return None
     bbox = _box([x for poly in polys for x, _ in poly], [y for poly in polys for _, y in poly])
@@ -141,7 +146,8 @@ def build(out: Path = OUT) -> Path:
         "info": {"description": "shardkit COCO sample: scikit-image photos, hand-made annotations",
                  "version": "1.0", "year": 2026, "contributor": "shardkit",
                  "url": "https://github.com/scikit-image/scikit-image/tree/main/skimage/data"},
-        "licenses": [{"id": 1, "name": "Public domain / CC0 (see sample_data/README.md)", "url": ""}],
+        "licenses": [{"id": 1, "name": "Public domain / CC0 (see sample_data/README.md)",
+                      "url": ""}],
         "images": images,
         "annotations": annotations,
         "categories": CATEGORIES,

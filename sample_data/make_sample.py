@@ -104,7 +104,7 @@ def _special_case(cls_idx: int, j: int) -> str | None:
         (2, 4): "png_rgb", (6, 6): "png_rgb", (3, 12): "png_rgba", (9, 8): "png_rgba",
         (5, 1): "png_palette", (7, 10): "png_palette",
         (6, 14): "upper_jpeg", (4, 15): "unicode",
-    }  # fmt: skip
+    }
     return cases.get((cls_idx, j))
 
 

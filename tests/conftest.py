@@ -74,6 +74,7 @@ def small_tree(tmp_path: Any) -> Any:
     for c in range(3):
         for j in range(4):
             fmt, ext = ("PNG", "png") if j == 3 else ("JPEG", "jpg")
-            files[f"class{c}/img{j}.{ext}"] = encode_image((8 + j, 6 + c), fmt=fmt, color=(c * 80, j * 60, 9))
+            files[f"class{c}/img{j}.{ext}"] = encode_image((8 + j, 6 + c), fmt=fmt,
+                                                           color=(c * 80, j * 60, 9))
     write_tree(root, files)
     return root

@@ -14,19 +14,22 @@ from tests.conftest import encode_image, write_tree
 
 
 def huge_header_png(width: int = 40000, height: int = 40000) -> bytes:
-    """A tiny, well-formed PNG whose header claims ``width x height`` pixels (a decompression bomb)."""
+    """A tiny, well-formed PNG whose header claims ``width x height`` pixels (a decompression
+    bomb)."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+            + chunk(b"IEND", b""))
 
 
 def _encode(mode: str, fmt: str, size: tuple[int, int] = (10, 7), **save: object) -> bytes:
     out = io.BytesIO()
-    colors: dict[str, float | tuple[float, ...]] = {"L": 90, "CMYK": (0, 50, 100, 20), "RGBA": (9, 8, 7, 128), "P": 3,
-                                                    "I;16": 4000}
+    colors: dict[str, float | tuple[float, ...]] = {"L": 90, "CMYK": (0, 50, 100, 20),
+                                                    "RGBA": (9, 8, 7, 128), "P": 3, "I;16": 4000}
     color = colors.get(mode, (1, 2, 3))
     Image.new(mode, size, color).save(out, fmt, **save)
     return out.getvalue()

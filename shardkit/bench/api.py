@@ -1,4 +1,5 @@
-"""``run_bench``: pack (if needed), then time ImageFolder, webdataset and ShardLoader side by side."""
+"""``run_bench``: pack (if needed), then time ImageFolder, webdataset and ShardLoader side by
+side."""
 
 from __future__ import annotations
 
@@ -61,13 +62,16 @@ class BenchConfig:
         """Raise ValueError on settings that cannot be benchmarked."""
         if self.transform not in ("train", "val"):
             raise ValueError(f"transform must be 'train' or 'val', got {self.transform!r}")
-        if min(self.batch_size, self.size, self.epochs, self.repeats) < 1 or self.workers < 0 or self.warmup < 0:
-            raise ValueError("batch_size, size, epochs and repeats must be >= 1; workers and warmup >= 0")
+        if (min(self.batch_size, self.size, self.epochs, self.repeats) < 1 or self.workers < 0
+            or self.warmup < 0):
+            raise ValueError("batch_size, size, epochs and repeats must be >= 1; workers and "
+                             "warmup >= 0")
         if self.jpeg_restart is not None and self.jpeg_restart < 1:
             raise ValueError(f"jpeg_restart must be >= 1, got {self.jpeg_restart}")
         unknown = set(self.contenders) - set(CONTENDERS)
         if unknown or "imagefolder" not in self.contenders:
-            raise ValueError(f"contenders must include 'imagefolder' and be among {CONTENDERS}, got {self.contenders}")
+            raise ValueError(f"contenders must include 'imagefolder' and be among {CONTENDERS}, "
+                             f"got {self.contenders}")
 
 
 def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) -> dict[str, Any]:
@@ -78,26 +82,31 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
     workers = cfg.pack_workers or os.cpu_count() or 1
     if sink is not None:
         sink.begin("packing", n_images)
-    result = pack(cfg.imagefolder, dst, options=PackOptions(max_count=per_shard, jpeg_restart=cfg.jpeg_restart), workers=workers,
-                  storage_options=cfg.storage_options, progress=sink.advance if sink else None)
+    result = pack(cfg.imagefolder, dst,
+                  options=PackOptions(max_count=per_shard, jpeg_restart=cfg.jpeg_restart),
+                  workers=workers, storage_options=cfg.storage_options,
+                  progress=sink.advance if sink else None)
     return {"images": result.manifest.num_samples, "seconds": result.seconds,
             "images_per_second": result.images_per_second, "shards": len(result.manifest.shards),
             "workers": workers, "max_count": per_shard, "reused": result.already_complete}
 
 
 def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None) -> list[Contender]:
-    common: dict[str, Any] = {"size": cfg.size, "train": cfg.transform == "train", "batch_size": cfg.batch_size,
+    common: dict[str, Any] = {"size": cfg.size, "train": cfg.transform == "train",
+                              "batch_size": cfg.batch_size,
               "workers": cfg.workers, "device": cfg.device}
     # On CUDA the loader picks its GPU path (nvJPEG) when it can; stages say which path ran.
     where = "CPU decode" if cfg.device == "cpu" else f"{cfg.device} path"
     out = [Contender("imagefolder", "torchvision ImageFolder + DataLoader",
-                     lambda: baselines.imagefolder_loader(cfg.imagefolder, **common), baseline=True)]
+                     lambda: baselines.imagefolder_loader(cfg.imagefolder, **common),
+                     baseline=True)]
     if "webdataset" in cfg.contenders and shard_paths is not None:
         out.append(Contender("webdataset", "webdataset + WebLoader (PIL)",
                              lambda: baselines.webdataset_loader(shard_paths, **common)))
     if "shardloader" in cfg.contenders:
         out.append(Contender("shardloader", f"shardkit ShardLoader ({where})",
-                             lambda: runner.shardloader(shards, storage_options=cfg.storage_options, **common),
+                             lambda: runner.shardloader(shards, storage_options=cfg.storage_options,
+                                                        **common),
                              stages=runner.shardloader_stages))
     return out
 
@@ -106,21 +115,25 @@ def _drop(_contender: Contender) -> None:
     conditions.drop_page_cache()
 
 
-def _check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_restart: int | None) -> None:
+def _check_same_data(manifest: Manifest, data: dict[str, Any], shards: str,
+                     jpeg_restart: int | None) -> None:
     """Refuse shards that cannot be a pack of the ImageFolder tree being compared (or, when
     ``jpeg_restart`` is asked for, were packed without it)."""
     packed = manifest.num_samples + len(manifest.skipped)
-    if manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"] or packed != data["images"]:
+    if (manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"]
+        or packed != data["images"]):
         raise ValueError(
-            f"--shards {shards} holds {manifest.kind} data of {len(manifest.classes or ())} classes and "
-            f"{packed} source images, but {data['path']} has {data['classes']} classes and {data['images']} "
-            "images: the comparison would not be on the same data (pack it with shardkit pack, or omit --shards)"
+            f"--shards {shards} holds {manifest.kind} data of {len(manifest.classes or ())} "
+            f"classes and {packed} source images, but {data['path']} has {data['classes']} classes "
+            f"and {data['images']} images: the comparison would not be on the same data (pack it "
+            "with shardkit pack, or omit --shards)"
         )
     packed_with = manifest.options.get("jpeg_restart")
     if jpeg_restart is not None and packed_with != jpeg_restart:
         raise ValueError(
-            f"--shards {shards} was packed with jpeg_restart={packed_with}, not {jpeg_restart}: repack it with "
-            f"shardkit pack --jpeg-restart {jpeg_restart} --overwrite, or omit --jpeg-restart to use it as it is"
+            f"--shards {shards} was packed with jpeg_restart={packed_with}, not {jpeg_restart}: "
+            f"repack it with shardkit pack --jpeg-restart {jpeg_restart} --overwrite, or omit "
+            "--jpeg-restart to use it as it is"
         )
 
 
@@ -161,11 +174,13 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
             else:
                 cache = f"warm: could not drop the page cache ({why})"
         if drop is None:
-            conditions.warm_page_cache(conditions.files_under(cfg.imagefolder) + (shard_paths or []))
-        conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
-                 "data": data, "page_cache": cache, "shards_location": "remote" if remote else "local",
-                 "shards": {"url": shards, "count": len(manifest.shards), "bytes": manifest.num_bytes,
-                            "temporary": tmp is not None,
+            conditions.warm_page_cache(conditions.files_under(cfg.imagefolder)
+                                       + (shard_paths or []))
+        conds = {"machine": conditions.machine(), "versions": conditions.versions(),
+                 "gpu": conditions.gpu(cfg.device), "data": data, "page_cache": cache,
+                 "shards_location": "remote" if remote else "local",
+                 "shards": {"url": shards, "count": len(manifest.shards),
+                            "bytes": manifest.num_bytes, "temporary": tmp is not None,
                             "jpeg_restart": manifest.options.get("jpeg_restart")}}
         contenders = _contenders(cfg, shards, shard_paths)
         runs = _run(cfg, contenders, warmup, per_epoch, drop, sink, after_run)
@@ -195,5 +210,6 @@ def _run(cfg: BenchConfig, contenders: list[Contender], warmup: int, per_epoch: 
 
     if sink is not None:
         sink.begin("timing", cfg.repeats * len(contenders) * cfg.epochs * per_epoch)
-    return run_alternating(contenders, repeats=cfg.repeats, epochs=cfg.epochs, warmup=warmup, device=cfg.device,
-                           progress=progress, before_run=before, after_run=after_run)
+    return run_alternating(contenders, repeats=cfg.repeats, epochs=cfg.epochs, warmup=warmup,
+                           device=cfg.device, progress=progress, before_run=before,
+                           after_run=after_run)

@@ -41,7 +41,8 @@ def torchvision_transform(size: int, train: bool) -> v2.Compose:
 
 
 def _loader_kwargs(workers: int, device: str) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": torch.device(device).type == "cuda"}
+    kwargs: dict[str, Any] = {"num_workers": workers,
+                              "pin_memory": torch.device(device).type == "cuda"}
     if workers > 0:
         kwargs.update(persistent_workers=True, prefetch_factor=2)
     return kwargs
@@ -63,7 +64,8 @@ def imagefolder_loader(root: str, *, size: int, train: bool, batch_size: int, wo
 
     dataset = ImageFolder(root, transform=torchvision_transform(size, train))
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                      generator=torch.Generator().manual_seed(seed), **_loader_kwargs(workers, device))
+                      generator=torch.Generator().manual_seed(seed),
+                      **_loader_kwargs(workers, device))
 
 
 def webdataset_loader(urls: Sequence[str], *, size: int, train: bool, batch_size: int, workers: int,

@@ -25,7 +25,8 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(), "python": platform.python_version(),
     }
     try:
-        info["memory_gib"] = round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1)
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        info["memory_gib"] = round(memory / 2**30, 1)
         info["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
     except (OSError, ValueError, AttributeError):
         pass
@@ -67,8 +68,8 @@ def gpu(device: str) -> dict[str, Any] | None:
         return None
     import torch
 
-    return {"name": torch.cuda.get_device_name(torch.device(device)), "count": torch.cuda.device_count(),
-            "cuda": torch.version.cuda}
+    return {"name": torch.cuda.get_device_name(torch.device(device)),
+            "count": torch.cuda.device_count(), "cuda": torch.version.cuda}
 
 
 def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:
@@ -76,7 +77,8 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
 
     Example::
 
-        describe_imagefolder("data/train")  # {"images": 4000, "classes": 10, "mean_kpix": 190.3, ...}
+        describe_imagefolder("data/train")
+        # {"images": 4000, "classes": 10, "mean_kpix": 190.3, ...}
     """
     from PIL import Image
 

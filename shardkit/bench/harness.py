@@ -67,7 +67,8 @@ class RunResult:
 
 
 def _to_device(images: Any, device: str) -> Any:
-    if device.startswith("cuda") and getattr(images, "device", None) is not None and images.device.type != "cuda":
+    if (device.startswith("cuda") and getattr(images, "device", None) is not None
+        and images.device.type != "cuda"):
         return images.to(device, non_blocking=True)
     return images
 
@@ -122,7 +123,8 @@ def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "c
     _sync(device)
     t_end = time.perf_counter()
     if sampler is None or images == 0:
-        raise ValueError(f"{contender.name}: {seen} batches in {epochs} epoch(s) leave none to time after {warmup} warm-up batches")
+        raise ValueError(f"{contender.name}: {seen} batches in {epochs} epoch(s) leave none to "
+                         f"time after {warmup} warm-up batches")
     usage = sampler.stop()
     stages = contender.stages(loader) if contender.stages is not None else None
     # Drop the loader and wait for the workers it started to exit before anything else runs.
@@ -131,10 +133,11 @@ def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "c
     gc.collect()
     wait_for_exit(workers, timeout=30.0)
     seconds = t_end - t_start
-    return RunResult(images=images, seconds=seconds, first_batch_s=first_batch_s, cpu_seconds=usage.cpu_seconds,
-                     cores_busy=usage.cpu_seconds / seconds, peak_rss_bytes=usage.peak_rss_bytes,
-                     wait_fraction=wait / seconds, batch_shape=shape, stages=stages,
-                     peak_pss_bytes=usage.peak_pss_bytes, load_average=_load())
+    return RunResult(images=images, seconds=seconds, first_batch_s=first_batch_s,
+                     cpu_seconds=usage.cpu_seconds, cores_busy=usage.cpu_seconds / seconds,
+                     peak_rss_bytes=usage.peak_rss_bytes, wait_fraction=wait / seconds,
+                     batch_shape=shape, stages=stages, peak_pss_bytes=usage.peak_pss_bytes,
+                     load_average=_load())
 
 
 def _load() -> float | None:
@@ -157,7 +160,8 @@ def alternating_order(names: Sequence[str], repeats: int) -> list[list[str]]:
 def run_alternating(contenders: Sequence[Contender], *, repeats: int, epochs: int, warmup: int,
                     device: str = "cpu", progress: Progress | None = None,
                     before_run: Callable[[Contender], None] | None = None,
-                    after_run: Callable[[str, int, RunResult], None] | None = None) -> dict[str, list[RunResult]]:
+                    after_run: Callable[[str, int, RunResult], None] | None = None,
+                    ) -> dict[str, list[RunResult]]:
     """Run each contender ``repeats`` times in alternating order; results by name, in run order.
 
     ``before_run(contender)`` is called before each run (e.g. to drop the page cache) and
@@ -171,7 +175,8 @@ def run_alternating(contenders: Sequence[Contender], *, repeats: int, epochs: in
         for name in order:
             if before_run is not None:
                 before_run(by_name[name])
-            result = run_once(by_name[name], epochs=epochs, warmup=warmup, device=device, progress=progress)
+            result = run_once(by_name[name], epochs=epochs, warmup=warmup, device=device,
+                              progress=progress)
             results[name].append(result)
             if after_run is not None:
                 after_run(name, rep, result)

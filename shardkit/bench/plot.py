@@ -39,12 +39,15 @@ def plot_report(report: Mapping[str, Any], path: str) -> None:
         ax.text(x, len(results) - 0.45, " baseline", va="bottom", ha="left", fontsize="small")
     for yi, r, m in zip(y, results, medians, strict=True):
         ratio = r["ratio_to_baseline"]
-        text = f"{m:,.0f}" + ("" if ratio is None or r["baseline"] else f"  ({ratio['median']:.2f}×)")
-        ax.text(r["images_per_second"]["max"], yi, "  " + text, va="center", ha="left", fontsize="small")
+        text = f"{m:,.0f}" + ("" if ratio is None or r["baseline"]
+                              else f"  ({ratio['median']:.2f}×)")
+        ax.text(r["images_per_second"]["max"], yi, "  " + text, va="center", ha="left",
+                fontsize="small")
     ax.set_ylim(-0.6, len(results) - 0.1)
     ax.set_xlim(0, max(r["images_per_second"]["max"] for r in results) * 1.35)
     cfg = report.get("config", {})
     cores = report.get("conditions", {}).get("machine", {}).get("usable_cores", "?")
-    ax.set_title(f"{cfg.get('transform', '')} {cfg.get('size', '')} px, batch {cfg.get('batch_size', '?')}, "
-                 f"{cfg.get('workers', '?')} workers, {cores} cores, {cfg.get('device', 'cpu')}", fontsize="medium")
+    ax.set_title(f"{cfg.get('transform', '')} {cfg.get('size', '')} px, batch "
+                 f"{cfg.get('batch_size', '?')}, {cfg.get('workers', '?')} workers, {cores} cores, "
+                 f"{cfg.get('device', 'cpu')}", fontsize="medium")
     fig.savefig(path, dpi=120)

@@ -1,8 +1,9 @@
-"""CPU time and memory of this process and all its descendants, read from ``/proc``.
+"""CPU time and memory of this process and all its descendants, sampled with ``psutil``.
 
 ``resource.getrusage(RUSAGE_CHILDREN)`` only counts children after they exit, and persistent
-DataLoader workers do not exit during a timed run, so we sample ``/proc/<pid>/stat`` of every
-process of the tree instead. Linux only; elsewhere the sampler reports ``None``.
+DataLoader workers do not exit during a timed run, so we sample every process of the tree
+instead. CPU time and RSS work wherever psutil does; PSS needs Linux (``/proc/<pid>/smaps_rollup``,
+or ``smaps`` on kernels older than 4.14) and is None elsewhere.
 """
 
 from __future__ import annotations
@@ -12,68 +13,49 @@ import threading
 import time
 from dataclasses import dataclass
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+import psutil
+
+# psutil raises these for a process that exited (or became unreadable) while we looked at it.
+_GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
 
-def _stat(pid: int) -> tuple[int, float, int] | None:
-    """``(ppid, cpu seconds (user+system), rss bytes)`` of ``pid``, or None if it is gone."""
+def _tree(root: int) -> list[psutil.Process]:
+    """``root`` and its live descendants; empty if ``root`` itself is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    rest = raw[raw.rfind(b")") + 2 :].split()
-    ppid, utime, stime, rss_pages = int(rest[1]), int(rest[11]), int(rest[12]), int(rest[21])
-    return ppid, (utime + stime) / _TICK, rss_pages * _PAGE
+        proc = psutil.Process(root)
+        return [proc, *proc.children(recursive=True)]
+    except _GONE:
+        return []
 
 
 def tree_snapshot(root: int | None = None) -> dict[int, tuple[float, int]]:
-    """``{pid: (cpu seconds, rss bytes)}`` for ``root`` (default: this process) and descendants.
-
-    Returns an empty dict where ``/proc`` is not available.
+    """``{pid: (cpu seconds (user+system), rss bytes)}`` for ``root`` (default: this process)
+    and its descendants. Processes that exit while being read are left out.
     """
-    root = os.getpid() if root is None else root
-    if not os.path.isdir("/proc"):
-        return {}
-    parents: dict[int, int] = {}
-    info: dict[int, tuple[float, int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
+    snap: dict[int, tuple[float, int]] = {}
+    for proc in _tree(os.getpid() if root is None else root):
+        try:
+            with proc.oneshot():
+                cpu = proc.cpu_times()
+                snap[proc.pid] = (cpu.user + cpu.system, proc.memory_info().rss)
+        except _GONE:
             continue
-        st = _stat(int(name))
-        if st is not None:
-            parents[int(name)] = st[0]
-            info[int(name)] = (st[1], st[2])
-    tree, frontier = {root}, [root]
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            if child not in tree:
-                tree.add(child)
-                frontier.append(child)
-    return {pid: info[pid] for pid in tree if pid in info}
+    return snap
 
 
 def pss_bytes(pid: int) -> int | None:
     """Proportional set size of ``pid`` (shared pages split between their users), or None."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
+        pss = getattr(psutil.Process(pid).memory_full_info(), "pss", None)
+    except (*_GONE, OSError):
         return None
-    return None
+    return None if pss is None else int(pss)
 
 
 def descendants(root: int | None = None) -> list[int]:
     """Pids of the live descendants of ``root`` (default: this process)."""
     root = os.getpid() if root is None else root
-    return [pid for pid in tree_snapshot(root) if pid != root]
+    return [proc.pid for proc in _tree(root) if proc.pid != root]
 
 
 @dataclass
@@ -84,7 +66,7 @@ class TreeUsage:
     divided by wall time (2.0 = two cores fully busy); ``peak_rss_bytes``: the largest sum of
     RSS over the tree seen by a sample (pages shared between forked workers count once per
     process, so this overstates); ``peak_pss_bytes``: the same for PSS (shared pages split
-    between their users: the tree's real footprint), None where ``smaps_rollup`` is missing.
+    between their users: the tree's real footprint), None where PSS is not available.
     """
 
     wall_seconds: float
@@ -144,7 +126,8 @@ class TreeSampler:
         self._last = dict(self._first)
         self._peak = sum(rss for _cpu, rss in snap.values())
         self._t0 = time.perf_counter()
-        self._thread = threading.Thread(target=self._loop, name="shardkit-bench-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="shardkit-bench-sampler",
+                                        daemon=True)
         self._thread.start()
         return self
 
@@ -177,8 +160,8 @@ def wait_for_exit(pids: set[int], timeout: float = 30.0) -> bool:
 def _alive(pid: int) -> bool:
     """False for zombies (exited, not yet reaped): they use no CPU or memory."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess is a subclass: handled here too
         return False
-    return raw[raw.rfind(b")") + 2 : raw.rfind(b")") + 3] != b"Z"
+    except psutil.AccessDenied:
+        return True

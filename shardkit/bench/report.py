@@ -11,7 +11,8 @@ Schema ``shardkit.bench/1`` (a JSON object)::
                   "ratio_to_baseline": null | {"median", "min", "max", "runs": [...]},
                   "cpu_efficiency_to_baseline": null | {"median", "min", "max", "runs": [...]},
                   "first_batch_s", "cores_busy", "cpu_seconds_per_1k_images",
-                  "peak_rss_mib", "peak_pss_mib" (null if unknown), "wait_fraction", "batch_shape", "images_per_run",
+                  "peak_rss_mib", "peak_pss_mib" (null if unknown), "wait_fraction", "batch_shape",
+                  "images_per_run",
                   "stages": null | {...}, "load_average_1min": [...]}]}
 
 Ratios are paired: run *i* of a contender divided by run *i* of the baseline (same repetition),
@@ -44,8 +45,10 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
     if not values:
         raise ValueError("no values")
     vals = [float(v) for v in values]
-    q1, q3 = (statistics.quantiles(vals, n=4, method="inclusive")[i] for i in (0, 2)) if len(vals) > 1 else (vals[0], vals[0])
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "q1": q1, "q3": q3, "runs": vals}
+    q1, q3 = ((statistics.quantiles(vals, n=4, method="inclusive")[i] for i in (0, 2))
+              if len(vals) > 1 else (vals[0], vals[0]))
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "q1": q1,
+            "q3": q3, "runs": vals}
 
 
 def _paired(values: Sequence[float]) -> dict[str, Any]:
@@ -54,7 +57,8 @@ def _paired(values: Sequence[float]) -> dict[str, Any]:
     return out
 
 
-def summarize(contender: Contender, runs: Sequence[RunResult], baseline_runs: Sequence[RunResult] | None) -> dict[str, Any]:
+def summarize(contender: Contender, runs: Sequence[RunResult],
+              baseline_runs: Sequence[RunResult] | None) -> dict[str, Any]:
     """One ``results`` entry of the report from a contender's runs (and the baseline's)."""
     rates = [r.images_per_second for r in runs]
     ratio = cpu_ratio = None
@@ -62,14 +66,17 @@ def summarize(contender: Contender, runs: Sequence[RunResult], baseline_runs: Se
         pairs = list(zip(runs, baseline_runs, strict=True))
         ratio = _paired([r.images_per_second / b.images_per_second for r, b in pairs])
         if all(r.cpu_seconds > 0 for r in runs):
-            cpu_ratio = _paired([(b.cpu_seconds / b.images) / (r.cpu_seconds / r.images) for r, b in pairs])
+            cpu_ratio = _paired([(b.cpu_seconds / b.images) / (r.cpu_seconds / r.images)
+                                 for r, b in pairs])
     last_stages = runs[-1].stages
     return {
         "name": contender.name, "label": contender.label, "baseline": contender.baseline,
-        "images_per_second": spread(rates), "ratio_to_baseline": ratio, "cpu_efficiency_to_baseline": cpu_ratio,
+        "images_per_second": spread(rates), "ratio_to_baseline": ratio,
+        "cpu_efficiency_to_baseline": cpu_ratio,
         "first_batch_s": statistics.median(r.first_batch_s for r in runs),
         "cores_busy": statistics.median(r.cores_busy for r in runs),
-        "cpu_seconds_per_1k_images": statistics.median(1000 * r.cpu_seconds / r.images for r in runs),
+        "cpu_seconds_per_1k_images": statistics.median(1000 * r.cpu_seconds / r.images
+                                                       for r in runs),
         "peak_rss_mib": max(r.peak_rss_bytes for r in runs) / 2**20,
         "peak_pss_mib": None if any(r.peak_pss_bytes is None for r in runs)
         else max(r.peak_pss_bytes or 0 for r in runs) / 2**20,
@@ -79,15 +86,16 @@ def summarize(contender: Contender, runs: Sequence[RunResult], baseline_runs: Se
     }
 
 
-def build_report(config: Mapping[str, Any], conditions: Mapping[str, Any], pack: Mapping[str, Any] | None,
-                 contenders: Sequence[Contender], runs: Mapping[str, Sequence[RunResult]]) -> dict[str, Any]:
+def build_report(config: Mapping[str, Any], conditions: Mapping[str, Any],
+                 pack: Mapping[str, Any] | None, contenders: Sequence[Contender],
+                 runs: Mapping[str, Sequence[RunResult]]) -> dict[str, Any]:
     """Assemble the report dict (see the module docstring for the schema)."""
     base = next((c for c in contenders if c.baseline), None)
     base_runs = runs[base.name] if base is not None else None
     return {
         "schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": dict(config), "conditions": dict(conditions), "pack": dict(pack) if pack else None,
-        "baseline": base.name if base is not None else None,
+        "config": dict(config), "conditions": dict(conditions),
+        "pack": dict(pack) if pack else None, "baseline": base.name if base is not None else None,
         "results": [summarize(c, runs[c.name], base_runs) for c in contenders],
     }
 
@@ -102,9 +110,10 @@ def write_json(report: Mapping[str, Any], path: str) -> None:
 def format_table(report: Mapping[str, Any]) -> str:
     """A fixed-width text table of the results, then one line of conditions.
 
-    Example line::
+    Example line (the columns as in ``header`` below)::
 
-        ShardLoader (CPU decode)  1,330  1,290–1,372  2.61× (2.50–2.70)  0.41 s  1.97  1.48  2.55×  640 (1,850) MiB
+        ShardLoader (CPU decode)  1,330  1,290–1,372  2.61× (2.50–2.70)  0.41 s  1.97  1.48  2.55×
+        640 (1,850) MiB
     """
     header = ("loader", "img/s median", "min–max", "× baseline (min–max)", "1st batch", "CPU cores",
               "CPU ms/img", "× by CPU", "peak PSS (RSS)")
@@ -114,23 +123,28 @@ def format_table(report: Mapping[str, Any]) -> str:
         rows.append((
             r["label"] + (" [baseline]" if r["baseline"] else ""), f"{ips['median']:,.0f}",
             f"{ips['min']:,.0f}–{ips['max']:,.0f}",
-            "—" if ratio is None else f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f})",
-            f"{r['first_batch_s']:.2f} s", f"{r['cores_busy']:.2f}", f"{r['cpu_seconds_per_1k_images']:.2f}",
-            "—" if r.get("cpu_efficiency_to_baseline") is None else f"{r['cpu_efficiency_to_baseline']['median']:.2f}×",
-            _memory(r),
+            "—" if ratio is None
+            else f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f})",
+            f"{r['first_batch_s']:.2f} s", f"{r['cores_busy']:.2f}",
+            f"{r['cpu_seconds_per_1k_images']:.2f}",
+            "—" if r.get("cpu_efficiency_to_baseline") is None
+            else f"{r['cpu_efficiency_to_baseline']['median']:.2f}×", _memory(r),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    notes = ("img/s: wall clock, timed part; CPU cores: CPU time of the whole process tree per wall second; "
-             "CPU ms/img and × by CPU: CPU cost per image and the baseline's over it (robust to other load)")
+    notes = ("img/s: wall clock, timed part; CPU cores: CPU time of the whole process tree per "
+             "wall second; CPU ms/img and × by CPU: CPU cost per image and the baseline's over it "
+             "(robust to other load)")
     return "\n".join([*lines, "", notes, format_conditions(report)])
 
 
 def _memory(r: Mapping[str, Any]) -> str:
     rss = f"{r['peak_rss_mib']:,.0f}"
-    return f"{rss} MiB RSS" if r.get("peak_pss_mib") is None else f"{r['peak_pss_mib']:,.0f} ({rss}) MiB"
+    return (f"{rss} MiB RSS" if r.get("peak_pss_mib") is None
+            else f"{r['peak_pss_mib']:,.0f} ({rss}) MiB")
 
 
 def format_conditions(report: Mapping[str, Any]) -> str:
@@ -138,17 +152,21 @@ def format_conditions(report: Mapping[str, Any]) -> str:
     cfg, cond = report["config"], report["conditions"]
     mach, data, ver = cond.get("machine", {}), cond.get("data", {}), cond.get("versions", {})
     lines = [
-        f"settings: {cfg.get('transform')} transform at {cfg.get('size')} px, uint8 out, batch {cfg.get('batch_size')}, "
-        f"{cfg.get('workers')} workers, device {cfg.get('device')}, {cfg.get('epochs')} epoch(s) per run "
-        f"after {cfg.get('warmup')} warm-up batches, {cfg.get('repeats')} repetitions in alternating order",
-        f"data: {data.get('images', '?'):,} images, {data.get('classes', '?')} classes, mean {data.get('mean_kb', '?')} KB, "
-        f"{data.get('mean_kpix', '?')} kpix; shards {cond.get('shards_location', '?')}; page cache {cond.get('page_cache', '?')}",
-        f"machine: {mach.get('usable_cores', '?')} cores ({mach.get('cpu_model', '?')}), load at start "
-        f"{mach.get('load_average_at_start', '?')}" + (f"; GPU {cond['gpu']['name']}" if cond.get("gpu") else ""),
+        f"settings: {cfg.get('transform')} transform at {cfg.get('size')} px, uint8 out, batch "
+        f"{cfg.get('batch_size')}, {cfg.get('workers')} workers, device {cfg.get('device')}, "
+        f"{cfg.get('epochs')} epoch(s) per run after {cfg.get('warmup')} warm-up batches, "
+        f"{cfg.get('repeats')} repetitions in alternating order",
+        f"data: {data.get('images', '?'):,} images, {data.get('classes', '?')} classes, mean "
+        f"{data.get('mean_kb', '?')} KB, {data.get('mean_kpix', '?')} kpix; shards "
+        f"{cond.get('shards_location', '?')}; page cache {cond.get('page_cache', '?')}",
+        f"machine: {mach.get('usable_cores', '?')} cores ({mach.get('cpu_model', '?')}), load at "
+        f"start {mach.get('load_average_at_start', '?')}"
+        + (f"; GPU {cond['gpu']['name']}" if cond.get("gpu") else ""),
         "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
     ]
     if report.get("pack"):
         p = report["pack"]
-        lines.append(f"pack: {p['images']:,} images in {p['seconds']:.1f} s = {p['images_per_second']:,.0f} img/s "
-                     f"({p['shards']} shards, {p['workers']} workers)")
+        lines.append(f"pack: {p['images']:,} images in {p['seconds']:.1f} s = "
+                     f"{p['images_per_second']:,.0f} img/s ({p['shards']} shards, {p['workers']} "
+                     "workers)")
     return "\n".join(lines)

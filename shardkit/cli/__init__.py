@@ -1,4 +1,5 @@
-"""The ``shardkit`` command: a thin click group over the library (pack, info, verify, bench, doctor).
+"""The ``shardkit`` command: a thin click group over the library (pack, info, verify, bench,
+doctor).
 
 Library errors become one-line messages and exit code 1; usage errors exit 2 (click's).
 Heavy imports (torch) happen inside the commands that need them, so ``--help`` is fast.
@@ -24,7 +25,8 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             # Only pack resumes; saying so after verify or bench would send people looking for it.
             resumes = ctx.invoked_subcommand == "pack"
-            click.echo("interrupted" + ("; re-run the same command to resume" if resumes else ""), err=True)
+            click.echo("interrupted" + ("; re-run the same command to resume" if resumes else ""),
+                       err=True)
             sys.exit(130)
 
 

@@ -11,18 +11,26 @@ from shardkit.cli.progress import BenchBar, bars_enabled
 
 @click.command("bench")
 @click.argument("imagefolder_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--shards", default=None, help="Packed dataset of IMAGEFOLDER_DIR (packed into it if it holds none) "
+@click.option("--shards", default=None,
+              help="Packed dataset of IMAGEFOLDER_DIR (packed into it if it holds none) "
               "[default: pack into a temporary directory].")
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=0), help="Loader workers (all loaders).")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=0),
+              help="Loader workers (all loaders).")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
-@click.option("--transform", default="train", show_default=True, type=click.Choice(["train", "val"]),
+@click.option("--transform", default="train", show_default=True,
+              type=click.Choice(["train", "val"]),
               help="train: RandomResizedCrop + flip; val: resize + centre crop (uint8 out).")
-@click.option("--size", default=224, show_default=True, type=click.IntRange(min=1), help="Output side in pixels.")
-@click.option("--epochs", default=2, show_default=True, type=click.IntRange(min=1), help="Epochs per timed run.")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1), help="Runs per loader, alternating order.")
-@click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0), help="Untimed batches at the start of each run.")
-@click.option("--drop-caches", is_flag=True, help="Drop the page cache before every run (needs root); default: warm cache.")
+@click.option("--size", default=224, show_default=True, type=click.IntRange(min=1),
+              help="Output side in pixels.")
+@click.option("--epochs", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Epochs per timed run.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Runs per loader, alternating order.")
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0),
+              help="Untimed batches at the start of each run.")
+@click.option("--drop-caches", is_flag=True,
+              help="Drop the page cache before every run (needs root); default: warm cache.")
 @click.option("--no-webdataset", is_flag=True, help="Leave out the plain webdataset baseline.")
 @click.option("--jpeg-restart", type=click.IntRange(min=1), default=None, metavar="N",
               help="Pack with restart-indexed JPEGs (shardkit pack --jpeg-restart N); existing --shards must "
@@ -58,7 +66,8 @@ def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_
         _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
                size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet)
         return
-    contenders = tuple(c for c in ("imagefolder", "webdataset", "shardloader") if not (no_webdataset and c == "webdataset"))
+    contenders = tuple(c for c in ("imagefolder", "webdataset", "shardloader")
+                       if not (no_webdataset and c == "webdataset"))
     cfg = BenchConfig(imagefolder=imagefolder_dir, shards=shards, workers=workers, batch_size=batch_size,
                       device=device, transform=transform, size=size, epochs=epochs, repeats=repeats,
                       warmup=warmup, drop_caches=drop_caches, contenders=contenders,
@@ -67,8 +76,8 @@ def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_
 
     def after_run(name: str, rep: int, result: Any) -> None:
         if not bar.enabled and not quiet:
-            click.echo(f"  {name:<12} run {rep + 1}/{repeats}: {result.images_per_second:,.0f} img/s "
-                       f"({result.images} images in {result.seconds:.1f} s)", err=True)
+            click.echo(f"  {name:<12} run {rep + 1}/{repeats}: {result.images_per_second:,.0f} "
+                       f"img/s ({result.images} images in {result.seconds:.1f} s)", err=True)
 
     try:
         report = run_bench(cfg, sink=bar, after_run=after_run)

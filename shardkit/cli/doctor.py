@@ -17,11 +17,13 @@ _MARK = {"ok": ("ok", "green"), "note": ("note", "yellow"), "problem": ("PROBLEM
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Loader workers you plan to use [default: usable cores - 1, at most 8].")
 @click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
-@click.option("--size", default=224, show_default=True, type=click.IntRange(min=1), help="Output side in pixels.")
+@click.option("--size", default=224, show_default=True, type=click.IntRange(min=1),
+              help="Output side in pixels.")
 @click.option("--prefetch", default=2, show_default=True, type=click.IntRange(min=1),
               help="Batches each worker prepares ahead (ShardLoader's prefetch).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
-def doctor_command(workers: int | None, batch_size: int, size: int, prefetch: int, as_json: bool) -> None:
+def doctor_command(workers: int | None, batch_size: int, size: int, prefetch: int,
+                   as_json: bool) -> None:
     """Check Python, torch, CUDA, GPUs, nvJPEG, Triton, the C extensions and their libjpeg,
     /dev/shm, open-file limits and cores for a loader of --workers/--batch-size/--size, and
     storage backends. Every problem comes with its fix.
@@ -29,15 +31,17 @@ def doctor_command(workers: int | None, batch_size: int, size: int, prefetch: in
     Exits 1 when something breaks or slows training; notes (e.g. no GPU, a storage backend
     not installed) do not change the exit code.
     """
-    plan = LoaderPlan(workers=workers if workers is not None else max(1, min(8, usable_cores() - 1)),
-                      batch_size=batch_size, size=size, prefetch=prefetch)
+    if workers is None:
+        workers = max(1, min(8, usable_cores() - 1))
+    plan = LoaderPlan(workers=workers, batch_size=batch_size, size=size, prefetch=prefetch)
     findings = diagnose(plan)
     problems = [f for f in findings if f.status == "problem"]
     if as_json:
-        click.echo(json.dumps({"plan": vars(plan), "findings": [f.to_dict() for f in findings]}, indent=1))
+        click.echo(json.dumps({"plan": vars(plan), "findings": [f.to_dict() for f in findings]},
+                              indent=1))
     else:
-        click.echo(f"shardkit doctor: checking for --workers {plan.workers} --batch-size {plan.batch_size} "
-                   f"--size {plan.size} (prefetch {plan.prefetch})\n")
+        click.echo(f"shardkit doctor: checking for --workers {plan.workers} --batch-size "
+                   f"{plan.batch_size} --size {plan.size} (prefetch {plan.prefetch})\n")
         width = max(len(f.check) for f in findings)
         for f in findings:
             mark, colour = _MARK[f.status]

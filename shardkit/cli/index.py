@@ -14,7 +14,8 @@ def _class_names(path: str | None) -> list[str] | None:
         with open(path, encoding="utf-8") as f:
             names = [line.strip() for line in f if line.strip()]
     except (OSError, UnicodeDecodeError) as err:
-        raise click.BadParameter(f"cannot read {path} as UTF-8 text ({err})", param_hint="--classes") from err
+        raise click.BadParameter(f"cannot read {path} as UTF-8 text ({err})",
+                                 param_hint="--classes") from err
     if not names:
         raise click.BadParameter(f"{path} lists no class names", param_hint="--classes")
     return names
@@ -22,10 +23,13 @@ def _class_names(path: str | None) -> list[str] | None:
 
 @click.command("index")
 @click.argument("dataset")
-@click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False),
+              default=None,
               help="Text file of class names, one per line, in label order (line 1 is label 0).")
-@click.option("--dali-index", is_flag=True, help="Also write DALI index files (<shard>.dali.idx, wds2idx format).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing index.json and .idx files beside the shards.")
+@click.option("--dali-index", is_flag=True,
+              help="Also write DALI index files (<shard>.dali.idx, wds2idx format).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing index.json and .idx files beside the shards.")
 @storage_option_flag
 def index_command(dataset: str, classes_file: str | None, dali_index: bool, overwrite: bool,
                   storage_option: tuple[str, ...]) -> None:
@@ -42,11 +46,13 @@ def index_command(dataset: str, classes_file: str | None, dali_index: bool, over
     from shardkit.index.dali import write_dali_indexes
 
     remote = storage_options(storage_option, dataset)
-    if dali_index and not overwrite and classes_file is None and locate_dataset(dataset, remote).exists("index.json"):
+    if (dali_index and not overwrite and classes_file is None
+        and locate_dataset(dataset, remote).exists("index.json")):
         names = write_dali_indexes(locate_dataset(dataset, remote).url, storage_options=remote)
         click.echo(f"{dataset}: already a dataset; wrote {len(names)} DALI index files")
         return
     manifest = adopt_shards(dataset, classes=_class_names(classes_file), dali_index=dali_index,
                             overwrite=overwrite, storage_options=remote)
-    click.echo(f"indexed {dataset}: {len(manifest.shards)} shards, {manifest.num_samples:,} samples, "
-               f"{len(manifest.classes or ())} classes" + (", DALI index files written" if dali_index else ""))
+    click.echo(f"indexed {dataset}: {len(manifest.shards)} shards, {manifest.num_samples:,} "
+               f"samples, {len(manifest.classes or ())} classes"
+               + (", DALI index files written" if dali_index else ""))

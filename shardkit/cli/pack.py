@@ -37,42 +37,58 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.command("pack")
 @click.argument("src")
 @click.argument("dst")
-@click.option("--format", "fmt", type=click.Choice(["auto", "imagefolder", "coco"]), default="auto", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(["auto", "imagefolder", "coco"]), default="auto",
+              show_default=True,
               help="Input layout; auto: coco when --annotations is given, else imagefolder.")
 @click.option("--annotations", type=click.Path(dir_okay=False), default=None,
               help="COCO instances JSON (SRC is then the images folder).")
 @click.option("--drop-empty", is_flag=True, help="COCO: leave out images without annotations.")
-@click.option("--max-count", default=1000, show_default=True, type=click.IntRange(min=1), help="Samples per shard at most.")
-@click.option("--max-size", default="256MB", show_default=True, callback=_size, help="Bytes per shard at most (e.g. 256MB, 1GiB).")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Writer processes [default: all cores].")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
-              help="Write shards as Ray tasks: on a new local cluster of --workers CPUs (no ADDRESS, or local), "
-                   "or on the cluster at ADDRESS (auto, ray://host:port). Put it after SRC DST or write "
-                   "--ray=ADDRESS. A local DST needs a one-node cluster.")
-@click.option("--shuffle/--no-shuffle", default=True, show_default=True, help="Shuffle samples across shards.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed of the shuffle.")
-@click.option("--prefix", default="shard", show_default=True, help="Shard names: PREFIX-NNNNNN.tar.")
-@click.option("--resize-max", type=click.IntRange(min=1), default=None, help="Re-encode images whose shorter side exceeds PX.")
-@click.option("--quality", default=90, show_default=True, type=click.IntRange(1, 100), help="JPEG quality when re-encoding.")
+@click.option("--max-count", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="Samples per shard at most.")
+@click.option("--max-size", default="256MB", show_default=True, callback=_size,
+              help="Bytes per shard at most (e.g. 256MB, 1GiB).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Writer processes [default: all cores].")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+              metavar="[ADDRESS]",
+              help="Write shards as Ray tasks: on a new local cluster of --workers CPUs (no "
+                   "ADDRESS, or local), or on the cluster at ADDRESS (auto, ray://host:port). Put "
+                   "it after SRC DST or write --ray=ADDRESS. A local DST needs a one-node cluster.")
+@click.option("--shuffle/--no-shuffle", default=True, show_default=True,
+              help="Shuffle samples across shards.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Seed of the shuffle.")
+@click.option("--prefix", default="shard", show_default=True,
+              help="Shard names: PREFIX-NNNNNN.tar.")
+@click.option("--resize-max", type=click.IntRange(min=1), default=None,
+              help="Re-encode images whose shorter side exceeds PX.")
+@click.option("--quality", default=90, show_default=True, type=click.IntRange(1, 100),
+              help="JPEG quality when re-encoding.")
 @click.option("--jpeg-restart", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Store JPEGs losslessly re-encoded with a restart marker every N MCUs at most (1 loaded "
-                   "fastest in our benchmarks): identical pixels, the loader decodes only the crop; costs pack "
-                   "CPU. Off: source bytes.")
-@click.option("--uniform-names", is_flag=True, help="Name every image member .jpg whatever its format, so HF datasets, "
-              "webdataset to_tuple and DALI get every sample of a mixed jpg/png set (format version 2).")
-@click.option("--dali-index", is_flag=True, help="Also write DALI index files (<shard>.dali.idx, wds2idx format).")
-@click.option("--decode-check", is_flag=True, help="Fully decode every image to find corrupt data (slower).")
+              help="Store JPEGs losslessly re-encoded with a restart marker every N MCUs at most "
+                   "(1 loaded fastest in our benchmarks): identical pixels, the loader decodes "
+                   "only the crop; costs pack CPU. Off: source bytes.")
+@click.option("--uniform-names", is_flag=True,
+              help="Name every image member .jpg whatever its format, so HF datasets, "
+              "webdataset to_tuple and DALI get every sample of a mixed jpg/png set (format "
+              "version 2).")
+@click.option("--dali-index", is_flag=True,
+              help="Also write DALI index files (<shard>.dali.idx, wds2idx format).")
+@click.option("--decode-check", is_flag=True,
+              help="Fully decode every image to find corrupt data (slower).")
 @click.option("--overwrite", is_flag=True, help="Replace what a previous pack left in DST.")
 @click.option("--max-skipped", default=None, callback=_budget, metavar="N|P%",
-              help="Fail, without publishing index.json, when more inputs than N (or P% of them) are "
-                   "skipped as unreadable or corrupt [default: any number, but a pack of no sample fails].")
+              help="Fail, without publishing index.json, when more inputs than N (or P% of them) "
+                   "are skipped as unreadable or corrupt [default: any number, but a pack of no "
+                   "sample fails].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @storage_option_flag
-def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool, max_count: int,
-                 max_size: int, workers: int | None, ray_address: str | None, shuffle: bool, seed: int, prefix: str,
-                 resize_max: int | None, quality: int, jpeg_restart: int | None, uniform_names: bool,
-                 dali_index: bool, decode_check: bool, overwrite: bool, max_skipped: SkipBudget | None,
-                 quiet: bool, storage_option: tuple[str, ...]) -> None:
+def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool,
+                 max_count: int, max_size: int, workers: int | None, ray_address: str | None,
+                 shuffle: bool, seed: int, prefix: str, resize_max: int | None, quality: int,
+                 jpeg_restart: int | None, uniform_names: bool, dali_index: bool,
+                 decode_check: bool, overwrite: bool, max_skipped: SkipBudget | None, quiet: bool,
+                 storage_option: tuple[str, ...]) -> None:
     """Pack the ImageFolder tree SRC into WebDataset tar shards under DST (path or fsspec URL).
 
     With --annotations instances.json, SRC is a COCO images folder: one sample per image
@@ -87,11 +103,13 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     if not coco and (annotations is not None or drop_empty):
         raise click.UsageError("--annotations and --drop-empty apply to --format coco only")
     if coco and resize_max is not None:
-        raise click.UsageError("--resize-max is not supported for COCO (it would invalidate the boxes)")
+        raise click.UsageError("--resize-max is not supported for COCO (it would invalidate the "
+                               "boxes)")
     try:
         options = PackOptions(max_count=max_count, max_size=max_size, shuffle=shuffle, seed=seed,
-                              prefix=prefix, resize_max=resize_max, quality=quality, decode_check=decode_check,
-                              jpeg_restart=jpeg_restart, uniform_names=uniform_names, dali_index=dali_index)
+                              prefix=prefix, resize_max=resize_max, quality=quality,
+                              decode_check=decode_check, jpeg_restart=jpeg_restart,
+                              uniform_names=uniform_names, dali_index=dali_index)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     remote = storage_options(storage_option, dst)
@@ -101,9 +119,10 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     procs = workers or os.cpu_count()
     try:
         if annotations is not None:  # checked above: given exactly when packing COCO
-            result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options, workers=procs,
-                               overwrite=overwrite, storage_options=remote, progress=bar,
-                               executor=executor, ray_address=address, max_skipped=max_skipped)
+            result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options,
+                               workers=procs, overwrite=overwrite, storage_options=remote,
+                               progress=bar, executor=executor, ray_address=address,
+                               max_skipped=max_skipped)
         else:
             result = pack(src, dst, options=options, workers=procs, overwrite=overwrite,
                           storage_options=remote, progress=bar,

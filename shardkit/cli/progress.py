@@ -25,7 +25,8 @@ def _terminal_columns() -> int:
 
 
 def bars_enabled(quiet: bool) -> bool:
-    """Whether to draw progress: only for a person watching (stderr is a terminal) and not ``-q``."""
+    """Whether to draw progress: only for a person watching (stderr is a terminal) and not
+    ``-q``."""
     return not quiet and sys.stderr.isatty()
 
 
@@ -47,8 +48,8 @@ class Bar:
             sized = _terminal_columns() > 0
             self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=in_bytes,
                              unit_divisor=1024 if in_bytes else 1000, dynamic_ncols=sized,
-                             ncols=None if sized else _FALLBACK_COLUMNS, nrows=None if sized else _FALLBACK_ROWS,
-                             leave=False, file=sys.stderr)
+                             ncols=None if sized else _FALLBACK_COLUMNS,
+                             nrows=None if sized else _FALLBACK_ROWS, leave=False, file=sys.stderr)
 
     @property
     def enabled(self) -> bool:
@@ -112,7 +113,8 @@ class BenchBar:
 
     def begin(self, what: str, total: int | None) -> None:
         self.bar.close()
-        self.bar = Bar(self.enabled, desc=what, total=total, unit="img" if what == "packing" else "batch")
+        self.bar = Bar(self.enabled, desc=what, total=total,
+                       unit="img" if what == "packing" else "batch")
 
     def advance(self, n: int) -> None:
         self.bar.update(n)

@@ -33,7 +33,8 @@ def print_skipped(skipped: Sequence[Mapping[str, str]], *, err: bool = False) ->
     for s in skipped[:SHOWN]:
         click.echo(f"  - {s['source']}: {s['reason']}", err=err)
     if len(skipped) > SHOWN:
-        click.echo(f"  … {len(skipped) - SHOWN:,} more" + ("" if err else " in index.json"), err=err)
+        click.echo(f"  … {len(skipped) - SHOWN:,} more" + ("" if err else " in index.json"),
+                   err=err)
 
 
 def print_annotations(report: Mapping[str, Any]) -> None:
@@ -56,7 +57,8 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
     m = result.manifest
     if result.already_complete:
         click.echo(f"{dst}: already packed with these inputs and options; nothing to do.")
-    groups = f"{len(m.categories)} categories" if m.categories is not None else f"{len(m.classes or ())} classes"
+    groups = (f"{len(m.categories)} categories" if m.categories is not None
+              else f"{len(m.classes or ())} classes")
     click.echo(f"samples   {m.num_samples:,}  ({groups})")
     reused = result.reused_shards and not result.already_complete
     click.echo(f"shards    {len(m.shards):,}  in {result.url}"

@@ -17,8 +17,8 @@ def storage_option_flag(func: F) -> F:
     return click.option(
         "--storage-option", "-o", "storage_option", multiple=True, metavar="KEY=VALUE",
         help="fsspec option for a remote URL, repeatable; dotted keys nest "
-             "(client_kwargs.endpoint_url=http://host:9000); values are parsed as JSON when possible. "
-             "For s3:// the endpoint also comes from AWS_ENDPOINT_URL.",
+             "(client_kwargs.endpoint_url=http://host:9000); values are parsed as JSON when "
+             "possible. For s3:// the endpoint also comes from AWS_ENDPOINT_URL.",
     )(func)
 
 
@@ -45,7 +45,8 @@ def storage_options(pairs: Sequence[str], url: str) -> dict[str, Any] | None:
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise click.BadParameter(f"{key!r} nests under a plain value", param_hint="--storage-option")
+                raise click.BadParameter(f"{key!r} nests under a plain value",
+                                         param_hint="--storage-option")
         node[leaf] = _value(value)
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if url.startswith(("s3://", "s3a://")) and endpoint:

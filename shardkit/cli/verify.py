@@ -16,7 +16,8 @@ from shardkit.index import ShardEntry, locate_dataset, read_manifest, verify_dat
 @click.option("--decode", is_flag=True, help="Also decode every image.")
 @click.option("--quiet", "-q", is_flag=True, help="Print problems only (no progress bar).")
 @storage_option_flag
-def verify_command(dataset: str, decode: bool, quiet: bool, storage_option: tuple[str, ...]) -> None:
+def verify_command(dataset: str, decode: bool, quiet: bool,
+                   storage_option: tuple[str, ...]) -> None:
     """Check the packed DATASET against its index.json; exit 1 on any mismatch."""
     options = storage_options(storage_option, dataset)
     store = locate_dataset(dataset, options)
@@ -31,7 +32,8 @@ def verify_command(dataset: str, decode: bool, quiet: bool, storage_option: tupl
             bar.note(f"{done:,}/{len(shards):,} shards")
             bar.update(entry.num_bytes)
 
-        report = verify_dataset(store.url, decode=decode, storage_options=options, progress=progress)
+        report = verify_dataset(store.url, decode=decode, storage_options=options,
+                                progress=progress)
     for problem in report.problems:
         click.secho(f"FAIL {problem}", fg="red", err=True)
     if not report.ok:
@@ -39,4 +41,5 @@ def verify_command(dataset: str, decode: bool, quiet: bool, storage_option: tupl
         sys.exit(1)
     if not quiet:
         decoded = f", {report.images_decoded:,} images decoded" if decode else ""
-        click.echo(f"OK {store.url}: {report.shards_checked} shards, {report.samples_checked:,} samples{decoded}")
+        click.echo(f"OK {store.url}: {report.shards_checked} shards, {report.samples_checked:,} "
+                   f"samples{decoded}")

@@ -50,13 +50,16 @@ class DecodeStats:
 def _buffer(data: Bytes | torch.Tensor) -> Bytes:
     if isinstance(data, torch.Tensor):  # encoded bytes as a 1-D uint8 CPU tensor
         if data.dtype != torch.uint8 or data.dim() != 1 or data.device.type != "cpu":
-            raise DecodeError(f"encoded bytes must be a 1-D uint8 CPU tensor, got {data.dtype} {list(data.shape)} on {data.device}")  # fmt: skip
+            raise DecodeError(f"encoded bytes must be a 1-D uint8 CPU tensor, got {data.dtype} "
+                              f"{list(data.shape)} on {data.device}")
         return data.contiguous().numpy().data
     return data
 
 
 def is_jpeg(data: Bytes | torch.Tensor) -> bool:
-    """True when ``data`` starts with a JPEG SOI marker. Example: ``is_jpeg(b"\\xff\\xd8\\xff")``."""
+    """True when ``data`` starts with a JPEG SOI marker.
+
+    Example: ``is_jpeg(b"\\xff\\xd8\\xff")``."""
     return bytes(_buffer(data)[:3]) == b"\xff\xd8\xff"
 
 
@@ -103,7 +106,8 @@ def _torchvision_ops() -> _Decoder:
     from torchvision.io.image import ImageReadMode  # loads the image ops library
 
     ops, rgb = torch.ops.image, ImageReadMode.RGB.value
-    calls = {"jpeg": lambda t: ops.decode_jpeg(t, rgb, False), "webp": lambda t: ops.decode_webp(t, rgb)}  # fmt: skip
+    calls = {"jpeg": lambda t: ops.decode_jpeg(t, rgb, False),
+             "webp": lambda t: ops.decode_webp(t, rgb)}
     return lambda t, kind: calls[kind](t)
 
 
@@ -134,7 +138,8 @@ def _native() -> tuple[str, _Decoder | None]:
     Image.new("RGB", (16, 8), (200, 40, 90)).save(buf, "JPEG", quality=90)
     probe = buf.getvalue()
     want = _pil_rgb(probe)
-    for name, make in (("torchvision", _torchvision_ops), ("torchvision.io", _torchvision_public), ("torchcodec", _torchcodec)):  # fmt: skip
+    for name, make in (("torchvision", _torchvision_ops), ("torchvision.io", _torchvision_public),
+                       ("torchcodec", _torchcodec)):
         try:
             dec = make()
             got = dec(torch.frombuffer(bytearray(probe), dtype=torch.uint8), "jpeg")
@@ -146,7 +151,8 @@ def _native() -> tuple[str, _Decoder | None]:
 
 
 def decode_backend() -> str:
-    """Name of the native decoder in use: ``torchvision``, ``torchvision.io``, ``torchcodec`` or ``pil``."""
+    """Name of the native decoder in use: ``torchvision``, ``torchvision.io``, ``torchcodec`` or
+    ``pil``."""
     return _native()[0]
 
 

@@ -22,7 +22,8 @@ __all__ = ["Cut", "available", "cut", "transcode"]
 
 Bytes = bytes | bytearray | memoryview
 _transcode: Callable[[Bytes, int], bytes | None] | None = None
-_cut: Callable[[Bytes, int, int, int, int, int], tuple[bytes, int, int, int, int] | None] | None = None
+_cut: (Callable[[Bytes, int, int, int, int, int], tuple[bytes, int, int, int, int] | None]
+       | None) = None
 try:
     from shardkit.codec import _jpeg_restart  # type: ignore[attr-defined]
 
@@ -66,11 +67,13 @@ def transcode(data: Bytes, max_interval: int = 1) -> bytes | None:
     Example: ``restartable = transcode(open("a.jpg", "rb").read()) or original``.
     """
     if _transcode is None:
-        raise ValueError("JPEG re-encoding needs shardkit's C extension (install libjpeg headers and reinstall)")
+        raise ValueError("JPEG re-encoding needs shardkit's C extension (install libjpeg headers "
+                         "and reinstall)")
     return _transcode(data, max_interval)
 
 
-def cut(data: Bytes, top: int, left: int, height: int, width: int, context: int = CONTEXT) -> Cut | None:
+def cut(data: Bytes, top: int, left: int, height: int, width: int,
+        context: int = CONTEXT) -> Cut | None:
     """The smallest restart-interval-aligned JPEG holding the box plus ``context`` pixels.
 
     ``None`` when ``data`` is not a restart-indexed JPEG (or its markers are not where its

@@ -57,7 +57,8 @@ class HwJpegDecoder:
         self._decoder = nv.Decoder(device_id=index, max_num_cpu_threads=threads,
                                    backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)])
         spec = nv.ColorSpec.SRGB if hasattr(nv.ColorSpec, "SRGB") else nv.ColorSpec.RGB
-        kw: dict[str, Any] = {"color_spec": spec, "allow_any_depth": False, "apply_exif_orientation": False}
+        kw: dict[str, Any] = {"color_spec": spec, "allow_any_depth": False,
+                              "apply_exif_orientation": False}
         if planar:
             kw["sample_format"] = nv.SampleFormat.P_RGB
         self._params = nv.DecodeParams(**kw)
@@ -69,7 +70,8 @@ class HwJpegDecoder:
             return t  # [3, H, W] (the probe checks the shape)
         return t.permute(2, 0, 1)  # HWC memory, CHW view (callers flatten with reshape: one copy)
 
-    def decode(self, datas: list[torch.Tensor], stream: torch.cuda.Stream) -> list[torch.Tensor | None]:
+    def decode(self, datas: list[torch.Tensor],
+               stream: torch.cuda.Stream) -> list[torch.Tensor | None]:
         if not datas:
             return []
         streams = [self._code_stream(d.numpy()) for d in datas]
@@ -110,7 +112,8 @@ def _probe_jpeg() -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.cache
 def hw_decode_unavailable(device: torch.device, threads: int = 2) -> tuple[str | None, bool]:
-    """``(None, planar)`` when hardware JPEG decoding works on ``device``, else ``(why not, False)``.
+    """``(None, planar)`` when hardware JPEG decoding works on ``device``, else
+    ``(why not, False)``.
 
     Probed once per device (and thread count): decodes two copies of a small JPEG with
     ``HW_GPU_ONLY`` and checks shape and pixels against PIL (mean difference under 4 levels);
@@ -128,7 +131,8 @@ def hw_decode_unavailable(device: torch.device, threads: int = 2) -> tuple[str |
             with torch.cuda.device(device):
                 stream = torch.cuda.Stream(device)
                 data, ref = _probe_jpeg()
-                got = HwJpegDecoder(device, planar=planar, threads=threads).decode([data, data], stream)
+                decoder = HwJpegDecoder(device, planar=planar, threads=threads)
+                got = decoder.decode([data, data], stream)
                 stream.synchronize()
             if any(g is None for g in got):
                 why = "the hardware backend decoded nothing (no JPEG engines on this GPU?)"

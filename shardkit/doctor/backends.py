@@ -15,17 +15,23 @@ BACKENDS: tuple[tuple[str, str, str], ...] = (
 
 
 def check_backends() -> list[Finding]:
-    """Import each backend of :data:`BACKENDS`; a missing one is a note (needed only for its URLs)."""
+    """Import each backend of :data:`BACKENDS`; a missing one is a note (needed only for its
+    URLs)."""
     findings = []
     for schemes, module, package in BACKENDS:
         try:
             imported = importlib.import_module(module)
         except ImportError as err:
-            findings.append(Finding(module, "note", f"not installed ({err}): {schemes} URLs unavailable",
-                                    fix=f"pip install {package} (only if you read or write {schemes})"))
+            findings.append(Finding(module, "note",
+                                    f"not installed ({err}): {schemes} URLs unavailable",
+                                    fix=f"pip install {package} (only if you read or write "
+                                        f"{schemes})"))
         except Exception as err:  # a broken install (e.g. mismatched aiobotocore) is worth naming
-            findings.append(Finding(module, "note", f"installed but fails to import: {type(err).__name__}: {err}",
-                                    fix=f"pip install --upgrade {package} (its dependencies disagree)"))
+            findings.append(Finding(module, "note",
+                                    f"installed but fails to import: {type(err).__name__}: {err}",
+                                    fix=f"pip install --upgrade {package} (its dependencies "
+                                        "disagree)"))
         else:
-            findings.append(Finding(module, "ok", f"{getattr(imported, '__version__', '?')}: {schemes}"))
+            findings.append(Finding(module, "ok",
+                                    f"{getattr(imported, '__version__', '?')}: {schemes}"))
     return findings

@@ -11,15 +11,18 @@ from shardkit.doctor.findings import Finding
 
 #: (module, needs libjpeg headers, what is lost without it). Keep in step with setup.py.
 EXTENSIONS: tuple[tuple[str, bool, str], ...] = (
-    ("shardkit.codec._jpeg_region", True, "region decode: the loader decodes whole JPEGs instead of the crop"),
+    ("shardkit.codec._jpeg_region", True,
+     "region decode: the loader decodes whole JPEGs instead of the crop"),
     ("shardkit.codec._jpeg_restart", True, "pack --jpeg-restart is refused"),
-    ("shardkit.transforms._planar", False, "HWC->CHW repacking falls back to numpy (~90 us vs 15 us per 224px crop)"),
+    ("shardkit.transforms._planar", False,
+     "HWC->CHW repacking falls back to numpy (~90 us vs 15 us per 224px crop)"),
 )
 
-LIBJPEG_HEADERS = ("Debian: apt install libjpeg62-turbo-dev; Ubuntu: apt install libjpeg-turbo8-dev; "
-                   "Fedora: dnf install libjpeg-turbo-devel; conda: conda install -c conda-forge libjpeg-turbo; "
-                   "macOS: brew install jpeg-turbo")
-REBUILD = "then reinstall shardkit so they compile: pip install --force-reinstall --no-deps . (in the repository)"
+LIBJPEG_HEADERS = ("Debian: apt install libjpeg62-turbo-dev; Ubuntu: apt install "
+                   "libjpeg-turbo8-dev; Fedora: dnf install libjpeg-turbo-devel; conda: conda "
+                   "install -c conda-forge libjpeg-turbo; macOS: brew install jpeg-turbo")
+REBUILD = ("then reinstall shardkit so they compile: pip install --force-reinstall --no-deps . "
+           "(in the repository)")
 _TURBO = re.compile(rb"libjpeg-turbo version ([0-9][0-9.]*)")
 
 
@@ -57,17 +60,21 @@ def check_extensions() -> list[Finding]:
         try:
             module = importlib.import_module(name)
         except ImportError as err:
-            fix = f"install the libjpeg-turbo headers ({LIBJPEG_HEADERS}), {REBUILD}" if needs_jpeg else REBUILD
+            fix = (f"install the libjpeg-turbo headers ({LIBJPEG_HEADERS}), {REBUILD}" if needs_jpeg
+                   else REBUILD)
             findings.append(Finding(short, "problem", f"not built ({err}): {lost}", fix=fix))
             continue
         detail = f"built ({module.__file__})"
         linked = linked_libjpeg(module.__file__ or "") if needs_jpeg else None
         if linked is not None:
             lib, version = linked
-            detail += f", links {lib}" + (f" = libjpeg-turbo {version}" if version else " (not libjpeg-turbo?)")
+            detail += f", links {lib}" + (f" = libjpeg-turbo {version}" if version
+                                          else " (not libjpeg-turbo?)")
             if version is None:
-                findings.append(Finding(short, "problem", detail + ": IJG libjpeg decodes several times slower",
-                                        fix=f"install libjpeg-turbo ({LIBJPEG_HEADERS}), {REBUILD}"))
+                findings.append(Finding(short, "problem",
+                                        detail + ": IJG libjpeg decodes several times slower",
+                                        fix=f"install libjpeg-turbo ({LIBJPEG_HEADERS}), "
+                                        f"{REBUILD}"))
                 continue
         findings.append(Finding(short, "ok", detail))
     return findings

@@ -24,11 +24,13 @@ def _nvidia_smi() -> list[str]:
     if smi is None:
         return []
     try:
-        out = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        out = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    return ([line.strip() for line in out.stdout.splitlines() if line.strip()]
+            if out.returncode == 0 else [])
 
 
 def _cudnn(torch: Any) -> str:
@@ -43,12 +45,14 @@ def _gpus(torch: Any) -> list[Finding]:
         found = []
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            found.append(Finding(f"GPU {i}", "ok", f"{props.name}, {props.total_memory / 2**30:.0f} GiB, "
+            found.append(Finding(f"GPU {i}", "ok",
+                                 f"{props.name}, {props.total_memory / 2**30:.0f} GiB, "
                                  f"compute capability {props.major}.{props.minor}"))
     except Exception as err:
         return [Finding("GPUs", "problem", f"cannot be listed: {type(err).__name__}: {err}",
                         fix="check the driver: nvidia-smi")]
-    return found or [Finding("GPUs", "problem", "CUDA reports no device", fix="check the driver: nvidia-smi")]
+    return (found or [Finding("GPUs", "problem", "CUDA reports no device",
+                              fix="check the driver: nvidia-smi")])
 
 
 def _tiny_jpeg() -> bytes:
@@ -61,7 +65,8 @@ def _tiny_jpeg() -> bytes:
 
 def _check_nvjpeg(torch: Any) -> Finding:
     try:
-        with warnings.catch_warnings():  # torchvision 0.29 deprecates torchvision.io in favour of torchcodec
+        # torchvision 0.29 deprecates torchvision.io in favour of torchcodec
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             import torchvision.io
 
@@ -71,9 +76,10 @@ def _check_nvjpeg(torch: Any) -> Finding:
         if tuple(image.shape) != (3, 16, 16) or image.device.type != "cuda":
             raise RuntimeError(f"decoded to {tuple(image.shape)} on {image.device}")
     except Exception as err:  # any failure means the GPU route decodes on the CPU
-        return Finding("nvJPEG", "problem", f"decode_jpeg(device='cuda') failed: {type(err).__name__}: {err}; "
+        return Finding("nvJPEG", "problem",
+                       f"decode_jpeg(device='cuda') failed: {type(err).__name__}: {err}; "
                        "the GPU route decodes JPEGs on the CPU instead (slower)",
-                       fix="install a torchvision built for this torch and CUDA (" + _TORCH_FIX + ")")
+                       fix=f"install a torchvision built for this torch and CUDA ({_TORCH_FIX})")
     return Finding("nvJPEG", "ok", "decoded a test JPEG on the GPU")
 
 
@@ -83,8 +89,10 @@ def _check_triton(torch: Any) -> Finding:
 
         _triton_probe.probe(torch)
     except Exception as err:  # missing, or no compiler/driver for it
-        return Finding("Triton", "problem", f"{type(err).__name__}: {err}; GPU crop-resize falls back to "
-                       "eager PyTorch (slower)", fix="pip install triton (the version your torch pins)")
+        return Finding("Triton", "problem",
+                       f"{type(err).__name__}: {err}; GPU crop-resize falls back to "
+                       "eager PyTorch (slower)",
+                       fix="pip install triton (the version your torch pins)")
     import triton
 
     return Finding("Triton", "ok", f"{triton.__version__}: compiled and ran a test kernel")
@@ -96,27 +104,31 @@ def check_platform() -> list[Finding]:
     try:
         import torch
     except Exception as err:
-        return [*findings, Finding("torch", "problem", f"does not import: {type(err).__name__}: {err}",
-                                   fix=_TORCH_FIX)]
+        return [*findings, Finding("torch", "problem",
+                                   f"does not import: {type(err).__name__}: {err}", fix=_TORCH_FIX)]
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
     findings.append(Finding("torch", "ok", f"{torch.__version__} ({build})"))
     try:
-        with warnings.catch_warnings():  # torchvision 0.29 deprecates torchvision.io in favour of torchcodec
+        # torchvision 0.29 deprecates torchvision.io in favour of torchcodec
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             import torchvision
 
         findings.append(Finding("torchvision", "ok", torchvision.__version__))
     except Exception as err:
-        findings.append(Finding("torchvision", "problem", f"does not import: {type(err).__name__}: {err}",
-                                fix=_TORCH_FIX))
+        findings.append(Finding("torchvision", "problem",
+                                f"does not import: {type(err).__name__}: {err}", fix=_TORCH_FIX))
     smi = _nvidia_smi()
     if not torch.cuda.is_available():
         why = "torch is a CPU-only build" if not torch.version.cuda else "no GPU or driver visible"
-        findings.append(Finding("CUDA", "note", f"not available ({why}): the CPU route only; nvJPEG and Triton "
-                                "not checked", fix=None if not smi else "nvidia-smi sees GPUs: " + _TORCH_FIX))
+        findings.append(Finding("CUDA", "note",
+                                f"not available ({why}): the CPU route only; nvJPEG and Triton "
+                                "not checked",
+                                fix=None if not smi else "nvidia-smi sees GPUs: " + _TORCH_FIX))
         return findings
+    driver = smi[0].split(", ")[1] if smi else "unknown (no nvidia-smi)"
     findings.append(Finding("CUDA", "ok", f"{torch.version.cuda}, cuDNN {_cudnn(torch)}, "
-                            f"driver {smi[0].split(', ')[1] if smi else 'unknown (no nvidia-smi)'}"))
+                            f"driver {driver}"))
     findings.extend(_gpus(torch))
     findings.append(_check_nvjpeg(torch))
     findings.append(_check_triton(torch))

@@ -22,14 +22,16 @@ def check_shm(plan: LoaderPlan, free: int | None) -> Finding:
     """``free`` bytes in ``/dev/shm`` (``None``: there is none) against what ``plan`` needs."""
     need = plan.shm_bytes
     if free is None:
-        return Finding(SHM, "note", f"not present; the loader needs {_gib(need)} of shared memory for this plan")
+        return Finding(SHM, "note",
+                       f"not present; the loader needs {_gib(need)} of shared memory for this plan")
     detail = f"{_gib(free)} free; the loader needs up to {_gib(need)} ({plan.workers} workers x " \
              f"{plan.prefetch + 3} batches of {plan.batch_size}x3x{plan.size}x{plan.size} uint8)"
     if need > free:
         return Finding(SHM, "problem", detail + ": workers will die with a bus error (SIGBUS)",
                        fix=f"give /dev/shm at least {_gib(need * 1.25)}: docker run --shm-size="
-                           f"{max(1, -(-need * 5 // 4 // 2**30))}g …; Kubernetes: an emptyDir with medium: Memory "
-                           "mounted at /dev/shm; or fewer --workers / a smaller --batch-size")
+                           f"{max(1, -(-need * 5 // 4 // 2**30))}g …; Kubernetes: an emptyDir with "
+                           "medium: Memory mounted at /dev/shm; or fewer --workers / a smaller "
+                           "--batch-size")
     if need > free // 2:
         return Finding(SHM, "note", detail + ": more than half of it; other processes share it",
                        fix="docker run --shm-size=… to leave room")
@@ -39,14 +41,17 @@ def check_shm(plan: LoaderPlan, free: int | None) -> Finding:
 def check_open_files(plan: LoaderPlan, soft: int, hard: int) -> Finding:
     """The soft/hard ``ulimit -n`` (``-1``: unlimited) against ``plan.workers``."""
     want = max(MIN_FILES, FILES_PER_WORKER * plan.workers)
-    detail = f"soft {soft}, hard {'unlimited' if hard < 0 else hard}; {plan.workers} workers want at least {want}"
+    detail = (f"soft {soft}, hard {'unlimited' if hard < 0 else hard}; {plan.workers} workers "
+              f"want at least {want}")
     if soft < 0 or soft >= want:
         return Finding("ulimit -n", "ok", detail)
     if 0 <= hard < want:
-        fix = ("the hard limit is below it too: raise both (docker run --ulimit nofile=65536:65536; "
-               "/etc/security/limits.conf or systemd LimitNOFILE=) or use fewer --workers")
+        fix = ("the hard limit is below it too: raise both (docker run --ulimit "
+               "nofile=65536:65536; /etc/security/limits.conf or systemd LimitNOFILE=) or use "
+               "fewer --workers")
     else:
-        fix = f"ulimit -n {want if hard < 0 else min(hard, max(want, 65536))} in the shell that starts training"
+        limit = want if hard < 0 else min(hard, max(want, 65536))
+        fix = f"ulimit -n {limit} in the shell that starts training"
     return Finding("ulimit -n", "problem", detail + ": expect 'Too many open files'", fix=fix)
 
 
@@ -54,8 +59,10 @@ def check_cores(plan: LoaderPlan, cores: int) -> Finding:
     """Usable cores (CPU affinity, so containers' cpusets count) against ``plan.workers``."""
     detail = f"{cores} usable; {plan.workers} workers"
     if plan.workers > cores:
-        return Finding("cores", "problem", detail + ": more workers than cores only adds switching and memory",
-                       fix=f"--workers {max(1, cores - 1)} (one core left for the training process)")
+        return Finding("cores", "problem",
+                       detail + ": more workers than cores only adds switching and memory",
+                       fix=f"--workers {max(1, cores - 1)} (one core left for the training "
+                       "process)")
     if plan.workers == cores and cores > 1:
         return Finding("cores", "note", detail + ": none left for the training process",
                        fix=f"--workers {cores - 1}")

@@ -55,7 +55,8 @@ def dump_dali_index(entries: Sequence[TarEntry], *, where: str) -> bytes:
     last: str | None = None
     for entry in entries:
         if any(c.isspace() for c in entry.name):
-            raise FormatError(f"member {entry.name!r} has whitespace in its name: DALI's index cannot list it",
+            raise FormatError(f"member {entry.name!r} has whitespace in its name: DALI's index "
+                              "cannot list it",
                               where=where)
         key, ext = sample_key(entry.name, where=where)
         member = DaliMember(ext, entry.data_offset, entry.size, entry.name)
@@ -65,9 +66,11 @@ def dump_dali_index(entries: Sequence[TarEntry], *, where: str) -> bytes:
             samples.append([member])
             last = key
     if not samples:
-        raise FormatError("shard has no members: DALI's index cannot describe an empty shard", where=where)
+        raise FormatError("shard has no members: DALI's index cannot describe an empty shard",
+                          where=where)
     lines = [f"{DALI_INDEX_VERSION} {len(samples)}"]
-    lines.extend(" ".join(f"{m.ext} {m.offset} {m.size} {m.name}" for m in sample) for sample in samples)
+    lines.extend(" ".join(f"{m.ext} {m.offset} {m.size} {m.name}" for m in sample)
+                 for sample in samples)
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
@@ -80,7 +83,8 @@ def load_dali_index(data: bytes, *, where: str) -> list[list[DaliMember]]:
     except (UnicodeDecodeError, IndexError, ValueError) as err:
         raise FormatError("not a DALI webdataset index", where=where) from err
     if version != DALI_INDEX_VERSION:
-        raise FormatError(f"unknown DALI index version {version!r} (expected {DALI_INDEX_VERSION})", where=where)
+        raise FormatError(f"unknown DALI index version {version!r} (expected {DALI_INDEX_VERSION})",
+                          where=where)
     samples = []
     for number, line in enumerate(lines[1:], start=2):
         parts = line.split()

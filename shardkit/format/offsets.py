@@ -43,7 +43,8 @@ def load_offsets(data: bytes, *, where: str) -> list[SampleSpan]:
     try:
         count = int(count_text)
     except ValueError as err:
-        raise FormatError(f"malformed sample count {count_text!r} in the header", where=where) from err
+        raise FormatError(f"malformed sample count {count_text!r} in the header",
+                          where=where) from err
     spans = []
     for number, line in enumerate(lines[1:], start=2):
         try:

@@ -23,8 +23,10 @@ OFFSETS_SUFFIX = ".idx"
 #: torchvision's ``IMG_EXTENSIONS`` (what ``ImageFolder`` accepts), lower case, without dot.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
 #: Member extensions an image may have inside a shard (after normalisation).
-#: shardkit pack writes only the normalised names (`jpg`, never `jpeg`); `jpeg` is read in adopted shards.
-IMAGE_MEMBER_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
+#: shardkit pack writes only the normalised names (`jpg`, never `jpeg`); `jpeg` is read in adopted
+#: shards.
+IMAGE_MEMBER_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff",
+                                     "webp"})
 #: PIL format name -> member extension, used when the content says what the file is.
 PIL_FORMAT_EXTENSIONS = {
     "JPEG": "jpg",
@@ -52,8 +54,10 @@ def shard_name(prefix: str, index: int) -> str:
 
 
 def offsets_name(shard: str) -> str:
-    """Name of the per-sample offsets file beside ``shard`` (``x-000000.tar`` -> ``x-000000.idx``)."""
-    return shard[: -len(SHARD_SUFFIX)] + OFFSETS_SUFFIX if shard.endswith(SHARD_SUFFIX) else shard + OFFSETS_SUFFIX
+    """Name of the per-sample offsets file beside ``shard`` (``x-000000.tar`` ->
+    ``x-000000.idx``)."""
+    return (shard[: -len(SHARD_SUFFIX)] + OFFSETS_SUFFIX if shard.endswith(SHARD_SUFFIX)
+            else shard + OFFSETS_SUFFIX)
 
 
 def is_shard_name(name: str) -> bool:
@@ -78,7 +82,8 @@ def make_key(index: int, width: int) -> str:
 
 
 def key_width(num_samples: int) -> int:
-    """Digits needed for keys of a dataset of ``num_samples`` (at least 8, so keys sort numerically)."""
+    """Digits needed for keys of a dataset of ``num_samples`` (at least 8, so keys sort
+    numerically)."""
     return max(8, len(str(max(num_samples - 1, 0))))
 
 
@@ -123,4 +128,5 @@ def uniform_member_names(fields: list[tuple[str, bytes]]) -> list[tuple[str, byt
     >>> uniform_member_names([("png", b"..."), ("cls", b"1")])
     [('jpg', b'...'), ('cls', b'1')]
     """
-    return [(UNIFORM_IMAGE_EXT if ext in IMAGE_MEMBER_EXTENSIONS else ext, data) for ext, data in fields]
+    return [(UNIFORM_IMAGE_EXT if ext in IMAGE_MEMBER_EXTENSIONS else ext, data)
+            for ext, data in fields]

@@ -126,7 +126,8 @@ def _text(field: bytes, what: str, where: str) -> str:
     try:
         return field.split(b"\0", 1)[0].decode("utf-8")
     except UnicodeDecodeError as err:
-        raise FormatError(f"{what} is not valid UTF-8 ({err.reason} at byte {err.start})", where=where) from err
+        raise FormatError(f"{what} is not valid UTF-8 ({err.reason} at byte {err.start})",
+                          where=where) from err
 
 
 def _pax_records(data: bytes, where: str) -> dict[str, str]:
@@ -141,7 +142,8 @@ def _pax_records(data: bytes, where: str) -> dict[str, str]:
             length = 0
         record = data[pos:pos + length]
         if length <= 0 or len(record) != length or not record.endswith(b"\n") or b"=" not in record:
-            raise FormatError(f"malformed PAX record at byte {pos} of the extended header", where=where)
+            raise FormatError(f"malformed PAX record at byte {pos} of the extended header",
+                              where=where)
         key, _, value = record[space - pos + 1:-1].partition(b"=")
         try:
             records[key.decode("utf-8")] = value.decode("utf-8")
@@ -156,10 +158,12 @@ def _header(block: bytes, where: str) -> tuple[str, int, bytes]:
     try:
         stored = _number(block[148:156])
     except ValueError as err:
-        raise FormatError("corrupt tar header (checksum field is not a number)", where=where) from err
+        raise FormatError("corrupt tar header (checksum field is not a number)",
+                          where=where) from err
     computed = sum(block) - sum(block[148:156]) + 8 * 32  # the checksum field counts as spaces
     if stored != computed:
-        raise FormatError(f"corrupt tar header (checksum {stored} != computed {computed})", where=where)
+        raise FormatError(f"corrupt tar header (checksum {stored} != computed {computed})",
+                          where=where)
     name = _text(block[:100], "member name", where)
     if block[257:262] == b"ustar":
         prefix = _text(block[345:500], "member name prefix", where)
@@ -173,7 +177,8 @@ def _header(block: bytes, where: str) -> tuple[str, int, bytes]:
     return name, size, block[156:157]
 
 
-def _walk(reader: _Reader, *, where: str, read_data: bool, eof_ends: bool = False) -> Iterator[TarEntry]:
+def _walk(reader: _Reader, *, where: str, read_data: bool,
+          eof_ends: bool = False) -> Iterator[TarEntry]:
     global_pax: dict[str, str] = {}
     pending: dict[str, str] = {}
     first = -1  # offset of the first header of the member being assembled
@@ -187,7 +192,8 @@ def _walk(reader: _Reader, *, where: str, read_data: bool, eof_ends: bool = Fals
             raise FormatError(f"tar file is truncated (it {detail} at byte {start})", where=where)
         if block == _ZERO_BLOCK:
             if pending or first >= 0:
-                raise FormatError(f"extension header at byte {first} is not followed by a member", where=where)
+                raise FormatError(f"extension header at byte {first} is not followed by a member",
+                                  where=where)
             return
         here = f"{where}: byte {start}"
         raw_name, size, kind = _header(block, here)
@@ -212,7 +218,8 @@ def _walk(reader: _Reader, *, where: str, read_data: bool, eof_ends: bool = Fals
         name = fields.get("path", raw_name)
         if "size" in fields:
             if not fields["size"].isdigit():
-                raise FormatError(f"member {name!r} has a malformed PAX size {fields['size']!r}", where=here)
+                raise FormatError(f"member {name!r} has a malformed PAX size {fields['size']!r}",
+                                  where=here)
             size = int(fields["size"])
         offset, first = first, -1
         _check_name(name, here)
@@ -342,4 +349,5 @@ def scan_spans(fileobj: BinaryIO, *, where: str) -> list[tuple[str, int, int]]:
     """Find each sample's ``(key, offset, size)`` by reading only the tar headers (seeking past
     the data). Used when a shard has no offsets file.
     """
-    return group_spans(iter_entries(fileobj, where=where, read_data=False, seekable=True), where=where)
+    return group_spans(iter_entries(fileobj, where=where, read_data=False, seekable=True),
+                       where=where)

@@ -32,9 +32,11 @@ def ustar_header(name: str, size: int) -> bytes:
     if not raw or len(raw) > 99 or size >= 8**11:
         return _tarfile_header(name, size)
     head = b"".join((
-        raw.ljust(100, b"\0"), _MODE_FIELD, _ZERO_FIELD, _ZERO_FIELD, b"%011o\0" % size, _MTIME_FIELD,
+        raw.ljust(100, b"\0"), _MODE_FIELD, _ZERO_FIELD, _ZERO_FIELD, b"%011o\0" % size,
+        _MTIME_FIELD,
     ))
-    tail = b"".join((tarfile.REGTYPE, bytes(100), tarfile.POSIX_MAGIC, bytes(32 + 32 + 8 + 8 + 155 + 12)))
+    tail = b"".join((tarfile.REGTYPE, bytes(100), tarfile.POSIX_MAGIC,
+                     bytes(32 + 32 + 8 + 8 + 155 + 12)))
     checksum = sum(head) + sum(tail) + 8 * 32  # the checksum field counts as eight spaces
     return head + b"%06o\0 " % checksum + tail
 

@@ -14,7 +14,8 @@ def _kind_name(value: Any) -> str:
 def integer(value: Any, field: str, where: str) -> int:
     """``value`` as a non-negative int; ``bool`` is refused (JSON ``true`` is not a count)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ManifestError(f"field {field!r} must be an integer, not {_kind_name(value)}", where=where)
+        raise ManifestError(f"field {field!r} must be an integer, not {_kind_name(value)}",
+                            where=where)
     if value < 0:
         raise ManifestError(f"field {field!r} must not be negative", where=where)
     return value
@@ -23,14 +24,16 @@ def integer(value: Any, field: str, where: str) -> int:
 def string(value: Any, field: str, where: str) -> str:
     """``value`` if it is a string."""
     if not isinstance(value, str):
-        raise ManifestError(f"field {field!r} must be a string, not {_kind_name(value)}", where=where)
+        raise ManifestError(f"field {field!r} must be a string, not {_kind_name(value)}",
+                            where=where)
     return value
 
 
 def obj(value: Any, field: str, where: str) -> dict[str, Any]:
     """``value`` if it is a JSON object."""
     if not isinstance(value, dict):
-        raise ManifestError(f"field {field!r} must be an object, not {_kind_name(value)}", where=where)
+        raise ManifestError(f"field {field!r} must be an object, not {_kind_name(value)}",
+                            where=where)
     return value
 
 
@@ -43,7 +46,8 @@ def array(value: Any, field: str, where: str) -> list[Any]:
 
 def string_list(value: Any, field: str, where: str) -> tuple[str, ...]:
     """A list of strings (``classes``)."""
-    return tuple(string(v, f"{field}[{i}]", where) for i, v in enumerate(array(value, field, where)))
+    return tuple(string(v, f"{field}[{i}]", where)
+                 for i, v in enumerate(array(value, field, where)))
 
 
 def object_list(value: Any, field: str, where: str) -> tuple[dict[str, Any], ...]:

@@ -43,11 +43,12 @@ def _label(key: str, fields: dict[str, bytes], where: str) -> tuple[int, str | N
     """``(label, class name from json or None)`` of one sample."""
     here = f"{where}:{key}"
     if "cls" not in fields:
-        raise FormatError(f"sample has no 'cls' member (has {sorted(fields)}); shardkit index needs a class label "
-                          "per sample", where=here)
+        raise FormatError(f"sample has no 'cls' member (has {sorted(fields)}); shardkit index "
+                          "needs a class label per sample", where=here)
     text = fields["cls"].strip()
     if not text.isdigit():
-        raise FormatError(f"'cls' member is {fields['cls'][:20]!r}, not a non-negative integer", where=here)
+        raise FormatError(f"'cls' member is {fields['cls'][:20]!r}, not a non-negative integer",
+                          where=here)
     name = None
     if "json" in fields:
         try:
@@ -55,9 +56,11 @@ def _label(key: str, fields: dict[str, bytes], where: str) -> tuple[int, str | N
         except ValueError as err:
             raise FormatError(f"'json' member is not valid JSON ({err})", where=here) from err
         if not isinstance(meta, dict):
-            raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}", where=here)
+            raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}",
+                              where=here)
         if "label" in meta and meta["label"] != int(text):
-            raise FormatError(f"'json' label {meta['label']!r} differs from 'cls' {int(text)}", where=here)
+            raise FormatError(f"'json' label {meta['label']!r} differs from 'cls' {int(text)}",
+                              where=here)
         if isinstance(meta.get("class"), str):
             name = meta["class"]
     return int(text), name
@@ -75,7 +78,8 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             fields = samples.setdefault(key, {})
             if ext in fields:
                 raise FormatError(f"sample {key!r} has field {ext!r} twice", where=where)
-            fields[ext] = (e.data or b"") if ext in ("cls", "json") else b""  # keep labels, not images
+            # keep labels, not images
+            fields[ext] = (e.data or b"") if ext in ("cls", "json") else b""
             entries.append(e._replace(data=None))
         while stream.read(1 << 20):  # hash the trailing padding too
             pass
@@ -84,29 +88,35 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
         fields = samples[span.key]
         check_key(span.key, where=f"{where}:{span.key}")
         if span.key in keys:
-            raise FormatError(f"sample key {span.key!r} appears in more than one shard", where=where)
+            raise FormatError(f"sample key {span.key!r} appears in more than one shard",
+                              where=where)
         keys.add(span.key)
         images = sorted(ext for ext in fields if ext in IMAGE_MEMBER_EXTENSIONS)
         if len(images) != 1:
-            raise FormatError(f"expected one image member ({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}), "
-                              f"found {sorted(fields)}", where=f"{where}:{span.key}")
+            raise FormatError("expected one image member "
+                              f"({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}), found "
+                              f"{sorted(fields)}", where=f"{where}:{span.key}")
         label, name = _label(span.key, fields, where)
         if name is not None and labels.get(label) not in (None, name):
-            raise FormatError(f"label {label} is class {name!r} here but {labels[label]!r} elsewhere",
+            raise FormatError(f"label {label} is class {name!r} here but {labels[label]!r} "
+                              "elsewhere",
                               where=f"{where}:{span.key}")
         labels[label] = name if name is not None else labels.get(label)
-    return _Shard(ShardEntry(url, len(spans), reader.count, reader.hash.hexdigest()), spans, entries)
+    return _Shard(ShardEntry(url, len(spans), reader.count, reader.hash.hexdigest()), spans,
+                  entries)
 
 
-def _classes(labels: dict[int, str | None], names: Sequence[str] | None, where: str) -> tuple[str, ...]:
+def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
+             where: str) -> tuple[str, ...]:
     top = max(labels, default=-1)
     if names is not None:
         if top >= len(names):
-            raise FormatError(f"label {top} is out of range for the {len(names)} class names given", where=where)
+            raise FormatError(f"label {top} is out of range for the {len(names)} class names given",
+                              where=where)
         for label, name in labels.items():
             if name is not None and names[label] != name:
-                raise FormatError(f"label {label} is {name!r} in the shards' json but {names[label]!r} in the "
-                                  "class names given", where=where)
+                raise FormatError(f"label {label} is {name!r} in the shards' json but "
+                                  f"{names[label]!r} in the class names given", where=where)
         return tuple(names)
     return tuple(labels.get(i) or str(i) for i in range(top + 1))
 
@@ -121,8 +131,9 @@ def _check_offsets_slot(store: Store, url: str, overwrite: bool) -> None:
     try:
         load_offsets(raw, where=store.path(idx))
     except FormatError as err:
-        raise ManifestError(f"exists and is not a shardkit offsets file (a DALI index from wds2idx?); "
-                            f"move it aside or pass --overwrite ({err.message})", where=store.path(idx)) from err
+        raise ManifestError("exists and is not a shardkit offsets file (a DALI index from "
+                            f"wds2idx?); move it aside or pass --overwrite ({err.message})",
+                            where=store.path(idx)) from err
 
 
 def adopt_shards(

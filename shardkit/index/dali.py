@@ -15,8 +15,8 @@ def write_dali_index(store: Store, shard: str) -> str | None:
     """Write the DALI index of ``shard`` (a name in ``store``), reading only its tar headers.
 
     Returns the index file's name, or ``None`` for a shard without members (every input skipped),
-    which DALI's format cannot describe: none is written. Raises ``FormatError`` (names the shard) when the shard is not
-    a readable tar or a member name holds whitespace.
+    which DALI's format cannot describe: none is written. Raises ``FormatError`` (names the
+    shard) when the shard is not a readable tar or a member name holds whitespace.
     """
     where = store.path(shard)
     with store.open_read(shard) as f:

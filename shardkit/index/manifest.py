@@ -37,7 +37,8 @@ class ShardEntry:
     sha256: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "num_samples": self.num_samples, "num_bytes": self.num_bytes, "sha256": self.sha256}
+        return {"url": self.url, "num_samples": self.num_samples, "num_bytes": self.num_bytes,
+                "sha256": self.sha256}
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class Manifest:
     @property
     def version(self) -> int:
         """The format version these shards follow: 2 with uniform member names, else 1."""
-        return UNIFORM_NAMES_VERSION if self.options.get("uniform_names") is True else FORMAT_VERSION
+        return (UNIFORM_NAMES_VERSION if self.options.get("uniform_names") is True
+                else FORMAT_VERSION)
 
     @property
     def num_samples(self) -> int:
@@ -95,7 +97,8 @@ class Manifest:
         doc["options"] = self.options
         doc["created_by"] = self.created_by
         # backslashreplace: a lone surrogate in a string (COCO json escapes) stays a JSON escape.
-        return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
+        text = json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+        return text.encode("utf-8", "backslashreplace")
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> Manifest:
@@ -105,17 +108,20 @@ class Manifest:
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ManifestError(f"not valid JSON ({err})", where=where) from err
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-            raise ManifestError(f"not a shardkit manifest (missing \"format\": \"{FORMAT_NAME}\")", where=where)
+            raise ManifestError(f"not a shardkit manifest (missing \"format\": \"{FORMAT_NAME}\")",
+                                where=where)
         version = doc.get("version")
         if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
             readable = " and ".join(map(str, SUPPORTED_VERSIONS))
             raise ManifestError(
-                f"format version {version!r} is not supported (this shardkit reads versions {readable})",
+                f"format version {version!r} is not supported (this shardkit reads versions "
+                f"{readable})",
                 where=where,
             )
         kind = doc.get("kind")
         if kind not in KINDS:
-            raise ManifestError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})", where=where)
+            raise ManifestError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})",
+                                where=where)
         shards = []
         for i, s in enumerate(_require(doc, "shards", list, where)):
             s = _fields.obj(s, f"shards[{i}]", where)
@@ -141,8 +147,10 @@ class Manifest:
         manifest = cls(
             kind=kind,
             shards=tuple(shards),
-            classes=_fields.string_list(doc["classes"], "classes", where) if "classes" in doc else None,
-            categories=_fields.object_list(doc["categories"], "categories", where) if "categories" in doc else None,
+            classes=_fields.string_list(doc["classes"], "classes", where) if "classes" in doc
+            else None,
+            categories=_fields.object_list(doc["categories"], "categories", where)
+            if "categories" in doc else None,
             skipped=_fields.skipped_list(doc.get("skipped", []), "skipped", where),
             options=dict(_fields.obj(doc.get("options", {}), "options", where)),
             created_by=_fields.string(doc.get("created_by", ""), "created_by", where),
@@ -155,7 +163,8 @@ class Manifest:
             raise ManifestError("missing field 'num_samples'", where=where)
         if _fields.integer(doc["num_samples"], "num_samples", where) != manifest.num_samples:
             raise ManifestError(
-                f"num_samples {doc['num_samples']} differs from the sum over shards ({manifest.num_samples})",
+                f"num_samples {doc['num_samples']} differs from the sum over shards "
+                f"({manifest.num_samples})",
                 where=where,
             )
         if manifest.version != version:
@@ -182,7 +191,8 @@ def _require(doc: dict[str, Any], key: str, kind: type, where: str) -> Any:
 
 def locate_dataset(url: str, storage_options: dict[str, Any] | None = None) -> Store:
     """The store holding a dataset given as a directory, URL prefix or ``.../index.json``."""
-    base = url[: -len(INDEX_NAME)].rstrip("/") if url.rstrip("/").endswith("/" + INDEX_NAME) or url == INDEX_NAME else url
+    base = (url[: -len(INDEX_NAME)].rstrip("/") if url.rstrip("/").endswith("/" + INDEX_NAME)
+            or url == INDEX_NAME else url)
     return Store(base or ".", storage_options)
 
 
@@ -196,8 +206,9 @@ def read_manifest(store: Store) -> Manifest:
     where = store.path(INDEX_NAME)
     if not store.exists(INDEX_NAME):
         raise ManifestError(
-            "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to resume; "
-            "WebDataset shards written by another tool become one with `shardkit index DIR`)",
+            "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to "
+            "resume; WebDataset shards written by another tool become one with `shardkit index "
+            "DIR`)",
             where=where,
         )
     return Manifest.from_json(store.read_bytes(INDEX_NAME), where=where)

@@ -126,7 +126,8 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
     _check_offsets(store, entry, spans, report)
 
 
-def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str, report: VerifyReport) -> None:
+def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str,
+                 report: VerifyReport) -> None:
     # Adopted shards (written by another tool) need no json member; when one is there, only the
     # fields it has are checked against cls and the class list.
     try:
@@ -143,12 +144,14 @@ def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str, report
         agrees = 0 <= label < len(classes) and meta.get("label", label) == label and (
             "class" not in meta or meta["class"] == classes[label])
     else:
-        agrees = 0 <= label < len(classes) and meta.get("label") == label and meta.get("class") == classes[label]
+        agrees = (0 <= label < len(classes) and meta.get("label") == label
+                  and meta.get("class") == classes[label])
     if not agrees:
         report.problems.append(f"{here}: label {label} disagrees with json or the class list")
 
 
-def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str, report: VerifyReport) -> None:
+def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str,
+                report: VerifyReport) -> None:
     try:
         meta = json.loads(fields["json"])
     except (KeyError, ValueError) as err:
@@ -156,12 +159,16 @@ def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str, report:
         return
     meta = meta if isinstance(meta, dict) else {}
     image, anns = meta.get("image"), meta.get("annotations")
-    if "cls" in fields or not isinstance(image, dict) or not isinstance(anns, list) or meta.get("source") != image.get("file_name"):
-        report.problems.append(f"{here}: json is not {{image, annotations, source}} of one COCO image (or a cls member is present)")
+    if ("cls" in fields or not isinstance(image, dict) or not isinstance(anns, list)
+        or meta.get("source") != image.get("file_name")):
+        report.problems.append(f"{here}: json is not {{image, annotations, source}} of one COCO "
+                               "image (or a cls member is present)")
         return
     categories = {c.get("id") for c in manifest.categories or ()}
-    if any(not isinstance(a, dict) or a.get("image_id") != image.get("id") or a.get("category_id") not in categories for a in anns):
-        report.problems.append(f"{here}: an annotation belongs to another image or to an unknown category")
+    if any(not isinstance(a, dict) or a.get("image_id") != image.get("id")
+           or a.get("category_id") not in categories for a in anns):
+        report.problems.append(f"{here}: an annotation belongs to another image or to an unknown "
+                               "category")
 
 
 def verify_dataset(
@@ -174,7 +181,8 @@ def verify_dataset(
     """Re-read every shard of the dataset at ``url`` and compare it with ``index.json``.
 
     Checks each shard's size, sha256, sample count, member names and key uniqueness, labels
-    against the class list (COCO: records and category ids in ``json``), offsets files, and with ``decode=True`` that every image decodes.
+    against the class list (COCO: records and category ids in ``json``), offsets files, and
+    with ``decode=True`` that every image decodes.
     Problems are collected, not raised, so one run lists them all.
 
     Raises:

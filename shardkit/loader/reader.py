@@ -195,7 +195,8 @@ class ShardReader:
             raise
         if len(shard.offsets) != entry.num_samples:
             shard.close()
-            raise LoaderError(f"shard has {len(shard.offsets)} samples, index.json says {entry.num_samples}", where=where)
+            raise LoaderError(f"shard has {len(shard.offsets)} samples, index.json says {entry.num_samples}",
+                              where=where)
         self._open[i] = shard
         if len(self._open) > self.max_open:
             self._open.popitem(last=False)[1].close()

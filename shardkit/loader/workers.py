@@ -60,7 +60,8 @@ def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     rank = detected[0] if rank is None else rank
     world_size = detected[1] if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
-        raise LoaderError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, world_size={world_size}")
+        raise LoaderError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, "
+                          f"world_size={world_size}")
     return rank, world_size
 
 

@@ -10,8 +10,8 @@ from shardkit.pack.progress import PackProgress, Progress
 from shardkit.pack.skips import SkipBudget, SkipBudgetError
 from shardkit.sources import scan_coco, scan_imagefolder
 
-__all__ = ["Executor", "PackOptions", "PackProgress", "PackResult", "Progress", "SkipBudget", "SkipBudgetError",
-           "pack", "pack_coco", "pack_listing", "parse_size"]
+__all__ = ["Executor", "PackOptions", "PackProgress", "PackResult", "Progress", "SkipBudget",
+           "SkipBudgetError", "pack", "pack_coco", "pack_listing", "parse_size"]
 
 
 def pack(
@@ -65,8 +65,8 @@ def pack(
     listing = scan_imagefolder(src)
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
-        storage_options=storage_options, progress=progress, executor=executor, ray_address=ray_address,
-        max_skipped=max_skipped,
+        storage_options=storage_options, progress=progress, executor=executor,
+        ray_address=ray_address, max_skipped=max_skipped,
     )
 
 
@@ -110,10 +110,11 @@ def pack_coco(
         pack_coco("coco/val2017", "coco/annotations/instances_val2017.json", "shards/val")
     """
     if options is not None and options.resize_max is not None:
-        raise ValueError("resize_max is not supported for COCO: resizing would invalidate the annotations")
+        raise ValueError("resize_max is not supported for COCO: resizing would invalidate the "
+                         "annotations")
     listing = scan_coco(images_dir, annotations, drop_empty=drop_empty)
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
-        storage_options=storage_options, progress=progress, executor=executor, ray_address=ray_address,
-        max_skipped=max_skipped,
+        storage_options=storage_options, progress=progress, executor=executor,
+        ray_address=ray_address, max_skipped=max_skipped,
     )

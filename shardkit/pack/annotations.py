@@ -23,7 +23,8 @@ def annotation_report(listing: SourceListing, skipped: Sequence[dict[str, str]])
     >>> from shardkit.sources.base import SourceSample
     >>> anns = {"image": {}, "annotations": [{"id": 1}, {"id": 2}]}
     >>> listing = SourceListing("coco", "img", [SourceSample("img/a.jpg", "a.jpg", 9, meta=anns)],
-    ...     annotation_problems=[{"source": "i.json", "reason": "r", "annotations": 3, "dropped": True}])
+    ...     annotation_problems=[{"source": "i.json", "reason": "r", "annotations": 3,
+    ...                           "dropped": True}])
     >>> {k: v for k, v in annotation_report(listing, []).items() if k != "problems"}
     {'packed': 2, 'dropped': 3, 'kept_with_problems': 0, 'in_skipped_images': 0}
     """

@@ -24,7 +24,8 @@ from shardkit.sources.base import SourceListing
 from shardkit.storage import Store
 
 Executor = Literal["processes", "ray"]
-"""Where shards are written: a local process pool, or Ray tasks (see :mod:`shardkit.pack.ray_exec`)."""
+"""Where shards are written: a local process pool, or Ray tasks (see
+:mod:`shardkit.pack.ray_exec`)."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,10 @@ def pack_listing(
     options = options or PackOptions()
     total = len(listing.samples) + len(listing.warnings)
     if not listing.samples:
-        unpacked = f" ({len(listing.warnings)} image record(s) not packable)" if listing.warnings else ""
-        raise SourceError(f"nothing to pack: the source lists no sample{unpacked}", where=listing.root)
+        unpacked = (f" ({len(listing.warnings)} image record(s) not packable)" if listing.warnings
+                    else "")
+        raise SourceError(f"nothing to pack: the source lists no sample{unpacked}",
+                          where=listing.root)
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     started = time.perf_counter()
     store = Store(dst, storage_options)
@@ -101,17 +104,20 @@ def pack_listing(
     )
     state = prepare_destination(store, fp, plans, overwrite=overwrite)
     if state.complete is not None:
-        return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans), True)
+        return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
+                          True)
     width = key_width(len(listing.samples))
     tasks = [
-        ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes, options)
+        ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes,
+                  options)
         for plan in plans
         if plan.index not in state.receipts
     ]
     tracker = as_pack_progress(progress)
     skipped = [*listing.warnings, *(s for r in state.receipts.values() for s in r.skipped)]
     if tracker is not None:
-        tracker.start(len(listing.samples), sum(input_bytes(listing.samples[i] for i in p.members) for p in plans))
+        tracker.start(len(listing.samples),
+                      sum(input_bytes(listing.samples[i] for i in p.members) for p in plans))
         reused = [plans[i] for i in state.receipts]
         if reused:
             tracker.advance(sum(len(p.members) for p in reused),
@@ -131,18 +137,22 @@ def pack_listing(
         # memory:// lives in this process only: shards written by worker processes would vanish.
         procs = 1 if store.process_local else workers or os.cpu_count() or 1
         if executor == "ray":
-            fresh = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address, on_done=shard_progress)
+            fresh = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address,
+                                          on_done=shard_progress)
         else:
-            fresh = run_local(tasks, procs, check_shard, None if tracker is None else tracker.advance)
+            fresh = run_local(tasks, procs, check_shard,
+                              None if tracker is None else tracker.advance)
     except ShardkitError:
         raise
     except BrokenExecutor as err:
         raise PackError(
-            f"a writer process died (killed, e.g. out of memory: {err}); re-run the same command to resume",
+            f"a writer process died (killed, e.g. out of memory: {err}); re-run the same command "
+            "to resume",
             where=dst,
         ) from err
     except OSError as err:
-        raise PackError(f"writing shards failed ({err}); re-run the same command to resume", where=dst) from err
+        raise PackError(f"writing shards failed ({err}); re-run the same command to resume",
+                        where=dst) from err
     receipts = sorted([*state.receipts.values(), *fresh], key=lambda r: r.index)
     # Rebuilt in one key order: receipts of a resumed run come back from JSON with sorted keys,
     # and index.json must be byte-identical to an uninterrupted run's.
@@ -165,7 +175,8 @@ def pack_listing(
     )
     write_manifest(store, manifest)
     finish_destination(store)
-    return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts), False)
+    return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts),
+                      False)
 
 
 def _version() -> str:

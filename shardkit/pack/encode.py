@@ -71,7 +71,8 @@ def _reencode(img: Image.Image, shorter: int, quality: int) -> tuple[bytes, int,
     try:  # the full decode happens here: the cheap checks before it cannot see corrupt scan data
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            img.convert("RGB").resize(size, Image.Resampling.BICUBIC).save(out, "JPEG", quality=quality)
+            resized = img.convert("RGB").resize(size, Image.Resampling.BICUBIC)
+            resized.save(out, "JPEG", quality=quality)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         raise SkipSample(f"corrupt image data ({err})") from err
     return out.getvalue(), size[0], size[1]
@@ -79,8 +80,10 @@ def _reencode(img: Image.Image, shorter: int, quality: int) -> tuple[bytes, int,
 
 def _restart_indexed(data: bytes, max_interval: int, where: str) -> bytes:
     """``data`` (a JPEG) re-encoded with restart markers, or as it is when not YCbCr/grayscale."""
-    if not jpeg_restart.available():  # checked by PackOptions too; this catches a Ray node without it
-        raise PackError("jpeg_restart is set but shardkit's C extension is not built on this machine", where=where)
+    # checked by PackOptions too; this catches a Ray node without it
+    if not jpeg_restart.available():
+        raise PackError("jpeg_restart is set but shardkit's C extension is not built on "
+                        "this machine", where=where)
     try:
         restarted = jpeg_restart.transcode(data, max_interval)
     except ValueError as err:  # libjpeg read the whole scan and found it damaged
@@ -159,7 +162,8 @@ def _encode(sample: SourceSample, data: bytes, *, classes: list[str] | None,
     if limit is not None and width * height > limit:
         raise SkipSample(f"decompression bomb refused ({width}x{height} pixels > PIL's limit)")
     _check_complete(img, data, options.decode_check)
-    ext = PIL_FORMAT_EXTENSIONS.get(img.format or "", normalize_extension(os.path.splitext(sample.path)[1]))
+    ext = PIL_FORMAT_EXTENSIONS.get(img.format or "",
+                                    normalize_extension(os.path.splitext(sample.path)[1]))
     restart = options.jpeg_restart
     if options.resize_max is not None and min(width, height) > options.resize_max:
         data, width, height = _reencode(img, options.resize_max, options.quality)

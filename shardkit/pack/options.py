@@ -45,11 +45,12 @@ class PackOptions:
     fastest, CPU and GPU: BENCHMARKS.md). Sizes move a few percent either way: optimised
     Huffman tables save, markers cost ~2.5 bytes each (measured with 1 / 4: -0.4% / -2.0% on the
     benchmark's ImageNet-like set, -2.1% / -3.9% on ``sample_data/imagefolder``, +6.8% / +0.6%
-    on the already optimised ``sample_data/photos``; grayscale, with 8x8 MCUs, +8% to +21% at 1). Costs pack CPU: one entropy decode and encode per JPEG,
-    measured at about 2.7 ms per 512x512 photo on one core (about twice ``decode_check``'s full
-    decode) and 0.4 ms per 130x130 crop. Corrupt scan data is found as a side effect (and the
-    sample skipped) without ``decode_check``. CMYK/RGB JPEGs and multi-picture (MPO) files keep
-    their bytes. Off by default because the shards then no longer hold the source files' bytes.
+    on the already optimised ``sample_data/photos``; grayscale, with 8x8 MCUs, +8% to +21% at 1).
+    Costs pack CPU: one entropy decode and encode per JPEG, measured at about 2.7 ms per 512x512
+    photo on one core (about twice ``decode_check``'s full decode) and 0.4 ms per 130x130 crop.
+    Corrupt scan data is found as a side effect (and the sample skipped) without
+    ``decode_check``. CMYK/RGB JPEGs and multi-picture (MPO) files keep their bytes. Off by
+    default because the shards then no longer hold the source files' bytes.
     Needs shardkit's C extension: without it, constructing options with it set raises.
 
     ``uniform_names``: name every sample's image member ``jpg`` whatever its format (format
@@ -83,8 +84,9 @@ class PackOptions:
             if self.jpeg_restart < 1:
                 raise ValueError(f"jpeg_restart must be >= 1 MCU, got {self.jpeg_restart}")
             if not jpeg_restart.available():
-                raise ValueError("jpeg_restart needs shardkit's C extension shardkit.codec._jpeg_restart, which "
-                                 "is not built here (install the libjpeg headers, then reinstall shardkit)")
+                raise ValueError("jpeg_restart needs shardkit's C extension "
+                                 "shardkit.codec._jpeg_restart, which is not built here (install "
+                                 "the libjpeg headers, then reinstall shardkit)")
         check_prefix(self.prefix)
 
     def to_dict(self) -> dict[str, Any]:

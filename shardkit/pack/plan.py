@@ -1,4 +1,5 @@
-"""Planning: assign samples to shards. Pure and deterministic, so output never depends on workers."""
+"""Planning: assign samples to shards. Pure and deterministic, so output never depends on
+workers."""
 
 from __future__ import annotations
 

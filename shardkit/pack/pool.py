@@ -96,7 +96,8 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
     receipts = []
     with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_init_worker,
                              initargs=(reports,)) as pool:
-        futures: dict[Future[ShardReceipt], ShardTask] = {pool.submit(_write_reporting, t): t for t in tasks}
+        futures: dict[Future[ShardReceipt], ShardTask] = {pool.submit(_write_reporting, t): t
+                                                          for t in tasks}
         pending = set(futures)
         try:
             while pending:

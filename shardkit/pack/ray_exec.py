@@ -64,11 +64,13 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
         return
     try:
         if address is None:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING)
         else:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise PackError(f"cannot start or reach a Ray cluster ({err})", where=address or "local") from err
+        raise PackError(f"cannot start or reach a Ray cluster ({err})",
+                        where=address or "local") from err
     try:
         yield ray
     finally:
@@ -79,7 +81,8 @@ def write_on_ray(
     tasks: list[ShardTask], *, workers: int, address: str | None, on_done: ShardDone | None
 ) -> list[ShardReceipt]:
     """Write ``tasks`` on the Ray cluster at ``address`` (see :func:`ray_cluster`; a local one of
-    ``workers`` CPUs when ``None``) with :func:`run_ray`. No cluster is touched when ``tasks`` is empty."""
+    ``workers`` CPUs when ``None``) with :func:`run_ray`. No cluster is touched when ``tasks``
+    is empty."""
     if not tasks:
         return []
     with ray_cluster(address, num_cpus=workers) as ray:
@@ -90,8 +93,9 @@ def _check_nodes(ray: Any, store: Store) -> None:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if not store.remote and len(nodes) > 1:
         raise PackError(
-            f"is a local path but the Ray cluster has {len(nodes)} nodes: workers on other nodes would write "
-            "to their own disks; pack into a shared URL (s3://, gs://, …) or use a single-node cluster",
+            f"is a local path but the Ray cluster has {len(nodes)} nodes: workers on other nodes "
+            "would write to their own disks; pack into a shared URL (s3://, gs://, …) or use a "
+            "single-node cluster",
             where=store.url,
         )
 
@@ -103,7 +107,8 @@ def run_ray(
     *,
     max_in_flight: int | None = None,
 ) -> list[ShardReceipt]:
-    """Write ``tasks`` as Ray tasks (one CPU each) on the connected cluster; receipts in completion order.
+    """Write ``tasks`` as Ray tasks (one CPU each) on the connected cluster; receipts in
+    completion order.
 
     At most ``max_in_flight`` tasks (default: ``IN_FLIGHT_PER_CPU`` per cluster CPU) are
     submitted at a time. ``on_done`` gets each finished shard's task and receipt (it may raise to
@@ -139,7 +144,8 @@ def run_ray(
     return receipts
 
 
-def _collect_one(ray: Any, running: dict[Any, ShardTask], on_done: ShardDone | None) -> ShardReceipt:
+def _collect_one(ray: Any, running: dict[Any, ShardTask],
+                 on_done: ShardDone | None) -> ShardReceipt:
     [ref], _ = ray.wait(list(running), num_returns=1)
     task = running.pop(ref)
     where = task.store.path(task.plan.name)
@@ -147,7 +153,8 @@ def _collect_one(ray: Any, running: dict[Any, ShardTask], on_done: ShardDone | N
         receipt: ShardReceipt = ray.get(ref)
     except ray.exceptions.RayTaskError as err:
         cause = err.cause if isinstance(err.cause, BaseException) else err
-        what = str(cause) if isinstance(cause, ShardkitError) else f"{type(cause).__name__}: {cause}"
+        what = (str(cause) if isinstance(cause, ShardkitError)
+                else f"{type(cause).__name__}: {cause}")
         raise PackError(f"writing the shard failed ({what}); re-run the same command to resume",
                         where=where) from cause
     except ray.exceptions.RayError as err:

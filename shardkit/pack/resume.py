@@ -70,7 +70,8 @@ def _reusable(store: Store, plans: list[ShardPlan]) -> dict[int, ShardReceipt]:
     return receipts
 
 
-def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwrite: bool) -> DestinationState:
+def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *,
+                        overwrite: bool) -> DestinationState:
     """Decide what to do with DST and leave it ready for writing.
 
     Raises:
@@ -85,15 +86,17 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         manifest = read_manifest(store)
         if manifest.options.get("fingerprint") == fp:
             return DestinationState(manifest, {})
-        raise PackError("holds a different packed dataset; pass --overwrite to replace it", where=store.url)
+        raise PackError("holds a different packed dataset; pass --overwrite to replace it",
+                        where=store.url)
     if STATE_DIR in entries:
         state = store.child(STATE_DIR)
         # No plan: killed before it was recorded, so before any shard was written. Take it over.
-        previous = json.loads(state.read_bytes(_PLAN_NAME)) if state.exists(_PLAN_NAME) else {"fingerprint": fp}
+        previous = (json.loads(state.read_bytes(_PLAN_NAME)) if state.exists(_PLAN_NAME)
+                    else {"fingerprint": fp})
         if previous.get("fingerprint") != fp:
             raise PackError(
-                "holds an unfinished pack of different input or options; re-run that command to resume it, "
-                "or pass --overwrite to start over",
+                "holds an unfinished pack of different input or options; re-run that command to "
+                "resume it, or pass --overwrite to start over",
                 where=store.url,
             )
         for name in entries:
@@ -104,8 +107,8 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         return DestinationState(None, _reusable(store, plans))
     if entries:
         raise PackError(
-            f"is not empty ({len(entries)} entries, e.g. {entries[0]!r}); pack into an empty or new directory, "
-            "or pass --overwrite",
+            f"is not empty ({len(entries)} entries, e.g. {entries[0]!r}); pack into an empty or "
+            "new directory, or pass --overwrite",
             where=store.url,
         )
     store.makedirs()

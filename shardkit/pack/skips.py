@@ -1,4 +1,5 @@
-"""Skipped inputs: how many a pack may skip (``--max-skipped``), and their reasons grouped by kind."""
+"""Skipped inputs: how many a pack may skip (``--max-skipped``), and their reasons grouped by
+kind."""
 
 from __future__ import annotations
 
@@ -66,12 +67,14 @@ class SkipBudget:
         """``"10"`` (inputs) or ``"0.5%"`` (of all inputs); raises ``ValueError`` otherwise."""
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%?)\s*", text)
         if not match:
-            raise ValueError(f"invalid skip budget {text!r} (a count like 10, or a percentage like 0.5%)")
+            raise ValueError(f"invalid skip budget {text!r} (a count like 10, or a percentage like "
+                             "0.5%)")
         number, percent = match.groups()
         if percent:
             return cls(percent=float(number))
         if "." in number:
-            raise ValueError(f"invalid skip budget {text!r}: a count is a whole number (or write {number}%)")
+            raise ValueError(f"invalid skip budget {text!r}: a count is a whole number (or write "
+                             f"{number}%)")
         return cls(count=int(number))
 
     def allowed(self, total: int) -> int:
@@ -95,22 +98,23 @@ class SkipBudgetError(PackError):
         self.skipped = skipped
 
 
-def check_budget(skipped: list[dict[str, str]], total: int, budget: SkipBudget | None, *, where: str,
-                 finished: bool) -> None:
+def check_budget(skipped: list[dict[str, str]], total: int, budget: SkipBudget | None, *,
+                 where: str, finished: bool) -> None:
     """Raise :class:`SkipBudgetError` when ``skipped`` exceeds ``budget`` of ``total`` inputs, or
     (``finished``: every input was tried) when every input was skipped.
     """
     reasons = describe_reasons(skipped)
     if budget is not None and len(skipped) > budget.allowed(total):
         raise SkipBudgetError(
-            f"{len(skipped):,} of {total:,} inputs skipped{' so far' if not finished else ''}, more than "
-            f"--max-skipped {budget} allows ({reasons}); index.json not written. Complete shards are "
-            "kept: re-run with a larger --max-skipped to publish them, or fix the inputs and re-run "
-            "with --overwrite",
+            f"{len(skipped):,} of {total:,} inputs skipped{' so far' if not finished else ''}, "
+            f"more than --max-skipped {budget} allows ({reasons}); index.json not written. "
+            "Complete shards are kept: re-run with a larger --max-skipped to publish them, or fix "
+            "the inputs and re-run with --overwrite",
             where=where, skipped=skipped,
         )
     if finished and total > 0 and len(skipped) >= total:
         raise SkipBudgetError(
-            f"packed no sample: all {total:,} inputs were skipped ({reasons}); index.json not written",
+            f"packed no sample: all {total:,} inputs were skipped ({reasons}); index.json not "
+            "written",
             where=where, skipped=skipped,
         )

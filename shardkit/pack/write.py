@@ -51,7 +51,8 @@ class ShardReceipt:
 
 
 ShardDone = Callable[[ShardTask, ShardReceipt], None]
-"""Called in the parent as each shard is written; may raise to stop the pack (the rest is cancelled)."""
+"""Called in the parent as each shard is written; may raise to stop the pack (the rest is
+cancelled)."""
 
 
 def receipt_name(plan: ShardPlan) -> str:
@@ -85,7 +86,8 @@ def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None)
     store.write_bytes(offsets_name(plan.name), dump_offsets(summary.spans))
     if task.options.dali_index:
         write_dali_index(store, plan.name)
-    receipt = ShardReceipt(plan.index, plan.name, summary.num_samples, summary.num_bytes, summary.sha256, skipped)
+    receipt = ShardReceipt(plan.index, plan.name, summary.num_samples, summary.num_bytes,
+                           summary.sha256, skipped)
     store.child(STATE_DIR).write_bytes(receipt_name(plan), receipt.to_json())
     return receipt
 

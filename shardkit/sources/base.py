@@ -25,8 +25,9 @@ class SourceSample:
     """One input sample: an image file and what goes beside it in the shard.
 
     ``rel`` is the path relative to the source root with POSIX separators, as recorded in
-    ``source`` (always valid UTF-8: see :func:`source_name`); ``size`` the file size in bytes (-1 when it cannot be stat'ed, e.g. a dangling
-    link); ``label`` the class index (ImageFolder) and ``meta`` extra JSON fields (COCO records).
+    ``source`` (always valid UTF-8: see :func:`source_name`); ``size`` the file size in bytes (-1
+    when it cannot be stat'ed, e.g. a dangling link); ``label`` the class index (ImageFolder) and
+    ``meta`` extra JSON fields (COCO records).
     """
 
     path: str

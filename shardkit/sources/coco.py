@@ -50,31 +50,38 @@ def load_instances(path: str) -> tuple[dict[str, Any], str]:
     except FileNotFoundError as err:
         raise SourceError("annotations file does not exist", where=path) from err
     except json.JSONDecodeError as err:
-        raise SourceError(f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})", where=path) from err
+        raise SourceError(f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",
+                          where=path) from err
     except UnicodeDecodeError as err:
-        raise SourceError(f"not valid JSON (not UTF-8: {err.reason} at byte {err.start})", where=path) from err
+        raise SourceError(f"not valid JSON (not UTF-8: {err.reason} at byte {err.start})",
+                          where=path) from err
     except OSError as err:
-        raise SourceError(f"cannot read annotations file: {err.strerror or err}", where=path) from err
+        raise SourceError(f"cannot read annotations file: {err.strerror or err}",
+                          where=path) from err
     if not isinstance(doc, dict):
         raise SourceError(f"top level must be a JSON object, not {type(doc).__name__}", where=path)
     for key in ("images", "annotations", "categories"):
         if key not in doc:
-            raise SourceError(f'missing "{key}" (a COCO instances file has images, annotations, categories)', where=path)
+            raise SourceError(f'missing "{key}" (a COCO instances file has images, '
+                              'annotations, categories)', where=path)
         if not isinstance(doc[key], list):
             raise SourceError(f'"{key}" must be a list, not {type(doc[key]).__name__}', where=path)
     return doc, digest
 
 
-def _record(doc: dict[str, Any], section: str, i: int, keys: tuple[str, ...], path: str) -> dict[str, Any]:
+def _record(doc: dict[str, Any], section: str, i: int, keys: tuple[str, ...],
+            path: str) -> dict[str, Any]:
     record = doc[section][i]
     if not isinstance(record, dict):
-        raise SourceError(f"{section}[{i}]: must be an object, not {type(record).__name__}", where=path)
+        raise SourceError(f"{section}[{i}]: must be an object, not {type(record).__name__}",
+                          where=path)
     for key in keys:
         if key not in record:
             raise SourceError(f'{section}[{i}]: missing "{key}"', where=path)
         value = record[key]
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise SourceError(f'{section}[{i}]: "{key}" must be an integer or string, not {value!r}', where=path)
+            raise SourceError(f'{section}[{i}]: "{key}" must be an integer or string, not '
+                              f'{value!r}', where=path)
     return record
 
 
@@ -134,10 +141,12 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     warnings: list[dict[str, str]] = []
     ann_problems: list[dict[str, Any]] = []
 
-    categories = [_record(doc, "categories", i, ("id",), annotations_json) for i in range(len(doc["categories"]))]
+    categories = [_record(doc, "categories", i, ("id",), annotations_json)
+                  for i in range(len(doc["categories"]))]
     category_ids = {c["id"] for c in categories}
     if len(category_ids) != len(categories):
-        ann_problems.append({"source": name, "reason": f"{len(categories) - len(category_ids)} categories repeat an id",
+        ann_problems.append({"source": name, "reason": f"{len(categories) - len(category_ids)} "
+                                                       "categories repeat an id",
                          "annotations": 0, "dropped": False})
 
     images: dict[Any, dict[str, Any]] = {}
@@ -145,10 +154,12 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
         image = _record(doc, "images", i, ("id", "file_name"), annotations_json)
         if not isinstance(image["file_name"], str) or not _safe_rel(image["file_name"]):
             warnings.append({"source": str(image["file_name"]),
-                             "reason": f"images[{i}]: file_name is not a path inside the images folder; not packed"})
+                             "reason": f"images[{i}]: file_name is not a path inside the images "
+                                       "folder; not packed"})
         elif image["id"] in images:
             warnings.append({"source": image["file_name"],
-                             "reason": f"images[{i}]: repeats image id {image['id']!r}; only the first record is packed"})
+                             "reason": f"images[{i}]: repeats image id {image['id']!r}; only the "
+                                       "first record is packed"})
         else:
             images[image["id"]] = image
 
@@ -174,13 +185,15 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             if problem:
                 bad_boxes[image_id][problem].append(ann_id)
     if unknown_image:
-        ann_problems.append({"source": name, "reason": f"{len(unknown_image)} annotation(s) reference unknown image ids; "
-                                                   f"dropped (annotation ids {_ids(unknown_image)})",
-                         "annotations": len(unknown_image), "dropped": True})
+        ann_problems.append({"source": name,
+                             "reason": f"{len(unknown_image)} annotation(s) reference unknown "
+                                       f"image ids; dropped (annotation ids {_ids(unknown_image)})",
+                             "annotations": len(unknown_image), "dropped": True})
     for cid, ann_ids in unknown_category.items():
-        ann_problems.append({"source": name, "reason": f"{len(ann_ids)} annotation(s) have unknown category_id {cid!r}; "
-                                                   f"dropped (annotation ids {_ids(ann_ids)})",
-                         "annotations": len(ann_ids), "dropped": True})
+        ann_problems.append({"source": name,
+                             "reason": f"{len(ann_ids)} annotation(s) have unknown category_id "
+                                       f"{cid!r}; dropped (annotation ids {_ids(ann_ids)})",
+                             "annotations": len(ann_ids), "dropped": True})
     for image_id, problems in bad_boxes.items():
         image = images[image_id]
         for problem, ann_ids in sorted(problems.items()):
@@ -203,8 +216,9 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             size, mtime_ns = st.st_size, st.st_mtime_ns
         except OSError:
             size, mtime_ns = -1, 0
-        samples.append(SourceSample(path, image["file_name"], size, meta={"image": image, "annotations": anns},
-                                    mtime_ns=mtime_ns))
+        samples.append(SourceSample(path, image["file_name"], size,
+                                    meta={"image": image, "annotations": anns}, mtime_ns=mtime_ns))
     extra: dict[str, Any] = {k: doc[k] for k in ("info", "licenses") if k in doc}
     return SourceListing(kind="coco", root=images_dir, samples=samples, categories=categories,
-                         extra=extra, warnings=warnings, annotation_problems=ann_problems, meta_digest=f"{digest}:drop_empty={drop_empty}")
+                         extra=extra, warnings=warnings, annotation_problems=ann_problems,
+                         meta_digest=f"{digest}:drop_empty={drop_empty}")

@@ -24,7 +24,8 @@ def find_classes(root: str) -> list[str]:
     except FileNotFoundError as err:
         raise SourceError("source directory does not exist", where=root) from err
     except NotADirectoryError as err:
-        raise SourceError("source is not a directory (expected an ImageFolder tree)", where=root) from err
+        raise SourceError("source is not a directory (expected an ImageFolder tree)",
+                          where=root) from err
     except OSError as err:
         raise SourceError(f"cannot list source directory: {err.strerror}", where=root) from err
     if not classes:

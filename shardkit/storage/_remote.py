@@ -68,7 +68,8 @@ def filesystem_options(protocol: str, storage_options: dict[str, Any]) -> dict[s
     if protocol in ("s3", "s3a"):
         _merge_defaults(options, _S3_DEFAULTS)
         if "session" not in options:
-            # Without aiobotocore there is no s3fs: fsspec reports that when it builds the filesystem.
+            # Without aiobotocore there is no s3fs: fsspec reports that when it builds the
+            # filesystem.
             with contextlib.suppress(ImportError):
                 options["session"] = _s3_session(options.get("profile"))
     return options
@@ -82,7 +83,8 @@ def tune(fs: Any, protocol: str) -> None:
 
 def _unreachable(host: str, cause: object) -> str:
     if isinstance(cause, OSError) and cause.errno and cause.errno > 0:
-        reason = os.strerror(cause.errno)  # "Connection refused", not asyncio's "Connect call failed (…)"
+        # "Connection refused", not asyncio's "Connect call failed (…)"
+        reason = os.strerror(cause.errno)
     elif isinstance(cause, OSError) and cause.strerror:
         reason = cause.strerror  # name resolution: "Name or service not known" (negative errno)
     else:
@@ -96,14 +98,16 @@ def describe(err: BaseException) -> str | None:
 
     Covers botocore's errors (no credentials, endpoint unreachable, timeouts, service
     errors), aiohttp's connection errors and asyncio timeouts. An unreachable endpoint is
-    named (host and port) with the operating system's reason. Messages never include credentials: botocore's own texts
-    name the endpoint and operation only.
+    named (host and port) with the operating system's reason. Messages never include
+    credentials: botocore's own texts name the endpoint and operation only.
     """
     if isinstance(err, TimeoutError):  # also asyncio.TimeoutError and fsspec's FSTimeoutError
         return f"timed out ({err or type(err).__name__})"
     host = getattr(err, "host", None)
-    if isinstance(err, OSError) and isinstance(host, str):  # aiohttp's ClientConnectorError (gcsfs, …)
-        return _unreachable(f"{host}:{getattr(err, 'port', '?')}", getattr(err, "os_error", None) or err)
+    # aiohttp's ClientConnectorError (gcsfs, …)
+    if isinstance(err, OSError) and isinstance(host, str):
+        return _unreachable(f"{host}:{getattr(err, 'port', '?')}",
+                            getattr(err, "os_error", None) or err)
     try:
         from botocore import exceptions as boto
     except ImportError:
@@ -114,7 +118,8 @@ def describe(err: BaseException) -> str | None:
         kwargs = getattr(err, "kwargs", {})
         url = urlsplit(str(kwargs.get("endpoint_url", "")))
         cause = kwargs.get("error")
-        return _unreachable(url.netloc or "the endpoint", getattr(cause, "os_error", None) or cause or err)
+        return _unreachable(url.netloc or "the endpoint",
+                            getattr(cause, "os_error", None) or cause or err)
     if isinstance(err, (boto.ConnectTimeoutError, boto.ReadTimeoutError)):
         return f"timed out ({err})"
     if isinstance(err, (boto.BotoCoreError, boto.ClientError)):

@@ -1,4 +1,5 @@
-"""Object-store buckets: a missing bucket is an error naming it, never created behind the user's back.
+"""Object-store buckets: a missing bucket is an error naming it, never created behind the user's
+back.
 
 s3fs's ``makedirs`` creates a missing bucket (so a mistyped ``s3://my-typo-bucket/train`` became a
 new bucket), and its ``exists`` answers ``False`` for a missing bucket and for one it cannot
@@ -47,7 +48,7 @@ def check_bucket(fs: Any, url: str) -> None:
     else:
         return
     raise StorageError(
-        f"bucket {bucket!r} does not exist (or is not visible with these credentials); shardkit never "
-        "creates buckets: check the name, or create the bucket first",
+        f"bucket {bucket!r} does not exist (or is not visible with these credentials); shardkit "
+        "never creates buckets: check the name, or create the bucket first",
         where=url,
     )

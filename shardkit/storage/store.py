@@ -66,9 +66,11 @@ class Store:
 
             protocol = self.url.split("://", 1)[0]
             try:
-                fs = fsspec.filesystem(protocol, **_remote.filesystem_options(protocol, self.storage_options))
+                fs = fsspec.filesystem(protocol,
+                                       **_remote.filesystem_options(protocol, self.storage_options))
             except (ImportError, ValueError) as err:
-                raise StorageError(f"cannot open filesystem {protocol!r}: {err}", where=self.url) from err
+                raise StorageError(f"cannot open filesystem {protocol!r}: {err}",
+                                   where=self.url) from err
             _remote.tune(fs, protocol)
             self._fs, self._fs_pid = fs, os.getpid()
         return self._fs

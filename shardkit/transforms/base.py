@@ -45,7 +45,8 @@ class ImageTransform(abc.ABC):
     def sample_params(self, height: int, width: int, rng: random.Random) -> CropFlip:
         """The crop box and flip for a ``height x width`` image; the box lies inside the image."""
 
-    def apply(self, image: torch.Tensor, params: CropFlip, out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def apply(self, image: torch.Tensor, params: CropFlip,
+              out: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 ``[3, H, W]`` -> uint8 ``[3, *output_size]``; see :func:`crop_resize_flip`."""
         return crop_resize_flip(image, params, self.output_size, out)
 

@@ -15,7 +15,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @functools.lru_cache(maxsize=16)
-def _affine(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _affine(mean: tuple[float, ...], std: tuple[float, ...],
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     # (x / 255 - mean) / std == (x - 255 * mean) * (1 / (255 * std)); made once per device so no
     # host-to-device copy (and sync) happens per batch.
     shift = torch.tensor([255.0 * m for m in mean], dtype=torch.float32).view(-1, 1, 1)
@@ -52,8 +53,10 @@ class BatchFormat:
                 raise ValueError(f"normalised output needs a floating dtype, got {self.dtype}")
 
     @classmethod
-    def make(cls, normalize: bool | tuple[Sequence[float], Sequence[float]], dtype: torch.dtype, channels_last: bool) -> BatchFormat:  # fmt: skip
-        """From preset arguments: ``normalize`` is False, True (ImageNet stats) or ``(mean, std)``."""
+    def make(cls, normalize: bool | tuple[Sequence[float], Sequence[float]], dtype: torch.dtype,
+             channels_last: bool) -> BatchFormat:
+        """From preset arguments: ``normalize`` is False, True (ImageNet stats) or
+        ``(mean, std)``."""
         if normalize is False:
             return cls(channels_last=channels_last)
         mean, std = (IMAGENET_MEAN, IMAGENET_STD) if normalize is True else normalize

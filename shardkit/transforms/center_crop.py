@@ -28,7 +28,8 @@ def _resized_size(height: int, width: int, resize_to: int) -> tuple[int, int]:
 def resize_center_crop_box(
     height: int, width: int, resize_to: int, crop: tuple[int, int]
 ) -> tuple[int, int, int, int]:
-    """The source box ``(top, left, h, w)`` that ``v2.Resize(resize_to)`` + ``CenterCrop(crop)`` keeps.
+    """The source box ``(top, left, h, w)`` that ``v2.Resize(resize_to)`` + ``CenterCrop(crop)``
+    keeps.
 
     The shorter side is resized as torchvision does (longer side ``int(resize_to * long / short)``),
     the crop offset rounded as ``CenterCrop`` does, and the box mapped back to source pixels and
@@ -88,7 +89,8 @@ class ResizeCenterCrop(ImageTransform):
         top, left = int(round((new_h - size[0]) / 2.0)), int(round((new_w - size[1]) / 2.0))
         return (height, width, 0, 0, height, width, new_h, new_w, top, left, 0)
 
-    def apply(self, image: torch.Tensor, params: CropFlip, out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def apply(self, image: torch.Tensor, params: CropFlip,
+              out: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 ``[3, H, W]`` -> uint8 ``[3, *output_size]``; exact for ``sample_params``' box."""
         height, width = image.shape[-2], image.shape[-1]
         if image.dim() != 3 or params != self.sample_params(height, width, _UNUSED):

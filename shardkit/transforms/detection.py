@@ -102,7 +102,8 @@ def detection_train(
     if scale_jitter is not None:
         lo, hi = scale_jitter
         if not 0 < lo <= hi:
-            raise ValueError(f"scale_jitter must be (lo, hi) with 0 < lo <= hi, got {scale_jitter!r}")
+            raise ValueError("scale_jitter must be (lo, hi) with 0 < lo <= hi, got "
+                             f"{scale_jitter!r}")
         ops.append(v2.ScaleJitter((max_size, max_size), scale_range=(lo, hi)))
     else:
         ops.append(v2.RandomShortestSize(sizes, max_size=max_size))
@@ -133,7 +134,8 @@ def detection_val(min_size: int | None = None, max_size: int | None = None) -> D
     return DetectionTransform([v2.Resize(min_size, max_size=max_size)], random=False)
 
 
-def run_detection_transform(transform: Callable[..., Any], image: torch.Tensor, target: dict[str, Any],
+def run_detection_transform(transform: Callable[..., Any], image: torch.Tensor,
+                            target: dict[str, Any],
                             seed: int) -> tuple[torch.Tensor, dict[str, Any]]:
     """Wrap into tv_tensors, run ``transform`` seeded by ``seed``, unwrap to plain tensors.
 
@@ -158,6 +160,7 @@ def run_detection_transform(transform: Callable[..., Any], image: torch.Tensor, 
             out_image, out_target = transform(tv_tensors.Image(image), wrapped)
     else:
         out_image, out_target = transform(tv_tensors.Image(image), wrapped)
-    plain = {k: v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v for k, v in out_target.items()}
+    plain = {k: v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v
+             for k, v in out_target.items()}
     plain["boxes"] = plain["boxes"].to(torch.float32)
     return out_image.as_subclass(torch.Tensor), plain

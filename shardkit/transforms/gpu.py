@@ -1,7 +1,8 @@
 """Batched crop-resize-flip over images of different sizes, in one launch per batch.
 
 Images lie in one flat uint8 buffer (each image CHW-contiguous at its own offset, as nvJPEG
-returns them). Each sample has a row of integer *geometry* (columns :class:`Col`, names :data:`GEOMETRY_COLUMNS`):
+returns them). Each sample has a row of integer *geometry* (columns :class:`Col`, names
+:data:`GEOMETRY_COLUMNS`):
 
 * ``height, width``: the decoded image;
 * ``top, left, box_h, box_w``: the source box; taps never read outside it (edge weights are
@@ -24,7 +25,8 @@ kernel in :mod:`shardkit.transforms.gpu_kernel` (one launch).
 Example:
     >>> img = torch.arange(3 * 6 * 8, dtype=torch.uint8).reshape(3, 6, 8)
     >>> geom = geometry_rows([(6, 8)], [CropFlip(0, 0, 6, 8)], (3, 4))
-    >>> crop_resize_flip_batch(img.reshape(-1), torch.tensor([0]), geom, (3, 4), compile=False).shape
+    >>> flat, offsets = img.reshape(-1), torch.tensor([0])
+    >>> crop_resize_flip_batch(flat, offsets, geom, (3, 4), compile=False).shape
     torch.Size([1, 3, 3, 4])
 """
 
@@ -38,7 +40,8 @@ import torch
 
 from shardkit.transforms.params import CropFlip
 
-__all__ = ["GEOMETRY_COLUMNS", "Col", "Window", "crop_resize_flip_batch", "geometry_rows", "window_geometry"]
+__all__ = ["GEOMETRY_COLUMNS", "Col", "Window", "crop_resize_flip_batch", "geometry_rows",
+           "window_geometry"]
 
 
 
@@ -80,27 +83,33 @@ def geometry_rows(sizes: Sequence[tuple[int, int]], params: Sequence[CropFlip],
     return torch.tensor(rows, dtype=torch.int32).reshape(-1, len(GEOMETRY_COLUMNS))
 
 
-def _check(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor, out: torch.Tensor) -> None:
+def _check(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
+           out: torch.Tensor) -> None:
     if flat.dtype != torch.uint8 or flat.dim() != 1:
         raise ValueError(f"flat must be a 1-D uint8 tensor, got {flat.dtype} {list(flat.shape)}")
     if geom.dtype != torch.int32 or geom.dim() != 2 or geom.shape[1] != len(GEOMETRY_COLUMNS):
-        raise ValueError(f"geom must be int32 [n, {len(GEOMETRY_COLUMNS)}], got {geom.dtype} {list(geom.shape)}")
+        raise ValueError(f"geom must be int32 [n, {len(GEOMETRY_COLUMNS)}], got {geom.dtype} "
+                         f"{list(geom.shape)}")
     if offsets.shape != (geom.shape[0],):
-        raise ValueError(f"need one offset per geometry row, got {list(offsets.shape)} for {geom.shape[0]}")
+        raise ValueError(f"need one offset per geometry row, got {list(offsets.shape)} for "
+                         f"{geom.shape[0]}")
     if out.dtype != torch.uint8 or out.dim() != 4 or out.shape[1] != 3 or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous uint8 [B, 3, H, W], got {out.dtype} {list(out.shape)}")
+        raise ValueError(f"out must be contiguous uint8 [B, 3, H, W], got {out.dtype} "
+                         f"{list(out.shape)}")
     if not (flat.device == offsets.device == geom.device == out.device):
         raise ValueError("flat, offsets, geom and out must be on one device")
 
 
 def _axis(size: torch.Tensor, virt: torch.Tensor, off: torch.Tensor, n_out: int, taps: int
           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sample and output index: first source tap ``[B, n]`` and normalised weights ``[B, n, taps]``."""
+    """Per sample and output index: first source tap ``[B, n]`` and normalised weights
+    ``[B, n, taps]``."""
     size_f, virt_f = size.double()[:, None], virt.double()[:, None]
     scale = size_f / virt_f
     support = torch.where(scale >= 1, scale, torch.ones_like(scale))
     inv = 1.0 / support
-    idx = torch.arange(n_out, device=size.device, dtype=torch.float64)[None, :] + off.double()[:, None]
+    idx = (torch.arange(n_out, device=size.device, dtype=torch.float64)[None, :]
+           + off.double()[:, None])
     center = scale * (idx + 0.5)
     lo = torch.clamp((center - support + 0.5).trunc(), min=0)
     hi = torch.minimum((center + support + 0.5).trunc(), size_f)
@@ -122,7 +131,8 @@ def max_taps(geom: torch.Tensor) -> tuple[int, int]:
     return math.ceil(2 * sy) + 2, math.ceil(2 * sx) + 2
 
 
-def _eager_resize(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor, out: torch.Tensor) -> None:
+def _eager_resize(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
+                  out: torch.Tensor) -> None:
     """Reference: the same math as the kernel with whole-batch torch ops (loops over taps only)."""
     n, (oh, ow) = geom.shape[0], out.shape[-2:]
     if n == 0:
@@ -131,7 +141,8 @@ def _eager_resize(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
     g = geom.long()
     height, width, top, left = g[:, Col.HEIGHT], g[:, Col.WIDTH], g[:, Col.TOP], g[:, Col.LEFT]
     box_h, box_w = g[:, Col.BOX_H:Col.BOX_H + 1], g[:, Col.BOX_W:Col.BOX_W + 1]
-    y0, wy = _axis(g[:, Col.BOX_H], g[:, Col.VIRT_H], g[:, Col.OFF_Y], oh, taps_y)  # [B, oh], [B, oh, ty]
+    # [B, oh], [B, oh, ty]
+    y0, wy = _axis(g[:, Col.BOX_H], g[:, Col.VIRT_H], g[:, Col.OFF_Y], oh, taps_y)
     x0, wx = _axis(g[:, Col.BOX_W], g[:, Col.VIRT_W], g[:, Col.OFF_X], ow, taps_x)
     flip = g[:, Col.FLIP].bool()
     x0 = torch.where(flip[:, None], x0.flip(-1), x0)  # output column j reads resized column ow-1-j
@@ -157,7 +168,8 @@ def crop_resize_flip_batch(flat: torch.Tensor, offsets: torch.Tensor, geom: torc
     Args:
         flat: uint8 1-D buffer holding each image CHW-contiguous.
         offsets: int64 ``[n]``, where each image starts in ``flat``.
-        geom: int32 ``[n, len(GEOMETRY_COLUMNS)]`` rows of :data:`GEOMETRY_COLUMNS` (on ``flat``'s device).
+        geom: int32 ``[n, len(GEOMETRY_COLUMNS)]`` rows of :data:`GEOMETRY_COLUMNS` (on
+            ``flat``'s device).
         size: ``(out_h, out_w)``.
         out: optional contiguous uint8 ``[B, 3, out_h, out_w]``; rows not named by ``dest`` are
             left untouched (e.g. images decoded on the CPU).

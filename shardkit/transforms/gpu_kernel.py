@@ -2,8 +2,9 @@
 
 One program per (sample, block of output pixels); each output pixel loops over its filter taps
 (dynamic bounds from the sample's scale) and reads all three channel planes, so the whole batch,
-whatever its image sizes, is one launch. The math is :func:`shardkit.transforms.gpu._eager_resize`'s,
-in float32. Triton is imported lazily: ``available()`` is False where it is missing.
+whatever its image sizes, is one launch. The math is
+:func:`shardkit.transforms.gpu._eager_resize`'s, in float32. Triton is imported lazily:
+``available()`` is False where it is missing.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _kernel() -> Any:
 
     @triton.jit
     def crop_resize_flip(flat, offsets, geom, out, OH: tl.constexpr, OW: tl.constexpr,
-                         NCOL: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                         NCOL: tl.constexpr, BLOCK: tl.constexpr):
         b = tl.program_id(0)
         g = geom + b * NCOL
         width = tl.load(g + 1)
@@ -92,7 +93,8 @@ def available() -> bool:
     return torch.cuda.is_available()
 
 
-def launch(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor, out: torch.Tensor) -> None:
+def launch(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
+           out: torch.Tensor) -> None:
     """Run the kernel on the current stream (arguments already checked by the caller)."""
     n = geom.shape[0]
     if n == 0:

@@ -42,8 +42,8 @@ def _write(out: torch.Tensor, res: torch.Tensor, flip: bool) -> torch.Tensor:
     # numpy (~90 us; torch's copy_ takes 180-280 us). Into HWC memory torch is the fast one
     # (numpy's flip there goes element by element).
     cpu = out.device.type == "cpu" and res.device.type == "cpu"
-    if hwc_to_chw is not None and cpu and out.is_contiguous() and res.stride(0) == 1 and res.stride(2) == 3 \
-            and res.stride(1) == 3 * res.shape[2]:
+    if (hwc_to_chw is not None and cpu and out.is_contiguous() and res.stride(0) == 1
+            and res.stride(2) == 3 and res.stride(1) == 3 * res.shape[2]):
         hwc_to_chw(res.permute(1, 2, 0).numpy(), out.numpy(), res.shape[1], res.shape[2], flip)
         return out
     if out.stride(0) != 1 and cpu:

@@ -13,7 +13,8 @@ from shardkit.pack import PackOptions, pack
 
 @pytest.mark.parametrize("train", [True, False])
 def test_imagefolder_loader_batches(tiny_tree: Path, train: bool) -> None:
-    loader = baselines.imagefolder_loader(str(tiny_tree), size=32, train=train, batch_size=5, workers=0)
+    loader = baselines.imagefolder_loader(str(tiny_tree), size=32, train=train, batch_size=5,
+                                          workers=0)
     batches = list(loader)
     assert len(batches) == 24 // 5  # drop_last
     images, labels = batches[0]

@@ -21,7 +21,8 @@ class _FakeLoader:
 
     def __iter__(self):
         for _ in range(self.batches):
-            yield torch.zeros(self.size, 3, 4, 4, dtype=torch.uint8), torch.zeros(self.size, dtype=torch.int64)
+            yield (torch.zeros(self.size, 3, 4, 4, dtype=torch.uint8),
+                   torch.zeros(self.size, dtype=torch.int64))
 
 
 def test_run_once_counts_only_timed_batches() -> None:
@@ -42,8 +43,10 @@ def test_run_once_rejects_warmup_covering_everything() -> None:
 def test_alternating_order_and_run_order() -> None:
     assert alternating_order(["a", "b"], 4) == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
     order: list[str] = []
-    contenders = [Contender(n, n, lambda: _FakeLoader(3, 2), baseline=n == "a") for n in ("a", "b", "c")]
-    runs = run_alternating(contenders, repeats=2, epochs=1, warmup=1, before_run=lambda c: order.append(c.name))
+    contenders = [Contender(n, n, lambda: _FakeLoader(3, 2), baseline=n == "a")
+                  for n in ("a", "b", "c")]
+    runs = run_alternating(contenders, repeats=2, epochs=1, warmup=1,
+                           before_run=lambda c: order.append(c.name))
     assert order == ["a", "b", "c", "c", "b", "a"]
     assert {k: len(v) for k, v in runs.items()} == {"a": 2, "b": 2, "c": 2}
 
@@ -58,6 +61,7 @@ def test_tree_sampler_counts_child_cpu() -> None:
     assert os.getpid() in tree_snapshot()
     child.wait()
     usage = sampler.stop()
-    assert usage.cpu_seconds > 0.3  # the child's CPU time is counted, though it never exited while sampled
+    # the child's CPU time is counted, though it never exited while sampled
+    assert usage.cpu_seconds > 0.3
     assert usage.peak_rss_bytes > 0 and usage.wall_seconds > 0.5
     assert wait_for_exit({child.pid}, timeout=1.0)

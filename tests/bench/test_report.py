@@ -20,9 +20,9 @@ from shardkit.bench.report import spread
 
 
 def _run(ips: float, pss: int | None = 300 * 2**20) -> RunResult:
-    return RunResult(images=1000, seconds=1000 / ips, first_batch_s=0.5, cpu_seconds=1.5, cores_busy=1.9,
-                     peak_rss_bytes=900 * 2**20, wait_fraction=0.99, batch_shape=(64, 3, 224, 224),
-                     peak_pss_bytes=pss)
+    return RunResult(images=1000, seconds=1000 / ips, first_batch_s=0.5, cpu_seconds=1.5,
+                     cores_busy=1.9, peak_rss_bytes=900 * 2**20, wait_fraction=0.99,
+                     batch_shape=(64, 3, 224, 224), peak_pss_bytes=pss)
 
 
 def _report() -> dict:
@@ -32,7 +32,8 @@ def _report() -> dict:
     runs = {"imagefolder": [_run(500), _run(400), _run(450)],
             "webdataset": [_run(450), _run(400), _run(500)],
             "shardloader": [_run(1500), _run(1000), _run(1800, pss=None)]}
-    conditions = {"machine": {"usable_cores": 2, "cpu_model": "test cpu"}, "versions": {"torch": "x"},
+    conditions = {"machine": {"usable_cores": 2, "cpu_model": "test cpu"},
+                  "versions": {"torch": "x"},
                   "data": {"images": 1000, "classes": 2, "mean_kb": 50.0, "mean_kpix": 190.0},
                   "page_cache": "warm", "shards_location": "local", "gpu": None}
     config = {"transform": "train", "size": 224, "batch_size": 64, "workers": 2, "device": "cpu",
@@ -51,13 +52,15 @@ def test_report_schema_and_paired_ratios(tmp_path: Path) -> None:
     # Paired by repetition: 1500/500, 1000/400, 1800/450.
     assert by_name["shardloader"]["ratio_to_baseline"]["runs"] == pytest.approx([3.0, 2.5, 4.0])
     assert by_name["shardloader"]["ratio_to_baseline"]["median"] == pytest.approx(3.0)
-    assert by_name["shardloader"]["cpu_efficiency_to_baseline"]["median"] == pytest.approx(1.0)  # same CPU/img
+    # same CPU/img
+    assert by_name["shardloader"]["cpu_efficiency_to_baseline"]["median"] == pytest.approx(1.0)
     assert by_name["shardloader"]["peak_pss_mib"] is None  # one run without PSS
     assert by_name["webdataset"]["peak_pss_mib"] == pytest.approx(300)
     for r in report["results"]:
-        assert set(r) >= {"label", "baseline", "first_batch_s", "cores_busy", "peak_rss_mib", "wait_fraction",
-                          "cpu_seconds_per_1k_images", "batch_shape", "images_per_run", "stages",
-                          "cpu_efficiency_to_baseline", "load_average_1min"}
+        assert set(r) >= {"label", "baseline", "first_batch_s", "cores_busy", "peak_rss_mib",
+                          "wait_fraction", "cpu_seconds_per_1k_images", "batch_shape",
+                          "images_per_run", "stages", "cpu_efficiency_to_baseline",
+                          "load_average_1min"}
         assert set(r["images_per_second"]) == {"median", "min", "max", "q1", "q3", "runs"}
     path = tmp_path / "r.json"
     write_json(report, str(path))

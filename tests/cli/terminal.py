@@ -1,4 +1,5 @@
-"""Run a command as a person would: in a pseudo-terminal (stdin, stdout, stderr all a tty), or piped."""
+"""Run a command as a person would: in a pseudo-terminal (stdin, stdout, stderr all a tty), or
+piped."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class Seen:
 
     @property
     def lines(self) -> list[str]:
-        """The lines left visible: colours removed, each line as its last carriage return redrew it."""
+        """The lines left visible: colours removed, each line as its last carriage return redrew
+        it."""
         return [line.rsplit("\r", 1)[-1] for line in _ANSI.sub("", self.text).split("\n")]
 
 
@@ -67,7 +69,8 @@ def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0,
             if left <= 0:
                 proc.kill()
                 proc.wait()
-                raise TimeoutError(f"{argv} ran past {timeout} s; output so far: {b''.join(chunks)!r}")
+                raise TimeoutError(f"{argv} ran past {timeout} s; output so far: "
+                                   f"{b''.join(chunks)!r}")
             ready, _, _ = select.select([master], [], [], min(left, 0.5))
             if ready:
                 try:
@@ -95,6 +98,6 @@ def _pending(fd: int) -> bool:
 
 def run_piped(argv: list[str], *, timeout: float = 120.0) -> tuple[int, str, str]:
     """Run ``argv`` with stdout and stderr piped (not a terminal); ``(code, stdout, stderr)``."""
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(),
+                          cwd=ROOT, stdin=subprocess.DEVNULL)
     return done.returncode, done.stdout, done.stderr

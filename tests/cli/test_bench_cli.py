@@ -44,8 +44,9 @@ def test_bench_end_to_end(tree: Path, tmp_path: Path) -> None:
 
 def test_bench_reuses_given_shards(tree: Path, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
-    args = ["bench", str(tree), "--shards", str(shards), "--workers", "0", "--batch-size", "6", "--size", "16",
-            "--repeats", "1", "--epochs", "1", "--warmup", "0", "--no-webdataset", "--transform", "val"]
+    args = ["bench", str(tree), "--shards", str(shards), "--workers", "0", "--batch-size", "6",
+            "--size", "16", "--repeats", "1", "--epochs", "1", "--warmup", "0", "--no-webdataset",
+            "--transform", "val"]
     first = CliRunner().invoke(cli, args)
     assert first.exit_code == 0, first.output
     assert (shards / "index.json").exists() and "\npack: 24 images" in first.output
@@ -67,5 +68,6 @@ def test_bench_refuses_shards_of_other_data(tree: Path, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     pack(str(other.parent), str(shards), workers=1)
     result = CliRunner().invoke(cli, ["bench", str(tree), "--shards", str(shards), "--workers", "0",
-                                      "--batch-size", "2", "--repeats", "1", "--epochs", "1", "--warmup", "0"])
+                                      "--batch-size", "2", "--repeats", "1", "--epochs", "1",
+                                      "--warmup", "0"])
     assert result.exit_code != 0 and "not be on the same data" in result.output

@@ -15,7 +15,8 @@ def runner():
 
 
 def _pack(runner, src, dst, *extra):
-    return runner.invoke(cli, ["pack", str(src), str(dst), "--max-count", "5", "--workers", "1", *extra])
+    return runner.invoke(cli,
+                         ["pack", str(src), str(dst), "--max-count", "5", "--workers", "1", *extra])
 
 
 def test_pack_summary_info_and_verify(runner, small_tree, tmp_path):
@@ -34,13 +35,15 @@ def test_pack_summary_info_and_verify(runner, small_tree, tmp_path):
     assert info.exit_code == 0
     assert "samples   12" in info.output and "classes   3: class0, class1, class2" in info.output
     assert "skipped   1: 1 empty file\n" in info.output
-    as_json = json.loads(runner.invoke(cli, ["info", str(tmp_path / "out" / "index.json"), "--json"]).output)
+    index_json = str(tmp_path / "out" / "index.json")
+    as_json = json.loads(runner.invoke(cli, ["info", index_json, "--json"]).output)
     assert as_json["num_samples"] == 12 and as_json["num_shards"] == 3 and as_json["skipped"] == 1
     assert as_json["options"]["max_count"] == 5
 
     verify = runner.invoke(cli, ["verify", str(tmp_path / "out"), "--decode"])
     assert verify.exit_code == 0
-    assert verify.output.strip() == f"OK {tmp_path / 'out'}: 3 shards, 12 samples, 12 images decoded"
+    assert (verify.output.strip()
+            == f"OK {tmp_path / 'out'}: 3 shards, 12 samples, 12 images decoded")
     assert runner.invoke(cli, ["verify", "-q", str(tmp_path / "out")]).output == ""
 
 
@@ -71,8 +74,9 @@ def test_source_errors_are_one_line(runner, tmp_path):
     write_tree(tmp_path, {"file.jpg": encode_image(), "notree/loose.jpg": encode_image(),
                           "emptyclass/a/x.jpg": encode_image(), "emptyclass/b/readme.txt": b"x"})
     (tmp_path / "empty").mkdir()
-    cases = {"missing": "does not exist", "file.jpg": "not a directory", "empty": "no class folders",
-             "notree": "no class folders", "emptyclass": "no image files in class folder(s): b"}
+    cases = {"missing": "does not exist", "file.jpg": "not a directory",
+             "empty": "no class folders", "notree": "no class folders",
+             "emptyclass": "no image files in class folder(s): b"}
     for name, message in cases.items():
         result = _pack(runner, tmp_path / name, tmp_path / f"out-{name}")
         _one_line_error(result, str(tmp_path / name), message)
@@ -82,7 +86,8 @@ def test_manifest_and_destination_errors_are_one_line(runner, small_tree, tmp_pa
     _one_line_error(runner.invoke(cli, ["info", str(tmp_path)]), "no index.json")
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "index.json").write_text('{"format": "shardkit", "version": 7}')
-    _one_line_error(runner.invoke(cli, ["verify", str(tmp_path / "ds")]), "format version 7 is not supported")
+    _one_line_error(runner.invoke(cli, ["verify", str(tmp_path / "ds")]),
+                    "format version 7 is not supported")
     (tmp_path / "ds" / "index.json").write_text("{oops")
     _one_line_error(runner.invoke(cli, ["info", str(tmp_path / "ds")]), "not valid JSON")
     _one_line_error(_pack(runner, small_tree, tmp_path / "ds"), "index.json: not valid JSON")
@@ -112,8 +117,9 @@ def test_s3_through_the_cli(runner, small_tree, s3_server, s3_bucket, monkeypatc
 
 
 def test_console_entry_point_runs(small_tree, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "shardkit", "pack", str(small_tree), str(tmp_path / "o"),
-                           "--workers", "1", "-q"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "shardkit", "pack", str(small_tree),
+                           str(tmp_path / "o"), "--workers", "1", "-q"], capture_output=True,
+                          text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
 
 
@@ -127,8 +133,9 @@ def test_s3_without_credentials_is_a_one_line_error(runner, monkeypatch):
     monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    result = runner.invoke(cli, ["info", "s3://bucket/x", "-o", "client_kwargs.endpoint_url=http://127.0.0.1:9",
-                                 "-o", "skip_instance_cache=true"])
+    result = runner.invoke(cli, ["info", "s3://bucket/x", "-o",
+                                 "client_kwargs.endpoint_url=http://127.0.0.1:9", "-o",
+                                 "skip_instance_cache=true"])
     assert result.exit_code == 1, result.output
     assert result.output.startswith("error: s3://bucket/x/index.json: no AWS credentials found")
     assert "-o key=" in result.output and "Traceback" not in result.output

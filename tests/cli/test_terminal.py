@@ -17,7 +17,8 @@ from tests.conftest import encode_image, write_tree
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("terminal") / "tree"
-    write_tree(root, {f"class{c}/img{j}.jpg": encode_image((16 + j, 12 + c), color=(c * 80, j * 40, 9))
+    write_tree(root, {f"class{c}/img{j}.jpg": encode_image((16 + j, 12 + c),
+                                                           color=(c * 80, j * 40, 9))
                       for c in range(3) for j in range(8)})
     return root
 
@@ -25,7 +26,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def packed(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     dst = tmp_path_factory.mktemp("terminal") / "packed"
-    code, _, err = run_piped(shardkit_argv("pack", str(tree), str(dst), "--max-count", "5", "--workers", "1", "-q"))
+    code, _, err = run_piped(shardkit_argv("pack", str(tree), str(dst), "--max-count", "5",
+                                           "--workers", "1", "-q"))
     assert code == 0, err
     return dst
 
@@ -35,24 +37,29 @@ def _clean(seen: Seen, code: int = 0) -> None:
     assert "Traceback" not in seen.text and "TypeError" not in seen.text, seen.text
 
 
-@pytest.mark.parametrize("columns", [0, 100])  # 0: a pty nobody sized (script in CI): tqdm drew nothing
-def test_pack_in_a_terminal_shows_progress_and_summary(tree: Path, tmp_path: Path, columns: int) -> None:
+# 0: a pty nobody sized (script in CI): tqdm drew nothing
+@pytest.mark.parametrize("columns", [0, 100])
+def test_pack_in_a_terminal_shows_progress_and_summary(tree: Path, tmp_path: Path,
+                                                       columns: int) -> None:
     seen = run_in_pty(shardkit_argv("pack", str(tree), str(tmp_path / "out"), "--max-count", "5",
                                     "--workers", "2"), columns=columns)
     _clean(seen)
-    assert "packing:" in seen.text and "/24 images" in seen.text  # the bar: bytes with an image count
+    # the bar: bytes with an image count
+    assert "packing:" in seen.text and "/24 images" in seen.text
     assert "samples   24  (3 classes)" in seen.lines and "skipped   0" in seen.lines
     assert (tmp_path / "out" / "index.json").exists()
 
 
 def test_pack_quiet_in_a_terminal_prints_nothing(tree: Path, tmp_path: Path) -> None:
-    seen = run_in_pty(shardkit_argv("pack", str(tree), str(tmp_path / "out"), "--workers", "1", "-q"))
+    seen = run_in_pty(shardkit_argv("pack", str(tree), str(tmp_path / "out"), "--workers", "1",
+                                    "-q"))
     _clean(seen)
     assert seen.text == ""
 
 
 def test_pack_piped_has_no_bar(tree: Path, tmp_path: Path) -> None:
-    code, out, err = run_piped(shardkit_argv("pack", str(tree), str(tmp_path / "out"), "--workers", "1"))
+    code, out, err = run_piped(shardkit_argv("pack", str(tree), str(tmp_path / "out"), "--workers",
+                                             "1"))
     assert code == 0 and err == "", err
     assert "samples   24  (3 classes)" in out.splitlines() and "packing" not in out
 
@@ -60,22 +67,26 @@ def test_pack_piped_has_no_bar(tree: Path, tmp_path: Path) -> None:
 def test_pack_error_in_a_terminal_is_one_line(tmp_path: Path) -> None:
     seen = run_in_pty(shardkit_argv("pack", str(tmp_path / "missing"), str(tmp_path / "out")))
     _clean(seen, code=1)
-    assert [line for line in seen.lines if line] == [f"error: {tmp_path / 'missing'}: source directory does not exist"]
+    assert [line for line in seen.lines if line] == [f"error: {tmp_path / 'missing'}: source "
+                                                     "directory does not exist"]
     assert "\x1b[31m" in seen.text  # red, for a person
 
 
 @pytest.mark.parametrize("decode", [False, True])
 def test_verify_in_a_terminal(packed: Path, decode: bool) -> None:
-    seen = run_in_pty(shardkit_argv("verify", str(packed), *(["--decode"] if decode else [])), columns=100)
+    seen = run_in_pty(shardkit_argv("verify", str(packed), *(["--decode"] if decode else [])),
+                      columns=100)
     _clean(seen)
-    assert ("verifying + decoding:" if decode else "verifying:") in seen.text and "0.00/" in seen.text
+    assert (("verifying + decoding:" if decode else "verifying:") in seen.text
+            and "0.00/" in seen.text)
     decoded = ", 24 images decoded" if decode else ""
     assert f"OK {packed}: 5 shards, 24 samples{decoded}" in seen.lines
 
 
 def test_verify_piped_and_quiet(packed: Path) -> None:
     code, out, err = run_piped(shardkit_argv("verify", str(packed), "--decode"))
-    assert code == 0 and err == "" and out == f"OK {packed}: 5 shards, 24 samples, 24 images decoded\n"
+    assert (code == 0 and err == ""
+            and out == f"OK {packed}: 5 shards, 24 samples, 24 images decoded\n")
     seen = run_in_pty(shardkit_argv("verify", str(packed), "-q"))
     _clean(seen)
     assert seen.text == ""
@@ -106,7 +117,8 @@ def test_help_in_a_terminal_lists_every_command() -> None:
     seen = run_in_pty(shardkit_argv("--help"), columns=100)
     _clean(seen)
     for command in ("pack", "verify", "info", "bench", "doctor"):
-        assert any(line.strip().startswith(command + " ") for line in seen.lines), (command, seen.text)
+        shown = any(line.strip().startswith(command + " ") for line in seen.lines)
+        assert shown, (command, seen.text)
 
 
 @pytest.mark.slow
@@ -115,12 +127,14 @@ def test_ctrl_c_in_a_terminal_stops_cleanly_and_the_rerun_resumes(tmp_path: Path
 
     src, dst = tmp_path / "src", tmp_path / "out"
     make_imagenet_like(src, classes=4, per_class=100, seed=0, size=(320, 240))
-    argv = shardkit_argv("pack", str(src), str(dst), "--max-count", "10", "--workers", "2", "--decode-check")
+    argv = shardkit_argv("pack", str(src), str(dst), "--max-count", "10", "--workers", "2",
+                         "--decode-check")
     seen = run_in_pty(argv, columns=100, interrupt_after=b"packing:")
     if seen.returncode == 0:
         pytest.skip("the pack finished before Ctrl-C arrived (machine too fast for this input)")
     _clean(seen, code=130)
-    assert [line for line in seen.lines if line.strip()] == ["interrupted; re-run the same command to resume"]
+    assert ([line for line in seen.lines if line.strip()]
+            == ["interrupted; re-run the same command to resume"])
     assert not (dst / "index.json").exists()
     again = run_in_pty(argv, columns=100)
     _clean(again)
@@ -130,7 +144,8 @@ def test_ctrl_c_in_a_terminal_stops_cleanly_and_the_rerun_resumes(tmp_path: Path
 
 
 def test_ctrl_c_during_verify_says_interrupted_without_promising_a_resume(packed: Path) -> None:
-    seen = run_in_pty(shardkit_argv("verify", str(packed), "--decode"), columns=100, interrupt_after=b"verifying")
+    seen = run_in_pty(shardkit_argv("verify", str(packed), "--decode"), columns=100,
+                      interrupt_after=b"verifying")
     if seen.returncode == 0:
         pytest.skip("verify finished before Ctrl-C arrived")
     _clean(seen, code=130)
@@ -139,8 +154,8 @@ def test_ctrl_c_during_verify_says_interrupted_without_promising_a_resume(packed
 
 @pytest.mark.slow
 def test_bench_in_a_terminal(tree: Path, packed: Path) -> None:
-    args = ["bench", str(tree), "--shards", str(packed), "--workers", "0", "--batch-size", "4", "--size", "16",
-            "--repeats", "1", "--epochs", "1", "--warmup", "0", "--no-webdataset"]
+    args = ["bench", str(tree), "--shards", str(packed), "--workers", "0", "--batch-size", "4",
+            "--size", "16", "--repeats", "1", "--epochs", "1", "--warmup", "0", "--no-webdataset"]
     seen = run_in_pty(shardkit_argv(*args), columns=100, timeout=300)
     _clean(seen)
     assert "timing:" in seen.text and "batch" in seen.text  # the bar, with its total

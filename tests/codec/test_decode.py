@@ -51,7 +51,8 @@ def pil_rgb(data: bytes) -> torch.Tensor:
 
 RGB = Image.fromarray(photo())
 RGBA = np.dstack([photo(), photo(seed=1)[..., 0]])
-WIDE16 = photo().astype(np.uint16) * 257 + np.random.default_rng(2).integers(0, 257, photo().shape).astype(np.uint16)  # fmt: skip
+WIDE16 = (photo().astype(np.uint16) * 257
+          + np.random.default_rng(2).integers(0, 257, photo().shape).astype(np.uint16))
 CASES = {
     "jpeg-rgb": encode(RGB, "JPEG", quality=90),
     "jpeg-444": encode(RGB, "JPEG", quality=95, subsampling=0),
@@ -63,7 +64,7 @@ CASES = {
     "png-palette": encode(RGB.convert("P", palette=Image.Palette.ADAPTIVE), "PNG"),
     "png-palette-trns": encode(
         RGB.convert("P", palette=Image.Palette.ADAPTIVE), "PNG", transparency=3
-    ),  # fmt: skip
+    ),
     "png-gray": encode(RGB.convert("L"), "PNG"),
     "png-gray-alpha": encode(RGB.convert("LA"), "PNG"),
     "png-1bit": encode(RGB.convert("1"), "PNG"),
@@ -154,7 +155,8 @@ def test_decompression_bomb_limit(name: str, monkeypatch: pytest.MonkeyPatch) ->
         decode_rgb(CASES[name], where="bomb")
 
 
-@pytest.mark.parametrize("name", ["jpeg-rgb", "jpeg-progressive", "jpeg-cmyk", "png-rgb16", "webp-lossy", "gif"])  # fmt: skip
+@pytest.mark.parametrize("name", ["jpeg-rgb", "jpeg-progressive", "jpeg-cmyk", "png-rgb16",
+                                  "webp-lossy", "gif"])
 def test_peek_size_reads_the_header(name: str) -> None:
     assert peek_size(CASES[name]) == (RGB.height, RGB.width)
     if name.startswith(("jpeg", "png")):  # parsed here from the header alone

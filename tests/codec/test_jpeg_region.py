@@ -24,13 +24,15 @@ SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "imagefolder"
 
 def test_extension_is_built_where_libjpeg_headers_exist() -> None:
     if os.path.exists("/usr/include/jpeglib.h"):
-        assert roi_available(), "libjpeg headers are here but shardkit.codec._jpeg_region was not built"
+        assert roi_available(), ("libjpeg headers are here but shardkit.codec._jpeg_region was not "
+                                 "built")
 
 
 def _full_box(data: bytes, box: CropFlip) -> torch.Tensor:
     """``box`` of a full decode by the same libjpeg (other builds may round the IDCT otherwise)."""
     h, w = peek_size(data)
-    full = torch.frombuffer(_jpeg_region.decode_crop(data, 0, 0, h, w), dtype=torch.uint8).view(h, w, 3)
+    full = torch.frombuffer(_jpeg_region.decode_crop(data, 0, 0, h, w), dtype=torch.uint8)
+    full = full.view(h, w, 3)
     return full[box.top : box.top + box.height, box.left : box.left + box.width].permute(2, 0, 1)
 
 
@@ -47,9 +49,11 @@ def test_random_crops_match_full_decode() -> None:
         if region is None:  # CMYK: needs the full decoder
             assert Image.open(path).mode == "CMYK"
             continue
-        assert torch.equal(region, _full_box(data, box))  # upsampling context kept beside the box: exact
+        # upsampling context kept beside the box: exact
+        assert torch.equal(region, _full_box(data, box))
         other = decode_rgb(data)[:, box.top : box.top + box.height, box.left : box.left + box.width]
-        assert (region.int() - other.int()).abs().float().mean() < 0.1  # torchvision's libjpeg build
+        # torchvision's libjpeg build
+        assert (region.int() - other.int()).abs().float().mean() < 0.1
         checked += 1
     assert checked > 60
 
@@ -79,7 +83,8 @@ def test_gray_jpeg_comes_back_as_rgb() -> None:
     assert torch.all((region.int() - 77).abs() <= 1)
 
 
-@pytest.mark.skipif(not (roi_available() and jpeg_restart.available()), reason="extensions not built")
+@pytest.mark.skipif(not (roi_available() and jpeg_restart.available()),
+                    reason="extensions not built")
 def test_restart_indexed_jpegs_decode_the_same_boxes() -> None:
     """Cut to the restart intervals around the box first: still exactly the full decode's pixels."""
     rng = random.Random(1)
@@ -91,7 +96,8 @@ def test_restart_indexed_jpegs_decode_the_same_boxes() -> None:
         if indexed is None:  # CMYK stays as it is
             continue
         h, w = peek_size(data)
-        for box in [transform.sample_params(h, w, rng), CropFlip(0, 0, h, w), CropFlip(h - 1, w - 1, 1, 1)]:
+        for box in [transform.sample_params(h, w, rng), CropFlip(0, 0, h, w),
+                    CropFlip(h - 1, w - 1, 1, 1)]:
             region = decode_box_rgb(indexed, box)
             assert region is not None
             assert torch.equal(region, _full_box(data, box)), box

@@ -12,7 +12,8 @@ from PIL import Image
 from shardkit.codec import jpeg_restart
 from shardkit.codec.jpeg_restart import cut, transcode
 
-pytestmark = pytest.mark.skipif(not jpeg_restart.available(), reason="C extension _jpeg_restart not built")
+pytestmark = pytest.mark.skipif(not jpeg_restart.available(),
+                                reason="C extension _jpeg_restart not built")
 
 PHOTOS = sorted((Path(__file__).resolve().parents[2] / "sample_data" / "photos").glob("*.jpg"))
 
@@ -22,7 +23,8 @@ def _noise(width: int, height: int, seed: int = 0) -> Image.Image:
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]
     base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), (x + y) % 256], axis=-1)
-    return Image.fromarray(np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8))
+    noisy = np.clip(base + rng.integers(-40, 40, base.shape), 0, 255)
+    return Image.fromarray(noisy.astype(np.uint8))
 
 
 def _jpeg(img: Image.Image, **save: object) -> bytes:
@@ -104,7 +106,8 @@ def test_transcode_interval_divides_mcus_per_row(width, subsampling, max_interva
 
 
 def test_transcode_keeps_exif_and_icc():
-    icc = b"\0\0\2\x0cfake icc profile for the test" + bytes(range(256)) * 300  # > 64 KiB: two APP2 markers
+    # > 64 KiB: two APP2 markers
+    icc = b"\0\0\2\x0cfake icc profile for the test" + bytes(range(256)) * 300
     exif = Image.Exif()
     exif[0x010F] = "shardkit test camera"  # Make
     original = _jpeg(_noise(40, 30), icc_profile=icc, exif=exif.tobytes())
@@ -213,12 +216,14 @@ def test_cut_edges_corners_and_whole_image(kind):
     width, height = 133, 77
     data = _restarted(width, height, kind, 3, 1)
     full = _pixels(data)
-    boxes = [(0, 0, height, width), (0, 0, 1, 1), (height - 1, width - 1, 1, 1), (0, width - 1, height, 1),
-             (height - 1, 0, 1, width), (0, 40, 5, 20), (70, 100, 7, 33), (31, 31, 1, 1), (16, 16, 16, 16)]
+    boxes = [(0, 0, height, width), (0, 0, 1, 1), (height - 1, width - 1, 1, 1),
+             (0, width - 1, height, 1), (height - 1, 0, 1, width), (0, 40, 5, 20), (70, 100, 7, 33),
+             (31, 31, 1, 1), (16, 16, 16, 16)]
     for box in boxes:
         _check_cut(data, full, *box)
     whole = cut(data, 0, 0, height, width)
-    assert whole is not None and (whole.top, whole.left, whole.height, whole.width) == (0, 0, height, width)
+    assert (whole is not None
+            and (whole.top, whole.left, whole.height, whole.width) == (0, 0, height, width))
 
 
 def test_cut_small_box_is_small():
@@ -237,7 +242,8 @@ def test_cut_not_restart_indexed_none():
     assert cut(progressive, 0, 0, 8, 8) is None
 
 
-@pytest.mark.parametrize("data", [b"", b"\xff\xd8", b"hello, I am text", b"\xff\xd8\xff\xdd\x00\x04\x00\x01"],
+@pytest.mark.parametrize("data", [b"", b"\xff\xd8", b"hello, I am text",
+                                  b"\xff\xd8\xff\xdd\x00\x04\x00\x01"],
                          ids=["empty", "soi", "text", "dri_only"])
 def test_cut_garbage_none(data):
     assert cut(data, 0, 0, 1, 1) is None
@@ -266,14 +272,16 @@ def test_cut_truncated_none():
     assert cut(data[:300], 0, 0, 1, 1) is None
 
 
-@pytest.mark.parametrize("box", [(0, 0, 65, 1), (0, 0, 1, 65), (64, 0, 1, 1), (0, 64, 1, 1), (-1, 0, 1, 1),
-                                 (0, -1, 1, 1), (0, 0, 0, 1), (0, 0, 1, 0), (10, 10, -3, 4)])
+@pytest.mark.parametrize("box", [(0, 0, 65, 1), (0, 0, 1, 65), (64, 0, 1, 1), (0, 64, 1, 1),
+                                 (-1, 0, 1, 1), (0, -1, 1, 1), (0, 0, 0, 1), (0, 0, 1, 0),
+                                 (10, 10, -3, 4)])
 def test_cut_box_outside_none(box):
     assert cut(_restarted(64, 64, "420", 4, 5), *box) is None
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=400), st.integers(-5, 80), st.integers(-5, 80), st.integers(-2, 80), st.integers(-2, 80))
+@given(st.binary(max_size=400), st.integers(-5, 80), st.integers(-5, 80), st.integers(-2, 80),
+       st.integers(-2, 80))
 def test_cut_never_raises(noise, top, left, h, w):
     base = _restarted(48, 40, "420", 3, 6)
     for data in (noise, base[:200] + noise, base[: len(base) // 2] + noise):
@@ -291,21 +299,25 @@ def test_cut_never_reads_past_a_buffer_ending_in_a_short_sos():
     import ctypes
     import mmap
 
-    data = b"\xff\xd8" + _SOF_GRAY_16 + _DRI_1 + b"\xff\xda\x00\x02"  # SOS of length 2, then the end
+    # SOS of length 2, then the end
+    data = b"\xff\xd8" + _SOF_GRAY_16 + _DRI_1 + b"\xff\xda\x00\x02"
     page = mmap.PAGESIZE
     m = mmap.mmap(-1, 2 * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     m[page - len(data) : page] = data
     libc = ctypes.CDLL(None)
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    assert libc.mprotect(ctypes.addressof(ctypes.c_char.from_buffer(m)) + page, page, 0) == 0  # guard page
-    assert cut(memoryview(m)[page - len(data) : page], 0, 0, 1, 1) is None  # a segfault before the fix
+    # guard page
+    assert libc.mprotect(ctypes.addressof(ctypes.c_char.from_buffer(m)) + page, page, 0) == 0
+    # a segfault before the fix
+    assert cut(memoryview(m)[page - len(data) : page], 0, 0, 1, 1) is None
 
 
 def test_cut_of_lying_dimensions_allocates_nothing_big():
     import tracemalloc
 
     huge = b"\xff\xc0\x00\x0b\x08\xff\xff\xff\xff\x01\x01\x11\x00"  # 65535x65535
-    data = b"\xff\xd8" + huge + _DRI_1 + b"\xff\xda\x00\x08\x01\x01\x00\x00\x3f\x00" + bytes(10) + b"\xff\xd9"
+    data = (b"\xff\xd8" + huge + _DRI_1 + b"\xff\xda\x00\x08\x01\x01\x00\x00\x3f\x00" + bytes(10)
+            + b"\xff\xd9")
     tracemalloc.start()
     try:
         assert cut(data, 65000, 65000, 100, 100) is None
@@ -316,7 +328,8 @@ def test_cut_of_lying_dimensions_allocates_nothing_big():
 
 @pytest.mark.parametrize("subsampling", [2, 1, 0], ids=["420", "422", "444"])
 def test_cut_at_a_narrow_last_interval_keeps_the_chroma_filter(subsampling):
-    """A piece <= 4 px wide (the last, partial interval) would get libjpeg's box chroma upsampling."""
+    """A piece <= 4 px wide (the last, partial interval) would get libjpeg's box chroma
+    upsampling."""
     rng = np.random.default_rng(subsampling)
     for width in range(17, 53):
         img = Image.fromarray(rng.integers(0, 256, (32, width, 3), dtype=np.uint8))
@@ -326,5 +339,6 @@ def test_cut_at_a_narrow_last_interval_keeps_the_chroma_filter(subsampling):
         for left in range(max(0, width - 4), width):
             piece = cut(data, 8, left, 8, width - left)
             assert piece is not None
-            box = _pixels(piece.data)[8 - piece.top : 16 - piece.top, left - piece.left : width - piece.left]
+            box = _pixels(piece.data)[8 - piece.top : 16 - piece.top,
+                                      left - piece.left : width - piece.left]
             assert np.array_equal(box, full[8:16, left:width]), (width, left)

@@ -39,24 +39,32 @@ def test_open_files() -> None:
     low = check_open_files(PLAN, 256, 4096)
     assert low.status == "problem" and low.fix == "ulimit -n 4096 in the shell that starts training"
     capped = check_open_files(PLAN, 256, 512)
-    assert capped.status == "problem" and capped.fix is not None and "nofile=65536:65536" in capped.fix
-    assert check_open_files(LoaderPlan(64, 8, 8), 1024, -1).fix == "ulimit -n 4096 in the shell that starts training"
-    assert check_open_files(PLAN, 1024, -1).status == "ok" and check_open_files(PLAN, -1, -1).status == "ok"
+    assert (capped.status == "problem" and capped.fix is not None
+            and "nofile=65536:65536" in capped.fix)
+    assert (check_open_files(LoaderPlan(64, 8, 8), 1024, -1).fix
+            == "ulimit -n 4096 in the shell that starts training")
+    assert (check_open_files(PLAN, 1024, -1).status == "ok"
+            and check_open_files(PLAN, -1, -1).status == "ok")
 
 
 def test_cores() -> None:
     over = check_cores(PLAN, 4)
-    assert over.status == "problem" and over.fix == "--workers 3 (one core left for the training process)"
+    assert (over.status == "problem"
+            and over.fix == "--workers 3 (one core left for the training process)")
     assert check_cores(PLAN, 8).status == "note" and check_cores(PLAN, 16).status == "ok"
 
 
 def test_missing_extension_names_the_headers_per_platform(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(extensions, "EXTENSIONS", (("shardkit._no_such_ext", True, "region decode: lost"),
-                                                   ("shardkit._no_such_planar", False, "numpy fallback")))
+    monkeypatch.setattr(extensions, "EXTENSIONS", (("shardkit._no_such_ext", True,
+                                                    "region decode: lost"),
+                                                   ("shardkit._no_such_planar", False,
+                                                    "numpy fallback")))
     jpeg, planar = extensions.check_extensions()
-    assert jpeg.status == "problem" and jpeg.check == "_no_such_ext" and "region decode: lost" in jpeg.detail
+    assert (jpeg.status == "problem" and jpeg.check == "_no_such_ext"
+            and "region decode: lost" in jpeg.detail)
     assert jpeg.fix is not None
-    for package in ("libjpeg62-turbo-dev", "libjpeg-turbo8-dev", "conda install -c conda-forge libjpeg-turbo"):
+    for package in ("libjpeg62-turbo-dev", "libjpeg-turbo8-dev",
+                    "conda install -c conda-forge libjpeg-turbo"):
         assert package in jpeg.fix
     assert planar.status == "problem" and planar.fix is not None and "libjpeg" not in planar.fix
 
@@ -76,9 +84,11 @@ def test_built_extensions_report_their_libjpeg() -> None:
 def test_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     from shardkit.doctor import backends
 
-    monkeypatch.setattr(backends, "BACKENDS", (("s3://", "s3fs", "s3fs"), ("zz://", "shardkit_no_such_fs", "zzfs")))
+    monkeypatch.setattr(backends, "BACKENDS",
+                        (("s3://", "s3fs", "s3fs"), ("zz://", "shardkit_no_such_fs", "zzfs")))
     s3, missing = check_backends()
-    assert s3.status == "ok" and missing.status == "note" and missing.fix == "pip install zzfs (only if you read or write zz://)"
+    assert (s3.status == "ok" and missing.status == "note"
+            and missing.fix == "pip install zzfs (only if you read or write zz://)")
 
 
 def test_gpu_checks_are_notes_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,7 +109,8 @@ def test_broken_gpu_route_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     found = {f.check: f for f in check_platform()}
     assert found["GPUs"].status == "problem" and "no device" in found["GPUs"].detail
-    assert found["nvJPEG"].status == "problem" and "decodes JPEGs on the CPU instead" in found["nvJPEG"].detail
+    assert (found["nvJPEG"].status == "problem"
+            and "decodes JPEGs on the CPU instead" in found["nvJPEG"].detail)
     assert found["Triton"].status == "problem" and found["Triton"].fix is not None
 
 
@@ -114,8 +125,8 @@ def test_command_exit_code_follows_the_problems() -> None:
     assert result.exit_code == (1 if problems else 0)
     assert doc["plan"] == {"workers": 1, "batch_size": 2, "size": 8, "prefetch": 2}
     checks = [f["check"] for f in doc["findings"]]
-    for check in ("python", "torch", "torchvision", "CUDA", "_jpeg_region", "_jpeg_restart", "_planar", "/dev/shm",
-                  "ulimit -n", "cores", "s3fs"):
+    for check in ("python", "torch", "torchvision", "CUDA", "_jpeg_region", "_jpeg_restart",
+                  "_planar", "/dev/shm", "ulimit -n", "cores", "s3fs"):
         assert check in checks
 
 
@@ -130,13 +141,16 @@ def test_command_reports_too_many_workers_and_too_little_shm() -> None:
 
 
 def test_import_pulls_in_no_torch() -> None:
-    code = "import sys, shardkit.doctor, shardkit.cli.doctor; print([m for m in ('torch', 'triton') if m in sys.modules])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    code = ("import sys, shardkit.doctor, shardkit.cli.doctor; "
+            "print([m for m in ('torch', 'triton') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60)
     assert out.stdout.strip() == "[]"
 
 
 def test_doctor_in_a_terminal() -> None:
-    seen = run_in_pty(shardkit_argv("doctor", "--workers", "1", "--batch-size", "2", "--size", "8"), columns=120)
+    seen = run_in_pty(shardkit_argv("doctor", "--workers", "1", "--batch-size", "2", "--size", "8"),
+                      columns=120)
     assert "Traceback" not in seen.text
     last = [line for line in seen.lines if line.strip()][-1]
     assert last == "no problems found" or "problem(s) that break or slow training" in last

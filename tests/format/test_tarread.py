@@ -67,12 +67,14 @@ def test_truncated_and_garbage_streams():
 
 def test_directories_are_ignored_and_subdir_keys_kept():
     data = _tar(_info("d", tarfile.DIRTYPE), _info("d/k.cls"), _info("d/k.jpg"))
-    assert list(iter_samples(io.BytesIO(data), where="s")) == [("d/k", {"cls": b"abc", "jpg": b"abc"})]
+    assert (list(iter_samples(io.BytesIO(data), where="s"))
+            == [("d/k", {"cls": b"abc", "jpg": b"abc"})])
 
 
 def test_split_samples_and_duplicate_fields_are_refused():
     with pytest.raises(FormatError, match="split"):
-        list(iter_samples(io.BytesIO(_tar(_info("a.cls"), _info("b.cls"), _info("a.jpg"))), where="s"))
+        list(iter_samples(io.BytesIO(_tar(_info("a.cls"), _info("b.cls"), _info("a.jpg"))),
+                          where="s"))
     with pytest.raises(FormatError, match="twice"):
         list(iter_samples(io.BytesIO(_tar(_info("a.cls"), _info("a.cls"))), where="s"))
     with pytest.raises(FormatError, match="<key>.<ext>"):

@@ -1,4 +1,5 @@
-"""Shards from other writers (tarfile PAX/GNU, GNU tar, webdataset's ShardWriter) and corrupt headers."""
+"""Shards from other writers (tarfile PAX/GNU, GNU tar, webdataset's ShardWriter) and corrupt
+headers."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _tarfile_shard(fmt: int, names: list[str], payload: bytes = b"x" * 700) -> b
         for name in names:
             info = tarfile.TarInfo(name)
             info.size = len(payload)
-            info.mtime = 1700000000.5  # a float mtime: tarfile writes a PAX header (as webdataset does)
+            # a float mtime: tarfile writes a PAX header (as webdataset does)
+            info.mtime = 1700000000.5
             tar.addfile(info, io.BytesIO(payload))
     return buf.getvalue()
 
@@ -33,7 +35,8 @@ def test_pax_and_gnu_shards_read_with_long_names(fmt: int) -> None:
     names = ["a.cls", "a.jpg", f"{LONG}.cls", f"{LONG}.png", "b.cls"]
     data = _tarfile_shard(fmt, names)
     got = list(iter_samples(io.BytesIO(data), where="s.tar"))
-    assert [(k, sorted(f)) for k, f in got] == [("a", ["cls", "jpg"]), (LONG, ["cls", "png"]), ("b", ["cls"])]
+    assert ([(k, sorted(f)) for k, f in got]
+            == [("a", ["cls", "jpg"]), (LONG, ["cls", "png"]), ("b", ["cls"])])
     assert all(v == b"x" * 700 for _, f in got for v in f.values())
     spans = scan_spans(io.BytesIO(data), where="s.tar")
     assert [k for k, _, _ in spans] == ["a", LONG, "b"]
@@ -41,7 +44,8 @@ def test_pax_and_gnu_shards_read_with_long_names(fmt: int) -> None:
         assert parse_span(data[offset:offset + size], where="s.tar")[0] == key
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:  # offsets agree with tarfile's own
         expected = [(m.name, m.offset_data, m.size) for m in tar]
-    assert [(e.name, e.data_offset, e.size) for e in iter_entries(io.BytesIO(data), where="s")] == expected
+    assert ([(e.name, e.data_offset, e.size) for e in iter_entries(io.BytesIO(data), where="s")]
+            == expected)
 
 
 def test_gnu_tar_shard(tmp_path: Path) -> None:
@@ -52,7 +56,8 @@ def test_gnu_tar_shard(tmp_path: Path) -> None:
     (src / f"{LONG}.jpg").write_bytes(b"img")
     (src / f"{LONG}.cls").write_bytes(b"1")
     out = tmp_path / "gnu.tar"
-    subprocess.run(["tar", "--format=gnu", "--sort=name", "-cf", str(out), "-C", str(src), "."], check=True)
+    subprocess.run(["tar", "--format=gnu", "--sort=name", "-cf", str(out), "-C", str(src), "."],
+                   check=True)
     samples = list(iter_samples(out.open("rb"), where="gnu.tar"))
     assert samples == [(f"./{LONG}", {"cls": b"1", "jpg": b"img"})]
 
@@ -62,7 +67,8 @@ def test_webdataset_shardwriter_shard(tmp_path: Path) -> None:
     pattern = str(tmp_path / "wds-%06d.tar")
     with wds.ShardWriter(pattern, maxcount=100) as sink:
         for i in range(5):
-            sink.write({"__key__": f"s{i:04d}", "jpg": b"J" * (100 + i), "cls": str(i % 2).encode()})
+            sink.write({"__key__": f"s{i:04d}", "jpg": b"J" * (100 + i),
+                        "cls": str(i % 2).encode()})
     data = (tmp_path / "wds-000000.tar").read_bytes()
     assert b"PaxHeader" in data  # webdataset writes a PAX header per member
     got = list(iter_samples(io.BytesIO(data), where="w.tar"))
@@ -108,7 +114,8 @@ def test_bad_pax_headers(records: bytes, message: str) -> None:
 
 
 def test_pax_path_applies_to_following_member() -> None:
-    assert list(iter_samples(io.BytesIO(_pax_with(_rec("path", b"z.png"))), where="p")) == [("z", {"png": b"abc"})]
+    assert (list(iter_samples(io.BytesIO(_pax_with(_rec("path", b"z.png"))), where="p"))
+            == [("z", {"png": b"abc"})])
 
 
 def _our_shard() -> bytes:
@@ -123,7 +130,8 @@ def _our_shard() -> bytes:
 @pytest.mark.parametrize("header_at", [0, 1024, 2560])  # each of the first three headers
 def test_every_bit_flip_in_a_header_is_a_format_error(header_at: int) -> None:
     data = _our_shard()
-    span = next((o, n) for _, o, n in scan_spans(io.BytesIO(data), where="f.tar") if o <= header_at < o + n)
+    span = next((o, n) for _, o, n in scan_spans(io.BytesIO(data), where="f.tar")
+                if o <= header_at < o + n)
     readers = (
         lambda b: list(iter_samples(io.BytesIO(b), where="f.tar")),
         lambda b: scan_spans(io.BytesIO(b), where="f.tar"),

@@ -53,7 +53,8 @@ def test_gnu_tar_reads_it(tmp_path):
     path = tmp_path / "x-000000.tar"
     path.write_bytes(data)
     listed = subprocess.run(["tar", "tf", str(path)], capture_output=True, text=True, check=True)
-    assert listed.stdout.split() == [f"{k}.{e}" for k, fs in SAMPLES for e in sorted(f[0] for f in fs)]
+    assert (listed.stdout.split()
+            == [f"{k}.{e}" for k, fs in SAMPLES for e in sorted(f[0] for f in fs)])
 
 
 def test_iter_samples_and_spans_round_trip():
@@ -63,7 +64,8 @@ def test_iter_samples_and_spans_round_trip():
     for (key, fields), (_, expected) in zip(read, SAMPLES, strict=True):
         assert fields == dict(expected)
         span = next(s for s in summary.spans if s.key == key)
-        assert parse_span(data[span.offset : span.offset + span.size], where="x") == (key, dict(expected))
+        assert (parse_span(data[span.offset : span.offset + span.size], where="x")
+                == (key, dict(expected)))
     assert load_offsets(dump_offsets(summary.spans), where="x.idx") == summary.spans
 
 
@@ -76,7 +78,8 @@ def test_offsets_file_text_format():
 
 
 @pytest.mark.parametrize("bad", [b"", b"\xff\xfe", b"other 1 0\n", b"shardkit-offsets 2 0\n",
-                                 b"shardkit-offsets 1 2\nk 0 10\n", b"shardkit-offsets 1 1\nk zero 10\n"])
+                                 b"shardkit-offsets 1 2\nk 0 10\n",
+                                 b"shardkit-offsets 1 1\nk zero 10\n"])
 def test_malformed_offsets_files(bad):
     with pytest.raises(FormatError, match="x.idx"):
         load_offsets(bad, where="x.idx")
@@ -111,7 +114,8 @@ def test_parse_span_rejects_mixed_or_empty_spans():
         parse_span(data[3072 : 3072 + 2048 + 512 + 500], where="x")
 
 
-@pytest.mark.parametrize("name", ["00000000.jpg", "k.json", "a" * 99, "a" * 100, "x" * 150 + "/y.jpg", "é.jpg"])
+@pytest.mark.parametrize("name", ["00000000.jpg", "k.json", "a" * 99, "a" * 100,
+                                  "x" * 150 + "/y.jpg", "é.jpg"])
 @pytest.mark.parametrize("size", [0, 1, 511, 512, 10**9, 8**11 - 1])
 def test_fast_header_equals_tarfiles(name, size):
     from shardkit.format.tarwrite import _tarfile_header, ustar_header

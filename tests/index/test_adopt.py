@@ -34,7 +34,8 @@ def _write_wds(root: Path, *, with_json: bool = False, n: int = N) -> Path:
     with wds.ShardWriter(str(root / "train-%06d.tar"), maxcount=10) as sink:
         for i in range(n):
             fmt, ext = ("PNG", "png") if i % 3 == 0 else ("JPEG", "jpeg" if i % 3 == 1 else "jpg")
-            sample: dict[str, object] = {"__key__": f"s{i:05d}", ext: encode_image((16, 16), fmt=fmt, color=index_color(i)),
+            sample: dict[str, object] = {"__key__": f"s{i:05d}",
+                                         ext: encode_image((16, 16), fmt=fmt, color=index_color(i)),
                       "cls": str(i % 3).encode()}
             if with_json:
                 sample["json"] = {"class": CLASSES[i % 3]}
@@ -107,10 +108,14 @@ def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
         ([("a.cls", b"1")], FormatError, r"x-000000.tar:a: expected one image member"),
         ([("a.cls", b"one"), ("a.jpg", b"x")], FormatError, r"'cls' member is b'one'"),
         ([("a b.cls", b"1"), ("a b.jpg", b"x")], FormatError, "invalid sample key"),
-        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"[1]")], FormatError, "must be a JSON object, not list"),
-        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b'{"label": 2}')], FormatError, "label 2 differs from 'cls' 1"),
-        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"{")], FormatError, "'json' member is not valid JSON"),
-        ([("a.cls", b"1"), ("a.jpg", b"x"), ("b.cls", b"1"), ("a.png", b"x")], FormatError, "split"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"[1]")], FormatError,
+         "must be a JSON object, not list"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b'{"label": 2}')], FormatError,
+         "label 2 differs from 'cls' 1"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"{")], FormatError,
+         "'json' member is not valid JSON"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("b.cls", b"1"), ("a.png", b"x")], FormatError,
+         "split"),
     ],
 )
 def test_bad_shards_are_refused_naming_the_sample(tmp_path: Path, members: list[tuple[str, bytes]],
@@ -192,7 +197,8 @@ def test_class_name_file_errors(tmp_path: Path) -> None:
     short = tmp_path / "short.txt"
     short.write_text("cat\ndog\n")
     result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(short)])
-    assert result.exit_code == 1 and "label 2 is out of range for the 2 class names given" in result.output
+    assert (result.exit_code == 1
+            and "label 2 is out of range for the 2 class names given" in result.output)
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
     result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(empty)])

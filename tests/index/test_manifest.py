@@ -6,7 +6,8 @@ from shardkit.errors import ManifestError
 from shardkit.index import Manifest, ShardEntry, locate_dataset, read_manifest, write_manifest
 from shardkit.storage import Store
 
-SHARDS = (ShardEntry("s-000000.tar", 2, 10240, "a" * 64), ShardEntry("s-000001.tar", 1, 10240, "b" * 64))
+SHARDS = (ShardEntry("s-000000.tar", 2, 10240, "a" * 64),
+          ShardEntry("s-000001.tar", 1, 10240, "b" * 64))
 
 
 def _manifest(**kw):
@@ -48,9 +49,11 @@ def _doc(**changes):
         (_doc(kind="video"), "unknown kind"),
         (_doc(num_samples=4), "differs"),
         (_doc(shards="x"), "'shards' must be list"),
-        (_doc(shards=[{"url": "a.tar"}]), "'shards\\[0\\].num_samples' must be an integer, not null"),
+        (_doc(shards=[{"url": "a.tar"}]),
+         "'shards\\[0\\].num_samples' must be an integer, not null"),
         (_doc(shards=["a.tar"]), "'shards\\[0\\]' must be an object"),
-        (_doc(shards=[{"url": "a.tar", "num_samples": True, "num_bytes": 1, "sha256": ""}]), "num_samples' must be an integer, not bool"),
+        (_doc(shards=[{"url": "a.tar", "num_samples": True, "num_bytes": 1, "sha256": ""}]),
+         "num_samples' must be an integer, not bool"),
         (_doc(num_samples=True), "'num_samples' must be an integer, not bool"),
         (_doc(classes=5), "'classes' must be a list, not int"),
         (_doc(classes=["cat", 3]), "'classes\\[1\\]' must be a string"),
@@ -61,9 +64,12 @@ def _doc(**changes):
         (_doc(skipped=[{"source": "a"}]), "'skipped\\[0\\].reason' must be a string"),
         (_doc(options=[1]), "'options' must be an object, not list"),
         (_doc(created_by=3), "'created_by' must be a string"),
-        (_doc(shards=[{"url": "../a.tar", "num_samples": 3, "num_bytes": 1, "sha256": ""}]), "relative"),
-        (_doc(shards=[{"url": "s3://b/a.tar", "num_samples": 3, "num_bytes": 1, "sha256": ""}]), "relative"),
-        (_doc(shards=[{"url": "a.tar", "num_samples": -1, "num_bytes": 1, "sha256": ""}]), "must not be negative"),
+        (_doc(shards=[{"url": "../a.tar", "num_samples": 3, "num_bytes": 1, "sha256": ""}]),
+         "relative"),
+        (_doc(shards=[{"url": "s3://b/a.tar", "num_samples": 3, "num_bytes": 1, "sha256": ""}]),
+         "relative"),
+        (_doc(shards=[{"url": "a.tar", "num_samples": -1, "num_bytes": 1, "sha256": ""}]),
+         "must not be negative"),
         (_doc(classes=None) .replace(b'"classes": null, ', b""), "needs"),
     ],
 )

@@ -92,7 +92,8 @@ def test_json_member_that_is_not_an_object_is_a_problem(packed):
 
     _rewrite(shard, listify)
     problems = verify_dataset(str(packed)).problems
-    assert any(p.startswith(f"{shard}:") and "json: must be a JSON object, not list" in p for p in problems), problems
+    assert any(p.startswith(f"{shard}:") and "json: must be a JSON object, not list" in p
+               for p in problems), problems
 
 
 def test_malformed_offsets_header_is_a_problem(packed):

@@ -1,4 +1,5 @@
-"""Packed shards read whole by other tools: HF ``datasets``, webdataset ``to_tuple``, DALI's index."""
+"""Packed shards read whole by other tools: HF ``datasets``, webdataset ``to_tuple``, DALI's
+index."""
 
 from __future__ import annotations
 
@@ -37,13 +38,16 @@ def _expected(tree: Path) -> dict[str, tuple[int, tuple[int, int]]]:
 
 def _hf(shards: list[str], cache: Path) -> Any:
     datasets = pytest.importorskip("datasets")
-    return datasets.load_dataset("webdataset", data_files={"train": shards}, split="train", cache_dir=str(cache))
+    return datasets.load_dataset("webdataset", data_files={"train": shards}, split="train",
+                                 cache_dir=str(cache))
 
 
-def test_hf_datasets_loads_every_sample_with_uniform_names(small_tree: Path, tmp_path: Path) -> None:
+def test_hf_datasets_loads_every_sample_with_uniform_names(small_tree: Path,
+                                                           tmp_path: Path) -> None:
     shards = _pack(small_tree, tmp_path / "out", uniform_names=True)
     manifest = read_manifest(Store(str(tmp_path / "out")))
-    assert manifest.version == 2 and json.loads((tmp_path / "out" / "index.json").read_text())["version"] == 2
+    assert (manifest.version == 2
+            and json.loads((tmp_path / "out" / "index.json").read_text())["version"] == 2)
     assert verify_dataset(str(tmp_path / "out"), decode=True).ok
     ds = _hf(shards, tmp_path / "hf")
     expected = _expected(small_tree)
@@ -55,7 +59,7 @@ def test_hf_datasets_loads_every_sample_with_uniform_names(small_tree: Path, tmp
         assert image is not None
         formats.add(image.format)
         meta = row["json"]
-        assert row["cls"] == meta["label"] and meta["class"] == manifest.classes[row["cls"]]  # type: ignore[index]
+        assert (row["cls"] == meta["label"] and meta["class"] == manifest.classes[row["cls"]])  # type: ignore[index]
         got[meta["source"]] = (row["cls"], image.size)
     assert got == expected
     assert formats == {"JPEG", "PNG"}  # the set really mixes formats
@@ -77,7 +81,8 @@ def test_default_names_are_what_breaks_hf_datasets(small_tree: Path, tmp_path: P
 def test_webdataset_to_tuple_gets_every_sample(small_tree: Path, tmp_path: Path) -> None:
     wds = pytest.importorskip("webdataset")
     shards = _pack(small_tree, tmp_path / "out", uniform_names=True)
-    rows = list(wds.WebDataset(shards, shardshuffle=False).decode("pil").to_tuple("jpg", "cls", "json"))
+    dataset = wds.WebDataset(shards, shardshuffle=False).decode("pil")
+    rows = list(dataset.to_tuple("jpg", "cls", "json"))
     assert sorted((j["source"], c, im.size) for im, c, j in rows) == sorted(
         (src, label, size) for src, (label, size) in _expected(small_tree).items())
 
@@ -92,7 +97,8 @@ def test_uniform_names_members_and_bytes(small_tree: Path, tmp_path: Path) -> No
             members = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
         keys = {name.split(".")[0] for name in members}
         for key in keys:
-            assert {n for n in members if n.startswith(key + ".")} == {f"{key}.cls", f"{key}.jpg", f"{key}.json"}
+            assert ({n for n in members if n.startswith(key + ".")}
+                    == {f"{key}.cls", f"{key}.jpg", f"{key}.json"})
             source = json.loads(members[f"{key}.json"])["source"]
             assert members[f"{key}.jpg"] == (small_tree / source).read_bytes()
             Image.open(io.BytesIO(members[f"{key}.jpg"])).verify()
@@ -107,7 +113,8 @@ def test_shardloader_reads_uniform_names(small_tree: Path, tmp_path: Path) -> No
     with ShardLoader(str(tmp_path / "out"), batch_size=4, shuffle=False, drop_last=False) as loader:
         for images, batch_labels in loader:
             labels += [int(x) for x in batch_labels]
-            assert all(tuple(im.shape[1:]) in {(h, w) for _, (w, h) in expected.values()} for im in images)
+            assert all(tuple(im.shape[1:]) in {(h, w) for _, (w, h) in expected.values()}
+                       for im in images)
     assert sorted(labels) == sorted(label for label, _ in expected.values())
 
 
@@ -119,7 +126,8 @@ def _check_dali_indexes(root: Path) -> int:
 
     shards = sorted(root.glob("*.tar"))
     for shard in shards:
-        samples = load_dali_index((root / dali_index_name(shard.name)).read_bytes(), where=shard.name)
+        samples = load_dali_index((root / dali_index_name(shard.name)).read_bytes(),
+                                  where=shard.name)
         with tarfile.open(shard) as tar:
             expected = [(m.name, m.name.split(".", 1)[1], m.offset_data, m.size) for m in tar]
         assert [(m.name, m.ext, m.offset, m.size) for s in samples for m in s] == expected
@@ -132,8 +140,9 @@ def test_pack_dali_index(small_tree: Path, tmp_path: Path) -> None:
 
     from shardkit.cli import cli
 
-    result = CliRunner().invoke(cli, ["pack", str(small_tree), str(tmp_path / "out"), "--max-count", "5",
-                                      "--dali-index", "--uniform-names", "--workers", "1", "-q"])
+    result = CliRunner().invoke(cli, ["pack", str(small_tree), str(tmp_path / "out"), "--max-count",
+                                      "5", "--dali-index", "--uniform-names", "--workers", "1",
+                                      "-q"])
     assert result.exit_code == 0, result.output
     assert _check_dali_indexes(tmp_path / "out") == 3
     assert read_manifest(Store(str(tmp_path / "out"))).options["dali_index"] is True
@@ -179,4 +188,5 @@ def test_hf_datasets_loads_coco_with_the_json_recipe(tmp_path: Path) -> None:
     for row in ds:
         record = row["json"]["image"]
         assert row["jpg"].size == (record["width"], record["height"])
-        assert row["json"]["annotations"] == by_image.get(record["id"], [])  # polygons and RLE intact
+        # polygons and RLE intact
+        assert row["json"]["annotations"] == by_image.get(record["id"], [])

@@ -41,7 +41,8 @@ def test_window_zero_with_a_worker_is_refused_before_any_worker_starts(packed: P
 
 
 def test_good_edge_values_construct(packed: Path) -> None:
-    loader = ShardLoader(str(packed), batch_size=1, num_workers=0, window=1, prefetch=1, gpu=GpuOptions(device_prefetch=2),
+    loader = ShardLoader(str(packed), batch_size=1, num_workers=0, window=1, prefetch=1,
+                         gpu=GpuOptions(device_prefetch=2),
                          rank=1, world_size=2, on_error="raise")
     assert len(loader) > 0
     loader.close()

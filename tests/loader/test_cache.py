@@ -99,7 +99,8 @@ def test_a_fetched_shard_whose_hash_differs_is_refused_and_not_cached(indexed_tr
     data = bytearray(fs.cat(f"{url}/{shard.url}"))
     data[-3] ^= 0x10
     fs.pipe(f"{url}/{shard.url}", bytes(data))
-    with pytest.raises(LoaderError, match=f"fetched bytes have sha256 [0-9a-f]{{64}}, index.json says {shard.sha256}") as err:
+    want = f"fetched bytes have sha256 [0-9a-f]{{64}}, index.json says {shard.sha256}"
+    with pytest.raises(LoaderError, match=want) as err:
         _epoch(url, cache)
     assert shard.url in err.value.where
     assert {f.name for f in cache.iterdir() if f.suffix == ".tar"} == {manifest.shards[0].sha256 + ".tar"}

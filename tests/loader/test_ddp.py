@@ -103,7 +103,8 @@ def _resume_main(rank: int, world: int, port: int, dataset: str, out: str, phase
 def test_ranks_resume_from_state_dict_in_fresh_processes(packed: Path, tmp_path: Path) -> None:
     world, k = 2, 3
     for phase in ("first", "second"):
-        mp.start_processes(_resume_main, args=(world, _free_port(), str(packed), str(tmp_path / f"{phase}.json"), phase, k),
+        out = str(tmp_path / f"{phase}.json")
+        mp.start_processes(_resume_main, args=(world, _free_port(), str(packed), out, phase, k),
                            nprocs=world, join=True, start_method="spawn")
     first = json.loads((tmp_path / "first.json").read_text())
     second = json.loads((tmp_path / "second.json").read_text())

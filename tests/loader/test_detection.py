@@ -27,7 +27,8 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, P
     root = tmp_path_factory.mktemp("coco")
     generated = make_coco(root / "gen", images=14, seed=3)
     out = {}
-    for name, (images, ann) in {"sample": (SAMPLE / "images", SAMPLE / "instances.json"), "generated": generated}.items():
+    inputs = {"sample": (SAMPLE / "images", SAMPLE / "instances.json"), "generated": generated}
+    for name, (images, ann) in inputs.items():
         dst = root / f"{name}-packed"
         pack_coco(str(images), str(ann), str(dst), options=PackOptions(max_count=6), workers=1)
         out[name] = (Path(images), Path(ann), dst)
@@ -97,7 +98,8 @@ def _mask_inside_boxes(target: dict[str, Any], height: int, width: int, toleranc
 
 
 @pytest.mark.parametrize("name", ["sample", "generated"])
-def test_train_transforms_keep_boxes_masks_and_pixels_together(sources: dict[str, tuple[Path, Path, Path]], name: str) -> None:
+def test_train_transforms_keep_boxes_masks_and_pixels_together(sources: dict[str, tuple[Path, Path, Path]],
+                                                                name: str) -> None:
     _, ann, packed = sources[name]
     first_area: dict[int, float] = {}  # generated: the first annotation's region is painted white
     for a in json.loads(ann.read_text(encoding="utf-8"))["annotations"]:
@@ -112,7 +114,8 @@ def test_train_transforms_keep_boxes_masks_and_pixels_together(sources: dict[str
                 _mask_inside_boxes(target, image.shape[-2], image.shape[-1], tolerance=4)
                 if name != "generated":
                     continue
-                hits = (target["area"] == torch.tensor(first_area.get(target["image_id"], -1.0), dtype=torch.float32)).nonzero()
+                area = torch.tensor(first_area.get(target["image_id"], -1.0), dtype=torch.float32)
+                hits = (target["area"] == area).nonzero()
                 if len(hits) and target["iscrowd"][hits[0, 0]] == 0:
                     j = int(hits[0, 0])
                     bright = image.min(0).values > 230  # the painted rectangle (background < 200)
@@ -124,12 +127,14 @@ def test_train_transforms_keep_boxes_masks_and_pixels_together(sources: dict[str
     assert name != "generated" or checked > 5
 
 
-def test_deterministic_for_any_worker_count_and_global_rng_untouched(sources: dict[str, tuple[Path, Path, Path]]) -> None:
+def test_deterministic_for_any_worker_count_and_global_rng_untouched(
+        sources: dict[str, tuple[Path, Path, Path]]) -> None:
     packed = sources["sample"][2]
     t = transforms.detection_train(min_size=(48, 64), max_size=96, scale_jitter=None)
 
     def run(workers: int) -> list[Any]:
-        loader = ShardLoader(str(packed), batch_size=4, transform=t, seed=11, num_workers=workers, masks=True, keys=True)
+        loader = ShardLoader(str(packed), batch_size=4, transform=t, seed=11, num_workers=workers, masks=True,
+                             keys=True)
         return [(keys, images, targets) for images, targets, keys in loader]
 
     state = torch.get_rng_state()
@@ -147,7 +152,8 @@ def test_deterministic_for_any_worker_count_and_global_rng_untouched(sources: di
 def test_resume_mid_epoch(sources: dict[str, tuple[Path, Path, Path]]) -> None:
     packed = sources["generated"][2]
     t = transforms.detection_train(min_size=48, max_size=64)
-    full = [(k, [x["boxes"] for x in tg]) for _, tg, k in ShardLoader(str(packed), batch_size=3, transform=t, keys=True)]
+    full = [(k, [x["boxes"] for x in tg])
+            for _, tg, k in ShardLoader(str(packed), batch_size=3, transform=t, keys=True)]
     first = ShardLoader(str(packed), batch_size=3, transform=t, keys=True)
     it = iter(first)
     next(it), next(it)

@@ -27,7 +27,8 @@ Delivered = list[tuple[str, int, int]]  # (key, label, index decoded from the pi
 
 
 @pytest.fixture(scope="module")
-def datasets(packed: Path, indexed_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, Path]]:
+def datasets(packed: Path, indexed_tree: Path,
+             tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, Path]]:
     """``number of samples -> (ImageFolder source tree, packed dataset)``: 1, 14 and 69 samples."""
     root = tmp_path_factory.mktemp("sizes")
     out = {69: (indexed_tree, packed)}

@@ -6,7 +6,8 @@ level given the same decoded pixels (tested below with nvJPEG's pixels); end to 
 libjpeg-turbo differ in IDCT and chroma upsampling, so on these grainy synthetic photos the mean
 absolute difference per image stays under ``MEAN_TOL`` levels (worst seen on an H200: 2.1) and
 fewer than ``FRAC_TOL`` of values differ by more than ``BIG`` levels. The same tolerances hold
-for the hardware JPEG engines (nvImageCodec ``HW_GPU_ONLY``; opt-in with ``ShardLoader(gpu=GpuOptions(hw_decode=...))``):
+for the hardware JPEG engines (nvImageCodec ``HW_GPU_ONLY``; opt-in with
+``ShardLoader(gpu=GpuOptions(hw_decode=...))``):
 the tests named ``hw`` check them (skipped without nvImageCodec or engines). Mixing both
 decoders picks a decoder per batch by timing, so pixels are then not bit-reproducible run to run.
 """

@@ -130,7 +130,8 @@ def test_worker_shared_memory_ring_gives_the_same_bytes(inet: Path) -> None:
     _, plain = raw_and_cpu_streams(inet, t, batch_size=4)
     want = [(b.keys, raw_images(b).data.clone()) for b in plain]
     stream = plain.stream
-    ringed = BatchStream(stream.config, RawBatchBuilder(cast(RawBatchBuilder, stream.builder).samples.reader, t, buffer_cycle=3), stream.control)
+    reader = cast(RawBatchBuilder, stream.builder).samples.reader
+    ringed = BatchStream(stream.config, RawBatchBuilder(reader, t, buffer_cycle=3), stream.control)
     dl = DataLoader(ringed, batch_size=None, num_workers=2, prefetch_factor=1, persistent_workers=True)
     keep, got = [], []
     for b in dl:

@@ -27,4 +27,5 @@ def test_same_bytes_for_any_worker_count_and_on_reruns(tmp_path):
 def test_options_change_the_bytes(small_tree, tmp_path):
     pack(str(small_tree), str(tmp_path / "a"), options=PackOptions(max_count=5, seed=0), workers=1)
     pack(str(small_tree), str(tmp_path / "b"), options=PackOptions(max_count=5, seed=1), workers=1)
-    assert _digests(tmp_path / "a")["shard-000000.tar"] != _digests(tmp_path / "b")["shard-000000.tar"]
+    assert (_digests(tmp_path / "a")["shard-000000.tar"]
+            != _digests(tmp_path / "b")["shard-000000.tar"])

@@ -20,7 +20,8 @@ from shardkit.storage import Store
 
 def _garbled_jpeg() -> bytes:
     """A JPEG whose scan data is broken in the middle while its end-of-image marker is intact."""
-    img = Image.frombytes("RGB", (64, 48), bytes((i * 37 + i // 7) % 256 for i in range(64 * 48 * 3)))
+    img = Image.frombytes("RGB", (64, 48),
+                          bytes((i * 37 + i // 7) % 256 for i in range(64 * 48 * 3)))
     out = io.BytesIO()
     img.save(out, "JPEG")
     data = bytearray(out.getvalue())
@@ -33,13 +34,15 @@ def _sources(dst: Path) -> list[str]:
     sources = []
     for shard in read_manifest(Store(str(dst))).shards:
         with open(dst / shard.url, "rb") as f:
-            sources += [json.loads(fields["json"])["source"] for _, fields in iter_samples(f, where=shard.url)]
+            sources += [json.loads(fields["json"])["source"]
+                        for _, fields in iter_samples(f, where=shard.url)]
     return sources
 
 
 def test_resize_max_skips_a_corrupt_jpeg(small_tree, tmp_path):
     (small_tree / "class0" / "garbled.jpg").write_bytes(_garbled_jpeg())
-    result = pack(str(small_tree), str(tmp_path / "out"), options=PackOptions(resize_max=4), workers=1)
+    result = pack(str(small_tree), str(tmp_path / "out"), options=PackOptions(resize_max=4),
+                  workers=1)
     assert [s["source"] for s in result.manifest.skipped] == ["class0/garbled.jpg"]
     assert result.manifest.skipped[0]["reason"].startswith("corrupt image data (")
     assert result.manifest.num_samples == 12
@@ -59,7 +62,8 @@ def test_non_utf8_file_names_are_packed_with_escapes(small_tree, tmp_path):
     assert result.manifest.num_samples == 13
     assert verify_dataset(str(dst)).ok
     listing = scan_imagefolder(str(small_tree))
-    assert pack(str(small_tree), str(dst), workers=1, options=PackOptions(max_count=5)).already_complete
+    again = pack(str(small_tree), str(dst), workers=1, options=PackOptions(max_count=5))
+    assert again.already_complete
     assert len(listing.samples) == 14  # torchvision's ImageFolder lists these files too
 
 
@@ -72,13 +76,18 @@ class _DieWhenUnpickled:
 
 def test_a_dead_writer_process_is_a_pack_error(small_tree, tmp_path):
     listing = scan_imagefolder(str(small_tree))
-    poisoned = SourceSample(listing.samples[0].path, listing.samples[0].rel, listing.samples[0].size,
-                            listing.samples[0].label, meta={"x": _DieWhenUnpickled()})
+    poisoned = SourceSample(listing.samples[0].path, listing.samples[0].rel,
+                            listing.samples[0].size, listing.samples[0].label,
+                            meta={"x": _DieWhenUnpickled()})
     samples = [poisoned, *listing.samples[1:]]
-    # meta_digest stands for the metadata in the fingerprint, so the poison is never serialised there.
-    poisoned_listing = SourceListing(listing.kind, listing.root, samples, listing.classes, meta_digest="x")
-    with pytest.raises(PackError, match="a writer process died .*re-run the same command to resume"):
-        pack_listing(poisoned_listing, str(tmp_path / "out"), options=PackOptions(max_count=2), workers=2)
+    # meta_digest stands for the metadata in the fingerprint, so the poison is never serialised
+    # there.
+    poisoned_listing = SourceListing(listing.kind, listing.root, samples, listing.classes,
+                                     meta_digest="x")
+    with pytest.raises(PackError,
+                       match="a writer process died .*re-run the same command to resume"):
+        pack_listing(poisoned_listing, str(tmp_path / "out"), options=PackOptions(max_count=2),
+                     workers=2)
 
 
 def test_packing_into_a_file_says_dst_is_a_file(small_tree, tmp_path):

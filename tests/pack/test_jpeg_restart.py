@@ -1,4 +1,5 @@
-"""``PackOptions.jpeg_restart`` / ``--jpeg-restart``: JPEGs stored restart-indexed, pixels unchanged."""
+"""``PackOptions.jpeg_restart`` / ``--jpeg-restart``: JPEGs stored restart-indexed, pixels
+unchanged."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from shardkit.sources.base import SourceSample
 from shardkit.storage import Store
 from tests.conftest import write_tree
 
-pytestmark = pytest.mark.skipif(not jpeg_restart.available(), reason="C extension _jpeg_restart not built")
+pytestmark = pytest.mark.skipif(not jpeg_restart.available(),
+                                reason="C extension _jpeg_restart not built")
 
 PHOTOS = Path(__file__).resolve().parents[2] / "sample_data" / "photos"
 OPTIONS = PackOptions(max_count=4, jpeg_restart=4)
@@ -105,7 +107,8 @@ def test_pixels_equal_torchvision_and_bytes_restart_indexed(tree: Path, tmp_path
             assert stored[rel] != source, rel
             assert jpeg_restart.cut(stored[rel], 0, 0, 1, 1) is not None, rel  # restart-indexed
     (skip,) = result.manifest.skipped
-    assert skip["source"] == "made/corrupt.jpg" and skip["reason"].startswith("corrupt image data (")
+    assert (skip["source"] == "made/corrupt.jpg"
+            and skip["reason"].startswith("corrupt image data ("))
     assert result.manifest.options["jpeg_restart"] == 4
     assert json.loads((dst / "index.json").read_text())["options"]["jpeg_restart"] == 4
     verify_dataset(str(dst), decode=True)
@@ -116,7 +119,8 @@ def test_without_option_bytes_are_the_source(tree: Path, tmp_path: Path) -> None
     assert result.manifest.options["jpeg_restart"] is None
     stored = _images(tmp_path / "out")
     assert stored["photo/chelsea.jpg"] == (tree / "photo" / "chelsea.jpg").read_bytes()
-    assert "made/corrupt.jpg" in stored  # only the full decode of jpeg_restart/decode_check finds it
+    # only the full decode of jpeg_restart/decode_check finds it
+    assert "made/corrupt.jpg" in stored
 
 
 def test_plain_webdataset_reads_the_shards(tree: Path, tmp_path: Path) -> None:
@@ -125,7 +129,8 @@ def test_plain_webdataset_reads_the_shards(tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
     pack(str(tree), str(dst), options=OPTIONS, workers=1)
     urls = [str(dst / s.url) for s in read_manifest(Store(str(dst))).shards]
-    samples = list(wds.WebDataset(urls, shardshuffle=False).decode("pil").to_tuple("jpg;png", "cls", "json"))
+    dataset = wds.WebDataset(urls, shardshuffle=False).decode("pil")
+    samples = list(dataset.to_tuple("jpg;png", "cls", "json"))
     stored = _images(dst)
     assert len(samples) == len(stored)
     for img, _cls, meta in samples:
@@ -147,18 +152,21 @@ def test_changed_option_is_a_different_dataset(tree: Path, tmp_path: Path) -> No
     for other in (PackOptions(max_count=4, jpeg_restart=2), PackOptions(max_count=4)):
         with pytest.raises(PackError, match="different packed dataset"):
             pack(str(tree), dst, options=other, workers=1)
-    redone = pack(str(tree), dst, options=PackOptions(max_count=4, jpeg_restart=2), workers=1, overwrite=True)
+    redone = pack(str(tree), dst, options=PackOptions(max_count=4, jpeg_restart=2), workers=1,
+                  overwrite=True)
     assert redone.manifest.options["jpeg_restart"] == 2
 
 
 def test_resize_output_is_restart_indexed(tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
-    pack(str(tree), str(dst), options=PackOptions(max_count=4, jpeg_restart=4, resize_max=10), workers=1)
+    pack(str(tree), str(dst), options=PackOptions(max_count=4, jpeg_restart=4, resize_max=10),
+         workers=1)
     stored = _images(dst)
     with Image.open(io.BytesIO(stored["photo/chelsea.jpg"])) as img:
         assert min(img.size) == 10
     assert jpeg_restart.cut(stored["photo/chelsea.jpg"], 0, 0, 1, 1) is not None
-    assert jpeg_restart.cut(stored["made/lossless.png"], 0, 0, 1, 1) is not None  # PNG re-encoded to JPEG
+    # PNG re-encoded to JPEG
+    assert jpeg_restart.cut(stored["made/lossless.png"], 0, 0, 1, 1) is not None
 
 
 def test_coco_pixels_and_geometry_unchanged(tmp_path: Path) -> None:
@@ -175,7 +183,8 @@ def test_coco_pixels_and_geometry_unchanged(tmp_path: Path) -> None:
                 (image,) = (v for k, v in fields.items() if k != "json")
                 jpegs += source[:2] == b"\xff\xd8"
                 assert (image != source) == (source[:2] == b"\xff\xd8"), record["file_name"]
-                with Image.open(io.BytesIO(image)) as ours, Image.open(io.BytesIO(source)) as theirs:
+                with (Image.open(io.BytesIO(image)) as ours,
+                      Image.open(io.BytesIO(source)) as theirs):
                     assert ours.size == theirs.size == (record["width"], record["height"])
                     np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
     assert jpegs >= 3
@@ -183,7 +192,8 @@ def test_coco_pixels_and_geometry_unchanged(tmp_path: Path) -> None:
 
 def test_cli_flag(tree: Path, tmp_path: Path) -> None:
     dst = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["pack", str(tree), str(dst), "--workers", "1", "--jpeg-restart", "4"])
+    result = CliRunner().invoke(cli, ["pack", str(tree), str(dst), "--workers", "1",
+                                      "--jpeg-restart", "4"])
     assert result.exit_code == 0, result.output
     assert read_manifest(Store(str(dst))).options["jpeg_restart"] == 4
     assert jpeg_restart.cut(_images(dst)["photo/chelsea.jpg"], 0, 0, 1, 1) is not None
@@ -197,25 +207,29 @@ def test_option_validation() -> None:
     assert PackOptions().jpeg_restart is None
 
 
-def test_missing_extension_fails_early(monkeypatch: pytest.MonkeyPatch, tree: Path, tmp_path: Path) -> None:
+def test_missing_extension_fails_early(monkeypatch: pytest.MonkeyPatch, tree: Path,
+                                       tmp_path: Path) -> None:
     options = PackOptions(jpeg_restart=4)  # made while the extension is there, used where it is not
     monkeypatch.setattr(jpeg_restart, "_cut", None)
     monkeypatch.setattr(jpeg_restart, "_transcode", None)
     with pytest.raises(ValueError, match="C extension"):
         PackOptions(jpeg_restart=4)
     PackOptions()  # the option off needs nothing
-    result = CliRunner().invoke(cli, ["pack", str(tree), str(tmp_path / "x"), "--jpeg-restart", "4"])
+    result = CliRunner().invoke(cli,
+                                ["pack", str(tree), str(tmp_path / "x"), "--jpeg-restart", "4"])
     assert result.exit_code == 2 and "C extension" in result.output
     assert not (tmp_path / "x").exists()
     photo = tree / "photo" / "chelsea.jpg"
-    sample = SourceSample(path=str(photo), rel="photo/chelsea.jpg", size=photo.stat().st_size, mtime_ns=0, label=0)
+    sample = SourceSample(path=str(photo), rel="photo/chelsea.jpg", size=photo.stat().st_size,
+                          mtime_ns=0, label=0)
     with pytest.raises(PackError, match="C extension"):  # a pack error, not a skipped sample
         encode_sample(sample, photo.read_bytes(), classes=["photo"], options=options)
 
 
 def test_encode_sample_skips_corrupt() -> None:
     data = _corrupt_jpeg()
-    sample = SourceSample(path="x/corrupt.jpg", rel="x/corrupt.jpg", size=len(data), mtime_ns=0, label=0)
+    sample = SourceSample(path="x/corrupt.jpg", rel="x/corrupt.jpg", size=len(data), mtime_ns=0,
+                          label=0)
     with pytest.raises(SkipSample, match=r"^corrupt image data \("):
         encode_sample(sample, data, classes=["x"], options=OPTIONS)
 

@@ -37,7 +37,8 @@ def _read_webdataset(dst: Path) -> dict[str, dict[str, Any]]:
     return {s["__key__"]: s for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)}
 
 
-def test_packed_json_equals_input_records(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_packed_json_equals_input_records(coco: tuple[Path, Path, dict[str, Any]],
+                                          tmp_path: Path) -> None:
     images_dir, ann, doc = coco
     dst = tmp_path / "out"
     result = pack_coco(str(images_dir), str(ann), str(dst), options=OPTIONS, workers=1)
@@ -53,7 +54,8 @@ def test_packed_json_equals_input_records(coco: tuple[Path, Path, dict[str, Any]
         packed[meta["image"]["id"]] = meta
     for image in doc["images"]:
         anns = [a for a in doc["annotations"] if a["image_id"] == image["id"]]
-        assert packed[image["id"]] == {"image": image, "annotations": anns, "source": image["file_name"]}
+        assert (packed[image["id"]]
+                == {"image": image, "annotations": anns, "source": image["file_name"]})
     manifest = read_manifest(Store(str(dst)))
     assert manifest.kind == "coco" and list(manifest.categories or ()) == doc["categories"]
     assert manifest.extra == {"info": doc["info"], "licenses": doc["licenses"],
@@ -63,7 +65,8 @@ def test_packed_json_equals_input_records(coco: tuple[Path, Path, dict[str, Any]
     assert verify_dataset(str(dst), decode=True).ok
 
 
-def test_matches_torchvision_coco_detection(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_matches_torchvision_coco_detection(coco: tuple[Path, Path, dict[str, Any]],
+                                            tmp_path: Path) -> None:
     from torchvision.datasets import CocoDetection
 
     images_dir, ann, _ = coco
@@ -80,11 +83,14 @@ def test_matches_torchvision_coco_detection(coco: tuple[Path, Path, dict[str, An
         assert meta["image"]["id"] == image_id
         assert meta["annotations"] == target
         data = sample.get("jpg", sample.get("png"))
-        assert data == Path(images_dir, reference.coco.loadImgs(image_id)[0]["file_name"]).read_bytes()
-        assert np.array_equal(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")), np.asarray(image))
+        assert (data
+                == Path(images_dir, reference.coco.loadImgs(image_id)[0]["file_name"]).read_bytes())
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")),
+                              np.asarray(image))
 
 
-def test_byte_reproducible_for_any_worker_count(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_byte_reproducible_for_any_worker_count(coco: tuple[Path, Path, dict[str, Any]],
+                                                tmp_path: Path) -> None:
     images_dir, ann, _ = coco
     outputs = []
     for workers in (1, 2):
@@ -94,7 +100,8 @@ def test_byte_reproducible_for_any_worker_count(coco: tuple[Path, Path, dict[str
     assert outputs[0] == outputs[1] and len(outputs[0]) == 2 * 4 + 1  # 4 shards, 4 .idx, index.json
 
 
-def test_bad_input_is_reported_and_the_rest_packed(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_bad_input_is_reported_and_the_rest_packed(coco: tuple[Path, Path, dict[str, Any]],
+                                                   tmp_path: Path) -> None:
     images_dir, ann, doc = coco
     (images_dir / "img_0005.jpg").unlink()
     (images_dir / "img_0006.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
@@ -113,7 +120,8 @@ def test_bad_input_is_reported_and_the_rest_packed(coco: tuple[Path, Path, dict[
     assert report["dropped"] == 2 and report["kept_with_problems"] == 0
     gone = {im["id"] for im in doc["images"] if im["file_name"] in ("img_0005.jpg", "img_0006.jpg")}
     lost = sum(1 for a in doc["annotations"] if a["image_id"] in gone or a["id"] in (77, 78))
-    assert report["in_skipped_images"] + report["packed"] + report["dropped"] == len(doc["annotations"])
+    assert (report["in_skipped_images"] + report["packed"] + report["dropped"]
+            == len(doc["annotations"]))
     assert report["in_skipped_images"] + report["dropped"] == lost
     assert sorted(p["reason"].split(";")[0] for p in report["problems"]) == [
         "1 annotation(s) have unknown category_id 4", "1 annotation(s) reference unknown image ids"]
@@ -122,13 +130,15 @@ def test_bad_input_is_reported_and_the_rest_packed(coco: tuple[Path, Path, dict[
     assert read_manifest(Store(str(tmp_path / "out"))).extra["annotation_report"] == report
 
 
-def test_drop_empty_and_resize_refused(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_drop_empty_and_resize_refused(coco: tuple[Path, Path, dict[str, Any]],
+                                       tmp_path: Path) -> None:
     images_dir, ann, doc = coco
     with_anns = {a["image_id"] for a in doc["annotations"]}
     result = pack_coco(str(images_dir), str(ann), str(tmp_path / "out"), drop_empty=True, workers=1)
     assert result.manifest.num_samples == len(with_anns) < len(doc["images"])
     with pytest.raises(ValueError, match="resize_max"):
-        pack_coco(str(images_dir), str(ann), str(tmp_path / "x"), options=PackOptions(resize_max=32))
+        pack_coco(str(images_dir), str(ann), str(tmp_path / "x"),
+                  options=PackOptions(resize_max=32))
 
 
 def test_cli_auto_detects_coco(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
@@ -137,16 +147,18 @@ def test_cli_auto_detects_coco(coco: tuple[Path, Path, dict[str, Any]], tmp_path
     ann.write_text(json.dumps(doc), encoding="utf-8")
     runner = CliRunner()
     dst = tmp_path / "out"
-    res = runner.invoke(cli, ["pack", str(images_dir), str(dst), "--annotations", str(ann), "--workers", "1"])
+    res = runner.invoke(cli, ["pack", str(images_dir), str(dst), "--annotations", str(ann),
+                              "--workers", "1"])
     assert res.exit_code == 0, res.output
     assert f"samples   {len(doc['images'])}  (4 categories)" in res.output
     # The dropped annotation is an annotation, not a skipped image.
     assert "skipped   0\n" in res.output
     assert f"annotations {len(doc['annotations']) - 1} packed; 1 dropped\n" in res.output
-    assert "  - instances.json: 1 annotation(s) reference unknown image ids; dropped (annotation ids 77)" in res.output
+    assert ("  - instances.json: 1 annotation(s) reference unknown image ids; dropped "
+            "(annotation ids 77)" in res.output)
     assert runner.invoke(cli, ["verify", str(dst), "--decode"]).exit_code == 0
-    res = runner.invoke(cli, ["pack", "--format", "coco", "--drop-empty", str(images_dir), str(tmp_path / "o2"),
-                              "--annotations", str(ann), "-q"])
+    res = runner.invoke(cli, ["pack", "--format", "coco", "--drop-empty", str(images_dir),
+                              str(tmp_path / "o2"), "--annotations", str(ann), "-q"])
     assert res.exit_code == 0, res.output
     assert read_manifest(Store(str(tmp_path / "o2"))).num_samples < len(doc["images"])
 
@@ -169,5 +181,6 @@ def test_cli_malformed_json_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "img").mkdir()
     bad = tmp_path / "bad.json"
     bad.write_text('{"images": [', encoding="utf-8")
-    res = CliRunner().invoke(cli, ["pack", str(tmp_path / "img"), str(tmp_path / "out"), "--annotations", str(bad)])
+    res = CliRunner().invoke(cli, ["pack", str(tmp_path / "img"), str(tmp_path / "out"),
+                                   "--annotations", str(bad)])
     assert res.exit_code == 1 and "bad.json: not valid JSON (line 1" in res.output

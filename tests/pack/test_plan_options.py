@@ -25,18 +25,21 @@ def test_options_validate(kw):
 
 def test_plan_respects_count_and_size_and_covers_everything():
     sizes = [100, 5000, 100, -1, 100, 100, 20000]
-    plans = plan_shards(sizes, max_count=3, max_size=3 * SAMPLE_OVERHEAD + 5200, shuffle=False, seed=0,
-                        prefix="p")
-    assert [p.members for p in plans] == [(0, 1, 2), (3, 4, 5), (6,)]  # oversize sample: its own shard
+    plans = plan_shards(sizes, max_count=3, max_size=3 * SAMPLE_OVERHEAD + 5200, shuffle=False,
+                        seed=0, prefix="p")
+    # oversize sample: its own shard
+    assert [p.members for p in plans] == [(0, 1, 2), (3, 4, 5), (6,)]
     assert [p.name for p in plans] == ["p-000000.tar", "p-000001.tar", "p-000002.tar"]
     shuffled = plan_shards(sizes, max_count=2, max_size=10**9, shuffle=True, seed=3, prefix="p")
     assert sorted(i for p in shuffled for i in p.members) == list(range(len(sizes)))
-    assert shuffled == plan_shards(sizes, max_count=2, max_size=10**9, shuffle=True, seed=3, prefix="p")
+    assert (shuffled
+            == plan_shards(sizes, max_count=2, max_size=10**9, shuffle=True, seed=3, prefix="p"))
 
 
 def test_sample_order_is_a_seeded_permutation():
     assert sample_order(5, shuffle=False, seed=9) == [0, 1, 2, 3, 4]
     order = sample_order(1000, shuffle=True, seed=1)
     assert sorted(order) == list(range(1000)) and order != list(range(1000))
-    assert order == sample_order(1000, shuffle=True, seed=1) != sample_order(1000, shuffle=True, seed=2)
+    assert (order == sample_order(1000, shuffle=True, seed=1)
+            != sample_order(1000, shuffle=True, seed=2))
     assert plan_shards([], max_count=1, max_size=1, shuffle=True, seed=0, prefix="p") == []

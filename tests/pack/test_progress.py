@@ -35,7 +35,8 @@ def test_totals_then_each_shard(small_tree: Path, tmp_path: Path, workers: int) 
     total_bytes = sum(max(s.size, 0) for s in listing.samples)
     rec = Recorder()
     assert isinstance(rec, PackProgress)
-    pack(str(small_tree), str(tmp_path / "out"), options=PackOptions(max_count=4), workers=workers, progress=rec)
+    pack(str(small_tree), str(tmp_path / "out"), options=PackOptions(max_count=4), workers=workers,
+         progress=rec)
     assert rec.started == (13, total_bytes)
     assert (sum(n for n, _ in rec.steps), sum(b for _, b in rec.steps)) == rec.started
     if workers == 1:  # in this process every sample is reported as it is written
@@ -57,13 +58,15 @@ def test_a_resumed_pack_counts_kept_shards_at_once(small_tree: Path, tmp_path: P
 
 def test_a_plain_callable_gets_sample_counts(small_tree: Path, tmp_path: Path) -> None:
     seen: list[int] = []
-    pack(str(small_tree), str(tmp_path / "out"), options=PackOptions(max_count=5), workers=1, progress=seen.append)
+    pack(str(small_tree), str(tmp_path / "out"), options=PackOptions(max_count=5), workers=1,
+         progress=seen.append)
     assert seen == [1] * 12
 
 
 def test_tally_adds_each_shard_up_exactly_once() -> None:
     samples = [SourceSample(f"/x/{i}.jpg", f"{i}.jpg", 100 + i) for i in range(3)]
-    task = ShardTask(Store("/unused"), ShardPlan(7, "shard-000007.tar", (0, 1, 2)), samples, 1, None, PackOptions())
+    task = ShardTask(Store("/unused"), ShardPlan(7, "shard-000007.tar", (0, 1, 2)), samples, 1,
+                     None, PackOptions())
     steps: list[tuple[int, int]] = []
     tally = _Tally(lambda n, b: steps.append((n, b)))
     tally.sample(7, 100)  # reported by the worker
@@ -83,7 +86,8 @@ def test_progress_moves_before_the_pack_ends_with_workers(small_tree: Path, tmp_
                 shards_at_first_report.append(len(list(dst.glob("shard-*.tar"))))
 
     rec = Watch()
-    result = pack(str(small_tree), str(dst), options=PackOptions(max_count=1), workers=2, progress=rec)
+    result = pack(str(small_tree), str(dst), options=PackOptions(max_count=1), workers=2,
+                  progress=rec)
     assert result.manifest.num_samples == 12
     # Reports arrive while shards are written; before, the pool reported only once all 12 were done.
     assert shards_at_first_report and shards_at_first_report[0] < 12

@@ -47,9 +47,11 @@ def _digests(root: Path) -> dict[str, str]:
 
 def test_ray_pack_is_byte_identical_to_processes(ray, src, reference, tmp_path):
     finished: list[int] = []
-    result = pack(str(src), str(tmp_path / "out"), options=OPTIONS, executor="ray", progress=finished.append)
+    result = pack(str(src), str(tmp_path / "out"), options=OPTIONS, executor="ray",
+                  progress=finished.append)
     assert _digests(tmp_path / "out") == reference
-    assert len(finished) == len(result.manifest.shards) == 8 and sum(finished) == 30  # one call per shard
+    # one call per shard
+    assert len(finished) == len(result.manifest.shards) == 8 and sum(finished) == 30
     assert ray.is_initialized()  # a cluster we did not start is left running
 
 
@@ -64,7 +66,8 @@ def test_one_task_in_flight_gives_the_same_bytes(ray, src, reference, tmp_path, 
 
 def test_failing_shard_is_named_and_resumes_with_processes(ray, src, reference, tmp_path):
     dst = tmp_path / "out"
-    (dst / ".shardkit-pack").mkdir(parents=True)  # an unfinished pack killed before its plan was recorded
+    # an unfinished pack killed before its plan was recorded
+    (dst / ".shardkit-pack").mkdir(parents=True)
     blocker = dst / offsets_name("shard-000005.tar")
     blocker.mkdir()  # the worker cannot write shard 5's offsets file over a directory
     with pytest.raises(PackError, match=r"shard-000005\.tar: writing the shard failed .*re-run"):
@@ -95,8 +98,9 @@ def test_interrupted_ray_pack_resumes_with_processes(ray, src, reference, tmp_pa
 
 def _cli(src: Path, dst: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run([sys.executable, "-m", "shardkit", "pack", str(src), str(dst), "--max-count", "4",
-                           "--seed", "3", *extra], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    return subprocess.run([sys.executable, "-m", "shardkit", "pack", str(src), str(dst),
+                           "--max-count", "4", "--seed", "3", *extra], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env=env)
 
 
 def test_cli_ray_on_a_cluster_address(ray, src, reference, tmp_path):
@@ -118,8 +122,8 @@ def test_cli_ray_in_process_uses_the_running_cluster(ray, src, reference, tmp_pa
 
     from shardkit.cli import cli
 
-    out = CliRunner().invoke(cli, ["pack", str(src), str(tmp_path / "out"), "--max-count", "4", "--seed", "3",
-                                   "--quiet", "--ray"])
+    out = CliRunner().invoke(cli, ["pack", str(src), str(tmp_path / "out"), "--max-count", "4",
+                                   "--seed", "3", "--quiet", "--ray"])
     assert out.exit_code == 0, out.output
     assert _digests(tmp_path / "out") == reference
     assert ray.is_initialized()
@@ -160,5 +164,6 @@ def test_bad_executor_arguments(src, tmp_path):
 
 def test_import_does_not_pull_in_ray():
     code = "import sys, shardkit, shardkit.pack, shardkit.cli; print('ray' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "False"

@@ -33,7 +33,8 @@ def test_s3_destination_round_trip(small_tree, tmp_path, s3_server, s3_bucket):
     import webdataset as wds
 
     url = f"{s3_bucket}/ds"
-    result = pack(str(small_tree), url, options=PackOptions(max_count=5), workers=2, storage_options=s3_server)
+    result = pack(str(small_tree), url, options=PackOptions(max_count=5), workers=2,
+                  storage_options=s3_server)
     report = verify_dataset(url, decode=True, storage_options=s3_server)
     assert report.ok, report.problems
     local, manifest = _local_samples(small_tree, tmp_path)

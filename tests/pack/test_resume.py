@@ -27,7 +27,8 @@ def many_images(tmp_path_factory):
         (root / f"c{c}").mkdir(parents=True)
         for j in range(60):
             out = io.BytesIO()
-            Image.new("RGB", (48, 40), (rng.randrange(256), rng.randrange(256), c * 50)).save(out, "JPEG")
+            color = (rng.randrange(256), rng.randrange(256), c * 50)
+            Image.new("RGB", (48, 40), color).save(out, "JPEG")
             (root / f"c{c}" / f"{j:03d}.jpg").write_bytes(out.getvalue())
     return root
 
@@ -40,12 +41,13 @@ def reference(many_images, tmp_path_factory):
 
 
 def _command(src, dst, *extra):
-    return [sys.executable, "-m", "shardkit", "pack", str(src), str(dst), "--max-count", str(MAX_COUNT),
-            "--workers", "2", "--quiet", *extra]
+    return [sys.executable, "-m", "shardkit", "pack", str(src), str(dst), "--max-count",
+            str(MAX_COUNT), "--workers", "2", "--quiet", *extra]
 
 
 def _visible(dst: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in dst.iterdir() if not p.name.startswith(".")} if dst.exists() else {}
+    return ({p.name: p.read_bytes() for p in dst.iterdir() if not p.name.startswith(".")}
+            if dst.exists() else {})
 
 
 def _check_only_complete_files(dst: Path, reference: dict[str, bytes]) -> int:
@@ -81,7 +83,8 @@ def test_kill_at_random_points_then_resume(many_images, reference, tmp_path):
         assert "index.json" not in _visible(dst) or proc.returncode == 0
         _check_only_complete_files(dst, reference)
     assert kills >= 2  # the test really interrupted the pack
-    finished = subprocess.run(_command(many_images, dst), capture_output=True, text=True, timeout=120)
+    finished = subprocess.run(_command(many_images, dst), capture_output=True, text=True,
+                              timeout=120)
     assert finished.returncode == 0, finished.stderr
     assert _visible(dst) == reference
     assert sorted(p.name for p in dst.iterdir()) == sorted(reference)  # state and temporaries gone
@@ -93,12 +96,14 @@ def test_different_command_into_unfinished_destination(many_images, reference, t
     (dst / "index.json").unlink()
     (dst / ".shardkit-pack").mkdir()
     (dst / ".shardkit-pack" / "plan.json").write_text('{"fingerprint": "another run"}')
-    refused = subprocess.run(_command(many_images, dst, "--seed", "3"), capture_output=True, text=True,
-                             timeout=120)
+    refused = subprocess.run(_command(many_images, dst, "--seed", "3"), capture_output=True,
+                             text=True, timeout=120)
     assert refused.returncode == 1
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
-    assert "unfinished pack of different input or options" in refused.stderr and "--overwrite" in refused.stderr
-    done = subprocess.run(_command(many_images, dst, "--overwrite"), capture_output=True, text=True, timeout=120)
+    assert ("unfinished pack of different input or options" in refused.stderr
+            and "--overwrite" in refused.stderr)
+    done = subprocess.run(_command(many_images, dst, "--overwrite"), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert _visible(dst) == reference
 
@@ -110,7 +115,8 @@ def test_complete_destination_is_kept_or_refused(small_tree, tmp_path):
     assert again.already_complete and again.manifest == first.manifest
     with pytest.raises(PackError, match="different packed dataset"):
         pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1)
-    assert pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1, overwrite=True).manifest.options["seed"] == 5
+    redone = pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1, overwrite=True)
+    assert redone.manifest.options["seed"] == 5
 
 
 def test_non_empty_unrelated_destination_is_refused(small_tree, tmp_path):
@@ -119,7 +125,8 @@ def test_non_empty_unrelated_destination_is_refused(small_tree, tmp_path):
     with pytest.raises(PackError, match="not empty"):
         pack(str(small_tree), str(tmp_path / "out"), workers=1)
     pack(str(small_tree), str(tmp_path / "out"), workers=1, overwrite=True)
-    assert (tmp_path / "out" / "precious.txt").read_text() == "mine"  # --overwrite removes only our files
+    # --overwrite removes only our files
+    assert (tmp_path / "out" / "precious.txt").read_text() == "mine"
 
 
 def test_killed_before_the_plan_was_recorded(small_tree, tmp_path):
@@ -127,5 +134,6 @@ def test_killed_before_the_plan_was_recorded(small_tree, tmp_path):
     (tmp_path / "out" / ".shard-000000.tar.tmp-0123456789ab").write_bytes(b"partial")
     pack(str(small_tree), str(tmp_path / "out"), workers=1)
     reference = pack(str(small_tree), str(tmp_path / "ref"), workers=1)
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in (tmp_path / "ref").iterdir())
+    assert (sorted(p.name for p in (tmp_path / "out").iterdir())
+            == sorted(p.name for p in (tmp_path / "ref").iterdir()))
     assert reference.manifest.num_samples == 12

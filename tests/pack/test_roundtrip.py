@@ -1,4 +1,5 @@
-"""Pack, then read back through shardkit and plain webdataset; compare with torchvision's ImageFolder."""
+"""Pack, then read back through shardkit and plain webdataset; compare with torchvision's
+ImageFolder."""
 
 import io
 import json
@@ -83,12 +84,13 @@ def test_tricky_tree_round_trip(tmp_path):
     exts = {e for s in _read_shardkit(dst).values() for e in s if e in IMAGE_EXTS}
     assert exts == {"jpg", "png", "webp", "bmp", "tiff"}  # lower case, .jpeg/.JPEG -> jpg
     assert sorted(p.name for p in dst.iterdir()) == sorted(
-        ["index.json"] + [s.url for s in manifest.shards] + [offsets_name(s.url) for s in manifest.shards])
+        ["index.json"] + [s.url for s in manifest.shards]
+        + [offsets_name(s.url) for s in manifest.shards])
 
 
 def test_shuffle_spreads_and_no_shuffle_keeps_order(small_tree, tmp_path):
-    ordered = pack(str(small_tree), str(tmp_path / "a"), options=PackOptions(max_count=5, shuffle=False),
-                   workers=1)
+    ordered = pack(str(small_tree), str(tmp_path / "a"),
+                   options=PackOptions(max_count=5, shuffle=False), workers=1)
     keys = list(_read_shardkit(tmp_path / "a"))
     assert keys == [make_key(i, 8) for i in range(12)]
     assert [s.num_samples for s in ordered.manifest.shards] == [5, 5, 2]
@@ -115,15 +117,18 @@ def _save(img, fmt):
 
 
 def test_resize_max_reencodes_large_images(small_tree, tmp_path):
-    (small_tree / "class1" / "large.png").write_bytes(_save(Image.new("RGB", (40, 30), (9, 9, 9)), "PNG").getvalue())
-    result = pack(str(small_tree), str(tmp_path / "out"), options=PackOptions(resize_max=10, quality=80),
-                  workers=1)
+    large = _save(Image.new("RGB", (40, 30), (9, 9, 9)), "PNG").getvalue()
+    (small_tree / "class1" / "large.png").write_bytes(large)
+    result = pack(str(small_tree), str(tmp_path / "out"),
+                  options=PackOptions(resize_max=10, quality=80), workers=1)
     assert result.manifest.options["resize_max"] == 10 and result.manifest.options["quality"] == 80
     samples = _read_shardkit(tmp_path / "out")
-    large = next(s for s in samples.values() if json.loads(s["json"])["source"] == "class1/large.png")
+    large = next(s for s in samples.values()
+                 if json.loads(s["json"])["source"] == "class1/large.png")
     assert "png" not in large and json.loads(large["json"])["width"] == 13
     assert Image.open(io.BytesIO(large["jpg"])).size == (13, 10)
-    small = next(s for s in samples.values() if json.loads(s["json"])["source"] == "class0/img0.jpg")
+    small = next(s for s in samples.values()
+                 if json.loads(s["json"])["source"] == "class0/img0.jpg")
     assert small["jpg"] == (small_tree / "class0" / "img0.jpg").read_bytes()  # shorter side 6 <= 10
 
 

@@ -39,7 +39,8 @@ def test_parse() -> None:
 def test_a_pack_of_no_sample_fails_and_publishes_nothing(tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_tree(src, {"a/x.jpg": b"", "a/y.jpg": b"not an image", "b/z.png": b""})
-    with pytest.raises(SkipBudgetError, match=r"packed no sample: all 3 inputs were skipped \(2 empty file, "
+    with pytest.raises(SkipBudgetError,
+                       match=r"packed no sample: all 3 inputs were skipped \(2 empty file, "
                                               r"1 not an image\); index.json not written") as err:
         pack(str(src), str(tmp_path / "out"), workers=1)
     assert [s["source"] for s in err.value.skipped] == ["a/x.jpg", "a/y.jpg", "b/z.png"]
@@ -56,11 +57,13 @@ def test_a_pack_of_no_sample_fails_and_publishes_nothing(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_budget_stops_early_keeps_complete_shards_and_a_rerun_resumes(tmp_path: Path, workers: int) -> None:
+def test_budget_stops_early_keeps_complete_shards_and_a_rerun_resumes(tmp_path: Path,
+                                                                      workers: int) -> None:
     # 12 good inputs sorted after the bad one: shards of 4, the first holds the empty file.
     src = _tree(tmp_path / "src", 12, {"a/img00-empty.jpg": b""})
     dst = tmp_path / "out"
-    with pytest.raises(SkipBudgetError, match=r"1 of 13 inputs skipped so far, more than --max-skipped 0 "
+    with pytest.raises(SkipBudgetError,
+                       match=r"1 of 13 inputs skipped so far, more than --max-skipped 0 "
                                               r"allows \(1 empty file\)"):
         pack(str(src), str(dst), options=ORDERED, workers=workers, max_skipped=SkipBudget(count=0))
     assert not (dst / "index.json").exists()
@@ -72,13 +75,15 @@ def test_budget_stops_early_keeps_complete_shards_and_a_rerun_resumes(tmp_path: 
         assert "shard-000000.tar" in tars
 
     # The budget is policy, not output: a re-run with another budget resumes and reuses the shard.
-    result = pack(str(src), str(dst), options=ORDERED, workers=1, max_skipped=SkipBudget.parse("10%"))
+    result = pack(str(src), str(dst), options=ORDERED, workers=1,
+                  max_skipped=SkipBudget.parse("10%"))
     assert result.reused_shards == len(tars) and result.manifest.num_samples == 12
     reference = tmp_path / "reference"
     pack(str(src), str(reference), options=ORDERED, workers=2)
     assert _files(dst) == _files(reference)
     final = _files(dst)
-    assert all(final[name] == written[name] for name in tars)  # kept shards were not rewritten or corrupted
+    # kept shards were not rewritten or corrupted
+    assert all(final[name] == written[name] for name in tars)
 
 
 def test_budget_in_percent_through_the_cli(tmp_path: Path) -> None:
@@ -101,7 +106,8 @@ def test_coco_with_nothing_to_pack_touches_nothing(tmp_path: Path) -> None:
     (tmp_path / "img").mkdir()
     write_tree(tmp_path / "img", {"a.jpg": encode_image()})
     ann = tmp_path / "i.json"
-    ann.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": [], "categories": []}))
+    ann.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": [],
+                               "categories": []}))
     with pytest.raises(SourceError, match="nothing to pack: the source lists no sample"):
         pack_coco(str(tmp_path / "img"), str(ann), str(tmp_path / "out"), drop_empty=True)
     assert not (tmp_path / "out").exists()

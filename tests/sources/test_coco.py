@@ -24,7 +24,8 @@ def _write(path: Path, doc: Any) -> Path:
     return path
 
 
-def test_one_sample_per_image_sorted_by_id_with_records_exactly(coco: tuple[Path, Path, dict[str, Any]]) -> None:
+def test_one_sample_per_image_sorted_by_id_with_records_exactly(
+        coco: tuple[Path, Path, dict[str, Any]]) -> None:
     images_dir, ann, doc = coco
     listing = scan_coco(str(images_dir), str(ann))
     expected_ids = sorted(im["id"] for im in doc["images"])
@@ -33,7 +34,8 @@ def test_one_sample_per_image_sorted_by_id_with_records_exactly(coco: tuple[Path
     for s in listing.samples:
         assert s.meta is not None and s.label is None
         assert s.meta["image"] == by_id[s.meta["image"]["id"]]
-        assert s.meta["annotations"] == [a for a in doc["annotations"] if a["image_id"] == s.meta["image"]["id"]]
+        assert (s.meta["annotations"]
+                == [a for a in doc["annotations"] if a["image_id"] == s.meta["image"]["id"]])
         assert s.rel == s.meta["image"]["file_name"]
         assert s.size == Path(s.path).stat().st_size > 0
     assert listing.kind == "coco" and listing.categories == doc["categories"]
@@ -47,7 +49,8 @@ def test_one_sample_per_image_sorted_by_id_with_records_exactly(coco: tuple[Path
 def test_drop_empty(coco: tuple[Path, Path, dict[str, Any]]) -> None:
     images_dir, ann, _ = coco
     listing = scan_coco(str(images_dir), str(ann), drop_empty=True)
-    assert len(listing.samples) == 8 and all(s.meta and s.meta["annotations"] for s in listing.samples)
+    assert (len(listing.samples) == 8
+            and all(s.meta and s.meta["annotations"] for s in listing.samples))
 
 
 def test_missing_file_on_disk_has_size_minus_one(coco: tuple[Path, Path, dict[str, Any]]) -> None:
@@ -83,13 +86,16 @@ def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
         (lambda d: d["images"][0].pop("file_name"), r'images\[0\]: missing "file_name"'),
         (lambda d: d["images"].__setitem__(2, "x.jpg"), r"images\[2\]: must be an object"),
         (lambda d: d["annotations"][5].pop("image_id"), r'annotations\[5\]: missing "image_id"'),
-        (lambda d: d["annotations"][1].pop("category_id"), r'annotations\[1\]: missing "category_id"'),
+        (lambda d: d["annotations"][1].pop("category_id"),
+         r'annotations\[1\]: missing "category_id"'),
         (lambda d: d["annotations"][0].pop("id"), r'annotations\[0\]: missing "id"'),
-        (lambda d: d["annotations"][2].update(image_id=[1]), r'annotations\[2\]: "image_id" must be an integer'),
+        (lambda d: d["annotations"][2].update(image_id=[1]),
+         r'annotations\[2\]: "image_id" must be an integer'),
         (lambda d: d["categories"][1].pop("id"), r'categories\[1\]: missing "id"'),
     ],
 )
-def test_missing_required_keys_name_the_place(coco: tuple[Path, Path, dict[str, Any]], mutate: Any, message: str) -> None:
+def test_missing_required_keys_name_the_place(coco: tuple[Path, Path, dict[str, Any]], mutate: Any,
+                                              message: str) -> None:
     images_dir, ann, doc = coco
     mutate(doc)
     with pytest.raises(SourceError, match=message) as info:
@@ -99,14 +105,16 @@ def test_missing_required_keys_name_the_place(coco: tuple[Path, Path, dict[str, 
         scan_coco(str(images_dir), str(_write(ann, [doc])))
 
 
-def test_bad_references_and_boxes_are_warned_with_counts(coco: tuple[Path, Path, dict[str, Any]]) -> None:
+def test_bad_references_and_boxes_are_warned_with_counts(
+        coco: tuple[Path, Path, dict[str, Any]]) -> None:
     images_dir, ann, doc = coco
     n_anns = len(doc["annotations"])
     base = {"iscrowd": 0, "area": 1.0}
     doc["annotations"] += [
         {"id": 1, "image_id": 999, "category_id": 1, "bbox": [0, 0, 1, 1], **base},
         {"id": 2, "image_id": 998, "category_id": 1, "bbox": [0, 0, 1, 1], **base},
-        {"id": 3, "image_id": 100, "category_id": 2, "bbox": [0, 0, 1, 1], **base},  # 2: not a category
+        # 2: not a category
+        {"id": 3, "image_id": 100, "category_id": 2, "bbox": [0, 0, 1, 1], **base},
         {"id": 4, "image_id": 100, "category_id": 3, "bbox": [-5, 0, 10, 10], **base},
         {"id": 5, "image_id": 100, "category_id": 3, "bbox": [0, 0, 10_000, 10], **base},
         {"id": 6, "image_id": 100, "category_id": 3, "bbox": [0, 0, -1], **base},
@@ -117,18 +125,24 @@ def test_bad_references_and_boxes_are_warned_with_counts(coco: tuple[Path, Path,
     # Image records that cannot be packed are skipped inputs ...
     images = {(w["source"], w["reason"]) for w in listing.warnings}
     assert any(s == "dup.jpg" and "repeats image id" in r for s, r in images)
-    assert any(s == "../escape.jpg" and "not a path inside the images folder" in r for s, r in images)
+    assert any(s == "../escape.jpg" and "not a path inside the images folder" in r
+               for s, r in images)
     assert len(listing.warnings) == 2
     # ... annotation problems are reported as annotations, with counts, never as skipped images.
-    problems = {(p["source"], p["reason"], p["annotations"], p["dropped"]) for p in listing.annotation_problems}
-    assert ("instances.json", "2 annotation(s) reference unknown image ids; dropped (annotation ids 1, 2)",
-            2, True) in problems
-    assert ("instances.json", "1 annotation(s) have unknown category_id 2; dropped (annotation ids 3)",
-            1, True) in problems
+    problems = {(p["source"], p["reason"], p["annotations"], p["dropped"])
+                for p in listing.annotation_problems}
+    assert ("instances.json",
+            "2 annotation(s) reference unknown image ids; dropped (annotation ids 1, 2)", 2,
+            True) in problems
+    assert ("instances.json",
+            "1 annotation(s) have unknown category_id 2; dropped (annotation ids 3)", 1,
+            True) in problems
     assert ("img_0000.jpg", "2 annotation bbox(es) extend outside the "
-            f"{doc['images'][-3]['width']}x{doc['images'][-3]['height']} image; kept as is (annotation ids 4, 5)",
+            f"{doc['images'][-3]['width']}x{doc['images'][-3]['height']} image; kept as is "
+            "(annotation ids 4, 5)",
             2, False) in problems
-    assert any(s == "img_0000.jpg" and r.startswith("1 annotation bbox(es) are malformed") and (n, d) == (1, False)
+    assert any(s == "img_0000.jpg" and r.startswith("1 annotation bbox(es) are malformed")
+               and (n, d) == (1, False)
                for s, r, n, d in problems)
     assert len(listing.annotation_problems) == 4
     assert len(listing.samples) == 12  # the rest continues
@@ -140,7 +154,8 @@ def test_bad_references_and_boxes_are_warned_with_counts(coco: tuple[Path, Path,
 
 def test_string_ids_sort_after_ints(tmp_path: Path) -> None:
     (tmp_path / "img").mkdir()
-    doc = {"images": [{"id": "b", "file_name": "b.jpg"}, {"id": 7, "file_name": "a.jpg"}, {"id": "a", "file_name": "c.jpg"}],
+    doc = {"images": [{"id": "b", "file_name": "b.jpg"}, {"id": 7, "file_name": "a.jpg"},
+                      {"id": "a", "file_name": "c.jpg"}],
            "annotations": [], "categories": []}
     listing = scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
     assert [s.rel for s in listing.samples] == ["a.jpg", "c.jpg", "b.jpg"]

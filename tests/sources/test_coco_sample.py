@@ -33,7 +33,8 @@ def test_sample_covers_the_awkward_cases(doc: dict) -> None:
     ids = [c["id"] for c in doc["categories"]]
     assert ids != list(range(1, len(ids) + 1))  # non-contiguous
     assert sum(a["iscrowd"] for a in doc["annotations"]) >= 1
-    assert all(isinstance(a["segmentation"], dict) == bool(a["iscrowd"]) for a in doc["annotations"])
+    assert all(isinstance(a["segmentation"], dict) == bool(a["iscrowd"])
+               for a in doc["annotations"])
     names = [im["file_name"] for im in doc["images"]]
     assert any("/" in n for n in names) and any(not n.isascii() for n in names)
     assert all(unicodedata.is_normalized("NFC", n) for n in names)
@@ -47,12 +48,14 @@ def test_boxes_are_tight_around_the_masks(doc: dict) -> None:
     sizes = {im["id"]: (im["height"], im["width"]) for im in doc["images"]}
     for ann in doc["annotations"]:
         h, w = sizes[ann["image_id"]]
-        rle = mask_utils.merge(mask_utils.frPyObjects(ann["segmentation"], h, w)) if not ann["iscrowd"] \
-            else mask_utils.frPyObjects(ann["segmentation"], h, w)
+        rle = mask_utils.frPyObjects(ann["segmentation"], h, w)
+        if not ann["iscrowd"]:
+            rle = mask_utils.merge(rle)
         x, y, bw, bh = ann["bbox"]
         mx, my, mw, mh = mask_utils.toBbox(rle).tolist()
         assert x >= 0 and y >= 0 and x + bw <= w and y + bh <= h
-        assert abs(mx - x) <= 1.5 and abs(my - y) <= 1.5 and abs(mw - bw) <= 2 and abs(mh - bh) <= 2, ann["id"]
+        assert (abs(mx - x) <= 1.5 and abs(my - y) <= 1.5 and abs(mw - bw) <= 2
+                and abs(mh - bh) <= 2), ann["id"]
         assert ann["area"] == pytest.approx(float(mask_utils.area(rle)))
 
 
@@ -60,7 +63,8 @@ def test_boxes_are_tight_around_the_masks(doc: dict) -> None:
 def test_rebuild_reproduces_the_annotations(tmp_path: Path) -> None:
     rebuilt = make_coco.build(tmp_path / "coco")
     assert rebuilt.read_bytes() == ANNOTATIONS.read_bytes()
-    assert sorted(p.relative_to(tmp_path / "coco").as_posix() for p in (tmp_path / "coco").rglob("*.jpg")) == \
+    out = tmp_path / "coco"
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.jpg")) == \
         sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.jpg"))
 
 
@@ -68,7 +72,8 @@ def test_packed_sample_equals_records_and_coco_detection(doc: dict, tmp_path: Pa
     from torchvision.datasets import CocoDetection
 
     dst = tmp_path / "out"
-    result = pack_coco(str(IMAGES), str(ANNOTATIONS), str(dst), options=PackOptions(max_count=8), workers=2)
+    result = pack_coco(str(IMAGES), str(ANNOTATIONS), str(dst), options=PackOptions(max_count=8),
+                       workers=2)
     assert result.manifest.num_samples == 25 and result.manifest.skipped == ()
     assert verify_dataset(str(dst), decode=True).ok
     packed = {}
@@ -83,4 +88,5 @@ def test_packed_sample_equals_records_and_coco_detection(doc: dict, tmp_path: Pa
         record = reference.coco.loadImgs(reference.ids[index])[0]
         assert meta == {"image": record, "annotations": target, "source": record["file_name"]}
         assert data == (IMAGES / record["file_name"]).read_bytes()
-        assert np.array_equal(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")), np.asarray(image))
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")),
+                              np.asarray(image))

@@ -15,7 +15,8 @@ def test_same_samples_classes_and_labels_as_torchvision(tmp_path):
     listing = scan_imagefolder(str(root))
     reference = ImageFolder(str(root))
     assert listing.kind == "imagefolder"
-    assert listing.classes == reference.classes == ["a cls", "b.dots", "plain", "zz linked class", "ünïcødé"]
+    assert listing.classes == reference.classes == ["a cls", "b.dots", "plain", "zz linked class",
+                                                    "ünïcødé"]
     assert [(s.path, s.label) for s in listing.samples] == reference.samples
     rels = [s.rel for s in listing.samples]
     assert "plain/sub/deeper/nested.jpg" in rels and "plain/linked_sub/in_linked_sub.jpg" in rels
@@ -48,6 +49,7 @@ def test_empty_source_and_no_class_folders(tmp_path):
 
 
 def test_class_folder_without_images(tmp_path):
-    write_tree(tmp_path, {"cat/a.jpg": encode_image(), "dog/readme.txt": b"x", "emu/sub/b.txt": b"y"})
+    write_tree(tmp_path,
+               {"cat/a.jpg": encode_image(), "dog/readme.txt": b"x", "emu/sub/b.txt": b"y"})
     with pytest.raises(SourceError, match="no image files in class folder\\(s\\): dog, emu"):
         scan_imagefolder(str(tmp_path))

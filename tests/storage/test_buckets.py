@@ -27,26 +27,29 @@ def _buckets(options: dict[str, Any]) -> list[str]:
 
 
 def _cli_options(options: dict[str, Any]) -> list[str]:
-    return ["-o", f"client_kwargs.endpoint_url={options['client_kwargs']['endpoint_url']}", "-o", "key=test",
-            "-o", "secret=test", "-o", "skip_instance_cache=true"]
+    return ["-o", f"client_kwargs.endpoint_url={options['client_kwargs']['endpoint_url']}", "-o",
+            "key=test", "-o", "secret=test", "-o", "skip_instance_cache=true"]
 
 
 def test_bucket_of() -> None:
-    assert bucket_of("s3://b/x/y") == "b" and bucket_of("gs://b") == "b" and bucket_of("s3://") is None
-    assert bucket_of("memory://b/x") is None and bucket_of("/tmp/x") is None and bucket_of("file:///x") is None
+    assert (bucket_of("s3://b/x/y") == "b" and bucket_of("gs://b") == "b"
+            and bucket_of("s3://") is None)
+    assert (bucket_of("memory://b/x") is None and bucket_of("/tmp/x") is None
+            and bucket_of("file:///x") is None)
 
 
 def test_pack_into_a_missing_bucket_names_it_and_creates_nothing(s3_server: dict[str, Any],
                                                                   small_tree: Path) -> None:
     typo = f"my-typo-bucket-{uuid.uuid4().hex[:8]}"
     before = _buckets(s3_server)
-    with pytest.raises(StorageError, match=f"bucket '{typo}' does not exist .* never creates buckets") as err:
+    with pytest.raises(StorageError,
+                       match=f"bucket '{typo}' does not exist .* never creates buckets") as err:
         pack(str(small_tree), f"s3://{typo}/train", workers=1, storage_options=s3_server)
     assert err.value.where == f"s3://{typo}/train"
     assert _buckets(s3_server) == before  # s3fs makedirs used to create it
 
-    result = CliRunner().invoke(cli, ["pack", str(small_tree), f"s3://{typo}/train", "--workers", "1",
-                                      *_cli_options(s3_server)])
+    result = CliRunner().invoke(cli, ["pack", str(small_tree), f"s3://{typo}/train", "--workers",
+                                      "1", *_cli_options(s3_server)])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.output.startswith(f"error: s3://{typo}/train: bucket '{typo}' does not exist")
     assert _buckets(s3_server) == before
@@ -57,13 +60,16 @@ def test_reading_from_a_missing_bucket_names_it(s3_server: dict[str, Any], comma
     typo = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
     result = CliRunner().invoke(cli, [command, f"s3://{typo}/train", *_cli_options(s3_server)])
     assert result.exit_code == 1, result.output
-    assert f"bucket '{typo}' does not exist" in result.output and "no index.json" not in result.output
+    assert (f"bucket '{typo}' does not exist" in result.output
+            and "no index.json" not in result.output)
 
 
-def test_an_existing_bucket_without_a_dataset_still_says_no_index(s3_server: dict[str, Any], s3_bucket: str) -> None:
+def test_an_existing_bucket_without_a_dataset_still_says_no_index(s3_server: dict[str, Any],
+                                                                   s3_bucket: str) -> None:
     store = Store(f"{s3_bucket}/nothing-here", s3_server)
     assert not store.exists("index.json") and store.listdir() == []
-    result = CliRunner().invoke(cli, ["info", f"{s3_bucket}/nothing-here", *_cli_options(s3_server)])
+    result = CliRunner().invoke(cli,
+                                ["info", f"{s3_bucket}/nothing-here", *_cli_options(s3_server)])
     assert result.exit_code == 1 and "no index.json: not a shardkit dataset" in result.output
 
 
@@ -81,11 +87,14 @@ _FAST = ["-o", "config_kwargs.retries.max_attempts=0", "-o", "config_kwargs.conn
 def test_a_refused_connection_is_a_network_error(command: list[str]) -> None:
     port = _refusing_port()
     started = time.monotonic()
-    result = CliRunner().invoke(cli, [*command, "s3://bucket/train", "-o", f"client_kwargs.endpoint_url=http://127.0.0.1:{port}",
-                                      "-o", "key=k", "-o", "secret=s", "-o", "skip_instance_cache=true", *_FAST])
+    result = CliRunner().invoke(cli, [*command, "s3://bucket/train", "-o",
+                                      f"client_kwargs.endpoint_url=http://127.0.0.1:{port}", "-o",
+                                      "key=k", "-o", "secret=s", "-o", "skip_instance_cache=true",
+                                      *_FAST])
     assert result.exit_code == 1, result.output
     assert result.output.startswith("error: s3://bucket/train")
-    assert f"network error: cannot connect to 127.0.0.1:{port} (Connection refused)" in result.output
+    refused = f"network error: cannot connect to 127.0.0.1:{port} (Connection refused)"
+    assert refused in result.output
     assert "no index.json" not in result.output and "Traceback" not in result.output
     assert time.monotonic() - started < 30
 
@@ -96,5 +105,7 @@ def test_pack_to_a_refused_endpoint_is_a_network_error(small_tree: Path) -> None
     options = {"key": "k", "secret": "s", "skip_instance_cache": True,
                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"},
                "config_kwargs": {"retries": {"max_attempts": 0}, "connect_timeout": 2}}
-    with pytest.raises(StorageError, match=f"cannot connect to 127.0.0.1:{port} \\(Connection refused\\)"):
-        pack(str(small_tree), "s3://bucket", workers=1, storage_options=options)  # bucket root: s3fs's exists() swallows errors
+    with pytest.raises(StorageError,
+                       match=f"cannot connect to 127.0.0.1:{port} \\(Connection refused\\)"):
+        # bucket root: s3fs's exists() swallows errors
+        pack(str(small_tree), "s3://bucket", workers=1, storage_options=options)

@@ -32,7 +32,8 @@ def silent_endpoint() -> Iterator[str]:
 def no_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                 "AWS_DEFAULT_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                "AWS_ROLE_ARN"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
@@ -41,8 +42,10 @@ def no_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.timeout(60)  # before the fix: hung for minutes
 def test_unresponsive_endpoint_times_out_as_storage_error(silent_endpoint):
-    store = Store("s3://bucket/ds", {"key": "AKIDFAKEKEY", "secret": "FAKESECRET", "skip_instance_cache": True,
-                                     "client_kwargs": {"endpoint_url": silent_endpoint}, "config_kwargs": _FAST})
+    store = Store("s3://bucket/ds", {"key": "AKIDFAKEKEY", "secret": "FAKESECRET",
+                                     "skip_instance_cache": True,
+                                     "client_kwargs": {"endpoint_url": silent_endpoint},
+                                     "config_kwargs": _FAST})
     with pytest.raises(StorageError, match="s3://bucket/ds/index.json: timed out") as err:
         store.read_bytes("index.json")
     assert "AKIDFAKEKEY" not in str(err.value) and "FAKESECRET" not in str(err.value)
@@ -52,14 +55,16 @@ def test_unresponsive_endpoint_times_out_as_storage_error(silent_endpoint):
 def test_upload_to_unresponsive_endpoint_times_out(silent_endpoint):
     # S3 uploads send "Expect: 100-continue"; aiohttp waits for the reply with no timeout.
     store = Store("s3://bucket/ds", {"key": "k", "secret": "s", "skip_instance_cache": True,
-                                     "client_kwargs": {"endpoint_url": silent_endpoint}, "config_kwargs": _FAST})
+                                     "client_kwargs": {"endpoint_url": silent_endpoint},
+                                     "config_kwargs": _FAST})
     with pytest.raises(StorageError, match="s3://bucket/ds/a.bin: timed out"):
         store.write_bytes("a.bin", b"x" * 100)
 
 
 def test_missing_credentials_name_the_credential_chain(silent_endpoint, no_aws_credentials):
     store = Store("s3://bucket/ds", {"skip_instance_cache": True,
-                                     "client_kwargs": {"endpoint_url": silent_endpoint}, "config_kwargs": _FAST})
+                                     "client_kwargs": {"endpoint_url": silent_endpoint},
+                                     "config_kwargs": _FAST})
     with pytest.raises(StorageError, match="no AWS credentials") as err:
         store.exists("index.json")
     assert "standard AWS credential chain" in str(err.value) and "-o key=" in str(err.value)
@@ -69,6 +74,7 @@ def test_s3_defaults_bound_timeouts_but_user_values_win():
     from shardkit.storage._remote import filesystem_options
 
     options = filesystem_options("s3", {"config_kwargs": {"read_timeout": 5}})
-    assert options["config_kwargs"] == {"connect_timeout": 10, "read_timeout": 5, "retries": {"max_attempts": 3}}
+    assert (options["config_kwargs"]
+            == {"connect_timeout": 10, "read_timeout": 5, "retries": {"max_attempts": 3}})
     assert filesystem_options("memory", {}) == {}
     assert filesystem_options("s3", {"session": "mine"})["session"] == "mine"

@@ -58,7 +58,7 @@ def test_bfloat16_and_channels_last(batch: torch.Tensor) -> None:
         {"mean": (0.5, 0.5, 0.5)},
         {"mean": (0.5,) * 3, "std": (0.0, 1, 1)},
         {"mean": (0.5,) * 3, "std": (1,) * 3, "dtype": torch.uint8},
-    ],  # fmt: skip
+    ],
 )
 def test_invalid_batch_format(kw: dict) -> None:
     with pytest.raises(ValueError):
@@ -71,7 +71,7 @@ def test_invalid_batch_format(kw: dict) -> None:
         imagenet_train(64),
         imagenet_train(64, normalize=True, dtype=torch.bfloat16, channels_last=True),
         imagenet_val(64),
-    ],  # fmt: skip
+    ],
 )
 def test_pickle_round_trip(t, batch: torch.Tensor) -> None:
     u = pickle.loads(pickle.dumps(t))

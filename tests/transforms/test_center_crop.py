@@ -48,7 +48,8 @@ def test_box_covers_the_centre_crop_and_ignores_rng() -> None:
 def test_other_boxes_take_the_generic_path() -> None:
     img, t = make_photo(300, 400), imagenet_val(64)
     p = CropFlip(0, 0, 100, 100, flip=True)
-    assert torch.equal(t.apply(img, p), v2.functional.resized_crop(img, 0, 0, 100, 100, [64, 64]).flip(-1))  # fmt: skip
+    assert torch.equal(t.apply(img, p),
+                       v2.functional.resized_crop(img, 0, 0, 100, 100, [64, 64]).flip(-1))
 
 
 def test_out_is_written_in_place() -> None:

@@ -17,8 +17,9 @@ def _sample() -> tuple[torch.Tensor, dict[str, Any]]:
     masks = torch.zeros((2, 40, 60), dtype=torch.uint8)
     masks[0, 10:20, 5:25] = 1
     masks[1, 30:31, 40:40] = 1  # the second box is degenerate (zero width)
-    target = {"boxes": torch.tensor([[5.0, 10, 25, 20], [40, 30, 40, 31]]), "labels": torch.tensor([3, 4]),
-              "area": torch.tensor([200.0, 0.0]), "iscrowd": torch.tensor([0, 0]), "masks": masks, "image_id": 7}
+    target = {"boxes": torch.tensor([[5.0, 10, 25, 20], [40, 30, 40, 31]]),
+              "labels": torch.tensor([3, 4]), "area": torch.tensor([200.0, 0.0]),
+              "iscrowd": torch.tensor([0, 0]), "masks": masks, "image_id": 7}
     return image, target
 
 
@@ -28,7 +29,8 @@ def test_pickles_and_is_seeded() -> None:
     a = run_detection_transform(t, image, target, seed=4)
     b = run_detection_transform(t, image, target, seed=4)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1]["boxes"], b[1]["boxes"])
-    assert a[1]["image_id"] == 7 and type(a[0]) is torch.Tensor and type(a[1]["boxes"]) is torch.Tensor
+    assert (a[1]["image_id"] == 7 and type(a[0]) is torch.Tensor
+            and type(a[1]["boxes"]) is torch.Tensor)
 
 
 def test_flip_and_resize_move_boxes_masks_and_pixels() -> None:
@@ -37,7 +39,8 @@ def test_flip_and_resize_move_boxes_masks_and_pixels() -> None:
     out, tgt = run_detection_transform(t, image, target, seed=0)
     assert out.shape == (3, 80, 120)
     # the degenerate box went with its label, area, iscrowd and mask
-    assert tgt["labels"].tolist() == [3] and tgt["area"].tolist() == [200.0] and tgt["masks"].shape == (1, 80, 120)
+    assert (tgt["labels"].tolist() == [3] and tgt["area"].tolist() == [200.0]
+            and tgt["masks"].shape == (1, 80, 120))
     assert tgt["boxes"].tolist() == [[70.0, 20.0, 110.0, 40.0]]
     ys, xs = tgt["masks"][0].nonzero(as_tuple=True)
     assert (int(xs.min()), int(xs.max()) + 1, int(ys.min()), int(ys.max()) + 1) == (70, 110, 20, 40)
@@ -47,7 +50,8 @@ def test_flip_and_resize_move_boxes_masks_and_pixels() -> None:
 def test_val_is_identity_without_resize_and_resizes_with_it() -> None:
     image, target = _sample()
     out, tgt = run_detection_transform(detection_val(), image, target, seed=0)
-    assert torch.equal(out, image) and torch.equal(tgt["boxes"], target["boxes"]) and len(tgt["labels"]) == 2
+    assert (torch.equal(out, image) and torch.equal(tgt["boxes"], target["boxes"])
+            and len(tgt["labels"]) == 2)
     out, tgt = run_detection_transform(detection_val(20), image, target, seed=0)
     assert out.shape == (3, 20, 30) and tgt["boxes"][0].tolist() == [2.5, 5.0, 12.5, 10.0]
 

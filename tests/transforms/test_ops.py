@@ -33,7 +33,8 @@ def test_flip_mirrors_columns(photo: torch.Tensor) -> None:
     got = crop_resize_flip(photo, p, (50, 60))  # no resize: an exact crop, mirrored
     assert torch.equal(got, photo[:, 10:60, 20:80].flip(-1))
     unflipped = crop_resize_flip(photo, CropFlip(10, 20, 70, 90), (32, 40))
-    assert torch.equal(crop_resize_flip(photo, CropFlip(10, 20, 70, 90, True), (32, 40)), unflipped.flip(-1))  # fmt: skip
+    assert torch.equal(crop_resize_flip(photo, CropFlip(10, 20, 70, 90, True), (32, 40)),
+                       unflipped.flip(-1))
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -73,13 +74,16 @@ def test_invalid_inputs_raise(img: torch.Tensor, p: CropFlip, out: torch.Tensor 
 
 def test_planar_extension_is_built_where_a_c_compiler_exists() -> None:
     if shutil.which("cc") or shutil.which("gcc"):
-        assert ops.hwc_to_chw is not None, "a C compiler is here but shardkit.transforms._planar was not built"
+        assert ops.hwc_to_chw is not None, ("a C compiler is here but shardkit.transforms._planar "
+                                            "was not built")
 
 
 @pytest.mark.parametrize("flip", [False, True])
 @pytest.mark.parametrize("size", [(224, 224), (1, 1), (7, 33), (33, 7)])
-def test_c_repacking_equals_numpy(flip: bool, size: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
-    hwc = torch.randint(0, 256, (*size, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+def test_c_repacking_equals_numpy(flip: bool, size: tuple[int, int],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    hwc = torch.randint(0, 256, (*size, 3), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(0))
     res = hwc.permute(2, 0, 1)  # [3, H, W] with HWC memory, as the resize kernel returns it
     expected = res.flip(-1) if flip else res
     got = ops._write(torch.empty(3, *size, dtype=torch.uint8), res, flip)

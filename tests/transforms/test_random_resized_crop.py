@@ -24,7 +24,8 @@ def test_same_seed_same_params_and_different_seed_differs() -> None:
     assert all(isinstance(p, CropFlip) for p in a)
 
 
-@pytest.mark.parametrize("hw", [(1, 1), (1, 900), (900, 1), (7, 13), (375, 500), (500, 375), (2000, 40)])  # fmt: skip
+@pytest.mark.parametrize("hw",
+                         [(1, 1), (1, 900), (900, 1), (7, 13), (375, 500), (500, 375), (2000, 40)])
 def test_params_always_inside_the_image(hw: tuple[int, int]) -> None:
     t, rng = imagenet_train(224), random.Random(0)
     for _ in range(300):

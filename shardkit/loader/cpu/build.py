@@ -87,8 +87,8 @@ class CpuBatchBuilder:
     per sample, so the caller's global RNG is untouched; outputs stacked), or ``None`` (a list of
     decoded images). ``on_error="replace"`` replaces a corrupt sample deterministically and counts
     it (see :mod:`shardkit.loader.bad_samples`); ``"raise"`` raises :class:`LoaderError` naming
-    shard and key; a label at or above ``num_classes`` is a bad sample. ``pool``: reusable shared batch buffers for the :class:`ImageTransform` path
-    in worker processes (see :mod:`shardkit.loader.cpu.shared_pool`).
+    shard and key; a label at or above ``num_classes`` is a bad sample. ``pool``: reusable shared
+    batch buffers for the :class:`ImageTransform` path in worker processes (see :mod:`shardkit.loader.cpu.shared_pool`).
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[[torch.Tensor], Any] | None,

@@ -190,8 +190,8 @@ class RawBatchBuilder:
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> RawBatch:
         """Read the given samples in order; JPEGs stay encoded, the rest are decoded here."""
-        got, stats = self.samples.fill(lambda _slot, sample, seed, stats, dstats: self._raw(sample, seed, stats, dstats),
-                                       shards, indices, seeds)
+        got, stats = self.samples.fill(
+            lambda _slot, sample, seed, stats, dstats: self._raw(sample, seed, stats, dstats), shards, indices, seeds)
         stats.gpu_fallback = stats.fast + stats.fallback
         labels = np.array([label for label, _ in got.results], dtype=np.int64)
         return RawBatch(self._pack([item for _, item in got.results], labels), got.keys, stats)

@@ -87,7 +87,8 @@ class GpuPipeline:
                 bad.append(dest)
                 continue
             # the geometry row holds the box drawn in the worker (centre crops: see ImageTransform.gpu_window)
-            pixels = self.transform.apply(image, CropFlip(g[Col.TOP], g[Col.LEFT], g[Col.BOX_H], g[Col.BOX_W], bool(g[Col.FLIP])))
+            box = CropFlip(g[Col.TOP], g[Col.LEFT], g[Col.BOX_H], g[Col.BOX_W], bool(g[Col.FLIP]))
+            pixels = self.transform.apply(image, box)
             out[dest].copy_(pixels, non_blocking=False)
         good = [i for i in range(len(out)) if i not in set(bad)]
         for dest in bad:
@@ -148,7 +149,8 @@ class GpuPipeline:
             out.append((merged, rejected))
         return out
 
-    def augment(self, batch: RawBatch, slot: PinnedSlot, decoded: list[torch.Tensor], rejected: list[int]) -> DeviceBatch:
+    def augment(self, batch: RawBatch, slot: PinnedSlot, decoded: list[torch.Tensor],
+                rejected: list[int]) -> DeviceBatch:
         """Stage 2 (enqueues only): copy the slot's small tensors, crop-resize-flip, finalize."""
         raw = batch.images
         n, dev = len(raw), self.device

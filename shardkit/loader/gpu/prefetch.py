@@ -91,7 +91,8 @@ class DevicePrefetcher:
     ``merge``: up to this many staged batches are decoded in one nvJPEG call when they are
     already waiting (fewer fixed costs per image). ``hw_planar``: None for nvJPEG alone, else run
     a hardware JPEG decoder thread beside it (``HwJpegDecoder(planar=hw_planar)``), or instead of
-    it with ``hw_only`` (``hw_threads``: its CPU threads). ``keep_alive``: how many recent worker batches to hold, so shared-memory buffers that workers
+    it with ``hw_only`` (``hw_threads``: its CPU threads). ``keep_alive``: how many recent worker
+    batches to hold, so shared-memory buffers that workers
     reuse stay mapped in this process (no page faults on reuse). Stop early by closing the
     iterator (``for`` loops do it when abandoned).
     """
@@ -117,13 +118,15 @@ class DevicePrefetcher:
         self.hw_stream = torch.cuda.Stream(device) if hw_planar is not None else None
         self._keep: deque[RawBatch] = deque(maxlen=max(keep_alive, 1))
         self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event, list[torch.Tensor]]] = deque()
-        stages: list[tuple[Any, int, torch.cuda.Stream]] = [(self._fetch, 0, self.stream), (self._augment, 2, self.stream)]
+        stages: list[tuple[Any, int, torch.cuda.Stream]] = [(self._fetch, 0, self.stream),
+                                                             (self._augment, 2, self.stream)]
         if self.hw_stream is None or not hw_only:
             stages.append((self._decode, 1, self.decode_stream))
         if self.hw_stream is not None:
             stages.append((self._decode_hw, 1, self.hw_stream))
         self.decoders = len(stages) - 2
-        self._threads = [threading.Thread(target=self._guard, args=args, name=f"shardkit-{args[0].__name__}", daemon=True)
+        self._threads = [threading.Thread(target=self._guard, args=args, name=f"shardkit-{args[0].__name__}",
+                                          daemon=True)
                          for args in stages]
         for t in self._threads:
             t.start()
@@ -194,7 +197,8 @@ class DevicePrefetcher:
 
     def _decode_hw(self) -> None:
         assert self.hw_stream is not None and self.hw_planar is not None
-        hw, stream = HwJpegDecoder(self.device, planar=self.hw_planar, threads=self.hw_threads), self.hw_stream  # this thread's own
+        # this thread's own decoder object and stream
+        hw, stream = HwJpegDecoder(self.device, planar=self.hw_planar, threads=self.hw_threads), self.hw_stream
         self._decode_loop(lambda items: self.pipeline.decode_hw(items, hw, stream), stream, "gpu_hw_decode_s")
 
     def _augment(self) -> None:
