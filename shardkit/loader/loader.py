@@ -165,7 +165,7 @@ class ShardLoader:
             contiguous_labels=contiguous_labels)
         self.device = self.route.device
         #: COCO with ``contiguous_labels``: category id -> label; otherwise None (labels are the ids).
-        self.label_map: dict[Any, int] | None = getattr(self.route, "label_map", None)
+        self.label_map: dict[Any, int] | None = self.route.label_map
         #: COCO: the annotation file's categories (``id``, ``name``, ...) as packed.
         self.categories = self.manifest.categories
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
@@ -187,12 +187,7 @@ class ShardLoader:
         COCO with ``contiguous_labels``: ``"__background__"`` then the category names in label
         order (torchvision's detection-model convention); otherwise None (COCO labels are the
         category ids: see :attr:`categories`; adopted shards without names)."""
-        if self.manifest.kind != "coco":
-            return self.manifest.classes
-        if self.label_map is None:
-            return None
-        names = {c["id"]: str(c.get("name", c["id"])) for c in self.categories or ()}
-        return ("__background__", *(names[cid] for cid in sorted(self.label_map, key=self.label_map.__getitem__)))
+        return self.route.classes
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch (the same on every rank unless ``even_batches=False``)."""

@@ -63,6 +63,10 @@ class Route(ABC, Generic[W, R]):
     device: torch.device
     #: Whether worker batches should arrive in page-locked memory (DataLoader's pin thread).
     pin_memory: bool = False
+    #: Class names by label, where the dataset names them (see ``ShardLoader.classes``).
+    classes: tuple[str, ...] | None = None
+    #: Category id -> label when the route renumbers labels (COCO ``contiguous_labels``).
+    label_map: dict[Any, int] | None = None
 
     def before_workers(self) -> None:
         """Called when worker processes are about to start (none runs now)."""

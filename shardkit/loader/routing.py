@@ -64,12 +64,11 @@ def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransf
     if isinstance(transform, DetectionTransform):
         raise LoaderError(f"transforms.detection_train/detection_val need a COCO dataset; this one is "
                           f"{manifest.kind!r}: use transforms.imagenet_train/imagenet_val (or any callable on images)")
-    num_classes = len(manifest.classes) if manifest.classes else None
     if device.type == "cuda" and isinstance(transform, ImageTransform):
         reason = gpu_decode_unavailable(device)
         if reason is None:
             return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
-                            num_workers=num_workers, prefetch=prefetch, options=gpu, num_classes=num_classes)
+                            num_workers=num_workers, prefetch=prefetch, options=gpu, classes=manifest.classes)
         fallback = device if torch.cuda.is_available() else torch.device("cpu")
         _warn_once("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s "
                    "(`shardkit doctor` checks CUDA and nvJPEG)", reason, fallback)
@@ -79,4 +78,4 @@ def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransf
                    "cropping (slower); install the libjpeg-turbo headers (Debian: libjpeg62-turbo-dev, Ubuntu: "
                    "libjpeg-turbo8-dev, conda: libjpeg-turbo) and reinstall shardkit (`shardkit doctor` checks)")
     return CpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
-                    num_workers=num_workers, prefetch=prefetch, num_classes=num_classes)
+                    num_workers=num_workers, prefetch=prefetch, classes=manifest.classes)

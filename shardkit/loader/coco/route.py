@@ -28,6 +28,10 @@ class CocoRoute(Route[DetectionBatch, DetectionBatch]):
                  device: torch.device, on_error: str, masks: bool, pad: bool | int, contiguous_labels: bool) -> None:
         #: category id -> label when ``contiguous_labels``; otherwise None (labels are the ids).
         self.label_map = contiguous_label_map(manifest.categories) if contiguous_labels else None
+        if self.label_map is not None:
+            names = {c["id"]: str(c.get("name", c["id"])) for c in manifest.categories or ()}
+            by_label = sorted(self.label_map, key=self.label_map.__getitem__)
+            self.classes = ("__background__", *(names[cid] for cid in by_label))
         self.builder: DetectionBatchBuilder = DetectionBatchBuilder(
             reader, transform, on_error=on_error, masks=masks, label_map=self.label_map, pad=int(pad))
         self.device = device

@@ -28,13 +28,14 @@ class CpuRoute(Route[CpuBatch, CpuBatch]):
 
     def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[..., Any] | None, *,
                  device: torch.device, on_error: str, batch_size: int, num_workers: int, prefetch: int,
-                 num_classes: int | None = None) -> None:
+                 classes: tuple[str, ...] | None = None) -> None:
         pool = None
         if num_workers > 0 and isinstance(transform, ImageTransform):
             pool = SharedBatchPool(num_workers=num_workers, slots_per_worker=prefetch + 3,
                                    shape=(batch_size, 3, *transform.output_size))
         self.builder: CpuBatchBuilder = CpuBatchBuilder(reader, transform, on_error=on_error, pool=pool,
-                                                        num_classes=num_classes)
+                                                        num_classes=len(classes) if classes else None)
+        self.classes = classes
         self.transform = transform
         self.device = device
         self.pin_memory = device.type == "cuda"

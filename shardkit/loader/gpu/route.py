@@ -39,11 +39,12 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
 
     def __init__(self, reader: ShardReader, transform: ImageTransform, *, device: torch.device, on_error: str,
                  batch_size: int, num_workers: int, prefetch: int, options: GpuOptions,
-                 num_classes: int | None = None) -> None:
+                 classes: tuple[str, ...] | None = None) -> None:
         self.device, self.options = device, options
         cycle = prefetch + 2
         self.builder: RawBatchBuilder = RawBatchBuilder(reader, transform, on_error=on_error, buffer_cycle=cycle,
-                                                        num_classes=num_classes)
+                                                        num_classes=len(classes) if classes else None)
+        self.classes = classes
         self.pipeline = GpuPipeline(transform, device, compile=options.compile)
         self._slots = [PinnedSlot(batch_size, transform.output_size, len(GEOMETRY_COLUMNS), pin=True)
                        for _ in range(staging_slots(options.device_prefetch))]
