@@ -18,6 +18,8 @@ from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")
+#: On a COCO source (``BenchConfig.annotations``): torchvision CocoDetection against ShardLoader.
+COCO_CONTENDERS = ("cocodetection", "shardloader")
 
 
 class ProgressSink(Protocol):
@@ -40,6 +42,11 @@ class BenchConfig:
     before every run (cold cache) where permitted; otherwise all files are read once first (warm).
     ``jpeg_restart``: pack with :attr:`PackOptions.jpeg_restart <shardkit.pack.PackOptions>`; given
     ``shards`` that already hold a pack must have been packed with the same value.
+
+    COCO (``annotations`` set): ``imagefolder`` is the images directory, the contenders are
+    torchvision ``CocoDetection`` and ShardLoader on the COCO route, both with the steps of
+    ``transforms.detection_train(size, max_size)`` (IoU crop, shortest side ``size``, longer at
+    most ``max_size``, flip, sanitize); ``transform`` does not apply.
     """
 
     imagefolder: str
@@ -57,6 +64,8 @@ class BenchConfig:
     contenders: tuple[str, ...] = CONTENDERS
     jpeg_restart: int | None = None
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    annotations: str | None = None
+    max_size: int = 1333
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot be benchmarked."""
@@ -68,6 +77,10 @@ class BenchConfig:
                              "warmup >= 0")
         if self.jpeg_restart is not None and self.jpeg_restart < 1:
             raise ValueError(f"jpeg_restart must be >= 1, got {self.jpeg_restart}")
+        if self.annotations is not None:
+            if self.max_size < self.size:
+                raise ValueError(f"max_size must be >= size for COCO, got size={self.size}, max_size={self.max_size}")
+            return
         unknown = set(self.contenders) - set(CONTENDERS)
         if unknown or "imagefolder" not in self.contenders:
             raise ValueError(f"contenders must include 'imagefolder' and be among {CONTENDERS}, "
@@ -75,23 +88,44 @@ class BenchConfig:
 
 
 def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) -> dict[str, Any]:
-    from shardkit.pack import PackOptions, pack
+    from shardkit.pack import PackOptions, pack, pack_coco
 
     # Enough shards that every worker of the webdataset baseline gets several whole shards.
     per_shard = max(1, min(1000, math.ceil(n_images / (4 * max(cfg.workers, 1)))))
     workers = cfg.pack_workers or os.cpu_count() or 1
     if sink is not None:
         sink.begin("packing", n_images)
-    result = pack(cfg.imagefolder, dst,
-                  options=PackOptions(max_count=per_shard, jpeg_restart=cfg.jpeg_restart),
-                  workers=workers, storage_options=cfg.storage_options,
-                  progress=sink.advance if sink else None)
+    options = PackOptions(max_count=per_shard, jpeg_restart=cfg.jpeg_restart)
+    progress = sink.advance if sink else None
+    if cfg.annotations is not None:
+        result = pack_coco(cfg.imagefolder, cfg.annotations, dst, drop_empty=True, options=options,
+                           workers=workers, storage_options=cfg.storage_options, progress=progress)
+    else:
+        result = pack(cfg.imagefolder, dst, options=options, workers=workers, storage_options=cfg.storage_options,
+                      progress=progress)
     return {"images": result.manifest.num_samples, "seconds": result.seconds,
             "images_per_second": result.images_per_second, "shards": len(result.manifest.shards),
             "workers": workers, "max_count": per_shard, "reused": result.already_complete}
 
 
+def _coco_contenders(cfg: BenchConfig, shards: str) -> list[Contender]:
+    assert cfg.annotations is not None
+    annotations = cfg.annotations
+    common: dict[str, Any] = {"min_size": cfg.size, "max_size": cfg.max_size, "batch_size": cfg.batch_size,
+                              "workers": cfg.workers, "device": cfg.device}
+    out = [Contender("cocodetection", "torchvision CocoDetection + DataLoader",
+                     lambda: baselines.cocodetection_loader(cfg.imagefolder, annotations, **common), baseline=True)]
+    if "shardloader" in cfg.contenders:
+        out.append(Contender("shardloader", "shardkit ShardLoader (COCO route)",
+                             lambda: runner.detection_shardloader(shards, storage_options=cfg.storage_options,
+                                                                  **common),
+                             stages=runner.shardloader_stages))
+    return out
+
+
 def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None) -> list[Contender]:
+    if cfg.annotations is not None:
+        return _coco_contenders(cfg, shards)
     common: dict[str, Any] = {"size": cfg.size, "train": cfg.transform == "train",
                               "batch_size": cfg.batch_size,
               "workers": cfg.workers, "device": cfg.device}
@@ -120,8 +154,14 @@ def _check_same_data(manifest: Manifest, data: dict[str, Any], shards: str,
     """Refuse shards that cannot be a pack of the ImageFolder tree being compared (or, when
     ``jpeg_restart`` is asked for, were packed without it)."""
     packed = manifest.num_samples + len(manifest.skipped)
-    if (manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"]
-        or packed != data["images"]):
+    if data.get("kind") == "coco":  # packed with drop_empty: the images that have annotations
+        if manifest.kind != "coco" or packed != data["images"]:
+            raise ValueError(
+                f"--shards {shards} holds {manifest.kind} data of {packed} source images, but {data['path']} "
+                f"has COCO annotations for {data['images']} images: the comparison would not be on the same "
+                "data (pack it with shardkit pack --annotations, or omit --shards)")
+    elif (manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"]
+          or packed != data["images"]):
         raise ValueError(
             f"--shards {shards} holds {manifest.kind} data of {len(manifest.classes or ())} "
             f"classes and {packed} source images, but {data['path']} has {data['classes']} classes "
@@ -151,7 +191,8 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         print(format_table(report))
     """
     cfg.validate()
-    data = conditions.describe_imagefolder(cfg.imagefolder)
+    data = (conditions.describe_coco(cfg.imagefolder, cfg.annotations) if cfg.annotations is not None
+            else conditions.describe_imagefolder(cfg.imagefolder))
     per_epoch = data["images"] // cfg.batch_size
     if per_epoch < 1:
         raise ValueError(f"{data['images']} images make no full batch of {cfg.batch_size}")

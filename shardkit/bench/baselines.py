@@ -9,6 +9,12 @@
 
 Both produce uint8 ``[B,3,S,S]`` batches and int64 labels, like ShardLoader with
 ``imagenet_train(S)`` / ``imagenet_val(S)``. Everything handed to workers is picklable.
+
+* COCO: torchvision ``CocoDetection`` wrapped by ``wrap_dataset_for_transforms_v2`` with the
+  steps of :func:`shardkit.transforms.detection_train` on PIL images (as torchvision's detection
+  references do by default): ``RandomIoUCrop``, ``RandomShortestSize(min, max)``,
+  ``RandomHorizontalFlip``, ``PILToTensor``, ``SanitizeBoundingBoxes``; batches are lists of
+  uint8 ``[3,H,W]`` images and target dicts, like ShardLoader on a COCO dataset.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch
 import torchvision.transforms.v2 as v2
 from torch.utils.data import DataLoader
 
-__all__ = ["imagefolder_loader", "torchvision_transform", "webdataset_loader"]
+__all__ = ["cocodetection_loader", "imagefolder_loader", "torchvision_transform", "webdataset_loader"]
 
 IMAGE_KEYS = "jpg;jpeg;png;webp;ppm;bmp;tif;tiff"
 
@@ -85,3 +91,36 @@ def webdataset_loader(urls: Sequence[str], *, size: int, train: bool, batch_size
         .batched(batch_size, partial=False)
     )
     return wds.WebLoader(dataset, batch_size=None, **_loader_kwargs(workers, device))
+
+
+def collate_lists(batch: Sequence[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
+    """``[(image, target), ...]`` -> ``([images], [targets])`` (detection batches stay lists)."""
+    images, targets = zip(*batch, strict=True) if batch else ((), ())
+    return list(images), list(targets)
+
+
+def detection_transform(min_size: int, max_size: int) -> v2.Compose:
+    """The v2 steps of ``shardkit.transforms.detection_train(min_size, max_size)`` on PIL images."""
+    return v2.Compose([v2.RandomIoUCrop(), v2.RandomShortestSize(min_size, max_size=max_size),
+                       v2.RandomHorizontalFlip(), v2.PILToTensor(), v2.SanitizeBoundingBoxes()])
+
+
+def cocodetection_loader(images: str, annotations: str, *, min_size: int, max_size: int, batch_size: int,
+                         workers: int, device: str = "cpu", seed: int = 0) -> DataLoader[Any]:
+    """torchvision ``CocoDetection(images, annotations)`` for v2 transforms in a shuffled
+    ``DataLoader`` (``drop_last=True``); batches are ``([uint8 [3,H,W]], [target dicts])``.
+
+    Images without annotations are left out, as torchvision's detection references do for
+    training (``RandomIoUCrop`` needs boxes); the bench packs the same images
+    (``pack_coco(drop_empty=True)``)."""
+    import contextlib
+    import io
+
+    from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
+
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its index building
+        coco = CocoDetection(images, annotations, transforms=detection_transform(min_size, max_size))
+    coco.ids = [i for i in coco.ids if coco.coco.getAnnIds(imgIds=i)]
+    dataset = wrap_dataset_for_transforms_v2(coco, target_keys=("boxes", "labels", "image_id", "area", "iscrowd"))
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=collate_lists,
+                      generator=torch.Generator().manual_seed(seed), **_loader_kwargs(workers, device))

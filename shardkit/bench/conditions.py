@@ -103,6 +103,40 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
     }
 
 
+def describe_coco(images: str, annotations: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:
+    """Count images, annotations and bytes of a COCO source; mean pixel count of a sample.
+
+    Raises:
+        ValueError: the annotations file is not COCO instances JSON.
+    """
+    import json
+
+    from PIL import Image
+
+    try:
+        with open(annotations, encoding="utf-8") as f:
+            doc = json.load(f)
+        records, anns = list(doc["images"]), list(doc.get("annotations") or ())
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{annotations}: not a COCO instances file ({err})") from err
+    paths = [os.path.join(images, str(r.get("file_name", ""))) for r in records]
+    present = [p for p in paths if os.path.isfile(p)]
+    sizes = [os.path.getsize(p) for p in present]
+    kpix = []
+    for p in random.Random(seed).sample(present, min(sample, len(present))):
+        with Image.open(p) as im:
+            kpix.append(im.width * im.height / 1000)
+    n = max(len(present), 1)
+    return {
+        "kind": "coco", "path": os.path.abspath(images), "annotations": os.path.abspath(annotations),
+        "images": len({a.get("image_id") for a in anns} & {r.get("id") for r in records}),
+        "images_listed": len(records), "images_present": len(present), "classes": len(doc.get("categories") or ()),
+        "annotations_count": len(anns), "boxes_per_image": round(len(anns) / max(len(records), 1), 2),
+        "bytes": sum(sizes), "mean_kb": round(sum(sizes) / n / 1000, 1),
+        "mean_kpix": round(sum(kpix) / max(len(kpix), 1), 1), "sample_size": len(kpix),
+    }
+
+
 def warm_page_cache(paths: Iterable[str]) -> int:
     """Read every file once so the page cache holds it; returns the bytes read."""
     total = 0

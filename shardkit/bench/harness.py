@@ -67,10 +67,18 @@ class RunResult:
 
 
 def _to_device(images: Any, device: str) -> Any:
+    """A batch's images on ``device`` (a tensor, or a list of tensors for detection batches)."""
+    if isinstance(images, (list, tuple)):
+        return [_to_device(im, device) for im in images]
     if (device.startswith("cuda") and getattr(images, "device", None) is not None
         and images.device.type != "cuda"):
         return images.to(device, non_blocking=True)
     return images
+
+
+def _shape(images: Any) -> tuple[int, ...]:
+    """``images.shape``, or ``(n,)`` for a list of ``n`` images of different sizes."""
+    return tuple(images.shape) if hasattr(images, "shape") else (len(images),)
 
 
 def _sync(device: str) -> None:
@@ -111,9 +119,9 @@ def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "c
             t1 = time.perf_counter()
             seen += 1
             if first_batch_s < 0:
-                first_batch_s, shape = t1 - t_build, tuple(batch_images.shape)
+                first_batch_s, shape = t1 - t_build, _shape(batch_images)
             if sampler is not None:
-                images += int(batch[1].shape[0])
+                images += len(batch[1])  # labels, or one target per image
                 wait += t1 - t0
             elif seen >= warmup:  # this batch ends the warm-up; the timed part starts now
                 sampler, t_start = TreeSampler().start(), time.perf_counter()

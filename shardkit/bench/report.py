@@ -151,14 +151,21 @@ def format_conditions(report: Mapping[str, Any]) -> str:
     """Conditions and settings in a few lines (what a reader needs to trust the table)."""
     cfg, cond = report["config"], report["conditions"]
     mach, data, ver = cond.get("machine", {}), cond.get("data", {}), cond.get("versions", {})
+    if cfg.get("annotations"):
+        transform = f"detection_train({cfg.get('size')}, {cfg.get('max_size')}) (IoU crop, resize, flip, sanitize)"
+        what = (f"data: {data.get('images', '?'):,} COCO images, {data.get('boxes_per_image', '?')} boxes per image, "
+                f"{data.get('classes', '?')} categories, mean {data.get('mean_kb', '?')} KB, "
+                f"{data.get('mean_kpix', '?')} kpix")
+    else:
+        transform = f"{cfg.get('transform')} transform at {cfg.get('size')} px"
+        what = (f"data: {data.get('images', '?'):,} images, {data.get('classes', '?')} classes, mean "
+                f"{data.get('mean_kb', '?')} KB, {data.get('mean_kpix', '?')} kpix")
     lines = [
-        f"settings: {cfg.get('transform')} transform at {cfg.get('size')} px, uint8 out, batch "
+        f"settings: {transform}, uint8 out, batch "
         f"{cfg.get('batch_size')}, {cfg.get('workers')} workers, device {cfg.get('device')}, "
         f"{cfg.get('epochs')} epoch(s) per run after {cfg.get('warmup')} warm-up batches, "
         f"{cfg.get('repeats')} repetitions in alternating order",
-        f"data: {data.get('images', '?'):,} images, {data.get('classes', '?')} classes, mean "
-        f"{data.get('mean_kb', '?')} KB, {data.get('mean_kpix', '?')} kpix; shards "
-        f"{cond.get('shards_location', '?')}; page cache {cond.get('page_cache', '?')}",
+        f"{what}; shards {cond.get('shards_location', '?')}; page cache {cond.get('page_cache', '?')}",
         f"machine: {mach.get('usable_cores', '?')} cores ({mach.get('cpu_model', '?')}), load at "
         f"start {mach.get('load_average_at_start', '?')}"
         + (f"; GPU {cond['gpu']['name']}" if cond.get("gpu") else ""),

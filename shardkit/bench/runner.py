@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["shardloader", "shardloader_stages"]
+__all__ = ["detection_shardloader", "shardloader", "shardloader_stages"]
 
 
 def shardloader(dataset: str, *, size: int, train: bool, batch_size: int, workers: int,
@@ -25,6 +25,17 @@ def shardloader(dataset: str, *, size: int, train: bool, batch_size: int, worker
     transform = imagenet_train(size) if train else imagenet_val(size)
     return ShardLoader(dataset, batch_size=batch_size, transform=transform, num_workers=workers,
                        device=device, shuffle=True, seed=seed, drop_last=True, **options)
+
+
+def detection_shardloader(dataset: str, *, min_size: int, max_size: int, batch_size: int, workers: int,
+                          device: str = "cpu", seed: int = 0, **options: Any) -> Any:
+    """A shuffled ``ShardLoader`` over a COCO dataset with ``detection_train(min_size, max_size)``
+    (``drop_last=True``, as the CocoDetection baseline); batches are ``(images, targets)`` lists."""
+    from shardkit.loader import ShardLoader
+    from shardkit.transforms import detection_train
+
+    return ShardLoader(dataset, batch_size=batch_size, transform=detection_train(min_size, max_size),
+                       num_workers=workers, device=device, shuffle=True, seed=seed, drop_last=True, **options)
 
 
 def shardloader_stages(loader: Any) -> dict[str, float] | None:

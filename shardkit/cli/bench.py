@@ -11,6 +11,11 @@ from shardkit.cli.progress import BenchBar, bars_enabled
 
 @click.command("bench")
 @click.argument("imagefolder_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--annotations", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="COCO instances JSON: IMAGEFOLDER_DIR is then the images directory, and torchvision "
+                   "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size).")
+@click.option("--max-size", default=1333, show_default=True, type=click.IntRange(min=1),
+              help="--annotations: the longer side's limit after resizing.")
 @click.option("--shards", default=None,
               help="Packed dataset of IMAGEFOLDER_DIR (packed into it if it holds none) "
               "[default: pack into a temporary directory].")
@@ -21,8 +26,8 @@ from shardkit.cli.progress import BenchBar, bars_enabled
 @click.option("--transform", default="train", show_default=True,
               type=click.Choice(["train", "val"]),
               help="train: RandomResizedCrop + flip; val: resize + centre crop (uint8 out).")
-@click.option("--size", default=224, show_default=True, type=click.IntRange(min=1),
-              help="Output side in pixels.")
+@click.option("--size", default=None, type=click.IntRange(min=1),
+              help="Output side in pixels [default: 224; with --annotations: the shorter side, 800].")
 @click.option("--epochs", default=2, show_default=True, type=click.IntRange(min=1),
               help="Epochs per timed run.")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
@@ -43,10 +48,10 @@ from shardkit.cli.progress import BenchBar, bars_enabled
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1),
               help="--train: timed steps per run (after --warmup untimed ones).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
-def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_size: int, device: str,
-                  transform: str, size: int, epochs: int, repeats: int, warmup: int, drop_caches: bool,
-                  no_webdataset: bool, jpeg_restart: int | None, out: str | None, plot: str | None,
-                  train_model: str | None, steps: int, quiet: bool) -> None:
+def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, shards: str | None, workers: int,
+                  batch_size: int, device: str, transform: str, size: int | None, epochs: int, repeats: int,
+                  warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
+                  plot: str | None, train_model: str | None, steps: int, quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
 
@@ -54,7 +59,11 @@ def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_
     separately). Prints a table; --out writes JSON, --plot a PNG.
 
     With --train MODEL: the loaders feed a training step instead (see shardkit.bench.train).
+    With --annotations: a COCO source, torchvision CocoDetection against ShardLoader's COCO route.
     """
+    size = size or (800 if annotations is not None else 224)
+    if annotations is not None and train_model is not None:
+        raise click.UsageError("--train measures classification only; leave out --annotations or --train")
     from shardkit.bench import BenchConfig, format_table, plot_report, run_bench, write_json
 
     if device == "cuda":
@@ -71,7 +80,7 @@ def bench_command(imagefolder_dir: str, shards: str | None, workers: int, batch_
     cfg = BenchConfig(imagefolder=imagefolder_dir, shards=shards, workers=workers, batch_size=batch_size,
                       device=device, transform=transform, size=size, epochs=epochs, repeats=repeats,
                       warmup=warmup, drop_caches=drop_caches, contenders=contenders,
-                      jpeg_restart=jpeg_restart)
+                      jpeg_restart=jpeg_restart, annotations=annotations, max_size=max_size)
     bar = BenchBar(bars_enabled(quiet))
 
     def after_run(name: str, rep: int, result: Any) -> None:

@@ -71,3 +71,30 @@ def test_bench_refuses_shards_of_other_data(tree: Path, tmp_path: Path) -> None:
                                       "--batch-size", "2", "--repeats", "1", "--epochs", "1",
                                       "--warmup", "0"])
     assert result.exit_code != 0 and "not be on the same data" in result.output
+
+
+COCO = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
+
+
+def test_bench_on_a_coco_source(tree: Path, tmp_path: Path) -> None:
+    """CocoDetection against ShardLoader's COCO route on the same images (those with annotations),
+    with the same detection_train steps; lists of images are counted per image."""
+    out, shards = tmp_path / "coco.json", tmp_path / "coco-shards"
+    args = ["bench", str(COCO / "images"), "--annotations", str(COCO / "instances.json"), "--shards", str(shards),
+            "--size", "64", "--max-size", "96", "--batch-size", "2", "--workers", "0", "--repeats", "1",
+            "--epochs", "1", "--warmup", "1", "--out", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "torchvision CocoDetection + DataLoader [baseline]" in result.output
+    assert "ShardLoader (COCO route)" in result.output and "detection_train(64, 96)" in result.output
+    annotated = {a["image_id"] for a in json.loads((COCO / "instances.json").read_text())["annotations"]}
+    report = json.loads(out.read_text())
+    assert [r["name"] for r in report["results"]] == ["cocodetection", "shardloader"]
+    assert report["conditions"]["data"]["images"] == len(annotated)
+    assert report["pack"]["images"] == len(annotated)  # packed with drop_empty, like the baseline's images
+    per_run = (len(annotated) // 2 - 1) * 2  # full batches after the warm-up one
+    for r in report["results"]:
+        assert r["images_per_run"] == per_run and r["batch_shape"] == [2]
+    wrong = CliRunner().invoke(cli, ["bench", str(tree), "--shards", str(shards), "--workers", "0",
+                                     "--batch-size", "2", "--repeats", "1", "--epochs", "1"])
+    assert wrong.exit_code == 2 and "not be on the same data" in wrong.output
