@@ -1,4 +1,4 @@
-"""The detection recipe trains a few steps on CPU on the packed COCO sample and resumes."""
+"""The detection recipe trains a few steps in one process on CPU on the packed COCO sample and resumes."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def packed_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_train_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_coco: Path) -> None:
     ckpt = tmp_path / "det.pt"
-    common = [str(packed_coco), "--batch-size", "2", "--size", "64", "--workers", "0", "--device", "cpu",
+    common = [str(packed_coco), "--batch-size", "2", "--min-size", "64", "--max-size", "128", "--workers", "0", "--device", "cpu",
               "--checkpoint", str(ckpt)]
     main([*common, "--steps", "2"])
     state = torch.load(ckpt)
