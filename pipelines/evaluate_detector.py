@@ -179,7 +179,8 @@ def describe(result: dict[str, Any], world: int) -> str:
               f"{result['detections_per_image']:.1f} detections/image")
     if "AP" not in result:
         return f"detections: {counts} (install pycocotools for COCO mAP)"
-    return f"bbox AP {result['AP']:.4f}  AP50 {result['AP50']:.4f}  AP75 {result['AP75']:.4f}  ({counts})"
+    note = "; no detection scored above the model's threshold" if result["detections"] == 0 else ""
+    return f"bbox AP {result['AP']:.4f}  AP50 {result['AP50']:.4f}  AP75 {result['AP75']:.4f}  ({counts}{note})"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -3,6 +3,7 @@ mid-epoch, a resume from the last checkpoint, and a COCO mAP evaluation that see
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, images, seed in (("train", 24, 1), ("val", 9, 2)):
         images_dir, ann = make_coco(root / f"{name}-src", images=images, seed=seed)
         pack_coco(str(images_dir), str(ann), str(root / name), options=PackOptions(max_count=5, seed=1), workers=1)
-        out[name] = root / name
+        out[name], out[f"{name}-annotations"] = root / name, ann
     return out
 
 
@@ -83,3 +84,5 @@ def test_evaluation_scores_each_image_once(packed: dict[str, Path], tmp_path: Pa
     match = re.search(r"bbox AP [0-9.]+  AP50 [0-9.]+  AP75 [0-9.]+  \((\d+) images over 2 ranks, (\d+) boxes",
                       done.stdout)
     assert match and int(match[1]) == 9, done.stdout
+    boxes = len(json.loads((packed["val-annotations"]).read_text(encoding="utf-8"))["annotations"])
+    assert int(match[2]) == boxes  # every ground-truth box of every image, crowd ones too, once
