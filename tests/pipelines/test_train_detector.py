@@ -1,4 +1,4 @@
-"""The detection recipe trains a few steps on CPU on the packed COCO sample and resumes."""
+"""The detection recipe trains a few steps in one process on CPU on the packed COCO sample and resumes."""
 
 from __future__ import annotations
 
@@ -17,21 +17,18 @@ COCO = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
 @pytest.fixture(scope="module")
 def packed_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dst = tmp_path_factory.mktemp("coco") / "ds"
-    pack_coco(str(COCO / "images"), str(COCO / "instances.json"), str(dst),
-              options=PackOptions(max_count=8), workers=1)
+    pack_coco(str(COCO / "images"), str(COCO / "instances.json"), str(dst), options=PackOptions(max_count=8), workers=1)
     return dst
 
 
-def test_train_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                           packed_coco: Path) -> None:
+def test_train_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_coco: Path) -> None:
     ckpt = tmp_path / "det.pt"
-    common = [str(packed_coco), "--batch-size", "2", "--size", "64", "--workers", "0", "--device",
-              "cpu", "--checkpoint", str(ckpt)]
+    common = [str(packed_coco), "--batch-size", "2", "--min-size", "64", "--max-size", "128", "--workers", "0",
+              "--device", "cpu", "--checkpoint", str(ckpt)]
     main([*common, "--steps", "2"])
     state = torch.load(ckpt)
     assert state["step"] == 2 and state["loader"]["batches_consumed"] == 2
-    # 15 categories + background
-    assert state["model"]["roi_heads.box_predictor.cls_score.bias"].shape == (16,)
+    assert state["model"]["roi_heads.box_predictor.cls_score.bias"].shape == (16,)  # 15 categories + background
     main([*common, "--steps", "3"])
     state = torch.load(ckpt)
     assert state["step"] == 3 and state["loader"]["batches_consumed"] == 3
