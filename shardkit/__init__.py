@@ -1,7 +1,7 @@
 """shardkit: pack image datasets into tar shards and stream them fast into PyTorch.
 
 ``import shardkit`` stays light (no torch); the torch-backed names (``ShardLoader``,
-``transforms``) are imported on first use.
+``transforms``, ``GpuOptions``) are imported on first use.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "SourceError",
     "StorageError",
     "VerifyError",
+    "GpuOptions",
     "ShardLoader",
     "transforms",
     "__version__",
@@ -40,13 +41,14 @@ __all__ = [
 
 # name -> "module:attribute" (attribute empty: the module itself); imported on first access.
 _LAZY = {
+    "GpuOptions": "shardkit.loader:GpuOptions",
     "ShardLoader": "shardkit.loader:ShardLoader",
     "transforms": "shardkit.transforms:",
 }
 
 if TYPE_CHECKING:
     from shardkit import transforms
-    from shardkit.loader import ShardLoader
+    from shardkit.loader import GpuOptions, ShardLoader
 
 
 def __getattr__(name: str) -> Any:
