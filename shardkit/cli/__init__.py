@@ -15,14 +15,24 @@ from shardkit import __version__
 from shardkit.errors import ShardkitError
 
 
+def _clear_line() -> None:
+    """In a terminal, erase the current line of stderr: a progress bar interrupted while it was
+    being drawn (before its owner could close it) must not share the line with our message."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except ShardkitError as err:
+            _clear_line()
             click.secho(f"error: {err}", fg="red", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
+            _clear_line()
             # Only pack resumes; saying so after verify or bench would send people looking for it.
             resumes = ctx.invoked_subcommand == "pack"
             click.echo("interrupted" + ("; re-run the same command to resume" if resumes else ""),
