@@ -15,7 +15,6 @@ the ranks with repeated samples, which would count some twice).
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,10 @@ import torchvision
 import shardkit
 from shardkit import transforms
 
-
-def setup_distributed(device: str) -> tuple[int, int, torch.device]:
-    """``(rank, world size, device)``; under torchrun, join the process group first (gloo on
-    CPU, NCCL on CUDA) and take GPU ``LOCAL_RANK``. Without torchrun: one process."""
-    if "WORLD_SIZE" not in os.environ:
-        return 0, 1, torch.device(device)
-    cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo")
-    here = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device(device)
-    return dist.get_rank(), dist.get_world_size(), here
+try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
+    from ddp import setup_distributed
+except ImportError:  # imported as pipelines.*
+    from pipelines.ddp import setup_distributed
 
 
 def make_model(arch: str, num_classes: int) -> torch.nn.Module:

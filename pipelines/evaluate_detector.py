@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +34,14 @@ import torchvision
 import shardkit
 from shardkit import transforms
 
+try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
+    from ddp import setup_distributed
+except ImportError:  # imported as pipelines.*
+    from pipelines.ddp import setup_distributed
+
 #: COCOeval's ``stats`` in order (``summarize()``), for the returned dictionary.
 COCO_STATS = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large",
               "AR1", "AR10", "AR100", "AR_small", "AR_medium", "AR_large")
-
-
-def setup_distributed(device: str) -> tuple[int, int, torch.device]:
-    """``(rank, world size, device)``; under torchrun, join the process group first (gloo on
-    CPU, NCCL on CUDA) and take GPU ``LOCAL_RANK``. Without torchrun: one process."""
-    if "WORLD_SIZE" not in os.environ:
-        return 0, 1, torch.device(device)
-    cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo")
-    here = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device(device)
-    return dist.get_rank(), dist.get_world_size(), here
 
 
 def make_model(arch: str, num_classes: int, min_size: int, max_size: int) -> torch.nn.Module:

@@ -35,29 +35,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import shardkit
 from shardkit import transforms
 
 try:  # run as a script (python/torchrun pipelines/train_detector.py): its directory is on the path
-    from evaluate_detector import describe, evaluate, make_model, setup_distributed, val_loader
+    from ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
+    from evaluate_detector import describe, evaluate, make_model, val_loader
 except ImportError:  # imported as pipelines.train_detector
-    from pipelines.evaluate_detector import (
-        describe,
-        evaluate,
-        make_model,
-        setup_distributed,
-        val_loader,
-    )
-
-
-def save_checkpoint(path: str, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically: a job killed while saving keeps the previous one."""
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    from pipelines.ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
+    from pipelines.evaluate_detector import describe, evaluate, make_model, val_loader
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,16 +76,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         model = model.to(memory_format=torch.channels_last)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    step = 0
-    if args.checkpoint and os.path.exists(args.checkpoint):
-        ckpt = torch.load(args.checkpoint, map_location=device)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        loader.load_state_dict(ckpt["loader"])  # refuses a state made for another world size or batch size
-        step = ckpt["step"]
-        if rank == 0:
-            print(f"resumed from {args.checkpoint}: step {step}, epoch {loader.epoch}, "
-                  f"batch {loader.state_dict()['batches_consumed']} of {len(loader)}", flush=True)
+    step = resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
     net: torch.nn.Module = model
     if world > 1:
         net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -159,11 +138,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if rank == 0:
         print(f"step {step}  loss {loss_value:.3f}  {result['images_per_second']:.1f} images/s  "
               f"data wait {100 * result['data_wait']:.0f}%", flush=True)
-    loader.close()
-    if val is not None:
-        val.close()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    finish(loader, val)
     return result
 
 
@@ -171,8 +146,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", help="packed COCO training dataset (directory, index.json or URL)")
     parser.add_argument("--val", default=None, help="packed COCO validation dataset: box mAP after each epoch")
-    parser.add_argument("--epochs", type=int, default=1, help="epochs to train in total")
-    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps in total (0: no limit)")
     parser.add_argument("--arch", default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model taking min_size/max_size (Faster R-CNN, RetinaNet, FCOS)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per batch per rank")
@@ -181,20 +154,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-size", type=int, default=640, help="longer side at most (the model's max_size)")
     parser.add_argument("--no-iou-crop", dest="iou_crop", action="store_false",
                         help="train without RandomIoUCrop (default: with it)")
-    parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu or cuda (under torchrun each rank takes GPU LOCAL_RANK)")
     parser.add_argument("--lr", type=float, default=0.02, help="SGD learning rate")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the loader's order and augmentation")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model's backbone")
-    parser.add_argument("--checkpoint", default=None, help="checkpoint file: resume from it if present, save to it")
-    parser.add_argument("--checkpoint-every", type=int, default=100,
-                        help="save every N steps (a preempted job loses at most N); 0: only at the end")
-    parser.add_argument("--log-every", type=int, default=20, help="print losses and throughput every N steps; 0: never")
-    parser.add_argument("--log-keys", default=None, metavar="DIR",
-                        help="append each step's sample keys to DIR/train-rank<R>.txt (to audit epochs)")
-    parser.add_argument("--stop-after-steps", type=int, default=0,
-                        help="testing: SIGKILL every rank after this step, as a preemption would (0: never)")
+    add_run_arguments(parser, log_every=20)
     return train(parser.parse_args(argv))
 
 

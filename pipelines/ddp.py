@@ -1,0 +1,81 @@
+"""What every recipe here shares under torchrun: joining the process group, atomic checkpoints
+with the loader's state, resuming from them, and the options that control a run.
+
+Built only on torch and shardkit's public API, like the recipes that import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import shardkit
+
+
+def setup_distributed(device: str) -> tuple[int, int, torch.device]:
+    """``(rank, world size, device)``; under torchrun, join the process group first (gloo on
+    CPU, NCCL on CUDA) and take GPU ``LOCAL_RANK``. Without torchrun: one process."""
+    if "WORLD_SIZE" not in os.environ:
+        return 0, 1, torch.device(device)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    here = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device(device)
+    return dist.get_rank(), dist.get_world_size(), here
+
+
+def save_checkpoint(path: str, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` atomically: a job killed while saving keeps the previous one."""
+    tmp = f"{path}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def resume(path: str | None, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+           loader: shardkit.ShardLoader, device: torch.device, rank: int) -> int:
+    """Load ``path`` (when it exists) into model, optimizer and loader; return the step it holds
+    (0 without a checkpoint). The loader refuses a state made for another world or batch size."""
+    if not path or not os.path.exists(path):
+        return 0
+    ckpt = torch.load(path, map_location=device)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    loader.load_state_dict(ckpt["loader"])
+    step = int(ckpt["step"])
+    if rank == 0:
+        print(f"resumed from {path}: step {step}, epoch {loader.epoch}, "
+              f"batch {loader.state_dict()['batches_consumed']} of {len(loader)}", flush=True)
+    return step
+
+
+def finish(*loaders: shardkit.ShardLoader | None) -> None:
+    """Close the loaders and leave the process group."""
+    for loader in loaders:
+        if loader is not None:
+            loader.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, log_every: int) -> None:
+    """The options every training recipe takes: length, loader, device, checkpoints, logging."""
+    parser.add_argument("--epochs", type=int, default=1, help="epochs to train in total")
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps in total (0: no limit)")
+    parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda (under torchrun each rank takes GPU LOCAL_RANK)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the loader's order and augmentation")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint file: resume from it if present, save to it")
+    parser.add_argument("--checkpoint-every", type=int, default=100,
+                        help="save every N steps (a preempted job loses at most N); 0: only at the end")
+    parser.add_argument("--log-every", type=int, default=log_every,
+                        help="print loss and throughput every N steps; 0: never")
+    parser.add_argument("--log-keys", default=None, metavar="DIR",
+                        help="append each step's sample keys to DIR/train-rank<R>.txt (to audit epochs)")
+    parser.add_argument("--stop-after-steps", type=int, default=0,
+                        help="testing: SIGKILL every rank after this step, as a preemption would (0: never)")
