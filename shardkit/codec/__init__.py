@@ -5,7 +5,9 @@ One place for everything that knows how images are encoded:
 * :mod:`~shardkit.codec.jpeg_header` reads a JPEG's frame header (size, coding process,
   components) without decoding;
 * :mod:`~shardkit.codec.decode` decodes any image to uint8 RGB on the CPU (libjpeg-turbo through
-  torchvision, PIL for the rest);
+  torchvision or TorchCodec, PIL for the rest);
+* :mod:`~shardkit.codec.backend` chooses torchvision or TorchCodec, for the CPU and the GPU (the
+  one place; ``SHARDKIT_IMAGE_DECODER`` overrides);
 * :mod:`~shardkit.codec.jpeg_region` decodes only a crop box of a JPEG (C extension);
 * :mod:`~shardkit.codec.jpeg_restart` writes restart-indexed JPEGs and cuts a box's restart
   intervals out of them without decoding (C extension; used by ``pack --jpeg-restart``);

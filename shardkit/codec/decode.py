@@ -2,9 +2,9 @@
 
 The output always equals ``PIL.Image.open(f).convert("RGB")`` (what torchvision's ImageFolder
 loader returns; EXIF orientation is not applied), within JPEG decoder rounding. JPEG and WebP go
-through a native decoder chosen once per process (torchvision.io's ops, the fastest measured;
-TorchCodec where torchvision's image ops are gone); everything else and anything the native
-decoder rejects goes through PIL. PNG always goes through PIL: torchvision 0.29.1's
+through a native decoder chosen once per process by :mod:`shardkit.codec.backend` (torchvision's
+image ops, else TorchCodec; ``SHARDKIT_IMAGE_DECODER`` overrides); everything else and anything
+the native decoder rejects goes through PIL. PNG always goes through PIL: torchvision 0.29.1's
 ``decode_png`` segfaults on corrupt image data (any libpng read error), and a worker must not
 die on a bad sample; PIL's PNG decode is as fast (both are libpng/zlib bound).
 
@@ -15,23 +15,20 @@ what both libjpeg and PIL produce and what the uint8 resize kernel reads fastest
 
 from __future__ import annotations
 
-import functools
 import io
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image
 
+from shardkit.codec.backend import cpu_decoder
 from shardkit.codec.jpeg_header import jpeg_frame
 from shardkit.errors import DecodeError
 
 __all__ = ["DecodeStats", "decode_backend", "decode_rgb", "is_jpeg", "peek_size"]
 
 Bytes = bytes | bytearray | memoryview
-_Decoder = Callable[[torch.Tensor, str], torch.Tensor]  # (encoded uint8 1-D, kind) -> [3,H,W]
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -102,58 +99,10 @@ def _check_bomb(data: Bytes) -> None:
         raise DecodeError(f"image of {h}x{w} pixels exceeds PIL's decompression-bomb limit")
 
 
-def _torchvision_ops() -> _Decoder:
-    from torchvision.io.image import ImageReadMode  # loads the image ops library
-
-    ops, rgb = torch.ops.image, ImageReadMode.RGB.value
-    calls = {"jpeg": lambda t: ops.decode_jpeg(t, rgb, False),
-             "webp": lambda t: ops.decode_webp(t, rgb)}
-    return lambda t, kind: calls[kind](t)
-
-
-def _torchvision_public() -> _Decoder:
-    from torchvision.io import ImageReadMode, decode_jpeg, decode_webp
-
-    calls = {"jpeg": decode_jpeg, "webp": decode_webp}
-
-    def decode(t: torch.Tensor, kind: str) -> torch.Tensor:
-        with warnings.catch_warnings():  # deprecated in 0.29 in favour of TorchCodec
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return calls[kind](t, mode=ImageReadMode.RGB)
-
-    return decode
-
-
-def _torchcodec() -> _Decoder:
-    from torchcodec.decoders import decode_jpeg, decode_webp
-
-    calls = {"jpeg": decode_jpeg, "webp": decode_webp}
-    return lambda t, kind: calls[kind](t, mode="RGB")
-
-
-@functools.cache
-def _native() -> tuple[str, _Decoder | None]:
-    """The first native decoder that imports and decodes a probe JPEG exactly like PIL."""
-    buf = io.BytesIO()
-    Image.new("RGB", (16, 8), (200, 40, 90)).save(buf, "JPEG", quality=90)
-    probe = buf.getvalue()
-    want = _pil_rgb(probe)
-    for name, make in (("torchvision", _torchvision_ops), ("torchvision.io", _torchvision_public),
-                       ("torchcodec", _torchcodec)):
-        try:
-            dec = make()
-            got = dec(torch.frombuffer(bytearray(probe), dtype=torch.uint8), "jpeg")
-            if torch.equal(got, want):
-                return name, dec
-        except Exception:  # backend missing, broken or with another signature: try the next
-            continue
-    return "pil", None
-
-
 def decode_backend() -> str:
     """Name of the native decoder in use: ``torchvision``, ``torchvision.io``, ``torchcodec`` or
-    ``pil``."""
-    return _native()[0]
+    ``pil`` (chosen in :mod:`shardkit.codec.backend`)."""
+    return cpu_decoder()[0]
 
 
 def _pil_rgb(data: Bytes) -> torch.Tensor:
@@ -187,7 +136,7 @@ def decode_rgb(
         if len(data) == 0:
             raise DecodeError("empty image data")
         kind = _kind(data)
-        _, native = _native()
+        _, native = cpu_decoder()
         if native is not None and kind != "other":
             _check_bomb(data)
             mv = memoryview(data)

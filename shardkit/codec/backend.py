@@ -1,0 +1,196 @@
+"""Which library decodes images, torchvision or TorchCodec: the one place that chooses.
+
+torchvision deprecated its image decoders in 0.29 in favour of TorchCodec (``torchcodec``, from
+0.16); both decode JPEGs with libjpeg-turbo on the CPU and with nvJPEG on CUDA. Everything in
+shardkit that decodes through either library gets its decoder from here:
+
+* CPU (:func:`cpu_decoder`, used by :func:`shardkit.codec.decode.decode_rgb` for JPEG and WebP):
+  the first of :data:`CPU_ORDER` that imports and decodes a probe JPEG exactly as PIL does;
+  ``pil`` (no native decoder) when none does.
+* CUDA (:func:`gpu_decoder`, used by :class:`shardkit.codec.nvjpeg.GpuJpegDecoder`): the first
+  of :data:`GPU_ORDER` that decodes a probe batch on the device.
+
+``SHARDKIT_IMAGE_DECODER=torchcodec`` (or ``torchvision``) puts that library first for both, the
+others staying as fallbacks; ``pil`` turns the native CPU decoder off. The choice is made once
+per process (``cpu_decoder.cache_clear()`` and ``gpu_decoder.cache_clear()`` re-read it).
+
+Both libraries return the same pixels (measured: every JPEG of the benchmark set identical, see
+BENCHMARKS.md "Which library decodes"), with one difference handled here: TorchCodec always
+applies the EXIF orientation, which shardkit does not (``decode_rgb`` equals PIL's
+``convert("RGB")``, as torchvision's ImageFolder does). On the CPU a JPEG with an orientation
+tag other than 1 is handed back (``RuntimeError``; ``decode_rgb`` then decodes it with PIL); on
+CUDA the rotation is undone on the device (:func:`undo_exif_orientation`).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+from shardkit.codec.jpeg_header import exif_orientation
+
+__all__ = ["CPU_ORDER", "ENV", "GPU_ORDER", "cpu_decoder", "gpu_decoder", "undo_exif_orientation"]
+
+#: Environment variable naming the library to try first: ``torchcodec``, ``torchvision`` or
+#: ``pil`` (CPU only: no native decoder).
+ENV = "SHARDKIT_IMAGE_DECODER"
+#: CPU order. ``torchvision``: its registered ops (``torch.ops.image``, no deprecation warning
+#: per call); ``torchvision.io``: its public (deprecated) functions, for builds whose op
+#: signatures differ. torchvision first: TorchCodec measured no faster on this path (BENCHMARKS.md).
+CPU_ORDER: tuple[str, ...] = ("torchvision", "torchvision.io", "torchcodec")
+#: CUDA order: torchvision's batched nvJPEG first until TorchCodec's is measured on a GPU
+#: (``benchmarks/bench_decoders.py --device cuda``).
+GPU_ORDER: tuple[str, ...] = ("torchvision", "torchcodec")
+
+#: ``(encoded uint8 1-D CPU tensor, kind)`` -> ``[3, H, W]`` uint8; kind is ``jpeg`` or ``webp``.
+CpuDecoder = Callable[[torch.Tensor, str], torch.Tensor]
+#: ``(list of encoded uint8 1-D CPU tensors, device)`` -> list of CHW-contiguous ``[3, H, W]``.
+GpuDecoder = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
+
+
+def _order(default: Sequence[str]) -> list[str]:
+    want = os.environ.get(ENV, "").strip().lower()
+    if not want:
+        return list(default)
+    if want == "pil":
+        return []
+    first = [name for name in default if name.split(".")[0] == want]
+    return first + [name for name in default if name not in first]
+
+
+def _cpu_torchvision() -> CpuDecoder:
+    from torchvision.io.image import ImageReadMode  # loads the image ops library
+
+    ops, rgb = torch.ops.image, ImageReadMode.RGB.value
+    calls = {"jpeg": lambda t: ops.decode_jpeg(t, rgb, False),  # False: EXIF orientation not applied
+             "webp": lambda t: ops.decode_webp(t, rgb)}
+    return lambda t, kind: calls[kind](t)
+
+
+def _cpu_torchvision_io() -> CpuDecoder:
+    from torchvision.io import ImageReadMode, decode_jpeg, decode_webp
+
+    calls = {"jpeg": decode_jpeg, "webp": decode_webp}
+
+    def decode(t: torch.Tensor, kind: str) -> torch.Tensor:
+        with warnings.catch_warnings():  # deprecated in 0.29 in favour of TorchCodec
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return calls[kind](t, mode=ImageReadMode.RGB)
+
+    return decode
+
+
+def _cpu_torchcodec() -> CpuDecoder:
+    from torchcodec.decoders import decode_jpeg, decode_webp
+
+    def decode(t: torch.Tensor, kind: str) -> torch.Tensor:
+        if kind == "jpeg":
+            if exif_orientation(t.numpy().data) > 1:  # TorchCodec would rotate it: PIL decodes it
+                raise RuntimeError("EXIF orientation: decoded without TorchCodec")
+            return decode_jpeg(t, mode="RGB")
+        return decode_webp(t, mode="RGB")
+
+    return decode
+
+
+_CPU: dict[str, Callable[[], CpuDecoder]] = {
+    "torchvision": _cpu_torchvision, "torchvision.io": _cpu_torchvision_io, "torchcodec": _cpu_torchcodec}
+
+
+def _probe_jpeg() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 8), (200, 40, 90)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+@functools.cache
+def cpu_decoder() -> tuple[str, CpuDecoder | None]:
+    """``(name, decoder)``: the first library of the order that imports and decodes a probe JPEG
+    exactly as PIL; ``("pil", None)`` when none does (then PIL decodes everything)."""
+    import numpy as np
+    from PIL import Image
+
+    probe = _probe_jpeg()
+    with Image.open(io.BytesIO(probe)) as im:
+        want = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
+    for name in _order(CPU_ORDER):
+        try:
+            dec = _CPU[name]()
+            got = dec(torch.frombuffer(bytearray(probe), dtype=torch.uint8), "jpeg")
+            if torch.equal(got, want):
+                return name, dec
+        except Exception:  # library missing, broken or with another signature: try the next
+            continue
+    return "pil", None
+
+
+def undo_exif_orientation(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """The ``[C, H, W]`` image before EXIF ``orientation`` (1-8) was applied to it, as TorchCodec
+    applies it; other values return ``image`` unchanged.
+
+    >>> x = torch.arange(6).view(1, 2, 3)
+    >>> torch.equal(undo_exif_orientation(x.transpose(-1, -2).flip(-1), 6), x)
+    True
+    """
+    flips = {2: (-1,), 3: (-2, -1), 4: (-2,), 5: (), 6: (-1,), 7: (-2, -1), 8: (-2,)}.get(orientation)
+    if flips is None:
+        return image
+    out = image.flip(flips) if flips else image
+    return out.transpose(-1, -2) if orientation >= 5 else out
+
+
+def _gpu_torchvision() -> GpuDecoder:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        with warnings.catch_warnings():  # deprecated in 0.29 in favour of TorchCodec
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=device))
+
+    return decode
+
+
+def _gpu_torchcodec() -> GpuDecoder:
+    from torchcodec.decoders import decode_jpeg
+
+    def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        out = list(decode_jpeg(datas, mode="RGB", device=device))
+        for i, d in enumerate(datas):
+            k = exif_orientation(d.numpy().data)
+            if k > 1:  # TorchCodec applied it; shardkit's images are stored pixels, unrotated
+                out[i] = undo_exif_orientation(out[i], k).contiguous()
+        return out
+
+    return decode
+
+
+_GPU: dict[str, Callable[[], GpuDecoder]] = {"torchvision": _gpu_torchvision, "torchcodec": _gpu_torchcodec}
+
+
+@functools.cache
+def gpu_decoder(device: torch.device) -> tuple[str, GpuDecoder | None, str | None]:
+    """``(name, decoder, None)``: the first library of the order that decodes a probe batch of
+    two JPEGs on CUDA ``device``; ``("", None, why not)`` when none does."""
+    if device.type != "cuda":
+        return "", None, f"device {device} is not a CUDA device"
+    if not torch.cuda.is_available():
+        return "", None, "CUDA is not available"
+    probe = torch.frombuffer(bytearray(_probe_jpeg()), dtype=torch.uint8)
+    why = []
+    for name in _order(GPU_ORDER) or list(GPU_ORDER):
+        try:
+            dec = _GPU[name]()
+            got = dec([probe, probe], device)
+            if len(got) == 2 and tuple(got[0].shape) == (3, 8, 16) and got[0].device.type == "cuda":
+                return name, dec, None
+            why.append(f"{name}: probe returned {[tuple(g.shape) for g in got]}")
+        except Exception as e:  # library missing, no CUDA image ops, no nvJPEG, driver trouble
+            why.append(f"{name}: {type(e).__name__}: {e}")
+    return "", None, "nvJPEG decode failed: " + "; ".join(why)

@@ -1,0 +1,129 @@
+"""The one place that picks torchvision or TorchCodec: order, override, EXIF orientation."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+from shardkit.codec import backend
+from shardkit.codec.decode import decode_backend, decode_rgb
+from shardkit.codec.jpeg_header import exif_orientation
+from shardkit.codec.nvjpeg import GpuJpegDecoder, gpu_decode_unavailable
+
+STORED = Image.fromarray(np.random.default_rng(0).integers(0, 256, (24, 40, 3), dtype=np.uint8))
+
+
+def jpeg(orientation: int | None = None, **kw: object) -> bytes:
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    buf = io.BytesIO()
+    STORED.save(buf, "JPEG", quality=95, exif=exif.tobytes(), **kw)
+    return buf.getvalue()
+
+
+def pil_rgb(data: bytes, transpose: bool = False) -> torch.Tensor:
+    with Image.open(io.BytesIO(data)) as im:
+        shown = ImageOps.exif_transpose(im) if transpose else im
+        return torch.from_numpy(np.array(shown.convert("RGB"))).permute(2, 0, 1)
+
+
+@pytest.fixture
+def library(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """Select a library through the documented switch; the choice is re-made afterwards."""
+
+    def use(name: str) -> None:
+        monkeypatch.setenv(backend.ENV, name)
+        backend.cpu_decoder.cache_clear()
+        backend.gpu_decoder.cache_clear()
+
+    yield use
+    monkeypatch.undo()
+    backend.cpu_decoder.cache_clear()
+    backend.gpu_decoder.cache_clear()
+
+
+@pytest.mark.parametrize("orientation", [None, 1, 2, 3, 4, 5, 6, 7, 8])
+def test_exif_orientation_is_read_from_the_header(orientation: int | None) -> None:
+    assert exif_orientation(jpeg(orientation)) == (orientation or 0)
+
+
+def test_exif_orientation_of_other_bytes_is_zero() -> None:
+    buf = io.BytesIO()
+    STORED.save(buf, "JPEG")
+    assert exif_orientation(buf.getvalue()) == 0
+    assert exif_orientation(b"\xff\xd8\xff\xe1\x00\x05Exi") == 0  # cut short
+    assert exif_orientation(b"not a jpeg") == 0
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_undo_exif_orientation_inverts_what_pil_applies(orientation: int) -> None:
+    data = jpeg(orientation)
+    shown = pil_rgb(data, transpose=True)  # PIL applies the orientation independently of TorchCodec
+    assert torch.equal(backend.undo_exif_orientation(shown, orientation), pil_rgb(data))
+
+
+def test_default_order_takes_the_first_library_that_works() -> None:
+    backend.cpu_decoder.cache_clear()
+    name, decoder = backend.cpu_decoder()
+    assert name == decode_backend()
+    assert name in (*backend.CPU_ORDER, "pil")
+    assert (decoder is None) == (name == "pil")
+
+
+def test_pil_override_turns_native_decoding_off(library) -> None:
+    library("pil")
+    assert decode_backend() == "pil"
+    data = jpeg(6)
+    assert torch.equal(decode_rgb(data), pil_rgb(data))
+
+
+def test_torchvision_override(library) -> None:
+    pytest.importorskip("torchvision")
+    library("torchvision")
+    assert decode_backend() == "torchvision"
+
+
+@pytest.mark.parametrize("orientation", [None, 1, 3, 6, 8])
+def test_torchcodec_decodes_like_pil_and_does_not_rotate(library, orientation: int | None) -> None:
+    pytest.importorskip("torchcodec.decoders")
+    library("torchcodec")
+    assert decode_backend() == "torchcodec"
+    for data in (jpeg(orientation), jpeg(orientation, progressive=True), jpeg(orientation, subsampling=0)):
+        assert torch.equal(decode_rgb(data), pil_rgb(data))
+
+
+@pytest.mark.parametrize("orientation", range(2, 9))
+def test_undo_exif_orientation_inverts_torchcodec(orientation: int) -> None:
+    decoders = pytest.importorskip("torchcodec.decoders")
+    data = jpeg(orientation)
+    shown = decoders.decode_jpeg(data, mode="RGB")  # TorchCodec applies the orientation
+    assert torch.equal(shown, pil_rgb(data, transpose=True))
+    assert torch.equal(backend.undo_exif_orientation(shown, orientation), pil_rgb(data))
+
+
+def test_no_gpu_decoder_off_cuda() -> None:
+    name, decoder, why = backend.gpu_decoder(torch.device("cpu"))
+    assert (name, decoder) == ("", None) and why
+    assert gpu_decode_unavailable(torch.device("cpu")) == why
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["torchvision", "torchcodec"])
+def test_gpu_libraries_decode_stored_pixels(library, name: str) -> None:
+    if name == "torchcodec":
+        pytest.importorskip("torchcodec.decoders")
+    library(name)
+    decoder = GpuJpegDecoder(torch.device("cuda"))
+    assert decoder.library == name
+    datas = [jpeg(k) for k in (None, 1, 6, 3)]
+    out = decoder.decode([torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas])
+    for d, img in zip(datas, out, strict=True):
+        assert img.is_cuda and img.is_contiguous() and img.shape == (3, STORED.height, STORED.width)
+        assert (img.cpu().int() - pil_rgb(d).int()).abs().float().mean() < 2.0
