@@ -4,7 +4,7 @@ CPU (default): one thread (``torch.set_num_threads(1)``), encoded bytes in memor
 an ImageNet-like set (``sample_data.generate.make_imagenet_like``: ~400x350, q75-95, 2% gray,
 1% CMYK). Contenders: torchvision's op (``torch.ops.image.decode_jpeg``, what ``decode_rgb``
 calls today), ``torchvision.io.decode_jpeg`` (the deprecated public function), TorchCodec's
-``decode_jpeg``, ``decode_rgb`` with each library chosen (``SHARDKIT_IMAGE_DECODER``), and PIL.
+``decode_jpeg``, ``decode_rgb`` with each library chosen (``shardkit.codec.backend.prefer_decoder``), and PIL.
 Every round decodes the whole set with every contender, the order rotating each round; the
 table gives the median images/s over rounds and the min-max, the same-round ratio to
 torchvision's op, and CPU time per image (``time.process_time``, less moved by other load).
@@ -54,10 +54,8 @@ def pil_rgb(b: bytes) -> torch.Tensor:
 
 
 def _use(library: str) -> None:
-    """Select ``library`` through shardkit's one switch (env var, re-read after cache_clear)."""
-    os.environ[backend.ENV] = library
-    backend.cpu_decoder.cache_clear()
-    backend.gpu_decoder.cache_clear()
+    """Select ``library`` through shardkit's one switch."""
+    backend.prefer_decoder(library)
 
 
 def imagenet_like(classes: int, per_class: int) -> list[bytes]:
@@ -286,14 +284,10 @@ def main() -> None:
           f"python {platform.python_version()}, torch {torch.__version__}, torchvision "
           f"{torchvision.__version__}, torchcodec {tc_version}; load average {os.getloadavg()[0]:.2f}")
     data = imagenet_like(args.classes, args.per_class)
-    saved = os.environ.get(backend.ENV)
     try:
         (run_cuda if args.device == "cuda" else run_cpu)(args, data, have_tc)
     finally:
-        if saved is None:
-            os.environ.pop(backend.ENV, None)
-        else:
-            os.environ[backend.ENV] = saved
+        backend.prefer_decoder(None)
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
 
 

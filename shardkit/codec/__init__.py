@@ -7,7 +7,7 @@ One place for everything that knows how images are encoded:
 * :mod:`~shardkit.codec.decode` decodes any image to uint8 RGB on the CPU (libjpeg-turbo through
   torchvision or TorchCodec, PIL for the rest);
 * :mod:`~shardkit.codec.backend` chooses torchvision or TorchCodec, for the CPU and the GPU (the
-  one place; ``SHARDKIT_IMAGE_DECODER`` overrides);
+  one place; :func:`~shardkit.codec.backend.prefer_decoder` overrides);
 * :mod:`~shardkit.codec.jpeg_region` decodes only a crop box of a JPEG (C extension);
 * :mod:`~shardkit.codec.jpeg_restart` writes restart-indexed JPEGs and cuts a box's restart
   intervals out of them without decoding (C extension; used by ``pack --jpeg-restart``);

@@ -10,9 +10,11 @@ shardkit that decodes through either library gets its decoder from here:
 * CUDA (:func:`gpu_decoder`, used by :class:`shardkit.codec.nvjpeg.GpuJpegDecoder`): the first
   of :data:`GPU_ORDER` that decodes a probe batch on the device.
 
-``SHARDKIT_IMAGE_DECODER=torchcodec`` (or ``torchvision``) puts that library first for both, the
-others staying as fallbacks; ``pil`` turns the native CPU decoder off. The choice is made once
-per process (``cpu_decoder.cache_clear()`` and ``gpu_decoder.cache_clear()`` re-read it).
+:func:`prefer_decoder` (``"torchcodec"`` or ``"torchvision"``) puts that library first for both,
+the others staying as fallbacks; ``"pil"`` turns the native CPU decoder off; ``None`` restores the
+default order. It is an explicit call, not an environment variable (no ambient configuration in
+the library): make it before the loader starts its workers, which inherit it when forked. The
+choice is made once per process and remade after each :func:`prefer_decoder`.
 
 Both libraries return the same pixels (measured: every JPEG of the benchmark set identical, see
 BENCHMARKS.md "Which library decodes"), with one difference handled here: TorchCodec always
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -34,11 +35,11 @@ import torch
 
 from shardkit.codec.jpeg_header import exif_orientation
 
-__all__ = ["CPU_ORDER", "ENV", "GPU_ORDER", "cpu_decoder", "gpu_decoder", "undo_exif_orientation"]
+__all__ = ["CPU_ORDER", "GPU_ORDER", "cpu_decoder", "gpu_decoder", "prefer_decoder", "undo_exif_orientation"]
 
-#: Environment variable naming the library to try first: ``torchcodec``, ``torchvision`` or
-#: ``pil`` (CPU only: no native decoder).
-ENV = "SHARDKIT_IMAGE_DECODER"
+#: The names :func:`prefer_decoder` accepts.
+LIBRARIES = ("torchvision", "torchcodec", "pil")
+_preferred: str | None = None
 #: CPU order. ``torchvision``: its registered ops (``torch.ops.image``, no deprecation warning
 #: per call); ``torchvision.io``: its public (deprecated) functions, for builds whose op
 #: signatures differ. torchvision first: TorchCodec measured no faster on this path (BENCHMARKS.md).
@@ -53,8 +54,23 @@ CpuDecoder = Callable[[torch.Tensor, str], torch.Tensor]
 GpuDecoder = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 
 
+def prefer_decoder(name: str | None) -> None:
+    """Try ``name`` first (``"torchvision"``, ``"torchcodec"``; ``"pil"``: no native CPU decoder),
+    or the default order with ``None``; the next decode chooses again.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    global _preferred
+    if name is not None and name not in LIBRARIES:
+        raise ValueError(f"decoder library must be one of {LIBRARIES} or None, got {name!r}")
+    _preferred = name
+    cpu_decoder.cache_clear()
+    gpu_decoder.cache_clear()
+
+
 def _order(default: Sequence[str]) -> list[str]:
-    want = os.environ.get(ENV, "").strip().lower()
+    want = _preferred
     if not want:
         return list(default)
     if want == "pil":

@@ -3,7 +3,7 @@
 The output always equals ``PIL.Image.open(f).convert("RGB")`` (what torchvision's ImageFolder
 loader returns; EXIF orientation is not applied), within JPEG decoder rounding. JPEG and WebP go
 through a native decoder chosen once per process by :mod:`shardkit.codec.backend` (torchvision's
-image ops, else TorchCodec; ``SHARDKIT_IMAGE_DECODER`` overrides); everything else and anything
+image ops, else TorchCodec; ``backend.prefer_decoder`` overrides); everything else and anything
 the native decoder rejects goes through PIL. PNG always goes through PIL: torchvision 0.29.1's
 ``decode_png`` segfaults on corrupt image data (any libpng read error), and a worker must not
 die on a bad sample; PIL's PNG decode is as fast (both are libpng/zlib bound).

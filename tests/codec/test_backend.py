@@ -34,18 +34,10 @@ def pil_rgb(data: bytes, transpose: bool = False) -> torch.Tensor:
 
 
 @pytest.fixture
-def library(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """Select a library through the documented switch; the choice is re-made afterwards."""
-
-    def use(name: str) -> None:
-        monkeypatch.setenv(backend.ENV, name)
-        backend.cpu_decoder.cache_clear()
-        backend.gpu_decoder.cache_clear()
-
-    yield use
-    monkeypatch.undo()
-    backend.cpu_decoder.cache_clear()
-    backend.gpu_decoder.cache_clear()
+def library() -> Iterator[object]:
+    """Select a library through the documented switch; the default order is restored afterwards."""
+    yield backend.prefer_decoder
+    backend.prefer_decoder(None)
 
 
 @pytest.mark.parametrize("orientation", [None, 1, 2, 3, 4, 5, 6, 7, 8])
