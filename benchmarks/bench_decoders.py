@@ -104,7 +104,12 @@ def cpu_contenders(have_tc: bool) -> dict[str, tuple[str | None, Callable[[bytes
     if have_tc:
         from torchcodec.decoders import decode_jpeg as tc_jpeg
 
-        out["torchcodec decode_jpeg"] = (None, lambda b: tc_jpeg(_tensor(b), mode="RGB"))
+        def tc_one(b: bytes) -> torch.Tensor:
+            image = tc_jpeg(_tensor(b), mode="RGB")
+            assert isinstance(image, torch.Tensor)
+            return image
+
+        out["torchcodec decode_jpeg"] = (None, tc_one)
     out["decode_rgb (torchvision)"] = ("torchvision", decode_rgb)
     if have_tc:
         out["decode_rgb (torchcodec)"] = ("torchcodec", decode_rgb)

@@ -108,8 +108,12 @@ def _cpu_torchcodec() -> CpuDecoder:
         if kind == "jpeg":
             if exif_orientation(t.numpy().data) > 1:  # TorchCodec would rotate it: PIL decodes it
                 raise RuntimeError("EXIF orientation: decoded without TorchCodec")
-            return decode_jpeg(t, mode="RGB")
-        return decode_webp(t, mode="RGB")
+            image = decode_jpeg(t, mode="RGB")
+        else:
+            image = decode_webp(t, mode="RGB")
+        if not isinstance(image, torch.Tensor):  # one input, one image: a list would be a library change
+            raise RuntimeError(f"TorchCodec returned {type(image).__name__} for one image")
+        return image
 
     return decode
 
