@@ -6,12 +6,20 @@ advisory: when a shard completes, whatever of it was not reported yet is added a
 later reports for it are ignored, so each shard adds up exactly once. Workers never wait at
 exit for the parent to read their reports (``cancel_join_thread``), so no shutdown can hang on
 the queue.
+
+A worker exits as soon as the parent process is gone (even after ``kill -9``, which runs no
+clean-up in the parent): each watches its parent's sentinel, the pipe end that closes when the
+parent dies. Without that, workers blocked on the task queue (which they hold open themselves)
+lived on forever, and with them the resource tracker and the queues' semaphores in /dev/shm.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
+import os
 import queue as queue_module
+import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
@@ -28,8 +36,23 @@ POLL_S = 0.1
 _reports: Any = None  # in a worker process: the queue its samples are reported to
 
 
+def _exit_with_parent() -> None:
+    """In a worker: exit at once when the parent process dies (a daemon thread waits for it)."""
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+
+    def watch(sentinel: int) -> None:
+        multiprocessing.connection.wait([sentinel])
+        os._exit(1)  # the parent is gone: nobody will read what this worker writes
+
+    threading.Thread(target=watch, args=(parent.sentinel,), name="shardkit-parent-watch",
+                     daemon=True).start()
+
+
 def _init_worker(reports: Any) -> None:
     global _reports
+    _exit_with_parent()
     if reports is not None:
         reports.cancel_join_thread()  # exiting never blocks on reports nobody reads any more
     _reports = reports

@@ -85,6 +85,8 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *,
     if INDEX_NAME in entries:
         manifest = read_manifest(store)
         if manifest.options.get("fingerprint") == fp:
+            # Killed after index.json was written but before the clean-up: finish it now.
+            _drop_leftovers(store, entries)
             return DestinationState(manifest, {})
         raise PackError("holds a different packed dataset; pass --overwrite to replace it",
                         where=store.url)
@@ -118,6 +120,14 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *,
     return DestinationState(None, {})
 
 
+def _drop_leftovers(store: Store, entries: list[str]) -> None:
+    """Remove the pack state and writers' temporaries from a finished DST (``entries``)."""
+    for name in entries:
+        if name == STATE_DIR or _is_temporary(name):
+            store.remove(name)
+
+
 def finish_destination(store: Store) -> None:
-    """Drop the pack state once ``index.json`` is written."""
-    store.remove(STATE_DIR)
+    """Drop the pack state once ``index.json`` is written (and any temporary a worker killed
+    with its pack left, e.g. when the pack stopped on a skip budget and was re-run)."""
+    _drop_leftovers(store, store.listdir())

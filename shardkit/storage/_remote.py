@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 #: Defaults for s3/s3a so that an unresponsive endpoint fails within minutes instead of
@@ -17,8 +19,21 @@ _S3_DEFAULTS: dict[str, Any] = {
     "config_kwargs": {"connect_timeout": 10, "read_timeout": 30, "retries": {"max_attempts": 3}},
 }
 #: s3fs's own retry loop around each call (a class attribute, not an option): one attempt,
-#: since botocore already retries timeouts and throttling per ``config_kwargs.retries``.
+#: since botocore already retries timeouts and throttling per ``config_kwargs.retries`` (s3fs's
+#: loop nests in itself and would multiply every timeout). Transient faults that botocore does
+#: not retry (a body cut short) are retried by :func:`retry`.
 _S3FS_RETRIES = 1
+
+#: Pauses between shardkit's own attempts of one remote operation after a transient fault
+#: (seconds): 4 attempts, at most 2.1 s of waiting. Timeouts are not retried here (botocore
+#: already did, and retrying them would turn a dead endpoint into a long hang).
+RETRY_DELAYS: tuple[float, ...] = (0.1, 0.4, 1.6)
+
+_T = TypeVar("_T")
+
+#: Error codes of S3 replies that say "try again" (botocore retried them already).
+_TRANSIENT_CODES = frozenset({"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout",
+                              "500", "502", "503", "504"})
 
 _NO_CREDENTIALS = (
     "no AWS credentials found (searched the standard AWS credential chain: AWS_ACCESS_KEY_ID/"
@@ -81,6 +96,57 @@ def tune(fs: Any, protocol: str) -> None:
         fs.retries = min(fs.retries, _S3FS_RETRIES)
 
 
+def _chain(err: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in seen and len(seen) < 8:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return seen
+
+
+def transient(err: BaseException) -> str | None:
+    """Why ``err`` (or an error it was raised from) is a transient remote fault worth another
+    attempt, or ``None``: a response cut short or a connection dropped mid-request (aiohttp's
+    ``ClientPayloadError``, ``ServerDisconnectedError``, a reset), or a 5xx/slow-down reply."""
+    for e in _chain(err):
+        if isinstance(e, TimeoutError):
+            return None  # bounded by botocore's timeouts and attempts already
+        name = type(e).__name__
+        if name in ("ClientPayloadError", "ContentLengthError", "TransferEncodingError",
+                    "ServerDisconnectedError", "ClientOSError", "IncompleteRead",
+                    "ConnectionClosedError", "ResponseStreamingError"):
+            return f"{name}: {e}"
+        if isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+            return f"{name}: {e}"
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = str(response.get("Error", {}).get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
+                return f"{code or status}: {e}"
+    return None
+
+
+def retry(call: Callable[[], _T], delays: tuple[float, ...] = RETRY_DELAYS) -> _T:
+    """Run ``call`` (an idempotent remote operation); after a :func:`transient` fault, wait and
+    try again, ``len(delays)`` times at most. The last fault is re-raised as is, with a note
+    saying how many attempts were made (:func:`describe` includes it)."""
+    for delay in delays:
+        try:
+            return call()
+        except Exception as err:
+            if transient(err) is None:
+                raise
+        time.sleep(delay)
+    try:
+        return call()
+    except Exception as err:
+        if transient(err) is not None:
+            err.shardkit_attempts = len(delays) + 1  # type: ignore[attr-defined]
+        raise
+
+
 def _unreachable(host: str, cause: object) -> str:
     if isinstance(cause, OSError) and cause.errno and cause.errno > 0:
         # "Connection refused", not asyncio's "Connect call failed (…)"
@@ -103,6 +169,11 @@ def describe(err: BaseException) -> str | None:
     """
     if isinstance(err, TimeoutError):  # also asyncio.TimeoutError and fsspec's FSTimeoutError
         return f"timed out ({err or type(err).__name__})"
+    fault = transient(err)
+    if fault is not None:
+        attempts = getattr(err, "shardkit_attempts", None)
+        tried = f" after {attempts} attempts" if attempts else ""
+        return f"network error{tried}: the connection failed mid-request ({fault}); try again later"
     host = getattr(err, "host", None)
     # aiohttp's ClientConnectorError (gcsfs, …)
     if isinstance(err, OSError) and isinstance(host, str):

@@ -11,7 +11,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from shardkit.errors import StorageError
 from shardkit.storage import _remote
@@ -127,7 +127,7 @@ class Store:
         """Whether ``name`` (or the store itself) exists."""
         with self._errors(name):
             if self.remote:
-                found = bool(self.fs.exists(self.path(name)))
+                found = bool(_remote.retry(lambda: self.fs.exists(self.path(name))))
                 if not found:
                     self._check_bucket()
                 return found
@@ -137,10 +137,10 @@ class Store:
         """Names directly under the store, sorted; ``[]`` if it does not exist."""
         with self._errors(""):
             if self.remote:
-                if not self.fs.exists(self.url):
+                if not _remote.retry(lambda: self.fs.exists(self.url)):
                     self._check_bucket()
                     return []
-                entries = self.fs.ls(self.url, detail=False)
+                entries = _remote.retry(lambda: self.fs.ls(self.url, detail=False))
                 return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
             path = self.path("")
             return sorted(os.listdir(path)) if os.path.isdir(path) else []
@@ -149,18 +149,22 @@ class Store:
         """Size of file ``name`` in bytes."""
         with self._errors(name):
             if self.remote:
-                return int(self.fs.size(self.path(name)))
+                return int(_remote.retry(lambda: self.fs.size(self.path(name))))
             return os.path.getsize(self.path(name))
 
     def open_read(self, name: str) -> BinaryIO:
         """Open file ``name`` for binary reading (caller closes)."""
         with self._errors(name):
             if self.remote:
-                return self.fs.open(self.path(name), "rb")
+                f = _remote.retry(lambda: self.fs.open(self.path(name), "rb"))
+                return cast(BinaryIO, _RemoteFile(self, name, f))
             return open(self.path(name), "rb")
 
     def read_bytes(self, name: str) -> bytes:
         """The whole content of file ``name``."""
+        if self.remote:  # one GET, retried whole after a transient fault
+            with self._errors(name):
+                return bytes(_remote.retry(lambda: self.fs.cat_file(self.path(name))))
         with self._errors(name), self.open_read(name) as f:
             return f.read()
 
@@ -193,8 +197,8 @@ class Store:
         with self._errors(name):
             path = self.path(name)
             if self.remote:
-                if self.fs.exists(path):
-                    self.fs.rm(path, recursive=True)
+                if _remote.retry(lambda: self.fs.exists(path)):
+                    _remote.retry(lambda: self.fs.rm(path, recursive=True))
                 elif not missing_ok:
                     raise FileNotFoundError(path)
             elif os.path.isdir(path):
@@ -266,6 +270,52 @@ class Store:
             self.fs.rm(target)
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        """Atomically write ``data`` to file ``name``."""
-        with self.write_atomic(name) as f:
-            f.write(data)
+        """Atomically write ``data`` to file ``name`` (remote: retried whole after a transient
+        fault; each attempt publishes all of ``data`` or nothing)."""
+        if not self.remote:
+            with self.write_atomic(name) as f:
+                f.write(data)
+            return
+
+        def attempt() -> None:
+            with self.write_atomic(name) as f:
+                f.write(data)
+
+        _remote.retry(attempt)  # write_atomic raises StorageError; retry looks at its cause
+
+
+
+class _RemoteFile:
+    """A remote file open for reading whose reads are retried after transient faults (a read is
+    a ranged GET: repeating it is safe) and whose errors become ``StorageError`` naming it."""
+
+    def __init__(self, store: Store, name: str, f: Any) -> None:
+        self._store, self._name, self._f = store, name, f
+
+    def read(self, size: int = -1) -> bytes:
+        with self._store._errors(self._name):
+            return bytes(_remote.retry(lambda: self._f.read(size)))
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(memoryview(buffer)))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        with self._store._errors(self._name):
+            return int(self._f.seek(offset, whence))
+
+    def __getattr__(self, attr: str) -> Any:  # tell, seekable, readable, closed, size, …
+        return getattr(self._f, attr)
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> _RemoteFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._f)
