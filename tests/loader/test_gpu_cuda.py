@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardkit import ShardLoader, transforms
+from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.codec.decode import decode_rgb
 from shardkit.codec.nvimgcodec import HwJpegDecoder, hw_decode_unavailable
 from shardkit.codec.nvjpeg import GpuJpegDecoder
@@ -301,3 +301,23 @@ def test_cpu_fallback_to_cuda_through_the_batch_ring(inet: Path, monkeypatch: py
     cpu = _run(inet, "cpu", t, num_workers=2)
     assert [k for *_, k in got] == [k for *_, k in cpu]
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, cpu, strict=True))
+
+
+@pytest.mark.timeout(180)
+def test_iterating_again_or_closing_never_leaves_an_iterator_hanging(inet: Path) -> None:
+    """A second iteration stops the first one's prefetcher (two would pull from the same
+    workers), and an iterator of a closed loader ends with a LoaderError instead of blocking."""
+    loader = ShardLoader(str(inet), batch_size=8, transform=transforms.imagenet_train(64), device="cuda",
+                         num_workers=2, seed=3)
+    first = iter(loader)
+    next(first)
+    assert len([x for x, _ in loader]) == len(loader)  # the next epoch, whole
+    with pytest.raises(LoaderError, match="workers ended epoch"):
+        next(first)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(LoaderError, match="workers ended epoch"):
+        next(it)
+    assert len([x for x, _ in loader]) == len(loader)  # usable after close, as on the other routes
+    loader.close()

@@ -17,7 +17,7 @@ import torch
 from shardkit.codec.decode import decode_rgb
 from shardkit.codec.nvimgcodec import HwJpegDecoder
 from shardkit.codec.nvjpeg import GpuJpegDecoder
-from shardkit.errors import DecodeError
+from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.gpu.build import RawBatch, RawImages
 from shardkit.loader.gpu.pinned import PinnedSlot, chw_offsets
 from shardkit.loader.stats import StageStats
@@ -44,13 +44,17 @@ class DeviceBatch:
 class GpuPipeline:
     """Decode and augment raw batches on ``device`` (see module doc).
 
-    ``compile=False`` uses the eager reference resize instead of the Triton kernel.
+    ``compile=False`` uses the eager reference resize instead of the Triton kernel. ``on_error``:
+    the bad-sample policy for images that neither nvJPEG nor the CPU can decode (every route's:
+    ``"replace"`` by a neighbour of the batch and count, or ``"raise"``).
     """
 
-    def __init__(self, transform: ImageTransform, device: torch.device, *, compile: bool = True) -> None:
+    def __init__(self, transform: ImageTransform, device: torch.device, *, compile: bool = True,
+                 on_error: str = "replace") -> None:
         self.transform = transform
         self.device = device
         self.compile = compile
+        self.on_error = on_error
         self.decoder = GpuJpegDecoder(device)
         self._hw_warned = False
 
@@ -90,7 +94,12 @@ class GpuPipeline:
             box = CropFlip(g[Col.TOP], g[Col.LEFT], g[Col.BOX_H], g[Col.BOX_W], bool(g[Col.FLIP]))
             pixels = self.transform.apply(image, box)
             out[dest].copy_(pixels, non_blocking=False)
+        if bad and self.on_error == "raise":
+            raise LoaderError(f"bad sample ({batch.keys[bad[0]]}: neither nvJPEG nor the CPU decodes it); "
+                              "use on_error='replace' to skip such samples")
         good = [i for i in range(len(out)) if i not in set(bad)]
+        if bad and not good:
+            raise LoaderError(f"every image of a batch is undecodable ({', '.join(batch.keys)})")
         for dest in bad:
             src = next(j for j in good if j > dest) if any(j > dest for j in good) else good[0]
             out[dest].copy_(out[src])

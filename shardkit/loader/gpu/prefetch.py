@@ -240,7 +240,7 @@ class DevicePrefetcher:
         current = torch.cuda.current_stream(self.device)
         try:
             while True:
-                item = self._q[2].get()
+                item = self._get(self._q[2])  # _DONE once closed: a closed prefetcher never blocks
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):

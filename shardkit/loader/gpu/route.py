@@ -45,7 +45,7 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         self.builder: RawBatchBuilder = RawBatchBuilder(reader, transform, on_error=on_error, buffer_cycle=cycle,
                                                         num_classes=len(classes) if classes else None)
         self.classes = classes
-        self.pipeline = GpuPipeline(transform, device, compile=options.compile)
+        self.pipeline = GpuPipeline(transform, device, compile=options.compile, on_error=on_error)
         self._slots = [PinnedSlot(batch_size, transform.output_size, len(GEOMETRY_COLUMNS), pin=True)
                        for _ in range(staging_slots(options.device_prefetch))]
         self._keep_alive = num_workers * (cycle + 1)
@@ -61,8 +61,10 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         self._prefetcher: DevicePrefetcher | None = None
 
     def prepare(self, batches: Iterator[RawBatch], stats: StageStats) -> Iterator[DeviceBatch]:
-        """Decode and augment ahead in threads (a new prefetcher per iteration; an abandoned
-        one stops when its iterator is closed)."""
+        """Decode and augment ahead in threads: a new prefetcher per iteration. One still running
+        (an iteration abandoned without closing it) is stopped first, so two never pull from the
+        same workers; its iterator then ends."""
+        self.close()
         self._prefetcher = DevicePrefetcher(batches, self.pipeline, self.device, self._slots, stats,
                                             self.options.device_prefetch, keep_alive=self._keep_alive,
                                             hw_planar=self._hw_planar, hw_only=self._hw_only,
