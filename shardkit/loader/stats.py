@@ -13,7 +13,7 @@ class StageStats:
     ``wait_s``: seconds the consumer waited for the next batch; ``copy_s``: host-to-device and
     finalize time in the main process; ``replaced``: corrupt samples replaced by another sample
     of the same batch; ``fast``/``fallback``: images decoded by the native decoder / by PIL.
-    GPU path (``device="cuda"``): ``gpu_images`` decoded by nvJPEG, ``gpu_fallback`` decoded on
+    GPU route (``device="cuda"``): ``gpu_images`` decoded by nvJPEG, ``gpu_fallback`` decoded on
     the CPU instead (by workers, or in the main process after nvJPEG rejected them);
     ``gpu_decode_s``: time of the batched nvJPEG calls (synchronous); ``gpu_augment_s``: device
     time (CUDA events) of crop-resize-flip + finalize; ``gpu_copy_s``: host time staging

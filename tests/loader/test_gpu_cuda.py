@@ -282,8 +282,8 @@ def test_cpu_path_to_cuda_pins_batches_and_matches_cpu(inet: Path) -> None:
         assert all(torch.equal(p, q) for p, q in zip(a, c, strict=True)) and torch.equal(b, d)
 
 
-def test_cpu_fallback_to_cuda_through_the_batch_ring(inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """CUDA without nvJPEG: an ImageTransform decodes on the CPU into the workers' batch ring,
+def test_cpu_fallback_to_cuda_through_the_shared_batch_pool(inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA without nvJPEG: an ImageTransform decodes on the CPU into the workers' shared batch pool,
     DataLoader's pin thread copies each slot into pinned memory, and the batches equal the CPU run."""
     from shardkit.loader import routing
     from shardkit.loader.cpu import CpuRoute
@@ -291,11 +291,11 @@ def test_cpu_fallback_to_cuda_through_the_batch_ring(inet: Path, monkeypatch: py
     monkeypatch.setattr(routing, "gpu_decode_unavailable", lambda _device: "simulated: no nvJPEG")
     t = transforms.imagenet_train(224)
     cuda = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", num_workers=2, seed=7, keys=True)
-    ring = cuda.route.pool if isinstance(cuda.route, CpuRoute) else None
-    assert ring is not None
+    pool = cuda.route.pool if isinstance(cuda.route, CpuRoute) else None
+    assert pool is not None
     got = [(x.cpu(), y.cpu(), k) for x, y, k in cuda]
     assert all(x.device.type == "cuda" for x, _y, _k in cuda)
-    assert ring._received and int(ring.busy.sum()) == 0  # served from the ring, every slot given back
+    assert pool._received and int(pool.busy.sum()) == 0  # served from the pool, every slot given back
     cuda.close()
     assert len(got) == len(cuda)
     cpu = _run(inet, "cpu", t, num_workers=2)

@@ -119,7 +119,7 @@ def test_cuda_device_without_cuda_falls_back_with_one_log_line(inet: Path, caplo
     assert gpu_decode_unavailable(torch.device("cpu")) is not None
 
 
-def test_worker_shared_memory_ring_gives_the_same_bytes(inet: Path) -> None:
+def test_worker_buffer_cycle_gives_the_same_bytes(inet: Path) -> None:
     """Workers reuse shared-memory buffers; batches taken and copied in order are unchanged."""
     from torch.utils.data import DataLoader
 
@@ -131,8 +131,8 @@ def test_worker_shared_memory_ring_gives_the_same_bytes(inet: Path) -> None:
     want = [(b.keys, raw_images(b).data.clone()) for b in plain]
     stream = plain.stream
     reader = cast(RawBatchBuilder, stream.builder).samples.reader
-    ringed = BatchStream(stream.config, RawBatchBuilder(reader, t, buffer_cycle=3), stream.control)
-    dl = DataLoader(ringed, batch_size=None, num_workers=2, prefetch_factor=1, persistent_workers=True)
+    cycled = BatchStream(stream.config, RawBatchBuilder(reader, t, buffer_cycle=3), stream.control)
+    dl = DataLoader(cycled, batch_size=None, num_workers=2, prefetch_factor=1, persistent_workers=True)
     keep, got = [], []
     for b in dl:
         keep.append(b)  # keeps the mappings alive, as the prefetcher does

@@ -36,30 +36,30 @@ def _ship(obj: object) -> bytes:
 
 
 def test_slot_is_busy_until_the_last_view_is_gone() -> None:
-    ring = SharedBatchPool(num_workers=2, slots_per_worker=2, shape=(4, 3, 5, 5))
-    got = ring.acquire(1, 3)
+    pool = SharedBatchPool(num_workers=2, slots_per_worker=2, shape=(4, 3, 5, 5))
+    got = pool.acquire(1, 3)
     assert got is not None
     out, ref = got
     out.copy_(torch.arange(3 * 75, dtype=torch.uint8).view(3, 3, 5, 5))
     images = pickle.loads(_ship(ref))
     assert images.shape == (3, 3, 5, 5) and torch.equal(images, out)
-    assert ring.busy.tolist() == [0, 0, 1, 0]
+    assert pool.busy.tolist() == [0, 0, 1, 0]
     view = images[1:].permute(0, 2, 3, 1)
     del images
-    assert ring.busy.tolist() == [0, 0, 1, 0]  # the view still reads the slot
+    assert pool.busy.tolist() == [0, 0, 1, 0]  # the view still reads the slot
     del view
-    assert ring.busy.tolist() == [0, 0, 0, 0]
+    assert pool.busy.tolist() == [0, 0, 0, 0]
 
 
-def test_full_ring_says_so_and_segments_travel_once() -> None:
-    ring = SharedBatchPool(num_workers=1, slots_per_worker=2, shape=(2, 3, 64, 64))
-    first = ring.acquire(0, 2)
-    second = ring.acquire(0, 2)
+def test_full_pool_says_so_and_segments_travel_once() -> None:
+    pool = SharedBatchPool(num_workers=1, slots_per_worker=2, shape=(2, 3, 64, 64))
+    first = pool.acquire(0, 2)
+    second = pool.acquire(0, 2)
     assert first is not None and second is not None
-    assert ring.acquire(0, 1) is None  # both slots busy: the caller allocates instead
+    assert pool.acquire(0, 1) is None  # both slots busy: the caller allocates instead
     a = pickle.loads(_ship(first[1]))
     del a  # slot 0 free again
-    again = ring.acquire(0, 1)
+    again = pool.acquire(0, 1)
     assert again is not None
     again[0].fill_(9)
     msg = _ship(again[1])
@@ -71,9 +71,9 @@ def test_full_ring_says_so_and_segments_travel_once() -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
         SharedBatchPool(num_workers=0, slots_per_worker=2, shape=(2, 3, 4, 4))
-    ring = SharedBatchPool(num_workers=1, slots_per_worker=1, shape=(2, 3, 4, 4))
+    pool = SharedBatchPool(num_workers=1, slots_per_worker=1, shape=(2, 3, 4, 4))
     with pytest.raises(ValueError, match="does not fit"):
-        ring.acquire(0, 3)
+        pool.acquire(0, 3)
 
 
 def test_batch_labels_travel_inline() -> None:
@@ -84,8 +84,8 @@ def test_batch_labels_travel_inline() -> None:
 
 
 def test_batches_kept_alive_are_never_overwritten(packed: Path) -> None:
-    """Holding every batch of two epochs (no copies) exhausts the ring: workers fall back to
-    fresh buffers and nothing held is reused; releasing them makes the ring serve again."""
+    """Holding every batch of two epochs (no copies) exhausts the pool: workers fall back to
+    fresh buffers and nothing held is reused; releasing them makes the pool serve again."""
     def loader(workers: int) -> ShardLoader:
         return ShardLoader(str(packed), batch_size=8, transform=transforms.imagenet_train(32),
                            num_workers=workers, keys=True)
@@ -96,12 +96,12 @@ def test_batches_kept_alive_are_never_overwritten(packed: Path) -> None:
         held = [(x, y) for _ in range(2) for x, y, _k in ld]
         assert len(held) == 2 * len(ld)
         assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(held, reference, strict=False))
-        ring = _pool(ld)
-        assert ring is not None and int(ring.busy.sum()) > 0
+        pool = _pool(ld)
+        assert pool is not None and int(pool.busy.sum()) > 0
         del held
-        assert int(ring.busy.sum()) == 0
-        again = [(x.clone(), y.clone()) for x, y, _k in ld]  # epoch 2 again served from the ring
-        assert len({x.untyped_storage().data_ptr() for x, _y, _k in ld}) <= ring.busy.numel()
+        assert int(pool.busy.sum()) == 0
+        again = [(x.clone(), y.clone()) for x, y, _k in ld]  # epoch 2 again served from the pool
+        assert len({x.untyped_storage().data_ptr() for x, _y, _k in ld}) <= pool.busy.numel()
     third = reference[-len(again):]
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(again, third, strict=True))
 
@@ -112,29 +112,29 @@ def _train_loader(packed: Path, workers: int) -> ShardLoader:
 
 def test_close_mid_epoch_gives_back_the_slots_of_batches_in_flight(packed: Path) -> None:
     """torch drops the batches in flight unread when it stops workers: their slots must not
-    stay busy, or the ring stops serving after a few close() / re-iterate cycles."""
+    stay busy, or the pool stops serving after a few close() / re-iterate cycles."""
     reference = [(x.clone(), y.clone()) for x, y in _train_loader(packed, 0)]
     with _train_loader(packed, 2) as ld:
-        ring = _pool(ld)
-        assert ring is not None
+        pool = _pool(ld)
+        assert pool is not None
         for _ in range(3):
             it = iter(ld)
             kept = next(it)  # a delivered batch still held: its slot must stay busy
             time.sleep(0.5)  # the workers fill their prefetch slots meanwhile
             del it
             ld.close()
-            assert int(ring.busy.sum()) == 1
+            assert int(pool.busy.sum()) == 1
             del kept
-            assert int(ring.busy.sum()) == 0
+            assert int(pool.busy.sum()) == 0
         ld.set_epoch(0)
         got = [(x.clone(), y.clone()) for x, y in ld]
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, reference, strict=True))
 
 
 def test_failed_build_gives_its_slot_back(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ring = SharedBatchPool(num_workers=1, slots_per_worker=2, shape=(4, 3, 32, 32))
+    pool = SharedBatchPool(num_workers=1, slots_per_worker=2, shape=(4, 3, 32, 32))
     ld = _train_loader(packed, 0)
-    builder = CpuBatchBuilder(ld.reader, ld.transform, on_error="raise", pool=ring)
+    builder = CpuBatchBuilder(ld.reader, ld.transform, on_error="raise", pool=pool)
     monkeypatch.setattr(batch_module, "get_worker_info", lambda: SimpleNamespace(id=0))  # as worker 0
 
     def bad(*_args: object) -> None:
@@ -144,19 +144,19 @@ def test_failed_build_gives_its_slot_back(packed: Path, monkeypatch: pytest.Monk
     for _ in range(3):
         with pytest.raises(LoaderError, match="simulated"):
             builder.build([0] * 4, [0, 1, 2, 3], [1, 2, 3, 4])
-    assert ring.busy.tolist() == [0, 0]
+    assert pool.busy.tolist() == [0, 0]
 
 
-def test_a_copied_loader_gets_a_ring_of_its_own(packed: Path) -> None:
+def test_a_copied_loader_gets_a_pool_of_its_own(packed: Path) -> None:
     """A pickled loader (e.g. handed to mp.spawn) must not share slot flags with the original."""
     original = _train_loader(packed, 2)
     copy = pickle.loads(pickle.dumps(original))
     reference = [(x.clone(), y.clone()) for x, y in _train_loader(packed, 0)]
     with copy:
         got = [(x.clone(), y.clone()) for x, y in copy]
-        ring, first = _pool(copy), _pool(original)
-        assert ring is not None and first is not None
-        assert ring.owned() and ring.busy.data_ptr() != first.busy.data_ptr()
-        assert ring._received and int(ring.busy.sum()) == 0  # its batches came through its own slots
+        pool, first = _pool(copy), _pool(original)
+        assert pool is not None and first is not None
+        assert pool.owned() and pool.busy.data_ptr() != first.busy.data_ptr()
+        assert pool._received and int(pool.busy.sum()) == 0  # its batches came through its own slots
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, reference, strict=True))
     original.close()

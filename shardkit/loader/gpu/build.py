@@ -1,12 +1,12 @@
-"""Worker side of the GPU path: ship raw JPEG bytes plus crop geometry instead of pixels.
+"""The GPU route's worker half: ship raw JPEG bytes plus crop geometry instead of pixels.
 
 For each sample the worker reads the image size from the header, draws the crop/flip from the
-same seeded ``random.Random(seed)`` as the CPU path (so both paths crop and flip every sample
+same seeded ``random.Random(seed)`` as the CPU route (so both routes crop and flip every sample
 alike) and ships the encoded bytes (of a restart-indexed JPEG, only the restart intervals around
 a crop-first transform's box: :func:`~shardkit.codec.jpeg_restart.cut`) with one row of geometry
 (:data:`~shardkit.transforms.gpu.GEOMETRY_COLUMNS`). Images nvJPEG cannot take
 (:func:`~shardkit.codec.nvjpeg.nvjpeg_friendly`) are decoded and transformed here, exactly
-as the CPU path does, and travel as pixels to be joined into the same batch on the device.
+as the CPU route does, and travel as pixels to be joined into the same batch on the device.
 
 Shared-memory reuse, the *buffer cycle*: in a worker process the JPEG bytes of batch ``k`` go into
 buffer ``k % cycle`` of a small per-worker cycle of shared-memory tensors (:class:`BufferCycle`),
@@ -141,7 +141,8 @@ class RawBatchBuilder:
     """Turn ``(shard, index, seed)`` triples into a :class:`RawBatch` (needs an ImageTransform).
 
     ``buffer_cycle``: shared-memory buffers per worker process for JPEG bytes (0: a fresh tensor
-    per batch); must be at least the DataLoader's ``prefetch_factor + 2``.
+    per batch); must be at least the DataLoader's ``prefetch_factor + 1`` (see the module doc; the
+    route uses ``+ 2``).
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform, *, on_error: str = "replace",

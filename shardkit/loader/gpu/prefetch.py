@@ -102,7 +102,7 @@ class DevicePrefetcher:
                  merge: int = 2, hw_planar: bool | None = None, hw_only: bool = False,
                  hw_threads: int = 2) -> None:
         if depth < merge or len(slots) < staging_slots(depth):
-            raise ValueError(f"need depth >= 1 and {staging_slots(depth)} slots, got {depth} and {len(slots)}")
+            raise ValueError(f"need depth >= {merge} and {staging_slots(depth)} slots, got {depth} and {len(slots)}")
         self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
         self.merge = merge
         self.stats = stats  # stage times are added here
