@@ -35,7 +35,8 @@ import torch
 
 from shardkit.codec.jpeg_header import exif_orientation
 
-__all__ = ["CPU_ORDER", "GPU_ORDER", "cpu_decoder", "gpu_decoder", "prefer_decoder", "undo_exif_orientation"]
+__all__ = ["CPU_ORDER", "GPU_ORDER", "cpu_batch_decoder", "cpu_decoder", "gpu_decoder", "prefer_decoder",
+           "undo_exif_orientation"]
 
 #: The names :func:`prefer_decoder` accepts.
 LIBRARIES = ("torchvision", "torchcodec", "pil")
@@ -192,6 +193,18 @@ def _gpu_torchcodec() -> GpuDecoder:
 
 
 _GPU: dict[str, Callable[[], GpuDecoder]] = {"torchvision": _gpu_torchvision, "torchcodec": _gpu_torchcodec}
+
+
+def cpu_batch_decoder() -> GpuDecoder:
+    """The batch decode API of :func:`gpu_decoder`, on the CPU: torchvision's list decode, or
+    :func:`cpu_decoder`'s one image at a time (for running the device pipeline without a GPU)."""
+    try:
+        return _gpu_torchvision()
+    except ImportError:
+        name, one = cpu_decoder()
+        if one is None:
+            raise RuntimeError("no native JPEG decoder on the CPU") from None
+        return lambda datas, _device: [one(d, "jpeg").contiguous() for d in datas]
 
 
 @functools.cache

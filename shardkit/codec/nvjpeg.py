@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from shardkit.codec.backend import gpu_decoder
+from shardkit.codec.backend import cpu_batch_decoder, gpu_decoder
 from shardkit.codec.decode import Bytes, is_jpeg
 from shardkit.codec.jpeg_header import SEQUENTIAL_HUFFMAN, jpeg_frame
 
@@ -45,8 +45,9 @@ class GpuJpegDecoder:
     """Decode lists of JPEG byte tensors on ``device`` in one batched nvJPEG call.
 
     ``decode`` runs on the caller's current CUDA stream; results are uint8 ``[3, H, W]``
-    CHW-contiguous CUDA tensors. Raises ``RuntimeError`` from the library when an image in the
-    list cannot be decoded (callers fall back per image).
+    CHW-contiguous CUDA tensors. On a CPU ``device`` it decodes on the CPU with the same batch
+    API (so the device pipeline can be exercised without a GPU). Raises ``RuntimeError`` from the
+    library when an image in the list cannot be decoded (callers fall back per image).
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -60,6 +61,8 @@ class GpuJpegDecoder:
     def decode(self, datas: list[torch.Tensor]) -> list[torch.Tensor]:
         if not datas:
             return []
+        if self.device.type == "cpu":  # the GPU pipeline run on the CPU (tests): libjpeg-turbo, same API
+            return cpu_batch_decoder()(datas, self.device)
         _, decode, why = gpu_decoder(self.device)
         if decode is None:
             raise RuntimeError(f"no batched CUDA JPEG decoder on {self.device}: {why}")
