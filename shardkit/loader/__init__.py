@@ -6,7 +6,8 @@ Layout (dependencies point one way, downwards):
 - :mod:`~shardkit.loader.routing` chooses one :class:`~shardkit.loader.route.Route`:
   :mod:`~shardkit.loader.cpu`, :mod:`~shardkit.loader.gpu` or :mod:`~shardkit.loader.coco`,
   each a worker half (builds batches) and a host half (delivers them);
-- shared by every route: :mod:`~shardkit.loader.stream` (one worker's batches of an epoch),
+- shared by every route: :mod:`~shardkit.loader.worker_batch` (the worker half's contract),
+  :mod:`~shardkit.loader.stream` (one worker's batches of an epoch),
   :mod:`~shardkit.loader.plan` and :mod:`~shardkit.loader.state` (the epoch plan and resume),
   :mod:`~shardkit.loader.samples` and :mod:`~shardkit.loader.bad_samples` (reading samples,
   the bad-sample policy), :mod:`~shardkit.loader.reader` and :mod:`~shardkit.loader.cache`

@@ -25,37 +25,24 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from shardkit.loader.stats import StageStats
+from shardkit.loader.worker_batch import Builder, WorkerBatch
 
-__all__ = ["Builder", "Route", "WorkerBatch", "to_device"]
-
-
-class WorkerBatch(Protocol):
-    """What every route's batch carries besides its data: sample keys and stage counters."""
-
-    keys: list[str]
-    stats: StageStats
-
+__all__ = ["DirectRoute", "Route", "to_device"]
 
 W = TypeVar("W", bound=WorkerBatch)  # what the worker half ships
-W_co = TypeVar("W_co", bound=WorkerBatch, covariant=True)
 R = TypeVar("R", bound=WorkerBatch)  # what the host pipeline hands to finish()
-
-
-class Builder(Protocol[W_co]):
-    """A route's worker half: build one batch from its samples, in order."""
-
-    def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> W_co: ...
 
 
 class Route(ABC, Generic[W, R]):
     """One delivery route (see the module doc). Subclasses set :attr:`builder` and
-    :attr:`device`, and implement :meth:`finish`; the GPU route also :meth:`prepare`."""
+    :attr:`device`, and implement :meth:`prepare` and :meth:`finish` (routes without a host
+    pipeline derive from :class:`DirectRoute`)."""
 
     #: The worker half (travels to the worker processes).
     builder: Builder[W]
@@ -74,9 +61,9 @@ class Route(ABC, Generic[W, R]):
     def workers_stopped(self) -> None:
         """Called when the loader has stopped its worker processes (batches in flight are gone)."""
 
+    @abstractmethod
     def prepare(self, batches: Iterator[W], stats: StageStats) -> Iterator[R]:
-        """The host pipeline between the workers and :meth:`finish` (default: none)."""
-        return batches  # type: ignore[return-value]  # R is W for routes without a pipeline
+        """The host pipeline between the workers and :meth:`finish`."""
 
     @abstractmethod
     def finish(self, batch: R) -> tuple[Any, Any]:
@@ -108,6 +95,13 @@ class Route(ABC, Generic[W, R]):
 
     def close(self) -> None:
         """Stop the route's host-side work (threads); called before the workers stop. Idempotent."""
+
+
+class DirectRoute(Route[W, W]):
+    """A route whose worker batches go to :meth:`finish` as they arrive (no host pipeline)."""
+
+    def prepare(self, batches: Iterator[W], stats: StageStats) -> Iterator[W]:
+        return batches
 
 
 def to_device(value: Any, device: torch.device) -> Any:

@@ -32,8 +32,8 @@ from shardkit.loader.plan import (
     shard_offsets,
     worker_batch_indices,
 )
-from shardkit.loader.route import Builder, WorkerBatch
 from shardkit.loader.state import LoaderState, check_compatible, shards_digest
+from shardkit.loader.worker_batch import Builder, WorkerBatch
 
 W = TypeVar("W", bound=WorkerBatch)
 

@@ -12,12 +12,12 @@ from shardkit.index.manifest import Manifest
 from shardkit.loader.coco.build import DetectionBatch, DetectionBatchBuilder
 from shardkit.loader.coco.target import contiguous_label_map
 from shardkit.loader.reader import ShardReader
-from shardkit.loader.route import Route, to_device
+from shardkit.loader.route import DirectRoute, to_device
 
 __all__ = ["CocoRoute"]
 
 
-class CocoRoute(Route[DetectionBatch, DetectionBatch]):
+class CocoRoute(DirectRoute[DetectionBatch]):
     """Detection batches ``(images, targets)`` of a COCO dataset (see :class:`DetectionBatchBuilder`).
 
     ``contiguous_labels``: labels 1..K in category-id order (0: background) instead of the

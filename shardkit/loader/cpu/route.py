@@ -10,13 +10,13 @@ import torch
 from shardkit.loader.cpu.build import CpuBatch, CpuBatchBuilder
 from shardkit.loader.cpu.shared_pool import SharedBatchPool
 from shardkit.loader.reader import ShardReader
-from shardkit.loader.route import Route, to_device
+from shardkit.loader.route import DirectRoute, to_device
 from shardkit.transforms.base import ImageTransform
 
 __all__ = ["CpuRoute"]
 
 
-class CpuRoute(Route[CpuBatch, CpuBatch]):
+class CpuRoute(DirectRoute[CpuBatch]):
     """Classification batches decoded and transformed in the workers (see :class:`CpuBatchBuilder`).
 
     With worker processes and an :class:`ImageTransform`, batches travel in a

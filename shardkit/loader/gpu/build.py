@@ -199,14 +199,15 @@ class RawBatchBuilder:
 
     def _pack(self, items: list[Item], labels: np.ndarray) -> RawImages:
         size = self.transform.output_size
-        jpegs = [(i, data, win) for i, (data, win) in enumerate(items) if win is not None]
-        cpu = [(i, px) for i, (px, win) in enumerate(items) if win is None]
+        jpegs = [(i, data, win) for i, (data, win) in enumerate(items)
+                 if not isinstance(data, torch.Tensor) and win is not None]
+        cpu = [(i, px) for i, (px, _win) in enumerate(items) if isinstance(px, torch.Tensor)]
         lengths = [len(d) for _, d, _ in jpegs]
         k, m, n, nbytes = len(jpegs), len(cpu), len(items), sum(lengths)
         raw = RawImages(self._buffer(RawImages.blob_size(nbytes, k, m, n, size)), k, m, n, nbytes, size)
         view, pos = raw.data.numpy(), 0
         for (_, d, _), length in zip(jpegs, lengths, strict=True):
-            view[pos:pos + length] = np.frombuffer(d, dtype=np.uint8)  # type: ignore[arg-type]
+            view[pos:pos + length] = np.frombuffer(d, dtype=np.uint8)
             pos += length
         raw.bounds.numpy()[:] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         raw.cpu_dest.numpy()[:] = [i for i, _ in cpu]
@@ -214,5 +215,5 @@ class RawBatchBuilder:
         if k:
             raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]
         for j, (_, px) in enumerate(cpu):
-            raw.cpu_images[j].copy_(px)  # type: ignore[arg-type]
+            raw.cpu_images[j].copy_(px)
         return raw

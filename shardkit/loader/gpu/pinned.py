@@ -71,8 +71,11 @@ class PinnedSlot:
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Start async copies (current stream): geometry, offsets, CPU images, their rows, labels."""
         k, m, n = self.counts
-        return tuple(t.to(device, non_blocking=True) for t in (  # type: ignore[return-value]
-            self.geometry[:k], self.offsets[:k], self.cpu_images[:m], self.cpu_dest[:m], self.labels[:n]))
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        return (move(self.geometry[:k]), move(self.offsets[:k]), move(self.cpu_images[:m]), move(self.cpu_dest[:m]),
+                move(self.labels[:n]))
 
     def release(self, stream: torch.cuda.Stream) -> None:
         """Record, on ``stream``, that every copy out of this slot has been enqueued."""
