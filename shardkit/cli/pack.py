@@ -75,7 +75,8 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.option("--dali-index", is_flag=True,
               help="Also write DALI index files (<shard>.dali.idx, wds2idx format).")
 @click.option("--decode-check", is_flag=True,
-              help="Fully decode every image to find corrupt data (slower).")
+              help="Decode JPEGs in full too (slower): then every packed image is one the loader "
+                   "decodes; by default a JPEG with its end marker is packed undecoded.")
 @click.option("--overwrite", is_flag=True, help="Replace what a previous pack left in DST.")
 @click.option("--max-skipped", default=None, callback=_budget, metavar="N|P%",
               help="Fail, without publishing index.json, when more inputs than N (or P% of them) "

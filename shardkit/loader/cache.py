@@ -8,10 +8,13 @@ cached file is then reused if its size still equals ``num_bytes``.
 
 Fetching holds an exclusive ``fcntl.flock`` on ``<file>.lock``, so of all the processes of a
 node (ranks, DataLoader workers) one downloads a shard and the others wait, then reuse it. The
-descriptor is opened while that lock is held. Eviction removes the least recently used files
-(modification time, refreshed on every open) until the cache holds at most ``budget`` bytes,
-skipping the file just opened and any file whose lock another process holds. Eviction only
-unlinks: descriptors already open keep reading the bytes (POSIX), which are freed when closed.
+descriptor is opened while that lock is held. The ``.lock`` file is unlinked before the lock is
+released (after a shard is installed or opened, and after an eviction), so the cache holds no
+lock files once no process is using it (``_locked`` says why that stays exclusive). Eviction
+removes the least recently used files (modification time, refreshed on every open) until the
+cache holds at most ``budget`` bytes, skipping the file just opened and any file whose lock
+another process holds. Eviction only unlinks: descriptors already open keep reading the bytes
+(POSIX), which are freed when closed.
 """
 
 from __future__ import annotations
@@ -37,18 +40,44 @@ _SUFFIX = ".tar"
 
 @contextlib.contextmanager
 def _locked(path: str, *, blocking: bool = True) -> Iterator[bool]:
-    """Hold an exclusive flock on ``path + ".lock"``; yields False when ``blocking=False`` and busy."""
-    with open(f"{path}.lock", "a") as lock:
-        flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
+    """Hold an exclusive flock on ``path + ".lock"``; yields False when ``blocking=False`` and busy.
+
+    The lock file is unlinked before the lock is released, so none is left behind. Hence a
+    process may lock a file that its holder has just unlinked (opened before the unlink): after
+    ``flock`` it checks that the file it locked is still the one at ``path + ".lock"`` (same
+    device and inode) and otherwise starts again on the current one. Only a holder unlinks, so
+    a lock whose file is the current one is exclusive.
+    """
+    lock_path = f"{path}.lock"
+    flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
+    while True:
+        lock = open(lock_path, "a")  # noqa: SIM115 (closed below, on every path)
         try:
-            fcntl.flock(lock, flags)
-        except BlockingIOError:
-            yield False
-            return
+            try:
+                fcntl.flock(lock, flags)
+            except BlockingIOError:
+                lock.close()
+                yield False
+                return
+            held = os.fstat(lock.fileno())
+            try:
+                current = os.stat(lock_path)
+            except FileNotFoundError:  # unlinked by the holder we waited for
+                current = None
+            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                break
+        except BaseException:
+            lock.close()
+            raise
+        lock.close()  # releases the lock on the unlinked file; try the current one
+    try:
+        yield True
+    finally:
         try:
-            yield True
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(lock_path)  # still held: nobody can have replaced it
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()  # releases the lock
 
 
 def _size(path: str) -> int:

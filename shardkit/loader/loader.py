@@ -21,7 +21,7 @@ from shardkit.loader.routing import choose_route
 from shardkit.loader.samples import ON_ERROR
 from shardkit.loader.stats import StageStats
 from shardkit.loader.stream import BatchStream, PlanConfig, raise_failures
-from shardkit.loader.workers import rank_and_world, shutdown_workers, worker_loader, workers_running
+from shardkit.loader.workers import rank_and_world, shutdown_workers, worker_death, worker_loader, workers_running
 from shardkit.transforms.base import ImageTransform
 
 
@@ -99,6 +99,8 @@ class ShardLoader:
     is used (delivering on the CPU when CUDA is missing altogether).
 
     Errors raised in worker processes reach the caller with their type, message and ``where``.
+    A worker process that dies (e.g. killed by the out-of-memory killer) ends the iteration with
+    a :class:`LoaderError` naming its pid and signal (torch's error as ``__cause__``).
     :meth:`close` (or leaving a ``with`` block) stops the workers and closes open shards.
 
     Example::
@@ -230,12 +232,19 @@ class ShardLoader:
             self.route.before_workers()
         source = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
         delivered = self.route.deliver(source, self._stats)
-        for consumed in range(start + 1, self._num_batches + 1):
-            item = next(delivered, None)
-            if item is None:
-                raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {self._num_batches} batches")
-            self._pos = (epoch, consumed)
-            yield item if self.keys else item[:2]
+        try:
+            for consumed in range(start + 1, self._num_batches + 1):
+                item = next(delivered, None)
+                if item is None:
+                    raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {self._num_batches} "
+                                      "batches")
+                self._pos = (epoch, consumed)
+                yield item if self.keys else item[:2]
+        except Exception as err:  # torch's error for a dead worker varies and may come from anywhere here
+            death = worker_death(self._dataloader) if self._dataloader is not None else None
+            if death is None:
+                raise
+            raise death from err
         self._pos, self._fresh = (epoch + 1, 0), True
 
     def state_dict(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from typing import Any
 
 import torch
@@ -12,7 +13,7 @@ from torch.utils.data import DataLoader
 from shardkit.errors import LoaderError
 from shardkit.loader.stream import BatchStream
 
-__all__ = ["rank_and_world", "shutdown_workers", "worker_loader", "workers_running"]
+__all__ = ["rank_and_world", "shutdown_workers", "worker_death", "worker_loader", "workers_running"]
 
 log = logging.getLogger("shardkit.loader")
 
@@ -90,3 +91,41 @@ def shutdown_workers(loader: DataLoader[Any]) -> None:
 def workers_running(loader: DataLoader[Any]) -> bool:
     """Whether ``loader``'s persistent worker processes are running (an iterator holds them)."""
     return getattr(loader, "_iterator", None) is not None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def worker_death(loader: DataLoader[Any]) -> LoaderError | None:
+    """A :class:`LoaderError` saying which of ``loader``'s worker processes died and how, with the
+    likely cause and fix, or None while they all run.
+
+    What torch raises when a worker dies depends on timing: ``RuntimeError: DataLoader worker
+    (pid X) is killed by signal: Killed.`` from its SIGCHLD handler, ``... exited unexpectedly``
+    from its status check, or a bare ``ConnectionResetError``/``EOFError`` from a queue; the
+    process objects (``loader._iterator._workers``, private but stable since torch 1.7) say
+    which worker it was whatever torch raised.
+    """
+    procs = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
+    dead = [(i, w.pid, w.exitcode) for i, w in enumerate(procs) if w.exitcode not in (None, 0)]
+    if not dead:
+        return None
+    worker, pid, code = dead[0]
+    how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+    what = f"DataLoader worker {worker} (pid {pid}) {how}"
+    if len(dead) > 1:
+        what += f" (and {len(dead) - 1} more: pids {', '.join(str(d[1]) for d in dead[1:])})"
+    if code == -signal.SIGKILL:
+        why = ("most likely the kernel's out-of-memory killer (`dmesg` says so): each worker holds "
+               "prefetch batches of decoded images; use fewer workers (num_workers="
+               f"{loader.num_workers} now) or a smaller prefetch (prefetch={loader.prefetch_factor} now), "
+               "or a smaller batch_size")
+    elif code < 0:
+        why = "the worker process crashed or was stopped from outside"
+    else:
+        why = "the worker process exited on its own"
+    return LoaderError(f"{what}: {why}")

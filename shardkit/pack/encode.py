@@ -47,20 +47,35 @@ def _open(data: bytes) -> Image.Image:
         raise SkipSample(f"unreadable image header ({err})") from err
 
 
-def _check_complete(img: Image.Image, data: bytes, full_decode: bool) -> None:
-    """Cheap truncation checks for JPEG/PNG; a full decode for other formats or when asked."""
+def _decodes(data: bytes) -> None:
+    """Decode ``data`` as the loader's CPU decoder does when all else fails (PIL's
+    ``convert("RGB")``, which :func:`shardkit.codec.decode.decode_rgb` equals); raise
+    ``OSError``/``ValueError``/... where it cannot."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Image.open(io.BytesIO(data)) as img:
+            img.convert("RGB")
+
+
+def check_decodes(img: Image.Image, data: bytes, full_decode: bool) -> None:
+    """Raise ``SkipSample`` unless the loader's CPU decoder decodes ``data`` (the acceptance
+    rule, README "Pack"): PNG and every other format are decoded in full; a JPEG (or MPO)
+    whose end-of-image marker ends the file is taken on that evidence alone unless
+    ``full_decode``, so that packing JPEGs stays cheap (libjpeg decodes almost all of those;
+    ``decode_check`` finds the rest). Without the marker in its last ``_TAIL`` bytes a JPEG is
+    decoded too: PIL loads one with a long trailer and refuses a truncated one."""
     fmt = img.format
-    if fmt in ("JPEG", "MPO") and b"\xff\xd9" not in data[-_TAIL:]:
-        raise SkipSample("truncated JPEG (no end-of-image marker)")
-    if fmt == "PNG" and b"IEND" not in data[-_TAIL:]:
-        raise SkipSample("truncated PNG (no IEND chunk)")
-    if full_decode or fmt not in ("JPEG", "MPO", "PNG"):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                img.load()
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-            raise SkipSample(f"corrupt image data ({err})") from err
+    jpeg = fmt in ("JPEG", "MPO")
+    if jpeg and not full_decode and b"\xff\xd9" in data[-_TAIL:]:
+        return
+    try:
+        _decodes(data)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        if jpeg and b"\xff\xd9" not in data[-_TAIL:]:
+            raise SkipSample(f"truncated JPEG (no end-of-image marker; {err})") from err
+        if fmt == "PNG" and b"IEND" not in data[-_TAIL:]:
+            raise SkipSample(f"truncated PNG (no IEND chunk; {err})") from err
+        raise SkipSample(f"corrupt image data ({err})") from err
 
 
 def _reencode(img: Image.Image, shorter: int, quality: int) -> tuple[bytes, int, int]:
@@ -86,8 +101,12 @@ def _restart_indexed(data: bytes, max_interval: int, where: str) -> bytes:
                         "this machine", where=where)
     try:
         restarted = jpeg_restart.transcode(data, max_interval)
-    except ValueError as err:  # libjpeg read the whole scan and found it damaged
-        raise SkipSample(f"corrupt image data ({err})") from err
+    except ValueError as err:  # libjpeg found the scan damaged, warnings included
+        try:  # the acceptance rule: what the loader decodes is packed, here with its own bytes
+            _decodes(data)
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+            raise SkipSample(f"corrupt image data ({err})") from err
+        return data
     return data if restarted is None else restarted
 
 
@@ -141,10 +160,12 @@ def encode_sample(
     """The ``(ext, bytes)`` fields of ``sample``'s shard entry (image, ``cls``, ``json``).
 
     The image keeps its original bytes unless ``options.resize_max`` asks for re-encoding or
-    ``options.jpeg_restart`` for restart markers (JPEG only, applied to the final bytes); its
-    extension comes from the detected format (``jpg``, ``png`` …). Raises ``SkipSample`` for
-    empty, non-image, truncated, corrupt or decompression-bomb inputs, and ``PackError`` when
-    ``jpeg_restart`` is set on a machine without the C extension.
+    ``options.jpeg_restart`` for restart markers (JPEG only, applied to the final bytes; a JPEG
+    libjpeg will not transcode losslessly but PIL decodes keeps its bytes); its extension comes
+    from the detected format (``jpg``, ``png`` …). Raises ``SkipSample`` for empty, non-image,
+    decompression-bomb inputs and images the loader's CPU decoder cannot decode (the
+    acceptance rule, :func:`check_decodes`), and ``PackError`` when ``jpeg_restart`` is set on
+    a machine without the C extension.
 
     PIL's warnings about damaged metadata (``Corrupt EXIF data`` …) are silenced: they concern
     no pixel the loader delivers, and would otherwise reach the terminal of ``pack -q``.
@@ -161,15 +182,17 @@ def _encode(sample: SourceSample, data: bytes, *, classes: list[str] | None,
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and width * height > limit:
         raise SkipSample(f"decompression bomb refused ({width}x{height} pixels > PIL's limit)")
-    _check_complete(img, data, options.decode_check)
     ext = PIL_FORMAT_EXTENSIONS.get(img.format or "",
                                     normalize_extension(os.path.splitext(sample.path)[1]))
     restart = options.jpeg_restart
     if options.resize_max is not None and min(width, height) > options.resize_max:
+        # re-encoding decodes in full: the same decode as check_decodes's, done once
         data, width, height = _reencode(img, options.resize_max, options.quality)
         ext = "jpg"
-    elif img.format != "JPEG":  # MPO too: re-encoding its first picture would orphan the others
-        restart = None
+    else:
+        check_decodes(img, data, options.decode_check)
+        if img.format != "JPEG":  # MPO too: re-encoding its first picture would orphan the others
+            restart = None
     if restart is not None:
         data = _restart_indexed(data, restart, sample.rel)
     doc: dict[str, Any] = {"source": sample.rel}

@@ -35,8 +35,9 @@ class PackOptions:
     ``max_count``/``max_size`` bound each shard (``max_size`` is planned from input file sizes
     plus tar overhead; a single larger sample still gets its own shard). ``shuffle``/``seed``
     permute samples across shards. ``resize_max``: re-encode images whose shorter side exceeds
-    it to JPEG of that shorter side at ``quality``. ``decode_check``: fully decode every image
-    to detect corruption (slower; by default headers and end markers are checked).
+    it to JPEG of that shorter side at ``quality``. ``decode_check``: fully decode JPEGs too
+    (slower); by default every other image is decoded in full and a JPEG whose end-of-image
+    marker ends the file is taken without decoding (README "Pack": the acceptance rule).
 
     ``jpeg_restart``: store every YCbCr or grayscale JPEG (including ``resize_max`` output)
     losslessly re-encoded with a restart marker every ``jpeg_restart`` MCUs at most
@@ -48,8 +49,9 @@ class PackOptions:
     on the already optimised ``sample_data/photos``; grayscale, with 8x8 MCUs, +8% to +21% at 1).
     Costs pack CPU: one entropy decode and encode per JPEG, measured at about 2.7 ms per 512x512
     photo on one core (about twice ``decode_check``'s full decode) and 0.4 ms per 130x130 crop.
-    Corrupt scan data is found as a side effect (and the sample skipped) without
-    ``decode_check``. CMYK/RGB JPEGs and multi-picture (MPO) files keep their bytes. Off by
+    A JPEG libjpeg refuses to transcode (corrupt scan data, warnings included) keeps its
+    source bytes when PIL decodes it and is skipped otherwise. CMYK/RGB JPEGs and
+    multi-picture (MPO) files keep their bytes. Off by
     default because the shards then no longer hold the source files' bytes.
     Needs shardkit's C extension: without it, constructing options with it set raises.
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import multiprocessing
+import os
 import threading
 import time
 import uuid
@@ -104,3 +106,63 @@ def test_a_fetched_shard_whose_hash_differs_is_refused_and_not_cached(indexed_tr
         _epoch(url, cache)
     assert shard.url in err.value.where
     assert {f.name for f in cache.iterdir() if f.suffix == ".tar"} == {manifest.shards[0].sha256 + ".tar"}
+
+
+def test_a_loader_leaves_no_lock_files_in_the_cache(indexed_tree: Path, tmp_path: Path) -> None:
+    """Issue 14: one ``<sha256>.tar.lock`` per shard ever cached used to stay in ``cache_dir``."""
+    url, cache = f"memory://shardkit-tests/{uuid.uuid4().hex}/ds", tmp_path / "cache"
+    manifest = pack(str(indexed_tree), url, options=PackOptions(max_count=10, seed=1), workers=1).manifest
+    assert set(_epoch(url, cache, num_workers=2)) == {f"{i:08d}" for i in range(69)}
+    assert {f.name for f in cache.iterdir()} == {f"{s.sha256}.tar" for s in manifest.shards}
+    budget = 2 * max(s.num_bytes for s in manifest.shards) + 1  # evicts while reading
+    assert set(_epoch(url, tmp_path / "small", cache_bytes=budget)) == {f"{i:08d}" for i in range(69)}
+    left = [f.name for f in (tmp_path / "small").iterdir()]
+    assert left and all(name.endswith(".tar") for name in left), left
+
+
+class _CountingFileStore:
+    """Reads a real file, slowly, and appends a line to ``log`` per read (counts across processes)."""
+
+    def __init__(self, source: Path, log: Path) -> None:
+        self.source, self.log = source, log
+
+    def open_read(self, name: str) -> io.BytesIO:
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(0.2)  # the others open the lock file and wait on it meanwhile
+        return io.BytesIO(self.source.read_bytes())
+
+    def path(self, name: str) -> str:
+        return str(self.source)
+
+
+def _open_and_read(store: _CountingFileStore, entry: ShardEntry, directory: str, out: Any) -> None:
+    fd = ShardCache(directory).open(store, entry)  # type: ignore[arg-type]
+    with os.fdopen(fd, "rb") as f:
+        out.put(hashlib.sha256(f.read()).hexdigest())
+
+
+@pytest.mark.timeout(120)
+def test_processes_fetch_a_shard_once_and_leave_no_lock_file(tmp_path: Path) -> None:
+    """Lock files are unlinked while held; processes that waited on an unlinked one retry on the
+    current one, so the shard is still fetched once."""
+    ctx = multiprocessing.get_context("fork")
+    cache = tmp_path / "cache"
+    for round_ in range(3):
+        data = os.urandom(100_000 + round_)
+        source, log = tmp_path / f"s{round_}.tar", tmp_path / f"reads{round_}"
+        source.write_bytes(data)
+        log.touch()
+        entry = ShardEntry(url=source.name, num_samples=1, num_bytes=len(data),
+                           sha256=hashlib.sha256(data).hexdigest())
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_open_and_read, args=(_CountingFileStore(source, log), entry, str(cache), out))
+                 for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0] * 4
+        assert [out.get(timeout=10) for _ in procs] == [entry.sha256] * 4
+        assert len(log.read_text().splitlines()) == 1  # fetched once
+        assert not list(cache.glob("*.lock")), sorted(f.name for f in cache.iterdir())

@@ -17,6 +17,7 @@ from sample_data.coco_gen import make_coco
 from shardkit.bench.api import _check_same_data
 from shardkit.cli import cli
 from shardkit.codec import jpeg_restart
+from shardkit.codec.decode import decode_rgb
 from shardkit.errors import PackError
 from shardkit.format import iter_samples
 from shardkit.index import read_manifest, verify_dataset
@@ -45,9 +46,18 @@ def _encode(img: Image.Image, fmt: str = "JPEG", **save: object) -> bytes:
 
 
 def _corrupt_jpeg() -> bytes:
-    """Header and end marker intact (the cheap checks pass); the scan data is damaged."""
+    """Header and end marker intact; the scan data is damaged (libjpeg warns, the lossless
+    transcode refuses it) but PIL decodes it: the loader does, so it is packed."""
     good = _encode(_noise(96, 64, 9), quality=90)
     return good[:-400] + b"\xff\xd3" * 60 + good[-280:]
+
+
+def _broken_jpeg() -> bytes:
+    """Header and end marker intact; a marker in the middle of the scan: PIL cannot decode it."""
+    data = bytearray(_encode(_noise(64, 48, 10), quality=90))
+    middle = len(data) // 2
+    data[middle : middle + 64] = b"\xff\xc4" * 32
+    return bytes(data)
 
 
 @pytest.fixture
@@ -64,6 +74,7 @@ def tree(tmp_path: Path) -> Path:
         "made/cmyk.jpg": _encode(Image.new("CMYK", (20, 12), (0, 50, 100, 20))),
         "made/lossless.png": _encode(_noise(20, 12, 7), "PNG"),
         "made/corrupt.jpg": _corrupt_jpeg(),
+        "made/broken.jpg": _broken_jpeg(),
     })
     write_tree(root, files)
     return root
@@ -91,23 +102,24 @@ def test_pixels_equal_torchvision_and_bytes_restart_indexed(tree: Path, tmp_path
     result = pack(str(tree), str(dst), options=OPTIONS, workers=1)
     stored = _images(dst)
     reference = ImageFolder(str(tree))
-    assert len(stored) == len(reference.samples) - 1  # all but the corrupt one
+    assert len(stored) == len(reference.samples) - 1  # all but the one PIL cannot decode
     for path, _label in reference.samples:
         rel = Path(path).relative_to(tree).as_posix()
-        if rel == "made/corrupt.jpg":
+        if rel == "made/broken.jpg":
             continue
         source = Path(path).read_bytes()
         with Image.open(io.BytesIO(stored[rel])) as img:
             ours = np.asarray(img.convert("RGB"))
         np.testing.assert_array_equal(ours, np.asarray(reference.loader(path)), err_msg=rel)
-        if rel in ("made/cmyk.jpg", "made/lossless.png"):
-            assert stored[rel] == source, rel  # not YCbCr/gray JPEG: original bytes
+        if rel in ("made/cmyk.jpg", "made/lossless.png", "made/corrupt.jpg"):
+            # not YCbCr/gray JPEG, or not transcodable but decodable: original bytes
+            assert stored[rel] == source, rel
             assert jpeg_restart.cut(stored[rel], 0, 0, 1, 1) is None
         else:
             assert stored[rel] != source, rel
             assert jpeg_restart.cut(stored[rel], 0, 0, 1, 1) is not None, rel  # restart-indexed
     (skip,) = result.manifest.skipped
-    assert (skip["source"] == "made/corrupt.jpg"
+    assert (skip["source"] == "made/broken.jpg"
             and skip["reason"].startswith("corrupt image data ("))
     assert result.manifest.options["jpeg_restart"] == 4
     assert json.loads((dst / "index.json").read_text())["options"]["jpeg_restart"] == 4
@@ -119,8 +131,8 @@ def test_without_option_bytes_are_the_source(tree: Path, tmp_path: Path) -> None
     assert result.manifest.options["jpeg_restart"] is None
     stored = _images(tmp_path / "out")
     assert stored["photo/chelsea.jpg"] == (tree / "photo" / "chelsea.jpg").read_bytes()
-    # only the full decode of jpeg_restart/decode_check finds it
-    assert "made/corrupt.jpg" in stored
+    # a JPEG with its end marker is packed undecoded (README "Pack": the one exception)
+    assert "made/corrupt.jpg" in stored and "made/broken.jpg" in stored
 
 
 def test_plain_webdataset_reads_the_shards(tree: Path, tmp_path: Path) -> None:
@@ -227,11 +239,23 @@ def test_missing_extension_fails_early(monkeypatch: pytest.MonkeyPatch, tree: Pa
 
 
 def test_encode_sample_skips_corrupt() -> None:
-    data = _corrupt_jpeg()
-    sample = SourceSample(path="x/corrupt.jpg", rel="x/corrupt.jpg", size=len(data), mtime_ns=0,
+    data = _broken_jpeg()
+    sample = SourceSample(path="x/broken.jpg", rel="x/broken.jpg", size=len(data), mtime_ns=0,
                           label=0)
     with pytest.raises(SkipSample, match=r"^corrupt image data \("):
         encode_sample(sample, data, classes=["x"], options=OPTIONS)
+
+
+def test_encode_sample_keeps_a_corrupt_scan_pil_decodes() -> None:
+    """Issue 14: the lossless transcode refuses it, the loader decodes it: source bytes kept."""
+    data = _corrupt_jpeg()
+    with pytest.raises(ValueError):
+        jpeg_restart.transcode(data, 4)
+    sample = SourceSample(path="x/corrupt.jpg", rel="x/corrupt.jpg", size=len(data), mtime_ns=0,
+                          label=0)
+    fields = dict(encode_sample(sample, data, classes=["x"], options=OPTIONS))
+    assert fields["jpg"] == data
+    decode_rgb(fields["jpg"])
 
 
 def test_bench_refuses_shards_packed_otherwise(tree: Path, tmp_path: Path) -> None:

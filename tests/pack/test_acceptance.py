@@ -1,0 +1,121 @@
+"""The acceptance rule (issue 14, README "Pack"): an image is packed if and only if the loader's
+CPU decoder (``decode_rgb``, PIL's ``convert("RGB")``) decodes it; by default a JPEG whose end
+marker ends the file is packed undecoded, ``decode_check`` decodes those too."""
+
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardkit.codec.decode import decode_rgb
+from shardkit.errors import DecodeError
+from shardkit.format import iter_samples
+from shardkit.index import read_manifest, verify_dataset
+from shardkit.pack import PackOptions, pack
+from shardkit.storage import Store
+from tests.conftest import write_tree
+
+
+def _pattern(width: int, height: int) -> Image.Image:
+    return Image.frombytes("RGB", (width, height),
+                           bytes((i * 37 + i // 7) % 256 for i in range(width * height * 3)))
+
+
+def _encode(img: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    img.save(out, fmt)
+    return out.getvalue()
+
+
+def _png_without_iend() -> bytes:
+    data = _encode(_pattern(40, 30), "PNG")
+    assert data[-12:] == b"\0\0\0\0IEND" + zlib.crc32(b"IEND").to_bytes(4, "big")
+    return data[:-12]
+
+
+def _png_damaged_pixels() -> bytes:
+    """Every chunk present (IEND too), the zlib stream in IDAT damaged: PIL cannot decode it."""
+    data = bytearray(_encode(_pattern(40, 30), "PNG"))
+    start = data.index(b"IDAT") + 4
+    data[start + 20 : start + 40] = b"\xa5" * 20
+    return bytes(data)
+
+
+def _jpeg_broken_scan() -> bytes:
+    """Header and end marker intact, a marker in the middle of the scan: PIL cannot decode it."""
+    data = bytearray(_encode(_pattern(64, 48), "JPEG"))
+    middle = len(data) // 2
+    data[middle : middle + 64] = b"\xff\xc4" * 32
+    return bytes(data)
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        decode_rgb(data)
+    except DecodeError:
+        return False
+    return True
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    good = _encode(_pattern(30, 20), "JPEG")
+    write_tree(root, {
+        "a/good.jpg": good,
+        "a/good.png": _encode(_pattern(20, 30), "PNG"),
+        "a/no_iend.png": _png_without_iend(),
+        "a/damaged.png": _png_damaged_pixels(),
+        "a/trailer.jpg": good + bytes(range(256)) * 16,  # 4 KiB after the end marker
+        "a/truncated.jpg": good[: len(good) * 2 // 3],
+        "a/broken_scan.jpg": _jpeg_broken_scan(),
+    })
+    return root
+
+
+def _stored(dst: Path) -> dict[str, bytes]:
+    out = {}
+    for shard in read_manifest(Store(str(dst))).shards:
+        with open(dst / shard.url, "rb") as f:
+            for _key, fields in iter_samples(f, where=shard.url):
+                image = next(v for k, v in fields.items() if k not in ("cls", "json"))
+                out[json.loads(fields["json"])["source"]] = bytes(image)
+    return out
+
+
+@pytest.mark.parametrize("decode_check", [False, True])
+def test_packed_if_and_only_if_the_loader_decodes(tree: Path, tmp_path: Path,
+                                                  decode_check: bool) -> None:
+    dst = tmp_path / "out"
+    result = pack(str(tree), str(dst), workers=1,
+                  options=PackOptions(max_count=4, decode_check=decode_check))
+    stored = _stored(dst)
+    skipped = {s["source"]: s["reason"] for s in result.manifest.skipped}
+    # the JPEG exception: packed undecoded by default, found by decode_check
+    exception = {"a/broken_scan.jpg"} if not decode_check else set()
+    for path in sorted(tree.rglob("*.*")):
+        rel = path.relative_to(tree).as_posix()
+        source = path.read_bytes()
+        if _decodes(source) or rel in exception:
+            assert rel in stored, (rel, skipped.get(rel))
+            assert stored[rel] == source, rel
+        else:
+            assert rel in skipped and rel not in stored, rel
+    assert sorted(stored) == sorted(["a/good.jpg", "a/good.png", "a/no_iend.png", "a/trailer.jpg"]
+                                    + sorted(exception))
+    # what the loader gets from the IEND-less PNG is what PIL gives
+    with Image.open(io.BytesIO(stored["a/no_iend.png"])) as img:
+        expected = np.asarray(img.convert("RGB"))
+    np.testing.assert_array_equal(decode_rgb(stored["a/no_iend.png"]).permute(1, 2, 0).numpy(),
+                                  expected)
+    assert skipped["a/damaged.png"].startswith("corrupt image data (")
+    assert skipped["a/truncated.jpg"].startswith("truncated JPEG (no end-of-image marker")
+    if decode_check:
+        assert skipped["a/broken_scan.jpg"].startswith("corrupt image data (")
+        assert verify_dataset(str(dst), decode=True).ok
