@@ -26,7 +26,8 @@ from shardkit.transforms.base import ImageTransform
 
 
 def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, on_error: str,
-                     rank: int | None, world_size: int | None, gpu: GpuOptions | None, even_batches: bool) -> None:
+                     rank: int | None, world_size: int | None, gpu: GpuOptions | None, even_batches: bool,
+                     flags: dict[str, object], pad: object) -> None:
     """Refuse bad arguments when the loader is built, naming the argument, rather than later in
     a worker process (where torch would re-raise the error under its own type) or on one route only.
 
@@ -45,8 +46,11 @@ def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch
             raise LoaderError(f"{name} must be an int or None, got {given!r}")
     if gpu is not None and not isinstance(gpu, GpuOptions):
         raise LoaderError(f"gpu must be a GpuOptions or None, got {type(gpu).__name__}")
-    if not isinstance(even_batches, bool):
-        raise LoaderError(f"even_batches must be a bool, got {even_batches!r}")
+    for name, flag in {"even_batches": even_batches, **flags}.items():
+        if not isinstance(flag, bool):
+            raise LoaderError(f"{name} must be True or False, got {flag!r}")
+    if not isinstance(pad, int) or (not isinstance(pad, bool) and pad < 1):
+        raise LoaderError(f"pad must be False, True or a positive int (sides rounded up to it), got {pad!r}")
 
 
 class ShardLoader:
@@ -142,7 +146,10 @@ class ShardLoader:
         pad: bool | int = False,
     ) -> None:
         _check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
-                         on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches)
+                         on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
+                         flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
+                                "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes},
+                         pad=pad)
         store = locate_dataset(dataset, storage_options)
         self.manifest = read_manifest(store)
         rank, world_size = rank_and_world(rank, world_size)
