@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,6 +61,23 @@ def finish(*loaders: shardkit.ShardLoader | None) -> None:
             loader.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every evaluation recipe takes: loader workers, device, key logging."""
+    parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda (under torchrun each rank takes GPU LOCAL_RANK)")
+    parser.add_argument("--log-keys", default=None, metavar="DIR",
+                        help="write the sample keys each rank evaluates to DIR/eval-rank<R>.txt")
+
+
+def eval_keys_log(log_keys: str | None, rank: int) -> Path | None:
+    """Where rank ``rank`` writes the keys it evaluates (``--log-keys``), the folder created."""
+    if not log_keys:
+        return None
+    Path(log_keys).mkdir(parents=True, exist_ok=True)
+    return Path(log_keys) / f"eval-rank{rank}.txt"
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, log_every: int) -> None:

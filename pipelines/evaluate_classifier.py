@@ -26,9 +26,9 @@ import shardkit
 from shardkit import transforms
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
-    from ddp import setup_distributed
+    from ddp import add_eval_arguments, eval_keys_log, setup_distributed
 except ImportError:  # imported as pipelines.*
-    from pipelines.ddp import setup_distributed
+    from pipelines.ddp import add_eval_arguments, eval_keys_log, setup_distributed
 
 
 def make_model(arch: str, num_classes: int) -> torch.nn.Module:
@@ -85,19 +85,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--arch", default="resnet18", help="torchvision model when there is no checkpoint")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per batch per rank")
     parser.add_argument("--size", type=int, default=224, help="side of the centre crop")
-    parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu or cuda (under torchrun each rank takes GPU LOCAL_RANK)")
-    parser.add_argument("--log-keys", default=None, metavar="DIR",
-                        help="write the sample keys each rank evaluates to DIR/eval-rank<R>.txt")
+    add_eval_arguments(parser)
     args = parser.parse_args(argv)
 
     rank, world, device = setup_distributed(args.device)
     try:
-        keys_log = None
-        if args.log_keys:
-            Path(args.log_keys).mkdir(parents=True, exist_ok=True)
-            keys_log = Path(args.log_keys) / f"eval-rank{rank}.txt"
+        keys_log = eval_keys_log(args.log_keys, rank)
         with val_loader(args.shards, batch_size=args.batch_size, size=args.size, workers=args.workers,
                         device=device, keys=keys_log is not None) as loader:
             arch, classes = args.arch, len(loader.manifest.classes or ())

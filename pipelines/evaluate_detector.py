@@ -35,9 +35,9 @@ import shardkit
 from shardkit import transforms
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
-    from ddp import setup_distributed
+    from ddp import add_eval_arguments, eval_keys_log, setup_distributed
 except ImportError:  # imported as pipelines.*
-    from pipelines.ddp import setup_distributed
+    from pipelines.ddp import add_eval_arguments, eval_keys_log, setup_distributed
 
 #: COCOeval's ``stats`` in order (``summarize()``), for the returned dictionary.
 COCO_STATS = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large",
@@ -184,19 +184,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=8, help="images per batch per rank")
     parser.add_argument("--min-size", type=int, default=320, help="shorter side the images are resized to")
     parser.add_argument("--max-size", type=int, default=640, help="longer side at most (after the resize)")
-    parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu or cuda (under torchrun each rank takes GPU LOCAL_RANK)")
-    parser.add_argument("--log-keys", default=None, metavar="DIR",
-                        help="write the sample keys each rank evaluates to DIR/eval-rank<R>.txt")
+    add_eval_arguments(parser)
     args = parser.parse_args(argv)
 
     rank, world, device = setup_distributed(args.device)
     try:
-        keys_log = None
-        if args.log_keys:
-            Path(args.log_keys).mkdir(parents=True, exist_ok=True)
-            keys_log = Path(args.log_keys) / f"eval-rank{rank}.txt"
+        keys_log = eval_keys_log(args.log_keys, rank)
         with val_loader(args.shards, batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
                         workers=args.workers, device=device, keys=keys_log is not None) as loader:
             arch, num_classes = args.arch, len(loader.label_map or {}) + 1
