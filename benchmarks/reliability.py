@@ -15,8 +15,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +27,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from reliability_process import Row, fmt_counts, r4_kill, r5_remote  # noqa: E402
+
 from sample_data.generate import make_indexed_imagefolder  # noqa: E402
 from shardkit import ShardLoader, transforms  # noqa: E402
 from shardkit.errors import ShardkitError  # noqa: E402
@@ -38,9 +38,6 @@ from shardkit.loader.reader import ShardReader  # noqa: E402
 from shardkit.pack import PackOptions, pack  # noqa: E402
 from shardkit.storage import Store  # noqa: E402
 from tests.cli.terminal import run_in_pty, shardkit_argv  # noqa: E402
-from tests.faultproxy import FaultProxy  # noqa: E402
-
-Row = tuple[str, str, str, str, str]  # id, experiment, what ran, figure, target
 
 
 def _outcome(fn: Callable[[], Any]) -> str:
@@ -140,10 +137,6 @@ def _damage(work: Path, kind: str, n: int, seed: int) -> collections.Counter[str
     return counts
 
 
-def _fmt(counts: collections.Counter[str]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-
-
 def r2_damaged(work: Path) -> list[Row]:
     rows = []
     for kind, n, what in (("header", 60, "one bit flipped in a tar header"),
@@ -152,7 +145,7 @@ def r2_damaged(work: Path) -> list[Row]:
         counts = _damage(work, kind, n, seed=14)
         foreign = sum(v for k, v in counts.items() if "FOREIGN" in k)
         rows.append(("R2", f"damaged shards: {what}", f"{n} cases (seed 14), 32-sample dataset, loader in raise "
-                     "and replace modes, no workers", f"{_fmt(counts)}; foreign exception types: {foreign}",
+                     "and replace modes, no workers", f"{fmt_counts(counts)}; foreign exception types: {foreign}",
                      "0 foreign exceptions; silent differences only where integrity is off (see R3)"))
     return rows
 
@@ -233,171 +226,8 @@ def r9_security(work: Path) -> Row:
     idx_cases = len(idx_edits)
     return ("R9", "security suite", f"{len(cases)} hostile index.json edits (local; the cache path is the one "
             f"memory:// and S3 use) and {idx_cases} hostile .idx edits (2.5 GB span, unaligned, overlapping, "
-            "wrong key)", f"{_fmt(outcomes)}; files written outside destination/cache: {outside}",
+            "wrong key)", f"{fmt_counts(outcomes)}; files written outside destination/cache: {outside}",
             "every case refused with a ShardkitError naming the shard; 0 writes outside; 0 foreign exceptions")
-
-
-def _r4_tree(work: Path) -> Path:
-    """120 small JPEGs in 4 classes, 8 of them not images (skipped entries in index.json)."""
-    root = work / "r4src"
-    rng = random.Random(4)
-    for c in range(4):
-        (root / f"c{c}").mkdir(parents=True)
-        for j in range(30):
-            out = io.BytesIO()
-            Image.new("RGB", (48, 40), (rng.randrange(256), j * 8, c * 60)).save(out, "JPEG")
-            data = out.getvalue() if j % 15 != 7 else b"not an image " * 3
-            (root / f"c{c}" / f"{j:03d}.jpg").write_bytes(data)
-    return root
-
-
-def _pack_cmd(src: Path, dst: Path) -> list[str]:
-    return [*shardkit_argv(), "pack", str(src), str(dst), "--max-count", "4", "--workers", "2", "-q"]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-
-
-def _tree(work: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in work.iterdir()}
-
-
-def r4_kill(work: Path, kills: int = 12) -> list[Row]:
-    src = _r4_tree(work)
-    ref = work / "r4ref"
-    subprocess.run(_pack_cmd(src, ref), env=_env(), check=True, timeout=300)
-    reference = _tree(ref)
-    rng = random.Random(14)
-    identical = interrupted = 0
-    for trial in range(kills):
-        dst = work / f"r4-{trial}"
-        proc = subprocess.Popen(_pack_cmd(src, dst), env=_env(), start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        target = rng.randrange(1, 28)
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and (
-                len(list(dst.glob("*.tar"))) if dst.exists() else 0) < target:
-            time.sleep(0.002)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            interrupted += 1
-        proc.wait()
-        subprocess.run(_pack_cmd(src, dst), env=_env(), timeout=300, capture_output=True)
-        identical += _tree(dst) == reference
-    # kill -9 of the parent alone: what outlives it
-    import psutil
-
-    orphans = leaked = 0
-    parents = 3
-    for trial in range(parents):
-        dst = work / f"r4p-{trial}"
-        proc = subprocess.Popen([*_pack_cmd(src, dst)[:-5], "--max-count", "1", "--workers", "2", "-q"],
-                                env=_env(), start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        parent = psutil.Process(proc.pid)
-        children: list[Any] = []
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            children = parent.children()
-            if sum("spawn_main" in " ".join(c.cmdline()) for c in children) == 2 and any(dst.glob("*.tar")):
-                break
-            time.sleep(0.01)
-        sems: set[str] = set()
-        for c in children:
-            with contextlib.suppress(OSError, psutil.Error), open(f"/proc/{c.pid}/maps") as f:
-                sems |= {line.split()[-1] for line in f if "/dev/shm/sem." in line}
-        proc.kill()
-        proc.wait()
-        _gone, alive = psutil.wait_procs(children, timeout=20)
-        orphans += len(alive)
-        for c in alive:
-            c.kill()
-        time.sleep(0.5)
-        leaked += sum(os.path.exists(s) for s in sems)
-    # a kill after index.json, before the clean-up: the state as it stays, then the re-run
-    late = work / "r4late"
-    subprocess.run(_pack_cmd(src, late), env=_env(), check=True, timeout=300)
-    (late / ".shardkit-pack").mkdir()
-    (late / ".shardkit-pack" / "plan.json").write_text("{}")
-    subprocess.run(_pack_cmd(src, late), env=_env(), check=True, timeout=300, capture_output=True)
-    state_left = (late / ".shardkit-pack").exists()
-    return [
-        ("R4", "kill -9 during pack (process group)", f"{kills} packs of 120 JPEGs (8 not images, so index.json "
-         f"lists skips), 2 workers, 4 per shard, SIGKILL at a random shard count (seed 14), then the same "
-         f"command", f"{interrupted} interrupted; {identical}/{kills} resumed destinations byte-identical to an "
-         "uninterrupted pack (shards and index.json), no leftover state", "all byte-identical"),
-        ("R4", "kill -9 of the pack process alone", f"{parents} packs, SIGKILL of the parent while 2 workers "
-         "write; a re-run after a kill between index.json and the clean-up", f"processes alive 20 s later: "
-         f"{orphans}; pool semaphores left in /dev/shm: {leaked}; pack state left after the re-run: "
-         f"{'yes' if state_left else 'no'}", "0 processes, 0 semaphores, no state left"),
-    ]
-
-
-def r5_remote(work: Path) -> list[Row]:
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    from shardkit.index import verify_dataset
-
-    with contextlib.closing(__import__("socket").socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    base = {"key": "k", "secret": "s", "skip_instance_cache": True}
-    s3fs.S3FileSystem(**base, client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"}).mkdir("reliability")
-    src = work / "r4src" if (work / "r4src").exists() else _r4_tree(work)
-    local = pack(str(src), str(work / "r5local"), options=PackOptions(max_count=8), workers=1)
-    rows: list[Row] = []
-    try:
-        for rate in (0.05, 0.2):
-            rng = random.Random(5)
-
-            def faults(_n: int, rng: random.Random = rng, rate: float = rate) -> Any:
-                if rng.random() >= rate:
-                    return None
-                return rng.choice(["reset", ("truncate", rng.randrange(1, 3000))])
-
-            runs, completed, identical, foreign = 6, 0, 0, collections.Counter[str]()
-            injected = 0
-            for trial in range(runs):
-                proxy = FaultProxy(("127.0.0.1", port), faults)
-                options = {**base, "client_kwargs": {"endpoint_url": proxy.url}}
-                url = f"s3://reliability/r5-{rate}-{trial}"
-                try:
-                    result = pack(str(src), url, options=PackOptions(max_count=8), workers=1,
-                                  storage_options=options)
-                    report = verify_dataset(url, decode=False, storage_options=options)
-                    completed += report.ok
-                    identical += result.manifest.shards == local.manifest.shards
-                except ShardkitError as err:
-                    foreign[type(err).__name__] += 1
-                except Exception as err:  # noqa: BLE001 - the point is to count these
-                    foreign["FOREIGN " + type(err).__name__] += 1
-                finally:
-                    injected += proxy.injected
-                    proxy.close()
-            rows.append(("R5", f"remote faults at {rate:.0%} of connections", f"{runs} packs of 120 JPEGs to S3 "
-                         "(moto) and verify back, through a proxy on 127.0.0.1 that resets or cuts short "
-                         f"{rate:.0%} of connections (seed 5)", f"{injected} faults injected; {completed}/{runs} "
-                         f"completed and verified, {identical}/{runs} shards identical to a local pack; errors: "
-                         f"{_fmt(foreign) if foreign else 'none'}", "all complete, identical"))
-        proxy = FaultProxy(("127.0.0.1", port), lambda n: ("truncate", 300))
-        cmd = [*shardkit_argv(), "info", "s3://reliability/r5-0.05-0", "-o", "key=k", "-o", "secret=s",
-               "-o", f"client_kwargs.endpoint_url={proxy.url}", "-o", "config_kwargs.retries.max_attempts=1"]
-        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
-        proxy.close()
-        lines = done.stderr.strip().splitlines()
-        rows.append(("R5", "permanent remote fault", "`shardkit info` through a proxy that cuts every response "
-                     "after 300 bytes", f"exit {done.returncode}, {len(lines)} line(s) on stderr: "
-                     f"`{lines[-1][:150] if lines else ''}…`", "one line, no traceback"))
-    finally:
-        server.stop()
-    return rows
 
 
 NOT_RUN = [
