@@ -72,6 +72,25 @@ def gpu(device: str) -> dict[str, Any] | None:
             "count": torch.cuda.device_count(), "cuda": torch.version.cuda}
 
 
+def _describe_files(paths: list[str], sizes: list[int], *, sample: int, seed: int) -> dict[str, Any]:
+    """Bytes and mean size of ``paths``; mean pixel count and formats of a seeded sample of them."""
+    from PIL import Image
+
+    present = [p for p, size in zip(paths, sizes, strict=True) if size >= 0]  # -1: could not stat
+    sizes = [size for size in sizes if size >= 0]
+    chosen = random.Random(seed).sample(present, min(sample, len(present)))
+    kpix: list[float] = []
+    modes: Counter[str] = Counter()
+    for p in chosen:
+        with Image.open(p) as im:
+            kpix.append(im.width * im.height / 1000)
+            modes[f"{im.format}/{im.mode}"] += 1
+    n = max(len(sizes), 1)
+    return {"images": len(paths), "bytes": sum(sizes), "mean_kb": round(sum(sizes) / n / 1000, 1),
+            "mean_kpix": round(sum(kpix) / max(len(kpix), 1), 1),
+            "formats_in_sample": dict(modes.most_common()), "sample_size": len(chosen)}
+
+
 def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:
     """Count images, classes and bytes of an ImageFolder tree; mean pixel count of a sample.
 
@@ -80,61 +99,30 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
         describe_imagefolder("data/train")
         # {"images": 4000, "classes": 10, "mean_kpix": 190.3, ...}
     """
-    from PIL import Image
-
     from shardkit.sources import scan_imagefolder
 
     listing = scan_imagefolder(root)
-    paths = [s.path for s in listing.samples]
-    sizes = [s.size for s in listing.samples]
-    chosen = random.Random(seed).sample(paths, min(sample, len(paths)))
-    kpix: list[float] = []
-    modes: Counter[str] = Counter()
-    for p in chosen:
-        with Image.open(p) as im:
-            kpix.append(im.width * im.height / 1000)
-            modes[f"{im.format}/{im.mode}"] += 1
-    n = max(len(paths), 1)
-    return {
-        "path": os.path.abspath(root), "images": len(paths), "classes": len(listing.classes or ()),
-        "bytes": sum(sizes), "mean_kb": round(sum(sizes) / n / 1000, 1),
-        "mean_kpix": round(sum(kpix) / max(len(kpix), 1), 1),
-        "formats_in_sample": dict(modes.most_common()), "sample_size": len(chosen),
-    }
+    files = _describe_files([s.path for s in listing.samples], [s.size for s in listing.samples],
+                            sample=sample, seed=seed)
+    return {"path": os.path.abspath(root), "classes": len(listing.classes or ()), **files}
 
 
 def describe_coco(images: str, annotations: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:
-    """Count images, annotations and bytes of a COCO source; mean pixel count of a sample.
+    """Count the images of a COCO source that have annotations (what ``pack_coco(drop_empty=True)``
+    packs and the CocoDetection baseline reads), their boxes and bytes; mean pixel count of a sample.
 
     Raises:
-        ValueError: the annotations file is not COCO instances JSON.
+        SourceError: the images folder or the annotations file is not a COCO source.
     """
-    import json
+    from shardkit.sources import scan_coco
 
-    from PIL import Image
-
-    try:
-        with open(annotations, encoding="utf-8") as f:
-            doc = json.load(f)
-        records, anns = list(doc["images"]), list(doc.get("annotations") or ())
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{annotations}: not a COCO instances file ({err})") from err
-    paths = [os.path.join(images, str(r.get("file_name", ""))) for r in records]
-    present = [p for p in paths if os.path.isfile(p)]
-    sizes = [os.path.getsize(p) for p in present]
-    kpix = []
-    for p in random.Random(seed).sample(present, min(sample, len(present))):
-        with Image.open(p) as im:
-            kpix.append(im.width * im.height / 1000)
-    n = max(len(present), 1)
-    return {
-        "kind": "coco", "path": os.path.abspath(images), "annotations": os.path.abspath(annotations),
-        "images": len({a.get("image_id") for a in anns} & {r.get("id") for r in records}),
-        "images_listed": len(records), "images_present": len(present), "classes": len(doc.get("categories") or ()),
-        "annotations_count": len(anns), "boxes_per_image": round(len(anns) / max(len(records), 1), 2),
-        "bytes": sum(sizes), "mean_kb": round(sum(sizes) / n / 1000, 1),
-        "mean_kpix": round(sum(kpix) / max(len(kpix), 1), 1), "sample_size": len(kpix),
-    }
+    listing = scan_coco(images, annotations, drop_empty=True)
+    samples = listing.samples
+    boxes = sum(len((s.meta or {}).get("annotations") or ()) for s in samples)
+    files = _describe_files([s.path for s in samples], [s.size for s in samples], sample=sample, seed=seed)
+    return {"kind": "coco", "path": os.path.abspath(images), "annotations": os.path.abspath(annotations),
+            "classes": len(listing.categories or ()), "annotations_count": boxes,
+            "boxes_per_image": round(boxes / max(len(samples), 1), 2), **files}
 
 
 def warm_page_cache(paths: Iterable[str]) -> int:
