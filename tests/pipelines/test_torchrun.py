@@ -45,6 +45,23 @@ def read_log(path: Path) -> list[tuple[int, list[str]]]:
     return [(int(line.split()[0]), line.split()[1:]) for line in path.read_text().splitlines()]
 
 
+def keys_across_kill(logs: Path, dataset: Path, checkpoint_step: int, *, world: int, batch: int) -> list[str]:
+    """Check, per rank, that the keys trained up to the checkpoint (killed run, ``logs/a``) plus
+    those of the resumed run (``logs/b``) are that rank's uninterrupted epoch 0; return them all."""
+    every: list[str] = []
+    for rank in range(world):
+        before = read_log(logs / "a" / f"train-rank{rank}.txt")
+        after = read_log(logs / "b" / f"train-rank{rank}.txt")
+        assert [s for s, _ in before][:4] == [1, 2, 3, 4] and [s for s, _ in after] == [5, 6]
+        kept = [keys for step, keys in before if step <= checkpoint_step]  # steps after the checkpoint are redone
+        seen = [k for keys in kept + [keys for _, keys in after] for k in keys]
+        reference = ShardLoader(str(dataset), batch_size=batch, rank=rank, world_size=world, drop_last=True,
+                                keys=True)  # the uninterrupted epoch 0 of this rank
+        assert seen == [k for *_, keys in reference for k in keys]
+        every += seen
+    return every
+
+
 def test_killed_mid_epoch_then_resumed_trains_on_each_sample_once(packed: dict[str, Path], tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt.pt"
     common = [str(packed["train"]), "--epochs", "1", "--batch-size", str(BATCH), "--size", "32", "--workers", "0",
@@ -64,17 +81,7 @@ def test_killed_mid_epoch_then_resumed_trains_on_each_sample_once(packed: dict[s
     assert "epoch 0  top-1" in resumed.stdout and "/42)" in resumed.stdout  # val: each of 42 samples once
     assert torch.load(ckpt)["step"] == 6
 
-    every: list[str] = []
-    for rank in range(WORLD):
-        before = read_log(tmp_path / "a" / f"train-rank{rank}.txt")
-        after = read_log(tmp_path / "b" / f"train-rank{rank}.txt")
-        assert [s for s, _ in before][:4] == [1, 2, 3, 4] and [s for s, _ in after] == [5, 6]
-        kept = [keys for step, keys in before if step <= saved["step"]]  # steps after the checkpoint are redone
-        seen = [k for keys in kept + [keys for _, keys in after] for k in keys]
-        reference = ShardLoader(str(packed["train"]), batch_size=BATCH, rank=rank, world_size=WORLD, drop_last=True,
-                                keys=True)  # the uninterrupted epoch 0 of this rank
-        assert seen == [k for _, _, keys in reference for k in keys]
-        every += seen
+    every = keys_across_kill(tmp_path, packed["train"], saved["step"], world=WORLD, batch=BATCH)
     assert sorted(every) == [f"{i:08d}" for i in range(48)]  # one epoch: each sample exactly once
 
 

@@ -13,7 +13,7 @@ import torch
 from sample_data.coco_gen import make_coco
 from shardkit import ShardLoader
 from shardkit.pack import PackOptions, pack_coco
-from tests.pipelines.test_torchrun import read_log, torchrun
+from tests.pipelines.test_torchrun import keys_across_kill, torchrun
 
 WORLD, BATCH = 2, 2
 SIZES = ["--min-size", "48", "--max-size", "96"]  # small: a CPU step in well under a second
@@ -57,17 +57,7 @@ def test_killed_mid_epoch_then_resumed_trains_on_each_image_once(packed: dict[st
                      resumed.stdout), resumed.stdout
     assert torch.load(ckpt)["step"] == 6
 
-    every: list[str] = []
-    for rank in range(WORLD):
-        before = read_log(tmp_path / "a" / f"train-rank{rank}.txt")
-        after = read_log(tmp_path / "b" / f"train-rank{rank}.txt")
-        assert [s for s, _ in before][:4] == [1, 2, 3, 4] and [s for s, _ in after] == [5, 6]
-        kept = [keys for step, keys in before if step <= saved["step"]]  # steps after the checkpoint are redone
-        seen = [k for keys in kept + [keys for _, keys in after] for k in keys]
-        reference = ShardLoader(str(packed["train"]), batch_size=BATCH, rank=rank, world_size=WORLD, drop_last=True,
-                                keys=True)  # the uninterrupted epoch 0 of this rank
-        assert seen == [k for *_, keys in reference for k in keys]
-        every += seen
+    every = keys_across_kill(tmp_path, packed["train"], saved["step"], world=WORLD, batch=BATCH)
     assert sorted(every) == all_keys(packed["train"]) and len(every) == 24  # one epoch: each image exactly once
 
 
