@@ -154,7 +154,7 @@ class ShardLoader:
         self.manifest = read_manifest(store)
         rank, world_size = rank_and_world(rank, world_size)
         self.config = PlanConfig(
-            shard_sizes=tuple(s.num_samples for s in self.manifest.shards), seed=seed, shuffle=shuffle,
+            shard_sizes=[s.num_samples for s in self.manifest.shards], seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
             even_batches=even_batches,
         )

@@ -26,7 +26,9 @@ import numpy as np
 from shardkit.errors import LoaderError
 from shardkit.loader.plan import num_batches
 
-STATE_VERSION = 1
+#: Version 2: states of plan version 2 (:data:`~shardkit.loader.plan.PLAN_VERSION`); a version-1
+#: state points into plan version 1's orders, which this shardkit no longer draws.
+STATE_VERSION = 2
 _WHERE = "loader state"
 _BOOLS = frozenset({"drop_last", "shuffle", "even_batches"})
 _OPTIONAL = {"even_batches": True}  # keys a state may omit, with the value they then take
@@ -94,11 +96,7 @@ class LoaderState:
                 value = _as_int(f.name, value)
             object.__setattr__(self, f.name, value)
         if self.version != STATE_VERSION:
-            raise LoaderError(
-                f"unsupported state version {self.version} "
-                f"(this shardkit reads version {STATE_VERSION})",
-                where=_WHERE,
-            )
+            raise LoaderError(_version_message(self.version), where=_WHERE)
         for name, low in _MINIMUM.items():
             if getattr(self, name) < low:
                 raise LoaderError(
@@ -155,17 +153,22 @@ class LoaderState:
         if not isinstance(d, Mapping):
             raise LoaderError(f"expected a dict, got {type(d).__name__}", where=_WHERE)
         if "version" not in d or d["version"] != STATE_VERSION:
-            raise LoaderError(
-                f"unsupported state version {d.get('version')!r} "
-                f"(this shardkit reads version {STATE_VERSION})",
-                where=_WHERE,
-            )
+            raise LoaderError(_version_message(d.get("version")), where=_WHERE)
         names = {f.name for f in dataclasses.fields(cls)}
         if missing := sorted(names - d.keys() - _OPTIONAL.keys()):
             raise LoaderError(f"missing keys {missing}", where=_WHERE)
         if unknown := sorted(map(str, d.keys() - names)):
             raise LoaderError(f"unknown keys {unknown}", where=_WHERE)
         return cls(**d)
+
+
+def _version_message(version: object) -> str:
+    if version == 1:
+        return ("unsupported state version 1: it was saved by an older shardkit whose epoch plan "
+                "(plan version 1) shuffles samples differently, so this shardkit (plan version "
+                f"{STATE_VERSION}) cannot continue that epoch exactly; start the epoch afresh "
+                "(set_epoch) or resume with the shardkit that saved it")
+    return f"unsupported state version {version!r} (this shardkit reads version {STATE_VERSION})"
 
 
 def _as_int(name: str, value: object) -> int:

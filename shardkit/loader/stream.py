@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -23,13 +23,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardkit.errors import ShardkitError
 from shardkit.loader.plan import (
+    EpochOrder,
     batch_positions,
-    epoch_order,
-    locate,
     num_batches,
-    rank_batches,
     sample_seeds,
-    shard_offsets,
+    stream_positions,
     worker_batch_indices,
 )
 from shardkit.loader.state import LoaderState, check_compatible, shards_digest
@@ -38,11 +36,14 @@ from shardkit.loader.worker_batch import Builder, WorkerBatch
 W = TypeVar("W", bound=WorkerBatch)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PlanConfig:
-    """What the epoch plan of one rank depends on (besides the epoch)."""
+    """What the epoch plan of one rank depends on (besides the epoch).
 
-    shard_sizes: tuple[int, ...]
+    ``shard_sizes`` is held as a read-only int64 array (any int sequence is accepted): a plan's
+    memory grows with the number of shards, never with the number of samples."""
+
+    shard_sizes: np.ndarray
     seed: int
     shuffle: bool
     window: int
@@ -51,28 +52,42 @@ class PlanConfig:
     batch_size: int
     drop_last: bool
     even_batches: bool = True
+    num_samples: int = field(init=False)
+    digest: str = field(init=False)
 
-    @property
-    def num_samples(self) -> int:
-        return sum(self.shard_sizes)
+    def __post_init__(self) -> None:
+        sizes = np.array(self.shard_sizes, dtype=np.int64, copy=True).reshape(-1)
+        sizes.flags.writeable = False
+        object.__setattr__(self, "shard_sizes", sizes)
+        object.__setattr__(self, "num_samples", int(sizes.sum()))
+        object.__setattr__(self, "digest", shards_digest(sizes))
 
     @property
     def num_batches(self) -> int:
         return num_batches(self.num_samples, world_size=self.world_size, batch_size=self.batch_size,
                            drop_last=self.drop_last, even_batches=self.even_batches, rank=self.rank)
 
-    def batches(self, epoch: int) -> np.ndarray:
-        """Global sample ids of this rank's batches in ``epoch``, shape ``[num_batches, B]``
-        (``even_batches=False``: ``num_batches`` arrays, the last one may be short)."""
-        order = epoch_order(self.shard_sizes, seed=self.seed, epoch=epoch, shuffle=self.shuffle, window=self.window)
-        return rank_batches(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
-                            drop_last=self.drop_last, even_batches=self.even_batches)
+    def order(self, epoch: int) -> EpochOrder:
+        """The lazy order of ``epoch`` (cheap: arrays of the number of shards)."""
+        return EpochOrder(self.shard_sizes, seed=self.seed, epoch=epoch, shuffle=self.shuffle, window=self.window)
+
+    def batch(self, order: EpochOrder, batch_index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(shards, indices within them, seed positions)`` of this rank's batch ``batch_index``
+        of ``order``'s epoch; the seed positions are the samples' places in the (padded) epoch
+        stream, unique over ranks (see :func:`~shardkit.loader.plan.sample_seeds`)."""
+        positions = stream_positions(self.num_samples, rank=self.rank, batch_index=batch_index,
+                                     world_size=self.world_size, batch_size=self.batch_size,
+                                     drop_last=self.drop_last, even_batches=self.even_batches)
+        shards, indices = order.locate(positions % self.num_samples)
+        seeds = np.asarray(batch_positions(self.rank, batch_index, num_batches=self.num_batches,
+                                           batch_size=self.batch_size))[: positions.size]
+        return shards, indices, seeds
 
     def state(self, epoch: int, consumed: int) -> LoaderState:
         """The resume state after ``consumed`` batches of ``epoch``."""
         return LoaderState(
             seed=self.seed, epoch=epoch, batches_consumed=consumed, num_samples=self.num_samples,
-            shards_digest=shards_digest(self.shard_sizes), world_size=self.world_size,
+            shards_digest=self.digest, world_size=self.world_size,
             batch_size=self.batch_size, drop_last=self.drop_last, shuffle=self.shuffle, window=self.window,
             even_batches=self.even_batches,
         )
@@ -85,7 +100,7 @@ class PlanConfig:
         """
         s = LoaderState.from_dict(state)
         check_compatible(
-            s, seed=self.seed, num_samples=self.num_samples, shards_digest=shards_digest(self.shard_sizes),
+            s, seed=self.seed, num_samples=self.num_samples, shards_digest=self.digest,
             world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
             shuffle=self.shuffle, window=self.window, even_batches=self.even_batches,
         )
@@ -130,13 +145,12 @@ class BatchStream(IterableDataset[W | WorkerFailure], Generic[W]):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, start = int(self.control[0]), int(self.control[1])
         cfg = self.config
-        batches = cfg.batches(epoch)
-        shards, indices = locate(batches, shard_offsets(cfg.shard_sizes))
-        for j in worker_batch_indices(len(batches), num_workers=workers, worker_id=worker, start_batch=start):
-            positions = np.asarray(batch_positions(cfg.rank, j, num_batches=len(batches), batch_size=cfg.batch_size))
+        order = cfg.order(epoch)
+        for j in worker_batch_indices(cfg.num_batches, num_workers=workers, worker_id=worker, start_batch=start):
+            shards, indices, positions = cfg.batch(order, j)
             seeds = sample_seeds(cfg.seed, epoch, positions)
             try:
-                batch = self.builder.build(shards[j], indices[j], seeds.tolist())
+                batch = self.builder.build(shards, indices, seeds.tolist())
             except ShardkitError as err:
                 if info is None:  # in this process: the error keeps its own traceback
                     raise

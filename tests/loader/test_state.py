@@ -57,7 +57,13 @@ def test_numpy_values_become_python_values():
     json.dumps(state.to_dict())
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+def test_a_plan_version_1_state_is_refused_naming_the_plan_version():
+    d = make().to_dict() | {"version": 1}
+    with pytest.raises(LoaderError, match=r"state version 1.*plan version 1.*plan version 2"):
+        LoaderState.from_dict(d)
+
+
+@pytest.mark.parametrize("version", [0, 3, "2", None])
 def test_unknown_version_is_refused(version):
     d = make().to_dict() | {"version": version}
     with pytest.raises(LoaderError, match="version"):
