@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -43,7 +44,7 @@ class PlanConfig:
     ``shard_sizes`` is held as a read-only int64 array (any int sequence is accepted): a plan's
     memory grows with the number of shards, never with the number of samples."""
 
-    shard_sizes: np.ndarray
+    shard_sizes: npt.ArrayLike
     seed: int
     shuffle: bool
     window: int
@@ -150,7 +151,7 @@ class BatchStream(IterableDataset[W | WorkerFailure], Generic[W]):
             shards, indices, positions = cfg.batch(order, j)
             seeds = sample_seeds(cfg.seed, epoch, positions)
             try:
-                batch = self.builder.build(shards, indices, seeds.tolist())
+                batch = self.builder.build(shards.tolist(), indices.tolist(), seeds.tolist())
             except ShardkitError as err:
                 if info is None:  # in this process: the error keeps its own traceback
                     raise
