@@ -87,7 +87,7 @@ def measure(
         state = cfg.state(*at).to_dict()  # what a checkpoint hands back
         out["state"] = {"epoch": at[0], "batches_consumed": at[1]}
         t0, c0 = time.perf_counter(), time.process_time()
-        epoch, start = cfg.resume(state)
+        epoch, start, _ = cfg.resume(state)
     else:  # from the loader's constructor (given the manifest's shard sizes) on
         t0, c0 = time.perf_counter(), time.process_time()
         cfg = PlanConfig(shard_sizes=sizes, **knobs)  # type: ignore[arg-type]

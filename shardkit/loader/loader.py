@@ -16,6 +16,7 @@ from shardkit.index.manifest import locate_dataset, read_manifest
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
+from shardkit.loader.remainder import Remainder
 from shardkit.loader.route import Route
 from shardkit.loader.routing import choose_route
 from shardkit.loader.samples import ON_ERROR
@@ -188,6 +189,8 @@ class ShardLoader:
         # otherwise an iteration was abandoned mid-epoch and the next one starts a new epoch.
         # _loaded: _pos came from load_state_dict and nothing ran since (set_epoch keeps it).
         self._pos, self._fresh, self._loaded = (0, 0), True, False
+        # After an elastic resume: what is left of epoch _pos[0] (None: all of it).
+        self._remainder: Remainder | None = None
         self._stats = StageStats()
 
     @property
@@ -199,7 +202,8 @@ class ShardLoader:
         return self.route.classes
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank unless ``even_batches=False``)."""
+        """Batches this rank yields per epoch (the same on every rank unless ``even_batches=False``);
+        an epoch resumed mid-way yields only those not yet delivered."""
         return self._num_batches
 
     @property
@@ -223,6 +227,7 @@ class ShardLoader:
         if self._loaded and epoch == self._pos[0]:
             return
         self._pos, self._fresh, self._loaded = (epoch, 0), True, False
+        self._remainder = None
 
     @property
     def stats(self) -> StageStats:
@@ -231,20 +236,22 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[Any]:
         if not self._fresh:
-            self._pos = (self._pos[0] + 1, 0)
+            self._pos, self._remainder = (self._pos[0] + 1, 0), None
         epoch, start = self._pos
+        rest, count = self._remainder, self.config.epoch_batches(self._remainder)
         self._fresh = self._loaded = False
         self._control[0], self._control[1] = epoch, start
+        if rest is not None:
+            self._hand_workers((epoch, rest))
         if self._dataloader is not None and not workers_running(self._dataloader):
             self.route.before_workers()
         source = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
         delivered = self.route.deliver(source, self._stats)
         try:
-            for consumed in range(start + 1, self._num_batches + 1):
+            for consumed in range(start + 1, count + 1):
                 item = next(delivered, None)
                 if item is None:
-                    raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {self._num_batches} "
-                                      "batches")
+                    raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {count} batches")
                 self._pos = (epoch, consumed)
                 yield item if self.keys else item[:2]
         except Exception as err:  # torch's error for a dead worker varies and may come from anywhere here
@@ -252,19 +259,34 @@ class ShardLoader:
             if death is None:
                 raise
             raise death from err
-        self._pos, self._fresh = (epoch + 1, 0), True
+        self._pos, self._fresh, self._remainder = (epoch + 1, 0), True, None
+
+    def _hand_workers(self, remainder: tuple[int, Remainder]) -> None:
+        """Give the batch stream an elastic resume's remainder; running workers hold an older
+        copy of the stream, so they are stopped first (the next iteration starts new ones)."""
+        if self._stream.remainder == remainder:
+            return
+        if self._dataloader is not None and workers_running(self._dataloader):
+            shutdown_workers(self._dataloader)
+            self.route.workers_stopped()
+        self._stream.remainder = remainder
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, as a tiny JSON-able dict (the same on every rank).
 
         Loading it into a fresh loader (any ``num_workers``) continues with exactly the batches
-        not yet delivered, with the same samples, order and augmentation.
+        not yet delivered, with the same samples, order and augmentation; into a loader with
+        another world size, batch size, ``drop_last`` or ``even_batches`` (an elastic resume),
+        with the samples not yet delivered, laid out anew over its ranks (see
+        :mod:`shardkit.loader.remainder`).
         """
-        return self.config.state(*self._pos).to_dict()
+        return self.config.state(*self._pos, remainder=self._remainder).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict` output; refuses a state made for another configuration."""
-        self._pos = self.config.resume(state)
+        """Resume from :meth:`state_dict` output, on this world size and batch size or another;
+        refuses a state made for another dataset, seed, ``shuffle`` or ``window``, naming it."""
+        epoch, start, self._remainder = self.config.resume(state)
+        self._pos = (epoch, start)
         self._fresh = self._loaded = True
 
     def close(self) -> None:

@@ -238,8 +238,7 @@ def _uneven_span(
 ) -> tuple[int, int]:
     """``(first batch, number of batches)`` of ``rank`` in the epoch's batches, ``even_batches=False``.
 
-    The later ranks take the extra batches, so :func:`batch_positions` (which knows only this
-    rank's batch count) still gives every sample of the epoch its own position.
+    The later ranks take the extra batches.
     """
     total = _total_batches(num_samples, batch_size, drop_last)
     base, extra = divmod(total, world_size)
@@ -359,20 +358,6 @@ def worker_batch_indices(
     return range(start_batch + worker_id, num_batches, max(num_workers, 1))
 
 
-def batch_positions(rank: int, batch_index: int, *, num_batches: int, batch_size: int) -> range:
-    """Global positions (in the padded epoch stream) of batch ``batch_index`` of ``rank``.
-
-    Pass them to :func:`sample_seed` / :func:`sample_seeds`; unique across ranks and workers.
-    With ``even_batches=False`` (ranks' ``num_batches`` differ, the later ranks holding more) they
-    stay unique but leave gaps; a short last batch uses the first of its ``batch_size`` positions.
-
-    >>> list(batch_positions(1, 2, num_batches=3, batch_size=2))
-    [10, 11]
-    """
-    start = (rank * num_batches + batch_index) * batch_size
-    return range(start, start + batch_size)
-
-
 def _mix64(z: int) -> int:
     """splitmix64's finaliser (Steele et al. 2014): a bijection on 64-bit ints that avalanches."""
     z = (z + 0x9E3779B97F4A7C15) & _MASK64
@@ -384,8 +369,8 @@ def _mix64(z: int) -> int:
 def sample_seed(seed: int, epoch: int, position: int) -> int:
     """64-bit seed of the augmentation RNG of the sample at global ``position`` of an epoch.
 
-    ``position`` is the index in the padded epoch stream shared by all ranks (see
-    :func:`batch_positions`), so it never depends on workers and padded repeats get their own
+    ``position`` is the sample's place in the padded epoch stream shared by all ranks (see
+    :func:`stream_positions`), so it never depends on workers and padded repeats get their own
     seeds. Raises LoaderError for arguments outside [0, 2**64).
 
     >>> sample_seed(0, 0, 1) != sample_seed(0, 0, 2) != sample_seed(0, 1, 1)

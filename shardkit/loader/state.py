@@ -25,14 +25,17 @@ import numpy as np
 
 from shardkit.errors import LoaderError
 from shardkit.loader.plan import num_batches
+from shardkit.loader.remainder import Remainder
 
 #: Version 2: states of plan version 2 (:data:`~shardkit.loader.plan.PLAN_VERSION`); a version-1
 #: state points into plan version 1's orders, which this shardkit no longer draws.
 STATE_VERSION = 2
 _WHERE = "loader state"
 _BOOLS = frozenset({"drop_last", "shuffle", "even_batches"})
-_OPTIONAL = {"even_batches": True}  # keys a state may omit, with the value they then take
-_PROGRESS = frozenset({"version", "epoch", "batches_consumed"})
+_OPTIONAL: dict[str, Any] = {"even_batches": True, "remainder": None}  # keys a state may omit, and their value
+_PROGRESS = frozenset({"version", "epoch", "batches_consumed", "remainder"})
+#: The layout of an epoch over ranks: a state resumes under another one (elastic resume).
+LAYOUT = frozenset({"world_size", "batch_size", "drop_last", "even_batches"})
 _MINIMUM = {
     "seed": 0,
     "epoch": 0,
@@ -81,11 +84,18 @@ class LoaderState:
     shuffle: bool
     window: int
     even_batches: bool = True
+    #: After an elastic resume: the epoch positions still to deliver in ``epoch`` when the state's
+    #: layout started on them (``[[start, stop], ...]``, see :class:`Remainder`); None: all of them.
+    remainder: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in _BOOLS:
+            if f.name == "remainder":
+                if value is not None:
+                    value = Remainder.from_list(value, num_samples=_as_int("num_samples", self.num_samples),
+                                                where=_WHERE).to_list()
+            elif f.name in _BOOLS:
                 if not isinstance(value, (bool, np.bool_)):
                     raise LoaderError(f"{f.name} must be a bool, got {value!r}", where=_WHERE)
                 value = bool(value)
@@ -103,7 +113,7 @@ class LoaderState:
                     f"{name} must be >= {low}, got {getattr(self, name)}", where=_WHERE
                 )
         nb = num_batches(
-            self.num_samples,
+            self.layout_samples,
             world_size=self.world_size,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
@@ -114,6 +124,18 @@ class LoaderState:
                 f"batches_consumed {self.batches_consumed} exceeds the {nb} batches of an epoch",
                 where=_WHERE,
             )
+
+    @property
+    def layout_samples(self) -> int:
+        """The samples the state's layout cuts into batches: the remainder's, else the epoch's."""
+        return len(Remainder(self.remainder)) if self.remainder is not None else self.num_samples
+
+    @property
+    def rest(self) -> Remainder:
+        """The epoch positions not yet delivered (by every rank of the state's layout)."""
+        start = Remainder(self.remainder) if self.remainder is not None else Remainder.whole(self.num_samples)
+        return start.after(self.batches_consumed, world_size=self.world_size, batch_size=self.batch_size,
+                           drop_last=self.drop_last, even_batches=self.even_batches)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field (``json.dumps`` works on it as is); an optional field
@@ -130,7 +152,7 @@ class LoaderState:
         """
         steps, mine = (
             num_batches(
-                self.num_samples,
+                self.layout_samples,
                 world_size=self.world_size,
                 batch_size=self.batch_size,
                 drop_last=self.drop_last,
@@ -181,22 +203,21 @@ def _as_int(name: str, value: object) -> int:
 
 
 def check_compatible(state: LoaderState, **current: object) -> None:
-    """Refuse to resume ``state`` in a loader configured differently.
+    """Refuse to resume ``state`` in a loader that plans its epochs differently.
 
-    ``current`` must name every configuration field of :class:`LoaderState` (all but
-    ``version``, ``epoch`` and ``batches_consumed``; ``even_batches`` may be left out when True)
-    with the resuming loader's value; a missing, unknown or differing one raises LoaderError
-    naming every mismatch.
+    ``current`` must name every field the epoch's order depends on (``seed``, ``num_samples``,
+    ``shards_digest``, ``shuffle``, ``window``) with the resuming loader's value; a missing,
+    unknown or differing one raises LoaderError naming every mismatch. The layout over ranks
+    (:data:`LAYOUT`: world size, batch size, ``drop_last``, ``even_batches``) may differ: that
+    is an elastic resume (:meth:`LoaderState.rest`).
 
     >>> s = LoaderState(seed=0, epoch=0, batches_consumed=0, num_samples=10, shards_digest="x",
     ...                 world_size=1, batch_size=2, drop_last=False, shuffle=False, window=8)
-    >>> check_compatible(s, seed=0, num_samples=10, shards_digest="x", world_size=1,
-    ...                  batch_size=2, drop_last=False, shuffle=False, window=8)
+    >>> check_compatible(s, seed=0, num_samples=10, shards_digest="x", shuffle=False, window=8)
     """
-    config = {f.name for f in dataclasses.fields(state)} - _PROGRESS
+    config = {f.name for f in dataclasses.fields(state)} - _PROGRESS - LAYOUT
     if unknown := sorted(current.keys() - config):
-        raise LoaderError(f"not configuration fields: {unknown}", where=_WHERE)
-    current = {**_OPTIONAL, **current}
+        raise LoaderError(f"not fields the order depends on: {unknown}", where=_WHERE)
     if missing := sorted(config - current.keys()):
         raise LoaderError(f"check_compatible needs {missing}", where=_WHERE)
     diffs = [
@@ -206,7 +227,6 @@ def check_compatible(state: LoaderState, **current: object) -> None:
     ]
     if diffs:
         raise LoaderError(
-            "cannot resume, the saved state was made for a different "
-            "configuration: " + "; ".join(diffs),
+            "cannot resume, the saved state was made for another dataset or order: " + "; ".join(diffs),
             where=_WHERE,
         )

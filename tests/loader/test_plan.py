@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from shardkit.errors import LoaderError
 from shardkit.loader.plan import (
     EpochOrder,
-    batch_positions,
     epoch_order,
     locate,
     num_batches,
@@ -192,7 +191,6 @@ def test_sample_seeds_match_scalar_and_differ():
     assert [int(s) for s in seeds[:100]] == [sample_seed(5, 2, p) for p in range(100)]
     assert len(set(seeds.tolist())) == seeds.size
     assert sample_seed(5, 2, 0) != sample_seed(5, 3, 0) != sample_seed(6, 2, 0)
-    assert list(batch_positions(2, 1, num_batches=3, batch_size=4)) == [28, 29, 30, 31]
 
 
 @pytest.mark.parametrize(
@@ -250,14 +248,10 @@ def test_uneven_batches_deliver_each_sample_once(sizes, world_size, batch_size, 
     else:
         assert stream.size == n  # every sample exactly once, no padding
     assert np.array_equal(stream, order[: stream.size])  # ranks take contiguous runs, in order
-    # the augmentation positions BatchStream derives from (rank, batch, this rank's count) stay unique
-    positions = [
-        p
-        for r, b in enumerate(per_rank)
-        for j, row in enumerate(b)
-        for p in list(batch_positions(r, j, num_batches=len(b), batch_size=batch_size))[: len(row)]
-    ]
-    assert len(positions) == len(set(positions)) == stream.size
+    # the stream positions (what seeds augmentation) are where each row sits in the order
+    for r, b in enumerate(per_rank):
+        for j, row in enumerate(b):
+            assert np.array_equal(order[stream_positions(n, rank=r, batch_index=j, **common)], row)
 
 
 def test_uneven_batches_when_there_are_fewer_batches_than_ranks():
@@ -307,8 +301,10 @@ def test_the_lazy_plan_delivers_the_materialised_plans_batches(
     for j in data.draw(st.permutations(range(cfg.num_batches))):
         shards, indices, positions = cfg.batch(order, j)
         assert (offsets[shards] + indices).tolist() == list(expected[j])
-        assert positions.tolist() == list(batch_positions(rank, j, num_batches=len(expected),
-                                                          batch_size=batch_size))[: len(expected[j])]
+        n = sum(sizes)
+        stream = stream_positions(n, rank=rank, batch_index=j, world_size=world_size, batch_size=batch_size,
+                                  drop_last=drop_last, even_batches=even_batches)
+        assert positions.tolist() == stream.tolist()  # seed positions: places in the padded stream
 
 
 def test_stream_positions_refuse_a_batch_the_rank_does_not_have():
