@@ -62,13 +62,24 @@ def keys_across_kill(logs: Path, dataset: Path, checkpoint_step: int, *, world: 
     return every
 
 
+def train_arguments(dataset: Path, ckpt: Path) -> list[str]:
+    """One epoch of batches of BATCH on the CPU, a checkpoint every 2 steps, every step logged."""
+    return [str(dataset), "--epochs", "1", "--batch-size", str(BATCH), "--size", "32", "--workers", "0",
+            "--device", "cpu", "--arch", "squeezenet1_1", "--checkpoint", str(ckpt), "--checkpoint-every", "2",
+            "--log-every", "1"]
+
+
+def kill_after_step_five(common: list[str], logs: Path) -> subprocess.CompletedProcess[str]:
+    """Train on WORLD ranks until the job dies after step 5 (checkpoint at step 4), keys in ``logs``."""
+    killed = torchrun("train_classifier.py", *common, "--stop-after-steps", "5", "--log-keys", str(logs))
+    assert killed.returncode != 0, killed.stderr[-3000:]
+    return killed
+
+
 def test_killed_mid_epoch_then_resumed_trains_on_each_sample_once(packed: dict[str, Path], tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt.pt"
-    common = [str(packed["train"]), "--epochs", "1", "--batch-size", str(BATCH), "--size", "32", "--workers", "0",
-              "--device", "cpu", "--arch", "squeezenet1_1", "--checkpoint", str(ckpt), "--checkpoint-every", "2",
-              "--log-every", "1"]
-    killed = torchrun("train_classifier.py", *common, "--stop-after-steps", "5", "--log-keys", str(tmp_path / "a"))
-    assert killed.returncode != 0, killed.stderr[-3000:]
+    common = train_arguments(packed["train"], ckpt)
+    killed = kill_after_step_five(common, tmp_path / "a")
     assert "step 4  epoch 0" in killed.stdout  # it trained past the checkpoint at step 4, then died
     import torch
 
@@ -90,11 +101,8 @@ def test_a_job_preempted_on_two_ranks_resumes_on_one(packed: dict[str, Path], tm
     resumes on 1 rank x 4, which trains on the 16 samples no rank had reached: the epoch's 48
     samples exactly once over both runs."""
     ckpt = tmp_path / "ckpt.pt"
-    common = [str(packed["train"]), "--epochs", "1", "--batch-size", str(BATCH), "--size", "32", "--workers", "0",
-              "--device", "cpu", "--arch", "squeezenet1_1", "--checkpoint", str(ckpt), "--checkpoint-every", "2",
-              "--log-every", "1"]
-    killed = torchrun("train_classifier.py", *common, "--stop-after-steps", "5", "--log-keys", str(tmp_path / "a"))
-    assert killed.returncode != 0, killed.stderr[-3000:]
+    common = train_arguments(packed["train"], ckpt)
+    kill_after_step_five(common, tmp_path / "a")
     resumed = torchrun("train_classifier.py", *common, "--log-keys", str(tmp_path / "b"), nproc=1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and "step 4, epoch 0, batch 0" in resumed.stdout
