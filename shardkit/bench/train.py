@@ -45,7 +45,7 @@ from shardkit.bench.report import spread
 __all__ = ["MODELS", "TrainBenchConfig", "TrainStep", "format_train_table", "run_train_bench"]
 
 MODELS = ("resnet18", "resnet50")
-TRAIN_CONTENDERS = ("imagefolder", "shardloader", "dali", "dali_files")
+TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_hw", "dali", "dali_files")
 DALI_CONTENDERS = ("dali", "dali_files")
 
 
@@ -187,18 +187,23 @@ def measure(step: TrainStep, loader: Iterable[Any], *, steps: int, warmup: int, 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:
     from shardkit import transforms
-    from shardkit.loader import ShardLoader
+    from shardkit.loader import GpuOptions, ShardLoader
 
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
     if "imagefolder" in cfg.contenders:
         out["imagefolder"] = ("torchvision ImageFolder + DataLoader", lambda: baselines.imagefolder_loader(
             cfg.imagefolder, size=cfg.size, train=True, batch_size=cfg.batch_size, workers=cfg.workers,
             device=cfg.device))
+    bf16 = transforms.imagenet_train(cfg.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
+
+    def shardloader(gpu: GpuOptions | None) -> Callable[[], Any]:
+        return lambda: ShardLoader(cfg.shards, batch_size=cfg.batch_size, transform=bf16, num_workers=cfg.workers,
+                                   device=cfg.device, drop_last=True, gpu=gpu)
+
     if "shardloader" in cfg.contenders:
-        bf16 = transforms.imagenet_train(cfg.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
-        out["shardloader"] = ("shardkit ShardLoader", lambda: ShardLoader(
-            cfg.shards, batch_size=cfg.batch_size, transform=bf16, num_workers=cfg.workers, device=cfg.device,
-            drop_last=True))
+        out["shardloader"] = ("shardkit ShardLoader", shardloader(None))
+    if "shardloader_hw" in cfg.contenders:  # the hardware JPEG engines beside nvJPEG (nvImageCodec)
+        out["shardloader_hw"] = ("shardkit ShardLoader hw_decode=mix", shardloader(GpuOptions(hw_decode="mix")))
 
     def dali_loader(reader: str, source: str) -> Callable[[], Any]:
         return lambda: dali.DaliTrainLoader(reader, source, size=cfg.size, batch_size=cfg.batch_size,
