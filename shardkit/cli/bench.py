@@ -48,10 +48,11 @@ from shardkit.cli.progress import BenchBar, bars_enabled
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1),
               help="--train: timed steps per run (after --warmup untimed ones).")
 @click.option("--contender", "contenders", multiple=True,
-              type=click.Choice(["imagefolder", "shardloader", "dali", "dali_files"]),
+              type=click.Choice(["imagefolder", "shardloader", "shardloader_hw", "dali", "dali_files"]),
               help="--train: a loader to measure (repeatable) [default: imagefolder, shardloader, and dali when "
-                   "NVIDIA DALI is installed]. dali: DALI's webdataset reader on --shards (with their .dali.idx "
-                   "files if present); dali_files: DALI's file reader on IMAGEFOLDER_DIR.")
+                   "NVIDIA DALI is installed]. shardloader_hw: ShardLoader with gpu=GpuOptions(hw_decode='mix'); "
+                   "dali: DALI's webdataset reader on --shards (with their .dali.idx files if present); "
+                   "dali_files: DALI's file reader on IMAGEFOLDER_DIR.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, shards: str | None, workers: int,
                   batch_size: int, device: str, transform: str, size: int | None, epochs: int, repeats: int,
