@@ -45,7 +45,7 @@ from shardkit.bench.report import spread
 __all__ = ["MODELS", "TrainBenchConfig", "TrainStep", "format_train_table", "run_train_bench"]
 
 MODELS = ("resnet18", "resnet50")
-TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_hw", "dali", "dali_files")
+TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_hw", "shardloader_tc", "dali", "dali_files")
 DALI_CONTENDERS = ("dali", "dali_files")
 
 
@@ -187,6 +187,7 @@ def measure(step: TrainStep, loader: Iterable[Any], *, steps: int, warmup: int, 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:
     from shardkit import transforms
+    from shardkit.codec.backend import prefer_decoder
     from shardkit.loader import GpuOptions, ShardLoader
 
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
@@ -196,14 +197,23 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
             device=cfg.device))
     bf16 = transforms.imagenet_train(cfg.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
 
-    def shardloader(gpu: GpuOptions | None) -> Callable[[], Any]:
-        return lambda: ShardLoader(cfg.shards, batch_size=cfg.batch_size, transform=bf16, num_workers=cfg.workers,
+    def shardloader(gpu: GpuOptions | None, decoder: str | None = None) -> Callable[[], Any]:
+        def build() -> Any:
+            prefer_decoder(decoder)  # the GPU decoder is chosen when the loader is built
+            try:
+                return ShardLoader(cfg.shards, batch_size=cfg.batch_size, transform=bf16, num_workers=cfg.workers,
                                    device=cfg.device, drop_last=True, gpu=gpu)
+            finally:
+                prefer_decoder(None)
+        return build
 
     if "shardloader" in cfg.contenders:
         out["shardloader"] = ("shardkit ShardLoader", shardloader(None))
     if "shardloader_hw" in cfg.contenders:  # the hardware JPEG engines beside nvJPEG (nvImageCodec)
         out["shardloader_hw"] = ("shardkit ShardLoader hw_decode=mix", shardloader(GpuOptions(hw_decode="mix")))
+    if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads
+        out["shardloader_tc"] = ("shardkit ShardLoader TorchCodec x4", shardloader(GpuOptions(decode_threads=4),
+                                                                                   "torchcodec"))
 
     def dali_loader(reader: str, source: str) -> Callable[[], Any]:
         return lambda: dali.DaliTrainLoader(reader, source, size=cfg.size, batch_size=cfg.batch_size,

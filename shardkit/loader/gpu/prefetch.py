@@ -9,7 +9,8 @@ Three stages, each a thread, joined by bounded queues, so host and device work o
    are waiting); when asked for and the GPU's hardware JPEG engines work through nvImageCodec
    (:mod:`~shardkit.codec.nvimgcodec`), a second decode thread with its own decoder object and
    CUDA stream takes staged batches from the same queue, so both decoders run at once (or
-   that thread decodes alone);
+   that thread decodes alone); ``decode_threads`` > 1 runs that many batched-decoder threads,
+   each on its own stream (a gain only with a decoder that does not serialise its calls);
 3. *augment*: takes decoded batches back in staging order (a small reorder buffer keyed by
    sequence number, since two decoders finish out of order); on a dedicated CUDA stream (after
    the decode's event), enqueue the small copies,
@@ -100,7 +101,7 @@ class DevicePrefetcher:
     def __init__(self, source: Iterator[RawBatch], pipeline: GpuPipeline, device: torch.device,
                  slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0,
                  merge: int = 2, hw_planar: bool | None = None, hw_only: bool = False,
-                 hw_threads: int = 2) -> None:
+                 hw_threads: int = 2, decode_threads: int = 1) -> None:
         if depth < merge or len(slots) < staging_slots(depth):
             raise ValueError(f"need depth >= {merge} and {staging_slots(depth)} slots, got {depth} and {len(slots)}")
         self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
@@ -108,9 +109,10 @@ class DevicePrefetcher:
         self.stats = stats  # stage times are added here
         self.stream = torch.cuda.Stream(device)  # augment: copies, kernel, finalize
         # nvJPEG writes its outputs on a stream of its own, ordered only after the caller's
-        # current stream's *past* work; so decode outputs are allocated on this separate stream,
-        # whose blocks are reused only after the augment that read them completed (see _augment)
-        self.decode_stream = torch.cuda.Stream(device)
+        # current stream's *past* work; so decode outputs are allocated on separate streams (one
+        # per decode thread), whose blocks are reused only after the augment that read them
+        # completed (see _augment)
+        self.decode_streams = [torch.cuda.Stream(device) for _ in range(decode_threads)]
         self._q = [queue.Queue[Any](maxsize=depth) for _ in range(3)]  # staged, decoded, ready
         self._stop = threading.Event()
         self._free = threading.Semaphore(len(slots))  # permits to (re)stage a slot, see module doc
@@ -121,7 +123,7 @@ class DevicePrefetcher:
         stages: list[tuple[Any, int, torch.cuda.Stream]] = [(self._fetch, 0, self.stream),
                                                              (self._augment, 2, self.stream)]
         if self.hw_stream is None or not hw_only:
-            stages.append((self._decode, 1, self.decode_stream))
+            stages += [(self._decode, 1, stream) for stream in self.decode_streams]
         if self.hw_stream is not None:
             stages.append((self._decode_hw, 1, self.hw_stream))
         self.decoders = len(stages) - 2
@@ -193,7 +195,8 @@ class DevicePrefetcher:
                 return
 
     def _decode(self) -> None:
-        self._decode_loop(self.pipeline.decode_many, self.decode_stream, "gpu_decode_s")
+        """One decode thread; :meth:`_guard` made its own stream current."""
+        self._decode_loop(self.pipeline.decode_many, torch.cuda.current_stream(self.device), "gpu_decode_s")
 
     def _decode_hw(self) -> None:
         assert self.hw_stream is not None and self.hw_planar is not None

@@ -68,7 +68,8 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         self._prefetcher = DevicePrefetcher(batches, self.pipeline, self.device, self._slots, stats,
                                             self.options.device_prefetch, keep_alive=self._keep_alive,
                                             hw_planar=self._hw_planar, hw_only=self._hw_only,
-                                            hw_threads=self.options.hw_decode_threads)
+                                            hw_threads=self.options.hw_decode_threads,
+                                            decode_threads=self.options.decode_threads)
         return iter(self._prefetcher)
 
     def finish(self, batch: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor]:
