@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
-from typing import Any, BinaryIO, cast
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO, TypeVar, cast
 
 from shardkit.errors import StorageError
 from shardkit.storage import _remote
@@ -19,6 +19,8 @@ from shardkit.storage.buckets import bucket_of, check_bucket
 
 # Object stores where a plain write only becomes visible once complete (multipart commit).
 _ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+
+_T = TypeVar("_T")
 
 
 def is_remote(url: str) -> bool:
@@ -160,13 +162,29 @@ class Store:
                 return cast(BinaryIO, _RemoteFile(self, name, f))
             return open(self.path(name), "rb")
 
-    def read_bytes(self, name: str) -> bytes:
-        """The whole content of file ``name``."""
-        if self.remote:  # one GET, retried whole after a transient fault
+    def read_bytes(self, name: str, *, limit: int | None = None) -> bytes:
+        """The content of file ``name``: all of it, or its first ``limit`` bytes at most (so that
+        a file larger than expected cannot exhaust memory)."""
+        if self.remote:  # one GET (ranged with a limit), retried whole after a transient fault
             with self._errors(name):
-                return bytes(_remote.retry(lambda: self.fs.cat_file(self.path(name))))
+                return bytes(_remote.retry(lambda: self.fs.cat_file(self.path(name), end=limit)))
         with self._errors(name), self.open_read(name) as f:
-            return f.read()
+            return f.read(-1 if limit is None else limit)
+
+    def call(self, name: str, operation: Callable[[Any], _T]) -> _T:
+        """Run ``operation(fs)``, an idempotent call on this store's fsspec filesystem about file
+        (or directory) ``name``, with shardkit's retries and errors: retried after a transient
+        fault; a failure becomes ``StorageError`` naming ``name`` (a missing bucket named as
+        such). For remote stores only.
+
+        Example::
+
+            entries = store.call("", lambda fs: fs.ls(store.url, detail=True))
+        """
+        if not self.remote:
+            raise ValueError(f"Store.call needs an fsspec URL, not the local path {self.url!r}")
+        with self._errors(name):
+            return _remote.retry(lambda: operation(self.fs))
 
     def read_optional(self, name: str) -> bytes | None:
         """The content of file ``name``, or ``None`` if it does not exist (one request on object
