@@ -8,6 +8,12 @@ side is what makes a large bucket quick to list). Reading: at most :data:`READ_T
 and :data:`READ_AHEAD_BYTES` in flight per process, in order. The size cap applies to the size
 the listing gave, before anything is read; the read itself is ranged to the cap, so an object
 replaced by a larger one since cannot exhaust memory either.
+
+What is skipped matches a local pack of the same tree, reasons included: empty objects, objects
+over the cap, and objects that do not exist (deleted since listed; a COCO record naming none).
+An object that cannot be read (access denied; the network, after the retries) stops the pack
+with an error naming its URL instead: skipping it would publish a dataset that depends on the
+weather, and the pack resumes once it is fixed.
 """
 
 from __future__ import annotations
@@ -36,7 +42,6 @@ READ_THREADS = 8
 READ_AHEAD_BYTES = 64 << 20
 
 _MISSING = f"unreadable file ({os.strerror(errno.ENOENT)})"  # the local pack's words: same index
-_DENIED = f"unreadable file ({os.strerror(errno.EACCES)})"
 
 
 def _version(info: dict[str, Any]) -> str:
@@ -149,8 +154,6 @@ class RemoteFiles(Files):
         except StorageError as err:
             if isinstance(err.__cause__, FileNotFoundError):  # deleted since it was listed
                 return SkipSample(_MISSING)
-            if isinstance(err.__cause__, PermissionError):
-                return SkipSample(_DENIED)
             if _refused_range(err):  # emptied since it was listed
                 return SkipSample("empty file (0 bytes)")
             raise
