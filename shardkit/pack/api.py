@@ -98,6 +98,7 @@ def pack_listing(
     store = Store(dst, storage_options)
     if executor == "ray":
         ray_exec.check_ray_destination(store)
+        ray_exec.check_ray_source(listing.files)
         ray_exec.import_ray()  # fail before touching DST
     recorded = options.to_dict()
     fp = fingerprint(listing, recorded)
@@ -143,8 +144,10 @@ def pack_listing(
 
     ray_nodes: dict[str, int] = {}
     try:
-        # memory:// lives in this process only: shards written by worker processes would vanish.
-        procs = 1 if store.process_local else workers or os.cpu_count() or 1
+        # memory:// lives in this process only: shards written by worker processes would vanish,
+        # and they would find no source files there.
+        local_only = store.process_local or listing.files.process_local
+        procs = 1 if local_only else workers or os.cpu_count() or 1
         if executor == "ray":
             fresh, ray_nodes = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address,
                                                      on_done=shard_progress)

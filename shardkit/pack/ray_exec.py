@@ -15,6 +15,7 @@ from typing import Any
 
 from shardkit.errors import PackError, ShardkitError
 from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
+from shardkit.sources.files import Files
 from shardkit.storage import Store
 
 INSTALL_HINT = "pip install 'shardkit[ray]'"
@@ -46,6 +47,18 @@ def check_ray_destination(store: Store) -> None:
     if store.process_local:
         raise PackError("memory:// is per process, so shards written by Ray workers would be lost; "
                         "pack into a directory or a shared URL (s3://, gs://, …)", where=store.url)
+
+
+def check_ray_source(files: Files) -> None:
+    """Refuse sources that Ray workers cannot read.
+
+    Raises:
+        PackError: ``files`` are process-local (``memory://``).
+    """
+    if files.process_local:
+        raise PackError("memory:// is per process, so Ray workers would not find the source's "
+                        "files; pack from a directory or a shared URL (s3://, gs://, …)",
+                        where=files.root)
 
 
 @contextmanager

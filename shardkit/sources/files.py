@@ -60,6 +60,8 @@ class Files(ABC):
     root: str
     #: Whether the files are behind a URL (so readable from any machine, not only this one).
     remote: bool
+    #: Whether only this process sees the files (``memory://``): no other process may read them.
+    process_local: bool = False
 
     @abstractmethod
     def is_dir(self) -> bool:

@@ -80,6 +80,7 @@ class RemoteFiles(Files):
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
         self.store = Store(root, storage_options)
         self.root = self.store.url
+        self.process_local = self.store.process_local
         self._index: dict[str, FileEntry] | None = None  # every file under root, for stat()
 
     def __repr__(self) -> str:
