@@ -151,7 +151,8 @@ class Store:
                 if not _remote.retry(lambda: self.fs.exists(self.url)):
                     self._check_bucket()
                     return []
-                entries = _remote.retry(lambda: self.fs.ls(self.url, detail=False))
+                # refresh: files written by other processes (pack workers) are not in the cache
+                entries = _remote.retry(lambda: self.fs.ls(self.url, detail=False, refresh=True))
                 return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
             path = self.path("")
             return sorted(os.listdir(path)) if os.path.isdir(path) else []
