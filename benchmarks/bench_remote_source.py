@@ -94,12 +94,12 @@ def main() -> None:
             await asyncio.sleep(_delay)
             return await real_cat(self, *a, **k)
 
-        s3fs.S3FileSystem._cat_file = slow_cat  # type: ignore[method-assign]
+        s3fs.S3FileSystem._cat_file = slow_cat
         for threads in (1, READ_THREADS):
-            rates = [_read_rate(url, options, threads) for _ in range(args.repeats)]
+            reads = [_read_rate(url, options, threads) for _ in range(args.repeats)]
             print(f"reads   +{delay * 1000:3.0f} ms/GET  {threads} in flight  "
-                  f"{statistics.median(rates):7.0f} img/s  (runs: {', '.join(f'{r:.0f}' for r in rates)})")
-    s3fs.S3FileSystem._cat_file = real_cat  # type: ignore[method-assign]
+                  f"{statistics.median(reads):7.0f} img/s  (runs: {', '.join(f'{r:.0f}' for r in reads)})")
+    s3fs.S3FileSystem._cat_file = real_cat
 
     options_ = PackOptions(max_count=args.max_count)
     tmp = Path(tempfile.mkdtemp(prefix="skbench-src-"))
