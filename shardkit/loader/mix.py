@@ -24,6 +24,7 @@ no array here grows with the number of samples.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
@@ -35,7 +36,6 @@ import numpy.typing as npt
 
 from shardkit.errors import LoaderError
 from shardkit.loader.plan import EpochOrder, _check_seed, shard_offsets
-from shardkit.loader.state import shards_digest
 
 __all__ = ["Mix", "MixedOrder", "check_weights", "epoch_quotas"]
 
@@ -130,6 +130,9 @@ class Mix:
         self.first_shard = np.concatenate([[0], np.cumsum([s.size for s in self.sizes])]).astype(np.int64)
         #: Every dataset's shard sizes, one after another (the joined index's shard sizes).
         self.shard_sizes = np.concatenate(self.sizes).astype(np.int64)
+        # digested once: a state is taken at every checkpoint and checked at every resume
+        self._record = [{"num_samples": n, "quota": q, "shards_digest": _digest(s)}
+                        for n, q, s in zip(self.dataset_samples, self.quotas, self.sizes, strict=True)]
 
     def slices(self, *, seed: int, epoch: int, shuffle: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Epoch ``epoch``'s pieces as int64 arrays ``(shard, start, count)``: ``count``
@@ -145,9 +148,14 @@ class Mix:
 
     def record(self) -> list[dict[str, Any]]:
         """What a loader state keeps of the mix (JSON-able): per dataset, its samples, quota and
-        :func:`~shardkit.loader.state.shards_digest`."""
-        return [{"num_samples": n, "quota": q, "shards_digest": shards_digest(s)}
-                for n, q, s in zip(self.dataset_samples, self.quotas, self.sizes, strict=True)]
+        a digest of its shard sizes."""
+        return [dict(r) for r in self._record]
+
+
+def _digest(sizes: np.ndarray) -> str:
+    """A dataset's shard sizes fingerprinted from their int64 bytes: the same role as
+    :func:`~shardkit.loader.state.shards_digest`, without its text (a tenth of the time at 5e5 shards)."""
+    return hashlib.sha256(np.ascontiguousarray(sizes, dtype="<i8").tobytes()).hexdigest()[:16]
 
 
 def _dataset_slices(sizes: np.ndarray, quota: int, *, seed: int, dataset: int, epoch: int,
