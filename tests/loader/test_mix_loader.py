@@ -5,6 +5,7 @@ datasets, weights or states that do not fit."""
 from __future__ import annotations
 
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import pytest
 from sample_data.coco_gen import make_coco
 from sample_data.generate import decode_index, make_indexed_imagefolder
 from shardkit import LoaderError, ShardLoader
+from shardkit.index.manifest import locate_dataset, read_manifest
+from shardkit.loader.reader import ReaderPart, ShardReader
 from shardkit.pack import PackOptions, pack, pack_coco
 
 A_PER_CLASS, B_PER_CLASS, C_PER_CLASS = 23, 10, 5  # packed (conftest): 3 classes of 23, 64x48
@@ -227,3 +230,32 @@ def test_coco_datasets_mix_and_resume(cocos: list[str], packed: Path) -> None:
         ShardLoader([cocos[0], str(packed)], batch_size=2)
     with pytest.raises(LoaderError, match="disjoint_labels is for ImageFolder datasets"):
         ShardLoader(cocos, batch_size=2, disjoint_labels=True)
+
+
+def test_a_joined_reader_reads_each_dataset_from_its_own_store(packed: Path, other: str) -> None:
+    stores = [locate_dataset(d) for d in (str(packed), other)]
+    manifests = [read_manifest(s) for s in stores]
+    joined = ShardReader.joined([ReaderPart(s, m.shards, 3 * i, 2 if i else None)
+                                 for i, (s, m) in enumerate(zip(stores, manifests, strict=True))])
+    first = len(manifests[0].shards)
+    for i, (store, m) in enumerate(zip(stores, manifests, strict=True)):
+        alone = ShardReader(store, m.shards)
+        base = first * i
+        for shard in (0, len(m.shards) - 1):
+            assert joined.read(base + shard, 1) == alone.read(shard, 1)
+            assert joined.where(base + shard) == store.path(m.shards[shard].url)
+        assert joined.labels_of(base) == ((0, None) if i == 0 else (3, 2))
+    joined.close()
+
+
+def test_a_damaged_shard_of_the_second_dataset_is_named(packed: Path, other: str, tmp_path: Path) -> None:
+    copy = tmp_path / "b"
+    shutil.copytree(other, copy)
+    shard = sorted(copy.glob("*.tar"))[1]
+    shard.write_bytes(shard.read_bytes()[:1024])  # cut short: its later samples are lost
+    loader = _loader([str(packed), str(copy)], weights=[1, 1], disjoint_labels=True, on_error="raise",
+                     even_batches=False)
+    with loader, pytest.raises(LoaderError) as err:
+        for _ in loader:
+            pass
+    assert str(shard) in str(err.value)
