@@ -144,7 +144,8 @@ class Mix:
         for i, (sizes, quota) in enumerate(zip(self.sizes, self.quotas, strict=True)):
             shard, start, count = _dataset_slices(sizes, quota, seed=seed, dataset=i, epoch=epoch, shuffle=shuffle)
             pieces.append((shard + self.first_shard[i], start, count))
-        return tuple(np.concatenate(column) for column in zip(*pieces, strict=True))  # type: ignore[return-value]
+        shard, start, count = (np.concatenate(column) for column in zip(*pieces, strict=True))
+        return shard, start, count
 
     def record(self) -> list[dict[str, Any]]:
         """What a loader state keeps of the mix (JSON-able): per dataset, its samples, quota and
