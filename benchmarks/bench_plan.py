@@ -12,11 +12,16 @@ forked from this one (so its peak RSS, less its RSS at the fork, is the plan's o
 - ``resume``: ``PlanConfig.resume(state)`` (what ``ShardLoader.load_state_dict`` calls) for a state
   at a random epoch and step, then the same as ``first`` from that step on.
 
+``--mix W0 W1``: the shards form two datasets instead (the first ``--split`` of them, then the rest)
+mixed with weights ``W0, W1`` (``shardkit.loader.mix``): the timed part then includes the ``Mix``
+(quotas) and each epoch's slices, what ``ShardLoader`` over two datasets adds to the plan.
+
 A child gets ``RLIMIT_AS`` = its address space at the fork + ``--cap-gib``, so a plan that does not
 fit ends in MemoryError (reported as such) instead of swapping. A measurement is repeated
 ``--repeats`` times (median, all runs kept) while it takes under ``--single-above`` seconds.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_plan.py --samples 1e6 1e8 1e9 5e9 --shards 1e4 1e5 5e5 1e6
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_plan.py --mix 0.7 0.3 --split 0.9 ...
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from shardkit.loader.mix import Mix  # noqa: E402
 from shardkit.loader.plan import sample_seeds, shard_offsets, worker_batch_indices  # noqa: E402
 from shardkit.loader.stream import PlanConfig  # noqa: E402
 
@@ -69,19 +75,30 @@ def measure(
     window: int = 8,
     workers: int = 8,
     seed: int = 0,
+    mix: Sequence[float] | None = None,
+    split: float = 0.5,
 ) -> dict[str, Any]:
     """Run one measurement in this process: ``{"seconds", "cpu_seconds", "peak_mib", "ids", ...}``.
 
     ``peak_mib`` is this process's peak RSS so far (meaningful in a fresh child); ``ids`` are the
-    first batch's global sample ids.
+    first batch's global sample ids. ``mix``: two weights, for two datasets made of the first
+    ``split`` of the shards and the rest.
     """
     if what not in WHAT:
         raise ValueError(f"what must be one of {WHAT}, got {what!r}")
     knobs = dict(seed=seed, shuffle=True, window=window, rank=rank, world_size=world_size,
                  batch_size=batch_size, drop_last=False)
     out: dict[str, Any] = {}
+    cut = min(max(1, round(len(sizes) * split)), len(sizes) - 1)
+
+    def config() -> PlanConfig:
+        if mix is None:
+            return PlanConfig(shard_sizes=sizes, **knobs)  # type: ignore[arg-type]
+        joined = Mix([sizes[:cut], sizes[cut:]], mix)
+        return PlanConfig(shard_sizes=joined.shard_sizes, mix=joined, **knobs)  # type: ignore[arg-type]
+
     if what == "resume":  # the loader exists already: only load_state_dict and after is timed
-        cfg = PlanConfig(shard_sizes=sizes, **knobs)  # type: ignore[arg-type]
+        cfg = config()
         rng = np.random.default_rng([seed, world_size, len(sizes)])
         at = int(rng.integers(0, 100)), int(rng.integers(0, cfg.num_batches))
         state = cfg.state(*at).to_dict()  # what a checkpoint hands back
@@ -90,7 +107,7 @@ def measure(
         epoch, start, _ = cfg.resume(state)
     else:  # from the loader's constructor (given the manifest's shard sizes) on
         t0, c0 = time.perf_counter(), time.process_time()
-        cfg = PlanConfig(shard_sizes=sizes, **knobs)  # type: ignore[arg-type]
+        cfg = config()
         epoch, start = 0, 0
     # BatchStream.__iter__ for worker 0 of `workers`, up to its first batch:
     order = cfg.order(epoch)
@@ -143,13 +160,13 @@ def run_isolated(what: str, sizes: Sequence[int], *, cap_gib: float, **kwargs: A
 
 def cell(
     what: str, num_samples: int, num_shards: int, world_size: int, *, repeats: int, single_above: float,
-    cap_gib: float, jitter: float,
+    cap_gib: float, jitter: float, mix: Sequence[float] | None = None, split: float = 0.5,
 ) -> dict[str, Any]:
     """Median over runs of one measurement (one run if the first takes ``single_above`` s or more)."""
     sizes = synthetic_sizes(num_samples, num_shards, jitter=jitter)
     runs: list[dict[str, Any]] = []
     while len(runs) < repeats:
-        r = run_isolated(what, sizes, cap_gib=cap_gib, world_size=world_size)
+        r = run_isolated(what, sizes, cap_gib=cap_gib, world_size=world_size, mix=mix, split=split)
         if "error" in r:
             return {"error": r["error"], "runs": 1}
         runs.append(r)
@@ -187,6 +204,9 @@ def main() -> None:
     parser.add_argument("--single-above", type=float, default=20.0, help="run once if a run takes this long")
     parser.add_argument("--cap-gib", type=float, default=2.0, help="address space a child may add")
     parser.add_argument("--json", type=Path, help="write every cell here as well")
+    parser.add_argument("--mix", type=float, nargs=2, metavar=("W0", "W1"),
+                        help="two datasets (the first --split of the shards, then the rest) with these weights")
+    parser.add_argument("--split", type=float, default=0.5, help="with --mix: the first dataset's share of shards")
     args = parser.parse_args()
 
     rows = []
@@ -198,7 +218,7 @@ def main() -> None:
                 row: dict[str, Any] = {"samples": n, "shards": s, "world": w}
                 for what in WHAT:
                     row[what] = cell(what, n, s, w, repeats=args.repeats, single_above=args.single_above,
-                                     cap_gib=args.cap_gib, jitter=args.jitter)
+                                     cap_gib=args.cap_gib, jitter=args.jitter, mix=args.mix, split=args.split)
                     print(json.dumps({"samples": n, "shards": s, "world": w, what: row[what]}),
                           file=sys.stderr, flush=True)
                 rows.append(row)

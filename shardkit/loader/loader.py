@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardkit.errors import LoaderError
-from shardkit.index.manifest import locate_dataset, read_manifest
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
+from shardkit.loader.datasets import open_datasets
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.remainder import Remainder
@@ -55,10 +55,12 @@ def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch
 
 
 class ShardLoader:
-    """Stream a packed dataset as batches, with exact epochs over ranks and workers.
+    """Stream a packed dataset, or a weighted mix of several, as batches, with exact epochs over
+    ranks and workers.
 
     Args:
-        dataset: a packed dataset: directory, ``index.json`` path or fsspec URL.
+        dataset: a packed dataset: directory, ``index.json`` path or fsspec URL; or a list of
+            them, mixed (see *Mixing* below).
         batch_size: samples per batch (per rank).
         transform: an :class:`~shardkit.transforms.ImageTransform` such as
             ``transforms.imagenet_train(224)`` (images come as one uint8 ``[B,3,H,W]`` tensor,
@@ -93,6 +95,20 @@ class ShardLoader:
         masks: COCO only: targets also hold ``masks`` uint8 ``[N,H,W]`` (needs pycocotools).
         pad: COCO only: images as one zero-padded :class:`~shardkit.loader.coco.PaddedImages`
             ``(images, sizes)`` instead of a list (an int: sides rounded up to its multiple).
+        weights: a mix's weights, one positive number per dataset (None: proportional to the
+            datasets' sizes, i.e. plain concatenation).
+        disjoint_labels: a mix of ImageFolder datasets with different class lists: dataset
+            ``i``'s labels are offset by the class counts of the datasets before it, and
+            :attr:`classes` is the lists one after another.
+
+    Mixing (:mod:`shardkit.loader.mix`): an epoch has ``L`` samples, the datasets' total, of which
+    dataset ``i`` supplies ``L * w_i / sum(w)`` (largest-remainder rounding, so they sum to ``L``):
+    whole passes over it plus a turn of its samples that moves on each epoch, so a dataset given
+    less than its size shows every sample once every ``ceil(N_i / quota)`` epochs and never one
+    twice in an epoch. The slices of all datasets are shuffled together as shards are, so ranks,
+    workers, ``drop_last``, exact and elastic resume work as for one dataset. The datasets must be
+    of one kind, with equal class lists (ImageFolder, unless ``disjoint_labels``) or categories
+    (COCO); labels are as packed.
 
     Routes (chosen once, :func:`~shardkit.loader.routing.choose_route`): a COCO dataset takes the
     COCO route (:mod:`shardkit.loader.coco`); a CUDA ``device`` with an :class:`ImageTransform`
@@ -121,7 +137,7 @@ class ShardLoader:
 
     def __init__(
         self,
-        dataset: str,
+        dataset: str | Sequence[str],
         *,
         batch_size: int,
         transform: ImageTransform | Callable[..., Any] | None = None,
@@ -145,29 +161,39 @@ class ShardLoader:
         contiguous_labels: bool = False,
         masks: bool = False,
         pad: bool | int = False,
+        weights: Iterable[float] | None = None,
+        disjoint_labels: bool = False,
     ) -> None:
         _check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
                          flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
-                                "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes},
+                                "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes,
+                                "disjoint_labels": disjoint_labels},
                          pad=pad)
-        store = locate_dataset(dataset, storage_options)
-        self.manifest = read_manifest(store)
+        datasets = open_datasets(dataset, weights=weights, disjoint_labels=disjoint_labels,
+                                 storage_options=storage_options)
+        #: The dataset's ``index.json``; for a mix, a joined view (kind, classes, categories and
+        #: every shard in the loader's order, each ``url`` relative to its own dataset).
+        self.manifest = datasets.manifest
+        #: Each dataset's ``index.json`` (one for a single dataset).
+        self.manifests = datasets.manifests
+        #: The mix (quotas, joined shard sizes), or None for a single dataset.
+        self.mix = datasets.mix
         rank, world_size = rank_and_world(rank, world_size)
         self.config = PlanConfig(
-            shard_sizes=[s.num_samples for s in self.manifest.shards], seed=seed, shuffle=shuffle,
+            shard_sizes=datasets.shard_sizes, seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
-            even_batches=even_batches,
+            even_batches=even_batches, mix=datasets.mix,
         )
         if self.config.num_samples == 0:
-            raise LoaderError("dataset has no samples", where=store.url)
+            raise LoaderError("dataset has no samples", where=datasets.parts[0].store.url)
         self._num_batches = self.config.num_batches  # validates rank/world/batch size
         self.transform = transform
         self.keys = keys
         self.num_workers = num_workers
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
-        self.reader = ShardReader(store, self.manifest.shards, cache_dir=cache, cache_bytes=cache_bytes,
-                                  verify_hashes=verify_hashes)
+        self.reader = ShardReader.joined(datasets.parts, cache_dir=cache, cache_bytes=cache_bytes,
+                                         verify_hashes=verify_hashes)
         #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
         self.route: Route[Any, Any] = choose_route(
             self.manifest, self.reader, transform, torch.device(device), on_error=on_error, batch_size=batch_size,
@@ -195,7 +221,8 @@ class ShardLoader:
 
     @property
     def classes(self) -> tuple[str, ...] | None:
-        """Class names by label: ImageFolder's folder names (as torchvision's ``ImageFolder.classes``);
+        """Class names by label: ImageFolder's folder names (as torchvision's ``ImageFolder.classes``;
+        a mix with ``disjoint_labels``: each dataset's, one after another);
         COCO with ``contiguous_labels``: ``"__background__"`` then the category names in label
         order (torchvision's detection-model convention); otherwise None (COCO labels are the
         category ids: see :attr:`categories`; adopted shards without names)."""
@@ -284,7 +311,7 @@ class ShardLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` output, on this world size and batch size or another;
-        refuses a state made for another dataset, seed, ``shuffle`` or ``window``, naming it."""
+        refuses a state made for another dataset or mix, seed, ``shuffle`` or ``window``, naming it."""
         epoch, start, self._remainder = self.config.resume(state)
         self._pos = (epoch, start)
         self._fresh = self._loaded = True

@@ -19,6 +19,7 @@ sample is delivered exactly once over all ranks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -85,6 +86,17 @@ def _objects(rows: Sequence[np.ndarray]) -> np.ndarray:
     for i, row in enumerate(rows):
         out[i] = row
     return out
+
+
+class Order(Protocol):
+    """What the batch stream needs of an epoch's order: :class:`EpochOrder`, or
+    :class:`~shardkit.loader.mix.MixedOrder` for several datasets."""
+
+    num_samples: int
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard index, index within shard)`` of the samples at epoch ``positions``."""
+        ...
 
 
 class EpochOrder:

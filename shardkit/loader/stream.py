@@ -22,9 +22,11 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import LoaderError, ShardkitError
+from shardkit.loader.mix import Mix, MixedOrder
 from shardkit.loader.plan import (
     EpochOrder,
+    Order,
     num_batches,
     sample_seeds,
     stream_positions,
@@ -42,7 +44,8 @@ class PlanConfig:
     """What the epoch plan of one rank depends on (besides the epoch).
 
     ``shard_sizes`` is held as a read-only int64 array (any int sequence is accepted): a plan's
-    memory grows with the number of shards, never with the number of samples."""
+    memory grows with the number of shards, never with the number of samples. ``mix``: several
+    datasets (:class:`~shardkit.loader.mix.Mix`), whose joined shard sizes ``shard_sizes`` must be."""
 
     shard_sizes: npt.ArrayLike
     seed: int
@@ -53,11 +56,14 @@ class PlanConfig:
     batch_size: int
     drop_last: bool
     even_batches: bool = True
+    mix: Mix | None = None
     num_samples: int = field(init=False)
     digest: str = field(init=False)
 
     def __post_init__(self) -> None:
         sizes = np.array(self.shard_sizes, dtype=np.int64, copy=True).reshape(-1)
+        if self.mix is not None and not np.array_equal(sizes, self.mix.shard_sizes):
+            raise LoaderError("shard_sizes must be the mix's joined shard sizes")
         sizes.flags.writeable = False
         object.__setattr__(self, "shard_sizes", sizes)
         object.__setattr__(self, "num_samples", int(sizes.sum()))
@@ -74,11 +80,13 @@ class PlanConfig:
         return num_batches(n, world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
                            even_batches=self.even_batches, rank=self.rank)
 
-    def order(self, epoch: int) -> EpochOrder:
-        """The lazy order of ``epoch`` (cheap: arrays of the number of shards)."""
+    def order(self, epoch: int) -> Order:
+        """The lazy order of ``epoch`` (cheap: arrays of the number of shards, or of the mix's slices)."""
+        if self.mix is not None:
+            return MixedOrder(self.mix, seed=self.seed, epoch=epoch, shuffle=self.shuffle, window=self.window)
         return EpochOrder(self.shard_sizes, seed=self.seed, epoch=epoch, shuffle=self.shuffle, window=self.window)
 
-    def batch(self, order: EpochOrder, batch_index: int,
+    def batch(self, order: Order, batch_index: int,
               remainder: Remainder | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(shards, indices within them, seed positions)`` of this rank's batch ``batch_index``
         of ``order``'s epoch, or of what ``remainder`` leaves of it (an elastic resume lays the
@@ -103,6 +111,7 @@ class PlanConfig:
             shards_digest=self.digest, world_size=self.world_size,
             batch_size=self.batch_size, drop_last=self.drop_last, shuffle=self.shuffle, window=self.window,
             even_batches=self.even_batches, remainder=None if remainder is None else remainder.to_list(),
+            mix=None if self.mix is None else self.mix.record(),
         )
 
     def resume(self, state: dict[str, Any]) -> tuple[int, int, Remainder | None]:
@@ -114,11 +123,11 @@ class PlanConfig:
         for this loader; later epochs are whole again.
 
         Raises:
-            LoaderError: the state is malformed or was made for another dataset, seed or order.
+            LoaderError: the state is malformed or was made for another dataset, mix, seed or order.
         """
         s = LoaderState.from_dict(state)
         check_compatible(s, seed=self.seed, num_samples=self.num_samples, shards_digest=self.digest,
-                         shuffle=self.shuffle, window=self.window)
+                         shuffle=self.shuffle, window=self.window, mix=None if self.mix is None else self.mix.record())
         layout = (self.world_size, self.batch_size, self.drop_last, self.even_batches)
         if (s.world_size, s.batch_size, s.drop_last, s.even_batches) == layout:
             epoch, start = s.resume_at(self.rank)

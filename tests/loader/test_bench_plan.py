@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardkit.loader.mix import Mix, MixedOrder
 from shardkit.loader.plan import epoch_order, rank_batches
 
 # benchmarks/ is no package: import the script by its module name, as mypy sees it
@@ -37,6 +38,15 @@ def test_measure_gives_the_plans_first_batch() -> None:
     assert resumed["ids"] == rank0[at["batches_consumed"]].tolist()
     for m in (first, resumed):
         assert m["seconds"] >= 0 and m["peak_mib"] > 0
+
+
+def test_measure_a_mix_gives_the_mixed_plans_first_batch() -> None:
+    sizes = synthetic_sizes(5000, 20)
+    first = measure("first", sizes, world_size=2, batch_size=16, mix=[0.7, 0.3], split=0.9)
+    mix = Mix([sizes[:18], sizes[18:]], [0.7, 0.3])
+    order = MixedOrder(mix, seed=0, epoch=0, shuffle=True)
+    rank0 = rank_batches(order.ids(np.arange(5000)), rank=0, world_size=2, batch_size=16, drop_last=False)
+    assert first["ids"] == rank0[0].tolist()
 
 
 def test_isolated_run_and_cell() -> None:

@@ -27,6 +27,7 @@ CONFIG: dict[str, Any] = dict(
 
 
 ORDER = {k: CONFIG[k] for k in ("seed", "num_samples", "shards_digest", "shuffle", "window")}
+ORDER["mix"] = None  # one dataset
 
 
 def make(**changes: Any) -> LoaderState:
