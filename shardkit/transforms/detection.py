@@ -26,7 +26,7 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-__all__ = ["DetectionTransform", "detection_train", "detection_val", "run_detection_transform"]
+__all__ = ["DetectionTransform", "detection_train", "detection_val", "run_detection_transform", "seeded_call"]
 
 PER_BOX = ("labels", "area", "iscrowd")
 
@@ -154,13 +154,21 @@ def run_detection_transform(transform: Callable[..., Any], image: torch.Tensor,
     wrapped["boxes"] = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=(h, w))
     if "masks" in target:
         wrapped["masks"] = tv_tensors.Mask(target["masks"])
-    if getattr(transform, "random", True):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            out_image, out_target = transform(tv_tensors.Image(image), wrapped)
-    else:
-        out_image, out_target = transform(tv_tensors.Image(image), wrapped)
+    out_image, out_target = seeded_call(transform, tv_tensors.Image(image), wrapped, seed)
     plain = {k: v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v
              for k, v in out_target.items()}
     plain["boxes"] = plain["boxes"].to(torch.float32)
     return out_image.as_subclass(torch.Tensor), plain
+
+
+def seeded_call(transform: Callable[..., Any], image: Any, target: dict[str, Any], seed: int) -> tuple[Any, Any]:
+    """``transform(image, target)`` with torch's CPU generator seeded by ``seed`` (restored
+    afterwards); unseeded when the transform says it is not ``random``. The one place both
+    routes draw a sample's detection augmentation (see the module doc)."""
+    if not getattr(transform, "random", True):
+        return transform(image, target)  # type: ignore[no-any-return]
+    with torch.random.fork_rng(devices=[]):
+        # the CPU generator only: torch.manual_seed would also queue a lazy CUDA seeding, which
+        # records a stack trace per call (about 1 ms) when CUDA is not initialised (workers)
+        torch.default_generator.manual_seed(seed)
+        return transform(image, target)  # type: ignore[no-any-return]
