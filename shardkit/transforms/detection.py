@@ -166,9 +166,9 @@ def seeded_call(transform: Callable[..., Any], image: Any, target: dict[str, Any
     afterwards); unseeded when the transform says it is not ``random``. The one place both
     routes draw a sample's detection augmentation (see the module doc)."""
     if not getattr(transform, "random", True):
-        return transform(image, target)  # type: ignore[no-any-return]
+        return transform(image, target)
     with torch.random.fork_rng(devices=[]):
         # the CPU generator only: torch.manual_seed would also queue a lazy CUDA seeding, which
         # records a stack trace per call (about 1 ms) when CUDA is not initialised (workers)
         torch.default_generator.manual_seed(seed)
-        return transform(image, target)  # type: ignore[no-any-return]
+        return transform(image, target)

@@ -121,7 +121,7 @@ def _crop(image: _StandIn, top: int, left: int, height: int, width: int) -> _Sta
 def _resize(image: _StandIn, size: Sequence[int] | int | None, interpolation: Any = v2.InterpolationMode.BILINEAR,
             max_size: int | None = None, antialias: bool | None = True) -> _StandIn:
     # torchvision's own size arithmetic: its kernel on a zero-element tensor of the same shape
-    shaped = F.resize(image.as_subclass(torch.Tensor), size=size, interpolation=interpolation,  # type: ignore[arg-type]
+    shaped = F.resize(image.as_subclass(torch.Tensor), size=size, interpolation=interpolation,
                       max_size=max_size, antialias=antialias)
     height, width = int(shaped.shape[-2]), int(shaped.shape[-1])
     return image.then(("resize", height, width, interpolation, antialias), height, width)
