@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
-__all__ = ["BufferCycle", "RawBatch", "RawBatchBuilder", "RawImages"]
+__all__ = ["BufferCycle", "RawBatch", "RawBatchBuilder", "RawImages", "StagedBatch"]
 
 Item = tuple[bytes | torch.Tensor, tuple[int, ...] | None]  # JPEG bytes + geometry, or pixels + None
 
@@ -111,6 +112,15 @@ class RawImages:
         """Views of ``data``, one 1-D uint8 tensor per GPU image."""
         b = self.bounds.tolist()
         return [self.data[b[i]:b[i + 1]] for i in range(len(b) - 1)]
+
+
+class StagedBatch(Protocol):
+    """What a device route's worker ships and a :class:`~shardkit.loader.gpu.pinned.PinnedSlot`
+    stages: the batch's :class:`RawImages`, sample ``keys`` and the worker's ``stats``."""
+
+    images: RawImages
+    keys: list[str]
+    stats: StageStats
 
 
 @dataclass

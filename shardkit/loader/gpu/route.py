@@ -58,7 +58,7 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
                      "alone" if self._hw_only else "beside nvJPEG", device)
         elif hw != "off":
             log.warning("shardkit: no hardware JPEG decoder (%s); nvJPEG decodes alone", reason)
-        self._prefetcher: DevicePrefetcher | None = None
+        self._prefetcher: DevicePrefetcher[RawBatch, DeviceBatch] | None = None
 
     def prepare(self, batches: Iterator[RawBatch], stats: StageStats) -> Iterator[DeviceBatch]:
         """Decode and augment ahead in threads: a new prefetcher per iteration. One still running
