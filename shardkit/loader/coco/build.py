@@ -101,8 +101,14 @@ class DetectionBatchBuilder:
         self.transform = transform
         self.masks, self.label_map, self.pad = masks, label_map, pad
 
-    def _sample(self, sample: Sample, seed: int, stats: StageStats,
-                dstats: DecodeStats) -> tuple[torch.Tensor, dict[str, Any]]:
+    def build_one(self, sample: Sample, seed: int, stats: StageStats,
+                  dstats: DecodeStats) -> tuple[torch.Tensor, dict[str, Any]]:
+        """One read sample -> ``(image, target)``: decode, build the target, run the transform
+        (adding the seconds to ``stats``). The GPU route's workers run it on images nvJPEG cannot take.
+
+        Raises:
+            BadSample: the image does not decode, the sample has no ``json`` member or a bad one.
+        """
         t1 = time.perf_counter()
         where = sample.where
         try:
@@ -122,9 +128,8 @@ class DetectionBatchBuilder:
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> DetectionBatch:
         """Read, decode and transform the given samples, in order."""
-        got, stats = self.samples.fill(lambda _slot, sample, seed, stats, dstats: self._sample(sample, seed, stats,
-                                                                                               dstats),
-                                       shards, indices, seeds)
+        got, stats = self.samples.fill(lambda _slot, sample, seed, stats, dstats:
+                                       self.build_one(sample, seed, stats, dstats), shards, indices, seeds)
         images = [image for image, _ in got.results]
         targets = [target for _, target in got.results]
         return DetectionBatch(pad_images(images, self.pad) if self.pad else images, targets, got.keys, stats)
