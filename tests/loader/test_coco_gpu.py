@@ -13,101 +13,30 @@ from typing import Any
 import pytest
 import torch
 
-from sample_data.coco_gen import make_coco
 from shardkit import LoaderError, ShardLoader, transforms
-from shardkit.loader import loader as loader_module
 from shardkit.loader import routing
-from shardkit.loader.coco import CocoRoute, PaddedImages
+from shardkit.loader.coco import CocoRoute
 from shardkit.loader.coco_gpu import CocoGpuRoute
 from shardkit.loader.coco_gpu.build import RawDetectionBuilder
 from shardkit.loader.gpu import GpuOptions
-from shardkit.pack import PackOptions, pack_coco
 from shardkit.transforms.detection import DetectionTransform
-
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
-TRANSFORMS: dict[str, Callable[[], Any]] = {
-    "train": lambda: transforms.detection_train((64, 96), 128),
-    "jitter": lambda: transforms.detection_train(96, 128, scale_jitter=(0.3, 1.5)),
-    "no-crop": lambda: transforms.detection_train(80, 120, iou_crop=False, flip_p=1.0),
-    "val": lambda: transforms.detection_val(64, 128),
-    "none": lambda: None,
-}
+from tests.loader.coco_helpers import TRANSFORMS, assert_agree, gpu_route_on_cpu, image_list, make_packed_cocos, run
 
 
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """``name -> packed dataset``: the shipped photos, and a generated set (PNGs, crowd RLE, empty images)."""
-    root = tmp_path_factory.mktemp("coco_gpu")
-    generated = make_coco(root / "gen", images=14, seed=3)
-    out = {}
-    for name, (images, ann) in {"sample": (SAMPLE / "images", SAMPLE / "instances.json"),
-                                "generated": generated}.items():
-        pack_coco(str(images), str(ann), str(root / name), options=PackOptions(max_count=6), workers=1)
-        out[name] = root / name
-    return out
-
-
-def gpu_route_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ShardLoader take the COCO GPU route on the CPU (its stages in the calling thread)."""
-    real = routing.choose_route
-
-    def choose(manifest: Any, reader: Any, transform: Any, device: torch.device, **kw: Any) -> Any:
-        if manifest.kind != "coco":
-            return real(manifest, reader, transform, device, **kw)
-        return CocoGpuRoute(manifest, reader, transform, device=device, on_error=kw["on_error"],
-                            batch_size=kw["batch_size"], num_workers=kw["num_workers"], prefetch=kw["prefetch"],
-                            options=kw["gpu"], masks=kw["masks"], pad=kw["pad"],
-                            contiguous_labels=kw["contiguous_labels"])
-
-    monkeypatch.setattr(loader_module, "choose_route", choose)
-
-
-def _run(ds: Path, transform: Any, **kw: Any) -> list[tuple[Any, list[dict[str, Any]], list[str]]]:
-    loader = ShardLoader(str(ds), batch_size=4, transform=transform, keys=True, seed=13,
-                         gpu=GpuOptions(compile=False), **kw)
-    return [(images, targets, keys) for images, targets, keys in loader]
-
-
-def _image_list(images: Any) -> list[torch.Tensor]:
-    if isinstance(images, PaddedImages):
-        return [im[:, :h, :w] for im, (h, w) in zip(images.images, images.sizes.tolist(), strict=True)]
-    return list(images)
-
-
-def assert_agree(cpu: list[Any], gpu: list[Any], *, pixel_tol: int = 1) -> float:
-    """Same batches, keys and targets; pixels within ``pixel_tol``. Returns the worst mean abs diff."""
-    assert len(cpu) == len(gpu)
-    worst = 0.0
-    for (ci, ct, ck), (gi, gt, gk) in zip(cpu, gpu, strict=True):
-        assert ck == gk and type(ci) is type(gi)
-        if isinstance(ci, PaddedImages):
-            assert ci.images.shape == gi.images.shape and torch.equal(ci.sizes.cpu(), gi.sizes.cpu())
-            pad_c, pad_g = ci.images.clone(), gi.images.cpu().clone()
-            for i, (h, w) in enumerate(ci.sizes.tolist()):
-                pad_c[i, :, :h, :w] = pad_g[i, :, :h, :w] = 0
-            assert int(pad_g.sum()) == 0  # padding is zero on both
-        for a, b in zip(_image_list(ci), _image_list(gi), strict=True):
-            assert a.shape == b.shape and b.dtype == torch.uint8
-            diff = (a.int() - b.cpu().int()).abs()
-            assert int(diff.max()) <= pixel_tol, int(diff.max())
-            worst = max(worst, float(diff.float().mean()))
-        for a, b in zip(ct, gt, strict=True):
-            assert list(a) == list(b) and a["image_id"] == b["image_id"]
-            for k in a:
-                if isinstance(a[k], torch.Tensor):
-                    assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k].cpu()), k
-    return worst
+    return make_packed_cocos(tmp_path_factory.mktemp("coco_gpu"))
 
 
 @pytest.mark.parametrize("name", ["sample", "generated"])
 @pytest.mark.parametrize("kind", list(TRANSFORMS))
 def test_same_batches_targets_and_pixels_as_the_cpu_route(coco: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
                                                            name: str, kind: str) -> None:
-    cpu = _run(coco[name], TRANSFORMS[kind]())
+    cpu = run(coco[name], TRANSFORMS[kind]())
     gpu_route_on_cpu(monkeypatch)
     loader = ShardLoader(str(coco[name]), batch_size=4, transform=TRANSFORMS[kind]())
     assert isinstance(loader.route, CocoGpuRoute)
-    gpu = _run(coco[name], TRANSFORMS[kind]())
+    gpu = run(coco[name], TRANSFORMS[kind]())
     assert_agree(cpu, gpu)
 
 
@@ -118,10 +47,10 @@ def test_masks_padding_and_contiguous_labels_agree(coco: dict[str, Path], monkey
     kw: dict[str, Any] = {"masks": True, "pad": pad, "contiguous_labels": True}
     for name in ("generated", "sample"):
         t = transforms.detection_train((64, 96), 128)
-        cpu = _run(coco[name], t, **kw)
+        cpu = run(coco[name], t, **kw)
         with monkeypatch.context() as m:
             gpu_route_on_cpu(m)
-            gpu = _run(coco[name], t, **kw)
+            gpu = run(coco[name], t, **kw)
         assert_agree(cpu, gpu)
         assert any(len(tg["masks"]) for _, tgs, _ in gpu for tg in tgs)
 
@@ -168,7 +97,7 @@ def _reject(monkeypatch: pytest.MonkeyPatch, spoil: Callable[[torch.Tensor], obj
 def test_nvjpeg_rejects_are_decoded_on_the_cpu_with_their_geometry(coco: dict[str, Path],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     t = transforms.detection_train((64, 96), 128)
-    cpu = _run(coco["sample"], t)
+    cpu = run(coco["sample"], t)
     gpu_route_on_cpu(monkeypatch)
     _reject(monkeypatch)
     loader = ShardLoader(str(coco["sample"]), batch_size=4, transform=t, keys=True, seed=13,
@@ -182,7 +111,7 @@ def test_nvjpeg_rejects_are_decoded_on_the_cpu_with_their_geometry(coco: dict[st
 def test_undecodable_images_take_a_neighbour_with_its_target(coco: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
                                                              pad: bool | int) -> None:
     t = transforms.detection_val(64, 128)
-    cpu = _run(coco["sample"], t, pad=pad)
+    cpu = run(coco["sample"], t, pad=pad)
     gpu_route_on_cpu(monkeypatch)
     _reject(monkeypatch, spoil=lambda jpeg: jpeg.zero_())
     loader = ShardLoader(str(coco["sample"]), batch_size=4, transform=t, keys=True, seed=13, pad=pad,
@@ -195,14 +124,14 @@ def test_undecodable_images_take_a_neighbour_with_its_target(coco: dict[str, Pat
         j = stood_in[0]
         src = ck.index(gk[j])
         assert gt[j] is gt[src] and gt[src]["image_id"] == ct[src]["image_id"]
-        a, b = _image_list(gi)[j], _image_list(gi)[src]
+        a, b = image_list(gi)[j], image_list(gi)[src]
         assert torch.equal(a, b)
     with pytest.raises(LoaderError, match="neither nvJPEG nor the CPU"):
         next(iter(ShardLoader(str(coco["sample"]), batch_size=4, transform=t, seed=13, on_error="raise",
                               gpu=GpuOptions(compile=False))))
 
 
-def test_transforms_the_gpu_route_cannot_run(coco: dict[str, Path]) -> None:
+def test_transforms_the_gpu_route_cannotrun(coco: dict[str, Path]) -> None:
     from torchvision.transforms import v2
 
     from shardkit.transforms.detection_geometry import gpu_unsupported
