@@ -40,19 +40,22 @@ def make_packed_cocos(root: Path) -> dict[str, Path]:
     return out
 
 
-def gpu_route_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ShardLoader take the COCO GPU route on the CPU (its stages in the calling thread)."""
-    real = routing.choose_route
+def gpu_route_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[CocoGpuRoute]:
+    """Make ShardLoader take the COCO GPU route on the CPU (its stages in the calling thread);
+    returns the list the routes made from now on are appended to."""
+    real, made = routing.choose_route, list[CocoGpuRoute]()
 
     def choose(manifest: Any, reader: Any, transform: Any, device: torch.device, **kw: Any) -> Any:
         if manifest.kind != "coco":
             return real(manifest, reader, transform, device, **kw)
-        return CocoGpuRoute(manifest, reader, transform, device=device, on_error=kw["on_error"],
-                            batch_size=kw["batch_size"], num_workers=kw["num_workers"], prefetch=kw["prefetch"],
-                            options=kw["gpu"], masks=kw["masks"], pad=kw["pad"],
-                            contiguous_labels=kw["contiguous_labels"])
+        made.append(CocoGpuRoute(manifest, reader, transform, device=device, on_error=kw["on_error"],
+                                 batch_size=kw["batch_size"], num_workers=kw["num_workers"],
+                                 prefetch=kw["prefetch"], options=kw["gpu"], masks=kw["masks"], pad=kw["pad"],
+                                 contiguous_labels=kw["contiguous_labels"]))
+        return made[-1]
 
     monkeypatch.setattr(loader_module, "choose_route", choose)
+    return made
 
 
 def run(ds: Path, transform: Any, **kw: Any) -> list[tuple[Any, list[dict[str, Any]], list[str]]]:
