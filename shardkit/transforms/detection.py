@@ -26,6 +26,8 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from shardkit.transforms.iou_crop import IoUCrop
+
 __all__ = ["DetectionTransform", "detection_train", "detection_val", "run_detection_transform", "seeded_call"]
 
 PER_BOX = ("labels", "area", "iscrowd")
@@ -76,7 +78,8 @@ def detection_train(
     Steps (all v2, boxes and masks follow the pixels):
 
     1. ``RandomIoUCrop()`` when ``iou_crop`` (SSD's crop; boxes whose centre falls outside the
-       crop are removed in step 4);
+       crop are removed in step 4), as :class:`~shardkit.transforms.iou_crop.IoUCrop`: the same
+       draws and crops, sampled several times faster;
     2. ``RandomShortestSize(min_size, max_size)``: shorter side to ``min_size`` (one drawn at
        random when a sequence: multi-scale training), longer side at most ``max_size``; or, when
        ``scale_jitter=(lo, hi)`` is given, Large Scale Jitter instead:
@@ -98,7 +101,7 @@ def detection_train(
         raise ValueError(f"min_size and max_size must be positive, got {min_size!r}, {max_size!r}")
     if not 0.0 <= flip_p <= 1.0:
         raise ValueError(f"flip_p must be in [0, 1], got {flip_p}")
-    ops: list[Callable[..., Any]] = [v2.RandomIoUCrop()] if iou_crop else []
+    ops: list[Callable[..., Any]] = [IoUCrop()] if iou_crop else []
     if scale_jitter is not None:
         lo, hi = scale_jitter
         if not 0 < lo <= hi:
