@@ -79,4 +79,16 @@ class IoUCrop(v2.RandomIoUCrop):
                 return {"top": top, "left": left, "height": new_h, "width": new_w,
                         "is_within_crop_area": torch.from_numpy(within)}
 
-    _get_params = make_params  # torchvision < 0.21 calls it by this name
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        """v2's crop; a cropped image comes back in HWC memory (channels-last), where torch's uint8
+        resize that follows takes its fast path: 0.9 instead of 3.4 ms from a 300x400 crop to
+        800x1066 on our 2-core box (the crop's strided view takes the slow one). Same values."""
+        parent: Any = super()  # torchvision < 0.21 names it _transform
+        out = parent.transform(inpt, params) if hasattr(parent, "transform") else parent._transform(inpt, params)
+        if params and isinstance(out, tv_tensors.Image) and out.dim() == 3 and out.numel():
+            hwc = out.as_subclass(torch.Tensor).permute(1, 2, 0).contiguous().permute(2, 0, 1)
+            return tv_tensors.wrap(hwc, like=out)
+        return out
+
+    _get_params = make_params  # torchvision < 0.21 calls them by these names
+    _transform = transform
