@@ -45,4 +45,5 @@ class CocoRoute(DirectRoute[DetectionBatch]):
         self.pin_memory = device.type == "cuda"
 
     def finish(self, batch: DetectionBatch) -> tuple[Any, Any]:
-        return to_device(batch.images, self.device), to_device(batch.targets, self.device)
+        images, targets = batch.unpack()
+        return to_device(images, self.device), to_device(targets, self.device)

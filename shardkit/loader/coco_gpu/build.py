@@ -13,9 +13,9 @@ progressive, PNG, ...) go through the CPU route's own worker step
 
 What a batch carries (:class:`RawDetectionBatch`): the JPEGs and geometry in one
 :class:`~shardkit.loader.gpu.build.RawImages` blob in the worker's shared-memory buffer cycle
-(reuse is safe for the reason :mod:`shardkit.loader.gpu.build` gives), the targets as
-concatenated numpy arrays (:class:`BoxTable`, pickled with the batch: no shared-memory handle per
-tensor), the masks in one tensor (:class:`RawMasks`).
+(reuse is safe for the reason :mod:`shardkit.loader.gpu.build` gives), the targets and masks
+packed as on the CPU route (:mod:`shardkit.loader.coco.packed`: no shared-memory handle per
+tensor), the masks with the size and flip each gets on the device (:class:`RawMasks`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from shardkit.codec.nvjpeg import nvjpeg_friendly
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.bad_samples import BadSample
 from shardkit.loader.coco.build import DetectionBatchBuilder
+from shardkit.loader.coco.packed import PackedPlanes, PackedTargets
 from shardkit.loader.coco.target import BadTarget, coco_target
 from shardkit.loader.gpu.build import RawImages, WorkerBuffers, pack_raw
 from shardkit.loader.reader import ShardReader
@@ -41,53 +42,16 @@ from shardkit.loader.stats import StageStats
 from shardkit.transforms.detection_geometry import draw_geometry, gpu_unsupported
 from shardkit.transforms.gpu import Col, window_geometry
 
-__all__ = ["BoxTable", "RawDetectionBatch", "RawDetectionBuilder", "RawMasks"]
-_DTYPES = {"boxes": np.float32, "labels": np.int64, "area": np.float32, "iscrowd": np.int64}
-
-
-@dataclass
-class BoxTable:
-    """A batch's targets without masks: ``image_ids`` and ``counts`` (boxes per image), then
-    every image's ``boxes`` float32 ``[N, 4]``, ``labels`` int64, ``area`` float32 and ``iscrowd``
-    int64 concatenated in batch order."""
-
-    image_ids: list[Any]
-    counts: np.ndarray
-    boxes: np.ndarray
-    labels: np.ndarray
-    area: np.ndarray
-    iscrowd: np.ndarray
-
-    @staticmethod
-    def of(targets: Sequence[dict[str, Any]]) -> BoxTable:
-        def cat(key: str) -> np.ndarray:
-            parts = [np.asarray(t[key], dtype=_DTYPES[key]) for t in targets]
-            shape = (0, 4) if key == "boxes" else (0,)
-            return np.concatenate(parts) if parts else np.zeros(shape, dtype=_DTYPES[key])
-
-        counts = np.array([len(t["boxes"]) for t in targets], dtype=np.int64)
-        return BoxTable([t["image_id"] for t in targets], counts, cat("boxes").reshape(-1, 4), cat("labels"),
-                        cat("area"), cat("iscrowd"))
-
-
+__all__ = ["RawDetectionBatch", "RawDetectionBuilder", "RawMasks"]
 @dataclass
 class RawMasks:
-    """A batch's masks: image ``i``'s uint8 ``[k, h, w]`` planes (``shapes[i]``) back to back in
-    ``data``, to be resized to ``sizes[i]`` and mirrored when ``flips[i]`` on the device (images
-    decoded in the worker ship final masks: their own size, no flip)."""
+    """A batch's masks: image ``i``'s uint8 ``[k, h, w]`` planes (in ``planes``), to be resized
+    to ``sizes[i]`` and mirrored when ``flips[i]`` on the device (images decoded in the worker
+    ship final masks: their own size, no flip)."""
 
-    data: torch.Tensor
-    shapes: list[tuple[int, int, int]]
+    planes: PackedPlanes
     sizes: list[tuple[int, int]]
     flips: list[bool]
-
-    def planes(self) -> list[torch.Tensor]:
-        """Image by image, views ``[k, h, w]`` of ``data``."""
-        out, pos = [], 0
-        for k, h, w in self.shapes:
-            out.append(self.data[pos:pos + k * h * w].view(k, h, w))
-            pos += k * h * w
-        return out
 
 
 @dataclass
@@ -104,7 +68,7 @@ class RawDetectionBatch:
 
     images: RawImages
     pixels: list[torch.Tensor]
-    targets: BoxTable
+    targets: PackedTargets
     masks: RawMasks | None
     keys: list[str]
     stats: StageStats
@@ -180,7 +144,7 @@ class RawDetectionBuilder:
         cpu = [(i, it.image) for i, it in enumerate(items) if isinstance(it, _Pixels)]
         raw = pack_raw(self.buffers, jpegs, [(i, None) for i, _ in cpu], np.zeros(len(items), dtype=np.int64), (0, 0))
         targets = [it.target for it in items]
-        return RawDetectionBatch(raw, [px for _, px in cpu], BoxTable.of(targets),
+        return RawDetectionBatch(raw, [px for _, px in cpu], PackedTargets.of(targets),
                                  self._masks(items) if self.masks else None, got.keys, stats)
 
     @staticmethod
@@ -196,6 +160,4 @@ class RawDetectionBuilder:
                 planes.append(m)
                 sizes.append((int(m.shape[-2]), int(m.shape[-1])))
                 flips.append(False)
-        data = torch.cat([p.reshape(-1) for p in planes]) if planes else torch.empty(0, dtype=torch.uint8)
-        shapes = [(int(p.shape[0]), int(p.shape[1]), int(p.shape[2])) for p in planes]
-        return RawMasks(data, shapes, sizes, flips)
+        return RawMasks(PackedPlanes.of(planes), sizes, flips)

@@ -69,19 +69,14 @@ def _sizes(batch: RawDetectionBatch) -> list[tuple[int, int]]:
 
 def _targets(batch: RawDetectionBatch, device: torch.device) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
     """Per-image target dicts of views into one device tensor per field (and the tensors)."""
-    t = batch.targets
-    counts = t.counts.tolist()
-    fields = {k: torch.from_numpy(getattr(t, k)).to(device, non_blocking=True)
-              for k in ("boxes", "labels", "area", "iscrowd")}
-    split = {k: v.split(counts) for k, v in fields.items()}
-    targets = [{"image_id": image_id, **{k: split[k][i] for k in fields}} for i, image_id in enumerate(t.image_ids)]
-    return targets, list(fields.values())
+    fields = {k: v.to(device, non_blocking=True) for k, v in batch.targets.tensors().items()}
+    return batch.targets.unpack(fields), list(fields.values())
 
 
 def _masks(masks: RawMasks, device: torch.device) -> list[torch.Tensor]:
     """Each image's masks on ``device``, resized to its output size and flipped when it was."""
     out = []
-    for planes, size, flip in zip(masks.planes(), masks.sizes, masks.flips, strict=True):
+    for planes, size, flip in zip(masks.planes.unpack(), masks.sizes, masks.flips, strict=True):
         m = planes.to(device, non_blocking=True)
         if m.shape[0] == 0:
             out.append(torch.zeros((0, *size), dtype=torch.uint8, device=device))
