@@ -31,7 +31,7 @@ from shardkit.loader.coco_gpu.build import RawDetectionBatch, RawMasks
 from shardkit.loader.gpu.pinned import PinnedSlot, chw_offsets
 from shardkit.loader.gpu.stages import DeviceStages
 from shardkit.loader.stats import StageStats
-from shardkit.transforms.gpu import Col
+from shardkit.transforms.gpu import GEOMETRY_COLUMNS, Col
 from shardkit.transforms.gpu_ragged import crop_resize_flip_ragged, ragged_images, ragged_layout
 from shardkit.transforms.ops import crop_resize_flip
 from shardkit.transforms.params import CropFlip
@@ -56,13 +56,20 @@ class DetectionDeviceBatch:
         return self.storage
 
 
-def _sizes(batch: RawDetectionBatch) -> list[tuple[int, int]]:
+def _staged(slot: PinnedSlot) -> tuple[list[list[int]], list[int]]:
+    """The staged batch's geometry rows and CPU-image positions, read from the slot's copies: the
+    worker's shared buffer may hold a later batch by the time augment runs (the buffer cycle's
+    safety argument covers staging only, see :mod:`shardkit.loader.gpu.build`)."""
+    k, m, _ = slot.counts
+    return slot.geometry[:k].tolist(), slot.cpu_dest[:m].tolist()
+
+
+def _sizes(rows: list[list[int]], cpu_dest: list[int], pixels: list[torch.Tensor], n: int) -> list[tuple[int, int]]:
     """Each position's output size: JPEGs from their geometry rows, worker pixels from their shape."""
-    raw = batch.images
-    sizes = [(0, 0)] * len(raw)
-    for row in raw.geometry.tolist():
+    sizes = [(0, 0)] * n
+    for row in rows:
         sizes[row[Col.DEST]] = (row[Col.VIRT_H], row[Col.VIRT_W])
-    for dest, px in zip(raw.cpu_dest.tolist(), batch.pixels, strict=True):
+    for dest, px in zip(cpu_dest, pixels, strict=True):
         sizes[dest] = (int(px.shape[-2]), int(px.shape[-1]))
     return sizes
 
@@ -102,18 +109,20 @@ class DetectionPipeline(DeviceStages[RawDetectionBatch, DetectionDeviceBatch]):
 
     def augment(self, batch: RawDetectionBatch, slot: PinnedSlot, decoded: list[torch.Tensor],
                 rejected: list[int]) -> DetectionDeviceBatch:
-        raw, dev = batch.images, self.device
+        n, dev = len(batch.images), self.device
         geometry, offsets, _, _, _ = slot.to_device(dev)
-        sizes = _sizes(batch)
+        rows, cpu_dest = _staged(slot)
+        sizes = _sizes(rows, cpu_dest, batch.pixels, n)
         places, shape = ragged_layout(sizes, self.pad)
         out = torch.zeros(shape, dtype=torch.uint8, device=dev) if self.pad else \
             torch.empty(shape, dtype=torch.uint8, device=dev)
         views = ragged_images(out, places, sizes)
-        for dest, px in zip(raw.cpu_dest.tolist(), batch.pixels, strict=True):
+        for dest, px in zip(cpu_dest, batch.pixels, strict=True):
             views[dest].copy_(px, non_blocking=True)
         if rejected:  # rare: rebuild geometry and offsets for the images nvJPEG did decode
-            keep = [i for i in range(raw.geometry.shape[0]) if i not in set(rejected)]
-            geometry, offsets = raw.geometry[keep].to(dev), chw_offsets(raw.geometry[keep]).to(dev)
+            kept = torch.tensor([r for i, r in enumerate(rows) if i not in set(rejected)],
+                                dtype=torch.int32).reshape(-1, len(GEOMETRY_COLUMNS))
+            geometry, offsets = kept.to(dev), chw_offsets(kept).to(dev)
         if decoded:
             flat = torch.cat([d.reshape(-1) for d in decoded]) if len(decoded) > 1 else decoded[0].reshape(-1)
             largest = max(h * w for h, w in sizes)
@@ -125,7 +134,7 @@ class DetectionPipeline(DeviceStages[RawDetectionBatch, DetectionDeviceBatch]):
             for target, m in zip(targets, masks, strict=True):
                 target["masks"] = m
             storage += masks
-        bad = self._cpu_rescue(batch, rejected, views)
+        bad = self._cpu_rescue(batch, slot, rows, rejected, views)
         images: list[torch.Tensor] | PaddedImages = views
         for dest, src in self.replacements(bad, batch):  # the stand-in shares its source's tensors
             views[dest] = views[src]
@@ -140,15 +149,16 @@ class DetectionPipeline(DeviceStages[RawDetectionBatch, DetectionDeviceBatch]):
         batch.stats.gpu_fallback += len(rejected)
         return DetectionDeviceBatch(images, targets, batch.keys, batch.stats, (out, *storage))
 
-    def _cpu_rescue(self, batch: RawDetectionBatch, rejected: list[int], views: list[torch.Tensor]) -> list[int]:
-        """Decode nvJPEG's rejects on the CPU and apply their geometry; return the positions that
-        do not decode there either."""
-        raw, bad = batch.images, []
+    def _cpu_rescue(self, batch: RawDetectionBatch, slot: PinnedSlot, rows: list[list[int]], rejected: list[int],
+                    views: list[torch.Tensor]) -> list[int]:
+        """Decode nvJPEG's rejects (the slot's copies) on the CPU and apply their geometry; return
+        the positions that do not decode there either."""
+        jpegs, bad = slot.jpegs(), []
         for i in rejected:
-            g = raw.geometry[i].tolist()
+            g = rows[i]
             dest = g[Col.DEST]
             try:
-                image = decode_rgb(raw.jpegs()[i], where=batch.keys[dest])
+                image = decode_rgb(jpegs[i], where=batch.keys[dest])
             except DecodeError:
                 bad.append(dest)
                 continue
