@@ -83,9 +83,8 @@ def coco_target(meta: bytes | Mapping[str, Any], height: int, width: int, *, mas
     cats: list[Any] = []
     areas: list[float] = []
     crowd: list[int] = []
-    i = 0
     try:  # Python lists first, one tensor per field after: a tensor per annotation cost ~0.3 ms an image
-        for i, ann in enumerate(anns):
+        for ann in anns:
             bbox = [float(v) for v in ann["bbox"]]
             if len(bbox) != 4:
                 raise BadTarget(f"annotation {ann.get('id')!r}: bbox must have 4 numbers, got {bbox}")
@@ -101,9 +100,9 @@ def coco_target(meta: bytes | Mapping[str, Any], height: int, width: int, *, mas
     except BadTarget:
         raise
     except KeyError as err:
-        raise BadTarget(f"annotation {i}: missing {err} (or category not in the label map)") from err
+        raise BadTarget(f"annotation {len(rows)}: missing {err} (or category not in the label map)") from err
     except (TypeError, ValueError, RuntimeError, OverflowError) as err:
-        raise BadTarget(f"annotation {i}: malformed ({err})") from err
+        raise BadTarget(f"annotation {len(rows)}: malformed ({err})") from err
     boxes[:, 2:] += boxes[:, :2]  # XYWH -> XYXY, the same float32 op as torchvision's
     target: dict[str, Any] = {"image_id": image_id, "boxes": boxes, "labels": labels, "area": area, "iscrowd": iscrowd}
     if masks:
