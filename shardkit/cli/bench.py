@@ -13,7 +13,8 @@ from shardkit.cli.progress import BenchBar, bars_enabled
 @click.argument("imagefolder_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--annotations", type=click.Path(exists=True, dir_okay=False), default=None,
               help="COCO instances JSON: IMAGEFOLDER_DIR is then the images directory, and torchvision "
-                   "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size).")
+                   "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size): "
+                   "its COCO route, and with --device cuda its COCO GPU route too.")
 @click.option("--max-size", default=1333, show_default=True, type=click.IntRange(min=1),
               help="--annotations: the longer side's limit after resizing.")
 @click.option("--shards", default=None,
@@ -68,7 +69,8 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     separately). Prints a table; --out writes JSON, --plot a PNG.
 
     With --train MODEL: the loaders feed a training step instead (see shardkit.bench.train).
-    With --annotations: a COCO source, torchvision CocoDetection against ShardLoader's COCO route.
+    With --annotations: a COCO source, torchvision CocoDetection against ShardLoader's COCO route
+    (and its COCO GPU route with --device cuda).
     """
     size = size or (800 if annotations is not None else 224)
     if annotations is not None and train_model is not None:

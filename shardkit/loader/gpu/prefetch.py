@@ -39,14 +39,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from shardkit.codec.nvimgcodec import HwJpegDecoder
-from shardkit.loader.gpu.build import RawBatch
+from shardkit.loader.gpu.build import StagedBatch
 from shardkit.loader.gpu.pinned import PinnedSlot
-from shardkit.loader.gpu.pipeline import DeviceBatch, GpuPipeline
+from shardkit.loader.gpu.stages import Decoded, DeviceStages, ReadyBatch
 from shardkit.loader.stats import StageStats
 
 __all__ = ["DevicePrefetcher", "InOrder", "staging_slots"]
@@ -86,7 +86,11 @@ class InOrder:
         return len(self._held)
 
 
-class DevicePrefetcher:
+B = TypeVar("B", bound=StagedBatch)
+D = TypeVar("D", bound=ReadyBatch)
+
+
+class DevicePrefetcher(Generic[B, D]):
     """Iterate ``source``'s batches as finalised device batches, prepared ahead in threads.
 
     ``merge``: up to this many staged batches are decoded in one nvJPEG call when they are
@@ -98,7 +102,7 @@ class DevicePrefetcher:
     iterator (``for`` loops do it when abandoned).
     """
 
-    def __init__(self, source: Iterator[RawBatch], pipeline: GpuPipeline, device: torch.device,
+    def __init__(self, source: Iterator[B], pipeline: DeviceStages[B, D], device: torch.device,
                  slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0,
                  merge: int = 2, hw_planar: bool | None = None, hw_only: bool = False,
                  hw_threads: int = 2, decode_threads: int = 1) -> None:
@@ -118,7 +122,7 @@ class DevicePrefetcher:
         self._free = threading.Semaphore(len(slots))  # permits to (re)stage a slot, see module doc
         self.hw_planar, self.hw_threads = hw_planar, hw_threads
         self.hw_stream = torch.cuda.Stream(device) if hw_planar is not None else None
-        self._keep: deque[RawBatch] = deque(maxlen=max(keep_alive, 1))
+        self._keep: deque[B] = deque(maxlen=max(keep_alive, 1))
         self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event, list[torch.Tensor]]] = deque()
         stages: list[tuple[Any, int, torch.cuda.Stream]] = [(self._fetch, 0, self.stream),
                                                              (self._augment, 2, self.stream)]
@@ -173,7 +177,7 @@ class DevicePrefetcher:
 
     def _decode_loop(self, decode: Any, stream: torch.cuda.Stream, timer: str) -> None:
         """Decode staged batches with ``decode(items)`` until the end, adding seconds to ``stats.<timer>``."""
-        pending: list[tuple[int, RawBatch, PinnedSlot]] = []
+        pending: list[tuple[int, B, PinnedSlot]] = []
         while True:
             item = self._get(self._q[0])
             end = item is _DONE or isinstance(item, BaseException)
@@ -221,7 +225,7 @@ class DevicePrefetcher:
                 if not self._augment_one(*args):
                     return
 
-    def _augment_one(self, batch: RawBatch, slot: PinnedSlot, decoded_rejected: tuple[list[torch.Tensor], list[int]],
+    def _augment_one(self, batch: B, slot: PinnedSlot, decoded_rejected: Decoded,
                      done: torch.cuda.Event) -> bool:
         decoded, rejected = decoded_rejected
         t0 = time.perf_counter()
@@ -239,7 +243,7 @@ class DevicePrefetcher:
         self.stats.gpu_host_s += time.perf_counter() - t0
         return self._put(self._q[2], (ready, slot.event))
 
-    def __iter__(self) -> Iterator[DeviceBatch]:
+    def __iter__(self) -> Iterator[D]:
         current = torch.cuda.current_stream(self.device)
         try:
             while True:
@@ -250,9 +254,8 @@ class DevicePrefetcher:
                     raise item
                 batch, event = item
                 current.wait_event(event)
-                for t in (batch.images, batch.labels):
-                    if isinstance(t, torch.Tensor):
-                        t.record_stream(current)
+                for t in batch.tensors():
+                    t.record_stream(current)
                 yield batch
         finally:
             self.close()
