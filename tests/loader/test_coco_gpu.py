@@ -118,14 +118,19 @@ def test_undecodable_images_take_a_neighbour_with_its_target(coco: dict[str, Pat
                          gpu=GpuOptions(compile=False))
     gpu = [(i, tg, k) for i, tg, k in loader]
     assert loader.stats.replaced >= 1
+    replaced = 0
     for (_, ct, ck), (gi, gt, gk) in zip(cpu, gpu, strict=True):
         stood_in = [j for j in range(len(ck)) if gk[j] != ck[j]]
-        assert len(stood_in) == 1
+        assert len(stood_in) <= 1  # a batch with fewer than two JPEGs (PNGs decode in workers) has none
+        if not stood_in:
+            continue
+        replaced += 1
         j = stood_in[0]
         src = ck.index(gk[j])
         assert gt[j] is gt[src] and gt[src]["image_id"] == ct[src]["image_id"]
         a, b = image_list(gi)[j], image_list(gi)[src]
         assert torch.equal(a, b)
+    assert replaced == loader.stats.replaced
     with pytest.raises(LoaderError, match="neither nvJPEG nor the CPU"):
         next(iter(ShardLoader(str(coco["sample"]), batch_size=4, transform=t, seed=13, on_error="raise",
                               gpu=GpuOptions(compile=False))))
