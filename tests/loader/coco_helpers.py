@@ -81,13 +81,13 @@ def assert_agree(cpu: list[Any], gpu: list[Any], *, pixel_tol: int = 1,
         assert ck == gk and type(ci) is type(gi)
         if isinstance(ci, PaddedImages):
             assert ci.images.shape == gi.images.shape and torch.equal(ci.sizes.cpu(), gi.sizes.cpu())
-            pad_c, pad_g = ci.images.clone(), gi.images.cpu().clone()
+            pad_c, pad_g = ci.images.cpu().clone(), gi.images.cpu().clone()
             for i, (h, w) in enumerate(ci.sizes.tolist()):
                 pad_c[i, :, :h, :w] = pad_g[i, :, :h, :w] = 0
             assert int(pad_g.sum()) == 0  # padding is zero on both
         for a, b in zip(image_list(ci), image_list(gi), strict=True):
             assert a.shape == b.shape and b.dtype == torch.uint8
-            diff = (a.int() - b.cpu().int()).abs()
+            diff = (a.cpu().int() - b.cpu().int()).abs()  # either side may be on the GPU
             if image_check is not None:
                 image_check(diff)
             else:
@@ -97,5 +97,5 @@ def assert_agree(cpu: list[Any], gpu: list[Any], *, pixel_tol: int = 1,
             assert list(a) == list(b) and a["image_id"] == b["image_id"]
             for k in a:
                 if isinstance(a[k], torch.Tensor):
-                    assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k].cpu()), k
+                    assert a[k].dtype == b[k].dtype and torch.equal(a[k].cpu(), b[k].cpu()), k
     return worst
