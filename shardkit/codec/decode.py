@@ -13,7 +13,8 @@ libjpeg's warnings about corrupt but decodable JPEGs ("Corrupt JPEG data: 3 extr
 before marker 0xda"), which torchvision's decoder prints to stderr, are counted in
 :attr:`DecodeStats.warnings` (the loader's ``stats.decode_warnings``), and the first one in a
 process is logged (logger ``shardkit.codec``) with the sample it came from. A JPEG the extension
-rejects as corrupt goes to PIL, not to the library (which would print libjpeg's warnings).
+does not decode (corrupt, or CMYK/YCCK) goes to PIL, not to the library (which would print
+libjpeg's warnings).
 
 Layout: the result is ``[3, H, W]`` whose memory is HWC (``stride() == (1, 3 * W, 3)``), which is
 what both libjpeg and PIL produce and what the uint8 resize kernel reads fastest; call
@@ -166,10 +167,13 @@ def decode_rgb(
         if kind != "other" and (own or native is not None):
             _check_bomb(data)  # PIL checks for itself; the native decoders would decode anything
         if own:
+            # The library would print libjpeg's warnings: what the extension does not decode
+            # (corrupt data, CMYK/YCCK colour spaces, rare) goes to PIL.
+            native = None
             try:
-                got = libjpeg.decode_jpeg(data)  # None: a colour space the library decodes
-            except ValueError:  # corrupt: PIL decides (the library would print libjpeg's warnings)
-                got, native = None, None
+                got = libjpeg.decode_jpeg(data)
+            except ValueError:
+                got = None
             if got is not None:
                 if got.warning is not None:
                     _libjpeg_warning(got.warning, where, stats)

@@ -23,11 +23,11 @@ pytestmark = pytest.mark.skipif(not libjpeg.available(), reason="shardkit's C ex
 WARNING = "Corrupt JPEG data: 3 extraneous bytes before marker 0xda"
 
 
-def damaged_jpeg(seed: int = 0) -> bytes:
+def damaged_jpeg(seed: int = 0, mode: str = "RGB") -> bytes:
     """A JPEG with 3 stray bytes before its scan: every decoder decodes it, libjpeg warns."""
     rng = np.random.default_rng(seed)
     buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+    Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).convert(mode).save(buf, "JPEG", quality=90)
     data = buf.getvalue()
     scan = data.index(b"\xff\xda")
     return data[:scan] + b"\x00\x01\x02" + data[scan:]
@@ -73,3 +73,13 @@ def test_decode_rgb_counts_logs_once_and_prints_nothing(capfd: pytest.CaptureFix
     records = [r.getMessage() for r in caplog.records if r.name == "shardkit.codec"]
     assert len(records) == 1 and records[0].startswith(f"s.tar:0: libjpeg: {WARNING}"), records
     assert "Corrupt JPEG" not in capfd.readouterr().err  # libjpeg's own line would land on fd 2
+
+
+def test_a_cmyk_jpeg_libjpeg_warns_about_goes_to_pil_not_to_a_printing_decoder(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    data = damaged_jpeg(mode="CMYK")
+    assert libjpeg.decode_jpeg(data) is None  # a colour space the extension leaves to others
+    stats = DecodeStats()
+    assert torch.equal(decode_rgb(data, stats=stats), pil_rgb(data))
+    assert "Corrupt JPEG" not in capfd.readouterr().err  # torchvision printed it
+    assert stats.fallback == 1
