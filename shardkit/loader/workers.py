@@ -90,8 +90,9 @@ def worker_loader(stream: BatchStream, *, num_workers: int, prefetch: int, pin_m
 
 
 #: How many worker deaths the SIGCHLD guard recorded outside an iteration (this process), and
-#: torch's error for the last one.
-_deferred: list[Any] = [0, None]
+#: torch's message for the last one (a message, not the error: its traceback's frames, the code
+#: the signal interrupted, would keep the loader and its memory alive).
+_deferred: list[Any] = [0, ""]
 _guarded = [False]
 
 
@@ -138,7 +139,7 @@ def _guard_sigchld() -> None:
         except RuntimeError as err:
             if _in_iteration(frame):
                 raise  # the iteration turns it into a LoaderError naming the worker
-            _deferred[:] = [_deferred[0] + 1, err]  # raised when the next batch is asked for
+            _deferred[:] = [_deferred[0] + 1, str(err)]  # raised when the next batch is asked for
 
     signal.signal(signal.SIGCHLD, guard)
     _guarded[0] = True
@@ -157,7 +158,7 @@ class _WatchedLoader(DataLoader[Any]):
             self._deaths_seen = _deferred[0]
             death = worker_death(self)
             if death is not None:
-                raise _deferred[1] or death
+                raise RuntimeError(_deferred[1]) if _deferred[1] else death
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._raise_deferred()

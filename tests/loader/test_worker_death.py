@@ -5,9 +5,11 @@ or in close()."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,10 @@ def test_a_worker_killed_between_batches_surfaces_at_the_next_batch(packed: Path
     loader.set_epoch(0)
     assert sum(1 for _ in loader) == len(loader)
     loader.close()
+    gone = weakref.ref(loader)
+    del loader, batches, info
+    gc.collect()
+    assert gone() is None  # nothing kept of the death holds the loader (and its shared memory)
 
 
 @pytest.mark.timeout(120)
