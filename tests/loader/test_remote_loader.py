@@ -37,7 +37,7 @@ def test_s3_dataset_streams_like_the_local_copy(indexed_tree: Path, packed: Path
 # The transform makes one garbage collection run in fsspec's IO thread of each worker, where a
 # long load's collections often land (that thread allocates for every download): it frees the
 # filesystem the worker inherited from the main process.
-_LOAD = """
+LOAD_WITH_WORKERS = """
 import gc, json, os, sys, time
 from fsspec.asyn import get_loop, sync
 from shardkit import ShardLoader
@@ -72,8 +72,8 @@ def test_s3_load_with_workers_prints_nothing_on_stderr(indexed_tree: Path, s3_se
     proxy = KeepAliveProxy((str(endpoint.hostname), int(endpoint.port or 80)))
     options = {**s3_server, "client_kwargs": {"endpoint_url": proxy.url}}
     try:
-        done = subprocess.run([sys.executable, "-c", _LOAD, url, json.dumps(options), str(tmp_path / "cache")],
-                              env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=240)
+        argv = [sys.executable, "-c", LOAD_WITH_WORKERS, url, json.dumps(options), str(tmp_path / "cache")]
+        done = subprocess.run(argv, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=240)
     finally:
         proxy.close()
     assert done.returncode == 0, done.stderr
