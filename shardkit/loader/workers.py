@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -165,7 +166,20 @@ class _WatchedLoader(DataLoader[Any]):
         return _Watched(super().__iter__(), self)
 
 
+#: How long a connection error from the workers' queue waits for a worker death to show.
+DEATH_GRACE_S = 1.0
+
+
 class _Watched:
+    """A DataLoader iterator whose connection errors name the worker that died, if one did.
+
+    A worker killed while the main process fetches what it sent (a batch's shared-memory
+    descriptor, from the worker's resource-sharer socket) surfaces as ``ConnectionResetError``
+    or ``EOFError``. The kernel closes a dying process's sockets before its exit status can be
+    read, so :func:`worker_death` may not see the death yet: it is asked again for up to
+    :data:`DEATH_GRACE_S` (10 ms apart) before the error is re-raised as it is.
+    """
+
     def __init__(self, iterator: Iterator[Any], loader: _WatchedLoader) -> None:
         self._iterator, self._loader = iterator, loader
 
@@ -174,7 +188,15 @@ class _Watched:
 
     def __next__(self) -> Any:
         self._loader._raise_deferred()
-        return next(self._iterator)
+        try:
+            return next(self._iterator)
+        except (ConnectionError, EOFError) as err:
+            deadline = time.monotonic() + DEATH_GRACE_S
+            while (death := worker_death(self._loader)) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if death is None:
+                raise
+            raise death from err
 
 
 def shutdown_workers(loader: DataLoader[Any]) -> None:

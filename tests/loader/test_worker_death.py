@@ -10,11 +10,13 @@ import os
 import signal
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shardkit import LoaderError, ShardLoader, transforms
+from shardkit.loader import workers
 
 
 def _loader(packed: Path) -> ShardLoader:
@@ -96,3 +98,30 @@ def test_close_after_a_worker_is_killed_does_not_raise(packed: Path) -> None:
     del batches
     assert sum(1 for _ in loader) == len(loader)
     loader.close()
+
+
+class _Stub:
+    def _raise_deferred(self) -> None:
+        pass
+
+
+def _failing() -> Iterator[object]:
+    raise ConnectionResetError(104, "Connection reset by peer")  # what fetching a dead worker's descriptor gives
+    yield
+
+
+def test_a_connection_reset_waits_for_the_death_to_show(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel closes a killed worker's sockets before its exit status is readable: the reset
+    must not escape as it is while the death is about to show."""
+    answers = iter([None, None, LoaderError("DataLoader worker 1 (pid 7) was killed by SIGKILL: ...")])
+    monkeypatch.setattr(workers, "worker_death", lambda _loader: next(answers))
+    with pytest.raises(LoaderError, match="worker 1") as info:
+        next(workers._Watched(_failing(), _Stub()))  # type: ignore[arg-type]
+    assert isinstance(info.value.__cause__, ConnectionResetError)
+
+
+def test_a_connection_reset_without_a_death_is_reraised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers, "worker_death", lambda _loader: None)
+    monkeypatch.setattr(workers, "DEATH_GRACE_S", 0.05)
+    with pytest.raises(ConnectionResetError):
+        next(workers._Watched(_failing(), _Stub()))  # type: ignore[arg-type]
