@@ -171,7 +171,7 @@ def _trainer_kills(ds: Path, work: Path, trials: int, seed: int) -> tuple[int, i
     return identical, killed, orphans, left
 
 
-def r8_death(ds: Path, work: Path, worker_trials: int = 12, trainer_trials: int = 3, seed: int = 8) -> list[Row]:
+def r8_death(ds: Path, work: Path, worker_trials: int = 20, trainer_trials: int = 3, seed: int = 8) -> list[Row]:
     outcomes, close_raised, left, slowest = _worker_kills(ds, worker_trials, seed)
     identical, killed, orphans, trainer_left = _trainer_kills(ds, work, trainer_trials, seed)
     return [
