@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from shardkit import LoaderError, ShardLoader, transforms
-from shardkit.loader import workers
+from shardkit.loader import deaths
 
 
 def _loader(packed: Path) -> ShardLoader:
@@ -114,14 +114,14 @@ def test_a_connection_reset_waits_for_the_death_to_show(monkeypatch: pytest.Monk
     """The kernel closes a killed worker's sockets before its exit status is readable: the reset
     must not escape as it is while the death is about to show."""
     answers = iter([None, None, LoaderError("DataLoader worker 1 (pid 7) was killed by SIGKILL: ...")])
-    monkeypatch.setattr(workers, "worker_death", lambda _loader: next(answers))
+    monkeypatch.setattr(deaths, "worker_death", lambda _loader: next(answers))
     with pytest.raises(LoaderError, match="worker 1") as info:
-        next(workers._Watched(_failing(), _Stub()))  # type: ignore[arg-type]
+        next(deaths._Watched(_failing(), _Stub()))  # type: ignore[arg-type]
     assert isinstance(info.value.__cause__, ConnectionResetError)
 
 
 def test_a_connection_reset_without_a_death_is_reraised(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workers, "worker_death", lambda _loader: None)
-    monkeypatch.setattr(workers, "DEATH_GRACE_S", 0.05)
+    monkeypatch.setattr(deaths, "worker_death", lambda _loader: None)
+    monkeypatch.setattr(deaths, "DEATH_GRACE_S", 0.05)
     with pytest.raises(ConnectionResetError):
-        next(workers._Watched(_failing(), _Stub()))  # type: ignore[arg-type]
+        next(deaths._Watched(_failing(), _Stub()))  # type: ignore[arg-type]
