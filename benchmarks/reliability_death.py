@@ -81,6 +81,7 @@ def _worker_kills(ds: Path, trials: int, seed: int) -> tuple[collections.Counter
                             ends = time.monotonic() + 0.3
                             while time.monotonic() < ends:
                                 sum(range(1000))
+                            killed_at = time.monotonic()  # from here on, the next batch is asked for
             outcomes["finished (the worker had ended its share)"] += 1
         except LoaderError as err:
             named = "was killed by SIGKILL" in str(err) and "DataLoader worker" in str(err)
@@ -178,7 +179,8 @@ def r8_death(ds: Path, work: Path, worker_trials: int = 20, trainer_trials: int 
         ("R8", "worker death (kill -9 of a loader worker)", f"{worker_trials} loads of 2 epochs, 2 workers, "
          f"SIGKILL of a random worker at a random batch (seed {seed}), half of them while the trainer is between "
          "batches (0.3 s of work); sharing strategy alternating file_descriptor / file_system",
-         f"{fmt_counts(outcomes)}; close() raised {close_raised} times; slowest kill-to-error {slowest:.1f} s; "
+         f"{fmt_counts(outcomes)}; close() raised {close_raised} times; slowest error after the kill (or after "
+         f"the training step that followed it) {slowest:.2f} s; "
          f"files left in /dev/shm after close(): {left}",
          "every kill a LoaderError naming the worker, at the next batch; close() never raises; 0 files left"),
         ("R8", "trainer death (kill -9 of the training process)", f"{trainer_trials} runs of a trainer (2 epochs, "
