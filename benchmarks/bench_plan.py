@@ -1,23 +1,27 @@
-"""How today's epoch plan scales: peak memory and time of one worker's plan, on synthetic manifests.
+"""How the epoch plan scales: peak memory and time of one worker's plan, on synthetic manifests.
 
 The plan (``shardkit.loader.plan``) is pure, so no image data is needed: a manifest is just a list
 of shard sizes. For each (samples, shards, world size) this measures, every time in a child process
 forked from this one (so its peak RSS, less its RSS at the fork, is the plan's own memory), with
 ``batch_size=256``, ``window=8``, ``shuffle=True``, ``drop_last=False`` and 8 workers per rank:
 
-- ``first``: what worker 0 of rank 0 does at the start of an epoch (``BatchStream.__iter__``):
-  build the ``PlanConfig`` from the shard sizes, ``cfg.batches(epoch)``, ``locate`` them, take the
-  first of ``worker_batch_indices(...)`` and its sample seeds: time to the first batch's global ids;
+- ``first``: what the loader's constructor and worker 0 of rank 0 do up to the first batch
+  (``ShardLoader.__init__`` then ``BatchStream.__iter__``): build the ``PlanConfig`` from the shard
+  sizes, the epoch's lazy ``EpochOrder``, the first of ``worker_batch_indices(...)``, its shards,
+  indices and sample seeds: time to the first batch's sample indices;
 - ``resume``: ``PlanConfig.resume(state)`` (what ``ShardLoader.load_state_dict`` calls) for a state
-  at a random epoch and step, then the same as ``first`` from that step on;
-- ``order``: ``epoch_order`` alone.
+  at a random epoch and step, then the same as ``first`` from that step on.
+
+``--mix W0 W1``: the shards form two datasets instead (the first ``--split`` of them, then the rest)
+mixed with weights ``W0, W1`` (``shardkit.loader.mix``): the timed part then includes the ``Mix``
+(quotas) and each epoch's slices, what ``ShardLoader`` over two datasets adds to the plan.
 
 A child gets ``RLIMIT_AS`` = its address space at the fork + ``--cap-gib``, so a plan that does not
-fit ends in MemoryError (reported as such) instead of swapping; a cell whose estimate (the bytes per
-sample measured at a smaller size, else 40) exceeds the cap is not run at all. A measurement is
-repeated ``--repeats`` times (median) while it takes under ``--single-above`` seconds, else run once.
+fit ends in MemoryError (reported as such) instead of swapping. A measurement is repeated
+``--repeats`` times (median, all runs kept) while it takes under ``--single-above`` seconds.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_plan.py --samples 1e6 1e7 1e8 --shards 1e4 1e5 1e6
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_plan.py --samples 1e6 1e8 1e9 5e9 --shards 1e4 1e5 5e5 1e6
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_plan.py --mix 0.7 0.3 --split 0.9 ...
 """
 
 from __future__ import annotations
@@ -37,17 +41,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shardkit.loader.plan import (  # noqa: E402
-    batch_positions,
-    epoch_order,
-    locate,
-    sample_seeds,
-    shard_offsets,
-    worker_batch_indices,
-)
+from shardkit.loader.mix import Mix  # noqa: E402
+from shardkit.loader.plan import sample_seeds, shard_offsets, worker_batch_indices  # noqa: E402
 from shardkit.loader.stream import PlanConfig  # noqa: E402
 
-WHAT = ("first", "resume", "order")
+WHAT = ("first", "resume")
 MIB = 1 << 20
 
 
@@ -77,51 +75,49 @@ def measure(
     window: int = 8,
     workers: int = 8,
     seed: int = 0,
+    mix: Sequence[float] | None = None,
+    split: float = 0.5,
 ) -> dict[str, Any]:
     """Run one measurement in this process: ``{"seconds", "cpu_seconds", "peak_mib", "ids", ...}``.
 
     ``peak_mib`` is this process's peak RSS so far (meaningful in a fresh child); ``ids`` are the
-    first batch's global sample ids (``first``/``resume``) or the first ids of the order.
+    first batch's global sample ids. ``mix``: two weights, for two datasets made of the first
+    ``split`` of the shards and the rest.
     """
     if what not in WHAT:
         raise ValueError(f"what must be one of {WHAT}, got {what!r}")
-    sizes = list(sizes)
     knobs = dict(seed=seed, shuffle=True, window=window, rank=rank, world_size=world_size,
                  batch_size=batch_size, drop_last=False)
     out: dict[str, Any] = {}
-    if what == "order":
-        shard_sizes = tuple(sizes)  # as PlanConfig holds them
-        t0 = time.perf_counter()
-        c0 = time.process_time()
-        order = epoch_order(shard_sizes, seed=seed, epoch=0, shuffle=True, window=window)
-        out["seconds"], out["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
-        out["ids"] = order[:batch_size].tolist()
-        del order
-    else:
-        if what == "resume":  # the loader exists already: only load_state_dict and after is timed
-            cfg = PlanConfig(shard_sizes=tuple(sizes), **knobs)  # type: ignore[arg-type]
-            rng = np.random.default_rng([seed, world_size, len(sizes)])
-            at = int(rng.integers(0, 100)), int(rng.integers(0, cfg.num_batches))
-            state = cfg.state(*at).to_dict()  # what a checkpoint hands back
-            out["state"] = {"epoch": at[0], "batches_consumed": at[1]}
-            t0, c0 = time.perf_counter(), time.process_time()
-            epoch, start = cfg.resume(state)
-        else:  # from the loader's constructor (given the manifest's shard sizes) on
-            t0, c0 = time.perf_counter(), time.process_time()
-            cfg = PlanConfig(shard_sizes=tuple(sizes), **knobs)  # type: ignore[arg-type]
-            epoch, start = 0, 0
-        # BatchStream.__iter__ for worker 0 of `workers`, up to its first batch:
-        batches = cfg.batches(epoch)
-        shards, indices = locate(batches, shard_offsets(cfg.shard_sizes))
-        j = next(iter(worker_batch_indices(len(batches), num_workers=workers, worker_id=0, start_batch=start)))
-        positions = np.asarray(batch_positions(cfg.rank, j, num_batches=len(batches), batch_size=batch_size))
-        sample_seeds(cfg.seed, epoch, positions)
-        ids, first_shards = batches[j], shards[j]
-        out["seconds"], out["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
-        out["ids"] = ids.tolist()
-        out["first_shards"] = sorted(set(first_shards.tolist()))
-        out["batch"] = j
-        del batches, shards, indices
+    cut = min(max(1, round(len(sizes) * split)), len(sizes) - 1)
+
+    def config() -> PlanConfig:
+        if mix is None:
+            return PlanConfig(shard_sizes=sizes, **knobs)  # type: ignore[arg-type]
+        joined = Mix([sizes[:cut], sizes[cut:]], mix)
+        return PlanConfig(shard_sizes=joined.shard_sizes, mix=joined, **knobs)  # type: ignore[arg-type]
+
+    if what == "resume":  # the loader exists already: only load_state_dict and after is timed
+        cfg = config()
+        rng = np.random.default_rng([seed, world_size, len(sizes)])
+        at = int(rng.integers(0, 100)), int(rng.integers(0, cfg.num_batches))
+        state = cfg.state(*at).to_dict()  # what a checkpoint hands back
+        out["state"] = {"epoch": at[0], "batches_consumed": at[1]}
+        t0, c0 = time.perf_counter(), time.process_time()
+        epoch, start, _ = cfg.resume(state)
+    else:  # from the loader's constructor (given the manifest's shard sizes) on
+        t0, c0 = time.perf_counter(), time.process_time()
+        cfg = config()
+        epoch, start = 0, 0
+    # BatchStream.__iter__ for worker 0 of `workers`, up to its first batch:
+    order = cfg.order(epoch)
+    j = next(iter(worker_batch_indices(cfg.num_batches, num_workers=workers, worker_id=0, start_batch=start)))
+    shards, indices, positions = cfg.batch(order, j)
+    sample_seeds(cfg.seed, epoch, positions)
+    out["seconds"], out["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
+    out["ids"] = (shard_offsets(cfg.shard_sizes)[shards] + indices).tolist()
+    out["first_shards"] = sorted(set(shards.tolist()))
+    out["batch"] = j
     out["peak_mib"] = _rss_mib()
     return out
 
@@ -164,16 +160,13 @@ def run_isolated(what: str, sizes: Sequence[int], *, cap_gib: float, **kwargs: A
 
 def cell(
     what: str, num_samples: int, num_shards: int, world_size: int, *, repeats: int, single_above: float,
-    cap_gib: float, bytes_per_sample: float, jitter: float,
+    cap_gib: float, jitter: float, mix: Sequence[float] | None = None, split: float = 0.5,
 ) -> dict[str, Any]:
     """Median over runs of one measurement (one run if the first takes ``single_above`` s or more)."""
-    estimate = num_samples * bytes_per_sample / (1 << 30)
-    if estimate > cap_gib:
-        return {"skipped": f"estimated {estimate:.1f} GiB > cap {cap_gib:g} GiB", "estimate_gib": estimate}
     sizes = synthetic_sizes(num_samples, num_shards, jitter=jitter)
     runs: list[dict[str, Any]] = []
     while len(runs) < repeats:
-        r = run_isolated(what, sizes, cap_gib=cap_gib, world_size=world_size)
+        r = run_isolated(what, sizes, cap_gib=cap_gib, world_size=world_size, mix=mix, split=split)
         if "error" in r:
             return {"error": r["error"], "runs": 1}
         runs.append(r)
@@ -193,49 +186,40 @@ def cell(
 
 
 def _fmt(c: dict[str, Any], key: str, spec: str) -> str:
-    if "skipped" in c:
-        return "not run"
     if "error" in c:
         return str(c["error"])
     if key == "seconds":
-        return f"{c['seconds']:{spec}} ({c['cpu_seconds']:{spec}})"
+        low, high = min(c["seconds_all"]), max(c["seconds_all"])
+        return f"{c['seconds']:{spec}} [{low:{spec}}-{high:{spec}}] ({c['cpu_seconds']:{spec}})"
     return format(c[key], spec)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=float, nargs="+", default=[1e6, 1e7, 1e8])
-    parser.add_argument("--shards", type=float, nargs="+", default=[1e4, 1e5])
+    parser.add_argument("--samples", type=float, nargs="+", default=[1e6, 1e8, 1e9, 5e9])
+    parser.add_argument("--shards", type=float, nargs="+", default=[1e4, 1e5, 5e5, 1e6])
     parser.add_argument("--world", type=int, nargs="+", default=[1, 64, 1024])
     parser.add_argument("--jitter", type=float, default=0.2, help="shard sizes within ± this of the mean")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--single-above", type=float, default=20.0, help="run once if a run takes this long")
-    parser.add_argument("--cap-gib", type=float, default=8.0, help="address space a child may add")
+    parser.add_argument("--cap-gib", type=float, default=2.0, help="address space a child may add")
     parser.add_argument("--json", type=Path, help="write every cell here as well")
+    parser.add_argument("--mix", type=float, nargs=2, metavar=("W0", "W1"),
+                        help="two datasets (the first --split of the shards, then the rest) with these weights")
+    parser.add_argument("--split", type=float, default=0.5, help="with --mix: the first dataset's share of shards")
     args = parser.parse_args()
 
-    per_sample: dict[tuple[str, int], float] = {}  # measured bytes/sample, the largest size so far
     rows = []
     for n in sorted(int(s) for s in args.samples):
         for s in sorted(int(x) for x in args.shards):
             if s > n:
                 continue
-            order = None
             for w in args.world:
                 row: dict[str, Any] = {"samples": n, "shards": s, "world": w}
                 for what in WHAT:
-                    if what == "order" and order is not None:
-                        row[what] = order  # independent of the world size: measured once
-                        continue
-                    key = (what, 1 if what == "order" else w)
-                    c = cell(what, n, s, w, repeats=args.repeats, single_above=args.single_above,
-                             cap_gib=args.cap_gib, bytes_per_sample=per_sample.get(key, 40.0), jitter=args.jitter)
-                    if "plan_mib" in c:
-                        per_sample[key] = max(c["plan_mib"] * MIB / n, 1.0)
-                    row[what] = c
-                    if what == "order":
-                        order = c
-                    print(json.dumps({**{k: row[k] for k in ("samples", "shards", "world")}, what: c}),
+                    row[what] = cell(what, n, s, w, repeats=args.repeats, single_above=args.single_above,
+                                     cap_gib=args.cap_gib, jitter=args.jitter, mix=args.mix, split=args.split)
+                    print(json.dumps({"samples": n, "shards": s, "world": w, what: row[what]}),
                           file=sys.stderr, flush=True)
                 rows.append(row)
     if args.json:
@@ -243,19 +227,14 @@ def main() -> None:
     base = next((r[w]["base_mib"] for r in rows for w in WHAT if "base_mib" in r[w]), float("nan"))
     print(f"RSS of the parent at the fork (torch + shardkit imported): {base:.0f} MiB; "
           "MiB below = peak RSS of the child minus that")
-    print("seconds: wall-clock median (CPU seconds of the child in brackets)")
-    print("| samples | shards | world | MiB (a) | s (a) | MiB (b) | s (b) | MiB (c) | s (c) | runs (a/b/c) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("seconds: wall-clock median [min-max] (CPU seconds of the child in brackets)")
+    print("| samples | shards | world | MiB (first) | s (first) | MiB (resume) | s (resume) | runs |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        a, b, c = (r[w] for w in WHAT)
-        runs = "/".join(str(x.get("runs", "-")) for x in (a, b, c))
+        a, b = (r[w] for w in WHAT)
+        runs = "/".join(str(x.get("runs", "-")) for x in (a, b))
         print(f"| {r['samples']:.0e} | {r['shards']:.0e} | {r['world']} | {_fmt(a, 'plan_mib', '.0f')} | "
-              f"{_fmt(a, 'seconds', '.3f')} | {_fmt(b, 'plan_mib', '.0f')} | {_fmt(b, 'seconds', '.3f')} | "
-              f"{_fmt(c, 'plan_mib', '.0f')} | {_fmt(c, 'seconds', '.3f')} | {runs} |")
-    for r in rows:
-        for w in WHAT:
-            if "skipped" in r[w]:
-                print(f"{r['samples']:.0e} samples, world {r['world']}, {w}: {r[w]['skipped']}")
+              f"{_fmt(a, 'seconds', '.3f')} | {_fmt(b, 'plan_mib', '.0f')} | {_fmt(b, 'seconds', '.3f')} | {runs} |")
 
 
 if __name__ == "__main__":

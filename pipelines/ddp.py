@@ -40,7 +40,8 @@ def save_checkpoint(path: str, state: dict[str, Any]) -> None:
 def resume(path: str | None, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
            loader: shardkit.ShardLoader, device: torch.device, rank: int) -> int:
     """Load ``path`` (when it exists) into model, optimizer and loader; return the step it holds
-    (0 without a checkpoint). The loader refuses a state made for another world or batch size."""
+    (0 without a checkpoint). The checkpoint may come from another world size or batch size: the
+    loader then resumes elastically (the rest of the epoch over this job's ranks)."""
     if not path or not os.path.exists(path):
         return 0
     ckpt = torch.load(path, map_location=device)

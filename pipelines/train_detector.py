@@ -20,8 +20,10 @@ trained on. ``--val`` evaluates after each epoch: COCO box mAP (pycocotools' COC
     python pipelines/train_detector.py shards/coco --val shards/coco --epochs 2 --batch-size 4 \\
         --min-size 128 --max-size 256 --device cpu   # one process, a smoke test
 
-On CUDA: NCCL, bf16 autocast, channels_last, ``--compile`` (the backbone). On CPU: gloo (tests
-run it so). Crowd boxes are trained on as ordinary boxes, as torchvision's v2 detection
+On CUDA: NCCL, bf16 autocast, channels_last, ``--compile`` (the backbone), and the loaders take
+the COCO GPU route (workers ship JPEG bytes and the seeded IoU crop, size and flip; nvJPEG decode
+and the crop-resize-flip run on the GPU; boxes and labels are the CPU route's). On CPU: gloo
+(tests run it so). Crowd boxes are trained on as ordinary boxes, as torchvision's v2 detection
 references do.
 """
 

@@ -78,3 +78,14 @@ def small_tree(tmp_path: Any) -> Any:
                                                            color=(c * 80, j * 60, 9))
     write_tree(root, files)
     return root
+
+
+def upload_tree(root: Any, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Copy every file under ``root`` (a ``pathlib.Path``; no links) to the fsspec ``url``, one
+    object per file at its relative path, as ``aws s3 sync`` would."""
+    import fsspec
+
+    fs, base = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            fs.pipe_file(f"{base}/{path.relative_to(root).as_posix()}", path.read_bytes())

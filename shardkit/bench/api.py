@@ -3,6 +3,7 @@ side."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import shutil
@@ -18,8 +19,9 @@ from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")
-#: On a COCO source (``BenchConfig.annotations``): torchvision CocoDetection against ShardLoader.
-COCO_CONTENDERS = ("cocodetection", "shardloader")
+#: On a COCO source (``BenchConfig.annotations``): torchvision CocoDetection against ShardLoader's
+#: COCO route, and its COCO GPU route with ``device="cuda"``.
+COCO_CONTENDERS = ("cocodetection", "shardloader", "shardloader-gpu")
 
 
 class ProgressSink(Protocol):
@@ -44,7 +46,8 @@ class BenchConfig:
     ``shards`` that already hold a pack must have been packed with the same value.
 
     COCO (``annotations`` set): ``imagefolder`` is the images directory, the contenders are
-    torchvision ``CocoDetection`` and ShardLoader on the COCO route, both with the steps of
+    torchvision ``CocoDetection`` (needs pycocotools) and ShardLoader on the COCO route, and on
+    ``device="cuda"`` ShardLoader on the COCO GPU route too, all with the steps of
     ``transforms.detection_train(size, max_size)`` (IoU crop, shortest side ``size``, longer at
     most ``max_size``, flip, sanitize); ``transform`` does not apply.
     """
@@ -78,6 +81,8 @@ class BenchConfig:
         if self.jpeg_restart is not None and self.jpeg_restart < 1:
             raise ValueError(f"jpeg_restart must be >= 1, got {self.jpeg_restart}")
         if self.annotations is not None:
+            if importlib.util.find_spec("pycocotools") is None:
+                raise ValueError("the CocoDetection baseline needs pycocotools (pip install pycocotools)")
             if self.max_size < self.size:
                 raise ValueError(f"max_size must be >= size for COCO, got size={self.size}, max_size={self.max_size}")
             return
@@ -109,17 +114,27 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
 
 
 def _coco_contenders(cfg: BenchConfig, shards: str) -> list[Contender]:
-    assert cfg.annotations is not None
+    """CocoDetection, ShardLoader's COCO CPU route and, on CUDA, its COCO GPU route. The CPU
+    route's row delivers on the CPU on every device (on CUDA, ``device="cuda"`` takes the GPU
+    route); the harness copies its images to the device, as it does the baseline's."""
+    if cfg.annotations is None:
+        raise ValueError("COCO contenders need annotations")
     annotations = cfg.annotations
     common: dict[str, Any] = {"min_size": cfg.size, "max_size": cfg.max_size, "batch_size": cfg.batch_size,
-                              "workers": cfg.workers, "device": cfg.device}
+                              "workers": cfg.workers}
     out = [Contender("cocodetection", "torchvision CocoDetection + DataLoader",
-                     lambda: baselines.cocodetection_loader(cfg.imagefolder, annotations, **common), baseline=True)]
+                     lambda: baselines.cocodetection_loader(cfg.imagefolder, annotations, device=cfg.device,
+                                                            **common), baseline=True)]
     if "shardloader" in cfg.contenders:
         out.append(Contender("shardloader", "shardkit ShardLoader (COCO route)",
                              lambda: runner.detection_shardloader(shards, storage_options=cfg.storage_options,
-                                                                  **common),
+                                                                  device="cpu", **common),
                              stages=runner.shardloader_stages))
+        if cfg.device.startswith("cuda"):
+            out.append(Contender("shardloader-gpu", "shardkit ShardLoader (COCO GPU route)",
+                                 lambda: runner.detection_shardloader(shards, storage_options=cfg.storage_options,
+                                                                      device=cfg.device, **common),
+                                 stages=runner.shardloader_stages))
     return out
 
 

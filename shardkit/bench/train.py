@@ -15,6 +15,13 @@ the time its augment kernels took (CUDA events) plus the host wall time of its s
 nvJPEG calls, per batch: an upper bound of its GPU cost, since both stretch while the step's
 kernels hold the GPU (the share is the figure that counts).
 
+NVIDIA DALI, when installed, is two more contenders (:mod:`shardkit.bench.dali`): ``dali`` reads
+the packed shards with ``fn.readers.webdataset`` (through their ``.dali.idx`` files when present),
+``dali_files`` the ImageFolder tree with ``fn.readers.file``; both decode with a random crop on the
+GPU (``mixed``), resize, flip and normalise, and deliver what ShardLoader delivers. Their
+``threads`` are ``workers``. DALI shuffles through a buffer, so its epochs are approximate
+(a sample can slip into the next one); the step counts batches, not epochs.
+
 The step: a torchvision classifier (``resnet18``/``resnet50``), ``channels_last``, bf16 autocast,
 SGD with momentum, ``torch.compile`` (unless ``compile=False``). ShardLoader delivers batches
 already normalised (bf16, channels_last, on its own stream); the ImageFolder baseline delivers
@@ -31,14 +38,15 @@ from typing import Any
 
 import torch
 
-from shardkit.bench import baselines, conditions
+from shardkit.bench import baselines, conditions, dali
 from shardkit.bench.harness import alternating_order
 from shardkit.bench.report import spread
 
 __all__ = ["MODELS", "TrainBenchConfig", "TrainStep", "format_train_table", "run_train_bench"]
 
 MODELS = ("resnet18", "resnet50")
-TRAIN_CONTENDERS = ("imagefolder", "shardloader")
+TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_hw", "shardloader_tc", "dali", "dali_files")
+DALI_CONTENDERS = ("dali", "dali_files")
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,7 @@ class TrainBenchConfig:
     repeats: int = 3
     device: str = "cuda"
     compile: bool = True
-    contenders: tuple[str, ...] = TRAIN_CONTENDERS
+    contenders: tuple[str, ...] = ("imagefolder", "shardloader")
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot be measured."""
@@ -69,6 +77,8 @@ class TrainBenchConfig:
         unknown = set(self.contenders) - set(TRAIN_CONTENDERS)
         if unknown or not self.contenders:
             raise ValueError(f"contenders must be among {TRAIN_CONTENDERS}, got {self.contenders}")
+        if set(self.contenders) & set(DALI_CONTENDERS) and not dali.dali_available():
+            raise ValueError("the dali contenders need NVIDIA DALI (pip install nvidia-dali-cuda130)")
 
 
 class TrainStep:
@@ -177,18 +187,43 @@ def measure(step: TrainStep, loader: Iterable[Any], *, steps: int, warmup: int, 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:
     from shardkit import transforms
-    from shardkit.loader import ShardLoader
+    from shardkit.codec.backend import prefer_decoder
+    from shardkit.loader import GpuOptions, ShardLoader
 
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
     if "imagefolder" in cfg.contenders:
         out["imagefolder"] = ("torchvision ImageFolder + DataLoader", lambda: baselines.imagefolder_loader(
             cfg.imagefolder, size=cfg.size, train=True, batch_size=cfg.batch_size, workers=cfg.workers,
             device=cfg.device))
+    bf16 = transforms.imagenet_train(cfg.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
+
+    def shardloader(gpu: GpuOptions | None, decoder: str | None = None) -> Callable[[], Any]:
+        def build() -> Any:
+            prefer_decoder(decoder)  # the GPU decoder is chosen when the loader is built
+            try:
+                return ShardLoader(cfg.shards, batch_size=cfg.batch_size, transform=bf16, num_workers=cfg.workers,
+                                   device=cfg.device, drop_last=True, gpu=gpu)
+            finally:
+                prefer_decoder(None)
+        return build
+
     if "shardloader" in cfg.contenders:
-        bf16 = transforms.imagenet_train(cfg.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
-        out["shardloader"] = ("shardkit ShardLoader", lambda: ShardLoader(
-            cfg.shards, batch_size=cfg.batch_size, transform=bf16, num_workers=cfg.workers, device=cfg.device,
-            drop_last=True))
+        out["shardloader"] = ("shardkit ShardLoader", shardloader(None))
+    if "shardloader_hw" in cfg.contenders:  # the hardware JPEG engines beside nvJPEG (nvImageCodec)
+        out["shardloader_hw"] = ("shardkit ShardLoader hw_decode=mix", shardloader(GpuOptions(hw_decode="mix")))
+    if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads
+        out["shardloader_tc"] = ("shardkit ShardLoader TorchCodec x4", shardloader(GpuOptions(decode_threads=4),
+                                                                                   "torchcodec"))
+
+    def dali_loader(reader: str, source: str) -> Callable[[], Any]:
+        return lambda: dali.DaliTrainLoader(reader, source, size=cfg.size, batch_size=cfg.batch_size,
+                                            threads=cfg.workers, device=cfg.device)
+
+    if "dali" in cfg.contenders:
+        index = "with .dali.idx" if dali.has_dali_index(cfg.shards) else "no .dali.idx"
+        out["dali"] = (f"NVIDIA DALI webdataset ({index})", dali_loader("webdataset", cfg.shards))
+    if "dali_files" in cfg.contenders:
+        out["dali_files"] = ("NVIDIA DALI readers.file (ImageFolder)", dali_loader("file", cfg.imagefolder))
     return out
 
 
@@ -249,11 +284,11 @@ def format_train_table(report: dict[str, Any]) -> str:
     lines = [f"training step: {cfg['model']} @{cfg['size']} px, batch {cfg['batch_size']}, bf16 autocast, "
              f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {cfg['workers']} workers, "
              f"{cfg['steps']} timed steps x {cfg['repeats']} runs on {cfg['device']}",
-             f"{'pipeline':<38} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
+             f"{'pipeline':<40} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
              f"{'loader GPU ms/batch':>19}"]
     for r in report["results"]:
         gpu = r["loader_gpu_ms_per_batch"]
-        lines.append(f"{r['label']:<38} {cell(r['fed_images_per_second'], ',.0f'):>22} "
+        lines.append(f"{r['label']:<40} {cell(r['fed_images_per_second'], ',.0f'):>22} "
                      f"{cell(r['synthetic_images_per_second'], ',.0f'):>22} {cell(r['share'], '.0%'):>20} "
                      f"{r['host_wait_fraction']['median']:>10.1%} {'—' if gpu is None else f'{gpu:.1f}':>19}")
     return "\n".join(lines)

@@ -13,7 +13,8 @@ from shardkit.cli.progress import BenchBar, bars_enabled
 @click.argument("imagefolder_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--annotations", type=click.Path(exists=True, dir_okay=False), default=None,
               help="COCO instances JSON: IMAGEFOLDER_DIR is then the images directory, and torchvision "
-                   "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size).")
+                   "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size): "
+                   "its COCO route, and with --device cuda its COCO GPU route too.")
 @click.option("--max-size", default=1333, show_default=True, type=click.IntRange(min=1),
               help="--annotations: the longer side's limit after resizing.")
 @click.option("--shards", default=None,
@@ -47,11 +48,20 @@ from shardkit.cli.progress import BenchBar, bars_enabled
                    "and its share of the same step fed one fixed batch (needs --shards).")
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1),
               help="--train: timed steps per run (after --warmup untimed ones).")
+@click.option("--contender", "contenders", multiple=True,
+              type=click.Choice(["imagefolder", "shardloader", "shardloader_hw", "shardloader_tc", "dali",
+                                 "dali_files"]),
+              help="--train: a loader to measure (repeatable) [default: imagefolder, shardloader, and dali when "
+                   "NVIDIA DALI is installed]. shardloader_hw: ShardLoader with gpu=GpuOptions(hw_decode='mix'); "
+                   "shardloader_tc: TorchCodec's GPU decoder from 4 threads (GpuOptions(decode_threads=4)); "
+                   "dali: DALI's webdataset reader on --shards (with their .dali.idx files if present); "
+                   "dali_files: DALI's file reader on IMAGEFOLDER_DIR.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, shards: str | None, workers: int,
                   batch_size: int, device: str, transform: str, size: int | None, epochs: int, repeats: int,
                   warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
-                  plot: str | None, train_model: str | None, steps: int, quiet: bool) -> None:
+                  plot: str | None, train_model: str | None, steps: int, contenders: tuple[str, ...],
+                  quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
 
@@ -59,7 +69,8 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     separately). Prints a table; --out writes JSON, --plot a PNG.
 
     With --train MODEL: the loaders feed a training step instead (see shardkit.bench.train).
-    With --annotations: a COCO source, torchvision CocoDetection against ShardLoader's COCO route.
+    With --annotations: a COCO source, torchvision CocoDetection against ShardLoader's COCO route
+    (and its COCO GPU route with --device cuda).
     """
     size = size or (800 if annotations is not None else 224)
     if annotations is not None and train_model is not None:
@@ -73,8 +84,11 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
             raise click.UsageError("--device cuda: no CUDA device is available")
     if train_model is not None:
         _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
-               size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet)
+               size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet,
+               contenders=contenders)
         return
+    if contenders:
+        raise click.UsageError("--contender chooses --train loaders; without --train use --no-webdataset")
     contenders = tuple(c for c in ("imagefolder", "webdataset", "shardloader")
                        if not (no_webdataset and c == "webdataset"))
     cfg = BenchConfig(imagefolder=imagefolder_dir, shards=shards, workers=workers, batch_size=batch_size,
@@ -104,17 +118,21 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
 
 
 def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int, batch_size: int, device: str,
-           size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool) -> None:
+           size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool,
+           contenders: tuple[str, ...]) -> None:
     from shardkit.bench import write_json
+    from shardkit.bench.dali import dali_available
     from shardkit.bench.train import TrainBenchConfig, TrainRun, format_train_table, run_train_bench
     from shardkit.index.manifest import locate_dataset
 
     if shards is None or not locate_dataset(shards).exists("index.json"):
         raise click.UsageError("--train needs --shards naming a packed dataset of IMAGEFOLDER_DIR "
                                "(shardkit pack IMAGEFOLDER_DIR SHARDS)")
+    if not contenders:
+        contenders = ("imagefolder", "shardloader", *(("dali",) if dali_available() else ()))
     cfg = TrainBenchConfig(imagefolder=imagefolder_dir, shards=shards, model=model, size=size,
                            batch_size=batch_size, workers=workers, steps=steps, warmup=warmup, repeats=repeats,
-                           device=device, compile=device == "cuda")
+                           device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)))
 
     def after_run(name: str, rep: int, run: TrainRun) -> None:
         if not quiet:

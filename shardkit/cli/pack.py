@@ -18,6 +18,7 @@ from shardkit.pack import (
     pack_coco,
     parse_size,
 )
+from shardkit.storage import is_remote
 
 
 def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
@@ -40,8 +41,8 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.option("--format", "fmt", type=click.Choice(["auto", "imagefolder", "coco"]), default="auto",
               show_default=True,
               help="Input layout; auto: coco when --annotations is given, else imagefolder.")
-@click.option("--annotations", type=click.Path(dir_okay=False), default=None,
-              help="COCO instances JSON (SRC is then the images folder).")
+@click.option("--annotations", default=None, metavar="FILE|URL",
+              help="COCO instances JSON, a path or URL (SRC is then the images folder).")
 @click.option("--drop-empty", is_flag=True, help="COCO: leave out images without annotations.")
 @click.option("--max-count", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Samples per shard at most.")
@@ -84,13 +85,18 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
                    "sample fails].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @storage_option_flag
+@click.option("--source-option", "source_option", multiple=True, metavar="KEY=VALUE",
+              help="fsspec option for a URL SRC (and --annotations), repeatable, as -o; when "
+                   "given, SRC uses these instead of the -o options (e.g. anon=true for a public "
+                   "bucket).")
 def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool,
                  max_count: int, max_size: int, workers: int | None, ray_address: str | None,
                  shuffle: bool, seed: int, prefix: str, resize_max: int | None, quality: int,
                  jpeg_restart: int | None, uniform_names: bool, dali_index: bool,
                  decode_check: bool, overwrite: bool, max_skipped: SkipBudget | None, quiet: bool,
-                 storage_option: tuple[str, ...]) -> None:
-    """Pack the ImageFolder tree SRC into WebDataset tar shards under DST (path or fsspec URL).
+                 storage_option: tuple[str, ...], source_option: tuple[str, ...]) -> None:
+    """Pack the ImageFolder tree SRC into WebDataset tar shards under DST. Each may be a path or
+    an fsspec URL (s3://bucket/train); a tree gives the same output from disk or a bucket.
 
     With --annotations instances.json, SRC is a COCO images folder: one sample per image
     record, its annotation records kept exactly in the sample's json member.
@@ -114,19 +120,22 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     remote = storage_options(storage_option, dst)
+    src_url = next((u for u in (src, annotations) if u is not None and is_remote(u)), src)
+    from_src = storage_options(source_option or storage_option, src_url)
     executor: Executor = "processes" if ray_address is None else "ray"
     address = None if ray_address in (None, "local") else ray_address
     bar = PackBar(bars_enabled(quiet))
     procs = workers or os.cpu_count()
+    bar.listing(src)
     try:
         if annotations is not None:  # checked above: given exactly when packing COCO
             result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options,
                                workers=procs, overwrite=overwrite, storage_options=remote,
-                               progress=bar, executor=executor, ray_address=address,
-                               max_skipped=max_skipped)
+                               source_options=from_src, progress=bar, executor=executor,
+                               ray_address=address, max_skipped=max_skipped)
         else:
             result = pack(src, dst, options=options, workers=procs, overwrite=overwrite,
-                          storage_options=remote, progress=bar,
+                          storage_options=remote, source_options=from_src, progress=bar,
                           executor=executor, ray_address=address, max_skipped=max_skipped)
     except SkipBudgetError as err:
         bar.close()

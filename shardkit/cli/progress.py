@@ -82,14 +82,31 @@ class Bar:
 
 
 class PackBar:
-    """:class:`shardkit.pack.PackProgress` drawn as a bar of input bytes with an image count."""
+    """:class:`shardkit.pack.PackProgress` drawn as a bar of input bytes with an image count,
+    after a ``listing SRC …`` line while the source is listed (a bucket or a network file
+    system can take a while, and a silent terminal looks hung)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.bar = Bar(False, desc="", total=None)
         self.total = self.done = 0
+        self._status = False
+
+    def listing(self, src: str) -> None:
+        """Show ``listing SRC …`` until the bar starts (or the command ends)."""
+        if self.enabled:
+            sys.stderr.write(f"listing {src} …")
+            sys.stderr.flush()
+            self._status = True
+
+    def _clear_status(self) -> None:
+        if self._status:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self._status = False
 
     def start(self, samples: int, nbytes: int) -> None:
+        self._clear_status()
         self.bar.close()
         self.bar = Bar(self.enabled, desc="packing", total=nbytes, unit="B")
         self.total, self.done = samples, 0
@@ -101,6 +118,7 @@ class PackBar:
         self.bar.update(nbytes)
 
     def close(self) -> None:
+        self._clear_status()
         self.bar.close()
 
 

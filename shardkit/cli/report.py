@@ -64,6 +64,12 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
     click.echo(f"shards    {len(m.shards):,}  in {result.url}"
                + (f"  ({result.reused_shards} reused from an interrupted run)" if reused else ""))
     click.echo(f"bytes     {human_bytes(m.num_bytes)}")
+    if result.ray_nodes:  # where the shards were written: did the cluster's nodes all take part?
+        written = sum(result.ray_nodes.values())
+        nodes = len(result.ray_nodes)
+        per_node = ", ".join(f"{n:,} on {node[:8]}" for node, n in result.ray_nodes.items())
+        click.echo(f"ray       {written:,} shard{'s' * (written != 1)} written on {nodes} "
+                   f"node{'s' * (nodes != 1)} ({per_node})")
     print_skipped(m.skipped)
     report = m.extra.get(ANNOTATION_REPORT)
     if isinstance(report, Mapping):

@@ -122,28 +122,10 @@ class Manifest:
         if kind not in KINDS:
             raise ManifestError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})",
                                 where=where)
-        shards = []
-        for i, s in enumerate(_require(doc, "shards", list, where)):
-            s = _fields.obj(s, f"shards[{i}]", where)
-            entry = ShardEntry(
-                _fields.string(s.get("url"), f"shards[{i}].url", where),
-                _fields.integer(s.get("num_samples"), f"shards[{i}].num_samples", where),
-                _fields.integer(s.get("num_bytes"), f"shards[{i}].num_bytes", where),
-                _fields.string(s.get("sha256"), f"shards[{i}].sha256", where),
-            )
-            if entry.url.startswith("/") or "://" in entry.url or ".." in entry.url.split("/"):
-                raise ManifestError(f"shards[{i}].url {entry.url!r} must be relative to the index", where=where)
-            if not entry.url or "\0" in entry.url:
-                raise ManifestError(f"shards[{i}].url {entry.url!r} is empty or holds a NUL character",
-                                    where=where)
-            if not SHA256_RE.fullmatch(entry.sha256):
-                raise ManifestError(f"shards[{i}].sha256 {entry.sha256[:80]!r} of {entry.url!r} is not 64 "
-                                    "lower-case hex digits", where=where)
-            if entry.num_samples * _MIN_SAMPLE_BYTES > entry.num_bytes:
-                raise ManifestError(f"shards[{i}] ({entry.url!r}) claims {entry.num_samples} samples in "
-                                    f"{entry.num_bytes} bytes (each sample takes at least {_MIN_SAMPLE_BYTES})",
-                                    where=where)
-            shards.append(entry)
+        raw = _require(doc, "shards", list, where)
+        shards = _shard_entries_fast(raw)
+        if shards is None:
+            shards = _shard_entries(raw, where)
         manifest = cls(
             kind=kind,
             shards=tuple(shards),
@@ -173,6 +155,60 @@ class Manifest:
         if kind == "imagefolder" and manifest.classes is None:
             raise ManifestError("an imagefolder manifest needs \"classes\"", where=where)
         return manifest
+
+
+def _shard_entries(raw: list[Any], where: str) -> list[ShardEntry]:
+    """Validate the ``shards`` array, raising ``ManifestError`` naming the first bad entry."""
+    shards = []
+    for i, s in enumerate(raw):
+        s = _fields.obj(s, f"shards[{i}]", where)
+        entry = ShardEntry(
+            _fields.string(s.get("url"), f"shards[{i}].url", where),
+            _fields.integer(s.get("num_samples"), f"shards[{i}].num_samples", where),
+            _fields.integer(s.get("num_bytes"), f"shards[{i}].num_bytes", where),
+            _fields.string(s.get("sha256"), f"shards[{i}].sha256", where),
+        )
+        if entry.url.startswith("/") or "://" in entry.url or ".." in entry.url.split("/"):
+            raise ManifestError(f"shards[{i}].url {entry.url!r} must be relative to the index", where=where)
+        if not entry.url or "\0" in entry.url:
+            raise ManifestError(f"shards[{i}].url {entry.url!r} is empty or holds a NUL character",
+                                where=where)
+        if not SHA256_RE.fullmatch(entry.sha256):
+            raise ManifestError(f"shards[{i}].sha256 {entry.sha256[:80]!r} of {entry.url!r} is not 64 "
+                                "lower-case hex digits", where=where)
+        if entry.num_samples * _MIN_SAMPLE_BYTES > entry.num_bytes:
+            raise ManifestError(f"shards[{i}] ({entry.url!r}) claims {entry.num_samples} samples in "
+                                f"{entry.num_bytes} bytes (each sample takes at least {_MIN_SAMPLE_BYTES})",
+                                where=where)
+        shards.append(entry)
+    return shards
+
+
+_BAD_URLS = re.compile(r"(?m)^$|^/|://|(?:^|/)\.\.(?:/|$)|\x00")
+_SHA256_LINES = re.compile(r"(?:[0-9a-f]{64}\n)*")
+
+
+def _shard_entries_fast(raw: list[Any]) -> list[ShardEntry] | None:
+    """The shard entries when every one of them is valid, else None (then :func:`_shard_entries`
+    finds and names the flaw). Whole-array checks: a million shards validate in about a second."""
+    try:
+        entries = [ShardEntry(s["url"], s["num_samples"], s["num_bytes"], s["sha256"]) for s in raw]
+    except (TypeError, KeyError):
+        return None
+    urls, shas = [e.url for e in entries], [e.sha256 for e in entries]
+    counts, sizes = [e.num_samples for e in entries], [e.num_bytes for e in entries]
+    if {type(x) for x in urls} - {str} or {type(x) for x in shas} - {str}:
+        return None
+    if {type(x) for x in counts} - {int} or {type(x) for x in sizes} - {int}:  # type(): bool is refused
+        return None
+    joined = "\n".join(urls)
+    if joined.count("\n") != len(urls) - 1 or _BAD_URLS.search(joined):
+        return None
+    if not _SHA256_LINES.fullmatch("".join(f"{h}\n" for h in shas)):
+        return None
+    if min(counts, default=0) < 0 or any(n * _MIN_SAMPLE_BYTES > b for n, b in zip(counts, sizes, strict=True)):
+        return None
+    return entries
 
 
 def _flag(value: Any, key: str, where: str) -> bool:

@@ -9,6 +9,7 @@ Layout (dependencies point one way, downwards):
 - shared by every route: :mod:`~shardkit.loader.worker_batch` (the worker half's contract),
   :mod:`~shardkit.loader.stream` (one worker's batches of an epoch),
   :mod:`~shardkit.loader.plan` and :mod:`~shardkit.loader.state` (the epoch plan and resume),
+  :mod:`~shardkit.loader.mix` and :mod:`~shardkit.loader.datasets` (several datasets mixed),
   :mod:`~shardkit.loader.samples` and :mod:`~shardkit.loader.bad_samples` (reading samples,
   the bad-sample policy), :mod:`~shardkit.loader.reader` and :mod:`~shardkit.loader.cache`
   (shard files, local or cached), :mod:`~shardkit.loader.workers` and

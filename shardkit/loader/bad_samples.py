@@ -89,6 +89,6 @@ def _search(attempt: Callable[[int, int, int, int], T], reader: ShardReader, slo
             return reader.key(shard, other), attempt(slot, shard, other, seed)
         except BadSample:
             continue
-    where = reader.store.path(reader.shards[shard].url)
+    where = reader.where(shard)
     raise LoaderError(f"every sample of a batch is corrupt ({', '.join(keys)}), and so are the {tried} samples "
                       f"after {keys[slot]} in its shard", where=where)

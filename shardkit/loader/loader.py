@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -12,10 +12,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardkit.errors import LoaderError
-from shardkit.index.manifest import locate_dataset, read_manifest
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
+from shardkit.loader.datasets import open_datasets
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
+from shardkit.loader.remainder import Remainder
 from shardkit.loader.route import Route
 from shardkit.loader.routing import choose_route
 from shardkit.loader.samples import ON_ERROR
@@ -54,10 +55,12 @@ def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch
 
 
 class ShardLoader:
-    """Stream a packed dataset as batches, with exact epochs over ranks and workers.
+    """Stream a packed dataset, or a weighted mix of several, as batches, with exact epochs over
+    ranks and workers.
 
     Args:
-        dataset: a packed dataset: directory, ``index.json`` path or fsspec URL.
+        dataset: a packed dataset: directory, ``index.json`` path or fsspec URL; or a list of
+            them, mixed (see *Mixing* below).
         batch_size: samples per batch (per rank).
         transform: an :class:`~shardkit.transforms.ImageTransform` such as
             ``transforms.imagenet_train(224)`` (images come as one uint8 ``[B,3,H,W]`` tensor,
@@ -92,6 +95,20 @@ class ShardLoader:
         masks: COCO only: targets also hold ``masks`` uint8 ``[N,H,W]`` (needs pycocotools).
         pad: COCO only: images as one zero-padded :class:`~shardkit.loader.coco.PaddedImages`
             ``(images, sizes)`` instead of a list (an int: sides rounded up to its multiple).
+        weights: a mix's weights, one positive number per dataset (None: proportional to the
+            datasets' sizes, i.e. plain concatenation).
+        disjoint_labels: a mix of ImageFolder datasets with different class lists: dataset
+            ``i``'s labels are offset by the class counts of the datasets before it, and
+            :attr:`classes` is the lists one after another.
+
+    Mixing (:mod:`shardkit.loader.mix`): an epoch has ``L`` samples, the datasets' total, of which
+    dataset ``i`` supplies ``L * w_i / sum(w)`` (largest-remainder rounding, so they sum to ``L``):
+    whole passes over it plus a turn of its samples that moves on each epoch, so a dataset given
+    less than its size shows every sample once every ``ceil(N_i / quota)`` epochs and never one
+    twice in an epoch. The slices of all datasets are shuffled together as shards are, so ranks,
+    workers, ``drop_last``, exact and elastic resume work as for one dataset. The datasets must be
+    of one kind, with equal class lists (ImageFolder, unless ``disjoint_labels``) or categories
+    (COCO); labels are as packed.
 
     Routes (chosen once, :func:`~shardkit.loader.routing.choose_route`): a COCO dataset takes the
     COCO route (:mod:`shardkit.loader.coco`); a CUDA ``device`` with an :class:`ImageTransform`
@@ -120,7 +137,7 @@ class ShardLoader:
 
     def __init__(
         self,
-        dataset: str,
+        dataset: str | Sequence[str],
         *,
         batch_size: int,
         transform: ImageTransform | Callable[..., Any] | None = None,
@@ -144,29 +161,39 @@ class ShardLoader:
         contiguous_labels: bool = False,
         masks: bool = False,
         pad: bool | int = False,
+        weights: Iterable[float] | None = None,
+        disjoint_labels: bool = False,
     ) -> None:
         _check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
                          flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
-                                "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes},
+                                "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes,
+                                "disjoint_labels": disjoint_labels},
                          pad=pad)
-        store = locate_dataset(dataset, storage_options)
-        self.manifest = read_manifest(store)
+        datasets = open_datasets(dataset, weights=weights, disjoint_labels=disjoint_labels,
+                                 storage_options=storage_options)
+        #: The dataset's ``index.json``; for a mix, a joined view (kind, classes, categories and
+        #: every shard in the loader's order, each ``url`` relative to its own dataset).
+        self.manifest = datasets.manifest
+        #: Each dataset's ``index.json`` (one for a single dataset).
+        self.manifests = datasets.manifests
+        #: The mix (quotas, joined shard sizes), or None for a single dataset.
+        self.mix = datasets.mix
         rank, world_size = rank_and_world(rank, world_size)
         self.config = PlanConfig(
-            shard_sizes=tuple(s.num_samples for s in self.manifest.shards), seed=seed, shuffle=shuffle,
+            shard_sizes=datasets.shard_sizes, seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
-            even_batches=even_batches,
+            even_batches=even_batches, mix=datasets.mix,
         )
         if self.config.num_samples == 0:
-            raise LoaderError("dataset has no samples", where=store.url)
+            raise LoaderError("dataset has no samples", where=datasets.parts[0].store.url)
         self._num_batches = self.config.num_batches  # validates rank/world/batch size
         self.transform = transform
         self.keys = keys
         self.num_workers = num_workers
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
-        self.reader = ShardReader(store, self.manifest.shards, cache_dir=cache, cache_bytes=cache_bytes,
-                                  verify_hashes=verify_hashes)
+        self.reader = ShardReader.joined(datasets.parts, cache_dir=cache, cache_bytes=cache_bytes,
+                                         verify_hashes=verify_hashes)
         #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
         self.route: Route[Any, Any] = choose_route(
             self.manifest, self.reader, transform, torch.device(device), on_error=on_error, batch_size=batch_size,
@@ -188,18 +215,22 @@ class ShardLoader:
         # otherwise an iteration was abandoned mid-epoch and the next one starts a new epoch.
         # _loaded: _pos came from load_state_dict and nothing ran since (set_epoch keeps it).
         self._pos, self._fresh, self._loaded = (0, 0), True, False
+        # After an elastic resume: what is left of epoch _pos[0] (None: all of it).
+        self._remainder: Remainder | None = None
         self._stats = StageStats()
 
     @property
     def classes(self) -> tuple[str, ...] | None:
-        """Class names by label: ImageFolder's folder names (as torchvision's ``ImageFolder.classes``);
+        """Class names by label: ImageFolder's folder names (as torchvision's ``ImageFolder.classes``;
+        a mix with ``disjoint_labels``: each dataset's, one after another);
         COCO with ``contiguous_labels``: ``"__background__"`` then the category names in label
         order (torchvision's detection-model convention); otherwise None (COCO labels are the
         category ids: see :attr:`categories`; adopted shards without names)."""
         return self.route.classes
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank unless ``even_batches=False``)."""
+        """Batches this rank yields per epoch (the same on every rank unless ``even_batches=False``);
+        an epoch resumed mid-way yields only those not yet delivered."""
         return self._num_batches
 
     @property
@@ -223,6 +254,7 @@ class ShardLoader:
         if self._loaded and epoch == self._pos[0]:
             return
         self._pos, self._fresh, self._loaded = (epoch, 0), True, False
+        self._remainder = None
 
     @property
     def stats(self) -> StageStats:
@@ -231,20 +263,22 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[Any]:
         if not self._fresh:
-            self._pos = (self._pos[0] + 1, 0)
+            self._pos, self._remainder = (self._pos[0] + 1, 0), None
         epoch, start = self._pos
+        rest, count = self._remainder, self.config.epoch_batches(self._remainder)
         self._fresh = self._loaded = False
         self._control[0], self._control[1] = epoch, start
+        if rest is not None:
+            self._hand_workers((epoch, rest))
         if self._dataloader is not None and not workers_running(self._dataloader):
             self.route.before_workers()
         source = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
         delivered = self.route.deliver(source, self._stats)
         try:
-            for consumed in range(start + 1, self._num_batches + 1):
+            for consumed in range(start + 1, count + 1):
                 item = next(delivered, None)
                 if item is None:
-                    raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {self._num_batches} "
-                                      "batches")
+                    raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {count} batches")
                 self._pos = (epoch, consumed)
                 yield item if self.keys else item[:2]
         except Exception as err:  # torch's error for a dead worker varies and may come from anywhere here
@@ -252,19 +286,34 @@ class ShardLoader:
             if death is None:
                 raise
             raise death from err
-        self._pos, self._fresh = (epoch + 1, 0), True
+        self._pos, self._fresh, self._remainder = (epoch + 1, 0), True, None
+
+    def _hand_workers(self, remainder: tuple[int, Remainder]) -> None:
+        """Give the batch stream an elastic resume's remainder; running workers hold an older
+        copy of the stream, so they are stopped first (the next iteration starts new ones)."""
+        if self._stream.remainder == remainder:
+            return
+        if self._dataloader is not None and workers_running(self._dataloader):
+            shutdown_workers(self._dataloader)
+            self.route.workers_stopped()
+        self._stream.remainder = remainder
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, as a tiny JSON-able dict (the same on every rank).
 
         Loading it into a fresh loader (any ``num_workers``) continues with exactly the batches
-        not yet delivered, with the same samples, order and augmentation.
+        not yet delivered, with the same samples, order and augmentation; into a loader with
+        another world size, batch size, ``drop_last`` or ``even_batches`` (an elastic resume),
+        with the samples not yet delivered, laid out anew over its ranks (see
+        :mod:`shardkit.loader.remainder`).
         """
-        return self.config.state(*self._pos).to_dict()
+        return self.config.state(*self._pos, remainder=self._remainder).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict` output; refuses a state made for another configuration."""
-        self._pos = self.config.resume(state)
+        """Resume from :meth:`state_dict` output, on this world size and batch size or another;
+        refuses a state made for another dataset or mix, seed, ``shuffle`` or ``window``, naming it."""
+        epoch, start, self._remainder = self.config.resume(state)
+        self._pos = (epoch, start)
         self._fresh = self._loaded = True
 
     def close(self) -> None:

@@ -5,6 +5,10 @@ Every function here is pure (numpy only, no torch, no global RNG): the plan of a
 only on ``(seed, epoch, shard sizes, world size, batch size, drop_last, even_batches)``, never on
 timing, the number of workers or the OS, so resuming is "skip the first k batches".
 
+Nothing here grows with the number of samples: an epoch's order (:class:`EpochOrder`) holds arrays
+of the number of shards and finds any position by arithmetic over shard sizes, each rank looks up
+only the batches it reads, one at a time. A 5e9-sample dataset in 5e5 shards plans in tens of MB.
+
 Two ways to share an epoch out over ranks: ``even_batches=True`` (the default, for training)
 gives every rank the same number of full batches, padding with repeats (or dropping the tail);
 ``even_batches=False`` (for evaluation) cuts the epoch into batches of ``B``, the last one short,
@@ -15,6 +19,7 @@ sample is delivered exactly once over all ranks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +27,12 @@ import numpy.typing as npt
 from shardkit.errors import LoaderError
 
 _MASK64 = (1 << 64) - 1
-_ORDER_STREAM = 0x6F72_6465  # tags the order's SeedSequence so other streams never coincide
+_ORDER_STREAM = 0x6F72_6465  # tags the shard order's SeedSequence so other streams never coincide
+_WINDOW_STREAM = 0x7769_6E64  # tags each window's SeedSequence
+
+#: The version of the epoch plan: the same (seed, epoch, shards, layout) give the same batches
+#: within a version. Version 2 seeds each window's shuffle on its own (version 1 drew them in turn).
+PLAN_VERSION = 2
 
 
 def _check_seed(seed: int, epoch: int) -> None:
@@ -78,6 +88,93 @@ def _objects(rows: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
+class Order(Protocol):
+    """What the batch stream needs of an epoch's order: :class:`EpochOrder`, or
+    :class:`~shardkit.loader.mix.MixedOrder` for several datasets."""
+
+    num_samples: int
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard index, index within shard)`` of the samples at epoch ``positions``."""
+        ...
+
+
+class EpochOrder:
+    """One epoch's delivery order, computed lazily: memory and start-up grow with the number of
+    shards, never with the number of samples.
+
+    Position ``p`` of the epoch (``0 <= p < N``) holds one sample. ``shuffle=False``: manifest
+    order, sample ``p``. ``shuffle=True``: the shards are permuted (one draw from the
+    ``(seed, epoch)`` stream), then each run of ``window`` consecutive shards in that order (a
+    *window*) has its samples permuted among themselves by a generator seeded from
+    ``(seed, epoch, window number)`` alone, so a reader never needs more than ``window`` shards
+    open at once and any position is found without drawing the windows before it.
+
+    Holds four int64 arrays of the number of shards, plus the permutations of the (at most two)
+    windows last asked for: 4 bytes per sample of a window each (8 past 2**31 samples). This is plan version
+    :data:`PLAN_VERSION`; version 1 drew the windows' shuffles one after another from one stream.
+
+    >>> order = EpochOrder([3, 0, 2], seed=0, epoch=0, shuffle=False)
+    >>> [a.tolist() for a in order.locate(np.array([0, 3, 4]))]
+    [[0, 2, 2], [0, 0, 1]]
+    """
+
+    def __init__(self, shard_sizes: Sequence[int] | npt.ArrayLike, *, seed: int, epoch: int, shuffle: bool,
+                 window: int = 8) -> None:
+        _check_seed(seed, epoch)
+        if window < 1:
+            raise LoaderError(f"window must be >= 1, got {window}")
+        self._offsets = shard_offsets(shard_sizes)
+        self.num_samples = int(self._offsets[-1])
+        self._seed, self._epoch, self._shuffle = seed, epoch, shuffle
+        self._windows: dict[int, np.ndarray] = {}
+        if not shuffle:
+            return
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, _ORDER_STREAM])))
+        self._perm = rng.permutation(self._offsets.size - 1)  # slot t of the epoch reads shard _perm[t]
+        sizes = np.diff(self._offsets)[self._perm]
+        self._slot_ends = np.cumsum(sizes)
+        self._slot_starts = self._slot_ends - sizes
+        last = np.minimum(np.arange(window, sizes.size + window, window), sizes.size) - 1
+        self._window_ends = self._slot_ends[last]
+        self._window_starts = np.concatenate([[0], self._window_ends])[:-1]
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard index, index within shard)`` of the samples at epoch ``positions`` (int64
+        arrays of its shape). Raises LoaderError for positions outside ``[0, N)``."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= self.num_samples):
+            raise LoaderError(f"epoch positions must be in [0, {self.num_samples})")
+        if not self._shuffle:
+            return locate(positions, self._offsets)
+        windows = np.searchsorted(self._window_ends, positions, side="right")  # "right" skips empty ones
+        unshuffled = np.empty_like(positions)
+        for k in np.unique(windows).tolist():
+            mine = windows == k
+            start = self._window_starts[k]  # an int64: the sum stays int64
+            unshuffled[mine] = start + self._window(k)[positions[mine] - start]
+        slots = np.searchsorted(self._slot_ends, unshuffled, side="right")
+        return self._perm[slots], unshuffled - self._slot_starts[slots]
+
+    def ids(self, positions: np.ndarray) -> np.ndarray:
+        """Global sample ids (shard offset + index within shard) at epoch ``positions``."""
+        shard, index = self.locate(positions)
+        return self._offsets[shard] + index
+
+    def _window(self, k: int) -> np.ndarray:
+        """The permutation of window ``k``'s samples; the last two asked for stay cached."""
+        if (perm := self._windows.get(k)) is None:
+            size = int(self._window_ends[k] - self._window_starts[k])
+            seeds = np.random.SeedSequence([self._seed, self._epoch, _WINDOW_STREAM, k])
+            perm = np.random.Generator(np.random.PCG64(seeds)).permutation(size)
+            if size <= np.iinfo(np.int32).max:
+                perm = perm.astype(np.int32)  # half the memory of what is kept
+            if len(self._windows) >= 2:
+                del self._windows[next(iter(self._windows))]
+            self._windows[k] = perm
+        return perm
+
+
 def epoch_order(
     shard_sizes: Sequence[int] | npt.ArrayLike,
     *,
@@ -86,35 +183,19 @@ def epoch_order(
     shuffle: bool,
     window: int = 8,
 ) -> np.ndarray:
-    """The global sample ids of one epoch, in delivery order (int64 permutation of 0..N-1).
+    """The global sample ids of one whole epoch, in delivery order (int64 permutation of 0..N-1).
 
-    ``shuffle=False``: manifest order ``0..N-1``. ``shuffle=True``: the shards are permuted, then
-    each run of ``window`` consecutive shards (in permuted order) has its samples permuted among
-    themselves, so a reader never needs more than ``window`` shards open at once. The generator
-    is seeded from ``(seed, epoch)`` only. Raises LoaderError for bad sizes, seed, epoch or window.
+    :class:`EpochOrder` materialised: what it delivers position by position, for tests and small
+    datasets (the loader never builds this array). Raises LoaderError for bad sizes, seed, epoch
+    or window.
 
     >>> epoch_order([2, 3], seed=0, epoch=0, shuffle=False).tolist()
     [0, 1, 2, 3, 4]
     >>> sorted(epoch_order([2, 3], seed=0, epoch=0, shuffle=True).tolist())
     [0, 1, 2, 3, 4]
     """
-    _check_seed(seed, epoch)
-    if window < 1:
-        raise LoaderError(f"window must be >= 1, got {window}")
-    offsets = shard_offsets(shard_sizes)
-    n = int(offsets[-1])
-    if not shuffle:
-        return np.arange(n, dtype=np.int64)
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, _ORDER_STREAM])))
-    perm = rng.permutation(offsets.size - 1)
-    sizes = np.diff(offsets)[perm]
-    ends = np.cumsum(sizes)  # end position of each permuted shard in the epoch
-    order = np.arange(n, dtype=np.int64) + np.repeat(offsets[:-1][perm] - (ends - sizes), sizes)
-    start = 0
-    for stop in [*ends[window - 1 :: window].tolist(), n]:
-        rng.shuffle(order[start:stop])  # in place: slices are views
-        start = stop
-    return order
+    order = EpochOrder(shard_sizes, seed=seed, epoch=epoch, shuffle=shuffle, window=window)
+    return order.ids(np.arange(order.num_samples, dtype=np.int64))
 
 
 def num_batches(
@@ -169,13 +250,45 @@ def _uneven_span(
 ) -> tuple[int, int]:
     """``(first batch, number of batches)`` of ``rank`` in the epoch's batches, ``even_batches=False``.
 
-    The later ranks take the extra batches, so :func:`batch_positions` (which knows only this
-    rank's batch count) still gives every sample of the epoch its own position.
+    The later ranks take the extra batches.
     """
     total = _total_batches(num_samples, batch_size, drop_last)
     base, extra = divmod(total, world_size)
     fewer = world_size - extra  # ranks [0, fewer) take `base` batches, the others base + 1
     return rank * base + max(0, rank - fewer), base + (rank >= fewer)
+
+
+def stream_positions(
+    num_samples: int,
+    *,
+    rank: int,
+    batch_index: int,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+    even_batches: bool = True,
+) -> np.ndarray:
+    """Where batch ``batch_index`` of ``rank`` sits in the epoch stream: int64 positions, in order.
+
+    The layout is :func:`rank_batches`'s: row ``batch_index`` of it is ``order[positions % N]``.
+    With ``even_batches=True`` and ``drop_last=False`` positions past ``N`` are the padding (they
+    repeat the epoch from its start); with ``even_batches=False`` the epoch's last batch is short.
+    Raises LoaderError for a batch index outside this rank's batches (or bad layout arguments).
+
+    >>> stream_positions(5, rank=1, batch_index=0, world_size=2, batch_size=2, drop_last=False).tolist()
+    [4, 5]
+    """
+    nb = num_batches(num_samples, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
+                     even_batches=even_batches, rank=rank)
+    if not 0 <= batch_index < nb:
+        raise LoaderError(f"batch index must be in [0, {nb}), got {batch_index}")
+    if even_batches:
+        start = (rank * nb + batch_index) * batch_size
+        return np.arange(start, start + batch_size, dtype=np.int64)
+    first, _ = _uneven_span(num_samples, rank=rank, world_size=world_size, batch_size=batch_size,
+                            drop_last=drop_last)
+    start = (first + batch_index) * batch_size
+    return np.arange(start, min(start + batch_size, num_samples), dtype=np.int64)
 
 
 def rank_batches(
@@ -257,20 +370,6 @@ def worker_batch_indices(
     return range(start_batch + worker_id, num_batches, max(num_workers, 1))
 
 
-def batch_positions(rank: int, batch_index: int, *, num_batches: int, batch_size: int) -> range:
-    """Global positions (in the padded epoch stream) of batch ``batch_index`` of ``rank``.
-
-    Pass them to :func:`sample_seed` / :func:`sample_seeds`; unique across ranks and workers.
-    With ``even_batches=False`` (ranks' ``num_batches`` differ, the later ranks holding more) they
-    stay unique but leave gaps; a short last batch uses the first of its ``batch_size`` positions.
-
-    >>> list(batch_positions(1, 2, num_batches=3, batch_size=2))
-    [10, 11]
-    """
-    start = (rank * num_batches + batch_index) * batch_size
-    return range(start, start + batch_size)
-
-
 def _mix64(z: int) -> int:
     """splitmix64's finaliser (Steele et al. 2014): a bijection on 64-bit ints that avalanches."""
     z = (z + 0x9E3779B97F4A7C15) & _MASK64
@@ -282,8 +381,8 @@ def _mix64(z: int) -> int:
 def sample_seed(seed: int, epoch: int, position: int) -> int:
     """64-bit seed of the augmentation RNG of the sample at global ``position`` of an epoch.
 
-    ``position`` is the index in the padded epoch stream shared by all ranks (see
-    :func:`batch_positions`), so it never depends on workers and padded repeats get their own
+    ``position`` is the sample's place in the padded epoch stream shared by all ranks (see
+    :func:`stream_positions`), so it never depends on workers and padded repeats get their own
     seeds. Raises LoaderError for arguments outside [0, 2**64).
 
     >>> sample_seed(0, 0, 1) != sample_seed(0, 0, 2) != sample_seed(0, 1, 1)

@@ -10,13 +10,19 @@ reader is made, before the loader plans an epoch); every span of an offsets file
 block-aligned, in order, non-overlapping, inside the shard's ``num_bytes`` and at most
 :data:`MAX_SAMPLE_BYTES` (checked when the shard is opened, before anything is read); and the
 sample read must carry the key the offsets file gives it.
+
+One reader may span several datasets (:meth:`ShardReader.joined`, for a mix): their shards are
+numbered one after another, dataset by dataset, and each is read from its own store.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import FormatError, LoaderError, StorageError
@@ -121,6 +127,19 @@ class _OpenShard:
         os.close(self.fd)
 
 
+@dataclass(frozen=True)
+class ReaderPart:
+    """One dataset of a joined reader: its store and shards, and where its labels go in the mix.
+
+    ``label_offset`` is added to the dataset's packed labels; ``num_classes`` (when its labels
+    are offset) is its own class count, which a packed label must stay below."""
+
+    store: Store
+    shards: tuple[ShardEntry, ...]
+    label_offset: int = 0
+    num_classes: int | None = None
+
+
 class ShardReader:
     """Read samples by ``(shard index, sample index in shard)``; picklable, opens lazily.
 
@@ -138,25 +157,68 @@ class ShardReader:
     def __init__(self, store: Store, shards: tuple[ShardEntry, ...], *, cache_dir: str | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_open: int = 16, verify_hashes: bool = False) -> None:
         _check_claims(store, shards)
+        #: The (first) dataset's store; a joined reader reads shard ``i`` from :meth:`store_of`.
         self.store = store
         self.shards = shards
+        self._parts: tuple[ReaderPart, ...] = (ReaderPart(store, shards),)
+        self._firsts = [0]  # the first shard of each part
         self.cache = ShardCache(cache_dir, cache_bytes) if cache_dir is not None else None
         self.max_open = max_open
         self.verify_hashes = verify_hashes
         self._verified: set[int] = set()
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
 
+    @classmethod
+    def joined(cls, parts: Sequence[ReaderPart], *, cache_dir: str | None = None,
+               cache_bytes: int = DEFAULT_CACHE_BYTES, max_open: int = 16,
+               verify_hashes: bool = False) -> ShardReader:
+        """One reader over several datasets: shard ``i`` of part ``p`` is shard
+        ``len(parts[0].shards) + ... + len(parts[p-1].shards) + i``, read from ``parts[p].store``.
+
+        Raises:
+            LoaderError: no parts, or a local part's files cannot hold what its manifest claims.
+        """
+        if not parts:
+            raise LoaderError("a joined reader needs at least one dataset")
+        reader = cls(parts[0].store, parts[0].shards, cache_dir=cache_dir, cache_bytes=cache_bytes,
+                     max_open=max_open, verify_hashes=verify_hashes)
+        for part in parts[1:]:
+            _check_claims(part.store, part.shards)
+        reader._parts = tuple(parts)
+        reader._firsts = [0]
+        for part in parts[:-1]:
+            reader._firsts.append(reader._firsts[-1] + len(part.shards))
+        reader.shards = tuple(entry for part in parts for entry in part.shards)
+        return reader
+
+    def _part(self, shard_index: int) -> ReaderPart:
+        return self._parts[bisect.bisect_right(self._firsts, shard_index) - 1]
+
+    def store_of(self, shard_index: int) -> Store:
+        """The store shard ``shard_index`` is read from."""
+        return self._part(shard_index).store
+
+    def where(self, shard_index: int) -> str:
+        """The path or URL of shard ``shard_index``, to name it in errors."""
+        return self.store_of(shard_index).path(self.shards[shard_index].url)
+
+    def labels_of(self, shard_index: int) -> tuple[int, int | None]:
+        """``(label offset, own class count or None)`` of shard ``shard_index``'s dataset (see
+        :class:`ReaderPart`): ``(0, None)`` unless its labels are offset in a mix."""
+        part = self._part(shard_index)
+        return part.label_offset, part.num_classes
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_open"] = OrderedDict()
         return state
 
-    def _open_fd(self, entry: ShardEntry) -> int:
-        if not self.store.remote:
-            return os.open(self.store.path(entry.url), os.O_RDONLY)
+    def _open_fd(self, store: Store, entry: ShardEntry) -> int:
+        if not store.remote:
+            return os.open(store.path(entry.url), os.O_RDONLY)
         if self.cache is None:
-            raise LoaderError("a remote dataset needs a cache_dir for its shards", where=self.store.url)
-        return self.cache.open(self.store, entry)
+            raise LoaderError("a remote dataset needs a cache_dir for its shards", where=store.url)
+        return self.cache.open(store, entry)
 
     def key(self, shard_index: int, sample_index: int) -> str:
         """The key of one sample (from the shard's offsets; opens the shard if needed)."""
@@ -167,22 +229,22 @@ class ShardReader:
         if shard is not None:
             self._open.move_to_end(i)
             return shard
-        entry = self.shards[i]
-        where = self.store.path(entry.url)
+        entry, store = self.shards[i], self.store_of(i)
+        where = store.path(entry.url)
         fd = -1
         try:
-            fd = self._open_fd(entry)
+            fd = self._open_fd(store, entry)
             if self.verify_hashes and i not in self._verified:
                 _check_hash(fd, entry, where)
                 self._verified.add(i)
             idx = offsets_name(entry.url)
-            raw = self.store.read_optional(idx)
+            raw = store.read_optional(idx)
             if raw is not None:
-                spans = [(s.key, s.offset, s.size) for s in load_offsets(raw, where=self.store.path(idx))]
+                spans = [(s.key, s.offset, s.size) for s in load_offsets(raw, where=store.path(idx))]
             else:
                 with os.fdopen(os.dup(fd), "rb") as f:
                     spans = scan_spans(f, where=where)
-            check_spans(spans, entry.num_bytes, where=self.store.path(idx) if raw is not None else where)
+            check_spans(spans, entry.num_bytes, where=store.path(idx) if raw is not None else where)
             shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans])
         except (StorageError, OSError) as err:
             if fd >= 0:
@@ -211,7 +273,7 @@ class ShardReader:
         """
         shard = self._shard(shard_index)
         offset, size = shard.offsets[sample_index]
-        where = f"{self.store.path(self.shards[shard_index].url)}:{shard.keys[sample_index]}"
+        where = f"{self.where(shard_index)}:{shard.keys[sample_index]}"
         if offset + size > shard.size:
             raise LoaderError(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size}; "
                               f"index.json says {self.shards[shard_index].num_bytes} bytes)", where=where)
@@ -230,4 +292,4 @@ class ShardReader:
             self._open.popitem()[1].close()
 
 
-__all__ = ["MAX_SAMPLE_BYTES", "CorruptSample", "ShardReader", "check_spans"]
+__all__ = ["MAX_SAMPLE_BYTES", "CorruptSample", "ReaderPart", "ShardReader", "check_spans"]

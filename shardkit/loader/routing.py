@@ -1,4 +1,4 @@
-"""Which route a loader takes: COCO, GPU or CPU, decided once from the dataset, transform and device."""
+"""Which route a loader takes: COCO (GPU or CPU), GPU or CPU, decided once from the dataset, transform and device."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from shardkit.codec.nvjpeg import gpu_decode_unavailable
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import Manifest
 from shardkit.loader.coco import CocoRoute
+from shardkit.loader.coco_gpu import CocoGpuRoute
 from shardkit.loader.cpu import CpuRoute
 from shardkit.loader.gpu import GpuOptions, GpuRoute
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.route import Route
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.detection import DetectionTransform
+from shardkit.transforms.detection_geometry import gpu_unsupported
 
 __all__ = ["choose_route"]
 
@@ -40,7 +42,12 @@ def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransf
                  gpu: GpuOptions, masks: bool, pad: bool | int, contiguous_labels: bool) -> Route[Any, Any]:
     """The route for this dataset, transform and device.
 
-    - a COCO dataset: :class:`CocoRoute` (a detection transform or None);
+    - a COCO dataset on a CUDA ``device``: :class:`CocoGpuRoute` when nvJPEG works and the
+      transform is one crop-resize-flip window per image (``detection_train``,
+      ``detection_val`` or None; :func:`~shardkit.transforms.detection_geometry.gpu_unsupported`);
+      otherwise one warning saying why and :class:`CocoRoute`, delivering on ``device`` (or on
+      the CPU when CUDA is missing altogether);
+    - a COCO dataset otherwise: :class:`CocoRoute` (a detection transform or None);
     - a CUDA ``device`` with an :class:`ImageTransform`: :class:`GpuRoute` when nvJPEG works;
       otherwise one warning and the CPU route, delivering on ``device`` (or on the CPU when
       CUDA is missing altogether);
@@ -57,6 +64,20 @@ def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransf
             a COCO dataset.
     """
     if manifest.kind == "coco":
+        if device.type == "cuda" and not isinstance(transform, ImageTransform):
+            why = gpu_unsupported(transform)
+            reason = why or gpu_decode_unavailable(device)
+            if reason is None:
+                return CocoGpuRoute(manifest, reader, transform, device=device, on_error=on_error,
+                                    batch_size=batch_size, num_workers=num_workers, prefetch=prefetch, options=gpu,
+                                    masks=masks, pad=pad, contiguous_labels=contiguous_labels)
+            if why is None:
+                device = device if torch.cuda.is_available() else torch.device("cpu")
+                _warn_once("shardkit: GPU decoding unavailable (%s); COCO images are decoded and transformed on "
+                           "the CPU, batches on %s (`shardkit doctor` checks CUDA and nvJPEG)", reason, device)
+            else:
+                _warn_once("shardkit: the COCO GPU route cannot run this transform (%s); decoding and transforming "
+                           "on the CPU, batches on %s", why, device)
         return CocoRoute(manifest, reader, transform, device=device, on_error=on_error, masks=masks, pad=pad,
                          contiguous_labels=contiguous_labels)
     if masks or pad or contiguous_labels:

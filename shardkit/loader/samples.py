@@ -44,6 +44,10 @@ class Sample:
     key: str
     fields: dict[str, bytes]
     where: str
+    #: Added to the packed label: in a mix with ``disjoint_labels``, the classes of the datasets before this one.
+    label_offset: int = 0
+    #: When the label is offset: the class count of the sample's own dataset (its packed label must be below).
+    own_classes: int | None = None
 
     def image(self) -> bytes:
         """The encoded image member (the first one with an image extension)."""
@@ -54,7 +58,8 @@ class Sample:
 
     def label(self, num_classes: int | None = None) -> int:
         """The class index from the ``cls`` member: ASCII digits (surrounding whitespace allowed),
-        below ``num_classes`` when given.
+        below ``num_classes`` when given. In a mix with ``disjoint_labels``: the packed label,
+        below its own dataset's ``own_classes``, plus ``label_offset``.
 
         Example:
             >>> Sample("k", {"cls": b"3"}, "s.tar:k").label(10)
@@ -63,6 +68,8 @@ class Sample:
             Traceback (most recent call last):
             ...
             shardkit.loader.bad_samples.BadSample: s.tar:k: label 12 is outside the dataset's 10 classes
+            >>> Sample("k", {"cls": b"1"}, "s.tar:k", label_offset=3, own_classes=2).label(5)
+            4
         """
         raw = self.fields.get("cls")
         raw = raw.strip() if raw is not None else None  # some writers end the member with a newline
@@ -70,6 +77,9 @@ class Sample:
             shown = "missing" if raw is None else f"malformed ({raw[:20]!r})"
             raise BadSample(f"{self.where}: cls member {shown}")
         label = int(raw)
+        if self.own_classes is not None and label >= self.own_classes:
+            raise BadSample(f"{self.where}: label {label} is outside its dataset's {self.own_classes} classes")
+        label += self.label_offset
         if num_classes is not None and label >= num_classes:
             raise BadSample(f"{self.where}: label {label} is outside the dataset's {num_classes} classes")
         return label
@@ -101,9 +111,10 @@ class SampleSource:
             key, fields = self.reader.read(shard, index)
         except CorruptSample as err:
             raise BadSample(str(err)) from err
-        where = f"{self.reader.store.path(self.reader.shards[shard].url)}:{key}"
+        where = f"{self.reader.where(shard)}:{key}"
         stats.read_s += time.perf_counter() - t0
-        return Sample(key, fields, where)
+        offset, own = self.reader.labels_of(shard)
+        return Sample(key, fields, where, offset, own)
 
     def fill(self, make: Callable[[int, Sample, int, StageStats, DecodeStats], T], shards: Sequence[int],
              indices: Sequence[int], seeds: Sequence[int]) -> tuple[Filled[T], StageStats]:

@@ -10,7 +10,8 @@ step while they all have batches, so ``batches_consumed`` counts the steps of th
 A rank whose shorter share is finished reports the next epoch; take the state at a step, or
 after every rank has finished the epoch (after the all-reduce of the metrics, say).
 The ``even_batches`` key is written only when it is False, so the states of default loaders are
-what they were before it existed.
+what they were before it existed; likewise ``mix`` (a loader over several datasets, see
+:mod:`~shardkit.loader.mix`) and ``remainder`` (after an elastic resume) only when they are set.
 """
 
 from __future__ import annotations
@@ -25,12 +26,18 @@ import numpy as np
 
 from shardkit.errors import LoaderError
 from shardkit.loader.plan import num_batches
+from shardkit.loader.remainder import Remainder
 
-STATE_VERSION = 1
+#: Version 2: states of plan version 2 (:data:`~shardkit.loader.plan.PLAN_VERSION`); a version-1
+#: state points into plan version 1's orders, which this shardkit no longer draws.
+STATE_VERSION = 2
 _WHERE = "loader state"
 _BOOLS = frozenset({"drop_last", "shuffle", "even_batches"})
-_OPTIONAL = {"even_batches": True}  # keys a state may omit, with the value they then take
-_PROGRESS = frozenset({"version", "epoch", "batches_consumed"})
+_OPTIONAL: dict[str, Any] = {"even_batches": True, "remainder": None, "mix": None}  # keys a state may omit
+_MIX_KEYS = ("num_samples", "quota", "shards_digest")
+_PROGRESS = frozenset({"version", "epoch", "batches_consumed", "remainder"})
+#: The layout of an epoch over ranks: a state resumes under another one (elastic resume).
+LAYOUT = frozenset({"world_size", "batch_size", "drop_last", "even_batches"})
 _MINIMUM = {
     "seed": 0,
     "epoch": 0,
@@ -79,11 +86,24 @@ class LoaderState:
     shuffle: bool
     window: int
     even_batches: bool = True
+    #: After an elastic resume: the epoch positions still to deliver in ``epoch`` when the state's
+    #: layout started on them (``[[start, stop], ...]``, see :class:`Remainder`); None: all of them.
+    remainder: list[list[int]] | None = None
+    #: A loader over several datasets: per dataset (in order) ``{"num_samples", "quota",
+    #: "shards_digest"}`` (see :meth:`~shardkit.loader.mix.Mix.record`); None: one dataset.
+    mix: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in _BOOLS:
+            if f.name == "mix":
+                if value is not None:
+                    value = _check_mix(value, num_samples=_as_int("num_samples", self.num_samples))
+            elif f.name == "remainder":
+                if value is not None:
+                    value = Remainder.from_list(value, num_samples=_as_int("num_samples", self.num_samples),
+                                                where=_WHERE).to_list()
+            elif f.name in _BOOLS:
                 if not isinstance(value, (bool, np.bool_)):
                     raise LoaderError(f"{f.name} must be a bool, got {value!r}", where=_WHERE)
                 value = bool(value)
@@ -94,18 +114,14 @@ class LoaderState:
                 value = _as_int(f.name, value)
             object.__setattr__(self, f.name, value)
         if self.version != STATE_VERSION:
-            raise LoaderError(
-                f"unsupported state version {self.version} "
-                f"(this shardkit reads version {STATE_VERSION})",
-                where=_WHERE,
-            )
+            raise LoaderError(_version_message(self.version), where=_WHERE)
         for name, low in _MINIMUM.items():
             if getattr(self, name) < low:
                 raise LoaderError(
                     f"{name} must be >= {low}, got {getattr(self, name)}", where=_WHERE
                 )
         nb = num_batches(
-            self.num_samples,
+            self.layout_samples,
             world_size=self.world_size,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
@@ -116,6 +132,18 @@ class LoaderState:
                 f"batches_consumed {self.batches_consumed} exceeds the {nb} batches of an epoch",
                 where=_WHERE,
             )
+
+    @property
+    def layout_samples(self) -> int:
+        """The samples the state's layout cuts into batches: the remainder's, else the epoch's."""
+        return len(Remainder(self.remainder)) if self.remainder is not None else self.num_samples
+
+    @property
+    def rest(self) -> Remainder:
+        """The epoch positions not yet delivered (by every rank of the state's layout)."""
+        start = Remainder(self.remainder) if self.remainder is not None else Remainder.whole(self.num_samples)
+        return start.after(self.batches_consumed, world_size=self.world_size, batch_size=self.batch_size,
+                           drop_last=self.drop_last, even_batches=self.even_batches)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field (``json.dumps`` works on it as is); an optional field
@@ -132,7 +160,7 @@ class LoaderState:
         """
         steps, mine = (
             num_batches(
-                self.num_samples,
+                self.layout_samples,
                 world_size=self.world_size,
                 batch_size=self.batch_size,
                 drop_last=self.drop_last,
@@ -155,17 +183,22 @@ class LoaderState:
         if not isinstance(d, Mapping):
             raise LoaderError(f"expected a dict, got {type(d).__name__}", where=_WHERE)
         if "version" not in d or d["version"] != STATE_VERSION:
-            raise LoaderError(
-                f"unsupported state version {d.get('version')!r} "
-                f"(this shardkit reads version {STATE_VERSION})",
-                where=_WHERE,
-            )
+            raise LoaderError(_version_message(d.get("version")), where=_WHERE)
         names = {f.name for f in dataclasses.fields(cls)}
         if missing := sorted(names - d.keys() - _OPTIONAL.keys()):
             raise LoaderError(f"missing keys {missing}", where=_WHERE)
         if unknown := sorted(map(str, d.keys() - names)):
             raise LoaderError(f"unknown keys {unknown}", where=_WHERE)
         return cls(**d)
+
+
+def _version_message(version: object) -> str:
+    if version == 1:
+        return ("unsupported state version 1: it was saved by an older shardkit whose epoch plan "
+                "(plan version 1) shuffles samples differently, so this shardkit (plan version "
+                f"{STATE_VERSION}) cannot continue that epoch exactly; start the epoch afresh "
+                "(set_epoch) or resume with the shardkit that saved it")
+    return f"unsupported state version {version!r} (this shardkit reads version {STATE_VERSION})"
 
 
 def _as_int(name: str, value: object) -> int:
@@ -177,33 +210,70 @@ def _as_int(name: str, value: object) -> int:
         raise LoaderError(f"{name} must be an int, got {value!r}", where=_WHERE) from None
 
 
-def check_compatible(state: LoaderState, **current: object) -> None:
-    """Refuse to resume ``state`` in a loader configured differently.
+def _check_mix(value: object, *, num_samples: int) -> list[dict[str, Any]]:
+    """Validate a state's ``mix``: two or more records with exactly the keys ``num_samples``,
+    ``quota`` (ints >= 1, each summing to ``num_samples`` over the datasets) and ``shards_digest``
+    (a str). Returns a copy with Python ints; raises LoaderError naming the flaw."""
+    if not isinstance(value, list) or len(value) < 2:
+        raise LoaderError(f"mix must be a list of two or more dataset records, got {value!r}"[:200], where=_WHERE)
+    out: list[dict[str, Any]] = []
+    for i, rec in enumerate(value):
+        if not isinstance(rec, Mapping) or set(rec) != set(_MIX_KEYS):
+            raise LoaderError(f"mix dataset {i} must be a dict with keys {list(_MIX_KEYS)}, got {rec!r}"[:200],
+                              where=_WHERE)
+        if not isinstance(rec["shards_digest"], str):
+            raise LoaderError(f"mix dataset {i}: shards_digest must be a str, got {rec['shards_digest']!r}",
+                              where=_WHERE)
+        n, q = (_as_int(f"mix dataset {i}'s {k}", rec[k]) for k in ("num_samples", "quota"))
+        if min(n, q) < 1:
+            raise LoaderError(f"mix dataset {i}: num_samples and quota must be >= 1, got {n} and {q}", where=_WHERE)
+        out.append({"num_samples": n, "quota": q, "shards_digest": rec["shards_digest"]})
+    for key in ("num_samples", "quota"):
+        if (total := sum(r[key] for r in out)) != num_samples:
+            raise LoaderError(f"mix: the datasets' {key} sum to {total}, not the state's num_samples {num_samples}",
+                              where=_WHERE)
+    return out
 
-    ``current`` must name every configuration field of :class:`LoaderState` (all but
-    ``version``, ``epoch`` and ``batches_consumed``; ``even_batches`` may be left out when True)
-    with the resuming loader's value; a missing, unknown or differing one raises LoaderError
-    naming every mismatch.
+
+def _mix_difference(saved: object, current: object) -> str:
+    """Where two mixes (records, or None for one dataset) first differ, for check_compatible."""
+    def shown(mix: object) -> str:
+        return f"a mix of {len(mix)} datasets" if isinstance(mix, list) else "one dataset"
+    if not isinstance(saved, list) or not isinstance(current, list) or len(saved) != len(current):
+        return f"state has {shown(saved)}, loader has {shown(current)}"
+    for i, (a, b) in enumerate(zip(saved, current, strict=True)):
+        for key in _MIX_KEYS:
+            if a.get(key) != b.get(key):
+                return f"dataset {i}'s {key}: state has {a.get(key)!r}, loader has {b.get(key)!r}"
+    return f"state has {saved!r}, loader has {current!r}"
+
+
+def check_compatible(state: LoaderState, **current: object) -> None:
+    """Refuse to resume ``state`` in a loader that plans its epochs differently.
+
+    ``current`` must name every field the epoch's order depends on (``seed``, ``num_samples``,
+    ``shards_digest``, ``shuffle``, ``window``, ``mix``) with the resuming loader's value; a missing,
+    unknown or differing one raises LoaderError naming every mismatch. The layout over ranks
+    (:data:`LAYOUT`: world size, batch size, ``drop_last``, ``even_batches``) may differ: that
+    is an elastic resume (:meth:`LoaderState.rest`).
 
     >>> s = LoaderState(seed=0, epoch=0, batches_consumed=0, num_samples=10, shards_digest="x",
     ...                 world_size=1, batch_size=2, drop_last=False, shuffle=False, window=8)
-    >>> check_compatible(s, seed=0, num_samples=10, shards_digest="x", world_size=1,
-    ...                  batch_size=2, drop_last=False, shuffle=False, window=8)
+    >>> check_compatible(s, seed=0, num_samples=10, shards_digest="x", shuffle=False, window=8, mix=None)
     """
-    config = {f.name for f in dataclasses.fields(state)} - _PROGRESS
+    config = {f.name for f in dataclasses.fields(state)} - _PROGRESS - LAYOUT
     if unknown := sorted(current.keys() - config):
-        raise LoaderError(f"not configuration fields: {unknown}", where=_WHERE)
-    current = {**_OPTIONAL, **current}
+        raise LoaderError(f"not fields the order depends on: {unknown}", where=_WHERE)
     if missing := sorted(config - current.keys()):
         raise LoaderError(f"check_compatible needs {missing}", where=_WHERE)
     diffs = [
-        f"{k}: state has {getattr(state, k)!r}, loader has {current[k]!r}"
+        f"mix: {_mix_difference(state.mix, current[k])}" if k == "mix"
+        else f"{k}: state has {getattr(state, k)!r}, loader has {current[k]!r}"
         for k in sorted(config)
         if getattr(state, k) != current[k]
     ]
     if diffs:
         raise LoaderError(
-            "cannot resume, the saved state was made for a different "
-            "configuration: " + "; ".join(diffs),
+            "cannot resume, the saved state was made for another dataset or order: " + "; ".join(diffs),
             where=_WHERE,
         )

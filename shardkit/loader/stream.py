@@ -14,35 +14,40 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import LoaderError, ShardkitError
+from shardkit.loader.mix import Mix, MixedOrder
 from shardkit.loader.plan import (
-    batch_positions,
-    epoch_order,
-    locate,
+    EpochOrder,
+    Order,
     num_batches,
-    rank_batches,
     sample_seeds,
-    shard_offsets,
+    stream_positions,
     worker_batch_indices,
 )
+from shardkit.loader.remainder import Remainder
 from shardkit.loader.state import LoaderState, check_compatible, shards_digest
 from shardkit.loader.worker_batch import Builder, WorkerBatch
 
 W = TypeVar("W", bound=WorkerBatch)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PlanConfig:
-    """What the epoch plan of one rank depends on (besides the epoch)."""
+    """What the epoch plan of one rank depends on (besides the epoch).
 
-    shard_sizes: tuple[int, ...]
+    ``shard_sizes`` is held as a read-only int64 array (any int sequence is accepted): a plan's
+    memory grows with the number of shards, never with the number of samples. ``mix``: several
+    datasets (:class:`~shardkit.loader.mix.Mix`), whose joined shard sizes ``shard_sizes`` must be."""
+
+    shard_sizes: npt.ArrayLike
     seed: int
     shuffle: bool
     window: int
@@ -51,45 +56,85 @@ class PlanConfig:
     batch_size: int
     drop_last: bool
     even_batches: bool = True
+    mix: Mix | None = None
+    num_samples: int = field(init=False)
+    digest: str = field(init=False)
 
-    @property
-    def num_samples(self) -> int:
-        return sum(self.shard_sizes)
+    def __post_init__(self) -> None:
+        sizes = np.array(self.shard_sizes, dtype=np.int64, copy=True).reshape(-1)
+        if self.mix is not None and not np.array_equal(sizes, self.mix.shard_sizes):
+            raise LoaderError("shard_sizes must be the mix's joined shard sizes")
+        sizes.flags.writeable = False
+        object.__setattr__(self, "shard_sizes", sizes)
+        object.__setattr__(self, "num_samples", int(sizes.sum()))
+        object.__setattr__(self, "digest", shards_digest(sizes))
 
     @property
     def num_batches(self) -> int:
-        return num_batches(self.num_samples, world_size=self.world_size, batch_size=self.batch_size,
-                           drop_last=self.drop_last, even_batches=self.even_batches, rank=self.rank)
+        """This rank's batches in a whole epoch."""
+        return self.epoch_batches(None)
 
-    def batches(self, epoch: int) -> np.ndarray:
-        """Global sample ids of this rank's batches in ``epoch``, shape ``[num_batches, B]``
-        (``even_batches=False``: ``num_batches`` arrays, the last one may be short)."""
-        order = epoch_order(self.shard_sizes, seed=self.seed, epoch=epoch, shuffle=self.shuffle, window=self.window)
-        return rank_batches(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
-                            drop_last=self.drop_last, even_batches=self.even_batches)
+    def epoch_batches(self, remainder: Remainder | None) -> int:
+        """This rank's batches in an epoch, or in what ``remainder`` leaves of one."""
+        n = self.num_samples if remainder is None else len(remainder)
+        return num_batches(n, world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
+                           even_batches=self.even_batches, rank=self.rank)
 
-    def state(self, epoch: int, consumed: int) -> LoaderState:
-        """The resume state after ``consumed`` batches of ``epoch``."""
+    def order(self, epoch: int) -> Order:
+        """The lazy order of ``epoch`` (cheap: arrays of the number of shards, or of the mix's slices)."""
+        if self.mix is not None:
+            return MixedOrder(self.mix, seed=self.seed, epoch=epoch, shuffle=self.shuffle, window=self.window)
+        return EpochOrder(self.shard_sizes, seed=self.seed, epoch=epoch, shuffle=self.shuffle, window=self.window)
+
+    def batch(self, order: Order, batch_index: int,
+              remainder: Remainder | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(shards, indices within them, seed positions)`` of this rank's batch ``batch_index``
+        of ``order``'s epoch, or of what ``remainder`` leaves of it (an elastic resume lays the
+        remainder out as an epoch of ``len(remainder)`` samples).
+
+        Seed positions (for :func:`~shardkit.loader.plan.sample_seeds`) are the samples' places
+        in the padded epoch stream: the epoch position, plus ``N`` for each time the padding has
+        wrapped around; unique over ranks, and the same in an exact resume.
+        """
+        n = self.num_samples if remainder is None else len(remainder)
+        stream = stream_positions(n, rank=self.rank, batch_index=batch_index, world_size=self.world_size,
+                                  batch_size=self.batch_size, drop_last=self.drop_last,
+                                  even_batches=self.even_batches)
+        positions = stream % n if remainder is None else remainder.positions(stream % n)
+        shards, indices = order.locate(positions)
+        return shards, indices, positions + self.num_samples * (stream // n)
+
+    def state(self, epoch: int, consumed: int, remainder: Remainder | None = None) -> LoaderState:
+        """The resume state after ``consumed`` batches of ``epoch`` (of ``remainder`` if given)."""
         return LoaderState(
             seed=self.seed, epoch=epoch, batches_consumed=consumed, num_samples=self.num_samples,
-            shards_digest=shards_digest(self.shard_sizes), world_size=self.world_size,
+            shards_digest=self.digest, world_size=self.world_size,
             batch_size=self.batch_size, drop_last=self.drop_last, shuffle=self.shuffle, window=self.window,
-            even_batches=self.even_batches,
+            even_batches=self.even_batches, remainder=None if remainder is None else remainder.to_list(),
+            mix=None if self.mix is None else self.mix.record(),
         )
 
-    def resume(self, state: dict[str, Any]) -> tuple[int, int]:
-        """``(epoch, next batch)`` to resume ``state`` at (a finished epoch: the next one's start).
+    def resume(self, state: dict[str, Any]) -> tuple[int, int, Remainder | None]:
+        """``(epoch, next batch, remainder)`` to resume ``state`` at.
+
+        The same layout (world size, batch size, ``drop_last``, ``even_batches``): the state's own
+        epoch and batch (a finished epoch: the next one's start). Another layout (an elastic
+        resume): batch 0 of the :class:`Remainder` the state's ranks had not delivered, laid out
+        for this loader; later epochs are whole again.
 
         Raises:
-            LoaderError: the state is malformed or was made for another configuration.
+            LoaderError: the state is malformed or was made for another dataset, mix, seed or order.
         """
         s = LoaderState.from_dict(state)
-        check_compatible(
-            s, seed=self.seed, num_samples=self.num_samples, shards_digest=shards_digest(self.shard_sizes),
-            world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
-            shuffle=self.shuffle, window=self.window, even_batches=self.even_batches,
-        )
-        return s.resume_at(self.rank)
+        check_compatible(s, seed=self.seed, num_samples=self.num_samples, shards_digest=self.digest,
+                         shuffle=self.shuffle, window=self.window, mix=None if self.mix is None else self.mix.record())
+        layout = (self.world_size, self.batch_size, self.drop_last, self.even_batches)
+        if (s.world_size, s.batch_size, s.drop_last, s.even_batches) == layout:
+            epoch, start = s.resume_at(self.rank)
+            carried = Remainder(s.remainder) if s.remainder is not None and epoch == s.epoch else None
+            return epoch, start, carried
+        rest = s.rest
+        return (s.epoch, 0, rest) if len(rest) else (s.epoch + 1, 0, None)
 
 
 class WorkerTraceback(Exception):
@@ -118,25 +163,29 @@ class BatchStream(IterableDataset[W | WorkerFailure], Generic[W]):
     """Yield this worker's batches of the epoch in ``control = [epoch, start_batch]``; in a
     worker process, a :class:`ShardkitError` ends the stream as a :class:`WorkerFailure`.
 
-    ``builder``: the route's worker half (:class:`~shardkit.loader.route.Builder`)."""
+    ``builder``: the route's worker half (:class:`~shardkit.loader.route.Builder`). ``remainder``:
+    ``(epoch, Remainder)`` after an elastic resume, that epoch runs on what the remainder leaves
+    (set before the workers start: they hold a copy)."""
 
     def __init__(self, config: PlanConfig, builder: Builder[W], control: torch.Tensor) -> None:
         self.config = config
         self.builder = builder
         self.control = control
+        self.remainder: tuple[int, Remainder] | None = None
 
     def __iter__(self) -> Iterator[W | WorkerFailure]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, start = int(self.control[0]), int(self.control[1])
         cfg = self.config
-        batches = cfg.batches(epoch)
-        shards, indices = locate(batches, shard_offsets(cfg.shard_sizes))
-        for j in worker_batch_indices(len(batches), num_workers=workers, worker_id=worker, start_batch=start):
-            positions = np.asarray(batch_positions(cfg.rank, j, num_batches=len(batches), batch_size=cfg.batch_size))
+        order = cfg.order(epoch)
+        rest = self.remainder[1] if self.remainder is not None and self.remainder[0] == epoch else None
+        count = cfg.epoch_batches(rest)
+        for j in worker_batch_indices(count, num_workers=workers, worker_id=worker, start_batch=start):
+            shards, indices, positions = cfg.batch(order, j, rest)
             seeds = sample_seeds(cfg.seed, epoch, positions)
             try:
-                batch = self.builder.build(shards[j], indices[j], seeds.tolist())
+                batch = self.builder.build(shards.tolist(), indices.tolist(), seeds.tolist())
             except ShardkitError as err:
                 if info is None:  # in this process: the error keeps its own traceback
                     raise

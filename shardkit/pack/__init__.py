@@ -22,6 +22,7 @@ def pack(
     workers: int | None = None,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
+    source_options: dict[str, Any] | None = None,
     progress: Progress | PackProgress | None = None,
     executor: Executor = "processes",
     ray_address: str | None = None,
@@ -30,12 +31,15 @@ def pack(
     """Pack the ImageFolder tree ``src`` into WebDataset-compatible shards under ``dst``.
 
     Args:
-        src: root of an ImageFolder tree (``src/<class>/<images>``), read like torchvision.
+        src: root of an ImageFolder tree (``src/<class>/<images>``), read like torchvision: a
+            directory or an fsspec URL (``s3://bucket/train``); the same tree gives the same
+            shards and ``index.json`` from either.
         dst: output directory or fsspec URL (``s3://bucket/prefix``, ``memory://x``).
         options: shard sizes, shuffling, re-encoding (:class:`PackOptions`).
         workers: writer processes (default: all cores). Output does not depend on it.
         overwrite: replace whatever shardkit files DST holds.
         storage_options: passed to fsspec for ``dst`` (credentials, endpoint).
+        source_options: passed to fsspec for a URL ``src`` (default: ``storage_options``).
         progress: called with the number of samples finished, as shards complete; or a
             :class:`PackProgress`, which also gets the totals and input bytes (for an ETA).
         executor: ``"processes"`` (a local process pool) or ``"ray"`` (one Ray task per shard;
@@ -50,19 +54,21 @@ def pack(
         A :class:`PackResult` with the manifest written.
 
     Raises:
-        SourceError: ``src`` is not an ImageFolder tree.
+        SourceError: ``src`` is not an ImageFolder tree (missing, no class folders, …).
         SkipBudgetError: more inputs skipped than ``max_skipped`` allows, or none packed; no
             ``index.json`` is written, complete shards are kept for a re-run to resume.
         PackError: DST holds a different dataset or unfinished pack (without ``overwrite``); a shard
-            failed (named); Ray is missing, or ``dst`` is ``memory://`` with ``executor="ray"``.
-        StorageError: DST cannot be written.
+            failed (named); Ray is missing, ``dst`` is ``memory://`` with ``executor="ray"``, or
+            ``src`` or ``dst`` is a local path on a Ray cluster of several nodes.
+        StorageError: DST cannot be written, or a URL ``src`` cannot be listed or read (missing
+            bucket, network, credentials; the pack stops and resumes when re-run).
 
     Example::
 
         result = pack("data/train", "shards/train", options=PackOptions(max_count=1000))
         print(result.manifest.num_samples, len(result.manifest.shards))
     """
-    listing = scan_imagefolder(src)
+    listing = scan_imagefolder(src, storage_options=_source_options(source_options, storage_options))
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
         storage_options=storage_options, progress=progress, executor=executor,
@@ -80,6 +86,7 @@ def pack_coco(
     workers: int | None = None,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
+    source_options: dict[str, Any] | None = None,
     progress: Progress | PackProgress | None = None,
     executor: Executor = "processes",
     ray_address: str | None = None,
@@ -96,9 +103,12 @@ def pack_coco(
     :func:`shardkit.sources.scan_coco`). Other arguments as for :func:`pack`.
 
     Args:
-        images_dir: folder the image records' ``file_name``s are relative to.
-        annotations: the COCO instances JSON file.
+        images_dir: folder the image records' ``file_name``s are relative to (a path or fsspec
+            URL).
+        annotations: the COCO instances JSON file (a path or fsspec URL).
         drop_empty: leave out images without annotations (kept by default).
+        source_options: fsspec options for URLs ``images_dir`` and ``annotations`` (default:
+            ``storage_options``).
 
     Raises:
         SourceError: the folder or file is missing, or the JSON is malformed.
@@ -112,9 +122,15 @@ def pack_coco(
     if options is not None and options.resize_max is not None:
         raise ValueError("resize_max is not supported for COCO: resizing would invalidate the "
                          "annotations")
-    listing = scan_coco(images_dir, annotations, drop_empty=drop_empty)
+    listing = scan_coco(images_dir, annotations, drop_empty=drop_empty,
+                        storage_options=_source_options(source_options, storage_options))
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
         storage_options=storage_options, progress=progress, executor=executor,
         ray_address=ray_address, max_skipped=max_skipped,
     )
+
+
+def _source_options(source: dict[str, Any] | None,
+                    storage: dict[str, Any] | None) -> dict[str, Any] | None:
+    return source if source is not None else storage

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import BrokenExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shardkit.errors import PackError, ShardkitError, SourceError
@@ -17,7 +17,12 @@ from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import plan_shards
 from shardkit.pack.pool import run_local
 from shardkit.pack.progress import PackProgress, Progress, as_pack_progress, input_bytes
-from shardkit.pack.resume import fingerprint, finish_destination, prepare_destination
+from shardkit.pack.resume import (
+    fingerprint,
+    finish_destination,
+    input_versions,
+    prepare_destination,
+)
 from shardkit.pack.skips import SkipBudget, check_budget
 from shardkit.pack.write import ShardReceipt, ShardTask
 from shardkit.sources.base import SourceListing
@@ -30,13 +35,15 @@ Executor = Literal["processes", "ray"]
 
 @dataclass(frozen=True)
 class PackResult:
-    """Summary of a pack run. ``reused_shards``: shards kept from an interrupted earlier run."""
+    """Summary of a pack run. ``reused_shards``: shards kept from an interrupted earlier run;
+    ``ray_nodes``: shards this run wrote on each Ray node (by node id; empty without Ray)."""
 
     url: str
     manifest: Manifest
     seconds: float
     reused_shards: int
     already_complete: bool
+    ray_nodes: dict[str, int] = field(default_factory=dict)
 
     @property
     def images_per_second(self) -> float:
@@ -91,6 +98,7 @@ def pack_listing(
     store = Store(dst, storage_options)
     if executor == "ray":
         ray_exec.check_ray_destination(store)
+        ray_exec.check_ray_source(listing.files)
         ray_exec.import_ray()  # fail before touching DST
     recorded = options.to_dict()
     fp = fingerprint(listing, recorded)
@@ -102,14 +110,15 @@ def pack_listing(
         seed=options.seed,
         prefix=options.prefix,
     )
-    state = prepare_destination(store, fp, plans, overwrite=overwrite)
+    state = prepare_destination(store, fp, plans, overwrite=overwrite,
+                                versions=input_versions(listing))
     if state.complete is not None:
         return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
                           True)
     width = key_width(len(listing.samples))
     tasks = [
         ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes,
-                  options)
+                  options, listing.files)
         for plan in plans
         if plan.index not in state.receipts
     ]
@@ -133,12 +142,15 @@ def pack_listing(
             tracker.advance(len(task.samples), input_bytes(task.samples))
         check_shard(task, receipt)
 
+    ray_nodes: dict[str, int] = {}
     try:
-        # memory:// lives in this process only: shards written by worker processes would vanish.
-        procs = 1 if store.process_local else workers or os.cpu_count() or 1
+        # memory:// lives in this process only: shards written by worker processes would vanish,
+        # and they would find no source files there.
+        local_only = store.process_local or listing.files.process_local
+        procs = 1 if local_only else workers or os.cpu_count() or 1
         if executor == "ray":
-            fresh = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address,
-                                          on_done=shard_progress)
+            fresh, ray_nodes = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address,
+                                                     on_done=shard_progress)
         else:
             fresh = run_local(tasks, procs, check_shard,
                               None if tracker is None else tracker.advance)
@@ -176,7 +188,7 @@ def pack_listing(
     write_manifest(store, manifest)
     finish_destination(store)
     return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts),
-                      False)
+                      False, ray_nodes)
 
 
 def _version() -> str:

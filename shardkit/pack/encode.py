@@ -1,11 +1,11 @@
-"""Turn one source sample into the fields of its shard entry, or a reason to skip it."""
+"""Turn one source sample's bytes into the fields of its shard entry, or a reason to skip it
+(reading the bytes is the source's: :meth:`shardkit.sources.files.Files.read_each`)."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
-import stat
 import warnings
 from typing import Any
 
@@ -16,22 +16,12 @@ from shardkit.errors import PackError
 from shardkit.format.spec import PIL_FORMAT_EXTENSIONS, normalize_extension
 from shardkit.pack.options import PackOptions
 from shardkit.sources.base import SourceSample
+from shardkit.sources.files import SkipSample
+
+__all__ = ["SkipSample", "check_decodes", "encode_sample"]
 
 #: How close to the end of the file the end marker must be (some writers append a few bytes).
 _TAIL = 1024
-#: Input files larger than this are skipped unread: far above any real image file (PIL's pixel
-#: limit allows ~270 MB uncompressed RGB), and well inside what a shard member may hold
-#: (``MAX_MEMBER_BYTES``, 1 GiB), so every packed sample is one the loader reads.
-MAX_INPUT_BYTES = 512 << 20
-_CHUNK = 1 << 20
-
-
-class SkipSample(Exception):
-    """Raised for an input that is not packed; ``reason`` goes into ``index.json`` ``skipped``."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _open(data: bytes) -> Image.Image:
@@ -108,50 +98,6 @@ def _restart_indexed(data: bytes, max_interval: int, where: str) -> bytes:
             raise SkipSample(f"corrupt image data ({err})") from err
         return data
     return data if restarted is None else restarted
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return f"file type {stat.S_IFMT(mode):o}"
-
-
-def read_source(sample: SourceSample) -> bytes:
-    """Read an input file; raise ``SkipSample`` if it cannot be read, is empty, is not a
-    regular file (a FIFO, a device, e.g. a link to ``/dev/zero``) or is larger than
-    :data:`MAX_INPUT_BYTES`.
-
-    Links are followed (ImageFolder does). Only regular files are opened for reading, without
-    blocking (a FIFO would wait for a writer forever), and read in chunks up to the cap, so a
-    file that grows while read cannot exhaust memory either.
-    """
-    try:
-        st = os.stat(sample.path)
-        if not stat.S_ISREG(st.st_mode):
-            raise SkipSample(f"not a regular file ({_file_kind(st.st_mode)})")
-        fd = os.open(sample.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as err:
-        raise SkipSample(f"unreadable file ({err.strerror or err})") from err
-    with os.fdopen(fd, "rb", buffering=0) as f:
-        try:
-            st = os.fstat(fd)  # what was opened, in case the path changed since the stat
-            if not stat.S_ISREG(st.st_mode):
-                raise SkipSample(f"not a regular file ({_file_kind(st.st_mode)})")
-            if st.st_size > MAX_INPUT_BYTES:
-                raise SkipSample(f"file too large ({st.st_size} bytes; at most {MAX_INPUT_BYTES} are packed)")
-            chunks, total = [], 0
-            while total <= MAX_INPUT_BYTES and (chunk := f.read(min(_CHUNK, MAX_INPUT_BYTES + 1 - total))):
-                chunks.append(chunk)
-                total += len(chunk)
-        except OSError as err:
-            raise SkipSample(f"unreadable file ({err.strerror or err})") from err
-    if total > MAX_INPUT_BYTES:
-        raise SkipSample(f"file too large (grew past {MAX_INPUT_BYTES} bytes while being read)")
-    if not total:
-        raise SkipSample("empty file (0 bytes)")
-    return b"".join(chunks)
 
 
 def encode_sample(

@@ -8,12 +8,14 @@ Every node of the cluster needs shardkit installed (tasks run ``shardkit.pack.wr
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from shardkit.errors import PackError, ShardkitError
 from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
+from shardkit.sources.files import Files
 from shardkit.storage import Store
 
 INSTALL_HINT = "pip install 'shardkit[ray]'"
@@ -45,6 +47,18 @@ def check_ray_destination(store: Store) -> None:
     if store.process_local:
         raise PackError("memory:// is per process, so shards written by Ray workers would be lost; "
                         "pack into a directory or a shared URL (s3://, gs://, …)", where=store.url)
+
+
+def check_ray_source(files: Files) -> None:
+    """Refuse sources that Ray workers cannot read.
+
+    Raises:
+        PackError: ``files`` are process-local (``memory://``).
+    """
+    if files.process_local:
+        raise PackError("memory:// is per process, so Ray workers would not find the source's "
+                        "files; pack from a directory or a shared URL (s3://, gs://, …)",
+                        where=files.root)
 
 
 @contextmanager
@@ -79,24 +93,40 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
 
 def write_on_ray(
     tasks: list[ShardTask], *, workers: int, address: str | None, on_done: ShardDone | None
-) -> list[ShardReceipt]:
+) -> tuple[list[ShardReceipt], dict[str, int]]:
     """Write ``tasks`` on the Ray cluster at ``address`` (see :func:`ray_cluster`; a local one of
     ``workers`` CPUs when ``None``) with :func:`run_ray`. No cluster is touched when ``tasks``
     is empty."""
     if not tasks:
-        return []
+        return [], {}
     with ray_cluster(address, num_cpus=workers) as ray:
         return run_ray(ray, tasks, on_done)
 
 
-def _check_nodes(ray: Any, store: Store) -> None:
+def _write_where(task: ShardTask) -> tuple[ShardReceipt, str]:
+    """The Ray task: :func:`write_shard`, and the id of the node that ran it."""
+    import ray
+
+    return write_shard(task), ray.get_runtime_context().get_node_id()
+
+
+def _check_nodes(ray: Any, task: ShardTask) -> None:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if not store.remote and len(nodes) > 1:
+    if len(nodes) <= 1:
+        return
+    if not task.store.remote:
         raise PackError(
             f"is a local path but the Ray cluster has {len(nodes)} nodes: workers on other nodes "
             "would write to their own disks; pack into a shared URL (s3://, gs://, …) or use a "
             "single-node cluster",
-            where=store.url,
+            where=task.store.url,
+        )
+    if not task.files.remote:
+        raise PackError(
+            f"the source is a local path but the Ray cluster has {len(nodes)} nodes: workers on "
+            "other nodes would not find its files; pack from a shared URL (s3://, gs://, …) or "
+            "use a single-node cluster",
+            where=task.files.root,
         )
 
 
@@ -106,9 +136,9 @@ def run_ray(
     on_done: ShardDone | None,
     *,
     max_in_flight: int | None = None,
-) -> list[ShardReceipt]:
-    """Write ``tasks`` as Ray tasks (one CPU each) on the connected cluster; receipts in
-    completion order.
+) -> tuple[list[ShardReceipt], dict[str, int]]:
+    """Write ``tasks`` as Ray tasks (one CPU each) on the connected cluster. Returns the
+    receipts in completion order, and how many shards each node wrote (by Ray node id).
 
     At most ``max_in_flight`` tasks (default: ``IN_FLIGHT_PER_CPU`` per cluster CPU) are
     submitted at a time. ``on_done`` gets each finished shard's task and receipt (it may raise to
@@ -120,19 +150,26 @@ def run_ray(
             path on a multi-node cluster.
     """
     if not tasks:
-        return []
-    _check_nodes(ray, tasks[0].store)
+        return [], {}
+    _check_nodes(ray, tasks[0])
     limit = max_in_flight or max(1, int(ray.cluster_resources().get("CPU", 1)) * IN_FLIGHT_PER_CPU)
-    remote_write = ray.remote(num_cpus=1)(write_shard)
+    remote_write = ray.remote(num_cpus=1)(_write_where)
     running: dict[Any, ShardTask] = {}
     receipts: list[ShardReceipt] = []
+    nodes: Counter[str] = Counter()
+
+    def collect() -> None:
+        receipt, node = _collect_one(ray, running, on_done)
+        receipts.append(receipt)
+        nodes[node] += 1
+
     try:
         for task in tasks:
             running[remote_write.remote(task)] = task
             if len(running) >= limit:
-                receipts.append(_collect_one(ray, running, on_done))
+                collect()
         while running:
-            receipts.append(_collect_one(ray, running, on_done))
+            collect()
     except BaseException:
         for ref in running:
             ray.cancel(ref)
@@ -141,16 +178,16 @@ def run_ray(
         if running:
             ray.wait(list(running), num_returns=len(running), timeout=_CANCEL_WAIT_S)
         raise
-    return receipts
+    return receipts, dict(sorted(nodes.items()))
 
 
 def _collect_one(ray: Any, running: dict[Any, ShardTask],
-                 on_done: ShardDone | None) -> ShardReceipt:
+                 on_done: ShardDone | None) -> tuple[ShardReceipt, str]:
     [ref], _ = ray.wait(list(running), num_returns=1)
     task = running.pop(ref)
     where = task.store.path(task.plan.name)
     try:
-        receipt: ShardReceipt = ray.get(ref)
+        receipt, node = ray.get(ref)
     except ray.exceptions.RayTaskError as err:
         cause = err.cause if isinstance(err.cause, BaseException) else err
         what = (str(cause) if isinstance(cause, ShardkitError)
@@ -162,4 +199,4 @@ def _collect_one(ray: Any, running: dict[Any, ShardTask],
                         "re-run the same command to resume", where=where) from err
     if on_done is not None:
         on_done(task, receipt)
-    return receipt
+    return receipt, node

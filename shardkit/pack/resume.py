@@ -19,7 +19,13 @@ _PLAN_NAME = "plan.json"
 
 
 def fingerprint(listing: SourceListing, recorded_options: dict[str, Any]) -> str:
-    """A hash of everything that determines the output bytes (not the worker count)."""
+    """A hash of everything that determines the output bytes (not the worker count), recorded
+    in ``index.json``.
+
+    It describes the input, not where it is read from: no path prefix, modification time or
+    ETag, so the same tree packed from disk or from a bucket gives the same ``index.json``.
+    Changes to the files since an unfinished pack began are caught by :func:`input_versions`.
+    """
     h = hashlib.sha256()
     head = {"kind": listing.kind, "classes": listing.classes, "categories": listing.categories,
             "extra": listing.extra, "options": recorded_options}
@@ -27,7 +33,16 @@ def fingerprint(listing: SourceListing, recorded_options: dict[str, Any]) -> str
     h.update(str(listing.meta_digest).encode())
     for s in listing.samples:
         meta = None if listing.meta_digest is not None else s.meta
-        h.update(json.dumps([s.rel, s.size, s.mtime_ns, s.label, meta], sort_keys=True).encode())
+        h.update(json.dumps([s.rel, s.size, s.label, meta], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def input_versions(listing: SourceListing) -> str:
+    """A hash of the input files' versions (modification times, ETags), recorded in the pack
+    state only: an unfinished pack does not resume over files changed since it began."""
+    h = hashlib.sha256()
+    for s in listing.samples:
+        h.update(json.dumps([s.rel, s.version]).encode())
     return h.hexdigest()
 
 
@@ -70,14 +85,17 @@ def _reusable(store: Store, plans: list[ShardPlan]) -> dict[int, ShardReceipt]:
     return receipts
 
 
-def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *,
-                        overwrite: bool) -> DestinationState:
-    """Decide what to do with DST and leave it ready for writing.
+def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwrite: bool,
+                        versions: str) -> DestinationState:
+    """Decide what to do with DST and leave it ready for writing. ``fp``: the
+    :func:`fingerprint`; ``versions``: the :func:`input_versions`.
 
     Raises:
-        PackError: DST holds something else (another dataset, another unfinished pack, or
-            unrelated files) and ``overwrite`` is false. Nothing is touched then.
+        PackError: DST holds something else (another dataset, another unfinished pack, the
+            same pack begun on input files that changed since, or unrelated files) and
+            ``overwrite`` is false. Nothing is touched then.
     """
+    plan = json.dumps({"fingerprint": fp, "versions": versions}).encode()
     entries = store.listdir()
     if overwrite and entries:
         clear_destination(store)
@@ -94,18 +112,24 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *,
         state = store.child(STATE_DIR)
         # No plan: killed before it was recorded, so before any shard was written. Take it over.
         previous = (json.loads(state.read_bytes(_PLAN_NAME)) if state.exists(_PLAN_NAME)
-                    else {"fingerprint": fp})
+                    else {"fingerprint": fp, "versions": versions})
         if previous.get("fingerprint") != fp:
             raise PackError(
                 "holds an unfinished pack of different input or options; re-run that command to "
                 "resume it, or pass --overwrite to start over",
                 where=store.url,
             )
+        if previous.get("versions") != versions:
+            raise PackError(
+                "holds an unfinished pack of this input, but input files changed since it began "
+                "(modification times or ETags differ); pass --overwrite to start over",
+                where=store.url,
+            )
         for name in entries:
             if _is_temporary(name):  # left by a killed writer; its shard is rewritten below
                 store.remove(name)
         if not state.exists(_PLAN_NAME):
-            state.write_bytes(_PLAN_NAME, json.dumps({"fingerprint": fp}).encode())
+            state.write_bytes(_PLAN_NAME, plan)
         return DestinationState(None, _reusable(store, plans))
     if entries:
         raise PackError(
@@ -116,7 +140,7 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *,
     store.makedirs()
     state = store.child(STATE_DIR)
     state.makedirs()
-    state.write_bytes(_PLAN_NAME, json.dumps({"fingerprint": fp}).encode())
+    state.write_bytes(_PLAN_NAME, plan)
     return DestinationState(None, {})
 
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 
 from shardkit.format.offsets import dump_offsets
 from shardkit.format.spec import make_key, offsets_name, uniform_member_names
 from shardkit.format.tarwrite import TarShardWriter
 from shardkit.index.dali import write_dali_index
-from shardkit.pack.encode import SkipSample, encode_sample, read_source
+from shardkit.pack.encode import SkipSample, encode_sample
 from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import ShardPlan
 from shardkit.sources.base import SourceSample
+from shardkit.sources.files import Files
+from shardkit.sources.local import LocalFiles
 from shardkit.storage import Store
 
 STATE_DIR = ".shardkit-pack"
@@ -21,7 +24,8 @@ STATE_DIR = ".shardkit-pack"
 
 @dataclass(frozen=True)
 class ShardTask:
-    """Everything a worker needs to write shard ``plan`` (picklable)."""
+    """Everything a worker needs to write shard ``plan`` (picklable): ``files`` reads the
+    ``samples``, ``store`` is DST."""
 
     store: Store
     plan: ShardPlan
@@ -29,6 +33,7 @@ class ShardTask:
     key_width: int
     classes: list[str] | None
     options: PackOptions
+    files: Files = field(default_factory=LocalFiles)
 
 
 @dataclass(frozen=True)
@@ -68,11 +73,12 @@ def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None)
     """
     plan, store = task.plan, task.store
     skipped: list[dict[str, str]] = []
-    with store.write_atomic(plan.name) as f:
+    with store.write_atomic(plan.name) as f, closing(task.files.read_each(task.samples)) as read:
         writer = TarShardWriter(f)
-        for source_index, sample in zip(plan.members, task.samples, strict=True):
+        for source_index, sample, data in zip(plan.members, task.samples, read, strict=True):
             try:
-                data = read_source(sample)
+                if isinstance(data, SkipSample):
+                    raise data
                 fields = encode_sample(sample, data, classes=task.classes, options=task.options)
             except SkipSample as skip:
                 skipped.append({"source": sample.rel, "reason": skip.reason})

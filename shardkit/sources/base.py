@@ -1,10 +1,14 @@
-"""What a source yields: an ordered list of samples to pack, plus dataset-level metadata."""
+"""What a source yields: an ordered list of samples to pack, the files they are read from, and
+dataset-level metadata."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from shardkit.sources.files import Files
+from shardkit.sources.local import LocalFiles
 
 
 def source_name(rel: str) -> str:
@@ -24,10 +28,12 @@ def source_name(rel: str) -> str:
 class SourceSample:
     """One input sample: an image file and what goes beside it in the shard.
 
-    ``rel`` is the path relative to the source root with POSIX separators, as recorded in
-    ``source`` (always valid UTF-8: see :func:`source_name`); ``size`` the file size in bytes (-1
-    when it cannot be stat'ed, e.g. a dangling link); ``label`` the class index (ImageFolder) and
-    ``meta`` extra JSON fields (COCO records).
+    ``path`` is the file's path or URL; ``rel`` the path relative to the source root with POSIX
+    separators, as recorded in ``source`` (always valid UTF-8: see :func:`source_name`); ``size``
+    the file size in bytes (-1 when it cannot be stat'ed, e.g. a dangling link); ``label`` the
+    class index (ImageFolder) and ``meta`` extra JSON fields (COCO records). ``version`` changes
+    when the file does (modification time, ETag): an unfinished pack does not resume over
+    changed inputs.
     """
 
     path: str
@@ -35,12 +41,15 @@ class SourceSample:
     size: int
     label: int | None = None
     meta: dict[str, Any] | None = None
-    mtime_ns: int = 0
+    version: str = ""
 
 
 @dataclass(frozen=True)
 class SourceListing:
-    """All samples of a source in their canonical order, and dataset-level fields."""
+    """All samples of a source in their canonical order, and dataset-level fields.
+
+    ``files`` reads the samples' paths (local files by default; see :mod:`shardkit.sources.files`).
+    """
 
     kind: str
     root: str
@@ -56,3 +65,4 @@ class SourceListing:
     #: A digest standing for every sample's ``meta`` (e.g. the annotation file's sha256), so
     #: the pack fingerprint need not re-serialise per-sample metadata; ``None``: hash each.
     meta_digest: str | None = None
+    files: Files = field(default_factory=LocalFiles)

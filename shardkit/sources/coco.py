@@ -18,18 +18,23 @@ skipped images:
 * image records repeating an image id, and ``file_name``s escaping the images folder: not
   packed (``warnings``);
 * files missing on disk: kept with ``size=-1``; the packer skips them with a reason.
+
+The images folder and the annotations file may each be an fsspec URL (``s3://…``); the images
+are then looked up in one listing of the folder, not one request each.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+import posixpath
 from collections import defaultdict
 from typing import Any
 
-from shardkit.errors import SourceError
+from shardkit.errors import SourceError, StorageError
 from shardkit.sources.base import SourceListing, SourceSample
+from shardkit.sources.files import open_files
+from shardkit.storage import Store, is_remote
 
 #: How far (pixels) a box may overshoot the image before it is reported (COCO's own boxes
 #: overshoot by float rounding).
@@ -37,14 +42,30 @@ BOX_TOLERANCE = 1.0
 _EXAMPLES = 5
 
 
-def load_instances(path: str) -> tuple[dict[str, Any], str]:
-    """Read a COCO instances file and check its top level; raise ``SourceError`` naming it.
+def _read(path: str, storage_options: dict[str, Any] | None) -> bytes:
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            return f.read()
+    parent, _, name = path.rpartition("/")
+    if "://" not in parent or not name:
+        raise SourceError("not the URL of a file", where=path)
+    try:
+        return Store(parent, storage_options).read_bytes(name)
+    except StorageError as err:
+        if isinstance(err.__cause__, FileNotFoundError):  # a missing bucket is named instead
+            raise SourceError("annotations file does not exist", where=path) from err
+        raise
+
+
+def load_instances(path: str, storage_options: dict[str, Any] | None = None) -> tuple[dict[str, Any], str]:
+    """Read a COCO instances file (a path, or an fsspec URL read with ``storage_options``) and
+    check its top level; raise ``SourceError`` naming it (``StorageError`` when a URL cannot be
+    read: network, credentials, missing bucket).
 
     Returns the parsed document and the sha256 of the file's bytes.
     """
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = _read(path, storage_options)
         digest = hashlib.sha256(raw).hexdigest()
         doc = json.loads(raw)
     except FileNotFoundError as err:
@@ -113,31 +134,35 @@ def _ids(values: list[Any]) -> str:
     return ", ".join(map(str, values[:_EXAMPLES])) + more
 
 
-def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = False) -> SourceListing:
+def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = False,
+              storage_options: dict[str, Any] | None = None) -> SourceListing:
     """List a COCO dataset: one sample per image record, with its annotation records.
 
     Args:
-        images_dir: folder the records' ``file_name``s are relative to.
+        images_dir: folder the records' ``file_name``s are relative to (a path or fsspec URL).
         annotations_json: the instances file (``images``, ``annotations``, ``categories``;
-            ``info`` and ``licenses`` are carried into ``listing.extra`` when present).
+            ``info`` and ``licenses`` are carried into ``listing.extra`` when present); a path
+            or fsspec URL.
         drop_empty: leave out images that have no (valid) annotation.
+        storage_options: fsspec options for URLs (credentials, endpoint).
 
     Raises:
         SourceError: ``images_dir`` is not a directory; the file is missing or not JSON; a
             section, an image ``id``/``file_name``, an annotation ``id``/``image_id``/
             ``category_id`` or a category ``id`` is missing (the message names e.g.
             ``annotations[17]``).
+        StorageError: a URL cannot be listed or read (missing bucket, network, credentials).
 
     Example::
 
         listing = scan_coco("coco/train2017", "coco/annotations/instances_train2017.json")
         listing.samples[0].meta["annotations"][0]["bbox"]
     """
-    images_dir = os.path.expanduser(images_dir)
-    if not os.path.isdir(images_dir):
-        raise SourceError("images directory does not exist or is not a directory", where=images_dir)
-    doc, digest = load_instances(annotations_json)
-    name = os.path.basename(annotations_json)
+    files = open_files(images_dir, storage_options)
+    if not files.is_dir():
+        raise SourceError("images directory does not exist or is not a directory", where=files.root)
+    doc, digest = load_instances(annotations_json, storage_options)
+    name = posixpath.basename(annotations_json)
     warnings: list[dict[str, str]] = []
     ann_problems: list[dict[str, Any]] = []
 
@@ -204,21 +229,16 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                                        f"(annotation ids {_ids(ann_ids)})",
                              "annotations": len(ann_ids), "dropped": False})
 
-    samples = []
+    kept = []
     for image_id in sorted(images, key=lambda k: (isinstance(k, str), k)):
         anns = by_image.get(image_id, [])
-        if drop_empty and not anns:
-            continue
-        image = images[image_id]
-        path = os.path.join(images_dir, *image["file_name"].split("/"))
-        try:
-            st = os.stat(path)
-            size, mtime_ns = st.st_size, st.st_mtime_ns
-        except OSError:
-            size, mtime_ns = -1, 0
-        samples.append(SourceSample(path, image["file_name"], size,
-                                    meta={"image": image, "annotations": anns}, mtime_ns=mtime_ns))
+        if not (drop_empty and not anns):
+            kept.append((images[image_id], anns))
+    entries = files.stat([image["file_name"] for image, _ in kept])
+    samples = [SourceSample(e.path, image["file_name"], e.size,
+                            meta={"image": image, "annotations": anns}, version=e.version)
+               for (image, anns), e in zip(kept, entries, strict=True)]
     extra: dict[str, Any] = {k: doc[k] for k in ("info", "licenses") if k in doc}
-    return SourceListing(kind="coco", root=images_dir, samples=samples, categories=categories,
+    return SourceListing(kind="coco", root=files.root, samples=samples, categories=categories,
                          extra=extra, warnings=warnings, annotation_problems=ann_problems,
-                         meta_digest=f"{digest}:drop_empty={drop_empty}")
+                         meta_digest=f"{digest}:drop_empty={drop_empty}", files=files)

@@ -2,74 +2,62 @@
 
 Classes are the sorted sub-directories of the root (``os.scandir``, following links); samples
 are the files under each class directory (``os.walk`` with ``followlinks=True``, sorted) whose
-lower-cased name ends with one of torchvision's image extensions.
+lower-cased name ends with one of torchvision's image extensions. The root may be an fsspec URL
+(``s3://bucket/train``): the same rules over the object listing (a class is a prefix holding
+objects) give the same samples, order and labels as the same tree on disk.
 """
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
 from shardkit.errors import SourceError
 from shardkit.format.spec import IMAGE_EXTENSIONS
 from shardkit.sources.base import SourceListing, SourceSample, source_name
+from shardkit.sources.files import Files, open_files
 
 _SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
 
 
-def find_classes(root: str) -> list[str]:
-    """Sorted class directory names under ``root`` (torchvision's ``find_classes``)."""
-    try:
-        with os.scandir(root) as entries:
-            classes = sorted(e.name for e in entries if e.is_dir())
-    except FileNotFoundError as err:
-        raise SourceError("source directory does not exist", where=root) from err
-    except NotADirectoryError as err:
-        raise SourceError("source is not a directory (expected an ImageFolder tree)",
-                          where=root) from err
-    except OSError as err:
-        raise SourceError(f"cannot list source directory: {err.strerror}", where=root) from err
+def find_classes(files: Files) -> list[str]:
+    """Sorted class directory names under ``files.root`` (torchvision's ``find_classes``)."""
+    classes = files.subdirs()
     if not classes:
         raise SourceError(
-            "no class folders found: an ImageFolder tree is ROOT/<class>/<image files>", where=root
+            "no class folders found: an ImageFolder tree is ROOT/<class>/<image files>",
+            where=files.root,
         )
     return classes
 
 
-def _stat(path: str) -> tuple[int, int]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return -1, 0
-    return st.st_size, st.st_mtime_ns
-
-
-def scan_imagefolder(root: str) -> SourceListing:
+def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None) -> SourceListing:
     """List an ImageFolder tree: same samples, order and labels as torchvision's ImageFolder.
+
+    Args:
+        root: a local directory, or an fsspec URL (``s3://bucket/train``, ``memory://…``).
+        storage_options: fsspec options for a URL ``root`` (credentials, endpoint).
 
     Raises:
         SourceError: ``root`` is missing, not a directory, has no class folders, or a class
             folder holds no image file (torchvision refuses those too).
+        StorageError: a URL ``root`` cannot be listed (missing bucket, network, credentials).
 
     Example::
 
         listing = scan_imagefolder("data/train")
         listing.classes[listing.samples[0].label]
     """
-    root = os.path.expanduser(root)
-    classes = find_classes(root)
+    files = open_files(root, storage_options)
+    classes = find_classes(files)
     samples: list[SourceSample] = []
     empty: list[str] = []
-    for label, name in enumerate(classes):
-        count = len(samples)
-        for dirpath, _, fnames in sorted(os.walk(os.path.join(root, name), followlinks=True)):
-            for fname in sorted(fnames):
-                if fname.lower().endswith(_SUFFIXES):
-                    path = os.path.join(dirpath, fname)
-                    rel = source_name(os.path.relpath(path, root).replace(os.sep, "/"))
-                    size, mtime_ns = _stat(path)
-                    samples.append(SourceSample(path, rel, size, label, mtime_ns=mtime_ns))
-        if len(samples) == count:
+    for label, (name, entries) in enumerate(zip(classes, files.walk(classes), strict=True)):
+        images = [e for e in entries if e.rel.lower().endswith(_SUFFIXES)]
+        samples.extend(SourceSample(e.path, source_name(e.rel), e.size, label, version=e.version)
+                       for e in images)
+        if not images:
             empty.append(name)
     if empty:
-        raise SourceError(f"no image files in class folder(s): {', '.join(empty)}", where=root)
-    return SourceListing(kind="imagefolder", root=root, samples=samples, classes=classes)
+        raise SourceError(f"no image files in class folder(s): {', '.join(empty)}", where=files.root)
+    return SourceListing(kind="imagefolder", root=files.root, samples=samples, classes=classes,
+                         files=files)

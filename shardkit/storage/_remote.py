@@ -216,6 +216,11 @@ def describe(err: BaseException) -> str | None:
         attempts = getattr(err, "shardkit_attempts", None)
         tried = f" after {attempts} attempts" if attempts else ""
         return f"network error{tried}: the connection failed mid-request ({fault}); try again later"
+    if isinstance(err, PermissionError) and any(
+            isinstance(getattr(e, "response", None), dict) for e in _chain(err)):
+        # s3fs's translation of an HTTP 403 (the service's reply is its cause)
+        return (f"access denied ({err.strerror or err}): check the credentials and the "
+                "bucket's policy")
     host = getattr(err, "host", None)
     # aiohttp's ClientConnectorError (gcsfs, …)
     if isinstance(err, OSError) and isinstance(host, str):

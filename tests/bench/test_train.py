@@ -76,7 +76,18 @@ def test_settings_are_checked(tiny_tree: Path, packed: Path) -> None:
     with pytest.raises(ValueError, match="model must be one of"):
         run_train_bench(_cfg(tiny_tree, packed, model="vit"))
     with pytest.raises(ValueError, match="contenders"):
-        run_train_bench(_cfg(tiny_tree, packed, contenders=("dali",)))
+        run_train_bench(_cfg(tiny_tree, packed, contenders=("ffcv",)))
+
+
+def test_dali_contenders_need_dali(tiny_tree: Path, packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardkit.bench import dali
+
+    monkeypatch.setattr(dali, "dali_available", lambda: False)
+    with pytest.raises(ValueError, match="need NVIDIA DALI"):
+        run_train_bench(_cfg(tiny_tree, packed, contenders=("shardloader", "dali_files")))
+    no_dali = CliRunner().invoke(cli, ["bench", str(tiny_tree), "--shards", str(packed), "--train", "resnet18",
+                                       "--contender", "dali", "--device", "cpu", "-q"])
+    assert no_dali.exit_code == 2 and "need NVIDIA DALI" in no_dali.output
 
 
 def test_cli_needs_packed_shards_and_prints_the_table(tiny_tree: Path, packed: Path, tmp_path: Path) -> None:

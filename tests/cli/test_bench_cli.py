@@ -98,3 +98,11 @@ def test_bench_on_a_coco_source(tree: Path, tmp_path: Path) -> None:
     wrong = CliRunner().invoke(cli, ["bench", str(tree), "--shards", str(shards), "--workers", "0",
                                      "--batch-size", "2", "--repeats", "1", "--epochs", "1"])
     assert wrong.exit_code == 2 and "not be on the same data" in wrong.output
+
+
+def test_the_contender_choice_lists_every_train_contender() -> None:
+    from shardkit.bench.train import TRAIN_CONTENDERS
+    from shardkit.cli.bench import bench_command
+
+    option = next(p for p in bench_command.params if p.name == "contenders")
+    assert tuple(option.type.choices) == TRAIN_CONTENDERS  # type: ignore[attr-defined]

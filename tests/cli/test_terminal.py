@@ -7,6 +7,7 @@ without a total raises TypeError) while every CliRunner test, which is never a t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,6 +71,27 @@ def test_pack_error_in_a_terminal_is_one_line(tmp_path: Path) -> None:
     assert [line for line in seen.lines if line] == [f"error: {tmp_path / 'missing'}: source "
                                                      "directory does not exist"]
     assert "\x1b[31m" in seen.text  # red, for a person
+
+
+def test_pack_from_a_bucket_in_a_terminal(tree: Path, tmp_path: Path, s3_server: dict[str, Any],
+                                          s3_bucket: str) -> None:
+    from tests.conftest import upload_tree
+
+    upload_tree(tree, f"{s3_bucket}/train", s3_server)
+    options = ["-o", f"client_kwargs.endpoint_url={s3_server['client_kwargs']['endpoint_url']}",
+               "-o", "key=test", "-o", "secret=test"]
+    seen = run_in_pty(shardkit_argv("pack", f"{s3_bucket}/train", str(tmp_path / "out"),
+                                    "--max-count", "5", "--workers", "2", *options), columns=100)
+    _clean(seen)
+    # while it lists the bucket, a person sees that; then the bar draws over it
+    assert f"listing {s3_bucket}/train …" in seen.text and "/24 images" in seen.text
+    lines = [line for line in seen.lines if line.strip()]
+    assert lines[0] == "samples   24  (3 classes)" and not any("listing" in line for line in lines)
+    missing = f"{s3_bucket}/trian"
+    seen = run_in_pty(shardkit_argv("pack", missing, str(tmp_path / "typo"), *options))
+    _clean(seen, code=1)
+    assert [line for line in seen.lines if line] == [
+        f"error: {missing}: source directory does not exist (no object under this prefix)"]
 
 
 @pytest.mark.parametrize("decode", [False, True])

@@ -103,3 +103,29 @@ def test_lone_surrogates_are_written_as_json_escapes():
     data = m.to_json()
     assert b'"caf\\udce9"' in data
     assert Manifest.from_json(data, where="x") == m
+
+
+@pytest.mark.parametrize(
+    "flaw",
+    [
+        {"url": "/abs.tar"}, {"url": "a/../../x.tar"}, {"url": ".."}, {"url": ""}, {"url": "s3://b/x.tar"},
+        {"url": "a\0.tar"}, {"sha256": "../../x"}, {"sha256": "A" * 64}, {"num_samples": True},
+        {"num_samples": -1}, {"num_bytes": -5}, {"num_samples": 3, "num_bytes": 1000}, {"url": 7},
+    ],
+)
+def test_every_shard_flaw_is_named_among_many_valid_shards(flaw: dict[str, object]) -> None:
+    """The whole-array fast path must never accept what the per-entry checks refuse."""
+    shards = [{"url": f"s/{i}.tar", "num_samples": 2, "num_bytes": 4096, "sha256": f"{i:064x}"} for i in range(500)]
+    shards[321] = {**shards[321], **flaw}
+    doc = {"format": "shardkit", "version": 1, "kind": "imagefolder", "num_samples": 1000, "classes": ["a"],
+           "shards": shards}
+    with pytest.raises(ManifestError, match=r"shards\[321\]"):
+        Manifest.from_json(json.dumps(doc).encode(), where="index.json")
+
+
+def test_a_valid_many_shard_manifest_reads_as_entries() -> None:
+    shards = [{"url": f"s/{i}.tar", "num_samples": 2, "num_bytes": 4096, "sha256": f"{i:064x}"} for i in range(500)]
+    doc = {"format": "shardkit", "version": 1, "kind": "imagefolder", "num_samples": 1000, "classes": ["a"],
+           "shards": shards}
+    m = Manifest.from_json(json.dumps(doc).encode(), where="index.json")
+    assert [s.to_dict() for s in m.shards] == shards

@@ -69,3 +69,11 @@ def test_malformed_launcher_variables_are_refused(packed: Path, monkeypatch: pyt
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(LoaderError, match="WORLD_SIZE"):
         ShardLoader(str(packed), batch_size=4)
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, 1.5])
+def test_decode_threads_must_be_a_positive_int(threads: object) -> None:
+    from shardkit import GpuOptions
+
+    with pytest.raises(LoaderError, match="decode_threads"):
+        GpuOptions(decode_threads=threads)  # type: ignore[arg-type]

@@ -55,7 +55,7 @@ def test_batch_of_one_corrupt_sample_is_replaced_the_same_for_any_worker_count(p
 def _fake_reader(size: int) -> SimpleNamespace:
     return SimpleNamespace(key=lambda shard, index: f"k{index}",
                            shards=[SimpleNamespace(num_samples=size, url="s.tar")],
-                           store=SimpleNamespace(path=lambda name: f"/data/{name}"))
+                           where=lambda shard: "/data/s.tar")
 
 
 def test_fill_batch_replaces_within_the_batch_then_from_the_shard_then_raises_naming_keys() -> None:

@@ -147,13 +147,13 @@ def test_resume_mid_epoch_on_every_rank(datasets: dict[int, tuple[Path, Path]]) 
         last.close()
 
 
-def test_state_of_an_uneven_loader_is_refused_by_an_even_one(datasets: dict[int, tuple[Path, Path]]) -> None:
-    from shardkit import LoaderError
-
+def test_state_of_an_uneven_loader_resumes_in_an_even_one(datasets: dict[int, tuple[Path, Path]]) -> None:
+    """Another layout is an elastic resume: the even loader starts the epoch's rest at its batch 0."""
     _, dataset = datasets[69]
-    state = _loader(dataset, rank=0, world_size=2).state_dict()
-    with pytest.raises(LoaderError, match="even_batches"):
-        _loader(dataset, rank=0, world_size=2, even_batches=True).load_state_dict(state)
+    state = _loader(dataset, rank=0, world_size=2).state_dict() | {"batches_consumed": 1}
+    even = _loader(dataset, rank=0, world_size=2, even_batches=True)
+    even.load_state_dict(state)
+    assert even.state_dict()["remainder"] and even.state_dict()["batches_consumed"] == 0
 
 
 def _free_port() -> int:

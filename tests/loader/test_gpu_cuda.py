@@ -110,6 +110,26 @@ def test_eager_and_compiled_agree(inet: Path) -> None:
         assert kx == ky and (x.int() - y.int()).abs().max() <= 1
 
 
+@pytest.mark.parametrize("decoder", ["torchvision", "torchcodec"])
+def test_several_decode_threads_give_the_same_batches(inet: Path, decoder: str) -> None:
+    """decode_threads=3: three decoders on three streams finish out of order; the batches come
+    back in order and equal to one thread's (nvJPEG is deterministic)."""
+    from shardkit.codec.backend import prefer_decoder
+
+    if decoder == "torchcodec":
+        pytest.importorskip("torchcodec")
+    prefer_decoder(decoder)
+    try:
+        t = transforms.imagenet_train(128)
+        one = _run(inet, "cuda", t, num_workers=2)
+        three = _run(inet, "cuda", t, num_workers=2, gpu=GpuOptions(decode_threads=3))
+    finally:
+        prefer_decoder(None)
+    assert len(one) == len(three)
+    for (x, lx, kx), (y, ly, ky) in zip(one, three, strict=True):
+        assert kx == ky and torch.equal(lx, ly) and torch.equal(x, y)
+
+
 def test_resume_and_finalize_and_stats(inet: Path) -> None:
     t = transforms.imagenet_train(224, normalize=True, dtype=torch.bfloat16, channels_last=True)
     full = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", keys=True, seed=3, num_workers=2)

@@ -195,7 +195,7 @@ def _prefetcher(pipe: object, n: int, hw_planar: bool | None, hw_only: bool = Fa
     from shardkit.loader.gpu import prefetch
     from shardkit.loader.stats import StageStats
 
-    batches = [SimpleNamespace(seq=i, images=None, labels=None) for i in range(n)]
+    batches = [SimpleNamespace(seq=i, images=None, labels=None, tensors=tuple) for i in range(n)]
     return prefetch.DevicePrefetcher(iter(batches), pipe, torch.device("cpu"),  # type: ignore[arg-type]
                                      [_FakeSlot() for _ in range(prefetch.staging_slots(2))],  # type: ignore[misc]
                                      StageStats(), depth=2, hw_planar=hw_planar, hw_only=hw_only)

@@ -98,8 +98,8 @@ def test_resume_at_random_steps_equals_uninterrupted_run(packed: Path) -> None:
 
 def test_state_for_another_configuration_is_refused(packed: Path) -> None:
     state = _loader(packed).state_dict()
-    with pytest.raises(LoaderError, match="batch_size"):
-        _loader(packed, batch_size=4).load_state_dict(state)
+    with pytest.raises(LoaderError, match="seed"):
+        _loader(packed, seed=99).load_state_dict(state)
     with pytest.raises(LoaderError):
         _loader(packed).load_state_dict({**state, "version": 99})
 

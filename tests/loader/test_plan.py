@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from shardkit.errors import LoaderError
 from shardkit.loader.plan import (
-    batch_positions,
+    EpochOrder,
     epoch_order,
     locate,
     num_batches,
@@ -17,8 +17,10 @@ from shardkit.loader.plan import (
     sample_seed,
     sample_seeds,
     shard_offsets,
+    stream_positions,
     worker_batch_indices,
 )
+from shardkit.loader.stream import PlanConfig
 
 
 @st.composite
@@ -189,7 +191,6 @@ def test_sample_seeds_match_scalar_and_differ():
     assert [int(s) for s in seeds[:100]] == [sample_seed(5, 2, p) for p in range(100)]
     assert len(set(seeds.tolist())) == seeds.size
     assert sample_seed(5, 2, 0) != sample_seed(5, 3, 0) != sample_seed(6, 2, 0)
-    assert list(batch_positions(2, 1, num_batches=3, batch_size=4)) == [28, 29, 30, 31]
 
 
 @pytest.mark.parametrize(
@@ -247,14 +248,10 @@ def test_uneven_batches_deliver_each_sample_once(sizes, world_size, batch_size, 
     else:
         assert stream.size == n  # every sample exactly once, no padding
     assert np.array_equal(stream, order[: stream.size])  # ranks take contiguous runs, in order
-    # the augmentation positions BatchStream derives from (rank, batch, this rank's count) stay unique
-    positions = [
-        p
-        for r, b in enumerate(per_rank)
-        for j, row in enumerate(b)
-        for p in list(batch_positions(r, j, num_batches=len(b), batch_size=batch_size))[: len(row)]
-    ]
-    assert len(positions) == len(set(positions)) == stream.size
+    # the stream positions (what seeds augmentation) are where each row sits in the order
+    for r, b in enumerate(per_rank):
+        for j, row in enumerate(b):
+            assert np.array_equal(order[stream_positions(n, rank=r, batch_index=j, **common)], row)
 
 
 def test_uneven_batches_when_there_are_fewer_batches_than_ranks():
@@ -274,3 +271,63 @@ def test_uneven_default_is_unchanged():
     assert even.tolist() == same.tolist() == [[4, 0], [1, 2]]
     with pytest.raises(LoaderError, match="rank"):
         num_batches(5, world_size=2, batch_size=2, drop_last=False, even_batches=False, rank=2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=shard_sizes(max_n=3000),
+    world_size=st.integers(1, 8),
+    batch_size=st.integers(1, 64),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    even_batches=st.booleans(),
+    window=st.integers(1, 10),
+    data=st.data(),
+)
+def test_the_lazy_plan_delivers_the_materialised_plans_batches(
+    sizes, world_size, batch_size, drop_last, shuffle, even_batches, window, data
+):
+    """What the loader runs (PlanConfig.batch over an EpochOrder, positions looked up one batch at a
+    time, in any order) is row for row what rank_batches cuts from the whole epoch_order."""
+    rank = data.draw(st.integers(0, world_size - 1))
+    cfg = PlanConfig(shard_sizes=sizes, seed=5, shuffle=shuffle, window=window, rank=rank, world_size=world_size,
+                     batch_size=batch_size, drop_last=drop_last, even_batches=even_batches)
+    expected = rank_batches(epoch_order(sizes, seed=5, epoch=4, shuffle=shuffle, window=window), rank=rank,
+                            world_size=world_size, batch_size=batch_size, drop_last=drop_last,
+                            even_batches=even_batches)
+    assert cfg.num_batches == len(expected)
+    order = cfg.order(4)
+    offsets = shard_offsets(sizes)
+    for j in data.draw(st.permutations(range(cfg.num_batches))):
+        shards, indices, positions = cfg.batch(order, j)
+        assert (offsets[shards] + indices).tolist() == list(expected[j])
+        n = sum(sizes)
+        stream = stream_positions(n, rank=rank, batch_index=j, world_size=world_size, batch_size=batch_size,
+                                  drop_last=drop_last, even_batches=even_batches)
+        assert positions.tolist() == stream.tolist()  # seed positions: places in the padded stream
+
+
+def test_stream_positions_refuse_a_batch_the_rank_does_not_have():
+    with pytest.raises(LoaderError, match="batch index"):
+        stream_positions(10, rank=0, batch_index=5, world_size=1, batch_size=2, drop_last=False)
+
+
+def test_each_window_is_shuffled_from_its_own_seed():
+    """Plan version 2: a window's order does not depend on the windows before it, so a rank can
+    start at any window without drawing the others."""
+    sizes = [7] * 40
+    full = EpochOrder(sizes, seed=9, epoch=3, shuffle=True, window=4)
+    late = np.arange(200, 280)
+    alone = EpochOrder(sizes, seed=9, epoch=3, shuffle=True, window=4)
+    assert np.array_equal(alone.ids(late), full.ids(np.arange(280))[200:])
+    with pytest.raises(LoaderError, match="positions"):
+        full.locate(np.array([280]))
+
+
+def test_a_billion_samples_plan_in_memory_of_the_shards():
+    """5e9 samples in 5e5 shards: the order is built and a late position found without any array
+    of the number of samples (a per-sample array would need 40 GB)."""
+    sizes = np.full(500_000, 10_000, dtype=np.int64)
+    order = EpochOrder(sizes, seed=1, epoch=0, shuffle=True)
+    shard, index = order.locate(np.array([4_999_999_999, 123_456_789]))
+    assert shard.min() >= 0 and shard.max() < 500_000 and index.min() >= 0 and index.max() < 10_000

@@ -26,6 +26,10 @@ CONFIG: dict[str, Any] = dict(
 )
 
 
+ORDER = {k: CONFIG[k] for k in ("seed", "num_samples", "shards_digest", "shuffle", "window")}
+ORDER["mix"] = None  # one dataset
+
+
 def make(**changes: Any) -> LoaderState:
     return LoaderState(**{**CONFIG, "epoch": 3, "batches_consumed": 5, **changes})
 
@@ -57,7 +61,13 @@ def test_numpy_values_become_python_values():
     json.dumps(state.to_dict())
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+def test_a_plan_version_1_state_is_refused_naming_the_plan_version():
+    d = make().to_dict() | {"version": 1}
+    with pytest.raises(LoaderError, match=r"state version 1.*plan version 1.*plan version 2"):
+        LoaderState.from_dict(d)
+
+
+@pytest.mark.parametrize("version", [0, 3, "2", None])
 def test_unknown_version_is_refused(version):
     d = make().to_dict() | {"version": version}
     with pytest.raises(LoaderError, match="version"):
@@ -93,47 +103,59 @@ def test_missing_and_unknown_keys_are_refused():
 
 
 def test_compatible_configuration_passes():
-    check_compatible(make(), **CONFIG)
+    check_compatible(make(), **ORDER)
+    check_compatible(make(world_size=3, batch_size=4, drop_last=True, even_batches=False), **ORDER)  # elastic
 
 
 @pytest.mark.parametrize(
     "change",
     [
         {"num_samples": 101},
-        {"world_size": 4},
-        {"batch_size": 16},
-        {"drop_last": True},
         {"shuffle": False},
         {"seed": 2},
         {"window": 4},
         {"shards_digest": shards_digest([40, 60])},
     ],
 )
-def test_incompatible_configuration_is_refused(change):
-    with pytest.raises(LoaderError, match=next(iter(change))):
-        check_compatible(make(), **(CONFIG | change))
+def test_another_dataset_or_order_is_refused_naming_the_field(change):
+    with pytest.raises(LoaderError, match=f"another dataset or order: {next(iter(change))}"):
+        check_compatible(make(), **(ORDER | change))
 
 
-def test_check_compatible_needs_every_config_field():
+def test_check_compatible_needs_every_field_the_order_depends_on():
     with pytest.raises(LoaderError, match="window"):
-        check_compatible(make(), **{k: v for k, v in CONFIG.items() if k != "window"})
-    with pytest.raises(LoaderError, match="epoch"):
-        check_compatible(make(), **CONFIG, epoch=3)
+        check_compatible(make(), **{k: v for k, v in ORDER.items() if k != "window"})
+    with pytest.raises(LoaderError, match="world_size"):
+        check_compatible(make(), **ORDER, world_size=2)  # the layout is not compared: an elastic resume
 
 
-def test_even_batches_is_recorded_only_when_false_and_old_states_still_load():
+def test_even_batches_is_recorded_only_when_false():
     default = make()
-    assert "even_batches" not in default.to_dict()  # default states are what they were
+    assert "even_batches" not in default.to_dict() and "remainder" not in default.to_dict()
     assert LoaderState.from_dict(default.to_dict()).even_batches is True
     uneven = make(even_batches=False)
     assert uneven.to_dict()["even_batches"] is False
     assert LoaderState.from_dict(json.loads(json.dumps(uneven.to_dict()))) == uneven
     with pytest.raises(LoaderError, match="even_batches"):
-        check_compatible(uneven, **CONFIG)
-    with pytest.raises(LoaderError, match="even_batches"):
-        check_compatible(default, **CONFIG, even_batches=False)
-    with pytest.raises(LoaderError, match="even_batches"):
         make(even_batches="no")
+
+
+def test_a_remainder_round_trips_and_bounds_the_steps():
+    s = make(remainder=[[0, 10], [50, 60]], batches_consumed=1)  # 20 samples over 2 ranks of 8: 2 steps
+    assert LoaderState.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    assert s.layout_samples == 20 and s.resume_at(0) == (3, 1)
+    assert make(remainder=[[0, 10], [50, 60]], batches_consumed=2).resume_at(1) == (4, 0)
+    with pytest.raises(LoaderError, match="batches_consumed"):
+        make(remainder=[[0, 10], [50, 60]], batches_consumed=3)
+
+
+@pytest.mark.parametrize(
+    "remainder",
+    [[], [[0]], [[5, 5]], [[6, 9], [0, 3]], [[0, 101]], [[-1, 3]], [[0, 3.0]], [[0, True]], "0-3", [[3, 6], [5, 8]]],
+)
+def test_a_malformed_remainder_is_refused(remainder):
+    with pytest.raises(LoaderError, match="remainder"):
+        make(remainder=remainder, batches_consumed=0)
 
 
 def test_uneven_resume_caps_each_rank_at_its_batch_count():

@@ -233,14 +233,14 @@ def test_missing_extension_fails_early(monkeypatch: pytest.MonkeyPatch, tree: Pa
     assert not (tmp_path / "x").exists()
     photo = tree / "photo" / "chelsea.jpg"
     sample = SourceSample(path=str(photo), rel="photo/chelsea.jpg", size=photo.stat().st_size,
-                          mtime_ns=0, label=0)
+                          label=0)
     with pytest.raises(PackError, match="C extension"):  # a pack error, not a skipped sample
         encode_sample(sample, photo.read_bytes(), classes=["photo"], options=options)
 
 
 def test_encode_sample_skips_corrupt() -> None:
     data = _broken_jpeg()
-    sample = SourceSample(path="x/broken.jpg", rel="x/broken.jpg", size=len(data), mtime_ns=0,
+    sample = SourceSample(path="x/broken.jpg", rel="x/broken.jpg", size=len(data),
                           label=0)
     with pytest.raises(SkipSample, match=r"^corrupt image data \("):
         encode_sample(sample, data, classes=["x"], options=OPTIONS)
@@ -251,7 +251,7 @@ def test_encode_sample_keeps_a_corrupt_scan_pil_decodes() -> None:
     data = _corrupt_jpeg()
     with pytest.raises(ValueError):
         jpeg_restart.transcode(data, 4)
-    sample = SourceSample(path="x/corrupt.jpg", rel="x/corrupt.jpg", size=len(data), mtime_ns=0,
+    sample = SourceSample(path="x/corrupt.jpg", rel="x/corrupt.jpg", size=len(data),
                           label=0)
     fields = dict(encode_sample(sample, data, classes=["x"], options=OPTIONS))
     assert fields["jpg"] == data

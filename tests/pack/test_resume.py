@@ -125,6 +125,26 @@ def test_complete_destination_is_kept_or_refused(small_tree, tmp_path):
     assert redone.manifest.options["seed"] == 5
 
 
+def test_an_unfinished_pack_does_not_resume_over_changed_files(small_tree, tmp_path):
+    dst = str(tmp_path / "out")
+
+    def stop(_n: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack(str(small_tree), dst, options=PackOptions(max_count=2), workers=1, progress=stop)
+    image = small_tree / "class0" / "img1.jpg"
+    st = image.stat()
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten: same size, new mtime
+    with pytest.raises(PackError, match="input files changed since it began"):
+        pack(str(small_tree), dst, options=PackOptions(max_count=2), workers=1)
+    pack(str(small_tree), dst, options=PackOptions(max_count=2), workers=1, overwrite=True)
+    # A finished pack records no modification time: a touched tree is the same dataset.
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns + 2 * 10**9))
+    again = pack(str(small_tree), dst, options=PackOptions(max_count=2), workers=1)
+    assert again.already_complete
+
+
 def test_non_empty_unrelated_destination_is_refused(small_tree, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "precious.txt").write_text("mine")

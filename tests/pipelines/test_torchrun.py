@@ -32,10 +32,10 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def torchrun(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+def torchrun(script: str, *args: str, nproc: int = WORLD) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(WORLD),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "--max_restarts", "0", str(ROOT / "pipelines" / script), *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -62,13 +62,24 @@ def keys_across_kill(logs: Path, dataset: Path, checkpoint_step: int, *, world: 
     return every
 
 
+def train_arguments(dataset: Path, ckpt: Path) -> list[str]:
+    """One epoch of batches of BATCH on the CPU, a checkpoint every 2 steps, every step logged."""
+    return [str(dataset), "--epochs", "1", "--batch-size", str(BATCH), "--size", "32", "--workers", "0",
+            "--device", "cpu", "--arch", "squeezenet1_1", "--checkpoint", str(ckpt), "--checkpoint-every", "2",
+            "--log-every", "1"]
+
+
+def kill_after_step_five(common: list[str], logs: Path) -> subprocess.CompletedProcess[str]:
+    """Train on WORLD ranks until the job dies after step 5 (checkpoint at step 4), keys in ``logs``."""
+    killed = torchrun("train_classifier.py", *common, "--stop-after-steps", "5", "--log-keys", str(logs))
+    assert killed.returncode != 0, killed.stderr[-3000:]
+    return killed
+
+
 def test_killed_mid_epoch_then_resumed_trains_on_each_sample_once(packed: dict[str, Path], tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt.pt"
-    common = [str(packed["train"]), "--epochs", "1", "--batch-size", str(BATCH), "--size", "32", "--workers", "0",
-              "--device", "cpu", "--arch", "squeezenet1_1", "--checkpoint", str(ckpt), "--checkpoint-every", "2",
-              "--log-every", "1"]
-    killed = torchrun("train_classifier.py", *common, "--stop-after-steps", "5", "--log-keys", str(tmp_path / "a"))
-    assert killed.returncode != 0, killed.stderr[-3000:]
+    common = train_arguments(packed["train"], ckpt)
+    killed = kill_after_step_five(common, tmp_path / "a")
     assert "step 4  epoch 0" in killed.stdout  # it trained past the checkpoint at step 4, then died
     import torch
 
@@ -82,6 +93,24 @@ def test_killed_mid_epoch_then_resumed_trains_on_each_sample_once(packed: dict[s
     assert torch.load(ckpt)["step"] == 6
 
     every = keys_across_kill(tmp_path, packed["train"], saved["step"], world=WORLD, batch=BATCH)
+    assert sorted(every) == [f"{i:08d}" for i in range(48)]  # one epoch: each sample exactly once
+
+
+def test_a_job_preempted_on_two_ranks_resumes_on_one(packed: dict[str, Path], tmp_path: Path) -> None:
+    """Elastic resume under torchrun: the checkpoint of 2 ranks x 4 (step 4: 32 samples trained)
+    resumes on 1 rank x 4, which trains on the 16 samples no rank had reached: the epoch's 48
+    samples exactly once over both runs."""
+    ckpt = tmp_path / "ckpt.pt"
+    common = train_arguments(packed["train"], ckpt)
+    kill_after_step_five(common, tmp_path / "a")
+    resumed = torchrun("train_classifier.py", *common, "--log-keys", str(tmp_path / "b"), nproc=1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "step 4, epoch 0, batch 0" in resumed.stdout
+    before = [keys for r in range(WORLD) for step, keys in read_log(tmp_path / "a" / f"train-rank{r}.txt")
+              if step <= 4]  # steps after the checkpoint are redone
+    after = [keys for _, keys in read_log(tmp_path / "b" / "train-rank0.txt")]
+    assert len(after) == 4  # 16 samples left, one rank of 4
+    every = [k for keys in before + after for k in keys]
     assert sorted(every) == [f"{i:08d}" for i in range(48)]  # one epoch: each sample exactly once
 
 

@@ -10,6 +10,7 @@ import torch
 
 from pipelines.train_detector import main
 from shardkit.pack import PackOptions, pack_coco
+from tests.loader.coco_helpers import gpu_route_on_cpu
 
 COCO = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
 
@@ -34,3 +35,20 @@ def test_train_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str], p
     assert state["step"] == 3 and state["loader"]["batches_consumed"] == 3
     out = capsys.readouterr().out
     assert "step 3" in out and math.isfinite(float(out.split("loss")[-1].split()[0]))
+
+
+def test_trains_and_resumes_on_the_coco_gpu_route(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  packed_coco: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``--device cuda`` runs (the COCO GPU route: list batches, targets as the CPU route's),
+    here with the route's device stages on the CPU; training and evaluation loaders both take it."""
+    routes = gpu_route_on_cpu(monkeypatch)
+    ckpt = tmp_path / "det.pt"
+    common = [str(packed_coco), "--val", str(packed_coco), "--batch-size", "2", "--min-size", "64", "--max-size",
+              "128", "--workers", "1", "--device", "cpu", "--checkpoint", str(ckpt), "--epochs", "1"]
+    main([*common, "--steps", "2"])
+    assert len(routes) == 2  # training and validation
+    assert torch.load(ckpt)["loader"]["batches_consumed"] == 2
+    main([*common, "--steps", "3"])
+    state = torch.load(ckpt)
+    assert state["step"] == 3 and state["loader"]["batches_consumed"] == 3
+    assert math.isfinite(float(capsys.readouterr().out.split("loss")[-1].split()[0]))

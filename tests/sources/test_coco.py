@@ -160,3 +160,26 @@ def test_string_ids_sort_after_ints(tmp_path: Path) -> None:
     listing = scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
     assert [s.rel for s in listing.samples] == ["a.jpg", "c.jpg", "b.jpg"]
     assert all(s.size == -1 for s in listing.samples)
+
+
+def test_images_and_annotations_by_url_list_as_on_disk(coco: tuple[Path, Path, dict[str, Any]],
+                                                       s3_server: dict[str, Any],
+                                                       s3_bucket: str) -> None:
+    from tests.conftest import upload_tree
+
+    images_dir, ann, _ = coco
+    (images_dir / "img_0005.jpg").unlink()  # a record without its file: size -1 either way
+    upload_tree(images_dir.parent, f"{s3_bucket}/coco", s3_server)
+    local = scan_coco(str(images_dir), str(ann))
+    for images in (f"{s3_bucket}/coco/images", str(images_dir)):
+        remote = scan_coco(images, f"{s3_bucket}/coco/{ann.name}", storage_options=s3_server)
+        assert ([(s.rel, s.size, s.meta) for s in remote.samples]
+                == [(s.rel, s.size, s.meta) for s in local.samples])
+        assert (remote.categories, remote.extra, remote.meta_digest) == (
+            local.categories, local.extra, local.meta_digest)
+    with pytest.raises(SourceError, match="annotations file does not exist") as err:
+        scan_coco(f"{s3_bucket}/coco/images", f"{s3_bucket}/coco/nope.json",
+                  storage_options=s3_server)
+    assert err.value.where == f"{s3_bucket}/coco/nope.json"
+    with pytest.raises(SourceError, match="images directory does not exist"):
+        scan_coco(f"{s3_bucket}/coco/nope", f"{s3_bucket}/coco/{ann.name}", storage_options=s3_server)

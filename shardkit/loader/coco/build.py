@@ -3,8 +3,9 @@
 Per sample: read, decode the image (:func:`~shardkit.codec.decode.decode_rgb`), build the target
 (:func:`~shardkit.loader.coco.target.coco_target`), run the detection transform seeded by the
 sample's seed (:func:`~shardkit.transforms.detection.run_detection_transform`). The batch carries
-the images as a list of uint8 ``[3, H, W]`` tensors (or a :class:`PaddedImages`) and the targets
-as a list of dicts. The bad-sample policy is every route's (:mod:`shardkit.loader.bad_samples`):
+the images packed in one tensor (or a :class:`PaddedImages`) and the targets packed
+(:mod:`shardkit.loader.coco.packed`); the route unpacks them into a list of uint8 ``[3, H, W]``
+tensors and a list of dicts. The bad-sample policy is every route's (:mod:`shardkit.loader.bad_samples`):
 ``"replace"`` (counted) or ``"raise"``.
 """
 
@@ -20,6 +21,7 @@ import torch
 from shardkit.codec.decode import DecodeStats, decode_rgb
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.bad_samples import BadSample
+from shardkit.loader.coco.packed import PackedPlanes, PackedTargets
 from shardkit.loader.coco.target import BadTarget, coco_target
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.samples import Sample, SampleSource
@@ -58,20 +60,27 @@ def pad_images(images: Sequence[torch.Tensor], multiple: int = 1) -> PaddedImage
 
 @dataclass
 class DetectionBatch:
-    """A detection batch: ``images`` (a list of uint8 ``[3, H, W]`` or one :class:`PaddedImages`),
-    ``targets`` (one dict per image, see :func:`~shardkit.loader.coco.target.coco_target`),
-    sample ``keys`` and the worker's ``stats``."""
+    """A detection batch as it travels from a worker (see :mod:`shardkit.loader.coco.packed`):
+    ``images`` (the images packed, or one :class:`PaddedImages`), ``targets`` (one per image,
+    see :func:`~shardkit.loader.coco.target.coco_target`, packed), sample ``keys`` and the
+    worker's ``stats``. :meth:`unpack` gives the lists the user iterates."""
 
-    images: list[torch.Tensor] | PaddedImages
-    targets: list[dict[str, Any]]
+    images: PackedPlanes | PaddedImages
+    targets: PackedTargets
     keys: list[str]
     stats: StageStats
+
+    def unpack(self) -> tuple[list[torch.Tensor] | PaddedImages, list[dict[str, Any]]]:
+        """``(images, targets)``: a list of uint8 ``[3, H, W]`` (or the :class:`PaddedImages`) and
+        one target dict per image, views of the packed tensors."""
+        images = self.images.unpack() if isinstance(self.images, PackedPlanes) else self.images
+        return images, self.targets.unpack()
 
     def pin_memory(self) -> DetectionBatch:
         """This batch with its images in page-locked memory (DataLoader's pin-memory thread)."""
         images = self.images
         pinned = (PaddedImages(images.images.pin_memory(), images.sizes) if isinstance(images, PaddedImages)
-                  else [im.pin_memory() for im in images])
+                  else images.pin_memory())
         return replace(self, images=pinned)
 
 
@@ -101,8 +110,14 @@ class DetectionBatchBuilder:
         self.transform = transform
         self.masks, self.label_map, self.pad = masks, label_map, pad
 
-    def _sample(self, sample: Sample, seed: int, stats: StageStats,
-                dstats: DecodeStats) -> tuple[torch.Tensor, dict[str, Any]]:
+    def build_one(self, sample: Sample, seed: int, stats: StageStats,
+                  dstats: DecodeStats) -> tuple[torch.Tensor, dict[str, Any]]:
+        """One read sample -> ``(image, target)``: decode, build the target, run the transform
+        (adding the seconds to ``stats``). The GPU route's workers run it on images nvJPEG cannot take.
+
+        Raises:
+            BadSample: the image does not decode, the sample has no ``json`` member or a bad one.
+        """
         t1 = time.perf_counter()
         where = sample.where
         try:
@@ -122,9 +137,9 @@ class DetectionBatchBuilder:
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> DetectionBatch:
         """Read, decode and transform the given samples, in order."""
-        got, stats = self.samples.fill(lambda _slot, sample, seed, stats, dstats: self._sample(sample, seed, stats,
-                                                                                               dstats),
-                                       shards, indices, seeds)
+        got, stats = self.samples.fill(lambda _slot, sample, seed, stats, dstats:
+                                       self.build_one(sample, seed, stats, dstats), shards, indices, seeds)
         images = [image for image, _ in got.results]
-        targets = [target for _, target in got.results]
-        return DetectionBatch(pad_images(images, self.pad) if self.pad else images, targets, got.keys, stats)
+        targets = PackedTargets.of([target for _, target in got.results], masks=self.masks)
+        return DetectionBatch(pad_images(images, self.pad) if self.pad else PackedPlanes.of(images), targets,
+                              got.keys, stats)

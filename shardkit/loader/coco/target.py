@@ -79,26 +79,30 @@ def coco_target(meta: bytes | Mapping[str, Any], height: int, width: int, *, mas
     except (ValueError, KeyError, TypeError) as err:
         raise BadTarget(f"json member is not a COCO sample ({err})") from err
     n = len(anns)
-    boxes = torch.empty((n, 4), dtype=torch.float32)
-    labels = torch.empty(n, dtype=torch.int64)
-    area = torch.empty(n, dtype=torch.float32)
-    iscrowd = torch.empty(n, dtype=torch.int64)
-    try:
-        for i, ann in enumerate(anns):
+    rows: list[list[float]] = []
+    cats: list[Any] = []
+    areas: list[float] = []
+    crowd: list[int] = []
+    try:  # Python lists first, one tensor per field after: a tensor per annotation cost ~0.3 ms an image
+        for ann in anns:
             bbox = [float(v) for v in ann["bbox"]]
             if len(bbox) != 4:
                 raise BadTarget(f"annotation {ann.get('id')!r}: bbox must have 4 numbers, got {bbox}")
-            boxes[i] = torch.tensor(bbox, dtype=torch.float32)
+            rows.append(bbox)
             cid = ann["category_id"]
-            labels[i] = cid if label_map is None else label_map[cid]
-            area[i] = float(ann["area"]) if "area" in ann else bbox[2] * bbox[3]
-            iscrowd[i] = int(ann.get("iscrowd", 0))
+            cats.append(cid if label_map is None else label_map[cid])
+            areas.append(float(ann["area"]) if "area" in ann else bbox[2] * bbox[3])
+            crowd.append(int(ann.get("iscrowd", 0)))
+        boxes = torch.tensor(rows, dtype=torch.float32).reshape(n, 4)
+        labels = torch.tensor(cats, dtype=torch.int64)
+        area = torch.tensor(areas, dtype=torch.float32)
+        iscrowd = torch.tensor(crowd, dtype=torch.int64)
     except BadTarget:
         raise
     except KeyError as err:
-        raise BadTarget(f"annotation {i}: missing {err} (or category not in the label map)") from err
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise BadTarget(f"annotation {i}: malformed ({err})") from err
+        raise BadTarget(f"annotation {len(rows)}: missing {err} (or category not in the label map)") from err
+    except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+        raise BadTarget(f"annotation {len(rows)}: malformed ({err})") from err
     boxes[:, 2:] += boxes[:, :2]  # XYWH -> XYXY, the same float32 op as torchvision's
     target: dict[str, Any] = {"image_id": image_id, "boxes": boxes, "labels": labels, "area": area, "iscrowd": iscrowd}
     if masks:

@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
-__all__ = ["BufferCycle", "RawBatch", "RawBatchBuilder", "RawImages"]
+__all__ = ["BufferCycle", "RawBatch", "RawBatchBuilder", "RawImages", "StagedBatch", "WorkerBuffers", "pack_raw"]
 
 Item = tuple[bytes | torch.Tensor, tuple[int, ...] | None]  # JPEG bytes + geometry, or pixels + None
 
@@ -113,6 +114,15 @@ class RawImages:
         return [self.data[b[i]:b[i + 1]] for i in range(len(b) - 1)]
 
 
+class StagedBatch(Protocol):
+    """What a device route's worker ships and a :class:`~shardkit.loader.gpu.pinned.PinnedSlot`
+    stages: the batch's :class:`RawImages`, sample ``keys`` and the worker's ``stats``."""
+
+    images: RawImages
+    keys: list[str]
+    stats: StageStats
+
+
 @dataclass
 class RawBatch:
     """What a GPU-route worker ships: the batch's :class:`RawImages` (labels included), sample
@@ -137,6 +147,51 @@ class BufferCycle:
         return self.bufs[k][:nbytes]
 
 
+class WorkerBuffers:
+    """Where a builder puts a batch's blob: in a worker process, the next buffer of that
+    process's :class:`BufferCycle` of ``cycle`` buffers (made on first use); elsewhere, or with
+    ``cycle=0``, a fresh tensor. Pickles without its buffers (each process makes its own)."""
+
+    def __init__(self, cycle: int) -> None:
+        self.cycle = cycle
+        self._buffers: BufferCycle | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_buffers": None}
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if self.cycle <= 0 or get_worker_info() is None:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        if self._buffers is None or self._buffers.pid != os.getpid():
+            self._buffers = BufferCycle(self.cycle)
+        return self._buffers.take(nbytes)
+
+
+def pack_raw(buffer: torch.Tensor | WorkerBuffers, jpegs: Sequence[tuple[int, bytes, tuple[int, ...]]],
+             cpu: Sequence[tuple[int, torch.Tensor | None]], labels: np.ndarray, size: tuple[int, int]) -> RawImages:
+    """Lay a batch out as one :class:`RawImages` blob: ``jpegs`` as ``(dest, bytes, window)``,
+    ``cpu`` as ``(dest, pixels)`` (pixels of ``size``, or None where they travel beside the blob,
+    ``size`` then ``(0, 0)``: the detection route's images differ in size), ``labels`` one per image."""
+    lengths = [len(d) for _, d, _ in jpegs]
+    k, m, n, nbytes = len(jpegs), len(cpu), len(labels), sum(lengths)
+    want = RawImages.blob_size(nbytes, k, m, n, size)
+    blob = buffer.take(want) if isinstance(buffer, WorkerBuffers) else buffer[:want]
+    raw = RawImages(blob, k, m, n, nbytes, size)
+    view, pos = raw.data.numpy(), 0
+    for (_, d, _), length in zip(jpegs, lengths, strict=True):
+        view[pos:pos + length] = np.frombuffer(d, dtype=np.uint8)
+        pos += length
+    raw.bounds.numpy()[:] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    raw.cpu_dest.numpy()[:] = [i for i, _ in cpu]
+    raw.labels.numpy()[:] = labels
+    if k:
+        raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]
+    for j, (_, px) in enumerate(cpu):
+        if px is not None:
+            raw.cpu_images[j].copy_(px)
+    return raw
+
+
 class RawBatchBuilder:
     """Turn ``(shard, index, seed)`` triples into a :class:`RawBatch` (needs an ImageTransform).
 
@@ -152,17 +207,7 @@ class RawBatchBuilder:
         self.samples = SampleSource(reader, on_error, num_classes)
         self.transform = transform
         self.buffer_cycle = buffer_cycle
-        self._cycle: BufferCycle | None = None
-
-    def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_cycle": None}  # each process makes its own buffers
-
-    def _buffer(self, nbytes: int) -> torch.Tensor:
-        if self.buffer_cycle <= 0 or get_worker_info() is None:
-            return torch.empty(nbytes, dtype=torch.uint8)
-        if self._cycle is None or self._cycle.pid != os.getpid():
-            self._cycle = BufferCycle(self.buffer_cycle)
-        return self._cycle.take(nbytes)
+        self.buffers = WorkerBuffers(buffer_cycle)
 
     def _raw(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> tuple[int, Item]:
         t1 = time.perf_counter()
@@ -198,22 +243,7 @@ class RawBatchBuilder:
         return RawBatch(self._pack([item for _, item in got.results], labels), got.keys, stats)
 
     def _pack(self, items: list[Item], labels: np.ndarray) -> RawImages:
-        size = self.transform.output_size
         jpegs = [(i, data, win) for i, (data, win) in enumerate(items)
                  if not isinstance(data, torch.Tensor) and win is not None]
         cpu = [(i, px) for i, (px, _win) in enumerate(items) if isinstance(px, torch.Tensor)]
-        lengths = [len(d) for _, d, _ in jpegs]
-        k, m, n, nbytes = len(jpegs), len(cpu), len(items), sum(lengths)
-        raw = RawImages(self._buffer(RawImages.blob_size(nbytes, k, m, n, size)), k, m, n, nbytes, size)
-        view, pos = raw.data.numpy(), 0
-        for (_, d, _), length in zip(jpegs, lengths, strict=True):
-            view[pos:pos + length] = np.frombuffer(d, dtype=np.uint8)
-            pos += length
-        raw.bounds.numpy()[:] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-        raw.cpu_dest.numpy()[:] = [i for i, _ in cpu]
-        raw.labels.numpy()[:] = labels
-        if k:
-            raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]
-        for j, (_, px) in enumerate(cpu):
-            raw.cpu_images[j].copy_(px)
-        return raw
+        return pack_raw(self.buffers, jpegs, cpu, labels, self.transform.output_size)

@@ -25,6 +25,10 @@ class GpuOptions:
             default: it was slower than nvJPEG alone in our H200 measurements (BENCHMARKS.md),
             and ``"mix"`` breaks bit-exact resume (which decoder takes a batch depends on timing).
         hw_decode_threads: CPU threads of the nvImageCodec decoder (>= 1).
+        decode_threads: threads calling the batched GPU decoder, each on a CUDA stream of its own
+            (>= 1). torchvision's nvJPEG serialises its calls, so more than one helps only with
+            TorchCodec's decoder (``shardkit.codec.backend.prefer_decoder("torchcodec")``), which
+            reaches the hardware JPEG engines: BENCHMARKS.md, "Which library decodes".
 
     Raises:
         LoaderError: a field is out of range (the message names it).
@@ -42,9 +46,10 @@ class GpuOptions:
     device_prefetch: int = 2
     hw_decode: Literal["off", "mix", "only"] = "off"
     hw_decode_threads: int = 2
+    decode_threads: int = 1
 
     def __post_init__(self) -> None:
-        for name, least in (("device_prefetch", 2), ("hw_decode_threads", 1)):
+        for name, least in (("device_prefetch", 2), ("hw_decode_threads", 1), ("decode_threads", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise LoaderError(f"{name} must be an int >= {least}, got {value!r}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shardkit.loader.gpu.build import RawBatch
+from shardkit.loader.gpu.build import StagedBatch
 from shardkit.transforms.gpu import Col
 
 __all__ = ["PinnedSlot", "chw_offsets"]
@@ -44,7 +44,7 @@ class PinnedSlot:
         self.counts = (0, 0, 0)
         self.bounds: list[int] = [0]
 
-    def stage(self, batch: RawBatch) -> None:
+    def stage(self, batch: StagedBatch) -> None:
         """Copy a worker batch's host tensors into this slot."""
         if self.event is not None:
             self.event.synchronize()

@@ -9,7 +9,8 @@ Three stages, each a thread, joined by bounded queues, so host and device work o
    are waiting); when asked for and the GPU's hardware JPEG engines work through nvImageCodec
    (:mod:`~shardkit.codec.nvimgcodec`), a second decode thread with its own decoder object and
    CUDA stream takes staged batches from the same queue, so both decoders run at once (or
-   that thread decodes alone);
+   that thread decodes alone); ``decode_threads`` > 1 runs that many batched-decoder threads,
+   each on its own stream (a gain only with a decoder that does not serialise its calls);
 3. *augment*: takes decoded batches back in staging order (a small reorder buffer keyed by
    sequence number, since two decoders finish out of order); on a dedicated CUDA stream (after
    the decode's event), enqueue the small copies,
@@ -38,14 +39,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from shardkit.codec.nvimgcodec import HwJpegDecoder
-from shardkit.loader.gpu.build import RawBatch
+from shardkit.loader.gpu.build import StagedBatch
 from shardkit.loader.gpu.pinned import PinnedSlot
-from shardkit.loader.gpu.pipeline import DeviceBatch, GpuPipeline
+from shardkit.loader.gpu.stages import Decoded, DeviceStages, ReadyBatch
 from shardkit.loader.stats import StageStats
 
 __all__ = ["DevicePrefetcher", "InOrder", "staging_slots"]
@@ -85,7 +86,11 @@ class InOrder:
         return len(self._held)
 
 
-class DevicePrefetcher:
+B = TypeVar("B", bound=StagedBatch)
+D = TypeVar("D", bound=ReadyBatch)
+
+
+class DevicePrefetcher(Generic[B, D]):
     """Iterate ``source``'s batches as finalised device batches, prepared ahead in threads.
 
     ``merge``: up to this many staged batches are decoded in one nvJPEG call when they are
@@ -97,10 +102,10 @@ class DevicePrefetcher:
     iterator (``for`` loops do it when abandoned).
     """
 
-    def __init__(self, source: Iterator[RawBatch], pipeline: GpuPipeline, device: torch.device,
+    def __init__(self, source: Iterator[B], pipeline: DeviceStages[B, D], device: torch.device,
                  slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0,
                  merge: int = 2, hw_planar: bool | None = None, hw_only: bool = False,
-                 hw_threads: int = 2) -> None:
+                 hw_threads: int = 2, decode_threads: int = 1) -> None:
         if depth < merge or len(slots) < staging_slots(depth):
             raise ValueError(f"need depth >= {merge} and {staging_slots(depth)} slots, got {depth} and {len(slots)}")
         self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
@@ -108,20 +113,21 @@ class DevicePrefetcher:
         self.stats = stats  # stage times are added here
         self.stream = torch.cuda.Stream(device)  # augment: copies, kernel, finalize
         # nvJPEG writes its outputs on a stream of its own, ordered only after the caller's
-        # current stream's *past* work; so decode outputs are allocated on this separate stream,
-        # whose blocks are reused only after the augment that read them completed (see _augment)
-        self.decode_stream = torch.cuda.Stream(device)
+        # current stream's *past* work; so decode outputs are allocated on separate streams (one
+        # per decode thread), whose blocks are reused only after the augment that read them
+        # completed (see _augment)
+        self.decode_streams = [torch.cuda.Stream(device) for _ in range(decode_threads)]
         self._q = [queue.Queue[Any](maxsize=depth) for _ in range(3)]  # staged, decoded, ready
         self._stop = threading.Event()
         self._free = threading.Semaphore(len(slots))  # permits to (re)stage a slot, see module doc
         self.hw_planar, self.hw_threads = hw_planar, hw_threads
         self.hw_stream = torch.cuda.Stream(device) if hw_planar is not None else None
-        self._keep: deque[RawBatch] = deque(maxlen=max(keep_alive, 1))
+        self._keep: deque[B] = deque(maxlen=max(keep_alive, 1))
         self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event, list[torch.Tensor]]] = deque()
         stages: list[tuple[Any, int, torch.cuda.Stream]] = [(self._fetch, 0, self.stream),
                                                              (self._augment, 2, self.stream)]
         if self.hw_stream is None or not hw_only:
-            stages.append((self._decode, 1, self.decode_stream))
+            stages += [(self._decode, 1, stream) for stream in self.decode_streams]
         if self.hw_stream is not None:
             stages.append((self._decode_hw, 1, self.hw_stream))
         self.decoders = len(stages) - 2
@@ -171,7 +177,7 @@ class DevicePrefetcher:
 
     def _decode_loop(self, decode: Any, stream: torch.cuda.Stream, timer: str) -> None:
         """Decode staged batches with ``decode(items)`` until the end, adding seconds to ``stats.<timer>``."""
-        pending: list[tuple[int, RawBatch, PinnedSlot]] = []
+        pending: list[tuple[int, B, PinnedSlot]] = []
         while True:
             item = self._get(self._q[0])
             end = item is _DONE or isinstance(item, BaseException)
@@ -193,7 +199,8 @@ class DevicePrefetcher:
                 return
 
     def _decode(self) -> None:
-        self._decode_loop(self.pipeline.decode_many, self.decode_stream, "gpu_decode_s")
+        """One decode thread; :meth:`_guard` made its own stream current."""
+        self._decode_loop(self.pipeline.decode_many, torch.cuda.current_stream(self.device), "gpu_decode_s")
 
     def _decode_hw(self) -> None:
         assert self.hw_stream is not None and self.hw_planar is not None
@@ -218,7 +225,7 @@ class DevicePrefetcher:
                 if not self._augment_one(*args):
                     return
 
-    def _augment_one(self, batch: RawBatch, slot: PinnedSlot, decoded_rejected: tuple[list[torch.Tensor], list[int]],
+    def _augment_one(self, batch: B, slot: PinnedSlot, decoded_rejected: Decoded,
                      done: torch.cuda.Event) -> bool:
         decoded, rejected = decoded_rejected
         t0 = time.perf_counter()
@@ -236,7 +243,7 @@ class DevicePrefetcher:
         self.stats.gpu_host_s += time.perf_counter() - t0
         return self._put(self._q[2], (ready, slot.event))
 
-    def __iter__(self) -> Iterator[DeviceBatch]:
+    def __iter__(self) -> Iterator[D]:
         current = torch.cuda.current_stream(self.device)
         try:
             while True:
@@ -247,9 +254,8 @@ class DevicePrefetcher:
                     raise item
                 batch, event = item
                 current.wait_event(event)
-                for t in (batch.images, batch.labels):
-                    if isinstance(t, torch.Tensor):
-                        t.record_stream(current)
+                for t in batch.tensors():
+                    t.record_stream(current)
                 yield batch
         finally:
             self.close()

@@ -20,9 +20,24 @@ from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
-__all__ = ["GpuRoute"]
+__all__ = ["GpuRoute", "hw_decode_setup"]
 
 log = logging.getLogger("shardkit.loader")
+
+
+def hw_decode_setup(options: GpuOptions, device: torch.device) -> tuple[bool | None, bool]:
+    """``(hw_planar, hw_only)`` for :class:`DevicePrefetcher`: whether the hardware JPEG engines
+    decode (None: no; else planar output or not) and whether they decode alone, from
+    ``options.hw_decode`` and a probe of ``device`` (one log line says which, or why not)."""
+    hw = options.hw_decode
+    reason, planar = ("off", False) if hw == "off" else hw_decode_unavailable(device, options.hw_decode_threads)
+    only = reason is None and hw == "only"
+    if reason is None:
+        log.info("shardkit: hardware JPEG decoder (nvImageCodec) decodes %s on %s",
+                 "alone" if only else "beside nvJPEG", device)
+    elif hw != "off":
+        log.warning("shardkit: no hardware JPEG decoder (%s); nvJPEG decodes alone", reason)
+    return (None if reason is not None else planar), only
 
 
 class GpuRoute(Route[RawBatch, DeviceBatch]):
@@ -49,16 +64,8 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         self._slots = [PinnedSlot(batch_size, transform.output_size, len(GEOMETRY_COLUMNS), pin=True)
                        for _ in range(staging_slots(options.device_prefetch))]
         self._keep_alive = num_workers * (cycle + 1)
-        hw = options.hw_decode
-        reason, planar = ("off", False) if hw == "off" else hw_decode_unavailable(device, options.hw_decode_threads)
-        self._hw_planar: bool | None = None if reason is not None else planar
-        self._hw_only = reason is None and hw == "only"
-        if reason is None:
-            log.info("shardkit: hardware JPEG decoder (nvImageCodec) decodes %s on %s",
-                     "alone" if self._hw_only else "beside nvJPEG", device)
-        elif hw != "off":
-            log.warning("shardkit: no hardware JPEG decoder (%s); nvJPEG decodes alone", reason)
-        self._prefetcher: DevicePrefetcher | None = None
+        self._hw_planar, self._hw_only = hw_decode_setup(options, device)
+        self._prefetcher: DevicePrefetcher[RawBatch, DeviceBatch] | None = None
 
     def prepare(self, batches: Iterator[RawBatch], stats: StageStats) -> Iterator[DeviceBatch]:
         """Decode and augment ahead in threads: a new prefetcher per iteration. One still running
@@ -68,7 +75,8 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         self._prefetcher = DevicePrefetcher(batches, self.pipeline, self.device, self._slots, stats,
                                             self.options.device_prefetch, keep_alive=self._keep_alive,
                                             hw_planar=self._hw_planar, hw_only=self._hw_only,
-                                            hw_threads=self.options.hw_decode_threads)
+                                            hw_threads=self.options.hw_decode_threads,
+                                            decode_threads=self.options.decode_threads)
         return iter(self._prefetcher)
 
     def finish(self, batch: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,36 @@
+"""What ``run_bench`` measures on a COCO source: which loaders, on which device (no timing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shardkit.bench import api
+from shardkit.bench.api import BenchConfig
+
+
+def test_coco_rows_cpu_route_on_the_cpu_and_the_gpu_route_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: dict[str, dict[str, Any]] = {}
+    monkeypatch.setattr(api.runner, "detection_shardloader", lambda shards, **kw: built.setdefault(kw["device"], kw))
+    monkeypatch.setattr(api.baselines, "cocodetection_loader", lambda *a, **kw: built.setdefault("baseline", kw))
+    for device, names in (("cpu", ["cocodetection", "shardloader"]),
+                          ("cuda", ["cocodetection", "shardloader", "shardloader-gpu"])):
+        built.clear()
+        cfg = BenchConfig("images", annotations="instances.json", device=device, size=800, max_size=1333)
+        rows = api._coco_contenders(cfg, "shards")
+        assert [r.name for r in rows] == names
+        for r in rows:
+            r.build()
+        assert built["baseline"]["device"] == device and "cpu" in built  # the CPU route delivers on the CPU
+        assert ("cuda" in built) is (device == "cuda")
+        assert all(kw["min_size"] == 800 and kw["max_size"] == 1333 for kw in built.values())
+
+
+def test_coco_bench_needs_pycocotools_for_its_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pycocotools" else real(name, *a))
+    with pytest.raises(ValueError, match="pycocotools"):
+        BenchConfig("images", annotations="instances.json").validate()

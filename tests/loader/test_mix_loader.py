@@ -1,0 +1,261 @@
+"""ShardLoader over a weighted mix of packed datasets: each epoch's composition, labels as packed
+(or offset), pixels from the right dataset, exact and elastic resume, and the checks that refuse
+datasets, weights or states that do not fit."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sample_data.coco_gen import make_coco
+from sample_data.generate import decode_index, make_indexed_imagefolder
+from shardkit import LoaderError, ShardLoader
+from shardkit.index.manifest import locate_dataset, read_manifest
+from shardkit.loader.reader import ReaderPart, ShardReader
+from shardkit.pack import PackOptions, pack, pack_coco
+
+A_PER_CLASS, B_PER_CLASS, C_PER_CLASS = 23, 10, 5  # packed (conftest): 3 classes of 23, 64x48
+
+
+def _pack(tmp: pytest.TempPathFactory, name: str, classes: int, per_class: int, max_count: int) -> str:
+    root = tmp.mktemp(name)
+    make_indexed_imagefolder(root / "src", classes=classes, per_class=per_class, size=(32, 40))
+    pack(str(root / "src"), str(root / "ds"), options=PackOptions(max_count=max_count, seed=2), workers=1)
+    return str(root / "ds")
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """20 samples, classes c000-c001 (another class list than ``packed``), 32x40, shards of <= 6."""
+    return _pack(tmp_path_factory, "mix-b", 2, B_PER_CLASS, 6)
+
+
+@pytest.fixture(scope="module")
+def same_classes(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """15 samples, classes c000-c002 (``packed``'s list), 32x40, shards of <= 4."""
+    return _pack(tmp_path_factory, "mix-c", 3, C_PER_CLASS, 4)
+
+
+def _samples(loader: ShardLoader, epoch: int, *, per_class: int = B_PER_CLASS,
+             offset: int = 3) -> list[tuple[str, int, str]]:
+    """Epoch ``epoch``'s samples as (dataset, label, key), checking each one's pixels against its
+    key and its label against its class: dataset "a" is ``packed`` (64x48, 23 per class), "b" the
+    other one (32x40, ``per_class`` per class, labels offset by ``offset``)."""
+    loader.set_epoch(epoch)
+    out = []
+    for images, labels, keys in loader:
+        for image, label, key in zip(images, labels.tolist(), keys, strict=True):
+            index = int(key)
+            assert decode_index(image) == index
+            dataset = "a" if tuple(image.shape) == (3, 48, 64) else "b"
+            expected = index // A_PER_CLASS if dataset == "a" else offset + index // per_class
+            assert label == expected
+            out.append((dataset, label, key))
+    return out
+
+
+def _loader(datasets: list[str], **kwargs: Any) -> ShardLoader:
+    return ShardLoader(datasets, **{"batch_size": 4, "keys": True, "seed": 7, **kwargs})
+
+
+def test_each_epoch_holds_each_datasets_quota(packed: Path, other: str) -> None:
+    with _loader([str(packed), other], weights=[0.5, 0.5], disjoint_labels=True, drop_last=False,
+                 even_batches=False) as loader:  # every position once: the epoch as planned
+        assert loader.mix is not None and loader.mix.quotas == [45, 44]  # 89 samples: 44.5 each
+        assert loader.classes == ("c000", "c001", "c002", "c000", "c001")
+        seen: dict[str, set[str]] = {"a": set(), "b": set()}
+        for epoch in (0, 1, 2):
+            samples = _samples(loader, epoch)
+            counts = Counter(dataset for dataset, _, _ in samples)
+            assert counts == {"a": 45, "b": 44}
+            a_keys = Counter(key for dataset, _, key in samples if dataset == "a")
+            assert max(a_keys.values()) == 1  # under-weighted: never twice in an epoch
+            b_keys = Counter(key for dataset, _, key in samples if dataset == "b")
+            assert set(b_keys.values()) <= {2, 3} and len(b_keys) == 20  # 2.2 passes
+            for dataset, _, key in samples:
+                seen[dataset].add(key)
+            if epoch == 1:  # a's round: ceil(69 / 45) = 2 epochs
+                assert len(seen["a"]) == 69
+
+
+def test_labels_are_as_packed_when_the_class_lists_match(packed: Path, same_classes: str) -> None:
+    with _loader([str(packed), same_classes], weights=[1, 1], even_batches=False) as loader:
+        assert loader.classes == ("c000", "c001", "c002")
+        assert loader.manifest.classes == loader.classes and len(loader.manifests) == 2
+        counts = Counter(dataset for dataset, _, _ in _samples(loader, 0, per_class=C_PER_CLASS, offset=0))
+        assert counts == {"a": 42, "b": 42}
+
+
+def test_without_weights_a_mix_is_the_concatenation(packed: Path, same_classes: str) -> None:
+    with _loader([str(packed), same_classes], even_batches=False, shuffle=False) as loader:
+        samples = _samples(loader, 0, per_class=C_PER_CLASS, offset=0)
+        assert [d for d, _, _ in samples] == ["a"] * 69 + ["b"] * 15
+        alone = []
+        for dataset in (str(packed), same_classes):
+            with _loader([dataset], even_batches=False, shuffle=False) as single:
+                alone += [key for _, _, keys in single for key in keys]
+        assert [key for _, _, key in samples] == alone
+
+
+def _run(loader: ShardLoader, epoch: int, stop: int | None = None) -> list[tuple[str, int, str]]:
+    """The samples of the next ``stop`` batches (all when None) of ``epoch``."""
+    loader.set_epoch(epoch)
+    out: list[tuple[str, int, str]] = []
+    it = iter(loader)
+    for batch in it if stop is None else (next(it) for _ in range(stop)):
+        out += _samples_of(loader, batch)
+    return out
+
+
+def _samples_of(loader: ShardLoader, batch: Any) -> list[tuple[str, int, str]]:
+    images, labels, keys = batch
+    return [("a" if tuple(image.shape) == (3, 48, 64) else "b", label, key)
+            for image, label, key in zip(images, labels.tolist(), keys, strict=True)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mix_resumes_exactly_mid_epoch(packed: Path, other: str, workers: int) -> None:
+    options: dict[str, Any] = {"weights": [0.3, 0.7], "disjoint_labels": True, "drop_last": True}
+    with _loader([str(packed), other], **options) as loader:
+        whole = _run(loader, 1)
+        following = _run(loader, 2)
+    with _loader([str(packed), other], **options) as loader:
+        head = _run(loader, 1, stop=5)
+        state = loader.state_dict()
+    assert state["mix"][1]["quota"] == 62 and state["batches_consumed"] == 5
+    with _loader([str(packed), other], num_workers=workers, **options) as resumed:
+        resumed.load_state_dict(state)
+        assert len(resumed) == 22
+        tail = _run(resumed, resumed.epoch)
+        assert head + tail == whole
+        assert _run(resumed, 2) == following
+
+
+def test_a_mix_resumes_elastically_with_the_rest_of_the_epoch(packed: Path, other: str) -> None:
+    """2 ranks x 3 stop after 4 steps; 1 rank x 5 delivers the rest: with drop_last, nothing twice
+    beyond what the epoch holds, and nothing lost but each layout's dropped tail."""
+    options: dict[str, Any] = {"weights": [0.6, 0.4], "disjoint_labels": True, "drop_last": True}
+    with _loader([str(packed), other], batch_size=89, world_size=1, rank=0, **options) as one:
+        epoch = Counter(_run(one, 3))  # all 89 samples of epoch 3 (duplicates of b included)
+    ranks = [_loader([str(packed), other], batch_size=3, world_size=2, rank=r, **options) for r in (0, 1)]
+    before: list[tuple[str, int, str]] = []
+    for loader in ranks:
+        before += _run(loader, 3, stop=4)
+    state = ranks[0].state_dict()
+    for loader in ranks:
+        loader.close()
+    with _loader([str(packed), other], batch_size=5, world_size=1, rank=0, **options) as resumed:
+        resumed.load_state_dict(state)
+        after = _run(resumed, resumed.epoch)
+    delivered = Counter(before + after)
+    assert not delivered - epoch  # nothing more often than the epoch holds it
+    lost = sum((epoch - delivered).values())
+    assert lost <= (2 * 3 - 1) + (5 - 1)
+
+
+def test_a_state_for_another_mix_is_refused_naming_it(packed: Path, other: str) -> None:
+    with _loader([str(packed), other], weights=[1, 1], disjoint_labels=True) as loader:
+        state = loader.state_dict()
+    with _loader([str(packed), other], weights=[2, 1], disjoint_labels=True) as loader, \
+            pytest.raises(LoaderError, match="mix: dataset 0's quota: state has 45, loader has 59"):
+        loader.load_state_dict(state)
+    with _loader([str(packed)]) as single, pytest.raises(LoaderError, match="mix: state has a mix of 2"):
+        single.load_state_dict(state)
+
+
+def test_datasets_whose_labels_clash_are_refused(packed: Path, other: str, same_classes: str) -> None:
+    a, b = re.escape(str(packed)), re.escape(other)
+    with pytest.raises(LoaderError, match=rf"class lists differ: {a} has 3 classes, {b} has 2 \({a} adds 'c002'\)"
+                                          ".*disjoint_labels=True"):
+        ShardLoader([str(packed), other], batch_size=2)
+    ShardLoader([str(packed), same_classes, str(packed)], batch_size=2).close()  # a dataset may come twice
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"weights": [1.0]}, "weights has 1 entries for 2 datasets"),
+        ({"weights": [1.0, 0]}, "the weight of dataset .*mix-b.* must be a positive finite number, got 0"),
+        ({"weights": 0.5}, "sequence of numbers"),
+        ({"weights": [1.0, 1e-6]}, "gives it 0 of an epoch's 89 samples"),
+        ({"disjoint_labels": "yes"}, "disjoint_labels must be True or False"),
+    ],
+)
+def test_bad_mix_arguments_are_refused(packed: Path, other: str, kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(LoaderError, match=match):
+        ShardLoader([str(packed), other], batch_size=2, **{"disjoint_labels": True, **kwargs})
+
+
+def test_bad_dataset_lists_are_refused(packed: Path) -> None:
+    with pytest.raises(LoaderError, match="non-empty list"):
+        ShardLoader([], batch_size=2)
+    with pytest.raises(LoaderError, match="each dataset must be a path or URL"):
+        ShardLoader([str(packed), 3], batch_size=2)  # type: ignore[list-item]
+    with pytest.raises(LoaderError, match="weights has 2 entries for 1 datasets"):
+        ShardLoader(str(packed), batch_size=2, weights=[1, 2])
+    with ShardLoader([str(packed)], batch_size=2, weights=[3]) as single:  # one dataset: no mix
+        assert single.mix is None and "mix" not in single.state_dict()
+
+
+@pytest.fixture(scope="module")
+def cocos(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Two generated COCO sets with the same categories (6 and 9 images)."""
+    root = tmp_path_factory.mktemp("mix-coco")
+    out = []
+    for images, seed in ((6, 3), (9, 4)):
+        src, ann = make_coco(root / f"gen{seed}", images=images, seed=seed)
+        pack_coco(str(src), str(ann), str(root / f"ds{seed}"), options=PackOptions(max_count=4), workers=1)
+        out.append(str(root / f"ds{seed}"))
+    return out
+
+
+def test_coco_datasets_mix_and_resume(cocos: list[str], packed: Path) -> None:
+    options: dict[str, Any] = {"batch_size": 2, "weights": [2, 1], "keys": True, "seed": 1, "drop_last": True}
+    with ShardLoader(cocos, **options) as loader:
+        assert loader.mix is not None and loader.mix.quotas == [10, 5] and len(loader) == 7
+        whole = [key for _, _, keys in loader for key in keys]
+        loader.set_epoch(0)
+        it = iter(loader)
+        head = [key for _ in range(3) for key in next(it)[2]]
+        state = loader.state_dict()
+    with ShardLoader(cocos, **options) as resumed:
+        resumed.load_state_dict(state)
+        assert head + [key for _, _, keys in resumed for key in keys] == whole
+    with pytest.raises(LoaderError, match="cannot mix datasets of different kinds"):
+        ShardLoader([cocos[0], str(packed)], batch_size=2)
+    with pytest.raises(LoaderError, match="disjoint_labels is for ImageFolder datasets"):
+        ShardLoader(cocos, batch_size=2, disjoint_labels=True)
+
+
+def test_a_joined_reader_reads_each_dataset_from_its_own_store(packed: Path, other: str) -> None:
+    stores = [locate_dataset(d) for d in (str(packed), other)]
+    manifests = [read_manifest(s) for s in stores]
+    joined = ShardReader.joined([ReaderPart(s, m.shards, 3 * i, 2 if i else None)
+                                 for i, (s, m) in enumerate(zip(stores, manifests, strict=True))])
+    first = len(manifests[0].shards)
+    for i, (store, m) in enumerate(zip(stores, manifests, strict=True)):
+        alone = ShardReader(store, m.shards)
+        base = first * i
+        for shard in (0, len(m.shards) - 1):
+            assert joined.read(base + shard, 1) == alone.read(shard, 1)
+            assert joined.where(base + shard) == store.path(m.shards[shard].url)
+        assert joined.labels_of(base) == ((0, None) if i == 0 else (3, 2))
+    joined.close()
+
+
+def test_a_damaged_shard_of_the_second_dataset_is_named(packed: Path, other: str, tmp_path: Path) -> None:
+    copy = tmp_path / "b"
+    shutil.copytree(other, copy)
+    shard = sorted(copy.glob("*.tar"))[1]
+    shard.write_bytes(shard.read_bytes()[:1024])  # cut short: its later samples are lost
+    loader = _loader([str(packed), str(copy)], weights=[1, 1], disjoint_labels=True, on_error="raise",
+                     even_batches=False)
+    with loader, pytest.raises(LoaderError) as err:
+        for _ in loader:
+            pass
+    assert str(shard) in str(err.value)
