@@ -8,6 +8,12 @@
  *   The box's pixels, equal to a full decode's: height rows of width RGB pixels (HWC). Raises
  *   ValueError on any libjpeg error or warning (corrupt data, CMYK, ...); the caller falls back
  *   to a full decode, which decides whether the image is really bad.
+ *
+ * decode(data) -> (bytearray, height, width, warnings, first_warning) | None
+ *   The whole image as RGB rows (HWC), with libjpeg's warnings about corrupt but decodable data
+ *   counted and the first one's text (None when there was none) instead of printed. None for a
+ *   colour space it leaves to other decoders (CMYK, YCCK); ValueError on a libjpeg error or a
+ *   truncated file.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,10 +41,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     struct error_manager err;
     PyObject *volatile out = NULL;
     unsigned char *volatile scratch = NULL;
-    err.message[0] = '\0';
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
+    cinfo.err = errors_init(&err);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
         free(scratch);
@@ -104,7 +107,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     free(scratch);
     scratch = NULL;
     if (err.pub.num_warnings > 0) {
-        strcpy(err.message, "corrupt JPEG data");
+        snprintf(err.message, sizeof err.message, "corrupt JPEG data (%s)", err.warning);
         longjmp(err.jump, 1);
     }
     jpeg_abort_decompress(&cinfo);
@@ -113,8 +116,59 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     return out;
 }
 
+static PyObject *decode(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    struct jpeg_decompress_struct cinfo;
+    struct error_manager err;
+    PyObject *volatile out = NULL;
+    cinfo.err = errors_init(&err);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        Py_XDECREF(out);
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, err.message);
+        return NULL;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_read_header(&cinfo, TRUE);
+    if (cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_GRAYSCALE &&
+        cinfo.jpeg_color_space != JCS_RGB) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        Py_RETURN_NONE;
+    }
+    cinfo.out_color_space = JCS_RGB;
+    jpeg_start_decompress(&cinfo);
+    size_t row_bytes = (size_t)cinfo.output_width * 3;
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(row_bytes * cinfo.output_height));
+    if (out == NULL) { /* keep Python's MemoryError */
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
+    JSAMPROW rows[CHUNK];
+    while (cinfo.output_scanline < cinfo.output_height) {
+        JDIMENSION want = cinfo.output_height - cinfo.output_scanline;
+        if (want > CHUNK) want = CHUNK;
+        for (JDIMENSION i = 0; i < want; i++) rows[i] = pixels + (size_t)(cinfo.output_scanline + i) * row_bytes;
+        if (jpeg_read_scanlines(&cinfo, rows, want) == 0) {
+            strcpy(err.message, "no more scanlines");
+            longjmp(err.jump, 1);
+        }
+    }
+    jpeg_finish_decompress(&cinfo);  /* reads up to EOI: warnings about what precedes it count too */
+    int height = (int)cinfo.output_height, width = (int)cinfo.output_width, warnings = (int)err.pub.num_warnings;
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    return Py_BuildValue("Niiiz", out, height, width, warnings, err.warning[0] ? err.warning : NULL);
+}
+
 static PyMethodDef methods[] = {
     {"decode_crop", decode_crop, METH_VARARGS, "Decode only a crop box of a JPEG to RGB rows."},
+    {"decode", decode, METH_VARARGS, "Decode a whole JPEG to RGB rows, with libjpeg's warnings returned."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -77,11 +77,8 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     struct error_manager err;
     struct growing_dest out = {{0}, NULL, 0};
     volatile int dst_created = 0;
-    err.message[0] = '\0';
-    src.err = jpeg_std_error(&err.pub);
+    src.err = errors_init(&err);
     dst.err = &err.pub;
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
     if (setjmp(err.jump)) {
         if (dst_created) jpeg_destroy_compress(&dst);
         jpeg_destroy_decompress(&src);
@@ -104,7 +101,7 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     }
     jvirt_barray_ptr *coefficients = jpeg_read_coefficients(&src);
     if (err.pub.num_warnings > 0) {
-        strcpy(err.message, "corrupt JPEG data");
+        snprintf(err.message, sizeof err.message, "corrupt JPEG data (%s)", err.warning);
         longjmp(err.jump, 1);
     }
     jpeg_create_compress(&dst);

@@ -6,7 +6,9 @@ shardkit that decodes through either library gets its decoder from here:
 
 * CPU (:func:`cpu_decoder`, used by :func:`shardkit.codec.decode.decode_rgb` for JPEG and WebP):
   the first of :data:`CPU_ORDER` that imports and decodes a probe JPEG exactly as PIL does;
-  ``pil`` (no native decoder) when none does.
+  ``pil`` (no native decoder) when none does. In the default order JPEGs first go to
+  shardkit's own libjpeg extension (:func:`jpeg_by_shardkit`, :mod:`shardkit.codec.libjpeg`),
+  which reports libjpeg's warnings instead of printing them; the library takes the rest.
 * CUDA (:func:`gpu_decoder`, used by :class:`shardkit.codec.nvjpeg.GpuJpegDecoder`): the first
   of :data:`GPU_ORDER` that decodes a probe batch on the device.
 
@@ -35,8 +37,8 @@ import torch
 
 from shardkit.codec.jpeg_header import exif_orientation
 
-__all__ = ["CPU_ORDER", "GPU_ORDER", "cpu_batch_decoder", "cpu_decoder", "gpu_decoder", "prefer_decoder",
-           "undo_exif_orientation"]
+__all__ = ["CPU_ORDER", "GPU_ORDER", "cpu_batch_decoder", "cpu_decoder", "gpu_decoder", "jpeg_by_shardkit",
+           "prefer_decoder", "undo_exif_orientation"]
 
 #: The names :func:`prefer_decoder` accepts.
 LIBRARIES = ("torchvision", "torchcodec", "pil")
@@ -68,6 +70,17 @@ def prefer_decoder(name: str | None) -> None:
     _preferred = name
     cpu_decoder.cache_clear()
     gpu_decoder.cache_clear()
+
+
+def jpeg_by_shardkit() -> bool:
+    """Whether :func:`~shardkit.codec.decode.decode_rgb` decodes JPEGs with shardkit's own
+    libjpeg extension (:mod:`shardkit.codec.libjpeg`) before the library: when it is built and
+    no library was chosen with :func:`prefer_decoder` (a chosen library, or ``"pil"``, decodes
+    them instead, as asked). Its pixels are those of torchvision's libjpeg-turbo decode; unlike
+    torchvision it returns libjpeg's warnings about corrupt data instead of printing them."""
+    from shardkit.codec import libjpeg
+
+    return _preferred is None and libjpeg.available()
 
 
 def _order(default: Sequence[str]) -> list[str]:

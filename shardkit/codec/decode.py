@@ -1,12 +1,20 @@
 """Decode encoded image bytes into uint8 RGB tensors: libjpeg-turbo fast path, PIL fallback.
 
 The output always equals ``PIL.Image.open(f).convert("RGB")`` (what torchvision's ImageFolder
-loader returns; EXIF orientation is not applied), within JPEG decoder rounding. JPEG and WebP go
-through a native decoder chosen once per process by :mod:`shardkit.codec.backend` (torchvision's
-image ops, else TorchCodec; ``backend.prefer_decoder`` overrides); everything else and anything
-the native decoder rejects goes through PIL. PNG always goes through PIL: torchvision 0.29.1's
-``decode_png`` segfaults on corrupt image data (any libpng read error), and a worker must not
-die on a bad sample; PIL's PNG decode is as fast (both are libpng/zlib bound).
+loader returns; EXIF orientation is not applied), within JPEG decoder rounding. JPEGs first go
+to shardkit's own libjpeg extension (:mod:`shardkit.codec.libjpeg`; not when a library is chosen
+with ``backend.prefer_decoder``); JPEG and WebP then go through a native decoder chosen once per
+process by :mod:`shardkit.codec.backend` (torchvision's image ops, else TorchCodec); everything
+else and anything the native decoder rejects goes through PIL. PNG always goes through PIL:
+torchvision 0.29.1's ``decode_png`` segfaults on corrupt image data (any libpng read error), and
+a worker must not die on a bad sample; PIL's PNG decode is as fast (both are libpng/zlib bound).
+
+libjpeg's warnings about corrupt but decodable JPEGs ("Corrupt JPEG data: 3 extraneous bytes
+before marker 0xda"), which torchvision's decoder prints to stderr, are counted in
+:attr:`DecodeStats.warnings` (the loader's ``stats.decode_warnings``), and the first one in a
+process is logged (logger ``shardkit.codec``) with the sample it came from. A JPEG the extension
+does not decode (corrupt, or CMYK/YCCK) goes to PIL, not to the library (which would print
+libjpeg's warnings).
 
 Layout: the result is ``[3, H, W]`` whose memory is HWC (``stride() == (1, 3 * W, 3)``), which is
 what both libjpeg and PIL produce and what the uint8 resize kernel reads fastest; call
@@ -16,13 +24,15 @@ what both libjpeg and PIL produce and what the uint8 resize kernel reads fastest
 from __future__ import annotations
 
 import io
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image
 
-from shardkit.codec.backend import cpu_decoder
+from shardkit.codec import libjpeg
+from shardkit.codec.backend import cpu_decoder, jpeg_by_shardkit
 from shardkit.codec.jpeg_header import jpeg_frame
 from shardkit.errors import DecodeError
 
@@ -36,12 +46,28 @@ _PNG_SIG = b"\x89PNG\r\n\x1a\n"
 class DecodeStats:
     """Counts of how images were decoded; pass one to :func:`decode_rgb` to fill it.
 
-    ``fast``: native decoder; ``fallback``: PIL; ``failed``: raised :class:`DecodeError`.
+    ``fast``: native decoder; ``fallback``: PIL; ``failed``: raised :class:`DecodeError`;
+    ``warnings``: images decoded despite libjpeg warnings about corrupt data (see the module doc).
     """
 
     fast: int = 0
     fallback: int = 0
     failed: int = 0
+    warnings: int = 0
+
+
+log = logging.getLogger("shardkit.codec")
+_warned = [False]  # whether this process logged a libjpeg warning already
+
+
+def _libjpeg_warning(message: str, where: str, stats: DecodeStats | None) -> None:
+    """Count an image decoded with a libjpeg warning; log the first one of the process."""
+    if stats is not None:
+        stats.warnings += 1
+    if not _warned[0]:
+        _warned[0] = True
+        log.warning("%s: libjpeg: %s; the image was decoded (further such warnings in this process are counted "
+                    "in the loader's stats.decode_warnings, not logged)", where or "image", message)
 
 
 def _buffer(data: Bytes | torch.Tensor) -> Bytes:
@@ -137,8 +163,24 @@ def decode_rgb(
             raise DecodeError("empty image data")
         kind = _kind(data)
         _, native = cpu_decoder()
+        own = kind == "jpeg" and jpeg_by_shardkit()
+        if kind != "other" and (own or native is not None):
+            _check_bomb(data)  # PIL checks for itself; the native decoders would decode anything
+        if own:
+            # The library would print libjpeg's warnings: what the extension does not decode
+            # (corrupt data, CMYK/YCCK colour spaces, rare) goes to PIL.
+            native = None
+            try:
+                got = libjpeg.decode_jpeg(data)
+            except ValueError:
+                got = None
+            if got is not None:
+                if got.warning is not None:
+                    _libjpeg_warning(got.warning, where, stats)
+                if stats is not None:
+                    stats.fast += 1
+                return got.image
         if native is not None and kind != "other":
-            _check_bomb(data)
             mv = memoryview(data)
             buf = mv if not mv.readonly else bytearray(mv)  # frombuffer warns on read-only
             try:

@@ -12,7 +12,9 @@ Layout (dependencies point one way, downwards):
   :mod:`~shardkit.loader.mix` and :mod:`~shardkit.loader.datasets` (several datasets mixed),
   :mod:`~shardkit.loader.samples` and :mod:`~shardkit.loader.bad_samples` (reading samples,
   the bad-sample policy), :mod:`~shardkit.loader.reader` and :mod:`~shardkit.loader.cache`
-  (shard files, local or cached), :mod:`~shardkit.loader.workers`, :mod:`~shardkit.loader.stats`.
+  (shard files, local or cached), :mod:`~shardkit.loader.workers` and
+  :mod:`~shardkit.loader.deaths` (worker processes, and naming the one that died),
+  :mod:`~shardkit.loader.stats`.
 """
 
 from shardkit.loader.gpu.options import GpuOptions

@@ -134,7 +134,7 @@ class SampleSource:
 
         got = fill_batch(attempt, self.reader, shards, indices, seeds, on_error=self.on_error)
         stats.replaced += got.replaced
-        stats.fast, stats.fallback = dstats.fast, dstats.fallback
+        stats.fast, stats.fallback, stats.decode_warnings = dstats.fast, dstats.fallback, dstats.warnings
         return got, stats
 
 

@@ -12,7 +12,9 @@ class StageStats:
     ``read_s``/``decode_s``/``transform_s``: worker seconds per stage (summed over workers);
     ``wait_s``: seconds the consumer waited for the next batch; ``copy_s``: host-to-device and
     finalize time in the main process; ``replaced``: corrupt samples replaced by another sample
-    of the same batch; ``fast``/``fallback``: images decoded by the native decoder / by PIL.
+    of the same batch; ``fast``/``fallback``: images decoded by the native decoder / by PIL;
+    ``decode_warnings``: images decoded despite a libjpeg warning about corrupt data (the first
+    one of each process is logged, see :mod:`shardkit.codec.decode`).
     GPU route (``device="cuda"``): ``gpu_images`` decoded by nvJPEG, ``gpu_fallback`` decoded on
     the CPU instead (by workers, or in the main process after nvJPEG rejected them);
     ``gpu_decode_s``: time of the batched nvJPEG calls (synchronous); ``gpu_augment_s``: device
@@ -28,6 +30,7 @@ class StageStats:
     replaced: int = 0
     fast: int = 0
     fallback: int = 0
+    decode_warnings: int = 0
     read_s: float = 0.0
     decode_s: float = 0.0
     transform_s: float = 0.0

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from shardkit.errors import LoaderError
+from shardkit.loader.deaths import WatchedLoader, guard_sigchld, worker_death
 from shardkit.loader.stream import BatchStream
 
 __all__ = ["rank_and_world", "shutdown_workers", "worker_death", "worker_loader", "workers_running"]
@@ -67,9 +67,11 @@ def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 
 def worker_loader(stream: BatchStream, *, num_workers: int, prefetch: int, pin_memory: bool) -> DataLoader[Any]:
-    """A DataLoader running ``stream`` in ``num_workers`` persistent worker processes."""
-    return DataLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=True,
-                      prefetch_factor=prefetch, pin_memory=pin_memory, worker_init_fn=_init_worker)
+    """A DataLoader running ``stream`` in ``num_workers`` persistent worker processes, whose
+    worker deaths surface as :class:`LoaderError` wherever they happen (:mod:`shardkit.loader.deaths`)."""
+    guard_sigchld()
+    return WatchedLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=True,
+                          prefetch_factor=prefetch, pin_memory=pin_memory, worker_init_fn=_init_worker)
 
 
 def shutdown_workers(loader: DataLoader[Any]) -> None:
@@ -91,41 +93,3 @@ def shutdown_workers(loader: DataLoader[Any]) -> None:
 def workers_running(loader: DataLoader[Any]) -> bool:
     """Whether ``loader``'s persistent worker processes are running (an iterator holds them)."""
     return getattr(loader, "_iterator", None) is not None
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def worker_death(loader: DataLoader[Any]) -> LoaderError | None:
-    """A :class:`LoaderError` saying which of ``loader``'s worker processes died and how, with the
-    likely cause and fix, or None while they all run.
-
-    What torch raises when a worker dies depends on timing: ``RuntimeError: DataLoader worker
-    (pid X) is killed by signal: Killed.`` from its SIGCHLD handler, ``... exited unexpectedly``
-    from its status check, or a bare ``ConnectionResetError``/``EOFError`` from a queue; the
-    process objects (``loader._iterator._workers``, private but stable since torch 1.7) say
-    which worker it was whatever torch raised.
-    """
-    procs = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
-    dead = [(i, w.pid, w.exitcode) for i, w in enumerate(procs) if w.exitcode not in (None, 0)]
-    if not dead:
-        return None
-    worker, pid, code = dead[0]
-    how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
-    what = f"DataLoader worker {worker} (pid {pid}) {how}"
-    if len(dead) > 1:
-        what += f" (and {len(dead) - 1} more: pids {', '.join(str(d[1]) for d in dead[1:])})"
-    if code == -signal.SIGKILL:
-        why = ("most likely the kernel's out-of-memory killer (`dmesg` says so): each worker holds "
-               "prefetch batches of decoded images; use fewer workers (num_workers="
-               f"{loader.num_workers} now) or a smaller prefetch (prefetch={loader.prefetch_factor} now), "
-               "or a smaller batch_size")
-    elif code < 0:
-        why = "the worker process crashed or was stopped from outside"
-    else:
-        why = "the worker process exited on its own"
-    return LoaderError(f"{what}: {why}")

@@ -9,6 +9,7 @@ import contextlib
 import copy
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -91,9 +92,50 @@ def filesystem_options(protocol: str, storage_options: dict[str, Any]) -> dict[s
 
 
 def tune(fs: Any, protocol: str) -> None:
-    """Adjust a freshly created filesystem where no option exists for it (s3fs's retry loop)."""
+    """Adjust a freshly created filesystem where no option exists for it (s3fs's retry loop),
+    and make sure forked children leave it alone (:func:`_disown_inherited_filesystems`)."""
     if protocol in ("s3", "s3a") and isinstance(getattr(fs, "retries", None), int):
         fs.retries = min(fs.retries, _S3FS_RETRIES)
+    global _fork_hooked
+    if not _fork_hooked and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_disown_inherited_filesystems)
+        _fork_hooked = True  # children inherit both the hook and this flag
+
+
+_fork_hooked = False
+#: In a forked child: the filesystems copied from the parent, kept so that they are never freed.
+_inherited: list[Any] = []
+
+
+def _disown_inherited_filesystems() -> None:
+    """In a child just forked (a DataLoader worker): keep the async fsspec filesystems (s3fs,
+    gcsfs) copied from the parent alive and detach their finalizers, so that the child never
+    closes them.
+
+    s3fs registers ``weakref.finalize(fs, close_session, loop, client)`` to close the client's
+    connection pool. The child inherits that finalizer with the parent's loop and client, and
+    ran it whenever its garbage collector freed the copy (the child makes filesystems of its
+    own). Run from fsspec's IO thread, it closed the pool on the child's loop, which awaits a
+    future of the parent's loop and fails: "Task exception was never retrieved ... attached to
+    a different loop" on stderr (issue 14). Run from another thread, it waited a second on the
+    parent's loop, which no thread runs in the child. And a freed copy's aiohttp session and
+    connector say "Unclosed client session" on stderr. The sockets and the ``epoll`` instance
+    such a close would touch are the parent's too. Kept, the copies are plain memory; their file
+    descriptors close when the child exits.
+
+    ``weakref.finalize`` offers no public list of live finalizers; its class registry is read
+    (a CPython detail stable since 3.4); without it nothing is done.
+    """
+    try:
+        from fsspec.asyn import AsyncFileSystem
+    except ImportError:
+        return
+    registry = getattr(weakref.finalize, "_registry", {})
+    for finalizer in list(registry):
+        held = finalizer.peek()
+        if held is not None and isinstance(held[0], AsyncFileSystem):
+            _inherited.append(held[0])
+            finalizer.detach()
 
 
 def _chain(err: BaseException) -> list[BaseException]:

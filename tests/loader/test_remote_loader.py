@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 
 from shardkit import ShardLoader, transforms
 from shardkit.pack import PackOptions, pack
+from tests.cli.terminal import ROOT
+from tests.keepalive import KeepAliveProxy
 
 
 def test_s3_dataset_streams_like_the_local_copy(indexed_tree: Path, packed: Path, s3_server: dict[str, Any],
@@ -24,3 +31,52 @@ def test_s3_dataset_streams_like_the_local_copy(indexed_tree: Path, packed: Path
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got, local, strict=True))
     cached = sorted(p.name for p in (tmp_path / "cache").rglob("*.tar"))
     assert len(cached) == 7  # each shard fetched once into the node's cache, named by its sha256
+
+
+# A load over S3 with workers, run as its own process so that its stderr is what a user sees.
+# The transform makes one garbage collection run in fsspec's IO thread of each worker, where a
+# long load's collections often land (that thread allocates for every download): it frees the
+# filesystem the worker inherited from the main process.
+LOAD_WITH_WORKERS = """
+import gc, json, os, sys, time
+from fsspec.asyn import get_loop, sync
+from shardkit import ShardLoader
+
+collected = set()
+
+async def collect():
+    gc.collect()
+
+def collect_in_io_thread(image):
+    if os.getpid() not in collected:
+        collected.add(os.getpid())
+        sync(get_loop(), collect)
+        time.sleep(0.3)
+        gc.collect()
+    return image
+
+url, options, cache = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+with ShardLoader(url, batch_size=8, transform=collect_in_io_thread, num_workers=2, storage_options=options,
+                 cache_dir=cache) as loader:
+    print(sum(1 for _ in loader) == len(loader))
+"""
+
+
+def test_s3_load_with_workers_prints_nothing_on_stderr(indexed_tree: Path, s3_server: dict[str, Any],
+                                                       s3_bucket: str, tmp_path: Path) -> None:
+    """No "Task exception was never retrieved" from the S3 clients workers inherit (issue 14); the
+    main process holds a pooled connection (through a keep-alive proxy, as with real S3)."""
+    url = f"{s3_bucket}/ds"
+    pack(str(indexed_tree), url, options=PackOptions(max_count=10, seed=1), workers=1, storage_options=s3_server)
+    endpoint = urlsplit(s3_server["client_kwargs"]["endpoint_url"])
+    proxy = KeepAliveProxy((str(endpoint.hostname), int(endpoint.port or 80)))
+    options = {**s3_server, "client_kwargs": {"endpoint_url": proxy.url}}
+    try:
+        argv = [sys.executable, "-c", LOAD_WITH_WORKERS, url, json.dumps(options), str(tmp_path / "cache")]
+        done = subprocess.run(argv, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=240)
+    finally:
+        proxy.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]
+    assert "Task exception was never retrieved" not in done.stderr, done.stderr
+    assert done.stderr == "", done.stderr

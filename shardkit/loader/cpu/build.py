@@ -17,7 +17,7 @@ from torch.utils.data import get_worker_info
 from shardkit.codec.decode import DecodeStats, decode_rgb
 from shardkit.errors import DecodeError
 from shardkit.loader.bad_samples import BadSample
-from shardkit.loader.cpu.shared_pool import SharedBatchPool, SlotImages
+from shardkit.loader.cpu.shared_pool import FdImages, SharedBatchPool, SlotImages
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.samples import Sample, SampleSource, decode_for
 from shardkit.loader.stats import StageStats
@@ -42,7 +42,7 @@ class CpuBatch:
     labels: torch.Tensor
     keys: list[str]
     stats: StageStats
-    slot: SlotImages | None = field(default=None, repr=False)
+    slot: SlotImages | FdImages | None = field(default=None, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -65,10 +65,11 @@ class CpuBatch:
         return replace(self, images=images, labels=self.labels.pin_memory())
 
 
-def _batch_buffer(shape: tuple[int, ...], pool: SharedBatchPool | None) -> tuple[torch.Tensor, SlotImages | None]:
-    """A uint8 batch tensor to fill and, when it lives in ``pool``, its slot. In a DataLoader
-    worker without a free slot: a tensor allocated in shared memory from the start (torch would
-    copy a non-shared one into shared memory to ship it)."""
+def _batch_buffer(shape: tuple[int, ...],
+                  pool: SharedBatchPool | None) -> tuple[torch.Tensor, SlotImages | FdImages | None]:
+    """A uint8 batch tensor to fill and, in a DataLoader worker, how it is shipped: its slot of
+    ``pool``, or without a free slot a shared-memory segment of its own (torch would copy a
+    non-shared tensor into shared memory to ship it; neither leaves a name in /dev/shm)."""
     info = get_worker_info()
     if info is None:
         return torch.empty(shape, dtype=torch.uint8), None
@@ -76,7 +77,8 @@ def _batch_buffer(shape: tuple[int, ...], pool: SharedBatchPool | None) -> tuple
         got = pool.acquire(info.id, shape[0])
         if got is not None:
             return got
-    return torch.empty(shape, dtype=torch.uint8).share_memory_(), None
+    own = FdImages(shape)
+    return own.images, own
 
 
 class CpuBatchBuilder:
@@ -125,7 +127,7 @@ class CpuBatchBuilder:
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> CpuBatch:
         """Read, decode and transform the given samples, in order."""
         out: torch.Tensor | None = None
-        slot: SlotImages | None = None
+        slot: SlotImages | FdImages | None = None
         if isinstance(self.transform, ImageTransform):
             out, slot = _batch_buffer((len(shards), 3, *self.transform.output_size), self.pool)
         try:

@@ -26,6 +26,15 @@ once no worker runs (torch drops in-flight batches unread when it stops workers)
 tied to the process that created it: a copy (a pickled loader in another process, or a deep
 copy) must not share its flags, so the CPU route makes the copy a pool of its own
 (:meth:`SharedBatchPool.owned`, :meth:`SharedBatchPool.fresh`) before it starts workers.
+
+Nothing in /dev/shm: slots, flags and the batches a worker makes when no slot is free
+(:class:`FdImages`) are segments without a name (:func:`shared_segment`), shipped as file
+descriptors, whatever ``torch.multiprocessing``'s sharing strategy. With the ``file_system``
+strategy torch names each segment after its maker (``/dev/shm/torch_<pid>_...``) and unlinks it
+when the last process that mapped it lets go, which a worker never does (it ends with
+``os._exit``, or is killed): every worker start left its slots in /dev/shm until the main
+process exited (issue 14). The memory of a nameless segment is freed with its last mapping or
+descriptor, so no process death can leave it behind.
 """
 
 from __future__ import annotations
@@ -35,13 +44,14 @@ import itertools
 import math
 import os
 import weakref
+from multiprocessing.reduction import DupFd
 from typing import Any
 
 import torch
 
 from shardkit.errors import LoaderError
 
-__all__ = ["SharedBatchPool", "SlotImages"]
+__all__ = ["FdImages", "SharedBatchPool", "SlotImages", "shared_segment"]
 
 _POOLS: weakref.WeakValueDictionary[str, SharedBatchPool] = weakref.WeakValueDictionary()
 """The pools this process created (the main process), by token: where slot references land."""
@@ -58,6 +68,34 @@ def _memory_type(nbytes: int) -> type[ctypes.Array[ctypes.c_uint8]]:
     if kind is None:
         kind = _MEMORY_TYPES[nbytes] = type(f"_SlotMemory{nbytes}", (ctypes.c_uint8 * nbytes,), {})
     return kind
+
+
+def shared_segment(nbytes: int) -> torch.UntypedStorage:
+    """``nbytes`` (zeros) of shared memory with no name in /dev/shm, whatever the sharing strategy:
+    torch's file-descriptor allocation, which unlinks the segment as soon as it is mapped. Ship it
+    with :func:`_descriptor` (torch's own pickling would give it a name under ``file_system``)."""
+    return torch.UntypedStorage._new_using_fd_cpu(nbytes)
+
+
+def _descriptor(segment: torch.UntypedStorage) -> tuple[Any, int]:
+    """What pickles ``segment`` as its file descriptor (sent over a Unix socket, as torch does)."""
+    fd, nbytes = segment._share_fd_cpu_()
+    return DupFd(fd), nbytes
+
+
+def _attach(shipped: tuple[Any, int]) -> torch.UntypedStorage:
+    """The segment a :func:`_descriptor` names, mapped in this process."""
+    handle, nbytes = shipped
+    fd = handle.detach()
+    try:
+        return torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
+    finally:
+        os.close(fd)
+
+
+def _view(segment: torch.UntypedStorage, shape: tuple[int, ...]) -> torch.Tensor:
+    """A uint8 tensor of ``shape`` over the start of ``segment``."""
+    return torch.empty(0, dtype=torch.uint8).set_(segment, 0, shape)  # type: ignore[call-overload]
 
 
 def _release(busy: torch.Tensor, live: set[int], slot: int) -> None:
@@ -84,7 +122,8 @@ class SharedBatchPool:
         self.token = f"{os.getpid()}-{next(_TOKENS)}"
         self.slots_per_worker = slots_per_worker
         self.shape = shape
-        self.busy = torch.zeros(num_workers * slots_per_worker, dtype=torch.uint8).share_memory_()
+        flags = num_workers * slots_per_worker
+        self.busy = _view(shared_segment(flags), (flags,))
         # Worker side, filled lazily: this process's segment per slot and whether it was shipped.
         self._segments: dict[int, torch.UntypedStorage] = {}
         self._shipped: set[int] = set()
@@ -135,10 +174,9 @@ class SharedBatchPool:
         busy[slot] = 1
         segment = self._segments.get(slot)
         if segment is None:
-            segment = self._segments[slot] = torch.UntypedStorage._new_shared(self.slot_bytes)
+            segment = self._segments[slot] = shared_segment(self.slot_bytes)
         shape = (n, *self.shape[1:])
-        out = torch.empty(0, dtype=torch.uint8).set_(segment, 0, shape)  # type: ignore[call-overload]
-        return out, SlotImages(self, slot, shape)
+        return _view(segment, shape), SlotImages(self, slot, shape)
 
     def _ship(self, slot: int) -> torch.UntypedStorage | None:
         """The slot's segment the first time it is shipped from this process, else ``None``."""
@@ -156,19 +194,40 @@ class SlotImages:
         self.pool, self.slot, self.shape = pool, slot, shape
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _receive, (self.pool.token, self.slot, self.shape, self.pool._ship(self.slot))
+        segment = self.pool._ship(self.slot)
+        return _receive, (self.pool.token, self.slot, self.shape, None if segment is None else _descriptor(segment))
 
     def release(self) -> None:
         """Worker side: give the slot back unshipped (its batch failed)."""
         self.pool.busy[self.slot] = 0
 
 
-def _receive(token: str, slot: int, shape: tuple[int, ...], segment: torch.UntypedStorage | None) -> torch.Tensor:
+class FdImages:
+    """A worker's batch in a segment of its own (no slot of the pool was free), on its way to the
+    main process as a file descriptor; unpickled, a uint8 tensor of ``shape`` over it."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.segment = shared_segment(math.prod(shape))
+        self.images = _view(self.segment, shape)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _receive_own, (self.shape, _descriptor(self.segment))
+
+    def release(self) -> None:
+        """Nothing to give back (the segment goes with the last tensor on it)."""
+
+
+def _receive_own(shape: tuple[int, ...], shipped: tuple[Any, int]) -> torch.Tensor:
+    return _view(_attach(shipped), shape)
+
+
+def _receive(token: str, slot: int, shape: tuple[int, ...], shipped: tuple[Any, int] | None) -> torch.Tensor:
     pool = _POOLS.get(token)
     if pool is None:
         raise LoaderError(f"a worker sent a batch for pool {token}, which this process does not hold")
-    if segment is not None:
-        pool._received[slot] = segment
+    if shipped is not None:
+        pool._received[slot] = _attach(shipped)
     segment = pool._received.get(slot)
     if segment is None:
         raise LoaderError(f"a worker sent slot {slot} of pool {token} before its shared-memory segment")
