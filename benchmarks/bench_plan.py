@@ -67,7 +67,7 @@ def _rss_mib() -> float:
 
 def measure(
     what: str,
-    sizes: Sequence[int],
+    sizes: Sequence[int] | np.ndarray,
     *,
     world_size: int,
     rank: int = 0,
@@ -122,7 +122,7 @@ def measure(
     return out
 
 
-def run_isolated(what: str, sizes: Sequence[int], *, cap_gib: float, **kwargs: Any) -> dict[str, Any]:
+def run_isolated(what: str, sizes: Sequence[int] | np.ndarray, *, cap_gib: float, **kwargs: Any) -> dict[str, Any]:
     """:func:`measure` in a forked child under ``RLIMIT_AS`` = its address space + ``cap_gib``.
 
     Adds ``base_mib`` (the child's RSS at the fork) and ``plan_mib`` (peak - base); on a

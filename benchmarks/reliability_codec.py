@@ -120,8 +120,8 @@ def r10_fuzz(cases: int = FUZZ_CASES, seed: int = 10) -> Row:
         done = subprocess.run([sys.executable, __file__, "fuzz-child", str(cases), str(seed)], capture_output=True,
                               text=True, timeout=600, env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"})
         hung = False
-    except subprocess.TimeoutExpired as err:
-        done, hung = None, err
+    except subprocess.TimeoutExpired:
+        done, hung = None, True
     if done is None or done.returncode != 0:
         why = "hung (600 s)" if hung else f"exit {done.returncode if done else '?'}"
         figure = f"{why}: {(done.stderr if done else '')[-200:]!r}"

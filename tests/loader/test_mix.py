@@ -223,7 +223,8 @@ def test_a_mix_resumes_exactly_and_elastically(mix, drop_last, epoch, layout, da
     if m is None:
         return
     layout = [layout[0], *layout]  # the first resume keeps the layout: an exact resume
-    whole = _run(_configs(m, *layout[0][:2], drop_last, layout[0][2]), epoch, 0, None, None)
+    world0, batch0, even0 = layout[0]
+    whole = _run(_configs(m, world0, batch0, drop_last, even0), epoch, 0, None, None)
     delivered: list[tuple[int, int]] = []
     state = None
     for i, (world, batch, even) in enumerate(layout):
