@@ -1,7 +1,6 @@
 """GPU input pipeline, side by side in one run: ImageFolder+DataLoader, nvJPEG decode alone,
-the hardware JPEG engines (nvImageCodec) alone, ShardLoader(device="cuda") with nvJPEG (on plain
-shards, and on shards packed with ``--jpeg-restart``: ``--restart-shards``), with the hardware
-decoder beside nvJPEG and with it alone, the batched kernel alone, and a ResNet-50 training step.
+ShardLoader(device="cuda") with nvJPEG (on plain shards, and on shards packed with
+``--jpeg-restart``: ``--restart-shards``), the batched kernel alone, and a ResNet-50 training step.
 
 Conditions: one CUDA device, ``--workers`` DataLoader workers, batch ``--batch``, output
 RandomResizedCrop(224) + flip uint8 [B,3,224,224] delivered on the GPU (synchronised at the
@@ -11,7 +10,7 @@ end of each timed span), warm page cache, local disk. Each rate skips ``--warmup
 Run (repository root)::
 
     python3 benchmarks/bench_gpu.py --root /tmp/inet --shards /tmp/shards --out results.json \\
-        --phases imagefolder,nvjpeg,hwjpeg,kernel,shardkit,shardkit_hw,shardkit_hwonly,train
+        --phases imagefolder,nvjpeg,kernel,shardkit,train
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import torch
 
 from shardkit import ShardLoader, transforms
 from shardkit.bench import baselines
-from shardkit.codec.nvimgcodec import HwJpegDecoder, hw_decode_unavailable
 from shardkit.codec.nvjpeg import nvjpeg_friendly
 from shardkit.loader import GpuOptions
 from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows
@@ -67,21 +65,6 @@ def _jpegs(root: str, limit: int) -> list[torch.Tensor]:
     raw = [p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()][:limit * 2]
     friendly = [b for b in raw if nvjpeg_friendly(b)][:limit]
     return [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in friendly]
-
-
-def hwjpeg_batches(root: str, batch: int, threads: int, limit: int = 4096) -> Iterator[Any]:
-    """Batches decoded by the hardware JPEG engines (nvImageCodec HW_GPU_ONLY), back to back."""
-    reason, planar = hw_decode_unavailable(torch.device("cuda"), threads)
-    if reason is not None:
-        raise RuntimeError(reason)
-    hw = HwJpegDecoder(torch.device("cuda"), planar=planar, threads=threads)
-    stream, datas, i = torch.cuda.Stream(), _jpegs(root, limit), 0
-    while True:
-        chunk = datas[i:i + batch] if i + batch <= len(datas) else datas[:batch]
-        i = (i + batch) % max(1, len(datas) - batch)
-        out = hw.decode(chunk, stream)
-        stream.synchronize()
-        yield [o for o in out if o is not None], None
 
 
 def _cut_jpegs(root: str, limit: int, interval: int) -> list[torch.Tensor]:
@@ -211,8 +194,6 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=40)
     ap.add_argument("--phases", default="imagefolder,nvjpeg,kernel,shardkit")
     ap.add_argument("--out", default="bench_gpu.json")
-    ap.add_argument("--hw-threads", type=int, default=2,
-                    help="nvImageCodec CPU threads (hw phases)")
     args = ap.parse_args()
     phases, res = args.phases.split(","), {"device": torch.cuda.get_device_name(),
                                            "args": vars(args)}
@@ -232,12 +213,6 @@ def main() -> None:
     if "nvjpeg256" in phases:  # the same images, two batches per call
         save("nvjpeg_decode_only_b256_img_s",
              _timed(nvjpeg_batches(args.root, 2 * args.batch), 5, args.batches // 2)[0])
-    if "hwjpeg" in phases:  # counts only the images the engines decoded
-        try:
-            save("hwjpeg_decode_only_img_s",
-                 _timed(hwjpeg_batches(args.root, args.batch, args.hw_threads), 5, args.batches)[0])
-        except RuntimeError as e:
-            save("hwjpeg_decode_only_img_s", f"unavailable: {e}")
     if "kernel" in phases:
         save("kernel", kernel_rates(args.root, args.batch))
     if "shardkit" in phases:
@@ -252,16 +227,6 @@ def main() -> None:
         rate, _ = _timed(_forever(lambda: iter(loader)), args.warmup, args.batches)
         save("shardkit_restart_cuda_img_s", rate)
         save("shardkit_restart_stats", loader.stats.as_dict())
-        del loader
-    # hardware JPEG engines on
-    for phase, mode in (("shardkit_hw", "mix"), ("shardkit_hwonly", "only")):
-        if phase not in phases:
-            continue
-        loader = shardkit_loader(args.shards, args.workers, args.batch,
-                                 gpu={"hw_decode": mode, "hw_decode_threads": args.hw_threads})
-        save(f"{phase}_cuda_img_s", _timed(_forever(lambda ld=loader: iter(ld)), args.warmup, args.batches)[0])
-        save(f"{phase}_stats", loader.stats.as_dict())
-        loader.close()
         del loader
     if "rawfetch" in phases:  # workers + IPC alone: raw batches reaching the main process
         loader = shardkit_loader(args.shards, args.workers, args.batch)

@@ -83,7 +83,7 @@ train)
     model=${2:?model}; size=${3:?size}
     python3 -m shardkit bench /tmp/inet --shards /tmp/shards --device cuda --train "$model" --size "$size" \
         --workers 8 --batch-size 128 --steps 200 --warmup 15 --repeats 3 --contender imagefolder \
-        --contender shardloader --contender dali --contender dali_files ${HW:+--contender shardloader_hw} \
+        --contender shardloader --contender dali --contender dali_files \
         --out "$OUT/train-$model.json"
     ;;
 *)

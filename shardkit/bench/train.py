@@ -45,7 +45,7 @@ from shardkit.bench.report import spread
 __all__ = ["MODELS", "TrainBenchConfig", "TrainStep", "format_train_table", "run_train_bench"]
 
 MODELS = ("resnet18", "resnet50")
-TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_hw", "shardloader_tc", "dali", "dali_files")
+TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files")
 DALI_CONTENDERS = ("dali", "dali_files")
 
 
@@ -180,7 +180,7 @@ def measure(step: TrainStep, loader: Iterable[Any], *, steps: int, warmup: int, 
     after = stats() if stats is not None else None
     gpu_ms = None
     if before is not None and after is not None and after.get("gpu_images", 0) > before.get("gpu_images", 0):
-        busy = sum(after[k] - before[k] for k in ("gpu_augment_s", "gpu_decode_s", "gpu_hw_decode_s"))
+        busy = sum(after[k] - before[k] for k in ("gpu_augment_s", "gpu_decode_s"))
         gpu_ms = busy / max(after["batches"] - before["batches"], 1) * 1e3
     return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, gpu_ms)
 
@@ -209,8 +209,6 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
 
     if "shardloader" in cfg.contenders:
         out["shardloader"] = ("shardkit ShardLoader", shardloader(None))
-    if "shardloader_hw" in cfg.contenders:  # the hardware JPEG engines beside nvJPEG (nvImageCodec)
-        out["shardloader_hw"] = ("shardkit ShardLoader hw_decode=mix", shardloader(GpuOptions(hw_decode="mix")))
     if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads
         out["shardloader_tc"] = ("shardkit ShardLoader TorchCodec x4", shardloader(GpuOptions(decode_threads=4),
                                                                                    "torchcodec"))

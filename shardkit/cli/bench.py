@@ -49,11 +49,10 @@ from shardkit.cli.progress import BenchBar, bars_enabled
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1),
               help="--train: timed steps per run (after --warmup untimed ones).")
 @click.option("--contender", "contenders", multiple=True,
-              type=click.Choice(["imagefolder", "shardloader", "shardloader_hw", "shardloader_tc", "dali",
-                                 "dali_files"]),
+              type=click.Choice(["imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files"]),
               help="--train: a loader to measure (repeatable) [default: imagefolder, shardloader, and dali when "
-                   "NVIDIA DALI is installed]. shardloader_hw: ShardLoader with gpu=GpuOptions(hw_decode='mix'); "
-                   "shardloader_tc: TorchCodec's GPU decoder from 4 threads (GpuOptions(decode_threads=4)); "
+                   "NVIDIA DALI is installed]. shardloader_tc: TorchCodec's GPU decoder from 4 threads "
+                   "(GpuOptions(decode_threads=4)); "
                    "dali: DALI's webdataset reader on --shards (with their .dali.idx files if present); "
                    "dali_files: DALI's file reader on IMAGEFOLDER_DIR.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")

@@ -14,7 +14,7 @@ One place for everything that knows how images are encoded:
 * :mod:`~shardkit.codec.jpeg_restart` writes restart-indexed JPEGs and cuts a box's restart
   intervals out of them without decoding (C extension; used by ``pack --jpeg-restart``);
 * :mod:`~shardkit.codec.nvjpeg` decodes batches on a CUDA device (nvJPEG) and says which files it
-  takes; :mod:`~shardkit.codec.nvimgcodec` drives the GPU's hardware JPEG engines.
+  takes.
 
 Nothing here imports torch at package import; the modules that need it import it themselves.
 """

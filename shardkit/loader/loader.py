@@ -89,7 +89,7 @@ class ShardLoader:
             that differs from its ``sha256`` in ``index.json`` (shards of a remote dataset are
             always checked as they are fetched into the cache; ``shardkit verify`` checks all).
         gpu: options of the GPU route (:class:`~shardkit.loader.gpu.GpuOptions`: Triton kernel or
-            eager resize, device prefetch depth, the experimental hardware JPEG decoder).
+            eager resize, device prefetch depth, decode threads).
         contiguous_labels: COCO only: labels 1..K in category-id order (0: background) instead
             of the category ids; the mapping is :attr:`label_map`.
         masks: COCO only: targets also hold ``masks`` uint8 ``[N,H,W]`` (needs pycocotools).

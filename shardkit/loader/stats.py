@@ -20,9 +20,7 @@ class StageStats:
     ``gpu_decode_s``: time of the batched nvJPEG calls (synchronous); ``gpu_augment_s``: device
     time (CUDA events) of crop-resize-flip + finalize; ``gpu_copy_s``: host time staging
     batches in pinned buffers; ``gpu_fetch_wait_s``: time the prefetcher waited for workers;
-    ``gpu_host_s``: host time launching the augment stage; ``gpu_hw_images``/``gpu_hw_decode_s``:
-    images decoded (included in ``gpu_images``) and seconds spent by the hardware JPEG decoder
-    thread (nvImageCodec), when it runs beside nvJPEG.
+    ``gpu_host_s``: host time launching the augment stage.
     """
 
     batches: int = 0
@@ -44,8 +42,6 @@ class StageStats:
     gpu_copy_s: float = 0.0
     gpu_fetch_wait_s: float = 0.0
     gpu_host_s: float = 0.0
-    gpu_hw_images: int = 0
-    gpu_hw_decode_s: float = 0.0
 
     def add(self, other: StageStats) -> None:
         for f in fields(self):

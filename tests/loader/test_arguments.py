@@ -13,13 +13,13 @@ from shardkit.loader import GpuOptions
 BAD = [
     ("batch_size", 0), ("batch_size", -1), ("batch_size", 2.5), ("batch_size", True),
     ("num_workers", -1), ("window", 0), ("window", -2), ("prefetch", 0),
-    ("device_prefetch", 1), ("device_prefetch", 0), ("hw_decode", "yes"), ("hw_decode_threads", 0),
+    ("device_prefetch", 1), ("device_prefetch", 0), ("decode_threads", 0), ("decode_threads", 1.5),
     ("gpu", {"device_prefetch": 4}), ("on_error", "skip"), ("pad", "8"), ("pad", 2.5), ("pad", 0), ("pad", -1),
     ("masks", "yes"), ("contiguous_labels", 1), ("shuffle", None), ("drop_last", "no"), ("keys", 0),
     ("rank", 2), ("rank", -1), ("rank", "0"), ("world_size", 0),
     ("even_batches", "no"), ("even_batches", 0), ("even_batches", None),
 ]
-GPU_FIELDS = ("device_prefetch", "hw_decode", "hw_decode_threads")
+GPU_FIELDS = ("device_prefetch", "decode_threads")
 
 
 @pytest.mark.parametrize(("name", "value"), BAD)

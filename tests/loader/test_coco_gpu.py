@@ -82,13 +82,13 @@ def _reject(monkeypatch: pytest.MonkeyPatch, spoil: Callable[[torch.Tensor], obj
 
     real = DeviceStages._decode
 
-    def decode(self: Any, raw: Any, jpegs: list[torch.Tensor], batch: Any, rows: Any = None) -> Any:
+    def decode(self: Any, raw: Any, jpegs: list[torch.Tensor], batch: Any) -> Any:
         if len(jpegs) < 2:
-            return real(self, raw, jpegs, batch, rows)
+            return real(self, raw, jpegs, batch)
         if spoil is not None:  # the staged copy and the worker's (which the CPU rescue reads)
             spoil(jpegs[1])
             spoil(raw.jpegs()[1])
-        images, _ = real(self, raw, [j for i, j in enumerate(jpegs) if i != 1], batch, rows)
+        images, _ = real(self, raw, [j for i, j in enumerate(jpegs) if i != 1], batch)
         return images, [1]
 
     monkeypatch.setattr(DeviceStages, "_decode", decode)

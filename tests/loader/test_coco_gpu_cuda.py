@@ -138,15 +138,3 @@ def test_resume_stats_and_user_stream(coco: dict[str, Path]) -> None:
         assert all(torch.equal(p, q) for p, q in zip(ba, bb, strict=True))
     full.close()
     again.close()
-
-
-def test_hw_decoder_beside_nvjpeg(coco: dict[str, Path]) -> None:
-    from shardkit.codec.nvimgcodec import hw_decode_unavailable
-
-    reason, _ = hw_decode_unavailable(torch.device("cuda"))
-    if reason is not None:
-        pytest.skip(f"no hardware JPEG decoder: {reason}")
-    t = transforms.detection_train((64, 96), 128)
-    cpu = _run(coco["sample"], "cpu", t, num_workers=2)
-    gpu = _run(coco["sample"], "cuda", t, num_workers=2, gpu=GpuOptions(hw_decode="only"))
-    assert_agree(cpu, gpu, image_check=_within_tolerance)

@@ -5,24 +5,17 @@ Tolerance (also in BENCHMARKS.md): the crop/resize/flip math equals the CPU path
 level given the same decoded pixels (tested below with nvJPEG's pixels); end to end, nvJPEG and
 libjpeg-turbo differ in IDCT and chroma upsampling, so on these grainy synthetic photos the mean
 absolute difference per image stays under ``MEAN_TOL`` levels (worst seen on an H200: 2.1) and
-fewer than ``FRAC_TOL`` of values differ by more than ``BIG`` levels. The same tolerances hold
-for the hardware JPEG engines (nvImageCodec ``HW_GPU_ONLY``; opt-in with
-``ShardLoader(gpu=GpuOptions(hw_decode=...))``):
-the tests named ``hw`` check them (skipped without nvImageCodec or engines). Mixing both
-decoders picks a decoder per batch by timing, so pixels are then not bit-reproducible run to run.
+fewer than ``FRAC_TOL`` of values differ by more than ``BIG`` levels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from shardkit import LoaderError, ShardLoader, transforms
-from shardkit.codec.decode import decode_rgb
-from shardkit.codec.nvimgcodec import HwJpegDecoder, hw_decode_unavailable
 from shardkit.codec.nvjpeg import GpuJpegDecoder
 from shardkit.loader import GpuOptions
 from shardkit.loader.gpu.pinned import PinnedSlot
@@ -34,14 +27,6 @@ from tests.loader.gpu_helpers import (
     pixels,
     raw_and_cpu_streams,
 )
-
-
-@pytest.fixture(autouse=True)
-def _fresh_hw_probe() -> Iterator[None]:
-    """Tests below probe the hardware decoder; forget the cached probe after each."""
-    yield
-    hw_decode_unavailable.cache_clear()
-
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -162,70 +147,6 @@ def test_batches_are_safe_on_a_user_stream(inet: Path) -> None:
             got.append((x.float() * 1).to(torch.uint8).cpu())
     for (a, _, _), b in zip(ref, got, strict=True):
         assert torch.equal(a, b)
-
-
-def _hw() -> HwJpegDecoder:
-    hw_decode_unavailable.cache_clear()
-    reason, planar = hw_decode_unavailable(torch.device("cuda"))
-    if reason is not None:
-        pytest.skip(f"no hardware JPEG decoder: {reason}")
-    return HwJpegDecoder(torch.device("cuda"), planar=planar)
-
-
-def test_hw_decoder_pixels_within_tolerance_of_cpu(inet: Path) -> None:
-    hw, stream = _hw(), torch.cuda.current_stream()
-    _, raw = raw_and_cpu_streams(inet, transforms.imagenet_train(224))
-    worst, decoded, missed = 0.0, 0, 0
-    for batch in raw:
-        jpegs = batch.images.jpegs()
-        for data, img in zip(jpegs, hw.decode(jpegs, stream), strict=True):
-            if img is None:
-                missed += 1
-                continue
-            ref = decode_rgb(bytes(data.numpy()))
-            assert tuple(img.shape) == tuple(ref.shape) and img.dtype == torch.uint8
-            d = (img.cpu().int() - ref.int()).abs().float()
-            worst = max(worst, d.mean().item())
-            assert d.mean() <= MEAN_TOL and (d > BIG).float().mean() <= FRAC_TOL
-            decoded += 1
-    print(f"hardware decoder: {decoded} decoded, {missed} left to nvJPEG; worst mean abs diff vs CPU {worst:.3f}")
-    assert decoded > 0
-
-
-@pytest.mark.parametrize("compile", [True, False])
-def test_device_pipeline_equals_reference_on_hw_pixels(inet: Path, compile: bool) -> None:
-    hw, stream = _hw(), torch.cuda.current_stream()
-    t = transforms.imagenet_train(224)
-    _, raw = raw_and_cpu_streams(inet, t)
-    pipe = GpuPipeline(t, torch.device("cuda"), compile=compile)
-    slot = PinnedSlot(16, (224, 224), len(GEOMETRY_COLUMNS), pin=True)
-    for batch in raw:
-        slot.stage(batch)
-        [(images, rejected)] = pipe.decode_hw([(batch, slot)], hw, stream)
-        assert not rejected
-        want = emulate_device(batch, lambda _, got=images: got)  # type: ignore[misc]
-        got = pipe.augment(batch, slot, images, rejected).images.cpu()
-        assert (got.int() - want.int()).abs().max() <= 1
-
-
-@pytest.mark.parametrize("mode", ["mix", "only"])
-def test_loader_runs_the_hw_decoder(inet: Path, mode: str) -> None:
-    _hw()
-    t = transforms.imagenet_train(224)
-    kw = {"batch_size": 16, "transform": t, "keys": True, "seed": 7, "num_workers": 2}
-    ref = ShardLoader(str(inet), device="cpu", **kw)  # type: ignore[arg-type]
-    loader = ShardLoader(str(inet), device="cuda", gpu=GpuOptions(hw_decode=mode), **kw)  # type: ignore[arg-type]
-    for _ in range(2):  # the second epoch forks fresh workers while the first one's state is alive
-        cpu = [(x, y, k) for x, y, k in ref]
-        gpu = [(x.cpu(), y.cpu(), k) for x, y, k in loader]
-        assert len(cpu) == len(gpu)
-        for (a, la, ka), (b, lb, kb) in zip(cpu, gpu, strict=True):
-            assert ka == kb and torch.equal(la, lb)
-            d = (a.int() - b.int()).abs().float().mean(dim=(1, 2, 3))
-            assert float(d.max()) <= MEAN_TOL
-    s = loader.stats
-    print(f"mode {mode}: {s.gpu_hw_images} by the hardware decoder, {s.gpu_images} on the GPU in all")
-    assert 0 < s.gpu_hw_images <= s.gpu_images and (mode != "only" or s.gpu_hw_images == s.gpu_images)
 
 
 def test_nvjpeg_decodes_cut_pieces_like_whole_images() -> None:

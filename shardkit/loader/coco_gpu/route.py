@@ -16,7 +16,6 @@ from shardkit.loader.coco_gpu.pipeline import DetectionDeviceBatch, DetectionPip
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.gpu.pinned import PinnedSlot
 from shardkit.loader.gpu.prefetch import DevicePrefetcher, staging_slots
-from shardkit.loader.gpu.route import hw_decode_setup
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.route import Route
 from shardkit.loader.stats import StageStats
@@ -53,7 +52,6 @@ class CocoGpuRoute(Route[RawDetectionBatch, DetectionDeviceBatch]):
         self._slots = [PinnedSlot(batch_size, (0, 0), len(GEOMETRY_COLUMNS), pin=cuda)
                        for _ in range(staging_slots(options.device_prefetch) if cuda else 1)]
         self._keep_alive = num_workers * (cycle + 1)
-        self._hw_planar, self._hw_only = hw_decode_setup(options, device) if cuda else (None, False)
         self._prefetcher: DevicePrefetcher[RawDetectionBatch, DetectionDeviceBatch] | None = None
 
     def prepare(self, batches: Iterator[RawDetectionBatch], stats: StageStats) -> Iterator[DetectionDeviceBatch]:
@@ -63,9 +61,7 @@ class CocoGpuRoute(Route[RawDetectionBatch, DetectionDeviceBatch]):
         if self.device.type != "cuda":
             return self._in_this_thread(batches)
         self._prefetcher = DevicePrefetcher(batches, self.pipeline, self.device, self._slots, stats,
-                                            self.options.device_prefetch, keep_alive=self._keep_alive,
-                                            hw_planar=self._hw_planar, hw_only=self._hw_only,
-                                            hw_threads=self.options.hw_decode_threads)
+                                            self.options.device_prefetch, keep_alive=self._keep_alive)
         return iter(self._prefetcher)
 
     def _in_this_thread(self, batches: Iterator[RawDetectionBatch]) -> Iterator[DetectionDeviceBatch]:

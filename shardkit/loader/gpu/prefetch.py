@@ -6,13 +6,11 @@ Three stages, each a thread, joined by bounded queues, so host and device work o
    (:class:`~shardkit.loader.gpu.pinned.PinnedSlot`: JPEG bytes, geometry, labels, CPU pixels);
 2. *decode*: batched nvJPEG (torchvision's call returns only when the batch is decoded, so it
    gets a thread of its own and decodes back to back, two staged batches per call when both
-   are waiting); when asked for and the GPU's hardware JPEG engines work through nvImageCodec
-   (:mod:`~shardkit.codec.nvimgcodec`), a second decode thread with its own decoder object and
-   CUDA stream takes staged batches from the same queue, so both decoders run at once (or
-   that thread decodes alone); ``decode_threads`` > 1 runs that many batched-decoder threads,
-   each on its own stream (a gain only with a decoder that does not serialise its calls);
+   are waiting); ``decode_threads`` > 1 runs that many batched-decoder threads taking staged
+   batches from the same queue, each on its own CUDA stream (a gain only with a decoder that
+   does not serialise its calls);
 3. *augment*: takes decoded batches back in staging order (a small reorder buffer keyed by
-   sequence number, since two decoders finish out of order); on a dedicated CUDA stream (after
+   sequence number, since decode threads finish out of order); on a dedicated CUDA stream (after
    the decode's event), enqueue the small copies,
    the one crop-resize-flip launch and finalize, then record one event per batch. Decoded
    images live on the decode stream and are held until that event completes, because nvJPEG
@@ -43,7 +41,6 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from shardkit.codec.nvimgcodec import HwJpegDecoder
 from shardkit.loader.gpu.build import StagedBatch
 from shardkit.loader.gpu.pinned import PinnedSlot
 from shardkit.loader.gpu.stages import Decoded, DeviceStages, ReadyBatch
@@ -94,18 +91,15 @@ class DevicePrefetcher(Generic[B, D]):
     """Iterate ``source``'s batches as finalised device batches, prepared ahead in threads.
 
     ``merge``: up to this many staged batches are decoded in one nvJPEG call when they are
-    already waiting (fewer fixed costs per image). ``hw_planar``: None for nvJPEG alone, else run
-    a hardware JPEG decoder thread beside it (``HwJpegDecoder(planar=hw_planar)``), or instead of
-    it with ``hw_only`` (``hw_threads``: its CPU threads). ``keep_alive``: how many recent worker
-    batches to hold, so shared-memory buffers that workers
-    reuse stay mapped in this process (no page faults on reuse). Stop early by closing the
-    iterator (``for`` loops do it when abandoned).
+    already waiting (fewer fixed costs per image). ``decode_threads``: threads calling the batched
+    decoder, each on its own stream. ``keep_alive``: how many recent worker batches to hold, so
+    shared-memory buffers that workers reuse stay mapped in this process (no page faults on
+    reuse). Stop early by closing the iterator (``for`` loops do it when abandoned).
     """
 
     def __init__(self, source: Iterator[B], pipeline: DeviceStages[B, D], device: torch.device,
                  slots: list[PinnedSlot], stats: StageStats, depth: int, keep_alive: int = 0,
-                 merge: int = 2, hw_planar: bool | None = None, hw_only: bool = False,
-                 hw_threads: int = 2, decode_threads: int = 1) -> None:
+                 merge: int = 2, decode_threads: int = 1) -> None:
         if depth < merge or len(slots) < staging_slots(depth):
             raise ValueError(f"need depth >= {merge} and {staging_slots(depth)} slots, got {depth} and {len(slots)}")
         self.source, self.pipeline, self.device, self.slots = source, pipeline, device, slots
@@ -120,17 +114,12 @@ class DevicePrefetcher(Generic[B, D]):
         self._q = [queue.Queue[Any](maxsize=depth) for _ in range(3)]  # staged, decoded, ready
         self._stop = threading.Event()
         self._free = threading.Semaphore(len(slots))  # permits to (re)stage a slot, see module doc
-        self.hw_planar, self.hw_threads = hw_planar, hw_threads
-        self.hw_stream = torch.cuda.Stream(device) if hw_planar is not None else None
         self._keep: deque[B] = deque(maxlen=max(keep_alive, 1))
         self._timers: deque[tuple[torch.cuda.Event, torch.cuda.Event, list[torch.Tensor]]] = deque()
         stages: list[tuple[Any, int, torch.cuda.Stream]] = [(self._fetch, 0, self.stream),
                                                              (self._augment, 2, self.stream)]
-        if self.hw_stream is None or not hw_only:
-            stages += [(self._decode, 1, stream) for stream in self.decode_streams]
-        if self.hw_stream is not None:
-            stages.append((self._decode_hw, 1, self.hw_stream))
-        self.decoders = len(stages) - 2
+        stages += [(self._decode, 1, stream) for stream in self.decode_streams]
+        self.decoders = len(self.decode_streams)
         self._threads = [threading.Thread(target=self._guard, args=args, name=f"shardkit-{args[0].__name__}",
                                           daemon=True)
                          for args in stages]
@@ -201,12 +190,6 @@ class DevicePrefetcher(Generic[B, D]):
     def _decode(self) -> None:
         """One decode thread; :meth:`_guard` made its own stream current."""
         self._decode_loop(self.pipeline.decode_many, torch.cuda.current_stream(self.device), "gpu_decode_s")
-
-    def _decode_hw(self) -> None:
-        assert self.hw_stream is not None and self.hw_planar is not None
-        # this thread's own decoder object and stream
-        hw, stream = HwJpegDecoder(self.device, planar=self.hw_planar, threads=self.hw_threads), self.hw_stream
-        self._decode_loop(lambda items: self.pipeline.decode_hw(items, hw, stream), stream, "gpu_hw_decode_s")
 
     def _augment(self) -> None:
         order, ended = InOrder(), 0

@@ -1,9 +1,9 @@
 """What every device pipeline shares: decoding staged batches' JPEGs, and the augment step it owes.
 
 The device prefetcher (:mod:`~shardkit.loader.gpu.prefetch`) drives a :class:`DeviceStages`
-through two steps per batch: *decode* (batched nvJPEG, or the hardware JPEG engines, over the
-JPEGs a :class:`~shardkit.loader.gpu.pinned.PinnedSlot` staged) and *augment* (enqueue the
-route's device work and return what the user gets). Decoding is the same for every route (the
+through two steps per batch: *decode* (batched nvJPEG over the JPEGs a
+:class:`~shardkit.loader.gpu.pinned.PinnedSlot` staged) and *augment* (enqueue the route's
+device work and return what the user gets). Decoding is the same for every route (the
 classification one, :class:`~shardkit.loader.gpu.pipeline.GpuPipeline`, and the detection one,
 :class:`~shardkit.loader.coco_gpu.pipeline.DetectionPipeline`): it is here; each route
 implements :meth:`DeviceStages.augment`.
@@ -22,7 +22,6 @@ from typing import Generic, Protocol, TypeVar
 
 import torch
 
-from shardkit.codec.nvimgcodec import HwJpegDecoder
 from shardkit.codec.nvjpeg import GpuJpegDecoder
 from shardkit.errors import LoaderError
 from shardkit.loader.gpu.build import RawImages, StagedBatch
@@ -61,13 +60,10 @@ class DeviceStages(ABC, Generic[B, D]):
         self.device = device
         self.on_error = on_error
         self.decoder = GpuJpegDecoder(device)
-        self._hw_warned = False
 
-    def _decode(self, raw: RawImages, jpegs: list[torch.Tensor], batch: StagedBatch,
-                rows: list[int] | None = None) -> Decoded:
+    def _decode(self, raw: RawImages, jpegs: list[torch.Tensor], batch: StagedBatch) -> Decoded:
         """nvJPEG-decode the batch's JPEGs; on failure retry one by one. Returns images and the
-        indices (into ``jpegs``) that nvJPEG rejected. ``rows``: each JPEG's row of
-        ``raw.geometry`` (default: its position), for the log line."""
+        indices (into ``jpegs``) that nvJPEG rejected."""
         try:
             return self.decoder.decode(jpegs), []
         except RuntimeError:
@@ -80,7 +76,7 @@ class DeviceStages(ABC, Generic[B, D]):
             except RuntimeError:
                 rejected.append(i)
         log.debug("nvJPEG rejected %d images of a batch (keys %s)", len(rejected),
-                  [batch.keys[int(raw.geometry[i if rows is None else rows[i], Col.DEST])] for i in rejected])
+                  [batch.keys[int(raw.geometry[i, Col.DEST])] for i in rejected])
         return images, rejected
 
     def decode(self, batch: B, slot: PinnedSlot) -> Decoded:
@@ -101,37 +97,6 @@ class DeviceStages(ABC, Generic[B, D]):
         for js in lists:
             out.append((flat[pos:pos + len(js)], []))
             pos += len(js)
-        return out
-
-    def decode_hw(self, items: list[tuple[B, PinnedSlot]], hw: HwJpegDecoder, stream: torch.cuda.Stream
-                  ) -> list[Decoded]:
-        """:meth:`decode_many` with the hardware JPEG engines (one call for all ``items``), ready on
-        ``stream``; images the engines return as None are decoded by nvJPEG (on the current
-        stream, which must be ``stream``), and those nvJPEG rejects too go to the CPU rescue."""
-        lists = [slot.jpegs() for _, slot in items]
-        datas = [j for js in lists for j in js]
-        try:
-            flat = hw.decode(datas, stream)
-        except Exception as e:  # library trouble mid-run: nvJPEG takes these batches
-            if not self._hw_warned:
-                log.warning("shardkit: hardware JPEG decode failed (%s: %s); nvJPEG decodes those batches",
-                            type(e).__name__, e)
-                self._hw_warned = True
-            flat = [None] * len(datas)
-        out: list[Decoded] = []
-        pos = 0
-        for (batch, _), js in zip(items, lists, strict=True):
-            got, pos = flat[pos:pos + len(js)], pos + len(js)
-            batch.stats.gpu_hw_images += sum(g is not None for g in got)
-            missing = [i for i, g in enumerate(got) if g is None]
-            if not missing:
-                out.append(([g for g in got if g is not None], []))
-                continue
-            images, bad = self._decode(batch.images, [js[i] for i in missing], batch, rows=missing)
-            rejected = [missing[r] for r in bad]
-            rescued, skip = iter(images), set(rejected)
-            merged = [g if g is not None else next(rescued) for i, g in enumerate(got) if i not in skip]
-            out.append((merged, rejected))
         return out
 
     def replacements(self, bad: list[int], batch: StagedBatch) -> list[tuple[int, int]]:
