@@ -77,3 +77,11 @@ def test_decode_threads_must_be_a_positive_int(threads: object) -> None:
 
     with pytest.raises(LoaderError, match="decode_threads"):
         GpuOptions(decode_threads=threads)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("removed", ["hw_decode", "hw_decode_threads"])
+def test_removed_hw_decode_options_are_refused(removed: str) -> None:
+    """The hardware JPEG decoder's options were removed (CHANGELOG, Removed); no shim takes them."""
+    with pytest.raises(TypeError, match=removed):
+        kwargs: dict[str, Any] = {removed: "mix" if removed == "hw_decode" else 2}
+        GpuOptions(**kwargs)
