@@ -114,20 +114,13 @@ def _check_nodes(ray: Any, task: ShardTask) -> None:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) <= 1:
         return
-    if not task.store.remote:
-        raise PackError(
-            f"is a local path but the Ray cluster has {len(nodes)} nodes: workers on other nodes "
-            "would write to their own disks; pack into a shared URL (s3://, gs://, …) or use a "
-            "single-node cluster",
-            where=task.store.url,
-        )
-    if not task.files.remote:
-        raise PackError(
-            f"the source is a local path but the Ray cluster has {len(nodes)} nodes: workers on "
-            "other nodes would not find its files; pack from a shared URL (s3://, gs://, …) or "
-            "use a single-node cluster",
-            where=task.files.root,
-        )
+    for remote, where, what, why in (
+        (task.store.remote, task.store.url, "is a local path", "would write to their own disks; pack into"),
+        (task.files.remote, task.files.root, "the source is a local path", "would not find its files; pack from"),
+    ):
+        if not remote:
+            raise PackError(f"{what} but the Ray cluster has {len(nodes)} nodes: workers on other nodes {why} "
+                            "a shared URL (s3://, gs://, …) or use a single-node cluster", where=where)
 
 
 def run_ray(
