@@ -42,7 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardkit.loader.mix import Mix  # noqa: E402
-from shardkit.loader.plan import sample_seeds, shard_offsets, worker_batch_indices  # noqa: E402
+from shardkit.loader.plan import shard_offsets, worker_batch_indices  # noqa: E402
+from shardkit.loader.seeds import sample_seeds  # noqa: E402
 from shardkit.loader.stream import PlanConfig  # noqa: E402
 
 WHAT = ("first", "resume")

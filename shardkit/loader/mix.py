@@ -35,7 +35,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shardkit.errors import LoaderError
-from shardkit.loader.plan import EpochOrder, _check_seed, shard_offsets
+from shardkit.loader.plan import EpochOrder, shard_offsets
+from shardkit.loader.seeds import check_seed
 
 __all__ = ["Mix", "MixedOrder", "check_weights", "epoch_quotas"]
 
@@ -139,7 +140,7 @@ class Mix:
         samples of the joined index's ``shard``, from its index ``start`` on. Dataset by
         dataset: its whole passes (shards in manifest order), then its turn (see the module).
         Sizes of 0 are kept in whole passes (as the shards are), dropped from turns."""
-        _check_seed(seed, epoch)
+        check_seed(seed, epoch)
         pieces = []
         for i, (sizes, quota) in enumerate(zip(self.sizes, self.quotas, strict=True)):
             shard, start, count = _dataset_slices(sizes, quota, seed=seed, dataset=i, epoch=epoch, shuffle=shuffle)

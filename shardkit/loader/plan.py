@@ -25,21 +25,14 @@ import numpy as np
 import numpy.typing as npt
 
 from shardkit.errors import LoaderError
+from shardkit.loader.seeds import check_seed
 
-_MASK64 = (1 << 64) - 1
 _ORDER_STREAM = 0x6F72_6465  # tags the shard order's SeedSequence so other streams never coincide
 _WINDOW_STREAM = 0x7769_6E64  # tags each window's SeedSequence
 
 #: The version of the epoch plan: the same (seed, epoch, shards, layout) give the same batches
 #: within a version. Version 2 seeds each window's shuffle on its own (version 1 drew them in turn).
 PLAN_VERSION = 2
-
-
-def _check_seed(seed: int, epoch: int) -> None:
-    if not 0 <= seed <= _MASK64:
-        raise LoaderError(f"seed must be in [0, 2**64), got {seed}")
-    if not 0 <= epoch <= _MASK64:
-        raise LoaderError(f"epoch must be in [0, 2**64), got {epoch}")
 
 
 def shard_offsets(shard_sizes: Sequence[int] | npt.ArrayLike) -> np.ndarray:
@@ -121,7 +114,7 @@ class EpochOrder:
 
     def __init__(self, shard_sizes: Sequence[int] | npt.ArrayLike, *, seed: int, epoch: int, shuffle: bool,
                  window: int = 8) -> None:
-        _check_seed(seed, epoch)
+        check_seed(seed, epoch)
         if window < 1:
             raise LoaderError(f"window must be >= 1, got {window}")
         self._offsets = shard_offsets(shard_sizes)
@@ -368,44 +361,3 @@ def worker_batch_indices(
     if not 0 <= start_batch <= num_batches:
         raise LoaderError(f"start_batch must be in [0, {num_batches}], got {start_batch}")
     return range(start_batch + worker_id, num_batches, max(num_workers, 1))
-
-
-def _mix64(z: int) -> int:
-    """splitmix64's finaliser (Steele et al. 2014): a bijection on 64-bit ints that avalanches."""
-    z = (z + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def sample_seed(seed: int, epoch: int, position: int) -> int:
-    """64-bit seed of the augmentation RNG of the sample at global ``position`` of an epoch.
-
-    ``position`` is the sample's place in the padded epoch stream shared by all ranks (see
-    :func:`stream_positions`), so it never depends on workers and padded repeats get their own
-    seeds. Raises LoaderError for arguments outside [0, 2**64).
-
-    >>> sample_seed(0, 0, 1) != sample_seed(0, 0, 2) != sample_seed(0, 1, 1)
-    True
-    """
-    _check_seed(seed, epoch)
-    if not 0 <= position <= _MASK64:
-        raise LoaderError(f"position must be in [0, 2**64), got {position}")
-    return _mix64(_mix64(_mix64(seed) ^ epoch) ^ position)
-
-
-def sample_seeds(seed: int, epoch: int, positions: npt.ArrayLike) -> np.ndarray:
-    """Vectorised :func:`sample_seed`: uint64 array, equal element-wise to the scalar version.
-
-    >>> int(sample_seeds(3, 1, [7])[0]) == sample_seed(3, 1, 7)
-    True
-    """
-    _check_seed(seed, epoch)
-    pos = np.asarray(positions)
-    if pos.size and (pos.dtype.kind not in "iu" or pos.min() < 0):
-        raise LoaderError("positions must be non-negative integers")
-    z = pos.astype(np.uint64).reshape(-1) ^ np.uint64(_mix64(_mix64(seed) ^ epoch))
-    z = z + np.uint64(0x9E3779B97F4A7C15)  # uint64 arrays wrap modulo 2**64, as intended
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return (z ^ (z >> np.uint64(31))).reshape(pos.shape)

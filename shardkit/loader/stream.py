@@ -28,11 +28,11 @@ from shardkit.loader.plan import (
     EpochOrder,
     Order,
     num_batches,
-    sample_seeds,
     stream_positions,
     worker_batch_indices,
 )
 from shardkit.loader.remainder import Remainder
+from shardkit.loader.seeds import sample_seeds
 from shardkit.loader.state import LoaderState, check_compatible, shards_digest
 from shardkit.loader.worker_batch import Builder, WorkerBatch
 
@@ -92,7 +92,7 @@ class PlanConfig:
         of ``order``'s epoch, or of what ``remainder`` leaves of it (an elastic resume lays the
         remainder out as an epoch of ``len(remainder)`` samples).
 
-        Seed positions (for :func:`~shardkit.loader.plan.sample_seeds`) are the samples' places
+        Seed positions (for :func:`~shardkit.loader.seeds.sample_seeds`) are the samples' places
         in the padded epoch stream: the epoch position, plus ``N`` for each time the padding has
         wrapped around; unique over ranks, and the same in an exact resume.
         """

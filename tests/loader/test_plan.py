@@ -14,12 +14,11 @@ from shardkit.loader.plan import (
     locate,
     num_batches,
     rank_batches,
-    sample_seed,
-    sample_seeds,
     shard_offsets,
     stream_positions,
     worker_batch_indices,
 )
+from shardkit.loader.seeds import sample_seed, sample_seeds
 from shardkit.loader.stream import PlanConfig
 
 
