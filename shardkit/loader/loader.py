@@ -111,7 +111,9 @@ class ShardLoader:
     (COCO); labels are as packed.
 
     Routes (chosen once, :func:`~shardkit.loader.routing.choose_route`): a COCO dataset takes the
-    COCO route (:mod:`shardkit.loader.coco`); a CUDA ``device`` with an :class:`ImageTransform`
+    COCO route (:mod:`shardkit.loader.coco`), or on a CUDA ``device`` with a one-window detection
+    transform the COCO GPU route (:mod:`shardkit.loader.coco_gpu`: nvJPEG decode and one ragged
+    crop-resize-flip launch); a CUDA ``device`` with an :class:`ImageTransform`
     takes the GPU route (:mod:`shardkit.loader.gpu`): workers ship JPEG bytes and crop boxes
     (drawn as on the CPU route: same crops and flips per sample), and the main process decodes
     each batch with nvJPEG and crops, resizes and flips it in one launch, overlapping the
