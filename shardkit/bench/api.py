@@ -16,6 +16,7 @@ from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report
 from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
+from shardkit.loader.coco.target import contiguous_label_map
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")
@@ -164,24 +165,34 @@ def _drop(_contender: Contender) -> None:
     conditions.drop_page_cache()
 
 
-def _check_same_data(manifest: Manifest, data: dict[str, Any], shards: str,
-                     jpeg_restart: int | None) -> None:
-    """Refuse shards that cannot be a pack of the ImageFolder tree being compared (or, when
-    ``jpeg_restart`` is asked for, were packed without it)."""
+def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_restart: int | None, *,
+                    can_omit: bool = True) -> None:
+    """Refuse shards that cannot be a pack of the source being compared (``data``: what
+    :func:`conditions.describe_imagefolder <shardkit.bench.conditions.describe_imagefolder>` or
+    ``describe_coco`` says of it), or, when ``jpeg_restart`` is asked for, were packed without it.
+    ``can_omit``: the message offers omitting ``--shards`` (the bench then packs) as a way out.
+
+    Raises:
+        ValueError: another kind of data, another number of images (or classes, or COCO category
+            ids), or packed without ``jpeg_restart``; the message says which and what to do.
+    """
     packed = manifest.num_samples + len(manifest.skipped)
+    omit = ", or omit --shards" if can_omit else ""
     if data.get("kind") == "coco":  # packed with drop_empty: the images that have annotations
-        if manifest.kind != "coco" or packed != data["images"]:
+        ids = list(contiguous_label_map(manifest.categories)) if manifest.kind == "coco" else None
+        if manifest.kind != "coco" or packed != data["images"] or ids != data["category_ids"]:
             raise ValueError(
-                f"--shards {shards} holds {manifest.kind} data of {packed} source images, but {data['path']} "
-                f"has COCO annotations for {data['images']} images: the comparison would not be on the same "
-                "data (pack it with shardkit pack --annotations, or omit --shards)")
+                f"--shards {shards} holds {manifest.kind} data of {packed} source images"
+                f"{'' if ids is None else f' and {len(ids)} categories'}, but {data['path']} has COCO annotations "
+                f"for {data['images']} images and {len(data['category_ids'])} categories: the comparison would not "
+                f"be on the same data (pack it with shardkit pack --annotations{omit})")
     elif (manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"]
           or packed != data["images"]):
         raise ValueError(
             f"--shards {shards} holds {manifest.kind} data of {len(manifest.classes or ())} "
             f"classes and {packed} source images, but {data['path']} has {data['classes']} classes "
             f"and {data['images']} images: the comparison would not be on the same data (pack it "
-            "with shardkit pack, or omit --shards)"
+            f"with shardkit pack{omit})"
         )
     packed_with = manifest.options.get("jpeg_restart")
     if jpeg_restart is not None and packed_with != jpeg_restart:
@@ -218,7 +229,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         store = locate_dataset(shards, cfg.storage_options)
         pack_info = None if store.exists("index.json") else _pack(cfg, shards, data["images"], sink)
         manifest = read_manifest(store)
-        _check_same_data(manifest, data, shards, cfg.jpeg_restart)
+        check_same_data(manifest, data, shards, cfg.jpeg_restart)
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
         cache = "warm (every file read once before the runs)"

@@ -109,11 +109,14 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
 
 def describe_coco(images: str, annotations: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:
     """Count the images of a COCO source that have annotations (what ``pack_coco(drop_empty=True)``
-    packs and the CocoDetection baseline reads), their boxes and bytes; mean pixel count of a sample.
+    packs and the CocoDetection baseline reads), their boxes and bytes; its category ids
+    (in the order of ShardLoader's ``contiguous_labels``: label k is the k-th);
+    mean pixel count of a sample.
 
     Raises:
         SourceError: the images folder or the annotations file is not a COCO source.
     """
+    from shardkit.loader.coco.target import contiguous_label_map
     from shardkit.sources import scan_coco
 
     listing = scan_coco(images, annotations, drop_empty=True)
@@ -121,7 +124,8 @@ def describe_coco(images: str, annotations: str, *, sample: int = 200, seed: int
     boxes = sum(len((s.meta or {}).get("annotations") or ()) for s in samples)
     files = _describe_files([s.path for s in samples], [s.size for s in samples], sample=sample, seed=seed)
     return {"kind": "coco", "path": os.path.abspath(images), "annotations": os.path.abspath(annotations),
-            "classes": len(listing.categories or ()), "annotations_count": boxes,
+            "classes": len(listing.categories or ()),
+            "category_ids": list(contiguous_label_map(listing.categories)), "annotations_count": boxes,
             "boxes_per_image": round(boxes / max(len(samples), 1), 2), **files}
 
 

@@ -34,3 +34,18 @@ def test_coco_bench_needs_pycocotools_for_its_baseline(monkeypatch: pytest.Monke
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pycocotools" else real(name, *a))
     with pytest.raises(ValueError, match="pycocotools"):
         BenchConfig("images", annotations="instances.json").validate()
+
+
+def test_coco_shards_must_have_the_sources_images_and_categories() -> None:
+    """The same number of images is not enough: other category ids would give the loaders other labels."""
+    from shardkit.index.manifest import Manifest, ShardEntry
+
+    shards = (ShardEntry("s-000000.tar", 3, 100, "0" * 64),)
+    packed = Manifest("coco", shards, categories=({"id": 1}, {"id": 17}))
+    data = {"kind": "coco", "path": "images", "images": 3, "category_ids": [1, 17]}
+    api.check_same_data(packed, data, "shards", None)
+    with pytest.raises(ValueError, match="2 categories, but images has COCO annotations for 3 images and 3 "
+                                         "categories.*omit --shards"):
+        api.check_same_data(packed, {**data, "category_ids": [1, 17, 18]}, "shards", None)
+    with pytest.raises(ValueError, match=r"--annotations\)$"):
+        api.check_same_data(packed, {**data, "images": 4}, "shards", None, can_omit=False)

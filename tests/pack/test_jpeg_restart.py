@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from sample_data.coco_gen import make_coco
-from shardkit.bench.api import _check_same_data
+from shardkit.bench.api import check_same_data
 from shardkit.cli import cli
 from shardkit.codec import jpeg_restart
 from shardkit.codec.decode import decode_rgb
@@ -263,9 +263,9 @@ def test_bench_refuses_shards_packed_otherwise(tree: Path, tmp_path: Path) -> No
     dst = tmp_path / "out"
     manifest = pack(str(tree), str(dst), options=PackOptions(max_count=4), workers=1).manifest
     data = {"path": str(tree), "classes": 1, "images": 5}
-    _check_same_data(manifest, data, str(dst), None)
+    check_same_data(manifest, data, str(dst), None)
     with pytest.raises(ValueError, match="jpeg_restart=None, not 4"):
-        _check_same_data(manifest, data, str(dst), 4)
+        check_same_data(manifest, data, str(dst), 4)
     restarted = pack(str(tree), str(dst), options=OPTIONS, workers=1, overwrite=True).manifest
-    _check_same_data(restarted, data, str(dst), 4)
+    check_same_data(restarted, data, str(dst), 4)
 
