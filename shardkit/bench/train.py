@@ -22,6 +22,10 @@ GPU (``mixed``), resize, flip and normalise, and deliver what ShardLoader delive
 ``threads`` are ``workers``. DALI shuffles through a buffer, so its epochs are approximate
 (a sample can slip into the next one); the step counts batches, not epochs.
 
+The measurement (:func:`measure`, :func:`run_contenders`, :func:`summarise`, :func:`train_table`)
+takes any :class:`Step`, which owns bringing a loader's batch to the device and copying the fixed
+one; :mod:`shardkit.bench.train_detection` drives a detector with it.
+
 The step: a torchvision classifier (``resnet18``/``resnet50``), ``channels_last``, bf16 autocast,
 SGD with momentum, ``torch.compile`` (unless ``compile=False``). ShardLoader delivers batches
 already normalised (bf16, channels_last, on its own stream); the ImageFolder baseline delivers
@@ -32,9 +36,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -42,7 +46,8 @@ from shardkit.bench import baselines, conditions, dali
 from shardkit.bench.harness import alternating_order
 from shardkit.bench.report import spread
 
-__all__ = ["MODELS", "TrainBenchConfig", "TrainStep", "format_train_table", "run_train_bench"]
+__all__ = ["MODELS", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
+           "run_contenders", "run_train_bench", "summarise", "train_table"]
 
 MODELS = ("resnet18", "resnet50")
 TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files")
@@ -81,6 +86,33 @@ class TrainBenchConfig:
             raise ValueError("the dali contenders need NVIDIA DALI (pip install nvidia-dali-cuda130)")
 
 
+class Step(Protocol):
+    """What :func:`measure` drives: a training step that brings a loader's batches to its device."""
+
+    def to_device(self, batch: Any) -> tuple[Any, Any]:
+        """A loader's batch ``(images, labels or targets, *rest)`` as the step's inputs on its device."""
+        ...
+
+    def clone(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
+        """A copy of what :meth:`to_device` returned that shares no loader buffer (the synthetic run's
+        fixed batch: a loader may reuse its buffers for later batches)."""
+        ...
+
+    def __call__(self, images: Any, labels: Any, /) -> None:
+        """One optimiser step on a batch :meth:`to_device` returned."""
+        ...
+
+    def sync(self) -> None:
+        """Wait for the step's device work (timings are taken synchronised)."""
+        ...
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class TrainStep:
     """One SGD step of a torchvision classifier in bf16 autocast, ``channels_last``.
 
@@ -111,9 +143,15 @@ class TrainStep:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
+    def to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels, *_ = batch
+        return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+    def clone(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch[0].clone(), batch[1].clone()
+
     def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)
 
 
 def _forever(loader: Iterable[Any]) -> Iterator[Any]:
@@ -125,11 +163,6 @@ def _forever(loader: Iterable[Any]) -> Iterator[Any]:
             yield batch
         if empty:
             raise ValueError("the loader delivered no batch in an epoch")
-
-
-def _on_device(batches: Iterator[Any], device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    for images, labels, *_ in batches:
-        yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -146,7 +179,7 @@ class TrainRun:
         return self.fed_images_per_second / self.synthetic_images_per_second
 
 
-def _steps(step: TrainStep, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], n: int) -> tuple[float, float]:
+def _steps(step: Step, batches: Iterator[tuple[Any, Any]], n: int) -> tuple[float, float]:
     """Run ``n`` steps on ``batches``; wall seconds (synchronised) and seconds spent in ``next``."""
     step.sync()
     waited, t0 = 0.0, time.perf_counter()
@@ -159,14 +192,14 @@ def _steps(step: TrainStep, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
     return time.perf_counter() - t0, waited
 
 
-def measure(step: TrainStep, loader: Iterable[Any], *, steps: int, warmup: int, batch_size: int,
+def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch_size: int,
             stats: Callable[[], dict[str, float] | None] | None = None) -> TrainRun:
-    """Synthetic then fed rate of ``step`` with ``loader`` (see the module doc)."""
-    fed = _on_device(_forever(loader), step.device)
-    images, labels = next(fed)
-    fixed = (images.clone(), labels.clone())
+    """Synthetic then fed rate of ``step`` with ``loader`` (see the module doc); the fixed batch is
+    the loader's first, through ``step.to_device`` and ``step.clone``."""
+    fed = map(step.to_device, _forever(loader))
+    fixed = step.clone(next(fed))
 
-    def same() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def same() -> Iterator[tuple[Any, Any]]:
         while True:
             yield fixed
 
@@ -225,6 +258,51 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
     return out
 
 
+def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, steps: int, warmup: int,
+                   batch_size: int, repeats: int, after_run: Callable[[str, int, TrainRun], None] | None = None
+                   ) -> dict[str, list[TrainRun]]:
+    """:func:`measure` each contender ``repeats`` times in alternating order, each run on a freshly
+    built loader (closed after it). ``contenders``: name -> (the step it feeds, its loader's builder);
+    the steps may share one model. ``after_run(name, repetition, run)`` follows every run.
+
+    Raises:
+        ValueError: a loader that delivers no batch in an epoch.
+    """
+    runs: dict[str, list[TrainRun]] = {name: [] for name in contenders}
+    order = [(rep, name) for rep, names in enumerate(alternating_order(list(contenders), repeats))
+             for name in names]
+    for rep, name in order:
+        step, build = contenders[name]
+        loader = build()
+        try:
+            stats = getattr(loader, "stats", None)
+            read: Callable[[], dict[str, float] | None] | None = stats.as_dict if stats is not None else None
+            run = measure(step, loader, steps=steps, warmup=warmup, batch_size=batch_size, stats=read)
+        finally:
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+            del loader
+        runs[name].append(run)
+        if after_run is not None:
+            after_run(name, rep, run)
+    return runs
+
+
+def summarise(runs: list[TrainRun]) -> dict[str, Any]:
+    """One contender's runs as report figures: spreads of the rates, share and host wait, the median
+    loader GPU time (None without one), and every run."""
+    gpu = [r.loader_gpu_ms_per_batch for r in runs if r.loader_gpu_ms_per_batch is not None]
+    return {
+        "synthetic_images_per_second": spread([r.synthetic_images_per_second for r in runs]),
+        "fed_images_per_second": spread([r.fed_images_per_second for r in runs]),
+        "share": spread([r.share for r in runs]),
+        "host_wait_fraction": spread([r.host_wait_fraction for r in runs]),
+        "loader_gpu_ms_per_batch": statistics.median(gpu) if gpu else None,
+        "runs": [asdict(r) for r in runs],
+    }
+
+
 def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, TrainRun], None] | None = None
                     ) -> dict[str, Any]:
     """Measure every contender ``repeats`` times (alternating); return the report dict.
@@ -237,56 +315,35 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
     data = conditions.describe_imagefolder(cfg.imagefolder)
     step = TrainStep(cfg.model, data["classes"], device, compile=cfg.compile)
     contenders = _contenders(cfg)
-    runs: dict[str, list[TrainRun]] = {name: [] for name in contenders}
-    order = [(rep, name) for rep, names in enumerate(alternating_order(list(contenders), cfg.repeats))
-             for name in names]
-    for rep, name in order:
-        loader = contenders[name][1]()
-        try:
-            stats = getattr(loader, "stats", None)
-            read: Callable[[], dict[str, float] | None] | None = stats.as_dict if stats is not None else None
-            run = measure(step, loader, steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size, stats=read)
-        finally:
-            close = getattr(loader, "close", None)
-            if close is not None:
-                close()
-            del loader
-        runs[name].append(run)
-        if after_run is not None:
-            after_run(name, rep, run)
-    results = []
-    for name, (label, _build) in contenders.items():
-        rs = runs[name]
-        gpu = [r.loader_gpu_ms_per_batch for r in rs if r.loader_gpu_ms_per_batch is not None]
-        results.append({
-            "name": name, "label": label,
-            "synthetic_images_per_second": spread([r.synthetic_images_per_second for r in rs]),
-            "fed_images_per_second": spread([r.fed_images_per_second for r in rs]),
-            "share": spread([r.share for r in rs]),
-            "host_wait_fraction": spread([r.host_wait_fraction for r in rs]),
-            "loader_gpu_ms_per_batch": statistics.median(gpu) if gpu else None,
-            "runs": [asdict(r) for r in rs],
-        })
+    runs = run_contenders({name: (step, build) for name, (_label, build) in contenders.items()}, steps=cfg.steps,
+                          warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats, after_run=after_run)
+    results = [{"name": name, "label": label, **summarise(runs[name])} for name, (label, _build) in contenders.items()]
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
     return {"schema": "shardkit.bench.train/1", "config": asdict(cfg), "conditions": conds, "results": results}
 
 
-def format_train_table(report: dict[str, Any]) -> str:
-    """The report as a text table: median (min–max) of each figure over the repetitions."""
-    cfg = report["config"]
+def train_table(title: str, results: list[dict[str, Any]]) -> str:
+    """``title`` over one row per contender of ``results`` (a report's): median (min–max) of each
+    figure over the repetitions."""
 
     def cell(s: dict[str, Any], fmt: str) -> str:
         return f"{format(s['median'], fmt)} ({format(s['min'], fmt)}–{format(s['max'], fmt)})"
 
-    lines = [f"training step: {cfg['model']} @{cfg['size']} px, batch {cfg['batch_size']}, bf16 autocast, "
-             f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {cfg['workers']} workers, "
-             f"{cfg['steps']} timed steps x {cfg['repeats']} runs on {cfg['device']}",
-             f"{'pipeline':<40} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
-             f"{'loader GPU ms/batch':>19}"]
-    for r in report["results"]:
+    lines = [title, f"{'pipeline':<40} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
+                    f"{'loader GPU ms/batch':>19}"]
+    for r in results:
         gpu = r["loader_gpu_ms_per_batch"]
         lines.append(f"{r['label']:<40} {cell(r['fed_images_per_second'], ',.0f'):>22} "
                      f"{cell(r['synthetic_images_per_second'], ',.0f'):>22} {cell(r['share'], '.0%'):>20} "
                      f"{r['host_wait_fraction']['median']:>10.1%} {'—' if gpu is None else f'{gpu:.1f}':>19}")
     return "\n".join(lines)
+
+
+def format_train_table(report: dict[str, Any]) -> str:
+    """The report as a text table: median (min–max) of each figure over the repetitions."""
+    cfg = report["config"]
+    title = (f"training step: {cfg['model']} @{cfg['size']} px, batch {cfg['batch_size']}, bf16 autocast, "
+             f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {cfg['workers']} workers, "
+             f"{cfg['steps']} timed steps x {cfg['repeats']} runs on {cfg['device']}")
+    return train_table(title, report["results"])
