@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from shardkit.cli.progress import BenchBar, bars_enabled
+
+# Spelled out, not imported: `shardkit --help` must not import torch (tests check they match the library's).
+CLASSIFIERS = ("resnet18", "resnet50")
+DETECTORS = ("fasterrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn",
+             "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn")
+CONTENDERS = ("imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files", "cocodetection",
+              "shardloader_cpu")
 
 
 @click.command("bench")
@@ -14,7 +22,8 @@ from shardkit.cli.progress import BenchBar, bars_enabled
 @click.option("--annotations", type=click.Path(exists=True, dir_okay=False), default=None,
               help="COCO instances JSON: IMAGEFOLDER_DIR is then the images directory, and torchvision "
                    "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size): "
-                   "its COCO route, and with --device cuda its COCO GPU route too.")
+                   "its COCO route, and with --device cuda its COCO GPU route too. With --train DETECTOR: they "
+                   "feed a detection training step.")
 @click.option("--max-size", default=1333, show_default=True, type=click.IntRange(min=1),
               help="--annotations: the longer side's limit after resizing.")
 @click.option("--shards", default=None,
@@ -22,7 +31,8 @@ from shardkit.cli.progress import BenchBar, bars_enabled
               "[default: pack into a temporary directory].")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=0),
               help="Loader workers (all loaders).")
-@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch-size", default=None, type=click.IntRange(min=1),
+              help="Images per batch [default: 64; with --train DETECTOR: 16].")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
 @click.option("--transform", default="train", show_default=True,
               type=click.Choice(["train", "val"]),
@@ -43,21 +53,25 @@ from shardkit.cli.progress import BenchBar, bars_enabled
                    "have been packed with the same N.")
 @click.option("--out", "out", default=None, type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option("--plot", "plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart here.")
-@click.option("--train", "train_model", type=click.Choice(["resnet18", "resnet50"]), default=None,
+@click.option("--train", "train_model", type=click.Choice([*CLASSIFIERS, *DETECTORS]), default=None,
+              metavar="MODEL",
               help="Measure the images/s of a compiled bf16 training step of this model fed by each loader, "
-                   "and its share of the same step fed one fixed batch (needs --shards).")
+                   "and its share of the same step fed one fixed batch (needs --shards). A classifier "
+                   f"({', '.join(CLASSIFIERS)}) on an ImageFolder tree, or an untrained torchvision detector "
+                   f"({', '.join(DETECTORS)}) on a COCO source (with --annotations; --shards: its pack).")
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1),
               help="--train: timed steps per run (after --warmup untimed ones).")
-@click.option("--contender", "contenders", multiple=True,
-              type=click.Choice(["imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files"]),
-              help="--train: a loader to measure (repeatable) [default: imagefolder, shardloader, and dali when "
-                   "NVIDIA DALI is installed]. shardloader_tc: TorchCodec's GPU decoder from 4 threads "
+@click.option("--contender", "contenders", multiple=True, type=click.Choice(CONTENDERS),
+              help="--train: a loader to measure (repeatable). Classifier [default: imagefolder, shardloader, and "
+                   "dali when NVIDIA DALI is installed]: shardloader_tc: TorchCodec's GPU decoder from 4 threads "
                    "(GpuOptions(decode_threads=4)); "
                    "dali: DALI's webdataset reader on --shards (with their .dali.idx files if present); "
-                   "dali_files: DALI's file reader on IMAGEFOLDER_DIR.")
+                   "dali_files: DALI's file reader on IMAGEFOLDER_DIR. Detector [default: cocodetection, "
+                   "shardloader, and on cuda shardloader_cpu]: shardloader on --device (on cuda the COCO GPU "
+                   "route), shardloader_cpu: ShardLoader on the CPU, its batches copied to the device.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, shards: str | None, workers: int,
-                  batch_size: int, device: str, transform: str, size: int | None, epochs: int, repeats: int,
+                  batch_size: int | None, device: str, transform: str, size: int | None, epochs: int, repeats: int,
                   warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
                   plot: str | None, train_model: str | None, steps: int, contenders: tuple[str, ...],
                   quiet: bool) -> None:
@@ -69,11 +83,18 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
 
     With --train MODEL: the loaders feed a training step instead (see shardkit.bench.train).
     With --annotations: a COCO source, torchvision CocoDetection against ShardLoader's COCO route
-    (and its COCO GPU route with --device cuda).
+    (and its COCO GPU route with --device cuda); with --annotations and --train DETECTOR, the
+    loaders feed a detection training step (see shardkit.bench.train_detection).
     """
     size = size or (800 if annotations is not None else 224)
-    if annotations is not None and train_model is not None:
-        raise click.UsageError("--train measures classification only; leave out --annotations or --train")
+    detector = train_model in DETECTORS
+    batch_size = batch_size or (16 if detector else 64)
+    if train_model in CLASSIFIERS and annotations is not None:
+        raise click.UsageError(f"--train {train_model} is a classifier, for an ImageFolder tree: leave out "
+                               f"--annotations, or train a detector (--train {DETECTORS[0]}, ...)")
+    if detector and annotations is None:
+        raise click.UsageError(f"--train {train_model} is a detector: it needs --annotations (the COCO instances "
+                               "JSON of IMAGEFOLDER_DIR, then its images directory)")
     from shardkit.bench import BenchConfig, format_table, plot_report, run_bench, write_json
 
     if device == "cuda":
@@ -81,6 +102,11 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
 
         if not torch.cuda.is_available():
             raise click.UsageError("--device cuda: no CUDA device is available")
+    if train_model is not None and annotations is not None:
+        _train_detector(imagefolder_dir, annotations, shards, train_model, workers=workers, batch_size=batch_size,
+                        device=device, size=size, max_size=max_size, steps=steps, warmup=warmup, repeats=repeats,
+                        out=out, quiet=quiet, contenders=contenders)
+        return
     if train_model is not None:
         _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
                size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet,
@@ -116,33 +142,63 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         click.echo(f"plot:   {plot}")
 
 
-def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int, batch_size: int, device: str,
-           size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool,
-           contenders: tuple[str, ...]) -> None:
-    from shardkit.bench import write_json
-    from shardkit.bench.dali import dali_available
-    from shardkit.bench.train import TrainBenchConfig, TrainRun, format_train_table, run_train_bench
+def _needs_shards(shards: str | None, what: str) -> str:
     from shardkit.index.manifest import locate_dataset
 
     if shards is None or not locate_dataset(shards).exists("index.json"):
-        raise click.UsageError("--train needs --shards naming a packed dataset of IMAGEFOLDER_DIR "
-                               "(shardkit pack IMAGEFOLDER_DIR SHARDS)")
+        raise click.UsageError(f"--train needs --shards naming a packed dataset of {what}")
+    return shards
+
+
+def _measure_train(run: Callable[[Callable[[str, int, Any], None]], dict[str, Any]],
+                   table: Callable[[dict[str, Any]], str], *, repeats: int, out: str | None, quiet: bool) -> None:
+    """``run(after_run)`` (a training bench), one line per run unless ``quiet``; then the table."""
+    from shardkit.bench import write_json
+
+    def after_run(name: str, rep: int, result: Any) -> None:
+        if not quiet:
+            click.echo(f"  {name:<15} run {rep + 1}/{repeats}: fed {result.fed_images_per_second:,.0f} img/s, "
+                       f"synthetic {result.synthetic_images_per_second:,.0f} img/s, share {result.share:.0%}",
+                       err=True)
+
+    try:
+        report = run(after_run)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    click.echo(table(report))
+    if out:
+        write_json(report, out)
+        click.echo(f"report: {out}")
+
+
+def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int, batch_size: int, device: str,
+           size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool,
+           contenders: tuple[str, ...]) -> None:
+    from shardkit.bench.dali import dali_available
+    from shardkit.bench.train import TrainBenchConfig, format_train_table, run_train_bench
+
+    shards = _needs_shards(shards, "IMAGEFOLDER_DIR (shardkit pack IMAGEFOLDER_DIR SHARDS)")
     if not contenders:
         contenders = ("imagefolder", "shardloader", *(("dali",) if dali_available() else ()))
     cfg = TrainBenchConfig(imagefolder=imagefolder_dir, shards=shards, model=model, size=size,
                            batch_size=batch_size, workers=workers, steps=steps, warmup=warmup, repeats=repeats,
                            device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)))
+    _measure_train(lambda after_run: run_train_bench(cfg, after_run=after_run), format_train_table,
+                   repeats=repeats, out=out, quiet=quiet)
 
-    def after_run(name: str, rep: int, run: TrainRun) -> None:
-        if not quiet:
-            click.echo(f"  {name:<12} run {rep + 1}/{repeats}: fed {run.fed_images_per_second:,.0f} img/s, "
-                       f"synthetic {run.synthetic_images_per_second:,.0f} img/s, share {run.share:.0%}", err=True)
 
-    try:
-        report = run_train_bench(cfg, after_run=after_run)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from err
-    click.echo(format_train_table(report))
-    if out:
-        write_json(report, out)
-        click.echo(f"report: {out}")
+def _train_detector(images: str, annotations: str, shards: str | None, model: str, *, workers: int,
+                    batch_size: int, device: str, size: int, max_size: int, steps: int, warmup: int, repeats: int,
+                    out: str | None, quiet: bool, contenders: tuple[str, ...]) -> None:
+    from shardkit.bench.train_detection import DetectionBenchConfig, format_detection_table, run_detection_train_bench
+
+    shards = _needs_shards(shards, "the COCO source (shardkit pack IMAGEFOLDER_DIR SHARDS --annotations "
+                                   "ANNOTATIONS)")
+    if not contenders:
+        contenders = ("cocodetection", "shardloader", *(("shardloader_cpu",) if device == "cuda" else ()))
+    cfg = DetectionBenchConfig(images=images, annotations=annotations, shards=shards, model=model, size=size,
+                               max_size=max_size, batch_size=batch_size, workers=workers, steps=steps, warmup=warmup,
+                               repeats=repeats, device=device, compile=device == "cuda",
+                               contenders=tuple(dict.fromkeys(contenders)))
+    _measure_train(lambda after_run: run_detection_train_bench(cfg, after_run=after_run), format_detection_table,
+                   repeats=repeats, out=out, quiet=quiet)

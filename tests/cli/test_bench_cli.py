@@ -100,9 +100,13 @@ def test_bench_on_a_coco_source(tree: Path, tmp_path: Path) -> None:
     assert wrong.exit_code == 2 and "not be on the same data" in wrong.output
 
 
-def test_the_contender_choice_lists_every_train_contender() -> None:
-    from shardkit.bench.train import TRAIN_CONTENDERS
+def test_the_train_choices_are_the_librarys_models_and_contenders() -> None:
+    """The CLI spells them out (so that its --help imports no torch): they must be the library's."""
+    from shardkit.bench.train import MODELS, TRAIN_CONTENDERS
+    from shardkit.bench.train_detection import DETECTION_CONTENDERS, DETECTION_MODELS
     from shardkit.cli.bench import bench_command
 
-    option = next(p for p in bench_command.params if p.name == "contenders")
-    assert tuple(option.type.choices) == TRAIN_CONTENDERS  # type: ignore[attr-defined]
+    choices = {p.name: tuple(p.type.choices) for p in bench_command.params  # type: ignore[attr-defined]
+               if p.name in ("contenders", "train_model")}
+    assert choices["contenders"] == tuple(dict.fromkeys(TRAIN_CONTENDERS + DETECTION_CONTENDERS))
+    assert choices["train_model"] == MODELS + DETECTION_MODELS
