@@ -185,7 +185,7 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
                 f"--shards {shards} holds {manifest.kind} data of {packed} source images"
                 f"{'' if ids is None else f' and {len(ids)} categories'}, but {data['path']} has COCO annotations "
                 f"for {data['images']} images and {len(data['category_ids'])} categories: the comparison would not "
-                f"be on the same data (pack it with shardkit pack --annotations{omit})")
+                f"be on the same data (pack its annotated images: shardkit pack --annotations --drop-empty{omit})")
     elif (manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"]
           or packed != data["images"]):
         raise ValueError(

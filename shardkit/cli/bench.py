@@ -192,8 +192,8 @@ def _train_detector(images: str, annotations: str, shards: str | None, model: st
                     out: str | None, quiet: bool, contenders: tuple[str, ...]) -> None:
     from shardkit.bench.train_detection import DetectionBenchConfig, format_detection_table, run_detection_train_bench
 
-    shards = _needs_shards(shards, "the COCO source (shardkit pack IMAGEFOLDER_DIR SHARDS --annotations "
-                                   "ANNOTATIONS)")
+    shards = _needs_shards(shards, "the COCO source's annotated images (shardkit pack IMAGEFOLDER_DIR SHARDS "
+                                   "--annotations ANNOTATIONS --drop-empty)")
     if not contenders:
         contenders = ("cocodetection", "shardloader", *(("shardloader_cpu",) if device == "cuda" else ()))
     cfg = DetectionBenchConfig(images=images, annotations=annotations, shards=shards, model=model, size=size,

@@ -47,5 +47,5 @@ def test_coco_shards_must_have_the_sources_images_and_categories() -> None:
     with pytest.raises(ValueError, match="2 categories, but images has COCO annotations for 3 images and 3 "
                                          "categories.*omit --shards"):
         api.check_same_data(packed, {**data, "category_ids": [1, 17, 18]}, "shards", None)
-    with pytest.raises(ValueError, match=r"--annotations\)$"):
+    with pytest.raises(ValueError, match=r"--annotations --drop-empty\)$"):
         api.check_same_data(packed, {**data, "images": 4}, "shards", None, can_omit=False)

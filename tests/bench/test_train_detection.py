@@ -121,7 +121,7 @@ def test_settings_and_data_are_checked(packed_coco: Path, tiny_tree: Path, tmp_p
         run_detection_train_bench(_cfg(packed_coco, batch_size=64))
     other = tmp_path / "imagefolder-shards"
     pack(str(tiny_tree), str(other), workers=1)
-    with pytest.raises(ValueError, match=r"not be on the same data \(pack it with shardkit pack --annotations\)"):
+    with pytest.raises(ValueError, match=r"not be on the same data \(pack its annotated images: .* --drop-empty\)$"):
         run_detection_train_bench(_cfg(other))
 
 
