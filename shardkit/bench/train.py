@@ -5,7 +5,8 @@ the step. For every contender and repetition, on one freshly built loader:
 
 1. *synthetic*: the step runs on one fixed batch already on the device (the loader's own first
    batch, so the step does exactly the work it does when fed), ``warmup`` steps then ``steps``
-   timed ones, synchronised at both ends: the rate the GPU could reach;
+   timed ones, synchronised at both ends: the rate the GPU could reach. Where batches differ in
+   cost (detection: image sizes), it cycles over the loader's first ``fixed_batches`` instead;
 2. *fed*: the same step on the loader's batches, epochs chained, ``warmup`` then ``steps`` timed.
 
 ``share = fed / synthetic``, measured right after each other so drift of the machine hits both.
@@ -34,6 +35,7 @@ uint8, which the step normalises on the device, as a careful user of it would.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -47,7 +49,7 @@ from shardkit.bench.harness import alternating_order
 from shardkit.bench.report import spread
 
 __all__ = ["MODELS", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
-           "run_contenders", "run_train_bench", "summarise", "train_table"]
+           "counted", "rate", "run_contenders", "run_train_bench", "summarise", "train_table"]
 
 MODELS = ("resnet18", "resnet50")
 TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files")
@@ -193,17 +195,11 @@ def _steps(step: Step, batches: Iterator[tuple[Any, Any]], n: int) -> tuple[floa
 
 
 def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch_size: int,
-            stats: Callable[[], dict[str, float] | None] | None = None) -> TrainRun:
-    """Synthetic then fed rate of ``step`` with ``loader`` (see the module doc); the fixed batch is
-    the loader's first, through ``step.to_device`` and ``step.clone``."""
+            stats: Callable[[], dict[str, float] | None] | None = None, fixed_batches: int = 1) -> TrainRun:
+    """Synthetic then fed rate of ``step`` with ``loader`` (see the module doc); the synthetic run
+    cycles over the loader's first ``fixed_batches``, through ``step.to_device`` and ``step.clone``."""
     fed = map(step.to_device, _forever(loader))
-    fixed = step.clone(next(fed))
-
-    def same() -> Iterator[tuple[Any, Any]]:
-        while True:
-            yield fixed
-
-    synthetic = same()
+    synthetic = itertools.cycle([step.clone(next(fed)) for _ in range(fixed_batches)])
     _steps(step, synthetic, warmup)
     seconds, _ = _steps(step, synthetic, steps)
     synthetic_rate = steps * batch_size / seconds
@@ -259,8 +255,8 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
 
 
 def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, steps: int, warmup: int,
-                   batch_size: int, repeats: int, after_run: Callable[[str, int, TrainRun], None] | None = None
-                   ) -> dict[str, list[TrainRun]]:
+                   batch_size: int, repeats: int, fixed_batches: int = 1,
+                   after_run: Callable[[str, int, TrainRun], None] | None = None) -> dict[str, list[TrainRun]]:
     """:func:`measure` each contender ``repeats`` times in alternating order, each run on a freshly
     built loader (closed after it). ``contenders``: name -> (the step it feeds, its loader's builder);
     the steps may share one model. ``after_run(name, repetition, run)`` follows every run.
@@ -277,7 +273,8 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
         try:
             stats = getattr(loader, "stats", None)
             read: Callable[[], dict[str, float] | None] | None = stats.as_dict if stats is not None else None
-            run = measure(step, loader, steps=steps, warmup=warmup, batch_size=batch_size, stats=read)
+            run = measure(step, loader, steps=steps, warmup=warmup, batch_size=batch_size, stats=read,
+                          fixed_batches=fixed_batches)
         finally:
             close = getattr(loader, "close", None)
             if close is not None:
@@ -323,19 +320,42 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
     return {"schema": "shardkit.bench.train/1", "config": asdict(cfg), "conditions": conds, "results": results}
 
 
+def rate(images_per_second: float) -> str:
+    """An images/s figure: whole numbers from 100 on, one decimal below (a detector on the CPU).
+
+    Example:
+        >>> rate(1234.5), rate(6.27)
+        ('1,234', '6.3')
+    """
+    return f"{images_per_second:,.0f}" if images_per_second >= 100 else f"{images_per_second:.1f}"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun``, in the plural (``plural``, else ``noun + "s"``) unless ``n`` is 1.
+
+    Example:
+        >>> counted(1, "run"), counted(3, "run"), counted(8, "batch", "batches")
+        ('1 run', '3 runs', '8 batches')
+    """
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def train_table(title: str, results: list[dict[str, Any]]) -> str:
     """``title`` over one row per contender of ``results`` (a report's): median (min–max) of each
-    figure over the repetitions."""
+    figure over the repetitions (the value alone after one)."""
 
-    def cell(s: dict[str, Any], fmt: str) -> str:
-        return f"{format(s['median'], fmt)} ({format(s['min'], fmt)}–{format(s['max'], fmt)})"
+    def cell(s: dict[str, Any], fmt: Callable[[float], str]) -> str:
+        return fmt(s["median"]) if len(s["runs"]) == 1 else f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"
+
+    def share(x: float) -> str:
+        return f"{x:.0%}"
 
     lines = [title, f"{'pipeline':<40} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
                     f"{'loader GPU ms/batch':>19}"]
     for r in results:
         gpu = r["loader_gpu_ms_per_batch"]
-        lines.append(f"{r['label']:<40} {cell(r['fed_images_per_second'], ',.0f'):>22} "
-                     f"{cell(r['synthetic_images_per_second'], ',.0f'):>22} {cell(r['share'], '.0%'):>20} "
+        lines.append(f"{r['label']:<40} {cell(r['fed_images_per_second'], rate):>22} "
+                     f"{cell(r['synthetic_images_per_second'], rate):>22} {cell(r['share'], share):>20} "
                      f"{r['host_wait_fraction']['median']:>10.1%} {'—' if gpu is None else f'{gpu:.1f}':>19}")
     return "\n".join(lines)
 
@@ -344,6 +364,6 @@ def format_train_table(report: dict[str, Any]) -> str:
     """The report as a text table: median (min–max) of each figure over the repetitions."""
     cfg = report["config"]
     title = (f"training step: {cfg['model']} @{cfg['size']} px, batch {cfg['batch_size']}, bf16 autocast, "
-             f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {cfg['workers']} workers, "
-             f"{cfg['steps']} timed steps x {cfg['repeats']} runs on {cfg['device']}")
+             f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
+             f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}")
     return train_table(title, report["results"])

@@ -1,11 +1,15 @@
 """``shardkit bench IMAGES --annotations ANN --train DETECTOR``: a detection training step fed by each loader.
 
 The measurement is :mod:`shardkit.bench.train`'s: for every contender and repetition, the step's
-rate on one fixed batch already on the device (*synthetic*), then on the loader's batches
-(*fed*), ``share = fed / synthetic``, contenders in alternating order, ``host_wait`` and
-``loader_gpu_ms`` as there. Every contender delivers the steps of
-``transforms.detection_train(size, max_size)`` (IoU crop, shortest side ``size``, longer at most
-``max_size``, flip, sanitize) on the images that have annotations, full batches only:
+rate on batches already on the device (*synthetic*), then on the loader's batches (*fed*),
+``share = fed / synthetic``, contenders in alternating order, ``host_wait`` and ``loader_gpu_ms``
+as there. A detection batch's cost follows its images' sizes (the model pads a batch to its
+largest height and width: portrait and landscape images together cost more), so the synthetic
+run cycles over the loader's first ``fixed_batches`` (8) rather than repeating one.
+
+Every contender delivers the steps of ``transforms.detection_train(size, max_size)`` (IoU crop,
+shortest side ``size``, longer at most ``max_size``, flip, sanitize) on the images that have
+annotations, full batches only:
 
 * ``cocodetection``: torchvision ``CocoDetection`` + ``DataLoader``
   (:func:`~shardkit.bench.baselines.cocodetection_loader`), pinned on CUDA;
@@ -19,7 +23,7 @@ maps to ShardLoader's ``contiguous_labels`` (sorted ids -> 1..K, 0 the backgroun
 the batch to the device.
 
 The step (:class:`DetectionStep`): an untrained torchvision detector (nothing downloaded) with
-K + 1 classes resizing to the loader's ``size``/``max_size`` (its own resize is then a no-op), in
+K + 1 classes resizing to the loader's ``size``/``max_size`` (its own resize then keeps the size), in
 train mode; on CUDA ``channels_last`` and bf16 autocast (float32 on the CPU: tests); SGD with
 momentum; ``torch.compile`` of the backbone only, where the dense work is (the heads'
 data-dependent ops, sampling and NMS, stay eager), as ``pipelines/train_detector.py`` trains.
@@ -38,7 +42,7 @@ import torch
 
 from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.api import check_same_data
-from shardkit.bench.train import TrainRun, run_contenders, summarise, synchronize, train_table
+from shardkit.bench.train import TrainRun, counted, run_contenders, summarise, synchronize, train_table
 
 __all__ = ["DETECTION_CONTENDERS", "DETECTION_MODELS", "DetectionBenchConfig", "DetectionStep",
            "format_detection_table", "run_detection_train_bench"]
@@ -55,7 +59,8 @@ class DetectionBenchConfig:
     """What to feed and how long. ``images``/``annotations``: the COCO source; ``shards``: a pack
     of it (``shardkit pack IMAGES SHARDS --annotations ANN``); ``size``/``max_size``: the shorter
     side and the longer side's limit; ``steps``/``warmup``/``repeats``/``compile`` as in
-    :class:`~shardkit.bench.train.TrainBenchConfig`."""
+    :class:`~shardkit.bench.train.TrainBenchConfig`; ``fixed_batches``: the loader's first batches
+    the synthetic run cycles over (kept on the device)."""
 
     images: str
     annotations: str
@@ -71,13 +76,16 @@ class DetectionBenchConfig:
     device: str = "cuda"
     compile: bool = True
     contenders: tuple[str, ...] = DETECTION_CONTENDERS
+    fixed_batches: int = 8
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot be measured."""
         if self.model not in DETECTION_MODELS:
             raise ValueError(f"model must be one of {DETECTION_MODELS}, got {self.model!r}")
-        if min(self.size, self.batch_size, self.steps, self.repeats) < 1 or self.workers < 0 or self.warmup < 0:
-            raise ValueError("size, batch_size, steps and repeats must be >= 1; workers and warmup >= 0")
+        if (min(self.size, self.batch_size, self.steps, self.repeats, self.fixed_batches) < 1 or self.workers < 0
+                or self.warmup < 0):
+            raise ValueError("size, batch_size, steps, repeats and fixed_batches must be >= 1; workers and "
+                             "warmup >= 0")
         if self.max_size < self.size:
             raise ValueError(f"max_size must be >= size, got size={self.size}, max_size={self.max_size}")
         unknown = set(self.contenders) - set(DETECTION_CONTENDERS)
@@ -201,7 +209,8 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
                          max_size=cfg.max_size, compile=cfg.compile)
     contenders = _contenders(cfg, step, label_map)
     runs = run_contenders({name: (s, build) for name, (_label, s, build) in contenders.items()}, steps=cfg.steps,
-                          warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats, after_run=after_run)
+                          warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats,
+                          fixed_batches=cfg.fixed_batches, after_run=after_run)
     results = [{"name": name, "label": label, **summarise(runs[name])} for name, (label, _s, _b) in contenders.items()]
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
@@ -215,6 +224,7 @@ def format_detection_table(report: dict[str, Any]) -> str:
     title = (f"detection training step: {cfg['model']}, shorter side {cfg['size']} px (longer at most "
              f"{cfg['max_size']}), batch {cfg['batch_size']}, "
              f"{'bf16 autocast, channels_last' if cuda else 'float32'}, "
-             f"{'torch.compile (backbone)' if cfg['compile'] else 'eager'}, {cfg['workers']} workers, "
-             f"{cfg['steps']} timed steps x {cfg['repeats']} runs on {cfg['device']}")
+             f"{'torch.compile (backbone)' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
+             f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}; "
+             f"synthetic: {counted(cfg['fixed_batches'], 'fixed batch', 'fixed batches')}")
     return train_table(title, report["results"])

@@ -154,11 +154,12 @@ def _measure_train(run: Callable[[Callable[[str, int, Any], None]], dict[str, An
                    table: Callable[[dict[str, Any]], str], *, repeats: int, out: str | None, quiet: bool) -> None:
     """``run(after_run)`` (a training bench), one line per run unless ``quiet``; then the table."""
     from shardkit.bench import write_json
+    from shardkit.bench.train import rate
 
     def after_run(name: str, rep: int, result: Any) -> None:
         if not quiet:
-            click.echo(f"  {name:<15} run {rep + 1}/{repeats}: fed {result.fed_images_per_second:,.0f} img/s, "
-                       f"synthetic {result.synthetic_images_per_second:,.0f} img/s, share {result.share:.0%}",
+            click.echo(f"  {name:<15} run {rep + 1}/{repeats}: fed {rate(result.fed_images_per_second)} img/s, "
+                       f"synthetic {rate(result.synthetic_images_per_second)} img/s, share {result.share:.0%}",
                        err=True)
 
     try:

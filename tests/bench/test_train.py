@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -100,3 +101,25 @@ def test_cli_needs_packed_shards_and_prints_the_table(tiny_tree: Path, packed: P
                               "--out", str(out), "-q"])
     assert ok.exit_code == 0, ok.output
     assert "share" in ok.output and json.loads(out.read_text())["schema"] == "shardkit.bench.train/1"
+
+
+def test_the_synthetic_run_cycles_over_the_first_fixed_batches() -> None:
+    """fixed_batches=3: the synthetic steps take clones of batches 0, 1, 2, 0, 1, …; the fed run goes on from 3."""
+    taken: list[int] = []
+
+    class Recording:
+        def to_device(self, batch: Any) -> tuple[Any, Any]:
+            return batch[0], batch[1]
+
+        def clone(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
+            return batch[0].clone(), batch[1]
+
+        def __call__(self, images: torch.Tensor, labels: Any, /) -> None:
+            taken.append(int(images[0]))
+
+        def sync(self) -> None:
+            pass
+
+    loader = [(torch.tensor([i]), None) for i in range(10)]  # one epoch of 10 batches
+    measure(Recording(), loader, steps=4, warmup=1, batch_size=1, fixed_batches=3)
+    assert taken == [0, 1, 2, 0, 1] + [3, 4, 5, 6, 7]
