@@ -56,9 +56,10 @@ CONTENDERS = ("imagefolder", "shardloader", "shardloader_tc", "dali", "dali_file
 @click.option("--train", "train_model", type=click.Choice([*CLASSIFIERS, *DETECTORS]), default=None,
               metavar="MODEL",
               help="Measure the images/s of a compiled bf16 training step of this model fed by each loader, "
-                   "and its share of the same step fed one fixed batch (needs --shards). A classifier "
-                   f"({', '.join(CLASSIFIERS)}) on an ImageFolder tree, or an untrained torchvision detector "
-                   f"({', '.join(DETECTORS)}) on a COCO source (with --annotations; --shards: its pack).")
+                   "and its share of the same step fed batches already on the device (needs --shards). A "
+                   f"classifier ({', '.join(CLASSIFIERS)}) on an ImageFolder tree, or an untrained torchvision "
+                   f"detector ({', '.join(DETECTORS)}) on a COCO source (with --annotations; --shards: its pack "
+                   "made with --drop-empty).")
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1),
               help="--train: timed steps per run (after --warmup untimed ones).")
 @click.option("--contender", "contenders", multiple=True, type=click.Choice(CONTENDERS),
