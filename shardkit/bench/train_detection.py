@@ -57,10 +57,10 @@ SCHEMA = "shardkit.bench.train_detection/1"
 @dataclass(frozen=True)
 class DetectionBenchConfig:
     """What to feed and how long. ``images``/``annotations``: the COCO source; ``shards``: a pack
-    of it (``shardkit pack IMAGES SHARDS --annotations ANN``); ``size``/``max_size``: the shorter
-    side and the longer side's limit; ``steps``/``warmup``/``repeats``/``compile`` as in
-    :class:`~shardkit.bench.train.TrainBenchConfig`; ``fixed_batches``: the loader's first batches
-    the synthetic run cycles over (kept on the device)."""
+    of its annotated images (``shardkit pack IMAGES SHARDS --annotations ANN --drop-empty``);
+    ``size``/``max_size``: the shorter side and the longer side's limit;
+    ``steps``/``warmup``/``repeats``/``compile`` as in :class:`~shardkit.bench.train.TrainBenchConfig`;
+    ``fixed_batches``: the loader's first batches the synthetic run cycles over (kept on the device)."""
 
     images: str
     annotations: str

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from shardkit.cli.progress import BenchBar, bars_enabled
 
+if TYPE_CHECKING:
+    from shardkit.bench.train import TrainRun
+
 # Spelled out, not imported: `shardkit --help` must not import torch (tests check they match the library's).
 CLASSIFIERS = ("resnet18", "resnet50")
 DETECTORS = ("fasterrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn",
              "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn")
-CONTENDERS = ("imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files", "cocodetection",
-              "shardloader_cpu")
+CLASSIFIER_CONTENDERS = ("imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files")
+DETECTOR_CONTENDERS = ("cocodetection", "shardloader", "shardloader_cpu")
+CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 
 
 @click.command("bench")
@@ -94,8 +98,13 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         raise click.UsageError(f"--train {train_model} is a classifier, for an ImageFolder tree: leave out "
                                f"--annotations, or train a detector (--train {DETECTORS[0]}, ...)")
     if detector and annotations is None:
-        raise click.UsageError(f"--train {train_model} is a detector: it needs --annotations (the COCO instances "
-                               "JSON of IMAGEFOLDER_DIR, then its images directory)")
+        raise click.UsageError(f"--train {train_model} is a detector: it needs --annotations, the COCO instances "
+                               "JSON (IMAGEFOLDER_DIR is then its images directory)")
+    fitting = DETECTOR_CONTENDERS if detector else CLASSIFIER_CONTENDERS
+    if train_model is not None and not set(contenders) <= set(fitting):
+        wrong = ", ".join(c for c in contenders if c not in fitting)
+        raise click.UsageError(f"--contender {wrong} does not feed --train {train_model}; its loaders: "
+                               f"{', '.join(fitting)}")
     from shardkit.bench import BenchConfig, format_table, plot_report, run_bench, write_json
 
     if device == "cuda":
@@ -103,7 +112,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
 
         if not torch.cuda.is_available():
             raise click.UsageError("--device cuda: no CUDA device is available")
-    if train_model is not None and annotations is not None:
+    if train_model is not None and annotations is not None:  # a detector (a classifier was refused above)
         _train_detector(imagefolder_dir, annotations, shards, train_model, workers=workers, batch_size=batch_size,
                         device=device, size=size, max_size=max_size, steps=steps, warmup=warmup, repeats=repeats,
                         out=out, quiet=quiet, contenders=contenders)
@@ -151,13 +160,13 @@ def _needs_shards(shards: str | None, what: str) -> str:
     return shards
 
 
-def _measure_train(run: Callable[[Callable[[str, int, Any], None]], dict[str, Any]],
+def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[str, Any]],
                    table: Callable[[dict[str, Any]], str], *, repeats: int, out: str | None, quiet: bool) -> None:
     """``run(after_run)`` (a training bench), one line per run unless ``quiet``; then the table."""
     from shardkit.bench import write_json
     from shardkit.bench.train import rate
 
-    def after_run(name: str, rep: int, result: Any) -> None:
+    def after_run(name: str, rep: int, result: TrainRun) -> None:
         if not quiet:
             click.echo(f"  {name:<15} run {rep + 1}/{repeats}: fed {rate(result.fed_images_per_second)} img/s, "
                        f"synthetic {rate(result.synthetic_images_per_second)} img/s, share {result.share:.0%}",

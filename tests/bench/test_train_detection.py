@@ -151,5 +151,9 @@ def test_cli_refuses_a_model_that_does_not_fit_the_data(packed_coco: Path, tiny_
     assert detector.exit_code == 2 and f"--train {MODEL} is a detector: it needs --annotations" in detector.output
     no_shards = _bench(*annotations, "--train", MODEL)
     assert no_shards.exit_code == 2 and "--train needs --shards naming a packed dataset of the COCO" in no_shards.output
-    wrong = _bench(*annotations, "--shards", str(packed_coco), "--train", MODEL, "--contender", "imagefolder")
-    assert wrong.exit_code == 2 and "contenders must be among" in wrong.output
+    wrong = _bench(*annotations, "--shards", str(packed_coco), "--train", MODEL, "--contender", "imagefolder",
+                   "--contender", "shardloader")
+    assert wrong.exit_code == 2
+    assert f"--contender imagefolder does not feed --train {MODEL}; its loaders: cocodetection," in wrong.output
+    wrong = CliRunner().invoke(cli, ["bench", str(tiny_tree), "--train", "resnet18", "--contender", "cocodetection"])
+    assert wrong.exit_code == 2 and "--contender cocodetection does not feed --train resnet18" in wrong.output

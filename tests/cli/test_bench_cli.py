@@ -104,9 +104,11 @@ def test_the_train_choices_are_the_librarys_models_and_contenders() -> None:
     """The CLI spells them out (so that its --help imports no torch): they must be the library's."""
     from shardkit.bench.train import MODELS, TRAIN_CONTENDERS
     from shardkit.bench.train_detection import DETECTION_CONTENDERS, DETECTION_MODELS
+    from shardkit.cli import bench
     from shardkit.cli.bench import bench_command
 
     choices = {p.name: tuple(p.type.choices) for p in bench_command.params  # type: ignore[attr-defined]
                if p.name in ("contenders", "train_model")}
     assert choices["contenders"] == tuple(dict.fromkeys(TRAIN_CONTENDERS + DETECTION_CONTENDERS))
+    assert (bench.CLASSIFIER_CONTENDERS, bench.DETECTOR_CONTENDERS) == (TRAIN_CONTENDERS, DETECTION_CONTENDERS)
     assert choices["train_model"] == MODELS + DETECTION_MODELS
