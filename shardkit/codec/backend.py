@@ -183,7 +183,13 @@ def undo_exif_orientation(image: torch.Tensor, orientation: int) -> torch.Tensor
 def _gpu_torchvision() -> GpuDecoder:
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    rgb = ImageReadMode.RGB.value
+
     def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        if device.type == "cuda":
+            # the op decode_jpeg calls, without its per-image checks and warning filters: on the
+            # GPU route this runs beside the training loop, which waits for the GIL meanwhile
+            return list(torch.ops.image.decode_jpegs_cuda(datas, rgb, device))
         with warnings.catch_warnings():  # deprecated in 0.29 in favour of TorchCodec
             warnings.simplefilter("ignore", DeprecationWarning)
             return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=device))

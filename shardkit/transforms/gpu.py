@@ -40,7 +40,7 @@ import torch
 
 from shardkit.transforms.params import CropFlip
 
-__all__ = ["GEOMETRY_COLUMNS", "Col", "Window", "crop_resize_flip_batch", "geometry_rows",
+__all__ = ["GEOMETRY_COLUMNS", "Col", "Window", "crop_resize_flip_batch", "flat_images", "geometry_rows",
            "window_geometry"]
 
 
@@ -158,6 +158,19 @@ def _eager_resize(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
             for c in range(3):
                 acc[:, c] += weight * flat[idx + c * plane].float()
     out[g[:, Col.DEST]] = torch.floor(acc + 0.5).clamp_(0, 255).to(torch.uint8)
+
+
+def flat_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Contiguous images (any shapes) laid end to end in one flat buffer, the layout
+    :func:`crop_resize_flip_batch` reads (offsets: :func:`~shardkit.loader.gpu.pinned.chw_offsets`).
+    One C++ call rather than a reshape per image: on the GPU route this runs beside the training
+    loop, which waits for the GIL while Python loops here.
+
+    Example:
+        >>> flat_images([torch.arange(4).view(1, 2, 2), torch.arange(2).view(1, 1, 2)]).tolist()
+        [0, 1, 2, 3, 0, 1]
+    """
+    return torch._utils._flatten_dense_tensors(list(images))
 
 
 def crop_resize_flip_batch(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,

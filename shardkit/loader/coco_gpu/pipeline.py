@@ -31,7 +31,7 @@ from shardkit.loader.coco_gpu.build import RawDetectionBatch, RawMasks
 from shardkit.loader.gpu.pinned import PinnedSlot, chw_offsets
 from shardkit.loader.gpu.stages import DeviceStages
 from shardkit.loader.stats import StageStats
-from shardkit.transforms.gpu import GEOMETRY_COLUMNS, Col
+from shardkit.transforms.gpu import GEOMETRY_COLUMNS, Col, flat_images
 from shardkit.transforms.gpu_ragged import crop_resize_flip_ragged, ragged_images, ragged_layout
 from shardkit.transforms.ops import crop_resize_flip
 from shardkit.transforms.params import CropFlip
@@ -124,7 +124,7 @@ class DetectionPipeline(DeviceStages[RawDetectionBatch, DetectionDeviceBatch]):
                                 dtype=torch.int32).reshape(-1, len(GEOMETRY_COLUMNS))
             geometry, offsets = kept.to(dev), chw_offsets(kept).to(dev)
         if decoded:
-            flat = torch.cat([d.reshape(-1) for d in decoded]) if len(decoded) > 1 else decoded[0].reshape(-1)
+            flat = flat_images(decoded)
             largest = max(h * w for h, w in sizes)
             crop_resize_flip_ragged(flat, offsets, geometry, out, places.to(dev, non_blocking=True), largest=largest,
                                     compile=self.compile)

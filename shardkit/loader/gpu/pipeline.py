@@ -20,7 +20,7 @@ from shardkit.loader.gpu.pinned import PinnedSlot, chw_offsets
 from shardkit.loader.gpu.stages import DeviceStages
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
-from shardkit.transforms.gpu import Col, crop_resize_flip_batch
+from shardkit.transforms.gpu import Col, crop_resize_flip_batch, flat_images
 from shardkit.transforms.params import CropFlip
 
 __all__ = ["DeviceBatch", "GpuPipeline"]
@@ -88,7 +88,7 @@ class GpuPipeline(DeviceStages[RawBatch, DeviceBatch]):
             geometry = raw.geometry[keep].to(dev)
             offsets = chw_offsets(raw.geometry[keep]).to(dev)
         if decoded:
-            flat = torch.cat([d.reshape(-1) for d in decoded]) if len(decoded) > 1 else decoded[0].reshape(-1)
+            flat = flat_images(decoded)
             crop_resize_flip_batch(flat, offsets, geometry, raw.size, out=out, compile=self.compile)
         if rejected:
             self._cpu_rescue(raw, rejected, out, labels, batch)
