@@ -11,10 +11,13 @@ the step. For every contender and repetition, on one freshly built loader:
 
 ``share = fed / synthetic``, measured right after each other so drift of the machine hits both.
 Contenders run in alternating order (A B, B A, …). ``host_wait`` is the part of the fed run the
-training loop spent waiting for the next batch; ``loader_gpu_ms`` (ShardLoader's GPU route)
-the time its augment kernels took (CUDA events) plus the host wall time of its synchronous
-nvJPEG calls, per batch: an upper bound of its GPU cost, since both stretch while the step's
-kernels hold the GPU (the share is the figure that counts).
+training loop spent waiting for the next batch. On CUDA, two figures say where a lost share
+goes (``torch.profiler``: the summed durations of the kernels and copies on the device, from
+every thread and stream of the process): ``step_gpu_ms``, the device time of one step
+(against the synthetic wall time per step: a step whose device time is well below its wall time
+is *host-bound*: its Python and kernel launches set its pace, and a loader costs it mostly
+through the host: the GIL, CPU); and ``loader_gpu_ms``, the device time of one batch of the
+loader running alone right after the fed run (decode, augment and copies).
 
 NVIDIA DALI, when installed, is two more contenders (:mod:`shardkit.bench.dali`): ``dali`` reads
 the packed shards with ``fn.readers.webdataset`` (through their ``.dali.idx`` files when present),
@@ -108,6 +111,11 @@ class Step(Protocol):
         """Wait for the step's device work (timings are taken synchronised)."""
         ...
 
+    @property
+    def device(self) -> torch.device:
+        """Where the step runs."""
+        ...
+
 
 def synchronize(device: torch.device) -> None:
     """Wait for ``device``'s queued work (a no-op on the CPU)."""
@@ -169,12 +177,14 @@ def _forever(loader: Iterable[Any]) -> Iterator[Any]:
 
 @dataclass(frozen=True)
 class TrainRun:
-    """One repetition of one contender: synthetic and fed step rates, and where the fed run waited."""
+    """One repetition of one contender: synthetic and fed step rates, where the fed run waited,
+    and (on CUDA) the device time of one step and of one batch of the loader alone."""
 
     synthetic_images_per_second: float
     fed_images_per_second: float
     host_wait_fraction: float
     loader_gpu_ms_per_batch: float | None
+    step_gpu_ms: float | None = None
 
     @property
     def share(self) -> float:
@@ -194,24 +204,38 @@ def _steps(step: Step, batches: Iterator[tuple[Any, Any]], n: int) -> tuple[floa
     return time.perf_counter() - t0, waited
 
 
+def device_ms(work: Callable[[], object], n: int, device: torch.device) -> float | None:
+    """Milliseconds of device time per call of ``work`` over ``n`` calls: the summed durations of
+    the kernels and copies ``torch.profiler`` records on ``device``, from every thread and
+    stream of the process. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            work()
+        synchronize(device)
+    micros = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    return micros / n / 1e3
+
+
 def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch_size: int,
-            stats: Callable[[], dict[str, float] | None] | None = None, fixed_batches: int = 1) -> TrainRun:
+            fixed_batches: int = 1, profile_batches: int = 10) -> TrainRun:
     """Synthetic then fed rate of ``step`` with ``loader`` (see the module doc); the synthetic run
-    cycles over the loader's first ``fixed_batches``, through ``step.to_device`` and ``step.clone``."""
+    cycles over the loader's first ``fixed_batches``, through ``step.to_device`` and ``step.clone``.
+    On CUDA the step's and the loader's device time follow, over ``profile_batches`` each."""
     fed = map(step.to_device, _forever(loader))
     synthetic = itertools.cycle([step.clone(next(fed)) for _ in range(fixed_batches)])
     _steps(step, synthetic, warmup)
     seconds, _ = _steps(step, synthetic, steps)
     synthetic_rate = steps * batch_size / seconds
+    step_ms = device_ms(lambda: step(*next(synthetic)), profile_batches, step.device)
     _steps(step, fed, warmup)
-    before = stats() if stats is not None else None
     seconds, waited = _steps(step, fed, steps)
-    after = stats() if stats is not None else None
-    gpu_ms = None
-    if before is not None and after is not None and after.get("gpu_images", 0) > before.get("gpu_images", 0):
-        busy = sum(after[k] - before[k] for k in ("gpu_augment_s", "gpu_decode_s"))
-        gpu_ms = busy / max(after["batches"] - before["batches"], 1) * 1e3
-    return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, gpu_ms)
+    loader_ms = device_ms(lambda: next(fed), profile_batches, step.device)
+    return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms)
 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:
@@ -271,9 +295,7 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
         step, build = contenders[name]
         loader = build()
         try:
-            stats = getattr(loader, "stats", None)
-            read: Callable[[], dict[str, float] | None] | None = stats.as_dict if stats is not None else None
-            run = measure(step, loader, steps=steps, warmup=warmup, batch_size=batch_size, stats=read,
+            run = measure(step, loader, steps=steps, warmup=warmup, batch_size=batch_size,
                           fixed_batches=fixed_batches)
         finally:
             close = getattr(loader, "close", None)
@@ -288,9 +310,11 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
 
 def summarise(runs: list[TrainRun]) -> dict[str, Any]:
     """One contender's runs as report figures: spreads of the rates, share and host wait, the median
-    loader GPU time (None without one), and every run."""
+    step and loader device times (None off CUDA), and every run."""
     gpu = [r.loader_gpu_ms_per_batch for r in runs if r.loader_gpu_ms_per_batch is not None]
+    step_gpu = [r.step_gpu_ms for r in runs if r.step_gpu_ms is not None]
     return {
+        "step_gpu_ms": statistics.median(step_gpu) if step_gpu else None,
         "synthetic_images_per_second": spread([r.synthetic_images_per_second for r in runs]),
         "fed_images_per_second": spread([r.fed_images_per_second for r in runs]),
         "share": spread([r.share for r in runs]),
@@ -340,9 +364,10 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
-def train_table(title: str, results: list[dict[str, Any]]) -> str:
+def train_table(title: str, results: list[dict[str, Any]], batch_size: int) -> str:
     """``title`` over one row per contender of ``results`` (a report's): median (min–max) of each
-    figure over the repetitions (the value alone after one)."""
+    figure over the repetitions (the value alone after one). ``step ms``: the synthetic step's
+    wall time, with its device time in brackets where measured (much less: host-bound)."""
 
     def cell(s: dict[str, Any], fmt: Callable[[float], str]) -> str:
         return fmt(s["median"]) if len(s["runs"]) == 1 else f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"
@@ -350,13 +375,17 @@ def train_table(title: str, results: list[dict[str, Any]]) -> str:
     def share(x: float) -> str:
         return f"{x:.0%}"
 
+    def ms(x: float | None) -> str:
+        return "—" if x is None else f"{x:.1f}"
+
     lines = [title, f"{'pipeline':<40} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
-                    f"{'loader GPU ms/batch':>19}"]
+                    f"{'step ms (GPU)':>14} {'loader GPU ms/batch':>19}"]
     for r in results:
-        gpu = r["loader_gpu_ms_per_batch"]
+        wall = 1e3 * batch_size / r["synthetic_images_per_second"]["median"]
+        step = f"{wall:.1f}" if r.get("step_gpu_ms") is None else f"{wall:.1f} ({r['step_gpu_ms']:.1f})"
         lines.append(f"{r['label']:<40} {cell(r['fed_images_per_second'], rate):>22} "
                      f"{cell(r['synthetic_images_per_second'], rate):>22} {cell(r['share'], share):>20} "
-                     f"{r['host_wait_fraction']['median']:>10.1%} {'—' if gpu is None else f'{gpu:.1f}':>19}")
+                     f"{r['host_wait_fraction']['median']:>10.1%} {step:>14} {ms(r['loader_gpu_ms_per_batch']):>19}")
     return "\n".join(lines)
 
 
@@ -366,4 +395,4 @@ def format_train_table(report: dict[str, Any]) -> str:
     title = (f"training step: {cfg['model']} @{cfg['size']} px, batch {cfg['batch_size']}, bf16 autocast, "
              f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
              f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}")
-    return train_table(title, report["results"])
+    return train_table(title, report["results"], cfg["batch_size"])

@@ -227,4 +227,4 @@ def format_detection_table(report: dict[str, Any]) -> str:
              f"{'torch.compile (backbone)' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
              f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}; "
              f"synthetic: {counted(cfg['fixed_batches'], 'fixed batch', 'fixed batches')}")
-    return train_table(title, report["results"])
+    return train_table(title, report["results"], cfg["batch_size"])

@@ -108,6 +108,8 @@ def test_the_synthetic_run_cycles_over_the_first_fixed_batches() -> None:
     taken: list[int] = []
 
     class Recording:
+        device = torch.device("cpu")  # no device times measured (CUDA only)
+
         def to_device(self, batch: Any) -> tuple[Any, Any]:
             return batch[0], batch[1]
 
@@ -123,3 +125,30 @@ def test_the_synthetic_run_cycles_over_the_first_fixed_batches() -> None:
     loader = [(torch.tensor([i]), None) for i in range(10)]  # one epoch of 10 batches
     measure(Recording(), loader, steps=4, warmup=1, batch_size=1, fixed_batches=3)
     assert taken == [0, 1, 2, 0, 1] + [3, 4, 5, 6, 7]
+
+
+def test_device_ms_is_none_off_cuda() -> None:
+    from shardkit.bench.train import device_ms
+
+    assert device_ms(lambda: torch.ones(3) * 2, 2, torch.device("cpu")) is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_ms_counts_kernels_of_every_thread() -> None:
+    """A matmul run in another thread is counted (the GPU route decodes and augments in threads)."""
+    import threading
+
+    from shardkit.bench.train import device_ms
+
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def work() -> None:
+        t = threading.Thread(target=lambda: (a @ a, torch.cuda.synchronize()))
+        t.start()
+        t.join()
+
+    one = device_ms(lambda: a @ a, 4, torch.device("cuda"))
+    threaded = device_ms(work, 4, torch.device("cuda"))
+    assert one is not None and threaded is not None and one > 0
+    assert 0.5 * one < threaded < 2 * one, (one, threaded)
