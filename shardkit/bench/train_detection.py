@@ -25,8 +25,10 @@ the batch to the device.
 The step (:class:`DetectionStep`): an untrained torchvision detector (nothing downloaded) with
 K + 1 classes resizing to the loader's ``size``/``max_size`` (its own resize then keeps the size), in
 train mode; on CUDA ``channels_last`` and bf16 autocast (float32 on the CPU: tests); SGD with
-momentum; ``torch.compile`` of the backbone only, where the dense work is (the heads'
-data-dependent ops, sampling and NMS, stay eager), as ``pipelines/train_detector.py`` trains.
+momentum; eager by default, as torchvision's detection references train (``compile=True``
+compiles the backbone only, as ``pipelines/train_detector.py --compile`` does; every batch pads to
+its own size, so the backbone recompiles for new shapes: on the H200 a 2,000-image bench had not
+finished its first run after 230 s of it).
 Images go in one by one as ``float / 255``, targets as boxes and labels; the loss is the sum of
 the model's losses. Images whose boxes were all cropped away train on no box, as torchvision allows.
 """
@@ -74,7 +76,7 @@ class DetectionBenchConfig:
     warmup: int = 10
     repeats: int = 3
     device: str = "cuda"
-    compile: bool = True
+    compile: bool = False
     contenders: tuple[str, ...] = DETECTION_CONTENDERS
     fixed_batches: int = 8
 

@@ -209,7 +209,7 @@ def _train_detector(images: str, annotations: str, shards: str | None, model: st
         contenders = ("cocodetection", "shardloader", *(("shardloader_cpu",) if device == "cuda" else ()))
     cfg = DetectionBenchConfig(images=images, annotations=annotations, shards=shards, model=model, size=size,
                                max_size=max_size, batch_size=batch_size, workers=workers, steps=steps, warmup=warmup,
-                               repeats=repeats, device=device, compile=device == "cuda",
+                               repeats=repeats, device=device,  # eager: see shardkit.bench.train_detection
                                contenders=tuple(dict.fromkeys(contenders)))
     _measure_train(lambda after_run: run_detection_train_bench(cfg, after_run=after_run), format_detection_table,
                    repeats=repeats, out=out, quiet=quiet)
