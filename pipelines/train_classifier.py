@@ -15,6 +15,8 @@ epoch with ``even_batches=False`` (each validation sample counted once, see
     python pipelines/train_classifier.py shards/train --epochs 1 --size 32 --batch-size 8 --device cpu
 
 On CUDA: NCCL, bf16 autocast, channels_last, ``--compile``. On CPU: gloo (tests run it so).
+``--share-steps N`` ends the run with its fed-step share (``step_share.py``): the images/s of its
+last N steps over that of N steps on one batch already on the device.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from shardkit import transforms
 try:  # run as a script (python/torchrun pipelines/train_classifier.py): its directory is on the path
     from ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
     from evaluate_classifier import evaluate, make_model, val_loader
+    from step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 except ImportError:  # imported as pipelines.train_classifier
     from pipelines.ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
     from pipelines.evaluate_classifier import evaluate, make_model, val_loader
+    from pipelines.step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -79,7 +83,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "step": step, "arch": args.arch, "num_classes": num_classes,
             })
 
+    def train_step(images: torch.Tensor, labels: torch.Tensor) -> float:
+        with autocast:
+            loss = torch.nn.functional.cross_entropy(net(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
     loss_value, seen, started, accuracy = float("nan"), 0, time.perf_counter(), None
+    clock, last = StepClock(args.share_steps), None
     done = bool(args.steps) and step >= args.steps
     for epoch in range(loader.epoch, args.epochs):
         if done:
@@ -88,12 +101,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         net.train()
         for batch in loader:
             images, labels = batch[0], batch[1]
-            with autocast:
-                loss = torch.nn.functional.cross_entropy(net(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step, seen, loss_value = step + 1, seen + len(labels), loss.item()
+            step, seen, loss_value = step + 1, seen + len(labels), train_step(images, labels)
+            clock.tick()
+            last = (images, labels) if args.share_steps else None
             if log_dir is not None:
                 with (log_dir / f"train-rank{rank}.txt").open("a") as f:
                     f.write(f"{step} {' '.join(batch[2])}\n")
@@ -120,6 +130,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if rank == 0:
         print(f"step {step}  loss {loss_value:.3f}  {result['images_per_second']:.0f} images/s  "
               f"data wait {100 * result['data_wait']:.0f}%", flush=True)
+    if args.share_steps:  # after the last checkpoint: these steps change no saved state
+        fixed = clone_batch(last)
+        result["step_share"] = share = measure_share(lambda: train_step(*fixed), clock, args.batch_size * world)
+        if rank == 0:
+            print(describe_share(share, args.share_steps), flush=True)
     finish(loader, val)
     return result
 
@@ -134,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     add_run_arguments(parser, log_every=50)
+    add_share_argument(parser)
     return train(parser.parse_args(argv))
 
 

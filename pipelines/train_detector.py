@@ -25,6 +25,8 @@ the COCO GPU route (workers ship JPEG bytes and the seeded IoU crop, size and fl
 and the crop-resize-flip run on the GPU; boxes and labels are the CPU route's). On CPU: gloo
 (tests run it so). Crowd boxes are trained on as ordinary boxes, as torchvision's v2 detection
 references do.
+``--share-steps N`` ends the run with its fed-step share (``step_share.py``): the images/s of its
+last N steps over that of N steps on one batch already on the device.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ from shardkit import transforms
 try:  # run as a script (python/torchrun pipelines/train_detector.py): its directory is on the path
     from ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
     from evaluate_detector import describe, evaluate, make_model, val_loader
+    from step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 except ImportError:  # imported as pipelines.train_detector
     from pipelines.ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
     from pipelines.evaluate_detector import describe, evaluate, make_model, val_loader
+    from pipelines.step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,7 +100,21 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "classes": loader.classes, "min_size": args.min_size, "max_size": args.max_size,
             })
 
+    losses: dict[str, torch.Tensor] = {}
+
+    def train_step(images: list[torch.Tensor], targets: list[dict[str, torch.Tensor]]) -> float:
+        nonlocal losses
+        inputs = [im.float().div_(255) for im in images]
+        with autocast:
+            losses = net(inputs, [{"boxes": t["boxes"], "labels": t["labels"]} for t in targets])
+        loss = torch.stack([v.float() for v in losses.values()]).sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
     loss_value, seen, started, metrics = float("nan"), 0, time.perf_counter(), None
+    clock, last = StepClock(args.share_steps), None
     done = bool(args.steps) and step >= args.steps
     for epoch in range(loader.epoch, args.epochs):
         if done:
@@ -105,14 +123,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         net.train()
         for batch in loader:
             images, targets = batch[0], batch[1]
-            inputs = [im.float().div_(255) for im in images]
-            with autocast:
-                losses = net(inputs, [{"boxes": t["boxes"], "labels": t["labels"]} for t in targets])
-            loss = torch.stack([v.float() for v in losses.values()]).sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step, seen, loss_value = step + 1, seen + len(images), loss.item()
+            step, seen, loss_value = step + 1, seen + len(images), train_step(images, targets)
+            clock.tick()
+            last = (images, targets) if args.share_steps else None
             if log_dir is not None:
                 with (log_dir / f"train-rank{rank}.txt").open("a") as f:
                     f.write(f"{step} {' '.join(batch[2])}\n")
@@ -140,6 +153,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if rank == 0:
         print(f"step {step}  loss {loss_value:.3f}  {result['images_per_second']:.1f} images/s  "
               f"data wait {100 * result['data_wait']:.0f}%", flush=True)
+    if args.share_steps:  # after the last checkpoint: these steps change no saved state
+        fixed = clone_batch(last)
+        result["step_share"] = share = measure_share(lambda: train_step(*fixed), clock, args.batch_size * world)
+        if rank == 0:
+            print(describe_share(share, args.share_steps), flush=True)
     finish(loader, val)
     return result
 
@@ -159,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=0.02, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model's backbone")
     add_run_arguments(parser, log_every=20)
+    add_share_argument(parser)
     return train(parser.parse_args(argv))
 
 

@@ -144,7 +144,11 @@ def test_device_ms_counts_kernels_of_every_thread() -> None:
     a = torch.randn(2048, 2048, device="cuda")
 
     def work() -> None:
-        t = threading.Thread(target=lambda: (a @ a, torch.cuda.synchronize()))
+        def matmul() -> None:
+            a @ a
+            torch.cuda.synchronize()
+
+        t = threading.Thread(target=matmul)
         t.start()
         t.join()
 

@@ -19,3 +19,11 @@ def test_train_then_resume(tmp_path: Path, capsys, packed_sample: Path) -> None:
     state = torch.load(ckpt)
     assert state["step"] == 5 and state["loader"]["batches_consumed"] == 5
     assert "step 5" in capsys.readouterr().out
+
+
+def test_reports_the_fed_step_share(tmp_path: Path, capsys, packed_sample: Path) -> None:
+    result = main([str(packed_sample), "--batch-size", "8", "--size", "32", "--workers", "0", "--device", "cpu",
+                   "--steps", "4", "--share-steps", "2"])
+    share = result["step_share"]
+    assert share["share"] == share["fed_images_per_second"] / share["synthetic_images_per_second"] > 0
+    assert f"fed-step share {share['share']:.0%}" in capsys.readouterr().out

@@ -37,6 +37,14 @@ def test_train_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str], p
     assert "step 3" in out and math.isfinite(float(out.split("loss")[-1].split()[0]))
 
 
+def test_reports_the_fed_step_share(capsys: pytest.CaptureFixture[str], packed_coco: Path) -> None:
+    result = main([str(packed_coco), "--batch-size", "2", "--min-size", "64", "--max-size", "128", "--workers", "0",
+                   "--device", "cpu", "--steps", "3", "--share-steps", "2"])
+    share = result["step_share"]
+    assert share["share"] == share["fed_images_per_second"] / share["synthetic_images_per_second"] > 0
+    assert f"fed-step share {share['share']:.0%}" in capsys.readouterr().out
+
+
 def test_trains_and_resumes_on_the_coco_gpu_route(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                   packed_coco: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What ``--device cuda`` runs (the COCO GPU route: list batches, targets as the CPU route's),

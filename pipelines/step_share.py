@@ -1,0 +1,90 @@
+"""The fed-step share of a training run: what the loader lets the training step reach.
+
+``shardkit bench --train`` defines it: the images/s of the step fed by the loader over the
+images/s of the same step on a batch already on the device (*synthetic*). A recipe measures it
+on itself with ``--share-steps N``: the rate of its last ``N`` training steps, then, after its
+final checkpoint (so nothing saved sees them), ``N`` more steps on its last batch. Each step's
+time is taken after its ``loss.item()``, which waits for the device, so both rates count the
+same work (and whatever else the loop does meanwhile, a checkpoint too). Under torchrun every
+rank runs the synthetic steps (DDP's all-reduce needs them all).
+
+Built only on torch, like the recipes that use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["StepClock", "add_share_argument", "clone_batch", "describe_share", "measure_share"]
+
+
+def add_share_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--share-steps", type=int, default=0, metavar="N",
+                        help="after training, report the fed-step share: the images/s of the last N steps over "
+                             "that of N steps on the last batch, already on the device (0: off)")
+
+
+class StepClock:
+    """Times of the last ``steps + 1`` training steps; :meth:`tick` after each step's ``loss.item()``.
+
+    Example:
+        >>> clock = StepClock(2)
+        >>> clock.rate(8) is None  # fewer than 3 ticks yet
+        True
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.times: deque[float] = deque(maxlen=steps + 1)
+
+    def tick(self) -> None:
+        self.times.append(time.perf_counter())
+
+    def rate(self, images_per_step: int) -> float | None:
+        """Images/s over the last ``steps`` steps (None before there were that many)."""
+        if self.times.maxlen is None or len(self.times) < self.times.maxlen:
+            return None
+        return (len(self.times) - 1) * images_per_step / (self.times[-1] - self.times[0])
+
+
+def clone_batch(batch: Any) -> Any:
+    """A deep copy of a batch's tensors (lists, tuples and dicts of them): the synthetic steps'
+    fixed batch must not share a buffer the loader reuses."""
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(clone_batch(x) for x in batch)
+    if isinstance(batch, dict):
+        return {k: clone_batch(v) for k, v in batch.items()}
+    return batch
+
+
+def measure_share(step: Callable[[], float], clock: StepClock, images_per_step: int) -> dict[str, float] | None:
+    """Run ``step`` (one training step on the fixed batch, returning ``loss.item()``) as many times
+    as ``clock`` holds steps; the fed and synthetic rates and their ratio, or None when the run
+    had fewer steps than that."""
+    fed = clock.rate(images_per_step)
+    if fed is None:
+        return None
+    synthetic = StepClock(len(clock.times) - 1)
+    synthetic.tick()
+    for _ in range(len(clock.times) - 1):
+        step()
+        synthetic.tick()
+    rate = synthetic.rate(images_per_step)
+    assert rate is not None
+    return {"fed_images_per_second": fed, "synthetic_images_per_second": rate, "share": fed / rate}
+
+
+def describe_share(share: dict[str, float] | None, steps: int) -> str:
+    """The line a recipe prints."""
+    if share is None:
+        return f"fed-step share: not measured (the run had fewer than {steps} steps)"
+    return (f"fed-step share {share['share']:.0%}: {share['fed_images_per_second']:.1f} images/s over the last "
+            f"{steps} steps fed by the loader, {share['synthetic_images_per_second']:.1f} on one batch already "
+            f"on the device")
