@@ -126,9 +126,12 @@ def _check_bomb(data: Bytes) -> None:
 
 
 def decode_backend() -> str:
-    """Name of the native decoder in use: ``torchvision``, ``torchvision.io``, ``torchcodec`` or
-    ``pil`` (chosen in :mod:`shardkit.codec.backend`)."""
-    return cpu_decoder()[0]
+    """What decodes on the CPU: the native decoder in use (``torchvision``, ``torchvision.io``,
+    ``torchcodec`` or ``pil``, chosen in :mod:`shardkit.codec.backend`), preceded by
+    ``shardkit-libjpeg+`` when JPEGs go to shardkit's own extension first
+    (:func:`~shardkit.codec.backend.jpeg_by_shardkit`), e.g. ``"shardkit-libjpeg+torchvision"``."""
+    native = cpu_decoder()[0]
+    return f"shardkit-libjpeg+{native}" if jpeg_by_shardkit() else native
 
 
 def _pil_rgb(data: Bytes) -> torch.Tensor:
