@@ -57,6 +57,8 @@ __all__ = ["MODELS", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "forma
 MODELS = ("resnet18", "resnet50")
 TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files")
 DALI_CONTENDERS = ("dali", "dali_files")
+#: A step whose device time is under this share of its wall time is called host-bound in the table.
+HOST_BOUND = 0.8
 
 
 @dataclass(frozen=True)
@@ -380,12 +382,19 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int) -> s
 
     lines = [title, f"{'pipeline':<40} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
                     f"{'step ms (GPU)':>14} {'loader GPU ms/batch':>19}"]
+    host_bound = False
     for r in results:
         wall = 1e3 * batch_size / r["synthetic_images_per_second"]["median"]
-        step = f"{wall:.1f}" if r.get("step_gpu_ms") is None else f"{wall:.1f} ({r['step_gpu_ms']:.1f})"
+        gpu = r.get("step_gpu_ms")
+        step = f"{wall:.1f}" if gpu is None else f"{wall:.1f} ({gpu:.1f})"
+        host_bound = host_bound or (gpu is not None and gpu < HOST_BOUND * wall)
         lines.append(f"{r['label']:<40} {cell(r['fed_images_per_second'], rate):>22} "
                      f"{cell(r['synthetic_images_per_second'], rate):>22} {cell(r['share'], share):>20} "
                      f"{r['host_wait_fraction']['median']:>10.1%} {step:>14} {ms(r['loader_gpu_ms_per_batch']):>19}")
+    if host_bound:
+        lines.append("step ms: wall (device). The step is host-bound (its device time is well under its wall time): "
+                     "its Python and kernel launches set its pace, and a loader costs it host time (the GIL, CPU) "
+                     "more than GPU time.")
     return "\n".join(lines)
 
 

@@ -156,3 +156,18 @@ def test_device_ms_counts_kernels_of_every_thread() -> None:
     threaded = device_ms(work, 4, torch.device("cuda"))
     assert one is not None and threaded is not None and one > 0
     assert 0.5 * one < threaded < 2 * one, (one, threaded)
+
+
+def test_the_table_calls_a_step_host_bound_when_its_device_time_is_well_under_its_wall_time() -> None:
+    from shardkit.bench.train import train_table
+
+    def row(synthetic: float, step_gpu_ms: float | None) -> dict[str, object]:
+        one = {"median": 1.0, "min": 1.0, "max": 1.0, "runs": [1.0]}
+        return {"label": "x", "fed_images_per_second": one, "share": one, "host_wait_fraction": one,
+                "synthetic_images_per_second": {**one, "median": synthetic}, "step_gpu_ms": step_gpu_ms,
+                "loader_gpu_ms_per_batch": 0.7}
+
+    bound = train_table("t", [row(12800.0, 5.5)], batch_size=128)  # 10 ms of wall time per step
+    assert "10.0 (5.5)" in bound and "host-bound" in bound
+    assert "host-bound" not in train_table("t", [row(12800.0, 9.5)], batch_size=128)
+    assert "host-bound" not in train_table("t", [row(12800.0, None)], batch_size=128)  # on the CPU
