@@ -19,6 +19,7 @@ from shardkit.bench.train import (
 )
 from shardkit.cli import cli
 from shardkit.pack import PackOptions, pack
+from tests.bench.train_checks import check_runs
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +40,7 @@ def test_report_has_every_run_and_share_is_fed_over_synthetic(tiny_tree: Path, p
     order: list[tuple[str, int]] = []
     report = run_train_bench(_cfg(tiny_tree, packed), after_run=lambda name, rep, _run: order.append((name, rep)))
     assert order == [("imagefolder", 0), ("shardloader", 0), ("shardloader", 1), ("imagefolder", 1)]
-    assert [r["name"] for r in report["results"]] == ["imagefolder", "shardloader"]
-    for r in report["results"]:
-        assert len(r["runs"]) == 2
-        for run in r["runs"]:
-            assert run["fed_images_per_second"] > 0 and run["synthetic_images_per_second"] > 0
-            assert 0 <= run["host_wait_fraction"] <= 1
-        shares = [run["fed_images_per_second"] / run["synthetic_images_per_second"] for run in r["runs"]]
-        assert r["share"]["runs"] == pytest.approx(shares)
-        assert r["loader_gpu_ms_per_batch"] is None  # no GPU route on the CPU
+    check_runs(report, ["imagefolder", "shardloader"], repeats=2)
     table = format_train_table(report)
     assert "resnet18 @32 px" in table and "shardkit ShardLoader" in table and "share" in table
     json.dumps(report)  # JSON-able

@@ -20,6 +20,7 @@ from shardkit.bench.train_detection import (
 )
 from shardkit.cli import cli
 from shardkit.pack import PackOptions, pack, pack_coco
+from tests.bench.train_checks import check_runs
 
 COCO = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
 MODEL = "fasterrcnn_mobilenet_v3_large_fpn"
@@ -54,15 +55,7 @@ def test_report_has_every_run_of_every_contender_and_share_is_fed_over_synthetic
     names = ["cocodetection", "shardloader", "shardloader_cpu"]
     assert order == [*((n, 0) for n in names), *((n, 1) for n in reversed(names))]  # alternating
     assert report["schema"] == "shardkit.bench.train_detection/1"
-    assert [r["name"] for r in report["results"]] == names
-    for r in report["results"]:
-        assert len(r["runs"]) == 2
-        for run in r["runs"]:
-            assert run["fed_images_per_second"] > 0 and run["synthetic_images_per_second"] > 0
-            assert 0 <= run["host_wait_fraction"] <= 1
-        shares = [run["fed_images_per_second"] / run["synthetic_images_per_second"] for run in r["runs"]]
-        assert r["share"]["runs"] == pytest.approx(shares)
-        assert r["loader_gpu_ms_per_batch"] is None  # no GPU route on the CPU
+    check_runs(report, names, repeats=2)
     assert report["conditions"]["data"]["category_ids"] == CATEGORY_IDS
     table = format_detection_table(report)
     assert f"detection training step: {MODEL}, shorter side 64 px (longer at most 96)" in table
