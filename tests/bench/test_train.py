@@ -164,3 +164,27 @@ def test_the_table_calls_a_step_host_bound_when_its_device_time_is_well_under_it
     assert "10.0 (5.5)" in bound and "host-bound" in bound
     assert "host-bound" not in train_table("t", [row(12800.0, 9.5)], batch_size=128)
     assert "host-bound" not in train_table("t", [row(12800.0, None)], batch_size=128)  # on the CPU
+
+
+def test_profile_gil_summarises_py_spy_samples_by_thread() -> None:
+    import importlib.util
+
+    script = Path(__file__).parents[2] / "benchmarks" / "profile_gil.py"
+    spec = importlib.util.spec_from_file_location("profile_gil", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    summarise = module.summarise
+
+    raw = "\n".join([
+        "thread (1): MainThread;<module> (x.py:1);step (x.py:2) 50",
+        "thread (2);CompiledFunction.backward (y.py:3) 30",
+        "thread (3): shardkit-_decode;_guard (p.py:1);decode_many (s.py:2);jpegs (q.py:3) 15",
+        "thread (4): shardkit-_fetch;_guard (p.py:1);stage (q.py:9) 5",
+    ])
+    text = summarise(raw)
+    assert text.splitlines()[:5] == ["100 samples holding the GIL", "   50.0%  training loop (main thread)",
+                                     "   30.0%  autograd thread (backward)", "   20.0%  loader threads (shardkit-*)",
+                                     "heaviest loader frames (innermost three):"]
+    assert "15.0%  _guard > decode_many > jpegs" in text
+    assert summarise("") == "no samples (py-spy could not read the process?)"
