@@ -64,6 +64,23 @@ def finish(*loaders: shardkit.ShardLoader | None) -> None:
         dist.destroy_process_group()
 
 
+def add_dataset_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """The training data: one packed dataset, or several mixed (``ShardLoader``'s ``weights``)."""
+    parser.add_argument("shards", nargs="+",
+                        help=f"packed {what} (directory, index.json or URL); several: a mix of them, see --weights")
+    parser.add_argument("--weights", type=float, nargs="+", default=None, metavar="W",
+                        help="with several datasets: each one's share of an epoch (default: by their sizes)")
+
+
+def dataset_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``ShardLoader`` keywords for the datasets of :func:`add_dataset_arguments`: ``dataset`` (a
+    path, or the list of a mix) and ``weights``; a weight count that does not match is a usage error."""
+    if args.weights is not None and len(args.weights) != len(args.shards):
+        parser.error(f"--weights takes one number per dataset: {len(args.shards)} datasets, "
+                     f"{len(args.weights)} weights")
+    return {"dataset": args.shards[0] if len(args.shards) == 1 else list(args.shards), "weights": args.weights}
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every evaluation recipe takes: loader workers, device, key logging."""
     parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")

@@ -14,6 +14,11 @@ epoch with ``even_batches=False`` (each validation sample counted once, see
 
     python pipelines/train_classifier.py shards/train --epochs 1 --size 32 --batch-size 8 --device cpu
 
+Several datasets train as one mix (``ShardLoader``'s ``weights``: each one's share of an epoch,
+exact and resumable like one dataset; their class lists must be equal)::
+
+    torchrun --nproc_per_node 8 pipelines/train_classifier.py shards/a shards/b --weights 0.7 0.3
+
 On CUDA: NCCL, bf16 autocast, channels_last, ``--compile``. On CPU: gloo (tests run it so).
 ``--share-steps N`` ends the run with its fed-step share (``step_share.py``): the images/s of its
 last N steps over that of N steps on one batch already on the device.
@@ -33,13 +38,30 @@ from torch.nn.parallel import DistributedDataParallel
 
 import shardkit
 from shardkit import transforms
+from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/train_classifier.py): its directory is on the path
-    from ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
+    from ddp import (
+        add_dataset_arguments,
+        add_run_arguments,
+        dataset_arguments,
+        finish,
+        resume,
+        save_checkpoint,
+        setup_distributed,
+    )
     from evaluate_classifier import evaluate, make_model, val_loader
     from step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 except ImportError:  # imported as pipelines.train_classifier
-    from pipelines.ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
+    from pipelines.ddp import (
+        add_dataset_arguments,
+        add_run_arguments,
+        dataset_arguments,
+        finish,
+        resume,
+        save_checkpoint,
+        setup_distributed,
+    )
     from pipelines.evaluate_classifier import evaluate, make_model, val_loader
     from pipelines.step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 
@@ -52,7 +74,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     loader = shardkit.ShardLoader(
-        args.shards,
+        **args.dataset,
         batch_size=args.batch_size,
         transform=transforms.imagenet_train(args.size, normalize=True, channels_last=cuda),
         num_workers=args.workers,
@@ -141,7 +163,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shards", help="packed training dataset (directory, index.json or URL)")
+    add_dataset_arguments(parser, "training dataset")
     parser.add_argument("--val", default=None, help="packed validation dataset: top-1 after each epoch")
     parser.add_argument("--arch", default="resnet18", help="torchvision classification model")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per batch per rank")
@@ -150,7 +172,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     add_run_arguments(parser, log_every=50)
     add_share_argument(parser)
-    return train(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.dataset = dataset_arguments(args, parser)
+    try:
+        return train(args)
+    except ShardkitError as err:  # a dataset that is not there, a mix that does not fit, ...
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
 
 
 if __name__ == "__main__":

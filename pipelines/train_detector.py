@@ -43,13 +43,30 @@ from torch.nn.parallel import DistributedDataParallel
 
 import shardkit
 from shardkit import transforms
+from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/train_detector.py): its directory is on the path
-    from ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
+    from ddp import (
+        add_dataset_arguments,
+        add_run_arguments,
+        dataset_arguments,
+        finish,
+        resume,
+        save_checkpoint,
+        setup_distributed,
+    )
     from evaluate_detector import describe, evaluate, make_model, val_loader
     from step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 except ImportError:  # imported as pipelines.train_detector
-    from pipelines.ddp import add_run_arguments, finish, resume, save_checkpoint, setup_distributed
+    from pipelines.ddp import (
+        add_dataset_arguments,
+        add_run_arguments,
+        dataset_arguments,
+        finish,
+        resume,
+        save_checkpoint,
+        setup_distributed,
+    )
     from pipelines.evaluate_detector import describe, evaluate, make_model, val_loader
     from pipelines.step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 
@@ -62,7 +79,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     loader = shardkit.ShardLoader(
-        args.shards,
+        **args.dataset,
         batch_size=args.batch_size,
         transform=transforms.detection_train(args.min_size, args.max_size, iou_crop=args.iou_crop),
         contiguous_labels=True,  # labels 1..K (0: background), the model's classes
@@ -75,7 +92,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     val = (val_loader(args.val, batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
                       workers=args.workers, device=device) if args.val else None)
     if val is not None and val.label_map != loader.label_map:
-        raise SystemExit(f"{args.val} and {args.shards} have different categories: labels would not match")
+        raise SystemExit(f"{args.val} and {' + '.join(args.shards)} have different categories: "
+                         "labels would not match")
     num_classes = len(loader.label_map or {}) + 1  # + background
     model = make_model(args.arch, num_classes, args.min_size, args.max_size).to(device)
     if cuda:
@@ -164,7 +182,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shards", help="packed COCO training dataset (directory, index.json or URL)")
+    add_dataset_arguments(parser, "COCO training dataset")
     parser.add_argument("--val", default=None, help="packed COCO validation dataset: box mAP after each epoch")
     parser.add_argument("--arch", default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model taking min_size/max_size (Faster R-CNN, RetinaNet, FCOS)")
@@ -178,7 +196,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model's backbone")
     add_run_arguments(parser, log_every=20)
     add_share_argument(parser)
-    return train(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.dataset = dataset_arguments(args, parser)
+    try:
+        return train(args)
+    except ShardkitError as err:  # a dataset that is not there, a mix that does not fit, ...
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
 
 
 if __name__ == "__main__":

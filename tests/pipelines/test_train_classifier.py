@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from pipelines.train_classifier import main
+from shardkit.pack import PackOptions, pack
+from tests.pipelines.conftest import SAMPLE
 
 
 def test_train_then_resume(tmp_path: Path, capsys, packed_sample: Path) -> None:
@@ -27,3 +30,28 @@ def test_reports_the_fed_step_share(tmp_path: Path, capsys, packed_sample: Path)
     share = result["step_share"]
     assert share["share"] == share["fed_images_per_second"] / share["synthetic_images_per_second"] > 0
     assert f"fed-step share {share['share']:.0%}" in capsys.readouterr().out
+
+
+def test_trains_on_a_mix_and_resumes_it(tmp_path: Path, capsys, packed_sample: Path) -> None:
+    other = tmp_path / "other"
+    pack(str(SAMPLE), str(other), options=PackOptions(max_count=32, seed=7), workers=1)
+    ckpt = tmp_path / "mix.pt"
+    common = [str(packed_sample), str(other), "--weights", "3", "1", "--batch-size", "8", "--size", "32",
+              "--workers", "0", "--device", "cpu", "--checkpoint", str(ckpt)]
+    main([*common, "--steps", "2"])
+    state = torch.load(ckpt)["loader"]
+    assert "mix" in state and state["batches_consumed"] == 2
+    main([*common, "--steps", "4"])
+    assert torch.load(ckpt)["loader"]["batches_consumed"] == 4
+    assert "resumed from" in capsys.readouterr().out
+
+
+def test_dataset_mistakes_are_usage_errors_not_tracebacks(tmp_path: Path, capsys, packed_sample: Path) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([str(packed_sample), str(packed_sample), "--weights", "1", "--device", "cpu"])
+    assert exit_.value.code == 2 and "--weights takes one number per dataset: 2 datasets, 1 weights" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "nowhere"), "--device", "cpu", "--steps", "1", "--workers", "0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "nowhere" in err and "Traceback" not in err
