@@ -11,16 +11,23 @@ A worker exits as soon as the parent process is gone (even after ``kill -9``, wh
 clean-up in the parent): each watches its parent's sentinel, the pipe end that closes when the
 parent dies. Without that, workers blocked on the task queue (which they hold open themselves)
 lived on forever, and with them the resource tracker and the queues' semaphores in /dev/shm.
+
+Ctrl-C: a terminal signals the whole process group. Workers start with SIGINT blocked, so only
+the parent sees it; it cancels the shards not started and terminates the workers (a shard being
+written leaves a temporary file, which the next pack removes before it resumes). An error
+instead (a worker's, or ``on_done``'s) lets running shards finish, so a resume keeps them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
 import queue as queue_module
+import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
@@ -48,6 +55,42 @@ def _exit_with_parent() -> None:
 
     threading.Thread(target=watch, args=(parent.sentinel,), name="shardkit-parent-watch",
                      daemon=True).start()
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Block SIGINT in this (main) thread meanwhile; a Ctrl-C pressed then arrives when it ends.
+
+    Processes and threads started meanwhile inherit the blocked signal (through fork and exec),
+    so the pool's workers never see one: a terminal's Ctrl-C goes to the whole process group, and
+    a worker interrupted inside the pool's queue left the pool unable to stop its workers (the
+    pack printed "interrupted" and then hung at exit, joining them). The parent alone stops
+    them: it cancels what has not started and lets running shards finish.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop ``pool`` at once: terminate its workers (a shard they were writing leaves only a
+    temporary file, which the next pack removes) and reap them, a second Ctrl-C deferred
+    meanwhile. The pool's own shutdown waits for running shards and, once interrupted, hung."""
+    with _ctrl_c_deferred():
+        processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's, 3.8 to 3.13
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
 
 
 def _init_worker(reports: Any) -> None:
@@ -102,7 +145,8 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
 
     Receipts come back in completion order. ``on_done`` runs in this process as each shard
     completes and may raise to stop the pack: shards not started are cancelled, running ones
-    finish (complete shards are kept for a resume). ``on_sample`` gets per-sample progress.
+    finish (complete shards are kept for a resume); a KeyboardInterrupt stops the workers at once
+    (see the module doc). ``on_sample`` gets per-sample progress.
     """
     if workers <= 1 or len(tasks) <= 1:
         receipts = []
@@ -117,27 +161,38 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
     reports = context.Queue() if on_sample is not None else None
     tally = _Tally(on_sample) if on_sample is not None else None
     receipts = []
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_init_worker,
-                             initargs=(reports,)) as pool:
-        futures: dict[Future[ShardReceipt], ShardTask] = {pool.submit(_write_reporting, t): t
-                                                          for t in tasks}
+    futures: dict[Future[ShardReceipt], ShardTask] = {}
+    with _ctrl_c_deferred():  # the workers start (on submit) with Ctrl-C blocked: see _ctrl_c_deferred
+        pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_init_worker,
+                                   initargs=(reports,))
+    try:
+        with _ctrl_c_deferred():
+            for t in tasks:
+                futures[pool.submit(_write_reporting, t)] = t
         pending = set(futures)
-        try:
-            while pending:
-                done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+        while pending:
+            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            if tally is not None:
+                tally.drain(reports)
+            for future in done:
+                receipts.append(future.result())  # re-raises a worker's error here
+                task = futures[future]
                 if tally is not None:
-                    tally.drain(reports)
-                for future in done:
-                    receipts.append(future.result())  # re-raises a worker's error here
-                    task = futures[future]
-                    if tally is not None:
-                        tally.finish(task)
-                    if on_done is not None:
-                        on_done(task, receipts[-1])
-        except BaseException:
-            for future in pending:
-                future.cancel()
+                    tally.finish(task)
+                if on_done is not None:
+                    on_done(task, receipts[-1])
+    except BaseException as err:
+        for future in futures:
+            future.cancel()  # shards not started
+        if not isinstance(err, Exception):  # Ctrl-C (or exit): stop now, a resume redoes running shards
+            _stop_workers(pool)
             raise
+        try:
+            pool.shutdown(wait=True)  # an error: running shards finish and are kept for a resume
+        except BaseException:  # Ctrl-C while they finish
+            _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
     if reports is not None:
         reports.close()
     return receipts

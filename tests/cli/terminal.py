@@ -3,6 +3,7 @@ piped."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -48,12 +49,12 @@ def _env() -> dict[str, str]:
 
 
 def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0,
-               interrupt_after: bytes | None = None) -> Seen:
+               interrupt_after: bytes | None = None, interrupts: int = 1) -> Seen:
     """Run ``argv`` on a fresh pty sized ``columns`` x 24 (0: unsized, 0x0, like ``script`` in CI).
 
     ``interrupt_after``: once this text has appeared, send SIGINT to the process group, as
-    Ctrl-C does. Raises ``TimeoutError`` (after killing the process) if it runs past ``timeout``:
-    a hang is a failure.
+    Ctrl-C does (``interrupts`` times, 0.2 s apart: an impatient user). Raises ``TimeoutError``
+    (after killing the process) if it runs past ``timeout``: a hang is a failure.
     """
     master, slave = os.openpty()
     if columns:
@@ -81,7 +82,11 @@ def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0,
                     break
                 chunks.append(data)
                 if interrupt_after is not None and interrupt_after in b"".join(chunks):
-                    os.killpg(proc.pid, signal.SIGINT)
+                    for i in range(interrupts):
+                        if i:
+                            time.sleep(0.2)
+                        with contextlib.suppress(ProcessLookupError):  # it may be gone already
+                            os.killpg(proc.pid, signal.SIGINT)
                     interrupt_after = None
             elif proc.poll() is not None and not _pending(master):
                 break

@@ -165,6 +165,26 @@ def test_ctrl_c_in_a_terminal_stops_cleanly_and_the_rerun_resumes(tmp_path: Path
     assert code == 0 and out.startswith(f"OK {dst}: 40 shards, 400 samples"), err
 
 
+@pytest.mark.slow
+def test_ctrl_c_pressed_twice_stops_the_pack_without_hanging(tmp_path: Path) -> None:
+    """Two Ctrl-C in a row reach the pack and its workers (the terminal signals the whole group):
+    it used to print "interrupted" and then hang at exit, one run in four, joining workers that
+    never got the pool's stop message."""
+    from sample_data.generate import make_imagenet_like
+
+    src = tmp_path / "src"
+    make_imagenet_like(src, classes=4, per_class=250, seed=0, size=(320, 240))
+    for attempt in range(4):
+        dst = tmp_path / f"out{attempt}"
+        argv = shardkit_argv("pack", str(src), str(dst), "--max-count", "64", "--workers", "2", "--jpeg-restart", "1")
+        seen = run_in_pty(argv, columns=100, interrupt_after=b" images]", interrupts=2, timeout=60)
+        if seen.returncode == 0:
+            continue  # finished before Ctrl-C arrived
+        _clean(seen, code=130)
+        assert [line for line in seen.lines if line.strip()] == ["interrupted; re-run the same command to resume"]
+        assert not (dst / "index.json").exists()
+
+
 def test_ctrl_c_during_verify_says_interrupted_without_promising_a_resume(packed: Path) -> None:
     seen = run_in_pty(shardkit_argv("verify", str(packed), "--decode"), columns=100,
                       interrupt_after=b"verifying")
