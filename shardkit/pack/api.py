@@ -6,6 +6,7 @@ import os
 import time
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from shardkit.errors import PackError, ShardkitError, SourceError
@@ -26,7 +27,7 @@ from shardkit.pack.resume import (
 from shardkit.pack.skips import SkipBudget, check_budget
 from shardkit.pack.write import ShardReceipt, ShardTask
 from shardkit.sources.base import SourceListing
-from shardkit.storage import Store
+from shardkit.storage import Store, is_remote
 
 Executor = Literal["processes", "ray"]
 """Where shards are written: a local process pool, or Ray tasks (see
@@ -48,6 +49,30 @@ class PackResult:
     @property
     def images_per_second(self) -> float:
         return self.manifest.num_samples / self.seconds if self.seconds > 0 else 0.0
+
+
+def _within(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or below it (local paths resolved, URLs compared as written)."""
+    if is_remote(path) != is_remote(root):
+        return False
+    if is_remote(path):
+        a, b = path.rstrip("/"), root.rstrip("/")
+        return a == b or a.startswith(b + "/")
+    a_path = Path(path.removeprefix("file://")).resolve()
+    b_path = Path(root.removeprefix("file://")).resolve()
+    return a_path == b_path or b_path in a_path.parents
+
+
+def _check_outside_source(src: str, dst: str) -> None:
+    """Refuse a DST at or below SRC: the shards would join the tree they are packed from (and
+    the next pack of it would find a class folder of shards).
+
+    Raises:
+        PackError: naming both.
+    """
+    if _within(dst, src):
+        raise PackError(f"is inside the source {src}: the shards would become part of the tree they are "
+                        "packed from; pack into a directory outside it", where=dst)
 
 
 def pack_listing(
@@ -94,6 +119,7 @@ def pack_listing(
         raise SourceError(f"nothing to pack: the source lists no sample{unpacked}",
                           where=listing.root)
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
+    _check_outside_source(listing.root, dst)
     started = time.perf_counter()
     store = Store(dst, storage_options)
     if executor == "ray":

@@ -103,6 +103,7 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
     if INDEX_NAME in entries:
         manifest = read_manifest(store)
         if manifest.options.get("fingerprint") == fp:
+            _check_shards(store, manifest, entries)
             # Killed after index.json was written but before the clean-up: finish it now.
             _drop_leftovers(store, entries)
             return DestinationState(manifest, {})
@@ -142,6 +143,26 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
     state.makedirs()
     state.write_bytes(_PLAN_NAME, plan)
     return DestinationState(None, {})
+
+
+def _check_shards(store: Store, manifest: Manifest, entries: list[str]) -> None:
+    """Before calling a finished pack complete: every shard its index names is there (and, on a
+    local disk, of the recorded size; ``shardkit verify`` checks the contents).
+
+    Raises:
+        PackError: naming the first damaged shards, with the way out.
+    """
+    present = set(entries)
+    damaged = []
+    for shard in manifest.shards:
+        if shard.url not in present:
+            damaged.append(f"{shard.url} is missing")
+        elif not store.remote and (size := store.size(shard.url)) != shard.num_bytes:
+            damaged.append(f"{shard.url} has {size:,} bytes, index.json says {shard.num_bytes:,}")
+    if damaged:
+        more = f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else ""
+        raise PackError(f"holds this pack, damaged: {'; '.join(damaged[:3])}{more}; pass --overwrite to pack it "
+                        "again", where=store.url)
 
 
 def _drop_leftovers(store: Store, entries: list[str]) -> None:

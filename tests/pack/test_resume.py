@@ -125,6 +125,20 @@ def test_complete_destination_is_kept_or_refused(small_tree, tmp_path):
     assert redone.manifest.options["seed"] == 5
 
 
+def test_a_damaged_finished_pack_is_not_called_complete(small_tree, tmp_path):
+    dst = tmp_path / "out"
+    first = pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1)
+    shards = [s.url for s in first.manifest.shards]
+    (dst / shards[1]).unlink()
+    with open(dst / shards[0], "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(PackError, match=rf"damaged: {shards[0]} has 1,000 bytes, index.json says "
+                                        rf"[0-9,]+; {shards[1]} is missing; pass --overwrite"):
+        pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1)
+    redone = pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1, overwrite=True)
+    assert redone.manifest == first.manifest and (dst / shards[1]).exists()
+
+
 def test_an_unfinished_pack_does_not_resume_over_changed_files(small_tree, tmp_path):
     dst = str(tmp_path / "out")
 
@@ -246,3 +260,15 @@ def test_kill_9_of_the_parent_leaves_no_process_or_semaphore(many_images, tmp_pa
         for child in psutil.wait_procs(children, timeout=10)[1]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
+
+
+@pytest.mark.parametrize("inside", ["link", "link/shards", "link/class0/deeper"])
+def test_a_destination_inside_the_source_is_refused(small_tree, tmp_path, inside):
+    src = tmp_path / "link"
+    src.symlink_to(small_tree, target_is_directory=True)  # a link to the tree: resolved, still inside
+    dst = tmp_path / inside
+    before = sorted(p.name for p in small_tree.rglob("*"))
+    with pytest.raises(PackError, match="is inside the source .*: the shards would become part of the tree"):
+        pack(str(src), str(dst), workers=1)
+    assert sorted(p.name for p in small_tree.rglob("*")) == before  # nothing written into the tree
+    pack(str(src), str(tmp_path / "next-to-it"), workers=1)  # beside it is fine
