@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,6 +242,10 @@ def read_manifest(store: Store) -> Manifest:
     """
     where = store.path(INDEX_NAME)
     if not store.exists(INDEX_NAME):
+        if not store.remote and not os.path.isdir(store.path("")):
+            what = "is a file, not a dataset directory" if os.path.exists(store.path("")) else "does not exist"
+            raise ManifestError(f"{what} (a packed dataset is a directory holding index.json)",
+                                where=store.url)
         raise ManifestError(
             "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to "
             "resume; WebDataset shards written by another tool become one with `shardkit index "

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -139,3 +140,16 @@ def test_s3_without_credentials_is_a_one_line_error(runner, monkeypatch):
     assert result.exit_code == 1, result.output
     assert result.output.startswith("error: s3://bucket/x/index.json: no AWS credentials found")
     assert "-o key=" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_a_dataset_path_that_is_missing_or_a_file_says_so(command: str, tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(cli, [command, str(tmp_path / "nope")])
+    assert missing.exit_code == 1 and f"{tmp_path / 'nope'}: does not exist" in missing.output
+    (tmp_path / "notes.txt").write_text("hi")
+    a_file = runner.invoke(cli, [command, str(tmp_path / "notes.txt")])
+    assert a_file.exit_code == 1 and "notes.txt: is a file, not a dataset directory" in a_file.output
+    (tmp_path / "empty").mkdir()
+    empty = runner.invoke(cli, [command, str(tmp_path / "empty")])
+    assert empty.exit_code == 1 and "no index.json: not a shardkit dataset" in empty.output
