@@ -369,7 +369,7 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 def train_table(title: str, results: list[dict[str, Any]], batch_size: int) -> str:
     """``title`` over one row per contender of ``results`` (a report's): median (min–max) of each
     figure over the repetitions (the value alone after one). ``step ms``: the synthetic step's
-    wall time, with its device time in brackets where measured (much less: host-bound)."""
+    wall time, with its device time in brackets where measured (CUDA; much less: host-bound)."""
 
     def cell(s: dict[str, Any], fmt: Callable[[float], str]) -> str:
         return fmt(s["median"]) if len(s["runs"]) == 1 else f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"
@@ -381,7 +381,7 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int) -> s
         return "—" if x is None else f"{x:.1f}"
 
     lines = [title, f"{'pipeline':<40} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
-                    f"{'step ms (GPU)':>14} {'loader GPU ms/batch':>19}"]
+                    f"{'step ms':>14} {'loader GPU ms/batch':>19}"]
     host_bound = False
     for r in results:
         wall = 1e3 * batch_size / r["synthetic_images_per_second"]["median"]
@@ -391,10 +391,12 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int) -> s
         lines.append(f"{r['label']:<40} {cell(r['fed_images_per_second'], rate):>22} "
                      f"{cell(r['synthetic_images_per_second'], rate):>22} {cell(r['share'], share):>20} "
                      f"{r['host_wait_fraction']['median']:>10.1%} {step:>14} {ms(r['loader_gpu_ms_per_batch']):>19}")
+    if any(r.get("step_gpu_ms") is not None for r in results):
+        lines.append("step ms: the synthetic step's wall time (device time in brackets); loader GPU ms: device "
+                     "time of one batch of the loader alone (torch.profiler).")
     if host_bound:
-        lines.append("step ms: wall (device). The step is host-bound (its device time is well under its wall time): "
-                     "its Python and kernel launches set its pace, and a loader costs it host time (the GIL, CPU) "
-                     "more than GPU time.")
+        lines.append("The step is host-bound (its device time is well under its wall time): its Python and kernel "
+                     "launches set its pace, and a loader costs it host time (the GIL, CPU) more than GPU time.")
     return "\n".join(lines)
 
 
