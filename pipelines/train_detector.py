@@ -134,6 +134,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     loss_value, seen, started, metrics = float("nan"), 0, time.perf_counter(), None
     clock, last = StepClock(args.share_steps), None
     done = bool(args.steps) and step >= args.steps
+    if (done or loader.epoch >= args.epochs) and rank == 0:
+        print(f"nothing to train: the checkpoint is at step {step}, epoch {loader.epoch} "
+              f"(--steps {args.steps or 'unlimited'}, --epochs {args.epochs})", flush=True)
     for epoch in range(loader.epoch, args.epochs):
         if done:
             break
@@ -168,8 +171,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     elapsed = time.perf_counter() - started
     result = {"step": step, "loss": loss_value, "images_per_second": seen * world / elapsed,
               "data_wait": loader.stats.wait_s / elapsed, "val": metrics}
-    if rank == 0:
-        print(f"step {step}  loss {loss_value:.3f}  {result['images_per_second']:.1f} images/s  "
+    if rank == 0 and seen:
+        print(f"done: step {step}  loss {loss_value:.3f}  {result['images_per_second']:.1f} images/s  "
               f"data wait {100 * result['data_wait']:.0f}%", flush=True)
     if args.share_steps:  # after the last checkpoint: these steps change no saved state
         fixed = clone_batch(last)

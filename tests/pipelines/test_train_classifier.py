@@ -55,3 +55,14 @@ def test_dataset_mistakes_are_usage_errors_not_tracebacks(tmp_path: Path, capsys
         main([str(tmp_path / "nowhere"), "--device", "cpu", "--steps", "1", "--workers", "0"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "nowhere" in err and "Traceback" not in err
+
+
+def test_a_finished_run_says_there_is_nothing_to_train(tmp_path: Path, capsys, packed_sample: Path) -> None:
+    common = [str(packed_sample), "--batch-size", "8", "--size", "32", "--workers", "0", "--device", "cpu",
+              "--checkpoint", str(tmp_path / "ck.pt"), "--steps", "2"]
+    main(common)
+    capsys.readouterr()
+    main(common)
+    out = capsys.readouterr().out
+    assert "nothing to train: the checkpoint is at step 2, epoch 0 (--steps 2, --epochs 1)" in out
+    assert "images/s" not in out  # no rate of a run that trained nothing
