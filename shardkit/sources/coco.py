@@ -238,6 +238,9 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     samples = [SourceSample(e.path, image["file_name"], e.size,
                             meta={"image": image, "annotations": anns}, version=e.version)
                for (image, anns), e in zip(kept, entries, strict=True)]
+    if samples and all(sample.size < 0 for sample in samples):  # the wrong folder, not a few lost files
+        raise SourceError(f"none of the {len(samples)} images {name} names is in this folder "
+                          f"(e.g. {samples[0].rel!r}): give the folder that holds them", where=files.root)
     extra: dict[str, Any] = {k: doc[k] for k in ("info", "licenses") if k in doc}
     return SourceListing(kind="coco", root=files.root, samples=samples, categories=categories,
                          extra=extra, warnings=warnings, annotation_problems=ann_problems,

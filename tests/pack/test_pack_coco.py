@@ -184,3 +184,16 @@ def test_cli_malformed_json_is_a_clear_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["pack", str(tmp_path / "img"), str(tmp_path / "out"),
                                    "--annotations", str(bad)])
     assert res.exit_code == 1 and "bad.json: not valid JSON (line 1" in res.output
+
+
+def test_an_images_folder_holding_none_of_the_images_is_refused_before_dst(coco: tuple[Path, Path, dict[str, Any]],
+                                                                         tmp_path: Path) -> None:
+    from shardkit.errors import SourceError
+
+    _images, annotations, _doc = coco
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "cats").mkdir(parents=True)
+    with pytest.raises(SourceError, match=r"none of the \d+ images .* names is in this folder \(e\.g\. '.*'\): "
+                                          "give the folder that holds them"):
+        pack_coco(str(elsewhere), str(annotations), str(tmp_path / "out"), workers=1)
+    assert not (tmp_path / "out").exists()

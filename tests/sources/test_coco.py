@@ -154,12 +154,21 @@ def test_bad_references_and_boxes_are_warned_with_counts(
 
 def test_string_ids_sort_after_ints(tmp_path: Path) -> None:
     (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "b.jpg").write_bytes(b"b")  # the other two are missing: listed with size -1
     doc = {"images": [{"id": "b", "file_name": "b.jpg"}, {"id": 7, "file_name": "a.jpg"},
                       {"id": "a", "file_name": "c.jpg"}],
            "annotations": [], "categories": []}
     listing = scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
     assert [s.rel for s in listing.samples] == ["a.jpg", "c.jpg", "b.jpg"]
-    assert all(s.size == -1 for s in listing.samples)
+    assert [s.size for s in listing.samples] == [-1, -1, 1]
+
+
+def test_a_folder_holding_none_of_the_images_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "img").mkdir()
+    doc = {"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}],
+           "annotations": [], "categories": []}
+    with pytest.raises(SourceError, match=r"none of the 2 images i.json names is in this folder \(e\.g\. 'a\.jpg'\)"):
+        scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
 
 
 def test_images_and_annotations_by_url_list_as_on_disk(coco: tuple[Path, Path, dict[str, Any]],
