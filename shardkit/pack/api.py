@@ -136,7 +136,7 @@ def pack_listing(
         seed=options.seed,
         prefix=options.prefix,
     )
-    state = prepare_destination(store, fp, plans, overwrite=overwrite,
+    state = prepare_destination(store, fp, plans, overwrite=overwrite, options=recorded,
                                 versions=input_versions(listing))
     if state.complete is not None:
         return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),

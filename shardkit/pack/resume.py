@@ -86,9 +86,10 @@ def _reusable(store: Store, plans: list[ShardPlan]) -> dict[int, ShardReceipt]:
 
 
 def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwrite: bool,
-                        versions: str) -> DestinationState:
+                        versions: str, options: dict[str, Any] | None = None) -> DestinationState:
     """Decide what to do with DST and leave it ready for writing. ``fp``: the
-    :func:`fingerprint`; ``versions``: the :func:`input_versions`.
+    :func:`fingerprint`; ``versions``: the :func:`input_versions`; ``options``: the pack's
+    recorded options (what a refusal names when DST holds a pack made with others).
 
     Raises:
         PackError: DST holds something else (another dataset, another unfinished pack, the
@@ -107,8 +108,8 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
             # Killed after index.json was written but before the clean-up: finish it now.
             _drop_leftovers(store, entries)
             return DestinationState(manifest, {})
-        raise PackError("holds a different packed dataset; pass --overwrite to replace it",
-                        where=store.url)
+        raise PackError(f"holds a different packed dataset ({_difference(manifest.options, options)}); pass "
+                        "--overwrite to replace it", where=store.url)
     if STATE_DIR in entries:
         state = store.child(STATE_DIR)
         # No plan: killed before it was recorded, so before any shard was written. Take it over.
@@ -143,6 +144,24 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
     state.makedirs()
     state.write_bytes(_PLAN_NAME, plan)
     return DestinationState(None, {})
+
+
+def _difference(before: dict[str, Any], now: dict[str, Any] | None) -> str:
+    """What differs between a finished pack's recorded options and this one's, for a refusal.
+
+    Example:
+        >>> _difference({"max_count": 64, "seed": 0, "fingerprint": "a"}, {"max_count": 1000, "seed": 0})
+        'packed with max_count=64, now 1000'
+        >>> _difference({"max_count": 64, "fingerprint": "a"}, {"max_count": 64})
+        'same options, other input: source files, annotations or their order differ'
+    """
+    if now is None:
+        return "other input or options"
+    changed = [f"{k}={before.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(before) | set(now))
+               if k != "fingerprint" and before.get(k) != now.get(k)]
+    if not changed:
+        return "same options, other input: source files, annotations or their order differ"
+    return "packed with " + "; ".join(changed)
 
 
 def _check_shards(store: Store, manifest: Manifest, entries: list[str]) -> None:

@@ -119,8 +119,12 @@ def test_complete_destination_is_kept_or_refused(small_tree, tmp_path):
     first = pack(str(small_tree), dst, workers=1)
     again = pack(str(small_tree), dst, workers=1)
     assert again.already_complete and again.manifest == first.manifest
-    with pytest.raises(PackError, match="different packed dataset"):
+    with pytest.raises(PackError, match=r"different packed dataset \(packed with seed=0, now 5\)"):
         pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1)
+    (small_tree / "class0" / "extra.jpg").write_bytes((small_tree / "class0" / "img0.jpg").read_bytes())
+    with pytest.raises(PackError, match=r"\(same options, other input: source files"):
+        pack(str(small_tree), dst, workers=1)
+    (small_tree / "class0" / "extra.jpg").unlink()
     redone = pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1, overwrite=True)
     assert redone.manifest.options["seed"] == 5
 
