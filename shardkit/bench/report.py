@@ -35,6 +35,16 @@ from shardkit.bench.harness import Contender, RunResult
 SCHEMA = "shardkit.bench/1"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun``, in the plural (``plural``, else ``noun + "s"``) unless ``n`` is 1.
+
+    Example:
+        >>> counted(1, "run"), counted(3, "run"), counted(8, "batch", "batches")
+        ('1 run', '3 runs', '8 batches')
+    """
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def spread(values: Sequence[float]) -> dict[str, Any]:
     """Median, min, max and quartiles (inclusive method) of ``values``, plus the values.
 
@@ -162,9 +172,9 @@ def format_conditions(report: Mapping[str, Any]) -> str:
                 f"{data.get('mean_kb', '?')} KB, {data.get('mean_kpix', '?')} kpix")
     lines = [
         f"settings: {transform}, uint8 out, batch "
-        f"{cfg.get('batch_size')}, {cfg.get('workers')} workers, device {cfg.get('device')}, "
+        f"{cfg.get('batch_size')}, {counted(cfg.get('workers', 0), 'worker')}, device {cfg.get('device')}, "
         f"{cfg.get('epochs')} epoch(s) per run after {cfg.get('warmup')} warm-up batches, "
-        f"{cfg.get('repeats')} repetitions in alternating order",
+        f"{counted(cfg.get('repeats', 0), 'repetition')} in alternating order",
         f"{what}; shards {cond.get('shards_location', '?')}; page cache {cond.get('page_cache', '?')}",
         f"machine: {mach.get('usable_cores', '?')} cores ({mach.get('cpu_model', '?')}), load at "
         f"start {mach.get('load_average_at_start', '?')}"

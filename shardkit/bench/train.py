@@ -49,7 +49,7 @@ import torch
 
 from shardkit.bench import baselines, conditions, dali
 from shardkit.bench.harness import alternating_order
-from shardkit.bench.report import spread
+from shardkit.bench.report import counted, spread
 
 __all__ = ["MODELS", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
            "counted", "rate", "run_contenders", "run_train_bench", "summarise", "train_table"]
@@ -354,16 +354,6 @@ def rate(images_per_second: float) -> str:
         ('1,234', '6.3')
     """
     return f"{images_per_second:,.0f}" if images_per_second >= 100 else f"{images_per_second:.1f}"
-
-
-def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and ``noun``, in the plural (``plural``, else ``noun + "s"``) unless ``n`` is 1.
-
-    Example:
-        >>> counted(1, "run"), counted(3, "run"), counted(8, "batch", "batches")
-        ('1 run', '3 runs', '8 batches')
-    """
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def train_table(title: str, results: list[dict[str, Any]], batch_size: int) -> str:
