@@ -2,12 +2,16 @@
 doctor).
 
 Library errors become one-line messages and exit code 1; usage errors exit 2 (click's).
-Heavy imports (torch) happen inside the commands that need them, so ``--help`` is fast.
+Ctrl-C exits 130 and SIGTERM (a scheduler preempting the job) 143, each after one line; the work
+stops as on Ctrl-C (a pack stops its workers and resumes when re-run). Heavy imports (torch)
+happen inside the commands that need them, so ``--help`` is fast.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+from types import FrameType
 
 import click
 
@@ -31,13 +35,22 @@ class _Group(click.Group):
             _clear_line()
             click.secho(f"error: {err}", fg="red", err=True)
             sys.exit(1)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             _clear_line()
             # Only pack resumes; saying so after verify or bench would send people looking for it.
             resumes = ctx.invoked_subcommand == "pack"
-            click.echo("interrupted" + ("; re-run the same command to resume" if resumes else ""),
-                       err=True)
-            sys.exit(130)
+            terminated = isinstance(err, Terminated)
+            click.echo(("terminated" if terminated else "interrupted")
+                       + ("; re-run the same command to resume" if resumes else ""), err=True)
+            sys.exit(143 if terminated else 130)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that it stops the work as Ctrl-C does."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -59,6 +72,7 @@ def _register() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    signal.signal(signal.SIGTERM, _terminate)
     cli(prog_name="shardkit")
 
 

@@ -49,11 +49,13 @@ def _env() -> dict[str, str]:
 
 
 def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0,
-               interrupt_after: bytes | None = None, interrupts: int = 1) -> Seen:
+               interrupt_after: bytes | None = None, interrupts: int = 1,
+               interrupt_with: int = signal.SIGINT) -> Seen:
     """Run ``argv`` on a fresh pty sized ``columns`` x 24 (0: unsized, 0x0, like ``script`` in CI).
 
     ``interrupt_after``: once this text has appeared, send SIGINT to the process group, as
-    Ctrl-C does (``interrupts`` times, 0.2 s apart: an impatient user). Raises ``TimeoutError``
+    Ctrl-C does (``interrupts`` times, 0.2 s apart: an impatient user; ``interrupt_with``: another
+    signal, e.g. SIGTERM as a scheduler sends it). Raises ``TimeoutError``
     (after killing the process) if it runs past ``timeout``: a hang is a failure.
     """
     master, slave = os.openpty()
@@ -86,7 +88,7 @@ def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0,
                         if i:
                             time.sleep(0.2)
                         with contextlib.suppress(ProcessLookupError):  # it may be gone already
-                            os.killpg(proc.pid, signal.SIGINT)
+                            os.killpg(proc.pid, interrupt_with)
                     interrupt_after = None
             elif proc.poll() is not None and not _pending(master):
                 break

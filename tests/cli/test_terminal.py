@@ -6,6 +6,7 @@ without a total raises TypeError) while every CliRunner test, which is never a t
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,16 @@ def test_ctrl_c_pressed_twice_stops_the_pack_without_hanging(tmp_path: Path) -> 
         _clean(seen, code=130)
         assert [line for line in seen.lines if line.strip()] == ["interrupted; re-run the same command to resume"]
         assert not (dst / "index.json").exists()
+    # SIGTERM (a scheduler preempting the job) stops it the same way, exit 143; then it resumes
+    dst = tmp_path / "terminated"
+    argv = shardkit_argv("pack", str(src), str(dst), "--max-count", "64", "--workers", "2", "--jpeg-restart", "1")
+    seen = run_in_pty(argv, columns=100, interrupt_after=b" images]", interrupt_with=signal.SIGTERM, timeout=60)
+    if seen.returncode != 0:
+        _clean(seen, code=143)
+        assert [line for line in seen.lines if line.strip()] == ["terminated; re-run the same command to resume"]
+    again = run_in_pty(argv, columns=100, timeout=120)
+    _clean(again)
+    assert "samples   1,000  (4 classes)" in again.lines
 
 
 def test_ctrl_c_during_verify_says_interrupted_without_promising_a_resume(packed: Path) -> None:
