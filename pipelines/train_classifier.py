@@ -148,6 +148,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             accuracy = correct / max(total, 1)
             if rank == 0:
                 print(f"epoch {epoch}  top-1 {accuracy:.4f} ({correct}/{total})", flush=True)
+    if val is not None and done and seen:  # --steps ended the run: evaluate what it trained
+        correct, total = evaluate(model, val)
+        accuracy = correct / max(total, 1)
+        if rank == 0:
+            print(f"step {step}  top-1 {accuracy:.4f} ({correct}/{total})", flush=True)
     checkpoint()
     elapsed = time.perf_counter() - started
     result = {"step": step, "loss": loss_value, "images_per_second": seen * world / elapsed,

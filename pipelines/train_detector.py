@@ -167,6 +167,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             metrics = evaluate(model, val)  # the plain module: ranks may differ by one batch
             if rank == 0:
                 print(f"epoch {epoch}  {describe(metrics, world)}", flush=True)
+    if val is not None and done and seen:  # --steps ended the run: evaluate what it trained
+        metrics = evaluate(model, val)
+        if rank == 0:
+            print(f"step {step}  {describe(metrics, world)}", flush=True)
     checkpoint()
     elapsed = time.perf_counter() - started
     result = {"step": step, "loss": loss_value, "images_per_second": seen * world / elapsed,

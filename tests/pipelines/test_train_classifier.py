@@ -66,3 +66,10 @@ def test_a_finished_run_says_there_is_nothing_to_train(tmp_path: Path, capsys, p
     out = capsys.readouterr().out
     assert "nothing to train: the checkpoint is at step 2, epoch 0 (--steps 2, --epochs 1)" in out
     assert "images/s" not in out  # no rate of a run that trained nothing
+
+
+def test_val_runs_when_steps_end_the_run_inside_an_epoch(capsys, packed_sample: Path) -> None:
+    result = main([str(packed_sample), "--val", str(packed_sample), "--batch-size", "8", "--size", "32",
+                   "--workers", "0", "--device", "cpu", "--steps", "2"])
+    assert result["top1"] is not None
+    assert "step 2  top-1 " in capsys.readouterr().out
