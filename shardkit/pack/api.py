@@ -19,6 +19,7 @@ from shardkit.pack.plan import plan_shards
 from shardkit.pack.pool import run_local
 from shardkit.pack.progress import PackProgress, Progress, as_pack_progress, input_bytes
 from shardkit.pack.resume import (
+    clear_destination,
     fingerprint,
     finish_destination,
     input_versions,
@@ -197,6 +198,8 @@ def pack_listing(
     skipped = sorted(({"source": s["source"], "reason": s["reason"]}
                       for s in [*listing.warnings, *(s for r in receipts for s in r.skipped)]),
                      key=lambda s: (s["source"], s["reason"]))
+    if total and len(skipped) >= total:  # nothing packed: no state worth resuming, and it would
+        clear_destination(store)          # refuse the corrected input as "an unfinished pack of other input"
     check_budget(skipped, total, max_skipped, where=dst, finished=True)
     extra = dict(listing.extra)
     if listing.kind == "coco":

@@ -45,6 +45,14 @@ def test_a_pack_of_no_sample_fails_and_publishes_nothing(tmp_path: Path) -> None
         pack(str(src), str(tmp_path / "out"), workers=1)
     assert [s["source"] for s in err.value.skipped] == ["a/x.jpg", "a/y.jpg", "b/z.png"]
     assert not (tmp_path / "out" / "index.json").exists()
+    assert list((tmp_path / "out").iterdir()) == []  # no pack state: nothing worth resuming
+    write_tree(src, {"a/x.jpg": encode_image(), "a/y.jpg": encode_image(color=(1, 2, 3)),
+                     "b/z.png": encode_image(fmt="PNG")})
+    fixed = pack(str(src), str(tmp_path / "out"), workers=1)  # the corrected input, no --overwrite
+    assert fixed.manifest.num_samples == 3
+    (src / "a" / "x.jpg").write_bytes(b"")  # as it was, for the CLI below
+    (src / "a" / "y.jpg").write_bytes(b"not an image")
+    (src / "b" / "z.png").write_bytes(b"")
 
     runner = CliRunner()
     result = runner.invoke(cli, ["pack", str(src), str(tmp_path / "cli"), "--workers", "1"])
