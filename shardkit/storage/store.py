@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -126,6 +127,12 @@ class Store:
         except FileNotFoundError as err:
             self._check_bucket()  # "no such file" in a missing bucket: name the bucket instead
             raise StorageError("no such file", where=self.path(name)) from err
+        except NotADirectoryError as err:
+            path = pathlib.Path(str(err.filename or self.path(name)))
+            blocker = next((p for p in (path, *path.parents) if p.exists()), path)
+            raise StorageError(f"{blocker} is a file, not a directory", where=self.path(name)) from err
+        except PermissionError as err:
+            raise StorageError(f"permission denied ({err.filename})", where=self.path(name)) from err
         except Exception as err:
             message = _remote.describe(err)
             if message is None and isinstance(err, (OSError, ValueError)):

@@ -108,3 +108,13 @@ def test_local_paths_and_urls(tmp_path):
     assert (tmp_path / "a").read_bytes() == b"1"
     with pytest.raises(StorageError, match="nosuchproto"):
         Store("nosuchproto://x").listdir()
+
+
+def test_a_path_through_a_file_names_the_file(tmp_path) -> None:
+    from shardkit.errors import StorageError
+    from shardkit.storage import Store
+
+    (tmp_path / "notes.txt").write_text("hi")
+    store = Store(str(tmp_path / "notes.txt" / "sub"))
+    with pytest.raises(StorageError, match=rf"{tmp_path / 'notes.txt'} is a file, not a directory"):
+        store.makedirs()
