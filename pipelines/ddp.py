@@ -33,6 +33,7 @@ def setup_distributed(device: str) -> tuple[int, int, torch.device]:
 def save_checkpoint(path: str, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically: a job killed while saving keeps the previous one."""
     tmp = f"{path}.tmp"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     torch.save(state, tmp)
     os.replace(tmp, path)
 

@@ -15,6 +15,7 @@ the ranks with repeated samples, which would count some twice).
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import torchvision
 
 import shardkit
 from shardkit import transforms
+from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
     from ddp import add_eval_arguments, eval_keys_log, setup_distributed
@@ -87,6 +89,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--size", type=int, default=224, help="side of the centre crop")
     add_eval_arguments(parser)
     args = parser.parse_args(argv)
+    if args.checkpoint and not os.path.exists(args.checkpoint):
+        parser.error(f"--checkpoint {args.checkpoint}: no such file")
 
     rank, world, device = setup_distributed(args.device)
     try:
@@ -108,6 +112,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"top-1 {correct / max(total, 1):.4f} ({correct}/{total} samples over {world} "
                   f"rank{'s' if world > 1 else ''}; {batches} batches on rank 0)", flush=True)
         return {"correct": correct, "total": total}
+    except ShardkitError as err:  # shards that are not this task's, a dataset that is not there, ...
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

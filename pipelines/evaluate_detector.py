@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import torchvision
 
 import shardkit
 from shardkit import transforms
+from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
     from ddp import add_eval_arguments, eval_keys_log, setup_distributed
@@ -186,6 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-size", type=int, default=640, help="longer side at most (after the resize)")
     add_eval_arguments(parser)
     args = parser.parse_args(argv)
+    if args.checkpoint and not os.path.exists(args.checkpoint):
+        parser.error(f"--checkpoint {args.checkpoint}: no such file")
 
     rank, world, device = setup_distributed(args.device)
     try:
@@ -211,6 +215,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(result["table"], flush=True)
             print(f"{describe(result, world)}; {batches} batches on rank 0", flush=True)
         return result
+    except ShardkitError as err:  # shards that are not this task's, a dataset that is not there, ...
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

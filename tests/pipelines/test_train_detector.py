@@ -60,3 +60,23 @@ def test_trains_and_resumes_on_the_coco_gpu_route(tmp_path: Path, capsys: pytest
     state = torch.load(ckpt)
     assert state["step"] == 3 and state["loader"]["batches_consumed"] == 3
     assert math.isfinite(float(capsys.readouterr().out.split("loss")[-1].split()[0]))
+
+
+def test_evaluating_a_classifier_on_coco_shards_is_an_error_not_a_traceback(capsys: pytest.CaptureFixture[str],
+                                                                           packed_coco: Path, tmp_path: Path) -> None:
+    from pipelines.evaluate_classifier import main as evaluate_classifier
+
+    with pytest.raises(SystemExit) as exit_:
+        evaluate_classifier([str(packed_coco), "--device", "cpu", "--workers", "0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "error:" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_:
+        evaluate_classifier([str(packed_coco), "--device", "cpu", "--checkpoint", str(tmp_path / "none.pt")])
+    assert exit_.value.code == 2 and "none.pt: no such file" in capsys.readouterr().err
+
+
+def test_a_checkpoint_in_a_folder_not_made_yet(tmp_path: Path, packed_coco: Path) -> None:
+    ckpt = tmp_path / "runs" / "det" / "ck.pt"
+    main([str(packed_coco), "--batch-size", "2", "--min-size", "64", "--max-size", "128", "--workers", "0",
+          "--device", "cpu", "--steps", "1", "--checkpoint", str(ckpt)])
+    assert torch.load(ckpt)["step"] == 1
