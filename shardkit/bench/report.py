@@ -33,6 +33,8 @@ from typing import Any
 from shardkit.bench.harness import Contender, RunResult
 
 SCHEMA = "shardkit.bench/1"
+#: Timed runs shorter than this (seconds) get a note under the table: their figures are noisy.
+SHORT_RUN_S = 1.0
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
@@ -186,4 +188,9 @@ def format_conditions(report: Mapping[str, Any]) -> str:
         lines.append(f"pack: {p['images']:,} images in {p['seconds']:.1f} s = "
                      f"{p['images_per_second']:,.0f} img/s ({p['shards']} shards, {p['workers']} "
                      "workers)")
+    run_seconds = [r["images_per_run"] / r["images_per_second"]["median"] for r in report["results"]
+                   if r.get("images_per_run") and r["images_per_second"]["median"] > 0]
+    if run_seconds and min(run_seconds) < SHORT_RUN_S:
+        lines.append(f"note: the shortest timed run took {min(run_seconds):.2f} s: figures this short move a lot "
+                     "between runs; raise --epochs (or bench a larger dataset) for a stable figure")
     return "\n".join(lines)

@@ -75,6 +75,12 @@ def test_table_text() -> None:
     assert "1,500" in text and "450" in text
     assert "2 cores (test cpu)" in text and "page cache warm" in text
     assert "pack: 1,000 images in 0.5 s = 2,000 img/s" in text
+    # 1,000 images at a median 1,500 img/s: 0.67 s per run, too short to trust
+    assert lines[-1].startswith("note: the shortest timed run took 0.67 s: figures this short move a lot")
+    report = _report()
+    for r in report["results"]:
+        r["images_per_run"] = 10_000
+    assert "note:" not in format_table(report)
 
 
 def test_plot_file_created(tmp_path: Path) -> None:
