@@ -9,6 +9,7 @@ import click
 from shardkit.cli.progress import PackBar, bars_enabled
 from shardkit.cli.report import print_pack_summary, print_skipped
 from shardkit.cli.storage import storage_option_flag, storage_options
+from shardkit.format.spec import IMAGE_EXTENSIONS
 from shardkit.pack import (
     Executor,
     PackOptions,
@@ -19,6 +20,8 @@ from shardkit.pack import (
     parse_size,
 )
 from shardkit.storage import is_remote
+
+IMAGE_SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
 
 
 def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
@@ -146,3 +149,19 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         bar.close()
     if not quiet:
         print_pack_summary(result, dst)
+        if annotations is None:
+            _note_loose_images(src)
+
+
+def _note_loose_images(src: str) -> None:
+    """After packing an ImageFolder tree from disk: say so when images lie directly in SRC. An
+    ImageFolder keeps them in one folder per class and leaves those out, as torchvision does; a
+    COCO images folder packed without --annotations looks just like that."""
+    if is_remote(src) or not os.path.isdir(src):
+        return
+    with os.scandir(src) as entries:
+        loose = sorted(e.name for e in entries if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES))
+    if loose:
+        click.echo(f"note: {len(loose):,} image file(s) directly in {src} (e.g. {loose[0]}) are in no class "
+                   "folder and were left out, as ImageFolder does; for a COCO images folder, pass --annotations")
+

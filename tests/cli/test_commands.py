@@ -153,3 +153,14 @@ def test_a_dataset_path_that_is_missing_or_a_file_says_so(command: str, tmp_path
     (tmp_path / "empty").mkdir()
     empty = runner.invoke(cli, [command, str(tmp_path / "empty")])
     assert empty.exit_code == 1 and "no index.json: not a shardkit dataset" in empty.output
+
+
+def test_images_directly_in_src_are_noted(runner, small_tree, tmp_path):
+    (small_tree / "loose.jpg").write_bytes(encode_image())
+    result = _pack(runner, small_tree, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert ("note: 1 image file(s) directly in " in result.output and "(e.g. loose.jpg) are in no class folder"
+            in result.output and "pass --annotations" in result.output)
+    (small_tree / "loose.jpg").unlink()
+    clean = _pack(runner, small_tree, tmp_path / "out2")
+    assert clean.exit_code == 0 and "note:" not in clean.output
