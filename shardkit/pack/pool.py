@@ -59,22 +59,36 @@ def _exit_with_parent() -> None:
 
 @contextlib.contextmanager
 def _ctrl_c_deferred() -> Iterator[None]:
-    """Block SIGINT in this (main) thread meanwhile; a Ctrl-C pressed then arrives when it ends.
+    """Hold back Ctrl-C (and SIGTERM) meanwhile: one that arrives is raised when this ends.
 
-    Processes and threads started meanwhile inherit the blocked signal (through fork and exec),
-    so the pool's workers never see one: a terminal's Ctrl-C goes to the whole process group, and
-    a worker interrupted inside the pool's queue left the pool unable to stop its workers (the
-    pack printed "interrupted" and then hung at exit, joining them). The parent alone stops
-    them: it cancels what has not started and lets running shards finish.
+    Two parts. Python raises KeyboardInterrupt in the main thread whichever thread the signal
+    reached, so the handlers only record it here: an interrupt between starting a worker and
+    sending it its start-up data left that worker failing on an empty pipe. And SIGINT is blocked
+    in this thread, so processes started meanwhile inherit it blocked (through fork and exec):
+    a terminal's Ctrl-C goes to the whole process group, and a worker interrupted inside the
+    pool's queue left the pool unable to stop its workers (the pack printed "interrupted" and
+    then hung at exit, joining them). The parent alone stops them.
     """
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught: list[int] = []
+    handlers = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(caught):  # what arrived meanwhile, as it would have then
+            previous = handlers[signal.Signals(signum)]
+            if callable(previous):
+                previous(signum, None)
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
@@ -83,6 +97,7 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     meanwhile. The pool's own shutdown waits for running shards and, once interrupted, hung."""
     with _ctrl_c_deferred():
         processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's, 3.8 to 3.13
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
@@ -91,6 +106,8 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
             if process.is_alive():
                 process.kill()
                 process.join()
+        if manager is not None:  # gone before exit: CPython 3.11's exit hook woke it through a closed pipe
+            manager.join(timeout=5)
 
 
 def _init_worker(reports: Any) -> None:

@@ -33,6 +33,17 @@ def is_remote(url: str) -> bool:
     return "://" in url and not url.startswith("file://")
 
 
+def _local_describe(err: Exception) -> str | None:
+    """Plain words for a local path error (None: Python's own are fine)."""
+    if isinstance(err, NotADirectoryError):
+        path = pathlib.Path(str(err.filename or ""))
+        blocker = next((p for p in (path, *path.parents) if p.exists()), path)
+        return f"{blocker} is a file, not a directory"
+    if isinstance(err, PermissionError):
+        return f"permission denied ({err.filename})" if err.filename else "permission denied"
+    return None
+
+
 def _local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
 
@@ -127,14 +138,8 @@ class Store:
         except FileNotFoundError as err:
             self._check_bucket()  # "no such file" in a missing bucket: name the bucket instead
             raise StorageError("no such file", where=self.path(name)) from err
-        except NotADirectoryError as err:
-            path = pathlib.Path(str(err.filename or self.path(name)))
-            blocker = next((p for p in (path, *path.parents) if p.exists()), path)
-            raise StorageError(f"{blocker} is a file, not a directory", where=self.path(name)) from err
-        except PermissionError as err:
-            raise StorageError(f"permission denied ({err.filename})", where=self.path(name)) from err
         except Exception as err:
-            message = _remote.describe(err)
+            message = _remote.describe(err) if self.remote else _local_describe(err)
             if message is None and isinstance(err, (OSError, ValueError)):
                 message = f"{type(err).__name__}: {err}"
             if message is None:
