@@ -75,4 +75,5 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
     if isinstance(report, Mapping):
         print_annotations(report)
     if not result.already_complete:
-        click.echo(f"speed     {result.images_per_second:,.0f} images/s  ({result.seconds:.1f} s)")
+        fresh = f", {m.num_samples - result.reused_samples:,} packed by this run" if reused else ""
+        click.echo(f"speed     {result.images_per_second:,.0f} images/s  ({result.seconds:.1f} s{fresh})")

@@ -37,8 +37,9 @@ Executor = Literal["processes", "ray"]
 
 @dataclass(frozen=True)
 class PackResult:
-    """Summary of a pack run. ``reused_shards``: shards kept from an interrupted earlier run;
-    ``ray_nodes``: shards this run wrote on each Ray node (by node id; empty without Ray)."""
+    """Summary of a pack run. ``reused_shards``: shards kept from an interrupted earlier run
+    (``reused_samples``: their samples); ``ray_nodes``: shards this run wrote on each Ray node (by
+    node id; empty without Ray)."""
 
     url: str
     manifest: Manifest
@@ -46,10 +47,13 @@ class PackResult:
     reused_shards: int
     already_complete: bool
     ray_nodes: dict[str, int] = field(default_factory=dict)
+    reused_samples: int = 0
 
     @property
     def images_per_second(self) -> float:
-        return self.manifest.num_samples / self.seconds if self.seconds > 0 else 0.0
+        """Samples this run packed (not those of reused shards) per second."""
+        written = self.manifest.num_samples - self.reused_samples
+        return written / self.seconds if self.seconds > 0 else 0.0
 
 
 def _within(path: str, root: str) -> bool:
@@ -217,7 +221,7 @@ def pack_listing(
     write_manifest(store, manifest)
     finish_destination(store)
     return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts),
-                      False, ray_nodes)
+                      False, ray_nodes, sum(r.num_samples for r in state.receipts.values()))
 
 
 def _version() -> str:

@@ -86,6 +86,9 @@ def test_budget_stops_early_keeps_complete_shards_and_a_rerun_resumes(tmp_path: 
     result = pack(str(src), str(dst), options=ORDERED, workers=1,
                   max_skipped=SkipBudget.parse("10%"))
     assert result.reused_shards == len(tars) and result.manifest.num_samples == 12
+    # its rate counts what this run packed, not the samples of the shards it kept
+    assert result.reused_samples == sum(s.num_samples for s in result.manifest.shards if s.url in tars)
+    assert result.images_per_second == pytest.approx((12 - result.reused_samples) / result.seconds)
     reference = tmp_path / "reference"
     pack(str(src), str(reference), options=ORDERED, workers=2)
     assert _files(dst) == _files(reference)
