@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -119,8 +120,9 @@ def write_json(report: Mapping[str, Any], path: str) -> None:
         f.write("\n")
 
 
-def format_table(report: Mapping[str, Any]) -> str:
-    """A fixed-width text table of the results, then one line of conditions.
+def format_table(report: Mapping[str, Any], width: int | None = None) -> str:
+    """A fixed-width text table of the results, then one line of conditions; in ``width``
+    columns (a terminal's), each loader as a block of short lines instead when the table is wider.
 
     Example line (the columns as in ``header`` below)::
 
@@ -150,7 +152,19 @@ def format_table(report: Mapping[str, Any]) -> str:
     notes = ("img/s: wall clock, timed part; CPU cores: CPU time of the whole process tree per "
              "wall second; CPU ms/img and × by CPU: CPU cost per image and the baseline's over it "
              "(robust to other load)")
-    return "\n".join([*lines, "", notes, format_conditions(report)])
+    conditions = format_conditions(report)
+    if width is None or max(map(len, lines)) <= width:
+        return "\n".join([*lines, "", notes, conditions])
+    blocks = []
+    for row in rows[1:]:
+        name, median, low_high, ratio, first, cores, ms, by_cpu, memory = row
+        spread_ = "" if len(set(low_high.split("–"))) == 1 else f" ({low_high})"  # one run: no range
+        blocks += [name, f"    img/s {median}{spread_}   × baseline {ratio}",
+                   f"    1st batch {first}   CPU {cores} cores, {ms} ms/img, {by_cpu} by CPU",
+                   f"    peak memory {memory} PSS (RSS)"]
+    wrap = textwrap.TextWrapper(width=max(width, 40), subsequent_indent="  ", break_on_hyphens=False)
+    prose = [wrap.fill(line) for line in [notes, *conditions.splitlines()]]
+    return "\n".join([*blocks, "", *prose])
 
 
 def _memory(r: Mapping[str, Any]) -> str:

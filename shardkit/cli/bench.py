@@ -143,7 +143,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         raise click.UsageError(str(err)) from err
     finally:
         bar.close()
-    click.echo(format_table(report))
+    click.echo(format_table(report, width=_terminal_width()))
     if out:
         write_json(report, out)
         click.echo(f"report: {out}")
@@ -213,3 +213,12 @@ def _train_detector(images: str, annotations: str, shards: str | None, model: st
                                contenders=tuple(dict.fromkeys(contenders)))
     _measure_train(lambda after_run: run_detection_train_bench(cfg, after_run=after_run), format_detection_table,
                    repeats=repeats, out=out, quiet=quiet)
+
+
+def _terminal_width() -> int | None:
+    """The terminal's columns when stdout is one (the table then fits them), else None."""
+    import shutil
+    import sys
+
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+

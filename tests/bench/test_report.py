@@ -83,6 +83,19 @@ def test_table_text() -> None:
     assert "note:" not in format_table(report)
 
 
+def test_a_narrow_terminal_gets_a_block_per_loader() -> None:
+    wide = format_table(_report())
+    assert max(map(len, wide.splitlines())) > 80  # the table needs more than 80 columns
+    narrow = format_table(_report(), width=80)
+    assert max(map(len, narrow.splitlines())) <= 80
+    lines = narrow.splitlines()
+    assert lines[0] == "ImageFolder [baseline]"
+    shardloader = lines[lines.index("ShardLoader") + 1]
+    assert shardloader.startswith("    img/s 1,500 (1,000–1,800)   × baseline 3.00× (2.50–4.00)")
+    assert "2 cores (test cpu)" in narrow.replace("\n  ", " ")
+    assert format_table(_report(), width=400) == wide  # wide enough: the table
+
+
 def test_plot_file_created(tmp_path: Path) -> None:
     path = tmp_path / "plot.png"
     plot_report(_report(), str(path))
