@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import shardkit
+from shardkit.errors import ShardkitError
 
 
 def setup_distributed(device: str) -> tuple[int, int, torch.device]:
@@ -80,6 +82,19 @@ def dataset_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser)
         parser.error(f"--weights takes one number per dataset: {len(args.shards)} datasets, "
                      f"{len(args.weights)} weights")
     return {"dataset": args.shards[0] if len(args.shards) == 1 else list(args.shards), "weights": args.weights}
+
+
+def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
+                 train: Callable[[argparse.Namespace], dict[str, Any]]) -> dict[str, Any]:
+    """Parse ``argv`` (the datasets of :func:`add_dataset_arguments` into ``args.dataset``) and
+    ``train``: shardkit's errors about the data (a dataset that is not there, a mix that does not
+    fit) end as one error line, exit 2, not a traceback."""
+    args = parser.parse_args(argv)
+    args.dataset = dataset_arguments(args, parser)
+    try:
+        return train(args)
+    except ShardkitError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StepClock", "add_share_argument", "clone_batch", "describe_share", "measure_share"]
+__all__ = ["StepClock", "add_share_argument", "clone_batch", "describe_share", "measure_share", "report_share"]
 
 
 def add_share_argument(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +31,8 @@ def add_share_argument(parser: argparse.ArgumentParser) -> None:
 
 
 class StepClock:
-    """Times of the last ``steps + 1`` training steps; :meth:`tick` after each step's ``loss.item()``.
+    """Times of the last ``steps + 1`` training steps, and the last step's batch; :meth:`tick`
+    after each step's ``loss.item()``.
 
     Example:
         >>> clock = StepClock(2)
@@ -40,10 +41,14 @@ class StepClock:
     """
 
     def __init__(self, steps: int) -> None:
+        self.steps = steps
         self.times: deque[float] = deque(maxlen=steps + 1)
+        self.last: Any = None
 
-    def tick(self) -> None:
+    def tick(self, batch: Any = None) -> None:
+        """A step ended; ``batch``: what it trained on (kept for :func:`report_share`)."""
         self.times.append(time.perf_counter())
+        self.last = batch
 
     def rate(self, images_per_step: int) -> float | None:
         """Images/s over the last ``steps`` steps (None before there were that many)."""
@@ -88,3 +93,15 @@ def describe_share(share: dict[str, float] | None, steps: int) -> str:
     return (f"fed-step share {share['share']:.0%}: {share['fed_images_per_second']:.1f} images/s over the last "
             f"{steps} steps fed by the loader, {share['synthetic_images_per_second']:.1f} on one batch already "
             f"on the device")
+
+
+def report_share(step: Callable[..., float], clock: StepClock, images_per_step: int, *,
+                 show: bool) -> dict[str, float] | None:
+    """What ``--share-steps`` does after the last checkpoint: :func:`measure_share` with ``step``
+    on a copy of the clock's last batch, the line printed when ``show`` (rank 0)."""
+    fixed = clone_batch(clock.last)
+    share = measure_share(lambda: step(*fixed), clock, images_per_step)
+    if show:
+        print(describe_share(share, clock.steps), flush=True)
+    return share
+

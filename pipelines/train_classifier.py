@@ -38,37 +38,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 import shardkit
 from shardkit import transforms
-from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/train_classifier.py): its directory is on the path
-    from ddp import (
-        add_dataset_arguments,
-        add_run_arguments,
-        dataset_arguments,
-        finish,
-        resume,
-        save_checkpoint,
-        setup_distributed,
-    )
+    import ddp
+    import step_share
     from evaluate_classifier import evaluate, make_model, val_loader
-    from step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 except ImportError:  # imported as pipelines.train_classifier
-    from pipelines.ddp import (
-        add_dataset_arguments,
-        add_run_arguments,
-        dataset_arguments,
-        finish,
-        resume,
-        save_checkpoint,
-        setup_distributed,
-    )
+    from pipelines import ddp, step_share
     from pipelines.evaluate_classifier import evaluate, make_model, val_loader
-    from pipelines.step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train for ``args.epochs`` epochs (or until ``args.steps`` steps); return the last figures."""
-    rank, world, device = setup_distributed(args.device)
+    rank, world, device = ddp.setup_distributed(args.device)
     cuda = device.type == "cuda"
     log_dir = Path(args.log_keys) if args.log_keys else None
     if log_dir is not None:
@@ -90,7 +72,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    step = resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
+    step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
     net: torch.nn.Module = model
     if world > 1:
         net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -100,7 +82,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     def checkpoint() -> None:
         if rank == 0 and args.checkpoint:
-            save_checkpoint(args.checkpoint, {
+            ddp.save_checkpoint(args.checkpoint, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
                 "step": step, "arch": args.arch, "num_classes": num_classes,
             })
@@ -114,7 +96,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         return loss.item()
 
     loss_value, seen, started, accuracy = float("nan"), 0, time.perf_counter(), None
-    clock, last = StepClock(args.share_steps), None
+    clock = step_share.StepClock(args.share_steps)
     done = bool(args.steps) and step >= args.steps
     if (done or loader.epoch >= args.epochs) and rank == 0:
         print(f"nothing to train: the checkpoint is at step {step}, epoch {loader.epoch} "
@@ -127,8 +109,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for batch in loader:
             images, labels = batch[0], batch[1]
             step, seen, loss_value = step + 1, seen + len(labels), train_step(images, labels)
-            clock.tick()
-            last = (images, labels) if args.share_steps else None
+            clock.tick((images, labels) if args.share_steps else None)
             if log_dir is not None:
                 with (log_dir / f"train-rank{rank}.txt").open("a") as f:
                     f.write(f"{step} {' '.join(batch[2])}\n")
@@ -161,31 +142,23 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         print(f"done: step {step}  loss {loss_value:.3f}  {result['images_per_second']:.0f} images/s  "
               f"data wait {100 * result['data_wait']:.0f}%", flush=True)
     if args.share_steps:  # after the last checkpoint: these steps change no saved state
-        fixed = clone_batch(last)
-        result["step_share"] = share = measure_share(lambda: train_step(*fixed), clock, args.batch_size * world)
-        if rank == 0:
-            print(describe_share(share, args.share_steps), flush=True)
-    finish(loader, val)
+        result["step_share"] = step_share.report_share(train_step, clock, args.batch_size * world, show=rank == 0)
+    ddp.finish(loader, val)
     return result
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_dataset_arguments(parser, "training dataset")
+    ddp.add_dataset_arguments(parser, "training dataset")
     parser.add_argument("--val", default=None, help="packed validation dataset: top-1 after each epoch")
     parser.add_argument("--arch", default="resnet18", help="torchvision classification model")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per batch per rank")
     parser.add_argument("--size", type=int, default=224, help="side of the training crops")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    add_run_arguments(parser, log_every=50)
-    add_share_argument(parser)
-    args = parser.parse_args(argv)
-    args.dataset = dataset_arguments(args, parser)
-    try:
-        return train(args)
-    except ShardkitError as err:  # a dataset that is not there, a mix that does not fit, ...
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    ddp.add_run_arguments(parser, log_every=50)
+    step_share.add_share_argument(parser)
+    return ddp.run_training(parser, argv, train)
 
 
 if __name__ == "__main__":

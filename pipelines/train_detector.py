@@ -43,37 +43,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 import shardkit
 from shardkit import transforms
-from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/train_detector.py): its directory is on the path
-    from ddp import (
-        add_dataset_arguments,
-        add_run_arguments,
-        dataset_arguments,
-        finish,
-        resume,
-        save_checkpoint,
-        setup_distributed,
-    )
+    import ddp
+    import step_share
     from evaluate_detector import describe, evaluate, make_model, val_loader
-    from step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 except ImportError:  # imported as pipelines.train_detector
-    from pipelines.ddp import (
-        add_dataset_arguments,
-        add_run_arguments,
-        dataset_arguments,
-        finish,
-        resume,
-        save_checkpoint,
-        setup_distributed,
-    )
+    from pipelines import ddp, step_share
     from pipelines.evaluate_detector import describe, evaluate, make_model, val_loader
-    from pipelines.step_share import StepClock, add_share_argument, clone_batch, describe_share, measure_share
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train for ``args.epochs`` epochs (or until ``args.steps`` steps); return the last figures."""
-    rank, world, device = setup_distributed(args.device)
+    rank, world, device = ddp.setup_distributed(args.device)
     cuda = device.type == "cuda"
     log_dir = Path(args.log_keys) if args.log_keys else None
     if log_dir is not None:
@@ -100,7 +82,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         model = model.to(memory_format=torch.channels_last)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    step = resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
+    step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
     net: torch.nn.Module = model
     if world > 1:
         net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -112,7 +94,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     def checkpoint() -> None:
         if rank == 0 and args.checkpoint:
-            save_checkpoint(args.checkpoint, {
+            ddp.save_checkpoint(args.checkpoint, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
                 "step": step, "arch": args.arch, "num_classes": num_classes, "label_map": loader.label_map,
                 "classes": loader.classes, "min_size": args.min_size, "max_size": args.max_size,
@@ -132,7 +114,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         return loss.item()
 
     loss_value, seen, started, metrics = float("nan"), 0, time.perf_counter(), None
-    clock, last = StepClock(args.share_steps), None
+    clock = step_share.StepClock(args.share_steps)
     done = bool(args.steps) and step >= args.steps
     if (done or loader.epoch >= args.epochs) and rank == 0:
         print(f"nothing to train: the checkpoint is at step {step}, epoch {loader.epoch} "
@@ -145,8 +127,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for batch in loader:
             images, targets = batch[0], batch[1]
             step, seen, loss_value = step + 1, seen + len(images), train_step(images, targets)
-            clock.tick()
-            last = (images, targets) if args.share_steps else None
+            clock.tick((images, targets) if args.share_steps else None)
             if log_dir is not None:
                 with (log_dir / f"train-rank{rank}.txt").open("a") as f:
                     f.write(f"{step} {' '.join(batch[2])}\n")
@@ -179,17 +160,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         print(f"done: step {step}  loss {loss_value:.3f}  {result['images_per_second']:.1f} images/s  "
               f"data wait {100 * result['data_wait']:.0f}%", flush=True)
     if args.share_steps:  # after the last checkpoint: these steps change no saved state
-        fixed = clone_batch(last)
-        result["step_share"] = share = measure_share(lambda: train_step(*fixed), clock, args.batch_size * world)
-        if rank == 0:
-            print(describe_share(share, args.share_steps), flush=True)
-    finish(loader, val)
+        result["step_share"] = step_share.report_share(train_step, clock, args.batch_size * world, show=rank == 0)
+    ddp.finish(loader, val)
     return result
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_dataset_arguments(parser, "COCO training dataset")
+    ddp.add_dataset_arguments(parser, "COCO training dataset")
     parser.add_argument("--val", default=None, help="packed COCO validation dataset: box mAP after each epoch")
     parser.add_argument("--arch", default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model taking min_size/max_size (Faster R-CNN, RetinaNet, FCOS)")
@@ -201,14 +179,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="train without RandomIoUCrop (default: with it)")
     parser.add_argument("--lr", type=float, default=0.02, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model's backbone")
-    add_run_arguments(parser, log_every=20)
-    add_share_argument(parser)
-    args = parser.parse_args(argv)
-    args.dataset = dataset_arguments(args, parser)
-    try:
-        return train(args)
-    except ShardkitError as err:  # a dataset that is not there, a mix that does not fit, ...
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    ddp.add_run_arguments(parser, log_every=20)
+    step_share.add_share_argument(parser)
+    return ddp.run_training(parser, argv, train)
 
 
 if __name__ == "__main__":
