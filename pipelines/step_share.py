@@ -88,10 +88,11 @@ def measure_share(step: Callable[[], float], clock: StepClock, images_per_step: 
 
 def describe_share(share: dict[str, float] | None, steps: int) -> str:
     """The line a recipe prints."""
+    counted = f"{steps} step{'s' if steps != 1 else ''}"
     if share is None:
-        return f"fed-step share: not measured (the run had fewer than {steps} steps)"
+        return f"fed-step share: not measured (the run had fewer than {counted})"
     return (f"fed-step share {share['share']:.0%}: {share['fed_images_per_second']:.1f} images/s over the last "
-            f"{steps} steps fed by the loader, {share['synthetic_images_per_second']:.1f} on one batch already "
+            f"{counted} fed by the loader, {share['synthetic_images_per_second']:.1f} on one batch already "
             f"on the device")
 
 
