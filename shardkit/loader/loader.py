@@ -14,6 +14,8 @@ from torch.utils.data import DataLoader
 from shardkit.errors import LoaderError
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.datasets import open_datasets
+from shardkit.loader.feeders import FeederPool, FeederSpec, auto_feeders, feeder_workers
+from shardkit.loader.gpu import GpuRoute
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.remainder import Remainder
@@ -52,6 +54,29 @@ def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch
             raise LoaderError(f"{name} must be True or False, got {flag!r}")
     if not isinstance(pad, int) or (not isinstance(pad, bool) and pad < 1):
         raise LoaderError(f"pad must be False, True or a positive int (sides rounded up to it), got {pad!r}")
+
+
+def _feeder_count(feeders: int | str, route: Route[Any, Any], transform: object, num_workers: int,
+                  kind: str) -> int:
+    """The feeder processes a loader runs (see ``ShardLoader``'s ``feeders``).
+
+    Raises:
+        LoaderError: a bad value, or feeders asked for where they cannot run (naming why).
+    """
+    if feeders == "auto":
+        return auto_feeders(num_workers) if isinstance(route, GpuRoute) else 0
+    if isinstance(feeders, bool) or not isinstance(feeders, int) or feeders < 0:
+        raise LoaderError(f"feeders must be 'auto' or an int >= 0, got {feeders!r}")
+    if feeders == 0:
+        return 0
+    if kind == "coco" or not isinstance(transform, ImageTransform):
+        raise LoaderError("feeders need an ImageFolder dataset and an ImageTransform (transforms.imagenet_train "
+                          "or imagenet_val): they hand over one image tensor and one label tensor per batch; "
+                          "use feeders=0")
+    if num_workers < feeders:
+        raise LoaderError(f"feeders share the workers: num_workers must be >= feeders, got num_workers={num_workers}, "
+                          f"feeders={feeders}")
+    return feeders
 
 
 class ShardLoader:
@@ -100,6 +125,13 @@ class ShardLoader:
         disjoint_labels: a mix of ImageFolder datasets with different class lists: dataset
             ``i``'s labels are offset by the class counts of the datasets before it, and
             :attr:`classes` is the lists one after another.
+        feeders: processes that run the route's host half (decode, augment) outside this one
+            and hand batches over through shared device memory (:mod:`~shardkit.loader.feeders`),
+            sharing the ``num_workers`` workers: the training loop keeps its interpreter (its GIL)
+            to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0;
+            0: this process. Same batches, order and state either way; an ImageFolder dataset with
+            an :class:`~shardkit.transforms.ImageTransform` and ``num_workers >= feeders`` needed.
+            The number taken is :attr:`feeders`.
 
     Mixing (:mod:`shardkit.loader.mix`): an epoch has ``L`` samples, the datasets' total, of which
     dataset ``i`` supplies ``L * w_i / sum(w)`` (largest-remainder rounding, so they sum to ``L``):
@@ -165,6 +197,7 @@ class ShardLoader:
         pad: bool | int = False,
         weights: Iterable[float] | None = None,
         disjoint_labels: bool = False,
+        feeders: int | str = "auto",
     ) -> None:
         _check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
@@ -206,10 +239,19 @@ class ShardLoader:
         self.label_map: dict[Any, int] | None = self.route.label_map
         #: COCO: the annotation file's categories (``id``, ``name``, ...) as packed.
         self.categories = self.manifest.categories
+        #: Feeder processes running the route (0: it runs in this process); see ``feeders``.
+        self.feeders = _feeder_count(feeders, self.route, transform, num_workers, self.manifest.kind)
+        self._pool: FeederPool | None = None
+        if self.feeders:
+            self._pool = FeederPool([
+                FeederSpec(self.manifest, self.reader, transform, self.device, on_error, batch_size,  # type: ignore[arg-type]
+                           prefetch, gpu or GpuOptions(), self.config, part, self.feeders,
+                           feeder_workers(part, self.feeders, num_workers), num_workers)
+                for part in range(self.feeders)])
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._stream = BatchStream(self.config, self.route.builder, self._control)
         self._dataloader: DataLoader[Any] | None = None
-        if num_workers > 0:
+        if num_workers > 0 and self._pool is None:
             self._dataloader = worker_loader(self._stream, num_workers=num_workers, prefetch=prefetch,
                                              pin_memory=self.route.pin_memory)
         # Where we stand: the next batch to deliver is batch _pos[1] of epoch _pos[0]. _fresh:
@@ -269,13 +311,17 @@ class ShardLoader:
         epoch, start = self._pos
         rest, count = self._remainder, self.config.epoch_batches(self._remainder)
         self._fresh = self._loaded = False
-        self._control[0], self._control[1] = epoch, start
-        if rest is not None:
-            self._hand_workers((epoch, rest))
-        if self._dataloader is not None and not workers_running(self._dataloader):
-            self.route.before_workers()
-        source = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
-        delivered = self.route.deliver(source, self._stats)
+        if self._pool is not None:
+            delivered = self._pool.epoch(epoch, start, count, (epoch, rest) if rest is not None else None,
+                                         self._stats)
+        else:
+            self._control[0], self._control[1] = epoch, start
+            if rest is not None:
+                self._hand_workers((epoch, rest))
+            if self._dataloader is not None and not workers_running(self._dataloader):
+                self.route.before_workers()
+            source = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
+            delivered = self.route.deliver(source, self._stats)
         try:
             for consumed in range(start + 1, count + 1):
                 item = next(delivered, None)
@@ -288,6 +334,8 @@ class ShardLoader:
             if death is None:
                 raise
             raise death from err
+        finally:
+            delivered.close()  # an iteration left early stops its route's (or feeders') work now
         self._pos, self._fresh, self._remainder = (epoch + 1, 0), True, None
 
     def _hand_workers(self, remainder: tuple[int, Remainder]) -> None:
@@ -324,6 +372,8 @@ class ShardLoader:
         Idempotent; iterating again afterwards starts new workers.
         """
         self.route.close()
+        if self._pool is not None:
+            self._pool.close()
         if self._dataloader is not None:
             shutdown_workers(self._dataloader)
             self.route.workers_stopped()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -69,7 +69,7 @@ class Route(ABC, Generic[W, R]):
     def finish(self, batch: R) -> tuple[Any, Any]:
         """``(images, labels or targets)`` of one batch, on :attr:`device`, as the user gets them."""
 
-    def deliver(self, batches: Iterator[W], stats: StageStats) -> Iterator[tuple[Any, Any, list[str]]]:
+    def deliver(self, batches: Iterator[W], stats: StageStats) -> Generator[tuple[Any, Any, list[str]], None, None]:
         """``(images, labels or targets, keys)`` per worker batch, in order.
 
         Adds each batch's counters to ``stats``, and the time spent waiting for it

@@ -47,6 +47,13 @@ class StageStats:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
+    def take(self) -> StageStats:
+        """A copy of these counters, which are then zeroed (what accumulated since the last take)."""
+        out = StageStats(**asdict(self))
+        for f in fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))())
+        return out
+
     @property
     def images_per_second(self) -> float:
         return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -155,8 +155,13 @@ def raise_failures(source: Iterable[W | WorkerFailure]) -> Iterator[W]:
     """Pass ``source``'s batches on; re-raise a :class:`WorkerFailure` as its original error."""
     for item in source:
         if isinstance(item, WorkerFailure):
-            raise item.kind(item.message, where=item.where) from WorkerTraceback(item.traceback)
+            reraise(item)
         yield item
+
+
+def reraise(failure: WorkerFailure) -> NoReturn:
+    """Raise the error ``failure`` records, with its type, message and ``where``, chained to its traceback."""
+    raise failure.kind(failure.message, where=failure.where) from WorkerTraceback(failure.traceback)
 
 
 class BatchStream(IterableDataset[W | WorkerFailure], Generic[W]):
@@ -165,17 +170,27 @@ class BatchStream(IterableDataset[W | WorkerFailure], Generic[W]):
 
     ``builder``: the route's worker half (:class:`~shardkit.loader.route.Builder`). ``remainder``:
     ``(epoch, Remainder)`` after an elastic resume, that epoch runs on what the remainder leaves
-    (set before the workers start: they hold a copy)."""
+    (set before the workers start: they hold a copy).
 
-    def __init__(self, config: PlanConfig, builder: Builder[W], control: torch.Tensor) -> None:
+    ``layout``: ``(part, parts, workers)`` when this stream's workers are one part of a larger
+    set (:mod:`~shardkit.loader.feeders`: ``parts`` processes share ``workers`` workers): its
+    worker ``i`` is worker ``part + parts * i`` of ``workers``. None: its workers are all.
+    """
+
+    def __init__(self, config: PlanConfig, builder: Builder[W], control: torch.Tensor,
+                 layout: tuple[int, int, int] | None = None) -> None:
         self.config = config
         self.builder = builder
         self.control = control
+        self.layout = layout
         self.remainder: tuple[int, Remainder] | None = None
 
     def __iter__(self) -> Iterator[W | WorkerFailure]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.layout is not None:
+            part, parts, workers = self.layout
+            worker = part + parts * worker
         epoch, start = int(self.control[0]), int(self.control[1])
         cfg = self.config
         order = cfg.order(epoch)

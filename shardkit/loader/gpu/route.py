@@ -40,8 +40,8 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
                                                         num_classes=len(classes) if classes else None)
         self.classes = classes
         self.pipeline = GpuPipeline(transform, device, compile=options.compile, on_error=on_error)
-        self._slots = [PinnedSlot(batch_size, transform.output_size, len(GEOMETRY_COLUMNS), pin=True)
-                       for _ in range(staging_slots(options.device_prefetch))]
+        self._batch_size, self._output_size = batch_size, transform.output_size
+        self._slots: list[PinnedSlot] = []  # made on the first iteration (none in a loader whose feeders run the route)
         self._keep_alive = num_workers * (cycle + 1)
         self._prefetcher: DevicePrefetcher[RawBatch, DeviceBatch] | None = None
 
@@ -50,6 +50,9 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         (an iteration abandoned without closing it) is stopped first, so two never pull from the
         same workers; its iterator then ends."""
         self.close()
+        if not self._slots:
+            self._slots = [PinnedSlot(self._batch_size, self._output_size, len(GEOMETRY_COLUMNS), pin=True)
+                           for _ in range(staging_slots(self.options.device_prefetch))]
         self._prefetcher = DevicePrefetcher(batches, self.pipeline, self.device, self._slots, stats,
                                             self.options.device_prefetch, keep_alive=self._keep_alive,
                                             decode_threads=self.options.decode_threads)
