@@ -55,7 +55,7 @@ __all__ = ["MODELS", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "forma
            "counted", "rate", "run_contenders", "run_train_bench", "summarise", "train_table"]
 
 MODELS = ("resnet18", "resnet50")
-TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_tc", "dali", "dali_files")
+TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_tc", "dali", "dali_files")
 DALI_CONTENDERS = ("dali", "dali_files")
 #: A step whose device time is under this share of its wall time is called host-bound in the table.
 HOST_BOUND = 0.8
@@ -252,18 +252,21 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
             device=cfg.device))
     bf16 = transforms.imagenet_train(cfg.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
 
-    def shardloader(gpu: GpuOptions | None, decoder: str | None = None) -> Callable[[], Any]:
+    def shardloader(gpu: GpuOptions | None, decoder: str | None = None, feeders: int | str = "auto"
+                    ) -> Callable[[], Any]:
         def build() -> Any:
             prefer_decoder(decoder)  # the GPU decoder is chosen when the loader is built
             try:
                 return ShardLoader(cfg.shards, batch_size=cfg.batch_size, transform=bf16, num_workers=cfg.workers,
-                                   device=cfg.device, drop_last=True, gpu=gpu)
+                                   device=cfg.device, drop_last=True, gpu=gpu, feeders=feeders)
             finally:
                 prefer_decoder(None)
         return build
 
     if "shardloader" in cfg.contenders:
         out["shardloader"] = ("shardkit ShardLoader", shardloader(None))
+    if "shardloader_inproc" in cfg.contenders:  # the route in the training process (feeders=0)
+        out["shardloader_inproc"] = ("shardkit ShardLoader, no feeders", shardloader(None, feeders=0))
     if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads
         out["shardloader_tc"] = ("shardkit ShardLoader TorchCodec x4", shardloader(GpuOptions(decode_threads=4),
                                                                                    "torchcodec"))

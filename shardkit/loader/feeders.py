@@ -27,8 +27,8 @@ message, two event calls and two copies enqueued.
 
 **Messages** (one duplex pipe per feeder). To the feeder: ``("epoch", epoch, start,
 remainder)``, ``("free", slot)``, ``("released", handles)``, ``("stop",)`` (abandon the epoch,
-answered by ``("stopped",)``) and ``("close",)``. From it: ``("ring", images, labels,
-handles)`` before its first batch, ``("batch", slot, n, keys, stats)``, ``("end",)``,
+answered by ``("stopped",)``) and ``("close",)``. From it: ``("started", pid, images,
+labels, handles)`` (its ring) once, ``("batch", slot, n, keys, stats)``, ``("end",)``,
 ``("error", failure)`` and ``("stopped",)``. A feeder exits when its pipe closes (the training
 process ended), so none outlives it.
 """
@@ -192,30 +192,35 @@ class _Feeder:
         return self.free.popleft()
 
     # -- the ring
-    def _make_ring(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        b = self.spec.batch_size
-
-        def like(t: torch.Tensor) -> torch.Tensor:
-            out = torch.empty_strided((b, *t.shape[1:]), t.stride(), dtype=t.dtype, device=t.device)
-            return out if self.cuda else out.share_memory_()
-
-        self.ring = [(like(images), like(labels)) for _ in range(RING)]
+    def _make_ring(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[bytes]]:
+        """The ring, made before any thread of the route runs (sharing CUDA memory while the
+        decode thread runs nvJPEG crashed torch's ``_share_cuda_``): slots shaped and laid out
+        as the transform's finalised batches."""
+        b, (h, w) = self.spec.batch_size, self.spec.transform.output_size
+        probe = self.spec.transform.finalize(torch.zeros((1, 3, h, w), dtype=torch.uint8, device=self.device))
+        last = probe.is_contiguous(memory_format=torch.channels_last) and not probe.is_contiguous()
+        fmt = torch.channels_last if last else torch.contiguous_format
+        for _ in range(RING):
+            images = torch.empty((b, 3, h, w), dtype=probe.dtype, device=self.device, memory_format=fmt)
+            labels = torch.empty(b, dtype=torch.int64, device=self.device)
+            self.ring.append((images, labels) if self.cuda else (images.share_memory_(), labels.share_memory_()))
         handles: list[bytes] = []
         if self.cuda:
             self.ready = [torch.cuda.Event(interprocess=True) for _ in range(RING)]
             handles = [e.ipc_handle() for e in self.ready]
-        self.conn.send(("ring", [r[0] for r in self.ring], [r[1] for r in self.ring], handles))
         self.free.extend(range(RING))
+        return [r[0] for r in self.ring], [r[1] for r in self.ring], handles
 
     def _hand_over(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str]) -> None:
         if not isinstance(images, torch.Tensor) or not isinstance(labels, torch.Tensor):
             raise LoaderError("feeders hand over batches of one image tensor and one label tensor; "
                               "this route delivers something else (use feeders=0)")
-        if not self.ring:
-            self._make_ring(images, labels)
         k = self._slot()
         n = images.shape[0]
         slot_images, slot_labels = self.ring[k]
+        if images.shape[1:] != slot_images.shape[1:] or images.dtype != slot_images.dtype or n > slot_images.shape[0]:
+            raise LoaderError(f"a batch of {tuple(images.shape)} {images.dtype} does not fit the feeders' slots of "
+                              f"{tuple(slot_images.shape)} {slot_images.dtype}; use feeders=0")
         if self.cuda:
             stream = torch.cuda.current_stream(self.device)
             if k in self.used:
@@ -298,7 +303,7 @@ def feeder_main(spec: FeederSpec, conn: Any) -> None:
         if spec.device.type == "cuda":
             torch.cuda.set_device(spec.device)
         feeder = _Feeder(spec, conn)
-        conn.send(("started", os.getpid()))
+        conn.send(("started", os.getpid(), *feeder._make_ring()))
         feeder.serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the training process is gone
@@ -432,6 +437,11 @@ class FeederPool:
                 msg = h.recv(timeout=START_TIMEOUT_S)
                 if msg[0] == "error":
                     reraise(msg[1])
+                h.images, h.labels, events = msg[2], msg[3], msg[4]
+                if events:
+                    h.ready = [torch.cuda.Event.from_ipc_handle(self.device, x) for x in events]
+                    h.released = [torch.cuda.Event(interprocess=True) for _ in events]
+                    h.send("released", [e.ipc_handle() for e in h.released])
         except BaseException:
             _close_all(handles)
             raise
@@ -439,16 +449,7 @@ class FeederPool:
         self._finalizer = weakref.finalize(self, _close_all, handles)
 
     def _receive(self, h: _Handle) -> tuple[Any, ...]:
-        """The feeder's next batch, end or error message (ring set-up is taken here)."""
-        while True:
-            msg = h.recv()
-            if msg[0] != "ring":
-                return msg
-            h.images, h.labels, handles = msg[1], msg[2], msg[3]
-            if handles:
-                h.ready = [torch.cuda.Event.from_ipc_handle(self.device, x) for x in handles]
-                h.released = [torch.cuda.Event(interprocess=True) for _ in handles]
-                h.send("released", [e.ipc_handle() for e in h.released])
+        return h.recv()
 
     def _take(self, h: _Handle, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot ``k`` of ``h``'s ring as fresh tensors; the slot goes back to the feeder."""

@@ -243,6 +243,8 @@ class ShardLoader:
         self.feeders = _feeder_count(feeders, self.route, transform, num_workers, self.manifest.kind)
         self._pool: FeederPool | None = None
         if self.feeders:
+            if self.device.type == "cuda" and self.device.index is None:  # feeders open CUDA IPC on this index
+                self.device = torch.device("cuda", torch.cuda.current_device())
             self._pool = FeederPool([
                 FeederSpec(self.manifest, self.reader, transform, self.device, on_error, batch_size,  # type: ignore[arg-type]
                            prefetch, gpu or GpuOptions(), self.config, part, self.feeders,

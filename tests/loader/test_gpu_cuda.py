@@ -262,3 +262,32 @@ def test_iterating_again_or_closing_never_leaves_an_iterator_hanging(inet: Path)
         next(it)
     assert len([x for x, _ in loader]) == len(loader)  # usable after close, as on the other routes
     loader.close()
+
+
+def test_feeders_deliver_the_in_process_batches_and_resume(inet: Path) -> None:
+    """Feeder processes (CUDA IPC ring) give the batches of the route run in this process,
+    bit for bit, in order, for 1 and 2 feeders; a state taken mid-epoch resumes exactly."""
+    t = transforms.imagenet_train(96)
+    local = _run(inet, "cuda", t, num_workers=3, feeders=0)
+    for feeders in (1, 2):
+        fed = _run(inet, "cuda", t, num_workers=3, feeders=feeders)
+        assert [k for _, _, k in fed] == [k for _, _, k in local]
+        for (x1, y1, _), (x2, y2, _) in zip(local, fed, strict=True):
+            assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    loader = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", keys=True, seed=7, num_workers=3,
+                         feeders=2)
+    assert loader.feeders == 2
+    it = iter(loader)
+    head = [next(it)[2] for _ in range(3)]
+    state = loader.state_dict()
+    kept = [(x.clone(), k) for x, _, k in (next(it) for _ in range(2))]  # batches outlive the ring's reuse
+    del it
+    loader.close()
+    again = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", keys=True, seed=7, num_workers=2,
+                        feeders=1)
+    again.load_state_dict(state)
+    rest = [k for _, _, k in again]
+    again.close()
+    assert head + rest == [k for _, _, k in local]
+    assert [k for _, k in kept] == rest[:2]
+    assert all(torch.equal(x, local[3 + i][0].cuda()) for i, (x, _) in enumerate(kept))
