@@ -261,6 +261,7 @@ class _Feeder:
             self.conn.send(("end",))
         except _Stop as stop:
             delivered.close()
+            self.stats.take()  # the counters of a batch never handed over, as an undelivered batch's
             if stop.close:
                 return False
             self.conn.send(("stopped",))

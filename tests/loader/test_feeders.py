@@ -1,0 +1,175 @@
+"""Feeder processes (``ShardLoader(feeders=N)``) on the CPU: the batches of the loader without them,
+exact and elastic resume, errors with their names, a dead feeder named, nothing left running,
+and a training script without a main guard. The CUDA hand-off (IPC ring, events) is tested in
+``test_gpu_cuda.py``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from shardkit import LoaderError, ShardLoader, transforms
+from shardkit.loader.feeders import auto_feeders, feeder_of, feeder_workers
+from tests.loader.test_bad_samples import _garble_middle
+
+pytestmark = pytest.mark.timeout(240)
+
+T = transforms.imagenet_train(32)
+
+
+def _loader(ds: Path, **kw: Any) -> ShardLoader:
+    args: dict[str, Any] = {"batch_size": 8, "transform": T, "keys": True, "seed": 5, "num_workers": 2} | kw
+    return ShardLoader(str(ds), **args)
+
+
+def _epochs(loader: ShardLoader, epochs: int = 2, stop_after: int | None = None
+            ) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    out = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for i, (x, y, k) in enumerate(loader):
+            out.append((x, y, k))
+            if stop_after is not None and i + 1 == stop_after and epoch == 0:
+                break  # an iteration left early: the loader starts the next epoch next time
+    return out
+
+
+def _same(a: list[tuple[torch.Tensor, torch.Tensor, list[str]]],
+          b: list[tuple[torch.Tensor, torch.Tensor, list[str]]]) -> None:
+    assert [k for _, _, k in a] == [k for _, _, k in b]
+    for (x1, y1, _), (x2, y2, _) in zip(a, b, strict=True):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+def test_layout_helpers() -> None:
+    assert [feeder_workers(p, 3, 7) for p in range(3)] == [3, 2, 2]
+    # batch i comes from worker i % W, which runs in feeder (i % W) % P
+    assert [feeder_of(i, num_workers=3, parts=2) for i in range(7)] == [0, 1, 0, 0, 1, 0, 0]
+    assert auto_feeders(0) == 0 and auto_feeders(4) == 1 and auto_feeders(100) == 4
+
+
+@pytest.mark.parametrize(("feeders", "workers", "drop_last"), [(1, 1, True), (2, 3, False), (3, 4, False)])
+def test_feeders_deliver_the_batches_of_the_loader_without_them(packed: Path, feeders: int, workers: int,
+                                                                 drop_last: bool) -> None:
+    """Two epochs, the first left after 3 batches (so the next iteration runs epoch 1 anew), with
+    a short last batch where drop_last is off: same keys, labels and pixels, same stats counts."""
+    with _loader(packed, num_workers=workers, drop_last=drop_last, feeders=0) as plain:
+        want = _epochs(plain, stop_after=3)
+    with _loader(packed, num_workers=workers, drop_last=drop_last, feeders=feeders) as fed:
+        assert fed.feeders == feeders
+        got = _epochs(fed, stop_after=3)
+        stats = fed.stats
+        assert stats.batches == len(got) and stats.samples == sum(len(k) for _, _, k in got)
+        assert stats.elapsed_s > 0 and stats.decode_s > 0  # this process's times, the feeders' counters
+    _same(want, got)
+
+
+def test_feeders_resume_exactly_and_elastically(packed: Path) -> None:
+    with _loader(packed, feeders=0) as plain:
+        want = _epochs(plain, epochs=1)
+    with _loader(packed, feeders=2) as fed:
+        it = iter(fed)
+        head = [next(it) for _ in range(3)]
+        state = fed.state_dict()
+        del it
+    with _loader(packed, num_workers=3, feeders=1) as again:  # another worker and feeder count
+        again.load_state_dict(state)
+        rest = list(again)
+    _same(want, head + rest)
+    # elastic: another batch size resumes with the samples not yet delivered, as without feeders
+    elastic = {}
+    for feeders in (0, 2):
+        with _loader(packed, batch_size=5, feeders=feeders) as loader:
+            loader.load_state_dict(state)
+            elastic[feeders] = list(loader)
+    _same(elastic[0], elastic[2])
+    seen = {k for _, _, ks in head for k in ks} | {k for _, _, ks in elastic[2] for k in ks}
+    assert len(seen) == len({k for _, _, ks in want for k in ks})
+
+
+def test_a_bad_sample_reaches_the_caller_with_its_name(packed: Path, tmp_path: Path) -> None:
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    key = _garble_middle(ds)
+    with (_loader(ds, on_error="raise", shuffle=False, feeders=2) as loader,
+          pytest.raises(LoaderError, match="bad sample") as err):
+        list(loader)
+    assert key in str(err.value)
+    counts = {}
+    for feeders in (0, 2):  # "replace": replaced and counted as without feeders
+        with _loader(ds, shuffle=False, feeders=feeders) as loader:
+            keys = [k for _, _, ks in loader for k in ks]
+            counts[feeders] = (keys, loader.stats.replaced)
+    assert counts[0] == counts[2] and counts[2][1] >= 1 and key not in counts[2][0]
+
+
+def test_a_killed_feeder_is_named_and_close_does_not_hang(packed: Path) -> None:
+    loader = _loader(packed, feeders=2, prefetch=1)
+    it = iter(loader)
+    next(it)
+    assert loader._pool is not None
+    pid = loader._pool.pids[1]
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(LoaderError, match=rf"feeder process 1 \(pid {pid}\) was killed by SIGKILL"):
+        for _ in it:
+            pass
+    t0 = time.monotonic()
+    loader.close()
+    assert time.monotonic() - t0 < 30
+
+
+def test_close_stops_the_feeders_and_their_workers(packed: Path) -> None:
+    loader = _loader(packed, feeders=2)
+    next(iter(loader))
+    assert loader._pool is not None
+    pids = loader._pool.pids
+    loader.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert len(list(loader)) == 9  # iterating again starts new feeders
+    loader.close()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"feeders": -1}, "feeders must be 'auto' or an int >= 0"),
+    ({"feeders": "many"}, "feeders must be 'auto' or an int >= 0"),
+    ({"feeders": 3, "num_workers": 2}, "num_workers must be >= feeders"),
+    ({"feeders": 1, "transform": lambda image: image}, "feeders need an ImageFolder dataset and an ImageTransform"),
+])
+def test_feeders_are_refused_where_they_cannot_run(packed: Path, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(LoaderError, match=message):
+        _loader(packed, **kwargs)
+
+
+def test_auto_runs_no_feeders_on_the_cpu_route(packed: Path) -> None:
+    with _loader(packed) as loader:
+        assert loader.feeders == 0 and loader._pool is None
+
+
+def test_a_script_without_a_main_guard_runs_once(packed: Path, tmp_path: Path) -> None:
+    """Feeders are spawned processes; the training script is not re-run in them."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        from shardkit import ShardLoader, transforms
+        print("script body runs", flush=True)
+        loader = ShardLoader({str(packed)!r}, batch_size=8, transform=transforms.imagenet_val(32), num_workers=2,
+                             feeders=2)
+        print("batches", sum(1 for _ in loader), flush=True)
+        loader.close()
+    """))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["script body runs", "batches 9"], done.stdout
