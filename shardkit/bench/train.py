@@ -236,7 +236,8 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     step_ms = device_ms(lambda: step(*next(synthetic)), profile_batches, step.device)
     _steps(step, fed, warmup)
     seconds, waited = _steps(step, fed, steps)
-    loader_ms = device_ms(lambda: next(fed), profile_batches, step.device)
+    # a loader with feeder processes does its device work there, outside this process's profile
+    loader_ms = None if getattr(loader, "feeders", 0) else device_ms(lambda: next(fed), profile_batches, step.device)
     return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms)
 
 
@@ -244,6 +245,7 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
     from shardkit import transforms
     from shardkit.codec.backend import prefer_decoder
     from shardkit.loader import GpuOptions, ShardLoader
+    from shardkit.loader.feeders import auto_feeders
 
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
     if "imagefolder" in cfg.contenders:
@@ -264,7 +266,9 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
         return build
 
     if "shardloader" in cfg.contenders:
-        out["shardloader"] = ("shardkit ShardLoader", shardloader(None))
+        feeders = auto_feeders(cfg.workers) if cfg.device.startswith("cuda") else 0
+        label = f"shardkit ShardLoader, {counted(feeders, 'feeder')}" if feeders else "shardkit ShardLoader"
+        out["shardloader"] = (label, shardloader(None))
     if "shardloader_inproc" in cfg.contenders:  # the route in the training process (feeders=0)
         out["shardloader_inproc"] = ("shardkit ShardLoader, no feeders", shardloader(None, feeders=0))
     if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads
@@ -386,7 +390,8 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int) -> s
                      f"{r['host_wait_fraction']['median']:>10.1%} {step:>14} {ms(r['loader_gpu_ms_per_batch']):>19}")
     if any(r.get("step_gpu_ms") is not None for r in results):
         lines.append("step ms: the synthetic step's wall time (device time in brackets); loader GPU ms: device "
-                     "time of one batch of the loader alone (torch.profiler).")
+                     "time of one batch of the loader alone (torch.profiler; — for a loader with feeder processes, "
+                     "whose device work is outside this process's profile).")
     if host_bound:
         lines.append("The step is host-bound (its device time is well under its wall time): its Python and kernel "
                      "launches set its pace, and a loader costs it host time (the GIL, CPU) more than GPU time.")
