@@ -70,6 +70,8 @@ WORKERS_PER_FEEDER = 5
 MAX_FEEDERS = 4
 #: Seconds a feeder may take to start (import torch, open CUDA) before the loader gives up.
 START_TIMEOUT_S = 300.0
+#: Seconds a feeder may take to abandon an epoch (its current batch) before the pool is stopped.
+STOP_TIMEOUT_S = 60.0
 
 
 def auto_feeders(num_workers: int) -> int:
@@ -364,8 +366,9 @@ class _Handle:
         return LoaderError(f"feeder process {self.part} (pid {self.process.pid}) {how}; if SIGKILL, most likely the "
                            "out-of-memory killer: fewer workers or feeders, or feeders=0")
 
-    def recv(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """The next message; a dead feeder raises a LoaderError naming it."""
+    def recv(self, timeout: float | None = None, doing: str = "answer") -> tuple[Any, ...]:
+        """The next message; a dead feeder, or none within ``timeout`` seconds, raises a LoaderError
+        naming it (``doing``: what it did not do in time)."""
         waited = 0.0
         while True:
             try:
@@ -377,7 +380,7 @@ class _Handle:
             if not self.process.is_alive():
                 raise self.died()
             if timeout is not None and waited >= timeout:
-                raise LoaderError(f"feeder process {self.part} (pid {self.process.pid}) did not start within "
+                raise LoaderError(f"feeder process {self.part} (pid {self.process.pid}) did not {doing} within "
                                   f"{timeout:.0f} s")
 
     def send(self, *msg: Any) -> None:
@@ -435,7 +438,7 @@ class FeederPool:
             for spec in self.specs:
                 handles.append(_Handle(spec, ctx))
             for h in handles:
-                msg = h.recv(timeout=START_TIMEOUT_S)
+                msg = h.recv(timeout=START_TIMEOUT_S, doing="start")
                 if msg[0] == "error":
                     reraise(msg[1])
                 h.images, h.labels, events = msg[2], msg[3], msg[4]
@@ -448,9 +451,6 @@ class FeederPool:
             raise
         self._handles = handles
         self._finalizer = weakref.finalize(self, _close_all, handles)
-
-    def _receive(self, h: _Handle) -> tuple[Any, ...]:
-        return h.recv()
 
     def _take(self, h: _Handle, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot ``k`` of ``h``'s ring as fresh tensors; the slot goes back to the feeder."""
@@ -481,7 +481,7 @@ class FeederPool:
             for i in range(count - start):
                 h = self._handles[feeder_of(i, num_workers=self.workers, parts=self.parts)]
                 t0 = time.perf_counter()
-                msg = self._receive(h)
+                msg = h.recv()
                 if msg[0] == "error":
                     ended.add(h.part)
                     reraise(msg[1])
@@ -501,7 +501,7 @@ class FeederPool:
                 last = t2
                 yield images, labels, keys
             for h in self._handles:  # each feeder ends its part
-                msg = self._receive(h)
+                msg = h.recv()
                 ended.add(h.part)
                 if msg[0] == "error":
                     reraise(msg[1])
@@ -511,22 +511,25 @@ class FeederPool:
             self._stop(skip=ended)
 
     def _stop(self, skip: set[int]) -> None:
-        """Make every feeder not in ``skip`` abandon the epoch, and drop what it sent meanwhile."""
+        """Make every feeder not in ``skip`` abandon the epoch, and drop what it sent meanwhile
+        (a batch's slot goes straight back). A feeder that is dead or does not answer within
+        :data:`STOP_TIMEOUT_S` stops the pool: the next epoch starts new feeders."""
+        broken = False
         for h in self._handles:
             if h.part in skip:
                 continue
             try:
                 h.send("stop")
                 while True:
-                    msg = self._receive(h)
+                    msg = h.recv(timeout=STOP_TIMEOUT_S, doing="stop")
                     if msg[0] == "batch":
-                        h.send("free", msg[1])  # never used: its slot can be written again at once
-                    if msg[0] in ("stopped", "end", "error"):
-                        if msg[0] != "stopped":
-                            continue  # the stop follows: wait for its answer
-                        break
+                        h.send("free", msg[1])
+                    elif msg[0] == "stopped":
+                        break  # "end" or "error" sent before the stop arrived: its answer follows
             except LoaderError:
-                continue  # a dead feeder: the next epoch reports it
+                broken = True
+        if broken:
+            self.close()
 
     def close(self) -> None:
         """Stop the feeder processes (idempotent; a later epoch starts new ones)."""
