@@ -229,7 +229,7 @@ def main() -> None:
         save("shardkit_restart_stats", loader.stats.as_dict())
         del loader
     if "rawfetch" in phases:  # workers + IPC alone: raw batches reaching the main process
-        loader = shardkit_loader(args.shards, args.workers, args.batch)
+        loader = shardkit_loader(args.shards, args.workers, args.batch, feeders=0)  # the workers in this process
         if loader._dataloader is None:
             raise SystemExit("rawfetch needs workers")
         sizes = (([None] * len(b.images),) for b in _forever(lambda: iter(loader._dataloader)))
