@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
 from PIL import Image
 
-from sample_data.generate import make_imagenet_like
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sample_data, from the repository root
+
+from sample_data.generate import make_imagenet_like  # noqa: E402
 
 
 def make_coco_like(root: Path, *, images: int, size: tuple[int, int], max_boxes: int, categories: int,

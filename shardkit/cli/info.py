@@ -6,7 +6,7 @@ import json
 
 import click
 
-from shardkit.cli.report import human_bytes
+from shardkit.cli.report import human_bytes, print_drop_empty
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import locate_dataset, read_manifest
 from shardkit.pack.skips import describe_reasons
@@ -27,6 +27,8 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
         "num_categories": len(m.categories) if m.categories is not None else None,
         "skipped": len(m.skipped), "options": m.options, "created_by": m.created_by,
     }
+    if "drop_empty" in m.extra:
+        summary["drop_empty"] = m.extra["drop_empty"]
     if as_json:
         click.echo(json.dumps(summary, indent=1))
         return
@@ -42,5 +44,6 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     click.echo(f"bytes     {human_bytes(m.num_bytes)}")
     grouped = describe_reasons(m.skipped)
     click.echo(f"skipped   {len(m.skipped)}" + (f": {grouped}" if grouped else ""))
+    print_drop_empty(m.extra)
     opts = {k: v for k, v in m.options.items() if k != "fingerprint"}
     click.echo("options   " + ", ".join(f"{k}={v}" for k, v in opts.items()))

@@ -52,6 +52,14 @@ def print_annotations(report: Mapping[str, Any]) -> None:
         click.echo(f"  … {len(problems) - SHOWN:,} more in index.json ({ANNOTATION_REPORT})")
 
 
+def print_drop_empty(extra: Mapping[str, Any]) -> None:
+    """The line saying how many COCO images ``--drop-empty`` left out (nothing for other packs)."""
+    dropped = extra.get("drop_empty")
+    if isinstance(dropped, Mapping) and isinstance(dropped.get("images"), int):
+        n = dropped["images"]
+        click.echo(f"dropped   {n:,} image{'s' * (n != 1)} without annotations (--drop-empty)")
+
+
 def print_pack_summary(result: PackResult, dst: str) -> None:
     """The summary a person reads after ``shardkit pack``."""
     m = result.manifest
@@ -71,6 +79,7 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
         click.echo(f"ray       {written:,} shard{'s' * (written != 1)} written on {nodes} "
                    f"node{'s' * (nodes != 1)} ({per_node})")
     print_skipped(m.skipped)
+    print_drop_empty(m.extra)
     report = m.extra.get(ANNOTATION_REPORT)
     if isinstance(report, Mapping):
         print_annotations(report)

@@ -137,7 +137,7 @@ class Manifest:
             skipped=_fields.skipped_list(doc.get("skipped", []), "skipped", where),
             options=dict(_fields.obj(doc.get("options", {}), "options", where)),
             created_by=_fields.string(doc.get("created_by", ""), "created_by", where),
-            extra={k: doc[k] for k in ("info", "licenses", "annotation_report") if k in doc},
+            extra={k: doc[k] for k in ("info", "licenses", "annotation_report", "drop_empty") if k in doc},
             adopted=_flag(doc.get("adopted", False), "adopted", where),
         )
         if "annotation_report" in doc:

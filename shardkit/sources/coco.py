@@ -134,6 +134,10 @@ def _ids(values: list[Any]) -> str:
     return ", ".join(map(str, values[:_EXAMPLES])) + more
 
 
+#: The ``index.json`` field of a pack made with ``drop_empty``: ``{"images": <left out>}`` (FORMAT.md).
+DROP_EMPTY = "drop_empty"
+
+
 def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = False,
               storage_options: dict[str, Any] | None = None) -> SourceListing:
     """List a COCO dataset: one sample per image record, with its annotation records.
@@ -143,7 +147,8 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
         annotations_json: the instances file (``images``, ``annotations``, ``categories``;
             ``info`` and ``licenses`` are carried into ``listing.extra`` when present); a path
             or fsspec URL.
-        drop_empty: leave out images that have no (valid) annotation.
+        drop_empty: leave out images that have no (valid) annotation; how many is recorded in
+            ``listing.extra["drop_empty"]`` (``{"images": n}``, carried into ``index.json``).
         storage_options: fsspec options for URLs (credentials, endpoint).
 
     Raises:
@@ -234,6 +239,7 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
         anns = by_image.get(image_id, [])
         if not (drop_empty and not anns):
             kept.append((images[image_id], anns))
+    dropped = len(images) - len(kept)
     entries = files.stat([image["file_name"] for image, _ in kept])
     samples = [SourceSample(e.path, image["file_name"], e.size,
                             meta={"image": image, "annotations": anns}, version=e.version)
@@ -242,6 +248,8 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
         raise SourceError(f"none of the {len(samples)} images {name} names is in this folder "
                           f"(e.g. {samples[0].rel!r}): give the folder that holds them", where=files.root)
     extra: dict[str, Any] = {k: doc[k] for k in ("info", "licenses") if k in doc}
+    if drop_empty:
+        extra[DROP_EMPTY] = {"images": dropped}
     return SourceListing(kind="coco", root=files.root, samples=samples, categories=categories,
                          extra=extra, warnings=warnings, annotation_problems=ann_problems,
                          meta_digest=f"{digest}:drop_empty={drop_empty}", files=files)

@@ -136,6 +136,17 @@ def test_drop_empty_and_resize_refused(coco: tuple[Path, Path, dict[str, Any]],
     with_anns = {a["image_id"] for a in doc["annotations"]}
     result = pack_coco(str(images_dir), str(ann), str(tmp_path / "out"), drop_empty=True, workers=1)
     assert result.manifest.num_samples == len(with_anns) < len(doc["images"])
+    # how many were left out is recorded, and said by pack and info
+    dropped = len(doc["images"]) - len(with_anns)
+    assert read_manifest(Store(str(tmp_path / "out"))).extra["drop_empty"] == {"images": dropped}
+    for args in (["pack", str(images_dir), str(tmp_path / "cli"), "--annotations", str(ann), "--drop-empty",
+                  "--workers", "1"], ["info", str(tmp_path / "out")]):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, res.output
+        line = f"dropped   {dropped:,} image{'s' * (dropped != 1)} without annotations (--drop-empty)"
+        assert line in res.output.splitlines(), res.output
+    plain = pack_coco(str(images_dir), str(ann), str(tmp_path / "all"), workers=1)
+    assert "drop_empty" not in plain.manifest.extra
     with pytest.raises(ValueError, match="resize_max"):
         pack_coco(str(images_dir), str(ann), str(tmp_path / "x"),
                   options=PackOptions(resize_max=32))
