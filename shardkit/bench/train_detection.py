@@ -219,8 +219,9 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
     return {"schema": SCHEMA, "config": asdict(cfg), "conditions": conds, "results": results}
 
 
-def format_detection_table(report: dict[str, Any]) -> str:
-    """The report as a text table: median (min–max) of each figure over the repetitions."""
+def format_detection_table(report: dict[str, Any], width: int | None = None) -> str:
+    """The report as a text table: median (min–max) of each figure over the repetitions (in
+    ``width`` columns, see :func:`~shardkit.bench.train.train_table`)."""
     cfg = report["config"]
     cuda = cfg["device"].startswith("cuda")
     title = (f"detection training step: {cfg['model']}, shorter side {cfg['size']} px (longer at most "
@@ -229,4 +230,4 @@ def format_detection_table(report: dict[str, Any]) -> str:
              f"{'torch.compile (backbone)' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
              f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}; "
              f"synthetic: {counted(cfg['fixed_batches'], 'fixed batch', 'fixed batches')}")
-    return train_table(title, report["results"], cfg["batch_size"])
+    return train_table(title, report["results"], cfg["batch_size"], width)

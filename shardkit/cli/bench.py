@@ -162,7 +162,8 @@ def _needs_shards(shards: str | None, what: str) -> str:
 
 
 def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[str, Any]],
-                   table: Callable[[dict[str, Any]], str], *, repeats: int, out: str | None, quiet: bool) -> None:
+                   table: Callable[[dict[str, Any], int | None], str], *, repeats: int, out: str | None,
+                   quiet: bool) -> None:
     """``run(after_run)`` (a training bench), one line per run unless ``quiet``; then the table."""
     from shardkit.bench import write_json
     from shardkit.bench.train import rate
@@ -177,7 +178,7 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
         report = run(after_run)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
-    click.echo(table(report))
+    click.echo(table(report, _terminal_width()))
     if out:
         write_json(report, out)
         click.echo(f"report: {out}")
