@@ -38,7 +38,7 @@ import torch
 from shardkit.codec.jpeg_header import exif_orientation
 
 __all__ = ["CPU_ORDER", "GPU_ORDER", "cpu_batch_decoder", "cpu_decoder", "gpu_decoder", "jpeg_by_shardkit",
-           "prefer_decoder", "undo_exif_orientation"]
+           "prefer_decoder", "preferred_decoder", "undo_exif_orientation"]
 
 #: The names :func:`prefer_decoder` accepts.
 LIBRARIES = ("torchvision", "torchcodec", "pil")
@@ -70,6 +70,11 @@ def prefer_decoder(name: str | None) -> None:
     _preferred = name
     cpu_decoder.cache_clear()
     gpu_decoder.cache_clear()
+
+
+def preferred_decoder() -> str | None:
+    """The library :func:`prefer_decoder` put first in this process (None: the default order)."""
+    return _preferred
 
 
 def jpeg_by_shardkit() -> bool:

@@ -25,32 +25,39 @@ without feeders), records its own interprocess event for the slot and hands it b
 synchronises the host in steady state; what the training process does per batch is one pipe
 message, two event calls and two copies enqueued.
 
-**Messages** (one duplex pipe per feeder). To the feeder: ``("epoch", epoch, start,
-remainder)``, ``("free", slot)``, ``("released", handles)``, ``("stop",)`` (abandon the epoch,
-answered by ``("stopped",)``) and ``("close",)``. From it: ``("started", pid, images,
-labels, handles)`` (its ring) once, ``("batch", slot, n, keys, stats)``, ``("end",)``,
-``("error", failure)`` and ``("stopped",)``. A feeder exits when its pipe closes (the training
-process ended), so none outlives it.
+**Messages** (one duplex pipe per feeder; ``gen`` numbers the loader's epochs, so a message
+left over from an abandoned epoch is recognised and dropped). To the feeder: ``("epoch", gen,
+epoch, start, remainder)``, ``("free", slot)``, ``("released", handles)``, ``("stop", gen)``
+(abandon that epoch, answered by ``("stopped", gen)``) and ``("close",)``. From it:
+``("started", pid, images, labels, handles)`` (its ring) once, then ``("batch", gen, slot, n, keys,
+stats)``, ``("end", gen)``, ``("error", gen, failure)`` and ``("stopped", gen)``. Every slot is
+free again when an epoch starts (the loader holds none then: it copies each batch out at once).
+A feeder exits when its pipe closes or the training process is gone, so none outlives it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import multiprocessing
+import multiprocessing.util
 import os
+import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 import types
-import weakref
 from collections import deque
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.multiprocessing  # registers the reductions that send CUDA and shared tensors through pipes
 
+from shardkit.codec.backend import prefer_decoder
 from shardkit.errors import LoaderError, ShardkitError
 from shardkit.index.manifest import Manifest
 from shardkit.loader.gpu.options import GpuOptions
@@ -61,6 +68,8 @@ from shardkit.loader.stream import BatchStream, PlanConfig, WorkerFailure, raise
 from shardkit.transforms.base import ImageTransform
 
 __all__ = ["RING", "FeederPool", "FeederSpec", "auto_feeders", "feeder_of", "feeder_workers"]
+
+log = logging.getLogger("shardkit.loader")
 
 #: Ring slots per feeder: batches it may have finished ahead of the training loop.
 RING = 4
@@ -107,7 +116,9 @@ def feeder_of(i: int, *, num_workers: int, parts: int) -> int:
 
 @dataclass(frozen=True)
 class FeederSpec:
-    """What a feeder process needs to run its part of the route (pickled to it once)."""
+    """What a feeder process needs to run its part of the route (pickled to it once).
+    ``decoder``: the library :func:`~shardkit.codec.backend.prefer_decoder` chose in the loader's
+    process (a process-wide setting the feeder must repeat)."""
 
     manifest: Manifest
     reader: ShardReader
@@ -122,26 +133,39 @@ class FeederSpec:
     parts: int
     num_workers: int  # this feeder's workers
     total_workers: int  # all feeders' workers
+    decoder: str | None = None
 
 
 # --------------------------------------------------------------------------- the feeder process
 
 
 class _Stop(Exception):
-    """The loader abandoned the epoch (or closed the feeder): end this epoch's iteration."""
+    """End this epoch's iteration: the loader abandoned it, closed the feeder (``close``) or
+    started another epoch (``restart``: that message, to run next)."""
 
-    def __init__(self, close: bool) -> None:
+    def __init__(self, close: bool = False, restart: tuple[Any, ...] | None = None) -> None:
         super().__init__("stop")
-        self.close = close
+        self.close, self.restart = close, restart
 
 
-def _failure(err: BaseException, pid: int) -> WorkerFailure:
-    """An error of the feeder as a record the loader re-raises with its type (ShardkitErrors) or
-    as a LoaderError naming the feeder (anything else)."""
+def _failure(err: BaseException, part: int) -> WorkerFailure:
+    """An error of feeder ``part`` as a record the loader re-raises: ShardkitErrors with their type
+    (a dead worker's named as in this feeder), anything else as a LoaderError naming the feeder."""
     if isinstance(err, ShardkitError):
-        return WorkerFailure(type(err), err.message, err.where, traceback.format_exc())
-    return WorkerFailure(LoaderError, f"feeder process {pid} failed: {type(err).__name__}: {err}", "",
+        message = err.message
+        if message.startswith("DataLoader worker"):  # worker_death: its numbers are this feeder's
+            message = f"in feeder process {part}: {message}"
+        return WorkerFailure(type(err), message, err.where, traceback.format_exc())
+    return WorkerFailure(LoaderError, f"feeder process {part} failed: {type(err).__name__}: {err}", "",
                          traceback.format_exc())
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the training process is gone (its pipe may stay open in a process it forked)."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 class _Feeder:
@@ -152,52 +176,58 @@ class _Feeder:
         from shardkit.loader.workers import worker_loader
 
         self.spec, self.conn = spec, conn
-        local = spec.num_workers
         self.route = choose_route(spec.manifest, spec.reader, spec.transform, spec.device, on_error=spec.on_error,
-                                  batch_size=spec.batch_size, num_workers=local, prefetch=spec.prefetch,
+                                  batch_size=spec.batch_size, num_workers=spec.num_workers, prefetch=spec.prefetch,
                                   gpu=spec.gpu, masks=False, pad=False, contiguous_labels=False)
         self.device = self.route.device
         self.cuda = self.device.type == "cuda"
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.stream = BatchStream(spec.config, self.route.builder, self.control,
                                   layout=(spec.part, spec.parts, spec.total_workers))
-        self.dataloader = worker_loader(self.stream, num_workers=local, prefetch=spec.prefetch,
-                                        pin_memory=self.route.pin_memory)
+        # workers forked from this process, as a loader's are from the training process (a
+        # spawned process would otherwise spawn them: a second torch import each)
+        fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        self.dataloader = worker_loader(self.stream, num_workers=spec.num_workers, prefetch=spec.prefetch,
+                                        pin_memory=self.route.pin_memory, context=fork)
         self.stats = StageStats()
         self.ring: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.ready: list[torch.cuda.Event] = []
         self.released: list[torch.cuda.Event] | None = None
         self.free: deque[int] = deque()
-        self.used: set[int] = set()  # slots the loader has handed back at least once (their release events count)
+        self.gen: int | None = None  # the epoch being run (None: idle)
+        self.pending: tuple[Any, ...] | None = None  # an epoch message that arrived during another
 
     # -- messages
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "free":
-            self.free.append(msg[1])
-            self.used.add(msg[1])
+            if msg[1] not in self.free:
+                self.free.append(msg[1])
         elif kind == "released":
             self.released = [torch.cuda.Event.from_ipc_handle(self.device, h) for h in msg[1]]
-        elif kind in ("stop", "close"):
-            raise _Stop(close=kind == "close")
+        elif kind == "stop":
+            if self.gen is not None and msg[1] == self.gen:
+                raise _Stop()
+            self.conn.send(("stopped", msg[1]))  # an epoch that already ended here
+        elif kind == "close":
+            raise _Stop(close=True)
+        elif kind == "epoch":
+            raise _Stop(restart=msg)
         else:
-            raise RuntimeError(f"unexpected message {kind!r} during an epoch")
-
-    def _poll(self) -> None:
-        while self.conn.poll():
-            self._handle(self.conn.recv())
+            raise RuntimeError(f"unexpected message {kind!r}")
 
     def _slot(self) -> int:
-        self._poll()
+        while self.conn.poll():
+            self._handle(self.conn.recv())
         while not self.free:
             self._handle(self.conn.recv())
         return self.free.popleft()
 
     # -- the ring
-    def _make_ring(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[bytes]]:
+    def make_ring(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[bytes]]:
         """The ring, made before any thread of the route runs (sharing CUDA memory while the
-        decode thread runs nvJPEG crashed torch's ``_share_cuda_``): slots shaped and laid out
-        as the transform's finalised batches."""
+        decode thread ran nvJPEG crashed torch's ``_share_cuda_`` once on an H200): slots shaped
+        and laid out as the transform's finalised batches."""
         b, (h, w) = self.spec.batch_size, self.spec.transform.output_size
         probe = self.spec.transform.finalize(torch.zeros((1, 3, h, w), dtype=torch.uint8, device=self.device))
         last = probe.is_contiguous(memory_format=torch.channels_last) and not probe.is_contiguous()
@@ -210,83 +240,85 @@ class _Feeder:
         if self.cuda:
             self.ready = [torch.cuda.Event(interprocess=True) for _ in range(RING)]
             handles = [e.ipc_handle() for e in self.ready]
-        self.free.extend(range(RING))
         return [r[0] for r in self.ring], [r[1] for r in self.ring], handles
 
     def _hand_over(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str]) -> None:
-        if not isinstance(images, torch.Tensor) or not isinstance(labels, torch.Tensor):
-            raise LoaderError("feeders hand over batches of one image tensor and one label tensor; "
-                              "this route delivers something else (use feeders=0)")
+        slot_images, slot_labels = self.ring[0]
+        n = images.shape[0] if isinstance(images, torch.Tensor) else -1
+        if (not isinstance(images, torch.Tensor) or not isinstance(labels, torch.Tensor)
+                or images.shape[1:] != slot_images.shape[1:] or images.dtype != slot_images.dtype
+                or n > slot_images.shape[0]):
+            what = (f"{tuple(images.shape)} {images.dtype}" if isinstance(images, torch.Tensor)
+                    else type(images).__name__)
+            raise LoaderError(f"a batch of {what} does not fit the feeders' slots of {tuple(slot_images.shape)} "
+                              f"{slot_images.dtype}; use feeders=0")
         k = self._slot()
-        n = images.shape[0]
         slot_images, slot_labels = self.ring[k]
-        if images.shape[1:] != slot_images.shape[1:] or images.dtype != slot_images.dtype or n > slot_images.shape[0]:
-            raise LoaderError(f"a batch of {tuple(images.shape)} {images.dtype} does not fit the feeders' slots of "
-                              f"{tuple(slot_images.shape)} {slot_images.dtype}; use feeders=0")
         if self.cuda:
             stream = torch.cuda.current_stream(self.device)
-            if k in self.used:
-                while self.released is None:
-                    self._handle(self.conn.recv())
-                stream.wait_event(self.released[k])
+            while self.released is None:  # sent right after the ring arrived, before any "free"
+                self._handle(self.conn.recv())
+            stream.wait_event(self.released[k])  # a no-op for an event never recorded
             slot_images[:n].copy_(images, non_blocking=True)
             slot_labels[:n].copy_(labels, non_blocking=True)
             self.ready[k].record(stream)
         else:
             slot_images[:n].copy_(images)
             slot_labels[:n].copy_(labels)
-        self.conn.send(("batch", k, n, keys, self.stats.take()))
+        self.conn.send(("batch", self.gen, k, n, keys, self.stats.take()))
 
     # -- epochs
-    def _restart_workers(self, remainder: tuple[int, Remainder] | None) -> None:
-        from shardkit.loader.workers import shutdown_workers, workers_running
-
-        if remainder is None or self.stream.remainder == remainder:
-            return
-        if workers_running(self.dataloader):
-            shutdown_workers(self.dataloader)
-            self.route.workers_stopped()
-        self.stream.remainder = remainder
-
-    def epoch(self, epoch: int, start: int, remainder: tuple[int, Remainder] | None) -> bool:
+    def epoch(self, gen: int, epoch: int, start: int, rest: Remainder | None) -> bool:
         """Run one epoch's part; False when the loader closed this feeder meanwhile."""
-        from shardkit.loader.workers import workers_running
+        from shardkit.loader.workers import shutdown_workers, worker_death, workers_running
 
-        self._restart_workers(remainder)
+        change, remainder = self.stream.remainder_for(epoch, rest)
+        if change:  # workers hold a copy of the stream
+            if workers_running(self.dataloader):
+                shutdown_workers(self.dataloader)
+                self.route.workers_stopped()
+            self.stream.remainder = remainder
         self.control[0], self.control[1] = epoch, start
+        self.gen, self.free = gen, deque(range(RING))
         if not workers_running(self.dataloader):
             self.route.before_workers()
         delivered = self.route.deliver(raise_failures(self.dataloader), self.stats)
         try:
             for images, labels, keys in delivered:
                 self._hand_over(images, labels, keys)
-            self.conn.send(("end",))
+            self.conn.send(("end", gen))
         except _Stop as stop:
             delivered.close()
             self.stats.take()  # the counters of a batch never handed over, as an undelivered batch's
             if stop.close:
                 return False
-            self.conn.send(("stopped",))
+            if stop.restart is not None:
+                self.pending = stop.restart
+            else:
+                self.conn.send(("stopped", gen))
         except Exception as err:
             delivered.close()
-            from shardkit.loader.workers import worker_death
-
             death = worker_death(self.dataloader)
-            self.conn.send(("error", _failure(death if death is not None else err, os.getpid())))
+            if death is not None:  # the next epoch starts new workers
+                shutdown_workers(self.dataloader)
+                self.route.workers_stopped()
+            self.conn.send(("error", gen, _failure(death if death is not None else err, self.spec.part)))
+        finally:
+            self.gen = None
         return True
 
     def serve(self) -> None:
         while True:
-            msg = self.conn.recv()
+            msg, self.pending = (self.pending, None) if self.pending is not None else (self.conn.recv(), None)
             if msg[0] == "epoch":
                 if not self.epoch(*msg[1:]):
                     return
-            elif msg[0] == "close":
-                return
-            elif msg[0] == "stop":
-                self.conn.send(("stopped",))
-            else:
+                continue
+            try:
                 self._handle(msg)
+            except _Stop as stop:
+                if stop.close:
+                    return
 
     def close(self) -> None:
         from shardkit.loader.workers import shutdown_workers
@@ -297,22 +329,30 @@ class _Feeder:
         self.spec.reader.close()
 
 
-def feeder_main(spec: FeederSpec, conn: Any) -> None:
-    """A feeder process's body (see the module doc). Ctrl-C is the training process's to handle:
-    it stops its feeders; a feeder whose pipe closes exits."""
+def feeder_main(payload: bytes, device_index: int | None, parent: int, conn: Any) -> None:
+    """A feeder process's body (see the module doc): ``payload`` is its pickled
+    :class:`FeederSpec`, ``device_index`` the CUDA device the loader resolved when it started its
+    feeders. Ctrl-C is the training process's to handle (it stops its feeders); a feeder whose
+    pipe closes, or whose parent is gone, exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="shardkit-watch-parent").start()
     feeder: _Feeder | None = None
+    part = -1
     try:
-        if spec.device.type == "cuda":
-            torch.cuda.set_device(spec.device)
+        spec: FeederSpec = pickle.loads(payload)
+        part = spec.part
+        if device_index is not None:
+            spec = replace(spec, device=torch.device("cuda", device_index))
+            torch.cuda.set_device(device_index)
+        prefer_decoder(spec.decoder)
         feeder = _Feeder(spec, conn)
-        conn.send(("started", os.getpid(), *feeder._make_ring()))
+        conn.send(("started", os.getpid(), *feeder.make_ring()))
         feeder.serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the training process is gone
     except BaseException as err:
         with contextlib.suppress(OSError, ValueError):
-            conn.send(("error", _failure(err, os.getpid())))
+            conn.send(("error", None, _failure(err, part)))
     finally:
         if feeder is not None:
             feeder.close()
@@ -321,31 +361,55 @@ def feeder_main(spec: FeederSpec, conn: Any) -> None:
 # --------------------------------------------------------------------------- the training process
 
 
-def _spawn_without_main(process: Any) -> None:
-    """Start a spawned ``process`` without re-running the training script in it.
+@contextlib.contextmanager
+def _main_hidden() -> Generator[None, None, None]:
+    """Hide the training script's ``__main__`` module for a moment.
 
     A spawned child imports the parent's ``__main__`` from its path, running every top-level
-    statement of a script without an ``if __name__ == "__main__":`` guard (a training loop,
-    in a process that must only feed). The feeder needs nothing from that module, so it is
-    hidden from multiprocessing's preparation data while the child starts.
+    statement of a script without an ``if __name__ == "__main__":`` guard (a training loop, in a
+    process that must only feed); the feeder needs nothing from it. Pickling under it fails for
+    an object defined in the script (which a feeder could not load), naming it.
     """
     main = sys.modules["__main__"]
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:
-        process.start()
+        yield
     finally:
         sys.modules["__main__"] = main
+
+
+def sendable(spec: FeederSpec) -> bytes:
+    """``spec`` pickled for a feeder process.
+
+    Raises:
+        LoaderError: something in it (a transform, storage options) cannot reach a feeder,
+            typically a class or function defined in the training script itself.
+    """
+    try:
+        with _main_hidden():
+            return pickle.dumps(spec)
+    except Exception as err:
+        raise LoaderError(f"feeders cannot run this loader: its arguments cannot be sent to another process ({err}); "
+                          "define custom transforms in a module rather than in the training script, or use "
+                          "feeders=0") from None
 
 
 class _Handle:
     """The loader's side of one feeder: its process, pipe, ring and events."""
 
-    def __init__(self, spec: FeederSpec, ctx: Any) -> None:
+    def __init__(self, part: int, payload: bytes, device_index: int | None, ctx: Any) -> None:
+        self.part = part
         self.conn, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=feeder_main, args=(spec, theirs), name=f"shardkit-feeder-{spec.part}")
-        _spawn_without_main(self.process)
-        theirs.close()  # only the feeder holds its end: its exit closes the pipe
-        self.part = spec.part
+        self.process = ctx.Process(target=feeder_main, args=(payload, device_index, os.getpid(), theirs),
+                                   name=f"shardkit-feeder-{part}")
+        try:
+            with _main_hidden():
+                self.process.start()
+        except BaseException:
+            self.conn.close()
+            raise
+        finally:
+            theirs.close()  # only the feeder holds its end: its exit closes the pipe
         self.images: list[torch.Tensor] = []
         self.labels: list[torch.Tensor] = []
         self.ready: list[torch.cuda.Event] = []
@@ -354,6 +418,7 @@ class _Handle:
     def died(self) -> LoaderError:
         self.process.join(timeout=2.0)
         code = self.process.exitcode
+        hint = ""
         if code is None:
             how = "stopped answering"
         elif code < 0:
@@ -361,14 +426,16 @@ class _Handle:
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
                 how = f"was killed by signal {-code}"
+            if code == -signal.SIGKILL:
+                hint = ("; most likely the out-of-memory killer (`dmesg` says so): fewer workers or feeders, "
+                        "or feeders=0")
         else:
             how = f"exited with status {code}"
-        return LoaderError(f"feeder process {self.part} (pid {self.process.pid}) {how}; if SIGKILL, most likely the "
-                           "out-of-memory killer: fewer workers or feeders, or feeders=0")
+        return LoaderError(f"feeder process {self.part} (pid {self.process.pid}) {how}{hint}")
 
     def recv(self, timeout: float | None = None, doing: str = "answer") -> tuple[Any, ...]:
-        """The next message; a dead feeder, or none within ``timeout`` seconds, raises a LoaderError
-        naming it (``doing``: what it did not do in time)."""
+        """The next message; a dead feeder, one whose message cannot be read, or none within
+        ``timeout`` seconds raises a LoaderError naming it (``doing``: what it did not do in time)."""
         waited = 0.0
         while True:
             try:
@@ -376,6 +443,9 @@ class _Handle:
                     return self.conn.recv()
             except (EOFError, OSError):
                 raise self.died() from None
+            except Exception as err:  # unpickling failed (e.g. CUDA IPC refused by the container)
+                raise LoaderError(f"feeder process {self.part} (pid {self.process.pid}): cannot receive its message "
+                                  f"({type(err).__name__}: {err}); use feeders=0") from err
             waited += 1.0
             if not self.process.is_alive():
                 raise self.died()
@@ -391,9 +461,13 @@ class _Handle:
 
 
 def _close_all(handles: list[_Handle]) -> None:
-    """Ask every feeder to stop, then make sure it did (terminate after a grace period). The
-    ring's tensors are dropped first, so a feeder exits with none of its memory still mapped here."""
+    """Ask every feeder to stop, then make sure it did (terminate, then kill, after a grace
+    period). Copies still reading a ring are waited for and the ring is dropped first, so a
+    feeder exits with none of its memory in use or mapped here."""
     for h in handles:
+        for event in h.released:
+            with contextlib.suppress(RuntimeError):
+                event.synchronize()
         h.images, h.labels, h.ready, h.released = [], [], [], []
     for h in handles:
         with contextlib.suppress(OSError, ValueError):
@@ -404,27 +478,33 @@ def _close_all(handles: list[_Handle]) -> None:
         if h.process.is_alive():
             h.process.terminate()
             h.process.join(timeout=5.0)
+        if h.process.is_alive():
+            h.process.kill()
+            h.process.join(timeout=5.0)
         h.conn.close()
 
 
 class FeederPool:
-    """``parts`` feeder processes running a classification route for one loader (module doc).
+    """``len(specs)`` feeder processes running a classification route for one loader (module doc).
 
     Started on the first :meth:`epoch`, kept across epochs, stopped by :meth:`close` (and when
-    the pool is garbage collected or the interpreter exits).
+    the pool is garbage collected, or at interpreter exit before multiprocessing joins its
+    children). One epoch runs at a time: starting another, or closing the pool, ends the
+    iterator of the one before (it then ends early, as an in-process route's does).
+
+    Raises:
+        LoaderError: a spec cannot be sent to a feeder process (:func:`sendable`).
     """
 
     def __init__(self, specs: list[FeederSpec]) -> None:
-        self.specs = specs
+        self.payloads = [sendable(spec) for spec in specs]
         self.parts = len(specs)
         self.workers = sum(s.num_workers for s in specs)
         self.device = specs[0].device
         self._handles: list[_Handle] = []
-        self._finalizer: weakref.finalize | None = None
-
-    @property
-    def running(self) -> bool:
-        return bool(self._handles)
+        self._finalizer: multiprocessing.util.Finalize | None = None
+        self._gen = 0
+        self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -432,25 +512,35 @@ class FeederPool:
         return [h.process.pid for h in self._handles]
 
     def _start(self) -> None:
+        if self.device.type == "cuda" and self.device.index is None:  # CUDA IPC needs the index: the current one
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        index = self.device.index if self.device.type == "cuda" else None
         ctx = torch.multiprocessing.get_context("spawn")
         handles: list[_Handle] = []
         try:
-            for spec in self.specs:
-                handles.append(_Handle(spec, ctx))
+            for part, payload in enumerate(self.payloads):
+                handles.append(_Handle(part, payload, index, ctx))
             for h in handles:
                 msg = h.recv(timeout=START_TIMEOUT_S, doing="start")
                 if msg[0] == "error":
-                    reraise(msg[1])
+                    reraise(msg[2])
                 h.images, h.labels, events = msg[2], msg[3], msg[4]
                 if events:
                     h.ready = [torch.cuda.Event.from_ipc_handle(self.device, x) for x in events]
                     h.released = [torch.cuda.Event(interprocess=True) for _ in events]
                     h.send("released", [e.ipc_handle() for e in h.released])
+        except ShardkitError:
+            _close_all(handles)
+            raise
+        except Exception as err:
+            _close_all(handles)
+            raise LoaderError(f"feeder processes could not start ({type(err).__name__}: {err}); use feeders=0") from err
         except BaseException:
             _close_all(handles)
             raise
         self._handles = handles
-        self._finalizer = weakref.finalize(self, _close_all, handles)
+        # runs at interpreter exit before multiprocessing joins its (non-daemonic) children
+        self._finalizer = multiprocessing.util.Finalize(self, _close_all, args=(handles,), exitpriority=10)
 
     def _take(self, h: _Handle, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot ``k`` of ``h``'s ring as fresh tensors; the slot goes back to the feeder."""
@@ -464,32 +554,55 @@ class FeederPool:
         h.send("free", k)
         return images, labels
 
-    def epoch(self, epoch: int, start: int, count: int, remainder: tuple[int, Remainder] | None,
+    @staticmethod
+    def _next(h: _Handle, gen: int, timeout: float | None = None, doing: str = "answer") -> tuple[Any, ...]:
+        """``h``'s next message of epoch ``gen`` (those left over from earlier epochs are dropped)."""
+        while True:
+            msg = h.recv(timeout, doing)
+            if msg[0] in ("batch", "end", "error", "stopped") and msg[1] != gen:
+                continue
+            return msg
+
+    def epoch(self, epoch: int, start: int, count: int, rest: Remainder | None,
               stats: StageStats) -> Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None]:
-        """Batches ``start .. count - 1`` of ``epoch`` as ``(images, labels, keys)``, in order.
+        """Batches ``start .. count - 1`` of ``epoch`` as ``(images, labels, keys)``, in order
+        (``rest``: what an elastic resume left of the epoch, or None).
 
         Stats: the feeders' counters, and this process's wait (``wait_s``), hand-over (``copy_s``)
-        and delivery (``elapsed_s``) times. Closing the iterator early stops the feeders' epoch.
+        and delivery (``elapsed_s``) times. Closing the iterator early stops the feeders' epoch;
+        so does the next call (an iterator of the epoch before ends).
         """
+        self._end_active()
+        self._gen += 1
+        self._active = self._run(self._gen, epoch, start, count, rest, stats)
+        return self._active
+
+    def _end_active(self) -> None:
+        active, self._active = self._active, None
+        if active is not None:
+            active.close()
+
+    def _run(self, gen: int, epoch: int, start: int, count: int, rest: Remainder | None,
+             stats: StageStats) -> Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None]:
         if not self._handles:
             self._start()
-        for h in self._handles:
-            h.send("epoch", epoch, start, remainder)
+        handles = self._handles
+        for h in handles:
+            h.send("epoch", gen, epoch, start, rest)
         ended: set[int] = set()
         try:
             last = time.perf_counter()
             for i in range(count - start):
-                h = self._handles[feeder_of(i, num_workers=self.workers, parts=self.parts)]
+                h = handles[feeder_of(i, num_workers=self.workers, parts=self.parts)]
                 t0 = time.perf_counter()
-                msg = h.recv()
-                if msg[0] == "error":
-                    ended.add(h.part)
-                    reraise(msg[1])
+                msg = self._next(h, gen)
                 if msg[0] != "batch":
                     ended.add(h.part)
+                    if msg[0] == "error":
+                        reraise(msg[2])
                     raise LoaderError(f"feeder process {h.part} ended epoch {epoch} early ({i} of {count - start} "
                                       "batches delivered)")
-                _, k, n, keys, feeder_stats = msg
+                _, _, k, n, keys, feeder_stats = msg
                 t1 = time.perf_counter()
                 images, labels = self._take(h, k, n)
                 t2 = time.perf_counter()
@@ -500,39 +613,39 @@ class FeederPool:
                 stats.elapsed_s += t2 - last
                 last = t2
                 yield images, labels, keys
-            for h in self._handles:  # each feeder ends its part
-                msg = h.recv()
-                ended.add(h.part)
+            for h in handles:  # each feeder ends its part
+                msg = self._next(h, gen)
                 if msg[0] == "error":
-                    reraise(msg[1])
+                    ended.add(h.part)
+                    reraise(msg[2])
                 if msg[0] != "end":
                     raise LoaderError(f"feeder process {h.part} delivered more batches than epoch {epoch} has")
+                ended.add(h.part)
         finally:
-            self._stop(skip=ended)
+            if self._gen == gen:
+                self._active = None
+                if handles is self._handles and self._stop(handles, gen, skip=ended):
+                    self.close()
 
-    def _stop(self, skip: set[int]) -> None:
-        """Make every feeder not in ``skip`` abandon the epoch, and drop what it sent meanwhile
-        (a batch's slot goes straight back). A feeder that is dead or does not answer within
-        :data:`STOP_TIMEOUT_S` stops the pool: the next epoch starts new feeders."""
+    def _stop(self, handles: list[_Handle], gen: int, skip: set[int]) -> bool:
+        """Make every feeder not in ``skip`` abandon epoch ``gen`` (what it sent meanwhile is
+        dropped); True when one is dead or did not answer within :data:`STOP_TIMEOUT_S`."""
         broken = False
-        for h in self._handles:
+        for h in handles:
             if h.part in skip:
                 continue
             try:
-                h.send("stop")
-                while True:
-                    msg = h.recv(timeout=STOP_TIMEOUT_S, doing="stop")
-                    if msg[0] == "batch":
-                        h.send("free", msg[1])
-                    elif msg[0] == "stopped":
-                        break  # "end" or "error" sent before the stop arrived: its answer follows
+                h.send("stop", gen)
+                while self._next(h, gen, STOP_TIMEOUT_S, "stop")[0] != "stopped":
+                    pass  # a batch, or the "end"/"error" sent before the stop arrived
             except LoaderError:
                 broken = True
-        if broken:
-            self.close()
+        return broken
 
     def close(self) -> None:
-        """Stop the feeder processes (idempotent; a later epoch starts new ones)."""
+        """End the running epoch's iterator and stop the feeder processes (idempotent; a later
+        epoch starts new ones)."""
+        self._end_active()
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None

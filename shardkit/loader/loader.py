@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.datasets import open_datasets
@@ -26,6 +28,8 @@ from shardkit.loader.stats import StageStats
 from shardkit.loader.stream import BatchStream, PlanConfig, raise_failures
 from shardkit.loader.workers import rank_and_world, shutdown_workers, worker_death, worker_loader, workers_running
 from shardkit.transforms.base import ImageTransform
+
+log = logging.getLogger("shardkit.loader")
 
 
 def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, on_error: str,
@@ -243,13 +247,17 @@ class ShardLoader:
         self.feeders = _feeder_count(feeders, self.route, transform, num_workers, self.manifest.kind)
         self._pool: FeederPool | None = None
         if self.feeders:
-            if self.device.type == "cuda" and self.device.index is None:  # feeders open CUDA IPC on this index
-                self.device = torch.device("cuda", torch.cuda.current_device())
-            self._pool = FeederPool([
-                FeederSpec(self.manifest, self.reader, transform, self.device, on_error, batch_size,  # type: ignore[arg-type]
-                           prefetch, gpu or GpuOptions(), self.config, part, self.feeders,
-                           feeder_workers(part, self.feeders, num_workers), num_workers)
-                for part in range(self.feeders)])
+            specs = [FeederSpec(self.manifest, self.reader, transform, self.device, on_error,  # type: ignore[arg-type]
+                                batch_size, prefetch, gpu or GpuOptions(), self.config, part, self.feeders,
+                                feeder_workers(part, self.feeders, num_workers), num_workers, preferred_decoder())
+                     for part in range(self.feeders)]
+            try:
+                self._pool = FeederPool(specs)
+            except LoaderError as err:
+                if feeders != "auto":
+                    raise
+                log.warning("shardkit: the route runs in this process, without feeder processes: %s", err)
+                self.feeders = 0
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._stream = BatchStream(self.config, self.route.builder, self._control)
         self._dataloader: DataLoader[Any] | None = None
@@ -314,12 +322,10 @@ class ShardLoader:
         rest, count = self._remainder, self.config.epoch_batches(self._remainder)
         self._fresh = self._loaded = False
         if self._pool is not None:
-            delivered = self._pool.epoch(epoch, start, count, (epoch, rest) if rest is not None else None,
-                                         self._stats)
+            delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
         else:
             self._control[0], self._control[1] = epoch, start
-            if rest is not None:
-                self._hand_workers((epoch, rest))
+            self._hand_workers(epoch, rest)
             if self._dataloader is not None and not workers_running(self._dataloader):
                 self.route.before_workers()
             source = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
@@ -340,10 +346,12 @@ class ShardLoader:
             delivered.close()  # an iteration left early stops its route's (or feeders') work now
         self._pos, self._fresh, self._remainder = (epoch + 1, 0), True, None
 
-    def _hand_workers(self, remainder: tuple[int, Remainder]) -> None:
-        """Give the batch stream an elastic resume's remainder; running workers hold an older
-        copy of the stream, so they are stopped first (the next iteration starts new ones)."""
-        if self._stream.remainder == remainder:
+    def _hand_workers(self, epoch: int, rest: Remainder | None) -> None:
+        """Give the batch stream what an elastic resume left of ``epoch`` (or take a remainder it
+        holds for this epoch away when the epoch runs whole); running workers hold an older copy of
+        the stream, so they are stopped first (the next iteration starts new ones)."""
+        change, remainder = self._stream.remainder_for(epoch, rest)
+        if not change:
             return
         if self._dataloader is not None and workers_running(self._dataloader):
             shutdown_workers(self._dataloader)

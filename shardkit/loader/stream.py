@@ -185,6 +185,20 @@ class BatchStream(IterableDataset[W | WorkerFailure], Generic[W]):
         self.layout = layout
         self.remainder: tuple[int, Remainder] | None = None
 
+    def remainder_for(self, epoch: int, rest: Remainder | None) -> tuple[bool, tuple[int, Remainder] | None]:
+        """Whether :attr:`remainder` must change (restarting the workers, which hold a copy) for
+        ``epoch`` to run on ``rest`` (what an elastic resume left of it; None: all of it), and
+        its new value. A remainder held for another epoch is left: it applies to that epoch only.
+
+        Example:
+            >>> s = BatchStream(None, None, None)  # type: ignore[arg-type]
+            >>> s.remainder_for(0, None)
+            (False, None)
+        """
+        if rest is not None:
+            return self.remainder != (epoch, rest), (epoch, rest)
+        return self.remainder is not None and self.remainder[0] == epoch, None
+
     def __iter__(self) -> Iterator[W | WorkerFailure]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)

@@ -66,12 +66,15 @@ def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
-def worker_loader(stream: BatchStream, *, num_workers: int, prefetch: int, pin_memory: bool) -> DataLoader[Any]:
+def worker_loader(stream: BatchStream, *, num_workers: int, prefetch: int, pin_memory: bool,
+                  context: str | None = None) -> DataLoader[Any]:
     """A DataLoader running ``stream`` in ``num_workers`` persistent worker processes, whose
-    worker deaths surface as :class:`LoaderError` wherever they happen (:mod:`shardkit.loader.deaths`)."""
+    worker deaths surface as :class:`LoaderError` wherever they happen (:mod:`shardkit.loader.deaths`).
+    ``context``: the multiprocessing start method (None: the process's default)."""
     guard_sigchld()
     return WatchedLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=True,
-                          prefetch_factor=prefetch, pin_memory=pin_memory, worker_init_fn=_init_worker)
+                          prefetch_factor=prefetch, pin_memory=pin_memory, worker_init_fn=_init_worker,
+                          multiprocessing_context=context)
 
 
 def shutdown_workers(loader: DataLoader[Any]) -> None:

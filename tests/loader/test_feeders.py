@@ -19,6 +19,7 @@ import torch
 
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.loader.feeders import auto_feeders, feeder_of, feeder_workers
+from shardkit.transforms.random_resized_crop import RandomResizedCropFlip
 from tests.loader.test_bad_samples import _garble_middle
 
 pytestmark = pytest.mark.timeout(240)
@@ -115,7 +116,8 @@ def test_a_bad_sample_reaches_the_caller_with_its_name(packed: Path, tmp_path: P
 
 
 def test_a_killed_feeder_is_named_and_close_does_not_hang(packed: Path) -> None:
-    loader = _loader(packed, feeders=2, prefetch=1)
+    # batches of 2: more than a feeder's ring holds, so the killed one cannot have sent them all
+    loader = _loader(packed, feeders=2, prefetch=1, batch_size=2)
     it = iter(loader)
     next(it)
     assert loader._pool is not None
@@ -173,3 +175,87 @@ def test_a_script_without_a_main_guard_runs_once(packed: Path, tmp_path: Path) -
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["script body runs", "batches 9"], done.stdout
+
+
+def test_a_second_iteration_ends_the_first_and_close_ends_both(packed: Path) -> None:
+    """As on the in-process routes: iterating again starts the next epoch and the older iterator
+    ends with a LoaderError (never a hang, never another epoch's batches); so does close()."""
+    with _loader(packed, feeders=0) as plain:
+        plain.set_epoch(1)
+        want = [k for _, _, k in plain]
+    with _loader(packed, feeders=2) as loader:
+        first = iter(loader)
+        next(first)
+        time.sleep(1.0)  # the feeders run ahead into their rings
+        assert [k for _, _, k in loader] == want  # epoch 1, not epoch 0's leftovers
+        with pytest.raises(LoaderError, match="ended epoch 0 after 1 of 9 batches"):
+            next(first)
+        again = iter(loader)
+        next(again)
+        loader.close()
+        with pytest.raises(LoaderError, match="ended epoch 2 after 1 of 9 batches"):
+            next(again)
+
+
+def test_an_elastic_epoch_run_again_whole(packed: Path) -> None:
+    """After an elastic resume's remainder, set_epoch of that epoch runs it whole (the stream's
+    remainder is dropped; it used to stay, with and without feeders)."""
+    with _loader(packed, feeders=0) as plain:
+        it = iter(plain)
+        next(it)
+        state = plain.state_dict()
+        del it
+        whole = [k for _, _, k in plain]  # epoch 1, whole
+    for feeders in (0, 1):
+        with _loader(packed, batch_size=5, feeders=feeders) as loader:
+            loader.load_state_dict(state)
+            assert len(list(loader)) < len(whole) * 8 / 5  # the rest of epoch 0, in batches of 5
+            loader.set_epoch(0)
+            assert sum(len(k) for _, _, k in loader) == 70  # all 69 samples, the last batch padded
+
+
+def test_a_worker_killed_in_a_feeder_is_named(packed: Path) -> None:
+    loader = _loader(packed, feeders=1, prefetch=1)
+    it = iter(loader)
+    next(it)
+    assert loader._pool is not None
+    feeder = loader._pool.pids[0]
+    worker = int(Path(f"/proc/{feeder}/task/{feeder}/children").read_text().split()[0])
+    os.kill(worker, signal.SIGKILL)
+    with pytest.raises(LoaderError, match=rf"in feeder process 0: DataLoader worker \d \(pid {worker}\) was killed"):
+        for _ in it:
+            pass
+    assert sum(1 for _ in loader) == 9  # the next epoch runs on new workers
+    loader.close()
+
+
+class _ScriptCrop(RandomResizedCropFlip):  # stands for a transform defined in a training script
+    pass
+
+
+def test_a_transform_a_feeder_cannot_load_is_refused_by_name(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import __main__
+
+    monkeypatch.setattr(_ScriptCrop, "__module__", "__main__")
+    monkeypatch.setattr(__main__, "_ScriptCrop", _ScriptCrop, raising=False)
+    with pytest.raises(LoaderError, match=r"cannot be sent to another process .*_ScriptCrop.*feeders=0"):
+        _loader(packed, feeders=1, transform=_ScriptCrop((32, 32)))
+
+
+def test_a_script_that_does_not_close_its_loader_exits(packed: Path, tmp_path: Path) -> None:
+    """A finalizer registered before multiprocessing's exit hook (here by tempfile) used to leave
+    the feeders waiting and the interpreter joining them forever."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import tempfile
+        scratch = tempfile.TemporaryDirectory()
+        from shardkit import ShardLoader, transforms
+        loader = ShardLoader({str(packed)!r}, batch_size=8, transform=transforms.imagenet_val(32), num_workers=2,
+                             feeders=1)
+        it = iter(loader)
+        next(it)
+        print("done", flush=True)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
