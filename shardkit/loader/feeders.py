@@ -507,11 +507,21 @@ class FeederPool:
         self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
 
     @property
+    def running(self) -> bool:
+        """Whether the feeder processes are started."""
+        return bool(self._handles)
+
+    @property
     def pids(self) -> list[int]:
         """The feeder processes' pids (empty until the first epoch starts them)."""
         return [h.process.pid for h in self._handles]
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the feeder processes and take their rings (the first epoch does it otherwise).
+
+        Raises:
+            LoaderError: a feeder could not start or died starting (naming it and why).
+        """
         if self.device.type == "cuda" and self.device.index is None:  # CUDA IPC needs the index: the current one
             self.device = torch.device("cuda", torch.cuda.current_device())
         index = self.device.index if self.device.type == "cuda" else None
@@ -585,7 +595,7 @@ class FeederPool:
     def _run(self, gen: int, epoch: int, start: int, count: int, rest: Remainder | None,
              stats: StageStats) -> Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None]:
         if not self._handles:
-            self._start()
+            self.start()
         handles = self._handles
         for h in handles:
             h.send("epoch", gen, epoch, start, rest)

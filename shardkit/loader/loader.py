@@ -261,6 +261,7 @@ class ShardLoader:
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._stream = BatchStream(self.config, self.route.builder, self._control)
         self._dataloader: DataLoader[Any] | None = None
+        self._feeders_auto, self._prefetch = feeders == "auto", prefetch
         if num_workers > 0 and self._pool is None:
             self._dataloader = worker_loader(self._stream, num_workers=num_workers, prefetch=prefetch,
                                              pin_memory=self.route.pin_memory)
@@ -321,6 +322,8 @@ class ShardLoader:
         epoch, start = self._pos
         rest, count = self._remainder, self.config.epoch_batches(self._remainder)
         self._fresh = self._loaded = False
+        if self._pool is not None and not self._pool.running:
+            self._start_feeders()
         if self._pool is not None:
             delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
         else:
@@ -345,6 +348,26 @@ class ShardLoader:
         finally:
             delivered.close()  # an iteration left early stops its route's (or feeders') work now
         self._pos, self._fresh, self._remainder = (epoch + 1, 0), True, None
+
+    def _start_feeders(self) -> None:
+        """Start the feeder processes; with ``feeders="auto"``, a machine where they cannot run
+        (CUDA IPC refused, no processes allowed) runs the route in this process instead, with
+        one warning.
+
+        Raises:
+            LoaderError: feeders asked for by number could not start (naming why).
+        """
+        assert self._pool is not None
+        try:
+            self._pool.start()
+        except LoaderError as err:
+            if not self._feeders_auto:
+                raise
+            log.warning("shardkit: feeder processes could not start (%s); the route runs in this process", err)
+            self._pool, self.feeders = None, 0
+            if self.num_workers > 0:
+                self._dataloader = worker_loader(self._stream, num_workers=self.num_workers, prefetch=self._prefetch,
+                                                 pin_memory=self.route.pin_memory)
 
     def _hand_workers(self, epoch: int, rest: Remainder | None) -> None:
         """Give the batch stream what an elastic resume left of ``epoch`` (or take a remainder it

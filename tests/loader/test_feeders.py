@@ -259,3 +259,26 @@ def test_a_script_that_does_not_close_its_loader_exits(packed: Path, tmp_path: P
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+
+
+def test_auto_feeders_that_cannot_start_leave_the_route_in_this_process(
+        packed: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """With feeders="auto" (the GPU route's default), a machine where feeders cannot start (CUDA IPC
+    refused in a container, say) gets one warning and the route in the training process."""
+    from shardkit.loader import feeders
+    from shardkit.loader import loader as loader_module
+
+    def refuse(self: feeders.FeederPool) -> None:
+        raise LoaderError("feeder processes could not start (RuntimeError: pidfd_getfd: Operation not permitted)")
+
+    with _loader(packed, feeders=0) as plain:
+        want = [k for _, _, k in plain]
+    monkeypatch.setattr(loader_module, "_feeder_count", lambda *args: 1)  # "auto" chose one feeder
+    monkeypatch.setattr(feeders.FeederPool, "start", refuse)
+    with _loader(packed) as loader, caplog.at_level("WARNING", logger="shardkit.loader"):
+        assert loader.feeders == 1
+        assert [k for _, _, k in loader] == want
+        assert loader.feeders == 0 and loader._pool is None
+    assert "feeder processes could not start" in caplog.text and "runs in this process" in caplog.text
+    with _loader(packed, feeders=1) as loader, pytest.raises(LoaderError, match="pidfd_getfd"):
+        next(iter(loader))  # asked for by number: the error, not a fallback
