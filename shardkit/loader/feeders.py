@@ -118,7 +118,8 @@ def feeder_of(i: int, *, num_workers: int, parts: int) -> int:
 class FeederSpec:
     """What a feeder process needs to run its part of the route (pickled to it once).
     ``decoder``: the library :func:`~shardkit.codec.backend.prefer_decoder` chose in the loader's
-    process (a process-wide setting the feeder must repeat)."""
+    process when the loader was built (a process-wide setting the feeder must repeat; the GPU
+    decoder is chosen when a loader is built)."""
 
     manifest: Manifest
     reader: ShardReader
@@ -329,18 +330,16 @@ class _Feeder:
         self.spec.reader.close()
 
 
-def feeder_main(payload: bytes, device_index: int | None, parent: int, conn: Any) -> None:
-    """A feeder process's body (see the module doc): ``payload`` is its pickled
-    :class:`FeederSpec`, ``device_index`` the CUDA device the loader resolved when it started its
-    feeders. Ctrl-C is the training process's to handle (it stops its feeders); a feeder whose
-    pipe closes, or whose parent is gone, exits."""
+def feeder_main(part: int, payload: bytes, device_index: int | None, parent: int, conn: Any) -> None:
+    """Feeder ``part``'s body (see the module doc): ``payload`` is its pickled
+    :class:`FeederSpec`, ``device_index`` the CUDA device current in the loader's process when it
+    started its feeders. Ctrl-C is the training process's to handle (it stops its
+    feeders); a feeder whose pipe closes, or whose parent is gone, exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="shardkit-watch-parent").start()
     feeder: _Feeder | None = None
-    part = -1
     try:
         spec: FeederSpec = pickle.loads(payload)
-        part = spec.part
         if device_index is not None:
             spec = replace(spec, device=torch.device("cuda", device_index))
             torch.cuda.set_device(device_index)
@@ -399,9 +398,10 @@ class _Handle:
 
     def __init__(self, part: int, payload: bytes, device_index: int | None, ctx: Any) -> None:
         self.part = part
+        self.bad = False  # a message half read or written (an interrupt): the pipe cannot be trusted
         self.conn, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=feeder_main, args=(payload, device_index, os.getpid(), theirs),
-                                   name=f"shardkit-feeder-{part}")
+        self.process = ctx.Process(target=feeder_main, name=f"shardkit-feeder-{part}",
+                                   args=(part, payload, device_index, os.getpid(), theirs))
         try:
             with _main_hidden():
                 self.process.start()
@@ -444,8 +444,12 @@ class _Handle:
             except (EOFError, OSError):
                 raise self.died() from None
             except Exception as err:  # unpickling failed (e.g. CUDA IPC refused by the container)
+                self.bad = True
                 raise LoaderError(f"feeder process {self.part} (pid {self.process.pid}): cannot receive its message "
                                   f"({type(err).__name__}: {err}); use feeders=0") from err
+            except BaseException:  # an interrupt, perhaps between a message's header and its body
+                self.bad = True
+                raise
             waited += 1.0
             if not self.process.is_alive():
                 raise self.died()
@@ -458,6 +462,9 @@ class _Handle:
             self.conn.send(msg)
         except (OSError, ValueError):
             raise self.died() from None
+        except BaseException:
+            self.bad = True
+            raise
 
 
 def _close_all(handles: list[_Handle]) -> None:
@@ -537,8 +544,10 @@ class FeederPool:
                 h.images, h.labels, events = msg[2], msg[3], msg[4]
                 if events:
                     h.ready = [torch.cuda.Event.from_ipc_handle(self.device, x) for x in events]
-                    h.released = [torch.cuda.Event(interprocess=True) for _ in events]
-                    h.send("released", [e.ipc_handle() for e in h.released])
+                    with torch.cuda.device(self.device):  # an event belongs to the device current at its handle
+                        h.released = [torch.cuda.Event(interprocess=True) for _ in events]
+                        handles = [e.ipc_handle() for e in h.released]
+                    h.send("released", handles)
         except ShardkitError:
             _close_all(handles)
             raise
@@ -569,8 +578,8 @@ class FeederPool:
         """``h``'s next message of epoch ``gen`` (those left over from earlier epochs are dropped)."""
         while True:
             msg = h.recv(timeout, doing)
-            if msg[0] in ("batch", "end", "error", "stopped") and msg[1] != gen:
-                continue
+            if msg[0] in ("batch", "end", "error", "stopped") and msg[1] != gen and msg[1] is not None:
+                continue  # left over from an earlier epoch (an error of the feeder itself has no epoch)
             return msg
 
     def epoch(self, epoch: int, start: int, count: int, rest: Remainder | None,
@@ -597,10 +606,10 @@ class FeederPool:
         if not self._handles:
             self.start()
         handles = self._handles
-        for h in handles:
-            h.send("epoch", gen, epoch, start, rest)
         ended: set[int] = set()
         try:
+            for h in handles:  # a feeder found dead here stops the pool (finally): the next epoch starts anew
+                h.send("epoch", gen, epoch, start, rest)
             last = time.perf_counter()
             for i in range(count - start):
                 h = handles[feeder_of(i, num_workers=self.workers, parts=self.parts)]
@@ -643,6 +652,9 @@ class FeederPool:
         broken = False
         for h in handles:
             if h.part in skip:
+                continue
+            if h.bad:
+                broken = True
                 continue
             try:
                 h.send("stop", gen)

@@ -178,7 +178,7 @@ def test_a_script_without_a_main_guard_runs_once(packed: Path, tmp_path: Path) -
 
 
 def test_a_second_iteration_ends_the_first_and_close_ends_both(packed: Path) -> None:
-    """As on the in-process routes: iterating again starts the next epoch and the older iterator
+    """As on the in-process GPU route: iterating again starts the next epoch and the older iterator
     ends with a LoaderError (never a hang, never another epoch's batches); so does close()."""
     with _loader(packed, feeders=0) as plain:
         plain.set_epoch(1)
@@ -282,3 +282,19 @@ def test_auto_feeders_that_cannot_start_leave_the_route_in_this_process(
     assert "feeder processes could not start" in caplog.text and "runs in this process" in caplog.text
     with _loader(packed, feeders=1) as loader, pytest.raises(LoaderError, match="pidfd_getfd"):
         next(iter(loader))  # asked for by number: the error, not a fallback
+
+
+def test_a_feeder_dead_between_epochs_is_named_then_replaced(packed: Path) -> None:
+    with _loader(packed, feeders=2) as loader:
+        assert len(list(loader)) == 9
+        assert loader._pool is not None
+        pid = loader._pool.pids[1]
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(100):  # until the kernel has reaped it from the pipe's point of view
+            if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+                break
+            time.sleep(0.05)
+        with pytest.raises(LoaderError, match=rf"feeder process 1 \(pid {pid}\) was killed by SIGKILL"):
+            list(loader)
+        assert len(list(loader)) == 9  # new feeders
+        assert pid not in loader._pool.pids
