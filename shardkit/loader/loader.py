@@ -273,6 +273,9 @@ class ShardLoader:
         # After an elastic resume: what is left of epoch _pos[0] (None: all of it).
         self._remainder: Remainder | None = None
         self._stats = StageStats()
+        # Iterations started so far; an older iterator finds the count moved on and ends
+        # (_ended_by says why) rather than taking the newer one's batches.
+        self._iterations, self._ended_by = 0, ""
 
     @property
     def classes(self) -> tuple[str, ...] | None:
@@ -322,6 +325,8 @@ class ShardLoader:
         epoch, start = self._pos
         rest, count = self._remainder, self.config.epoch_batches(self._remainder)
         self._fresh = self._loaded = False
+        self._iterations += 1
+        mine, self._ended_by = self._iterations, "a newer iteration of this loader started (one runs at a time)"
         if self._pool is not None and not self._pool.running:
             self._start_feeders()
         if self._pool is not None:
@@ -335,6 +340,8 @@ class ShardLoader:
             delivered = self.route.deliver(source, self._stats)
         try:
             for consumed in range(start + 1, count + 1):
+                if self._iterations != mine:  # before touching the workers the newer iteration reads
+                    raise LoaderError(f"epoch {epoch} ended after {consumed - 1} of {count} batches: {self._ended_by}")
                 item = next(delivered, None)
                 if item is None:
                     raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {count} batches")
@@ -404,6 +411,7 @@ class ShardLoader:
 
         Idempotent; iterating again afterwards starts new workers.
         """
+        self._iterations, self._ended_by = self._iterations + 1, "the loader was closed"
         self.route.close()
         if self._pool is not None:
             self._pool.close()

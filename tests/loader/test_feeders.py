@@ -177,23 +177,25 @@ def test_a_script_without_a_main_guard_runs_once(packed: Path, tmp_path: Path) -
     assert done.stdout.splitlines() == ["script body runs", "batches 9"], done.stdout
 
 
-def test_a_second_iteration_ends_the_first_and_close_ends_both(packed: Path) -> None:
-    """As on the in-process GPU route: iterating again starts the next epoch and the older iterator
-    ends with a LoaderError (never a hang, never another epoch's batches); so does close()."""
+@pytest.mark.parametrize("feeders", [0, 2])
+def test_a_second_iteration_ends_the_first_and_close_ends_both(packed: Path, feeders: int) -> None:
+    """With or without feeders: iterating again starts the next epoch and the older iterator ends
+    with a LoaderError saying why (never a hang, never the newer epoch's batches, which the
+    in-process CPU route's first iterator used to take); so does close()."""
     with _loader(packed, feeders=0) as plain:
         plain.set_epoch(1)
         want = [k for _, _, k in plain]
-    with _loader(packed, feeders=2) as loader:
+    with _loader(packed, feeders=feeders) as loader:
         first = iter(loader)
         next(first)
-        time.sleep(1.0)  # the feeders run ahead into their rings
+        time.sleep(1.0)  # workers and feeders run ahead
         assert [k for _, _, k in loader] == want  # epoch 1, not epoch 0's leftovers
-        with pytest.raises(LoaderError, match="ended epoch 0 after 1 of 9 batches"):
+        with pytest.raises(LoaderError, match="epoch 0 ended after 1 of 9 batches: a newer iteration"):
             next(first)
         again = iter(loader)
         next(again)
         loader.close()
-        with pytest.raises(LoaderError, match="ended epoch 2 after 1 of 9 batches"):
+        with pytest.raises(LoaderError, match="epoch 2 ended after 1 of 9 batches: the loader was closed"):
             next(again)
 
 
