@@ -347,6 +347,8 @@ class ShardLoader:
                     raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {count} batches")
                 self._pos = (epoch, consumed)
                 yield item if self.keys else item[:2]
+            if self._pool is not None:
+                next(delivered, None)  # each feeder's end of its part (an extra batch would be an error)
         except Exception as err:  # torch's error for a dead worker varies and may come from anywhere here
             death = worker_death(self._dataloader) if self._dataloader is not None else None
             if death is None:
