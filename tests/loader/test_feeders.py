@@ -300,3 +300,16 @@ def test_a_feeder_dead_between_epochs_is_named_then_replaced(packed: Path) -> No
             list(loader)
         assert len(list(loader)) == 9  # new feeders
         assert pid not in loader._pool.pids
+
+
+def test_a_mix_through_feeders(packed: Path, tmp_path: Path) -> None:
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(packed, other)
+    got = {}
+    for feeders in (0, 2):
+        with ShardLoader([str(packed), str(other)], weights=[0.7, 0.3], batch_size=8, transform=T, num_workers=3,
+                         feeders=feeders, keys=True, seed=1) as loader:
+            got[feeders] = _epochs(loader)
+    _same(got[0], got[2])
