@@ -44,7 +44,8 @@ import torch
 
 from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.api import check_same_data
-from shardkit.bench.train import TrainRun, counted, run_contenders, summarise, synchronize, train_table
+from shardkit.bench.train import TrainRun, counted, run_contenders, summarise, synchronize
+from shardkit.bench.train_report import train_table
 
 __all__ = ["DETECTION_CONTENDERS", "DETECTION_MODELS", "DetectionBenchConfig", "DetectionStep",
            "format_detection_table", "run_detection_train_bench"]
@@ -221,7 +222,7 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
 
 def format_detection_table(report: dict[str, Any], width: int | None = None) -> str:
     """The report as a text table: median (min–max) of each figure over the repetitions (in
-    ``width`` columns, see :func:`~shardkit.bench.train.train_table`)."""
+    ``width`` columns, see :func:`~shardkit.bench.train_report.train_table`)."""
     cfg = report["config"]
     cuda = cfg["device"].startswith("cuda")
     title = (f"detection training step: {cfg['model']}, shorter side {cfg['size']} px (longer at most "

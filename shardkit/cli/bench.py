@@ -166,7 +166,7 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
                    quiet: bool) -> None:
     """``run(after_run)`` (a training bench), one line per run unless ``quiet``; then the table."""
     from shardkit.bench import write_json
-    from shardkit.bench.train import rate
+    from shardkit.bench.train_report import rate
 
     def after_run(name: str, rep: int, result: TrainRun) -> None:
         if not quiet:

@@ -2,9 +2,11 @@
 
 Layout (dependencies point one way, downwards):
 
-- :mod:`~shardkit.loader.loader`: :class:`ShardLoader`, the epoch, its position and state;
+- :mod:`~shardkit.loader.loader`: :class:`ShardLoader`, the epoch, its position and state
+  (:mod:`~shardkit.loader.arguments`: its arguments checked);
 - :mod:`~shardkit.loader.feeders`: the route's host half in processes of its own (``feeders``),
-  handing batches over through shared device memory;
+  handing batches over through shared device memory (:mod:`~shardkit.loader.feeder_process`: a
+  feeder's side);
 - :mod:`~shardkit.loader.routing` chooses one :class:`~shardkit.loader.route.Route`:
   :mod:`~shardkit.loader.cpu`, :mod:`~shardkit.loader.gpu` or :mod:`~shardkit.loader.coco`,
   each a worker half (builds batches) and a host half (delivers them);

@@ -14,73 +14,21 @@ from torch.utils.data import DataLoader
 
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
+from shardkit.loader.arguments import check_arguments, feeder_count
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.datasets import open_datasets
-from shardkit.loader.feeders import FeederPool, FeederSpec, auto_feeders, feeder_workers
-from shardkit.loader.gpu import GpuRoute
+from shardkit.loader.feeders import FeederPool, FeederSpec, feeder_workers
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.remainder import Remainder
 from shardkit.loader.route import Route
 from shardkit.loader.routing import choose_route
-from shardkit.loader.samples import ON_ERROR
 from shardkit.loader.stats import StageStats
 from shardkit.loader.stream import BatchStream, PlanConfig, raise_failures
 from shardkit.loader.workers import rank_and_world, shutdown_workers, worker_death, worker_loader, workers_running
 from shardkit.transforms.base import ImageTransform
 
 log = logging.getLogger("shardkit.loader")
-
-
-def _check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, on_error: str,
-                     rank: int | None, world_size: int | None, gpu: GpuOptions | None, even_batches: bool,
-                     flags: dict[str, object], pad: object) -> None:
-    """Refuse bad arguments when the loader is built, naming the argument, rather than later in
-    a worker process (where torch would re-raise the error under its own type) or on one route only.
-
-    Raises:
-        LoaderError: an argument is out of range or of the wrong type.
-    """
-    minimum = {"batch_size": (batch_size, 1), "num_workers": (num_workers, 0), "window": (window, 1),
-               "prefetch": (prefetch, 1)}
-    for name, (value, least) in minimum.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise LoaderError(f"{name} must be an int >= {least}, got {value!r}")
-    if on_error not in ON_ERROR:
-        raise LoaderError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    for name, given in (("rank", rank), ("world_size", world_size)):
-        if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
-            raise LoaderError(f"{name} must be an int or None, got {given!r}")
-    if gpu is not None and not isinstance(gpu, GpuOptions):
-        raise LoaderError(f"gpu must be a GpuOptions or None, got {type(gpu).__name__}")
-    for name, flag in {"even_batches": even_batches, **flags}.items():
-        if not isinstance(flag, bool):
-            raise LoaderError(f"{name} must be True or False, got {flag!r}")
-    if not isinstance(pad, int) or (not isinstance(pad, bool) and pad < 1):
-        raise LoaderError(f"pad must be False, True or a positive int (sides rounded up to it), got {pad!r}")
-
-
-def _feeder_count(feeders: int | str, route: Route[Any, Any], transform: object, num_workers: int,
-                  kind: str) -> int:
-    """The feeder processes a loader runs (see ``ShardLoader``'s ``feeders``).
-
-    Raises:
-        LoaderError: a bad value, or feeders asked for where they cannot run (naming why).
-    """
-    if feeders == "auto":
-        return auto_feeders(num_workers) if isinstance(route, GpuRoute) else 0
-    if isinstance(feeders, bool) or not isinstance(feeders, int) or feeders < 0:
-        raise LoaderError(f"feeders must be 'auto' or an int >= 0, got {feeders!r}")
-    if feeders == 0:
-        return 0
-    if kind == "coco" or not isinstance(transform, ImageTransform):
-        raise LoaderError("feeders need an ImageFolder dataset and an ImageTransform (transforms.imagenet_train "
-                          "or imagenet_val): they hand over one image tensor and one label tensor per batch; "
-                          "use feeders=0")
-    if num_workers < feeders:
-        raise LoaderError(f"feeders share the workers: num_workers must be >= feeders, got num_workers={num_workers}, "
-                          f"feeders={feeders}")
-    return feeders
 
 
 class ShardLoader:
@@ -203,7 +151,7 @@ class ShardLoader:
         disjoint_labels: bool = False,
         feeders: int | str = "auto",
     ) -> None:
-        _check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
+        check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
                          flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
                                 "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes,
@@ -243,8 +191,12 @@ class ShardLoader:
         self.label_map: dict[Any, int] | None = self.route.label_map
         #: COCO: the annotation file's categories (``id``, ``name``, ...) as packed.
         self.categories = self.manifest.categories
+        self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._stream = BatchStream(self.config, self.route.builder, self._control)
+        self._dataloader: DataLoader[Any] | None = None
+        self._feeders_auto, self._prefetch = feeders == "auto", prefetch
         #: Feeder processes running the route (0: it runs in this process); see ``feeders``.
-        self.feeders = _feeder_count(feeders, self.route, transform, num_workers, self.manifest.kind)
+        self.feeders = feeder_count(feeders, self.route, transform, num_workers, self.manifest.kind)
         self._pool: FeederPool | None = None
         if self.feeders:
             specs = [FeederSpec(self.manifest, self.reader, transform, self.device, on_error,  # type: ignore[arg-type]
@@ -254,17 +206,9 @@ class ShardLoader:
             try:
                 self._pool = FeederPool(specs)
             except LoaderError as err:
-                if feeders != "auto":
-                    raise
-                log.warning("shardkit: the route runs in this process, without feeder processes: %s", err)
-                self.feeders = 0
-        self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
-        self._stream = BatchStream(self.config, self.route.builder, self._control)
-        self._dataloader: DataLoader[Any] | None = None
-        self._feeders_auto, self._prefetch = feeders == "auto", prefetch
-        if num_workers > 0 and self._pool is None:
-            self._dataloader = worker_loader(self._stream, num_workers=num_workers, prefetch=prefetch,
-                                             pin_memory=self.route.pin_memory)
+                self._without_feeders(err)
+        else:
+            self._local_workers()
         # Where we stand: the next batch to deliver is batch _pos[1] of epoch _pos[0]. _fresh:
         # _pos was set as a starting point (init, set_epoch, load_state_dict, epoch finished);
         # otherwise an iteration was abandoned mid-epoch and the next one starts a new epoch.
@@ -370,13 +314,22 @@ class ShardLoader:
         try:
             self._pool.start()
         except LoaderError as err:
-            if not self._feeders_auto:
-                raise
-            log.warning("shardkit: feeder processes could not start (%s); the route runs in this process", err)
-            self._pool, self.feeders = None, 0
-            if self.num_workers > 0:
-                self._dataloader = worker_loader(self._stream, num_workers=self.num_workers, prefetch=self._prefetch,
-                                                 pin_memory=self.route.pin_memory)
+            self._without_feeders(err)
+
+    def _without_feeders(self, why: LoaderError) -> None:
+        """Feeders that cannot run (``why``): with ``feeders="auto"`` the route runs in this process,
+        with one warning; asked for by number, ``why`` is raised."""
+        if not self._feeders_auto:
+            raise why
+        log.warning("shardkit: feeder processes cannot run (%s); the route runs in this process", why)
+        self._pool, self.feeders = None, 0
+        self._local_workers()
+
+    def _local_workers(self) -> None:
+        """The worker processes of the route run in this process (none with ``num_workers=0``)."""
+        if self.num_workers > 0:
+            self._dataloader = worker_loader(self._stream, num_workers=self.num_workers, prefetch=self._prefetch,
+                                             pin_memory=self.route.pin_memory)
 
     def _hand_workers(self, epoch: int, rest: Remainder | None) -> None:
         """Give the batch stream what an elastic resume left of ``epoch`` (or take a remainder it

@@ -152,7 +152,7 @@ def test_device_ms_counts_kernels_of_every_thread() -> None:
 
 
 def test_the_table_calls_a_step_host_bound_when_its_device_time_is_well_under_its_wall_time() -> None:
-    from shardkit.bench.train import train_table
+    from shardkit.bench.train_report import train_table
 
     def row(synthetic: float, step_gpu_ms: float | None) -> dict[str, object]:
         one = {"median": 1.0, "min": 1.0, "max": 1.0, "runs": [1.0]}

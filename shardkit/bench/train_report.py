@@ -1,0 +1,71 @@
+"""The table of a training bench (:mod:`shardkit.bench.train`, :mod:`shardkit.bench.train_detection`):
+one row per loader, median (min–max) over the repetitions, in a terminal's width."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["HOST_BOUND", "rate", "train_table"]
+
+#: A step whose device time is under this share of its wall time is called host-bound in the table.
+HOST_BOUND = 0.8
+
+
+def rate(images_per_second: float) -> str:
+    """An images/s figure: whole numbers from 100 on, one decimal below (a detector on the CPU).
+
+    Example:
+        >>> rate(1234.5), rate(6.27)
+        ('1,234', '6.3')
+    """
+    return f"{images_per_second:,.0f}" if images_per_second >= 100 else f"{images_per_second:.1f}"
+
+
+def train_table(title: str, results: list[dict[str, Any]], batch_size: int, width: int | None = None) -> str:
+    """``title`` over one row per contender of ``results`` (a report's): median (min–max) of each
+    figure over the repetitions (the value alone after one). ``step ms``: the synthetic step's
+    wall time, with its device time in brackets where measured (CUDA; much less: host-bound).
+    In ``width`` columns (a terminal's), each contender as a block of short lines instead when the
+    table is wider, the notes wrapped."""
+
+    def cell(s: dict[str, Any], fmt: Callable[[float], str]) -> str:
+        return fmt(s["median"]) if len(s["runs"]) == 1 else f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"
+
+    def share(x: float) -> str:
+        return f"{x:.0%}"
+
+    def ms(x: float | None) -> str:
+        return "—" if x is None else f"{x:.1f}"
+
+    rows = []
+    host_bound = False
+    for r in results:
+        wall = 1e3 * batch_size / r["synthetic_images_per_second"]["median"]
+        gpu = r.get("step_gpu_ms")
+        step = f"{wall:.1f}" if gpu is None else f"{wall:.1f} ({gpu:.1f})"
+        host_bound = host_bound or (gpu is not None and gpu < HOST_BOUND * wall)
+        rows.append((r["label"], cell(r["fed_images_per_second"], rate), cell(r["synthetic_images_per_second"], rate),
+                     cell(r["share"], share), f"{r['host_wait_fraction']['median']:.1%}", step,
+                     ms(r["loader_gpu_ms_per_batch"])))
+    notes = []
+    if any(r.get("step_gpu_ms") is not None for r in results):
+        notes.append("step ms: the synthetic step's wall time (device time in brackets); loader GPU ms: device "
+                     "time of one batch of the loader alone (torch.profiler; — for a loader with feeder processes, "
+                     "whose device work is outside this process's profile).")
+    if host_bound:
+        notes.append("The step is host-bound (its device time is well under its wall time): its Python and kernel "
+                     "launches set its pace, and a loader costs it host time (the GIL, CPU) more than GPU time.")
+    lines = [f"{'pipeline':<40} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
+             f"{'step ms':>14} {'loader GPU ms/batch':>19}"]
+    lines += [f"{a:<40} {b:>22} {c:>22} {d:>20} {e:>10} {f:>14} {g:>19}" for a, b, c, d, e, f, g in rows]
+    if width is None or max(map(len, lines)) <= width:
+        return "\n".join([title, *lines, *notes])
+    blocks = []
+    for label, fed, synthetic, share_, wait, step, loader in rows:
+        blocks += [label, f"    fed {fed} img/s   synthetic {synthetic} img/s",
+                   f"    share {share_}   host wait {wait}",
+                   f"    step {step} ms" + ("" if loader == "—" else f"   loader GPU {loader} ms/batch")]
+    wrap = textwrap.TextWrapper(width=max(width, 40), subsequent_indent="  ", break_on_hyphens=False)
+    return "\n".join([wrap.fill(title), *blocks, *(wrap.fill(n) for n in notes)])

@@ -1,0 +1,66 @@
+"""A :class:`~shardkit.loader.ShardLoader`'s arguments, checked when it is built (naming the
+argument), and the number of feeder processes its ``feeders`` argument asks for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardkit.errors import LoaderError
+from shardkit.loader.feeders import auto_feeders
+from shardkit.loader.gpu import GpuOptions, GpuRoute
+from shardkit.loader.route import Route
+from shardkit.loader.samples import ON_ERROR
+from shardkit.transforms.base import ImageTransform
+
+__all__ = ["check_arguments", "feeder_count"]
+
+
+def check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, on_error: str,
+                     rank: int | None, world_size: int | None, gpu: GpuOptions | None, even_batches: bool,
+                     flags: dict[str, object], pad: object) -> None:
+    """Refuse bad arguments when the loader is built, naming the argument, rather than later in
+    a worker process (where torch would re-raise the error under its own type) or on one route only.
+
+    Raises:
+        LoaderError: an argument is out of range or of the wrong type.
+    """
+    minimum = {"batch_size": (batch_size, 1), "num_workers": (num_workers, 0), "window": (window, 1),
+               "prefetch": (prefetch, 1)}
+    for name, (value, least) in minimum.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise LoaderError(f"{name} must be an int >= {least}, got {value!r}")
+    if on_error not in ON_ERROR:
+        raise LoaderError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    for name, given in (("rank", rank), ("world_size", world_size)):
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
+            raise LoaderError(f"{name} must be an int or None, got {given!r}")
+    if gpu is not None and not isinstance(gpu, GpuOptions):
+        raise LoaderError(f"gpu must be a GpuOptions or None, got {type(gpu).__name__}")
+    for name, flag in {"even_batches": even_batches, **flags}.items():
+        if not isinstance(flag, bool):
+            raise LoaderError(f"{name} must be True or False, got {flag!r}")
+    if not isinstance(pad, int) or (not isinstance(pad, bool) and pad < 1):
+        raise LoaderError(f"pad must be False, True or a positive int (sides rounded up to it), got {pad!r}")
+
+
+def feeder_count(feeders: int | str, route: Route[Any, Any], transform: object, num_workers: int,
+                  kind: str) -> int:
+    """The feeder processes a loader runs (see ``ShardLoader``'s ``feeders``).
+
+    Raises:
+        LoaderError: a bad value, or feeders asked for where they cannot run (naming why).
+    """
+    if feeders == "auto":
+        return auto_feeders(num_workers) if isinstance(route, GpuRoute) else 0
+    if isinstance(feeders, bool) or not isinstance(feeders, int) or feeders < 0:
+        raise LoaderError(f"feeders must be 'auto' or an int >= 0, got {feeders!r}")
+    if feeders == 0:
+        return 0
+    if kind == "coco" or not isinstance(transform, ImageTransform):
+        raise LoaderError("feeders need an ImageFolder dataset and an ImageTransform (transforms.imagenet_train "
+                          "or imagenet_val): they hand over one image tensor and one label tensor per batch; "
+                          "use feeders=0")
+    if num_workers < feeders:
+        raise LoaderError(f"feeders share the workers: num_workers must be >= feeders, got num_workers={num_workers}, "
+                          f"feeders={feeders}")
+    return feeders
