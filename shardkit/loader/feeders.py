@@ -280,8 +280,8 @@ class FeederPool:
                     h.ready = [torch.cuda.Event.from_ipc_handle(self.device, x) for x in events]
                     with torch.cuda.device(self.device):  # an event belongs to the device current at its handle
                         h.released = [torch.cuda.Event(interprocess=True) for _ in events]
-                        handles = [e.ipc_handle() for e in h.released]
-                    h.send("released", handles)
+                        released = [e.ipc_handle() for e in h.released]
+                    h.send("released", released)
         except ShardkitError:
             _close_all(handles)
             raise
