@@ -75,12 +75,15 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "dali_files: DALI's file reader on IMAGEFOLDER_DIR. Detector [default: cocodetection, "
                    "shardloader, and on cuda shardloader_cpu]: shardloader on --device (on cuda the COCO GPU "
                    "route), shardloader_cpu: ShardLoader on the CPU, its batches copied to the device.")
+@click.option("--feeders", default="auto", show_default=True, metavar="auto|N",
+              help="--train with a classifier: the shardloader contender's feeder processes (ShardLoader's "
+                   "feeders; auto: one per 5 workers, 1 to 4, on cuda).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, shards: str | None, workers: int,
                   batch_size: int | None, device: str, transform: str, size: int | None, epochs: int, repeats: int,
                   warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
                   plot: str | None, train_model: str | None, steps: int, contenders: tuple[str, ...],
-                  quiet: bool) -> None:
+                  feeders: str, quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
 
@@ -101,6 +104,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if detector and annotations is None:
         raise click.UsageError(f"--train {train_model} is a detector: it needs --annotations, the COCO instances "
                                "JSON (IMAGEFOLDER_DIR is then its images directory)")
+    feeder_count = _feeders(feeders, workers, train_model is not None and not detector)
     fitting = DETECTOR_CONTENDERS if detector else CLASSIFIER_CONTENDERS
     if train_model is not None and not set(contenders) <= set(fitting):
         wrong = ", ".join(c for c in contenders if c not in fitting)
@@ -121,7 +125,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if train_model is not None:
         _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
                size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet,
-               contenders=contenders)
+               contenders=contenders, feeders=feeder_count)
         return
     if contenders:
         raise click.UsageError("--contender chooses --train loaders; without --train use --no-webdataset")
@@ -184,9 +188,25 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
         click.echo(f"report: {out}")
 
 
+def _feeders(value: str, workers: int, classifier: bool) -> int | str:
+    """--feeders as ShardLoader's ``feeders`` ("auto" or a count from 0 to --workers)."""
+    if value == "auto":
+        return value
+    if not classifier:
+        raise click.UsageError("--feeders applies to --train with a classifier (resnet18, resnet50)")
+    try:
+        count = int(value)
+    except ValueError:
+        raise click.UsageError(f"--feeders must be auto or a whole number, got {value!r}") from None
+    if not 0 <= count <= workers:
+        raise click.UsageError(f"--feeders must be from 0 to --workers ({workers}): the feeders share the workers, "
+                               f"got {count}")
+    return count
+
+
 def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int, batch_size: int, device: str,
            size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool,
-           contenders: tuple[str, ...]) -> None:
+           contenders: tuple[str, ...], feeders: int | str) -> None:
     from shardkit.bench.dali import dali_available
     from shardkit.bench.train import TrainBenchConfig, format_train_table, run_train_bench
 
@@ -195,7 +215,8 @@ def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int
         contenders = ("imagefolder", "shardloader", *(("dali",) if dali_available() else ()))
     cfg = TrainBenchConfig(imagefolder=imagefolder_dir, shards=shards, model=model, size=size,
                            batch_size=batch_size, workers=workers, steps=steps, warmup=warmup, repeats=repeats,
-                           device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)))
+                           device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)),
+                           feeders=feeders)
     _measure_train(lambda after_run: run_train_bench(cfg, after_run=after_run), format_train_table,
                    repeats=repeats, out=out, quiet=quiet)
 
