@@ -7,11 +7,24 @@ the step. For every contender and repetition, on one freshly built loader:
    batch, so the step does exactly the work it does when fed), ``warmup`` steps then ``steps``
    timed ones, synchronised at both ends: the rate the GPU could reach. Where batches differ in
    cost (detection: image sizes), it cycles over the loader's first ``fixed_batches`` instead;
-2. *fed*: the same step on the loader's batches, epochs chained, ``warmup`` then ``steps`` timed.
+2. *fed*: the same step on the loader's batches, epochs chained, ``warmup`` untimed steps, then
+   untimed steps until the loader's read-ahead is used up (below), then ``steps`` timed;
+3. *synthetic* again, as in 1.
 
-``share = fed / synthetic``, measured right after each other so drift of the machine hits both.
-Contenders run in alternating order (A B, B A, …). ``host_wait`` is the part of the fed run the
-training loop spent waiting for the next batch. On CUDA, two figures say where a lost share
+``share = fed / synthetic``, the synthetic rate taken over both synthetic runs (images over
+seconds), so drift of the machine during a run hits both sides alike. Contenders run in
+alternating order (A B, B A, …). ``host_wait`` is the part of the fed run the training loop
+spent waiting for the next batch.
+
+*Read-ahead.* A loader keeps making batches while the synthetic run takes none, so it starts the
+fed run with its buffers full (prefetch queues, a feeder's ring: a dozen batches or more), which
+would be counted as free batches. Timing therefore starts at the first step after ``warmup``
+whose batch the loop had to wait for (``next`` took over :data:`DRAINED_WAIT_S`): from there on
+the buffers are as empty at the start as they are at the end of a loader-bound run. A loader
+that never makes the step wait (faster than the step) keeps them full at both ends, which is
+as fair; the search gives up after ``steps`` untimed steps. ``drain_steps`` says how many it took.
+
+On CUDA, two figures say where a lost share
 goes (``torch.profiler``: the summed durations of the kernels and copies on the device, from
 every thread and stream of the process): ``step_gpu_ms``, the device time of one step
 (against the synthetic wall time per step: a step whose device time is well below its wall time
@@ -58,6 +71,7 @@ __all__ = ["MODELS", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "forma
 MODELS = ("resnet18", "resnet50")
 TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_tc", "dali", "dali_files")
 DALI_CONTENDERS = ("dali", "dali_files")
+DRAINED_WAIT_S = 1e-3  # a wait for ``next`` this long: the loader had no batch ready (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,7 @@ class TrainBenchConfig:
     device: str = "cuda"
     compile: bool = True
     contenders: tuple[str, ...] = ("imagefolder", "shardloader")
+    feeders: int | str = "auto"  # the shardloader contender's (ShardLoader's feeders)
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot be measured."""
@@ -88,6 +103,9 @@ class TrainBenchConfig:
         unknown = set(self.contenders) - set(TRAIN_CONTENDERS)
         if unknown or not self.contenders:
             raise ValueError(f"contenders must be among {TRAIN_CONTENDERS}, got {self.contenders}")
+        if self.feeders != "auto" and (not isinstance(self.feeders, int) or not 0 <= self.feeders <= self.workers):
+            raise ValueError(f"feeders must be 'auto' or an int from 0 to workers ({self.workers}), "
+                             f"got {self.feeders!r}")
         if set(self.contenders) & set(DALI_CONTENDERS) and not dali.dali_available():
             raise ValueError("the dali contenders need NVIDIA DALI (pip install nvidia-dali-cuda130)")
 
@@ -186,6 +204,7 @@ class TrainRun:
     host_wait_fraction: float
     loader_gpu_ms_per_batch: float | None
     step_gpu_ms: float | None = None
+    drain_steps: int = 0  # untimed fed steps after the warm-up until the loader's read-ahead was used up
 
     @property
     def share(self) -> float:
@@ -222,22 +241,40 @@ def device_ms(work: Callable[[], object], n: int, device: torch.device) -> float
     return micros / n / 1e3
 
 
+def _drain(step: Step, batches: Iterator[tuple[Any, Any]], limit: int) -> int:
+    """Run untimed steps until one had to wait for its batch (see the module doc); how many ran."""
+    for n in range(1, limit + 1):
+        w0 = time.perf_counter()
+        images, labels = next(batches)
+        waited = time.perf_counter() - w0
+        step(images, labels)
+        if waited >= DRAINED_WAIT_S:
+            return n
+    return limit
+
+
 def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch_size: int,
             fixed_batches: int = 1, profile_batches: int = 10) -> TrainRun:
-    """Synthetic then fed rate of ``step`` with ``loader`` (see the module doc); the synthetic run
-    cycles over the loader's first ``fixed_batches``, through ``step.to_device`` and ``step.clone``.
-    On CUDA the step's and the loader's device time follow, over ``profile_batches`` each."""
+    """Synthetic, fed, then synthetic again: the rates of ``step`` with ``loader`` (see the module
+    doc); the synthetic runs cycle over the loader's first ``fixed_batches``, through
+    ``step.to_device`` and ``step.clone``. On CUDA the step's and the loader's device time
+    follow, over ``profile_batches`` each."""
     fed = map(step.to_device, _forever(loader))
     synthetic = itertools.cycle([step.clone(next(fed)) for _ in range(fixed_batches)])
-    _steps(step, synthetic, warmup)
-    seconds, _ = _steps(step, synthetic, steps)
-    synthetic_rate = steps * batch_size / seconds
+
+    def synthetic_seconds() -> float:
+        _steps(step, synthetic, warmup)
+        return _steps(step, synthetic, steps)[0]
+
+    before = synthetic_seconds()
     step_ms = device_ms(lambda: step(*next(synthetic)), profile_batches, step.device)
     _steps(step, fed, warmup)
+    drained = _drain(step, fed, steps)
     seconds, waited = _steps(step, fed, steps)
     # a loader with feeder processes does its device work there, outside this process's profile
     loader_ms = None if getattr(loader, "feeders", 0) else device_ms(lambda: next(fed), profile_batches, step.device)
-    return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms)
+    synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
+    return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms, drained)
 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:
@@ -265,9 +302,12 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
         return build
 
     if "shardloader" in cfg.contenders:
-        feeders = auto_feeders(cfg.workers) if cfg.device.startswith("cuda") else 0
+        if cfg.feeders == "auto":
+            feeders = auto_feeders(cfg.workers) if cfg.device.startswith("cuda") else 0
+        else:
+            feeders = int(cfg.feeders)
         label = f"shardkit ShardLoader, {counted(feeders, 'feeder')}" if feeders else "shardkit ShardLoader"
-        out["shardloader"] = (label, shardloader(None))
+        out["shardloader"] = (label, shardloader(None, feeders=cfg.feeders))
     if "shardloader_inproc" in cfg.contenders:  # the route in the training process (feeders=0)
         out["shardloader_inproc"] = ("shardkit ShardLoader, no feeders", shardloader(None, feeders=0))
     if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads

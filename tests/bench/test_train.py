@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +65,8 @@ def test_the_fed_run_takes_the_loaders_batches_across_epochs(tiny_tree: Path) ->
     step = TrainStep("resnet18", 2, torch.device("cpu"), compile=False)
     loader = Loader()
     run = measure(step, loader, steps=3, warmup=0, batch_size=4)
-    assert len(seen) == 1 + 3 and loader.epochs == 2  # the fixed (first) batch, then the timed steps
+    # the fixed (first) batch, the untimed steps looking for a wait, the timed steps
+    assert len(seen) == 1 + run.drain_steps + 3 and loader.epochs == (len(seen) + 1) // 2
     assert run.fed_images_per_second > 0 and run.loader_gpu_ms_per_batch is None
 
 
@@ -71,6 +75,24 @@ def test_settings_are_checked(tiny_tree: Path, packed: Path) -> None:
         run_train_bench(_cfg(tiny_tree, packed, model="vit"))
     with pytest.raises(ValueError, match="contenders"):
         run_train_bench(_cfg(tiny_tree, packed, contenders=("ffcv",)))
+    with pytest.raises(ValueError, match="feeders must be 'auto' or an int from 0 to workers"):
+        run_train_bench(_cfg(tiny_tree, packed, feeders=1))  # workers=0
+
+
+def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: Path) -> None:
+    runner = CliRunner()
+    base = ["bench", str(tiny_tree), "--shards", str(packed), "--size", "32", "--batch-size", "4", "--steps", "1",
+            "--warmup", "0", "--repeats", "1", "-q"]
+    for args, message in [(["--train", "resnet18", "--feeders", "x"], "--feeders must be auto or a whole number"),
+                          (["--train", "resnet18", "--feeders", "3", "--workers", "2"],
+                           "--feeders must be from 0 to --workers (2)"),
+                          (["--feeders", "1"], "--feeders applies to --train with a classifier")]:
+        wrong = runner.invoke(cli, [*base, *args])
+        assert wrong.exit_code == 2 and message in wrong.output, wrong.output
+    ok = runner.invoke(cli, [*base, "--train", "resnet18", "--feeders", "1", "--workers", "1",
+                             "--contender", "shardloader"])
+    assert ok.exit_code == 0, ok.output
+    assert "shardkit ShardLoader, 1 feeder " in ok.output  # the CPU route in one feeder process
 
 
 def test_dali_contenders_need_dali(tiny_tree: Path, packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,28 +118,56 @@ def test_cli_needs_packed_shards_and_prints_the_table(tiny_tree: Path, packed: P
     assert "share" in ok.output and json.loads(out.read_text())["schema"] == "shardkit.bench.train/1"
 
 
-def test_the_synthetic_run_cycles_over_the_first_fixed_batches() -> None:
-    """fixed_batches=3: the synthetic steps take clones of batches 0, 1, 2, 0, 1, …; the fed run goes on from 3."""
-    taken: list[int] = []
+class _Recording:
+    """A step that records which batch (its first value) each call took, and costs nothing."""
 
-    class Recording:
-        device = torch.device("cpu")  # no device times measured (CUDA only)
+    device = torch.device("cpu")  # no device times measured (CUDA only)
 
-        def to_device(self, batch: Any) -> tuple[Any, Any]:
-            return batch[0], batch[1]
+    def __init__(self) -> None:
+        self.taken: list[int] = []
 
-        def clone(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
-            return batch[0].clone(), batch[1]
+    def to_device(self, batch: Any) -> tuple[Any, Any]:
+        return batch[0], batch[1]
 
-        def __call__(self, images: torch.Tensor, labels: Any, /) -> None:
-            taken.append(int(images[0]))
+    def clone(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
+        return batch[0].clone(), batch[1]
 
-        def sync(self) -> None:
-            pass
+    def __call__(self, images: torch.Tensor, labels: Any, /) -> None:
+        self.taken.append(int(images[0]))
 
-    loader = [(torch.tensor([i]), None) for i in range(10)]  # one epoch of 10 batches
-    measure(Recording(), loader, steps=4, warmup=1, batch_size=1, fixed_batches=3)
-    assert taken == [0, 1, 2, 0, 1] + [3, 4, 5, 6, 7]
+    def sync(self) -> None:
+        pass
+
+
+def test_the_synthetic_runs_cycle_over_the_first_fixed_batches() -> None:
+    """fixed_batches=3: the synthetic steps take clones of batches 0, 1, 2, 0, 1, …, before and
+    after the fed run, which goes on from 3 (a list never makes the step wait: the search for a
+    wait runs its full ``steps`` untimed steps)."""
+    step = _Recording()
+    loader = [(torch.tensor([i]), None) for i in range(20)]  # one epoch of 20 batches
+    run = measure(step, loader, steps=4, warmup=1, batch_size=1, fixed_batches=3)
+    assert run.drain_steps == 4
+    assert step.taken == [0, 1, 2, 0, 1] + list(range(3, 3 + 1 + 4 + 4)) + [2, 0, 1, 2, 0]
+
+
+def test_the_fed_run_is_timed_once_the_loaders_read_ahead_is_used_up() -> None:
+    """A loader holding 12 ready batches (a full ring) and then making one every 10 ms: the timed
+    steps start after the first wait, so the rate is the loader's, not inflated by the 12 free
+    batches (12 timed steps with them would read more than twice the rate)."""
+    period, ready = 0.010, 12
+
+    class ReadAhead:
+        def __iter__(self) -> Iterator[tuple[torch.Tensor, None]]:
+            for i in itertools.count():
+                if i > ready:
+                    time.sleep(period)
+                yield torch.tensor([i]), None
+
+    step = _Recording()
+    run = measure(step, ReadAhead(), steps=12, warmup=2, batch_size=1)
+    assert run.drain_steps == ready - 2 + 1  # the batches left after the warm-up, then the first wait
+    assert run.fed_images_per_second < 1.2 / period
+    assert run.host_wait_fraction > 0.5
 
 
 def test_device_ms_is_none_off_cuda() -> None:
