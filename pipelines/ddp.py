@@ -97,9 +97,26 @@ def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
         parser.exit(2, f"{parser.prog}: error: {err}\n")
 
 
+WORKERS_HELP = ("loader worker processes per rank ('auto': this rank's share of the usable cores less one, "
+                "1 to 32)")
+
+
+def count_or_auto(text: str) -> int | str:
+    """An option's value: ``auto`` or a whole number >= 0."""
+    if text == "auto":
+        return text
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number >= 0, got {text!r}")
+    return count
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every evaluation recipe takes: loader workers, device, key logging."""
-    parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")
+    parser.add_argument("--workers", type=count_or_auto, default="auto", help=WORKERS_HELP)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu or cuda (under torchrun each rank takes GPU LOCAL_RANK)")
     parser.add_argument("--log-keys", default=None, metavar="DIR",
@@ -118,7 +135,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, log_every: int) -> Non
     """The options every training recipe takes: length, loader, device, checkpoints, logging."""
     parser.add_argument("--epochs", type=int, default=1, help="epochs to train in total")
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps in total (0: no limit)")
-    parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")
+    parser.add_argument("--workers", type=count_or_auto, default="auto", help=WORKERS_HELP)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu or cuda (under torchrun each rank takes GPU LOCAL_RANK)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the loader's order and augmentation")

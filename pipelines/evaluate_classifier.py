@@ -38,7 +38,7 @@ def make_model(arch: str, num_classes: int) -> torch.nn.Module:
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
 
 
-def val_loader(shards: str, *, batch_size: int, size: int, workers: int, device: torch.device,
+def val_loader(shards: str, *, batch_size: int, size: int, workers: int | str, device: torch.device,
                keys: bool = False) -> shardkit.ShardLoader:
     """The evaluation loader: centre crops, manifest order, each sample once over all ranks."""
     return shardkit.ShardLoader(

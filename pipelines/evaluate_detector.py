@@ -55,8 +55,8 @@ def make_model(arch: str, num_classes: int, min_size: int, max_size: int) -> tor
                                         min_size=min_size, max_size=max_size)
 
 
-def val_loader(shards: str, *, batch_size: int, min_size: int, max_size: int, workers: int, device: torch.device,
-               keys: bool = False) -> shardkit.ShardLoader:
+def val_loader(shards: str, *, batch_size: int, min_size: int, max_size: int, workers: int | str,
+               device: torch.device, keys: bool = False) -> shardkit.ShardLoader:
     """The evaluation loader: resized as the model does, manifest order, each image once over all ranks."""
     return shardkit.ShardLoader(
         shards,

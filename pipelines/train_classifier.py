@@ -148,16 +148,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _feeders(text: str) -> int | str:
-    """``--feeders``: ``auto`` or a whole number."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {text!r}") from None
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ddp.add_dataset_arguments(parser, "training dataset")
@@ -167,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--size", type=int, default=224, help="side of the training crops")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--feeders", type=_feeders, default="auto",
+    parser.add_argument("--feeders", type=ddp.count_or_auto, default="auto",
                         help="processes that decode and augment outside the training process on the GPU route, "
                              "sharing the workers ('auto': one per 5 workers; 0: none)")
     ddp.add_run_arguments(parser, log_every=50)

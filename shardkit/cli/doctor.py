@@ -8,14 +8,15 @@ import sys
 import click
 
 from shardkit.doctor import LoaderPlan, diagnose
-from shardkit.doctor.resources import usable_cores
+from shardkit.machine import auto_workers
 
 _MARK = {"ok": ("ok", "green"), "note": ("note", "yellow"), "problem": ("PROBLEM", "red")}
 
 
 @click.command("doctor")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
-              help="Loader workers you plan to use [default: usable cores - 1, at most 8].")
+              help="Loader workers you plan to use [default: what num_workers='auto' picks: this "
+                   "process's share of the usable cores - 1, 1 to 32].")
 @click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
 @click.option("--size", default=224, show_default=True, type=click.IntRange(min=1),
               help="Output side in pixels.")
@@ -32,7 +33,7 @@ def doctor_command(workers: int | None, batch_size: int, size: int, prefetch: in
     not installed) do not change the exit code.
     """
     if workers is None:
-        workers = max(1, min(8, usable_cores() - 1))
+        workers = auto_workers()
     plan = LoaderPlan(workers=workers, batch_size=batch_size, size=size, prefetch=prefetch)
     findings = diagnose(plan)
     problems = [f for f in findings if f.status == "problem"]

@@ -6,6 +6,7 @@ import os
 import shutil
 
 from shardkit.doctor.findings import Finding, LoaderPlan
+from shardkit.machine import usable_cores
 
 SHM = "/dev/shm"
 #: Below this soft ``RLIMIT_NOFILE``, DataLoader workers hit "Too many open files" (torch shares
@@ -67,14 +68,6 @@ def check_cores(plan: LoaderPlan, cores: int) -> Finding:
         return Finding("cores", "note", detail + ": none left for the training process",
                        fix=f"--workers {cores - 1}")
     return Finding("cores", "ok", detail)
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (``sched_getaffinity``), else ``os.cpu_count()``."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def check_resources(plan: LoaderPlan) -> list[Finding]:

@@ -3,6 +3,7 @@ argument), and the number of feeder processes its ``feeders`` argument asks for.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from shardkit.errors import LoaderError
@@ -10,9 +11,28 @@ from shardkit.loader.feeders import auto_feeders
 from shardkit.loader.gpu import GpuOptions, GpuRoute
 from shardkit.loader.route import Route
 from shardkit.loader.samples import ON_ERROR
+from shardkit.machine import auto_workers, local_processes, usable_cores
 from shardkit.transforms.base import ImageTransform
 
-__all__ = ["check_arguments", "feeder_count"]
+__all__ = ["check_arguments", "feeder_count", "worker_count"]
+
+log = logging.getLogger("shardkit.loader")
+
+
+def worker_count(num_workers: int | str) -> int:
+    """``num_workers`` as a count, ``"auto"`` resolved (:func:`~shardkit.machine.auto_workers`, logged).
+
+    Raises:
+        LoaderError: neither ``"auto"`` nor an int >= 0.
+    """
+    if num_workers != "auto":
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise LoaderError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+        return num_workers
+    count = auto_workers()
+    log.info("shardkit: num_workers='auto': %d workers (%d usable cores, %d process(es) of this job on the host)",
+             count, usable_cores(), local_processes())
+    return count
 
 
 def check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, on_error: str,

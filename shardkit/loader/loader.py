@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
-from shardkit.loader.arguments import check_arguments, feeder_count
+from shardkit.loader.arguments import check_arguments, feeder_count, worker_count
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.datasets import open_datasets
 from shardkit.loader.feeders import FeederPool, FeederSpec, feeder_workers
@@ -45,7 +45,10 @@ class ShardLoader:
             (a list of decoded images). COCO datasets: a detection transform
             (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
             are ``(images, targets)``, see :mod:`shardkit.loader.coco`.
-        num_workers: worker processes (persistent across epochs); 0 reads in this process.
+        num_workers: worker processes (persistent across epochs); 0 reads in this process;
+            ``"auto"``: this process's share of the usable cores (divided among the processes
+            torchrun started on the host, ``LOCAL_WORLD_SIZE``) less one for the training loop,
+            1 to 32 (:func:`shardkit.machine.auto_workers`); ``loader.num_workers`` says how many.
         device: where batches are delivered (``"cpu"`` or ``"cuda[:i]"``).
         shuffle, seed: epoch order is a pure function of ``(seed, epoch, manifest)``.
         drop_last: True: every sample at most once per epoch; False: at least once, padded.
@@ -127,7 +130,7 @@ class ShardLoader:
         *,
         batch_size: int,
         transform: ImageTransform | Callable[..., Any] | None = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         device: str | torch.device = "cpu",
         shuffle: bool = True,
         seed: int = 0,
@@ -151,7 +154,8 @@ class ShardLoader:
         disjoint_labels: bool = False,
         feeders: int | str = "auto",
     ) -> None:
-        check_arguments(batch_size=batch_size, num_workers=num_workers, window=window, prefetch=prefetch,
+        workers = worker_count(num_workers)
+        check_arguments(batch_size=batch_size, num_workers=workers, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
                          flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
                                 "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes,
@@ -177,14 +181,15 @@ class ShardLoader:
         self._num_batches = self.config.num_batches  # validates rank/world/batch size
         self.transform = transform
         self.keys = keys
-        self.num_workers = num_workers
+        #: Worker processes (``num_workers``, with ``"auto"`` resolved).
+        self.num_workers = workers
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
         self.reader = ShardReader.joined(datasets.parts, cache_dir=cache, cache_bytes=cache_bytes,
                                          verify_hashes=verify_hashes)
         #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
         self.route: Route[Any, Any] = choose_route(
             self.manifest, self.reader, transform, torch.device(device), on_error=on_error, batch_size=batch_size,
-            num_workers=num_workers, prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
+            num_workers=workers, prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
             contiguous_labels=contiguous_labels)
         self.device = self.route.device
         #: COCO with ``contiguous_labels``: category id -> label; otherwise None (labels are the ids).
@@ -196,12 +201,12 @@ class ShardLoader:
         self._dataloader: DataLoader[Any] | None = None
         self._feeders_auto, self._prefetch = feeders == "auto", prefetch
         #: Feeder processes running the route (0: it runs in this process); see ``feeders``.
-        self.feeders = feeder_count(feeders, self.route, transform, num_workers, self.manifest.kind)
+        self.feeders = feeder_count(feeders, self.route, transform, workers, self.manifest.kind)
         self._pool: FeederPool | None = None
         if self.feeders:
             specs = [FeederSpec(self.manifest, self.reader, transform, self.device, on_error,  # type: ignore[arg-type]
                                 batch_size, prefetch, gpu or GpuOptions(), self.config, part, self.feeders,
-                                feeder_workers(part, self.feeders, num_workers), num_workers, preferred_decoder())
+                                feeder_workers(part, self.feeders, workers), workers, preferred_decoder())
                      for part in range(self.feeders)]
             try:
                 self._pool = FeederPool(specs)

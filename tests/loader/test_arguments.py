@@ -12,7 +12,7 @@ from shardkit.loader import GpuOptions
 
 BAD = [
     ("batch_size", 0), ("batch_size", -1), ("batch_size", 2.5), ("batch_size", True),
-    ("num_workers", -1), ("window", 0), ("window", -2), ("prefetch", 0),
+    ("num_workers", -1), ("num_workers", "all"), ("num_workers", 1.5), ("window", 0), ("window", -2), ("prefetch", 0),
     ("device_prefetch", 1), ("device_prefetch", 0), ("decode_threads", 0), ("decode_threads", 1.5),
     ("gpu", {"device_prefetch": 4}), ("on_error", "skip"), ("pad", "8"), ("pad", 2.5), ("pad", 0), ("pad", -1),
     ("masks", "yes"), ("contiguous_labels", 1), ("shuffle", None), ("drop_last", "no"), ("keys", 0),
@@ -85,3 +85,28 @@ def test_removed_hw_decode_options_are_refused(removed: str) -> None:
     with pytest.raises(TypeError, match=removed):
         kwargs: dict[str, Any] = {removed: "mix" if removed == "hw_decode" else 2}
         GpuOptions(**kwargs)
+
+
+def test_auto_workers_take_this_processs_share_of_the_cores_less_one(packed: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from shardkit import machine
+
+    for cores, local, want in [(16, None, 15), (16, "2", 7), (2, None, 1), (1, None, 1), (256, None, 32),
+                               (8, "8", 1)]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        if local is None:
+            monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+        else:
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+        assert machine.auto_workers() == want, (cores, local)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2})
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    loader = ShardLoader(str(packed), batch_size=4, num_workers="auto")
+    assert loader.num_workers == 2 and loader.feeders == 0  # the CPU route runs no feeders
+    assert len(list(loader)) == len(loader)
+    loader.close()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    with pytest.raises(LoaderError, match="LOCAL_WORLD_SIZE='two' from the launcher is not a positive integer"):
+        ShardLoader(str(packed), batch_size=4, num_workers="auto")

@@ -55,6 +55,11 @@ def test_dataset_mistakes_are_usage_errors_not_tracebacks(tmp_path: Path, capsys
         main([str(tmp_path / "nowhere"), "--device", "cpu", "--steps", "1", "--workers", "0"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "nowhere" in err and "Traceback" not in err
+    for option, value in [("--workers", "many"), ("--workers", "-1"), ("--feeders", "x")]:
+        with pytest.raises(SystemExit) as exit_:
+            main([str(packed_sample), "--device", "cpu", option, value])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"{option}: expected 'auto' or a whole number >= 0, got '{value}'" in err
 
 
 def test_a_finished_run_says_there_is_nothing_to_train(tmp_path: Path, capsys, packed_sample: Path) -> None:
