@@ -7,8 +7,8 @@ the step. For every contender and repetition, on one freshly built loader:
    batch, so the step does exactly the work it does when fed), ``warmup`` steps then ``steps``
    timed ones, synchronised at both ends: the rate the GPU could reach. Where batches differ in
    cost (detection: image sizes), it cycles over the loader's first ``fixed_batches`` instead;
-2. *fed*: the same step on the loader's batches, epochs chained, ``warmup`` untimed steps, then
-   untimed steps until the loader's read-ahead is used up (below), then ``steps`` timed;
+2. *fed*: the same step on the loader's batches, epochs chained: ``warmup + steps`` untimed
+   steps (the lead-in, below), then ``steps`` timed;
 3. *synthetic* again, as in 1.
 
 ``share = fed / synthetic``, the synthetic rate taken over both synthetic runs (images over
@@ -16,13 +16,18 @@ seconds), so drift of the machine during a run hits both sides alike. Contenders
 alternating order (A B, B A, …). ``host_wait`` is the part of the fed run the training loop
 spent waiting for the next batch.
 
-*Read-ahead.* A loader keeps making batches while the synthetic run takes none, so it starts the
-fed run with its buffers full (prefetch queues, a feeder's ring: a dozen batches or more), which
-would be counted as free batches. Timing therefore starts at the first step after ``warmup``
-whose batch the loop had to wait for (``next`` took over :data:`DRAINED_WAIT_S`): from there on
-the buffers are as empty at the start as they are at the end of a loader-bound run. A loader
-that never makes the step wait (faster than the step) keeps them full at both ends, which is
-as fair; the search gives up after ``steps`` untimed steps. ``drain_steps`` says how many it took.
+*Read-ahead.* A loader keeps making batches while a synthetic run takes none. Each synthetic
+run therefore starts after a pause (``settle_s``) in which the loader fills its buffers
+(prefetch queues, a feeder's ring) and goes idle, so the step runs beside an idle loader, as
+alike for every contender as a pause can make it. The fed run then starts with those buffers
+full: batches it did not wait for. Its lead-in uses them up: a loader delivering a share ``s``
+of the step's rate drains ``(1 - s)`` of a batch per step, so ``warmup + steps`` untimed steps
+leave at most ``H - (1 - s)(warmup + steps)`` of its ``H`` buffered batches to be counted in the
+timed steps (with 3 feeders, ``H`` is about 12; 215 lead-in steps drain them at any share up to
+94%), and a loader faster than the step keeps its buffers full at both ends of the timed run,
+which counts nothing free. The same lead-in for every contender; no guess at when a buffer is
+empty (a single long wait for ``next`` can come from the GIL or the allocator with batches
+ready).
 
 On CUDA, two figures say where a lost share
 goes (``torch.profiler``: the summed durations of the kernels and copies on the device, from
@@ -65,13 +70,13 @@ from shardkit.bench.harness import alternating_order
 from shardkit.bench.report import counted, spread
 from shardkit.bench.train_report import train_table
 
-__all__ = ["MODELS", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
+__all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
            "counted", "run_contenders", "run_train_bench", "summarise"]
 
 MODELS = ("resnet18", "resnet50")
 TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_tc", "dali", "dali_files")
 DALI_CONTENDERS = ("dali", "dali_files")
-DRAINED_WAIT_S = 1e-3  # a wait for ``next`` this long: the loader had no batch ready (see the module doc)
+SETTLE_S = 1.0  # the pause before each synthetic run, in which the loader fills its buffers (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -93,17 +98,20 @@ class TrainBenchConfig:
     compile: bool = True
     contenders: tuple[str, ...] = ("imagefolder", "shardloader")
     feeders: int | str = "auto"  # the shardloader contender's (ShardLoader's feeders)
+    settle_s: float = SETTLE_S  # the pause before each synthetic run (see the module doc)
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot be measured."""
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
-        if min(self.size, self.batch_size, self.steps, self.repeats) < 1 or self.workers < 0 or self.warmup < 0:
-            raise ValueError("size, batch_size, steps and repeats must be >= 1; workers and warmup >= 0")
+        if min(self.size, self.batch_size, self.steps, self.repeats) < 1 or min(self.workers, self.warmup,
+                                                                                   self.settle_s) < 0:
+            raise ValueError("size, batch_size, steps and repeats must be >= 1; workers, warmup and settle_s >= 0")
         unknown = set(self.contenders) - set(TRAIN_CONTENDERS)
         if unknown or not self.contenders:
             raise ValueError(f"contenders must be among {TRAIN_CONTENDERS}, got {self.contenders}")
-        if self.feeders != "auto" and (not isinstance(self.feeders, int) or not 0 <= self.feeders <= self.workers):
+        if self.feeders != "auto" and (isinstance(self.feeders, bool) or not isinstance(self.feeders, int)
+                                       or not 0 <= self.feeders <= self.workers):
             raise ValueError(f"feeders must be 'auto' or an int from 0 to workers ({self.workers}), "
                              f"got {self.feeders!r}")
         if set(self.contenders) & set(DALI_CONTENDERS) and not dali.dali_available():
@@ -204,7 +212,6 @@ class TrainRun:
     host_wait_fraction: float
     loader_gpu_ms_per_batch: float | None
     step_gpu_ms: float | None = None
-    drain_steps: int = 0  # untimed fed steps after the warm-up until the loader's read-ahead was used up
 
     @property
     def share(self) -> float:
@@ -241,40 +248,30 @@ def device_ms(work: Callable[[], object], n: int, device: torch.device) -> float
     return micros / n / 1e3
 
 
-def _drain(step: Step, batches: Iterator[tuple[Any, Any]], limit: int) -> int:
-    """Run untimed steps until one had to wait for its batch (see the module doc); how many ran."""
-    for n in range(1, limit + 1):
-        w0 = time.perf_counter()
-        images, labels = next(batches)
-        waited = time.perf_counter() - w0
-        step(images, labels)
-        if waited >= DRAINED_WAIT_S:
-            return n
-    return limit
-
-
 def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch_size: int,
-            fixed_batches: int = 1, profile_batches: int = 10) -> TrainRun:
+            fixed_batches: int = 1, profile_batches: int = 10, settle_s: float = SETTLE_S) -> TrainRun:
     """Synthetic, fed, then synthetic again: the rates of ``step`` with ``loader`` (see the module
     doc); the synthetic runs cycle over the loader's first ``fixed_batches``, through
-    ``step.to_device`` and ``step.clone``. On CUDA the step's and the loader's device time
-    follow, over ``profile_batches`` each."""
+    ``step.to_device`` and ``step.clone``, each after ``settle_s`` seconds in which the loader
+    fills its buffers. On CUDA the step's and the loader's device time follow, over
+    ``profile_batches`` each."""
     fed = map(step.to_device, _forever(loader))
-    synthetic = itertools.cycle([step.clone(next(fed)) for _ in range(fixed_batches)])
+    fixed = [step.clone(next(fed)) for _ in range(fixed_batches)]
 
     def synthetic_seconds() -> float:
-        _steps(step, synthetic, warmup)
-        return _steps(step, synthetic, steps)[0]
+        time.sleep(settle_s)
+        batches = itertools.cycle(fixed)  # each run takes the same batches in the same order
+        _steps(step, batches, warmup)
+        return _steps(step, batches, steps)[0]
 
     before = synthetic_seconds()
-    step_ms = device_ms(lambda: step(*next(synthetic)), profile_batches, step.device)
-    _steps(step, fed, warmup)
-    drained = _drain(step, fed, steps)
+    step_ms = device_ms(lambda: step(*fixed[0]), profile_batches, step.device)
+    _steps(step, fed, warmup + steps)  # the lead-in: uses up what the loader buffered meanwhile
     seconds, waited = _steps(step, fed, steps)
     # a loader with feeder processes does its device work there, outside this process's profile
     loader_ms = None if getattr(loader, "feeders", 0) else device_ms(lambda: next(fed), profile_batches, step.device)
     synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
-    return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms, drained)
+    return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms)
 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:
@@ -327,7 +324,7 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
 
 
 def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, steps: int, warmup: int,
-                   batch_size: int, repeats: int, fixed_batches: int = 1,
+                   batch_size: int, repeats: int, fixed_batches: int = 1, settle_s: float = SETTLE_S,
                    after_run: Callable[[str, int, TrainRun], None] | None = None) -> dict[str, list[TrainRun]]:
     """:func:`measure` each contender ``repeats`` times in alternating order, each run on a freshly
     built loader (closed after it). ``contenders``: name -> (the step it feeds, its loader's builder);
@@ -344,7 +341,7 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
         loader = build()
         try:
             run = measure(step, loader, steps=steps, warmup=warmup, batch_size=batch_size,
-                          fixed_batches=fixed_batches)
+                          fixed_batches=fixed_batches, settle_s=settle_s)
         finally:
             close = getattr(loader, "close", None)
             if close is not None:
@@ -385,7 +382,8 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
     step = TrainStep(cfg.model, data["classes"], device, compile=cfg.compile)
     contenders = _contenders(cfg)
     runs = run_contenders({name: (step, build) for name, (_label, build) in contenders.items()}, steps=cfg.steps,
-                          warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats, after_run=after_run)
+                          warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats, settle_s=cfg.settle_s,
+                          after_run=after_run)
     results = [{"name": name, "label": label, **summarise(runs[name])} for name, (label, _build) in contenders.items()]
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}

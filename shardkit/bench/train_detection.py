@@ -44,7 +44,7 @@ import torch
 
 from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.api import check_same_data
-from shardkit.bench.train import TrainRun, counted, run_contenders, summarise, synchronize
+from shardkit.bench.train import SETTLE_S, TrainRun, counted, run_contenders, summarise, synchronize
 from shardkit.bench.train_report import train_table
 
 __all__ = ["DETECTION_CONTENDERS", "DETECTION_MODELS", "DetectionBenchConfig", "DetectionStep",
@@ -62,7 +62,8 @@ class DetectionBenchConfig:
     """What to feed and how long. ``images``/``annotations``: the COCO source; ``shards``: a pack
     of its annotated images (``shardkit pack IMAGES SHARDS --annotations ANN --drop-empty``);
     ``size``/``max_size``: the shorter side and the longer side's limit;
-    ``steps``/``warmup``/``repeats``/``compile`` as in :class:`~shardkit.bench.train.TrainBenchConfig`;
+    ``steps``/``warmup``/``repeats``/``compile``/``settle_s`` as in
+    :class:`~shardkit.bench.train.TrainBenchConfig`;
     ``fixed_batches``: the loader's first batches the synthetic run cycles over (kept on the device)."""
 
     images: str
@@ -80,6 +81,7 @@ class DetectionBenchConfig:
     compile: bool = False
     contenders: tuple[str, ...] = DETECTION_CONTENDERS
     fixed_batches: int = 8
+    settle_s: float = SETTLE_S
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot be measured."""
@@ -213,7 +215,7 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
     contenders = _contenders(cfg, step, label_map)
     runs = run_contenders({name: (s, build) for name, (_label, s, build) in contenders.items()}, steps=cfg.steps,
                           warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats,
-                          fixed_batches=cfg.fixed_batches, after_run=after_run)
+                          fixed_batches=cfg.fixed_batches, settle_s=cfg.settle_s, after_run=after_run)
     results = [{"name": name, "label": label, **summarise(runs[name])} for name, (label, _s, _b) in contenders.items()]
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +37,7 @@ def packed(tiny_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _cfg(tree: Path, packed: Path, **kw: object) -> TrainBenchConfig:
     base: dict[str, object] = {"imagefolder": str(tree), "shards": str(packed), "model": "resnet18", "size": 32,
                                "batch_size": 4, "workers": 0, "steps": 1, "warmup": 0, "repeats": 2,
-                               "device": "cpu", "compile": False}
+                               "device": "cpu", "compile": False, "settle_s": 0}
     return TrainBenchConfig(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -64,9 +66,9 @@ def test_the_fed_run_takes_the_loaders_batches_across_epochs(tiny_tree: Path) ->
 
     step = TrainStep("resnet18", 2, torch.device("cpu"), compile=False)
     loader = Loader()
-    run = measure(step, loader, steps=3, warmup=0, batch_size=4)
-    # the fixed (first) batch, the untimed steps looking for a wait, the timed steps
-    assert len(seen) == 1 + run.drain_steps + 3 and loader.epochs == (len(seen) + 1) // 2
+    run = measure(step, loader, steps=3, warmup=0, batch_size=4, settle_s=0)
+    # the fixed (first) batch, the lead-in (warmup + steps), the timed steps: 7 batches, 4 epochs
+    assert len(seen) == 1 + 3 + 3 and loader.epochs == 4
     assert run.fed_images_per_second > 0 and run.loader_gpu_ms_per_batch is None
 
 
@@ -140,33 +142,55 @@ class _Recording:
 
 
 def test_the_synthetic_runs_cycle_over_the_first_fixed_batches() -> None:
-    """fixed_batches=3: the synthetic steps take clones of batches 0, 1, 2, 0, 1, …, before and
-    after the fed run, which goes on from 3 (a list never makes the step wait: the search for a
-    wait runs its full ``steps`` untimed steps)."""
+    """fixed_batches=3: each synthetic run takes clones of batches 0, 1, 2, 0, 1, …; the fed run
+    goes on from 3: a lead-in of warmup + steps, then the timed steps."""
     step = _Recording()
     loader = [(torch.tensor([i]), None) for i in range(20)]  # one epoch of 20 batches
-    run = measure(step, loader, steps=4, warmup=1, batch_size=1, fixed_batches=3)
-    assert run.drain_steps == 4
-    assert step.taken == [0, 1, 2, 0, 1] + list(range(3, 3 + 1 + 4 + 4)) + [2, 0, 1, 2, 0]
+    measure(step, loader, steps=4, warmup=1, batch_size=1, fixed_batches=3, settle_s=0)
+    assert step.taken == [0, 1, 2, 0, 1] + list(range(3, 3 + (1 + 4) + 4)) + [0, 1, 2, 0, 1]
 
 
-def test_the_fed_run_is_timed_once_the_loaders_read_ahead_is_used_up() -> None:
-    """A loader holding 12 ready batches (a full ring) and then making one every 10 ms: the timed
-    steps start after the first wait, so the rate is the loader's, not inflated by the 12 free
-    batches (12 timed steps with them would read more than twice the rate)."""
+def test_the_synthetic_rate_is_taken_over_both_synthetic_runs() -> None:
+    """A step taking 2 ms a call in the first synthetic run and 20 ms in the second: the rate is
+    their images over their seconds (about 91/s), neither run's alone (500/s or 50/s)."""
+    fixed_calls = 0
+
+    class Slowing(_Recording):
+        def __call__(self, images: torch.Tensor, labels: Any, /) -> None:
+            nonlocal fixed_calls
+            if int(images[0]) == 0:  # the fixed batch: a synthetic step
+                fixed_calls += 1
+                time.sleep(0.002 if fixed_calls <= 10 else 0.020)
+
+    loader = [(torch.tensor([i]), None) for i in range(40)]
+    run = measure(Slowing(), loader, steps=10, warmup=0, batch_size=1, settle_s=0)
+    assert fixed_calls == 20
+    assert 70 < run.synthetic_images_per_second < 100
+
+
+def test_the_fed_run_is_timed_after_the_read_ahead_is_used_up() -> None:
+    """A loader whose thread keeps 12 batches ready (a full ring) and makes one every 10 ms: the
+    pause before the synthetic run fills its queue, and the fed run's lead-in uses it up, so the
+    timed rate is the loader's (about 100/s), not inflated by 12 free batches (which would read
+    over 200/s over 12 timed steps)."""
     period, ready = 0.010, 12
 
     class ReadAhead:
         def __iter__(self) -> Iterator[tuple[torch.Tensor, None]]:
-            for i in itertools.count():
-                if i > ready:
+            made: queue.Queue[int] = queue.Queue(maxsize=ready)
+
+            def produce() -> None:
+                for i in itertools.count():
+                    made.put(i)
                     time.sleep(period)
-                yield torch.tensor([i]), None
+
+            threading.Thread(target=produce, daemon=True).start()
+            while True:
+                yield torch.tensor([made.get()]), None
 
     step = _Recording()
-    run = measure(step, ReadAhead(), steps=12, warmup=2, batch_size=1)
-    assert run.drain_steps == ready - 2 + 1  # the batches left after the warm-up, then the first wait
-    assert run.fed_images_per_second < 1.2 / period
+    run = measure(step, ReadAhead(), steps=12, warmup=2, batch_size=1, settle_s=0.3)
+    assert run.fed_images_per_second < 1.25 / period
     assert run.host_wait_fraction > 0.5
 
 
