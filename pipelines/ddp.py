@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 import shardkit
 from shardkit.errors import ShardkitError
+from shardkit.machine import auto_workers
 
 
 def setup_distributed(device: str) -> tuple[int, int, torch.device]:
@@ -91,14 +92,46 @@ def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
     fit) end as one error line, exit 2, not a traceback."""
     args = parser.parse_args(argv)
     args.dataset = dataset_arguments(args, parser)
+    check_device(args.device, parser)
     try:
+        if args.workers == "auto":  # one count for the training and validation loaders
+            args.workers = auto_workers()
         return train(args)
     except ShardkitError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted\n")
+
+
+def check_device(device: str, parser: argparse.ArgumentParser) -> None:
+    """Refuse ``--device`` values this machine cannot run, as a usage error."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        parser.error(f"--device {device}: expected cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {device}: no CUDA device is available (use --device cpu)")
+
+
+def model_name(kind: str) -> Callable[[str], str]:
+    """An argparse type: the name of a torchvision model of ``kind`` (``classification``:
+    ``torchvision.models``; ``detection``: ``torchvision.models.detection``)."""
+    import torchvision
+
+    module = torchvision.models if kind == "classification" else torchvision.models.detection
+
+    def check(name: str) -> str:
+        known = torchvision.models.list_models(module=module)
+        if name not in known:
+            raise argparse.ArgumentTypeError(f"{name!r} is not a torchvision {kind} model "
+                                             f"(e.g. {', '.join(known[:4])}; all: torchvision.models.list_models)")
+        return name
+
+    return check
 
 
 WORKERS_HELP = ("loader worker processes per rank ('auto': this rank's share of the usable cores less one, "
-                "1 to 32)")
+                "1 to 32; a validation loader gets as many, idle while training runs)")
 
 
 def count_or_auto(text: str) -> int | str:

@@ -28,9 +28,9 @@ from shardkit import transforms
 from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
-    from ddp import add_eval_arguments, eval_keys_log, setup_distributed
+    from ddp import add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
 except ImportError:  # imported as pipelines.*
-    from pipelines.ddp import add_eval_arguments, eval_keys_log, setup_distributed
+    from pipelines.ddp import add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
 
 
 def make_model(arch: str, num_classes: int) -> torch.nn.Module:
@@ -84,13 +84,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("shards", help="packed validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_classifier.py checkpoint to evaluate (default: an untrained model)")
-    parser.add_argument("--arch", default="resnet18", help="torchvision model when there is no checkpoint")
+    parser.add_argument("--arch", type=model_name("classification"), default="resnet18",
+                        help="torchvision model when there is no checkpoint")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per batch per rank")
     parser.add_argument("--size", type=int, default=224, help="side of the centre crop")
     add_eval_arguments(parser)
     args = parser.parse_args(argv)
     if args.checkpoint and not os.path.exists(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    check_device(args.device, parser)
 
     rank, world, device = setup_distributed(args.device)
     try:
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {"correct": correct, "total": total}
     except ShardkitError as err:  # shards that are not this task's, a dataset that is not there, ...
         parser.exit(2, f"{parser.prog}: error: {err}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted\n")
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -37,9 +37,9 @@ from shardkit import transforms
 from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
-    from ddp import add_eval_arguments, eval_keys_log, setup_distributed
+    from ddp import add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
 except ImportError:  # imported as pipelines.*
-    from pipelines.ddp import add_eval_arguments, eval_keys_log, setup_distributed
+    from pipelines.ddp import add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
 
 #: COCOeval's ``stats`` in order (``summarize()``), for the returned dictionary.
 COCO_STATS = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large",
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("shards", help="packed COCO validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_detector.py checkpoint to evaluate (default: an untrained model)")
-    parser.add_argument("--arch", default="fasterrcnn_mobilenet_v3_large_320_fpn",
+    parser.add_argument("--arch", type=model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model when there is no checkpoint")
     parser.add_argument("--batch-size", type=int, default=8, help="images per batch per rank")
     parser.add_argument("--min-size", type=int, default=320, help="shorter side the images are resized to")
@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.checkpoint and not os.path.exists(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    check_device(args.device, parser)
 
     rank, world, device = setup_distributed(args.device)
     try:
@@ -217,6 +218,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return result
     except ShardkitError as err:  # shards that are not this task's, a dataset that is not there, ...
         parser.exit(2, f"{parser.prog}: error: {err}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted\n")
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

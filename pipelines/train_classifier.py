@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ddp.add_dataset_arguments(parser, "training dataset")
     parser.add_argument("--val", default=None, help="packed validation dataset: top-1 after each epoch")
-    parser.add_argument("--arch", default="resnet18", help="torchvision classification model")
+    parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",
+                        help="torchvision classification model")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per batch per rank")
     parser.add_argument("--size", type=int, default=224, help="side of the training crops")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ddp.add_dataset_arguments(parser, "COCO training dataset")
     parser.add_argument("--val", default=None, help="packed COCO validation dataset: box mAP after each epoch")
-    parser.add_argument("--arch", default="fasterrcnn_mobilenet_v3_large_320_fpn",
+    parser.add_argument("--arch", type=ddp.model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model taking min_size/max_size (Faster R-CNN, RetinaNet, FCOS)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per batch per rank")
     parser.add_argument("--min-size", type=int, default=320,

@@ -55,6 +55,15 @@ def test_dataset_mistakes_are_usage_errors_not_tracebacks(tmp_path: Path, capsys
         main([str(tmp_path / "nowhere"), "--device", "cpu", "--steps", "1", "--workers", "0"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "nowhere" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_:
+        main([str(packed_sample), "--device", "cpu", "--arch", "nosuch"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--arch: 'nosuch' is not a torchvision classification model" in err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exit_:
+            main([str(packed_sample), "--device", "cuda"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "--device cuda: no CUDA device is available (use --device cpu)" in err
     for option, value in [("--workers", "many"), ("--workers", "-1"), ("--feeders", "x")]:
         with pytest.raises(SystemExit) as exit_:
             main([str(packed_sample), "--device", "cpu", option, value])
@@ -78,3 +87,19 @@ def test_val_runs_when_steps_end_the_run_inside_an_epoch(capsys, packed_sample: 
                    "--workers", "0", "--device", "cpu", "--steps", "2"])
     assert result["top1"] is not None
     assert "step 2  top-1 " in capsys.readouterr().out
+
+
+def test_ctrl_c_ends_the_run_with_one_line(capsys, packed_sample: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from pipelines import ddp
+
+    def interrupted(_args: argparse.Namespace) -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    parser = argparse.ArgumentParser(prog="train")
+    ddp.add_dataset_arguments(parser, "dataset")
+    ddp.add_run_arguments(parser, log_every=1)
+    with pytest.raises(SystemExit) as exit_:
+        ddp.run_training(parser, [str(packed_sample), "--device", "cpu"], interrupted)
+    assert exit_.value.code == 130 and capsys.readouterr().err == "train: interrupted\n"
