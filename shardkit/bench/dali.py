@@ -11,7 +11,9 @@ it writes float16 ``HWC`` and the batch is cast to bf16 on the device (one small
 in the fed rate). Two readers:
 
 * ``webdataset``: ``fn.readers.webdataset`` over the packed shards, with the ``.dali.idx`` files
-  ``--dali-index`` writes when every shard has one (else DALI scans the tars at start-up);
+  ``--dali-index`` writes when every shard has one; else the loader writes them into a temporary
+  directory first (from the tar headers, as ``shardkit index --dali-index`` would), because DALI
+  without them scans the tars at start-up and prints a C++ log line that cannot be turned off;
 * ``file``: ``fn.readers.file`` over the ImageFolder tree (as issue 15's DALI figures were made).
 
 Each ``iter()`` is one shuffled epoch (the last partial batch dropped). DALI is imported when a
@@ -23,13 +25,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from shardkit.bench.baselines import IMAGE_KEYS
-from shardkit.format.dali_index import dali_index_name
+from shardkit.format.dali_index import dali_index_name, dump_dali_index
+from shardkit.format.tarread import iter_entries
 from shardkit.index.manifest import read_manifest
 from shardkit.storage import Store
 
@@ -85,6 +89,19 @@ def _webdataset_inputs(shards: str) -> tuple[list[str], list[str]]:
     return tars, indexes if all(os.path.exists(p) for p in indexes) else []
 
 
+def _write_indexes(tars: list[str], folder: str) -> list[str]:
+    """DALI index files of the shards ``tars`` (from their tar headers), written into ``folder``."""
+    paths = []
+    for k, tar in enumerate(tars):
+        with open(tar, "rb") as f:
+            entries = list(iter_entries(f, where=tar, read_data=False, seekable=True))
+        path = os.path.join(folder, f"{k:06d}-{dali_index_name(os.path.basename(tar))}")
+        with open(path, "wb") as out:
+            out.write(dump_dali_index(entries, where=tar))
+        paths.append(path)
+    return paths
+
+
 def has_dali_index(shards: str) -> bool:
     """Whether every shard of the local dataset ``shards`` has its ``.dali.idx`` beside it."""
     return bool(_webdataset_inputs(shards)[1])
@@ -123,7 +140,8 @@ class DaliTrainLoader:
         if dev.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
         self.device = dev
-        self.indexed = False
+        self.indexed = False  # whether the dataset has its own .dali.idx files
+        self._made_indexes: tempfile.TemporaryDirectory[str] | None = None
         self._pipe = self._build(reader, source, size, batch_size, max(1, threads), seed)
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -137,6 +155,9 @@ class DaliTrainLoader:
         device_id = (self.device.index or 0) if gpu else None
         tars, indexes = _webdataset_inputs(source) if reader == "webdataset" else ([], [])
         self.indexed = bool(indexes)
+        if tars and not indexes:
+            self._made_indexes = tempfile.TemporaryDirectory(prefix="shardkit-dali-idx-")
+            indexes = _write_indexes(tars, self._made_indexes.name)
 
         @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
         def pipeline() -> Any:
@@ -173,3 +194,6 @@ class DaliTrainLoader:
         """Release the pipeline (its threads and device memory)."""
         self._batches = None
         self._pipe = None
+        if self._made_indexes is not None:
+            self._made_indexes.cleanup()
+            self._made_indexes = None

@@ -316,7 +316,7 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
                                             threads=cfg.workers, device=cfg.device)
 
     if "dali" in cfg.contenders:
-        index = "with .dali.idx" if dali.has_dali_index(cfg.shards) else "no .dali.idx"
+        index = "its .dali.idx" if dali.has_dali_index(cfg.shards) else ".dali.idx made by the bench"
         out["dali"] = (f"NVIDIA DALI webdataset ({index})", dali_loader("webdataset", cfg.shards))
     if "dali_files" in cfg.contenders:
         out["dali_files"] = ("NVIDIA DALI readers.file (ImageFolder)", dali_loader("file", cfg.imagefolder))
