@@ -7,7 +7,7 @@ import os
 
 from shardkit.errors import LoaderError
 
-__all__ = ["MAX_AUTO_WORKERS", "auto_workers", "local_processes", "usable_cores"]
+__all__ = ["MAX_AUTO_WORKERS", "auto_workers", "cores_of_this_process", "local_processes", "usable_cores"]
 
 #: The most workers ``"auto"`` picks: past it, more processes add memory and switching; the
 #: measured machines (2 and 16 cores) are far below it.
@@ -41,8 +41,20 @@ def local_processes() -> int:
     return count
 
 
+def cores_of_this_process() -> int:
+    """This process's share of the host's cores: its usable cores, divided among the
+    ``LOCAL_WORLD_SIZE`` processes of its job when it may run on every core of the host (a
+    launcher that binds each rank to its own cores, as ``srun --cpu-bind`` or ``numactl`` do,
+    has already given it its share)."""
+    usable = usable_cores()
+    if usable < (os.cpu_count() or usable):
+        return usable
+    return max(1, usable // local_processes())
+
+
 def auto_workers() -> int:
-    """``num_workers="auto"``: this process's share of the usable cores (divided among the
-    ``LOCAL_WORLD_SIZE`` processes torchrun started on the host), less one for the training
-    loop; at least 1, at most :data:`MAX_AUTO_WORKERS`."""
-    return max(1, min(MAX_AUTO_WORKERS, usable_cores() // local_processes() - 1))
+    """``num_workers="auto"``: this process's share of the cores (:func:`cores_of_this_process`)
+    less one for the training loop; at least 1, at most :data:`MAX_AUTO_WORKERS`. A launcher that
+    neither binds ranks to cores nor sets ``LOCAL_WORLD_SIZE`` (``mp.spawn``) gives every rank
+    all the cores: pass ``num_workers`` there."""
+    return max(1, min(MAX_AUTO_WORKERS, cores_of_this_process() - 1))

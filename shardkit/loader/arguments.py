@@ -11,7 +11,7 @@ from shardkit.loader.feeders import auto_feeders
 from shardkit.loader.gpu import GpuOptions, GpuRoute
 from shardkit.loader.route import Route
 from shardkit.loader.samples import ON_ERROR
-from shardkit.machine import auto_workers, local_processes, usable_cores
+from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.transforms.base import ImageTransform
 
 __all__ = ["check_arguments", "feeder_count", "worker_count"]
@@ -30,9 +30,13 @@ def worker_count(num_workers: int | str) -> int:
             raise LoaderError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
         return num_workers
     count = auto_workers()
-    log.info("shardkit: num_workers='auto': %d workers (%d usable cores, %d process(es) of this job on the host)",
-             count, usable_cores(), local_processes())
+    log.info("shardkit: num_workers='auto' picked %d (%s)", count, auto_reason())
     return count
+
+
+def auto_reason() -> str:
+    """What ``num_workers="auto"`` went by, for messages."""
+    return f"{cores_of_this_process()} of the host's cores are this process's share, one left for training"
 
 
 def check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, on_error: str,
@@ -64,8 +68,9 @@ def check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch:
 
 
 def feeder_count(feeders: int | str, route: Route[Any, Any], transform: object, num_workers: int,
-                  kind: str) -> int:
-    """The feeder processes a loader runs (see ``ShardLoader``'s ``feeders``).
+                  kind: str, *, workers_auto: bool = False) -> int:
+    """The feeder processes a loader runs (see ``ShardLoader``'s ``feeders``); ``workers_auto``:
+    ``num_workers`` came from ``"auto"`` (the error then says so).
 
     Raises:
         LoaderError: a bad value, or feeders asked for where they cannot run (naming why).
@@ -81,6 +86,7 @@ def feeder_count(feeders: int | str, route: Route[Any, Any], transform: object, 
                           "or imagenet_val): they hand over one image tensor and one label tensor per batch; "
                           "use feeders=0")
     if num_workers < feeders:
-        raise LoaderError(f"feeders share the workers: num_workers must be >= feeders, got num_workers={num_workers}, "
-                          f"feeders={feeders}")
+        given = f"num_workers='auto' gave {num_workers} ({auto_reason()})" if workers_auto else \
+            f"got num_workers={num_workers}"
+        raise LoaderError(f"feeders share the workers: num_workers must be >= feeders, {given}, feeders={feeders}")
     return feeders

@@ -201,7 +201,8 @@ class ShardLoader:
         self._dataloader: DataLoader[Any] | None = None
         self._feeders_auto, self._prefetch = feeders == "auto", prefetch
         #: Feeder processes running the route (0: it runs in this process); see ``feeders``.
-        self.feeders = feeder_count(feeders, self.route, transform, workers, self.manifest.kind)
+        self.feeders = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
+                                    workers_auto=num_workers == "auto")
         self._pool: FeederPool | None = None
         if self.feeders:
             specs = [FeederSpec(self.manifest, self.reader, transform, self.device, on_error,  # type: ignore[arg-type]

@@ -93,20 +93,28 @@ def test_auto_workers_take_this_processs_share_of_the_cores_less_one(packed: Pat
 
     from shardkit import machine
 
-    for cores, local, want in [(16, None, 15), (16, "2", 7), (2, None, 1), (1, None, 1), (256, None, 32),
-                               (8, "8", 1)]:
+    # (usable cores, the host's cores, LOCAL_WORLD_SIZE, workers): the usable cores are divided among
+    # the local processes only when they are all the host's (a launcher that binds ranks to cores
+    # has already shared them out)
+    for cores, host, local, want in [(16, 16, None, 15), (16, 16, "2", 7), (2, 2, None, 1), (1, 1, None, 1),
+                                     (256, 256, None, 32), (8, 8, "8", 1), (8, 64, "8", 7), (8, 64, None, 7)]:
         monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        monkeypatch.setattr(os, "cpu_count", lambda n=host: n)
         if local is None:
             monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
         else:
             monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
-        assert machine.auto_workers() == want, (cores, local)
+        assert machine.auto_workers() == want, (cores, host, local)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2})
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     loader = ShardLoader(str(packed), batch_size=4, num_workers="auto")
     assert loader.num_workers == 2 and loader.feeders == 0  # the CPU route runs no feeders
     assert len(list(loader)) == len(loader)
     loader.close()
+    with pytest.raises(LoaderError, match=r"num_workers must be >= feeders, num_workers='auto' gave 2 \(3 of the "
+                                          r"host's cores are this process's share, one left for training\), feeders=3"):
+        ShardLoader(str(packed), batch_size=4, num_workers="auto", feeders=3, transform=transforms.imagenet_val(32))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
     with pytest.raises(LoaderError, match="LOCAL_WORLD_SIZE='two' from the launcher is not a positive integer"):
         ShardLoader(str(packed), batch_size=4, num_workers="auto")
