@@ -1,7 +1,8 @@
 """The GPU route alone (no training step) with 0 and more feeder processes, in turn in one run.
 
-For each round and feeder count: one ShardLoader(device="cuda") on the packed shards, one untimed
-warm-up epoch (feeders and workers start, Triton compiles), then ``--epochs`` timed epochs
+For each round and feeder count (in alternating order): one ShardLoader(device="cuda") on the
+packed shards delivering uint8 RandomResizedCrop + flip batches (as benchmarks/bench_gpu.py),
+one untimed warm-up epoch (feeders and workers start, Triton compiles), then ``--epochs`` timed epochs
 (synchronised at both ends), each a rate in img/s. Prints every epoch and, per feeder count, the
 median (min-max) over all rounds.
 
@@ -50,9 +51,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     counts = [int(x) for x in args.feeders.split(",")]
+    if not all(0 <= n <= args.workers for n in counts):
+        ap.error(f"--feeders: each count must be from 0 to --workers ({args.workers}), got {args.feeders}")
     results: dict[int, list[float]] = {n: [] for n in counts}
     for rnd in range(args.rounds):
-        for n in counts:
+        for n in counts if rnd % 2 == 0 else counts[::-1]:  # alternating order: A B C, C B A, ...
             rates = epoch_rates(args.shards, feeders=n, workers=args.workers, batch_size=args.batch_size,
                                 size=args.size, epochs=args.epochs)
             results[n] += rates

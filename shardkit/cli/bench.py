@@ -77,7 +77,7 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "route), shardloader_cpu: ShardLoader on the CPU, its batches copied to the device.")
 @click.option("--feeders", default="auto", show_default=True, metavar="auto|N",
               help="--train with a classifier: the shardloader contender's feeder processes (ShardLoader's "
-                   "feeders; auto: one per 5 workers, 1 to 4, on cuda).")
+                   "feeders; auto: one per 5 workers, 1 to 4, on cuda, none on cpu; N: that many, on either).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, shards: str | None, workers: int,
                   batch_size: int | None, device: str, transform: str, size: int | None, epochs: int, repeats: int,
@@ -104,7 +104,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if detector and annotations is None:
         raise click.UsageError(f"--train {train_model} is a detector: it needs --annotations, the COCO instances "
                                "JSON (IMAGEFOLDER_DIR is then its images directory)")
-    feeder_count = _feeders(feeders, workers, train_model is not None and not detector)
+    feeder_count = _feeders(feeders, workers, train_model is not None and not detector, contenders)
     fitting = DETECTOR_CONTENDERS if detector else CLASSIFIER_CONTENDERS
     if train_model is not None and not set(contenders) <= set(fitting):
         wrong = ", ".join(c for c in contenders if c not in fitting)
@@ -188,16 +188,18 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
         click.echo(f"report: {out}")
 
 
-def _feeders(value: str, workers: int, classifier: bool) -> int | str:
+def _feeders(value: str, workers: int, classifier: bool, contenders: tuple[str, ...]) -> int | str:
     """--feeders as ShardLoader's ``feeders`` ("auto" or a count from 0 to --workers)."""
     if value == "auto":
         return value
-    if not classifier:
-        raise click.UsageError("--feeders applies to --train with a classifier (resnet18, resnet50)")
     try:
         count = int(value)
     except ValueError:
         raise click.UsageError(f"--feeders must be auto or a whole number, got {value!r}") from None
+    if not classifier:
+        raise click.UsageError("--feeders applies to --train with a classifier (resnet18, resnet50)")
+    if contenders and "shardloader" not in contenders:
+        raise click.UsageError("--feeders sets the shardloader contender's feeders: add --contender shardloader")
     if not 0 <= count <= workers:
         raise click.UsageError(f"--feeders must be from 0 to --workers ({workers}): the feeders share the workers, "
                                f"got {count}")

@@ -88,7 +88,10 @@ def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: P
     for args, message in [(["--train", "resnet18", "--feeders", "x"], "--feeders must be auto or a whole number"),
                           (["--train", "resnet18", "--feeders", "3", "--workers", "2"],
                            "--feeders must be from 0 to --workers (2)"),
-                          (["--feeders", "1"], "--feeders applies to --train with a classifier")]:
+                          (["--feeders", "1"], "--feeders applies to --train with a classifier"),
+                          (["--feeders", "x"], "--feeders must be auto or a whole number"),
+                          (["--train", "resnet18", "--feeders", "1", "--contender", "imagefolder"],
+                           "--feeders sets the shardloader contender's feeders: add --contender shardloader")]:
         wrong = runner.invoke(cli, [*base, *args])
         assert wrong.exit_code == 2 and message in wrong.output, wrong.output
     ok = runner.invoke(cli, [*base, "--train", "resnet18", "--feeders", "1", "--workers", "1",
