@@ -39,8 +39,8 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
         click.echo(f"classes   {len(m.classes)}: {shown}")
     if m.categories is not None:
         click.echo(f"categories {len(m.categories)}")
-    click.echo(f"shards    {len(m.shards)}  ({min(sizes, default=0)}–{max(sizes, default=0)} "
-               "samples each)")
+    least, most = min(sizes, default=0), max(sizes, default=0)
+    click.echo(f"shards    {len(m.shards)}  ({least if least == most else f'{least}–{most}'} samples each)")
     click.echo(f"bytes     {human_bytes(m.num_bytes)}")
     grouped = describe_reasons(m.skipped)
     click.echo(f"skipped   {len(m.skipped)}" + (f": {grouped}" if grouped else ""))

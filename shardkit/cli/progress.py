@@ -12,16 +12,19 @@ import sys
 from types import TracebackType
 from typing import Any
 
-#: Size used when the terminal reports 0x0 (a pty nobody sized: ``script`` without a terminal,
-#: some CI runners, ``docker exec -t`` before its first resize). tqdm draws nothing there.
+#: Size used for a side the terminal reports as 0 (a pty nobody sized: ``script`` without a
+#: terminal, some CI runners that set only the width, ``docker exec -t`` before its first
+#: resize). tqdm draws nothing with 0 columns or 0 rows.
 _FALLBACK_COLUMNS, _FALLBACK_ROWS = 80, 24
 
 
-def _terminal_columns() -> int:
+def _terminal_size() -> tuple[int, int]:
+    """Columns and rows of the terminal on stderr (0 where unknown)."""
     try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns
+        size = os.get_terminal_size(sys.stderr.fileno())
     except (OSError, ValueError):
-        return 0
+        return 0, 0
+    return size.columns, size.lines
 
 
 def bars_enabled(quiet: bool) -> bool:
@@ -45,11 +48,11 @@ class Bar:
             from tqdm import tqdm
 
             in_bytes = unit == "B"
-            sized = _terminal_columns() > 0
+            columns, rows = _terminal_size()
             self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=in_bytes,
-                             unit_divisor=1024 if in_bytes else 1000, dynamic_ncols=sized,
-                             ncols=None if sized else _FALLBACK_COLUMNS,
-                             nrows=None if sized else _FALLBACK_ROWS, leave=False, file=sys.stderr)
+                             unit_divisor=1024 if in_bytes else 1000, dynamic_ncols=columns > 0 and rows > 0,
+                             ncols=columns or _FALLBACK_COLUMNS, nrows=rows or _FALLBACK_ROWS, leave=False,
+                             file=sys.stderr)
 
     @property
     def enabled(self) -> bool:

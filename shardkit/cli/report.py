@@ -27,10 +27,11 @@ def human_bytes(n: float) -> str:
 
 
 def print_skipped(skipped: Sequence[Mapping[str, str]], *, err: bool = False) -> None:
-    """``skipped   N: <count> <kind>, …`` then the first :data:`SHOWN` entries."""
+    """``skipped   N: <count> <kind>, …`` then the first :data:`SHOWN` entries by source (the
+    same list whatever order parallel workers found them in)."""
     grouped = describe_reasons(skipped)
     click.echo(f"skipped   {len(skipped):,}" + (f": {grouped}" if grouped else ""), err=err)
-    for s in skipped[:SHOWN]:
+    for s in sorted(skipped, key=lambda s: s["source"])[:SHOWN]:
         click.echo(f"  - {s['source']}: {s['reason']}", err=err)
     if len(skipped) > SHOWN:
         click.echo(f"  … {len(skipped) - SHOWN:,} more" + ("" if err else " in index.json"),

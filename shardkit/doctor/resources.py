@@ -25,7 +25,7 @@ def check_shm(plan: LoaderPlan, free: int | None) -> Finding:
     if free is None:
         return Finding(SHM, "note",
                        f"not present; the loader needs {_gib(need)} of shared memory for this plan")
-    detail = f"{_gib(free)} free; the loader needs up to {_gib(need)} ({plan.workers} workers x " \
+    detail = f"{_gib(free)} free; the loader needs up to {_gib(need)} ({_workers(plan)} x " \
              f"{plan.prefetch + 3} batches of {plan.batch_size}x3x{plan.size}x{plan.size} uint8)"
     if need > free:
         return Finding(SHM, "problem", detail + ": workers will die with a bus error (SIGBUS)",
@@ -42,8 +42,7 @@ def check_shm(plan: LoaderPlan, free: int | None) -> Finding:
 def check_open_files(plan: LoaderPlan, soft: int, hard: int) -> Finding:
     """The soft/hard ``ulimit -n`` (``-1``: unlimited) against ``plan.workers``."""
     want = max(MIN_FILES, FILES_PER_WORKER * plan.workers)
-    detail = (f"soft {soft}, hard {'unlimited' if hard < 0 else hard}; {plan.workers} workers "
-              f"want at least {want}")
+    detail = f"soft {soft}, hard {'unlimited' if hard < 0 else hard}; at least {want} for {_workers(plan)}"
     if soft < 0 or soft >= want:
         return Finding("ulimit -n", "ok", detail)
     if 0 <= hard < want:
@@ -56,9 +55,13 @@ def check_open_files(plan: LoaderPlan, soft: int, hard: int) -> Finding:
     return Finding("ulimit -n", "problem", detail + ": expect 'Too many open files'", fix=fix)
 
 
+def _workers(plan: LoaderPlan) -> str:
+    return f"{plan.workers} worker{'' if plan.workers == 1 else 's'}"
+
+
 def check_cores(plan: LoaderPlan, cores: int) -> Finding:
     """Usable cores (CPU affinity, so containers' cpusets count) against ``plan.workers``."""
-    detail = f"{cores} usable; {plan.workers} workers"
+    detail = f"{cores} usable; {_workers(plan)}"
     if plan.workers > cores:
         return Finding("cores", "problem",
                        detail + ": more workers than cores only adds switching and memory",

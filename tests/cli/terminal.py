@@ -48,10 +48,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0,
+def run_in_pty(argv: list[str], *, columns: int = 0, rows: int = 24, timeout: float = 120.0,
                interrupt_after: bytes | None = None, interrupts: int = 1,
                interrupt_with: int = signal.SIGINT) -> Seen:
-    """Run ``argv`` on a fresh pty sized ``columns`` x 24 (0: unsized, 0x0, like ``script`` in CI).
+    """Run ``argv`` on a fresh pty sized ``columns`` x ``rows`` (columns 0: unsized, 0x0, like
+    ``script`` in CI; rows 0 with columns: only the width set, as some CI runners do).
 
     ``interrupt_after``: once this text has appeared, send SIGINT to the process group, as
     Ctrl-C does (``interrupts`` times, 0.2 s apart: an impatient user; ``interrupt_with``: another
@@ -60,7 +61,7 @@ def run_in_pty(argv: list[str], *, columns: int = 0, timeout: float = 120.0,
     """
     master, slave = os.openpty()
     if columns:
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=_env(), cwd=ROOT,
                             start_new_session=True, close_fds=True)
     os.close(slave)

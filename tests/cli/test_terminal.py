@@ -39,12 +39,12 @@ def _clean(seen: Seen, code: int = 0) -> None:
     assert "Traceback" not in seen.text and "TypeError" not in seen.text, seen.text
 
 
-# 0: a pty nobody sized (script in CI): tqdm drew nothing
-@pytest.mark.parametrize("columns", [0, 100])
+# 0x0: a pty nobody sized (script in CI), and 80x0 (only the width set): tqdm drew nothing
+@pytest.mark.parametrize(("columns", "rows"), [(0, 0), (100, 24), (80, 0)])
 def test_pack_in_a_terminal_shows_progress_and_summary(tree: Path, tmp_path: Path,
-                                                       columns: int) -> None:
+                                                       columns: int, rows: int) -> None:
     seen = run_in_pty(shardkit_argv("pack", str(tree), str(tmp_path / "out"), "--max-count", "5",
-                                    "--workers", "2"), columns=columns)
+                                    "--workers", "2"), columns=columns, rows=rows)
     _clean(seen)
     # the bar: bytes with an image count
     assert "packing:" in seen.text and "/24 images" in seen.text
