@@ -275,7 +275,7 @@ def test_auto_feeders_that_cannot_start_leave_the_route_in_this_process(
 
     with _loader(packed, feeders=0) as plain:
         want = [k for _, _, k in plain]
-    monkeypatch.setattr(loader_module, "feeder_count", lambda *args: 1)  # "auto" chose one feeder
+    monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: 1)  # "auto" chose one feeder
     monkeypatch.setattr(feeders.FeederPool, "start", refuse)
     with _loader(packed) as loader, caplog.at_level("WARNING", logger="shardkit.loader"):
         assert loader.feeders == 1
