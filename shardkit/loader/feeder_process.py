@@ -31,6 +31,7 @@ import torch.multiprocessing  # registers the reductions that send CUDA and shar
 from shardkit.codec.backend import prefer_decoder
 from shardkit.errors import LoaderError, ShardkitError
 from shardkit.index.manifest import Manifest
+from shardkit.loader.feeder_logs import relay_to
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.remainder import Remainder
@@ -257,12 +258,16 @@ class _Feeder:
         self.spec.reader.close()
 
 
-def feeder_main(part: int, payload: bytes, device_index: int | None, parent: int, conn: Any) -> None:
+def feeder_main(part: int, payload: bytes, device_index: int | None, parent: int, conn: Any, logs: Any,
+                log_level: int) -> None:
     """Feeder ``part``'s body (see the module doc): ``payload`` is its pickled
     :class:`FeederSpec`, ``device_index`` the CUDA device current in the loader's process when it
-    started its feeders. Ctrl-C is the training process's to handle (it stops its
-    feeders); a feeder whose pipe closes, or whose parent is gone, exits."""
+    started its feeders; its log records (and its workers') of ``log_level`` or above go to the
+    queue ``logs``, handled in the training process (:mod:`shardkit.loader.feeder_logs`). Ctrl-C is
+    the training process's to handle (it stops its feeders); a feeder whose pipe closes, or whose
+    parent is gone, exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    relay_to(logs, log_level)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="shardkit-watch-parent").start()
     feeder: _Feeder | None = None
     try:

@@ -46,6 +46,7 @@ import torch
 import torch.multiprocessing  # registers the reductions that send CUDA and shared tensors through pipes
 
 from shardkit.errors import LoaderError, ShardkitError
+from shardkit.loader.feeder_logs import LogRelay
 from shardkit.loader.feeder_process import RING, FeederSpec, feeder_main
 from shardkit.loader.remainder import Remainder
 from shardkit.loader.stats import StageStats
@@ -130,12 +131,12 @@ def sendable(spec: FeederSpec) -> bytes:
 class _Handle:
     """The loader's side of one feeder: its process, pipe, ring and events."""
 
-    def __init__(self, part: int, payload: bytes, device_index: int | None, ctx: Any) -> None:
+    def __init__(self, part: int, payload: bytes, device_index: int | None, ctx: Any, logs: LogRelay) -> None:
         self.part = part
         self.bad = False  # a message half read or written (an interrupt): the pipe cannot be trusted
         self.conn, theirs = ctx.Pipe()
         self.process = ctx.Process(target=feeder_main, name=f"shardkit-feeder-{part}",
-                                   args=(part, payload, device_index, os.getpid(), theirs))
+                                   args=(part, payload, device_index, os.getpid(), theirs, logs.queue, logs.level))
         try:
             with _main_hidden():
                 self.process.start()
@@ -201,10 +202,11 @@ class _Handle:
             raise
 
 
-def _close_all(handles: list[_Handle]) -> None:
+def _close_all(handles: list[_Handle], logs: LogRelay) -> None:
     """Ask every feeder to stop, then make sure it did (terminate, then kill, after a grace
-    period). Copies still reading a ring are waited for and the ring is dropped first, so a
-    feeder exits with none of its memory in use or mapped here."""
+    period), and handle the last of their log records. Copies still reading a ring are waited
+    for and the ring is dropped first, so a feeder exits with none of its memory in use or
+    mapped here."""
     for h in handles:
         for event in h.released:
             with contextlib.suppress(RuntimeError):
@@ -223,6 +225,7 @@ def _close_all(handles: list[_Handle]) -> None:
             h.process.kill()
             h.process.join(timeout=5.0)
         h.conn.close()
+    logs.close()
 
 
 class FeederPool:
@@ -268,9 +271,10 @@ class FeederPool:
         index = self.device.index if self.device.type == "cuda" else None
         ctx = torch.multiprocessing.get_context("spawn")
         handles: list[_Handle] = []
+        logs = LogRelay(ctx)
         try:
             for part, payload in enumerate(self.payloads):
-                handles.append(_Handle(part, payload, index, ctx))
+                handles.append(_Handle(part, payload, index, ctx, logs))
             for h in handles:
                 msg = h.recv(timeout=START_TIMEOUT_S, doing="start")
                 if msg[0] == "error":
@@ -283,17 +287,17 @@ class FeederPool:
                         released = [e.ipc_handle() for e in h.released]
                     h.send("released", released)
         except ShardkitError:
-            _close_all(handles)
+            _close_all(handles, logs)
             raise
         except Exception as err:
-            _close_all(handles)
+            _close_all(handles, logs)
             raise LoaderError(f"feeder processes could not start ({type(err).__name__}: {err}); use feeders=0") from err
         except BaseException:
-            _close_all(handles)
+            _close_all(handles, logs)
             raise
         self._handles = handles
         # runs at interpreter exit before multiprocessing joins its (non-daemonic) children
-        self._finalizer = multiprocessing.util.Finalize(self, _close_all, args=(handles,), exitpriority=10)
+        self._finalizer = multiprocessing.util.Finalize(self, _close_all, args=(handles, logs), exitpriority=10)
 
     def _take(self, h: _Handle, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot ``k`` of ``h``'s ring as fresh tensors; the slot goes back to the feeder."""

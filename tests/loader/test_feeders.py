@@ -5,6 +5,7 @@ and a training script without a main guard. The CUDA hand-off (IPC ring, events)
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -17,10 +18,14 @@ from typing import Any
 import pytest
 import torch
 
+from sample_data.generate import make_indexed_imagefolder
 from shardkit import LoaderError, ShardLoader, transforms
+from shardkit.codec import libjpeg
 from shardkit.loader.feeders import auto_feeders, feeder_of, feeder_workers
+from shardkit.pack import PackOptions, pack
 from shardkit.transforms.random_resized_crop import RandomResizedCropFlip
 from tests.loader.test_bad_samples import _garble_middle
+from tests.loader.test_decode_warnings import _with_stray_bytes
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -313,3 +318,31 @@ def test_a_mix_through_feeders(packed: Path, tmp_path: Path) -> None:
                          feeders=feeders, keys=True, seed=1) as loader:
             got[feeders] = _epochs(loader)
     _same(got[0], got[2])
+
+
+@pytest.mark.skipif(not libjpeg.available(), reason="shardkit's C extension is not built")
+def test_feeders_log_through_the_training_processs_handlers(tmp_path: Path) -> None:
+    """A warning logged in a feeder's worker (a JPEG libjpeg decodes with a warning) reaches the
+    handlers the training process configured, with the sample's name; a spawned feeder has no
+    logging configuration of its own."""
+    src = tmp_path / "src"
+    make_indexed_imagefolder(src, classes=2, per_class=6, size=(64, 48))
+    for path in sorted(src.rglob("*.jpg"))[::4]:
+        _with_stray_bytes(path)
+    pack(str(src), str(tmp_path / "ds"), options=PackOptions(max_count=4), workers=1)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger, keep = logging.getLogger("shardkit"), Keep(level=logging.WARNING)
+    logger.addHandler(keep)
+    try:
+        with _loader(tmp_path / "ds", feeders=2, num_workers=2, keys=False, batch_size=4) as loader:
+            assert sum(1 for _ in loader) == len(loader)
+    finally:
+        logger.removeHandler(keep)
+    relayed = [r for r in records if r.process != os.getpid()]
+    assert relayed, [r.getMessage() for r in records]
+    assert all("libjpeg: Corrupt JPEG data" in r.getMessage() and ".tar:" in r.getMessage() for r in relayed)
