@@ -46,3 +46,19 @@ class DecodeError(ShardkitError):
 
 class LoaderError(ShardkitError):
     """The loader was misconfigured or hit data it cannot recover from."""
+
+
+def reraise_interrupt(err: BaseException) -> None:
+    """Raise the KeyboardInterrupt (Ctrl-C) or SystemExit behind ``err``, if there is one.
+
+    Python wraps what a class body or ``__set_name__`` raises: Ctrl-C landing while a decoder
+    plugin is imported lazily (PIL's GIF plugin on the first GIF) arrives as a RuntimeError,
+    which a ``except Exception`` around a decode would report as a corrupt image.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (KeyboardInterrupt, SystemExit)):
+            raise cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__

@@ -34,7 +34,7 @@ from PIL import Image
 from shardkit.codec import libjpeg
 from shardkit.codec.backend import cpu_decoder, jpeg_by_shardkit
 from shardkit.codec.jpeg_header import jpeg_frame
-from shardkit.errors import DecodeError
+from shardkit.errors import DecodeError, reraise_interrupt
 
 __all__ = ["DecodeStats", "decode_backend", "decode_rgb", "is_jpeg", "peek_size"]
 
@@ -115,6 +115,7 @@ def peek_size(data: Bytes | torch.Tensor) -> tuple[int, int]:
         with Image.open(io.BytesIO(mv)) as im:
             return im.height, im.width
     except Exception as e:  # PIL raises many types for bad headers
+        reraise_interrupt(e)
         raise DecodeError(f"cannot read image size: {e}") from e
 
 
@@ -203,6 +204,7 @@ def decode_rgb(
             stats.failed += 1
         raise DecodeError(e.message, where=where) from e.__cause__
     except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, bomb errors, …
+        reraise_interrupt(e)  # Ctrl-C wrapped by a lazy plugin import is not a bad image
         if stats is not None:
             stats.failed += 1
         raise DecodeError(f"cannot decode image: {e}", where=where) from e

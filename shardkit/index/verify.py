@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from shardkit.errors import FormatError, ShardkitError
+from shardkit.errors import FormatError, ShardkitError, reraise_interrupt
 from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, check_key, offsets_name
 from shardkit.format.tarread import iter_entries, sample_key
@@ -41,6 +41,7 @@ def _decodes(data: bytes) -> str | None:
             with Image.open(io.BytesIO(data)) as img:
                 img.convert("RGB")
     except Exception as err:  # any decoder failure is a finding, not a crash
+        reraise_interrupt(err)  # unless it is Ctrl-C, wrapped
         return f"{type(err).__name__}: {err}"
     return None
 

@@ -132,3 +132,25 @@ def test_manifest_lists_all_shards(packed):
     m = read_manifest(Store(str(packed)))
     assert [s.url for s in m.shards] == [f"shard-00000{i}.tar" for i in range(3)]
     assert [s.num_samples for s in m.shards] == [5, 5, 2]
+
+
+def test_ctrl_c_wrapped_by_a_lazy_plugin_import_is_not_a_corrupt_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C landing while PIL imports a plugin's class arrives wrapped in a RuntimeError
+    ("Error calling __set_name__ ...", seen in a pty test): verify reported it as an image that
+    does not decode. It is the interrupt."""
+    from PIL import Image
+
+    from shardkit.index import verify
+
+    class SetName:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    def plugin_import(*_args: object, **_kwargs: object) -> None:
+        type("GifImageFile", (), {"is_animated": SetName()})  # 3.11 wraps it in a RuntimeError; 3.12 does not
+
+    monkeypatch.setattr(Image, "open", plugin_import)
+    with pytest.raises(KeyboardInterrupt):
+        verify._decodes(b"GIF89a")
+    monkeypatch.setattr(Image, "open", lambda *_a, **_k: (_ for _ in ()).throw(OSError("broken data stream")))
+    assert verify._decodes(b"GIF89a") == "OSError: broken data stream"  # a real decode failure is still one
