@@ -137,8 +137,8 @@ def format_table(report: Mapping[str, Any], width: int | None = None) -> str:
         rows.append((
             r["label"] + (" [baseline]" if r["baseline"] else ""), f"{ips['median']:,.0f}",
             f"{ips['min']:,.0f}–{ips['max']:,.0f}",
-            "—" if ratio is None
-            else f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f})",
+            "—" if ratio is None else f"{ratio['median']:.2f}×" + (
+                "" if f"{ratio['min']:.2f}" == f"{ratio['max']:.2f}" else f" ({ratio['min']:.2f}–{ratio['max']:.2f})"),
             f"{r['first_batch_s']:.2f} s", f"{r['cores_busy']:.2f}",
             f"{r['cpu_seconds_per_1k_images']:.2f}",
             "—" if r.get("cpu_efficiency_to_baseline") is None
@@ -149,9 +149,10 @@ def format_table(report: Mapping[str, Any], width: int | None = None) -> str:
                        for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    notes = ("img/s: wall clock, timed part; CPU cores: CPU time of the whole process tree per "
-             "wall second; CPU ms/img and × by CPU: CPU cost per image and the baseline's over it "
-             "(robust to other load)")
+    notes = ("img/s: wall clock, timed part; × baseline: the median of each repetition's ratio to the "
+             "baseline's run beside it (so not the ratio of the medians); CPU cores: CPU time of the whole "
+             "process tree per wall second; CPU ms/img and × by CPU: CPU cost per image and the baseline's "
+             "over it (robust to other load)")
     conditions = format_conditions(report)
     if width is None or max(map(len, lines)) <= width:
         return "\n".join([*lines, "", notes, conditions])
@@ -195,7 +196,8 @@ def format_conditions(report: Mapping[str, Any]) -> str:
         f"machine: {mach.get('usable_cores', '?')} cores ({mach.get('cpu_model', '?')}), load at "
         f"start {mach.get('load_average_at_start', '?')}"
         + (f"; GPU {cond['gpu']['name']}" if cond.get("gpu") else ""),
-        "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
+        "versions: " + ", ".join(f"{k} {v}" for k, v in ver.items() if k != "shardkit_decoder")
+        + (f"; decoder: {ver['shardkit_decoder']}" if "shardkit_decoder" in ver else ""),
     ]
     if report.get("pack"):
         p = report["pack"]
