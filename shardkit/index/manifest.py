@@ -250,7 +250,7 @@ def read_manifest(store: Store) -> Manifest:
             "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to "
             "resume; WebDataset shards written by another tool become one with `shardkit index "
             "DIR`)",
-            where=where,
+            where=store.url,
         )
     return Manifest.from_json(store.read_bytes(INDEX_NAME), where=where)
 

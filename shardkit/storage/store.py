@@ -230,7 +230,12 @@ class Store:
                 path = self.path("")
                 if os.path.exists(path) and not os.path.isdir(path):
                     raise StorageError("is a file, not a directory", where=path)
-                os.makedirs(path, exist_ok=True)
+                try:
+                    os.makedirs(path, exist_ok=True)
+                except FileNotFoundError as err:  # a parent this system will not create (/proc/x/y)
+                    made = next((p for p in pathlib.Path(path).parents if p.exists()), None)
+                    raise StorageError(f"cannot create this directory (creating {err.filename} failed under "
+                                       f"{made})", where=path) from err
 
     def remove(self, name: str, *, missing_ok: bool = True) -> None:
         """Delete file ``name`` (or a sub-directory, recursively)."""

@@ -84,7 +84,10 @@ def test_source_errors_are_one_line(runner, tmp_path):
 
 
 def test_manifest_and_destination_errors_are_one_line(runner, small_tree, tmp_path):
-    _one_line_error(runner.invoke(cli, ["info", str(tmp_path)]), "no index.json")
+    _one_line_error(runner.invoke(cli, ["info", str(tmp_path)]), f"error: {tmp_path}: no index.json")
+    if Path("/proc/self").exists():  # a parent the system will not create a directory in
+        _one_line_error(_pack(runner, small_tree, Path("/proc/nope/out")),
+                        "error: /proc/nope/out: cannot create this directory (creating /proc/nope failed under /proc)")
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "index.json").write_text('{"format": "shardkit", "version": 7}')
     _one_line_error(runner.invoke(cli, ["verify", str(tmp_path / "ds")]),
