@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from shardkit.cli.report import fit
 from shardkit.doctor import LoaderPlan, diagnose
 from shardkit.machine import auto_workers
 
@@ -46,9 +47,11 @@ def doctor_command(workers: int | None, batch_size: int, size: int, prefetch: in
         width = max(len(f.check) for f in findings)
         for f in findings:
             mark, colour = _MARK[f.status]
-            click.echo(click.style(f"{mark:<8}", fg=colour) + f" {f.check:<{width}}  {f.detail}")
+            indent = 8 + 1 + width + 2
+            line = fit(f"{mark:<8} {f.check:<{width}}  {f.detail}", indent)
+            click.echo(click.style(line[:8], fg=colour) + line[8:])
             if f.fix and f.status != "ok":
-                click.echo(f"{'':<8} {'':<{width}}  fix: {f.fix}")
+                click.echo(fit(f"{'':<8} {'':<{width}}  fix: {f.fix}", indent + 5))
         click.echo("")
         if problems:
             click.echo(f"{len(problems)} problem(s) that break or slow training: "

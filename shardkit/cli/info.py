@@ -6,7 +6,7 @@ import json
 
 import click
 
-from shardkit.cli.report import human_bytes, print_drop_empty
+from shardkit.cli.report import fit, human_bytes, print_drop_empty
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import locate_dataset, read_manifest
 from shardkit.pack.skips import describe_reasons
@@ -46,4 +46,4 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     click.echo(f"skipped   {len(m.skipped)}" + (f": {grouped}" if grouped else ""))
     print_drop_empty(m.extra)
     opts = {k: v for k, v in m.options.items() if k != "fingerprint"}
-    click.echo("options   " + ", ".join(f"{k}={v}" for k, v in opts.items()))
+    click.echo(fit("options   " + ", ".join(f"{k}={v}" for k, v in opts.items()), 10))

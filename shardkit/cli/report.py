@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +18,19 @@ if TYPE_CHECKING:
 
 #: Skipped inputs and annotation problems listed one per line; the rest are in index.json.
 SHOWN = 10
+
+
+def fit(text: str, indent: int) -> str:
+    """``text`` wrapped to the terminal on stdout, its further lines indented ``indent`` columns
+    (words are not broken: a long path stays whole); as it is when stdout is not a terminal,
+    so scripts reading the output see one line per item."""
+    if not sys.stdout.isatty():
+        return text
+    width = shutil.get_terminal_size().columns
+    if width <= indent + 20 or len(text) <= width:
+        return text
+    return textwrap.fill(text, width=width, subsequent_indent=" " * indent, break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def human_bytes(n: float) -> str:
