@@ -35,6 +35,7 @@ from shardkit.loader.feeder_logs import relay_to
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.remainder import Remainder
+from shardkit.loader.routing import mark_warned
 from shardkit.loader.stats import StageStats
 from shardkit.loader.stream import BatchStream, PlanConfig, WorkerFailure, raise_failures
 from shardkit.transforms.base import ImageTransform
@@ -259,15 +260,17 @@ class _Feeder:
 
 
 def feeder_main(part: int, payload: bytes, device_index: int | None, parent: int, conn: Any, logs: Any,
-                log_level: int) -> None:
+                log_levels: dict[str, int], warned: frozenset[str]) -> None:
     """Feeder ``part``'s body (see the module doc): ``payload`` is its pickled
     :class:`FeederSpec`, ``device_index`` the CUDA device current in the loader's process when it
-    started its feeders; its log records (and its workers') of ``log_level`` or above go to the
-    queue ``logs``, handled in the training process (:mod:`shardkit.loader.feeder_logs`). Ctrl-C is
+    started its feeders; its log records (and its workers') go to the queue ``logs``, handled in
+    the training process (:mod:`shardkit.loader.feeder_logs`), at its ``log_levels``; the route
+    warnings it gave already (``warned``) are not given again. Ctrl-C is
     the training process's to handle (it stops its feeders); a feeder whose pipe closes, or whose
     parent is gone, exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    relay_to(logs, log_level)
+    relay_to(logs, log_levels)
+    mark_warned(warned)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="shardkit-watch-parent").start()
     feeder: _Feeder | None = None
     try:

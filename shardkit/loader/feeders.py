@@ -49,6 +49,7 @@ from shardkit.errors import LoaderError, ShardkitError
 from shardkit.loader.feeder_logs import LogRelay
 from shardkit.loader.feeder_process import RING, FeederSpec, feeder_main
 from shardkit.loader.remainder import Remainder
+from shardkit.loader.routing import warned_routes
 from shardkit.loader.stats import StageStats
 from shardkit.loader.stream import reraise
 
@@ -136,7 +137,8 @@ class _Handle:
         self.bad = False  # a message half read or written (an interrupt): the pipe cannot be trusted
         self.conn, theirs = ctx.Pipe()
         self.process = ctx.Process(target=feeder_main, name=f"shardkit-feeder-{part}",
-                                   args=(part, payload, device_index, os.getpid(), theirs, logs.queue, logs.level))
+                                   args=(part, payload, device_index, os.getpid(), theirs, logs.queue, logs.levels,
+                                         warned_routes()))
         try:
             with _main_hidden():
                 self.process.start()

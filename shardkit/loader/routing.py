@@ -22,11 +22,21 @@ from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.detection import DetectionTransform
 from shardkit.transforms.detection_geometry import gpu_unsupported
 
-__all__ = ["choose_route"]
+__all__ = ["choose_route", "mark_warned", "warned_routes"]
 
 log = logging.getLogger("shardkit.loader")
 
 _warned: set[str] = set()
+
+
+def warned_routes() -> frozenset[str]:
+    """The fallback warnings this process has given (a feeder it starts need not repeat them)."""
+    return frozenset(_warned)
+
+
+def mark_warned(texts: frozenset[str]) -> None:
+    """Count ``texts`` as given here (in a feeder: the training process gave them)."""
+    _warned.update(texts)
 
 
 def _warn_once(message: str, *args: object) -> None:
