@@ -59,6 +59,6 @@ def reraise_interrupt(err: BaseException) -> None:
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:
         if isinstance(cause, (KeyboardInterrupt, SystemExit)):
-            raise cause
+            raise cause from None
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__

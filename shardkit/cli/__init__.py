@@ -16,7 +16,7 @@ from types import FrameType
 import click
 
 from shardkit import __version__
-from shardkit.errors import ShardkitError
+from shardkit.errors import ShardkitError, reraise_interrupt
 
 
 def _clear_line() -> None:
@@ -30,12 +30,18 @@ def _clear_line() -> None:
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except Exception as err:  # Ctrl-C that Python delivered wrapped (a lazy import's class body)
+                if isinstance(err, ShardkitError):
+                    raise
+                reraise_interrupt(err)
+                raise
         except ShardkitError as err:
             _clear_line()
             click.secho(f"error: {err}", fg="red", err=True)
             sys.exit(1)
-        except KeyboardInterrupt as err:
+        except KeyboardInterrupt as err:  # also one re-raised from a wrapper above
             _clear_line()
             # Only pack resumes; saying so after verify or bench would send people looking for it.
             resumes = ctx.invoked_subcommand == "pack"

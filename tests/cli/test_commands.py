@@ -167,3 +167,19 @@ def test_images_directly_in_src_are_noted(runner, small_tree, tmp_path):
     (small_tree / "loose.jpg").unlink()
     clean = _pack(runner, small_tree, tmp_path / "out2")
     assert clean.exit_code == 0 and "note:" not in clean.output
+
+
+def test_ctrl_c_delivered_wrapped_is_an_interrupt_not_a_traceback(runner, tmp_path, monkeypatch):
+    """Python wraps Ctrl-C raised in a class body being built (a lazily imported PIL plugin) in a
+    RuntimeError: the command still ends as interrupted (exit 130), without a traceback."""
+    import shardkit.cli.info as info
+
+    def wrapped(*_args, **_kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as err:
+            raise RuntimeError("Error calling __set_name__ on 'cached_property' instance") from err
+
+    monkeypatch.setattr(info, "locate_dataset", wrapped)
+    result = runner.invoke(cli, ["info", str(tmp_path)])
+    assert result.exit_code == 130 and result.output == "interrupted\n", result.output
