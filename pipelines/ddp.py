@@ -10,14 +10,13 @@ import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 import shardkit
 from shardkit.errors import ShardkitError
-from shardkit.machine import auto_workers
 
 
 def setup_distributed(device: str) -> tuple[int, int, torch.device]:
@@ -94,8 +93,6 @@ def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
     args.dataset = dataset_arguments(args, parser)
     check_device(args.device, parser)
     try:
-        if args.workers == "auto":  # one count for the training and validation loaders
-            args.workers = auto_workers()
         return train(args)
     except ShardkitError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
@@ -132,6 +129,13 @@ def model_name(kind: str) -> Callable[[str], str]:
 
 WORKERS_HELP = ("loader worker processes per rank ('auto': this rank's share of the usable cores less one, "
                 "1 to 32; a validation loader gets as many, idle while training runs)")
+
+
+class RecipeParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (argparse prints its whole usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 def count_or_auto(text: str) -> int | str:

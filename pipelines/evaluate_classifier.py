@@ -28,9 +28,16 @@ from shardkit import transforms
 from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
-    from ddp import add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
+    from ddp import RecipeParser, add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
 except ImportError:  # imported as pipelines.*
-    from pipelines.ddp import add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
+    from pipelines.ddp import (
+        RecipeParser,
+        add_eval_arguments,
+        check_device,
+        eval_keys_log,
+        model_name,
+        setup_distributed,
+    )
 
 
 def make_model(arch: str, num_classes: int) -> torch.nn.Module:
@@ -80,7 +87,8 @@ def evaluate(model: torch.nn.Module, loader: shardkit.ShardLoader, *, keys_log: 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser: argparse.ArgumentParser = RecipeParser(description=__doc__,
+                                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", help="packed validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_classifier.py checkpoint to evaluate (default: an untrained model)")

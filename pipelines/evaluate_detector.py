@@ -37,9 +37,16 @@ from shardkit import transforms
 from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
-    from ddp import add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
+    from ddp import RecipeParser, add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
 except ImportError:  # imported as pipelines.*
-    from pipelines.ddp import add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
+    from pipelines.ddp import (
+        RecipeParser,
+        add_eval_arguments,
+        check_device,
+        eval_keys_log,
+        model_name,
+        setup_distributed,
+    )
 
 #: COCOeval's ``stats`` in order (``summarize()``), for the returned dictionary.
 COCO_STATS = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large",
@@ -177,7 +184,8 @@ def describe(result: dict[str, Any], world: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser: argparse.ArgumentParser = RecipeParser(description=__doc__,
+                                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", help="packed COCO validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_detector.py checkpoint to evaluate (default: an untrained model)")

@@ -149,7 +149,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ddp.RecipeParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ddp.add_dataset_arguments(parser, "training dataset")
     parser.add_argument("--val", default=None, help="packed validation dataset: top-1 after each epoch")
     parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",

@@ -166,7 +166,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ddp.RecipeParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ddp.add_dataset_arguments(parser, "COCO training dataset")
     parser.add_argument("--val", default=None, help="packed COCO validation dataset: box mAP after each epoch")
     parser.add_argument("--arch", type=ddp.model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",

@@ -69,6 +69,7 @@ def test_dataset_mistakes_are_usage_errors_not_tracebacks(tmp_path: Path, capsys
             main([str(packed_sample), "--device", "cpu", option, value])
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and f"{option}: expected 'auto' or a whole number >= 0, got '{value}'" in err
+        assert err.count("\n") == 1 and "usage:" not in err  # one line, not argparse's usage block first
 
 
 def test_a_finished_run_says_there_is_nothing_to_train(tmp_path: Path, capsys, packed_sample: Path) -> None:
