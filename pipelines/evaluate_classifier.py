@@ -28,16 +28,9 @@ from shardkit import transforms
 from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
-    from ddp import RecipeParser, add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
+    import ddp
 except ImportError:  # imported as pipelines.*
-    from pipelines.ddp import (
-        RecipeParser,
-        add_eval_arguments,
-        check_device,
-        eval_keys_log,
-        model_name,
-        setup_distributed,
-    )
+    from pipelines import ddp
 
 
 def make_model(arch: str, num_classes: int) -> torch.nn.Module:
@@ -87,24 +80,24 @@ def evaluate(model: torch.nn.Module, loader: shardkit.ShardLoader, *, keys_log: 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser: argparse.ArgumentParser = RecipeParser(description=__doc__,
+    parser: argparse.ArgumentParser = ddp.RecipeParser(description=__doc__,
                                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", help="packed validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_classifier.py checkpoint to evaluate (default: an untrained model)")
-    parser.add_argument("--arch", type=model_name("classification"), default="resnet18",
+    parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",
                         help="torchvision model when there is no checkpoint")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per batch per rank")
     parser.add_argument("--size", type=int, default=224, help="side of the centre crop")
-    add_eval_arguments(parser)
+    ddp.add_eval_arguments(parser)
     args = parser.parse_args(argv)
     if args.checkpoint and not os.path.exists(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
-    check_device(args.device, parser)
+    ddp.check_device(args.device, parser)
 
-    rank, world, device = setup_distributed(args.device)
+    rank, world, device = ddp.setup_distributed(args.device)
     try:
-        keys_log = eval_keys_log(args.log_keys, rank)
+        keys_log = ddp.eval_keys_log(args.log_keys, rank)
         with val_loader(args.shards, batch_size=args.batch_size, size=args.size, workers=args.workers,
                         device=device, keys=keys_log is not None) as loader:
             arch, classes = args.arch, len(loader.manifest.classes or ())

@@ -37,16 +37,9 @@ from shardkit import transforms
 from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
-    from ddp import RecipeParser, add_eval_arguments, check_device, eval_keys_log, model_name, setup_distributed
+    import ddp
 except ImportError:  # imported as pipelines.*
-    from pipelines.ddp import (
-        RecipeParser,
-        add_eval_arguments,
-        check_device,
-        eval_keys_log,
-        model_name,
-        setup_distributed,
-    )
+    from pipelines import ddp
 
 #: COCOeval's ``stats`` in order (``summarize()``), for the returned dictionary.
 COCO_STATS = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large",
@@ -184,25 +177,25 @@ def describe(result: dict[str, Any], world: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser: argparse.ArgumentParser = RecipeParser(description=__doc__,
+    parser: argparse.ArgumentParser = ddp.RecipeParser(description=__doc__,
                                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", help="packed COCO validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_detector.py checkpoint to evaluate (default: an untrained model)")
-    parser.add_argument("--arch", type=model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",
+    parser.add_argument("--arch", type=ddp.model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model when there is no checkpoint")
     parser.add_argument("--batch-size", type=int, default=8, help="images per batch per rank")
     parser.add_argument("--min-size", type=int, default=320, help="shorter side the images are resized to")
     parser.add_argument("--max-size", type=int, default=640, help="longer side at most (after the resize)")
-    add_eval_arguments(parser)
+    ddp.add_eval_arguments(parser)
     args = parser.parse_args(argv)
     if args.checkpoint and not os.path.exists(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
-    check_device(args.device, parser)
+    ddp.check_device(args.device, parser)
 
-    rank, world, device = setup_distributed(args.device)
+    rank, world, device = ddp.setup_distributed(args.device)
     try:
-        keys_log = eval_keys_log(args.log_keys, rank)
+        keys_log = ddp.eval_keys_log(args.log_keys, rank)
         with val_loader(args.shards, batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
                         workers=args.workers, device=device, keys=keys_log is not None) as loader:
             arch, num_classes = args.arch, len(loader.label_map or {}) + 1
