@@ -98,9 +98,6 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     with _ctrl_c_deferred():
         processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's, 3.8 to 3.13
         manager = getattr(pool, "_executor_manager_thread", None)
-        calls = getattr(pool, "_call_queue", None)
-        if calls is not None:  # calls still buffered for workers that will not read them: never wait to
-            calls.cancel_join_thread()  # flush them (the manager thread, or exit, would block on a full pipe)
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
