@@ -14,14 +14,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from shardkit.machine import usable_cores
+
 _PACKAGES = ("torch", "torchvision", "webdataset", "pillow", "pillow-simd", "numpy", "torchcodec")
 
 
 def machine() -> dict[str, Any]:
     """Cores (total and usable by this process), CPU model, memory, OS, Python, load average."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info: dict[str, Any] = {
-        "cores": os.cpu_count(), "usable_cores": usable, "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(), "usable_cores": usable_cores(), "cpu_model": _cpu_model(),
         "platform": platform.platform(), "python": platform.python_version(),
     }
     try:

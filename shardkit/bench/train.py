@@ -278,7 +278,7 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
     from shardkit import transforms
     from shardkit.codec.backend import prefer_decoder
     from shardkit.loader import GpuOptions, ShardLoader
-    from shardkit.loader.feeders import auto_feeders
+    from shardkit.loader.feeder_layout import auto_feeders
 
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
     if "imagefolder" in cfg.contenders:

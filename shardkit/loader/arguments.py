@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from shardkit.errors import LoaderError
-from shardkit.loader.feeders import auto_feeders
+from shardkit.loader.feeder_layout import auto_feeders
 from shardkit.loader.gpu import GpuOptions, GpuRoute
 from shardkit.loader.route import Route
 from shardkit.loader.samples import ON_ERROR

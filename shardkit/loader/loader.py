@@ -17,7 +17,8 @@ from shardkit.errors import LoaderError
 from shardkit.loader.arguments import check_arguments, feeder_count, worker_count
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.datasets import open_datasets
-from shardkit.loader.feeders import FeederPool, FeederSpec, feeder_workers
+from shardkit.loader.feeder_layout import feeder_workers
+from shardkit.loader.feeders import FeederPool, FeederSpec
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.remainder import Remainder

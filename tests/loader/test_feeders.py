@@ -21,7 +21,7 @@ import torch
 from sample_data.generate import make_indexed_imagefolder
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.codec import libjpeg
-from shardkit.loader.feeders import auto_feeders, feeder_of, feeder_workers
+from shardkit.loader.feeder_layout import auto_feeders, feeder_of, feeder_workers
 from shardkit.pack import PackOptions, pack
 from shardkit.transforms.random_resized_crop import RandomResizedCropFlip
 from tests.loader.test_bad_samples import _garble_middle
