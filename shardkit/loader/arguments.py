@@ -39,17 +39,17 @@ def auto_reason() -> str:
     return f"{cores_of_this_process()} of the host's cores are this process's share, one left for training"
 
 
-def check_arguments(*, batch_size: int, num_workers: int, window: int, prefetch: int, on_error: str,
+def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: str,
                      rank: int | None, world_size: int | None, gpu: GpuOptions | None, even_batches: bool,
                      flags: dict[str, object], pad: object) -> None:
     """Refuse bad arguments when the loader is built, naming the argument, rather than later in
-    a worker process (where torch would re-raise the error under its own type) or on one route only.
+    a worker process (where torch would re-raise the error under its own type) or on one route only
+    (``num_workers``: :func:`worker_count`).
 
     Raises:
         LoaderError: an argument is out of range or of the wrong type.
     """
-    minimum = {"batch_size": (batch_size, 1), "num_workers": (num_workers, 0), "window": (window, 1),
-               "prefetch": (prefetch, 1)}
+    minimum = {"batch_size": (batch_size, 1), "window": (window, 1), "prefetch": (prefetch, 1)}
     for name, (value, least) in minimum.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise LoaderError(f"{name} must be an int >= {least}, got {value!r}")

@@ -47,8 +47,7 @@ class ShardLoader:
             (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
             are ``(images, targets)``, see :mod:`shardkit.loader.coco`.
         num_workers: worker processes (persistent across epochs); 0 reads in this process;
-            ``"auto"``: this process's share of the usable cores (divided among the processes
-            torchrun started on the host, ``LOCAL_WORLD_SIZE``) less one for the training loop,
+            ``"auto"``: this process's share of the host's cores less one for the training loop,
             1 to 32 (:func:`shardkit.machine.auto_workers`); ``loader.num_workers`` says how many.
         device: where batches are delivered (``"cpu"`` or ``"cuda[:i]"``).
         shuffle, seed: epoch order is a pure function of ``(seed, epoch, manifest)``.
@@ -156,7 +155,7 @@ class ShardLoader:
         feeders: int | str = "auto",
     ) -> None:
         workers = worker_count(num_workers)
-        check_arguments(batch_size=batch_size, num_workers=workers, window=window, prefetch=prefetch,
+        check_arguments(batch_size=batch_size, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
                          flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
                                 "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes,
