@@ -12,7 +12,7 @@ augmentation of the same loader without feeders, for any ``P``.
 
 from __future__ import annotations
 
-__all__ = ["MAX_FEEDERS", "WORKERS_PER_FEEDER", "auto_feeders", "feeder_of", "feeder_workers"]
+__all__ = ["MAX_FEEDERS", "WORKERS_PER_FEEDER", "auto_feeders", "feeder_of", "feeder_workers", "part_batches"]
 
 #: Workers per feeder that ``feeders="auto"`` aims at (measured: 3 feeders of 5 workers fed
 #: ResNet-18 best of 1 to 3 on a 16-core H200 host).
@@ -49,3 +49,14 @@ def feeder_of(i: int, *, num_workers: int, parts: int) -> int:
     [0, 1, 0, 1, 0, 1]
     """
     return (i % num_workers) % parts
+
+
+def part_batches(batches: int, *, part: int, parts: int, num_workers: int) -> int:
+    """How many of an epoch's ``batches`` (from its resume point) feeder ``part`` builds: those
+    ``i`` with :func:`feeder_of` ``== part``.
+
+    >>> [part_batches(7, part=p, parts=2, num_workers=4) for p in range(2)]
+    [4, 3]
+    """
+    rounds, rest = divmod(batches, num_workers)
+    return rounds * feeder_workers(part, parts, num_workers) + len(range(part, rest, parts))

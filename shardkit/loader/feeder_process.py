@@ -31,13 +31,15 @@ import torch.multiprocessing  # registers the reductions that send CUDA and shar
 from shardkit.codec.backend import prefer_decoder
 from shardkit.errors import LoaderError, ShardkitError
 from shardkit.index.manifest import Manifest
+from shardkit.loader.epoch_run import EpochRun
+from shardkit.loader.feeder_layout import part_batches
 from shardkit.loader.feeder_logs import relay_to
 from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.reader import ShardReader
 from shardkit.loader.remainder import Remainder
 from shardkit.loader.routing import mark_warned
 from shardkit.loader.stats import StageStats
-from shardkit.loader.stream import BatchStream, PlanConfig, WorkerFailure, raise_failures
+from shardkit.loader.stream import BatchStream, PlanConfig, WorkerFailure
 from shardkit.transforms.base import ImageTransform
 
 __all__ = ["RING", "FeederSpec", "feeder_main"]
@@ -67,6 +69,7 @@ class FeederSpec:
     num_workers: int  # this feeder's workers
     total_workers: int  # all feeders' workers
     decoder: str | None = None
+    read_ahead: bool = False  # workers and route go on into the next epoch (see shardkit.loader.epoch_run)
 
 
 class _Stop(Exception):
@@ -113,13 +116,14 @@ class _Feeder:
         self.cuda = self.device.type == "cuda"
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.stream = BatchStream(spec.config, self.route.builder, self.control,
-                                  layout=(spec.part, spec.parts, spec.total_workers))
+                                  layout=(spec.part, spec.parts, spec.total_workers), read_ahead=spec.read_ahead)
         # workers forked from this process, as a loader's are from the training process (a
         # spawned process would otherwise spawn them: a second torch import each)
         fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         self.dataloader = worker_loader(self.stream, num_workers=spec.num_workers, prefetch=spec.prefetch,
                                         pin_memory=self.route.pin_memory, context=fork)
         self.stats = StageStats()
+        self.run = EpochRun(self.route, self.stream, self.control, self.dataloader, self.stats)
         self.ring: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.ready: list[torch.cuda.Event] = []
         self.released: list[torch.cuda.Event] | None = None
@@ -200,23 +204,21 @@ class _Feeder:
     # -- epochs
     def epoch(self, gen: int, epoch: int, start: int, rest: Remainder | None) -> bool:
         """Run one epoch's part; False when the loader closed this feeder meanwhile."""
-        from shardkit.loader.workers import shutdown_workers, worker_death, workers_running
+        from shardkit.loader.workers import worker_death
 
-        change, remainder = self.stream.remainder_for(epoch, rest)
-        if change:  # workers hold a copy of the stream
-            if workers_running(self.dataloader):
-                shutdown_workers(self.dataloader)
-                self.route.workers_stopped()
-            self.stream.remainder = remainder
-        self.control[0], self.control[1] = epoch, start
+        spec = self.spec
+        mine = part_batches(spec.config.epoch_batches(rest) - start, part=spec.part, parts=spec.parts,
+                            num_workers=spec.total_workers)
         self.gen, self.free = gen, deque(range(RING))
-        if not workers_running(self.dataloader):
-            self.route.before_workers()
-        delivered = self.route.deliver(raise_failures(self.dataloader), self.stats)
+        delivered = self.run.open(epoch, start, rest)
         try:
-            for images, labels, keys in delivered:
-                self._hand_over(images, labels, keys)
+            for _ in range(mine):
+                item = next(delivered, None)
+                if item is None:
+                    raise LoaderError(f"workers ended epoch {epoch} early in feeder process {spec.part}")
+                self._hand_over(*item)
             self.conn.send(("end", gen))
+            self.run.keep(delivered, epoch)  # with read-ahead, on into the next epoch
         except _Stop as stop:
             delivered.close()
             self.stats.take()  # the counters of a batch never handed over, as an undelivered batch's
@@ -230,8 +232,7 @@ class _Feeder:
             delivered.close()
             death = worker_death(self.dataloader)
             if death is not None:  # the next epoch starts new workers
-                shutdown_workers(self.dataloader)
-                self.route.workers_stopped()
+                self.run.stop_workers()
             self.conn.send(("error", gen, _failure(death if death is not None else err, self.spec.part)))
         finally:
             self.gen = None
@@ -251,11 +252,9 @@ class _Feeder:
                     return
 
     def close(self) -> None:
-        from shardkit.loader.workers import shutdown_workers
-
+        self.run.drop()
         self.route.close()
-        shutdown_workers(self.dataloader)
-        self.route.workers_stopped()
+        self.run.stop_workers()
         self.spec.reader.close()
 
 

@@ -17,6 +17,7 @@ from shardkit.errors import LoaderError
 from shardkit.loader.arguments import check_arguments, feeder_count, worker_count
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.datasets import open_datasets
+from shardkit.loader.epoch_run import EpochRun
 from shardkit.loader.feeder_layout import feeder_workers
 from shardkit.loader.feeders import FeederPool, FeederSpec
 from shardkit.loader.gpu.options import GpuOptions
@@ -25,8 +26,8 @@ from shardkit.loader.remainder import Remainder
 from shardkit.loader.route import Route
 from shardkit.loader.routing import choose_route
 from shardkit.loader.stats import StageStats
-from shardkit.loader.stream import BatchStream, PlanConfig, raise_failures
-from shardkit.loader.workers import rank_and_world, shutdown_workers, worker_death, worker_loader, workers_running
+from shardkit.loader.stream import BatchStream, PlanConfig
+from shardkit.loader.workers import rank_and_world, worker_death, worker_loader
 from shardkit.transforms.base import ImageTransform
 
 log = logging.getLogger("shardkit.loader")
@@ -87,6 +88,10 @@ class ShardLoader:
             0: this process. Same batches, order and state either way; an ImageFolder dataset with
             an :class:`~shardkit.transforms.ImageTransform` and ``num_workers >= feeders`` needed.
             The number taken is :attr:`feeders`.
+        read_ahead: the workers (and the route's host pipeline) go on into the next epoch while
+            this one ends, so an epoch does not start from empty; an iteration that asks for the
+            next epoch from its start (the usual loop) takes over what they prepared, any other
+            drops it. Same batches either way; False: workers stop at each epoch's end.
 
     Mixing (:mod:`shardkit.loader.mix`): an epoch has ``L`` samples, the datasets' total, of which
     dataset ``i`` supplies ``L * w_i / sum(w)`` (largest-remainder rounding, so they sum to ``L``):
@@ -153,13 +158,14 @@ class ShardLoader:
         weights: Iterable[float] | None = None,
         disjoint_labels: bool = False,
         feeders: int | str = "auto",
+        read_ahead: bool = True,
     ) -> None:
         workers = worker_count(num_workers)
         check_arguments(batch_size=batch_size, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
                          flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
                                 "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes,
-                                "disjoint_labels": disjoint_labels},
+                                "disjoint_labels": disjoint_labels, "read_ahead": read_ahead},
                          pad=pad)
         datasets = open_datasets(dataset, weights=weights, disjoint_labels=disjoint_labels,
                                  storage_options=storage_options)
@@ -197,8 +203,10 @@ class ShardLoader:
         #: COCO: the annotation file's categories (``id``, ``name``, ...) as packed.
         self.categories = self.manifest.categories
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
-        self._stream = BatchStream(self.config, self.route.builder, self._control)
+        self._stream = BatchStream(self.config, self.route.builder, self._control, read_ahead=read_ahead)
         self._dataloader: DataLoader[Any] | None = None
+        self._run: EpochRun | None = None  # the route in this process (feeders=0)
+        self._stats = StageStats()
         self._feeders_auto, self._prefetch = feeders == "auto", prefetch
         #: Feeder processes running the route (0: it runs in this process); see ``feeders``.
         self.feeders = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
@@ -207,7 +215,8 @@ class ShardLoader:
         if self.feeders:
             specs = [FeederSpec(self.manifest, self.reader, transform, self.device, on_error,  # type: ignore[arg-type]
                                 batch_size, prefetch, gpu or GpuOptions(), self.config, part, self.feeders,
-                                feeder_workers(part, self.feeders, workers), workers, preferred_decoder())
+                                feeder_workers(part, self.feeders, workers), workers, preferred_decoder(),
+                                read_ahead)
                      for part in range(self.feeders)]
             try:
                 self._pool = FeederPool(specs)
@@ -222,7 +231,6 @@ class ShardLoader:
         self._pos, self._fresh, self._loaded = (0, 0), True, False
         # After an elastic resume: what is left of epoch _pos[0] (None: all of it).
         self._remainder: Remainder | None = None
-        self._stats = StageStats()
         # Iterations started so far; an older iterator finds the count moved on and ends
         # (_ended_by says why) rather than taking the newer one's batches.
         self._iterations, self._ended_by = 0, ""
@@ -282,12 +290,9 @@ class ShardLoader:
         if self._pool is not None:
             delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
         else:
-            self._control[0], self._control[1] = epoch, start
-            self._hand_workers(epoch, rest)
-            if self._dataloader is not None and not workers_running(self._dataloader):
-                self.route.before_workers()
-            source = raise_failures(self._dataloader if self._dataloader is not None else self._stream)
-            delivered = self.route.deliver(source, self._stats)
+            assert self._run is not None
+            delivered = self._run.open(epoch, start, rest)
+        whole = False
         try:
             for consumed in range(start + 1, count + 1):
                 if self._iterations != mine:  # before touching the workers the newer iteration reads
@@ -299,13 +304,17 @@ class ShardLoader:
                 yield item if self.keys else item[:2]
             if self._pool is not None:
                 next(delivered, None)  # each feeder's end of its part (an extra batch would be an error)
+            whole = True
         except Exception as err:  # torch's error for a dead worker varies and may come from anywhere here
             death = worker_death(self._dataloader) if self._dataloader is not None else None
             if death is None:
                 raise
             raise death from err
         finally:
-            delivered.close()  # an iteration left early stops its route's (or feeders') work now
+            if whole and self._run is not None:
+                self._run.keep(delivered, epoch)  # with read-ahead, on into the next epoch
+            else:
+                delivered.close()  # an iteration left early stops its route's (or feeders') work now
         self._pos, self._fresh, self._remainder = (epoch + 1, 0), True, None
 
     def _start_feeders(self) -> None:
@@ -336,18 +345,7 @@ class ShardLoader:
         if self.num_workers > 0:
             self._dataloader = worker_loader(self._stream, num_workers=self.num_workers, prefetch=self._prefetch,
                                              pin_memory=self.route.pin_memory)
-
-    def _hand_workers(self, epoch: int, rest: Remainder | None) -> None:
-        """Give the batch stream what an elastic resume left of ``epoch`` (or take a remainder it
-        holds for this epoch away when the epoch runs whole); running workers hold an older copy of
-        the stream, so they are stopped first (the next iteration starts new ones)."""
-        change, remainder = self._stream.remainder_for(epoch, rest)
-        if not change:
-            return
-        if self._dataloader is not None and workers_running(self._dataloader):
-            shutdown_workers(self._dataloader)
-            self.route.workers_stopped()
-        self._stream.remainder = remainder
+        self._run = EpochRun(self.route, self._stream, self._control, self._dataloader, self._stats)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, as a tiny JSON-able dict (the same on every rank).
@@ -373,12 +371,13 @@ class ShardLoader:
         Idempotent; iterating again afterwards starts new workers.
         """
         self._iterations, self._ended_by = self._iterations + 1, "the loader was closed"
+        if self._run is not None:
+            self._run.drop()
         self.route.close()
         if self._pool is not None:
             self._pool.close()
-        if self._dataloader is not None:
-            shutdown_workers(self._dataloader)
-            self.route.workers_stopped()
+        if self._run is not None:
+            self._run.stop_workers()
         self.reader.close()
 
     def __enter__(self) -> ShardLoader:

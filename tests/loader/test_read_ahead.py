@@ -1,0 +1,118 @@
+"""Read-ahead across epochs (``ShardLoader(read_ahead=True)``, the default): workers run on into
+the next epoch, and the next iteration takes over what they prepared only when it asks for that
+epoch from its start. Same batches as epochs run one at a time, whatever the loop does."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from shardkit import ShardLoader, transforms
+from shardkit.loader.stream import BatchStream, PlanConfig, raise_failures
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class _Recorder:
+    """A builder whose batch is what it was asked to build."""
+
+    def build(self, shards: list[int], indices: list[int], seeds: list[int]) -> tuple[tuple[int, int, int], ...]:
+        return tuple(zip(shards, indices, seeds, strict=True))
+
+
+def _merged(config: PlanConfig, workers: int, epoch: int, start: int, read_ahead: bool) -> list[Any]:
+    """The streams of ``workers`` workers merged round-robin, as torch's DataLoader merges them."""
+    control = torch.tensor([epoch, start])
+    streams = [iter(BatchStream(config, _Recorder(), control, layout=(w, workers, workers), read_ahead=read_ahead))
+               for w in range(workers)]
+    def robin() -> Any:
+        for w in itertools.cycle(range(workers)):
+            item = next(streams[w], None)
+            if item is None:
+                return
+            yield item
+
+    return list(raise_failures(robin()))
+
+
+@pytest.mark.parametrize(("workers", "start", "drop_last"), [(1, 0, False), (3, 0, True), (4, 2, False),
+                                                             (5, 7, True)])
+def test_the_stream_runs_on_into_whole_epochs_that_start_at_worker_0(workers: int, start: int,
+                                                                     drop_last: bool) -> None:
+    config = PlanConfig(shard_sizes=[10, 7, 10, 3], seed=3, shuffle=True, window=2, rank=0, world_size=1,
+                        batch_size=4, drop_last=drop_last)
+    want = _merged(config, workers, 5, start, read_ahead=False)
+    for epoch in (6, 7):
+        want += _merged(config, workers, epoch, 0, read_ahead=False)
+    control = torch.tensor([5, start])
+    streams = [iter(BatchStream(config, _Recorder(), control, layout=(w, workers, workers), read_ahead=True))
+               for w in range(workers)]
+    merged = raise_failures(next(streams[w]) for w in itertools.cycle(range(workers)))
+    assert list(itertools.islice(merged, len(want))) == want
+
+
+def test_an_epoch_without_batches_ends_the_stream() -> None:
+    config = PlanConfig(shard_sizes=[3], seed=0, shuffle=False, window=1, rank=0, world_size=1, batch_size=8,
+                        drop_last=True)
+    stream = BatchStream(config, _Recorder(), torch.tensor([0, 0]), read_ahead=True)
+    assert list(stream) == []
+
+
+T = transforms.imagenet_train(32)
+
+
+def _loader(ds: Path, **kw: Any) -> ShardLoader:
+    args: dict[str, Any] = {"batch_size": 8, "transform": T, "keys": True, "seed": 5, "num_workers": 3} | kw
+    return ShardLoader(str(ds), **args)
+
+
+def _run(loader: ShardLoader) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    """Whole epochs 0 and 1 (the second read ahead), a jump to epoch 5, an iteration left after 2
+    batches, the next one (epoch 6 afresh), a mid-epoch state loaded back, then epoch 7."""
+    out: list[Any] = []
+    for epoch in (0, 1, 5):
+        loader.set_epoch(epoch)
+        out += list(loader)
+    it = iter(loader)
+    out += [next(it), next(it)]
+    del it
+    it = iter(loader)
+    out += [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    loader.load_state_dict(state)
+    out += list(loader)
+    out += list(loader)
+    return out
+
+
+@pytest.mark.parametrize("feeders", [0, 2])
+def test_read_ahead_gives_the_batches_of_epochs_run_one_at_a_time(packed: Path, feeders: int) -> None:
+    with _loader(packed, feeders=feeders, read_ahead=False) as plain:
+        want = _run(plain)
+    with _loader(packed, feeders=feeders) as ahead:
+        got = _run(ahead)
+        if feeders == 0:
+            assert ahead._run is not None and ahead._run._kept is not None  # the last epoch's, kept
+    assert [k for _, _, k in got] == [k for _, _, k in want]
+    for (x1, y1, _), (x2, y2, _) in zip(got, want, strict=True):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+def test_a_whole_epoch_keeps_its_delivery_and_close_stops_the_workers(packed: Path) -> None:
+    loader = _loader(packed)
+    assert loader._run is not None
+    list(loader)
+    assert loader._run._kept is not None and loader._run._kept[0] == 1
+    loader.set_epoch(3)
+    it = iter(loader)
+    next(it)  # another epoch: the kept delivery was dropped for a fresh one
+    assert loader._run._kept is None
+    del it
+    loader.close()
+    assert multiprocessing.active_children() == []
