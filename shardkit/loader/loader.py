@@ -311,7 +311,7 @@ class ShardLoader:
                 raise
             raise death from err
         finally:
-            if whole and self._run is not None:
+            if whole and self._run is not None and self._iterations == mine:
                 self._run.keep(delivered, epoch)  # with read-ahead, on into the next epoch
             else:
                 delivered.close()  # an iteration left early stops its route's (or feeders') work now

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,24 +15,39 @@ import pytest
 import torch
 
 from shardkit import ShardLoader, transforms
+from shardkit.loader.stats import StageStats
 from shardkit.loader.stream import BatchStream, PlanConfig, raise_failures
 
 pytestmark = pytest.mark.timeout(240)
 
 
-class _Recorder:
-    """A builder whose batch is what it was asked to build."""
+@dataclass
+class _Asked:
+    """A batch that is what its builder was asked to build."""
 
-    def build(self, shards: list[int], indices: list[int], seeds: list[int]) -> tuple[tuple[int, int, int], ...]:
-        return tuple(zip(shards, indices, seeds, strict=True))
+    triples: tuple[tuple[int, int, int], ...]
+    keys: list[str] = field(default_factory=list)
+    stats: StageStats = field(default_factory=StageStats)
+
+
+class _Recorder:
+    def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> _Asked:
+        return _Asked(tuple(zip(shards, indices, seeds, strict=True)))
+
+
+def _stream(config: PlanConfig, control: torch.Tensor, worker: int, workers: int,
+            read_ahead: bool) -> Iterator[Any]:
+    """Worker ``worker`` of ``workers``' stream (as a feeder layout names it)."""
+    return iter(BatchStream[_Asked](config, _Recorder(), control, layout=(worker, workers, workers),
+                                    read_ahead=read_ahead))
 
 
 def _merged(config: PlanConfig, workers: int, epoch: int, start: int, read_ahead: bool) -> list[Any]:
     """The streams of ``workers`` workers merged round-robin, as torch's DataLoader merges them."""
     control = torch.tensor([epoch, start])
-    streams = [iter(BatchStream(config, _Recorder(), control, layout=(w, workers, workers), read_ahead=read_ahead))
-               for w in range(workers)]
-    def robin() -> Any:
+    streams = [_stream(config, control, w, workers, read_ahead) for w in range(workers)]
+
+    def robin() -> Iterator[Any]:
         for w in itertools.cycle(range(workers)):
             item = next(streams[w], None)
             if item is None:
@@ -50,16 +67,15 @@ def test_the_stream_runs_on_into_whole_epochs_that_start_at_worker_0(workers: in
     for epoch in (6, 7):
         want += _merged(config, workers, epoch, 0, read_ahead=False)
     control = torch.tensor([5, start])
-    streams = [iter(BatchStream(config, _Recorder(), control, layout=(w, workers, workers), read_ahead=True))
-               for w in range(workers)]
-    merged = raise_failures(next(streams[w]) for w in itertools.cycle(range(workers)))
+    streams = [_stream(config, control, w, workers, True) for w in range(workers)]
+    merged: Iterator[Any] = raise_failures(next(streams[w]) for w in itertools.cycle(range(workers)))
     assert list(itertools.islice(merged, len(want))) == want
 
 
 def test_an_epoch_without_batches_ends_the_stream() -> None:
     config = PlanConfig(shard_sizes=[3], seed=0, shuffle=False, window=1, rank=0, world_size=1, batch_size=8,
                         drop_last=True)
-    stream = BatchStream(config, _Recorder(), torch.tensor([0, 0]), read_ahead=True)
+    stream = BatchStream[_Asked](config, _Recorder(), torch.tensor([0, 0]), read_ahead=True)
     assert list(stream) == []
 
 
@@ -116,3 +132,71 @@ def test_a_whole_epoch_keeps_its_delivery_and_close_stops_the_workers(packed: Pa
     del it
     loader.close()
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize(("feeders", "read_ahead"), [(0, False), (0, True), (2, False), (2, True)])
+def test_an_epoch_run_again_after_an_elastic_resume_into_it_is_whole(packed: Path, feeders: int,
+                                                                     read_ahead: bool) -> None:
+    """An elastic resume into epoch 1 leaves the workers a remainder of it: going back to epoch 0
+    and then on into epoch 1 must run epoch 1 whole (the workers restart; nothing read ahead on the
+    remainder is taken over)."""
+    with _loader(packed, feeders=0) as first:
+        first.set_epoch(1)
+        it = iter(first)
+        for _ in range(3):
+            next(it)
+        state = first.state_dict()
+        del it
+    with _loader(packed, batch_size=5, feeders=feeders, read_ahead=read_ahead) as fresh:
+        fresh.set_epoch(1)
+        want = [k for _, _, k in fresh]
+    with _loader(packed, batch_size=5, feeders=feeders, read_ahead=read_ahead) as loader:
+        loader.load_state_dict(state)  # another batch size: an elastic resume into epoch 1
+        rest = [k for _, _, k in loader]
+        assert 0 < len(rest) < len(want)
+        loader.set_epoch(0)
+        list(loader)
+        assert [k for _, _, k in loader] == want
+
+
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_an_older_iterator_that_finishes_late_keeps_nothing(packed: Path, read_ahead: bool) -> None:
+    with _loader(packed, read_ahead=read_ahead) as reference:
+        reference.set_epoch(1)
+        want = [k for _, _, k in reference]
+    with _loader(packed, read_ahead=read_ahead) as loader:
+        old = iter(loader)
+        for _ in range(len(loader)):
+            next(old)  # all of epoch 0; `old` waits after its last batch
+        newer = iter(loader)  # epoch 1 starts
+        for _ in range(3):
+            next(newer)
+        assert list(old) == []  # the old iterator ends now, after the newer one took the workers
+        del newer
+        loader.set_epoch(1)
+        assert [k for _, _, k in loader] == want
+
+
+def test_a_loader_pickles_after_a_whole_epoch(packed: Path) -> None:
+    import pickle
+
+    with _loader(packed, num_workers=0) as loader:
+        first = list(loader)
+        copy = pickle.loads(pickle.dumps(loader))
+        with copy:
+            assert len(list(copy)) == len(first)
+
+
+def test_the_time_between_epochs_is_not_the_loaders(packed: Path) -> None:
+    """``stats.elapsed_s`` (time between deliveries) of an epoch taken over from read-ahead starts
+    when the loop asks for it, not when the epoch before ended."""
+    import time
+
+    with _loader(packed) as loader:
+        list(loader)
+        time.sleep(0.5)  # the loop's own work between epochs (validation, a checkpoint)
+        before = loader.stats.elapsed_s
+        t0 = time.perf_counter()
+        list(loader)
+        wall = time.perf_counter() - t0
+        assert loader.stats.elapsed_s - before <= wall

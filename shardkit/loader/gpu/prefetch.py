@@ -227,7 +227,6 @@ class DevicePrefetcher(Generic[B, D]):
         return self._put(self._q[2], (ready, slot.event))
 
     def __iter__(self) -> Iterator[D]:
-        current = torch.cuda.current_stream(self.device)
         try:
             while True:
                 item = self._get(self._q[2])  # _DONE once closed: a closed prefetcher never blocks
@@ -236,6 +235,7 @@ class DevicePrefetcher(Generic[B, D]):
                 if isinstance(item, BaseException):
                     raise item
                 batch, event = item
+                current = torch.cuda.current_stream(self.device)  # per batch: a prefetcher can outlive an epoch
                 current.wait_event(event)
                 for t in batch.tensors():
                     t.record_stream(current)
