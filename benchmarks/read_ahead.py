@@ -4,6 +4,7 @@
    uint8 RandomResizedCrop + flip batches (as benchmarks/feeders_alone.py), one untimed warm-up
    epoch, then ``--epochs`` epochs timed as one span (synchronised at both ends), the usual
    ``set_epoch`` loop: the epoch boundaries are inside the span, as in training.
+   ``--device cpu``: the CPU route, alone only.
 2. *Training step* (``--model``): :func:`shardkit.bench.train.run_contenders` with the two settings
    as contenders (alternating, a fresh loader per run), as ``shardkit bench --train`` measures.
 
@@ -18,30 +19,33 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 from shardkit import ShardLoader, transforms
 from shardkit.bench import conditions
 from shardkit.bench.harness import alternating_order
-from shardkit.bench.train import TrainStep, run_contenders
+from shardkit.bench.train import TrainRun, TrainStep, run_contenders
 
 SETTINGS = {"read-ahead": True, "epoch by epoch": False}
 
 
-def alone_rate(shards: str, *, read_ahead: bool, workers: int, feeders: int | str, size: int, epochs: int) -> float:
+def alone_rate(shards: str, *, read_ahead: bool, workers: int, feeders: int | str, size: int, epochs: int,
+               device: str = "cuda", batch_size: int = 128) -> float:
     """Images/s over ``epochs`` epochs after a warm-up one, on one loader."""
-    with ShardLoader(shards, batch_size=128, transform=transforms.imagenet_train(size), num_workers=workers,
-                     device="cuda", drop_last=True, feeders=feeders, read_ahead=read_ahead) as loader:
+    with ShardLoader(shards, batch_size=batch_size, transform=transforms.imagenet_train(size), num_workers=workers,
+                     device=device, drop_last=True, feeders=feeders, read_ahead=read_ahead) as loader:
         for _batch in loader:
             pass
-        torch.cuda.synchronize()
+        sync = torch.cuda.synchronize if loader.device.type == "cuda" else (lambda: None)
+        sync()
         t0, images = time.perf_counter(), 0
         for epoch in range(1, epochs + 1):
             loader.set_epoch(epoch)
             for batch, _labels in loader:
                 images += batch.shape[0]
-        torch.cuda.synchronize()
+        sync()
         return images / (time.perf_counter() - t0)
 
 
@@ -54,6 +58,8 @@ def main() -> None:
     ap.add_argument("imagefolder")
     ap.add_argument("shards")
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the CPU route, alone only")
+    ap.add_argument("--batch-size", type=int, default=128, help="of the route-alone part")
     ap.add_argument("--feeders", default="auto")
     ap.add_argument("--alone-size", type=int, default=224)
     ap.add_argument("--alone-epochs", type=int, default=8)
@@ -70,24 +76,25 @@ def main() -> None:
     for rnd, names in enumerate(alternating_order(list(SETTINGS), args.alone_rounds)):
         for name in names:
             rate = alone_rate(args.shards, read_ahead=SETTINGS[name], workers=args.workers, feeders=feeders,
-                              size=args.alone_size, epochs=args.alone_epochs)
+                              size=args.alone_size, epochs=args.alone_epochs, device=args.device,
+                              batch_size=args.batch_size)
             alone[name].append(rate)
             print(f"alone {name} round {rnd}: {rate:,.0f} img/s", flush=True)
     for name, rates in alone.items():
         if rates:
             print(f"alone {name}: {spread(rates)} img/s over {len(rates)} runs of {args.alone_epochs} epochs")
-    if args.model == "none":
+    if args.model == "none" or args.device == "cpu":
         return
 
     device = torch.device("cuda")
     step = TrainStep(args.model, conditions.describe_imagefolder(args.imagefolder)["classes"], device)
     bf16 = transforms.imagenet_train(args.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
 
-    def build(read_ahead: bool):  # type: ignore[no-untyped-def]
+    def build(read_ahead: bool) -> Callable[[], ShardLoader]:
         return lambda: ShardLoader(args.shards, batch_size=128, transform=bf16, num_workers=args.workers,
                                    device="cuda", drop_last=True, feeders=feeders, read_ahead=read_ahead)
 
-    def report(name: str, rep: int, run) -> None:  # type: ignore[no-untyped-def]
+    def report(name: str, rep: int, run: TrainRun) -> None:
         print(f"train {name} run {rep}: fed {run.fed_images_per_second:,.0f}, synthetic "
               f"{run.synthetic_images_per_second:,.0f}, share {run.share:.0%}, host wait {run.host_wait_fraction:.1%}",
               flush=True)
