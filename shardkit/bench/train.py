@@ -212,6 +212,7 @@ class TrainRun:
     host_wait_fraction: float
     loader_gpu_ms_per_batch: float | None
     step_gpu_ms: float | None = None
+    feeders: int | None = None  # the loader's feeder processes, as it ran (ShardLoader.feeders)
 
     @property
     def share(self) -> float:
@@ -271,14 +272,14 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     # a loader with feeder processes does its device work there, outside this process's profile
     loader_ms = None if getattr(loader, "feeders", 0) else device_ms(lambda: next(fed), profile_batches, step.device)
     synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
-    return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms)
+    return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms,
+                    getattr(loader, "feeders", None))
 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:
     from shardkit import transforms
     from shardkit.codec.backend import prefer_decoder
     from shardkit.loader import GpuOptions, ShardLoader
-    from shardkit.loader.feeder_layout import auto_feeders
 
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
     if "imagefolder" in cfg.contenders:
@@ -298,13 +299,8 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
                 prefer_decoder(None)
         return build
 
-    if "shardloader" in cfg.contenders:
-        if cfg.feeders == "auto":
-            feeders = auto_feeders(cfg.workers) if cfg.device.startswith("cuda") else 0
-        else:
-            feeders = int(cfg.feeders)
-        label = f"shardkit ShardLoader, {counted(feeders, 'feeder')}" if feeders else "shardkit ShardLoader"
-        out["shardloader"] = (label, shardloader(None, feeders=cfg.feeders))
+    if "shardloader" in cfg.contenders:  # its label says the feeders it ran (with_feeders)
+        out["shardloader"] = ("shardkit ShardLoader", shardloader(None, feeders=cfg.feeders))
     if "shardloader_inproc" in cfg.contenders:  # the route in the training process (feeders=0)
         out["shardloader_inproc"] = ("shardkit ShardLoader, no feeders", shardloader(None, feeders=0))
     if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads
@@ -353,6 +349,20 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
     return runs
 
 
+def with_feeders(label: str, runs: list[TrainRun]) -> str:
+    """``label`` with the feeder processes its loaders ran, which ``feeders="auto"`` decides when a
+    loader is built (none off the GPU route, none where they cannot start).
+
+    Example:
+        >>> with_feeders("ShardLoader", [TrainRun(1.0, 1.0, 0.0, None, feeders=3)])
+        'ShardLoader, 3 feeders'
+    """
+    ran = sorted({r.feeders or 0 for r in runs})
+    if ran in ([], [0]):
+        return label
+    return f"{label}, {counted(ran[0], 'feeder')}" if len(ran) == 1 else f"{label}, {ran[0]}–{ran[-1]} feeders"
+
+
 def summarise(runs: list[TrainRun]) -> dict[str, Any]:
     """One contender's runs as report figures: spreads of the rates, share and host wait, the median
     step and loader device times (None off CUDA), and every run."""
@@ -384,7 +394,8 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
     runs = run_contenders({name: (step, build) for name, (_label, build) in contenders.items()}, steps=cfg.steps,
                           warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats, settle_s=cfg.settle_s,
                           after_run=after_run)
-    results = [{"name": name, "label": label, **summarise(runs[name])} for name, (label, _build) in contenders.items()]
+    results = [{"name": name, "label": with_feeders(label, runs[name]) if name == "shardloader" else label,
+                **summarise(runs[name])} for name, (label, _build) in contenders.items()]
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
     return {"schema": "shardkit.bench.train/1", "config": asdict(cfg), "conditions": conds, "results": results}
