@@ -299,7 +299,7 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
                 prefer_decoder(None)
         return build
 
-    if "shardloader" in cfg.contenders:  # its label says the feeders it ran (with_feeders)
+    if "shardloader" in cfg.contenders:  # labels say the feeders the loaders ran (with_feeders)
         out["shardloader"] = ("shardkit ShardLoader", shardloader(None, feeders=cfg.feeders))
     if "shardloader_inproc" in cfg.contenders:  # the route in the training process (feeders=0)
         out["shardloader_inproc"] = ("shardkit ShardLoader, no feeders", shardloader(None, feeders=0))
@@ -360,7 +360,9 @@ def with_feeders(label: str, runs: list[TrainRun]) -> str:
     ran = sorted({r.feeders or 0 for r in runs})
     if ran in ([], [0]):
         return label
-    return f"{label}, {counted(ran[0], 'feeder')}" if len(ran) == 1 else f"{label}, {ran[0]}–{ran[-1]} feeders"
+    if len(ran) == 1:
+        return f"{label}, {counted(ran[0], 'feeder')}"
+    return f"{label}, feeders by run {'/'.join(str(r.feeders or 0) for r in runs)}"
 
 
 def summarise(runs: list[TrainRun]) -> dict[str, Any]:
@@ -394,8 +396,8 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
     runs = run_contenders({name: (step, build) for name, (_label, build) in contenders.items()}, steps=cfg.steps,
                           warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats, settle_s=cfg.settle_s,
                           after_run=after_run)
-    results = [{"name": name, "label": with_feeders(label, runs[name]) if name == "shardloader" else label,
-                **summarise(runs[name])} for name, (label, _build) in contenders.items()]
+    results = [{"name": name, "label": with_feeders(label, runs[name]), **summarise(runs[name])}
+               for name, (label, _build) in contenders.items()]
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
     return {"schema": "shardkit.bench.train/1", "config": asdict(cfg), "conditions": conds, "results": results}

@@ -17,7 +17,7 @@ epochs"): the GPU route alone delivered 28.0k img/s with read-ahead against 22.6
 
 from __future__ import annotations
 
-import time
+import inspect
 from collections.abc import Generator
 from typing import Any
 
@@ -32,7 +32,24 @@ from shardkit.loader.workers import shutdown_workers, workers_running
 
 __all__ = ["Delivery", "EpochRun"]
 
-Delivery = Generator[tuple[Any, Any, list[str]], None, None]
+Delivery = Generator[tuple[Any, Any, list[str]], bool | None, None]
+
+
+def _taken_over(delivery: Delivery) -> Delivery:
+    """``delivery`` going on into a new epoch, its clock restarted at the first request (the time
+    between epochs is the loop's, not the loader's: :meth:`Route.deliver`)."""
+    try:
+        if inspect.getgeneratorstate(delivery) == inspect.GEN_CREATED:  # it delivered nothing yet
+            yield from delivery
+            return
+        try:
+            first = delivery.send(True)
+        except StopIteration:
+            return
+        yield first
+        yield from delivery
+    finally:
+        delivery.close()
 
 
 class EpochRun:
@@ -45,7 +62,6 @@ class EpochRun:
         self.route, self.stream, self.control = route, stream, control
         self.dataloader, self.stats = dataloader, stats
         self._kept: tuple[int, Delivery] | None = None  # (the epoch it continues into, the delivery)
-        self._kept_at = 0.0  # when it was kept
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_kept": None}  # a copy (a pickled loader) starts its next epoch afresh
@@ -66,8 +82,7 @@ class EpochRun:
         change, remainder = self.stream.remainder_for(epoch, rest)
         kept, self._kept = self._kept, None
         if kept is not None and kept[0] == epoch and start == 0 and rest is None and not change:
-            self.stats.elapsed_s -= time.perf_counter() - self._kept_at  # the time between epochs is the loop's
-            return kept[1]
+            return _taken_over(kept[1])
         if kept is not None:
             kept[1].close()
         if change:
@@ -85,7 +100,7 @@ class EpochRun:
         reads ahead, else close it."""
         if self.read_ahead:
             self.drop()
-            self._kept, self._kept_at = (epoch + 1, delivery), time.perf_counter()
+            self._kept = (epoch + 1, delivery)
         else:
             delivery.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -17,7 +17,7 @@ from shardkit.errors import LoaderError
 from shardkit.loader.arguments import check_arguments, feeder_count, worker_count
 from shardkit.loader.cache import DEFAULT_CACHE_BYTES
 from shardkit.loader.datasets import open_datasets
-from shardkit.loader.epoch_run import EpochRun
+from shardkit.loader.epoch_run import Delivery, EpochRun
 from shardkit.loader.feeder_layout import feeder_workers
 from shardkit.loader.feeders import FeederPool, FeederSpec
 from shardkit.loader.gpu.options import GpuOptions
@@ -287,11 +287,13 @@ class ShardLoader:
         mine, self._ended_by = self._iterations, "a newer iteration of this loader started (one runs at a time)"
         if self._pool is not None and not self._pool.running:
             self._start_feeders()
+        delivered: Generator[tuple[Any, Any, list[str]], Any, None]
+        local: Delivery | None = None  # the route's delivery in this process, which read-ahead keeps
         if self._pool is not None:
             delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
         else:
             assert self._run is not None
-            delivered = self._run.open(epoch, start, rest)
+            delivered = local = self._run.open(epoch, start, rest)
         whole = False
         try:
             for consumed in range(start + 1, count + 1):
@@ -311,11 +313,12 @@ class ShardLoader:
                 raise
             raise death from err
         finally:
-            if whole and self._run is not None and self._iterations == mine:
-                self._run.keep(delivered, epoch)  # with read-ahead, on into the next epoch
+            if local is not None and self._run is not None and whole and self._iterations == mine:
+                self._run.keep(local, epoch)  # with read-ahead, on into the next epoch
             else:
                 delivered.close()  # an iteration left early stops its route's (or feeders') work now
-        self._pos, self._fresh, self._remainder = (epoch + 1, 0), True, None
+        if self._iterations == mine:  # an older iteration ending late leaves the newer one's place alone
+            self._pos, self._fresh, self._remainder = (epoch + 1, 0), True, None
 
     def _start_feeders(self) -> None:
         """Start the feeder processes; with ``feeders="auto"``, a machine where they cannot run

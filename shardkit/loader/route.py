@@ -69,12 +69,15 @@ class Route(ABC, Generic[W, R]):
     def finish(self, batch: R) -> tuple[Any, Any]:
         """``(images, labels or targets)`` of one batch, on :attr:`device`, as the user gets them."""
 
-    def deliver(self, batches: Iterator[W], stats: StageStats) -> Generator[tuple[Any, Any, list[str]], None, None]:
+    def deliver(self, batches: Iterator[W], stats: StageStats
+                ) -> Generator[tuple[Any, Any, list[str]], bool | None, None]:
         """``(images, labels or targets, keys)`` per worker batch, in order.
 
         Adds each batch's counters to ``stats``, and the time spent waiting for it
         (``wait_s``), finishing it (``copy_s``) and between deliveries (``elapsed_s``, which
-        includes the consumer's own time: throughput as training sees it).
+        includes the consumer's own time: throughput as training sees it). ``send(True)`` in
+        place of ``next``: the time since the last delivery is not the loader's (a delivery
+        taken over for the next epoch, :mod:`~shardkit.loader.epoch_run`).
         """
         ready = self.prepare(batches, stats)
         last = time.perf_counter()
@@ -91,7 +94,8 @@ class Route(ABC, Generic[W, R]):
             stats.copy_s += t2 - t1
             stats.elapsed_s += t2 - last
             last = t2
-            yield images, labels, batch.keys
+            if (yield images, labels, batch.keys):
+                last = time.perf_counter()
 
     def close(self) -> None:
         """Stop the route's host-side work (threads); called before the workers stop. Idempotent."""

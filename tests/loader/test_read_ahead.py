@@ -200,3 +200,37 @@ def test_the_time_between_epochs_is_not_the_loaders(packed: Path) -> None:
         list(loader)
         wall = time.perf_counter() - t0
         assert loader.stats.elapsed_s - before <= wall
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_epoch_without_batches_then_a_pause_leaves_the_times_whole(packed: Path, num_workers: int) -> None:
+    """An elastic resume that leaves fewer samples than a batch (drop_last) runs an epoch of no
+    batches; the delivery it keeps never started, and the epoch after it still counts its time."""
+    import time
+
+    with _loader(packed, num_workers=num_workers) as first:
+        it = iter(first)
+        for _ in range(8):  # 64 of 69 samples
+            next(it)
+        state = first.state_dict()
+        del it
+    with _loader(packed, batch_size=10, drop_last=True, num_workers=num_workers) as loader:
+        loader.load_state_dict(state)
+        assert list(loader) == []
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        assert len(list(loader)) == len(loader)
+        assert 0 < loader.stats.elapsed_s <= time.perf_counter() - t0
+
+
+def test_an_older_iterator_that_ends_late_does_not_move_the_loader_back(packed: Path) -> None:
+    with _loader(packed) as reference:
+        reference.set_epoch(2)
+        want = [k for _, _, k in reference]
+    with _loader(packed) as loader:
+        old = iter(loader)
+        for _ in range(len(loader)):
+            next(old)  # all of epoch 0; `old` waits after its last batch
+        list(loader)  # epoch 1, whole, by a newer iteration
+        assert list(old) == [] and loader.epoch == 2
+        assert [k for _, _, k in loader] == want
