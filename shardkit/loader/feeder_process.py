@@ -14,6 +14,7 @@ A feeder exits when its pipe closes or the training process is gone, so none out
 from __future__ import annotations
 
 import contextlib
+import copy
 import multiprocessing
 import os
 import pickle
@@ -122,7 +123,8 @@ class _Feeder:
         fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         self.dataloader = worker_loader(self.stream, num_workers=spec.num_workers, prefetch=spec.prefetch,
                                         pin_memory=self.route.pin_memory, context=fork)
-        self.stats = StageStats()
+        self.stats = StageStats()  # the route's threads add to it while batches are handed over
+        self._sent = StageStats()  # a copy of stats as of the last batch handed over (or dropped)
         self.run = EpochRun(self.route, self.stream, self.control, self.dataloader, self.stats)
         self.ring: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.ready: list[torch.cuda.Event] = []
@@ -199,7 +201,9 @@ class _Feeder:
         else:
             slot_images[:n].copy_(images)
             slot_labels[:n].copy_(labels)
-        self.conn.send(("batch", self.gen, k, n, keys, self.stats.take()))
+        now = copy.copy(self.stats)
+        self.conn.send(("batch", self.gen, k, n, keys, now.since(self._sent)))
+        self._sent = now
 
     # -- epochs
     def epoch(self, gen: int, epoch: int, start: int, rest: Remainder | None) -> bool:
@@ -221,7 +225,7 @@ class _Feeder:
             self.run.keep(delivered, epoch)  # with read-ahead, on into the next epoch
         except _Stop as stop:
             delivered.close()
-            self.stats.take()  # the counters of a batch never handed over, as an undelivered batch's
+            self._sent = copy.copy(self.stats)  # the counters of a batch never handed over, as an undelivered batch's
             if stop.close:
                 return False
             if stop.restart is not None:

@@ -47,6 +47,20 @@ class StageStats:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
+    def since(self, earlier: StageStats) -> StageStats:
+        """What accumulated between ``earlier`` (a copy of these counters) and now.
+
+        Unlike :meth:`take` it writes nothing, so threads may go on adding to these counters
+        meanwhile: nothing they add is lost or counted twice.
+
+        Example:
+            >>> import copy
+            >>> s = StageStats(batches=3); before = copy.copy(s); s.batches += 2
+            >>> s.since(before).batches
+            2
+        """
+        return StageStats(**{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)})
+
     def take(self) -> StageStats:
         """A copy of these counters, which are then zeroed (what accumulated since the last take)."""
         out = StageStats(**asdict(self))
