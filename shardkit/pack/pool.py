@@ -28,7 +28,7 @@ import queue as queue_module
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ProcessPoolExecutor, wait
 from typing import Any
 
 from shardkit.pack.progress import input_bytes
@@ -91,13 +91,33 @@ def _ctrl_c_deferred() -> Iterator[None]:
                 signal.raise_signal(signum)
 
 
+@contextlib.contextmanager
+def _cancelled_futures_quiet(manager: threading.Thread | None) -> Iterator[None]:
+    """Meanwhile, an ``InvalidStateError`` that ends ``manager`` (the pool's management thread) is
+    not printed. Before Python 3.12, when the pool finds its workers terminated it sets an error on
+    every outstanding future, cancelled ones too, which raises there and printed a traceback over
+    the terminal after "terminated; re-run the same command to resume" (CPython guards it since)."""
+    previous = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if manager is None or args.thread is not manager or not issubclass(args.exc_type, InvalidStateError):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        if threading.excepthook is hook:
+            threading.excepthook = previous
+
+
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
     """Stop ``pool`` at once: terminate its workers (a shard they were writing leaves only a
     temporary file, which the next pack removes) and reap them, a second Ctrl-C deferred
     meanwhile. The pool's own shutdown waits for running shards and, once interrupted, hung."""
-    with _ctrl_c_deferred():
-        processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's, 3.8 to 3.13
-        manager = getattr(pool, "_executor_manager_thread", None)
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's, 3.8 to 3.13
+    manager = getattr(pool, "_executor_manager_thread", None)
+    with _ctrl_c_deferred(), _cancelled_futures_quiet(manager):
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()

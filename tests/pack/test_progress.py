@@ -92,3 +92,34 @@ def test_progress_moves_before_the_pack_ends_with_workers(small_tree: Path, tmp_
     # Reports arrive while shards are written; before, the pool reported only once all 12 were done.
     assert shards_at_first_report and shards_at_first_report[0] < 12
     assert (sum(n for n, _ in rec.steps), sum(b for _, b in rec.steps)) == rec.started
+
+
+def test_a_cancelled_future_failing_in_the_pool_manager_is_not_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python before 3.12 raises InvalidStateError in the pool's management thread when it fails
+    the futures of terminated workers, cancelled ones too: after Ctrl-C or SIGTERM that printed a
+    traceback under "interrupted". Only that error of that thread is kept quiet, and only meanwhile."""
+    import threading
+    from concurrent.futures import InvalidStateError
+
+    from shardkit.pack.pool import _cancelled_futures_quiet
+
+    seen: list[tuple[str, type[BaseException]]] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append((args.thread.name, args.exc_type)))
+
+    def raising(exc: type[BaseException]) -> None:
+        raise exc("CANCELLED")
+
+    manager = threading.Thread(target=raising, args=(InvalidStateError,), name="manager")
+    other = threading.Thread(target=raising, args=(InvalidStateError,), name="other")
+    wrong = threading.Thread(target=raising, args=(RuntimeError,), name="manager-too")
+    with _cancelled_futures_quiet(manager):
+        for t in (manager, other):
+            t.start()
+            t.join()
+    with _cancelled_futures_quiet(wrong):
+        wrong.start()
+        wrong.join()
+    late = threading.Thread(target=raising, args=(InvalidStateError,), name="late")
+    late.start()
+    late.join()
+    assert seen == [("other", InvalidStateError), ("manager-too", RuntimeError), ("late", InvalidStateError)]
