@@ -44,8 +44,9 @@ import torch
 
 from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.api import check_same_data
-from shardkit.bench.train import SETTLE_S, TrainRun, counted, run_contenders, summarise, synchronize
+from shardkit.bench.train import SETTLE_S, TrainRun, counted, run_contenders, summarise
 from shardkit.bench.train_report import train_table
+from shardkit.bench.train_step import synchronize
 
 __all__ = ["DETECTION_CONTENDERS", "DETECTION_MODELS", "DetectionBenchConfig", "DetectionStep",
            "format_detection_table", "run_detection_train_bench"]

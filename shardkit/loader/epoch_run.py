@@ -80,11 +80,10 @@ class EpochRun:
         whenever its remainder does not fit the epoch asked for, and the kept delivery is taken
         over only when it fits."""
         change, remainder = self.stream.remainder_for(epoch, rest)
-        kept, self._kept = self._kept, None
-        if kept is not None and kept[0] == epoch and start == 0 and rest is None and not change:
-            return _taken_over(kept[1])
-        if kept is not None:
-            kept[1].close()
+        if self._kept is not None and self._kept[0] == epoch and start == 0 and rest is None and not change:
+            delivery, self._kept = self._kept[1], None
+            return _taken_over(delivery)
+        self.drop()
         if change:
             if self.dataloader is not None and workers_running(self.dataloader):
                 self.stop_workers()  # they hold an older copy of the stream; the delivery starts new ones

@@ -256,7 +256,6 @@ class _Feeder:
                     return
 
     def close(self) -> None:
-        self.run.drop()
         self.route.close()
         self.run.stop_workers()
         self.spec.reader.close()

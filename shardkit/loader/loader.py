@@ -374,8 +374,6 @@ class ShardLoader:
         Idempotent; iterating again afterwards starts new workers.
         """
         self._iterations, self._ended_by = self._iterations + 1, "the loader was closed"
-        if self._run is not None:
-            self._run.drop()
         self.route.close()
         if self._pool is not None:
             self._pool.close()

@@ -50,8 +50,8 @@ class StageStats:
     def since(self, earlier: StageStats) -> StageStats:
         """What accumulated between ``earlier`` (a copy of these counters) and now.
 
-        Unlike :meth:`take` it writes nothing, so threads may go on adding to these counters
-        meanwhile: nothing they add is lost or counted twice.
+        It writes nothing, so threads may go on adding to these counters meanwhile: nothing they
+        add is lost or counted twice.
 
         Example:
             >>> import copy
@@ -60,13 +60,6 @@ class StageStats:
             2
         """
         return StageStats(**{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)})
-
-    def take(self) -> StageStats:
-        """A copy of these counters, which are then zeroed (what accumulated since the last take)."""
-        out = StageStats(**asdict(self))
-        for f in fields(self):
-            setattr(self, f.name, type(getattr(self, f.name))())
-        return out
 
     @property
     def images_per_second(self) -> float:
