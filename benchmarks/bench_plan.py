@@ -1,6 +1,6 @@
 """How the epoch plan scales: peak memory and time of one worker's plan, on synthetic manifests.
 
-The plan (``shardkit.loader.plan``) is pure, so no image data is needed: a manifest is just a list
+The plan (``shardkit.loader.epochs.plan``) is pure, so no image data is needed: a manifest is just a list
 of shard sizes. For each (samples, shards, world size) this measures, every time in a child process
 forked from this one (so its peak RSS, less its RSS at the fork, is the plan's own memory), with
 ``batch_size=256``, ``window=8``, ``shuffle=True``, ``drop_last=False`` and 8 workers per rank:
@@ -13,7 +13,7 @@ forked from this one (so its peak RSS, less its RSS at the fork, is the plan's o
   at a random epoch and step, then the same as ``first`` from that step on.
 
 ``--mix W0 W1``: the shards form two datasets instead (the first ``--split`` of them, then the rest)
-mixed with weights ``W0, W1`` (``shardkit.loader.mix``): the timed part then includes the ``Mix``
+mixed with weights ``W0, W1`` (``shardkit.loader.epochs.mix``): the timed part then includes the ``Mix``
 (quotas) and each epoch's slices, what ``ShardLoader`` over two datasets adds to the plan.
 
 A child gets ``RLIMIT_AS`` = its address space at the fork + ``--cap-gib``, so a plan that does not
@@ -41,10 +41,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shardkit.loader.mix import Mix  # noqa: E402
-from shardkit.loader.plan import shard_offsets, worker_batch_indices  # noqa: E402
-from shardkit.loader.seeds import sample_seeds  # noqa: E402
-from shardkit.loader.stream import PlanConfig  # noqa: E402
+from shardkit.loader.epochs.config import PlanConfig  # noqa: E402
+from shardkit.loader.epochs.mix import Mix  # noqa: E402
+from shardkit.loader.epochs.plan import shard_offsets, worker_batch_indices  # noqa: E402
+from shardkit.loader.epochs.seeds import sample_seeds  # noqa: E402
 
 WHAT = ("first", "resume")
 MIB = 1 << 20

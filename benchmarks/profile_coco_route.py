@@ -26,9 +26,9 @@ from torchvision.transforms import v2
 
 from shardkit import ShardLoader, transforms
 from shardkit.codec.decode import decode_rgb
-from shardkit.loader.coco.build import DetectionBatchBuilder
-from shardkit.loader.coco.target import coco_target
-from shardkit.loader.coco_gpu.build import RawDetectionBuilder
+from shardkit.loader.routes.coco.target import coco_target
+from shardkit.loader.routes.coco.worker import DetectionBatchBuilder
+from shardkit.loader.routes.coco_gpu.worker import RawDetectionBuilder
 from shardkit.transforms.detection import _per_box
 from shardkit.transforms.iou_crop import IoUCrop
 

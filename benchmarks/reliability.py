@@ -39,7 +39,7 @@ from shardkit import ShardLoader, transforms  # noqa: E402
 from shardkit.errors import ShardkitError  # noqa: E402
 from shardkit.format.tarread import iter_entries  # noqa: E402
 from shardkit.index.manifest import read_manifest  # noqa: E402
-from shardkit.loader.reader import ShardReader  # noqa: E402
+from shardkit.loader.read.reader import ShardReader  # noqa: E402
 from shardkit.pack import PackOptions, pack  # noqa: E402
 from shardkit.storage import Store  # noqa: E402
 from tests.cli.terminal import run_in_pty, shardkit_argv  # noqa: E402

@@ -16,7 +16,7 @@ from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report
 from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
-from shardkit.loader.coco.target import contiguous_label_map
+from shardkit.loader.routes.coco.target import contiguous_label_map
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")

@@ -117,7 +117,7 @@ def describe_coco(images: str, annotations: str, *, sample: int = 200, seed: int
     Raises:
         SourceError: the images folder or the annotations file is not a COCO source.
     """
-    from shardkit.loader.coco.target import contiguous_label_map
+    from shardkit.loader.routes.coco.target import contiguous_label_map
     from shardkit.sources import scan_coco
 
     listing = scan_coco(images, annotations, drop_empty=True)

@@ -202,7 +202,7 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
         SourceError: ``images``/``annotations`` are not a COCO source.
     """
     from shardkit.index.manifest import locate_dataset, read_manifest
-    from shardkit.loader.coco.target import contiguous_label_map
+    from shardkit.loader.routes.coco.target import contiguous_label_map
 
     cfg.validate()
     data = conditions.describe_coco(cfg.images, cfg.annotations)

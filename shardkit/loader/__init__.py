@@ -4,25 +4,25 @@ Layout (dependencies point one way, downwards):
 
 - :mod:`~shardkit.loader.loader`: :class:`ShardLoader`, the epoch, its position and state
   (:mod:`~shardkit.loader.arguments`: its arguments checked);
-- :mod:`~shardkit.loader.feeders`: the route's host half in processes of its own (``feeders``),
-  handing batches over through shared device memory (:mod:`~shardkit.loader.feeder_process`: a
+- :mod:`~shardkit.loader.feed.pool`: the route's host half in processes of its own (``feeders``),
+  handing batches over through shared device memory (:mod:`~shardkit.loader.feed.process`: a
   feeder's side);
-- :mod:`~shardkit.loader.routing` chooses one :class:`~shardkit.loader.route.Route`:
-  :mod:`~shardkit.loader.cpu`, :mod:`~shardkit.loader.gpu` or :mod:`~shardkit.loader.coco`,
+- :mod:`~shardkit.loader.routes.choose` chooses one :class:`~shardkit.loader.routes.base.Route`:
+  :mod:`~shardkit.loader.routes.cpu`, :mod:`~shardkit.loader.routes.gpu` or :mod:`~shardkit.loader.routes.coco`,
   each a worker half (builds batches) and a host half (delivers them);
-- shared by every route: :mod:`~shardkit.loader.worker_batch` (the worker half's contract),
-  :mod:`~shardkit.loader.stream` (one worker's batches of an epoch),
-  :mod:`~shardkit.loader.plan` and :mod:`~shardkit.loader.state` (the epoch plan and resume),
-  :mod:`~shardkit.loader.mix` and :mod:`~shardkit.loader.datasets` (several datasets mixed),
-  :mod:`~shardkit.loader.samples` and :mod:`~shardkit.loader.bad_samples` (reading samples,
-  the bad-sample policy), :mod:`~shardkit.loader.reader` and :mod:`~shardkit.loader.cache`
-  (shard files, local or cached), :mod:`~shardkit.loader.workers` and
-  :mod:`~shardkit.loader.deaths` (worker processes, and naming the one that died),
+- shared by every route: :mod:`~shardkit.loader.routes.batch` (the worker half's contract),
+  :mod:`~shardkit.loader.run.stream` (one worker's batches of an epoch),
+  :mod:`~shardkit.loader.epochs.plan` and :mod:`~shardkit.loader.epochs.state` (the epoch plan and resume),
+  :mod:`~shardkit.loader.epochs.mix` and :mod:`~shardkit.loader.read.datasets` (several datasets mixed),
+  :mod:`~shardkit.loader.read.samples` and :mod:`~shardkit.loader.read.bad_samples` (reading samples,
+  the bad-sample policy), :mod:`~shardkit.loader.read.reader` and :mod:`~shardkit.loader.read.cache`
+  (shard files, local or cached), :mod:`~shardkit.loader.run.workers` and
+  :mod:`~shardkit.loader.run.deaths` (worker processes, and naming the one that died),
   :mod:`~shardkit.loader.stats`.
 """
 
-from shardkit.loader.gpu.options import GpuOptions
 from shardkit.loader.loader import ShardLoader
+from shardkit.loader.routes.device.options import GpuOptions
 from shardkit.loader.stats import StageStats
 
 __all__ = ["GpuOptions", "ShardLoader", "StageStats"]

@@ -7,10 +7,10 @@ import logging
 from typing import Any
 
 from shardkit.errors import LoaderError
-from shardkit.loader.feeder_layout import auto_feeders
-from shardkit.loader.gpu import GpuOptions, GpuRoute
-from shardkit.loader.route import Route
-from shardkit.loader.samples import ON_ERROR
+from shardkit.loader.feed.layout import auto_feeders
+from shardkit.loader.read.samples import ON_ERROR
+from shardkit.loader.routes.base import Route
+from shardkit.loader.routes.gpu import GpuOptions, GpuRoute
 from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.transforms.base import ImageTransform
 

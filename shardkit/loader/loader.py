@@ -15,19 +15,20 @@ from torch.utils.data import DataLoader
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
 from shardkit.loader.arguments import check_arguments, feeder_count, worker_count
-from shardkit.loader.cache import DEFAULT_CACHE_BYTES
-from shardkit.loader.datasets import open_datasets
-from shardkit.loader.epoch_run import Delivery, EpochRun
-from shardkit.loader.feeder_layout import feeder_workers
-from shardkit.loader.feeders import FeederPool, FeederSpec
-from shardkit.loader.gpu.options import GpuOptions
-from shardkit.loader.reader import ShardReader
-from shardkit.loader.remainder import Remainder
-from shardkit.loader.route import Route
-from shardkit.loader.routing import choose_route
+from shardkit.loader.epochs.config import PlanConfig
+from shardkit.loader.epochs.remainder import Remainder
+from shardkit.loader.feed.layout import feeder_workers
+from shardkit.loader.feed.pool import FeederPool, FeederSpec
+from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES
+from shardkit.loader.read.datasets import open_datasets
+from shardkit.loader.read.reader import ShardReader
+from shardkit.loader.routes.base import Route
+from shardkit.loader.routes.choose import choose_route
+from shardkit.loader.routes.device.options import GpuOptions
+from shardkit.loader.run.epoch_run import Delivery, EpochRun
+from shardkit.loader.run.stream import BatchStream
+from shardkit.loader.run.workers import rank_and_world, worker_death, worker_loader
 from shardkit.loader.stats import StageStats
-from shardkit.loader.stream import BatchStream, PlanConfig
-from shardkit.loader.workers import rank_and_world, worker_death, worker_loader
 from shardkit.transforms.base import ImageTransform
 
 log = logging.getLogger("shardkit.loader")
@@ -46,7 +47,7 @@ class ShardLoader:
             finalised on ``device``), any callable on uint8 ``[3,H,W]`` tensors, or ``None``
             (a list of decoded images). COCO datasets: a detection transform
             (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
-            are ``(images, targets)``, see :mod:`shardkit.loader.coco`.
+            are ``(images, targets)``, see :mod:`shardkit.loader.routes.coco`.
         num_workers: worker processes (persistent across epochs); 0 reads in this process;
             ``"auto"``: this process's share of the host's cores less one for the training loop,
             1 to 32 (:func:`shardkit.machine.auto_workers`); ``loader.num_workers`` says how many.
@@ -64,17 +65,17 @@ class ShardLoader:
         cache_dir: local cache for shards of a remote dataset, shared by the node's processes
             (files named by content hash, so re-packing a URL never serves stale bytes).
         cache_bytes: the cache's budget; least recently used shards beyond it are deleted
-            (default 20 GB; see :class:`~shardkit.loader.cache.ShardCache`).
+            (default 20 GB; see :class:`~shardkit.loader.read.cache.ShardCache`).
         storage_options: fsspec options for a remote dataset.
         verify_hashes: hash each local shard the first time a process opens it and refuse one
             that differs from its ``sha256`` in ``index.json`` (shards of a remote dataset are
             always checked as they are fetched into the cache; ``shardkit verify`` checks all).
-        gpu: options of the GPU route (:class:`~shardkit.loader.gpu.GpuOptions`: Triton kernel or
+        gpu: options of the GPU route (:class:`~shardkit.loader.routes.gpu.GpuOptions`: Triton kernel or
             eager resize, device prefetch depth, decode threads).
         contiguous_labels: COCO only: labels 1..K in category-id order (0: background) instead
             of the category ids; the mapping is :attr:`label_map`.
         masks: COCO only: targets also hold ``masks`` uint8 ``[N,H,W]`` (needs pycocotools).
-        pad: COCO only: images as one zero-padded :class:`~shardkit.loader.coco.PaddedImages`
+        pad: COCO only: images as one zero-padded :class:`~shardkit.loader.routes.coco.PaddedImages`
             ``(images, sizes)`` instead of a list (an int: sides rounded up to its multiple).
         weights: a mix's weights, one positive number per dataset (None: proportional to the
             datasets' sizes, i.e. plain concatenation).
@@ -82,7 +83,7 @@ class ShardLoader:
             ``i``'s labels are offset by the class counts of the datasets before it, and
             :attr:`classes` is the lists one after another.
         feeders: processes that run the route's host half (decode, augment) outside this one
-            and hand batches over through shared device memory (:mod:`~shardkit.loader.feeders`),
+            and hand batches over through shared device memory (:mod:`~shardkit.loader.feed.pool`),
             sharing the ``num_workers`` workers: the training loop keeps its interpreter (its GIL)
             to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0;
             0: this process. Same batches, order and state either way; an ImageFolder dataset with
@@ -93,7 +94,7 @@ class ShardLoader:
             next epoch from its start (the usual loop) takes over what they prepared, any other
             drops it. Same batches either way; False: workers stop at each epoch's end.
 
-    Mixing (:mod:`shardkit.loader.mix`): an epoch has ``L`` samples, the datasets' total, of which
+    Mixing (:mod:`shardkit.loader.epochs.mix`): an epoch has ``L`` samples, the datasets' total, of which
     dataset ``i`` supplies ``L * w_i / sum(w)`` (largest-remainder rounding, so they sum to ``L``):
     whole passes over it plus a turn of its samples that moves on each epoch, so a dataset given
     less than its size shows every sample once every ``ceil(N_i / quota)`` epochs and never one
@@ -102,15 +103,15 @@ class ShardLoader:
     of one kind, with equal class lists (ImageFolder, unless ``disjoint_labels``) or categories
     (COCO); labels are as packed.
 
-    Routes (chosen once, :func:`~shardkit.loader.routing.choose_route`): a COCO dataset takes the
-    COCO route (:mod:`shardkit.loader.coco`), or on a CUDA ``device`` with a one-window detection
-    transform the COCO GPU route (:mod:`shardkit.loader.coco_gpu`: nvJPEG decode and one ragged
+    Routes (chosen once, :func:`~shardkit.loader.routes.choose.choose_route`): a COCO dataset takes the
+    COCO route (:mod:`shardkit.loader.routes.coco`), or on a CUDA ``device`` with a one-window detection
+    transform the COCO GPU route (:mod:`shardkit.loader.routes.coco_gpu`: nvJPEG decode and one ragged
     crop-resize-flip launch); a CUDA ``device`` with an :class:`ImageTransform`
-    takes the GPU route (:mod:`shardkit.loader.gpu`): workers ship JPEG bytes and crop boxes
+    takes the GPU route (:mod:`shardkit.loader.routes.gpu`): workers ship JPEG bytes and crop boxes
     (drawn as on the CPU route: same crops and flips per sample), and the main process decodes
     each batch with nvJPEG and crops, resizes and flips it in one launch, overlapping the
     training step. Images nvJPEG cannot take are decoded on the CPU and joined to the batch.
-    Without CUDA or nvJPEG, one warning is logged and the CPU route (:mod:`shardkit.loader.cpu`)
+    Without CUDA or nvJPEG, one warning is logged and the CPU route (:mod:`shardkit.loader.routes.cpu`)
     is used (delivering on the CPU when CUDA is missing altogether).
 
     Errors raised in worker processes reach the caller with their type, message and ``where``.
@@ -357,7 +358,7 @@ class ShardLoader:
         not yet delivered, with the same samples, order and augmentation; into a loader with
         another world size, batch size, ``drop_last`` or ``even_batches`` (an elastic resume),
         with the samples not yet delivered, laid out anew over its ranks (see
-        :mod:`shardkit.loader.remainder`).
+        :mod:`shardkit.loader.epochs.remainder`).
         """
         return self.config.state(*self._pos, remainder=self._remainder).to_dict()
 

@@ -162,7 +162,7 @@ def _eager_resize(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
 
 def flat_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
     """Contiguous images (any shapes) laid end to end in one flat buffer, the layout
-    :func:`crop_resize_flip_batch` reads (offsets: :func:`~shardkit.loader.gpu.pinned.chw_offsets`).
+    :func:`crop_resize_flip_batch` reads (offsets: :func:`~shardkit.loader.routes.device.pinned.chw_offsets`).
     One C++ call rather than a reshape per image: on the GPU route this runs beside the training
     loop, which waits for the GIL while Python loops here.
 

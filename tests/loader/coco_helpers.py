@@ -13,10 +13,10 @@ import torch
 from sample_data.coco_gen import make_coco
 from shardkit import ShardLoader, transforms
 from shardkit.loader import loader as loader_module
-from shardkit.loader import routing
-from shardkit.loader.coco import PaddedImages
-from shardkit.loader.coco_gpu import CocoGpuRoute
-from shardkit.loader.gpu import GpuOptions
+from shardkit.loader.routes import choose as routing
+from shardkit.loader.routes.coco import PaddedImages
+from shardkit.loader.routes.coco_gpu import CocoGpuRoute
+from shardkit.loader.routes.gpu import GpuOptions
 from shardkit.pack import PackOptions, pack_coco
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "coco"

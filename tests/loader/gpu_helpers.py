@@ -14,12 +14,13 @@ from sample_data.generate import make_imagenet_like
 from shardkit import ShardLoader
 from shardkit.codec import jpeg_restart
 from shardkit.codec.decode import decode_rgb
-from shardkit.loader.cpu.build import CpuBatch, CpuBatchBuilder
-from shardkit.loader.gpu.build import RawBatch, RawBatchBuilder, RawImages
-from shardkit.loader.gpu.pinned import chw_offsets
-from shardkit.loader.gpu.pipeline import DeviceBatch
-from shardkit.loader.reader import ShardReader
-from shardkit.loader.stream import BatchStream, raise_failures
+from shardkit.loader.read.reader import ShardReader
+from shardkit.loader.routes.cpu.worker import CpuBatch, CpuBatchBuilder
+from shardkit.loader.routes.device.payload import RawImages
+from shardkit.loader.routes.device.pinned import chw_offsets
+from shardkit.loader.routes.gpu.host import DeviceBatch
+from shardkit.loader.routes.gpu.worker import RawBatch, RawBatchBuilder
+from shardkit.loader.run.stream import BatchStream, raise_failures
 from shardkit.pack import PackOptions, pack
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import crop_resize_flip_batch

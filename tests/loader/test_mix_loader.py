@@ -16,7 +16,7 @@ from sample_data.coco_gen import make_coco
 from sample_data.generate import decode_index, make_indexed_imagefolder
 from shardkit import LoaderError, ShardLoader
 from shardkit.index.manifest import locate_dataset, read_manifest
-from shardkit.loader.reader import ReaderPart, ShardReader
+from shardkit.loader.read.reader import ReaderPart, ShardReader
 from shardkit.pack import PackOptions, pack, pack_coco
 
 A_PER_CLASS, B_PER_CLASS, C_PER_CLASS = 23, 10, 5  # packed (conftest): 3 classes of 23, 64x48

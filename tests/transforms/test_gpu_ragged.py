@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardkit.loader.coco.build import pad_images
-from shardkit.loader.gpu.pinned import chw_offsets
+from shardkit.loader.routes.coco.worker import pad_images
+from shardkit.loader.routes.device.pinned import chw_offsets
 from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows, window_geometry
 from shardkit.transforms.gpu_ragged import crop_resize_flip_ragged, ragged_images, ragged_layout
 from shardkit.transforms.params import CropFlip

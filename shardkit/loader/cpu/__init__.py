@@ -1,5 +1,0 @@
-"""The CPU route: decode and transform in the worker processes, copy batches to the device."""
-
-from shardkit.loader.cpu.route import CpuRoute
-
-__all__ = ["CpuRoute"]

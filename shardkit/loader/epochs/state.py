@@ -1,0 +1,279 @@
+"""Resume state of a loader: a tiny, versioned, JSON-able record and its compatibility check.
+
+The state is the same on every rank (rank is not part of it), so rank 0 alone may save it.
+``batches_consumed`` counts batches each rank has delivered in ``epoch``; resuming means
+``worker_batch_indices(..., start_batch=batches_consumed)`` on the same epoch plan.
+
+With ``even_batches=False`` ranks hold different batch counts (by one at most) and go in lock
+step while they all have batches, so ``batches_consumed`` counts the steps of the epoch: rank
+``r`` resumes at ``min(batches_consumed, its batch count)`` (see :meth:`LoaderState.resume_at`).
+A rank whose shorter share is finished reports the next epoch; take the state at a step, or
+after every rank has finished the epoch (after the all-reduce of the metrics, say).
+The ``even_batches`` key is written only when it is False, so the states of default loaders are
+what they were before it existed; likewise ``mix`` (a loader over several datasets, see
+:mod:`~shardkit.loader.epochs.mix`) and ``remainder`` (after an elastic resume) only when they are set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import LoaderError
+from shardkit.loader.epochs.plan import num_batches
+from shardkit.loader.epochs.remainder import Remainder
+
+#: Version 2: states of plan version 2 (:data:`~shardkit.loader.epochs.plan.PLAN_VERSION`); a version-1
+#: state points into plan version 1's orders, which this shardkit no longer draws.
+STATE_VERSION = 2
+_WHERE = "loader state"
+_BOOLS = frozenset({"drop_last", "shuffle", "even_batches"})
+_OPTIONAL: dict[str, Any] = {"even_batches": True, "remainder": None, "mix": None}  # keys a state may omit
+_MIX_KEYS = ("num_samples", "quota", "shards_digest")
+_PROGRESS = frozenset({"version", "epoch", "batches_consumed", "remainder"})
+#: The layout of an epoch over ranks: a state resumes under another one (elastic resume).
+LAYOUT = frozenset({"world_size", "batch_size", "drop_last", "even_batches"})
+_MINIMUM = {
+    "seed": 0,
+    "epoch": 0,
+    "batches_consumed": 0,
+    "num_samples": 1,
+    "world_size": 1,
+    "batch_size": 1,
+    "window": 1,
+}
+
+
+def shards_digest(shard_sizes: Sequence[int] | np.ndarray) -> str:
+    """A short fingerprint of the shard layout (sizes, in manifest order) for :class:`LoaderState`.
+
+    >>> shards_digest([3, 2]) == shards_digest([3, 2]) != shards_digest([2, 3])
+    True
+    """
+    text = ",".join(str(int(s)) for s in np.asarray(shard_sizes).reshape(-1))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoaderState:
+    """Where a loader stands: progress (``epoch``, ``batches_consumed``) plus the configuration
+    the epoch plan depends on, so a resume with a different plan is refused, not silently wrong.
+
+    Construction validates types and ranges (numpy ints/bools are converted to Python ones) and
+    raises LoaderError. ``batches_consumed == num_batches`` means the epoch is complete.
+
+    >>> s = LoaderState(seed=0, epoch=1, batches_consumed=2, num_samples=100,
+    ...                 shards_digest=shards_digest([50, 50]), world_size=2, batch_size=8,
+    ...                 drop_last=True, shuffle=True, window=8)
+    >>> LoaderState.from_dict(s.to_dict()) == s
+    True
+    """
+
+    version: int = STATE_VERSION
+    seed: int
+    epoch: int
+    batches_consumed: int
+    num_samples: int
+    shards_digest: str
+    world_size: int
+    batch_size: int
+    drop_last: bool
+    shuffle: bool
+    window: int
+    even_batches: bool = True
+    #: After an elastic resume: the epoch positions still to deliver in ``epoch`` when the state's
+    #: layout started on them (``[[start, stop], ...]``, see :class:`Remainder`); None: all of them.
+    remainder: list[list[int]] | None = None
+    #: A loader over several datasets: per dataset (in order) ``{"num_samples", "quota",
+    #: "shards_digest"}`` (see :meth:`~shardkit.loader.epochs.mix.Mix.record`); None: one dataset.
+    mix: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "mix":
+                if value is not None:
+                    value = _check_mix(value, num_samples=_as_int("num_samples", self.num_samples))
+            elif f.name == "remainder":
+                if value is not None:
+                    value = Remainder.from_list(value, num_samples=_as_int("num_samples", self.num_samples),
+                                                where=_WHERE).to_list()
+            elif f.name in _BOOLS:
+                if not isinstance(value, (bool, np.bool_)):
+                    raise LoaderError(f"{f.name} must be a bool, got {value!r}", where=_WHERE)
+                value = bool(value)
+            elif f.name == "shards_digest":
+                if not isinstance(value, str):
+                    raise LoaderError(f"{f.name} must be a str, got {value!r}", where=_WHERE)
+            else:
+                value = _as_int(f.name, value)
+            object.__setattr__(self, f.name, value)
+        if self.version != STATE_VERSION:
+            raise LoaderError(_version_message(self.version), where=_WHERE)
+        for name, low in _MINIMUM.items():
+            if getattr(self, name) < low:
+                raise LoaderError(
+                    f"{name} must be >= {low}, got {getattr(self, name)}", where=_WHERE
+                )
+        nb = num_batches(
+            self.layout_samples,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            even_batches=self.even_batches,
+        )
+        if self.batches_consumed > nb:
+            raise LoaderError(
+                f"batches_consumed {self.batches_consumed} exceeds the {nb} batches of an epoch",
+                where=_WHERE,
+            )
+
+    @property
+    def layout_samples(self) -> int:
+        """The samples the state's layout cuts into batches: the remainder's, else the epoch's."""
+        return len(Remainder(self.remainder)) if self.remainder is not None else self.num_samples
+
+    @property
+    def rest(self) -> Remainder:
+        """The epoch positions not yet delivered (by every rank of the state's layout)."""
+        start = Remainder(self.remainder) if self.remainder is not None else Remainder.whole(self.num_samples)
+        return start.after(self.batches_consumed, world_size=self.world_size, batch_size=self.batch_size,
+                           drop_last=self.drop_last, even_batches=self.even_batches)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field (``json.dumps`` works on it as is); an optional field
+        at its default (``even_batches=True``) is left out."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if not (k in _OPTIONAL and v == _OPTIONAL[k])}
+
+    def resume_at(self, rank: int) -> tuple[int, int]:
+        """``(epoch, next batch)`` where rank ``rank`` resumes: the next epoch's start once the
+        epoch's steps are all done, else ``batches_consumed`` (capped at this rank's batch count
+        with ``even_batches=False``, so a rank whose share is done waits out the epoch's last
+        step with the others instead of running ahead into the next epoch).
+
+        Raises LoaderError for a rank outside ``[0, world_size)``.
+        """
+        steps, mine = (
+            num_batches(
+                self.layout_samples,
+                world_size=self.world_size,
+                batch_size=self.batch_size,
+                drop_last=self.drop_last,
+                even_batches=self.even_batches,
+                rank=r,
+            )
+            for r in (None, rank)
+        )
+        if self.batches_consumed >= steps:
+            return self.epoch + 1, 0
+        return self.epoch, min(self.batches_consumed, mine)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LoaderState:
+        """Rebuild a state from :meth:`to_dict` output (e.g. after ``json.loads``).
+
+        Raises LoaderError for a non-mapping, an unknown ``version``, missing or unknown keys,
+        or values of the wrong type or range.
+        """
+        if not isinstance(d, Mapping):
+            raise LoaderError(f"expected a dict, got {type(d).__name__}", where=_WHERE)
+        if "version" not in d or d["version"] != STATE_VERSION:
+            raise LoaderError(_version_message(d.get("version")), where=_WHERE)
+        names = {f.name for f in dataclasses.fields(cls)}
+        if missing := sorted(names - d.keys() - _OPTIONAL.keys()):
+            raise LoaderError(f"missing keys {missing}", where=_WHERE)
+        if unknown := sorted(map(str, d.keys() - names)):
+            raise LoaderError(f"unknown keys {unknown}", where=_WHERE)
+        return cls(**d)
+
+
+def _version_message(version: object) -> str:
+    if version == 1:
+        return ("unsupported state version 1: it was saved by an older shardkit whose epoch plan "
+                "(plan version 1) shuffles samples differently, so this shardkit (plan version "
+                f"{STATE_VERSION}) cannot continue that epoch exactly; start the epoch afresh "
+                "(set_epoch) or resume with the shardkit that saved it")
+    return f"unsupported state version {version!r} (this shardkit reads version {STATE_VERSION})"
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise LoaderError(f"{name} must be an int, got {value!r}", where=_WHERE)
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise LoaderError(f"{name} must be an int, got {value!r}", where=_WHERE) from None
+
+
+def _check_mix(value: object, *, num_samples: int) -> list[dict[str, Any]]:
+    """Validate a state's ``mix``: two or more records with exactly the keys ``num_samples``,
+    ``quota`` (ints >= 1, each summing to ``num_samples`` over the datasets) and ``shards_digest``
+    (a str). Returns a copy with Python ints; raises LoaderError naming the flaw."""
+    if not isinstance(value, list) or len(value) < 2:
+        raise LoaderError(f"mix must be a list of two or more dataset records, got {value!r}"[:200], where=_WHERE)
+    out: list[dict[str, Any]] = []
+    for i, rec in enumerate(value):
+        if not isinstance(rec, Mapping) or set(rec) != set(_MIX_KEYS):
+            raise LoaderError(f"mix dataset {i} must be a dict with keys {list(_MIX_KEYS)}, got {rec!r}"[:200],
+                              where=_WHERE)
+        if not isinstance(rec["shards_digest"], str):
+            raise LoaderError(f"mix dataset {i}: shards_digest must be a str, got {rec['shards_digest']!r}",
+                              where=_WHERE)
+        n, q = (_as_int(f"mix dataset {i}'s {k}", rec[k]) for k in ("num_samples", "quota"))
+        if min(n, q) < 1:
+            raise LoaderError(f"mix dataset {i}: num_samples and quota must be >= 1, got {n} and {q}", where=_WHERE)
+        out.append({"num_samples": n, "quota": q, "shards_digest": rec["shards_digest"]})
+    for key in ("num_samples", "quota"):
+        if (total := sum(r[key] for r in out)) != num_samples:
+            raise LoaderError(f"mix: the datasets' {key} sum to {total}, not the state's num_samples {num_samples}",
+                              where=_WHERE)
+    return out
+
+
+def _mix_difference(saved: object, current: object) -> str:
+    """Where two mixes (records, or None for one dataset) first differ, for check_compatible."""
+    def shown(mix: object) -> str:
+        return f"a mix of {len(mix)} datasets" if isinstance(mix, list) else "one dataset"
+    if not isinstance(saved, list) or not isinstance(current, list) or len(saved) != len(current):
+        return f"state has {shown(saved)}, loader has {shown(current)}"
+    for i, (a, b) in enumerate(zip(saved, current, strict=True)):
+        for key in _MIX_KEYS:
+            if a.get(key) != b.get(key):
+                return f"dataset {i}'s {key}: state has {a.get(key)!r}, loader has {b.get(key)!r}"
+    return f"state has {saved!r}, loader has {current!r}"
+
+
+def check_compatible(state: LoaderState, **current: object) -> None:
+    """Refuse to resume ``state`` in a loader that plans its epochs differently.
+
+    ``current`` must name every field the epoch's order depends on (``seed``, ``num_samples``,
+    ``shards_digest``, ``shuffle``, ``window``, ``mix``) with the resuming loader's value; a missing,
+    unknown or differing one raises LoaderError naming every mismatch. The layout over ranks
+    (:data:`LAYOUT`: world size, batch size, ``drop_last``, ``even_batches``) may differ: that
+    is an elastic resume (:meth:`LoaderState.rest`).
+
+    >>> s = LoaderState(seed=0, epoch=0, batches_consumed=0, num_samples=10, shards_digest="x",
+    ...                 world_size=1, batch_size=2, drop_last=False, shuffle=False, window=8)
+    >>> check_compatible(s, seed=0, num_samples=10, shards_digest="x", shuffle=False, window=8, mix=None)
+    """
+    config = {f.name for f in dataclasses.fields(state)} - _PROGRESS - LAYOUT
+    if unknown := sorted(current.keys() - config):
+        raise LoaderError(f"not fields the order depends on: {unknown}", where=_WHERE)
+    if missing := sorted(config - current.keys()):
+        raise LoaderError(f"check_compatible needs {missing}", where=_WHERE)
+    diffs = [
+        f"mix: {_mix_difference(state.mix, current[k])}" if k == "mix"
+        else f"{k}: state has {getattr(state, k)!r}, loader has {current[k]!r}"
+        for k in sorted(config)
+        if getattr(state, k) != current[k]
+    ]
+    if diffs:
+        raise LoaderError(
+            "cannot resume, the saved state was made for another dataset or order: " + "; ".join(diffs),
+            where=_WHERE,
+        )

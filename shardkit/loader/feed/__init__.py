@@ -1,0 +1,7 @@
+"""Feeder processes: a route's host half run in processes of its own, handing batches to the
+training process through shared device memory.
+
+:mod:`~shardkit.loader.feed.pool` is the training process's side (start, hand over, stop),
+:mod:`~shardkit.loader.feed.process` a feeder's side, :mod:`~shardkit.loader.feed.layout` which
+worker and batch belong to which feeder, :mod:`~shardkit.loader.feed.logs` their log records relayed.
+"""

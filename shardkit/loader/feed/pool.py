@@ -1,0 +1,374 @@
+"""Feeder processes: a route's host half in processes of its own, handing batches over by shared memory.
+
+Why: a compiled training step is often *host-bound* (its Python and kernel launches set its
+pace), and every thread the loader runs in the training process competes with it for the GIL
+and the host. Measured on an H200 (BENCHMARKS.md, "Feeder processes"), a compiled ResNet-18
+step kept 61% of its rate fed by the GPU route in its own process, 96% with the same route
+running flat out in *another* process, and 83% fed by the route in three feeder processes: the
+loss was the shared interpreter, not the GPU. Several feeders also decode in parallel (each
+has its own nvJPEG), which a single process cannot (torchvision serialises its calls).
+
+**Layout** of workers and batches over the feeders: :mod:`~shardkit.loader.feed.layout`.
+
+**Hand-off.** Each feeder owns a ring of :data:`RING` slots (one batch of images and labels
+each) on the route's device: CUDA memory opened in the training process through CUDA IPC, or
+shared memory on the CPU. A feeder copies a finished batch into a free slot on its stream and
+records the slot's interprocess CUDA event; the loader makes its current stream wait for that
+event, copies the slot into fresh tensors (so batches live as long as the user keeps them, as
+without feeders), records its own interprocess event for the slot and hands it back. Nothing
+synchronises the host in steady state; what the training process does per batch is one pipe
+message, two event calls and two copies enqueued.
+
+**Messages**: one duplex pipe per feeder, numbered by epoch; the feeder's side and the protocol
+are in :mod:`~shardkit.loader.feed.process`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.util
+import os
+import pickle
+import signal
+import sys
+import time
+import types
+from collections.abc import Generator
+from typing import Any
+
+import torch
+import torch.multiprocessing  # registers the reductions that send CUDA and shared tensors through pipes
+
+from shardkit.errors import LoaderError, ShardkitError
+from shardkit.loader.epochs.remainder import Remainder
+from shardkit.loader.feed.layout import feeder_of
+from shardkit.loader.feed.logs import LogRelay
+from shardkit.loader.feed.process import RING, FeederSpec, feeder_main
+from shardkit.loader.routes.choose import warned_routes
+from shardkit.loader.run.stream import reraise
+from shardkit.loader.stats import StageStats
+
+__all__ = ["RING", "FeederPool", "FeederSpec", "sendable"]
+
+#: Seconds a feeder may take to start (import torch, open CUDA) before the loader gives up.
+START_TIMEOUT_S = 300.0
+#: Seconds a feeder may take to abandon an epoch (its current batch) before the pool is stopped.
+STOP_TIMEOUT_S = 60.0
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Generator[None, None, None]:
+    """Hide the training script's ``__main__`` module for a moment.
+
+    A spawned child imports the parent's ``__main__`` from its path, running every top-level
+    statement of a script without an ``if __name__ == "__main__":`` guard (a training loop, in a
+    process that must only feed); the feeder needs nothing from it. Pickling under it fails for
+    an object defined in the script (which a feeder could not load), naming it.
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def sendable(spec: FeederSpec) -> bytes:
+    """``spec`` pickled for a feeder process.
+
+    Raises:
+        LoaderError: something in it (a transform, storage options) cannot reach a feeder,
+            typically a class or function defined in the training script itself.
+    """
+    try:
+        with _main_hidden():
+            return pickle.dumps(spec)
+    except Exception as err:
+        raise LoaderError(f"feeders cannot run this loader: its arguments cannot be sent to another process ({err}); "
+                          "define custom transforms in a module rather than in the training script, or use "
+                          "feeders=0") from None
+
+
+class _Handle:
+    """The loader's side of one feeder: its process, pipe, ring and events."""
+
+    def __init__(self, part: int, payload: bytes, device_index: int | None, ctx: Any, logs: LogRelay) -> None:
+        self.part = part
+        self.bad = False  # a message half read or written (an interrupt): the pipe cannot be trusted
+        self.conn, theirs = ctx.Pipe()
+        self.process = ctx.Process(target=feeder_main, name=f"shardkit-feeder-{part}",
+                                   args=(part, payload, device_index, os.getpid(), theirs, logs.queue, logs.levels,
+                                         warned_routes()))
+        try:
+            with _main_hidden():
+                self.process.start()
+        except BaseException:
+            self.conn.close()
+            raise
+        finally:
+            theirs.close()  # only the feeder holds its end: its exit closes the pipe
+        self.images: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
+        self.ready: list[torch.cuda.Event] = []
+        self.released: list[torch.cuda.Event] = []
+
+    def died(self) -> LoaderError:
+        self.process.join(timeout=2.0)
+        code = self.process.exitcode
+        hint = ""
+        if code is None:
+            how = "stopped answering"
+        elif code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+            if code == -signal.SIGKILL:
+                hint = ("; most likely the out-of-memory killer (`dmesg` says so): fewer workers or feeders, "
+                        "or feeders=0")
+        else:
+            how = f"exited with status {code}"
+        return LoaderError(f"feeder process {self.part} (pid {self.process.pid}) {how}{hint}")
+
+    def recv(self, timeout: float | None = None, doing: str = "answer") -> tuple[Any, ...]:
+        """The next message; a dead feeder, one whose message cannot be read, or none within
+        ``timeout`` seconds raises a LoaderError naming it (``doing``: what it did not do in time)."""
+        waited = 0.0
+        while True:
+            try:
+                if self.conn.poll(1.0):
+                    return self.conn.recv()
+            except (EOFError, OSError):
+                raise self.died() from None
+            except Exception as err:  # unpickling failed (e.g. CUDA IPC refused by the container)
+                self.bad = True
+                raise LoaderError(f"feeder process {self.part} (pid {self.process.pid}): cannot receive its message "
+                                  f"({type(err).__name__}: {err}); use feeders=0") from err
+            except BaseException:  # an interrupt, perhaps between a message's header and its body
+                self.bad = True
+                raise
+            waited += 1.0
+            if not self.process.is_alive():
+                raise self.died()
+            if timeout is not None and waited >= timeout:
+                raise LoaderError(f"feeder process {self.part} (pid {self.process.pid}) did not {doing} within "
+                                  f"{timeout:.0f} s")
+
+    def send(self, *msg: Any) -> None:
+        try:
+            self.conn.send(msg)
+        except (OSError, ValueError):
+            raise self.died() from None
+        except BaseException:
+            self.bad = True
+            raise
+
+
+def _close_all(handles: list[_Handle], logs: LogRelay) -> None:
+    """Ask every feeder to stop, then make sure it did (terminate, then kill, after a grace
+    period), and handle the last of their log records. Copies still reading a ring are waited
+    for and the ring is dropped first, so a feeder exits with none of its memory in use or
+    mapped here."""
+    for h in handles:
+        for event in h.released:
+            with contextlib.suppress(RuntimeError):
+                event.synchronize()
+        h.images, h.labels, h.ready, h.released = [], [], [], []
+    for h in handles:
+        with contextlib.suppress(OSError, ValueError):
+            h.conn.send(("close",))
+    deadline = time.monotonic() + 10.0
+    for h in handles:
+        h.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if h.process.is_alive():
+            h.process.terminate()
+            h.process.join(timeout=5.0)
+        if h.process.is_alive():
+            h.process.kill()
+            h.process.join(timeout=5.0)
+        h.conn.close()
+    logs.close()
+
+
+class FeederPool:
+    """``len(specs)`` feeder processes running a classification route for one loader (module doc).
+
+    Started on the first :meth:`epoch`, kept across epochs, stopped by :meth:`close` (and when
+    the pool is garbage collected, or at interpreter exit before multiprocessing joins its
+    children). One epoch runs at a time: starting another, or closing the pool, ends the
+    iterator of the one before (it then ends early, as an in-process route's does).
+
+    Raises:
+        LoaderError: a spec cannot be sent to a feeder process (:func:`sendable`).
+    """
+
+    def __init__(self, specs: list[FeederSpec]) -> None:
+        self.payloads = [sendable(spec) for spec in specs]
+        self.parts = len(specs)
+        self.workers = sum(s.num_workers for s in specs)
+        self.device = specs[0].device
+        self._handles: list[_Handle] = []
+        self._finalizer: multiprocessing.util.Finalize | None = None
+        self._gen = 0
+        self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the feeder processes are started."""
+        return bool(self._handles)
+
+    @property
+    def pids(self) -> list[int]:
+        """The feeder processes' pids (empty until the first epoch starts them)."""
+        return [h.process.pid for h in self._handles]
+
+    def start(self) -> None:
+        """Start the feeder processes and take their rings (the first epoch does it otherwise).
+
+        Raises:
+            LoaderError: a feeder could not start or died starting (naming it and why).
+        """
+        if self.device.type == "cuda" and self.device.index is None:  # CUDA IPC needs the index: the current one
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        index = self.device.index if self.device.type == "cuda" else None
+        ctx = torch.multiprocessing.get_context("spawn")
+        handles: list[_Handle] = []
+        logs = LogRelay(ctx)
+        try:
+            for part, payload in enumerate(self.payloads):
+                handles.append(_Handle(part, payload, index, ctx, logs))
+            for h in handles:
+                msg = h.recv(timeout=START_TIMEOUT_S, doing="start")
+                if msg[0] == "error":
+                    reraise(msg[2])
+                h.images, h.labels, events = msg[2], msg[3], msg[4]
+                if events:
+                    h.ready = [torch.cuda.Event.from_ipc_handle(self.device, x) for x in events]
+                    with torch.cuda.device(self.device):  # an event belongs to the device current at its handle
+                        h.released = [torch.cuda.Event(interprocess=True) for _ in events]
+                        released = [e.ipc_handle() for e in h.released]
+                    h.send("released", released)
+        except ShardkitError:
+            _close_all(handles, logs)
+            raise
+        except Exception as err:
+            _close_all(handles, logs)
+            raise LoaderError(f"feeder processes could not start ({type(err).__name__}: {err}); use feeders=0") from err
+        except BaseException:
+            _close_all(handles, logs)
+            raise
+        self._handles = handles
+        # runs at interpreter exit before multiprocessing joins its (non-daemonic) children
+        self._finalizer = multiprocessing.util.Finalize(self, _close_all, args=(handles, logs), exitpriority=10)
+
+    def _take(self, h: _Handle, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot ``k`` of ``h``'s ring as fresh tensors; the slot goes back to the feeder."""
+        if h.ready:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(h.ready[k])
+            images, labels = h.images[k][:n].clone(), h.labels[k][:n].clone()
+            h.released[k].record(stream)
+        else:
+            images, labels = h.images[k][:n].clone(), h.labels[k][:n].clone()
+        h.send("free", k)
+        return images, labels
+
+    @staticmethod
+    def _next(h: _Handle, gen: int, timeout: float | None = None, doing: str = "answer") -> tuple[Any, ...]:
+        """``h``'s next message of epoch ``gen`` (those left over from earlier epochs are dropped)."""
+        while True:
+            msg = h.recv(timeout, doing)
+            if msg[0] in ("batch", "end", "error", "stopped") and msg[1] != gen and msg[1] is not None:
+                continue  # left over from an earlier epoch (an error of the feeder itself has no epoch)
+            return msg
+
+    def epoch(self, epoch: int, start: int, count: int, rest: Remainder | None,
+              stats: StageStats) -> Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None]:
+        """Batches ``start .. count - 1`` of ``epoch`` as ``(images, labels, keys)``, in order
+        (``rest``: what an elastic resume left of the epoch, or None).
+
+        Stats: the feeders' counters, and this process's wait (``wait_s``), hand-over (``copy_s``)
+        and delivery (``elapsed_s``) times. Closing the iterator early stops the feeders' epoch;
+        so does the next call (an iterator of the epoch before ends).
+        """
+        self._end_active()
+        self._gen += 1
+        self._active = self._run(self._gen, epoch, start, count, rest, stats)
+        return self._active
+
+    def _end_active(self) -> None:
+        active, self._active = self._active, None
+        if active is not None:
+            active.close()
+
+    def _run(self, gen: int, epoch: int, start: int, count: int, rest: Remainder | None,
+             stats: StageStats) -> Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None]:
+        if not self._handles:
+            self.start()
+        handles = self._handles
+        ended: set[int] = set()
+        try:
+            for h in handles:  # a feeder found dead here stops the pool (finally): the next epoch starts anew
+                h.send("epoch", gen, epoch, start, rest)
+            last = time.perf_counter()
+            for i in range(count - start):
+                h = handles[feeder_of(i, num_workers=self.workers, parts=self.parts)]
+                t0 = time.perf_counter()
+                msg = self._next(h, gen)
+                if msg[0] != "batch":
+                    ended.add(h.part)
+                    if msg[0] == "error":
+                        reraise(msg[2])
+                    raise LoaderError(f"feeder process {h.part} ended epoch {epoch} early ({i} of {count - start} "
+                                      "batches delivered)")
+                _, _, k, n, keys, feeder_stats = msg
+                t1 = time.perf_counter()
+                images, labels = self._take(h, k, n)
+                t2 = time.perf_counter()
+                feeder_stats.wait_s = feeder_stats.copy_s = feeder_stats.elapsed_s = 0.0
+                stats.add(feeder_stats)
+                stats.wait_s += t1 - t0
+                stats.copy_s += t2 - t1
+                stats.elapsed_s += t2 - last
+                last = t2
+                yield images, labels, keys
+            for h in handles:  # each feeder ends its part
+                msg = self._next(h, gen)
+                if msg[0] == "error":
+                    ended.add(h.part)
+                    reraise(msg[2])
+                if msg[0] != "end":
+                    raise LoaderError(f"feeder process {h.part} delivered more batches than epoch {epoch} has")
+                ended.add(h.part)
+        finally:
+            if self._gen == gen:
+                self._active = None
+                if handles is self._handles and self._stop(handles, gen, skip=ended):
+                    self.close()
+
+    def _stop(self, handles: list[_Handle], gen: int, skip: set[int]) -> bool:
+        """Make every feeder not in ``skip`` abandon epoch ``gen`` (what it sent meanwhile is
+        dropped); True when one is dead or did not answer within :data:`STOP_TIMEOUT_S`."""
+        broken = False
+        for h in handles:
+            if h.part in skip:
+                continue
+            if h.bad:
+                broken = True
+                continue
+            try:
+                h.send("stop", gen)
+                while self._next(h, gen, STOP_TIMEOUT_S, "stop")[0] != "stopped":
+                    pass  # a batch, or the "end"/"error" sent before the stop arrived
+            except LoaderError:
+                broken = True
+        return broken
+
+    def close(self) -> None:
+        """End the running epoch's iterator and stop the feeder processes (idempotent; a later
+        epoch starts new ones)."""
+        self._end_active()
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        self._handles = []

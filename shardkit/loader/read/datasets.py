@@ -1,0 +1,123 @@
+"""The datasets a loader reads: one packed dataset, or several mixed (see :mod:`~shardkit.loader.epochs.mix`).
+
+A mix must be of one kind (all ImageFolder or all COCO) and its labels must mean one thing:
+ImageFolder datasets have equal class lists, unless ``disjoint_labels=True``, where dataset ``i``'s
+labels are offset by the class counts of the datasets before it and the loader's classes are
+the lists one after another; COCO datasets have equal categories (their labels are category ids).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import LoaderError
+from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
+from shardkit.loader.epochs.mix import Mix, check_weights
+from shardkit.loader.read.reader import ReaderPart
+
+__all__ = ["Datasets", "open_datasets"]
+
+
+@dataclass(frozen=True)
+class Datasets:
+    """What a loader reads. ``manifest``: the dataset's ``index.json``, or for a mix a joined
+    view (its kind, classes and categories, and every shard in the joined order, each ``url``
+    relative to its own dataset); ``manifests``: each dataset's; ``parts``: for the reader;
+    ``mix``: None for one dataset."""
+
+    urls: tuple[str, ...]
+    manifest: Manifest
+    manifests: tuple[Manifest, ...]
+    parts: tuple[ReaderPart, ...]
+    mix: Mix | None
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Every shard's sample count, in the joined order."""
+        return [s.num_samples for s in self.manifest.shards]
+
+
+def _urls(dataset: object) -> tuple[str, ...]:
+    if isinstance(dataset, (str, os.PathLike)):
+        return (os.fspath(dataset),)
+    if not isinstance(dataset, Sequence) or not dataset:
+        raise LoaderError(f"dataset must be a path or URL, or a non-empty list of them, got {dataset!r}"[:200])
+    for item in dataset:
+        if not isinstance(item, (str, os.PathLike)):
+            raise LoaderError(f"each dataset must be a path or URL, got {item!r}"[:200])
+    return tuple(os.fspath(d) for d in dataset)
+
+
+def open_datasets(dataset: str | Sequence[str], *, weights: Iterable[object] | None, disjoint_labels: bool,
+                  storage_options: dict[str, Any] | None) -> Datasets:
+    """Read the manifests of ``dataset`` (a path or URL, or a list of them) and check that they mix.
+
+    Raises:
+        LoaderError: no datasets, bad weights, datasets of different kinds, class lists or
+            categories that differ (naming both datasets and the first difference), or
+            ``disjoint_labels`` where it cannot apply (COCO, or a dataset without class names).
+        ManifestError: a dataset without a valid ``index.json``.
+    """
+    urls = _urls(dataset)
+    stores = [locate_dataset(url, storage_options) for url in urls]
+    manifests = tuple(read_manifest(store) for store in stores)
+    if len(urls) == 1:
+        if weights is not None:
+            check_weights(weights, 1, urls)
+        return Datasets(urls, manifests[0], manifests, (ReaderPart(stores[0], manifests[0].shards),), None)
+    for url, m in zip(urls[1:], manifests[1:], strict=True):
+        if m.kind != manifests[0].kind:
+            raise LoaderError(f"cannot mix datasets of different kinds: {urls[0]} is {manifests[0].kind!r}, "
+                              f"{url} is {m.kind!r}")
+    offsets, classes = _labels(urls, manifests, disjoint_labels)
+    parts = tuple(ReaderPart(store, m.shards, offset, len(m.classes or ()) if disjoint_labels else None)
+                  for store, m, offset in zip(stores, manifests, offsets, strict=True))
+    mix = Mix([[s.num_samples for s in m.shards] for m in manifests], weights, names=urls)
+    joined = Manifest(kind=manifests[0].kind, shards=tuple(s for m in manifests for s in m.shards),
+                      classes=classes, categories=manifests[0].categories)
+    return Datasets(urls, joined, manifests, parts, mix)
+
+
+def _labels(urls: Sequence[str], manifests: Sequence[Manifest],
+            disjoint: bool) -> tuple[list[int], tuple[str, ...] | None]:
+    """Each dataset's label offset and the mix's class names; refuses labels that would clash."""
+    first, name = manifests[0], urls[0]
+    if first.kind == "coco":
+        if disjoint:
+            raise LoaderError("disjoint_labels is for ImageFolder datasets; COCO labels are category ids, so a "
+                              "COCO mix needs the same categories in every dataset")
+        for url, m in zip(urls[1:], manifests[1:], strict=True):
+            if m.categories != first.categories:
+                diff = _first_difference(name, first.categories, url, m.categories, ("category", "categories"))
+                raise LoaderError(f"cannot mix COCO datasets with different categories: {diff}")
+        return [0] * len(manifests), first.classes
+    if not disjoint:
+        for url, m in zip(urls[1:], manifests[1:], strict=True):
+            if m.classes != first.classes:
+                raise LoaderError(f"class lists differ: {_first_difference(name, first.classes, url, m.classes)}; "
+                                  "labels would mean different classes (pass disjoint_labels=True to give each "
+                                  "dataset its own labels, offset by the classes of the datasets before it)")
+        return [0] * len(manifests), first.classes
+    offsets, total = [], 0
+    for url, m in zip(urls, manifests, strict=True):
+        if not m.classes:
+            raise LoaderError(f"disjoint_labels needs every dataset's class names; {url} has none "
+                              "(shards indexed without them)")
+        offsets.append(total)
+        total += len(m.classes)
+    return offsets, tuple(c for m in manifests for c in m.classes or ())
+
+
+def _first_difference(a: str, xs: Sequence[Any] | None, b: str, ys: Sequence[Any] | None,
+                      what: tuple[str, str] = ("class", "classes")) -> str:
+    """``a`` and ``b``'s lists compared: the first entry that differs, or their lengths."""
+    if xs is None or ys is None:
+        return f"{a} has {'no' if xs is None else len(xs)} {what[1]}, {b} has {'no' if ys is None else len(ys)}"
+    for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
+        if x != y:
+            return f"{what[0]} {i} is {x!r} in {a} but {y!r} in {b}"
+    longer, extra = (a, xs) if len(xs) > len(ys) else (b, ys)
+    return f"{a} has {len(xs)} {what[1]}, {b} has {len(ys)} ({longer} adds {extra[min(len(xs), len(ys))]!r})"

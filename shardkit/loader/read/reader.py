@@ -1,0 +1,295 @@
+"""Random access to samples of a packed dataset: ``(shard, index) -> {ext: bytes}``.
+
+Local shards are read with ``os.pread`` at offsets from the ``.idx`` files. Remote shards are
+first copied whole into a local :class:`~shardkit.loader.read.cache.ShardCache` (keyed by content
+hash, fetched once per node, bounded), then read the same way. Open files are kept in a small LRU.
+
+Nothing ``index.json`` or an offsets file claims is trusted before it is checked: the shard
+files of a local dataset must be able to hold the samples the manifest claims (checked when the
+reader is made, before the loader plans an epoch); every span of an offsets file must be
+block-aligned, in order, non-overlapping, inside the shard's ``num_bytes`` and at most
+:data:`MAX_SAMPLE_BYTES` (checked when the shard is opened, before anything is read); and the
+sample read must carry the key the offsets file gives it.
+
+One reader may span several datasets (:meth:`ShardReader.joined`, for a mix): their shards are
+numbered one after another, dataset by dataset, and each is read from its own store.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import FormatError, LoaderError, StorageError
+from shardkit.format.offsets import load_offsets
+from shardkit.format.spec import offsets_name
+from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_spans
+from shardkit.index.manifest import ShardEntry
+from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, ShardCache
+from shardkit.storage import Store
+
+#: The largest sample span read (all of a sample's members with their headers): one member of the
+#: largest size a shard may hold (``MAX_MEMBER_BYTES``) and a little room for the small ones.
+MAX_SAMPLE_BYTES = MAX_MEMBER_BYTES + (1 << 20)
+
+
+def check_spans(spans: list[tuple[str, int, int]], num_bytes: int, *, where: str) -> None:
+    """Refuse spans no shard of ``num_bytes`` bytes written as a tar can have.
+
+    Each ``(key, offset, size)`` must start on a 512-byte block, cover whole blocks (at least
+    one), start at or after the previous span's end, end inside ``num_bytes`` and be at most
+    :data:`MAX_SAMPLE_BYTES`. Raises ``LoaderError`` naming ``where`` and the line of the offsets
+    file (span ``i`` is line ``i + 2``).
+    """
+    end = 0
+    for i, (key, offset, size) in enumerate(spans):
+        line = f"line {i + 2}: sample {key!r}"
+        if offset % BLOCK or size % BLOCK or size < BLOCK:
+            raise LoaderError(f"{line} has offset {offset} and size {size}, not a multiple of {BLOCK} "
+                              "(the offsets file is damaged)", where=where)
+        if offset < end:
+            raise LoaderError(f"{line} starts at byte {offset}, which overlaps the previous sample (ends at "
+                              f"{end}; the offsets file is damaged)", where=where)
+        if size > MAX_SAMPLE_BYTES:
+            raise LoaderError(f"{line} spans {size} bytes, more than the {MAX_SAMPLE_BYTES} a sample may have",
+                              where=where)
+        end = offset + size
+        if end > num_bytes:
+            raise LoaderError(f"{line} ends at byte {end}, past the shard's {num_bytes} bytes "
+                              "(the offsets file is damaged)", where=where)
+
+
+def _check_claims(store: Store, shards: tuple[ShardEntry, ...]) -> None:
+    """Refuse a local dataset whose shard files cannot hold the samples ``index.json`` claims.
+
+    Every sample takes at least one 512-byte block, so files of ``B`` bytes hold at most
+    ``B / 512`` samples. The sum is compared (not each shard), so a truncated shard is still
+    read up to its damage; a manifest claiming far more samples than its files hold is refused
+    before the loader allocates an epoch's plan for them.
+    """
+    if store.remote or not shards:
+        return  # a remote shard's size is checked when it is fetched
+    claimed = held = 0
+    worst: tuple[int, ShardEntry, int] | None = None
+    for entry in shards:
+        try:
+            actual = os.stat(store.path(entry.url)).st_size
+        except OSError:
+            actual = 0  # missing: reported by name when it is opened
+        claimed += entry.num_samples
+        held += actual
+        deficit = entry.num_samples * BLOCK - actual
+        if worst is None or deficit > worst[0]:
+            worst = (deficit, entry, actual)
+    if claimed * BLOCK > held and worst is not None:
+        _, entry, actual = worst
+        raise LoaderError(
+            f"index.json claims {claimed} samples, but its shard files hold {held} bytes in all, too few for "
+            f"that many (each sample takes at least {BLOCK} bytes); e.g. this shard has {actual} bytes, "
+            f"index.json says {entry.num_samples} samples in {entry.num_bytes} bytes",
+            where=store.path(entry.url))
+
+
+class CorruptSample(LoaderError):
+    """One sample of a shard cannot be read (damaged header, key differing from the offsets
+    file) while the shard itself opened: the rest of the shard may still be read, so a batch
+    builder with ``on_error="replace"`` may replace this sample. ``where`` is ``<shard>:<key>``.
+
+    A shard file shorter than its samples need is not one bad sample but a lost tail (an
+    interrupted copy or download): that is a plain :class:`LoaderError` naming the shard, never
+    replaced silently."""
+
+
+def _check_hash(fd: int, entry: ShardEntry, where: str) -> None:
+    digest, offset = hashlib.sha256(), 0
+    while chunk := os.pread(fd, 8 << 20, offset):
+        digest.update(chunk)
+        offset += len(chunk)
+    if offset != entry.num_bytes or digest.hexdigest() != entry.sha256:
+        raise LoaderError(f"shard's bytes differ from index.json ({offset} bytes with sha256 {digest.hexdigest()}, "
+                          f"index.json says {entry.num_bytes} bytes with {entry.sha256}): damaged or replaced",
+                          where=where)
+
+
+class _OpenShard:
+    def __init__(self, fd: int, offsets: list[tuple[int, int]], keys: list[str]) -> None:
+        self.fd = fd
+        self.size = os.fstat(self.fd).st_size
+        self.offsets = offsets
+        self.keys = keys
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass(frozen=True)
+class ReaderPart:
+    """One dataset of a joined reader: its store and shards, and where its labels go in the mix.
+
+    ``label_offset`` is added to the dataset's packed labels; ``num_classes`` (when its labels
+    are offset) is its own class count, which a packed label must stay below."""
+
+    store: Store
+    shards: tuple[ShardEntry, ...]
+    label_offset: int = 0
+    num_classes: int | None = None
+
+
+class ShardReader:
+    """Read samples by ``(shard index, sample index in shard)``; picklable, opens lazily.
+
+    ``cache_dir`` holds local copies of remote shards (created if missing), at most about
+    ``cache_bytes`` (see :class:`~shardkit.loader.read.cache.ShardCache`); at most ``max_open``
+    shards stay open.
+
+    ``verify_hashes=True``: the first time this process opens a shard, all its bytes are hashed
+    and compared with the manifest's ``sha256`` (a mismatch is a :class:`LoaderError` naming the
+    shard), so no silently damaged byte is delivered; costs one extra sequential read of each
+    shard per process (sha256 runs at about 1.5 GB/s per core). Remote shards are always hashed
+    when fetched into the cache.
+    """
+
+    def __init__(self, store: Store, shards: tuple[ShardEntry, ...], *, cache_dir: str | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_open: int = 16, verify_hashes: bool = False) -> None:
+        _check_claims(store, shards)
+        #: The (first) dataset's store; a joined reader reads shard ``i`` from :meth:`store_of`.
+        self.store = store
+        self.shards = shards
+        self._parts: tuple[ReaderPart, ...] = (ReaderPart(store, shards),)
+        self._firsts = [0]  # the first shard of each part
+        self.cache = ShardCache(cache_dir, cache_bytes) if cache_dir is not None else None
+        self.max_open = max_open
+        self.verify_hashes = verify_hashes
+        self._verified: set[int] = set()
+        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+
+    @classmethod
+    def joined(cls, parts: Sequence[ReaderPart], *, cache_dir: str | None = None,
+               cache_bytes: int = DEFAULT_CACHE_BYTES, max_open: int = 16,
+               verify_hashes: bool = False) -> ShardReader:
+        """One reader over several datasets: shard ``i`` of part ``p`` is shard
+        ``len(parts[0].shards) + ... + len(parts[p-1].shards) + i``, read from ``parts[p].store``.
+
+        Raises:
+            LoaderError: no parts, or a local part's files cannot hold what its manifest claims.
+        """
+        if not parts:
+            raise LoaderError("a joined reader needs at least one dataset")
+        reader = cls(parts[0].store, parts[0].shards, cache_dir=cache_dir, cache_bytes=cache_bytes,
+                     max_open=max_open, verify_hashes=verify_hashes)
+        for part in parts[1:]:
+            _check_claims(part.store, part.shards)
+        reader._parts = tuple(parts)
+        reader._firsts = [0]
+        for part in parts[:-1]:
+            reader._firsts.append(reader._firsts[-1] + len(part.shards))
+        reader.shards = tuple(entry for part in parts for entry in part.shards)
+        return reader
+
+    def _part(self, shard_index: int) -> ReaderPart:
+        return self._parts[bisect.bisect_right(self._firsts, shard_index) - 1]
+
+    def store_of(self, shard_index: int) -> Store:
+        """The store shard ``shard_index`` is read from."""
+        return self._part(shard_index).store
+
+    def where(self, shard_index: int) -> str:
+        """The path or URL of shard ``shard_index``, to name it in errors."""
+        return self.store_of(shard_index).path(self.shards[shard_index].url)
+
+    def labels_of(self, shard_index: int) -> tuple[int, int | None]:
+        """``(label offset, own class count or None)`` of shard ``shard_index``'s dataset (see
+        :class:`ReaderPart`): ``(0, None)`` unless its labels are offset in a mix."""
+        part = self._part(shard_index)
+        return part.label_offset, part.num_classes
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_open"] = OrderedDict()
+        return state
+
+    def _open_fd(self, store: Store, entry: ShardEntry) -> int:
+        if not store.remote:
+            return os.open(store.path(entry.url), os.O_RDONLY)
+        if self.cache is None:
+            raise LoaderError("a remote dataset needs a cache_dir for its shards", where=store.url)
+        return self.cache.open(store, entry)
+
+    def key(self, shard_index: int, sample_index: int) -> str:
+        """The key of one sample (from the shard's offsets; opens the shard if needed)."""
+        return self._shard(shard_index).keys[sample_index]
+
+    def _shard(self, i: int) -> _OpenShard:
+        shard = self._open.get(i)
+        if shard is not None:
+            self._open.move_to_end(i)
+            return shard
+        entry, store = self.shards[i], self.store_of(i)
+        where = store.path(entry.url)
+        fd = -1
+        try:
+            fd = self._open_fd(store, entry)
+            if self.verify_hashes and i not in self._verified:
+                _check_hash(fd, entry, where)
+                self._verified.add(i)
+            idx = offsets_name(entry.url)
+            raw = store.read_optional(idx)
+            if raw is not None:
+                spans = [(s.key, s.offset, s.size) for s in load_offsets(raw, where=store.path(idx))]
+            else:
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    spans = scan_spans(f, where=where)
+            check_spans(spans, entry.num_bytes, where=store.path(idx) if raw is not None else where)
+            shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans])
+        except (StorageError, OSError) as err:
+            if fd >= 0:
+                os.close(fd)
+            detail = err.message if isinstance(err, StorageError) else str(err)
+            raise LoaderError(f"cannot read shard ({detail})", where=where) from err
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
+        if len(shard.offsets) != entry.num_samples:
+            shard.close()
+            raise LoaderError(f"shard has {len(shard.offsets)} samples, index.json says {entry.num_samples}",
+                              where=where)
+        self._open[i] = shard
+        if len(self._open) > self.max_open:
+            self._open.popitem(last=False)[1].close()
+        return shard
+
+    def read(self, shard_index: int, sample_index: int) -> tuple[str, dict[str, bytes]]:
+        """The key and ``{ext: bytes}`` fields of one sample.
+
+        Raises:
+            LoaderError: the shard is missing, truncated or does not match the manifest
+                (names the shard and sample).
+        """
+        shard = self._shard(shard_index)
+        offset, size = shard.offsets[sample_index]
+        where = f"{self.where(shard_index)}:{shard.keys[sample_index]}"
+        if offset + size > shard.size:
+            raise LoaderError(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size}; "
+                              f"index.json says {self.shards[shard_index].num_bytes} bytes)", where=where)
+        data = os.pread(shard.fd, size, offset)
+        try:
+            key, fields = parse_span(data, where=where)
+        except FormatError as err:
+            raise CorruptSample(f"corrupt shard: {err.message}", where=where) from err
+        if key != shard.keys[sample_index]:
+            raise CorruptSample(f"the offsets file names this sample {shard.keys[sample_index]!r}, the shard {key!r} "
+                              "(the offsets file or the shard is damaged)", where=where)
+        return key, fields
+
+    def close(self) -> None:
+        while self._open:
+            self._open.popitem()[1].close()
+
+
+__all__ = ["MAX_SAMPLE_BYTES", "CorruptSample", "ReaderPart", "ShardReader", "check_spans"]

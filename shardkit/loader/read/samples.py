@@ -1,0 +1,165 @@
+"""What every route's worker half shares: read a batch's samples, apply the bad-sample policy,
+count what happened, and decode an image the way a transform needs it.
+
+A route's builder supplies only what it does with one read sample (decode and transform it on
+the CPU, keep its JPEG bytes for the GPU, build a detection target); :meth:`SampleSource.fill`
+does the rest, the same way for every route: time the read, name the sample in errors
+(``where``: shard path and key), replace or raise on a :class:`BadSample`, and gather the
+batch's :class:`~shardkit.loader.stats.StageStats`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+from shardkit.codec.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
+from shardkit.codec.jpeg_region import decode_box_rgb, roi_available, within_pixel_limit
+from shardkit.errors import DecodeError, LoaderError
+from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
+from shardkit.loader.read.bad_samples import BadSample, Filled, fill_batch
+from shardkit.loader.read.reader import CorruptSample, ShardReader
+from shardkit.loader.stats import StageStats
+from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.params import CropFlip
+
+__all__ = ["ON_ERROR", "Sample", "SampleSource", "decode_for"]
+
+T = TypeVar("T")
+
+#: The bad-sample policies: replace a bad sample deterministically (counted), or raise.
+ON_ERROR = ("replace", "raise")
+
+
+@dataclass
+class Sample:
+    """One sample as read from its shard: ``key``, its members by extension, and ``where``
+    (``<shard path>:<key>``) to name it in errors."""
+
+    key: str
+    fields: dict[str, bytes]
+    where: str
+    #: Added to the packed label: in a mix with ``disjoint_labels``, the classes of the datasets before this one.
+    label_offset: int = 0
+    #: When the label is offset: the class count of the sample's own dataset (its packed label must be below).
+    own_classes: int | None = None
+
+    def image(self) -> bytes:
+        """The encoded image member (the first one with an image extension)."""
+        for ext, data in self.fields.items():
+            if ext in IMAGE_MEMBER_EXTENSIONS:
+                return data
+        raise BadSample(f"{self.where}: no image member (has {sorted(self.fields)})")
+
+    def label(self, num_classes: int | None = None) -> int:
+        """The class index from the ``cls`` member: ASCII digits (surrounding whitespace allowed),
+        below ``num_classes`` when given. In a mix with ``disjoint_labels``: the packed label,
+        below its own dataset's ``own_classes``, plus ``label_offset``.
+
+        Example:
+            >>> Sample("k", {"cls": b"3"}, "s.tar:k").label(10)
+            3
+            >>> Sample("k", {"cls": b"12"}, "s.tar:k").label(10)
+            Traceback (most recent call last):
+            ...
+            shardkit.loader.read.bad_samples.BadSample: s.tar:k: label 12 is outside the dataset's 10 classes
+            >>> Sample("k", {"cls": b"1"}, "s.tar:k", label_offset=3, own_classes=2).label(5)
+            4
+        """
+        raw = self.fields.get("cls")
+        raw = raw.strip() if raw is not None else None  # some writers end the member with a newline
+        if raw is None or not raw.isdigit() or not raw.isascii():
+            shown = "missing" if raw is None else f"malformed ({raw[:20]!r})"
+            raise BadSample(f"{self.where}: cls member {shown}")
+        label = int(raw)
+        if self.own_classes is not None and label >= self.own_classes:
+            raise BadSample(f"{self.where}: label {label} is outside its dataset's {self.own_classes} classes")
+        label += self.label_offset
+        if num_classes is not None and label >= num_classes:
+            raise BadSample(f"{self.where}: label {label} is outside the dataset's {num_classes} classes")
+        return label
+
+
+class SampleSource:
+    """Read samples by ``(shard, index)`` from ``reader`` under the ``on_error`` policy.
+
+    ``num_classes``: labels must be below it (None: no upper bound, e.g. shards adopted without
+    class names). Picklable (it travels to the worker processes inside a route's builder).
+    """
+
+    def __init__(self, reader: ShardReader, on_error: str = "replace", num_classes: int | None = None) -> None:
+        if on_error not in ON_ERROR:
+            raise LoaderError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.reader = reader
+        self.on_error = on_error
+        self.num_classes = num_classes
+
+    def read(self, shard: int, index: int, stats: StageStats) -> Sample:
+        """Read one sample, adding the time to ``stats.read_s``.
+
+        Raises:
+            BadSample: the sample's bytes are damaged (truncated, bad header, wrong key).
+            LoaderError: the whole shard is unusable (missing, wrong hash, ...).
+        """
+        t0 = time.perf_counter()
+        try:
+            key, fields = self.reader.read(shard, index)
+        except CorruptSample as err:
+            raise BadSample(str(err)) from err
+        where = f"{self.reader.where(shard)}:{key}"
+        stats.read_s += time.perf_counter() - t0
+        offset, own = self.reader.labels_of(shard)
+        return Sample(key, fields, where, offset, own)
+
+    def fill(self, make: Callable[[int, Sample, int, StageStats, DecodeStats], T], shards: Sequence[int],
+             indices: Sequence[int], seeds: Sequence[int]) -> tuple[Filled[T], StageStats]:
+        """Run ``make(slot, sample, seed, stats, decode_stats)`` on each sample of a batch, in
+        order, then apply the bad-sample policy (:func:`~shardkit.loader.read.bad_samples.fill_batch`).
+
+        ``make`` raises :class:`BadSample` for a sample it cannot use. Returns the filled batch
+        and its stats (one batch; its samples, replacements and decoder counts).
+
+        Raises:
+            LoaderError: a bad sample with ``on_error="raise"``, or a batch beyond replacing.
+        """
+        stats, dstats = StageStats(batches=1, samples=len(shards)), DecodeStats()
+
+        def attempt(slot: int, shard: int, index: int, seed: int) -> T:
+            return make(slot, self.read(shard, index, stats), seed, stats, dstats)
+
+        got = fill_batch(attempt, self.reader, shards, indices, seeds, on_error=self.on_error)
+        stats.replaced += got.replaced
+        stats.fast, stats.fallback, stats.decode_warnings = dstats.fast, dstats.fallback, dstats.warnings
+        return got, stats
+
+
+def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where: str,
+               dstats: DecodeStats) -> tuple[torch.Tensor, CropFlip]:
+    """Decode what ``transform`` needs and draw its parameters (always the same draws from
+    ``rng``, whichever decoder runs). Crop-first transforms on JPEGs decode only their box.
+
+    Raises:
+        BadSample: the image cannot be decoded (the message names it).
+    """
+    try:
+        if transform.crop_first and roi_available() and is_jpeg(raw):
+            height, width = peek_size(raw)
+            params = transform.sample_params(height, width, rng)
+            region = decode_box_rgb(raw, params) if within_pixel_limit(height, width) else None
+            if region is not None:
+                dstats.fast += 1
+                return region, CropFlip(0, 0, params.height, params.width, params.flip)
+            image = decode_rgb(raw, where=where, stats=dstats)
+            if tuple(image.shape[-2:]) != (height, width):
+                raise DecodeError(f"header says {height}x{width}, image decodes to {tuple(image.shape[-2:])}",
+                                  where=where)
+            return image, params
+        image = decode_rgb(raw, where=where, stats=dstats)
+    except DecodeError as err:
+        raise BadSample(str(err)) from err
+    return image, transform.sample_params(image.shape[-2], image.shape[-1], rng)

@@ -1,0 +1,112 @@
+"""Which route a loader takes: COCO (GPU or CPU), GPU or CPU, decided once from the dataset, transform and device."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from shardkit.codec.jpeg_region import roi_available
+from shardkit.codec.nvjpeg import gpu_decode_unavailable
+from shardkit.errors import LoaderError
+from shardkit.index.manifest import Manifest
+from shardkit.loader.read.reader import ShardReader
+from shardkit.loader.routes.base import Route
+from shardkit.loader.routes.coco import CocoRoute
+from shardkit.loader.routes.coco_gpu import CocoGpuRoute
+from shardkit.loader.routes.cpu import CpuRoute
+from shardkit.loader.routes.gpu import GpuOptions, GpuRoute
+from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.detection import DetectionTransform
+from shardkit.transforms.detection_geometry import gpu_unsupported
+
+__all__ = ["choose_route", "mark_warned", "warned_routes"]
+
+log = logging.getLogger("shardkit.loader")
+
+_warned: set[str] = set()
+
+
+def warned_routes() -> frozenset[str]:
+    """The fallback warnings this process has given (a feeder it starts need not repeat them)."""
+    return frozenset(_warned)
+
+
+def mark_warned(texts: frozenset[str]) -> None:
+    """Count ``texts`` as given here (in a feeder: the training process gave them)."""
+    _warned.update(texts)
+
+
+def _warn_once(message: str, *args: object) -> None:
+    """Log a fallback warning the first time this process takes that fallback."""
+    text = message % args
+    if text not in _warned:
+        _warned.add(text)
+        log.warning(text)
+
+
+def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransform | Callable[..., Any] | None,
+                 device: torch.device, *, on_error: str, batch_size: int, num_workers: int, prefetch: int,
+                 gpu: GpuOptions, masks: bool, pad: bool | int, contiguous_labels: bool) -> Route[Any, Any]:
+    """The route for this dataset, transform and device.
+
+    - a COCO dataset on a CUDA ``device``: :class:`CocoGpuRoute` when nvJPEG works and the
+      transform is one crop-resize-flip window per image (``detection_train``,
+      ``detection_val`` or None; :func:`~shardkit.transforms.detection_geometry.gpu_unsupported`);
+      otherwise one warning saying why and :class:`CocoRoute`, delivering on ``device`` (or on
+      the CPU when CUDA is missing altogether);
+    - a COCO dataset otherwise: :class:`CocoRoute` (a detection transform or None);
+    - a CUDA ``device`` with an :class:`ImageTransform`: :class:`GpuRoute` when nvJPEG works;
+      otherwise one warning and the CPU route, delivering on ``device`` (or on the CPU when
+      CUDA is missing altogether);
+    - anything else: :class:`CpuRoute`.
+
+    The route's :attr:`~shardkit.loader.routes.base.Route.device` is where batches end up.
+
+    A fallback is logged once per process with its fix: no nvJPEG (the CPU route decodes), no
+    libjpeg-turbo region decoder (whole JPEGs are decoded before cropping).
+
+    Raises:
+        LoaderError: detection-only options (``masks``, ``pad``, ``contiguous_labels``) or a
+            detection transform on a dataset that is not COCO, or a classification transform on
+            a COCO dataset.
+    """
+    if manifest.kind == "coco":
+        if device.type == "cuda" and not isinstance(transform, ImageTransform):
+            why = gpu_unsupported(transform)
+            reason = why or gpu_decode_unavailable(device)
+            if reason is None:
+                return CocoGpuRoute(manifest, reader, transform, device=device, on_error=on_error,
+                                    batch_size=batch_size, num_workers=num_workers, prefetch=prefetch, options=gpu,
+                                    masks=masks, pad=pad, contiguous_labels=contiguous_labels)
+            if why is None:
+                device = device if torch.cuda.is_available() else torch.device("cpu")
+                _warn_once("shardkit: GPU decoding unavailable (%s); COCO images are decoded and transformed on "
+                           "the CPU, batches on %s (`shardkit doctor` checks CUDA and nvJPEG)", reason, device)
+            else:
+                _warn_once("shardkit: the COCO GPU route cannot run this transform (%s); decoding and transforming "
+                           "on the CPU, batches on %s", why, device)
+        return CocoRoute(manifest, reader, transform, device=device, on_error=on_error, masks=masks, pad=pad,
+                         contiguous_labels=contiguous_labels)
+    if masks or pad or contiguous_labels:
+        raise LoaderError(f"masks, pad and contiguous_labels need a COCO dataset; this one is {manifest.kind!r}")
+    if isinstance(transform, DetectionTransform):
+        raise LoaderError(f"transforms.detection_train/detection_val need a COCO dataset; this one is "
+                          f"{manifest.kind!r}: use transforms.imagenet_train/imagenet_val (or any callable on images)")
+    if device.type == "cuda" and isinstance(transform, ImageTransform):
+        reason = gpu_decode_unavailable(device)
+        if reason is None:
+            return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
+                            num_workers=num_workers, prefetch=prefetch, options=gpu, classes=manifest.classes)
+        fallback = device if torch.cuda.is_available() else torch.device("cpu")
+        _warn_once("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s "
+                   "(`shardkit doctor` checks CUDA and nvJPEG)", reason, fallback)
+        device = fallback
+    if isinstance(transform, ImageTransform) and transform.crop_first and not roi_available():
+        _warn_once("shardkit: the libjpeg-turbo region decoder is not built, so whole JPEGs are decoded before "
+                   "cropping (slower); install the libjpeg-turbo headers (Debian: libjpeg62-turbo-dev, Ubuntu: "
+                   "libjpeg-turbo8-dev, conda: libjpeg-turbo) and reinstall shardkit (`shardkit doctor` checks)")
+    return CpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
+                    num_workers=num_workers, prefetch=prefetch, classes=manifest.classes)

@@ -1,0 +1,73 @@
+"""The CPU route: workers decode and transform; the host copies each batch to the device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from shardkit.loader.read.reader import ShardReader
+from shardkit.loader.routes.base import DirectRoute, to_device
+from shardkit.loader.routes.cpu.shared_pool import SharedBatchPool
+from shardkit.loader.routes.cpu.worker import CpuBatch, CpuBatchBuilder
+from shardkit.transforms.base import ImageTransform
+
+__all__ = ["CpuRoute"]
+
+
+class CpuRoute(DirectRoute[CpuBatch]):
+    """Classification batches decoded and transformed in the workers (see :class:`CpuBatchBuilder`).
+
+    With worker processes and an :class:`ImageTransform`, batches travel in a
+    :class:`SharedBatchPool` of ``prefetch + 3`` slots per worker: ``prefetch`` batches in the
+    pipeline, plus those the consumer (and the delivery loop) still hold; a worker whose slots
+    are all busy allocates instead. On the host an :class:`ImageTransform`'s ``finalize``
+    (e.g. normalise to float) runs on ``device``, after the copy.
+    """
+
+    def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[..., Any] | None, *,
+                 device: torch.device, on_error: str, batch_size: int, num_workers: int, prefetch: int,
+                 classes: tuple[str, ...] | None = None) -> None:
+        pool = None
+        if num_workers > 0 and isinstance(transform, ImageTransform):
+            pool = SharedBatchPool(num_workers=num_workers, slots_per_worker=prefetch + 3,
+                                   shape=(batch_size, 3, *transform.output_size))
+        self.builder: CpuBatchBuilder = CpuBatchBuilder(reader, transform, on_error=on_error, pool=pool,
+                                                        num_classes=len(classes) if classes else None)
+        self.classes = classes
+        self.transform = transform
+        self.device = device
+        self.pin_memory = device.type == "cuda"
+
+    @property
+    def pool(self) -> SharedBatchPool | None:
+        """The shared batch pool the workers fill (None without workers or an ImageTransform)."""
+        return self.builder.pool
+
+    def before_workers(self) -> None:
+        """A copied loader gets a pool of its own, and slots left busy by batches that never
+        arrived (workers stopped mid-flight) are freed."""
+        pool = self.builder.pool
+        if pool is None:
+            return
+        if pool.owned():
+            pool.reclaim()
+        else:  # unpickled or deep-copied: its flags are shared with the original's
+            self.builder.pool = pool.fresh()
+
+    def finish(self, batch: CpuBatch) -> tuple[Any, Any]:
+        images = batch.images
+        labels = batch.labels.to(self.device, non_blocking=True)
+        if not isinstance(images, torch.Tensor):
+            return to_device(images, self.device), labels
+        images = images.to(self.device, non_blocking=True)
+        if isinstance(self.transform, ImageTransform):
+            images = self.transform.finalize(images)
+        return images, labels
+
+    def workers_stopped(self) -> None:
+        """Free the slots of batches that were in flight (torch dropped them unread)."""
+        pool = self.builder.pool
+        if pool is not None and pool.owned():
+            pool.reclaim()

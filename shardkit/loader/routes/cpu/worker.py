@@ -1,0 +1,152 @@
+"""The CPU route's worker half: read samples, decode, transform into one batch tensor.
+
+A plain picklable object; no process or epoch logic here.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.utils.data import get_worker_info
+
+from shardkit.codec.decode import DecodeStats, decode_rgb
+from shardkit.errors import DecodeError
+from shardkit.loader.read.bad_samples import BadSample
+from shardkit.loader.read.reader import ShardReader
+from shardkit.loader.read.samples import Sample, SampleSource, decode_for
+from shardkit.loader.routes.cpu.shared_pool import FdImages, SharedBatchPool, SlotImages
+from shardkit.loader.stats import StageStats
+from shardkit.transforms.base import ImageTransform
+
+__all__ = ["CpuBatch", "CpuBatchBuilder"]
+
+
+@dataclass
+class CpuBatch:
+    """A classification batch: ``images`` uint8 ``[B,3,H,W]`` (an :class:`ImageTransform` or a
+    callable with same-size outputs) or a list of tensors (no transform, or mixed sizes),
+    ``labels`` int64 ``[B]``, sample ``keys`` and the worker's ``stats``.
+
+    In a worker, ``images`` may live in a slot of the :class:`SharedBatchPool`: then only the
+    slot reference is pickled (``slot``) and the main process gets a tensor over the slot's
+    memory. Labels travel as a numpy array (pickled inline) rather than as a tensor, which torch
+    would move into a new shared-memory segment for every batch.
+    """
+
+    images: torch.Tensor | list[torch.Tensor]
+    labels: torch.Tensor
+    keys: list[str]
+    stats: StageStats
+    slot: SlotImages | FdImages | None = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self.slot is not None:
+            state["images"], state["slot"] = self.slot, None  # unpickles as the tensor
+        if self.labels.device.type == "cpu":
+            state["labels"] = self.labels.numpy()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if not isinstance(state["labels"], torch.Tensor):
+            state["labels"] = torch.from_numpy(state["labels"])
+        self.__dict__.update(state)
+
+    def pin_memory(self) -> CpuBatch:
+        """This batch with its tensors in page-locked memory (DataLoader's pin-memory thread
+        calls this when the loader delivers CPU-decoded batches to CUDA)."""
+        images = self.images
+        images = images.pin_memory() if isinstance(images, torch.Tensor) else [im.pin_memory() for im in images]
+        return replace(self, images=images, labels=self.labels.pin_memory())
+
+
+def _batch_buffer(shape: tuple[int, ...],
+                  pool: SharedBatchPool | None) -> tuple[torch.Tensor, SlotImages | FdImages | None]:
+    """A uint8 batch tensor to fill and, in a DataLoader worker, how it is shipped: its slot of
+    ``pool``, or without a free slot a shared-memory segment of its own (torch would copy a
+    non-shared tensor into shared memory to ship it; neither leaves a name in /dev/shm)."""
+    info = get_worker_info()
+    if info is None:
+        return torch.empty(shape, dtype=torch.uint8), None
+    if pool is not None:
+        got = pool.acquire(info.id, shape[0])
+        if got is not None:
+            return got
+    own = FdImages(shape)
+    return own.images, own
+
+
+class CpuBatchBuilder:
+    """Turn ``(shard, index, seed)`` triples into a :class:`CpuBatch`.
+
+    ``transform``: an :class:`ImageTransform` (fast path: writes straight into one uint8 batch
+    tensor), any other callable ``uint8 [3,H,W] -> Tensor`` (run under a forked torch RNG seeded
+    per sample, so the caller's global RNG is untouched; outputs stacked), or ``None`` (a list of
+    decoded images). ``on_error="replace"`` replaces a corrupt sample deterministically and counts
+    it (see :mod:`shardkit.loader.read.bad_samples`); ``"raise"`` raises :class:`LoaderError` naming
+    shard and key; a label at or above ``num_classes`` is a bad sample. ``pool``: reusable shared
+    batch buffers for the :class:`ImageTransform` path in worker processes
+    (see :mod:`shardkit.loader.routes.cpu.shared_pool`).
+    """
+
+    def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[[torch.Tensor], Any] | None,
+                 *, on_error: str = "replace", pool: SharedBatchPool | None = None,
+                 num_classes: int | None = None) -> None:
+        self.samples = SampleSource(reader, on_error, num_classes)
+        self.transform = transform
+        self.pool = pool
+
+    def _one(self, sample: Sample, seed: int, out: torch.Tensor | None, stats: StageStats,
+             dstats: DecodeStats) -> tuple[int, Any]:
+        t1 = time.perf_counter()
+        label, raw, transform = sample.label(self.samples.num_classes), sample.image(), self.transform
+        if isinstance(transform, ImageTransform):
+            image, params = decode_for(transform, raw, random.Random(seed), sample.where, dstats)
+        else:
+            try:
+                image = decode_rgb(raw, where=sample.where, stats=dstats)
+            except DecodeError as err:
+                raise BadSample(str(err)) from err
+        t2 = time.perf_counter()
+        stats.decode_s += t2 - t1
+        if isinstance(transform, ImageTransform):
+            result: Any = transform.apply(image, params, out=out)
+        elif transform is not None:
+            with torch.random.fork_rng(devices=[]):  # the caller's global RNG stays as it was
+                torch.manual_seed(seed)
+                result = transform(image)
+        else:
+            result = image
+        stats.transform_s += time.perf_counter() - t2
+        return label, result
+
+    def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> CpuBatch:
+        """Read, decode and transform the given samples, in order."""
+        out: torch.Tensor | None = None
+        slot: SlotImages | FdImages | None = None
+        if isinstance(self.transform, ImageTransform):
+            out, slot = _batch_buffer((len(shards), 3, *self.transform.output_size), self.pool)
+        try:
+            got, stats = self.samples.fill(
+                lambda i, sample, seed, stats, dstats: self._one(sample, seed, out[i] if out is not None else None,
+                                                                 stats, dstats),
+                shards, indices, seeds)
+        except BaseException:
+            if slot is not None:
+                slot.release()  # nothing will be shipped from this slot
+            raise
+        labels = torch.tensor([label for label, _ in got.results], dtype=torch.int64)
+        results = [result for _, result in got.results]
+        if out is not None:
+            for dst, src in got.copies:
+                out[dst].copy_(out[src])
+            return CpuBatch(out, labels, got.keys, stats, slot)
+        same_size = len({tuple(r.shape) if isinstance(r, torch.Tensor) else None for r in results}) == 1
+        if self.transform is not None and same_size and isinstance(results[0], torch.Tensor):
+            return CpuBatch(torch.stack(results), labels, got.keys, stats)
+        return CpuBatch(results, labels, got.keys, stats)

@@ -1,0 +1,67 @@
+"""The GPU route: workers ship JPEG bytes and crop geometry; the host decodes each batch with
+nvJPEG and crops, resizes and flips it in one launch, prepared ahead on CUDA streams."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from shardkit.loader.read.reader import ShardReader
+from shardkit.loader.routes.base import Route
+from shardkit.loader.routes.device.options import GpuOptions
+from shardkit.loader.routes.device.pinned import PinnedSlot
+from shardkit.loader.routes.device.prefetch import DevicePrefetcher, staging_slots
+from shardkit.loader.routes.gpu.host import DeviceBatch, GpuPipeline
+from shardkit.loader.routes.gpu.worker import RawBatch, RawBatchBuilder
+from shardkit.loader.stats import StageStats
+from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.gpu import GEOMETRY_COLUMNS
+
+__all__ = ["GpuRoute"]
+
+
+class GpuRoute(Route[RawBatch, DeviceBatch]):
+    """Classification batches decoded and augmented on ``device`` (needs nvJPEG; see
+    :func:`~shardkit.loader.routes.choose.choose_route` for the fallback).
+
+    Workers run :class:`RawBatchBuilder` with a buffer cycle of ``prefetch + 2`` per worker; the
+    host runs a :class:`DevicePrefetcher` per epoch over :func:`staging_slots` pinned staging
+    slots, holding the last ``num_workers * (cycle + 1)`` worker batches so the shared buffers
+    stay mapped. ``options.decode_threads`` threads call the batched decoder, each on its own stream.
+    """
+
+    def __init__(self, reader: ShardReader, transform: ImageTransform, *, device: torch.device, on_error: str,
+                 batch_size: int, num_workers: int, prefetch: int, options: GpuOptions,
+                 classes: tuple[str, ...] | None = None) -> None:
+        self.device, self.options = device, options
+        cycle = prefetch + 2
+        self.builder: RawBatchBuilder = RawBatchBuilder(reader, transform, on_error=on_error, buffer_cycle=cycle,
+                                                        num_classes=len(classes) if classes else None)
+        self.classes = classes
+        self.pipeline = GpuPipeline(transform, device, compile=options.compile, on_error=on_error)
+        self._batch_size, self._output_size = batch_size, transform.output_size
+        self._slots: list[PinnedSlot] = []  # made on the first iteration (none in a loader whose feeders run the route)
+        self._keep_alive = num_workers * (cycle + 1)
+        self._prefetcher: DevicePrefetcher[RawBatch, DeviceBatch] | None = None
+
+    def prepare(self, batches: Iterator[RawBatch], stats: StageStats) -> Iterator[DeviceBatch]:
+        """Decode and augment ahead in threads: a new prefetcher per iteration. One still running
+        (an iteration abandoned without closing it) is stopped first, so two never pull from the
+        same workers; its iterator then ends."""
+        self.close()
+        if not self._slots:
+            self._slots = [PinnedSlot(self._batch_size, self._output_size, len(GEOMETRY_COLUMNS), pin=True)
+                           for _ in range(staging_slots(self.options.device_prefetch))]
+        self._prefetcher = DevicePrefetcher(batches, self.pipeline, self.device, self._slots, stats,
+                                            self.options.device_prefetch, keep_alive=self._keep_alive,
+                                            decode_threads=self.options.decode_threads)
+        return iter(self._prefetcher)
+
+    def finish(self, batch: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch.images, batch.labels  # already finalised on the device by the prefetcher
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None

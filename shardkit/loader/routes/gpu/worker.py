@@ -1,0 +1,105 @@
+"""The GPU route's worker half: ship raw JPEG bytes plus crop geometry instead of pixels.
+
+For each sample the worker reads the image size from the header, draws the crop/flip from the
+same seeded ``random.Random(seed)`` as the CPU route (so both routes crop and flip every sample
+alike) and ships the encoded bytes (of a restart-indexed JPEG, only the restart intervals around
+a crop-first transform's box: :func:`~shardkit.codec.jpeg_restart.cut`) with one row of geometry
+(:data:`~shardkit.transforms.gpu.GEOMETRY_COLUMNS`). Images nvJPEG cannot take
+(:func:`~shardkit.codec.nvjpeg.nvjpeg_friendly`) are decoded and transformed here, exactly
+as the CPU route does, and travel as pixels to be joined into the same batch on the device.
+
+The batch travels as one :class:`~shardkit.loader.routes.device.payload.RawImages` blob
+(:mod:`~shardkit.loader.routes.device.payload`, shared with the COCO GPU route).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from shardkit.codec import jpeg_restart
+from shardkit.codec.decode import DecodeStats, peek_size
+from shardkit.codec.nvjpeg import nvjpeg_friendly
+from shardkit.errors import DecodeError, LoaderError
+from shardkit.loader.read.bad_samples import BadSample
+from shardkit.loader.read.reader import ShardReader
+from shardkit.loader.read.samples import Sample, SampleSource, decode_for
+from shardkit.loader.routes.device.payload import RawImages, WorkerBuffers, pack_raw
+from shardkit.loader.stats import StageStats
+from shardkit.transforms.base import ImageTransform
+
+__all__ = ["RawBatch", "RawBatchBuilder"]
+
+Item = tuple[bytes | torch.Tensor, tuple[int, ...] | None]  # JPEG bytes + geometry, or pixels + None
+
+
+@dataclass
+class RawBatch:
+    """What a GPU-route worker ships: the batch's :class:`RawImages` (labels included), sample
+    ``keys`` and the worker's ``stats``."""
+
+    images: RawImages
+    keys: list[str]
+    stats: StageStats
+
+
+class RawBatchBuilder:
+    """Turn ``(shard, index, seed)`` triples into a :class:`RawBatch` (needs an ImageTransform).
+
+    ``buffer_cycle``: shared-memory buffers per worker process for JPEG bytes (0: a fresh tensor
+    per batch); must be at least the DataLoader's ``prefetch_factor + 1`` (see the module doc; the
+    route uses ``+ 2``).
+    """
+
+    def __init__(self, reader: ShardReader, transform: ImageTransform, *, on_error: str = "replace",
+                 buffer_cycle: int = 0, num_classes: int | None = None) -> None:
+        if not isinstance(transform, ImageTransform):
+            raise LoaderError("the GPU route needs an ImageTransform (e.g. transforms.imagenet_train(224))")
+        self.samples = SampleSource(reader, on_error, num_classes)
+        self.transform = transform
+        self.buffer_cycle = buffer_cycle
+        self.buffers = WorkerBuffers(buffer_cycle)
+
+    def _raw(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> tuple[int, Item]:
+        t1 = time.perf_counter()
+        label, data = sample.label(self.samples.num_classes), sample.image()
+        transform = self.transform
+        rng = random.Random(seed)
+        if nvjpeg_friendly(data):
+            try:
+                h, w = peek_size(data)
+                params = transform.sample_params(h, w, rng)
+                piece = jpeg_restart.cut(data, params.top, params.left, params.height, params.width) \
+                    if transform.crop_first else None
+            except DecodeError as err:
+                raise BadSample(str(err)) from err
+            if piece is not None:  # nvJPEG decodes only the restart intervals around the crop
+                data, h, w = piece.data, piece.height, piece.width
+                params = replace(params, top=params.top - piece.top, left=params.left - piece.left)
+            stats.transform_s += time.perf_counter() - t1
+            return label, (data, transform.gpu_window(h, w, params))
+        image, params = decode_for(transform, data, rng, sample.where, dstats)  # as the CPU route does
+        t2 = time.perf_counter()
+        stats.decode_s += t2 - t1
+        pixels = transform.apply(image, params)
+        stats.transform_s += time.perf_counter() - t2
+        return label, (pixels, None)
+
+    def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> RawBatch:
+        """Read the given samples in order; JPEGs stay encoded, the rest are decoded here."""
+        got, stats = self.samples.fill(
+            lambda _slot, sample, seed, stats, dstats: self._raw(sample, seed, stats, dstats), shards, indices, seeds)
+        stats.gpu_fallback = stats.fast + stats.fallback
+        labels = np.array([label for label, _ in got.results], dtype=np.int64)
+        return RawBatch(self._pack([item for _, item in got.results], labels), got.keys, stats)
+
+    def _pack(self, items: list[Item], labels: np.ndarray) -> RawImages:
+        jpegs = [(i, data, win) for i, (data, win) in enumerate(items)
+                 if not isinstance(data, torch.Tensor) and win is not None]
+        cpu = [(i, px) for i, (px, _win) in enumerate(items) if isinstance(px, torch.Tensor)]
+        return pack_raw(self.buffers, jpegs, cpu, labels, self.transform.output_size)

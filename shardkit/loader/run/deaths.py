@@ -1,0 +1,177 @@
+"""Worker deaths: which worker of a :class:`~shardkit.loader.ShardLoader` died and how, raised
+where the loader can name it.
+
+When a worker dies, torch's SIGCHLD handler raises ``RuntimeError: DataLoader worker (pid X) is
+killed by signal`` in the main thread, in whatever Python code runs when the signal lands: often
+the training step between two batches, where no loader code can turn it into our error. The
+handler installed here (:func:`guard_sigchld`, wrapping torch's) lets that error through only
+while the main thread is inside an iteration (the delivery loop every route shares,
+:meth:`~shardkit.loader.routes.base.Route.deliver`, or any DataLoader iterator's ``__next__``), where
+the loader turns it into a :class:`LoaderError` naming the worker (:func:`worker_death`).
+Elsewhere it records the death, and the loader raises that :class:`LoaderError` as soon as the
+next batch is asked for (:class:`WatchedLoader`), instead of torch's status check finding it
+up to 5 s later.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from shardkit.errors import LoaderError
+from shardkit.loader.routes.base import Route
+
+__all__ = ["DEATH_GRACE_S", "WatchedLoader", "guard_sigchld", "worker_death"]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def worker_death(loader: DataLoader[Any]) -> LoaderError | None:
+    """A :class:`LoaderError` saying which of ``loader``'s worker processes died and how, with the
+    likely cause and fix, or None while they all run.
+
+    What torch raises when a worker dies depends on timing: ``RuntimeError: DataLoader worker
+    (pid X) is killed by signal: Killed.`` from its SIGCHLD handler, ``... exited unexpectedly``
+    from its status check, or a bare ``ConnectionResetError``/``EOFError`` from a queue; the
+    process objects (``loader._iterator._workers``, private but stable since torch 1.7) say
+    which worker it was whatever torch raised.
+    """
+    procs = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
+    dead = [(i, w.pid, w.exitcode) for i, w in enumerate(procs) if w.exitcode not in (None, 0)]
+    if not dead:
+        return None
+    worker, pid, code = dead[0]
+    how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+    what = f"DataLoader worker {worker} (pid {pid}) {how}"
+    if len(dead) > 1:
+        what += f" (and {len(dead) - 1} more: pids {', '.join(str(d[1]) for d in dead[1:])})"
+    if code == -signal.SIGKILL:
+        why = ("most likely the kernel's out-of-memory killer (`dmesg` says so): each worker holds "
+               "prefetch batches of decoded images; use fewer workers (num_workers="
+               f"{loader.num_workers} now) or a smaller prefetch (prefetch={loader.prefetch_factor} now), "
+               "or a smaller batch_size")
+    elif code < 0:
+        why = "the worker process crashed or was stopped from outside"
+    else:
+        why = "the worker process exited on its own"
+    return LoaderError(f"{what}: {why}")
+
+
+#: How many worker deaths the SIGCHLD guard recorded outside an iteration (this process), and
+#: torch's message for the last one (a message, not the error: its traceback's frames, the code
+#: the signal interrupted, would keep the loader and its memory alive).
+_deferred: list[Any] = [0, ""]
+_guarded = [False]
+
+
+def _iteration_codes() -> tuple[Any, ...]:
+    """The code objects that mark "inside an iteration" on the main thread's stack: the routes'
+    delivery loop (where a ShardLoader waits for and finishes each batch) and DataLoader's
+    ``__next__`` (private class, stable since torch 1.0)."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return Route.deliver.__code__, _BaseDataLoaderIter.__next__.__code__
+
+
+def _in_iteration(frame: FrameType | None) -> bool:
+    codes = _iteration_codes()
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def guard_sigchld() -> None:
+    """Install (once per process, from the main thread) a SIGCHLD handler around torch's that
+    raises torch's worker-death error only inside an iteration and records it elsewhere.
+
+    torch installs its handler when its first multi-worker iterator starts, and only from the
+    main thread (the GPU route starts it from its prefetch thread: no handler at all then);
+    this installs it now (``_set_SIGCHLD_handler``, private but stable since torch 1.0) and
+    wraps it. torch's handler raises before calling the handler it replaced, so skipping its
+    error skips nothing else.
+    """
+    if _guarded[0] or threading.current_thread() is not threading.main_thread():
+        return
+    from torch.utils.data._utils import signal_handling
+
+    signal_handling._set_SIGCHLD_handler()
+    torch_handler = signal.getsignal(signal.SIGCHLD)
+    if not callable(torch_handler):  # no SIGCHLD handling on this platform
+        return
+
+    def guard(signum: int, frame: FrameType | None) -> None:
+        try:
+            torch_handler(signum, frame)
+        except RuntimeError as err:
+            if _in_iteration(frame):
+                raise  # the iteration turns it into a LoaderError naming the worker
+            _deferred[:] = [_deferred[0] + 1, str(err)]  # raised when the next batch is asked for
+
+    signal.signal(signal.SIGCHLD, guard)
+    _guarded[0] = True
+
+
+class WatchedLoader(DataLoader[Any]):
+    """A DataLoader whose iterators first raise a death of one of its workers that the SIGCHLD
+    guard recorded while no iteration ran: torch's error, which the loader's iteration turns
+    into :func:`worker_death`'s :class:`LoaderError` as it does when the error comes from the
+    handler itself."""
+
+    _deaths_seen = 0
+
+    def _raise_deferred(self) -> None:
+        if self._deaths_seen != _deferred[0]:
+            self._deaths_seen = _deferred[0]
+            death = worker_death(self)
+            if death is not None:
+                raise RuntimeError(_deferred[1]) if _deferred[1] else death
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._raise_deferred()
+        return _Watched(super().__iter__(), self)
+
+
+#: How long a connection error from the workers' queue waits for a worker death to show.
+DEATH_GRACE_S = 1.0
+
+
+class _Watched:
+    """A DataLoader iterator whose connection errors name the worker that died, if one did.
+
+    A worker killed while the main process fetches what it sent (a batch's shared-memory
+    descriptor, from the worker's resource-sharer socket) surfaces as ``ConnectionResetError``
+    or ``EOFError``. The kernel closes a dying process's sockets before its exit status can be
+    read, so :func:`worker_death` may not see the death yet: it is asked again for up to
+    :data:`DEATH_GRACE_S` (10 ms apart) before the error is re-raised as it is.
+    """
+
+    def __init__(self, iterator: Iterator[Any], loader: WatchedLoader) -> None:
+        self._iterator, self._loader = iterator, loader
+
+    def __iter__(self) -> _Watched:
+        return self
+
+    def __next__(self) -> Any:
+        self._loader._raise_deferred()
+        try:
+            return next(self._iterator)
+        except (ConnectionError, EOFError) as err:
+            deadline = time.monotonic() + DEATH_GRACE_S
+            while (death := worker_death(self._loader)) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if death is None:
+                raise
+            raise death from err

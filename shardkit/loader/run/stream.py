@@ -1,0 +1,142 @@
+"""The batch stream one worker runs: this epoch's plan, this worker's batches, built in order.
+
+A ``torch.utils.data.IterableDataset`` so torch's ``DataLoader`` can run it in persistent worker
+processes. The epoch and resume point are read from a small shared-memory tensor at the start of
+each iteration, which is how persistent workers learn about a new epoch.
+
+*Read-ahead* (``read_ahead=True``): a worker does not stop at the end of the epoch but goes on
+into the next ones, whole, so the workers (and the route's host pipeline behind them) prepare the
+next epoch's first batches while the training loop finishes this one, instead of all of them
+starting from empty when it asks. Each epoch is padded with :class:`EpochPadding` markers to a
+whole number of rounds over the workers, so every epoch starts at worker 0 as a fresh start
+would, and the batches, their order and their samples are those of epochs run one at a time.
+:func:`raise_failures` drops the markers; whoever reads such a stream takes each epoch's
+batches by count, as the loader does.
+
+A :class:`~shardkit.errors.ShardkitError` raised in a worker process is shipped to the main
+process as a :class:`WorkerFailure` record (torch would otherwise re-raise it as its type built
+from the whole traceback text, losing ``where``); :func:`raise_failures` re-raises it there with
+its type, message and ``where``, chained to the worker's traceback.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Generic, NoReturn, TypeVar
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shardkit.errors import ShardkitError
+from shardkit.loader.epochs.config import PlanConfig
+from shardkit.loader.epochs.plan import worker_batch_indices
+from shardkit.loader.epochs.remainder import Remainder
+from shardkit.loader.epochs.seeds import sample_seeds
+from shardkit.loader.routes.batch import Builder, WorkerBatch
+
+W = TypeVar("W", bound=WorkerBatch)
+
+
+class WorkerTraceback(Exception):
+    """The traceback of an error raised in a DataLoader worker, as text (the ``__cause__``)."""
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A :class:`ShardkitError` raised in a worker, as picklable data."""
+
+    kind: type[ShardkitError]
+    message: str
+    where: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class EpochPadding:
+    """Fills a read-ahead stream's epoch up to a whole round over the workers (see the module doc)."""
+
+
+def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding]) -> Iterator[W]:
+    """Pass ``source``'s batches on, without the :class:`EpochPadding` of a read-ahead stream;
+    re-raise a :class:`WorkerFailure` as its original error."""
+    for item in source:
+        if isinstance(item, WorkerFailure):
+            reraise(item)
+        if not isinstance(item, EpochPadding):
+            yield item
+
+
+def reraise(failure: WorkerFailure) -> NoReturn:
+    """Raise the error ``failure`` records, with its type, message and ``where``, chained to its traceback."""
+    raise failure.kind(failure.message, where=failure.where) from WorkerTraceback(failure.traceback)
+
+
+class BatchStream(IterableDataset[W | WorkerFailure | EpochPadding], Generic[W]):
+    """Yield this worker's batches of the epoch in ``control = [epoch, start_batch]`` (and with
+    ``read_ahead``, of every later epoch, whole: see the module doc); in a worker process, a
+    :class:`ShardkitError` ends the stream as a :class:`WorkerFailure`.
+
+    ``builder``: the route's worker half (:class:`~shardkit.loader.routes.base.Builder`). ``remainder``:
+    ``(epoch, Remainder)`` after an elastic resume, that epoch runs on what the remainder leaves
+    (set before the workers start: they hold a copy).
+
+    ``layout``: ``(part, parts, workers)`` when this stream's workers are one part of a larger
+    set (:mod:`~shardkit.loader.feed.pool`: ``parts`` processes share ``workers`` workers): its
+    worker ``i`` is worker ``part + parts * i`` of ``workers``. None: its workers are all.
+    """
+
+    def __init__(self, config: PlanConfig, builder: Builder[W], control: torch.Tensor,
+                 layout: tuple[int, int, int] | None = None, read_ahead: bool = False) -> None:
+        self.config = config
+        self.builder = builder
+        self.control = control
+        self.layout = layout
+        self.read_ahead = read_ahead
+        self.remainder: tuple[int, Remainder] | None = None
+
+    def remainder_for(self, epoch: int, rest: Remainder | None) -> tuple[bool, tuple[int, Remainder] | None]:
+        """Whether :attr:`remainder` must change (restarting the workers, which hold a copy) for
+        ``epoch`` to run on ``rest`` (what an elastic resume left of it; None: all of it), and
+        its new value. A remainder held for another epoch is left: it applies to that epoch only.
+
+        Example:
+            >>> s = BatchStream(None, None, None)  # type: ignore[arg-type]
+            >>> s.remainder_for(0, None)
+            (False, None)
+        """
+        if rest is not None:
+            return self.remainder != (epoch, rest), (epoch, rest)
+        return self.remainder is not None and self.remainder[0] == epoch, None
+
+    def __iter__(self) -> Iterator[W | WorkerFailure | EpochPadding]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.layout is not None:
+            part, parts, workers = self.layout
+            worker = part + parts * worker
+        epoch, start = int(self.control[0]), int(self.control[1])
+        cfg = self.config
+        while True:
+            rest = self.remainder[1] if self.remainder is not None and self.remainder[0] == epoch else None
+            count = cfg.epoch_batches(rest)
+            mine = worker_batch_indices(count, num_workers=workers, worker_id=worker, start_batch=start)
+            order = cfg.order(epoch)
+            for j in mine:
+                shards, indices, positions = cfg.batch(order, j, rest)
+                seeds = sample_seeds(cfg.seed, epoch, positions)
+                try:
+                    batch = self.builder.build(shards.tolist(), indices.tolist(), seeds.tolist())
+                except ShardkitError as err:
+                    if info is None:  # in this process: the error keeps its own traceback
+                        raise
+                    yield WorkerFailure(type(err), err.message, err.where, traceback.format_exc())
+                    return
+                yield batch
+            if not self.read_ahead or cfg.epoch_batches(None) == 0:
+                return
+            rounds = -(-(count - start) // workers)  # this epoch's rounds over the workers
+            for _ in range(rounds - len(mine)):
+                yield EpochPadding()
+            epoch, start = epoch + 1, 0

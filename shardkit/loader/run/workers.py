@@ -1,0 +1,98 @@
+"""The worker processes behind a :class:`~shardkit.loader.ShardLoader`: start and stop them."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from shardkit.errors import LoaderError
+from shardkit.loader.run.deaths import WatchedLoader, guard_sigchld, worker_death
+from shardkit.loader.run.stream import BatchStream
+
+__all__ = ["rank_and_world", "shutdown_workers", "worker_death", "worker_loader", "workers_running"]
+
+log = logging.getLogger("shardkit.loader")
+
+
+def _init_worker(_worker_id: int) -> None:
+    torch.set_num_threads(1)  # one core per worker; decode and resize are single-threaded anyway
+
+
+def _launcher_rank_and_world() -> tuple[int, int] | None:
+    """``(RANK, WORLD_SIZE)`` set by torchrun (or another launcher) for this process, else None.
+
+    Raises:
+        LoaderError: the variables are set but malformed.
+    """
+    world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
+    if world is None:
+        return None
+    try:
+        return int(rank if rank is not None else "0"), int(world)
+    except ValueError:
+        raise LoaderError(f"RANK={rank!r} and WORLD_SIZE={world!r} from the launcher are not integers") from None
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The given ``rank``/``world_size``; each None one from the initialised ``torch.distributed``
+    group, else from the launcher's ``RANK``/``WORLD_SIZE`` (torchrun sets them before the
+    training script initialises its process group), else 0 and 1.
+
+    Without the launcher's variables a loader made before ``init_process_group`` under torchrun
+    would read all data on every rank; with them each rank reads its share (logged once).
+
+    Raises:
+        LoaderError: not ``0 <= rank < world_size``, or malformed launcher variables.
+    """
+    detected = (0, 1)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        detected = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    elif rank is None or world_size is None:
+        launched = _launcher_rank_and_world()
+        if launched is not None:
+            detected = launched
+            if launched[1] > 1:
+                log.info("shardkit: no torch.distributed process group yet; rank %d of %d from the launcher's "
+                         "RANK/WORLD_SIZE", *launched)
+    rank = detected[0] if rank is None else rank
+    world_size = detected[1] if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise LoaderError(f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, "
+                          f"world_size={world_size}")
+    return rank, world_size
+
+
+def worker_loader(stream: BatchStream, *, num_workers: int, prefetch: int, pin_memory: bool,
+                  context: str | None = None) -> DataLoader[Any]:
+    """A DataLoader running ``stream`` in ``num_workers`` persistent worker processes, whose
+    worker deaths surface as :class:`LoaderError` wherever they happen (:mod:`shardkit.loader.run.deaths`).
+    ``context``: the multiprocessing start method (None: the process's default)."""
+    guard_sigchld()
+    return WatchedLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=True,
+                          prefetch_factor=prefetch, pin_memory=pin_memory, worker_init_fn=_init_worker,
+                          multiprocessing_context=context)
+
+
+def shutdown_workers(loader: DataLoader[Any]) -> None:
+    """Stop ``loader``'s persistent workers now (a later ``iter(loader)`` starts new ones).
+
+    torch keeps the multi-process iterator in ``loader._iterator`` while ``persistent_workers``
+    is on and stops its processes only when that iterator is garbage collected; this asks it to
+    stop them (its ``_shutdown_workers``, private but stable since torch 1.7) and drops it.
+    """
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is None:
+        return
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+    loader._iterator = None
+
+
+def workers_running(loader: DataLoader[Any]) -> bool:
+    """Whether ``loader``'s persistent worker processes are running (an iterator holds them)."""
+    return getattr(loader, "_iterator", None) is not None

@@ -1,0 +1,150 @@
+"""Damaged local shards: a damaged sample is a ``CorruptSample`` naming shard and key (the rest
+of the shard stays readable), and ``verify_hashes=True`` detects every damaged byte."""
+
+from __future__ import annotations
+
+import io
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shardkit.errors import LoaderError
+from shardkit.format.tarread import iter_entries
+from shardkit.index.manifest import read_manifest
+from shardkit.loader.read.reader import CorruptSample, ShardReader
+from shardkit.storage import Store
+
+
+def _copy(packed: Path, tmp_path: Path) -> tuple[Path, Store]:
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    return ds, Store(str(ds))
+
+
+def _flip(path: Path, pos: int, bit: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[pos] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_header_is_a_corrupt_sample_and_its_neighbours_stay_readable(packed: Path, tmp_path: Path) -> None:
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    shard = ds / shards[0].url
+    entries = list(iter_entries(io.BytesIO(shard.read_bytes()), where="x", read_data=False))
+    second = next(e for e in entries if not e.name.startswith(entries[0].name.split(".")[0]))
+    _flip(shard, second.offset + 3, 5)  # a bit of the second sample's first member name
+    reader = ShardReader(store, shards)
+    key0, _ = reader.read(0, 0)
+    with pytest.raises(CorruptSample, match="corrupt tar header") as err:
+        reader.read(0, 1)
+    assert isinstance(err.value, LoaderError)
+    assert err.value.where.endswith(f"{shards[0].url}:{reader.key(0, 1)}")
+    assert reader.read(0, 2)[0] == reader.key(0, 2)
+    reader.close()
+
+
+def test_a_truncated_shard_is_a_shard_error_not_a_sample_to_replace(packed: Path, tmp_path: Path) -> None:
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    shard = ds / shards[0].url
+    shard.write_bytes(shard.read_bytes()[:4000])
+    reader = ShardReader(store, shards)
+    reader.read(0, 0)
+    with pytest.raises(LoaderError, match="shard is truncated") as err:
+        reader.read(0, shards[0].num_samples - 1)
+    assert not isinstance(err.value, CorruptSample)
+    reader.close()
+
+
+def test_verify_hashes_catches_a_flip_that_no_parser_sees(packed: Path, tmp_path: Path) -> None:
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    _flip(ds / shards[1].url, shards[1].num_bytes - 5)  # inside the end-of-archive blocks
+    plain = ShardReader(store, shards)
+    assert [plain.read(1, i)[0] for i in range(shards[1].num_samples)]  # read silently
+    plain.close()
+    checked = ShardReader(store, shards, verify_hashes=True)
+    checked.read(0, 0)
+    with pytest.raises(LoaderError, match="shard's bytes differ from index.json") as err:
+        checked.read(1, 0)
+    assert err.value.where.endswith(shards[1].url)
+    checked.close()
+
+
+def test_verify_hashes_detects_every_one_of_40_random_bit_flips(packed: Path, tmp_path: Path) -> None:
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    shard = ds / shards[0].url
+    original = shard.read_bytes()
+    rng = random.Random(14)
+    for _ in range(40):
+        data = bytearray(original)
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        shard.write_bytes(bytes(data))
+        reader = ShardReader(store, shards, verify_hashes=True)
+        with pytest.raises(LoaderError, match="differ from index.json"):
+            reader.read(0, 0)
+        reader.close()
+
+
+def _member(shard: Path, key: str, ext: str) -> int:
+    """Byte offset of the data of ``key.ext`` in ``shard``."""
+    entries = iter_entries(io.BytesIO(shard.read_bytes()), where="x", read_data=False)
+    return next(e.data_offset for e in entries if e.name == f"{key}.{ext}")
+
+
+def test_the_loader_replaces_a_damaged_sample_or_names_it(packed: Path, tmp_path: Path) -> None:
+    """A damaged sample is a bad sample like an undecodable image: replaced and counted by
+    default, named with its shard and key under on_error='raise'."""
+    from shardkit import ShardLoader, transforms
+
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    reader = ShardReader(store, shards)
+    key = reader.key(0, 1)
+    reader.close()
+    entries = list(iter_entries(io.BytesIO((ds / shards[0].url).read_bytes()), where="x", read_data=False))
+    first = next(e for e in entries if e.name.startswith(key + "."))
+    _flip(ds / shards[0].url, first.offset + 3, 5)
+    kw = {"batch_size": 8, "transform": transforms.imagenet_val(32), "shuffle": False, "keys": True}
+    loader = ShardLoader(str(ds), **kw)  # type: ignore[arg-type]
+    keys = [k for _x, _y, ks in loader for k in ks]
+    assert key not in keys and loader.stats.replaced >= 1  # (padding may repeat it)
+    with pytest.raises(LoaderError, match=f"bad sample .*{shards[0].url}:{key}"):
+        list(ShardLoader(str(ds), on_error="raise", **kw))  # type: ignore[arg-type]
+
+
+def test_a_label_outside_the_classes_is_a_bad_sample(packed: Path, tmp_path: Path) -> None:
+    from shardkit import ShardLoader, transforms
+
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    assert len(read_manifest(store).classes or ()) == 3
+    reader = ShardReader(store, shards)
+    key = reader.key(0, 0)
+    reader.close()
+    shard = ds / shards[0].url
+    pos = _member(shard, key, "cls")
+    data = bytearray(shard.read_bytes())
+    data[pos] = ord("7")  # class 7 of 3 (same length: the tar stays well-formed)
+    shard.write_bytes(bytes(data))
+    kw = {"batch_size": 8, "transform": transforms.imagenet_val(32), "shuffle": False, "keys": True}
+    loader = ShardLoader(str(ds), **kw)  # type: ignore[arg-type]
+    labels = [int(y) for _x, ys, _k in loader for y in ys]
+    assert max(labels) < 3 and loader.stats.replaced >= 1  # (padding may repeat it)
+    with pytest.raises(LoaderError, match=f"{key}: label 7 is outside the dataset's 3 classes"):
+        list(ShardLoader(str(ds), on_error="raise", **kw))  # type: ignore[arg-type]
+
+
+def test_the_loader_verifies_hashes_when_asked(packed: Path, tmp_path: Path) -> None:
+    from shardkit import ShardLoader
+
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    _flip(ds / shards[0].url, shards[0].num_bytes - 5)  # in the end-of-archive blocks: no parser sees it
+    assert len(list(ShardLoader(str(ds), batch_size=8))) > 0
+    with pytest.raises(LoaderError, match="shard's bytes differ from index.json"):
+        list(ShardLoader(str(ds), batch_size=8, verify_hashes=True))

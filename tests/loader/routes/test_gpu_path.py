@@ -1,0 +1,143 @@
+"""GPU path pieces that need no GPU: what workers ship, the nvJPEG decision, the fallback, and
+the device math emulated on the CPU against the CPU path."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import cast
+
+import pytest
+import torch
+
+from shardkit import ShardLoader, transforms
+from shardkit.codec import jpeg_restart
+from shardkit.codec.nvjpeg import gpu_decode_unavailable, nvjpeg_friendly
+from shardkit.loader.routes.device.payload import RawImages
+from tests.conftest import encode_image
+from tests.loader.gpu_helpers import (
+    emulate_device,
+    make_packed_imagenet_like,
+    pixels,
+    raw_and_cpu_streams,
+    raw_images,
+)
+
+
+@pytest.fixture(scope="module")
+def inet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_packed_imagenet_like(tmp_path_factory.mktemp("inet"))
+
+
+@pytest.mark.parametrize("mode", ["jpeg", "gray", "cmyk", "png", "progressive"])
+def test_nvjpeg_decision(mode: str) -> None:
+    if mode == "progressive":
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (20, 10), (1, 2, 3)).save(buf, "JPEG", progressive=True)
+        data = buf.getvalue()
+    else:
+        data = {"jpeg": encode_image(mode="RGB"), "gray": encode_image(mode="L"),
+                "cmyk": encode_image(mode="CMYK"), "png": encode_image(fmt="PNG")}[mode]
+    assert nvjpeg_friendly(data) is (mode == "jpeg")
+
+
+@pytest.mark.parametrize("preset", [transforms.imagenet_train, transforms.imagenet_val])
+def test_raw_batches_match_the_cpu_path(inet: Path, preset: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    # decode on both sides with torchvision's libjpeg (the emulation's decoder; the region
+    # decoder uses the system's, another build may round the IDCT otherwise), so only the
+    # resize math differs
+    monkeypatch.setattr("shardkit.loader.read.samples.roi_available", lambda: False)
+    transform = preset(64)  # type: ignore[operator]
+    cpu, raw = raw_and_cpu_streams(inet, transform)
+    fallback = 0
+    for a, b in zip(cpu, raw, strict=True):
+        assert isinstance(b.images, RawImages)
+        assert a.keys == b.keys and torch.equal(a.labels, b.images.labels)
+        fallback += b.stats.gpu_fallback
+        assert b.stats.gpu_fallback == len(b.images.cpu_dest)
+        got = emulate_device(b)
+        diff = (got.int() - pixels(a).int()).abs()
+        assert diff.max() <= 1, diff.max()  # float vs fixed-point uint8 rounding only
+    assert fallback >= 3  # the CMYK, grayscale and PNG files, decoded by workers
+
+
+@pytest.mark.skipif(not jpeg_restart.available(), reason="restart-indexed JPEG extension not built")
+def test_restart_indexed_jpegs_ship_only_the_crop(tmp_path: Path, inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shardkit.loader.read.samples.roi_available", lambda: False)  # CPU path: full decodes
+    transform = transforms.imagenet_train(64)
+    restart = make_packed_imagenet_like(tmp_path, restart=True)
+    cpu, raw = raw_and_cpu_streams(restart, transform)
+    _, plain = raw_and_cpu_streams(inet, transform)
+    shipped = {"restart": 0, "plain": 0}
+    for a, b, c in zip(cpu, raw, plain, strict=True):
+        assert isinstance(b.images, RawImages) and isinstance(c.images, RawImages)
+        shipped["restart"] += b.images.nbytes
+        shipped["plain"] += c.images.nbytes
+        got = emulate_device(b)  # decodes the shipped cut JPEGs, crops by the shifted boxes
+        diff = (got.int() - pixels(a).int()).abs()
+        assert diff.max() <= 1, diff.max()  # cut pieces decode to the full image's pixels
+    assert shipped["restart"] < 0.8 * shipped["plain"], shipped
+
+
+def test_shipped_boxes_are_the_cpu_paths_draws(inet: Path) -> None:
+    transform = transforms.imagenet_train(64)
+    _, raw = raw_and_cpu_streams(inet, transform)
+    batch = next(iter(raw))
+    rows = raw_images(batch).geometry.tolist()
+    assert rows, "expected some JPEGs on the GPU path"
+    for row in rows:
+        h, w, top, left, bh, bw, vh, vw, oy, ox, flip, dest = row
+        assert (vh, vw, oy, ox) == (64, 64, 0, 0) and 0 <= dest < 16
+        assert transforms.CropFlip(top, left, bh, bw, bool(flip)).inside(h, w)
+
+
+def test_same_seeded_draws_give_same_boxes() -> None:
+    t = transforms.imagenet_train(224)
+    a = t.sample_params(380, 500, random.Random(11))
+    b = t.sample_params(380, 500, random.Random(11))
+    assert a == b
+
+
+def test_cuda_device_without_cuda_falls_back_with_one_log_line(inet: Path, caplog: pytest.LogCaptureFixture) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from shardkit.loader.routes import choose as routing
+
+    routing._warned.clear()  # fallbacks are logged once per process
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        loader = ShardLoader(str(inet), batch_size=8, transform=transforms.imagenet_train(32), device="cuda")
+        ShardLoader(str(inet), batch_size=8, transform=transforms.imagenet_train(32), device="cuda")
+    assert loader.device.type == "cpu"
+    assert sum("GPU decoding unavailable" in r.getMessage() for r in caplog.records) == 1
+    images, labels = next(iter(loader))
+    assert images.shape == (8, 3, 32, 32) and images.dtype == torch.uint8
+    assert gpu_decode_unavailable(torch.device("cpu")) is not None
+
+
+def test_worker_buffer_cycle_gives_the_same_bytes(inet: Path) -> None:
+    """Workers reuse shared-memory buffers; batches taken and copied in order are unchanged."""
+    from torch.utils.data import DataLoader
+
+    from shardkit.loader.routes.gpu.worker import RawBatchBuilder
+    from shardkit.loader.run.stream import BatchStream
+
+    t = transforms.imagenet_train(32)
+    _, plain = raw_and_cpu_streams(inet, t, batch_size=4)
+    want = [(b.keys, raw_images(b).data.clone()) for b in plain]
+    stream = plain.stream
+    reader = cast(RawBatchBuilder, stream.builder).samples.reader
+    cycled = BatchStream(stream.config, RawBatchBuilder(reader, t, buffer_cycle=3), stream.control)
+    dl = DataLoader(cycled, batch_size=None, num_workers=2, prefetch_factor=1, persistent_workers=True)
+    keep, got = [], []
+    for b in dl:
+        keep.append(b)  # keeps the mappings alive, as the prefetcher does
+        got.append((b.keys, b.images.data.clone()))  # the copy the prefetcher's staging makes
+    assert [k for k, _ in got] == [k for k, _ in want]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, want, strict=True))
+    storages = {b.images.data.untyped_storage().data_ptr() for b in keep}
+    assert len(got) > 12 and len(storages) <= 2 * 3  # two workers, three buffers each

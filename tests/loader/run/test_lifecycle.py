@@ -1,0 +1,80 @@
+"""ShardLoader's life cycle: set_epoch after a resume, errors from workers, close()."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shardkit import LoaderError, ShardLoader, transforms
+from shardkit.loader.run.stream import WorkerTraceback
+
+
+def _loader(ds: Path, **kw: object) -> ShardLoader:
+    args: dict[str, object] = {"batch_size": 8, "transform": transforms.imagenet_train(32), "keys": True, "seed": 5}
+    args.update(kw)
+    return ShardLoader(str(ds), **args)  # type: ignore[arg-type]
+
+
+def _keys(loader: ShardLoader) -> list[list[str]]:
+    return [list(k) for *_, k in loader]
+
+
+def test_set_epoch_after_load_state_dict_keeps_the_resume_point(packed: Path) -> None:
+    reference = _loader(packed)
+    reference.set_epoch(1)
+    full = _keys(reference)
+    first = _loader(packed)
+    first.set_epoch(1)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = first.state_dict()
+    resumed = _loader(packed)
+    resumed.load_state_dict(state)
+    got: list[list[str]] = []
+    for epoch in range(resumed.epoch, 2):  # the usual training loop
+        resumed.set_epoch(epoch)
+        got += _keys(resumed)
+    assert got == full[3:]
+    other = _loader(packed)
+    other.load_state_dict(state)
+    other.set_epoch(0)  # another epoch: starts it from the beginning
+    assert other.state_dict()["epoch"] == 0 and other.state_dict()["batches_consumed"] == 0
+    again = _loader(packed)
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    next(iter(again))
+    again.set_epoch(1)  # after iterating, set_epoch restarts the epoch as always
+    assert again.state_dict()["batches_consumed"] == 0
+
+
+def test_worker_errors_keep_type_message_and_where(packed: Path, tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    shard = ds / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:2000])
+    with pytest.raises(LoaderError) as info:
+        _keys(_loader(ds, shuffle=False, num_workers=2))
+    err = info.value
+    assert "shard-000001.tar" in err.where and "Traceback" not in str(err) and "truncated" in err.message
+    assert isinstance(err.__cause__, WorkerTraceback) and "Traceback" in str(err.__cause__)
+
+
+def test_close_stops_the_workers_and_the_loader_still_works_after(packed: Path) -> None:
+    with _loader(packed, num_workers=2) as loader:
+        next(iter(loader))
+        workers = list(loader._dataloader._iterator._workers)  # type: ignore[union-attr]
+        assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    assert not any(w.is_alive() for w in workers)
+    assert not set(multiprocessing.active_children()) & set(workers)
+    loader.close()  # idempotent
+    assert len(_keys(loader)) == len(loader)  # a later epoch starts new workers
+    loader.close()
+    plain = _loader(packed)
+    next(iter(plain))
+    assert plain.reader._open
+    plain.close()
+    assert not plain.reader._open
