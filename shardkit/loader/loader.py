@@ -16,7 +16,7 @@ from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
 from shardkit.loader.arguments import check_arguments, feeder_count, worker_count
 from shardkit.loader.epochs.config import PlanConfig
-from shardkit.loader.epochs.remainder import Remainder
+from shardkit.loader.epochs.position import Position
 from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES
@@ -25,6 +25,7 @@ from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.choose import choose_route
 from shardkit.loader.routes.device.options import GpuOptions
+from shardkit.loader.routes.spec import RouteSpec
 from shardkit.loader.run.epoch_run import Delivery, EpochRun
 from shardkit.loader.run.stream import BatchStream
 from shardkit.loader.run.workers import rank_and_world, worker_death, worker_loader
@@ -193,11 +194,11 @@ class ShardLoader:
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
         self.reader = ShardReader.joined(datasets.parts, cache_dir=cache, cache_bytes=cache_bytes,
                                          verify_hashes=verify_hashes)
+        spec = RouteSpec(transform, torch.device(device), batch_size, on_error=on_error, num_workers=workers,
+                         prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
+                         contiguous_labels=contiguous_labels)
         #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
-        self.route: Route[Any, Any] = choose_route(
-            self.manifest, self.reader, transform, torch.device(device), on_error=on_error, batch_size=batch_size,
-            num_workers=workers, prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
-            contiguous_labels=contiguous_labels)
+        self.route: Route[Any, Any] = choose_route(self.manifest, self.reader, spec)
         self.device = self.route.device
         #: COCO with ``contiguous_labels``: category id -> label; otherwise None (labels are the ids).
         self.label_map: dict[Any, int] | None = self.route.label_map
@@ -214,10 +215,10 @@ class ShardLoader:
                                     workers_auto=num_workers == "auto")
         self._pool: FeederPool | None = None
         if self.feeders:
-            specs = [FeederSpec(self.manifest, self.reader, transform, self.device, on_error,  # type: ignore[arg-type]
-                                batch_size, prefetch, gpu or GpuOptions(), self.config, part, self.feeders,
-                                feeder_workers(part, self.feeders, workers), workers, preferred_decoder(),
-                                read_ahead)
+            mine = spec.on(self.device)  # where the route delivers (a fallback may have moved it)
+            specs = [FeederSpec(self.manifest, self.reader,
+                                mine.with_workers(feeder_workers(part, self.feeders, workers)), self.config, part,
+                                self.feeders, workers, preferred_decoder(), read_ahead)
                      for part in range(self.feeders)]
             try:
                 self._pool = FeederPool(specs)
@@ -225,13 +226,7 @@ class ShardLoader:
                 self._without_feeders(err)
         else:
             self._local_workers()
-        # Where we stand: the next batch to deliver is batch _pos[1] of epoch _pos[0]. _fresh:
-        # _pos was set as a starting point (init, set_epoch, load_state_dict, epoch finished);
-        # otherwise an iteration was abandoned mid-epoch and the next one starts a new epoch.
-        # _loaded: _pos came from load_state_dict and nothing ran since (set_epoch keeps it).
-        self._pos, self._fresh, self._loaded = (0, 0), True, False
-        # After an elastic resume: what is left of epoch _pos[0] (None: all of it).
-        self._remainder: Remainder | None = None
+        self._pos = Position()  # where we stand, and how the next iteration starts
         # Iterations started so far; an older iterator finds the count moved on and ends
         # (_ended_by says why) rather than taking the newer one's batches.
         self._iterations, self._ended_by = 0, ""
@@ -253,7 +248,7 @@ class ShardLoader:
     @property
     def epoch(self) -> int:
         """The epoch being iterated, or the one the next iteration runs."""
-        return self._pos[0]
+        return self._pos.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` from its start.
@@ -268,10 +263,7 @@ class ShardLoader:
         """
         if epoch < 0:
             raise LoaderError(f"epoch must be >= 0, got {epoch}")
-        if self._loaded and epoch == self._pos[0]:
-            return
-        self._pos, self._fresh, self._loaded = (epoch, 0), True, False
-        self._remainder = None
+        self._pos.set_epoch(epoch)
 
     @property
     def stats(self) -> StageStats:
@@ -279,11 +271,8 @@ class ShardLoader:
         return self._stats
 
     def __iter__(self) -> Iterator[Any]:
-        if not self._fresh:
-            self._pos, self._remainder = (self._pos[0] + 1, 0), None
-        epoch, start = self._pos
-        rest, count = self._remainder, self.config.epoch_batches(self._remainder)
-        self._fresh = self._loaded = False
+        epoch, start, rest = self._pos.begin()
+        count = self.config.epoch_batches(rest)
         self._iterations += 1
         mine, self._ended_by = self._iterations, "a newer iteration of this loader started (one runs at a time)"
         if self._pool is not None and not self._pool.running:
@@ -303,7 +292,7 @@ class ShardLoader:
                 item = next(delivered, None)
                 if item is None:
                     raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {count} batches")
-                self._pos = (epoch, consumed)
+                self._pos.delivered(epoch, consumed)
                 yield item if self.keys else item[:2]
             if self._pool is not None:
                 next(delivered, None)  # each feeder's end of its part (an extra batch would be an error)
@@ -319,7 +308,7 @@ class ShardLoader:
             else:
                 delivered.close()  # an iteration left early stops its route's (or feeders') work now
         if self._iterations == mine:  # an older iteration ending late leaves the newer one's place alone
-            self._pos, self._fresh, self._remainder = (epoch + 1, 0), True, None
+            self._pos.finished(epoch)
 
     def _start_feeders(self) -> None:
         """Start the feeder processes; with ``feeders="auto"``, a machine where they cannot run
@@ -360,14 +349,12 @@ class ShardLoader:
         with the samples not yet delivered, laid out anew over its ranks (see
         :mod:`shardkit.loader.epochs.remainder`).
         """
-        return self.config.state(*self._pos, remainder=self._remainder).to_dict()
+        return self.config.state(self._pos.epoch, self._pos.batch, remainder=self._pos.remainder).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` output, on this world size and batch size or another;
         refuses a state made for another dataset or mix, seed, ``shuffle`` or ``window``, naming it."""
-        epoch, start, self._remainder = self.config.resume(state)
-        self._pos = (epoch, start)
-        self._fresh = self._loaded = True
+        self._pos.resumed(*self.config.resume(state))
 
     def close(self) -> None:
         """Stop the worker processes and the route's threads, close open shard files.

@@ -17,6 +17,7 @@ from shardkit.loader.routes import choose as routing
 from shardkit.loader.routes.coco import PaddedImages
 from shardkit.loader.routes.coco_gpu import CocoGpuRoute
 from shardkit.loader.routes.gpu import GpuOptions
+from shardkit.loader.routes.spec import RouteSpec
 from shardkit.pack import PackOptions, pack_coco
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
@@ -45,13 +46,13 @@ def gpu_route_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[CocoGpuRoute]:
     returns the list the routes made from now on are appended to."""
     real, made = routing.choose_route, list[CocoGpuRoute]()
 
-    def choose(manifest: Any, reader: Any, transform: Any, device: torch.device, **kw: Any) -> Any:
+    def choose(manifest: Any, reader: Any, spec: RouteSpec) -> Any:
         if manifest.kind != "coco":
-            return real(manifest, reader, transform, device, **kw)
-        made.append(CocoGpuRoute(manifest, reader, transform, device=device, on_error=kw["on_error"],
-                                 batch_size=kw["batch_size"], num_workers=kw["num_workers"],
-                                 prefetch=kw["prefetch"], options=kw["gpu"], masks=kw["masks"], pad=kw["pad"],
-                                 contiguous_labels=kw["contiguous_labels"]))
+            return real(manifest, reader, spec)
+        made.append(CocoGpuRoute(manifest, reader, spec.transform, device=spec.device, on_error=spec.on_error,
+                                 batch_size=spec.batch_size, num_workers=spec.num_workers, prefetch=spec.prefetch,
+                                 options=spec.gpu, masks=spec.masks, pad=spec.pad,
+                                 contiguous_labels=spec.contiguous_labels))
         return made[-1]
 
     monkeypatch.setattr(loader_module, "choose_route", choose)

@@ -205,8 +205,8 @@ class FeederPool:
     def __init__(self, specs: list[FeederSpec]) -> None:
         self.payloads = [sendable(spec) for spec in specs]
         self.parts = len(specs)
-        self.workers = sum(s.num_workers for s in specs)
-        self.device = specs[0].device
+        self.workers = sum(s.route.num_workers for s in specs)
+        self.device = specs[0].route.device
         self._handles: list[_Handle] = []
         self._finalizer: multiprocessing.util.Finalize | None = None
         self._gen = 0

@@ -38,7 +38,7 @@ from shardkit.loader.feed.layout import part_batches
 from shardkit.loader.feed.logs import relay_to
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.choose import mark_warned
-from shardkit.loader.routes.device.options import GpuOptions
+from shardkit.loader.routes.spec import RouteSpec
 from shardkit.loader.run.epoch_run import EpochRun
 from shardkit.loader.run.stream import BatchStream, WorkerFailure
 from shardkit.loader.stats import StageStats
@@ -59,16 +59,10 @@ class FeederSpec:
 
     manifest: Manifest
     reader: ShardReader
-    transform: ImageTransform
-    device: torch.device
-    on_error: str
-    batch_size: int
-    prefetch: int
-    gpu: GpuOptions
+    route: RouteSpec  # the loader's, with this feeder's workers (RouteSpec.with_workers)
     config: PlanConfig
     part: int
     parts: int
-    num_workers: int  # this feeder's workers
     total_workers: int  # all feeders' workers
     decoder: str | None = None
     read_ahead: bool = False  # workers and route go on into the next epoch (see shardkit.loader.run.epoch_run)
@@ -111,9 +105,7 @@ class _Feeder:
         from shardkit.loader.run.workers import worker_loader
 
         self.spec, self.conn = spec, conn
-        self.route = choose_route(spec.manifest, spec.reader, spec.transform, spec.device, on_error=spec.on_error,
-                                  batch_size=spec.batch_size, num_workers=spec.num_workers, prefetch=spec.prefetch,
-                                  gpu=spec.gpu, masks=False, pad=False, contiguous_labels=False)
+        self.route = choose_route(spec.manifest, spec.reader, spec.route)
         self.device = self.route.device
         self.cuda = self.device.type == "cuda"
         self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
@@ -122,7 +114,7 @@ class _Feeder:
         # workers forked from this process, as a loader's are from the training process (a
         # spawned process would otherwise spawn them: a second torch import each)
         fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-        self.dataloader = worker_loader(self.stream, num_workers=spec.num_workers, prefetch=spec.prefetch,
+        self.dataloader = worker_loader(self.stream, num_workers=spec.route.num_workers, prefetch=spec.route.prefetch,
                                         pin_memory=self.route.pin_memory, context=fork)
         self.stats = StageStats()  # the route's threads add to it while batches are handed over
         self._sent = StageStats()  # a copy of stats as of the last batch handed over (or dropped)
@@ -165,8 +157,10 @@ class _Feeder:
         """The ring, made before any thread of the route runs (sharing CUDA memory while the
         decode thread ran nvJPEG crashed torch's ``_share_cuda_`` once on an H200): slots shaped
         and laid out as the transform's finalised batches."""
-        b, (h, w) = self.spec.batch_size, self.spec.transform.output_size
-        probe = self.spec.transform.finalize(torch.zeros((1, 3, h, w), dtype=torch.uint8, device=self.device))
+        transform = self.spec.route.transform
+        assert isinstance(transform, ImageTransform)  # feeders need one (arguments.feeder_count)
+        b, (h, w) = self.spec.route.batch_size, transform.output_size
+        probe = transform.finalize(torch.zeros((1, 3, h, w), dtype=torch.uint8, device=self.device))
         last = probe.is_contiguous(memory_format=torch.channels_last) and not probe.is_contiguous()
         fmt = torch.channels_last if last else torch.contiguous_format
         for _ in range(RING):
@@ -279,7 +273,7 @@ def feeder_main(part: int, payload: bytes, device_index: int | None, parent: int
     try:
         spec: FeederSpec = pickle.loads(payload)
         if device_index is not None:
-            spec = replace(spec, device=torch.device("cuda", device_index))
+            spec = replace(spec, route=spec.route.on(torch.device("cuda", device_index)))
             torch.cuda.set_device(device_index)
         prefer_decoder(spec.decoder)
         feeder = _Feeder(spec, conn)

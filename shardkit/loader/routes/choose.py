@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,7 +16,8 @@ from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.coco import CocoRoute
 from shardkit.loader.routes.coco_gpu import CocoGpuRoute
 from shardkit.loader.routes.cpu import CpuRoute
-from shardkit.loader.routes.gpu import GpuOptions, GpuRoute
+from shardkit.loader.routes.gpu import GpuRoute
+from shardkit.loader.routes.spec import RouteSpec
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.detection import DetectionTransform
 from shardkit.transforms.detection_geometry import gpu_unsupported
@@ -47,10 +47,8 @@ def _warn_once(message: str, *args: object) -> None:
         log.warning(text)
 
 
-def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransform | Callable[..., Any] | None,
-                 device: torch.device, *, on_error: str, batch_size: int, num_workers: int, prefetch: int,
-                 gpu: GpuOptions, masks: bool, pad: bool | int, contiguous_labels: bool) -> Route[Any, Any]:
-    """The route for this dataset, transform and device.
+def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
+    """The route for this dataset and ``spec`` (its transform and device above all).
 
     - a COCO dataset on a CUDA ``device``: :class:`CocoGpuRoute` when nvJPEG works and the
       transform is one crop-resize-flip window per image (``detection_train``,
@@ -73,6 +71,10 @@ def choose_route(manifest: Manifest, reader: ShardReader, transform: ImageTransf
             detection transform on a dataset that is not COCO, or a classification transform on
             a COCO dataset.
     """
+    transform, device = spec.transform, spec.device
+    on_error, batch_size, num_workers, prefetch, gpu = (spec.on_error, spec.batch_size, spec.num_workers, spec.prefetch,
+                                                        spec.gpu)
+    masks, pad, contiguous_labels = spec.masks, spec.pad, spec.contiguous_labels
     if manifest.kind == "coco":
         if device.type == "cuda" and not isinstance(transform, ImageTransform):
             why = gpu_unsupported(transform)

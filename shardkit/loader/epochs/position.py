@@ -1,0 +1,61 @@
+"""Where a loader stands: the epoch, the next batch of it, and how the next iteration starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardkit.loader.epochs.remainder import Remainder
+
+__all__ = ["Position"]
+
+
+@dataclass
+class Position:
+    """The next batch to deliver is batch ``batch`` of ``epoch`` (of what ``remainder`` leaves of
+    it after an elastic resume; None: all of it).
+
+    ``fresh``: the position was set as a starting point (a new loader, :meth:`set_epoch`,
+    :meth:`resumed`, an epoch finished); otherwise an iteration was left mid-epoch and the next one
+    starts the following epoch, as a ``DataLoader`` does. ``loaded``: the position came from a
+    resume state and nothing ran since (``set_epoch`` of that epoch keeps it).
+
+    Example:
+        >>> p = Position()
+        >>> p.begin(), p.delivered(0, 3), p.begin()  # left mid-epoch: the next iteration runs epoch 1
+        ((0, 0, None), None, (1, 0, None))
+        >>> p.resumed(4, 7, None); p.set_epoch(4); p.begin()  # set_epoch keeps a resume point
+        (4, 7, None)
+    """
+
+    epoch: int = 0
+    batch: int = 0
+    fresh: bool = True
+    loaded: bool = False
+    remainder: Remainder | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration runs ``epoch`` from its start (right after :meth:`resumed` into that
+        epoch: from the resume point)."""
+        if self.loaded and epoch == self.epoch:
+            return
+        self.epoch, self.batch, self.fresh, self.loaded, self.remainder = epoch, 0, True, False, None
+
+    def begin(self) -> tuple[int, int, Remainder | None]:
+        """An iteration starts: ``(epoch, first batch, remainder)`` it runs."""
+        if not self.fresh:
+            self.epoch, self.batch, self.remainder = self.epoch + 1, 0, None
+        self.fresh = self.loaded = False
+        return self.epoch, self.batch, self.remainder
+
+    def delivered(self, epoch: int, batches: int) -> None:
+        """``batches`` of ``epoch`` have been delivered."""
+        self.epoch, self.batch = epoch, batches
+
+    def finished(self, epoch: int) -> None:
+        """``epoch`` was delivered whole: the next iteration runs the following one."""
+        self.epoch, self.batch, self.fresh, self.remainder = epoch + 1, 0, True, None
+
+    def resumed(self, epoch: int, batch: int, remainder: Remainder | None) -> None:
+        """Set from a resume state (see :meth:`~shardkit.loader.epochs.config.PlanConfig.resume`)."""
+        self.epoch, self.batch, self.remainder = epoch, batch, remainder
+        self.fresh = self.loaded = True
