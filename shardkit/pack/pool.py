@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ProcessPoolExecutor, wait
 from typing import Any
 
+from shardkit._compat import pool_manager_thread, pool_processes
 from shardkit.pack.progress import input_bytes
 from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
 
@@ -115,8 +116,7 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     """Stop ``pool`` at once: terminate its workers (a shard they were writing leaves only a
     temporary file, which the next pack removes) and reap them, a second Ctrl-C deferred
     meanwhile. The pool's own shutdown waits for running shards and, once interrupted, hung."""
-    processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's, 3.8 to 3.13
-    manager = getattr(pool, "_executor_manager_thread", None)
+    processes, manager = pool_processes(pool), pool_manager_thread(pool)
     with _ctrl_c_deferred(), _cancelled_futures_quiet(manager):
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:

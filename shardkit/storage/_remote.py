@@ -9,10 +9,11 @@ import contextlib
 import copy
 import os
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
+
+from shardkit._compat import live_finalizers
 
 #: Defaults for s3/s3a so that an unresponsive endpoint fails within minutes instead of
 #: hanging (botocore's defaults are 60 s per read and s3fs retries 5 times on top of it).
@@ -123,15 +124,14 @@ def _disown_inherited_filesystems() -> None:
     such a close would touch are the parent's too. Kept, the copies are plain memory; their file
     descriptors close when the child exits.
 
-    ``weakref.finalize`` offers no public list of live finalizers; its class registry is read
-    (a CPython detail stable since 3.4); without it nothing is done.
+    ``weakref.finalize`` offers no public list of live finalizers
+    (:func:`shardkit._compat.live_finalizers`); without it nothing is done.
     """
     try:
         from fsspec.asyn import AsyncFileSystem
     except ImportError:
         return
-    registry = getattr(weakref.finalize, "_registry", {})
-    for finalizer in list(registry):
+    for finalizer in live_finalizers():
         held = finalizer.peek()
         if held is not None and isinstance(held[0], AsyncFileSystem):
             _inherited.append(held[0])

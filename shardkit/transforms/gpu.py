@@ -38,6 +38,7 @@ from enum import IntEnum
 
 import torch
 
+from shardkit._compat import flatten_dense
 from shardkit.transforms.params import CropFlip
 
 __all__ = ["GEOMETRY_COLUMNS", "Col", "Window", "crop_resize_flip_batch", "flat_images", "geometry_rows",
@@ -170,7 +171,7 @@ def flat_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
         >>> flat_images([torch.arange(4).view(1, 2, 2), torch.arange(2).view(1, 1, 2)]).tolist()
         [0, 1, 2, 3, 0, 1]
     """
-    return torch._utils._flatten_dense_tensors(list(images))
+    return flatten_dense(images)
 
 
 def crop_resize_flip_batch(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,

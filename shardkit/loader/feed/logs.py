@@ -18,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import logging.handlers
-import multiprocessing.util
 import queue as queue_module
 import sys
 import threading
 from typing import Any
+
+from shardkit._compat import reset_queue_after_fork
 
 __all__ = ["LogRelay", "relay_to"]
 
@@ -45,7 +46,7 @@ def relay_to(queue: Any, levels: dict[str, int]) -> None:
     # An unpickled multiprocessing Queue does not reset itself in forked children (only one made
     # here does): without this, a worker forked after the feeder logged kept the feeder's queue
     # thread handle, and its records were buffered for ever (or it deadlocked on a copied lock).
-    multiprocessing.util.register_after_fork(queue, type(queue)._after_fork)
+    reset_queue_after_fork(queue)
     root = logging.getLogger()
     for handler in root.handlers[:]:
         root.removeHandler(handler)

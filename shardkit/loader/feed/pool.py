@@ -30,15 +30,14 @@ import multiprocessing.util
 import os
 import pickle
 import signal
-import sys
 import time
-import types
 from collections.abc import Generator
 from typing import Any
 
 import torch
 import torch.multiprocessing  # registers the reductions that send CUDA and shared tensors through pipes
 
+from shardkit._compat import hidden_main
 from shardkit.errors import LoaderError, ShardkitError
 from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.feed.layout import feeder_of
@@ -56,23 +55,6 @@ START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
 
 
-@contextlib.contextmanager
-def _main_hidden() -> Generator[None, None, None]:
-    """Hide the training script's ``__main__`` module for a moment.
-
-    A spawned child imports the parent's ``__main__`` from its path, running every top-level
-    statement of a script without an ``if __name__ == "__main__":`` guard (a training loop, in a
-    process that must only feed); the feeder needs nothing from it. Pickling under it fails for
-    an object defined in the script (which a feeder could not load), naming it.
-    """
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
-
-
 def sendable(spec: FeederSpec) -> bytes:
     """``spec`` pickled for a feeder process.
 
@@ -81,7 +63,7 @@ def sendable(spec: FeederSpec) -> bytes:
             typically a class or function defined in the training script itself.
     """
     try:
-        with _main_hidden():
+        with hidden_main():  # a spawned feeder must not run the training script
             return pickle.dumps(spec)
     except Exception as err:
         raise LoaderError(f"feeders cannot run this loader: its arguments cannot be sent to another process ({err}); "
@@ -100,7 +82,7 @@ class _Handle:
                                    args=(part, payload, device_index, os.getpid(), theirs, logs.queue, logs.levels,
                                          warned_routes()))
         try:
-            with _main_hidden():
+            with hidden_main():  # a spawned feeder must not run the training script
                 self.process.start()
         except BaseException:
             self.conn.close()

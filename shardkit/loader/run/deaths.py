@@ -24,6 +24,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from shardkit._compat import dataloader_next_code, dataloader_workers, install_torch_sigchld_handler
 from shardkit.errors import LoaderError
 from shardkit.loader.routes.base import Route
 
@@ -44,10 +45,10 @@ def worker_death(loader: DataLoader[Any]) -> LoaderError | None:
     What torch raises when a worker dies depends on timing: ``RuntimeError: DataLoader worker
     (pid X) is killed by signal: Killed.`` from its SIGCHLD handler, ``... exited unexpectedly``
     from its status check, or a bare ``ConnectionResetError``/``EOFError`` from a queue; the
-    process objects (``loader._iterator._workers``, private but stable since torch 1.7) say
-    which worker it was whatever torch raised.
+    process objects (:func:`shardkit._compat.dataloader_workers`) say which worker it was
+    whatever torch raised.
     """
-    procs = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
+    procs = dataloader_workers(loader)
     dead = [(i, w.pid, w.exitcode) for i, w in enumerate(procs) if w.exitcode not in (None, 0)]
     if not dead:
         return None
@@ -78,10 +79,8 @@ _guarded = [False]
 def _iteration_codes() -> tuple[Any, ...]:
     """The code objects that mark "inside an iteration" on the main thread's stack: the routes'
     delivery loop (where a ShardLoader waits for and finishes each batch) and DataLoader's
-    ``__next__`` (private class, stable since torch 1.0)."""
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-    return Route.deliver.__code__, _BaseDataLoaderIter.__next__.__code__
+    ``__next__`` (:func:`shardkit._compat.dataloader_next_code`)."""
+    return Route.deliver.__code__, dataloader_next_code()
 
 
 def _in_iteration(frame: FrameType | None) -> bool:
@@ -99,15 +98,13 @@ def guard_sigchld() -> None:
 
     torch installs its handler when its first multi-worker iterator starts, and only from the
     main thread (the GPU route starts it from its prefetch thread: no handler at all then);
-    this installs it now (``_set_SIGCHLD_handler``, private but stable since torch 1.0) and
+    this installs it now (:func:`shardkit._compat.install_torch_sigchld_handler`) and
     wraps it. torch's handler raises before calling the handler it replaced, so skipping its
     error skips nothing else.
     """
     if _guarded[0] or threading.current_thread() is not threading.main_thread():
         return
-    from torch.utils.data._utils import signal_handling
-
-    signal_handling._set_SIGCHLD_handler()
+    install_torch_sigchld_handler()
     torch_handler = signal.getsignal(signal.SIGCHLD)
     if not callable(torch_handler):  # no SIGCHLD handling on this platform
         return
@@ -159,7 +156,7 @@ class _Watched:
     """
 
     def __init__(self, iterator: Iterator[Any], loader: WatchedLoader) -> None:
-        self._iterator, self._loader = iterator, loader
+        self._inner, self._loader = iterator, loader
 
     def __iter__(self) -> _Watched:
         return self
@@ -167,7 +164,7 @@ class _Watched:
     def __next__(self) -> Any:
         self._loader._raise_deferred()
         try:
-            return next(self._iterator)
+            return next(self._inner)
         except (ConnectionError, EOFError) as err:
             deadline = time.monotonic() + DEATH_GRACE_S
             while (death := worker_death(self._loader)) is None and time.monotonic() < deadline:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from shardkit._compat import persistent_iterator, stop_persistent_workers
 from shardkit.errors import LoaderError
 from shardkit.loader.run.deaths import WatchedLoader, guard_sigchld, worker_death
 from shardkit.loader.run.stream import BatchStream
@@ -80,19 +81,12 @@ def worker_loader(stream: BatchStream, *, num_workers: int, prefetch: int, pin_m
 def shutdown_workers(loader: DataLoader[Any]) -> None:
     """Stop ``loader``'s persistent workers now (a later ``iter(loader)`` starts new ones).
 
-    torch keeps the multi-process iterator in ``loader._iterator`` while ``persistent_workers``
-    is on and stops its processes only when that iterator is garbage collected; this asks it to
-    stop them (its ``_shutdown_workers``, private but stable since torch 1.7) and drops it.
+    torch stops a persistent iterator's processes only when it is garbage collected
+    (:func:`shardkit._compat.stop_persistent_workers`).
     """
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is None:
-        return
-    stop = getattr(iterator, "_shutdown_workers", None)
-    if stop is not None:
-        stop()
-    loader._iterator = None
+    stop_persistent_workers(loader)
 
 
 def workers_running(loader: DataLoader[Any]) -> bool:
     """Whether ``loader``'s persistent worker processes are running (an iterator holds them)."""
-    return getattr(loader, "_iterator", None) is not None
+    return persistent_iterator(loader) is not None

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from shardkit._compat import fd_storage, fd_storage_attach, fd_storage_descriptor
 from shardkit.errors import LoaderError
 
 __all__ = ["FdImages", "SharedBatchPool", "SlotImages", "shared_segment"]
@@ -74,12 +75,12 @@ def shared_segment(nbytes: int) -> torch.UntypedStorage:
     """``nbytes`` (zeros) of shared memory with no name in /dev/shm, whatever the sharing strategy:
     torch's file-descriptor allocation, which unlinks the segment as soon as it is mapped. Ship it
     with :func:`_descriptor` (torch's own pickling would give it a name under ``file_system``)."""
-    return torch.UntypedStorage._new_using_fd_cpu(nbytes)
+    return fd_storage(nbytes)
 
 
 def _descriptor(segment: torch.UntypedStorage) -> tuple[Any, int]:
     """What pickles ``segment`` as its file descriptor (sent over a Unix socket, as torch does)."""
-    fd, nbytes = segment._share_fd_cpu_()
+    fd, nbytes = fd_storage_descriptor(segment)
     return DupFd(fd), nbytes
 
 
@@ -88,7 +89,7 @@ def _attach(shipped: tuple[Any, int]) -> torch.UntypedStorage:
     handle, nbytes = shipped
     fd = handle.detach()
     try:
-        return torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
+        return fd_storage_attach(fd, nbytes)
     finally:
         os.close(fd)
 

@@ -1,0 +1,263 @@
+"""Every private torch, CPython and multiprocessing internal shardkit relies on, in one place.
+
+Each is used because no public API does the job (the docstring says what it is for and since
+when it has been stable); each has a canary in :data:`CANARIES` that
+``tests/test_compat.py`` (run by ``make test``) checks, so a torch or
+Python release that removes one fails loudly, naming the internal and what to change, instead of
+silently degrading (a worker death no longer named, a pack that cannot be stopped).
+
+torch is imported inside the functions: ``import shardkit`` and the CLI must not import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+import weakref
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
+
+__all__ = [
+    "CANARIES",
+    "broken_internals",
+    "dataloader_next_code",
+    "dataloader_workers",
+    "fd_storage",
+    "fd_storage_attach",
+    "fd_storage_descriptor",
+    "flatten_dense",
+    "hidden_main",
+    "install_torch_sigchld_handler",
+    "live_finalizers",
+    "pool_manager_thread",
+    "persistent_iterator",
+    "pool_processes",
+    "reset_queue_after_fork",
+    "stop_persistent_workers",
+]
+
+
+# --- torch.utils.data ---------------------------------------------------------------------------
+
+def dataloader_workers(loader: DataLoader[Any]) -> list[Any]:
+    """The worker process objects of ``loader``'s live iterator (``_iterator._workers``, stable since
+    torch 1.7), or ``[]``: they say which worker died whatever torch raised for it."""
+    return list(getattr(getattr(loader, "_iterator", None), "_workers", None) or [])
+
+
+def persistent_iterator(loader: DataLoader[Any]) -> Any:
+    """The iterator a ``persistent_workers`` DataLoader keeps while its workers live
+    (``_iterator``, stable since torch 1.7), or None."""
+    return getattr(loader, "_iterator", None)
+
+
+def stop_persistent_workers(loader: DataLoader[Any]) -> None:
+    """Stop a ``persistent_workers`` DataLoader's workers now and drop its iterator (torch stops them
+    only when that iterator is garbage collected; ``_shutdown_workers``, stable since torch 1.7)."""
+    iterator = persistent_iterator(loader)
+    if iterator is None:
+        return
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+    loader._iterator = None
+
+
+def dataloader_next_code() -> types.CodeType:
+    """The code object of every DataLoader iterator's ``__next__`` (``_BaseDataLoaderIter``, a
+    private class stable since torch 1.0): a frame running it is inside an iteration."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return _BaseDataLoaderIter.__next__.__code__
+
+
+def install_torch_sigchld_handler() -> None:
+    """Install torch's SIGCHLD handler for DataLoader workers now (``_set_SIGCHLD_handler``, stable
+    since torch 1.0; torch installs it only from the main thread's first multi-worker iterator)."""
+    from torch.utils.data._utils import signal_handling
+
+    signal_handling._set_SIGCHLD_handler()
+
+
+# --- torch storages and tensors -----------------------------------------------------------------
+
+def fd_storage(nbytes: int) -> torch.UntypedStorage:
+    """``nbytes`` of zeroed shared memory with no name in /dev/shm (torch's file-descriptor
+    allocation, ``UntypedStorage._new_using_fd_cpu``, which unlinks the segment once mapped)."""
+    import torch
+
+    return torch.UntypedStorage._new_using_fd_cpu(nbytes)
+
+
+def fd_storage_descriptor(storage: torch.UntypedStorage) -> tuple[int, int]:
+    """``(fd, nbytes)`` of an :func:`fd_storage` (``_share_fd_cpu_``), to send over a Unix socket."""
+    fd, nbytes = storage._share_fd_cpu_()
+    return fd, nbytes
+
+
+def fd_storage_attach(fd: int, nbytes: int) -> torch.UntypedStorage:
+    """The shared segment behind ``fd`` mapped in this process (``_new_shared_fd_cpu``); the caller
+    still owns ``fd``."""
+    import torch
+
+    return torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
+
+
+def flatten_dense(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Contiguous tensors laid end to end in one flat tensor in one C++ call
+    (``torch._utils._flatten_dense_tensors``, what DDP's bucketing uses; ``torch.cat`` of reshapes
+    costs a Python call per tensor)."""
+    import torch._utils
+
+    return torch._utils._flatten_dense_tensors(list(tensors))
+
+
+# --- CPython ------------------------------------------------------------------------------------
+
+def live_finalizers() -> list[weakref.finalize[Any, Any]]:
+    """Every live :class:`weakref.finalize` (its class registry, a CPython detail stable since 3.4;
+    there is no public list), or ``[]`` where the registry is missing."""
+    return list(getattr(weakref.finalize, "_registry", {}))
+
+
+def reset_queue_after_fork(queue: Any) -> None:
+    """Have a :class:`multiprocessing.Queue` that was unpickled here reset itself in children forked
+    from now on (``Queue._after_fork``, which it registers only where it was made)."""
+    import multiprocessing.util
+
+    multiprocessing.util.register_after_fork(queue, type(queue)._after_fork)
+
+
+def pool_processes(pool: ProcessPoolExecutor) -> list[Any]:
+    """The worker processes of ``pool`` (``_processes``, CPython 3.8 to 3.14), to stop them at once."""
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
+def pool_manager_thread(pool: ProcessPoolExecutor) -> Any:
+    """The thread managing ``pool`` (``_executor_manager_thread``, CPython 3.9 on), or None."""
+    return getattr(pool, "_executor_manager_thread", None)
+
+
+@contextlib.contextmanager
+def hidden_main() -> Generator[None, None, None]:
+    """Replace ``sys.modules["__main__"]`` by an empty module for a moment.
+
+    A spawned child imports the parent's ``__main__`` from its path, running every top-level
+    statement of a script without an ``if __name__ == "__main__":`` guard (a training loop, in a
+    process that must only feed a feeder); meanwhile it does not, and pickling an object defined
+    in the script (which such a child could not load) fails, naming it."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+# --- canaries -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Canary:
+    """One internal: ``present()`` says whether this torch/Python still has it; ``fix``: what to do
+    when it is gone."""
+
+    name: str
+    present: Callable[[], bool]
+    fix: str
+
+
+def _has(module: str, *path: str) -> Callable[[], bool]:
+    def check() -> bool:
+        import importlib
+
+        try:
+            obj: Any = importlib.import_module(module)
+        except ImportError:
+            return False
+        for part in path:
+            if not hasattr(obj, part):
+                return False
+            obj = getattr(obj, part)
+        return True
+
+    return check
+
+
+def _dataloader_iterator_has_workers() -> bool:
+    from torch.utils.data import DataLoader
+
+    loader: DataLoader[int] = DataLoader(range(2), num_workers=1, persistent_workers=True)  # type: ignore[arg-type]
+    try:
+        it = iter(loader)
+        workers = dataloader_workers(loader)
+        return len(workers) == 1 and workers[0].pid is not None and list(it) is not None
+    finally:
+        stop_persistent_workers(loader)
+
+
+def _pool_has_processes() -> bool:
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        pool.submit(int).result()
+        return isinstance(getattr(pool, "_processes", None), dict) and bool(pool_processes(pool))
+
+
+CANARIES: tuple[Canary, ...] = (
+    Canary("torch DataLoader _iterator._workers", _dataloader_iterator_has_workers,
+           "shardkit.loader.run.deaths names a dead worker from these process objects; find where torch keeps "
+           "the worker processes of a multi-process iterator and change _compat.dataloader_workers"),
+    Canary("torch iterator _shutdown_workers", _has("torch.utils.data.dataloader", "_MultiProcessingDataLoaderIter",
+                                                   "_shutdown_workers"),
+           "loaders stop their persistent workers at close and between epochs with it; change "
+           "_compat.stop_persistent_workers (without it workers live until garbage collection)"),
+    Canary("torch _BaseDataLoaderIter.__next__", _has("torch.utils.data.dataloader", "_BaseDataLoaderIter", "__next__"),
+           "the SIGCHLD guard (shardkit.loader.run.deaths) recognises 'inside an iteration' by this code object; "
+           "point _compat.dataloader_next_code at the iterator's new __next__"),
+    Canary("torch signal_handling._set_SIGCHLD_handler",
+           _has("torch.utils.data._utils.signal_handling", "_set_SIGCHLD_handler"),
+           "the SIGCHLD guard wraps torch's handler; find torch's new installer and change "
+           "_compat.install_torch_sigchld_handler (without it worker deaths surface up to 5 s late)"),
+    Canary("torch UntypedStorage._new_using_fd_cpu", _has("torch", "UntypedStorage", "_new_using_fd_cpu"),
+           "the CPU route's shared batch pool allocates nameless shared memory with it; use torch's new "
+           "fd allocator in _compat.fd_storage, or share_memory_() under the file_descriptor strategy"),
+    Canary("torch UntypedStorage._share_fd_cpu_", _has("torch", "UntypedStorage", "_share_fd_cpu_"),
+           "the CPU route's shared batch pool sends segments by descriptor; change _compat.fd_storage_descriptor"),
+    Canary("torch UntypedStorage._new_shared_fd_cpu", _has("torch", "UntypedStorage", "_new_shared_fd_cpu"),
+           "the CPU route's shared batch pool maps received segments with it; change _compat.fd_storage_attach"),
+    Canary("torch._utils._flatten_dense_tensors", _has("torch._utils", "_flatten_dense_tensors"),
+           "the GPU route lays images end to end with it; use torch.cat([t.reshape(-1) for t in ...]) in "
+           "_compat.flatten_dense (slower: a Python call per image)"),
+    Canary("weakref.finalize._registry", _has("weakref", "finalize", "_registry"),
+           "forked processes keep the parent's async filesystems alive through it (shardkit.storage._remote); "
+           "without it they may print 'Unclosed client session' at exit: find the new registry"),
+    Canary("multiprocessing Queue._after_fork", _has("multiprocessing.queues", "Queue", "_after_fork"),
+           "feeders' log relays reset their queue in forked workers with it (shardkit.loader.feed.logs); "
+           "without it a worker's records may be lost"),
+    Canary("ProcessPoolExecutor._processes", _pool_has_processes,
+           "pack stops its workers at once on Ctrl-C through it (shardkit.pack.pool); find where the executor "
+           "keeps its processes and change _compat.pool_processes"),
+)
+
+
+def broken_internals() -> list[str]:
+    """One line per internal this torch/Python no longer has, naming it and what to change."""
+    import platform
+
+    import torch
+
+    found = []
+    for canary in CANARIES:
+        try:
+            ok = canary.present()
+        except Exception as err:  # a canary must report, never crash the check
+            ok, canary = False, Canary(f"{canary.name} ({type(err).__name__}: {err})", canary.present, canary.fix)
+        if not ok:
+            found.append(f"{canary.name} is gone in torch {torch.__version__} / Python "
+                         f"{platform.python_version()}: {canary.fix}")
+    return found
