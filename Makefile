@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml constraints.txt setup.py shardkit/codec/_jpeg_region.c 
 
 lint: setup
 	$(BIN)/ruff check shardkit tests pipelines benchmarks sample_data
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy

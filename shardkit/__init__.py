@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from shardkit._version import __version__
 from shardkit.errors import (
     DecodeError,
     FormatError,
@@ -20,8 +21,6 @@ from shardkit.errors import (
     StorageError,
     VerifyError,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DecodeError",

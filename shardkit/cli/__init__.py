@@ -15,7 +15,7 @@ from types import FrameType
 
 import click
 
-from shardkit import __version__
+from shardkit._version import __version__
 from shardkit.errors import ShardkitError, reraise_interrupt
 
 

@@ -182,7 +182,7 @@ def adopt_shards(
         if dali_index:
             store.write_bytes(dali_index_name(shard.entry.url),
                               dump_dali_index(shard.entries, where=store.path(shard.entry.url)))
-    from shardkit import __version__
+    from shardkit._version import __version__
 
     manifest = Manifest(
         kind="imagefolder",

@@ -225,6 +225,6 @@ def pack_listing(
 
 
 def _version() -> str:
-    from shardkit import __version__
+    from shardkit._version import __version__
 
     return __version__

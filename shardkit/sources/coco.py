@@ -33,7 +33,7 @@ from typing import Any
 
 from shardkit.errors import SourceError, StorageError
 from shardkit.sources.base import SourceListing, SourceSample
-from shardkit.sources.files import open_files
+from shardkit.sources.open import open_files
 from shardkit.storage import Store, is_remote
 
 #: How far (pixels) a box may overshoot the image before it is reported (COCO's own boxes

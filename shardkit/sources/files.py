@@ -12,10 +12,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from shardkit.sources.base import SourceSample
+from shardkit.sources.sample import SourceSample
 
 #: Input files larger than this are skipped unread: far above any real image file (PIL's pixel
 #: limit allows ~270 MB uncompressed RGB), and well inside what a shard member may hold
@@ -90,21 +88,3 @@ class Files(ABC):
         it is not packed (unreadable, empty, too large, not a regular file). Errors that are
         not the input's fault (the network, credentials) are raised: the pack stops there and
         resumes when re-run."""
-
-
-def open_files(root: str, storage_options: dict[str, Any] | None = None) -> Files:
-    """:class:`Files` for ``root``: a local directory, or an fsspec URL read with
-    ``storage_options`` (credentials, endpoint).
-
-    >>> open_files("/data/train").remote, open_files("memory://bucket/train").remote
-    (False, True)
-    """
-    from shardkit.storage import is_remote
-
-    if is_remote(root):
-        from shardkit.sources.remote import RemoteFiles
-
-        return RemoteFiles(root, storage_options)
-    from shardkit.sources.local import LocalFiles
-
-    return LocalFiles(root)

@@ -14,7 +14,8 @@ from typing import Any
 from shardkit.errors import SourceError
 from shardkit.format.spec import IMAGE_EXTENSIONS
 from shardkit.sources.base import SourceListing, SourceSample, source_name
-from shardkit.sources.files import Files, open_files
+from shardkit.sources.files import Files
+from shardkit.sources.open import open_files
 
 _SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
 

@@ -11,13 +11,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING
 
 from shardkit.errors import SourceError
 from shardkit.sources.files import MAX_INPUT_BYTES, FileEntry, Files, SkipSample, too_large
-
-if TYPE_CHECKING:
-    from shardkit.sources.base import SourceSample
+from shardkit.sources.sample import SourceSample
 
 _CHUNK = 1 << 20
 

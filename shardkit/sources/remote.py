@@ -24,14 +24,12 @@ import posixpath
 from collections import deque
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardkit.errors import SourceError, StorageError
 from shardkit.sources.files import MAX_INPUT_BYTES, FileEntry, Files, SkipSample, too_large
+from shardkit.sources.sample import SourceSample
 from shardkit.storage import Store
-
-if TYPE_CHECKING:
-    from shardkit.sources.base import SourceSample
 
 #: Directory listings in flight at once (each a sequence of paginated requests).
 LIST_THREADS = 16

@@ -14,7 +14,8 @@ import pytest
 
 from shardkit.errors import SourceError, StorageError
 from shardkit.sources import SourceSample, scan_imagefolder
-from shardkit.sources.files import MAX_INPUT_BYTES, Files, SkipSample, open_files
+from shardkit.sources.files import MAX_INPUT_BYTES, Files, SkipSample
+from shardkit.sources.open import open_files
 from shardkit.sources.remote import READ_AHEAD_BYTES, READ_THREADS, RemoteFiles
 from tests.conftest import encode_image, upload_tree, write_tree
 
