@@ -17,12 +17,18 @@ import torch
 __all__ = ["launch"]
 
 BLOCK = 256
+_taps: Any = None  # the shared filter loop, set when the kernel is built
 
 
 @functools.cache
 def _kernel() -> Any:
     import triton
     import triton.language as tl
+
+    from shardkit.transforms.gpu_filter import filter_taps
+
+    global _taps
+    _taps = filter_taps  # a global of this module: Triton resolves a kernel's callees there
 
     @triton.jit
     def crop_resize_flip_ragged(flat, offsets, geom, places, out, NCOL: tl.constexpr, BLOCK: tl.constexpr):
@@ -44,40 +50,11 @@ def _kernel() -> Any:
         i = p // ow
         j = p % ow
         src_j = tl.where(flip != 0, ow - 1 - j, j)
-        sup_y = tl.maximum(scale_y, 1.0)
-        sup_x = tl.maximum(scale_x, 1.0)
         cy = scale_y * (i.to(tl.float32) + 0.5)
         cx = scale_x * (src_j.to(tl.float32) + 0.5)
-        ylo = tl.maximum((cy - sup_y + 0.5).to(tl.int32), 0)
-        yhi = tl.minimum((cy + sup_y + 0.5).to(tl.int32), box_h)
-        xlo = tl.maximum((cx - sup_x + 0.5).to(tl.int32), 0)
-        xhi = tl.minimum((cx + sup_x + 0.5).to(tl.int32), box_w)
-        taps_y = (2.0 * sup_y).to(tl.int32) + 2
-        taps_x = (2.0 * sup_x).to(tl.int32) + 2
-        acc0 = tl.zeros([BLOCK], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK], dtype=tl.float32)
-        wsum = tl.zeros([BLOCK], dtype=tl.float32)
-        for ky in range(0, taps_y):
-            y = ylo + ky
-            wy = tl.maximum(1.0 - tl.abs((y.to(tl.float32) - cy + 0.5) / sup_y), 0.0)
-            wy = tl.where(y < yhi, wy, 0.0)
-            row = base + (top + tl.minimum(y, box_h - 1)).to(tl.int64) * width + left
-            for kx in range(0, taps_x):
-                x = xlo + kx
-                wx = tl.maximum(1.0 - tl.abs((x.to(tl.float32) - cx + 0.5) / sup_x), 0.0)
-                w = wy * tl.where(x < xhi, wx, 0.0)
-                ptr = flat + row + tl.minimum(x, box_w - 1)
-                m = inside & (w > 0)
-                acc0 += w * tl.load(ptr, mask=m, other=0).to(tl.float32)
-                acc1 += w * tl.load(ptr + plane, mask=m, other=0).to(tl.float32)
-                acc2 += w * tl.load(ptr + 2 * plane, mask=m, other=0).to(tl.float32)
-                wsum += w
-        wsum = tl.maximum(wsum, 1e-12)
+        v0, v1, v2 = _taps(flat, base, width, plane, top, left, box_h, box_w, cy, cx, scale_y, scale_x, inside,
+                          BLOCK)
         dst = out + start + i.to(tl.int64) * out_row + j
-        v0 = tl.minimum(tl.maximum(tl.floor(acc0 / wsum + 0.5), 0.0), 255.0)
-        v1 = tl.minimum(tl.maximum(tl.floor(acc1 / wsum + 0.5), 0.0), 255.0)
-        v2 = tl.minimum(tl.maximum(tl.floor(acc2 / wsum + 0.5), 0.0), 255.0)
         tl.store(dst, v0.to(tl.uint8), mask=inside)
         tl.store(dst + out_plane, v1.to(tl.uint8), mask=inside)
         tl.store(dst + 2 * out_plane, v2.to(tl.uint8), mask=inside)

@@ -107,8 +107,7 @@ def test_triton_kernel_interpreted_on_cpu_matches_eager(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
-    if res.returncode != 0:
-        pytest.skip(f"Triton interpreter unavailable here: {res.stderr[-300:]}")
+    assert res.returncode == 0, f"the kernel failed under the Triton interpreter: {res.stderr[-2000:]}"
     assert int(res.stdout.split()[-1]) <= 1  # float32 kernel vs float64 tap positions
 
 
