@@ -231,7 +231,10 @@ def test_cpu_fallback_to_cuda_through_the_shared_batch_pool(inet: Path, monkeypa
 
     monkeypatch.setattr(routing, "gpu_decode_unavailable", lambda _device: "simulated: no nvJPEG")
     t = transforms.imagenet_train(224)
-    cuda = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", num_workers=2, seed=7, keys=True)
+    # read_ahead=False: with read-ahead the workers go on into the next epoch, whose batches
+    # rightly hold slots when this one ends; here every slot must be back after each epoch.
+    cuda = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", num_workers=2, seed=7, keys=True,
+                       read_ahead=False)
     pool = cuda.route.pool if isinstance(cuda.route, CpuRoute) else None
     assert pool is not None
     got = [(x.cpu(), y.cpu(), k) for x, y, k in cuda]
