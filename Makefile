@@ -39,9 +39,9 @@ demo: setup
 	$(BIN)/shardkit bench sample_data/imagefolder --shards $(DEMO)/imagefolder --workers 2 --batch-size 32 \
 		--epochs 2 --repeats 3 --warmup 1 --size 128 --out $(DEMO)/bench.json --plot $(DEMO)/bench.png
 
-# Not part of `make test`: seeded adversarial experiments (about a minute here), rewrites RELIABILITY.md.
+# Not part of `make test`: seeded adversarial experiments (about four minutes on 2 cores), rewrites docs/concepts/reliability.md.
 reliability: setup
-	$(BIN)/python benchmarks/reliability.py --out RELIABILITY.md
+	$(BIN)/python -m benchmarks.reliability --out docs/concepts/reliability.md
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache .mypy_cache

@@ -9,7 +9,7 @@ end of each timed span), warm page cache, local disk. Each rate skips ``--warmup
 
 Run (repository root)::
 
-    python3 benchmarks/bench_gpu.py --root /tmp/inet --shards /tmp/shards --out results.json \\
+    python -m benchmarks.bench_gpu --root /tmp/inet --shards /tmp/shards --out results.json \\
         --phases imagefolder,nvjpeg,kernel,shardkit,train
 """
 
@@ -182,7 +182,7 @@ class Trainer:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu", description=__doc__)
     ap.add_argument("--root", required=True)
     ap.add_argument("--shards", required=True)
     ap.add_argument("--restart-shards",

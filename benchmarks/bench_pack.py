@@ -3,9 +3,9 @@
 Both write the same samples (original JPEG bytes + ``cls`` + ``json``) with the same samples per
 shard, to local disk, on a warm page cache; shardkit's time includes its sha256 of every shard,
 its offsets files and ``index.json``. Runs alternate (wds, shardkit, wds, …) so drift in the
-machine's speed hits both. Not a test: run it by hand and record the numbers in BENCHMARKS.md.
+machine's speed hits both. Not a test: run it by hand and record the numbers in docs/performance.md.
 
-    python benchmarks/bench_pack.py --classes 10 --per-class 300 --max-count 100 --workers 2 \\
+    python -m benchmarks.bench_pack --classes 10 --per-class 300 --max-count 100 --workers 2 \\
         --repeats 3
 
 ``--ray`` adds a row: the same pack with ``executor="ray"`` on a local Ray cluster of ``--workers``
@@ -21,13 +21,9 @@ import os
 import resource
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-# sample_data/ from the repository root
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _tree(root: Path, classes: int, per_class: int) -> Path:
@@ -92,7 +88,7 @@ def run_shardkit(src: Path, dst: Path, max_count: int, workers: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_pack", description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", type=Path, default=None,
                         help="ImageFolder tree (default: generate one)")
     parser.add_argument("--classes", type=int, default=10)

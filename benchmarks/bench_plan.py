@@ -20,8 +20,8 @@ A child gets ``RLIMIT_AS`` = its address space at the fork + ``--cap-gib``, so a
 fit ends in MemoryError (reported as such) instead of swapping. A measurement is repeated
 ``--repeats`` times (median, all runs kept) while it takes under ``--single-above`` seconds.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_plan.py --samples 1e6 1e8 1e9 5e9 --shards 1e4 1e5 5e5 1e6
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_plan.py --mix 0.7 0.3 --split 0.9 ...
+    python -m benchmarks.bench_plan --samples 1e6 1e8 1e9 5e9 --shards 1e4 1e5 5e5 1e6
+    python -m benchmarks.bench_plan --mix 0.7 0.3 --split 0.9 ...
 """
 
 from __future__ import annotations
@@ -39,12 +39,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from shardkit.loader.epochs.config import PlanConfig  # noqa: E402
-from shardkit.loader.epochs.mix import Mix  # noqa: E402
-from shardkit.loader.epochs.plan import shard_offsets, worker_batch_indices  # noqa: E402
-from shardkit.loader.epochs.seeds import sample_seeds  # noqa: E402
+from shardkit.loader.epochs.config import PlanConfig
+from shardkit.loader.epochs.mix import Mix
+from shardkit.loader.epochs.plan import shard_offsets, worker_batch_indices
+from shardkit.loader.epochs.seeds import sample_seeds
 
 WHAT = ("first", "resume")
 MIB = 1 << 20
@@ -196,7 +194,8 @@ def _fmt(c: dict[str, Any], key: str, spec: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_plan",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=float, nargs="+", default=[1e6, 1e8, 1e9, 5e9])
     parser.add_argument("--shards", type=float, nargs="+", default=[1e4, 1e5, 5e5, 1e6])
     parser.add_argument("--world", type=int, nargs="+", default=[1, 64, 1024])

@@ -3,7 +3,7 @@
 Each S3 run starts with an empty shard cache (so every shard is fetched once per run, as on a
 fresh node); runs alternate local/S3; images/s over whole epochs after a warm-up batch.
 
-    .venv/bin/python benchmarks/bench_remote.py /tmp/skbench/shards --workers 2 --repeats 3
+    python -m benchmarks.bench_remote /tmp/skbench/shards --workers 2 --repeats 3
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _rate(url: str, args: argparse.Namespace, **extra: Any) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_remote", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", help="a packed dataset on local disk")
     parser.add_argument("--workers", type=int, default=2)

@@ -8,9 +8,9 @@ pack against the same tree on local disk.
 2. Pack: ``pack(SRC, local DST, workers=N)`` from S3 and from disk, alternating; same output
    bytes (checked).
 
-Not a test: run it by hand and record the numbers in BENCHMARKS.md.
+Not a test: run it by hand and record the numbers in docs/performance.md.
 
-    .venv/bin/python benchmarks/bench_remote_source.py sample_data/imagefolder --repeats 3
+    python -m benchmarks.bench_remote_source sample_data/imagefolder --repeats 3
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _free_port() -> int:
@@ -53,7 +51,7 @@ def _read_rate(url: str, options: dict[str, Any], threads: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_remote_source", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("src", type=Path, help="an ImageFolder tree on local disk")
     parser.add_argument("--workers", type=int, default=2)

@@ -6,7 +6,7 @@ images, so the manifest, epoch plan and partition have ImageNet's size while the
 small. Nothing is listed or scanned: the loader reads index.json and the offsets of the shards
 the first batch touches.
 
-    .venv/bin/python benchmarks/bench_startup.py --workers 2
+    python -m benchmarks.bench_startup --workers 2
 """
 
 from __future__ import annotations
@@ -14,17 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-# sample_data/ from the repository root
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sample_data.generate import make_indexed_imagefolder  # noqa: E402
-from shardkit import ShardLoader, transforms  # noqa: E402
-from shardkit.pack import PackOptions, pack  # noqa: E402
+from sample_data.generate import make_indexed_imagefolder
+from shardkit import ShardLoader, transforms
+from shardkit.pack import PackOptions, pack
 
 
 def build(root: Path, shards: int, per_shard: int) -> Path:
@@ -47,7 +43,7 @@ def build(root: Path, shards: int, per_shard: int) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_startup", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shards", type=int, default=1300)
     parser.add_argument("--per-shard", type=int, default=1000)

@@ -245,14 +245,7 @@ def test_the_table_calls_a_step_host_bound_when_its_device_time_is_well_under_it
 
 
 def test_profile_gil_summarises_py_spy_samples_by_thread() -> None:
-    import importlib.util
-
-    script = Path(__file__).parents[2] / "benchmarks" / "profile_gil.py"
-    spec = importlib.util.spec_from_file_location("profile_gil", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    summarise = module.summarise
+    from benchmarks.experiments.gil.profile_gil import summarise
 
     raw = "\n".join([
         "thread (1): MainThread;<module> (x.py:1);step (x.py:2) 50",

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from benchmarks.bench_plan import cell, measure, run_isolated, synthetic_sizes
 from shardkit.loader.epochs.mix import Mix, MixedOrder
 from shardkit.loader.epochs.plan import epoch_order, rank_batches
-
-# benchmarks/ is no package: import the script by its module name, as mypy sees it
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from bench_plan import cell, measure, run_isolated, synthetic_sizes  # noqa: E402
 
 
 def test_synthetic_sizes_sum_exactly() -> None:

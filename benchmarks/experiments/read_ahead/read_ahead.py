@@ -1,7 +1,7 @@
 """Read-ahead across epochs on and off (``ShardLoader(read_ahead=...)``), side by side in one run.
 
 1. *Route alone*: for each round, in alternating order, one GPU-route loader per setting delivering
-   uint8 RandomResizedCrop + flip batches (as benchmarks/feeders_alone.py), one untimed warm-up
+   uint8 RandomResizedCrop + flip batches (as ``benchmarks.experiments.feeders.feeders_alone``), one untimed warm-up
    epoch, then ``--epochs`` epochs timed as one span (synchronised at both ends), the usual
    ``set_epoch`` loop: the epoch boundaries are inside the span, as in training.
    ``--device cpu``: the CPU route, alone only.
@@ -11,7 +11,8 @@
 Prints every run and, per setting, the median (min-max); for training also the per-repetition
 ratio of fed rates. Run (repository root, a CUDA machine)::
 
-    python3 benchmarks/read_ahead.py /tmp/inet /tmp/shards --model resnet18 --size 176 --workers 16
+    python -m benchmarks.experiments.read_ahead.read_ahead /tmp/inet /tmp/shards --model resnet18 --size 176 \\
+        --workers 16
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def spread(values: list[float], fmt: str = "{:,.0f}") -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.experiments.read_ahead.read_ahead",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("imagefolder")
     ap.add_argument("shards")
     ap.add_argument("--workers", type=int, default=16)

@@ -1,9 +1,10 @@
 """The reliability experiments on process death while loading (R8): ``kill -9`` of a loader
-worker, and of the training process itself, then resuming from its last checkpoint. Used by
-``benchmarks/reliability.py``, which writes RELIABILITY.md.
+worker, and of the training process itself, then resuming from its last checkpoint. Run by
+``python -m benchmarks.reliability``, which writes the report.
 
-The trainer is this file run as a script (``trainer DATASET CHECKPOINT``): two epochs with two
-workers, the loader's ``state_dict()`` and the batches so far checkpointed after every batch.
+The trainer is this module run as a script (``python -m benchmarks.reliability.death trainer DATASET
+CHECKPOINT``): two epochs with two workers, the loader's ``state_dict()`` and the batches so far
+checkpointed after every batch.
 """
 
 from __future__ import annotations
@@ -22,11 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from reliability_process import Row, fmt_counts  # noqa: E402
-
-from shardkit import LoaderError, ShardLoader, transforms  # noqa: E402
+from benchmarks.reliability.report import Row, child_env, fmt_counts
+from shardkit import LoaderError, ShardLoader, transforms
 
 EPOCHS = 2
 
@@ -137,8 +135,8 @@ def _trainer_kills(ds: Path, work: Path, trials: int, seed: int) -> tuple[int, i
     Returns how many resumed runs equal an uninterrupted one, how many were killed, worker
     processes alive 20 s after the kill and /dev/shm files left by the killed processes.
     """
-    script = [sys.executable, __file__, "trainer", str(ds)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    script = [sys.executable, "-m", "benchmarks.reliability.death", "trainer", str(ds)]
+    env = child_env()
     reference = work / "r8-reference.json"
     subprocess.run([*script, str(reference)], env=env, check=True, timeout=300, capture_output=True)
     want = json.loads(reference.read_text())["batches"]

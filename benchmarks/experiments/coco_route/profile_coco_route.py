@@ -9,9 +9,9 @@ GPU route, ``RawDetectionBuilder``, which decodes nothing: it draws the geometry
 
 Usage (from the repository root)::
 
-    python benchmarks/make_coco_like.py /tmp/coco --images 1000
+    python -m sample_data.coco_like /tmp/coco --images 1000
     shardkit pack /tmp/coco/images --annotations /tmp/coco/instances.json /tmp/coco-shards
-    PYTHONPATH=. python benchmarks/profile_coco_route.py /tmp/coco-shards --images 300
+    python -m benchmarks.experiments.coco_route.profile_coco_route /tmp/coco-shards --images 300
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import time
+from typing import Any
 
 import torch
 from torchvision import tv_tensors
@@ -29,15 +30,21 @@ from shardkit.codec.decode import decode_rgb
 from shardkit.loader.routes.coco.target import coco_target
 from shardkit.loader.routes.coco.worker import DetectionBatchBuilder
 from shardkit.loader.routes.coco_gpu.worker import RawDetectionBuilder
-from shardkit.transforms.detection import _per_box
+from shardkit.transforms.detection import PER_BOX
 from shardkit.transforms.iou_crop import IoUCrop
+
+
+def per_box(inputs: Any) -> tuple[torch.Tensor, ...]:
+    """``SanitizeBoundingBoxes``' labels_getter as ``detection_train`` sets it: every per-box tensor."""
+    target = inputs[1] if isinstance(inputs, tuple) else inputs
+    return tuple(target[k] for k in PER_BOX if isinstance(target.get(k), torch.Tensor))
 
 
 def steps(loader: ShardLoader, items: list[tuple[int, int]], args: argparse.Namespace) -> dict[str, float]:
     """CPU seconds per step over ``items``, the steps of ``detection_train`` run one by one."""
     iou = IoUCrop() if args.iou == "shardkit" else v2.RandomIoUCrop()
     rss = v2.RandomShortestSize(args.min_size, max_size=args.max_size)
-    flip, sanitize = v2.RandomHorizontalFlip(), v2.SanitizeBoundingBoxes(labels_getter=_per_box)
+    flip, sanitize = v2.RandomHorizontalFlip(), v2.SanitizeBoundingBoxes(labels_getter=per_box)
     spent: collections.defaultdict[str, float] = collections.defaultdict(float)
     clock = time.process_time
     for k, (shard, index) in enumerate(items):
@@ -82,7 +89,8 @@ def worker_step(builder: DetectionBatchBuilder | RawDetectionBuilder, items: lis
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.experiments.coco_route.profile_coco_route",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("shards", help="a packed COCO dataset")
     ap.add_argument("--images", type=int, default=300, help="samples to time")
     ap.add_argument("--min-size", type=int, default=800)

@@ -1,24 +1,18 @@
-"""Regenerate RELIABILITY.md: adversarial experiments against pack, the loader and the manifest.
-
-Each experiment is seeded and bounded (a few minutes in all on 2 cores). Run from the repository
-root: ``make reliability`` or ``.venv/bin/python benchmarks/reliability.py [--out RELIABILITY.md]``.
-The experiments of issue 14, R1-R11, live here (R1-R3, R9) and in ``reliability_process.py``
-(R4, R5), ``reliability_loader.py`` (R6, R7, R11), ``reliability_death.py`` (R8) and
-``reliability_codec.py`` (R1's acceptance rule, R10).
+"""The reliability experiments on shards in this process: hostile pack inputs (R1), damaged shards
+(R2), integrity at read time (R3) and hostile manifests and index files (R9). Run by
+``python -m benchmarks.reliability``, which writes the report.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
+import hashlib
 import io
 import json
 import os
 import random
 import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,22 +21,16 @@ from typing import Any
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from reliability_codec import r1_acceptance, r10_fuzz  # noqa: E402
-from reliability_death import r8_death  # noqa: E402
-from reliability_loader import r6_resume, r7_ranks, r11_reproducibility  # noqa: E402
-from reliability_process import Row, fmt_counts, r4_kill, r5_remote  # noqa: E402
-
-from sample_data.generate import make_indexed_imagefolder  # noqa: E402
-from shardkit import ShardLoader, transforms  # noqa: E402
-from shardkit.errors import ShardkitError  # noqa: E402
-from shardkit.format.tarread import iter_entries  # noqa: E402
-from shardkit.index.manifest import read_manifest  # noqa: E402
-from shardkit.loader.read.reader import ShardReader  # noqa: E402
-from shardkit.pack import PackOptions, pack  # noqa: E402
-from shardkit.storage import Store  # noqa: E402
-from tests.cli.terminal import run_in_pty, shardkit_argv  # noqa: E402
+from benchmarks.reliability.report import Row, fmt_counts
+from sample_data.generate import make_indexed_imagefolder
+from shardkit import ShardLoader, transforms
+from shardkit.errors import ShardkitError
+from shardkit.format.tarread import iter_entries
+from shardkit.index.manifest import read_manifest
+from shardkit.loader.read.reader import ShardReader
+from shardkit.pack import PackOptions, pack
+from shardkit.storage import Store
+from tests.cli.terminal import run_in_pty, shardkit_argv
 
 
 def _outcome(fn: Callable[[], Any]) -> str:
@@ -100,7 +88,8 @@ def r1_pack_inputs(work: Path) -> Row:
             figure, "0 hangs, 0 tracebacks, every hostile input skipped with a reason, nothing on the terminal")
 
 
-def _packed(work: Path) -> Path:
+def packed(work: Path) -> Path:
+    """The 32-sample dataset most experiments start from, packed once under ``work``."""
     ds = work / "ds"
     if not ds.exists():
         make_indexed_imagefolder(work / "src", classes=2, per_class=16, size=(64, 48))
@@ -109,7 +98,7 @@ def _packed(work: Path) -> Path:
 
 
 def _damage(work: Path, kind: str, n: int, seed: int) -> collections.Counter[str]:
-    ds = _packed(work)
+    ds = packed(work)
     ref = _epoch(ds, "raise")
     shard = read_manifest(Store(str(ds))).shards[0].url
     data = (ds / shard).read_bytes()
@@ -156,7 +145,7 @@ def r2_damaged(work: Path) -> list[Row]:
 
 
 def r3_integrity(work: Path) -> Row:
-    ds = _packed(work)
+    ds = packed(work)
     shards = read_manifest(Store(str(ds))).shards
     data = (ds / shards[0].url).read_bytes()
     rng = random.Random(3)
@@ -174,8 +163,6 @@ def r3_integrity(work: Path) -> Row:
         reader.close()
     # Cost: hashing one 256 MiB shard-sized buffer, the extra work per shard per process.
     blob = os.urandom(256 << 20)
-    import hashlib
-
     t0 = time.perf_counter()
     hashlib.sha256(blob).hexdigest()
     rate = 256 / (time.perf_counter() - t0)
@@ -186,7 +173,7 @@ def r3_integrity(work: Path) -> Row:
 
 
 def r9_security(work: Path) -> Row:
-    ds = _packed(work)
+    ds = packed(work)
     cases: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
         ("sha256 ../../owned", lambda d: d["shards"][0].update(sha256="../../owned")),
         ("sha256 absolute path", lambda d: d["shards"][0].update(sha256=str(work / "owned"))),
@@ -234,44 +221,3 @@ def r9_security(work: Path) -> Row:
             "wrong key)", f"{fmt_counts(outcomes)}; files written outside destination/cache: {outside}",
             "every case refused with a ShardkitError naming the shard; 0 writes outside; 0 foreign exceptions")
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="RELIABILITY.md")
-    args = parser.parse_args()
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="shardkit-reliability-") as tmp:
-        work = Path(tmp)
-        ds = _packed(work)
-        rows = [r1_pack_inputs(work), r1_acceptance(work), *r2_damaged(work), r3_integrity(work), *r4_kill(work),
-                *r5_remote(work), r6_resume(ds), r7_ranks(ds), *r8_death(ds, work), r9_security(work),
-                r10_fuzz(), r11_reproducibility(work)]
-    seconds = time.perf_counter() - started
-    lines = [
-        "# Reliability figures",
-        "",
-        "Generated by `make reliability` (`python benchmarks/reliability.py`): seeded experiments, "
-        f"{seconds:.0f} s on this machine. Regenerate rather than edit. What each experiment ran, "
-        "what it gave now, and the target (issue 14).",
-        "",
-        "| id | experiment | what ran | figure | target |",
-        "|---|---|---|---|---|",
-        *(f"| {' | '.join(cell.replace('|', '/') for cell in row)} |" for row in rows),
-        "",
-        "## Reading the damaged-shard figures",
-        "",
-        "`identical` means the flip landed where no delivered byte depends on it (tar padding, the",
-        "`json` member, which the classification loader does not deliver). `SILENTLY DIFFERENT`",
-        "means other pixels or labels were delivered than from the intact shard and the loader counted",
-        "no replacement: silent damage, which only the integrity mode (R3) catches. `replaced (counted)`",
-        "means the loader found bad samples (a damaged header, an undecodable image, a label outside the",
-        "classes) and replaced them, counting them in `loader.stats.replaced` (`on_error=\"replace\"`).",
-        "A truncated shard is never replaced: it raises a `LoaderError` naming the shard.",
-        "",
-    ]
-    Path(args.out).write_text("\n".join(lines))
-    print(f"wrote {args.out} in {seconds:.0f} s")
-
-
-if __name__ == "__main__":
-    main()

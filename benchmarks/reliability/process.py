@@ -1,7 +1,6 @@
 """The reliability experiments that run whole processes: ``kill -9`` during pack (R4), S3
-faults through a fault-injecting proxy and what an S3 load with workers prints (R5). Used by
-``benchmarks/reliability.py``, which writes RELIABILITY.md; the in-process experiments and the
-report live there.
+faults through a fault-injecting proxy and what an S3 load with workers prints (R5). Run by
+``python -m benchmarks.reliability``, which writes the report.
 """
 
 from __future__ import annotations
@@ -20,21 +19,13 @@ from typing import Any
 
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from shardkit.errors import ShardkitError  # noqa: E402
-from shardkit.pack import PackOptions, pack  # noqa: E402
-from tests.cli.terminal import shardkit_argv  # noqa: E402
-from tests.faultproxy import FaultProxy  # noqa: E402
-from tests.keepalive import KeepAliveProxy  # noqa: E402
-from tests.loader.test_remote_loader import LOAD_WITH_WORKERS as S3_LOAD  # noqa: E402
-
-Row = tuple[str, str, str, str, str]  # id, experiment, what ran, figure, target
-
-
-def fmt_counts(counts: collections.Counter[str]) -> str:
-    """``"kind n, kind n"`` in sorted order."""
-    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+from benchmarks.reliability.report import Row, child_env, fmt_counts
+from shardkit.errors import ShardkitError
+from shardkit.pack import PackOptions, pack
+from tests.cli.terminal import shardkit_argv
+from tests.faultproxy import FaultProxy
+from tests.keepalive import KeepAliveProxy
+from tests.loader.read.test_remote_loader import LOAD_WITH_WORKERS as S3_LOAD
 
 
 def _r4_tree(work: Path) -> Path:
@@ -55,10 +46,6 @@ def _pack_cmd(src: Path, dst: Path) -> list[str]:
     return [*shardkit_argv(), "pack", str(src), str(dst), "--max-count", "4", "--workers", "2", "-q"]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-
-
 def _tree(work: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in work.iterdir()}
 
@@ -66,13 +53,13 @@ def _tree(work: Path) -> dict[str, bytes]:
 def r4_kill(work: Path, kills: int = 12) -> list[Row]:
     src = _r4_tree(work)
     ref = work / "r4ref"
-    subprocess.run(_pack_cmd(src, ref), env=_env(), check=True, timeout=300)
+    subprocess.run(_pack_cmd(src, ref), env=child_env(), check=True, timeout=300)
     reference = _tree(ref)
     rng = random.Random(14)
     identical = interrupted = 0
     for trial in range(kills):
         dst = work / f"r4-{trial}"
-        proc = subprocess.Popen(_pack_cmd(src, dst), env=_env(), start_new_session=True,
+        proc = subprocess.Popen(_pack_cmd(src, dst), env=child_env(), start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         target = rng.randrange(1, 28)
         deadline = time.monotonic() + 120
@@ -83,7 +70,7 @@ def r4_kill(work: Path, kills: int = 12) -> list[Row]:
             os.killpg(proc.pid, signal.SIGKILL)
             interrupted += 1
         proc.wait()
-        subprocess.run(_pack_cmd(src, dst), env=_env(), timeout=300, capture_output=True)
+        subprocess.run(_pack_cmd(src, dst), env=child_env(), timeout=300, capture_output=True)
         identical += _tree(dst) == reference
     # kill -9 of the parent alone: what outlives it
     import psutil
@@ -93,7 +80,7 @@ def r4_kill(work: Path, kills: int = 12) -> list[Row]:
     for trial in range(parents):
         dst = work / f"r4p-{trial}"
         proc = subprocess.Popen([*_pack_cmd(src, dst)[:-5], "--max-count", "1", "--workers", "2", "-q"],
-                                env=_env(), start_new_session=True, stdout=subprocess.DEVNULL,
+                                env=child_env(), start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         parent = psutil.Process(proc.pid)
         children: list[Any] = []
@@ -117,10 +104,10 @@ def r4_kill(work: Path, kills: int = 12) -> list[Row]:
         leaked += sum(os.path.exists(s) for s in sems)
     # a kill after index.json, before the clean-up: the state as it stays, then the re-run
     late = work / "r4late"
-    subprocess.run(_pack_cmd(src, late), env=_env(), check=True, timeout=300)
+    subprocess.run(_pack_cmd(src, late), env=child_env(), check=True, timeout=300)
     (late / ".shardkit-pack").mkdir()
     (late / ".shardkit-pack" / "plan.json").write_text("{}")
-    subprocess.run(_pack_cmd(src, late), env=_env(), check=True, timeout=300, capture_output=True)
+    subprocess.run(_pack_cmd(src, late), env=child_env(), check=True, timeout=300, capture_output=True)
     state_left = (late / ".shardkit-pack").exists()
     return [
         ("R4", "kill -9 during pack (process group)", f"{kills} packs of 120 JPEGs (8 not images, so index.json "
@@ -189,7 +176,7 @@ def r5_remote(work: Path) -> list[Row]:
         proxy = FaultProxy(("127.0.0.1", port), lambda n: ("truncate", 300))
         cmd = [*shardkit_argv(), "info", "s3://reliability/r5-0.05-0", "-o", "key=k", "-o", "secret=s",
                "-o", f"client_kwargs.endpoint_url={proxy.url}", "-o", "config_kwargs.retries.max_attempts=1"]
-        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120)
         proxy.close()
         lines = done.stderr.strip().splitlines()
         rows.append(("R5", "permanent remote fault", "`shardkit info` through a proxy that cuts every response "
@@ -212,7 +199,7 @@ def _r5_quiet(port: int, base: dict[str, Any], work: Path) -> Row:
     try:
         for trial in range(runs):
             done = subprocess.run([sys.executable, "-c", S3_LOAD, "s3://reliability/r5-0.05-0", json.dumps(options),
-                                   str(work / f"r5cache-{trial}")], env=_env(), capture_output=True, text=True,
+                                   str(work / f"r5cache-{trial}")], env=child_env(), capture_output=True, text=True,
                                   timeout=300)
             failed += done.returncode != 0 or done.stdout.split() != ["True"]
             lines += len([line for line in done.stderr.splitlines() if line.strip()])

@@ -14,7 +14,7 @@
 
 Exits 1 if the check fails. Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/dali_read.py /tmp/shards --device cuda --threads 8 --batches 300 \\
+    python -m benchmarks.experiments.dali.dali_read /tmp/shards --device cuda --threads 8 --batches 300 \\
         --imagefolder /tmp/inet --out dali_read.json
 """
 
@@ -32,14 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from shardkit.bench.baselines import IMAGE_KEYS  # noqa: E402
-from shardkit.bench.dali import DaliTrainLoader  # noqa: E402
-from shardkit.format.dali_index import dali_index_name  # noqa: E402
-from shardkit.format.tarread import iter_members, sample_key  # noqa: E402
-from shardkit.index import read_manifest  # noqa: E402
-from shardkit.storage import Store  # noqa: E402
+from shardkit.bench.baselines import IMAGE_KEYS
+from shardkit.bench.dali import DaliTrainLoader
+from shardkit.format.dali_index import dali_index_name
+from shardkit.format.tarread import iter_members, sample_key
+from shardkit.index import read_manifest
+from shardkit.storage import Store
 
 
 def expected_labels(shards: str, names: list[str]) -> collections.Counter[int]:
@@ -136,7 +134,8 @@ def rate(reader: str, source: str, device: str, threads: int, batch: int, size: 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.experiments.dali.dali_read",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("shards", help="a packed dataset (local directory) with .dali.idx files")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=8)

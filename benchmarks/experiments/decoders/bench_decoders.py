@@ -17,7 +17,7 @@ CUDA (``--device cuda``): batched decode of the set's nvJPEG-friendly JPEGs (til
 device=...)`` and TorchCodec's, bare and through ``GpuJpegDecoder``. Pixels: each library's
 output against the CPU decode; EXIF-rotated JPEGs keep their stored shape through shardkit.
 
-Run: ``PYTHONPATH=. python benchmarks/bench_decoders.py [--device cuda] [--rounds 11]``
+Run: ``python -m benchmarks.experiments.decoders.bench_decoders [--device cuda] [--rounds 11]``
 (TorchCodec contenders are skipped with a note when ``torchcodec`` does not import).
 """
 
@@ -268,7 +268,8 @@ def run_cuda(args: argparse.Namespace, data: list[bytes], have_tc: bool) -> None
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.experiments.decoders.bench_decoders",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--classes", type=int, default=3)

@@ -1,6 +1,6 @@
 """The reliability experiments on what the loader delivers: resume (R6), rank equality (R7) and
-reproducibility of pack and loader (R11). Used by ``benchmarks/reliability.py``, which writes
-RELIABILITY.md. Everything here goes through the public API only.
+reproducibility of pack and loader (R11). Run by ``python -m benchmarks.reliability``, which writes
+the report. Everything here goes through the public API only.
 """
 
 from __future__ import annotations
@@ -8,18 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from reliability_process import Row  # noqa: E402
-
-from sample_data.generate import make_indexed_imagefolder  # noqa: E402
-from shardkit import ShardLoader, transforms  # noqa: E402
-from shardkit.pack import PackOptions, pack  # noqa: E402
+from benchmarks.reliability.report import Row
+from sample_data.generate import make_indexed_imagefolder
+from shardkit import ShardLoader, transforms
+from shardkit.pack import PackOptions, pack
 
 EPOCHS = 2
 Digest = tuple[tuple[str, ...], str]  # a batch's keys and the sha256 of its pixels and labels

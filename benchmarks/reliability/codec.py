@@ -1,8 +1,8 @@
 """The reliability experiments on image bytes: bounded fuzzing of the C extensions (R10) and the
-acceptance rule, what pack keeps against what the loader decodes (R1). Used by
-``benchmarks/reliability.py``, which writes RELIABILITY.md.
+acceptance rule, what pack keeps against what the loader decodes (R1). Run by
+``python -m benchmarks.reliability``, which writes the report.
 
-The fuzzing runs in a child process (``python benchmarks/reliability_codec.py fuzz-child N SEED``)
+The fuzzing runs in a child process (``python -m benchmarks.reliability.codec fuzz-child N SEED``)
 so that a crash or a hang is counted, not suffered, and so that its stderr (fd 2, where libjpeg
 would print) is exactly what a user would see.
 """
@@ -22,11 +22,8 @@ from typing import Any
 
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from reliability_process import Row, fmt_counts  # noqa: E402
-
-from shardkit.errors import ShardkitError  # noqa: E402
+from benchmarks.reliability.report import ROOT, Row, fmt_counts
+from shardkit.errors import ShardkitError
 
 FUZZ_CASES = 3000
 
@@ -115,10 +112,10 @@ def _fuzz_child(cases: int, seed: int) -> None:
 
 
 def r10_fuzz(cases: int = FUZZ_CASES, seed: int = 10) -> Row:
-    root = str(Path(__file__).resolve().parents[1])
     try:
-        done = subprocess.run([sys.executable, __file__, "fuzz-child", str(cases), str(seed)], capture_output=True,
-                              text=True, timeout=600, env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"})
+        done = subprocess.run([sys.executable, "-m", "benchmarks.reliability.codec", "fuzz-child", str(cases),
+                               str(seed)], capture_output=True, text=True, timeout=600,
+                              env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
         hung = False
     except subprocess.TimeoutExpired:
         done, hung = None, True
@@ -141,7 +138,7 @@ def r10_fuzz(cases: int = FUZZ_CASES, seed: int = 10) -> Row:
 
 
 def _damaged_files(rng: random.Random) -> dict[str, bytes]:
-    """Images damaged the ways the acceptance rule must tell apart (issue 14)."""
+    """Images damaged the ways the acceptance rule must tell apart."""
     files: dict[str, bytes] = {}
     for i in range(12):
         img = _photo(64, 48, seed=i)

@@ -13,9 +13,9 @@ py-spy``) and the right to trace the process (root, or ``ptrace_scope`` 0).
 Usage (from the repository root)::
 
     shardkit pack /tmp/inet /tmp/shards
-    PYTHONPATH=. python benchmarks/profile_gil.py /tmp/shards --device cuda --model resnet18 --size 176
+    python -m benchmarks.experiments.gil.profile_gil /tmp/shards --device cuda --model resnet18 --size 176
 
-Measured with it: BENCHMARKS.md, "Where the ResNet-18 step's share goes".
+Measured with it: this folder's README.md, and the performance history (docs/performance-history.md).
 """
 
 from __future__ import annotations
@@ -29,12 +29,25 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from shardkit import ShardLoader, transforms
-from shardkit.bench.train import TrainStep, _forever, counted
+from shardkit.bench.train import TrainStep, counted
+
+
+def forever(loader: Iterable[Any]) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch (each ``iter()`` is one epoch)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader delivered no batch in an epoch")
 
 
 def summarise(raw: str, top: int = 8) -> str:
@@ -72,7 +85,8 @@ def summarise(raw: str, top: int = 8) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.experiments.gil.profile_gil",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", help="a packed ImageFolder dataset")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "resnet50"])
@@ -94,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                                           channels_last=cuda)
     loader = ShardLoader(args.shards, batch_size=args.batch_size, transform=transform, num_workers=args.workers,
                          device=device, drop_last=True)
-    batches = map(step.to_device, _forever(loader))
+    batches = map(step.to_device, forever(loader))
     for _ in range(args.warmup):
         step(*next(batches))
     step.sync()

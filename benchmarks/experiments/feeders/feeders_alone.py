@@ -1,14 +1,14 @@
 """The GPU route alone (no training step) with 0 and more feeder processes, in turn in one run.
 
 For each round and feeder count (in alternating order): one ShardLoader(device="cuda") on the
-packed shards delivering uint8 RandomResizedCrop + flip batches (as benchmarks/bench_gpu.py),
+packed shards delivering uint8 RandomResizedCrop + flip batches (as ``benchmarks.bench_gpu``),
 one untimed warm-up epoch (feeders and workers start, Triton compiles), then ``--epochs`` timed epochs
 (synchronised at both ends), each a rate in img/s. Prints every epoch and, per feeder count, the
 median (min-max) over all rounds.
 
 Run (repository root, a CUDA machine)::
 
-    python3 benchmarks/feeders_alone.py /tmp/shards --feeders 0,2,3,4 --workers 16 --rounds 2
+    python -m benchmarks.experiments.feeders.feeders_alone /tmp/shards --feeders 0,2,3,4 --workers 16 --rounds 2
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def epoch_rates(shards: str, *, feeders: int, workers: int, batch_size: int, siz
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.experiments.feeders.feeders_alone",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("shards")
     ap.add_argument("--feeders", default="0,2,3,4", help="comma-separated feeder counts")
     ap.add_argument("--workers", type=int, default=16)

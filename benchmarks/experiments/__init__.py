@@ -1,0 +1,1 @@
+"""Experiments: each asks one question; its README gives the question, the command and the last result."""
