@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEMO   := demo_out
 
-.PHONY: setup test lint typecheck demo clean reliability
+.PHONY: setup test lint typecheck demo clean reliability docs
 
 setup: $(STAMP)
 
@@ -26,6 +26,16 @@ typecheck: setup
 # tests/ and the doctests in shardkit/ (pyproject sets --doctest-modules)
 test: setup lint typecheck
 	$(BIN)/python -m pytest -q tests shardkit
+
+# The documentation site (Sphinx + MyST, docs/); warnings are errors. Open docs/_build/html/index.html.
+DOCS_STAMP := $(VENV)/.docs-stamp
+
+docs: setup $(DOCS_STAMP)
+	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[docs]'
+	touch $(DOCS_STAMP)
 
 demo: setup
 	rm -rf $(DEMO)
