@@ -6,6 +6,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -54,11 +55,18 @@ class ShardLoader:
             1 to 32 (:func:`shardkit.machine.auto_workers`); ``loader.num_workers`` says how many.
         device: where batches are delivered (``"cpu"`` or ``"cuda[:i]"``).
         shuffle, seed: epoch order is a pure function of ``(seed, epoch, manifest)``.
-        drop_last: True: every sample at most once per epoch; False: at least once, padded.
+        drop_last: True: every sample at most once per epoch; False: at least once. At one rank
+            (``world_size=1``) the last batch is then short, as with ``DataLoader``; over several
+            ranks with ``even_batches=True`` it is padded with repeats of the epoch's first
+            samples, so every rank steps the same number of full batches.
         even_batches: False (evaluation): every sample exactly once over all ranks, the last
             batch short, no padding; ranks' ``len`` may differ by one batch (reduce metrics as
             sums, e.g. ``all_reduce`` of correct and total). True: equal full batches per rank.
-        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
+        rank, world_size: default from ``torch.distributed`` when initialised, else from the
+            launcher's ``RANK``/``WORLD_SIZE`` (or ``LOCAL_RANK`` where it sets no ``RANK``), else 0
+            and 1 -- read again when the first iteration starts, so a loader built before
+            ``init_process_group`` (e.g. before Lightning's ``trainer.fit``) reads its rank's share.
+            A world that changes after iteration began is an error naming both.
         keys: also yield each batch's list of sample keys.
         window: shards mixed by the within-window shuffle (bounds memory and open files).
         on_error: ``"replace"`` corrupt samples (counted in :attr:`stats`) or ``"raise"``.
@@ -178,11 +186,12 @@ class ShardLoader:
         self.manifests = datasets.manifests
         #: The mix (quotas, joined shard sizes), or None for a single dataset.
         self.mix = datasets.mix
+        self._given_layout, self._even_batches = (rank, world_size), even_batches
         rank, world_size = rank_and_world(rank, world_size)
         self.config = PlanConfig(
             shard_sizes=datasets.shard_sizes, seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
-            even_batches=even_batches, mix=datasets.mix,
+            even_batches=even_batches and world_size > 1, mix=datasets.mix,  # one rank: a short last batch
         )
         if self.config.num_samples == 0:
             raise LoaderError("dataset has no samples", where=datasets.parts[0].store.url)
@@ -214,19 +223,16 @@ class ShardLoader:
         self.feeders = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
                                     workers_auto=num_workers == "auto")
         self._pool: FeederPool | None = None
+        self._spec, self._read_ahead = spec.on(self.device), read_ahead  # on: where the route delivers
         if self.feeders:
-            mine = spec.on(self.device)  # where the route delivers (a fallback may have moved it)
-            specs = [FeederSpec(self.manifest, self.reader,
-                                mine.with_workers(feeder_workers(part, self.feeders, workers)), self.config, part,
-                                self.feeders, workers, preferred_decoder(), read_ahead)
-                     for part in range(self.feeders)]
             try:
-                self._pool = FeederPool(specs)
+                self._pool = self._feeder_pool()
             except LoaderError as err:
                 self._without_feeders(err)
         else:
             self._local_workers()
         self._pos = Position()  # where we stand, and how the next iteration starts
+        self._loaded_state: dict[str, Any] | None = None  # what set _pos, while it stands (see _follow_world)
         # Iterations started so far; an older iterator finds the count moved on and ends
         # (_ended_by says why) rather than taking the newer one's batches.
         self._iterations, self._ended_by = 0, ""
@@ -243,6 +249,7 @@ class ShardLoader:
     def __len__(self) -> int:
         """Batches this rank yields per epoch (the same on every rank unless ``even_batches=False``);
         an epoch resumed mid-way yields only those not yet delivered."""
+        self._follow_world()
         return self._num_batches
 
     @property
@@ -271,6 +278,7 @@ class ShardLoader:
         return self._stats
 
     def __iter__(self) -> Iterator[Any]:
+        self._follow_world()
         epoch, start, rest = self._pos.begin()
         count = self.config.epoch_batches(rest)
         self._iterations += 1
@@ -309,6 +317,42 @@ class ShardLoader:
                 delivered.close()  # an iteration left early stops its route's (or feeders') work now
         if self._iterations == mine:  # an older iteration ending late leaves the newer one's place alone
             self._pos.finished(epoch)
+
+    def _follow_world(self) -> None:
+        """Take the live rank and world (``rank``/``world_size`` left to detection): a loader built
+        before the process group existed is laid out for it before its first iteration.
+
+        Raises:
+            LoaderError: the world changed after this loader began iterating.
+        """
+        if None not in self._given_layout:
+            return
+        live = rank_and_world(*self._given_layout)
+        built = (self.config.rank, self.config.world_size)
+        if live == built:
+            return
+        if self._iterations:
+            raise LoaderError(f"this loader iterated as rank {built[0]} of {built[1]}, but this process is now rank "
+                              f"{live[0]} of {live[1]}: build the loader after init_process_group, or pass "
+                              f"rank= and world_size=")
+        log.info("shardkit: rank %d of %d (the loader was built as rank %d of %d, before the process group)",
+                 *live, *built)
+        self.config = replace(self.config, rank=live[0], world_size=live[1],
+                              even_batches=self._even_batches and live[1] > 1)
+        self._num_batches = self.config.num_batches
+        self._stream.config = self.config
+        if self._pool is not None:
+            self._pool = self._feeder_pool()
+        if self._pos.loaded and self._loaded_state is not None:
+            self._pos.resumed(*self.config.resume(self._loaded_state))
+
+    def _feeder_pool(self) -> FeederPool:
+        """The feeder processes (not started yet) for this loader's plan and route."""
+        workers, parts = self.num_workers, self.feeders
+        return FeederPool([FeederSpec(self.manifest, self.reader,
+                                      self._spec.with_workers(feeder_workers(part, parts, workers)), self.config,
+                                      part, parts, workers, preferred_decoder(), self._read_ahead)
+                           for part in range(parts)])
 
     def _start_feeders(self) -> None:
         """Start the feeder processes; with ``feeders="auto"``, a machine where they cannot run
@@ -355,6 +399,7 @@ class ShardLoader:
         """Resume from :meth:`state_dict` output, on this world size and batch size or another;
         refuses a state made for another dataset or mix, seed, ``shuffle`` or ``window``, naming it."""
         self._pos.resumed(*self.config.resume(state))
+        self._loaded_state = state
 
     def close(self) -> None:
         """Stop the worker processes and the route's threads, close open shard files.

@@ -52,17 +52,17 @@ def test_good_edge_values_construct(packed: Path) -> None:
 def test_torchrun_variables_give_the_rank_before_a_process_group_exists(packed: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # Under torchrun without init_process_group every rank used to read all data (rank 0 of 1).
-    full = ShardLoader(str(packed), batch_size=4, shuffle=False)
+    full = len(ShardLoader(str(packed), batch_size=4, shuffle=False))  # before the launcher's variables
     monkeypatch.setenv("WORLD_SIZE", "2")
     keys = []
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
         loader = ShardLoader(str(packed), batch_size=4, shuffle=False, keys=True, drop_last=True)
-        assert len(loader) < len(full)
+        assert len(loader) < full
         keys.append({k for _, _, ks in loader for k in ks})
     assert keys[0] and keys[1] and not keys[0] & keys[1]
     explicit = ShardLoader(str(packed), batch_size=4, shuffle=False, rank=0, world_size=1)
-    assert len(explicit) == len(full)  # explicit arguments win over the launcher's variables
+    assert len(explicit) == full  # explicit arguments win over the launcher's variables
 
 
 def test_malformed_launcher_variables_are_refused(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,11 +68,12 @@ def test_len_and_exact_epoch(packed: Path, drop_last: bool) -> None:
     batches = _run(loader)
     assert len(batches) == len(loader)
     keys = [k for *_, ks in batches for k in ks]
-    assert all(len(ks) == 8 for *_, ks in batches)
     if drop_last:
+        assert all(len(ks) == 8 for *_, ks in batches)
         assert len(set(keys)) == len(keys) == 64
-    else:
-        assert set(keys) == {f"{i:08d}" for i in range(69)} and len(keys) == 72
+    else:  # one rank: every sample once, the last batch short (as DataLoader)
+        assert [len(ks) for *_, ks in batches] == [8] * 8 + [5]
+        assert sorted(keys) == [f"{i:08d}" for i in range(69)]
 
 
 def test_resume_at_random_steps_equals_uninterrupted_run(packed: Path) -> None:

@@ -25,13 +25,21 @@ def _init_worker(_worker_id: int) -> None:
 
 def _launcher_rank_and_world() -> tuple[int, int] | None:
     """``(RANK, WORLD_SIZE)`` set by torchrun (or another launcher) for this process, else None.
+    Where the launcher sets ``LOCAL_RANK`` but no ``RANK`` (Lightning's processes on one node),
+    ``LOCAL_RANK`` is the rank on node 0 (``NODE_RANK`` unset or 0).
 
     Raises:
-        LoaderError: the variables are set but malformed.
+        LoaderError: the variables are set but malformed, or give no rank off node 0.
     """
     world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
     if world is None:
         return None
+    if rank is None:
+        local, node = os.environ.get("LOCAL_RANK"), os.environ.get("NODE_RANK", "0")
+        if local is not None and node.strip() not in ("", "0"):
+            raise LoaderError(f"the launcher set WORLD_SIZE={world}, LOCAL_RANK={local} and NODE_RANK={node} but no "
+                              f"RANK: pass rank= and world_size= to ShardLoader")
+        rank = local
     try:
         return int(rank if rank is not None else "0"), int(world)
     except ValueError:

@@ -1,0 +1,104 @@
+"""The rank and world a loader reads for, and its batches at one rank, as DataLoader users expect.
+
+- at one rank, ``drop_last=False`` gives a short last batch (no padding: that exists only to give
+  several ranks equal batches);
+- a loader built before the process group (Lightning's ``trainer.fit`` pattern: rank 1 sees
+  ``WORLD_SIZE=2, LOCAL_RANK=1`` and no ``RANK``) reads its rank's share from its first iteration;
+- a world that changes after iteration began is an error naming both, never duplication.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardkit import LoaderError, ShardLoader
+
+LAUNCHER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in LAUNCHER:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _keys(loader: ShardLoader) -> list[list[str]]:
+    return [list(keys) for _x, _y, keys in loader]
+
+
+def test_one_rank_gives_a_short_last_batch_like_a_dataloader(packed: Path) -> None:
+    loader = ShardLoader(str(packed), batch_size=32, keys=True)  # 69 samples
+    batches = _keys(loader)
+    assert [len(b) for b in batches] == [32, 32, 5] and len(loader) == 3
+    assert sorted(k for b in batches for k in b) == sorted(set(k for b in batches for k in b))  # no repeats
+    assert [len(b) for b in _keys(ShardLoader(str(packed), batch_size=32, keys=True, drop_last=True))] == [32, 32]
+
+
+def test_two_ranks_still_get_equal_full_batches(packed: Path) -> None:
+    sizes = [[len(b) for b in _keys(ShardLoader(str(packed), batch_size=32, keys=True, rank=r, world_size=2))]
+             for r in range(2)]
+    assert sizes == [[32, 32], [32, 32]]  # 128 >= 69: padded with repeats, as before
+
+
+def test_a_one_rank_state_resumes_exactly(packed: Path) -> None:
+    loader = ShardLoader(str(packed), batch_size=32, keys=True, seed=3)
+    it = iter(loader)
+    first = next(it)[2]
+    state = loader.state_dict()
+    resumed = ShardLoader(str(packed), batch_size=32, keys=True, seed=3)
+    resumed.load_state_dict(state)
+    whole = _keys(ShardLoader(str(packed), batch_size=32, keys=True, seed=3))
+    assert [list(first), *_keys(resumed)] == whole
+
+
+def test_a_loader_built_before_the_launcher_world_reads_its_ranks_share(packed: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    early = ShardLoader(str(packed), batch_size=8, keys=True, seed=5)  # no launcher variables yet: 0 of 1
+    assert (early.config.rank, early.config.world_size) == (0, 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # Lightning's rank 1: no RANK
+    assert len(early) == 5
+    want = _keys(ShardLoader(str(packed), batch_size=8, keys=True, seed=5, rank=1, world_size=2))
+    assert _keys(early) == want and (early.config.rank, early.config.world_size) == (1, 2)
+
+
+def test_a_state_loaded_before_the_world_is_known_resumes_for_the_live_rank(packed: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    ranks = [ShardLoader(str(packed), batch_size=8, keys=True, seed=5, rank=r, world_size=2) for r in range(2)]
+    for loader in ranks:
+        it = iter(loader)
+        next(it), next(it)
+    state = ranks[1].state_dict()
+    early = ShardLoader(str(packed), batch_size=8, keys=True, seed=5)
+    early.load_state_dict(state)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    rest = _keys(early)
+    whole = _keys(ShardLoader(str(packed), batch_size=8, keys=True, seed=5, rank=1, world_size=2))
+    assert rest == whole[2:]
+
+
+def test_a_world_that_changes_after_iteration_began_is_an_error(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = ShardLoader(str(packed), batch_size=8)
+    list(loader)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(LoaderError, match=r"iterated as rank 0 of 1, but this process is now rank 1 of 2"):
+        list(loader)
+
+
+def test_explicit_rank_and_world_are_kept(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = ShardLoader(str(packed), batch_size=8, rank=0, world_size=1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert len(list(loader)) == 9 and loader.config.world_size == 1
+
+
+def test_local_rank_off_node_zero_without_rank_is_refused(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("NODE_RANK", "1")
+    with pytest.raises(LoaderError, match="LOCAL_RANK=1 and NODE_RANK=1 but no RANK"):
+        ShardLoader(str(packed), batch_size=8)
