@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import posixpath
 import time
+from collections import Counter
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from shardkit.errors import PackError, ShardkitError, SourceError
-from shardkit.format.spec import key_width
+from shardkit.format.spec import key_width, normalize_extension
 from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
 from shardkit.pack import ray_exec
 from shardkit.pack.annotations import ANNOTATION_REPORT, annotation_report
@@ -80,6 +83,36 @@ def _check_outside_source(src: str, dst: str) -> None:
                         "packed from; pack into a directory outside it", where=dst)
 
 
+log = logging.getLogger("shardkit.pack")
+
+
+def mixed_image_formats(listing: SourceListing) -> Counter[str]:
+    """Image members per extension when ``listing`` holds more than one kind (else empty): such a
+    pack without ``uniform_names`` names its members ``.jpg``, ``.png``, ... per sample.
+
+    >>> from shardkit.sources.sample import SourceSample
+    >>> mixed_image_formats(SourceListing("imagefolder", "/d", [SourceSample("a.JPEG", "a.JPEG", 1),
+    ...                                                          SourceSample("b.png", "b.png", 1)]))
+    Counter({'jpg': 1, 'png': 1})
+    """
+    counts = Counter(normalize_extension(posixpath.splitext(s.rel)[1]) for s in listing.samples)
+    return counts if len(counts) > 1 else Counter()
+
+
+def _warn_mixed_formats(listing: SourceListing, options: PackOptions) -> None:
+    """Say, before packing, that a mixed-format set packed without uniform names loses samples in
+    readers that take their columns from the first samples (HF datasets gives ``None`` images)."""
+    counts = mixed_image_formats(listing)
+    if not counts or options.uniform_names:
+        return
+    (common, _), *rest = counts.most_common()
+    minority = ", ".join(f"{n:,} {ext}" for ext, n in rest)
+    log.warning("shardkit: %s images are %s and %s: HF datasets' webdataset loader and webdataset's "
+                "to_tuple(%r) give those samples no image (None, or a skipped sample); pack with "
+                "--uniform-names (PackOptions(uniform_names=True)) to name every image member .%s",
+                f"{sum(counts.values()):,}", f"{counts[common]:,} {common}", minority, common, "jpg")
+
+
 def pack_listing(
     listing: SourceListing,
     dst: str,
@@ -125,6 +158,7 @@ def pack_listing(
                           where=listing.root)
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     _check_outside_source(listing.root, dst)
+    _warn_mixed_formats(listing, options)
     started = time.perf_counter()
     store = Store(dst, storage_options)
     if executor == "ray":

@@ -65,9 +65,18 @@ def test_hf_datasets_loads_every_sample_with_uniform_names(small_tree: Path,
     assert formats == {"JPEG", "PNG"}  # the set really mixes formats
 
 
-def test_default_names_are_what_breaks_hf_datasets(small_tree: Path, tmp_path: Path) -> None:
-    """Why uniform names exist: without them HF either refuses the set or drops PNG images."""
-    shards = _pack(small_tree, tmp_path / "out")
+def test_default_names_are_what_breaks_hf_datasets(small_tree: Path, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Why uniform names exist: without them HF either refuses the set or drops PNG images; the
+    pack says so before it starts, naming the fix."""
+    with caplog.at_level("WARNING", logger="shardkit.pack"):
+        shards = _pack(small_tree, tmp_path / "out")
+    said = [r.getMessage() for r in caplog.records if r.name == "shardkit.pack"]
+    assert len(said) == 1 and "HF datasets" in said[0] and "--uniform-names" in said[0], said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shardkit.pack"):
+        _pack(small_tree, tmp_path / "uniform", uniform_names=True)
+    assert not [r for r in caplog.records if r.name == "shardkit.pack"]
     assert json.loads((tmp_path / "out" / "index.json").read_text())["version"] == 1
     try:
         ds = _hf(shards, tmp_path / "hf")
