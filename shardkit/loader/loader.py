@@ -236,6 +236,7 @@ class ShardLoader:
         # Iterations started so far; an older iterator finds the count moved on and ends
         # (_ended_by says why) rather than taking the newer one's batches.
         self._iterations, self._ended_by = 0, ""
+        self._active = 0  # the iteration whose generator is open (0: none)
 
     @property
     def classes(self) -> tuple[str, ...] | None:
@@ -247,10 +248,28 @@ class ShardLoader:
         return self.route.classes
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank unless ``even_batches=False``);
-        an epoch resumed mid-way yields only those not yet delivered."""
+        """Batches this rank yields in a whole epoch (the same on every rank unless
+        ``even_batches=False``), as ``len(DataLoader)``. An epoch resumed mid-way yields only those
+        not yet delivered: :attr:`remaining` counts them (e.g. ``tqdm(total=loader.remaining)``)."""
         self._follow_world()
         return self._num_batches
+
+    @property
+    def remaining(self) -> int:
+        """Batches still to come: of the epoch being iterated, or else of the one the next iteration
+        runs (after :meth:`load_state_dict`: what the checkpoint had not delivered; after an elastic
+        resume: what the remainder makes at this layout).
+
+        Example::
+
+            loader.load_state_dict(ckpt)  # saved after 10 of 125 batches
+            loader.remaining, len(loader)  # (115, 125)
+        """
+        self._follow_world()
+        pos = self._pos
+        if not pos.fresh and self._active != self._iterations:  # left mid-epoch: the next iteration runs the next epoch
+            return self._num_batches
+        return self.config.epoch_batches(pos.remainder) - pos.batch
 
     @property
     def epoch(self) -> int:
@@ -283,6 +302,7 @@ class ShardLoader:
         count = self.config.epoch_batches(rest)
         self._iterations += 1
         mine, self._ended_by = self._iterations, "a newer iteration of this loader started (one runs at a time)"
+        self._active = mine
         if self._pool is not None and not self._pool.running:
             self._start_feeders()
         delivered: Generator[tuple[Any, Any, list[str]], Any, None]
@@ -315,6 +335,8 @@ class ShardLoader:
                 self._run.keep(local, epoch)  # with read-ahead, on into the next epoch
             else:
                 delivered.close()  # an iteration left early stops its route's (or feeders') work now
+            if self._active == mine:
+                self._active = 0
         if self._iterations == mine:  # an older iteration ending late leaves the newer one's place alone
             self._pos.finished(epoch)
 

@@ -102,3 +102,21 @@ def test_local_rank_off_node_zero_without_rank_is_refused(packed: Path, monkeypa
     monkeypatch.setenv("NODE_RANK", "1")
     with pytest.raises(LoaderError, match="LOCAL_RANK=1 and NODE_RANK=1 but no RANK"):
         ShardLoader(str(packed), batch_size=8)
+
+
+def test_remaining_counts_the_batches_still_to_come(packed: Path) -> None:
+    loader = ShardLoader(str(packed), batch_size=8, keys=True)  # 69 samples: 9 batches
+    assert loader.remaining == len(loader) == 9
+    it = iter(loader)
+    next(it), next(it), next(it)
+    assert loader.remaining == 6
+    state = loader.state_dict()
+    del it  # left mid-epoch: the next iteration runs epoch 1, whole
+    assert loader.remaining == 9
+    resumed = ShardLoader(str(packed), batch_size=8, keys=True)
+    resumed.load_state_dict(state)
+    assert (resumed.remaining, len(resumed)) == (6, 9) and len(list(resumed)) == 6
+    assert resumed.remaining == 9  # the epoch finished: the next one is whole
+    elastic = ShardLoader(str(packed), batch_size=5, keys=True)
+    elastic.load_state_dict(state)  # 45 samples left, in batches of 5
+    assert elastic.remaining == 9 and len(list(elastic)) == 9 and len(elastic) == 14
