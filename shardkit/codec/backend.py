@@ -19,7 +19,7 @@ the library): make it before the loader starts its workers, which inherit it whe
 choice is made once per process and remade after each :func:`prefer_decoder`.
 
 Both libraries return the same pixels (measured: every JPEG of the benchmark set identical, see
-BENCHMARKS.md "Which library decodes"), with one difference handled here: TorchCodec always
+docs/performance.md "Which library decodes JPEGs"), with one difference handled here: TorchCodec always
 applies the EXIF orientation, which shardkit does not (``decode_rgb`` equals PIL's
 ``convert("RGB")``, as torchvision's ImageFolder does). On the CPU a JPEG with an orientation
 tag other than 1 is handed back (``RuntimeError``; ``decode_rgb`` then decodes it with PIL); on
@@ -45,10 +45,10 @@ LIBRARIES = ("torchvision", "torchcodec", "pil")
 _preferred: str | None = None
 #: CPU order. ``torchvision``: its registered ops (``torch.ops.image``, no deprecation warning
 #: per call); ``torchvision.io``: its public (deprecated) functions, for builds whose op
-#: signatures differ. torchvision first: TorchCodec measured no faster on this path (BENCHMARKS.md).
+#: signatures differ. torchvision first: TorchCodec measured no faster on this path (docs/performance.md).
 CPU_ORDER: tuple[str, ...] = ("torchvision", "torchvision.io", "torchcodec")
 #: CUDA order: torchvision's batched nvJPEG first until TorchCodec's is measured on a GPU
-#: (``benchmarks/bench_decoders.py --device cuda``).
+#: (``python -m benchmarks.experiments.decoders.bench_decoders --device cuda``).
 GPU_ORDER: tuple[str, ...] = ("torchvision", "torchcodec")
 
 #: ``(encoded uint8 1-D CPU tensor, kind)`` -> ``[3, H, W]`` uint8; kind is ``jpeg`` or ``webp``.

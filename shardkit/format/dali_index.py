@@ -11,7 +11,7 @@ the header and one per sample::
 length; ``ext`` is the member name after the first dot of its base name. Only regular members
 are listed, grouped into samples by key, in tar order. shardkit names the file
 ``<shard without .tar>.dali.idx`` so it never collides with shardkit's own offsets file
-(``.idx``, FORMAT.md §4).
+(``.idx``, docs/concepts/format.md §4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shardkit format, versions 1 and 2: names of shards, keys and members (see FORMAT.md)."""
+"""The shardkit format, versions 1 and 2: names of shards, keys and members (see docs/concepts/format.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from shardkit.errors import FormatError
 
 FORMAT_NAME = "shardkit"
 FORMAT_VERSION = 1
-#: Version 2 = version 1 with uniform member names (FORMAT.md §2.2): the image member is always
+#: Version 2 = version 1 with uniform member names (docs/concepts/format.md §2.2): the image member is always
 #: ``jpg``, whatever the image's format. Written only for datasets packed with ``uniform_names``.
 UNIFORM_NAMES_VERSION = 2
 #: Versions this shardkit reads.
@@ -122,7 +122,7 @@ def normalize_extension(suffix: str) -> str:
 
 
 def uniform_member_names(fields: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
-    """Rename a sample's image field to :data:`UNIFORM_IMAGE_EXT` (FORMAT.md §2.2), so every
+    """Rename a sample's image field to :data:`UNIFORM_IMAGE_EXT` (docs/concepts/format.md §2.2), so every
     sample of a dataset has the same member names whatever its images' formats.
 
     >>> uniform_member_names([("png", b"..."), ("cls", b"1")])

@@ -3,7 +3,7 @@
 ``adopt_shards`` reads every ``*.tar`` under a directory or URL prefix once (hashing it on the
 way), groups members into samples, takes each sample's label from its ``cls`` member, and writes
 what ``shardkit pack`` would have written beside the shards: an offsets file per shard and
-``index.json`` last (flagged ``adopted``, FORMAT.md §8), optionally DALI index files. The shards
+``index.json`` last (flagged ``adopted``, docs/concepts/format.md §8), optionally DALI index files. The shards
 themselves are never modified, so other tools keep reading them as before.
 """
 

@@ -1,4 +1,4 @@
-"""Write DALI index files (``<shard>.dali.idx``, FORMAT.md §9) beside a dataset's shards."""
+"""Write DALI index files (``<shard>.dali.idx``, docs/concepts/format.md §9) beside a dataset's shards."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The parsed ``index.json`` (format v1; see FORMAT.md for every field).
+    """The parsed ``index.json`` (format v1; see docs/concepts/format.md for every field).
 
     Example::
 
@@ -61,7 +61,7 @@ class Manifest:
     created_by: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     #: Shards written by another tool and indexed in place (``shardkit index``): their samples
-    #: need no ``json`` member and may use any image extension (FORMAT.md §8).
+    #: need no ``json`` member and may use any image extension (docs/concepts/format.md §8).
     adopted: bool = False
 
     @property

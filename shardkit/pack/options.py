@@ -43,7 +43,7 @@ class PackOptions:
     losslessly re-encoded with a restart marker every ``jpeg_restart`` MCUs at most
     (:func:`shardkit.codec.jpeg_restart.transcode`): same DCT coefficients, so identical
     pixels in any decoder, but the loader can decode just the intervals a crop covers (1 loaded
-    fastest, CPU and GPU: BENCHMARKS.md). Sizes move a few percent either way: optimised
+    fastest, CPU and GPU: docs/performance.md). Sizes move a few percent either way: optimised
     Huffman tables save, markers cost ~2.5 bytes each (measured with 1 / 4: -0.4% / -2.0% on the
     benchmark's ImageNet-like set, -2.1% / -3.9% on ``sample_data/imagefolder``, +6.8% / +0.6%
     on the already optimised ``sample_data/photos``; grayscale, with 8x8 MCUs, +8% to +21% at 1).
@@ -56,9 +56,9 @@ class PackOptions:
     Needs shardkit's C extension: without it, constructing options with it set raises.
 
     ``uniform_names``: name every sample's image member ``jpg`` whatever its format (format
-    version 2, FORMAT.md §2.2), so tools that take a dataset's columns from its first samples
+    version 2, docs/concepts/format.md §2.2), so tools that take a dataset's columns from its first samples
     (HF ``datasets``, webdataset ``to_tuple("jpg", "cls")``, DALI ``ext``) get every sample.
-    ``dali_index``: also write DALI's index file beside each shard (FORMAT.md §9).
+    ``dali_index``: also write DALI's index file beside each shard (docs/concepts/format.md §9).
     """
 
     max_count: int = 1000

@@ -134,7 +134,7 @@ def _ids(values: list[Any]) -> str:
     return ", ".join(map(str, values[:_EXAMPLES])) + more
 
 
-#: The ``index.json`` field of a pack made with ``drop_empty``: ``{"images": <left out>}`` (FORMAT.md).
+#: The ``index.json`` field of a pack made with ``drop_empty``: ``{"images": <left out>}`` (docs/concepts/format.md).
 DROP_EMPTY = "drop_empty"
 
 

@@ -29,7 +29,7 @@ def resize_uint8(crop: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """
     # torch's uint8 antialiased bilinear kernel (AVX2/AVX512) works in HWC. Feeding it a
     # channels-last-contiguous input makes it write a channels-last output directly; a CHW
-    # output costs an extra repack (~40% more time at 224x224, measured in bench_decode.py).
+    # output costs an extra repack (~40% more time at 224x224, docs/performance-history.md, "CPU loader").
     if crop.stride(0) == 1 and crop.stride(2) == 3:  # HWC memory: what decode_rgb returns
         x = crop.permute(1, 2, 0).contiguous().unsqueeze(0).permute(0, 3, 1, 2)  # cheap row copy
     else:

@@ -2,7 +2,7 @@
 
 Why: a compiled training step is often *host-bound* (its Python and kernel launches set its
 pace), and every thread the loader runs in the training process competes with it for the GIL
-and the host. Measured on an H200 (BENCHMARKS.md, "Feeder processes"), a compiled ResNet-18
+and the host. Measured on an H200 (docs/performance.md, "Feeders against none"), a compiled ResNet-18
 step kept 61% of its rate fed by the GPU route in its own process, 96% with the same route
 running flat out in *another* process, and 83% fed by the route in three feeder processes: the
 loss was the shared interpreter, not the GPU. Several feeders also decode in parallel (each

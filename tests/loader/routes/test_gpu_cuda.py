@@ -1,7 +1,7 @@
 """The GPU path on a CUDA device: same samples, crops and flips as the CPU path, pixels within
 tolerance, eager and compiled equal, exact resume, stats, stream safety.
 
-Tolerance (also in BENCHMARKS.md): the crop/resize/flip math equals the CPU path's within one
+Tolerance (also in docs/performance.md): the crop/resize/flip math equals the CPU path's within one
 level given the same decoded pixels (tested below with nvJPEG's pixels); end to end, nvJPEG and
 libjpeg-turbo differ in IDCT and chroma upsampling, so on these grainy synthetic photos the mean
 absolute difference per image stays under ``MEAN_TOL`` levels (worst seen on an H200: 2.1) and

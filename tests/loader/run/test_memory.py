@@ -1,4 +1,4 @@
-"""Memory stays flat over epochs (generous bound here; the measured figure is in BENCHMARKS.md)."""
+"""Memory stays flat over epochs (generous bound here; the measured figure is in docs/performance.md)."""
 
 from __future__ import annotations
 

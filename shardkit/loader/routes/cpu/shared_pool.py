@@ -5,7 +5,7 @@ Handing a freshly allocated batch tensor from a DataLoader worker to the main pr
 new shared-memory segment per batch: created, page-faulted and zero-filled in the worker, passed
 as a file descriptor, mapped and faulted again in the main process, unmapped when dropped. For a
 64 x 3 x 224 x 224 uint8 batch that is ~11 ms of CPU (~0.17 ms per image, measured on the 2-core
-bench box: BENCHMARKS.md), about a tenth of the whole per-image cost of the CPU route.
+bench box: docs/performance.md), about a tenth of the whole per-image cost of the CPU route.
 
 A :class:`SharedBatchPool` instead gives each worker a few slots, each one shared-memory segment of a
 full batch. A worker fills a free slot and ships only a :class:`SlotImages` reference (the

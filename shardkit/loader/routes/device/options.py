@@ -20,7 +20,7 @@ class GpuOptions:
         decode_threads: threads calling the batched GPU decoder, each on a CUDA stream of its own
             (>= 1). torchvision's nvJPEG serialises its calls, so more than one helps only with
             TorchCodec's decoder (``shardkit.codec.backend.prefer_decoder("torchcodec")``), which
-            reaches the hardware JPEG engines: BENCHMARKS.md, "Which library decodes".
+            reaches the hardware JPEG engines: docs/performance.md, "Which library decodes JPEGs".
 
     Raises:
         LoaderError: a field is out of range (the message names it).
