@@ -10,8 +10,9 @@ workers run on into the next epoch. When an epoch was delivered whole, its deliv
 (:meth:`EpochRun.keep`) with the workers, and the route's host pipeline (the GPU route's decode
 threads), still working on the next epoch's first batches; the next :meth:`EpochRun.open` takes it
 over when it asks for exactly that epoch from its start, and otherwise drops it and starts afresh.
-Measured on an H200 (docs/performance.md, "Read-ahead against epoch by epoch"): the GPU route alone delivered 28.0k img/s with read-ahead against 22.6k epoch by epoch
-(10,000-image epochs, 3 feeders), and a training step's wait for batches fell from 14% to 4%.
+Measured on an H200 (docs/performance.md, "Read-ahead against epoch by epoch"): the GPU route
+alone delivered 28.0k img/s with read-ahead against 22.6k epoch by epoch (10,000-image epochs,
+3 feeders), and a training step's wait for batches fell from 14% to 4%.
 """
 
 from __future__ import annotations
