@@ -11,6 +11,8 @@ is :class:`LoaderError` raised, naming the keys.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -21,6 +23,20 @@ from shardkit.loader.read.reader import ShardReader
 __all__ = ["SEARCH", "BadSample", "Filled", "fill_batch"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("shardkit.loader")
+
+_told: set[int] = set()  # the processes that have logged a replaced sample (a forked worker has not)
+
+
+def _tell_first(err: BadSample, key: str, where: str) -> None:
+    """Log the first sample this process replaces, with its shard and key (the rest are counted in
+    ``loader.stats.replaced``): corruption is never silent."""
+    if os.getpid() in _told:
+        return
+    _told.add(os.getpid())
+    log.warning("shardkit: replaced a bad sample, key %s in %s (%s); on_error='replace' gives its slot another "
+                "sample; further ones in this process are counted in loader.stats.replaced", key, where, err)
 
 #: How many following samples of its shard stand in for a bad sample whose whole batch is bad.
 SEARCH = 32
@@ -62,6 +78,7 @@ def fill_batch(attempt: Callable[[int, int, int, int], T], reader: ShardReader, 
         except BadSample as err:
             if on_error == "raise":
                 raise LoaderError(f"bad sample ({err}); use on_error='replace' to skip such samples") from None
+            _tell_first(err, keys[i], reader.where(int(shards[i])))
             bad.append(i)
     copies: list[tuple[int, int]] = []
     if bad:

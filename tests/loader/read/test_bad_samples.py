@@ -3,6 +3,7 @@ plain-callable transform's RNG isolation."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -89,3 +90,19 @@ def test_plain_callable_transform_leaves_the_global_rng_alone(packed: Path) -> N
     assert torch.equal(torch.rand(4), expected)
     again = [x for x, _ in ShardLoader(str(packed), batch_size=8, transform=noisy, seed=2)]
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))  # still seeded per sample
+
+
+def test_the_first_replaced_sample_is_logged_with_its_shard_and_key(packed: Path, tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from shardkit.loader.read import bad_samples
+
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    key = _garble_middle(ds)
+    _garble_middle(ds, line=3)
+    bad_samples._told.discard(os.getpid())
+    with caplog.at_level("WARNING", logger="shardkit.loader"):
+        _, replaced = _keys_and_pixels(ds, 0)
+    said = [r.getMessage() for r in caplog.records if "replaced a bad sample" in r.getMessage()]
+    assert replaced == 2 and len(said) == 1  # once per process; the count has the rest
+    assert f"key {key} in " in said[0] and "shard-000000.tar" in said[0]
