@@ -14,7 +14,7 @@ in the fed rate). Two readers:
   ``--dali-index`` writes when every shard has one; else the loader writes them into a temporary
   directory first (from the tar headers, as ``shardkit index --dali-index`` would), because DALI
   without them scans the tars at start-up and prints a C++ log line that cannot be turned off;
-* ``file``: ``fn.readers.file`` over the ImageFolder tree (as issue 15's DALI figures were made).
+* ``file``: ``fn.readers.file`` over the ImageFolder tree (the reader of DALI's ResNet-50 example).
 
 Each ``iter()`` is one shuffled epoch (the last partial batch dropped). DALI is imported when a
 loader is built, never at module import; on ``device="cpu"`` the pipeline runs CPU-only

@@ -118,7 +118,7 @@ def _disown_inherited_filesystems() -> None:
     ran it whenever its garbage collector freed the copy (the child makes filesystems of its
     own). Run from fsspec's IO thread, it closed the pool on the child's loop, which awaits a
     future of the parent's loop and fails: "Task exception was never retrieved ... attached to
-    a different loop" on stderr (issue 14). Run from another thread, it waited a second on the
+    a different loop" on stderr. Run from another thread, it waited a second on the
     parent's loop, which no thread runs in the child. And a freed copy's aiohttp session and
     connector say "Unclosed client session" on stderr. The sockets and the ``epoll`` instance
     such a close would touch are the parent's too. Kept, the copies are plain memory; their file

@@ -1,5 +1,5 @@
 """libjpeg's warnings about corrupt but decodable JPEGs are counted and logged once, never printed
-raw on stderr (issue 14: "Corrupt JPEG data: 3 extraneous bytes before marker 0xda" lines, one
+raw on stderr ("Corrupt JPEG data: 3 extraneous bytes before marker 0xda" lines, one
 per image, from torchvision's libjpeg, which keeps libjpeg's printing handler)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The acceptance rule (issue 14, README "Pack"): an image is packed if and only if the loader's
+"""The acceptance rule (docs/guides/pack.md): an image is packed if and only if the loader's
 CPU decoder (``decode_rgb``, PIL's ``convert("RGB")``) decodes it; by default a JPEG whose end
 marker ends the file is packed undecoded, ``decode_check`` decodes those too."""
 

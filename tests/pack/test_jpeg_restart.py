@@ -247,7 +247,7 @@ def test_encode_sample_skips_corrupt() -> None:
 
 
 def test_encode_sample_keeps_a_corrupt_scan_pil_decodes() -> None:
-    """Issue 14: the lossless transcode refuses it, the loader decodes it: source bytes kept."""
+    """The lossless transcode refuses it, the loader decodes it: source bytes kept."""
     data = _corrupt_jpeg()
     with pytest.raises(ValueError):
         jpeg_restart.transcode(data, 4)

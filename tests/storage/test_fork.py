@@ -3,7 +3,7 @@
 The parent's s3fs filesystem is copied into the child with the finalizer that closes its client.
 When the child's garbage collector frees that copy, the finalizer ran there: from fsspec's IO
 thread it closed the parent's connection pool on the child's event loop, which fails ("Task
-exception was never retrieved ... attached to a different loop" on stderr, issue 14); from the
+exception was never retrieved ... attached to a different loop" on stderr); from the
 main thread it waited a second on the parent's loop, which no thread runs in the child. The
 parent must hold a pooled connection for the first to show: moto closes every connection, so
 these tests talk to it through a keep-alive proxy (tests/keepalive.py).

@@ -109,7 +109,7 @@ def test_a_fetched_shard_whose_hash_differs_is_refused_and_not_cached(indexed_tr
 
 
 def test_a_loader_leaves_no_lock_files_in_the_cache(indexed_tree: Path, tmp_path: Path) -> None:
-    """Issue 14: one ``<sha256>.tar.lock`` per shard ever cached used to stay in ``cache_dir``."""
+    """One ``<sha256>.tar.lock`` per shard ever cached used to stay in ``cache_dir``."""
     url, cache = f"memory://shardkit-tests/{uuid.uuid4().hex}/ds", tmp_path / "cache"
     manifest = pack(str(indexed_tree), url, options=PackOptions(max_count=10, seed=1), workers=1).manifest
     assert set(_epoch(url, cache, num_workers=2)) == {f"{i:08d}" for i in range(69)}

@@ -1,6 +1,6 @@
 """A dataset holding JPEGs that libjpeg warns about (corrupt but decodable) loads with workers
 without libjpeg's raw "Corrupt JPEG data" lines on stderr: each is counted in
-``stats.decode_warnings`` and the first of each process is logged once, naming the sample (issue 14).
+``stats.decode_warnings`` and the first of each process is logged once, naming the sample.
 
 The load runs as its own process, so that its stderr (fd 2, which libjpeg writes to from the
 worker processes) is what a user sees.

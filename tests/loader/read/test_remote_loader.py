@@ -64,7 +64,7 @@ with ShardLoader(url, batch_size=8, transform=collect_in_io_thread, num_workers=
 
 def test_s3_load_with_workers_prints_nothing_on_stderr(indexed_tree: Path, s3_server: dict[str, Any],
                                                        s3_bucket: str, tmp_path: Path) -> None:
-    """No "Task exception was never retrieved" from the S3 clients workers inherit (issue 14); the
+    """No "Task exception was never retrieved" from the S3 clients workers inherit; the
     main process holds a pooled connection (through a keep-alive proxy, as with real S3)."""
     url = f"{s3_bucket}/ds"
     pack(str(indexed_tree), url, options=PackOptions(max_count=10, seed=1), workers=1, storage_options=s3_server)

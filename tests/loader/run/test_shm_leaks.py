@@ -1,4 +1,4 @@
-"""No file of ours stays in /dev/shm after a worker, or the main process, is killed (issue 14).
+"""No file of ours stays in /dev/shm after a worker, or the main process, is killed.
 
 torch names a shared-memory segment ``/dev/shm/torch_<pid>_<random>_<n>`` after the process that
 made it. With the ``file_system`` sharing strategy (a common cure for "too many open files") the

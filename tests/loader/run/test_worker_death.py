@@ -1,5 +1,5 @@
 """A loader worker killed by SIGKILL (what the out-of-memory killer sends) ends the iteration
-with a LoaderError naming the worker, the signal and the likely fix (issue 14), wherever the main
+with a LoaderError naming the worker, the signal and the likely fix, wherever the main
 thread is when the signal lands: waiting for a batch, in the training step between two batches,
 or in close()."""
 

@@ -33,7 +33,7 @@ descriptors, whatever ``torch.multiprocessing``'s sharing strategy. With the ``f
 strategy torch names each segment after its maker (``/dev/shm/torch_<pid>_...``) and unlinks it
 when the last process that mapped it lets go, which a worker never does (it ends with
 ``os._exit``, or is killed): every worker start left its slots in /dev/shm until the main
-process exited (issue 14). The memory of a nameless segment is freed with its last mapping or
+process exited. The memory of a nameless segment is freed with its last mapping or
 descriptor, so no process death can leave it behind.
 """
 
