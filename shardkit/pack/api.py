@@ -158,13 +158,13 @@ def pack_listing(
                           where=listing.root)
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     _check_outside_source(listing.root, dst)
-    _warn_mixed_formats(listing, options)
     started = time.perf_counter()
     store = Store(dst, storage_options)
     if executor == "ray":
         ray_exec.check_ray_destination(store)
         ray_exec.check_ray_source(listing.files)
         ray_exec.import_ray()  # fail before touching DST
+    _warn_mixed_formats(listing, options)  # after the refusals that need no cluster
     recorded = options.to_dict()
     fp = fingerprint(listing, recorded)
     plans = plan_shards(

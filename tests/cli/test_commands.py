@@ -122,7 +122,7 @@ def test_s3_through_the_cli(runner, small_tree, s3_server, s3_bucket, monkeypatc
 
 def test_console_entry_point_runs(small_tree, tmp_path):
     done = subprocess.run([sys.executable, "-m", "shardkit", "pack", str(small_tree),
-                           str(tmp_path / "o"), "--workers", "1", "-q"], capture_output=True,
+                           str(tmp_path / "o"), "--workers", "1", "-q", "--uniform-names"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
 
