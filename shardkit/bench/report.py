@@ -28,7 +28,7 @@ import json
 import statistics
 import textwrap
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from shardkit.bench.harness import Contender, RunResult
@@ -106,7 +106,7 @@ def build_report(config: Mapping[str, Any], conditions: Mapping[str, Any],
     base = next((c for c in contenders if c.baseline), None)
     base_runs = runs[base.name] if base is not None else None
     return {
-        "schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": dict(config), "conditions": dict(conditions),
         "pack": dict(pack) if pack else None, "baseline": base.name if base is not None else None,
         "results": [summarize(c, runs[c.name], base_runs) for c in contenders],
