@@ -89,3 +89,28 @@ def upload_tree(root: Any, url: str, storage_options: dict[str, Any] | None = No
     for path in sorted(root.rglob("*")):
         if path.is_file():
             fs.pipe_file(f"{base}/{path.relative_to(root).as_posix()}", path.read_bytes())
+
+
+#: Test files that start processes by the dozen (torchrun ranks, Ray nodes, feeders, a pty per
+#: case), train a model on the CPU or build a wheel: `make check` leaves them to `make test`.
+SLOW_FILES = frozenset({
+    "tests/bench/test_dali.py", "tests/bench/test_train.py", "tests/bench/test_train_detection.py",
+    "tests/cli/test_terminal.py", "tests/interop/test_dali.py", "tests/interop/test_other_readers.py",
+    "tests/loader/feed/test_feeders.py", "tests/loader/feed/test_feeder_logs.py", "tests/loader/run/test_shm_leaks.py",
+    "tests/loader/run/test_worker_death.py", "tests/loader/test_ddp.py", "tests/pack/test_hostile_inputs.py",
+    "tests/pack/test_ray.py", "tests/pack/test_ray_cluster.py", "tests/pack/test_resume.py",
+    "tests/pipelines/test_torchrun.py", "tests/pipelines/test_torchrun_detector.py",
+    "tests/pipelines/test_train_classifier.py", "tests/pipelines/test_train_detector.py",
+    "tests/storage/test_remote_faults.py", "tests/test_wheel.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        try:
+            rel = item.path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if rel in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
