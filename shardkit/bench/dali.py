@@ -119,6 +119,9 @@ class DaliTrainLoader:
         threads: DALI CPU threads (``num_threads``; at least 1).
         device: ``"cuda"``/``"cuda:N"`` (mixed decode, GPU resize) or ``"cpu"`` (CPU-only pipeline).
         seed: the pipeline's seed (crops, flips, shuffle).
+        prefetch: DALI's ``prefetch_queue_depth``: batches it prepares ahead.
+        hw_decoder_load: the share of JPEGs DALI sends to the hardware JPEG decoder (A100, H100,
+            H200) rather than CUDA nvJPEG; None leaves DALI's default.
 
     Raises:
         ValueError: an unknown reader, or a device that is neither CPU nor CUDA.
@@ -133,7 +136,7 @@ class DaliTrainLoader:
     """
 
     def __init__(self, reader: str, source: str, *, size: int, batch_size: int, threads: int,
-                 device: str = "cuda", seed: int = 0) -> None:
+                 device: str = "cuda", seed: int = 0, prefetch: int = 2, hw_decoder_load: float | None = None) -> None:
         if reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
         dev = torch.device(device)
@@ -142,13 +145,14 @@ class DaliTrainLoader:
         self.device = dev
         self.indexed = False  # whether the dataset has its own .dali.idx files
         self._made_indexes: tempfile.TemporaryDirectory[str] | None = None
-        self._pipe = self._build(reader, source, size, batch_size, max(1, threads), seed)
+        self._pipe = self._build(reader, source, size, batch_size, max(1, threads), seed, prefetch, hw_decoder_load)
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         self._batches: Any = DALIGenericIterator(self._pipe, ["images", "labels"], reader_name="reader",
                                                  last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
 
-    def _build(self, reader: str, source: str, size: int, batch_size: int, threads: int, seed: int) -> Any:
+    def _build(self, reader: str, source: str, size: int, batch_size: int, threads: int, seed: int, prefetch: int,
+               hw_decoder_load: float | None) -> Any:
         from nvidia.dali import fn, pipeline_def, types
 
         gpu = self.device.type == "cuda"
@@ -159,7 +163,8 @@ class DaliTrainLoader:
             self._made_indexes = tempfile.TemporaryDirectory(prefix="shardkit-dali-idx-")
             indexes = _write_indexes(tars, self._made_indexes.name)
 
-        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
+        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed,
+                      prefetch_queue_depth=prefetch)
         def pipeline() -> Any:
             if reader == "webdataset":
                 jpegs, labels = fn.readers.webdataset(
@@ -169,7 +174,10 @@ class DaliTrainLoader:
             else:
                 jpegs, labels = fn.readers.file(file_root=source, random_shuffle=True, name="reader")
             # NVIDIA's ResNet-50 example: preallocated decoder memory so the first batches do not resize it
-            padding = {"device_memory_padding": 211025920, "host_memory_padding": 140544512} if gpu else {}
+            padding: dict[str, float] = ({"device_memory_padding": 211025920, "host_memory_padding": 140544512}
+                                         if gpu else {})
+            if gpu and hw_decoder_load is not None:
+                padding["hw_decoder_load"] = hw_decoder_load
             images = fn.decoders.image_random_crop(
                 jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB, random_area=[0.08, 1.0],
                 random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10, **padding)

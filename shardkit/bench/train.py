@@ -11,6 +11,11 @@ the step. For every contender and repetition, on one freshly built loader:
    steps (the lead-in, below), then ``steps`` timed;
 3. *synthetic* again, as in 1.
 
+Every run is a process of its own (:mod:`shardkit.bench.isolate`; ``isolate=False`` keeps them
+in this one, for tests): its own compiled step and loader, nothing of another contender alive
+beside it, as in a job that trains with one loader. The parent process touches no GPU until the
+runs are over.
+
 ``share = fed / synthetic``, the synthetic rate taken over both synthetic runs (images over
 seconds), so drift of the machine during a run hits both sides alike. Contenders run in
 alternating order (A B, B A, …). ``host_wait`` is the part of the fed run the training loop
@@ -41,8 +46,10 @@ NVIDIA DALI, when installed, is two more contenders (:mod:`shardkit.bench.dali`)
 the packed shards with ``fn.readers.webdataset`` (through their ``.dali.idx`` files when present),
 ``dali_files`` the ImageFolder tree with ``fn.readers.file``; both decode with a random crop on the
 GPU (``mixed``), resize, flip and normalise, and deliver what ShardLoader delivers. Their
-``threads`` are ``workers``. DALI shuffles through a buffer, so its epochs are approximate
-(a sample can slip into the next one); the step counts batches, not epochs.
+``threads`` are ``workers``, or each of ``dali_threads`` in turn (one row each: DALI's best
+thread count differs by machine and model, and a bench must show the competitor at its best).
+DALI shuffles through a buffer, so its epochs are approximate (a sample can slip into the next
+one); the step counts batches, not epochs.
 
 The measurement (:func:`measure`, :func:`run_contenders`, :func:`summarise`, :func:`train_table`)
 takes any :class:`Step`, which owns bringing a loader's batch to the device and copying the fixed
@@ -68,12 +75,13 @@ import torch
 
 from shardkit.bench import baselines, conditions, dali
 from shardkit.bench.harness import alternating_order
+from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted, spread
 from shardkit.bench.train_report import train_table
 from shardkit.bench.train_step import TrainStep, synchronize
 
 __all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
-           "counted", "run_contenders", "run_train_bench", "summarise"]
+           "counted", "run_contenders", "run_one", "run_train_bench", "summarise"]
 
 MODELS = ("resnet18", "resnet50")
 TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_tc", "dali", "dali_files")
@@ -101,6 +109,10 @@ class TrainBenchConfig:
     contenders: tuple[str, ...] = ("imagefolder", "shardloader")
     feeders: int | str = "auto"  # the shardloader contender's (ShardLoader's feeders)
     settle_s: float = SETTLE_S  # the pause before each synthetic run (see the module doc)
+    dali_threads: tuple[int, ...] = ()  # DALI's num_threads, one row each (empty: workers)
+    dali_hw_decoder_load: float | None = None  # share of JPEGs on the hardware decoder (None: DALI's default)
+    dali_prefetch: int = 2  # DALI's prefetch_queue_depth
+    isolate: bool = True  # each run in a process of its own (see the module doc)
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot be measured."""
@@ -116,6 +128,12 @@ class TrainBenchConfig:
                                        or not 0 <= self.feeders <= self.workers):
             raise ValueError(f"feeders must be 'auto' or an int from 0 to workers ({self.workers}), "
                              f"got {self.feeders!r}")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.dali_threads):
+            raise ValueError(f"dali_threads must be whole numbers >= 1, got {self.dali_threads}")
+        if self.dali_hw_decoder_load is not None and not 0 <= self.dali_hw_decoder_load <= 1:
+            raise ValueError(f"dali_hw_decoder_load must be from 0 to 1, got {self.dali_hw_decoder_load}")
+        if self.dali_prefetch < 1:
+            raise ValueError(f"dali_prefetch must be >= 1, got {self.dali_prefetch}")
         if set(self.contenders) & set(DALI_CONTENDERS) and not dali.dali_available():
             raise ValueError("the dali contenders need NVIDIA DALI (pip install nvidia-dali-cuda130)")
 
@@ -262,15 +280,23 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
         out["shardloader_tc"] = ("shardkit ShardLoader TorchCodec x4", shardloader(GpuOptions(decode_threads=4),
                                                                                    "torchcodec"))
 
-    def dali_loader(reader: str, source: str) -> Callable[[], Any]:
+    def dali_loader(reader: str, source: str, threads: int) -> Callable[[], Any]:
         return lambda: dali.DaliTrainLoader(reader, source, size=cfg.size, batch_size=cfg.batch_size,
-                                            threads=cfg.workers, device=cfg.device)
+                                            threads=threads, device=cfg.device, prefetch=cfg.dali_prefetch,
+                                            hw_decoder_load=cfg.dali_hw_decoder_load)
 
-    if "dali" in cfg.contenders:
-        index = "its .dali.idx" if dali.has_dali_index(cfg.shards) else ".dali.idx made by the bench"
-        out["dali"] = (f"NVIDIA DALI webdataset ({index})", dali_loader("webdataset", cfg.shards))
-    if "dali_files" in cfg.contenders:
-        out["dali_files"] = ("NVIDIA DALI readers.file (ImageFolder)", dali_loader("file", cfg.imagefolder))
+    sweep = cfg.dali_threads or (cfg.workers,)
+    for name, reader, source, label in (
+            ("dali", "webdataset", cfg.shards, "NVIDIA DALI webdataset ({index}), {threads}"),
+            ("dali_files", "file", cfg.imagefolder, "NVIDIA DALI readers.file (ImageFolder), {threads}")):
+        if name not in cfg.contenders:
+            continue
+        index = ("its .dali.idx" if dali.has_dali_index(cfg.shards) else ".dali.idx made by the bench"
+                 ) if reader == "webdataset" else ""
+        for threads in sweep:
+            row = name if len(sweep) == 1 else f"{name}@{threads}"
+            out[row] = (label.format(index=index, threads=counted(threads, "thread")),
+                        dali_loader(reader, source, threads))
     return out
 
 
@@ -336,6 +362,16 @@ def summarise(runs: list[TrainRun]) -> dict[str, Any]:
     }
 
 
+def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:
+    """One run of contender ``name`` (a row of the report) with a step and a loader of its own: what
+    each fresh process of an isolated bench does."""
+    step = TrainStep(cfg.model, classes, torch.device(cfg.device), compile=cfg.compile)
+    _label, build = _contenders(cfg)[name]
+    runs = run_contenders({name: (step, build)}, steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size,
+                          repeats=1, settle_s=cfg.settle_s)
+    return runs[name][0]
+
+
 def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, TrainRun], None] | None = None
                     ) -> dict[str, Any]:
     """Measure every contender ``repeats`` times (alternating); return the report dict.
@@ -344,13 +380,21 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
         ValueError: invalid settings, or a dataset too small for the steps asked for.
     """
     cfg.validate()
-    device = torch.device(cfg.device)
     data = conditions.describe_imagefolder(cfg.imagefolder)
-    step = TrainStep(cfg.model, data["classes"], device, compile=cfg.compile)
     contenders = _contenders(cfg)
-    runs = run_contenders({name: (step, build) for name, (_label, build) in contenders.items()}, steps=cfg.steps,
-                          warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats, settle_s=cfg.settle_s,
-                          after_run=after_run)
+    if cfg.isolate:
+        runs: dict[str, list[TrainRun]] = {name: [] for name in contenders}
+        for rep, names in enumerate(alternating_order(list(contenders), cfg.repeats)):
+            for name in names:
+                run = in_fresh_process(run_one, cfg, name, data["classes"], what=f"the run of {name}")
+                runs[name].append(run)
+                if after_run is not None:
+                    after_run(name, rep, run)
+    else:
+        step = TrainStep(cfg.model, data["classes"], torch.device(cfg.device), compile=cfg.compile)
+        runs = run_contenders({name: (step, build) for name, (_label, build) in contenders.items()},
+                              steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats,
+                              settle_s=cfg.settle_s, after_run=after_run)
     results = [{"name": name, "label": with_feeders(label, runs[name]), **summarise(runs[name])}
                for name, (label, _build) in contenders.items()]
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),

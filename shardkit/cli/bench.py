@@ -78,12 +78,21 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 @click.option("--feeders", default="auto", show_default=True, metavar="auto|N",
               help="--train with a classifier: the shardloader contender's feeder processes (ShardLoader's "
                    "feeders; auto: one per 5 workers, 1 to 4, on cuda, none on cpu; N: that many, on either).")
+@click.option("--dali-threads", default=None, metavar="N[,N...]",
+              help="--train with a classifier: DALI's num_threads, one row per value (e.g. 8,12,16: DALI's best "
+                   "count differs by machine and model) [default: --workers].")
+@click.option("--dali-hw-load", type=click.FloatRange(0, 1), default=None,
+              help="--train: DALI's hw_decoder_load, the share of JPEGs on the hardware decoder [default: DALI's].")
+@click.option("--isolate/--no-isolate", default=True, show_default=True,
+              help="--train with a classifier: each run in a process of its own, nothing of another contender "
+                   "alive beside it (as in a training job).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, shards: str | None, workers: int,
                   batch_size: int | None, device: str, transform: str, size: int | None, epochs: int, repeats: int,
                   warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
                   plot: str | None, train_model: str | None, steps: int, contenders: tuple[str, ...],
-                  feeders: str, quiet: bool) -> None:
+                  feeders: str, dali_threads: str | None, dali_hw_load: float | None, isolate: bool,
+                  quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
 
@@ -105,6 +114,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         raise click.UsageError(f"--train {train_model} is a detector: it needs --annotations, the COCO instances "
                                "JSON (IMAGEFOLDER_DIR is then its images directory)")
     feeder_count = _feeders(feeders, workers, train_model is not None and not detector, contenders)
+    dali_counts = _dali_threads(dali_threads)
     fitting = DETECTOR_CONTENDERS if detector else CLASSIFIER_CONTENDERS
     if train_model is not None and not set(contenders) <= set(fitting):
         wrong = ", ".join(c for c in contenders if c not in fitting)
@@ -125,7 +135,8 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if train_model is not None:
         _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
                size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet,
-               contenders=contenders, feeders=feeder_count)
+               contenders=contenders, feeders=feeder_count, dali_threads=dali_counts, dali_hw_load=dali_hw_load,
+               isolate=isolate)
         return
     if contenders:
         raise click.UsageError("--contender chooses --train loaders; without --train use --no-webdataset")
@@ -206,9 +217,23 @@ def _feeders(value: str, workers: int, classifier: bool, contenders: tuple[str, 
     return count
 
 
+def _dali_threads(text: str | None) -> tuple[int, ...]:
+    """``--dali-threads 8,12,16`` as numbers; a usage error names a bad one."""
+    if text is None:
+        return ()
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise click.UsageError(f"--dali-threads takes whole numbers >= 1 separated by commas, got {text!r}")
+    return tuple(dict.fromkeys(counts))
+
+
 def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int, batch_size: int, device: str,
            size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool,
-           contenders: tuple[str, ...], feeders: int | str) -> None:
+           contenders: tuple[str, ...], feeders: int | str, dali_threads: tuple[int, ...] = (),
+           dali_hw_load: float | None = None, isolate: bool = True) -> None:
     from shardkit.bench.dali import dali_available
     from shardkit.bench.train import TrainBenchConfig, format_train_table, run_train_bench
 
@@ -218,7 +243,8 @@ def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int
     cfg = TrainBenchConfig(imagefolder=imagefolder_dir, shards=shards, model=model, size=size,
                            batch_size=batch_size, workers=workers, steps=steps, warmup=warmup, repeats=repeats,
                            device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)),
-                           feeders=feeders)
+                           feeders=feeders, dali_threads=dali_threads, dali_hw_decoder_load=dali_hw_load,
+                           isolate=isolate)
     _measure_train(lambda after_run: run_train_bench(cfg, after_run=after_run), format_train_table,
                    repeats=repeats, out=out, quiet=quiet)
 

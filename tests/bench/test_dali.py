@@ -89,12 +89,15 @@ def test_train_bench_has_dali_rows(indexed: tuple[Path, Path], monkeypatch: pyte
     tree, shards = indexed
     cfg = TrainBenchConfig(imagefolder=str(tree), shards=str(shards), model="resnet18", size=32, batch_size=4,
                            workers=1, steps=2, warmup=0, repeats=1, device="cpu", compile=False,
-                           contenders=("dali", "dali_files"))
+                           contenders=("dali", "dali_files"), dali_threads=(1, 2), isolate=False)
     report = run_train_bench(cfg)
-    assert [r["label"] for r in report["results"]] == ["NVIDIA DALI webdataset (its .dali.idx)",
-                                                       "NVIDIA DALI readers.file (ImageFolder)"]
+    assert [(r["name"], r["label"]) for r in report["results"]] == [
+        ("dali@1", "NVIDIA DALI webdataset (its .dali.idx), 1 thread"),
+        ("dali@2", "NVIDIA DALI webdataset (its .dali.idx), 2 threads"),
+        ("dali_files@1", "NVIDIA DALI readers.file (ImageFolder), 1 thread"),
+        ("dali_files@2", "NVIDIA DALI readers.file (ImageFolder), 2 threads")]
     assert all(r["fed_images_per_second"]["median"] > 0 for r in report["results"])
-    assert "NVIDIA DALI webdataset (its .dali.idx)" in format_train_table(report)
+    assert "NVIDIA DALI webdataset (its .dali.idx), 2 threads" in format_train_table(report)
 
     asked: list[tuple[str, ...]] = []
 

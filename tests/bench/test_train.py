@@ -37,7 +37,7 @@ def packed(tiny_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _cfg(tree: Path, packed: Path, **kw: object) -> TrainBenchConfig:
     base: dict[str, object] = {"imagefolder": str(tree), "shards": str(packed), "model": "resnet18", "size": 32,
                                "batch_size": 4, "workers": 0, "steps": 1, "warmup": 0, "repeats": 2,
-                               "device": "cpu", "compile": False, "settle_s": 0}
+                               "device": "cpu", "compile": False, "settle_s": 0, "isolate": False}
     return TrainBenchConfig(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -84,7 +84,7 @@ def test_settings_are_checked(tiny_tree: Path, packed: Path) -> None:
 def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: Path) -> None:
     runner = CliRunner()
     base = ["bench", str(tiny_tree), "--shards", str(packed), "--size", "32", "--batch-size", "4", "--steps", "1",
-            "--warmup", "0", "--repeats", "1", "-q"]
+            "--warmup", "0", "--repeats", "1", "--no-isolate", "-q"]
     for args, message in [(["--train", "resnet18", "--feeders", "x"], "--feeders must be auto or a whole number"),
                           (["--train", "resnet18", "--feeders", "3", "--workers", "2"],
                            "--feeders must be from 0 to --workers (2)"),
