@@ -82,7 +82,8 @@ def main() -> None:
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     device = torch.device("cuda")
-    net = getattr(torchvision.models, args.model)(num_classes=args.classes).to(device, memory_format=torch.channels_last)
+    net = getattr(torchvision.models, args.model)(num_classes=args.classes)
+    net = net.to(device, memory_format=torch.channels_last)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     model = torch.compile(net)
 
