@@ -102,7 +102,7 @@ def main() -> None:
         while True:
             for out in batches:
                 images = out[0]["images"].permute(0, 3, 1, 2).to(torch.bfloat16)
-                yield images, labels_of(out[0]["labels"]).remainder(args.classes)
+                yield images, labels_of(out[0]["labels"]).to(device).remainder(args.classes)
 
     feed = fed()
     for _ in range(args.warmup):
