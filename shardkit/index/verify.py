@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import io
-import json
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from shardkit.errors import FormatError, ShardkitError, reraise_interrupt
+from shardkit.format.bounded import parse_json, parse_label
 from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, check_key, offsets_name
 from shardkit.format.tarread import iter_entries, sample_key
@@ -132,8 +132,8 @@ def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str,
     # Adopted shards (written by another tool) need no json member; when one is there, only the
     # fields it has are checked against cls and the class list.
     try:
-        label = int(fields["cls"])
-        meta = json.loads(fields["json"]) if "json" in fields or not manifest.adopted else {}
+        label = parse_label(fields["cls"])
+        meta = parse_json(fields["json"]) if "json" in fields or not manifest.adopted else {}
     except (KeyError, ValueError) as err:
         report.problems.append(f"{here}: missing or malformed cls/json member ({err})")
         return
@@ -154,7 +154,7 @@ def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str,
 def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str,
                 report: VerifyReport) -> None:
     try:
-        meta = json.loads(fields["json"])
+        meta = parse_json(fields["json"])
     except (KeyError, ValueError) as err:
         report.problems.append(f"{here}: missing or malformed json member ({err})")
         return
