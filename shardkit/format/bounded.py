@@ -19,21 +19,23 @@ MAX_JSON_DEPTH = 32
 #: A label below 10**18 fits a signed 64-bit tensor; more digits are not a class index.
 MAX_LABEL_DIGITS = 18
 
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_STRINGS = re.compile(rb'"[^"]*"')
 _INNERMOST = re.compile(rb"\{\}|\[\]")
-_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
 
 
 def json_depth_over(data: bytes, limit: int) -> bool:
     """Whether the JSON text ``data`` nests arrays and objects more than ``limit`` levels deep.
 
-    Strings are removed, then one level of innermost brackets per pass (each pass runs in C), so
-    the check costs ``limit`` linear passes at most and never recurses.
+    Escapes go first (``\\\\`` pairs, then ``\\"``), then everything but quotes and brackets,
+    then strings (no bracket inside one counts); then one level of innermost brackets per pass.
+    Every step runs in C, so the check costs a few linear passes and never recurses.
 
-    >>> json_depth_over(b'{"a": [[1], "]]]"]}', 3), json_depth_over(b'[[[[]]]]', 3)
+    >>> json_depth_over(rb'{"a": [[1], "]]]\\"]"]}', 3), json_depth_over(b'[[[[]]]]', 3)
     (False, True)
     """
-    skeleton = _STRINGS.sub(b"", data).translate(None, _NOT_BRACKETS)
+    plain = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    skeleton = _STRINGS.sub(b"", plain.translate(None, _NOT_STRUCTURE))
     for _ in range(limit):
         if not skeleton:
             return False
