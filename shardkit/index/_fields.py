@@ -22,7 +22,7 @@ def integer(value: Any, field: str, where: str) -> int:
     if value < 0:
         raise ManifestError(f"field {field!r} must not be negative", where=where)
     if value >= MAX_INTEGER:
-        raise ManifestError(f"field {field!r} is too large ({len(str(value))} digits; a count or size is below "
+        raise ManifestError(f"field {field!r} is too large ({value.bit_length()} bits; a count or size is below "
                             "2**63)", where=where)
     return value
 

@@ -31,7 +31,7 @@ from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import offsets_name
 from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_spans
 from shardkit.index.manifest import ShardEntry
-from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, ShardCache
+from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, ShardCache, default_cache_dir
 from shardkit.storage import Store
 from shardkit.storage.store import file_kind, open_regular
 
@@ -167,7 +167,8 @@ class ShardReader:
         self.shards = shards
         self._parts: tuple[ReaderPart, ...] = (ReaderPart(store, shards),)
         self._firsts = [0]  # the first shard of each part
-        self.cache = ShardCache(cache_dir, cache_bytes) if cache_dir is not None else None
+        self.cache = (ShardCache(cache_dir, cache_bytes, private=cache_dir == default_cache_dir())
+                      if cache_dir is not None else None)
         self.max_open = max_open
         self.verify_hashes = verify_hashes
         self._verified: set[int] = set()
