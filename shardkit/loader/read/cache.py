@@ -18,7 +18,8 @@ Fetching holds an exclusive ``fcntl.flock`` on ``<file>.lock``, so of all the pr
 node (ranks, DataLoader workers) one downloads a shard and the others wait, then reuse it. The
 descriptor is opened while that lock is held. The ``.lock`` file is unlinked before the lock is
 released (after a shard is installed or opened, and after an eviction), so the cache holds no
-lock files once no process is using it (``_locked`` says why that stays exclusive). Eviction
+lock files once no process is using it (:func:`~shardkit.storage.locks.locked` says why that
+stays exclusive). Eviction
 removes the least recently used files (modification time, refreshed on every open) until the
 cache holds at most ``budget`` bytes, skipping the file just opened and any file whose lock
 another process holds. Eviction only unlinks: descriptors already open keep reading the bytes
@@ -28,7 +29,6 @@ another process holds. Eviction only unlinks: descriptors already open keep read
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import re
@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import SHA256_RE, ShardEntry
 from shardkit.storage import Store
+from shardkit.storage.locks import locked
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ShardCache", "default_cache_dir"]
 
@@ -99,44 +100,10 @@ def _hash_fd(fd: int) -> tuple[int, str]:
 
 @contextlib.contextmanager
 def _locked(path: str, *, blocking: bool = True) -> Iterator[bool]:
-    """Hold an exclusive flock on ``path + ".lock"``; yields False when ``blocking=False`` and busy.
-
-    The lock file is unlinked before the lock is released, so none is left behind. Hence a
-    process may lock a file that its holder has just unlinked (opened before the unlink): after
-    ``flock`` it checks that the file it locked is still the one at ``path + ".lock"`` (same
-    device and inode) and otherwise starts again on the current one. Only a holder unlinks, so
-    a lock whose file is the current one is exclusive.
-    """
-    lock_path = f"{path}.lock"
-    flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
-    while True:
-        lock = open(lock_path, "a")  # noqa: SIM115 (closed below, on every path)
-        try:
-            try:
-                fcntl.flock(lock, flags)
-            except BlockingIOError:
-                lock.close()
-                yield False
-                return
-            held = os.fstat(lock.fileno())
-            try:
-                current = os.stat(lock_path)
-            except FileNotFoundError:  # unlinked by the holder we waited for
-                current = None
-            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
-                break
-        except BaseException:
-            lock.close()
-            raise
-        lock.close()  # releases the lock on the unlinked file; try the current one
-    try:
-        yield True
-    finally:
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(lock_path)  # still held: nobody can have replaced it
-        finally:
-            lock.close()  # releases the lock
+    """Hold the exclusive lock of ``path`` (``path + ".lock"``, see :func:`shardkit.storage.locks.locked`);
+    yields False when ``blocking=False`` and another process holds it."""
+    with locked(f"{path}.lock", blocking=blocking) as lock:
+        yield lock is not None
 
 
 def _size(path: str) -> int:
