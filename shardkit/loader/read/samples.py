@@ -162,6 +162,6 @@ def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where:
                                   where=where)
             return image, params
         image = decode_rgb(raw, where=where, stats=dstats)
-    except DecodeError as err:
-        raise BadSample(str(err)) from err
+    except DecodeError as err:  # the header peek names no sample: name it here
+        raise BadSample(str(err) if err.where else f"{where}: {err.message}") from err
     return image, transform.sample_params(image.shape[-2], image.shape[-1], rng)
