@@ -261,6 +261,8 @@ def read_manifest(store: Store) -> Manifest:
             "DIR`)",
             where=store.url,
         )
+    if not store.remote and store.size(INDEX_NAME) > MAX_MANIFEST_BYTES:  # refused unread
+        raise ManifestError(f"is larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest may have", where=where)
     return Manifest.from_json(store.read_bytes(INDEX_NAME, limit=MAX_MANIFEST_BYTES + 1), where=where)
 
 
