@@ -3,13 +3,16 @@
 Two packs into one directory (``--overwrite`` or not) would remove, resume and publish each
 other's shards. ``pack`` holds an exclusive ``flock`` on ``.<name>.shardkit-lock`` beside a local
 DST for its whole run; a second pack is refused at once, naming the holder (pid, host and
-command). The lock file is removed when the pack ends; after a ``kill -9`` it stays, unlocked,
-and the next pack takes it. Object-store destinations have no such lock.
+command). Where DST's parent cannot be written (a dataset directory under a read-only mount
+point), the lock lives in the user's cache directory instead, named by DST's absolute path. The
+lock file is removed when the pack ends; after a ``kill -9`` it stays, unlocked, and the next pack
+takes it. Object-store destinations have no such lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Iterator
 
@@ -27,6 +30,13 @@ def lock_path(store: Store) -> str | None:
     return os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.shardkit-lock")
 
 
+def _fallback_path(beside: str) -> str:
+    """The lock of the destination whose lock would be ``beside``, in the user's cache directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    name = hashlib.sha256(beside.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return os.path.join(base, "shardkit", "locks", f"{name}.lock")
+
+
 @contextlib.contextmanager
 def destination_lock(store: Store) -> Iterator[None]:
     """Hold ``store``'s destination lock for the body.
@@ -38,7 +48,13 @@ def destination_lock(store: Store) -> Iterator[None]:
     if path is None:
         yield
         return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError:  # DST's parent is not ours to write (permissions, a read-only mount): lock in our cache
+        path = _fallback_path(path)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     with locked(path, blocking=False, holder=this_process()) as lock:
         if lock is None:
             holder = holder_of(path) or "a process that has not yet said which"

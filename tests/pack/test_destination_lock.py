@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from shardkit.cli import cli
 from shardkit.errors import PackError
 from shardkit.index import verify_dataset
-from shardkit.pack import pack
+from shardkit.pack import lock, pack
 from shardkit.pack.lock import destination_lock, lock_path
 from shardkit.storage import Store
 
@@ -42,5 +42,20 @@ def test_a_lock_left_by_a_killed_pack_does_not_block_the_next(small_tree: Path, 
             f"with locked({path!r}, holder='pid x'):\n    os._exit(9)")  # dies holding it, as kill -9 would
     subprocess.run([sys.executable, "-c", code], check=False, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert Path(path).exists()
+    pack(str(small_tree), str(dst), workers=1)
+    assert verify_dataset(str(dst)).ok
+
+
+
+def test_a_destination_whose_parent_cannot_be_written_is_locked_in_the_users_cache(
+        small_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "a-file").write_text("")  # nothing can be created below it, as under a read-only mount
+    monkeypatch.setattr(lock, "lock_path", lambda store: str(tmp_path / "a-file" / ".out.shardkit-lock"))
+    dst = tmp_path / "out"
+    with destination_lock(Store(str(dst))):
+        assert len(list((tmp_path / "xdg" / "shardkit" / "locks").glob("*.lock"))) == 1
+        with pytest.raises(PackError, match="another pack is writing here"):
+            pack(str(small_tree), str(dst), workers=1)
     pack(str(small_tree), str(dst), workers=1)
     assert verify_dataset(str(dst)).ok
