@@ -64,9 +64,11 @@ def locked(lock_path: str, *, blocking: bool = True, holder: str = "") -> Iterat
 
 
 def this_process() -> str:
-    """This process as a lock's holder: ``pid <pid> on <host> (<command>)``."""
-    command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
-    return f"pid {os.getpid()} on {socket.gethostname()} ({command})"
+    """This process as a lock's holder: ``pid <pid> on <host> (<program> <subcommand>)``. Not the
+    whole command line: the lock file may be readable by others, and arguments can hold secrets
+    (storage options)."""
+    words = [os.path.basename(sys.argv[0])] + [a for a in sys.argv[1:2] if not a.startswith("-")] if sys.argv else []
+    return f"pid {os.getpid()} on {socket.gethostname()} ({' '.join(words) or 'python'})"
 
 
 def holder_of(lock_path: str) -> str:
