@@ -14,6 +14,13 @@ from pathlib import Path
 
 from benchmarks.reliability.codec import r1_acceptance, r10_fuzz
 from benchmarks.reliability.death import r8_death
+from benchmarks.reliability.hostile import (
+    r12_hostile_shards,
+    r13_hostile_records,
+    r14_dali_index,
+    r15_concurrent_packs,
+    r16_cache,
+)
 from benchmarks.reliability.loader import r6_resume, r7_ranks, r11_reproducibility
 from benchmarks.reliability.process import r4_kill, r5_remote
 from benchmarks.reliability.report import render
@@ -31,7 +38,8 @@ def main() -> None:
         ds = packed(work)
         rows = [r1_pack_inputs(work), r1_acceptance(work), *r2_damaged(work), r3_integrity(work), *r4_kill(work),
                 *r5_remote(work), r6_resume(ds), r7_ranks(ds), *r8_death(ds, work), r9_security(work),
-                r10_fuzz(), r11_reproducibility(work)]
+                r10_fuzz(), r11_reproducibility(work), r12_hostile_shards(work), r13_hostile_records(work),
+                r14_dali_index(work), r15_concurrent_packs(work), r16_cache(work)]
     seconds = time.perf_counter() - started
     Path(args.out).write_text(render(rows, seconds))
     print(f"wrote {args.out} in {seconds:.0f} s")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,6 +144,12 @@ def _pil_rgb(data: Bytes) -> torch.Tensor:
     return torch.from_numpy(arr).permute(2, 0, 1)
 
 
+def _reason(err: Exception) -> str:
+    """A decoder's error in words, without the object addresses PIL puts in some
+    (``cannot identify image file <_io.BytesIO object at 0x7f…>``)."""
+    return re.sub(r"\s*<[^<>]* object at 0x[0-9a-f]+>", "", str(err)) or type(err).__name__
+
+
 def decode_rgb(
     data: Bytes | torch.Tensor, *, where: str = "", stats: DecodeStats | None = None
 ) -> torch.Tensor:
@@ -207,4 +214,4 @@ def decode_rgb(
         reraise_interrupt(e)  # Ctrl-C wrapped by a lazy plugin import is not a bad image
         if stats is not None:
             stats.failed += 1
-        raise DecodeError(f"cannot decode image: {e}", where=where) from e
+        raise DecodeError(f"cannot decode image: {_reason(e)}", where=where) from e

@@ -25,6 +25,8 @@ BLOCK = 512
 MAX_MEMBER_BYTES = 1 << 30
 #: PAX and GNU long-name headers larger than this are refused (real ones are a few hundred bytes).
 MAX_EXTENSION_BYTES = 1 << 20
+#: Digits in a PAX ``size`` record beyond which it is refused unread (any real size has fewer).
+_MAX_SIZE_DIGITS = 20
 
 _ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = (b"0", b"\0", b"7")  # 7: contiguous file, a regular file to every reader
@@ -153,6 +155,16 @@ def _pax_records(data: bytes, where: str) -> dict[str, str]:
     return records
 
 
+def _pax_size(text: str, name: str, where: str) -> int:
+    """A PAX ``size`` record: ASCII decimal digits only (``str.isdigit`` also takes ``'²'``), and
+    few enough of them to be a size at all (a 5,000-digit number is not, and ``int`` refuses it)."""
+    if not text.isascii() or not text.isdigit() or len(text) > _MAX_SIZE_DIGITS:
+        shown = repr(text[:20]) + ("..." if len(text) > 20 else "")
+        raise FormatError(f"member {name!r} has a malformed PAX size {shown} ({len(text)} characters)",
+                          where=where)
+    return int(text)
+
+
 def _header(block: bytes, where: str) -> tuple[str, int, bytes]:
     """Validate one 512-byte header; return ``(name, size, type)``. ``where`` names the offset."""
     try:
@@ -217,10 +229,7 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
         pending = {}
         name = fields.get("path", raw_name)
         if "size" in fields:
-            if not fields["size"].isdigit():
-                raise FormatError(f"member {name!r} has a malformed PAX size {fields['size']!r}",
-                                  where=here)
-            size = int(fields["size"])
+            size = _pax_size(fields["size"], name, here)
         offset, first = first, -1
         _check_name(name, here)
         if kind == _DIRECTORY:

@@ -6,6 +6,9 @@ from typing import Any
 
 from shardkit.errors import ManifestError
 
+#: Counts and sizes are below 2**63: they travel in 64-bit integers (tensors, ``os.pread`` offsets).
+MAX_INTEGER = 1 << 63
+
 
 def _kind_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
@@ -18,6 +21,9 @@ def integer(value: Any, field: str, where: str) -> int:
                             where=where)
     if value < 0:
         raise ManifestError(f"field {field!r} must not be negative", where=where)
+    if value >= MAX_INTEGER:
+        raise ManifestError(f"field {field!r} is too large ({value.bit_length()} bits; a count or size is below "
+                            "2**63)", where=where)
     return value
 
 

@@ -10,12 +10,12 @@ themselves are never modified, so other tools keep reading them as before.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import FormatError, ManifestError
+from shardkit.format.bounded import parse_json, parse_label
 from shardkit.format.dali_index import dali_index_name, dump_dali_index
 from shardkit.format.offsets import dump_offsets, load_offsets
 from shardkit.format.spec import (
@@ -31,6 +31,10 @@ from shardkit.index._hashing import HashingReader
 from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
 from shardkit.storage import Store
 
+#: The largest label ``shardkit index`` accepts: the class list it writes holds every label up to the
+#: largest one (a shard claiming label 100000000 must not make it build a list of 10**8 names).
+MAX_INFERRED_CLASSES = 1 << 20
+
 
 @dataclass
 class _Shard:
@@ -39,34 +43,38 @@ class _Shard:
     entries: list[TarEntry]
 
 
-def _label(key: str, fields: dict[str, bytes], where: str) -> tuple[int, str | None]:
-    """``(label, class name from json or None)`` of one sample."""
+def _label(key: str, fields: dict[str, bytes], where: str, limit: int) -> tuple[int, str | None]:
+    """``(label, class name from json or None)`` of one sample; the label must be below ``limit``
+    (checked here, before a class list up to it is built)."""
     here = f"{where}:{key}"
     if "cls" not in fields:
         raise FormatError(f"sample has no 'cls' member (has {sorted(fields)}); shardkit index "
                           "needs a class label per sample", where=here)
-    text = fields["cls"].strip()
-    if not text.isdigit():
-        raise FormatError(f"'cls' member is {fields['cls'][:20]!r}, not a non-negative integer",
-                          where=here)
+    try:
+        label = parse_label(fields["cls"])
+    except ValueError as err:
+        raise FormatError(f"'cls' member {err}", where=here) from err
+    if label >= limit:
+        raise FormatError(f"label {label} is too large: shardkit index lists every class up to the largest "
+                          f"label, at most {limit}", where=here)
     name = None
     if "json" in fields:
         try:
-            meta = json.loads(fields["json"])
+            meta = parse_json(fields["json"])
         except ValueError as err:
             raise FormatError(f"'json' member is not valid JSON ({err})", where=here) from err
         if not isinstance(meta, dict):
             raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}",
                               where=here)
-        if "label" in meta and meta["label"] != int(text):
-            raise FormatError(f"'json' label {meta['label']!r} differs from 'cls' {int(text)}",
+        if "label" in meta and meta["label"] != label:
+            raise FormatError(f"'json' label {meta['label']!r:.40} differs from 'cls' {label}",
                               where=here)
         if isinstance(meta.get("class"), str):
             name = meta["class"]
-    return int(text), name
+    return label, name
 
 
-def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None]) -> _Shard:
+def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None], limit: int) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
         reader = HashingReader(f)
@@ -96,7 +104,7 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             raise FormatError("expected one image member "
                               f"({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}), found "
                               f"{sorted(fields)}", where=f"{where}:{span.key}")
-        label, name = _label(span.key, fields, where)
+        label, name = _label(span.key, fields, where, limit)
         if name is not None and labels.get(label) not in (None, name):
             raise FormatError(f"label {label} is class {name!r} here but {labels[label]!r} "
                               "elsewhere",
@@ -174,7 +182,8 @@ def adopt_shards(
         _check_offsets_slot(store, name, overwrite)
     keys: set[str] = set()
     labels: dict[int, str | None] = {}
-    shards = [_read_shard(store, name, keys, labels) for name in urls]
+    limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
+    shards = [_read_shard(store, name, keys, labels, limit) for name in urls]
     class_names = _classes(labels, classes, store.url)
     for shard in shards:
         if shard.spans:

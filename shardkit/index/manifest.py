@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit.errors import ManifestError
+from shardkit.format.bounded import parse_json
 from shardkit.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -26,6 +27,9 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}")
 #: The fewest bytes a shard holding ``n`` samples can have: each sample has at least one member,
 #: whose tar header alone is one 512-byte block (an upper bound on ``num_samples`` per byte).
 _MIN_SAMPLE_BYTES = 512
+#: The largest ``index.json`` read: about 1.7 million shards (a shard's entry takes ~150 bytes). A
+#: larger file is refused before it is parsed (parsing takes about 10 times its size in memory).
+MAX_MANIFEST_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,12 @@ class Manifest:
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> Manifest:
         """Parse and validate; raise ``ManifestError`` naming ``where`` and the bad field."""
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"is larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest may have",
+                                where=where)
+        try:  # nesting bounded by the parser's own limit (a depth scan would double a large index's load time)
+            doc = parse_json(data, max_depth=None)
+        except ValueError as err:  # also: not UTF-8, a number of more digits than Python converts
             raise ManifestError(f"not valid JSON ({err})", where=where) from err
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ManifestError(f"not a shardkit manifest (missing \"format\": \"{FORMAT_NAME}\")",
@@ -207,6 +214,8 @@ def _shard_entries_fast(raw: list[Any]) -> list[ShardEntry] | None:
         return None
     if not _SHA256_LINES.fullmatch("".join(f"{h}\n" for h in shas)):
         return None
+    if max(sizes, default=0) >= _fields.MAX_INTEGER or max(counts, default=0) >= _fields.MAX_INTEGER:
+        return None
     if min(counts, default=0) < 0 or any(n * _MIN_SAMPLE_BYTES > b for n, b in zip(counts, sizes, strict=True)):
         return None
     return entries
@@ -252,7 +261,9 @@ def read_manifest(store: Store) -> Manifest:
             "DIR`)",
             where=store.url,
         )
-    return Manifest.from_json(store.read_bytes(INDEX_NAME), where=where)
+    if not store.remote and store.size(INDEX_NAME) > MAX_MANIFEST_BYTES:  # refused unread
+        raise ManifestError(f"is larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest may have", where=where)
+    return Manifest.from_json(store.read_bytes(INDEX_NAME, limit=MAX_MANIFEST_BYTES + 1), where=where)
 
 
 def write_manifest(store: Store, manifest: Manifest) -> None:

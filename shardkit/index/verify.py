@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import io
-import json
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from shardkit.errors import FormatError, ShardkitError, reraise_interrupt
+from shardkit.format.bounded import parse_json, parse_label
+from shardkit.format.dali_index import dali_index_name, dump_dali_index, load_dali_index
 from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, check_key, offsets_name
-from shardkit.format.tarread import iter_entries, sample_key
+from shardkit.format.tarread import TarEntry, iter_entries, sample_key
 from shardkit.index._hashing import HashingReader
 from shardkit.index.manifest import Manifest, ShardEntry, read_manifest
 from shardkit.storage import Store
@@ -46,14 +47,17 @@ def _decodes(data: bytes) -> str | None:
     return None
 
 
-def _samples_with_spans(f: io.BufferedReader, where: str) -> Iterator[tuple[str, dict[str, bytes], int, int]]:
+def _samples_with_spans(f: io.BufferedReader, where: str,
+                        members: list[TarEntry]) -> Iterator[tuple[str, dict[str, bytes], int, int]]:
     """Like :func:`~shardkit.format.tarread.iter_samples`, plus each sample's ``(offset, size)``
-    span in the shard (what its offsets-file line must say)."""
+    span in the shard (what its offsets-file line must say); every member (without its data) is
+    appended to ``members`` (what a DALI index must list)."""
     seen: set[str] = set()
     key: str | None = None
     fields: dict[str, bytes] = {}
     start = end = 0
     for entry in iter_entries(f, where=where):
+        members.append(entry._replace(data=None))
         member_key, ext = sample_key(entry.name, where=where)
         if member_key != key:
             if key is not None:
@@ -90,9 +94,10 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
     where = store.path(entry.url)
     found: list[str] = []
     spans: list[tuple[str, int, int]] = []
+    members: list[TarEntry] = []
     with store.open_read(entry.url) as f:
         reader = HashingReader(f)
-        for key, fields, offset, size in _samples_with_spans(io.BufferedReader(reader, 1 << 20), where):
+        for key, fields, offset, size in _samples_with_spans(io.BufferedReader(reader, 1 << 20), where, members):
             here = f"{where}:{key}"
             found.append(key)
             spans.append((key, offset, size))
@@ -125,6 +130,33 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
     if len(found) != entry.num_samples:
         report.problems.append(f"{where}: {len(found)} samples, manifest says {entry.num_samples}")
     _check_offsets(store, entry, spans, report)
+    _check_dali_index(store, entry, members, report)
+
+
+def _check_dali_index(store: Store, entry: ShardEntry, members: list[TarEntry], report: VerifyReport) -> None:
+    """Compare the shard's DALI index, when it has one, with what its members say it must list:
+    DALI reads a member's bytes at the offset and size its index gives, so a damaged index makes
+    it fail or, worse, hand one sample's image to another."""
+    name = dali_index_name(entry.url)
+    raw = store.read_optional(name)
+    if raw is None:
+        return
+    where = store.path(name)
+    try:
+        listed = load_dali_index(raw, where=where)
+        actual = load_dali_index(dump_dali_index(members, where=store.path(entry.url)), where=where)
+    except FormatError as err:
+        report.problems.append(str(err))
+        return
+    for number, (said, real) in enumerate(zip(listed, actual, strict=False), start=2):
+        if said != real:
+            shown = " ".join(f"{m.ext} {m.offset} {m.size} {m.name}" for m in said)[:200]
+            truth = " ".join(f"{m.ext} {m.offset} {m.size} {m.name}" for m in real)[:200]
+            report.problems.append(f"{where}: line {number} says {shown}, the shard has {truth} (DALI would read the "
+                                   "wrong bytes)")
+            return
+    if len(listed) != len(actual):
+        report.problems.append(f"{where}: lists {len(listed)} samples, the shard has {len(actual)}")
 
 
 def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str,
@@ -132,8 +164,8 @@ def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str,
     # Adopted shards (written by another tool) need no json member; when one is there, only the
     # fields it has are checked against cls and the class list.
     try:
-        label = int(fields["cls"])
-        meta = json.loads(fields["json"]) if "json" in fields or not manifest.adopted else {}
+        label = parse_label(fields["cls"])
+        meta = parse_json(fields["json"]) if "json" in fields or not manifest.adopted else {}
     except (KeyError, ValueError) as err:
         report.problems.append(f"{here}: missing or malformed cls/json member ({err})")
         return
@@ -154,7 +186,7 @@ def _check_label(fields: dict[str, bytes], manifest: Manifest, here: str,
 def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str,
                 report: VerifyReport) -> None:
     try:
-        meta = json.loads(fields["json"])
+        meta = parse_json(fields["json"])
     except (KeyError, ValueError) as err:
         report.problems.append(f"{here}: missing or malformed json member ({err})")
         return
@@ -182,7 +214,8 @@ def verify_dataset(
     """Re-read every shard of the dataset at ``url`` and compare it with ``index.json``.
 
     Checks each shard's size, sha256, sample count, member names and key uniqueness, labels
-    against the class list (COCO: records and category ids in ``json``), offsets files, and
+    against the class list (COCO: records and category ids in ``json``), offsets files, DALI
+    index files (``<shard>.dali.idx``, when present), and
     with ``decode=True`` that every image decodes.
     Problems are collected, not raised, so one run lists them all.
 

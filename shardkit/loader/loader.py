@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -18,9 +16,10 @@ from shardkit.errors import LoaderError
 from shardkit.loader.arguments import check_arguments, feeder_count, worker_count
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.position import Position
+from shardkit.loader.epochs.state import MAX_INT
 from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
-from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES
+from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
 from shardkit.loader.read.datasets import open_datasets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
@@ -72,7 +71,9 @@ class ShardLoader:
         on_error: ``"replace"`` corrupt samples (counted in :attr:`stats`) or ``"raise"``.
         prefetch: batches each worker prepares ahead.
         cache_dir: local cache for shards of a remote dataset, shared by the node's processes
-            (files named by content hash, so re-packing a URL never serves stale bytes).
+            (files named by content hash, so re-packing a URL never serves stale bytes; each
+            process hashes a cached shard before its first use). Default: the user's own
+            ``$XDG_CACHE_HOME/shardkit`` (``~/.cache/shardkit``), created ``0700``.
         cache_bytes: the cache's budget; least recently used shards beyond it are deleted
             (default 20 GB; see :class:`~shardkit.loader.read.cache.ShardCache`).
         storage_options: fsspec options for a remote dataset.
@@ -192,6 +193,7 @@ class ShardLoader:
             shard_sizes=datasets.shard_sizes, seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
             even_batches=even_batches and world_size > 1, mix=datasets.mix,  # one rank: a short last batch
+            dataset=datasets.identity,
         )
         if self.config.num_samples == 0:
             raise LoaderError("dataset has no samples", where=datasets.parts[0].store.url)
@@ -200,7 +202,7 @@ class ShardLoader:
         self.keys = keys
         #: Worker processes (``num_workers``, with ``"auto"`` resolved).
         self.num_workers = workers
-        cache = cache_dir or os.path.join(tempfile.gettempdir(), "shardkit-cache")
+        cache = cache_dir or default_cache_dir()
         self.reader = ShardReader.joined(datasets.parts, cache_dir=cache, cache_bytes=cache_bytes,
                                          verify_hashes=verify_hashes)
         spec = RouteSpec(transform, torch.device(device), batch_size, on_error=on_error, num_workers=workers,
@@ -287,8 +289,8 @@ class ShardLoader:
                 loader.set_epoch(epoch)  # continues where the checkpoint stopped
                 for batch in loader: ...
         """
-        if epoch < 0:
-            raise LoaderError(f"epoch must be >= 0, got {epoch}")
+        if not 0 <= epoch < MAX_INT:  # the epoch travels to the workers in an int64 tensor
+            raise LoaderError(f"epoch must be in [0, {MAX_INT}), got {epoch}")
         self._pos.set_epoch(epoch)
 
     @property

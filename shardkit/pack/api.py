@@ -17,6 +17,7 @@ from shardkit.format.spec import key_width, normalize_extension
 from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
 from shardkit.pack import ray_exec
 from shardkit.pack.annotations import ANNOTATION_REPORT, annotation_report
+from shardkit.pack.lock import destination_lock
 from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import plan_shards
 from shardkit.pack.pool import run_local
@@ -158,104 +159,106 @@ def pack_listing(
                           where=listing.root)
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     _check_outside_source(listing.root, dst)
+    _warn_mixed_formats(listing, options)
     started = time.perf_counter()
     store = Store(dst, storage_options)
-    if executor == "ray":
-        ray_exec.check_ray_destination(store)
-        ray_exec.check_ray_source(listing.files)
-        ray_exec.import_ray()  # fail before touching DST
-    _warn_mixed_formats(listing, options)  # after the refusals that need no cluster
-    recorded = options.to_dict()
-    fp = fingerprint(listing, recorded)
-    plans = plan_shards(
-        [s.size for s in listing.samples],
-        max_count=options.max_count,
-        max_size=options.max_size,
-        shuffle=options.shuffle,
-        seed=options.seed,
-        prefix=options.prefix,
-    )
-    state = prepare_destination(store, fp, plans, overwrite=overwrite, options=recorded,
-                                versions=input_versions(listing))
-    if state.complete is not None:
-        return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
-                          True)
-    width = key_width(len(listing.samples))
-    tasks = [
-        ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes,
-                  options, listing.files)
-        for plan in plans
-        if plan.index not in state.receipts
-    ]
-    tracker = as_pack_progress(progress)
-    skipped = [*listing.warnings, *(s for r in state.receipts.values() for s in r.skipped)]
-    if tracker is not None:
-        tracker.start(len(listing.samples),
-                      sum(input_bytes(listing.samples[i] for i in p.members) for p in plans))
-        reused = [plans[i] for i in state.receipts]
-        if reused:
-            tracker.advance(sum(len(p.members) for p in reused),
-                            sum(input_bytes(listing.samples[i] for i in p.members) for p in reused))
-    check_budget(skipped, total, max_skipped, where=dst, finished=False)
-
-    def check_shard(_task: ShardTask, receipt: ShardReceipt) -> None:
-        skipped.extend(receipt.skipped)
+    with destination_lock(store):  # held until the last file: two packs into DST cannot interleave
+        if executor == "ray":
+            ray_exec.check_ray_destination(store)
+            ray_exec.check_ray_source(listing.files)
+            ray_exec.import_ray()  # fail before touching DST
+        _warn_mixed_formats(listing, options)  # after the refusals that need no cluster
+        recorded = options.to_dict()
+        fp = fingerprint(listing, recorded)
+        plans = plan_shards(
+            [s.size for s in listing.samples],
+            max_count=options.max_count,
+            max_size=options.max_size,
+            shuffle=options.shuffle,
+            seed=options.seed,
+            prefix=options.prefix,
+        )
+        state = prepare_destination(store, fp, plans, overwrite=overwrite, options=recorded,
+                                    versions=input_versions(listing))
+        if state.complete is not None:
+            return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
+                              True)
+        width = key_width(len(listing.samples))
+        tasks = [
+            ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes,
+                      options, listing.files)
+            for plan in plans
+            if plan.index not in state.receipts
+        ]
+        tracker = as_pack_progress(progress)
+        skipped = [*listing.warnings, *(s for r in state.receipts.values() for s in r.skipped)]
+        if tracker is not None:
+            tracker.start(len(listing.samples),
+                          sum(input_bytes(listing.samples[i] for i in p.members) for p in plans))
+            reused = [plans[i] for i in state.receipts]
+            if reused:
+                tracker.advance(sum(len(p.members) for p in reused),
+                                sum(input_bytes(listing.samples[i] for i in p.members) for p in reused))
         check_budget(skipped, total, max_skipped, where=dst, finished=False)
 
-    def shard_progress(task: ShardTask, receipt: ShardReceipt) -> None:  # Ray: progress per shard
-        if tracker is not None:
-            tracker.advance(len(task.samples), input_bytes(task.samples))
-        check_shard(task, receipt)
+        def check_shard(_task: ShardTask, receipt: ShardReceipt) -> None:
+            skipped.extend(receipt.skipped)
+            check_budget(skipped, total, max_skipped, where=dst, finished=False)
 
-    ray_nodes: dict[str, int] = {}
-    try:
-        # memory:// lives in this process only: shards written by worker processes would vanish,
-        # and they would find no source files there.
-        local_only = store.process_local or listing.files.process_local
-        procs = 1 if local_only else workers or os.cpu_count() or 1
-        if executor == "ray":
-            fresh, ray_nodes = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address,
-                                                     on_done=shard_progress)
-        else:
-            fresh = run_local(tasks, procs, check_shard,
-                              None if tracker is None else tracker.advance)
-    except ShardkitError:
-        raise
-    except BrokenExecutor as err:
-        raise PackError(
-            f"a writer process died (killed, e.g. out of memory: {err}); re-run the same command "
-            "to resume",
-            where=dst,
-        ) from err
-    except OSError as err:
-        raise PackError(f"writing shards failed ({err}); re-run the same command to resume",
-                        where=dst) from err
-    receipts = sorted([*state.receipts.values(), *fresh], key=lambda r: r.index)
-    # Rebuilt in one key order: receipts of a resumed run come back from JSON with sorted keys,
-    # and index.json must be byte-identical to an uninterrupted run's.
-    skipped = sorted(({"source": s["source"], "reason": s["reason"]}
-                      for s in [*listing.warnings, *(s for r in receipts for s in r.skipped)]),
-                     key=lambda s: (s["source"], s["reason"]))
-    if total and len(skipped) >= total:  # nothing packed: no state worth resuming, and it would
-        clear_destination(store)          # refuse the corrected input as "an unfinished pack of other input"
-    check_budget(skipped, total, max_skipped, where=dst, finished=True)
-    extra = dict(listing.extra)
-    if listing.kind == "coco":
-        extra[ANNOTATION_REPORT] = annotation_report(listing, skipped)
-    manifest = Manifest(
-        kind=listing.kind,
-        shards=tuple(ShardEntry(r.name, r.num_samples, r.num_bytes, r.sha256) for r in receipts),
-        classes=tuple(listing.classes) if listing.classes is not None else None,
-        categories=tuple(listing.categories) if listing.categories is not None else None,
-        skipped=tuple(skipped),
-        options={**recorded, "fingerprint": fp},
-        created_by=f"shardkit {_version()}",
-        extra=extra,
-    )
-    write_manifest(store, manifest)
-    finish_destination(store)
-    return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts),
-                      False, ray_nodes, sum(r.num_samples for r in state.receipts.values()))
+        def shard_progress(task: ShardTask, receipt: ShardReceipt) -> None:  # Ray: progress per shard
+            if tracker is not None:
+                tracker.advance(len(task.samples), input_bytes(task.samples))
+            check_shard(task, receipt)
+
+        ray_nodes: dict[str, int] = {}
+        try:
+            # memory:// lives in this process only: shards written by worker processes would vanish,
+            # and they would find no source files there.
+            local_only = store.process_local or listing.files.process_local
+            procs = 1 if local_only else workers or os.cpu_count() or 1
+            if executor == "ray":
+                fresh, ray_nodes = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address,
+                                                         on_done=shard_progress)
+            else:
+                fresh = run_local(tasks, procs, check_shard,
+                                  None if tracker is None else tracker.advance)
+        except ShardkitError:
+            raise
+        except BrokenExecutor as err:
+            raise PackError(
+                f"a writer process died (killed, e.g. out of memory: {err}); re-run the same command "
+                "to resume",
+                where=dst,
+            ) from err
+        except OSError as err:
+            raise PackError(f"writing shards failed ({err}); re-run the same command to resume",
+                            where=dst) from err
+        receipts = sorted([*state.receipts.values(), *fresh], key=lambda r: r.index)
+        # Rebuilt in one key order: receipts of a resumed run come back from JSON with sorted keys,
+        # and index.json must be byte-identical to an uninterrupted run's.
+        skipped = sorted(({"source": s["source"], "reason": s["reason"]}
+                          for s in [*listing.warnings, *(s for r in receipts for s in r.skipped)]),
+                         key=lambda s: (s["source"], s["reason"]))
+        if total and len(skipped) >= total:  # nothing packed: no state worth resuming, and it would
+            clear_destination(store)          # refuse the corrected input as "an unfinished pack of other input"
+        check_budget(skipped, total, max_skipped, where=dst, finished=True)
+        extra = dict(listing.extra)
+        if listing.kind == "coco":
+            extra[ANNOTATION_REPORT] = annotation_report(listing, skipped)
+        manifest = Manifest(
+            kind=listing.kind,
+            shards=tuple(ShardEntry(r.name, r.num_samples, r.num_bytes, r.sha256) for r in receipts),
+            classes=tuple(listing.classes) if listing.classes is not None else None,
+            categories=tuple(listing.categories) if listing.categories is not None else None,
+            skipped=tuple(skipped),
+            options={**recorded, "fingerprint": fp},
+            created_by=f"shardkit {_version()}",
+            extra=extra,
+        )
+        write_manifest(store, manifest)
+        finish_destination(store)
+        return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts),
+                          False, ray_nodes, sum(r.num_samples for r in state.receipts.values()))
 
 
 def _version() -> str:

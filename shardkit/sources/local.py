@@ -15,17 +15,9 @@ from collections.abc import Generator, Sequence
 from shardkit.errors import SourceError
 from shardkit.sources.files import MAX_INPUT_BYTES, FileEntry, Files, SkipSample, too_large
 from shardkit.sources.sample import SourceSample
+from shardkit.storage.store import file_kind
 
 _CHUNK = 1 << 20
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return f"file type {stat.S_IFMT(mode):o}"
 
 
 def read_local(path: str) -> bytes:
@@ -38,7 +30,7 @@ def read_local(path: str) -> bytes:
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise SkipSample(f"not a regular file ({_file_kind(st.st_mode)})")
+            raise SkipSample(f"not a regular file ({file_kind(st.st_mode)})")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise SkipSample(f"unreadable file ({err.strerror or err})") from err
@@ -46,7 +38,7 @@ def read_local(path: str) -> bytes:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise SkipSample(f"not a regular file ({_file_kind(st.st_mode)})")
+                raise SkipSample(f"not a regular file ({file_kind(st.st_mode)})")
             if st.st_size > MAX_INPUT_BYTES:
                 raise too_large(st.st_size)
             chunks, total = [], 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -42,6 +43,37 @@ def _local_describe(err: Exception) -> str | None:
     if isinstance(err, PermissionError):
         return f"permission denied ({err.filename})" if err.filename else "permission denied"
     return None
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words (``st_mode`` from ``os.stat``)."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return f"file type {stat.S_IFMT(mode):o}"
+
+
+def open_regular(path: str) -> int:
+    """Open the local file ``path`` for reading and return its descriptor, refusing anything but
+    a regular file with ``StorageError`` naming it.
+
+    A shard or index that is a FIFO would block ``open`` until a writer came (for ever), and a
+    device such as ``/dev/zero`` would never end: the open does not block (``O_NONBLOCK``) and the
+    opened file is checked, not the path (which may change between a ``stat`` and the ``open``).
+    Links are followed.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise StorageError(f"not a regular file ({file_kind(mode)})", where=path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _local_path(url: str) -> str:
@@ -182,7 +214,7 @@ class Store:
             if self.remote:
                 f = _remote.retry(lambda: self.fs.open(self.path(name), "rb"))
                 return cast(BinaryIO, _RemoteFile(self, name, f))
-            return open(self.path(name), "rb")
+            return os.fdopen(open_regular(self.path(name)), "rb")
 
     def read_bytes(self, name: str, *, limit: int | None = None) -> bytes:
         """The content of file ``name``: all of it, or its first ``limit`` bytes at most (so that

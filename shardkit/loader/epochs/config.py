@@ -18,7 +18,7 @@ from shardkit.errors import LoaderError
 from shardkit.loader.epochs.mix import Mix, MixedOrder
 from shardkit.loader.epochs.plan import EpochOrder, Order, num_batches, stream_positions
 from shardkit.loader.epochs.remainder import Remainder
-from shardkit.loader.epochs.state import LoaderState, check_compatible, shards_digest
+from shardkit.loader.epochs.state import LoaderState, check_compatible, check_dataset, shards_digest
 
 __all__ = ["PlanConfig"]
 
@@ -41,6 +41,9 @@ class PlanConfig:
     drop_last: bool
     even_batches: bool = True
     mix: Mix | None = None
+    #: The datasets' :func:`~shardkit.loader.epochs.state.dataset_identity`, bound into every state (None:
+    #: states carry none and only shard sizes are compared).
+    dataset: str | None = None
     num_samples: int = field(init=False)
     digest: str = field(init=False)
 
@@ -95,7 +98,7 @@ class PlanConfig:
             shards_digest=self.digest, world_size=self.world_size,
             batch_size=self.batch_size, drop_last=self.drop_last, shuffle=self.shuffle, window=self.window,
             even_batches=self.even_batches, remainder=None if remainder is None else remainder.to_list(),
-            mix=None if self.mix is None else self.mix.record(),
+            mix=None if self.mix is None else self.mix.record(), dataset=self.dataset,
         )
 
     def resume(self, state: dict[str, Any]) -> tuple[int, int, Remainder | None]:
@@ -112,6 +115,7 @@ class PlanConfig:
         s = LoaderState.from_dict(state)
         check_compatible(s, seed=self.seed, num_samples=self.num_samples, shards_digest=self.digest,
                          shuffle=self.shuffle, window=self.window, mix=None if self.mix is None else self.mix.record())
+        check_dataset(s, self.dataset)
         layout = (self.world_size, self.batch_size, self.drop_last, self.even_batches)
         if (s.world_size, s.batch_size, s.drop_last, s.even_batches) == layout:
             epoch, start = s.resume_at(self.rank)

@@ -40,6 +40,7 @@ from shardkit.loader.epochs.seeds import check_seed
 
 __all__ = ["Mix", "MixedOrder", "check_weights", "epoch_quotas"]
 
+_MAX_WEIGHT = 1 << 64
 _TURN_STREAM = 0x6D69_7874  # tags each round's shard permutation of a dataset ("mixt")
 
 
@@ -56,10 +57,37 @@ def check_weights(weights: Iterable[object], count: int, names: Sequence[str]) -
         raise LoaderError(f"weights has {len(weights)} entries for {count} datasets; give one per dataset")
     out = []
     for name, w in zip(names, weights, strict=True):
-        if isinstance(w, bool) or not isinstance(w, Real) or not math.isfinite(float(w)) or float(w) <= 0:
-            raise LoaderError(f"the weight of dataset {name} must be a positive finite number, got {w!r}")
-        out.append(Fraction(int(w)) if isinstance(w, Integral) else Fraction(float(w)))
+        weight = _weight(w)
+        if weight is None:
+            shown = f"an integer of {int(w).bit_length()} bits" if isinstance(w, Integral) and abs(int(w)) >> 64 else w
+            raise LoaderError(f"the weight of dataset {name} must be a positive finite number, got {shown!r:.80}")
+        if weight >= _MAX_WEIGHT:
+            raise LoaderError(f"the weight of dataset {name} must be below 2**64, got a number of "
+                              f"{int(weight).bit_length()} bits (only the ratios of the weights count)")
+        out.append(weight)
     return out
+
+
+def _weight(w: object) -> Fraction | None:
+    """``w`` as an exact fraction, or None unless it is a positive finite number.
+
+    An integer is taken exactly (``float(10**400)`` would overflow); the caller bounds it below
+    2**64, which keeps the quota arithmetic small and refuses no useful mix (a ratio of 2**64 to
+    1 rounds the other datasets' quotas to nothing anyway).
+    """
+    if isinstance(w, bool) or not isinstance(w, Real):
+        return None
+    if isinstance(w, Integral):
+        value = Fraction(int(w))
+    else:
+        try:
+            f = float(w)
+        except (OverflowError, ValueError):
+            return None
+        if not math.isfinite(f):
+            return None
+        value = Fraction(f)
+    return value if value > 0 else None
 
 
 def epoch_quotas(num_samples: Sequence[int], weights: Iterable[object] | None = None, *,

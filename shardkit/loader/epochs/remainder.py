@@ -77,7 +77,8 @@ class Remainder:
         """
         n = len(self)
         pieces: list[tuple[int, int]] = []
-        for rank in range(world_size):
+        for rank in _ranks_with_batches(n, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
+                                        even_batches=even_batches):
             nb = num_batches(n, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
                              even_batches=even_batches, rank=rank)
             first = rank * nb if even_batches else _uneven_span(
@@ -130,3 +131,13 @@ def _merged(pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((start, stop))
     return out
+
+
+def _ranks_with_batches(n: int, *, world_size: int, batch_size: int, drop_last: bool, even_batches: bool) -> range:
+    """The ranks of a layout over ``n`` positions that hold at least one batch (the others hold
+    nothing to deliver): at most about ``n / batch_size`` of them, however large ``world_size`` is."""
+    if even_batches:
+        nb = num_batches(n, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
+        return range(min(world_size, -(-n // (nb * batch_size)))) if nb else range(0)
+    total = n // batch_size if drop_last else -(-n // batch_size)
+    return range(max(0, world_size - total), world_size)  # fewer batches than ranks: the last ones take one

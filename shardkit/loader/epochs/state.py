@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import operator
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,9 +34,19 @@ from shardkit.loader.epochs.remainder import Remainder
 STATE_VERSION = 2
 _WHERE = "loader state"
 _BOOLS = frozenset({"drop_last", "shuffle", "even_batches"})
-_OPTIONAL: dict[str, Any] = {"even_batches": True, "remainder": None, "mix": None}  # keys a state may omit
+_OPTIONAL: dict[str, Any] = {"even_batches": True, "remainder": None, "mix": None,  # keys a state may omit
+                             "dataset": None}
 _MIX_KEYS = ("num_samples", "quota", "shards_digest")
 _PROGRESS = frozenset({"version", "epoch", "batches_consumed", "remainder"})
+#: Compared by :func:`check_dataset`, not :func:`check_compatible` (a state may predate it).
+_IDENTITY = frozenset({"dataset"})
+#: Every count and the epoch stay below this: they travel in int64 tensors, and the epoch after the
+#: state's (``epoch + 1``) must fit too. A seed may use all 64 bits (see :mod:`~shardkit.loader.epochs.seeds`).
+MAX_INT = (1 << 63) - 1
+_MAX_SEED = 1 << 64
+#: The most ranks a state may name: an elastic resume walks the state's ranks, so a state claiming
+#: 10**7 of them must be refused, not walked.
+MAX_WORLD_SIZE = 1 << 20
 #: The layout of an epoch over ranks: a state resumes under another one (elastic resume).
 LAYOUT = frozenset({"world_size", "batch_size", "drop_last", "even_batches"})
 _MINIMUM = {
@@ -47,6 +58,21 @@ _MINIMUM = {
     "batch_size": 1,
     "window": 1,
 }
+
+
+_IDENTITY_RE = re.compile(r"[0-9a-f]{16}")
+
+
+def dataset_identity(shard_hashes: Sequence[Sequence[str]]) -> str:
+    """The identity a state is bound to: a fingerprint of every shard's sha256 (from the
+    manifests, in order; one list per dataset of a mix). Two datasets with equal shard sizes but
+    other contents have different identities, so a state saved on one is refused by the other.
+
+    >>> dataset_identity([["a" * 64]]) != dataset_identity([["b" * 64]])
+    True
+    """
+    text = "\n\n".join("\n".join(hashes) for hashes in shard_hashes)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def shards_digest(shard_sizes: Sequence[int] | np.ndarray) -> str:
@@ -92,6 +118,9 @@ class LoaderState:
     #: A loader over several datasets: per dataset (in order) ``{"num_samples", "quota",
     #: "shards_digest"}`` (see :meth:`~shardkit.loader.epochs.mix.Mix.record`); None: one dataset.
     mix: list[dict[str, Any]] | None = None
+    #: The identity of the dataset (or mix) the state was saved on: :func:`dataset_identity` of its
+    #: manifests (None: a state saved before states carried it; only its shard sizes are compared).
+    dataset: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -107,6 +136,9 @@ class LoaderState:
                 if not isinstance(value, (bool, np.bool_)):
                     raise LoaderError(f"{f.name} must be a bool, got {value!r}", where=_WHERE)
                 value = bool(value)
+            elif f.name == "dataset":
+                if value is not None and not (isinstance(value, str) and _IDENTITY_RE.fullmatch(value)):
+                    raise LoaderError(f"dataset must be 16 lower-case hex digits, got {value!r}"[:200], where=_WHERE)
             elif f.name == "shards_digest":
                 if not isinstance(value, str):
                     raise LoaderError(f"{f.name} must be a str, got {value!r}", where=_WHERE)
@@ -120,6 +152,9 @@ class LoaderState:
                 raise LoaderError(
                     f"{name} must be >= {low}, got {getattr(self, name)}", where=_WHERE
                 )
+            high = _MAX_SEED if name == "seed" else MAX_WORLD_SIZE + 1 if name == "world_size" else MAX_INT
+            if getattr(self, name) >= high:
+                raise LoaderError(f"{name} must be below {high}, got {_shown(getattr(self, name))}", where=_WHERE)
         nb = num_batches(
             self.layout_samples,
             world_size=self.world_size,
@@ -201,6 +236,12 @@ def _version_message(version: object) -> str:
     return f"unsupported state version {version!r} (this shardkit reads version {STATE_VERSION})"
 
 
+def _shown(value: int) -> str:
+    """A number for an error message: itself, or its size when printing it would take long (or
+    fail: Python refuses to print ints of more than 4,300 digits)."""
+    return str(value) if value.bit_length() <= 128 else f"a number of {value.bit_length()} bits"
+
+
 def _as_int(name: str, value: object) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise LoaderError(f"{name} must be an int, got {value!r}", where=_WHERE)
@@ -261,7 +302,7 @@ def check_compatible(state: LoaderState, **current: object) -> None:
     ...                 world_size=1, batch_size=2, drop_last=False, shuffle=False, window=8)
     >>> check_compatible(s, seed=0, num_samples=10, shards_digest="x", shuffle=False, window=8, mix=None)
     """
-    config = {f.name for f in dataclasses.fields(state)} - _PROGRESS - LAYOUT
+    config = {f.name for f in dataclasses.fields(state)} - _PROGRESS - LAYOUT - _IDENTITY
     if unknown := sorted(current.keys() - config):
         raise LoaderError(f"not fields the order depends on: {unknown}", where=_WHERE)
     if missing := sorted(config - current.keys()):
@@ -277,3 +318,22 @@ def check_compatible(state: LoaderState, **current: object) -> None:
             "cannot resume, the saved state was made for another dataset or order: " + "; ".join(diffs),
             where=_WHERE,
         )
+
+
+def check_dataset(state: LoaderState, dataset: str | None) -> None:
+    """Refuse ``state`` when it was saved on another dataset than the loader's (``dataset``: its
+    :func:`dataset_identity`). A state without an identity (saved by an older shardkit) is
+    accepted on the strength of its shard sizes, as it was then.
+
+    >>> s = LoaderState(seed=0, epoch=0, batches_consumed=0, num_samples=10, shards_digest="x", world_size=1,
+    ...                 batch_size=2, drop_last=False, shuffle=False, window=8, dataset="0123456789abcdef")
+    >>> check_dataset(s, "0123456789abcdef")  # the same dataset: nothing to say
+    >>> check_dataset(s, "fedcba9876543210")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    shardkit.errors.LoaderError: loader state: cannot resume, the saved state was made for another dataset: ...
+    """
+    if state.dataset is not None and dataset is not None and state.dataset != dataset:
+        raise LoaderError("cannot resume, the saved state was made for another dataset: its shards' hashes differ "
+                          f"(state's dataset {state.dataset}, loader's {dataset}), though their sizes agree",
+                          where=_WHERE)

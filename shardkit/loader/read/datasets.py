@@ -16,6 +16,7 @@ from typing import Any
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
 from shardkit.loader.epochs.mix import Mix, check_weights
+from shardkit.loader.epochs.state import dataset_identity
 from shardkit.loader.read.reader import ReaderPart
 
 __all__ = ["Datasets", "open_datasets"]
@@ -33,6 +34,12 @@ class Datasets:
     manifests: tuple[Manifest, ...]
     parts: tuple[ReaderPart, ...]
     mix: Mix | None
+
+    @property
+    def identity(self) -> str:
+        """What a resume state is bound to: the shards' hashes, dataset by dataset (see
+        :func:`~shardkit.loader.epochs.state.dataset_identity`)."""
+        return dataset_identity([[s.sha256 for s in m.shards] for m in self.manifests])
 
     @property
     def shard_sizes(self) -> list[int]:

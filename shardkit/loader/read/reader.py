@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
+import stat
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import offsets_name
 from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_spans
 from shardkit.index.manifest import ShardEntry
-from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, ShardCache
+from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, ShardCache, default_cache_dir
 from shardkit.storage import Store
+from shardkit.storage.store import file_kind, open_regular
 
 #: The largest sample span read (all of a sample's members with their headers): one member of the
 #: largest size a shard may hold (``MAX_MEMBER_BYTES``) and a little room for the small ones.
@@ -78,9 +80,12 @@ def _check_claims(store: Store, shards: tuple[ShardEntry, ...]) -> None:
     worst: tuple[int, ShardEntry, int] | None = None
     for entry in shards:
         try:
-            actual = os.stat(store.path(entry.url)).st_size
+            st = os.stat(store.path(entry.url))
         except OSError:
-            actual = 0  # missing: reported by name when it is opened
+            st = None  # missing: reported by name when it is opened
+        if st is not None and not stat.S_ISREG(st.st_mode):  # a FIFO would block the first read for ever
+            raise LoaderError(f"not a regular file ({file_kind(st.st_mode)})", where=store.path(entry.url))
+        actual = st.st_size if st is not None else 0
         claimed += entry.num_samples
         held += actual
         deficit = entry.num_samples * BLOCK - actual
@@ -162,7 +167,8 @@ class ShardReader:
         self.shards = shards
         self._parts: tuple[ReaderPart, ...] = (ReaderPart(store, shards),)
         self._firsts = [0]  # the first shard of each part
-        self.cache = ShardCache(cache_dir, cache_bytes) if cache_dir is not None else None
+        self.cache = (ShardCache(cache_dir, cache_bytes, private=cache_dir == default_cache_dir())
+                      if cache_dir is not None else None)
         self.max_open = max_open
         self.verify_hashes = verify_hashes
         self._verified: set[int] = set()
@@ -215,7 +221,7 @@ class ShardReader:
 
     def _open_fd(self, store: Store, entry: ShardEntry) -> int:
         if not store.remote:
-            return os.open(store.path(entry.url), os.O_RDONLY)
+            return open_regular(store.path(entry.url))
         if self.cache is None:
             raise LoaderError("a remote dataset needs a cache_dir for its shards", where=store.url)
         return self.cache.open(store, entry)

@@ -21,6 +21,7 @@ import torch
 from shardkit.codec.decode import DecodeStats, decode_rgb, is_jpeg, peek_size
 from shardkit.codec.jpeg_region import decode_box_rgb, roi_available, within_pixel_limit
 from shardkit.errors import DecodeError, LoaderError
+from shardkit.format.bounded import parse_label
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS
 from shardkit.loader.read.bad_samples import BadSample, Filled, fill_batch
 from shardkit.loader.read.reader import CorruptSample, ShardReader
@@ -72,11 +73,12 @@ class Sample:
             4
         """
         raw = self.fields.get("cls")
-        raw = raw.strip() if raw is not None else None  # some writers end the member with a newline
-        if raw is None or not raw.isdigit() or not raw.isascii():
-            shown = "missing" if raw is None else f"malformed ({raw[:20]!r})"
-            raise BadSample(f"{self.where}: cls member {shown}")
-        label = int(raw)
+        if raw is None:
+            raise BadSample(f"{self.where}: cls member missing")
+        try:  # some writers end the member with a newline: surrounding whitespace is allowed
+            label = parse_label(raw)
+        except ValueError as err:
+            raise BadSample(f"{self.where}: cls member malformed ({err})") from err
         if self.own_classes is not None and label >= self.own_classes:
             raise BadSample(f"{self.where}: label {label} is outside its dataset's {self.own_classes} classes")
         label += self.label_offset
@@ -160,6 +162,6 @@ def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where:
                                   where=where)
             return image, params
         image = decode_rgb(raw, where=where, stats=dstats)
-    except DecodeError as err:
-        raise BadSample(str(err)) from err
+    except DecodeError as err:  # the header peek names no sample: name it here
+        raise BadSample(str(err) if err.where else f"{where}: {err.message}") from err
     return image, transform.sample_params(image.shape[-2], image.shape[-1], rng)

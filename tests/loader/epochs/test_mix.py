@@ -87,6 +87,9 @@ def test_quotas_by_largest_remainder_ties_to_the_earlier_dataset():
         (["0.5", 1.0], "weight of dataset 0"),
         ("ab", "sequence of numbers"),
         ([1e-9, 1.0], "dataset 0's weight 1e-09 gives it 0 of an epoch's 20 samples"),
+        ([10**400, 1], "weight of dataset 0 must be below 2\\*\\*64, got a number of 1329 bits"),
+        ([1, -(10**5000)], "weight of dataset 1 must be a positive finite number, got 'an integer of 16610 bits'"),
+        ([1, 2**64], "weight of dataset 1 must be below 2\\*\\*64"),
     ],
 )
 def test_bad_weights_are_refused_naming_the_dataset(weights, match):

@@ -106,3 +106,18 @@ def test_the_first_replaced_sample_is_logged_with_its_shard_and_key(packed: Path
     said = [r.getMessage() for r in caplog.records if "replaced a bad sample" in r.getMessage()]
     assert replaced == 2 and len(said) == 1  # once per process; the count has the rest
     assert f"key {key} in " in said[0] and "shard-000000.tar" in said[0]
+
+
+def test_an_undecodable_image_is_named_by_shard_and_key_under_every_transform() -> None:
+    """The header peek of a crop-first transform used to raise without naming the sample."""
+    import random
+
+    from shardkit.codec.decode import DecodeStats
+    from shardkit.loader.read.samples import decode_for
+
+    for raw in (b"\xff\xd8\xff\xe0 not an image" * 3, b"plain text, not an image"):
+        for transform in (transforms.imagenet_train(32), transforms.imagenet_val(32)):
+            with pytest.raises(BadSample) as err:
+                decode_for(transform, raw, random.Random(0), "s-000000.tar:00000007", DecodeStats())
+            assert str(err.value).startswith("s-000000.tar:00000007: cannot "), err.value
+            assert "object at 0x" not in str(err.value)

@@ -13,12 +13,13 @@ the box's ``w * h``, a missing ``iscrowd`` is 0.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
+
+from shardkit.format.bounded import parse_json
 
 __all__ = ["BadTarget", "coco_target", "contiguous_label_map", "segmentation_to_mask"]
 
@@ -73,7 +74,7 @@ def coco_target(meta: bytes | Mapping[str, Any], height: int, width: int, *, mas
             category missing from ``label_map``, a bad segmentation.
     """
     try:
-        doc = json.loads(meta) if isinstance(meta, (bytes, bytearray, memoryview)) else meta
+        doc = parse_json(bytes(meta)) if isinstance(meta, (bytes, bytearray, memoryview)) else meta
         image_id = doc["image"]["id"]
         anns = list(doc.get("annotations") or ())
     except (ValueError, KeyError, TypeError) as err:
