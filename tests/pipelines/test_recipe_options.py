@@ -1,5 +1,5 @@
-"""The classifier recipes keep their promises: class names saved and checked, defaults in --help,
-progress from the first step, and advice only of options they take."""
+"""The recipes keep their promises: class names saved and checked, defaults in --help,
+progress from the first step, advice only of options they take, output outside the checkout."""
 
 from __future__ import annotations
 
@@ -88,3 +88,14 @@ def test_resume_is_not_an_option_and_says_how_to_resume(capsys: pytest.CaptureFi
                                                          packed_sample: Path) -> None:
     err = _refused(train_classifier.main, [str(packed_sample), "--resume"], capsys)
     assert "the same command with --checkpoint FILE resumes from it" in err
+
+
+def test_throughput_packs_into_the_temporary_directory_not_beside_its_input(tmp_path: Path) -> None:
+    import tempfile
+
+    from pipelines import throughput
+
+    args = throughput.parse_args([str(SAMPLE)])
+    assert args.shards.startswith(tempfile.gettempdir()) and not args.shards.startswith(str(SAMPLE.parent))
+    assert throughput.parse_args([str(SAMPLE)]).shards == args.shards  # the same tree: the pack is reused
+    assert throughput.parse_args([str(SAMPLE), "--shards", str(tmp_path / "s")]).shards == str(tmp_path / "s")
