@@ -218,8 +218,8 @@ def format_conditions(report: Mapping[str, Any]) -> str:
     if report.get("pack"):
         p = report["pack"]
         lines.append(f"pack: {p['images']:,} images in {p['seconds']:.1f} s = "
-                     f"{p['images_per_second']:,.0f} img/s ({p['shards']} shards, {p['workers']} "
-                     "workers)")
+                     f"{p['images_per_second']:,.0f} img/s ({counted(p['shards'], 'shard')}, "
+                     f"{counted(p['workers'], 'worker')})")
     lines += [f"note: {text}" for text in cond.get("notes") or ()]  # what the bench changed so all could run
     fewest = too_few_timed(report)
     if fewest is not None:
