@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import click
@@ -130,6 +131,9 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     bar = PackBar(bars_enabled(quiet))
     procs = workers or os.cpu_count()
     bar.listing(src)
+    warnings = _Warnings(bar)
+    pack_log = logging.getLogger("shardkit.pack")
+    pack_log.addHandler(warnings)
     try:
         if annotations is not None:  # checked above: given exactly when packing COCO
             result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options,
@@ -146,11 +150,25 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
             print_skipped(err.skipped, err=True)
         raise
     finally:
+        pack_log.removeHandler(warnings)
         bar.close()
     if not quiet:
         print_pack_summary(result, dst)
         if annotations is None:
             _note_loose_images(src)
+
+
+class _Warnings(logging.Handler):
+    """The pack's warnings (a mixed-format set, ...) on stderr, each on a line of its own: the
+    ``listing SRC …`` status or the bar is cleared first, not written over."""
+
+    def __init__(self, bar: PackBar) -> None:
+        super().__init__(logging.WARNING)
+        self.bar = bar
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.bar.clear_status()
+        click.echo(record.getMessage(), err=True)
 
 
 def _note_loose_images(src: str) -> None:

@@ -128,14 +128,15 @@ class PackBar:
             sys.stderr.flush()
             self._status = True
 
-    def _clear_status(self) -> None:
+    def clear_status(self) -> None:
+        """Erase the ``listing SRC …`` status, if shown, so that a line can be printed in its place."""
         if self._status:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
             self._status = False
 
     def start(self, samples: int, nbytes: int) -> None:
-        self._clear_status()
+        self.clear_status()
         self.bar.close()
         self.bar = Bar(self.enabled, desc="packing", total=nbytes, unit="B")
         self.total, self.done = samples, 0
@@ -147,7 +148,7 @@ class PackBar:
         self.bar.update(nbytes)
 
     def close(self) -> None:
-        self._clear_status()
+        self.clear_status()
         self.bar.close()
 
 
