@@ -158,7 +158,6 @@ def pack_listing(
                           where=listing.root)
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     _check_outside_source(listing.root, dst)
-    _warn_mixed_formats(listing, options)
     started = time.perf_counter()
     store = Store(dst, storage_options)
     if executor == "ray":
@@ -180,6 +179,7 @@ def pack_listing(
     if state.complete is not None:
         return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
                           True)
+    _warn_mixed_formats(listing, options)  # once DST is known to take the pack: an error comes alone
     width = key_width(len(listing.samples))
     tasks = [
         ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes,
