@@ -247,7 +247,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
             else conditions.describe_imagefolder(cfg.imagefolder))
     per_epoch = data["images"] // cfg.batch_size
     if per_epoch < 1:
-        raise ValueError(f"{data['images']} images make no full batch of {cfg.batch_size}")
+        raise ValueError(f"{data['images']} images make no full batch of {cfg.batch_size}: lower --batch-size")
     tmp = tempfile.mkdtemp(prefix="shardkit-bench-") if cfg.shards is None else None
     shards = cfg.shards or os.path.join(tmp or "", "shards")
     try:
@@ -264,7 +264,8 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
                 note(text)
         per_epoch = manifest.num_samples // cfg.batch_size
         if per_epoch < 1:
-            raise ValueError(f"{manifest.num_samples} readable images make no full batch of {cfg.batch_size}")
+            raise ValueError(f"{manifest.num_samples} readable images make no full batch of {cfg.batch_size}: "
+                             "lower --batch-size")
         warmup = min(cfg.warmup, per_epoch * cfg.epochs - 1)
         cache = "warm (every file read once before the runs)"
         drop: Callable[[Contender], None] | None = None
