@@ -87,7 +87,7 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="Fail, without publishing index.json, when more inputs than N (or P% of them) "
                    "are skipped as unreadable or corrupt [default: any number, but a pack of no "
                    "sample fails].")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, summary or warnings; errors only.")
 @storage_option_flag
 @click.option("--source-option", "source_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for a URL SRC (and --annotations), repeatable, as -o; when "
@@ -131,7 +131,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     bar = PackBar(bars_enabled(quiet))
     procs = workers or os.cpu_count()
     bar.listing(src)
-    warnings = _Warnings(bar)
+    warnings: logging.Handler = logging.NullHandler() if quiet else _Warnings(bar)  # -q: errors only
     pack_log = logging.getLogger("shardkit.pack")
     pack_log.addHandler(warnings)
     try:
