@@ -100,8 +100,6 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     loaders feed a detection training step (see shardkit.bench.train_detection).
     """
     _check_source(imagefolder_dir, annotations)
-    if not quiet:  # torch and the data take seconds before the first bar: say what is happening now
-        click.echo(f"bench: {imagefolder_dir}: loading torch and reading the data…", err=True)
     size = size or (800 if annotations is not None else 224)
     detector = train_model in DETECTORS
     batch_size = batch_size or (16 if detector else 64)
@@ -123,6 +121,8 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         plot = _writable(plot, "--plot")
         if importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install 'shardkit[bench]' (or leave out --plot)")
+    if not quiet:  # the cheap checks passed; torch and the data take seconds: say what is happening now
+        click.echo(f"bench: {imagefolder_dir}: loading torch and reading the data…", err=True)
     from shardkit.bench import BenchConfig, format_table, plot_report, run_bench
 
     if device == "cuda":
@@ -182,9 +182,8 @@ def _check_source(imagefolder_dir: str, annotations: str | None) -> None:
     if not os.path.isdir(imagefolder_dir):
         raise BenchError("is a file, not a directory of images", where=imagefolder_dir)
     if annotations is not None and not os.path.isfile(annotations):
-        raise BenchError(("is a directory, not a COCO instances JSON file"
-                                              if os.path.isdir(annotations) else "does not exist"),
-                         where=f"--annotations {annotations}")
+        what = "is a directory, not a COCO instances JSON file" if os.path.isdir(annotations) else "does not exist"
+        raise BenchError(what, where=f"--annotations {annotations}")
 
 
 def _writable(path: str, option: str) -> str:

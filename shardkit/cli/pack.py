@@ -131,7 +131,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     bar = PackBar(bars_enabled(quiet))
     procs = workers or os.cpu_count()
     bar.listing(src)
-    warnings: logging.Handler = logging.NullHandler() if quiet else _Warnings(bar)  # -q: errors only
+    warnings = _Warnings()
     pack_log = logging.getLogger("shardkit.pack")
     pack_log.addHandler(warnings)
     try:
@@ -152,23 +152,26 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     finally:
         pack_log.removeHandler(warnings)
         bar.close()
-    if not quiet:
+    if not quiet:  # -q: errors only
+        for message in warnings.messages:
+            click.echo(message, err=True)
         print_pack_summary(result, dst)
         if annotations is None:
             _note_loose_images(src)
 
 
 class _Warnings(logging.Handler):
-    """The pack's warnings (a mixed-format set, ...) on stderr, each on a line of its own: the
-    ``listing SRC …`` status or the bar is cleared first, not written over."""
+    """The pack's warnings (a mixed-format set, ...), kept to be printed above the summary of a pack
+    that succeeded, each on a line of its own: printed as they come, one would run on after the
+    ``listing SRC …`` status, or stand above an error that ends the pack (a Ray cluster of several
+    nodes found with a local source) as a second line."""
 
-    def __init__(self, bar: PackBar) -> None:
+    def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.bar = bar
+        self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.bar.clear_status()
-        click.echo(record.getMessage(), err=True)
+        self.messages.append(record.getMessage())
 
 
 def _note_loose_images(src: str) -> None:
