@@ -40,14 +40,47 @@ def save_checkpoint(path: str, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def class_difference(saved: Any, classes: tuple[str, ...] | list[str] | None, dataset: str) -> str | None:
+    """Why a model trained on the class names ``saved`` (a checkpoint's; None: an older checkpoint
+    that saved only their count, an int) cannot be used on a dataset of ``classes``, or None when
+    it can. Label k means class ``saved[k]``: the same count of other names would be scored (or
+    trained) without a word, against the wrong labels.
+
+    Example:
+        >>> class_difference(["cat", "dog"], ("cat", "dog"), "val") is None
+        True
+        >>> class_difference(["cat", "dog"], ("cat", "fox"), "val")
+        "its classes differ from val's at label 1: 'dog' in the checkpoint, 'fox' in the dataset"
+    """
+    names = list(classes or ())
+    if isinstance(saved, int):
+        return None if saved == len(names) else f"it has {saved} classes, {dataset} has {len(names)}"
+    saved = list(saved)
+    if saved == names:
+        return None
+    for k, (a, b) in enumerate(zip(saved, names, strict=False)):
+        if a != b:
+            return f"its classes differ from {dataset}'s at label {k}: {a!r} in the checkpoint, {b!r} in the dataset"
+    return f"it has {len(saved)} classes, {dataset} has {len(names)}"
+
+
 def resume(path: str | None, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
            loader: shardkit.ShardLoader, device: torch.device, rank: int) -> int:
     """Load ``path`` (when it exists) into model, optimizer and loader; return the step it holds
     (0 without a checkpoint). The checkpoint may come from another world size or batch size: the
-    loader then resumes elastically (the rest of the epoch over this job's ranks)."""
+    loader then resumes elastically (the rest of the epoch over this job's ranks).
+
+    Raises:
+        ShardkitError: the checkpoint saved class names other than the loader's (another dataset).
+    """
     if not path or not os.path.exists(path):
         return 0
     ckpt = torch.load(path, map_location=device)
+    if "classes" in ckpt and loader.classes is not None:
+        why = class_difference(ckpt["classes"], loader.classes, "the training data")
+        if why is not None:
+            raise ShardkitError(f"cannot resume from it: {why} (another --checkpoint, or the same datasets)",
+                                where=path)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     loader.load_state_dict(ckpt["loader"])
@@ -67,12 +100,17 @@ def finish(*loaders: shardkit.ShardLoader | None) -> None:
         dist.destroy_process_group()
 
 
-def add_dataset_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    """The training data: one packed dataset, or several mixed (``ShardLoader``'s ``weights``)."""
+def add_dataset_arguments(parser: argparse.ArgumentParser, what: str, *, disjoint: bool = False) -> None:
+    """The training data: one packed dataset, or several mixed (``ShardLoader``'s ``weights``);
+    ``disjoint``: also ``--disjoint-labels`` (ImageFolder datasets with different class lists)."""
     parser.add_argument("shards", nargs="+",
                         help=f"packed {what} (directory, index.json or URL); several: a mix of them, see --weights")
     parser.add_argument("--weights", type=float, nargs="+", default=None, metavar="W",
-                        help="with several datasets: each one's share of an epoch (default: by their sizes)")
+                        help="with several datasets: each one's share of an epoch [default: by their sizes]")
+    if disjoint:
+        parser.add_argument("--disjoint-labels", action="store_true",
+                            help="mix datasets whose class lists differ: each keeps its own classes, its labels "
+                                 "offset by the classes of the datasets before it [default: the lists must be equal]")
 
 
 def dataset_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -81,7 +119,10 @@ def dataset_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser)
     if args.weights is not None and len(args.weights) != len(args.shards):
         parser.error(f"--weights takes one number per dataset: {len(args.shards)} datasets, "
                      f"{len(args.weights)} weights")
-    return {"dataset": args.shards[0] if len(args.shards) == 1 else list(args.shards), "weights": args.weights}
+    out = {"dataset": args.shards[0] if len(args.shards) == 1 else list(args.shards), "weights": args.weights}
+    if getattr(args, "disjoint_labels", False):
+        out["disjoint_labels"] = True
+    return out
 
 
 def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
@@ -95,7 +136,10 @@ def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
     try:
         return train(args)
     except ShardkitError as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+        message = str(err)
+        if "disjoint_labels" in vars(args):  # the library's advice, in this recipe's words
+            message = message.replace("pass disjoint_labels=True", "pass --disjoint-labels")
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
     except KeyboardInterrupt:
         parser.exit(130, f"{parser.prog}: interrupted\n")
 
@@ -131,10 +175,31 @@ WORKERS_HELP = ("loader worker processes per rank ('auto': this rank's share of 
                 "1 to 32; a validation loader gets as many, idle while training runs)")
 
 
+class RecipeHelp(argparse.RawDescriptionHelpFormatter):
+    """``--help`` with the description as written and each option's default, ``[default: X]``,
+    unless its help already gives one, or it has none (a flag, an option off by default)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False or default == argparse.SUPPRESS
+                or not action.option_strings):
+            return text
+        return f"{text} [default: {default}]"
+
+
 class RecipeParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (argparse prints its whole usage block first)."""
+    """An ArgumentParser whose errors are one line (argparse prints its whole usage block first)
+    and whose ``--help`` shows the defaults (:class:`RecipeHelp`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", RecipeHelp)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        if "unrecognized arguments: --resume" in message and any("--checkpoint" in a.option_strings
+                                                                  for a in self._actions):
+            message += " (resuming needs no option: the same command with --checkpoint FILE resumes from it)"
         self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
@@ -168,6 +233,38 @@ def eval_keys_log(log_keys: str | None, rank: int) -> Path | None:
     return Path(log_keys) / f"eval-rank{rank}.txt"
 
 
+#: A training recipe prints a progress line at least this often (seconds), whatever ``--log-every``.
+LOG_AT_LEAST_EVERY_S = 30.0
+
+
+class ProgressClock:
+    """When a training recipe prints its progress line: every ``every`` steps (0: never), and also on
+    the run's first step and whenever ``at_least_s`` seconds passed since the last line, so that a
+    run whose steps are slow (a CPU, a large model) shows it is alive instead of minutes of nothing.
+
+    Example:
+        >>> clock = ProgressClock(50, at_least_s=1e9)
+        >>> [step for step in range(1, 120) if clock.due(step)]
+        [1, 50, 100]
+    """
+
+    def __init__(self, every: int, *, at_least_s: float = LOG_AT_LEAST_EVERY_S) -> None:
+        self.every, self.at_least_s = every, at_least_s
+        self.last: float | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether to print the line of ``step`` (a step just taken); records the time if so."""
+        import time
+
+        if not self.every:
+            return False
+        now = time.monotonic()
+        if self.last is None or step % self.every == 0 or now - self.last >= self.at_least_s:
+            self.last = now
+            return True
+        return False
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, *, log_every: int) -> None:
     """The options every training recipe takes: length, loader, device, checkpoints, logging."""
     parser.add_argument("--epochs", type=int, default=1, help="epochs to train in total")
@@ -180,7 +277,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, log_every: int) -> Non
     parser.add_argument("--checkpoint-every", type=int, default=100,
                         help="save every N steps (a preempted job loses at most N); 0: only at the end")
     parser.add_argument("--log-every", type=int, default=log_every,
-                        help="print loss and throughput every N steps; 0: never")
+                        help="print loss and throughput every N steps, and on the first step and at least every "
+                             f"{LOG_AT_LEAST_EVERY_S:.0f} s (a slow run on the CPU); 0: never")
     parser.add_argument("--log-keys", default=None, metavar="DIR",
                         help="append each step's sample keys to DIR/train-rank<R>.txt (to audit epochs)")
     parser.add_argument("--stop-after-steps", type=int, default=0,

@@ -9,7 +9,9 @@ the ranks with repeated samples, which would count some twice).
     torchrun --nproc_per_node 8 pipelines/evaluate_classifier.py shards/val --checkpoint ckpt.pt
     python pipelines/evaluate_classifier.py shards/val --checkpoint ckpt.pt --device cpu   # one process
 
-``--checkpoint`` is what ``pipelines/train_classifier.py`` saves (model, architecture, classes).
+``--checkpoint`` is what ``pipelines/train_classifier.py`` saves (model, architecture, class
+names); a dataset whose class names differ from the checkpoint's is refused (its labels would
+mean other classes), as is one of another class count for a checkpoint that saved only that.
 """
 
 from __future__ import annotations
@@ -80,8 +82,7 @@ def evaluate(model: torch.nn.Module, loader: shardkit.ShardLoader, *, keys_log: 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser: argparse.ArgumentParser = ddp.RecipeParser(description=__doc__,
-                                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser: argparse.ArgumentParser = ddp.RecipeParser(description=__doc__)
     parser.add_argument("shards", help="packed validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_classifier.py checkpoint to evaluate (default: an untrained model)")
@@ -103,6 +104,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             arch, classes = args.arch, len(loader.manifest.classes or ())
             ckpt = torch.load(args.checkpoint, map_location=device) if args.checkpoint else None
             if ckpt is not None:
+                why = ddp.class_difference(ckpt.get("classes", ckpt["num_classes"]), loader.classes, args.shards)
+                if why is not None:  # a top-1 against labels that mean other classes would be a number, not a score
+                    parser.exit(2, f"{parser.prog}: error: --checkpoint {args.checkpoint} was not trained on the "
+                                   f"classes of {args.shards}: {why}\n")
                 arch, classes = ckpt["arch"], ckpt["num_classes"]
             model = make_model(arch, classes).to(device)
             if ckpt is not None:

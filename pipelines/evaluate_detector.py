@@ -177,8 +177,7 @@ def describe(result: dict[str, Any], world: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser: argparse.ArgumentParser = ddp.RecipeParser(description=__doc__,
-                                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser: argparse.ArgumentParser = ddp.RecipeParser(description=__doc__)
     parser.add_argument("shards", help="packed COCO validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_detector.py checkpoint to evaluate (default: an untrained model)")

@@ -2,9 +2,11 @@
 
 A short, readable version of ``shardkit bench`` built only on the public API, to read and adapt:
 
-    python pipelines/throughput.py DIR [--workers 2] [--batch-size 64] [--repeats 3]
+    python pipelines/throughput.py DIR [--workers 2] [--batch-size 64] [--repeats 3] [--shards SHARDS]
 
-DIR is an ImageFolder tree; it is packed into DIR-shards/ first (once). All three loaders
+DIR is an ImageFolder tree; it is packed first (once) into SHARDS, by default a folder of the
+system's temporary directory named after DIR (never beside DIR: that may be a checkout, or
+read-only). All three loaders
 produce uint8 [B,3,224,224] batches after RandomResizedCrop(224) + horizontal flip, use the same
 batch size and workers, and run in alternating order (A B C, C B A, …) so drift cancels.
 """
@@ -51,6 +53,22 @@ def shardkit_loader(shard_dir: str, batch_size: int, workers: int) -> ShardLoade
                        num_workers=workers, drop_last=True)
 
 
+def default_shards(root: str) -> str:
+    """Where DIR is packed without ``--shards``: the temporary directory, one folder per tree (its
+    name and a hash of its absolute path), so a second run reuses the pack.
+
+    Example::
+
+        default_shards("sample_data/imagefolder")  # /tmp/shardkit-throughput/imagefolder-3f2a9c1d
+    """
+    import hashlib
+    import tempfile
+
+    path = os.path.abspath(root)
+    digest = hashlib.sha256(path.encode()).hexdigest()[:8]
+    return os.path.join(tempfile.gettempdir(), "shardkit-throughput", f"{os.path.basename(path)}-{digest}")
+
+
 def images_per_second(make: Callable[[], Iterable], epochs: int, warmup: int = 5) -> float:
     """Build a fresh loader, skip ``warmup`` batches, time the rest of ``epochs`` epochs."""
     loader = make()
@@ -67,23 +85,32 @@ def images_per_second(make: Callable[[], Iterable], epochs: int, warmup: int = 5
     return images / seconds
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("dir")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("dir", help="ImageFolder tree")
+    ap.add_argument("--shards", default=None,
+                    help="where DIR is packed (reused when it holds a pack) [default: a folder of the temporary "
+                         "directory named after DIR]")
+    ap.add_argument("--workers", type=int, default=2, help="workers of every loader [default: 2]")
+    ap.add_argument("--batch-size", type=int, default=64, help="[default: 64]")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs per timed run [default: 2]")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per loader [default: 3]")
+    args = ap.parse_args(argv)
+    args.shards = args.shards or default_shards(args.dir)
+    return args
 
-    shard_dir = args.dir.rstrip("/") + "-shards"
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    shard_dir = args.shards
     if not os.path.exists(os.path.join(shard_dir, "index.json")):
         # Several shards per worker: plain webdataset hands each worker whole shards.
         per_shard = max(1, min(1000, len(ImageFolder(args.dir)) // (4 * max(args.workers, 1))))
         result = pack(args.dir, shard_dir, options=PackOptions(max_count=per_shard),
                       workers=os.cpu_count())
-        print(f"packed {result.manifest.num_samples} images: {result.images_per_second:,.0f} img/s")
+        print(f"packed {result.manifest.num_samples} images into {shard_dir}: "
+              f"{result.images_per_second:,.0f} img/s")
 
     loaders = {
         "torchvision ImageFolder + DataLoader":

@@ -19,6 +19,10 @@ exact and resumable like one dataset; their class lists must be equal)::
 
     torchrun --nproc_per_node 8 pipelines/train_classifier.py shards/a shards/b --weights 0.7 0.3
 
+``--disjoint-labels`` mixes datasets of different classes instead: each keeps its own, one after
+another. The checkpoint saves the class names; ``evaluate_classifier.py`` refuses a dataset of
+other ones, and so does a resume.
+
 On CUDA: NCCL, bf16 autocast, channels_last, ``--compile``. On CPU: gloo (tests run it so).
 ``--share-steps N`` ends the run with its fed-step share (``step_share.py``): the images/s of its
 last N steps over that of N steps on one batch already on the device.
@@ -68,7 +72,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )  # rank and world size: from the process group
     val = (val_loader(args.val, batch_size=args.batch_size, size=args.size, workers=args.workers, device=device)
            if args.val else None)
-    num_classes = len(loader.manifest.classes or ())
+    classes = list(loader.classes or ())  # a mix with --disjoint-labels: each dataset's, one after another
+    num_classes = len(classes)
     model = make_model(args.arch, num_classes).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
@@ -86,6 +91,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             ddp.save_checkpoint(args.checkpoint, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
                 "step": step, "arch": args.arch, "num_classes": num_classes,
+                "classes": classes,  # evaluate_classifier.py refuses data of other classes
             })
 
     def train_step(images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -98,6 +104,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     loss_value, seen, started, accuracy = float("nan"), 0, time.perf_counter(), None
     clock = step_share.StepClock(args.share_steps)
+    progress = ddp.ProgressClock(args.log_every)
     done = bool(args.steps) and step >= args.steps
     if (done or loader.epoch >= args.epochs) and rank == 0:
         print(f"nothing to train: the checkpoint is at step {step}, epoch {loader.epoch} "
@@ -116,7 +123,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     f.write(f"{step} {' '.join(batch[2])}\n")
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 checkpoint()
-            if rank == 0 and args.log_every and step % args.log_every == 0:
+            if progress.due(step) and rank == 0:
                 elapsed = time.perf_counter() - started
                 print(f"step {step}  epoch {epoch}  loss {loss_value:.3f}  {seen * world / elapsed:.0f} images/s  "
                       f"data wait {100 * loader.stats.wait_s / elapsed:.0f}%", flush=True)
@@ -149,8 +156,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = ddp.RecipeParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ddp.add_dataset_arguments(parser, "training dataset")
+    parser = ddp.RecipeParser(description=__doc__)
+    ddp.add_dataset_arguments(parser, "training dataset", disjoint=True)
     parser.add_argument("--val", default=None, help="packed validation dataset: top-1 after each epoch")
     parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",
                         help="torchvision classification model")

@@ -115,6 +115,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     loss_value, seen, started, metrics = float("nan"), 0, time.perf_counter(), None
     clock = step_share.StepClock(args.share_steps)
+    progress = ddp.ProgressClock(args.log_every)
     done = bool(args.steps) and step >= args.steps
     if (done or loader.epoch >= args.epochs) and rank == 0:
         print(f"nothing to train: the checkpoint is at step {step}, epoch {loader.epoch} "
@@ -133,7 +134,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     f.write(f"{step} {' '.join(batch[2])}\n")
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 checkpoint()
-            if rank == 0 and args.log_every and step % args.log_every == 0:
+            if progress.due(step) and rank == 0:
                 elapsed = time.perf_counter() - started
                 parts = "  ".join(f"{k.removeprefix('loss_')} {v.item():.3f}" for k, v in losses.items())
                 print(f"step {step}  epoch {epoch}  loss {loss_value:.3f} ({parts})  "
@@ -166,7 +167,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = ddp.RecipeParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ddp.RecipeParser(description=__doc__)
     ddp.add_dataset_arguments(parser, "COCO training dataset")
     parser.add_argument("--val", default=None, help="packed COCO validation dataset: box mAP after each epoch")
     parser.add_argument("--arch", type=ddp.model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",

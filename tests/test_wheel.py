@@ -57,8 +57,9 @@ def clean_env(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     [wheel] = dist.glob("*.whl")
     _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
          venv, _outside())
-    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    ask = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", ask], capture_output=True, text=True,
+                             check=True).stdout.strip()
     # the dependencies, after the clean environment's own site-packages
     Path(purelib, "zz_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     return venv
@@ -82,9 +83,11 @@ def test_the_wheel_runs_doctor_and_the_demo_outside_the_checkout(clean_env: Path
     assert where.startswith(str(clean_env)), where
     doctor = _run([str(bin_dir / "python"), "-m", "shardkit", "doctor"], tmp_path, env)
     for ext in ("_jpeg_region", "_jpeg_restart", "_planar"):
-        assert any(line.startswith("ok") and ext in line and str(clean_env) in line for line in doctor.splitlines()), doctor
+        assert any(line.startswith("ok") and ext in line and str(clean_env) in line
+                   for line in doctor.splitlines()), doctor
     shardkit = [str(bin_dir / "shardkit")]
-    _run([*shardkit, "pack", str(SAMPLE / "imagefolder"), "ifo", "--max-count", "64", "--seed", "0", "-q"], tmp_path, env)
+    _run([*shardkit, "pack", str(SAMPLE / "imagefolder"), "ifo", "--max-count", "64", "--seed", "0", "-q"],
+         tmp_path, env)
     _run([*shardkit, "verify", "ifo", "--decode"], tmp_path, env)
     assert "samples" in _run([*shardkit, "info", "ifo"], tmp_path, env)
     _run([*shardkit, "pack", str(SAMPLE / "coco" / "images"), "--annotations", str(SAMPLE / "coco" / "instances.json"),

@@ -211,8 +211,8 @@ def r9_security(work: Path) -> Row:
         shard = json.loads((copy / "index.json").read_text())["shards"][0]["url"]
         idx = copy / shard.replace(".tar", ".idx")
         lines = idx.read_text().splitlines()
-        key, offset, size = lines[line].split()
-        lines[line] = " ".join(map(str, edit(key, int(offset), int(size))))
+        key, offset, size, *crc = lines[line].split()
+        lines[line] = " ".join([*map(str, edit(key, int(offset), int(size))), *crc])
         idx.write_text("\n".join(lines) + "\n")
         outcomes[_outcome(lambda copy=copy: _epoch(copy, "raise"))] += 1  # type: ignore[misc]
     idx_cases = len(idx_edits)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.harness import Contender, RunResult, run_alternating
-from shardkit.bench.report import build_report
+from shardkit.bench.report import build_report, counted
 from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
 from shardkit.loader.routes.coco.target import contiguous_label_map
 from shardkit.storage.store import is_remote
@@ -114,7 +114,7 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
             "workers": workers, "max_count": per_shard, "reused": result.already_complete}
 
 
-def _coco_contenders(cfg: BenchConfig, shards: str) -> list[Contender]:
+def _coco_contenders(cfg: BenchConfig, shards: str, skipped: frozenset[str] = frozenset()) -> list[Contender]:
     """CocoDetection, ShardLoader's COCO CPU route and, on CUDA, its COCO GPU route. The CPU
     route's row delivers on the CPU on every device (on CUDA, ``device="cuda"`` takes the GPU
     route); the harness copies its images to the device, as it does the baseline's."""
@@ -125,7 +125,7 @@ def _coco_contenders(cfg: BenchConfig, shards: str) -> list[Contender]:
                               "workers": cfg.workers}
     out = [Contender("cocodetection", "torchvision CocoDetection + DataLoader",
                      lambda: baselines.cocodetection_loader(cfg.imagefolder, annotations, device=cfg.device,
-                                                            **common), baseline=True)]
+                                                            skip=skipped, **common), baseline=True)]
     if "shardloader" in cfg.contenders:
         out.append(Contender("shardloader", "shardkit ShardLoader (COCO route)",
                              lambda: runner.detection_shardloader(shards, storage_options=cfg.storage_options,
@@ -139,26 +139,46 @@ def _coco_contenders(cfg: BenchConfig, shards: str) -> list[Contender]:
     return out
 
 
-def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None) -> list[Contender]:
+def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None, skipped: frozenset[str],
+                webdataset_workers: int) -> list[Contender]:
+    """The loaders to time. ``skipped``: source files (relative to the tree) the pack left out as
+    unreadable, which the torchvision baselines leave out too; ``webdataset_workers``: the plain
+    webdataset baseline's workers (see :func:`webdataset_workers`)."""
     if cfg.annotations is not None:
-        return _coco_contenders(cfg, shards)
+        return _coco_contenders(cfg, shards, skipped)
     common: dict[str, Any] = {"size": cfg.size, "train": cfg.transform == "train",
                               "batch_size": cfg.batch_size,
               "workers": cfg.workers, "device": cfg.device}
     # On CUDA the loader picks its GPU path (nvJPEG) when it can; stages say which path ran.
     where = "CPU decode" if cfg.device == "cpu" else f"{cfg.device} path"
     out = [Contender("imagefolder", "torchvision ImageFolder + DataLoader",
-                     lambda: baselines.imagefolder_loader(cfg.imagefolder, **common),
+                     lambda: baselines.imagefolder_loader(cfg.imagefolder, skip=skipped, **common),
                      baseline=True)]
     if "webdataset" in cfg.contenders and shard_paths is not None:
-        out.append(Contender("webdataset", "webdataset + WebLoader (PIL)",
-                             lambda: baselines.webdataset_loader(shard_paths, **common)))
+        fewer = "" if webdataset_workers == cfg.workers else f", {counted(webdataset_workers, 'worker')}"
+        wds_common = {**common, "workers": webdataset_workers}
+        out.append(Contender("webdataset", f"webdataset + WebLoader (PIL{fewer})",
+                             lambda: baselines.webdataset_loader(shard_paths, **wds_common)))
     if "shardloader" in cfg.contenders:
         out.append(Contender("shardloader", f"shardkit ShardLoader ({where})",
                              lambda: runner.shardloader(shards, storage_options=cfg.storage_options,
                                                         **common),
                              stages=runner.shardloader_stages))
     return out
+
+
+def webdataset_workers(workers: int, shards: int) -> int:
+    """The plain webdataset baseline's workers: ``workers``, but no more than ``shards``.
+
+    Its workers split whole shards between them (``split_by_worker``), and a worker left without a
+    shard fails the run ("No samples found in dataset"); ShardLoader splits samples, so it keeps
+    every worker.
+
+    Example:
+        >>> webdataset_workers(8, 5), webdataset_workers(2, 5), webdataset_workers(0, 1)
+        (5, 2, 0)
+    """
+    return min(workers, shards)
 
 
 def _drop(_contender: Contender) -> None:
@@ -204,8 +224,14 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
 
 
 def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
-              after_run: Callable[[str, int, RunResult], None] | None = None) -> dict[str, Any]:
+              after_run: Callable[[str, int, RunResult], None] | None = None,
+              note: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the whole comparison and return the report dict (:mod:`shardkit.bench.report`).
+
+    ``note(text)`` hears, before the timed runs, what the bench changed so that every loader can
+    run: source files left out as unreadable (the pack skipped them, so the torchvision baselines
+    skip them too rather than fail on them), and the webdataset baseline's workers lowered to the
+    shard count. The same notes are in the report (``conditions["notes"]``).
 
     Raises:
         ValueError: invalid settings or too few images for one batch after warm-up.
@@ -221,8 +247,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
             else conditions.describe_imagefolder(cfg.imagefolder))
     per_epoch = data["images"] // cfg.batch_size
     if per_epoch < 1:
-        raise ValueError(f"{data['images']} images make no full batch of {cfg.batch_size}")
-    warmup = min(cfg.warmup, per_epoch * cfg.epochs - 1)
+        raise ValueError(f"{data['images']} images make no full batch of {cfg.batch_size}: lower --batch-size")
     tmp = tempfile.mkdtemp(prefix="shardkit-bench-") if cfg.shards is None else None
     shards = cfg.shards or os.path.join(tmp or "", "shards")
     try:
@@ -232,6 +257,16 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         check_same_data(manifest, data, shards, cfg.jpeg_restart)
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
+        skipped = frozenset(s["source"] for s in manifest.skipped)
+        notes = _notes(cfg, manifest, shard_paths is not None)
+        for text in notes:
+            if note is not None:
+                note(text)
+        per_epoch = manifest.num_samples // cfg.batch_size
+        if per_epoch < 1:
+            raise ValueError(f"{manifest.num_samples} readable images make no full batch of {cfg.batch_size}: "
+                             "lower --batch-size")
+        warmup = min(cfg.warmup, per_epoch * cfg.epochs - 1)
         cache = "warm (every file read once before the runs)"
         drop: Callable[[Contender], None] | None = None
         if cfg.drop_caches:
@@ -248,8 +283,10 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
                  "shards_location": "remote" if remote else "local",
                  "shards": {"url": shards, "count": len(manifest.shards),
                             "bytes": manifest.num_bytes, "temporary": tmp is not None,
-                            "jpeg_restart": manifest.options.get("jpeg_restart")}}
-        contenders = _contenders(cfg, shards, shard_paths)
+                            "jpeg_restart": manifest.options.get("jpeg_restart")},
+                 "notes": notes}
+        contenders = _contenders(cfg, shards, shard_paths, skipped,
+                                 webdataset_workers(cfg.workers, len(manifest.shards)))
         runs = _run(cfg, contenders, warmup, per_epoch, drop, sink, after_run)
         config = {**asdict(cfg), "warmup": warmup, "storage_options": None,
                   "contenders": [c.name for c in contenders]}
@@ -257,6 +294,23 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool) -> list[str]:
+    """What :func:`run_bench` tells before timing (see its ``note``)."""
+    notes = []
+    if manifest.skipped:
+        first = sorted(manifest.skipped, key=lambda s: s["source"])[0]
+        more = len(manifest.skipped) - 1
+        notes.append(f"{counted(len(manifest.skipped), 'unreadable source file')} left out by every loader, as "
+                     f"pack skipped {'them' if more else 'it'}: {first['source']}: {first['reason']}"
+                     + (f" (and {more} more, listed in index.json)" if more else ""))
+    shards = len(manifest.shards)
+    if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and shards < cfg.workers:
+        notes.append(f"webdataset splits whole shards between its workers, and {counted(shards, 'shard')} "
+                     f"cannot feed {cfg.workers} workers: its baseline runs with {counted(shards, 'worker')} "
+                     "(ShardLoader and ImageFolder keep all; pack with a lower --max-count for more shards)")
+    return notes
 
 
 def _run(cfg: BenchConfig, contenders: list[Contender], warmup: int, per_epoch: int,

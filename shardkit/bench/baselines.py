@@ -19,6 +19,7 @@ Both produce uint8 ``[B,3,S,S]`` batches and int64 labels, like ShardLoader with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,11 +55,27 @@ def _loader_kwargs(workers: int, device: str) -> dict[str, Any]:
     return kwargs
 
 
+class _Readable:
+    """ImageFolder's ``is_valid_file``: its own extension rule, less the files in ``skip`` (paths
+    relative to ``root``). A class, not a closure, so that the dataset stays picklable."""
+
+    def __init__(self, root: str, skip: frozenset[str]) -> None:
+        self.root, self.skip = root, skip
+
+    def __call__(self, path: str) -> bool:
+        from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
+
+        rel = os.path.relpath(path, self.root).replace(os.sep, "/")
+        return has_file_allowed_extension(path, IMG_EXTENSIONS) and rel not in self.skip
+
+
 def imagefolder_loader(root: str, *, size: int, train: bool, batch_size: int, workers: int,
-                       device: str = "cpu", seed: int = 0) -> DataLoader[Any]:
+                       device: str = "cpu", seed: int = 0, skip: frozenset[str] = frozenset()) -> DataLoader[Any]:
     """torchvision ``ImageFolder(root)`` in a shuffled ``DataLoader`` (``drop_last=True``).
 
     Each ``iter()`` is one epoch of ``(uint8 [B,3,S,S], int64 [B])`` on the CPU (pinned on CUDA).
+    ``skip``: files (relative to ``root``, ``/``-separated) left out, as ``shardkit pack`` leaves out
+    the ones it cannot read: PIL would raise on them in a worker and end the run.
 
     Example::
 
@@ -68,7 +85,8 @@ def imagefolder_loader(root: str, *, size: int, train: bool, batch_size: int, wo
     """
     from torchvision.datasets import ImageFolder
 
-    dataset = ImageFolder(root, transform=torchvision_transform(size, train))
+    dataset = ImageFolder(root, transform=torchvision_transform(size, train),
+                          is_valid_file=_Readable(root, skip) if skip else None)
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                       generator=torch.Generator().manual_seed(seed),
                       **_loader_kwargs(workers, device))
@@ -106,13 +124,15 @@ def detection_transform(min_size: int, max_size: int) -> v2.Compose:
 
 
 def cocodetection_loader(images: str, annotations: str, *, min_size: int, max_size: int, batch_size: int,
-                         workers: int, device: str = "cpu", seed: int = 0) -> DataLoader[Any]:
+                         workers: int, device: str = "cpu", seed: int = 0,
+                         skip: frozenset[str] = frozenset()) -> DataLoader[Any]:
     """torchvision ``CocoDetection(images, annotations)`` for v2 transforms in a shuffled
     ``DataLoader`` (``drop_last=True``); batches are ``([uint8 [3,H,W]], [target dicts])``.
 
     Images without annotations are left out, as torchvision's detection references do for
     training (``RandomIoUCrop`` needs boxes); the bench packs the same images
-    (``pack_coco(drop_empty=True)``)."""
+    (``pack_coco(drop_empty=True)``). ``skip``: image file names left out, as ``shardkit pack``
+    leaves out the ones it cannot read."""
     import contextlib
     import io
 
@@ -120,7 +140,8 @@ def cocodetection_loader(images: str, annotations: str, *, min_size: int, max_si
 
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its index building
         coco = CocoDetection(images, annotations, transforms=detection_transform(min_size, max_size))
-    coco.ids = [i for i in coco.ids if coco.coco.getAnnIds(imgIds=i)]
+    coco.ids = [i for i in coco.ids if coco.coco.getAnnIds(imgIds=i)
+                and coco.coco.loadImgs(i)[0]["file_name"] not in skip]
     dataset = wrap_dataset_for_transforms_v2(coco, target_keys=("boxes", "labels", "image_id", "area", "iscrowd"))
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=collate_lists,
                       generator=torch.Generator().manual_seed(seed), **_loader_kwargs(workers, device))

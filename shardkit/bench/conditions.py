@@ -83,9 +83,12 @@ def _describe_files(paths: list[str], sizes: list[int], *, sample: int, seed: in
     kpix: list[float] = []
     modes: Counter[str] = Counter()
     for p in chosen:
-        with Image.open(p) as im:
-            kpix.append(im.width * im.height / 1000)
-            modes[f"{im.format}/{im.mode}"] += 1
+        try:
+            with Image.open(p) as im:
+                kpix.append(im.width * im.height / 1000)
+                modes[f"{im.format}/{im.mode}"] += 1
+        except (OSError, SyntaxError, ValueError):  # unreadable: the pack skips it, and the bench says so
+            modes["unreadable"] += 1
     n = max(len(sizes), 1)
     return {"images": len(paths), "bytes": sum(sizes), "mean_kb": round(sum(sizes) / n / 1000, 1),
             "mean_kpix": round(sum(kpix) / max(len(kpix), 1), 1),

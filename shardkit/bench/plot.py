@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from shardkit.bench.report import too_few_timed
+
 
 def plot_report(report: Mapping[str, Any], path: str) -> None:
     """Draw ``report`` (see :mod:`shardkit.bench.report`) into the PNG file ``path``.
@@ -37,8 +39,9 @@ def plot_report(report: Mapping[str, Any], path: str) -> None:
         x = base["images_per_second"]["median"]
         ax.axvline(x, color="black", linestyle="--", linewidth=1)
         ax.text(x, len(results) - 0.45, " baseline", va="bottom", ha="left", fontsize="small")
+    few = too_few_timed(report) is not None  # no ratio, as in the table
     for yi, r, m in zip(y, results, medians, strict=True):
-        ratio = r["ratio_to_baseline"]
+        ratio = None if few else r["ratio_to_baseline"]
         text = f"{m:,.0f}" + ("" if ratio is None or r["baseline"]
                               else f"  ({ratio['median']:.2f}×)")
         ax.text(r["images_per_second"]["max"], yi, "  " + text, va="center", ha="left",

@@ -36,6 +36,9 @@ from shardkit.bench.harness import Contender, RunResult
 SCHEMA = "shardkit.bench/1"
 #: Timed runs shorter than this (seconds) get a note under the table: their figures are noisy.
 SHORT_RUN_S = 1.0
+#: A run that timed fewer batches than this gets no ratio to the baseline in the table or plot:
+#: a handful of batches measures start-up and scheduling, not the loader.
+MIN_TIMED_BATCHES = 5
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
@@ -99,6 +102,18 @@ def summarize(contender: Contender, runs: Sequence[RunResult],
     }
 
 
+def timed_batches(report: Mapping[str, Any], result: Mapping[str, Any]) -> int:
+    """The batches one run of ``result`` (a ``results`` entry of ``report``) timed."""
+    return int(result.get("images_per_run", 0)) // max(int(report["config"].get("batch_size") or 1), 1)
+
+
+def too_few_timed(report: Mapping[str, Any]) -> int | None:
+    """The fewest batches a run timed, when under :data:`MIN_TIMED_BATCHES`, else None: then the
+    table and the plot print no ratio to the baseline."""
+    fewest = min((timed_batches(report, r) for r in report["results"] if "images_per_run" in r), default=None)
+    return fewest if fewest is not None and fewest < MIN_TIMED_BATCHES else None
+
+
 def build_report(config: Mapping[str, Any], conditions: Mapping[str, Any],
                  pack: Mapping[str, Any] | None, contenders: Sequence[Contender],
                  runs: Mapping[str, Sequence[RunResult]]) -> dict[str, Any]:
@@ -132,8 +147,9 @@ def format_table(report: Mapping[str, Any], width: int | None = None) -> str:
     header = ("loader", "img/s median", "min–max", "× baseline (min–max)", "1st batch", "CPU cores",
               "CPU ms/img", "× by CPU", "peak PSS (RSS)")
     rows = [header]
+    few = too_few_timed(report) is not None
     for r in report["results"]:
-        ips, ratio = r["images_per_second"], r["ratio_to_baseline"]
+        ips, ratio = r["images_per_second"], None if few else r["ratio_to_baseline"]
         rows.append((
             r["label"] + (" [baseline]" if r["baseline"] else ""), f"{ips['median']:,.0f}",
             f"{ips['min']:,.0f}–{ips['max']:,.0f}",
@@ -141,7 +157,7 @@ def format_table(report: Mapping[str, Any], width: int | None = None) -> str:
                 "" if f"{ratio['min']:.2f}" == f"{ratio['max']:.2f}" else f" ({ratio['min']:.2f}–{ratio['max']:.2f})"),
             f"{r['first_batch_s']:.2f} s", f"{r['cores_busy']:.2f}",
             f"{r['cpu_seconds_per_1k_images']:.2f}",
-            "—" if r.get("cpu_efficiency_to_baseline") is None
+            "—" if few or r.get("cpu_efficiency_to_baseline") is None
             else f"{r['cpu_efficiency_to_baseline']['median']:.2f}×", _memory(r),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -202,8 +218,14 @@ def format_conditions(report: Mapping[str, Any]) -> str:
     if report.get("pack"):
         p = report["pack"]
         lines.append(f"pack: {p['images']:,} images in {p['seconds']:.1f} s = "
-                     f"{p['images_per_second']:,.0f} img/s ({p['shards']} shards, {p['workers']} "
-                     "workers)")
+                     f"{p['images_per_second']:,.0f} img/s ({counted(p['shards'], 'shard')}, "
+                     f"{counted(p['workers'], 'worker')})")
+    lines += [f"note: {text}" for text in cond.get("notes") or ()]  # what the bench changed so all could run
+    fewest = too_few_timed(report)
+    if fewest is not None:
+        lines.append(f"note: a run timed only {counted(fewest, 'batch', 'batches')} after its warm-up, too few for "
+                     "a ratio to the baseline (none is given): raise --epochs, lower --warmup or --batch-size, "
+                     "or bench a larger dataset")
     run_seconds = [r["images_per_run"] / r["images_per_second"]["median"] for r in report["results"]
                    if r.get("images_per_run") and r["images_per_second"]["median"] > 0]
     if run_seconds and min(run_seconds) < SHORT_RUN_S:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from shardkit.cli.progress import BenchBar, bars_enabled
+from shardkit.cli.report import fit
+from shardkit.errors import ShardkitError
 
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
@@ -22,8 +26,8 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 
 
 @click.command("bench")
-@click.argument("imagefolder_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--annotations", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.argument("imagefolder_dir")
+@click.option("--annotations", default=None,
               help="COCO instances JSON: IMAGEFOLDER_DIR is then the images directory, and torchvision "
                    "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size): "
                    "its COCO route, and with --device cuda its COCO GPU route too. With --train DETECTOR: they "
@@ -104,6 +108,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     (and its COCO GPU route with --device cuda); with --annotations and --train DETECTOR, the
     loaders feed a detection training step (see shardkit.bench.train_detection).
     """
+    _check_source(imagefolder_dir, annotations)
     size = size or (800 if annotations is not None else 224)
     detector = train_model in DETECTORS
     batch_size = batch_size or (16 if detector else 64)
@@ -120,7 +125,15 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         wrong = ", ".join(c for c in contenders if c not in fitting)
         raise click.UsageError(f"--contender {wrong} does not feed --train {train_model}; its loaders: "
                                f"{', '.join(fitting)}")
-    from shardkit.bench import BenchConfig, format_table, plot_report, run_bench, write_json
+    if out is not None:
+        out = _writable(out, "--out")
+    if plot is not None:
+        plot = _writable(plot, "--plot")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise BenchError("--plot needs matplotlib: pip install 'shardkit[bench]' (or leave out --plot)")
+    if not quiet:  # the cheap checks passed; torch and the data take seconds: say what is happening now
+        click.echo(f"bench: {imagefolder_dir}: loading torch and reading the data…", err=True)
+    from shardkit.bench import BenchConfig, format_table, plot_report, run_bench
 
     if device == "cuda":
         import torch
@@ -147,25 +160,81 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
                       warmup=warmup, drop_caches=drop_caches, contenders=contenders,
                       jpeg_restart=jpeg_restart, annotations=annotations, max_size=max_size)
     bar = BenchBar(bars_enabled(quiet))
+    name_width = max(len(c) for c in (*contenders, "shardloader-gpu"))
 
     def after_run(name: str, rep: int, result: Any) -> None:
         if not bar.enabled and not quiet:
-            click.echo(f"  {name:<12} run {rep + 1}/{repeats}: {result.images_per_second:,.0f} "
+            click.echo(f"  {name:<{name_width}} run {rep + 1}/{repeats}: {result.images_per_second:,.0f} "
                        f"img/s ({result.images} images in {result.seconds:.1f} s)", err=True)
 
+    def note(text: str) -> None:
+        bar.close()  # the note on its own line, not under a bar being drawn
+        click.echo(fit(f"note: {text}", 2), err=True)
+
     try:
-        report = run_bench(cfg, sink=bar, after_run=after_run)
+        report = run_bench(cfg, sink=bar, after_run=after_run, note=note)
     except ValueError as err:
-        raise click.UsageError(str(err)) from err
+        raise BenchError(str(err)) from err
     finally:
         bar.close()
     click.echo(format_table(report, width=_terminal_width()))
-    if out:
-        write_json(report, out)
-        click.echo(f"report: {out}")
-    if plot:
-        plot_report(report, plot)
-        click.echo(f"plot:   {plot}")
+    _save(report, out, plot, plot_report)
+
+
+class BenchError(ShardkitError):
+    """The bench cannot run as asked (its data, paths or counts): one ``error:`` line, exit 1,
+    before any timing starts."""
+
+
+def _check_source(imagefolder_dir: str, annotations: str | None) -> None:
+    """IMAGEFOLDER_DIR a directory and --annotations a file, said in one line as pack says it."""
+    if not os.path.exists(imagefolder_dir):
+        raise BenchError("does not exist", where=imagefolder_dir)
+    if not os.path.isdir(imagefolder_dir):
+        raise BenchError("is a file, not a directory of images", where=imagefolder_dir)
+    if annotations is not None and not os.path.isfile(annotations):
+        what = "is a directory, not a COCO instances JSON file" if os.path.isdir(annotations) else "does not exist"
+        raise BenchError(what, where=f"--annotations {annotations}")
+
+
+def _writable(path: str, option: str) -> str:
+    """``path`` for a report written after the run, checked before it: its folder is created as pack
+    creates its destination, and must take a new file; ``path`` must not be a directory."""
+    if os.path.isdir(path):
+        raise BenchError("is a directory; name the file to write", where=f"{option} {path}")
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as err:
+        raise BenchError(f"cannot create its folder {parent} ({err.strerror or err})",
+                         where=f"{option} {path}") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BenchError(f"cannot write in {parent} (permission denied)", where=f"{option} {path}")
+    return path
+
+
+def _save(report: dict[str, Any], out: str | None, plot: str | None,
+          plot_report: Callable[[dict[str, Any], str], None] | None = None) -> None:
+    """Write the JSON report and the plot. Their paths were checked before the run; should a write
+    still fail, the report goes to a temporary file, named in the error: a run is never lost."""
+    import tempfile
+
+    from shardkit.bench import write_json
+
+    try:
+        if out:
+            write_json(report, out)
+            click.echo(f"report: {out}")
+        if plot and plot_report is not None:
+            plot_report(report, plot)
+            click.echo(f"plot:   {plot}")
+    except OSError as err:
+        fd, kept = tempfile.mkstemp(prefix="shardkit-bench-", suffix=".json")
+        os.close(fd)
+        write_json(report, kept)
+        where = err.filename or out or plot
+        raise BenchError(f"cannot write it ({err.strerror or err}); the report is kept in {kept}",
+                         where=str(where)) from None
 
 
 def _needs_shards(shards: str | None, what: str) -> str:
@@ -180,23 +249,34 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
                    table: Callable[[dict[str, Any], int | None], str], *, repeats: int, out: str | None,
                    quiet: bool) -> None:
     """``run(after_run)`` (a training bench), one line per run unless ``quiet``; then the table."""
-    from shardkit.bench import write_json
     from shardkit.bench.train_report import rate
+
+    width = max(map(len, CONTENDERS))
 
     def after_run(name: str, rep: int, result: TrainRun) -> None:
         if not quiet:
-            click.echo(f"  {name:<15} run {rep + 1}/{repeats}: fed {rate(result.fed_images_per_second)} img/s, "
-                       f"synthetic {rate(result.synthetic_images_per_second)} img/s, share {result.share:.0%}",
+            click.echo(f"  {name:<{width}} run {rep + 1}/{repeats}: fed {rate(result.fed_images_per_second)} img/s, "
+                       f"synthetic {rate(result.synthetic_images_per_second)} img/s, share {share(result.share)}",
                        err=True)
 
     try:
         report = run(after_run)
     except ValueError as err:
-        raise click.UsageError(str(err)) from err
+        raise BenchError(str(err)) from err
     click.echo(table(report, _terminal_width()))
-    if out:
-        write_json(report, out)
-        click.echo(f"report: {out}")
+    _save(report, out, None)
+
+
+def share(value: float) -> str:
+    """A run's share (fed over synthetic images/s). Over 100% the fed run outpaced the step fed
+    nothing, so the figure measures noise or contention between the two runs, not the loader:
+    it is not printed as a percentage.
+
+    Example:
+        >>> share(0.873), share(1.68)
+        ('87%', '— (fed outran synthetic: noise)')
+    """
+    return f"{value:.0%}" if value <= 1.005 else "— (fed outran synthetic: noise)"
 
 
 def _feeders(value: str, workers: int, classifier: bool, contenders: tuple[str, ...]) -> int | str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from shardkit.cli.report import counted
 from shardkit.cli.storage import storage_option_flag, storage_options
 
 
@@ -53,6 +54,6 @@ def index_command(dataset: str, classes_file: str | None, dali_index: bool, over
         return
     manifest = adopt_shards(dataset, classes=_class_names(classes_file), dali_index=dali_index,
                             overwrite=overwrite, storage_options=remote)
-    click.echo(f"indexed {dataset}: {len(manifest.shards)} shards, {manifest.num_samples:,} "
-               f"samples, {len(manifest.classes or ())} classes"
+    click.echo(f"indexed {dataset}: {counted(len(manifest.shards), 'shard')}, "
+               f"{counted(manifest.num_samples, 'sample')}, {counted(len(manifest.classes or ()), 'class', 'classes')}"
                + (", DALI index files written" if dali_index else ""))

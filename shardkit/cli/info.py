@@ -26,6 +26,9 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
         "num_bytes": m.num_bytes, "num_classes": len(m.classes) if m.classes is not None else None,
         "num_categories": len(m.categories) if m.categories is not None else None,
         "skipped": len(m.skipped), "options": m.options, "created_by": m.created_by,
+        "classes": list(m.classes) if m.classes is not None else None,  # label k is classes[k]
+        "categories": ([{"id": c.get("id"), "name": c.get("name")} for c in m.categories]
+                       if m.categories is not None else None),
     }
     if "drop_empty" in m.extra:
         summary["drop_empty"] = m.extra["drop_empty"]
@@ -35,10 +38,10 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     click.echo(f"dataset   {store.url}  ({m.kind}, {m.created_by})")
     click.echo(f"samples   {m.num_samples:,}")
     if m.classes is not None:
-        shown = ", ".join(m.classes[:8]) + (" …" if len(m.classes) > 8 else "")
-        click.echo(f"classes   {len(m.classes)}: {shown}")
+        click.echo(fit(f"classes   {len(m.classes)}: {_names(list(m.classes))}", 10))
     if m.categories is not None:
-        click.echo(f"categories {len(m.categories)}")
+        names = [str(c.get("name", c.get("id"))) for c in m.categories]
+        click.echo(fit(f"categories {len(m.categories)}: {_names(names)}", 11))
     least, most = min(sizes, default=0), max(sizes, default=0)
     click.echo(f"shards    {len(m.shards)}  ({least if least == most else f'{least}–{most}'} samples each)")
     click.echo(f"bytes     {human_bytes(m.num_bytes)}")
@@ -47,3 +50,15 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     print_drop_empty(m.extra)
     opts = {k: v for k, v in m.options.items() if k != "fingerprint"}
     click.echo(fit("options   " + ", ".join(f"{k}={v}" for k, v in opts.items()), 10))
+
+
+#: Class (or category) names listed in full up to this many; past it the first ones, and where all are.
+LISTED = 100
+
+
+def _names(names: list[str]) -> str:
+    """``names`` in label order, all of them up to :data:`LISTED` (a person checks them against a
+    model's); past that the first :data:`LISTED`, and how to get the rest."""
+    if len(names) <= LISTED:
+        return ", ".join(names)
+    return ", ".join(names[:LISTED]) + f" … and {len(names) - LISTED:,} more (info --json lists them all)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import click
@@ -86,7 +87,7 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="Fail, without publishing index.json, when more inputs than N (or P% of them) "
                    "are skipped as unreadable or corrupt [default: any number, but a pack of no "
                    "sample fails].")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, summary or warnings; errors only.")
 @storage_option_flag
 @click.option("--source-option", "source_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for a URL SRC (and --annotations), repeatable, as -o; when "
@@ -130,6 +131,9 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     bar = PackBar(bars_enabled(quiet))
     procs = workers or os.cpu_count()
     bar.listing(src)
+    warnings = _Warnings()
+    pack_log = logging.getLogger("shardkit.pack")
+    pack_log.addHandler(warnings)
     try:
         if annotations is not None:  # checked above: given exactly when packing COCO
             result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options,
@@ -146,11 +150,28 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
             print_skipped(err.skipped, err=True)
         raise
     finally:
+        pack_log.removeHandler(warnings)
         bar.close()
-    if not quiet:
+    if not quiet:  # -q: errors only
+        for message in warnings.messages:
+            click.echo(message, err=True)
         print_pack_summary(result, dst)
         if annotations is None:
             _note_loose_images(src)
+
+
+class _Warnings(logging.Handler):
+    """The pack's warnings (a mixed-format set, ...), kept to be printed above the summary of a pack
+    that succeeded, each on a line of its own: printed as they come, one would run on after the
+    ``listing SRC …`` status, or stand above an error that ends the pack (a Ray cluster of several
+    nodes found with a local source) as a second line."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def _note_loose_images(src: str) -> None:

@@ -33,6 +33,31 @@ def bars_enabled(quiet: bool) -> bool:
     return not quiet and sys.stderr.isatty()
 
 
+#: A bar of bytes, in the binary units of the summaries (``1.5 MiB``; tqdm writes ``1.57MB``).
+BYTES_FORMAT = ("{l_bar}{bar}| {bytes_n}/{bytes_total} [{elapsed}<{remaining}, {bytes_rate}/s{postfix}]")
+
+
+def _bytes_tqdm() -> Any:
+    """tqdm, its byte counts and rate as :func:`~shardkit.cli.report.human_bytes` writes them (the
+    ``bytes_*`` fields of :data:`BYTES_FORMAT`)."""
+    from tqdm import tqdm
+
+    from shardkit.cli.report import human_bytes
+
+    class BytesTqdm(tqdm):
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            d: dict[str, Any] = super().format_dict
+            rate = d.get("rate")
+            if rate is None and d.get("elapsed"):
+                rate = d["n"] / d["elapsed"]
+            d.update(bytes_n=human_bytes(d["n"]), bytes_total="?" if d.get("total") is None
+                     else human_bytes(d["total"]), bytes_rate="?" if not rate else human_bytes(rate))
+            return d
+
+    return BytesTqdm
+
+
 class Bar:
     """One tqdm bar on stderr, or a no-op when ``enabled`` is false.
 
@@ -49,10 +74,11 @@ class Bar:
 
             in_bytes = unit == "B"
             columns, rows = _terminal_size()
-            self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=in_bytes,
+            kind: Any = _bytes_tqdm() if in_bytes else tqdm
+            self._bar = kind(total=total, desc=desc, unit=unit, unit_scale=in_bytes,
                              unit_divisor=1024 if in_bytes else 1000, dynamic_ncols=columns > 0 and rows > 0,
                              ncols=columns or _FALLBACK_COLUMNS, nrows=rows or _FALLBACK_ROWS, leave=False,
-                             file=sys.stderr)
+                             file=sys.stderr, **({"bar_format": BYTES_FORMAT} if in_bytes else {}))
 
     @property
     def enabled(self) -> bool:
@@ -102,14 +128,15 @@ class PackBar:
             sys.stderr.flush()
             self._status = True
 
-    def _clear_status(self) -> None:
+    def clear_status(self) -> None:
+        """Erase the ``listing SRC …`` status, if shown, so that a line can be printed in its place."""
         if self._status:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
             self._status = False
 
     def start(self, samples: int, nbytes: int) -> None:
-        self._clear_status()
+        self.clear_status()
         self.bar.close()
         self.bar = Bar(self.enabled, desc="packing", total=nbytes, unit="B")
         self.total, self.done = samples, 0
@@ -121,7 +148,7 @@ class PackBar:
         self.bar.update(nbytes)
 
     def close(self) -> None:
-        self._clear_status()
+        self.clear_status()
         self.bar.close()
 
 

@@ -33,6 +33,16 @@ def fit(text: str, indent: int) -> str:
                          break_on_hyphens=False)
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` (with thousands separators) and ``noun``, in the plural (``plural``, else ``noun + "s"``)
+    unless ``n`` is 1.
+
+    >>> counted(1, "shard"), counted(1200, "sample"), counted(2, "class", "classes")
+    ('1 shard', '1,200 samples', '2 classes')
+    """
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def human_bytes(n: float) -> str:
     """``1536`` -> ``'1.5 KiB'``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -7,6 +7,7 @@ import sys
 import click
 
 from shardkit.cli.progress import Bar, bars_enabled
+from shardkit.cli.report import counted
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import ShardEntry, locate_dataset, read_manifest, verify_dataset
 
@@ -40,6 +41,6 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
         click.echo(f"{len(report.problems)} problem(s) in {store.url}", err=True)
         sys.exit(1)
     if not quiet:
-        decoded = f", {report.images_decoded:,} images decoded" if decode else ""
-        click.echo(f"OK {store.url}: {report.shards_checked} shards, {report.samples_checked:,} "
-                   f"samples{decoded}")
+        decoded = f", {counted(report.images_decoded, 'image')} decoded" if decode else ""
+        click.echo(f"OK {store.url}: {counted(report.shards_checked, 'shard')}, "
+                   f"{counted(report.samples_checked, 'sample')}{decoded}")

@@ -1,14 +1,17 @@
 """The per-shard offsets file ``<shard>.idx``: where each sample starts and how long it is.
 
-Text, UTF-8, one line per record::
+Text, ASCII, one line per record::
 
-    shardkit-offsets 1 <num_samples>
-    <key> <offset> <size>
+    shardkit-offsets 2 <num_samples>
+    <key> <offset> <size> <crc32>
     ...
 
 ``offset`` is the byte offset of the sample's first tar header and ``size`` the bytes up to
 the end of its last member's padding, so reading ``size`` bytes at ``offset`` and parsing
-them with :func:`shardkit.format.tarread.parse_span` gives the whole sample.
+them with :func:`shardkit.format.tarread.parse_span` gives the whole sample. ``crc32`` (version
+2) is the CRC-32 of those bytes (``zlib.crc32``), 8 lower-case hex digits: the loader checks it
+on every read, so bytes flipped after packing (a disk, a copy) are a corrupt sample, not decoded
+garbage. Version 1 lines have no ``crc32`` (packs of shardkit 0.1, adopted shards); both are read.
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ from shardkit.errors import FormatError
 from shardkit.format.tarwrite import SampleSpan
 
 _MAGIC = "shardkit-offsets"
-_VERSION = 1
+#: Version 2 when every span has its CRC-32, else 1.
+_VERSIONS = ("1", "2")
 
 
 def dump_offsets(spans: Sequence[SampleSpan]) -> bytes:
-    """Serialise spans to the offsets file format."""
-    lines = [f"{_MAGIC} {_VERSION} {len(spans)}"]
-    lines.extend(f"{s.key} {s.offset} {s.size}" for s in spans)
+    """Serialise spans to the offsets file format: version 2 (with each sample's CRC-32) when
+    every span has one, else version 1."""
+    if spans and all(s.crc32 is not None for s in spans):
+        lines = [f"{_MAGIC} 2 {len(spans)}", *(f"{s.key} {s.offset} {s.size} {s.crc32:08x}" for s in spans)]
+    else:
+        lines = [f"{_MAGIC} 1 {len(spans)}", *(f"{s.key} {s.offset} {s.size}" for s in spans)]
     return ("\n".join(lines) + "\n").encode("ascii")
 
 
@@ -38,8 +45,9 @@ def load_offsets(data: bytes, *, where: str) -> list[SampleSpan]:
         raise FormatError("not a shardkit offsets file", where=where) from err
     if magic != _MAGIC:
         raise FormatError("not a shardkit offsets file", where=where)
-    if version != str(_VERSION):
+    if version not in _VERSIONS:
         raise FormatError(f"unknown offsets file version {version}", where=where)
+    fields = 3 if version == "1" else 4
     try:
         count = int(count_text)
     except ValueError as err:
@@ -47,14 +55,24 @@ def load_offsets(data: bytes, *, where: str) -> list[SampleSpan]:
                           where=where) from err
     spans = []
     for number, line in enumerate(lines[1:], start=2):
+        parts = line.split()
         try:
-            key, offset_text, size_text = line.split()
-            offset, size = int(offset_text), int(size_text)
+            if len(parts) != fields:
+                raise ValueError(f"{len(parts)} fields")
+            key, offset, size = parts[0], int(parts[1]), int(parts[2])
+            crc = None if fields == 3 else _crc(parts[3])
         except ValueError as err:
             raise FormatError(f"malformed line {number}", where=where) from err
         if offset < 0 or size < 0:
             raise FormatError(f"negative offset or size on line {number}", where=where)
-        spans.append(SampleSpan(key, offset, size))
+        spans.append(SampleSpan(key, offset, size, crc))
     if len(spans) != count:
         raise FormatError(f"header says {count} samples, file lists {len(spans)}", where=where)
     return spans
+
+
+def _crc(text: str) -> int:
+    """A CRC-32 written as 8 lower-case hex digits."""
+    if len(text) != 8 or text.strip("0123456789abcdef"):
+        raise ValueError(f"crc32 {text!r} is not 8 lower-case hex digits")
+    return int(text, 16)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -54,11 +55,14 @@ def _tarfile_header(name: str, size: int) -> bytes:
 
 @dataclass(frozen=True)
 class SampleSpan:
-    """Where one sample sits in a shard: ``size`` bytes from ``offset`` (its first header)."""
+    """Where one sample sits in a shard: ``size`` bytes from ``offset`` (its first header), and
+    the CRC-32 of those bytes (``zlib.crc32``; None where not known, as in an offsets file of
+    version 1), which readers check to catch bytes changed after packing."""
 
     key: str
     offset: int
     size: int
+    crc32: int | None = None
 
 
 @dataclass
@@ -91,11 +95,13 @@ class TarShardWriter:
         self._hash = hashlib.sha256()
         self._pos = 0
         self._spans: list[SampleSpan] = []
+        self._crc = 0  # of the sample being written
         self._closed = False
 
     def _write(self, data: bytes | memoryview) -> None:
         self._file.write(data)
         self._hash.update(data)
+        self._crc = zlib.crc32(data, self._crc)
         self._pos += len(data)
 
     def add(self, key: str, fields: Sequence[tuple[str, bytes]]) -> None:
@@ -103,14 +109,14 @@ class TarShardWriter:
         if self._closed:
             raise ValueError("writer is closed")
         check_key(key)
-        start = self._pos
+        start, self._crc = self._pos, 0
         for ext, data in sorted(fields, key=lambda f: f[0]):
             self._write(ustar_header(member_name(key, ext), len(data)))
             self._write(data)
             pad = -len(data) % BLOCK
             if pad:
                 self._write(bytes(pad))
-        self._spans.append(SampleSpan(key, start, self._pos - start))
+        self._spans.append(SampleSpan(key, start, self._pos - start, self._crc))
 
     def close(self) -> ShardSummary:
         """Write the end-of-archive blocks and record padding; return the summary."""

@@ -255,15 +255,30 @@ def read_manifest(store: Store) -> Manifest:
             what = "is a file, not a dataset directory" if os.path.exists(store.path("")) else "does not exist"
             raise ManifestError(f"{what} (a packed dataset is a directory holding index.json)",
                                 where=store.url)
-        raise ManifestError(
-            "no index.json: not a shardkit dataset (or its pack did not finish; re-run it to "
-            "resume; WebDataset shards written by another tool become one with `shardkit index "
-            "DIR`)",
-            where=store.url,
-        )
+        raise ManifestError(f"no index.json: not a shardkit dataset ({_what_instead(store)})", where=store.url)
     if not store.remote and store.size(INDEX_NAME) > MAX_MANIFEST_BYTES:  # refused unread
         raise ManifestError(f"is larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest may have", where=where)
     return Manifest.from_json(store.read_bytes(INDEX_NAME, limit=MAX_MANIFEST_BYTES + 1), where=where)
+
+
+def _what_instead(store: Store) -> str:
+    """What to do with a directory that holds no ``index.json``, by what it does hold: tar shards
+    are indexed in place, an ImageFolder tree (class folders) is packed; a bucket is not looked into."""
+    pack = ("an ImageFolder tree becomes one with `shardkit pack DIR SHARDS`, a pack that did not finish resumes "
+            "when re-run")
+    index = "WebDataset shards written by another tool become one with `shardkit index DIR`"
+    if store.remote:
+        return f"{pack}; {index}"
+    try:
+        entries = [e for e in os.scandir(store.path("")) if not e.name.startswith(".")]
+    except OSError:
+        return f"{pack}; {index}"
+    if any(e.name.endswith(".tar") and e.is_file() for e in entries):
+        return f"it holds .tar files: {index}; or, if they are a pack that did not finish, re-run it to resume"
+    if any(e.is_dir() for e in entries):
+        return ("it holds folders, as an ImageFolder tree does: pack it first, `shardkit pack DIR SHARDS`, and "
+                "load SHARDS")
+    return f"{pack}; {index}"
 
 
 def write_manifest(store: Store, manifest: Manifest) -> None:

@@ -159,7 +159,6 @@ def pack_listing(
                           where=listing.root)
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     _check_outside_source(listing.root, dst)
-    _warn_mixed_formats(listing, options)
     started = time.perf_counter()
     store = Store(dst, storage_options)
     with destination_lock(store):  # held until the last file: two packs into DST cannot interleave
@@ -167,7 +166,6 @@ def pack_listing(
             ray_exec.check_ray_destination(store)
             ray_exec.check_ray_source(listing.files)
             ray_exec.import_ray()  # fail before touching DST
-        _warn_mixed_formats(listing, options)  # after the refusals that need no cluster
         recorded = options.to_dict()
         fp = fingerprint(listing, recorded)
         plans = plan_shards(
@@ -183,6 +181,7 @@ def pack_listing(
         if state.complete is not None:
             return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
                               True)
+        _warn_mixed_formats(listing, options)  # once DST is known to take the pack: an error comes alone
         width = key_width(len(listing.samples))
         tasks = [
             ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes,

@@ -134,9 +134,9 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
             state.write_bytes(_PLAN_NAME, plan)
         return DestinationState(None, _reusable(store, plans))
     if entries:
+        count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
         raise PackError(
-            f"is not empty ({len(entries)} entries, e.g. {entries[0]!r}); pack into an empty or "
-            "new directory, or pass --overwrite",
+            f"is not empty ({count}, e.g. {entries[0]!r}); pack into an empty or new directory, or pass --overwrite",
             where=store.url,
         )
     store.makedirs()

@@ -35,9 +35,27 @@ def group_reasons(skipped: Iterable[Mapping[str, str]]) -> list[tuple[str, int]]
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
+#: The plural of each kind of skip reason that has one (the rest read as they are: "3 corrupt image data").
+_PLURALS = {
+    "not an image": "not images", "not a regular file": "not regular files", "empty file": "empty files",
+    "unreadable file": "unreadable files", "file too large": "files too large",
+    "unreadable image header": "unreadable image headers", "truncated JPEG": "truncated JPEGs",
+    "truncated PNG": "truncated PNGs", "decompression bomb refused": "decompression bombs refused",
+}
+
+
+def counted_kind(n: int, kind: str) -> str:
+    """``n`` inputs skipped for ``kind`` of reason, in words that agree with ``n``.
+
+    >>> counted_kind(1, "empty file"), counted_kind(2, "unreadable file"), counted_kind(3, "not an image")
+    ('1 empty file', '2 unreadable files', '3 not images')
+    """
+    return f"{n:,} {kind if n == 1 else _PLURALS.get(kind, kind)}"
+
+
 def describe_reasons(skipped: Iterable[Mapping[str, str]]) -> str:
-    """``"20 not an image, 5 empty file"`` (empty string for no entries)."""
-    return ", ".join(f"{n:,} {kind}" for kind, n in group_reasons(skipped))
+    """``"20 not images, 5 empty files"`` (empty string for no entries)."""
+    return ", ".join(counted_kind(n, kind) for kind, n in group_reasons(skipped))
 
 
 @dataclass(frozen=True)

@@ -108,3 +108,24 @@ def test_spread() -> None:
     assert s["q1"] <= s["median"] <= s["q3"]
     with pytest.raises(ValueError):
         spread([])
+
+
+def test_a_run_of_too_few_batches_gets_no_ratio() -> None:
+    """A run that timed 4 images (one batch) measures start-up, not the loader: no ratio is printed
+    or drawn, and a note says why and what to change."""
+    report = _report()
+    for r in report["results"]:
+        r["images_per_run"] = 4 * 64  # 4 batches of 64
+    text = format_table(report)
+    assert "×" not in "".join(line.split("  ")[-1] for line in text.splitlines()[2:5])
+    assert "3.00×" not in text and "note: a run timed only 4 batches after its warm-up" in text
+    assert "raise --epochs" in format_table(report, width=60).replace("\n  ", " ")
+    for r in report["results"]:
+        r["images_per_run"] = 5 * 64
+    assert "3.00× (2.50–4.00)" in format_table(report) and "timed only" not in format_table(report)
+
+
+def test_the_benchs_notes_are_under_the_table() -> None:
+    report = _report()
+    report["conditions"]["notes"] = ["webdataset splits whole shards between its workers"]
+    assert "\nnote: webdataset splits whole shards between its workers" in format_table(report)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,8 @@ from click.testing import CliRunner
 from sample_data.generate import make_imagenet_like
 from shardkit.bench import SCHEMA
 from shardkit.cli import cli
-from shardkit.pack import pack
+from shardkit.cli.bench import BenchError, _save, share
+from shardkit.pack import PackOptions, pack
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_bench_end_to_end(tree: Path, tmp_path: Path) -> None:
-    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    """Into folders that do not exist yet: they are created (as pack creates its destination)."""
+    out, png = tmp_path / "new" / "sub" / "r.json", tmp_path / "plots" / "r.png"
     result = CliRunner().invoke(cli, [
         "bench", str(tree), "--workers", "1", "--batch-size", "4", "--size", "32", "--repeats", "1",
         "--epochs", "1", "--warmup", "1", "--out", str(out), "--plot", str(png),
@@ -56,9 +60,10 @@ def test_bench_reuses_given_shards(tree: Path, tmp_path: Path) -> None:
 
 
 def test_bench_rejects_too_large_batch(tree: Path) -> None:
-    result = CliRunner().invoke(cli, ["bench", str(tree), "--batch-size", "100", "--workers", "0"])
-    assert result.exit_code == 2
-    assert "no full batch" in result.output
+    result = CliRunner().invoke(cli, ["bench", str(tree), "--batch-size", "100", "--workers", "0", "-q"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: 24 images make no full batch of 100")
+    assert result.output.count("\n") == 1
 
 
 def test_bench_refuses_shards_of_other_data(tree: Path, tmp_path: Path) -> None:
@@ -97,7 +102,7 @@ def test_bench_on_a_coco_source(tree: Path, tmp_path: Path) -> None:
         assert r["images_per_run"] == per_run and r["batch_shape"] == [2]
     wrong = CliRunner().invoke(cli, ["bench", str(tree), "--shards", str(shards), "--workers", "0",
                                      "--batch-size", "2", "--repeats", "1", "--epochs", "1"])
-    assert wrong.exit_code == 2 and "not be on the same data" in wrong.output
+    assert wrong.exit_code == 1 and "not be on the same data" in wrong.output
 
 
 def test_the_train_choices_are_the_librarys_models_and_contenders() -> None:
@@ -112,3 +117,68 @@ def test_the_train_choices_are_the_librarys_models_and_contenders() -> None:
     assert choices["contenders"] == tuple(dict.fromkeys(TRAIN_CONTENDERS + DETECTION_CONTENDERS))
     assert (bench.CLASSIFIER_CONTENDERS, bench.DETECTOR_CONTENDERS) == (TRAIN_CONTENDERS, DETECTION_CONTENDERS)
     assert choices["train_model"] == MODELS + DETECTION_MODELS
+
+
+def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path: Path) -> None:
+    """Each bad path is one ``error:`` line and exit 1, as pack, info and verify say it, before
+    anything is timed (a report lost after the run was the alternative)."""
+    (tmp_path / "notes.txt").write_text("x")
+    cases = {
+        (str(tmp_path / "nope"),): f"error: {tmp_path / 'nope'}: does not exist",
+        (str(tmp_path / "notes.txt"),): f"error: {tmp_path / 'notes.txt'}: is a file, not a directory of images",
+        (str(tree), "--annotations", str(tmp_path / "no.json")): f"error: --annotations {tmp_path / 'no.json'}: "
+                                                                  "does not exist",
+        (str(tree), "--out", str(tmp_path / "notes.txt" / "r.json")): f"error: --out {tmp_path / 'notes.txt'}"
+                                                                       "/r.json: cannot create its folder",
+        (str(tree), "--plot", str(tmp_path / "notes.txt" / "p.png")): "error: --plot ",
+    }
+    for args, message in cases.items():
+        result = CliRunner().invoke(cli, ["bench", *args, "-q"])
+        assert result.exit_code == 1, (args, result.output)
+        assert result.output.startswith(message) and result.output.count("\n") == 1, result.output
+
+
+def test_a_report_that_cannot_be_written_is_kept_elsewhere(tmp_path: Path) -> None:
+    (tmp_path / "gone").write_text("a file where a folder was")
+    with pytest.raises(BenchError, match=r"cannot write it \(.*\); the report is kept in (\S+)") as caught:
+        _save({"schema": SCHEMA}, str(tmp_path / "gone" / "r.json"), None)
+    kept = Path(str(caught.value).rsplit(" ", 1)[-1])
+    assert json.loads(kept.read_text()) == {"schema": SCHEMA}
+    kept.unlink()
+
+
+def test_bench_runs_every_loader_with_more_workers_than_shards_and_an_unreadable_file(
+        tree: Path, tmp_path: Path) -> None:
+    """2 shards for 3 workers: webdataset (whole shards per worker) runs with 2, said before the
+    timing; a corrupt file that pack skipped is left out by the ImageFolder baseline too, said
+    likewise (it used to end the bench in a worker's PIL traceback)."""
+    bad_tree = tmp_path / "tree"
+    shutil.copytree(tree, bad_tree)
+    (bad_tree / sorted(p.name for p in tree.iterdir())[0] / "zz_broken.jpg").write_bytes(b"not an image")
+    shards = tmp_path / "shards"
+    pack(str(bad_tree), str(shards), options=PackOptions(max_count=13), workers=1)
+    result = CliRunner().invoke(cli, ["bench", str(bad_tree), "--shards", str(shards), "--workers", "3",
+                                      "--batch-size", "4", "--size", "16", "--repeats", "1", "--epochs", "1",
+                                      "--warmup", "0", "--transform", "val"])
+    assert result.exit_code == 0, result.output
+    assert "note: 1 unreadable source file left out by every loader, as pack skipped it: " in result.output
+    assert "zz_broken.jpg: not an image" in result.output
+    assert "2 shards cannot feed 3 workers: its baseline runs with 2 workers" in result.output
+    assert "webdataset + WebLoader (PIL, 2 workers)" in result.output
+    runs = [line for line in result.output.splitlines() if " run 1/1: " in line]
+    assert len(runs) == 3 and len({line.index(" run 1/1") for line in runs}) == 1  # one column
+
+
+def test_bench_says_what_it_does_before_torch_is_loaded(tree: Path) -> None:
+    """torch and the data take seconds: a line comes first (here torch cannot even be imported)."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from shardkit.cli import cli\n"
+            f"cli(['bench', {str(tree)!r}], prog_name='shardkit')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert done.stderr.startswith(f"bench: {tree}: loading torch and reading the data…\n"), done.stderr
+
+
+def test_a_share_over_one_is_not_printed_as_a_percentage() -> None:
+    assert share(0.5) == "50%" and share(1.0) == "100%"
+    assert "%" not in share(1.68)

@@ -49,8 +49,11 @@ def test_pack_summary_info_and_verify(runner, small_tree, tmp_path):
 
 
 def test_quiet_pack_prints_nothing(runner, small_tree, tmp_path):
+    """Not even the warning that a mixed jpg/png tree (small_tree) loses samples in other readers."""
     result = _pack(runner, small_tree, tmp_path / "out", "--quiet")
     assert result.exit_code == 0 and result.output == ""
+    loud = _pack(runner, small_tree, tmp_path / "loud")
+    assert loud.output.startswith("shardkit: 12 images are 9 jpg and 3 png: ")  # on a line of its own
     assert (tmp_path / "out" / "index.json").exists()
 
 

@@ -101,7 +101,7 @@ def test_verify_in_a_terminal(packed: Path, decode: bool) -> None:
                       columns=100)
     _clean(seen)
     assert (("verifying + decoding:" if decode else "verifying:") in seen.text
-            and "0.00/" in seen.text)
+            and "0 B/100.0 KiB" in seen.text)  # bytes in the units of the summaries
     decoded = ", 24 images decoded" if decode else ""
     assert f"OK {packed}: 5 shards, 24 samples{decoded}" in seen.lines
 
@@ -199,6 +199,7 @@ def test_ctrl_c_pressed_twice_stops_the_pack_without_hanging(tmp_path: Path) -> 
     again = run_in_pty(argv, columns=100, timeout=120)
     _clean(again)
     assert "samples   1,000  (4 classes)" in again.lines
+    assert any(line.startswith("shardkit: 1,000 images are 998 jpg and 2 png: ") for line in again.lines)
 
 
 def test_ctrl_c_during_verify_says_interrupted_without_promising_a_resume(packed: Path) -> None:

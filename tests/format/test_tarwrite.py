@@ -2,11 +2,13 @@ import hashlib
 import io
 import subprocess
 import tarfile
+import zlib
 
 import pytest
 
 from shardkit.errors import FormatError
 from shardkit.format import TarShardWriter, dump_offsets, iter_samples, load_offsets, parse_span
+from shardkit.format.tarwrite import SampleSpan
 
 SAMPLES = [
     ("00000000", [("jpg", b"\xff\xd8jpeg\xff\xd9"), ("cls", b"3"), ("json", b'{"a":1}')]),
@@ -70,16 +72,26 @@ def test_iter_samples_and_spans_round_trip():
 
 
 def test_offsets_file_text_format():
-    _, summary = _write()
+    """Version 2: each sample's CRC-32 (of its span's bytes) as 8 hex digits; version 1 without."""
+    data, summary = _write()
     text = dump_offsets(summary.spans).decode()
     lines = text.splitlines()
-    assert lines[0] == "shardkit-offsets 1 3"
-    assert lines[1] == "00000000 0 3072"
+    assert lines[0] == "shardkit-offsets 2 3"
+    assert lines[1] == f"00000000 0 3072 {zlib.crc32(data[:3072]):08x}"
+    for span in summary.spans:
+        assert span.crc32 == zlib.crc32(data[span.offset : span.offset + span.size])
+    plain = [SampleSpan(s.key, s.offset, s.size) for s in summary.spans]  # no CRC known: version 1
+    assert dump_offsets(plain).decode().splitlines()[:2] == ["shardkit-offsets 1 3", "00000000 0 3072"]
+    assert load_offsets(dump_offsets(plain), where="x.idx") == plain
 
 
-@pytest.mark.parametrize("bad", [b"", b"\xff\xfe", b"other 1 0\n", b"shardkit-offsets 2 0\n",
+@pytest.mark.parametrize("bad", [b"", b"\xff\xfe", b"other 1 0\n", b"shardkit-offsets 3 0\n",
                                  b"shardkit-offsets 1 2\nk 0 10\n",
-                                 b"shardkit-offsets 1 1\nk zero 10\n"])
+                                 b"shardkit-offsets 1 1\nk zero 10\n",
+                                 b"shardkit-offsets 1 1\nk 0 512 0a0b0c0d\n",
+                                 b"shardkit-offsets 2 1\nk 0 512\n",
+                                 b"shardkit-offsets 2 1\nk 0 512 0A0B0C0D\n",
+                                 b"shardkit-offsets 2 1\nk 0 512 abc\n"])
 def test_malformed_offsets_files(bad):
     with pytest.raises(FormatError, match="x.idx"):
         load_offsets(bad, where="x.idx")

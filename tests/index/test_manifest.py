@@ -129,3 +129,30 @@ def test_a_valid_many_shard_manifest_reads_as_entries() -> None:
            "shards": shards}
     m = Manifest.from_json(json.dumps(doc).encode(), where="index.json")
     assert [s.to_dict() for s in m.shards] == shards
+
+
+def test_a_folder_without_index_json_is_told_what_to_run(tmp_path):
+    """An ImageFolder tree is packed (`shardkit index` would find no shards in it); tar files are
+    indexed in place."""
+    tree = tmp_path / "tree"
+    (tree / "cat").mkdir(parents=True)
+    (tree / "cat" / "a.jpg").write_bytes(b"x")
+    with pytest.raises(ManifestError, match=r"holds folders, as an ImageFolder tree does: pack it first, "
+                                            r"`shardkit pack DIR SHARDS`") as err:
+        read_manifest(Store(str(tree)))
+    assert "shardkit index" not in str(err.value)
+    tars = tmp_path / "tars"
+    tars.mkdir()
+    (tars / "part-0.tar").write_bytes(b"")
+    with pytest.raises(ManifestError, match=r"it holds .tar files: .*`shardkit index DIR`"):
+        read_manifest(Store(str(tars)))
+
+
+def test_shardloader_on_an_imagefolder_tree_suggests_pack(tmp_path):
+    from shardkit import ShardLoader
+    from shardkit.errors import ShardkitError
+
+    (tmp_path / "dog").mkdir()
+    (tmp_path / "dog" / "a.jpg").write_bytes(b"x")
+    with pytest.raises(ShardkitError, match="shardkit pack DIR SHARDS"):
+        ShardLoader(str(tmp_path), batch_size=2)

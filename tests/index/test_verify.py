@@ -4,7 +4,7 @@ import json
 import pytest
 
 from shardkit.errors import ManifestError
-from shardkit.format import TarShardWriter, iter_samples
+from shardkit.format import TarShardWriter, iter_samples, load_offsets
 from shardkit.index import read_manifest, verify_dataset
 from shardkit.pack import PackOptions, pack
 from shardkit.storage import Store
@@ -109,8 +109,8 @@ def test_offsets_that_point_at_the_wrong_bytes_are_a_problem(packed):
     found in the shard."""
     idx = packed / "shard-000000.idx"
     lines = idx.read_text().splitlines()
-    key, offset, size = lines[2].split()
-    lines[2] = f"{key} {offset} {int(size) + 512}"
+    key, offset, size, crc = lines[2].split()
+    lines[2] = f"{key} {offset} {int(size) + 512} {crc}"
     idx.write_text("\n".join(lines) + "\n")
     problems = verify_dataset(str(packed)).problems
     assert problems == [f"{idx}: line 3 says {key} {offset} {int(size) + 512}, the shard has {key} {offset} {size} "
@@ -154,3 +154,16 @@ def test_ctrl_c_wrapped_by_a_lazy_plugin_import_is_not_a_corrupt_image(monkeypat
         verify._decodes(b"GIF89a")
     monkeypatch.setattr(Image, "open", lambda *_a, **_k: (_ for _ in ()).throw(OSError("broken data stream")))
     assert verify._decodes(b"GIF89a") == "OSError: broken data stream"  # a real decode failure is still one
+
+
+def test_a_hash_mismatch_names_the_samples_whose_bytes_changed(packed):
+    """Each sample's CRC-32 in the offsets file says which samples a flipped byte hit."""
+    shard = packed / "shard-000000.tar"
+    spans = load_offsets((packed / "shard-000000.idx").read_bytes(), where="idx")
+    data = bytearray(shard.read_bytes())
+    data[spans[1].offset + 600] ^= 0x55  # inside the second sample's first member's data
+    shard.write_bytes(bytes(data))
+    problems = verify_dataset(str(packed)).problems
+    assert problems[:2] == [f"{shard}: sha256 differs from the manifest",
+                            f"{shard}:{spans[1].key}: its bytes changed after packing (crc32 differs from the "
+                            "offsets file)"]

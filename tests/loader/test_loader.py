@@ -121,7 +121,7 @@ def _corrupt_first_image(ds: Path) -> str:
     """Overwrite the first sample's image bytes in shard 0 with garbage; return its key."""
     shard = ds / "shard-000000.tar"
     raw = bytearray(shard.read_bytes())
-    key, offset, _ = (ds / "shard-000000.idx").read_text().splitlines()[1].split()
+    key, offset, *_ = (ds / "shard-000000.idx").read_text().splitlines()[1].split()
     start = int(offset) + 512  # cls member header; its data block follows, then the jpg
     jpg_header = start + 512
     size = int(raw[jpg_header + 124 : jpg_header + 135], 8)

@@ -40,7 +40,7 @@ def test_a_pack_of_no_sample_fails_and_publishes_nothing(tmp_path: Path) -> None
     src = tmp_path / "src"
     write_tree(src, {"a/x.jpg": b"", "a/y.jpg": b"not an image", "b/z.png": b""})
     with pytest.raises(SkipBudgetError,
-                       match=r"packed no sample: all 3 inputs were skipped \(2 empty file, "
+                       match=r"packed no sample: all 3 inputs were skipped \(2 empty files, "
                                               r"1 not an image\); index.json not written") as err:
         pack(str(src), str(tmp_path / "out"), workers=1)
     assert [s["source"] for s in err.value.skipped] == ["a/x.jpg", "a/y.jpg", "b/z.png"]
@@ -57,7 +57,7 @@ def test_a_pack_of_no_sample_fails_and_publishes_nothing(tmp_path: Path) -> None
     runner = CliRunner()
     result = runner.invoke(cli, ["pack", str(src), str(tmp_path / "cli"), "--workers", "1"])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "skipped   3: 2 empty file, 1 not an image" in result.output
+    assert "skipped   3: 2 empty files, 1 not an image" in result.output
     assert "  - a/y.jpg: not an image (no image format recognised)" in result.output
     assert result.output.splitlines()[-1].startswith(f"error: {tmp_path / 'cli'}: packed no sample")
     verify = runner.invoke(cli, ["verify", str(tmp_path / "cli")])

@@ -21,6 +21,7 @@ import bisect
 import hashlib
 import os
 import stat
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -122,11 +123,13 @@ def _check_hash(fd: int, entry: ShardEntry, where: str) -> None:
 
 
 class _OpenShard:
-    def __init__(self, fd: int, offsets: list[tuple[int, int]], keys: list[str]) -> None:
+    def __init__(self, fd: int, offsets: list[tuple[int, int]], keys: list[str],
+                 crcs: list[int | None] | None = None) -> None:
         self.fd = fd
         self.size = os.fstat(self.fd).st_size
         self.offsets = offsets
         self.keys = keys
+        self.crcs = crcs  # each sample's CRC-32 from an offsets file of version 2, else None
 
     def close(self) -> None:
         os.close(self.fd)
@@ -245,13 +248,16 @@ class ShardReader:
                 self._verified.add(i)
             idx = offsets_name(entry.url)
             raw = store.read_optional(idx)
+            crcs: list[int | None] | None = None
             if raw is not None:
-                spans = [(s.key, s.offset, s.size) for s in load_offsets(raw, where=store.path(idx))]
+                listed = load_offsets(raw, where=store.path(idx))
+                spans = [(s.key, s.offset, s.size) for s in listed]
+                crcs = [s.crc32 for s in listed]
             else:
                 with os.fdopen(os.dup(fd), "rb") as f:
                     spans = scan_spans(f, where=where)
             check_spans(spans, entry.num_bytes, where=store.path(idx) if raw is not None else where)
-            shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans])
+            shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans], crcs)
         except (StorageError, OSError) as err:
             if fd >= 0:
                 os.close(fd)
@@ -284,6 +290,10 @@ class ShardReader:
             raise LoaderError(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size}; "
                               f"index.json says {self.shards[shard_index].num_bytes} bytes)", where=where)
         data = os.pread(shard.fd, size, offset)
+        expected = shard.crcs[sample_index] if shard.crcs is not None else None
+        if expected is not None and (crc := zlib.crc32(data)) != expected:
+            raise CorruptSample(f"checksum mismatch: its bytes changed after packing (crc32 {crc:08x}, the offsets "
+                                f"file says {expected:08x})", where=where)
         try:
             key, fields = parse_span(data, where=where)
         except FormatError as err:

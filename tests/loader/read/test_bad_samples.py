@@ -20,7 +20,7 @@ def _garble_middle(ds: Path, line: int = 1) -> str:
     intact); return its key."""
     shard = ds / "shard-000000.tar"
     raw = bytearray(shard.read_bytes())
-    key, offset, _ = (ds / "shard-000000.idx").read_text().splitlines()[line].split()
+    key, offset, *_ = (ds / "shard-000000.idx").read_text().splitlines()[line].split()
     jpg_header = int(offset) + 1024  # cls header and data block, then the jpg header
     size = int(raw[jpg_header + 124: jpg_header + 135], 8)
     start = jpg_header + 512

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.errors import LoaderError
+from shardkit.format.offsets import load_offsets
 from shardkit.format.tarread import iter_entries
 from shardkit.index.manifest import read_manifest
 from shardkit.loader.read.reader import CorruptSample, ShardReader
@@ -36,6 +37,7 @@ def test_a_damaged_header_is_a_corrupt_sample_and_its_neighbours_stay_readable(p
     entries = list(iter_entries(io.BytesIO(shard.read_bytes()), where="x", read_data=False))
     second = next(e for e in entries if not e.name.startswith(entries[0].name.split(".")[0]))
     _flip(shard, second.offset + 3, 5)  # a bit of the second sample's first member name
+    _without_checksums(shard)  # (with them, the checksum names it first)
     reader = ShardReader(store, shards)
     key0, _ = reader.read(0, 0)
     with pytest.raises(CorruptSample, match="corrupt tar header") as err:
@@ -131,6 +133,7 @@ def test_a_label_outside_the_classes_is_a_bad_sample(packed: Path, tmp_path: Pat
     data = bytearray(shard.read_bytes())
     data[pos] = ord("7")  # class 7 of 3 (same length: the tar stays well-formed)
     shard.write_bytes(bytes(data))
+    _without_checksums(shard)  # (with them, the checksum names it first)
     kw = {"batch_size": 8, "transform": transforms.imagenet_val(32), "shuffle": False, "keys": True}
     loader = ShardLoader(str(ds), **kw)  # type: ignore[arg-type]
     labels = [int(y) for _x, ys, _k in loader for y in ys]
@@ -148,3 +151,67 @@ def test_the_loader_verifies_hashes_when_asked(packed: Path, tmp_path: Path) -> 
     assert len(list(ShardLoader(str(ds), batch_size=8))) > 0
     with pytest.raises(LoaderError, match="shard's bytes differ from index.json"):
         list(ShardLoader(str(ds), batch_size=8, verify_hashes=True))
+
+
+def test_flipped_image_bytes_are_a_corrupt_sample_by_their_checksum(packed: Path, tmp_path: Path) -> None:
+    """A flip inside a JPEG's data decodes to garbage, unnoticed by any parser: the sample's CRC-32
+    in the offsets file catches it on every read, without verify_hashes; the loader replaces it."""
+    from shardkit import ShardLoader, transforms
+
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    shard = ds / shards[0].url
+    reader = ShardReader(store, shards)
+    key = reader.key(0, 1)
+    image = next(e for e in ("jpg", "png") if any(n.startswith(f"{key}.{e}") for n in _names(shard)))
+    _flip(shard, _member(shard, key, image) + 40, 3)
+    assert reader.read(0, 0)[0] == reader.key(0, 0)
+    with pytest.raises(CorruptSample, match="checksum mismatch: its bytes changed after packing") as err:
+        reader.read(0, 1)
+    assert err.value.where.endswith(f"{shards[0].url}:{key}")
+    reader.close()
+    kw = {"batch_size": 8, "transform": transforms.imagenet_val(32), "shuffle": False, "keys": True}
+    loader = ShardLoader(str(ds), **kw)  # type: ignore[arg-type]
+    assert key not in [k for _x, _y, ks in loader for k in ks] and loader.stats.replaced >= 1
+
+
+def test_every_one_of_40_random_flips_inside_samples_is_caught_on_read(packed: Path, tmp_path: Path) -> None:
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    shard = ds / shards[0].url
+    original = shard.read_bytes()
+    last = load_offsets((ds / shards[0].url.replace(".tar", ".idx")).read_bytes(), where="idx")[-1]
+    end = last.offset + last.size  # the samples' bytes; the end-of-archive blocks follow
+    rng = random.Random(15)
+    for _ in range(40):
+        data = bytearray(original)
+        data[rng.randrange(end)] ^= 1 << rng.randrange(8)
+        shard.write_bytes(bytes(data))
+        reader = ShardReader(store, shards)
+        with pytest.raises(LoaderError):
+            for i in range(shards[0].num_samples):
+                reader.read(0, i)
+        reader.close()
+
+
+def test_an_offsets_file_of_version_1_still_reads(packed: Path, tmp_path: Path) -> None:
+    """Packs made before checksums: no CRC to check, read as before."""
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    _without_checksums(ds / shards[0].url)
+    reader = ShardReader(store, shards)
+    assert [reader.read(0, i)[0] for i in range(shards[0].num_samples)] == [reader.key(0, i) for i in
+                                                                           range(shards[0].num_samples)]
+    reader.close()
+
+
+def _without_checksums(shard: Path) -> None:
+    """Rewrite the shard's offsets file as version 1 (no CRC-32), as packs before checksums and
+    adopted shards have: the checks beneath the checksum are what guards those."""
+    idx = shard.with_suffix(".idx")
+    lines = idx.read_text().splitlines()
+    idx.write_text("\n".join([lines[0].replace(" 2 ", " 1 "), *(" ".join(ln.split()[:3]) for ln in lines[1:])]) + "\n")
+
+
+def _names(shard: Path) -> list[str]:
+    return [e.name for e in iter_entries(io.BytesIO(shard.read_bytes()), where="x", read_data=False)]

@@ -101,8 +101,8 @@ def _rewrite_idx(ds: Path, shard: str, edit: Any) -> None:
 
 def _span_edit(line: int, key: str | None = None, offset: int | None = None, size: int | None = None) -> Any:
     def edit(lines: list[str]) -> None:
-        k, o, n = lines[line].split()
-        lines[line] = f"{key or k} {o if offset is None else offset} {n if size is None else size}"
+        k, o, n, *crc = lines[line].split()
+        lines[line] = " ".join([key or k, str(o if offset is None else offset), str(n if size is None else size), *crc])
     return edit
 
 
