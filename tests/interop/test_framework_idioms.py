@@ -77,7 +77,7 @@ def test_accelerate_sees_the_epoch_end_and_steps_there(frames: dict[str, Path], 
     model, optimizer = acc.prepare(model, optimizer)  # type: ignore[attr-defined]
     loader = ShardLoader(str(frames["train"]), batch_size=8)  # 6 batches
     assert acc.prepare(loader) is loader  # type: ignore[attr-defined]
-    stepped = []
+    stepped: list[list[int]] = []
     for epoch in range(2):
         loader.set_epoch(epoch)
         stepped.append([])
