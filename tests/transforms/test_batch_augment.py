@@ -6,6 +6,8 @@ TrivialAugmentWide/RandAugment per image)."""
 from __future__ import annotations
 
 import math
+import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,12 +118,28 @@ def test_timm_mixup_and_cutmix_take_a_loader_batch() -> None:
 
 
 def test_trivial_augment_and_randaugment_run_per_image_on_a_uint8_batch() -> None:
+    torch.manual_seed(0)
     batch = torch.randint(0, 256, (4, 3, H, W), dtype=torch.uint8)
     for augment in (v2.TrivialAugmentWide(), v2.RandAugment(num_ops=2, magnitude=9)):
         out = torch.stack([augment(image) for image in batch])  # torchvision's take uint8 tensors, any device
         assert out.shape == batch.shape and out.dtype == torch.uint8
     timm_aa = pytest.importorskip("timm.data.auto_augment")
-    with pytest.raises((AttributeError, OSError, TypeError)):  # timm's need PIL images (the error varies by op)
+    random.seed(0)  # timm draws its ops from Python's random
+    with pytest.raises((AttributeError, OSError, TypeError, ValueError)):  # timm needs PIL images; errors vary
         ops = timm_aa.rand_augment_transform("rand-m9-n2-mstd0.5", {})
         for _ in range(20):
             ops(batch[0])
+
+
+def test_the_augment_recipe_runs_on_loader_batches(tmp_path: Path) -> None:
+    pytest.importorskip("timm")
+    from pipelines.augment_recipe import augmented_batches
+    from sample_data.generate import make_indexed_imagefolder
+    from shardkit.pack import PackOptions, pack
+
+    make_indexed_imagefolder(tmp_path / "src", classes=2, per_class=8, size=(40, 32))
+    pack(str(tmp_path / "src"), str(tmp_path / "ds"), options=PackOptions(max_count=8), workers=1)
+    batches = list(augmented_batches(str(tmp_path / "ds"), size=16, batch_size=4, num_classes=2))
+    assert len(batches) == 4
+    images, targets = batches[0]
+    assert images.dtype == torch.float32 and images.shape == (4, 3, 16, 16) and targets.shape == (4, 2)
