@@ -21,36 +21,49 @@ _GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
 def _blend(image: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """torchvision's ``_blend`` on uint8: ``factor * image + (1 - factor) * other``, clamped, truncated."""
+    """torchvision's ``_blend`` on uint8 values held as float32 (``image`` is overwritten):
+    ``factor * image + (1 - factor) * other``, clamped, truncated to integers."""
     f = factor.view(-1, 1, 1, 1)
     rest = (1.0 - f.double()).float()  # torchvision's 1 - ratio, in double then float
-    return image.mul(f).add_(other.mul(rest).expand_as(image)).clamp_(0, 255).to(torch.uint8)
+    return image.mul_(f).add_(other.mul(rest)).clamp_(0, 255).trunc_()
 
 
 def _gray(image: torch.Tensor) -> torch.Tensor:
-    """torchvision's uint8 grayscale, ``[B, 1, H, W]`` float32 (truncated to integers, as it does)."""
-    r, g, b = image.to(torch.float32).unbind(dim=1)
-    return (r * _GRAY[0] + g * _GRAY[1] + b * _GRAY[2]).trunc_().unsqueeze(1)
+    """torchvision's uint8 grayscale of float32 values, ``[B, 1, H, W]`` (truncated to integers, as it does)."""
+    r, g, b = image.unbind(dim=1)
+    return r.mul(_GRAY[0]).add_(g, alpha=_GRAY[1]).add_(b, alpha=_GRAY[2]).trunc_().unsqueeze(1)
+
+
+def _brightness(image: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return image.mul_(factor.view(-1, 1, 1, 1)).clamp_(0, 255).trunc_()
+
+
+def _contrast(image: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return _blend(image, _gray(image).mean(dim=(1, 2, 3), keepdim=True), factor)
+
+
+def _saturation(image: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return _blend(image, _gray(image), factor)
 
 
 def adjust_brightness(image: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``v2.functional.adjust_brightness`` of each image of a uint8 batch by its own factor."""
-    return (image.to(torch.float32) * factor.view(-1, 1, 1, 1)).clamp_(0, 255).to(torch.uint8)
+    return _brightness(image.float(), factor).to(torch.uint8)
 
 
 def adjust_contrast(image: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``v2.functional.adjust_contrast`` of each image of a uint8 batch by its own factor (blend
     with the image's mean grayscale)."""
-    return _blend(image.to(torch.float32), _gray(image).mean(dim=(1, 2, 3), keepdim=True), factor)
+    return _contrast(image.float(), factor).to(torch.uint8)
 
 
 def adjust_saturation(image: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``v2.functional.adjust_saturation`` of each image of a uint8 batch by its own factor (blend
     with its grayscale)."""
-    return _blend(image.to(torch.float32), _gray(image), factor)
+    return _saturation(image.float(), factor).to(torch.uint8)
 
 
-_OPS = (adjust_brightness, adjust_contrast, adjust_saturation)
+_OPS = (_brightness, _contrast, _saturation)  # on float32 holding uint8 values, in place
 
 
 def _range(name: str, value: float | tuple[float, float]) -> tuple[float, float] | None:
@@ -107,10 +120,12 @@ class ColorJitter:
             raise ValueError(f"expected a uint8 [B, 3, H, W] batch, got {batch.dtype} {list(batch.shape)}")
         factors, order = self.draw(batch.shape[0], generator)
         factors, order = factors.to(batch.device), order.to(batch.device)
-        out = batch.clone()
+        out = batch.float()  # uint8 values in float32 between the ops (truncated as torchvision's uint8)
         for step in range(3):
             for op, adjust in enumerate(_OPS):
                 rows = ((order[:, step] == op) & (factors[:, op] != 1.0)).nonzero()[:, 0]
-                if len(rows):
-                    out[rows] = adjust(out[rows], factors[rows, op])
-        return out
+                if len(rows) == len(out):
+                    adjust(out, factors[:, op])
+                elif len(rows):
+                    out.index_copy_(0, rows, adjust(out.index_select(0, rows), factors[rows, op]))
+        return out.to(torch.uint8)
