@@ -303,8 +303,8 @@ class ShardLoader:
             if self._last is None:
                 raise LoaderError("no batch was yielded yet: pass batch_index= or call real_samples() after one")
             batch_index, rest = self._last
-        else:
-            rest = self._pos.remainder
+        else:  # the epoch last yielded from (it may have ended already when a framework fetched ahead)
+            rest = self._last[1] if self._last is not None else self._pos.remainder
         return self.config.real_samples(batch_index, rest)
 
     @property
