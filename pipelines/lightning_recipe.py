@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -45,7 +45,7 @@ class Classifier(L.LightningModule):
         self.counts[1] += real
 
     def on_validation_epoch_end(self) -> None:
-        counts = self.all_gather(self.counts).sum(0)  # one collective per rank, after the loop
+        counts = cast(torch.Tensor, self.all_gather(self.counts)).sum(0)  # one collective per rank, after the loop
         self.log("val_total", counts[1].float(), rank_zero_only=True)
         if self.global_rank == 0:
             (self.out / "val_total.txt").write_text(f"{int(counts[1])}\n")
