@@ -378,7 +378,8 @@ class ShardLoader:
                 raise
             raise death from err
         finally:
-            self.end_of_dataloader = False
+            if self._active == mine:  # an older iteration closed late leaves the newer one's flag alone
+                self.end_of_dataloader = False
             if local is not None and self._run is not None and whole and self._iterations == mine:
                 self._run.keep(local, epoch)  # with read-ahead, on into the next epoch
             else:
