@@ -119,13 +119,27 @@ class ColorJitter:
         if batch.dtype != torch.uint8 or batch.dim() != 4 or batch.shape[1] != 3:
             raise ValueError(f"expected a uint8 [B, 3, H, W] batch, got {batch.dtype} {list(batch.shape)}")
         factors, order = self.draw(batch.shape[0], generator)
-        factors, order = factors.to(batch.device), order.to(batch.device)
-        out = batch.float()  # uint8 values in float32 between the ops (truncated as torchvision's uint8)
-        for step in range(3):
-            for op, adjust in enumerate(_OPS):
-                rows = ((order[:, step] == op) & (factors[:, op] != 1.0)).nonzero()[:, 0]
-                if len(rows) == len(out):
-                    adjust(out, factors[:, op])
-                elif len(rows):
-                    out.index_copy_(0, rows, adjust(out.index_select(0, rows), factors[rows, op]))
-        return out.to(torch.uint8)
+        if batch.device.type != "cpu":  # the whole batch at once: a few launches
+            return _jitter(batch, factors.to(batch.device), order.to(batch.device))
+        # on the CPU, one image at a time stays in cache (the whole batch in float32 does not)
+        out = torch.empty_like(batch)
+        for i, (ops, values) in enumerate(zip(order.tolist(), factors.tolist(), strict=True)):
+            image = batch[i : i + 1].float()
+            for op in ops:
+                if values[op] != 1.0:
+                    _OPS[op](image, factors[i : i + 1, op])
+            out[i] = image[0]  # integer values: the uint8 conversion is exact
+        return out
+
+
+def _jitter(batch: torch.Tensor, factors: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Each image of ``batch`` jittered by its ``factors`` in its ``order`` (see :meth:`ColorJitter.draw`)."""
+    out = batch.float()  # uint8 values in float32 between the ops (truncated as torchvision's uint8)
+    for step in range(3):
+        for op, adjust in enumerate(_OPS):
+            rows = ((order[:, step] == op) & (factors[:, op] != 1.0)).nonzero()[:, 0]
+            if len(rows) == len(out):
+                adjust(out, factors[:, op])
+            elif len(rows):
+                out.index_copy_(0, rows, adjust(out.index_select(0, rows), factors[rows, op]))
+    return out.to(torch.uint8)

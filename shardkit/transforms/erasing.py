@@ -87,8 +87,10 @@ class RandomErasing:
         if batch.dtype != torch.uint8 or batch.dim() != 4 or batch.shape[1] != 3:
             raise ValueError(f"expected a uint8 [B, 3, H, W] batch, got {batch.dtype} {list(batch.shape)}")
         n, _, height, width = batch.shape
-        boxes = erasing_boxes(n, height, width, p=self.p, scale=self.scale, ratio=self.ratio,
-                              generator=generator).to(batch.device)
+        boxes = erasing_boxes(n, height, width, p=self.p, scale=self.scale, ratio=self.ratio, generator=generator)
+        if batch.device.type == "cpu":  # a copy, then each box filled in place: no pass over a mask
+            return self._fill_boxes(batch.clone(), boxes, generator)
+        boxes = boxes.to(batch.device)
         top, left, h, w = (boxes[:, k].view(n, 1, 1, 1) for k in range(4))
         rows = torch.arange(height, device=batch.device).view(1, 1, height, 1)
         cols = torch.arange(width, device=batch.device).view(1, 1, 1, width)
@@ -98,3 +100,15 @@ class RandomErasing:
         else:
             fill = torch.tensor(self.value, dtype=torch.uint8, device=batch.device).view(1, -1, 1, 1)
         return torch.where(inside, fill, batch)
+
+    def _fill_boxes(self, out: torch.Tensor, boxes: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Fill each image's box of ``out`` (on the CPU) in place: the value, or uniform noise."""
+        for i, (top, left, h, w) in enumerate(boxes.tolist()):
+            if h == 0:
+                continue
+            region = out[i, :, top : top + h, left : left + w]
+            if self.value == "random":
+                region.copy_(torch.randint(0, 256, tuple(region.shape), generator=generator, dtype=torch.uint8))
+            else:
+                region.copy_(torch.tensor(self.value, dtype=torch.uint8).view(-1, 1, 1).expand_as(region))
+        return out
