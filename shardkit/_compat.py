@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANARIES",
+    "accelerate_gradient_state",
+    "accelerate_track",
+    "accelerate_untrack",
     "broken_internals",
     "dataloader_next_code",
     "dataloader_workers",
@@ -219,6 +222,40 @@ def hidden_main() -> Generator[None, None, None]:
         sys.modules["__main__"] = main
 
 
+# --- accelerate (never imported here: only read when the user's script imported it) -----------
+
+def accelerate_gradient_state() -> Any | None:
+    """accelerate's ``GradientState`` when an ``Accelerator`` exists in this process, else None.
+
+    Its shared state (``GradientState._shared_state``, accelerate 0.17 on) is empty until an
+    ``Accelerator`` is made; making a ``GradientState`` before that would set it up with defaults."""
+    module = sys.modules.get("accelerate.state")
+    cls = getattr(module, "GradientState", None)
+    if cls is None or not getattr(cls, "_shared_state", None):
+        return None
+    return cls()
+
+
+def accelerate_track(state: Any, loader: Any) -> None:
+    """Make ``loader`` the active dataloader of accelerate's ``state``, as accelerate's own
+    ``DataLoaderShard.begin`` does (``GradientState._add_dataloader``: no public equivalent)."""
+    state._add_dataloader(loader)
+
+
+def accelerate_untrack(state: Any, loader: Any) -> None:
+    """Withdraw ``loader`` from ``state``, as ``DataLoaderShard.end`` does (``_remove_dataloader``)."""
+    state._remove_dataloader(loader)
+
+
+def _accelerate_has_dataloader_tracking() -> bool:
+    try:
+        from accelerate.state import GradientState
+    except ImportError:
+        return True  # accelerate is optional: nothing to track without it
+    return all(hasattr(GradientState, name) for name in ("_shared_state", "_add_dataloader", "_remove_dataloader",
+                                                          "end_of_dataloader", "remainder"))
+
+
 # --- canaries -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -306,6 +343,10 @@ CANARIES: tuple[Canary, ...] = (
     Canary("ProcessPoolExecutor._processes", _pool_has_processes,
            "pack stops its workers at once on Ctrl-C through it (shardkit.pack.pool); find where the executor "
            "keeps its processes and change _compat.pool_processes"),
+    Canary("accelerate GradientState._add_dataloader", _accelerate_has_dataloader_tracking,
+           "ShardLoader shows accelerate where an epoch ends (gradient accumulation steps at its last batch) "
+           "through it (shardkit.loader.frameworks); find how accelerate's DataLoaderShard registers itself "
+           "and change _compat.accelerate_track/accelerate_untrack"),
 )
 
 

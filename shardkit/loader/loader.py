@@ -19,6 +19,7 @@ from shardkit.loader.epochs.position import Position
 from shardkit.loader.epochs.state import MAX_INT
 from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
+from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, seen_by_accelerate
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
 from shardkit.loader.read.datasets import open_datasets
 from shardkit.loader.read.reader import ShardReader
@@ -140,6 +141,12 @@ class ShardLoader:
             state = loader.state_dict()  # tiny, JSON-able; load_state_dict() resumes exactly
     """
 
+    #: True while the epoch's last batch is out (read by accelerate's gradient accumulation).
+    end_of_dataloader: bool = False
+    #: What accelerate's ``gather_for_metrics`` would cut from the last gathered batch: nothing
+    #: (padding sits in the last ranks' last batches; drop it per batch with :meth:`real_samples`).
+    remainder: int = 0
+
     def __init__(
         self,
         dataset: str | Sequence[str],
@@ -239,6 +246,7 @@ class ShardLoader:
         # (_ended_by says why) rather than taking the newer one's batches.
         self._iterations, self._ended_by = 0, ""
         self._active = 0  # the iteration whose generator is open (0: none)
+        self._last: tuple[int, Any] | None = None  # (batch index, remainder) of the batch last yielded
 
     @property
     def classes(self) -> tuple[str, ...] | None:
@@ -272,6 +280,52 @@ class ShardLoader:
         if not pos.fresh and self._active != self._iterations:  # left mid-epoch: the next iteration runs the next epoch
             return self._num_batches
         return self.config.epoch_batches(pos.remainder) - pos.batch
+
+    def real_samples(self, batch_index: int | None = None) -> int:
+        """How many samples of a batch are the epoch's own: the first ``real_samples()`` of it; the
+        rest repeat the epoch's first samples as padding. Padding exists only over several ranks
+        with ``even_batches=True`` and ``drop_last=False`` (equal full batches on every rank), in
+        the last ranks' last batches; elsewhere this is the batch's length.
+
+        ``batch_index``: this rank's batch of the epoch being iterated (Lightning's ``batch_idx``;
+        a framework that fetches ahead has already taken the next batch); None: the batch last
+        yielded. An evaluation that gathers per batch (accelerate's ``gather_for_metrics``) keeps
+        each rank's real samples and counts every sample once::
+
+            for images, labels in loader:
+                real = torch.arange(len(labels)) < loader.real_samples()
+                preds, labels, real = accelerator.gather_for_metrics((model(images).argmax(1), labels, real))
+                correct += (preds == labels)[real].sum(); total += real.sum()
+
+        Raises:
+            LoaderError: no batch was yielded yet (``batch_index=None``), or ``batch_index`` is
+                not one of this rank's batches.
+        """
+        if batch_index is None:
+            if self._last is None:
+                raise LoaderError("no batch was yielded yet: pass batch_index= or call real_samples() after one")
+            batch_index, rest = self._last
+        else:  # the epoch last yielded from (it may have ended already when a framework fetched ahead)
+            rest = self._last[1] if self._last is not None else self._pos.remainder
+        return self.config.real_samples(batch_index, rest)
+
+    @property
+    def dataset(self) -> Any:
+        """Not there: a ShardLoader reads its shards itself (``skip_first_batches`` and other
+        wrappers look for a dataset; :meth:`state_dict` does their job).
+
+        Raises:
+            AttributeError: always, naming what to do instead (``hasattr`` stays False).
+        """
+        raise AttributeError(NO_DATASET)
+
+    def __getitem__(self, index: Any) -> Any:
+        """Refused: a ``DataLoader`` or ``StatefulDataLoader`` wrapped around a ShardLoader indexes it.
+
+        Raises:
+            TypeError: always, naming what to do instead.
+        """
+        raise TypeError(NOT_A_DATASET)
 
     @property
     def epoch(self) -> int:
@@ -315,17 +369,10 @@ class ShardLoader:
             assert self._run is not None
             delivered = local = self._run.open(epoch, start, rest)
         whole = False
+        self.end_of_dataloader = False
         try:
-            for consumed in range(start + 1, count + 1):
-                if self._iterations != mine:  # before touching the workers the newer iteration reads
-                    raise LoaderError(f"epoch {epoch} ended after {consumed - 1} of {count} batches: {self._ended_by}")
-                item = next(delivered, None)
-                if item is None:
-                    raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {count} batches")
-                self._pos.delivered(epoch, consumed)
-                yield item if self.keys else item[:2]
-            if self._pool is not None:
-                next(delivered, None)  # each feeder's end of its part (an extra batch would be an error)
+            with seen_by_accelerate(self):
+                yield from self._deliver(delivered, epoch, start, count, rest, mine)
             whole = True
         except Exception as err:  # torch's error for a dead worker varies and may come from anywhere here
             death = worker_death(self._dataloader) if self._dataloader is not None else None
@@ -333,6 +380,8 @@ class ShardLoader:
                 raise
             raise death from err
         finally:
+            if self._active == mine:  # an older iteration closed late leaves the newer one's flag alone
+                self.end_of_dataloader = False
             if local is not None and self._run is not None and whole and self._iterations == mine:
                 self._run.keep(local, epoch)  # with read-ahead, on into the next epoch
             else:
@@ -341,6 +390,22 @@ class ShardLoader:
                 self._active = 0
         if self._iterations == mine:  # an older iteration ending late leaves the newer one's place alone
             self._pos.finished(epoch)
+
+    def _deliver(self, delivered: Generator[tuple[Any, Any, list[str]], Any, None], epoch: int, start: int,
+                 count: int, rest: Any, mine: int) -> Generator[Any, None, None]:
+        """Yield batches ``start`` to ``count - 1`` of ``epoch`` from ``delivered``, recording each
+        as delivered (``end_of_dataloader`` set while the last one is out)."""
+        for consumed in range(start + 1, count + 1):
+            if self._iterations != mine:  # before touching the workers the newer iteration reads
+                raise LoaderError(f"epoch {epoch} ended after {consumed - 1} of {count} batches: {self._ended_by}")
+            item = next(delivered, None)
+            if item is None:
+                raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {count} batches")
+            self._pos.delivered(epoch, consumed)
+            self._last, self.end_of_dataloader = (consumed - 1, rest), consumed == count
+            yield item if self.keys else item[:2]
+        if self._pool is not None:
+            next(delivered, None)  # each feeder's end of its part (an extra batch would be an error)
 
     def _follow_world(self) -> None:
         """Take the live rank and world (``rank``/``world_size`` left to detection): a loader built

@@ -14,12 +14,14 @@ Example:
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.batch import IMAGENET_MEAN, IMAGENET_STD, BatchFormat
 from shardkit.transforms.center_crop import ResizeCenterCrop, resize_center_crop_box
+from shardkit.transforms.color import ColorJitter
 from shardkit.transforms.detection import (
     DetectionTransform,
     detection_train,
     detection_val,
     run_detection_transform,
 )
+from shardkit.transforms.erasing import RandomErasing
 from shardkit.transforms.ops import crop_resize_flip
 from shardkit.transforms.params import CropFlip
 from shardkit.transforms.presets import imagenet_train, imagenet_val
@@ -29,9 +31,11 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "BatchFormat",
+    "ColorJitter",
     "CropFlip",
     "DetectionTransform",
     "ImageTransform",
+    "RandomErasing",
     "RandomResizedCropFlip",
     "ResizeCenterCrop",
     "crop_resize_flip",

@@ -36,6 +36,9 @@ class ImageTransform(abc.ABC):
 
     output_size: tuple[int, int]
     batch_format: BatchFormat
+    #: The resize filter (:data:`~shardkit.transforms.ops.INTERPOLATIONS`); the GPU routes resize
+    #: bilinear only, so a loader on a CUDA device takes the CPU route for any other.
+    interpolation: str = "bilinear"
     #: True when :meth:`apply` reads only the pixels inside the parameters' box, so a loader
     #: may decode just that region (see ``shardkit.codec.jpeg_region``) and apply with the box moved
     #: to the origin. False (e.g. resize-then-centre-crop) means the whole image is needed.
@@ -48,7 +51,7 @@ class ImageTransform(abc.ABC):
     def apply(self, image: torch.Tensor, params: CropFlip,
               out: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 ``[3, H, W]`` -> uint8 ``[3, *output_size]``; see :func:`crop_resize_flip`."""
-        return crop_resize_flip(image, params, self.output_size, out)
+        return crop_resize_flip(image, params, self.output_size, out, self.interpolation)
 
     def __call__(self, image: torch.Tensor, rng: random.Random) -> torch.Tensor:
         """``apply(image, sample_params(H, W, rng))``."""

@@ -10,7 +10,7 @@ import torch
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.batch import BatchFormat
 from shardkit.transforms.gpu import Window
-from shardkit.transforms.ops import crop_resize_flip, resize_uint8
+from shardkit.transforms.ops import INTERPOLATIONS, crop_resize_flip, resize_uint8
 from shardkit.transforms.params import CropFlip
 
 _UNUSED = random.Random(0)  # sample_params of a centre crop draws nothing
@@ -68,8 +68,11 @@ class ResizeCenterCrop(ImageTransform):
     output_size: tuple[int, int]
     resize_to: int
     batch_format: BatchFormat = field(default_factory=BatchFormat)
+    interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if len(self.output_size) != 2 or min(self.output_size) <= 0:
             raise ValueError(f"output_size must be two positive ints, got {self.output_size}")
         if self.resize_to < max(self.output_size):
@@ -96,6 +99,6 @@ class ResizeCenterCrop(ImageTransform):
         if image.dim() != 3 or params != self.sample_params(height, width, _UNUSED):
             return super().apply(image, params, out)
         new_h, new_w = _resized_size(height, width, self.resize_to)
-        (oh, ow), sized = self.output_size, resize_uint8(image, (new_h, new_w))
+        (oh, ow), sized = self.output_size, resize_uint8(image, (new_h, new_w), self.interpolation)
         top, left = int(round((new_h - oh) / 2.0)), int(round((new_w - ow) / 2.0))
         return crop_resize_flip(sized, CropFlip(top, left, oh, ow), self.output_size, out)

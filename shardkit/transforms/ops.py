@@ -1,4 +1,4 @@
-"""CPU tensor ops on single uint8 images: crop, antialiased bilinear resize, flip."""
+"""CPU tensor ops on single uint8 images: crop, antialiased bilinear (or bicubic) resize, flip."""
 
 from __future__ import annotations
 
@@ -18,11 +18,15 @@ try:
 except ImportError:  # extension not built (no C compiler at install): numpy repacks instead
     pass
 
-__all__ = ["crop_resize_flip", "resize_uint8"]
+__all__ = ["INTERPOLATIONS", "crop_resize_flip", "resize_uint8"]
+
+#: The resize filters a transform may ask for: torchvision's default (bilinear) and the one most of
+#: timm's pretrained configurations name (bicubic); both antialiased, as torchvision's ``antialias=True``.
+INTERPOLATIONS = ("bilinear", "bicubic")
 
 
-def resize_uint8(crop: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Antialiased bilinear resize of a uint8 ``[3, h, w]`` tensor, equal to v2 ``resize``.
+def resize_uint8(crop: torch.Tensor, size: tuple[int, int], interpolation: str = "bilinear") -> torch.Tensor:
+    """Antialiased bilinear (or bicubic) resize of a uint8 ``[3, h, w]`` tensor, equal to v2 ``resize``.
 
     The result's memory is HWC when the input's is (see the comment below); example:
     ``resize_uint8(img, (224, 224))``.
@@ -34,7 +38,7 @@ def resize_uint8(crop: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
         x = crop.permute(1, 2, 0).contiguous().unsqueeze(0).permute(0, 3, 1, 2)  # cheap row copy
     else:
         x = crop.unsqueeze(0)
-    return F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+    return F.interpolate(x, size=size, mode=interpolation, antialias=True, align_corners=False)[0]
 
 
 def _write(out: torch.Tensor, res: torch.Tensor, flip: bool) -> torch.Tensor:
@@ -58,11 +62,13 @@ def crop_resize_flip(
     params: CropFlip,
     size: tuple[int, int],
     out: torch.Tensor | None = None,
+    interpolation: str = "bilinear",
 ) -> torch.Tensor:
     """Crop ``params``' box out of ``image``, resize it to ``size``, then flip if asked.
 
-    Resizing is antialiased bilinear on uint8 (torchvision v2 ``resized_crop`` semantics, equal
-    values), so the cost follows the box and output size, not the image size.
+    Resizing is antialiased bilinear (or ``interpolation="bicubic"``) on uint8 (torchvision v2
+    ``resized_crop`` semantics, equal values), so the cost follows the box and output size, not
+    the image size.
 
     Args:
         image: uint8 ``[3, H, W]``, any strides (HWC memory is fastest).
@@ -92,7 +98,7 @@ def crop_resize_flip(
     res = image[:, t : t + params.height, lft : lft + params.width]
     fresh = False  # whether res is a new tensor rather than a view of image
     if (params.height, params.width) != tuple(size):
-        res, fresh = resize_uint8(res, size), True
+        res, fresh = resize_uint8(res, size, interpolation), True
     if out is not None:
         return _write(out, res, params.flip)
     if params.flip:

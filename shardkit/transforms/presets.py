@@ -24,12 +24,16 @@ def imagenet_train(
     normalize: Normalize = False,
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
+    interpolation: str = "bilinear",
 ) -> RandomResizedCropFlip:
-    """``RandomResizedCrop(size, scale, ratio)`` + ``RandomHorizontalFlip(flip_p)``, uint8 out.
+    """``RandomResizedCrop(size, scale, ratio, interpolation)`` + ``RandomHorizontalFlip(flip_p)``, uint8 out.
 
     ``normalize``: False (batches stay uint8), True (ImageNet mean/std) or ``(mean, std)`` on a
     0–1 scale, applied by ``finalize`` on the device and returned as ``dtype``.
-    ``channels_last``: ``finalize`` returns channels-last memory.
+    ``channels_last``: ``finalize`` returns channels-last memory. ``interpolation``:
+    ``"bilinear"`` (torchvision's default) or ``"bicubic"`` (what most timm pretrained
+    configurations name), antialiased either way; bicubic resizes on the CPU route only (a CUDA
+    loader takes it, with one warning).
 
     Example:
         >>> t = imagenet_train(224, normalize=True)
@@ -37,7 +41,7 @@ def imagenet_train(
         (224, 224)
     """
     fmt = BatchFormat.make(normalize, dtype, channels_last)
-    return RandomResizedCropFlip((size, size), scale, ratio, flip_p, fmt)
+    return RandomResizedCropFlip((size, size), scale, ratio, flip_p, fmt, interpolation)
 
 
 def imagenet_val(
@@ -47,8 +51,11 @@ def imagenet_val(
     normalize: Normalize = False,
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
+    interpolation: str = "bilinear",
 ) -> ResizeCenterCrop:
-    """``Resize(int(size / crop_fraction))`` + ``CenterCrop(size)``, uint8 out (crop first).
+    """``Resize(int(size / crop_fraction), interpolation)`` + ``CenterCrop(size)``, uint8 out (crop
+    first). timm's evaluation of a model is ``imagenet_val(size, crop_fraction=crop_pct,
+    interpolation=...)`` with the model's ``pretrained_cfg`` values (often ``"bicubic"``).
 
     Example:
         >>> imagenet_val(224).resize_to
@@ -57,4 +64,4 @@ def imagenet_val(
     if not 0 < crop_fraction <= 1:
         raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
     fmt = BatchFormat.make(normalize, dtype, channels_last)
-    return ResizeCenterCrop((size, size), int(size / crop_fraction), fmt)
+    return ResizeCenterCrop((size, size), int(size / crop_fraction), fmt, interpolation)

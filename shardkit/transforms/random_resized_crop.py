@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.batch import BatchFormat
+from shardkit.transforms.ops import INTERPOLATIONS
 from shardkit.transforms.params import CropFlip
 
 __all__ = ["RandomResizedCropFlip", "random_resized_crop_box"]
@@ -53,7 +54,8 @@ def random_resized_crop_box(
 class RandomResizedCropFlip(ImageTransform):
     """``v2.RandomResizedCrop(output_size, scale, ratio)`` then ``v2.RandomHorizontalFlip(flip_p)``.
 
-    Same parameter distribution and (antialiased bilinear) resize as torchvision; randomness
+    Same parameter distribution and (antialiased bilinear, or ``interpolation="bicubic"``) resize
+    as torchvision; randomness
     comes only from the ``random.Random`` passed in: a box, then one ``rng.random()`` for the flip.
 
     Example:
@@ -69,8 +71,11 @@ class RandomResizedCropFlip(ImageTransform):
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip_p: float = 0.5
     batch_format: BatchFormat = field(default_factory=BatchFormat)
+    interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if min(self.output_size) <= 0 or len(self.output_size) != 2:
             raise ValueError(f"output_size must be two positive ints, got {self.output_size}")
         if not 0 < self.scale[0] <= self.scale[1]:

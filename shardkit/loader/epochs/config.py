@@ -91,6 +91,26 @@ class PlanConfig:
         shards, indices = order.locate(positions)
         return shards, indices, positions + self.num_samples * (stream // n)
 
+    def real_samples(self, batch_index: int, remainder: Remainder | None = None) -> int:
+        """How many of this rank's batch ``batch_index`` are the epoch's own samples; the rest of
+        the batch (always its end) repeat the epoch's first samples as padding, which exists only
+        with ``even_batches=True`` and ``drop_last=False`` over several ranks.
+
+        An evaluation that gathers per batch keeps ``batch[:real]`` of each rank and so counts
+        every sample once.
+
+        Example:
+            >>> c = PlanConfig([10], seed=0, shuffle=False, window=1, rank=1, world_size=2, batch_size=4,
+            ...                drop_last=False)
+            >>> [c.real_samples(b) for b in range(c.num_batches)]  # rank 1 reads positions 8..15 of 10
+            [2, 0]
+        """
+        n = self.num_samples if remainder is None else len(remainder)
+        stream = stream_positions(n, rank=self.rank, batch_index=batch_index, world_size=self.world_size,
+                                  batch_size=self.batch_size, drop_last=self.drop_last,
+                                  even_batches=self.even_batches)
+        return int(np.count_nonzero(stream < n))
+
     def state(self, epoch: int, consumed: int, remainder: Remainder | None = None) -> LoaderState:
         """The resume state after ``consumed`` batches of ``epoch`` (of ``remainder`` if given)."""
         return LoaderState(

@@ -56,7 +56,8 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
       otherwise one warning saying why and :class:`CocoRoute`, delivering on ``device`` (or on
       the CPU when CUDA is missing altogether);
     - a COCO dataset otherwise: :class:`CocoRoute` (a detection transform or None);
-    - a CUDA ``device`` with an :class:`ImageTransform`: :class:`GpuRoute` when nvJPEG works;
+    - a CUDA ``device`` with an :class:`ImageTransform` that resizes bilinear (not bicubic: one
+      warning and the CPU route, delivering on ``device``): :class:`GpuRoute` when nvJPEG works;
       otherwise one warning and the CPU route, delivering on ``device`` (or on the CPU when
       CUDA is missing altogether);
     - anything else: :class:`CpuRoute`.
@@ -97,7 +98,11 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
     if isinstance(transform, DetectionTransform):
         raise LoaderError(f"transforms.detection_train/detection_val need a COCO dataset; this one is "
                           f"{manifest.kind!r}: use transforms.imagenet_train/imagenet_val (or any callable on images)")
-    if device.type == "cuda" and isinstance(transform, ImageTransform):
+    if device.type == "cuda" and isinstance(transform, ImageTransform) and transform.interpolation != "bilinear":
+        device = device if torch.cuda.is_available() else torch.device("cpu")
+        _warn_once("shardkit: the GPU route resizes bilinear only; %s resizing runs on the CPU route, batches on %s",
+                   transform.interpolation, device)
+    elif device.type == "cuda" and isinstance(transform, ImageTransform):
         reason = gpu_decode_unavailable(device)
         if reason is None:
             return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,

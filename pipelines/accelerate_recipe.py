@@ -1,0 +1,95 @@
+"""ShardLoader under HF accelerate: gradient accumulation that steps at each epoch's end, and an
+evaluation that gathers per batch and counts every sample once (docs/guides/accelerate.md).
+
+Run under ``accelerate launch`` or ``torchrun --nproc_per_node 2``::
+
+    torchrun --nproc_per_node 2 pipelines/accelerate_recipe.py shards/train shards/val result.json
+
+Rank 0 writes ``result.json``: per epoch the batch indices at which gradients were synchronised
+(the optimizer stepped), and the evaluation's totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from accelerate import Accelerator
+
+from shardkit import ShardLoader, transforms
+
+TRANSFORM = transforms.imagenet_val(32, crop_fraction=1.0, normalize=True)  # float batches of 32x32
+
+
+def train(accelerator: Accelerator, dataset: str, *, epochs: int, batch_size: int) -> list[list[int]]:
+    """Train a tiny classifier with accumulation; return, per epoch, the batches it stepped at."""
+    loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(2))
+    model(torch.zeros(1, 3, 32, 32))  # materialise the lazy layer before DDP wraps it
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # the loader comes back as it is
+    stepped: list[list[int]] = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        stepped.append([])
+        for i, (images, labels) in enumerate(loader):
+            with accelerator.accumulate(model):  # steps every 4 batches and at the epoch's last one
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+                if accelerator.sync_gradients:
+                    stepped[-1].append(i)
+    return stepped
+
+
+def evaluate_per_batch(accelerator: Accelerator, dataset: str, *, batch_size: int) -> dict[str, int]:
+    """``even_batches=True`` (equal batches on every rank, the last ones padded): gather per batch
+    with ``gather_for_metrics`` and keep each rank's real samples."""
+    loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM,
+                         shuffle=False)
+    total, per_label = torch.zeros((), dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+    for _images, labels in loader:
+        real = torch.arange(len(labels)) < loader.real_samples()  # padding: the batch's end, if any
+        labels, real = accelerator.gather_for_metrics((labels, real))
+        total += real.sum()
+        per_label += torch.bincount(labels[real], minlength=2)
+    return {"total": int(total), "label0": int(per_label[0]), "label1": int(per_label[1])}
+
+
+def evaluate_once(accelerator: Accelerator, dataset: str, *, batch_size: int) -> dict[str, int]:
+    """``even_batches=False`` (every sample once, ranks' batch counts may differ by one): sum on
+    each rank and reduce once after the loop, so every rank makes the same collective calls."""
+    loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM,
+                         shuffle=False, even_batches=False)
+    counts = torch.zeros(3, dtype=torch.int64)  # total, label 0, label 1
+    for _images, labels in loader:
+        counts[0] += len(labels)
+        counts[1:] += torch.bincount(labels, minlength=2)
+    counts = accelerator.reduce(counts, reduction="sum")
+    return {"total": int(counts[0]), "label0": int(counts[1]), "label1": int(counts[2])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("train")
+    parser.add_argument("val")
+    parser.add_argument("result")
+    parser.add_argument("--batch-size", type=int, default=4)
+    args = parser.parse_args()
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    result = {
+        "stepped": train(accelerator, args.train, epochs=2, batch_size=args.batch_size),
+        "per_batch": evaluate_per_batch(accelerator, args.val, batch_size=args.batch_size),
+        "once": evaluate_once(accelerator, args.val, batch_size=args.batch_size),
+        "world": accelerator.num_processes,
+    }
+    if accelerator.is_main_process:
+        with open(args.result, "w") as f:
+            json.dump(result, f)
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

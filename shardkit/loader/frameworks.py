@@ -1,0 +1,50 @@
+"""What training frameworks read off a loader besides its batches, and the answers ShardLoader gives.
+
+- accelerate's ``Accelerator.accumulate`` steps the optimizer at the last batch of an epoch when
+  the ``GradientState``'s active dataloader says ``end_of_dataloader``; its own ``DataLoaderShard``
+  registers itself for that while it is iterated. :func:`seen_by_accelerate` does the same for a
+  ``ShardLoader`` (only where the training script made an ``Accelerator``; shardkit never imports
+  accelerate), so the last micro-batches of an epoch do not roll into the next one.
+- ``skip_first_batches`` (accelerate) and ``DataLoader``/``StatefulDataLoader`` wrapping expect a
+  dataset inside the loader; a ShardLoader has none, and its own :meth:`state_dict` does their
+  job. :data:`NO_DATASET` and :data:`NOT_A_DATASET` say so in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from contextlib import contextmanager
+from typing import Any
+
+from shardkit import _compat
+
+__all__ = ["NOT_A_DATASET", "NO_DATASET", "seen_by_accelerate"]
+
+#: Why ``loader.dataset`` fails (what ``skip_first_batches`` reads first).
+NO_DATASET = ("ShardLoader has no .dataset (skip_first_batches cannot skip in it): resume mid-epoch with "
+              "loader.load_state_dict(state), state from loader.state_dict()")
+
+#: Why ``loader[i]`` fails (what a ``DataLoader`` or ``StatefulDataLoader`` wrapped around it does).
+NOT_A_DATASET = ("ShardLoader is a loader, not a dataset: iterate it directly instead of wrapping it in "
+                 "DataLoader or StatefulDataLoader (it splits the epoch over ranks and workers itself, and "
+                 "state_dict()/load_state_dict() resume it mid-epoch)")
+
+
+@contextmanager
+def seen_by_accelerate(loader: Any) -> Generator[None, None, None]:
+    """While the block runs, ``loader`` is the active dataloader of accelerate's ``GradientState``
+    (where an ``Accelerator`` exists in this process; otherwise nothing happens).
+
+    ``loader`` must carry ``end_of_dataloader`` (True while its epoch's last batch is out) and
+    ``remainder`` (0: nothing for ``gather_for_metrics`` to cut, padding is dropped per batch with
+    ``real_samples``), the two attributes accelerate reads.
+    """
+    state = _compat.accelerate_gradient_state()
+    if state is None:
+        yield
+        return
+    _compat.accelerate_track(state, loader)
+    try:
+        yield
+    finally:
+        _compat.accelerate_untrack(state, loader)

@@ -1,0 +1,31 @@
+"""HF accelerate under torchrun (two CPU ranks, gloo) running pipelines/accelerate_recipe.py, the
+code docs/guides/accelerate.md shows: gradient accumulation steps at each epoch's last batch, and
+an evaluation that gathers per batch counts each sample once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.interop.conftest import run_script
+
+pytest.importorskip("accelerate")
+
+
+@pytest.mark.slow
+def test_accelerate_accumulates_to_the_epoch_end_and_gathers_each_sample_once(frames: dict[str, Path],
+                                                                               tmp_path: Path) -> None:
+    result = tmp_path / "result.json"
+    done = run_script("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max_restarts", "0",
+                      "pipelines/accelerate_recipe.py", str(frames["train"]), str(frames["val"]), str(result))
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(result.read_text())
+    assert out["world"] == 2
+    # 6 batches per rank, accumulation over 4: a step at batch 3 and at the epoch's last (5), each epoch;
+    # without the end signal the last two micro-batches rolled into the next epoch ([3], [1, 5])
+    assert out["stepped"] == [[3, 5], [3, 5]]
+    # 42 samples, 21 per class: 48 gathered slots of which the 6 padding ones are dropped
+    assert out["per_batch"] == {"total": 42, "label0": 21, "label1": 21}
+    assert out["once"] == {"total": 42, "label0": 21, "label1": 21}
