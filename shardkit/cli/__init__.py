@@ -9,7 +9,6 @@ happen inside the commands that need them, so ``--help`` is fast.
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 from types import FrameType
@@ -26,21 +25,6 @@ def _clear_line() -> None:
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
         sys.stderr.flush()
-
-
-class _TerminalLog(logging.Handler):
-    """The library's warnings on stderr, each on a line of its own: a status line (``listing SRC
-    …``) is erased first and tqdm's bars are lifted around the message (``tqdm.write``), so a
-    warning never shares a line with what was being drawn."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            from tqdm import tqdm
-
-            _clear_line()
-            tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:
-            self.handleError(record)
 
 
 class _Group(click.Group):
@@ -95,11 +79,6 @@ def _register() -> None:
 def main() -> None:
     """Console-script entry point."""
     signal.signal(signal.SIGTERM, _terminate)
-    log = logging.getLogger("shardkit")
-    if not log.handlers:
-        handler = _TerminalLog(logging.WARNING)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
     cli(prog_name="shardkit")
 
 
