@@ -107,6 +107,6 @@ def test_train_bench_has_dali_rows(indexed: tuple[Path, Path], monkeypatch: pyte
 
     monkeypatch.setattr(train, "run_train_bench", record)
     args = ["bench", str(tree), "--shards", str(shards), "--train", "resnet18", "-q"]
-    assert CliRunner().invoke(cli, args).exit_code == 2
-    assert CliRunner().invoke(cli, [*args, "--contender", "dali_files", "--contender", "shardloader"]).exit_code == 2
+    assert CliRunner().invoke(cli, args).exit_code == 1  # "error: recorded"
+    assert CliRunner().invoke(cli, [*args, "--contender", "dali_files", "--contender", "shardloader"]).exit_code == 1
     assert asked == [("imagefolder", "shardloader", "dali"), ("dali_files", "shardloader")]  # dali when installed

@@ -85,10 +85,12 @@ def test_batch_labels_travel_inline() -> None:
 
 def test_batches_kept_alive_are_never_overwritten(packed: Path) -> None:
     """Holding every batch of two epochs (no copies) exhausts the pool: workers fall back to
-    fresh buffers and nothing held is reused; releasing them makes the pool serve again."""
+    fresh buffers and nothing held is reused; releasing them makes the pool serve again. Without
+    read-ahead: with it the workers rightly take slots for the next epoch as soon as one ends, so
+    'every slot free once the batches are released' would depend on timing."""
     def loader(workers: int) -> ShardLoader:
         return ShardLoader(str(packed), batch_size=8, transform=transforms.imagenet_train(32),
-                           num_workers=workers, keys=True)
+                           num_workers=workers, keys=True, read_ahead=False)
 
     plain = loader(0)
     reference = [(x.clone(), y.clone()) for _ in range(3) for x, y, _k in plain]
