@@ -84,3 +84,18 @@ def make_tricky_tree(base: Path) -> Path:
     os.symlink(base / "outside_sub", root / "plain/linked_sub")
     os.symlink(base / "missing.jpg", root / "plain/dangling.jpg")
     return root
+
+
+def packed_train_val(root: Path) -> dict[str, Path]:
+    """Two packed sets under ``root`` whose pixels encode their index: ``train``, 48 samples (2
+    classes of 24), and ``val``, 42 (2 of 21), in shards of 8: what the recipes and framework
+    tests run at 2 ranks of batch 4."""
+    from sample_data.generate import make_indexed_imagefolder
+    from shardkit.pack import PackOptions, pack
+
+    out = {}
+    for name, per_class in (("train", 24), ("val", 21)):
+        make_indexed_imagefolder(root / f"{name}-src", classes=2, per_class=per_class, size=(40, 32))
+        pack(str(root / f"{name}-src"), str(root / name), options=PackOptions(max_count=8, seed=1), workers=1)
+        out[name] = root / name
+    return out

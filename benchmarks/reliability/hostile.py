@@ -70,7 +70,10 @@ def _bounded(fn: Callable[[], Any]) -> tuple[str, float]:
     return (box[0] if box else "HANG"), time.perf_counter() - t0
 
 
-def _shard(path: Path, *, cls: bytes = b"1", meta: bytes | None = None, pax: dict[str, str] | None = None) -> None:
+def hostile_shard(path: Path, *, cls: bytes = b"1", meta: bytes | None = None,
+                  pax: dict[str, str] | None = None) -> Path:
+    """One shard of two samples at ``path``; the second carries the hostile parts: its ``cls``
+    member, a ``json`` member ``meta``, PAX headers ``pax`` on its image."""
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         for key, label, json_member, headers in (("a", b"0", None, None), ("b", cls, meta, pax)):
             members = [("cls", label), ("jpg", encode_image((8, 8)))] + ([("json", json_member)] if json_member else [])
@@ -80,6 +83,7 @@ def _shard(path: Path, *, cls: bytes = b"1", meta: bytes | None = None, pax: dic
                 if headers and ext == "jpg":
                     info.pax_headers = dict(headers)
                 tar.addfile(info, io.BytesIO(data))
+    return path
 
 
 Step = tuple[str, Callable[[], Any]]
@@ -122,14 +126,14 @@ def r12_hostile_shards(work: Path) -> Row:
     for i, (_, kind) in enumerate(cases):
         root = work / "r12" / f"c{i}"
         root.mkdir(parents=True)
-        _shard(root / "x-000000.tar", **kind)
+        hostile_shard(root / "x-000000.tar", **kind)
         for name, step in _index_step(root):
             outcome, seconds = _bounded(step)
             outcomes[f"{name}: {outcome}"] += 1
             slowest = max(slowest, seconds)
-        _shard(root / "x-000000.tar")
+        hostile_shard(root / "x-000000.tar")
         adopt_shards(str(root), overwrite=True)
-        _shard(root / "x-000000.tar", **kind)
+        hostile_shard(root / "x-000000.tar", **kind)
         for name, step in _published_steps(root):
             outcome, seconds = _bounded(step)
             outcomes[f"{name}: {outcome}"] += 1
@@ -141,7 +145,7 @@ def r12_hostile_shards(work: Path) -> Row:
         for run in ("index", "published"):
             shard.unlink(missing_ok=True)
             if run == "published":
-                _shard(shard)
+                hostile_shard(shard)
                 adopt_shards(str(root), overwrite=True)
                 shard.unlink()
             os.mkfifo(shard) if special == "fifo" else shard.symlink_to(special)

@@ -4,15 +4,14 @@ a runaway allocation or a hang."""
 
 from __future__ import annotations
 
-import io
 import os
-import tarfile
 import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from benchmarks.reliability.hostile import hostile_shard
 from shardkit.cli import cli
 from shardkit.errors import FormatError
 from shardkit.format.tarread import iter_samples, parse_span
@@ -20,7 +19,6 @@ from shardkit.index import verify_dataset
 from shardkit.index.adopt import adopt_shards
 from shardkit.loader.read.bad_samples import BadSample
 from shardkit.loader.read.samples import Sample
-from tests.conftest import encode_image
 
 DEEP_JSON = b"[" * 100_000 + b"]" * 100_000
 
@@ -28,16 +26,7 @@ DEEP_JSON = b"[" * 100_000 + b"]" * 100_000
 def _tar(path: Path, *, cls: bytes = b"1", json: bytes | None = None,
          pax: dict[str, str] | None = None) -> Path:
     """One shard of two samples; the second carries the hostile parts."""
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for key, label, meta, headers in (("a", b"0", None, None), ("b", cls, json, pax)):
-            members = [("cls", label), ("jpg", encode_image((8, 8)))] + ([("json", meta)] if meta else [])
-            for ext, data in members:
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                if headers and ext == "jpg":
-                    info.pax_headers = dict(headers)
-                tar.addfile(info, io.BytesIO(data))
-    return path
+    return hostile_shard(path, cls=cls, meta=json, pax=pax)
 
 
 def _index(root: Path) -> str:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sample_data.generate import make_indexed_imagefolder
-from shardkit.pack import PackOptions, pack
+from tests.trees import packed_train_val
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,12 +19,7 @@ def frames(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """train: 48 samples (2 classes of 24: 6 batches of 4 per rank at 2 ranks); val: 42 (2 of 21:
     6 batches of 4 per rank at 2 ranks, of which 6 samples padding in rank 1's last two)."""
     root = tmp_path_factory.mktemp("frameworks")
-    out = {}
-    for name, per_class in (("train", 24), ("val", 21)):
-        make_indexed_imagefolder(root / f"{name}-src", classes=2, per_class=per_class, size=(40, 32))
-        pack(str(root / f"{name}-src"), str(root / name), options=PackOptions(max_count=8, seed=1), workers=1)
-        out[name] = root / name
-    return out
+    return packed_train_val(root)
 
 
 def run_script(*cmd: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sample_data.generate import make_indexed_imagefolder
 from shardkit import ShardLoader
-from shardkit.pack import PackOptions, pack
+from tests.trees import packed_train_val
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD, BATCH = 2, 4
@@ -24,12 +23,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """train: 48 samples (6 steps of 2 ranks x 4, nothing dropped); val: 42 (11 batches of 4, the
     last of 2: 5 on rank 0, 6 on rank 1). Keys are the index in ImageFolder order."""
     root = tmp_path_factory.mktemp("torchrun")
-    out = {}
-    for name, per_class in (("train", 24), ("val", 21)):
-        make_indexed_imagefolder(root / f"{name}-src", classes=2, per_class=per_class, size=(40, 32))
-        pack(str(root / f"{name}-src"), str(root / name), options=PackOptions(max_count=8, seed=1), workers=1)
-        out[name] = root / name
-    return out
+    return packed_train_val(root)
 
 
 def torchrun(script: str, *args: str, nproc: int = WORLD) -> subprocess.CompletedProcess[str]:
