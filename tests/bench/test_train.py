@@ -259,3 +259,21 @@ def test_profile_gil_summarises_py_spy_samples_by_thread() -> None:
                                      "heaviest loader frames (innermost three):"]
     assert "15.0%  _guard > decode_many > jpegs" in text
     assert summarise("") == "no samples (py-spy could not read the process?)"
+
+
+def test_the_table_prints_no_share_over_100_percent_and_keeps_long_labels_in_their_column() -> None:
+    from shardkit.bench.train_report import train_table
+
+    def row(label: str, share: float) -> dict[str, object]:
+        one = {"median": 1.0, "min": 1.0, "max": 1.0, "runs": [1.0]}
+        return {"label": label, "fed_images_per_second": one, "host_wait_fraction": one,
+                "share": {**one, "median": share, "min": share, "max": share},
+                "synthetic_images_per_second": {**one, "median": 1000.0}, "step_gpu_ms": None,
+                "loader_gpu_ms_per_batch": None}
+
+    long = "NVIDIA DALI webdataset (.dali.idx made by the bench), 16 threads"  # 63 characters
+    table = train_table("t", [row(long, 1.68), row("shardkit ShardLoader", 0.8)], batch_size=128)
+    assert "168%" not in table and ">100%" in table and "the machine's speed drifted" in table
+    header, first, second = table.splitlines()[1:4]
+    assert first.startswith(long + " ") and second.startswith("shardkit ShardLoader ")
+    assert len({len(header), len(first), len(second)}) == 1  # one column width for every row
