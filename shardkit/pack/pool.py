@@ -31,6 +31,7 @@ import os
 import queue as queue_module
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ProcessPoolExecutor, wait
 from typing import Any
@@ -44,6 +45,8 @@ SampleDone = Callable[[int, int], None]
 
 #: How often the parent drains progress reports while it waits for shards (seconds).
 POLL_S = 0.1
+#: How long the end of a pack waits for workers still starting, to unlink the queues' names before they exit.
+READY_WAIT_S = 30.0
 
 _reports: Any = None  # in a worker process: the queue its samples are reported to (None: not reported)
 #: A worker's first report: ``(READY, pid)``, once it has opened every queue it shares with the parent.
@@ -218,19 +221,32 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
             for t in tasks:
                 futures[pool.submit(_write_reporting, t)] = t
         pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+
+        def unlink_when_ready() -> bool:
             tally.drain(reports, ready)
-            if not unlinked and len(ready) >= len(pool_processes(pool)) > 0:
+            if len(ready) >= len(pool_processes(pool)) > 0:
                 # Every worker has its queues open: their names can go now (see _compat.unlink_semaphores).
                 unlink_semaphores([*pool_queues(pool), reports])
-                unlinked = True
+                return True
+            return False
+
+        while pending:
+            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            unlinked = unlinked or unlink_when_ready()
             for future in done:
                 receipts.append(future.result())  # re-raises a worker's error here
                 task = futures[future]
                 tally.finish(task)
                 if on_done is not None:
                     on_done(task, receipts[-1])
+        # A short pack can end before its last worker has started (a busy machine): that one still
+        # opens the queues, so their names go once it has, before shutdown joins it.
+        deadline = time.monotonic() + READY_WAIT_S
+        while (not unlinked and time.monotonic() < deadline
+               and (workers_now := pool_processes(pool)) and all(w.is_alive() for w in workers_now)):
+            unlinked = unlink_when_ready()
+            if not unlinked:
+                time.sleep(POLL_S / 10)
     except BaseException as err:
         for future in futures:
             future.cancel()  # shards not started
