@@ -174,20 +174,26 @@ def unlink_semaphores(objects: Sequence[Any]) -> int:
             name = getattr(getattr(lock, "_semlock", None), "name", None)
             if isinstance(name, str):
                 names.add(name)
-    unlinked = set()
+    # The exit-time unlink and the tracker's record go first, the name last: a Ctrl-C between two
+    # of these steps leaves at worst a name behind, never an exit-time unlink of a name already
+    # gone ("Exception ignored in: <Finalize object>", FileNotFoundError, on the terminal).
+    cleanup = getattr(synchronize.SemLock, "_cleanup", None)
+    finalizers: dict[str, list[Any]] = {}
+    for finalizer in list(util._finalizer_registry.values()):  # type: ignore[attr-defined]
+        args = getattr(finalizer, "_args", None) or ()
+        if getattr(finalizer, "_callback", None) is cleanup and args and args[0] in names:
+            finalizers.setdefault(args[0], []).append(finalizer)
+    unlinked = 0
     for name in names:
+        for finalizer in finalizers.get(name, []):
+            finalizer.cancel()
+        resource_tracker.unregister(name, "semaphore")
         try:
             _multiprocessing.sem_unlink(name)
         except OSError:
             continue
-        resource_tracker.unregister(name, "semaphore")
-        unlinked.add(name)
-    cleanup = getattr(synchronize.SemLock, "_cleanup", None)
-    for finalizer in list(util._finalizer_registry.values()):  # type: ignore[attr-defined]
-        args = getattr(finalizer, "_args", None) or ()
-        if getattr(finalizer, "_callback", None) is cleanup and args and args[0] in unlinked:
-            finalizer.cancel()
-    return len(unlinked)
+        unlinked += 1
+    return unlinked
 
 
 def _semaphores_unlink() -> bool:

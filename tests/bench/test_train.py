@@ -15,6 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from shardkit.bench import train
 from shardkit.bench.train import (
     TrainBenchConfig,
     TrainStep,
@@ -153,22 +154,36 @@ def test_the_synthetic_runs_cycle_over_the_first_fixed_batches() -> None:
     assert step.taken == [0, 1, 2, 0, 1] + list(range(3, 3 + (1 + 4) + 4)) + [0, 1, 2, 0, 1]
 
 
-def test_the_synthetic_rate_is_taken_over_both_synthetic_runs() -> None:
+def test_the_synthetic_rate_is_taken_over_both_synthetic_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A step taking 2 ms a call in the first synthetic run and 20 ms in the second: the rate is
-    their images over their seconds (about 91/s), neither run's alone (500/s or 50/s)."""
+    their images over their seconds (20 / 0.22 s, about 91/s), neither run's alone (500/s or
+    50/s). The bench's clock is a counter the step advances, so a busy machine cannot move it."""
     fixed_calls = 0
+    now = [0.0]
+
+    class Clock:
+        @staticmethod
+        def perf_counter() -> float:
+            return now[0]
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            now[0] += seconds
 
     class Slowing(_Recording):
         def __call__(self, images: torch.Tensor, labels: Any, /) -> None:
             nonlocal fixed_calls
             if int(images[0]) == 0:  # the fixed batch: a synthetic step
                 fixed_calls += 1
-                time.sleep(0.002 if fixed_calls <= 10 else 0.020)
+                now[0] += 0.002 if fixed_calls <= 10 else 0.020
+            else:  # a fed step
+                now[0] += 0.001
 
+    monkeypatch.setattr(train, "time", Clock)
     loader = [(torch.tensor([i]), None) for i in range(40)]
     run = measure(Slowing(), loader, steps=10, warmup=0, batch_size=1, settle_s=0)
     assert fixed_calls == 20
-    assert 70 < run.synthetic_images_per_second < 100
+    assert run.synthetic_images_per_second == pytest.approx(20 / 0.22)
 
 
 def test_the_fed_run_is_timed_after_the_read_ahead_is_used_up() -> None:
