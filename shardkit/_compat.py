@@ -148,70 +148,6 @@ def pool_manager_thread(pool: ProcessPoolExecutor) -> Any:
     return getattr(pool, "_executor_manager_thread", None)
 
 
-def pool_queues(pool: ProcessPoolExecutor) -> list[Any]:
-    """The queues ``pool`` shares with its workers (``_call_queue``, ``_result_queue``, CPython 3.8
-    to 3.14), whose semaphores :func:`unlink_semaphores` may unlink once every worker has them."""
-    return [q for q in (getattr(pool, "_call_queue", None), getattr(pool, "_result_queue", None)) if q is not None]
-
-
-def unlink_semaphores(objects: Sequence[Any]) -> int:
-    """Unlink the names of the POSIX semaphores behind the multiprocessing queues in ``objects``
-    (their ``_rlock``, ``_wlock`` and ``_sem``), which stay usable by every process that has opened
-    them; returns how many names were unlinked.
-
-    Under the spawn start method a queue's semaphores are named files (``/dev/shm/sem.mp-*``)
-    that children open by name as they start, unlinked only when the parent or its resource
-    tracker exits; a ``kill -9`` of the whole process group (tracker included) left them for ever.
-    Call this once every process that uses the queues has started. The tracker is told, and the
-    parent's exit-time unlink (a ``multiprocessing.util.Finalize``) is cancelled.
-    """
-    import _multiprocessing
-    from multiprocessing import resource_tracker, synchronize, util
-
-    names = set()
-    for obj in objects:
-        for lock in (getattr(obj, "_rlock", None), getattr(obj, "_wlock", None), getattr(obj, "_sem", None)):
-            name = getattr(getattr(lock, "_semlock", None), "name", None)
-            if isinstance(name, str):
-                names.add(name)
-    # The exit-time unlink and the tracker's record go first, the name last: a Ctrl-C between two
-    # of these steps leaves at worst a name behind, never an exit-time unlink of a name already
-    # gone ("Exception ignored in: <Finalize object>", FileNotFoundError, on the terminal).
-    cleanup = getattr(synchronize.SemLock, "_cleanup", None)
-    finalizers: dict[str, list[Any]] = {}
-    for finalizer in list(util._finalizer_registry.values()):  # type: ignore[attr-defined]
-        args = getattr(finalizer, "_args", None) or ()
-        if getattr(finalizer, "_callback", None) is cleanup and args and args[0] in names:
-            finalizers.setdefault(args[0], []).append(finalizer)
-    unlinked = 0
-    for name in names:
-        for finalizer in finalizers.get(name, []):
-            finalizer.cancel()
-        resource_tracker.unregister(name, "semaphore")
-        try:
-            _multiprocessing.sem_unlink(name)
-        except OSError:
-            continue
-        unlinked += 1
-    return unlinked
-
-
-def _semaphores_unlink() -> bool:
-    import multiprocessing
-
-    queue = multiprocessing.get_context("spawn").Queue()
-    try:
-        return unlink_semaphores([queue]) == 3 and _has("multiprocessing.util", "_finalizer_registry")()
-    finally:
-        queue.close()
-
-
-def _pool_has_queues() -> bool:
-    with ProcessPoolExecutor(max_workers=1) as pool:
-        pool.submit(int).result()
-        return len(pool_queues(pool)) == 2
-
-
 @contextlib.contextmanager
 def hidden_main() -> Generator[None, None, None]:
     """Replace ``sys.modules["__main__"]`` by an empty module for a moment.
@@ -340,12 +276,6 @@ CANARIES: tuple[Canary, ...] = (
     Canary("multiprocessing Queue._after_fork", _has("multiprocessing.queues", "Queue", "_after_fork"),
            "feeders' log relays reset their queue in forked workers with it (shardkit.loader.feed.logs); "
            "without it a worker's records may be lost"),
-    Canary("multiprocessing semaphore names (_semlock.name, sem_unlink, util._finalizer_registry)",
-           _semaphores_unlink,
-           "pack unlinks its queues' named semaphores once its workers have them (shardkit.pack.pool), so a "
-           "kill -9 of the process group leaves none in /dev/shm; change _compat.unlink_semaphores"),
-    Canary("ProcessPoolExecutor._call_queue/_result_queue", _pool_has_queues,
-           "pack unlinks the semaphores of these queues (shardkit.pack.pool); change _compat.pool_queues"),
     Canary("ProcessPoolExecutor._processes", _pool_has_processes,
            "pack stops its workers at once on Ctrl-C through it (shardkit.pack.pool); find where the executor "
            "keeps its processes and change _compat.pool_processes"),

@@ -53,9 +53,8 @@ def test_the_helpers_work() -> None:
 
 PRIVATE_USES = ("_iterator", "_workers", "_set_SIGCHLD_handler", "_BaseDataLoaderIter", "_new_using_fd_cpu",
                 "_share_fd_cpu_", "_new_shared_fd_cpu", "_flatten_dense_tensors", "_registry", "_after_fork",
-                "_processes", "_executor_manager_thread", "_shutdown_workers", "_call_queue", "_result_queue",
-                "_semlock", "_finalizer_registry", "sem_unlink", "_add_dataloader", "_remove_dataloader",
-                "_shared_state")
+                "_processes", "_executor_manager_thread", "_shutdown_workers", "_add_dataloader",
+                "_remove_dataloader", "_shared_state")
 
 
 def test_no_module_but_compat_touches_those_internals() -> None:

@@ -11,10 +11,6 @@ A worker exits as soon as the parent process is gone (even after ``kill -9``, wh
 clean-up in the parent): each watches its parent's sentinel, the pipe end that closes when the
 parent dies. Without that, workers blocked on the task queue (which they hold open themselves)
 lived on forever, and with them the resource tracker and the queues' semaphores in /dev/shm.
-Those semaphores are named files under the spawn start method, which only the parent or its
-resource tracker unlinks, at exit: a ``kill -9`` of the whole process group left them. Each
-worker reports READY once it has opened them, and when all have, the parent unlinks their names
-(the semaphores live on in the processes that have them open).
 
 Ctrl-C: a terminal signals the whole process group. Workers start with SIGINT blocked, so only
 the parent sees it; it cancels the shards not started and terminates the workers (a shard being
@@ -31,12 +27,11 @@ import os
 import queue as queue_module
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ProcessPoolExecutor, wait
 from typing import Any
 
-from shardkit._compat import pool_manager_thread, pool_processes, pool_queues, unlink_semaphores
+from shardkit._compat import pool_manager_thread, pool_processes
 from shardkit.pack.progress import input_bytes
 from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
 
@@ -45,12 +40,8 @@ SampleDone = Callable[[int, int], None]
 
 #: How often the parent drains progress reports while it waits for shards (seconds).
 POLL_S = 0.1
-#: How long the end of a pack waits for workers still starting, to unlink the queues' names before they exit.
-READY_WAIT_S = 30.0
 
-_reports: Any = None  # in a worker process: the queue its samples are reported to (None: not reported)
-#: A worker's first report: ``(READY, pid)``, once it has opened every queue it shares with the parent.
-READY = -1
+_reports: Any = None  # in a worker process: the queue its samples are reported to
 
 
 def _exit_with_parent() -> None:
@@ -139,12 +130,12 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
             manager.join(timeout=5)
 
 
-def _init_worker(reports: Any, per_sample: bool) -> None:
+def _init_worker(reports: Any) -> None:
     global _reports
     _exit_with_parent()
-    reports.cancel_join_thread()  # exiting never blocks on reports nobody reads any more
-    reports.put((READY, os.getpid()))  # the queues are open here: the parent may unlink their names
-    _reports = reports if per_sample else None
+    if reports is not None:
+        reports.cancel_join_thread()  # exiting never blocks on reports nobody reads any more
+    _reports = reports
 
 
 def _write_reporting(task: ShardTask) -> ShardReceipt:
@@ -157,7 +148,7 @@ def _write_reporting(task: ShardTask) -> ShardReceipt:
 class _Tally:
     """Per-shard counts of reported samples, so that every shard adds up exactly once."""
 
-    def __init__(self, on_sample: SampleDone | None) -> None:
+    def __init__(self, on_sample: SampleDone) -> None:
         self.on_sample = on_sample
         self.counts: dict[int, tuple[int, int]] = {}
         self.finished: set[int] = set()
@@ -167,27 +158,22 @@ class _Tally:
             return
         samples, total = self.counts.get(index, (0, 0))
         self.counts[index] = (samples + 1, total + nbytes)
-        if self.on_sample is not None:
-            self.on_sample(1, nbytes)
+        self.on_sample(1, nbytes)
 
     def finish(self, task: ShardTask) -> None:
         samples, total = self.counts.pop(task.plan.index, (0, 0))
         self.finished.add(task.plan.index)
         rest = (len(task.samples) - samples, input_bytes(task.samples) - total)
-        if rest != (0, 0) and self.on_sample is not None:
+        if rest != (0, 0):
             self.on_sample(*rest)
 
-    def drain(self, reports: Any, ready: set[int]) -> None:
-        """Take every report waiting; a worker's READY report adds its pid to ``ready``."""
+    def drain(self, reports: Any) -> None:
         while True:
             try:
                 index, nbytes = reports.get_nowait()
             except queue_module.Empty:
                 return
-            if index == READY:
-                ready.add(nbytes)
-            elif self.on_sample is not None:
-                self.sample(index, nbytes)
+            self.sample(index, nbytes)
 
 
 def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
@@ -209,44 +195,29 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
         return receipts
     # spawn: workers start clean (no inherited fsspec instances, threads or locks).
     context = multiprocessing.get_context("spawn")
-    reports = context.Queue()
-    tally, ready, unlinked = _Tally(on_sample), set[int](), False
+    reports = context.Queue() if on_sample is not None else None
+    tally = _Tally(on_sample) if on_sample is not None else None
     receipts = []
     futures: dict[Future[ShardReceipt], ShardTask] = {}
     with _ctrl_c_deferred():  # the workers start (on submit) with Ctrl-C blocked: see _ctrl_c_deferred
         pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_init_worker,
-                                   initargs=(reports, on_sample is not None))
+                                   initargs=(reports,))
     try:
         with _ctrl_c_deferred():
             for t in tasks:
                 futures[pool.submit(_write_reporting, t)] = t
         pending = set(futures)
-
-        def unlink_when_ready() -> bool:
-            tally.drain(reports, ready)
-            if len(ready) >= len(pool_processes(pool)) > 0:
-                # Every worker has its queues open: their names can go now (see _compat.unlink_semaphores).
-                unlink_semaphores([*pool_queues(pool), reports])
-                return True
-            return False
-
         while pending:
             done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
-            unlinked = unlinked or unlink_when_ready()
+            if tally is not None:
+                tally.drain(reports)
             for future in done:
                 receipts.append(future.result())  # re-raises a worker's error here
                 task = futures[future]
-                tally.finish(task)
+                if tally is not None:
+                    tally.finish(task)
                 if on_done is not None:
                     on_done(task, receipts[-1])
-        # A short pack can end before its last worker has started (a busy machine): that one still
-        # opens the queues, so their names go once it has, before shutdown joins it.
-        deadline = time.monotonic() + READY_WAIT_S
-        while (not unlinked and time.monotonic() < deadline
-               and (workers_now := pool_processes(pool)) and all(w.is_alive() for w in workers_now)):
-            unlinked = unlink_when_ready()
-            if not unlinked:
-                time.sleep(POLL_S / 10)
     except BaseException as err:
         for future in futures:
             future.cancel()  # shards not started
@@ -259,5 +230,6 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
             _stop_workers(pool)
         raise
     pool.shutdown(wait=True)
-    reports.close()
+    if reports is not None:
+        reports.close()
     return receipts
