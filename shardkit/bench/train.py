@@ -65,7 +65,6 @@ uint8, which the step normalises on the device, as a careful user of it would.
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -76,8 +75,8 @@ import torch
 from shardkit.bench import baselines, conditions, dali
 from shardkit.bench.harness import alternating_order
 from shardkit.bench.isolate import in_fresh_process
-from shardkit.bench.report import counted, spread
-from shardkit.bench.train_report import train_table
+from shardkit.bench.report import counted
+from shardkit.bench.train_report import summarise, train_table, with_feeders
 from shardkit.bench.train_step import TrainStep, synchronize
 
 __all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
@@ -328,38 +327,6 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
         if after_run is not None:
             after_run(name, rep, run)
     return runs
-
-
-def with_feeders(label: str, runs: list[TrainRun]) -> str:
-    """``label`` with the feeder processes its loaders ran, which ``feeders="auto"`` decides when a
-    loader is built (none off the GPU route, none where they cannot start).
-
-    Example:
-        >>> with_feeders("ShardLoader", [TrainRun(1.0, 1.0, 0.0, None, feeders=3)])
-        'ShardLoader, 3 feeders'
-    """
-    ran = sorted({r.feeders or 0 for r in runs})
-    if ran in ([], [0]):
-        return label
-    if len(ran) == 1:
-        return f"{label}, {counted(ran[0], 'feeder')}"
-    return f"{label}, feeders by run {'/'.join(str(r.feeders or 0) for r in runs)}"
-
-
-def summarise(runs: list[TrainRun]) -> dict[str, Any]:
-    """One contender's runs as report figures: spreads of the rates, share and host wait, the median
-    step and loader device times (None off CUDA), and every run."""
-    gpu = [r.loader_gpu_ms_per_batch for r in runs if r.loader_gpu_ms_per_batch is not None]
-    step_gpu = [r.step_gpu_ms for r in runs if r.step_gpu_ms is not None]
-    return {
-        "step_gpu_ms": statistics.median(step_gpu) if step_gpu else None,
-        "synthetic_images_per_second": spread([r.synthetic_images_per_second for r in runs]),
-        "fed_images_per_second": spread([r.fed_images_per_second for r in runs]),
-        "share": spread([r.share for r in runs]),
-        "host_wait_fraction": spread([r.host_wait_fraction for r in runs]),
-        "loader_gpu_ms_per_batch": statistics.median(gpu) if gpu else None,
-        "runs": [asdict(r) for r in runs],
-    }
 
 
 def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:

@@ -3,11 +3,18 @@ one row per loader, median (min–max) over the repetitions, in a terminal's wid
 
 from __future__ import annotations
 
+import statistics
 import textwrap
 from collections.abc import Callable
-from typing import Any
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["HOST_BOUND", "rate", "train_table"]
+from shardkit.bench.report import counted, spread
+
+if TYPE_CHECKING:
+    from shardkit.bench.train import TrainRun
+
+__all__ = ["HOST_BOUND", "rate", "summarise", "train_table", "with_feeders"]
 
 #: A step whose device time is under this share of its wall time is called host-bound in the table.
 HOST_BOUND = 0.8
@@ -75,3 +82,36 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
                    f"    step {step} ms" + ("" if loader == "—" else f"   loader GPU {loader} ms/batch")]
     wrap = textwrap.TextWrapper(width=max(width, 40), subsequent_indent="  ", break_on_hyphens=False)
     return "\n".join([wrap.fill(title), *blocks, *(wrap.fill(n) for n in notes)])
+
+
+def with_feeders(label: str, runs: list[TrainRun]) -> str:
+    """``label`` with the feeder processes its loaders ran, which ``feeders="auto"`` decides when a
+    loader is built (none off the GPU route, none where they cannot start).
+
+    Example:
+        >>> from shardkit.bench.train import TrainRun
+        >>> with_feeders("ShardLoader", [TrainRun(1.0, 1.0, 0.0, None, feeders=3)])
+        'ShardLoader, 3 feeders'
+    """
+    ran = sorted({r.feeders or 0 for r in runs})
+    if ran in ([], [0]):
+        return label
+    if len(ran) == 1:
+        return f"{label}, {counted(ran[0], 'feeder')}"
+    return f"{label}, feeders by run {'/'.join(str(r.feeders or 0) for r in runs)}"
+
+
+def summarise(runs: list[TrainRun]) -> dict[str, Any]:
+    """One contender's runs as report figures: spreads of the rates, share and host wait, the median
+    step and loader device times (None off CUDA), and every run."""
+    gpu = [r.loader_gpu_ms_per_batch for r in runs if r.loader_gpu_ms_per_batch is not None]
+    step_gpu = [r.step_gpu_ms for r in runs if r.step_gpu_ms is not None]
+    return {
+        "step_gpu_ms": statistics.median(step_gpu) if step_gpu else None,
+        "synthetic_images_per_second": spread([r.synthetic_images_per_second for r in runs]),
+        "fed_images_per_second": spread([r.fed_images_per_second for r in runs]),
+        "share": spread([r.share for r in runs]),
+        "host_wait_fraction": spread([r.host_wait_fraction for r in runs]),
+        "loader_gpu_ms_per_batch": statistics.median(gpu) if gpu else None,
+        "runs": [asdict(r) for r in runs],
+    }
