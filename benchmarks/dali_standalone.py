@@ -3,7 +3,8 @@ code: the yardstick that ``shardkit bench --train``'s DALI rows are checked agai
 
 NVIDIA's ResNet-50 example pipeline (``fn.decoders.image_random_crop`` on ``mixed``, ``fn.resize``,
 ``fn.crop_mirror_normalize`` to float16 NHWC, a random flip), ``DALIGenericIterator``, and a
-torchvision classifier in ``channels_last``, bf16 autocast, SGD with momentum and ``torch.compile``.
+torchvision classifier in ``channels_last``, bf16 autocast, fused SGD with momentum, forward and loss
+``torch.compile``d as one function (``shardkit bench --train``'s step, written out).
 It times ``--steps`` fed steps after ``--warmup`` ones, then as many steps on one batch already on
 the device (the synthetic rate), and prints one JSON line.
 
@@ -84,13 +85,17 @@ def main() -> None:
     device = torch.device("cuda")
     net = getattr(torchvision.models, args.model)(num_classes=args.classes)
     net = net.to(device, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    model = torch.compile(net)
+    # the step of shardkit.bench.train_step.TrainStep, written out: forward and loss compiled as
+    # one function, SGD with momentum fused into one kernel for all parameters
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, fused=True)
+
+    @torch.compile
+    def loss_of(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", torch.bfloat16):
+            return torch.nn.functional.cross_entropy(net(images), labels)
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> None:
-        with torch.autocast("cuda", torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(images), labels)
-        loss.backward()
+        loss_of(images, labels).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -292,3 +292,22 @@ def test_the_table_prints_no_share_over_100_percent_and_keeps_long_labels_in_the
     header, first, second = table.splitlines()[1:4]
     assert first.startswith(long + " ") and second.startswith("shardkit ShardLoader ")
     assert len({len(header), len(first), len(second)}) == 1  # one column width for every row
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_the_step_trains_on_uint8_and_on_normalised_batches(dtype: torch.dtype) -> None:
+    """uint8 batches are normalised inside the step's loss function; float ones are taken as they are."""
+    step = TrainStep("resnet18", 3, torch.device("cpu"), compile=False)
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8).to(dtype)
+    before = [p.detach().clone() for p in step.net.parameters()]
+    step(images, torch.tensor([0, 2]))
+    assert all(p.grad is None for p in step.net.parameters())  # dropped after the update
+    assert any(not torch.equal(a, b) for a, b in zip(before, step.net.parameters(), strict=True))
+    assert not step.opt.defaults.get("fused")  # fused SGD is for CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_step_uses_fused_sgd_on_cuda() -> None:
+    step = TrainStep("resnet18", 3, torch.device("cuda"), compile=False)
+    assert step.opt.defaults.get("fused") is True
