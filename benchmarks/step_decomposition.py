@@ -55,6 +55,7 @@ with its device time per step (``torch.profiler``) and the host time to issue on
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -428,7 +429,7 @@ def variants(args: argparse.Namespace, batches: list[tuple[torch.Tensor, torch.T
                 f"per step, issue {issue[name][-1]:.2f} ms")
     out = {}
     for name, step in steps.items():
-        gpu = device_ms(lambda step=step: step(*batches[0]), 20, device)
+        gpu = device_ms(functools.partial(step, *batches[0]), 20, device)
         out[name] = {"images_per_second": rates[name], "issue_ms": issue[name], "device_ms": gpu}
         wall = 1e3 * args.batch_size / statistics.median(rates[name])
         log(f"variant {name}: {spread(rates[name])} img/s, step {wall:.2f} ms wall, {gpu:.2f} ms device, "
@@ -543,13 +544,13 @@ def main() -> None:
     print(f"\n{args.model} @{args.size}, batch {args.batch_size}, {args.steps} timed steps x {args.rounds} rounds, "
           f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPUs")
     print(f"{'term':<22} {'img/s':>24} {'of alone':>16} {'kept':>6}")
-    for term, r in results.items():
-        if r["rate"]:
-            kept = statistics.median(r["kept"])
-            print(f"{term:<22} {spread(r['rate']):>24} {spread(r['ratio'], '{:.0%}'):>16} "
+    for term, row in results.items():
+        if row["rate"]:
+            kept = statistics.median(row["kept"])
+            print(f"{term:<22} {spread(row['rate']):>24} {spread(row['ratio'], '{:.0%}'):>16} "
                   f"{'' if kept != kept else f'{kept:.2f}':>6}")
-    for term, err in errors.items():
-        print(f"{term:<22} failed: {err}")
+    for term, failure in errors.items():
+        print(f"{term:<22} failed: {failure}")
 
 
 def step_to_device(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
