@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import io
+import os
 import socket
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from PIL import Image
+
+# One compute thread per test process, and for every process a test starts (torchrun ranks,
+# feeders, CLIs inherit the environment). The suite runs a pytest-xdist worker per core, so a
+# second OpenMP thread per process only oversubscribes the cores: each of torch's parallel
+# regions then waits for a thread the other worker has descheduled, and a small CPU training
+# step runs 4-5x slower than on one thread. Set before torch is imported by any test module.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+if "torch" in sys.modules:  # imported already (by a plugin): its thread pool may be sized
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def encode_image(size: tuple[int, int] = (12, 9), mode: str = "RGB", fmt: str = "JPEG",

@@ -40,7 +40,7 @@ def packed_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _cfg(packed: Path, **kw: Any) -> DetectionBenchConfig:
     base: dict[str, Any] = {"images": str(COCO / "images"), "annotations": str(COCO / "instances.json"),
                             "shards": str(packed), "model": MODEL, "size": 64, "max_size": 96, "batch_size": 2,
-                            "workers": 0, "steps": 2, "warmup": 1, "repeats": 1, "device": "cpu", "compile": False,
+                            "workers": 0, "steps": 1, "warmup": 0, "repeats": 1, "device": "cpu", "compile": False,
                             "contenders": ("cocodetection", "shardloader"), "settle_s": 0}
     return DetectionBenchConfig(**{**base, **kw})
 

@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
-import time
-
+import pytest
 import torch
 
+from pipelines import step_share
 from pipelines.step_share import StepClock, clone_batch, describe_share, measure_share
 
 
-def test_share_is_the_fed_rate_over_the_rate_on_the_fixed_batch() -> None:
+def test_share_is_the_fed_rate_over_the_rate_on_the_fixed_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]  # a clock the steps advance: the rates do not depend on how busy the machine is
+    monkeypatch.setattr(step_share.time, "perf_counter", lambda: now[0])
     clock = StepClock(3)
-    for _ in range(6):  # fed steps of ~20 ms; the clock keeps the last 3
-        time.sleep(0.02)
+    for _ in range(6):  # fed steps of 20 ms; the clock keeps the last 3
+        now[0] += 0.02
         clock.tick()
     calls = []
 
     def step() -> float:  # a synthetic step twice as fast
         calls.append(1)
-        time.sleep(0.01)
+        now[0] += 0.01
         return 0.0
 
     share = measure_share(step, clock, images_per_step=8)
     assert share is not None and len(calls) == 3
     assert share["share"] == share["fed_images_per_second"] / share["synthetic_images_per_second"]
-    assert 200 < share["fed_images_per_second"] <= 8 / 0.02  # 8 images per step of 20 ms at least
-    assert 0.2 < share["share"] < 0.75, share
+    assert share["fed_images_per_second"] == pytest.approx(8 / 0.02)  # 8 images per step of 20 ms
+    assert share["share"] == pytest.approx(0.5)
     assert describe_share(share, 3).startswith(f"fed-step share {share['share']:.0%}: ")
 
 

@@ -19,8 +19,10 @@ from shardkit.transforms.gpu_ragged import crop_resize_flip_ragged, ragged_image
 from shardkit.transforms.params import CropFlip
 
 
-def _batch(seed: int, n: int = 6) -> tuple[list[torch.Tensor], list[CropFlip], list[tuple[int, int]], torch.Tensor]:
-    """Images, boxes, output sizes (down and up), geometry rows with ``dest`` a permutation."""
+def _batch(seed: int, n: int = 6, largest: int = 120
+           ) -> tuple[list[torch.Tensor], list[CropFlip], list[tuple[int, int]], torch.Tensor]:
+    """Images, boxes, output sizes (down and up, sides up to ``largest``), geometry rows with
+    ``dest`` a permutation."""
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
     images, boxes, sizes, rows = [], [], [], []
     dests = list(range(n))
@@ -30,7 +32,7 @@ def _batch(seed: int, n: int = 6) -> tuple[list[torch.Tensor], list[CropFlip], l
         images.append(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g))
         bh, bw = rng.randint(4, h), rng.randint(4, w)
         boxes.append(CropFlip(rng.randint(0, h - bh), rng.randint(0, w - bw), bh, bw, rng.random() < 0.5))
-        sizes.append((rng.randint(6, 120), rng.randint(6, 120)))
+        sizes.append((rng.randint(6, largest), rng.randint(6, largest)))
         rows.append((*window_geometry(h, w, boxes[i], sizes[i]), dests[i]))
     return images, boxes, sizes, torch.tensor(rows, dtype=torch.int32)
 
@@ -92,8 +94,8 @@ def test_layout_and_bad_arguments() -> None:
                                 compile=False)
 
 
-def _kernel_vs_eager(device: str, pad: int) -> int:
-    images, _, sizes, geom = _batch(11)
+def _kernel_vs_eager(device: str, pad: int, largest: int = 120) -> int:
+    images, _, sizes, geom = _batch(11, largest=largest)
     flat = torch.cat([im.reshape(-1) for im in images]).to(device)
     places, shape = ragged_layout(_by_dest(geom, sizes), pad)
     offsets, geom_d, places_d = chw_offsets(geom).to(device), geom.to(device), places.to(device)
@@ -109,7 +111,7 @@ def _kernel_vs_eager(device: str, pad: int) -> int:
 def test_triton_kernel_interpreted_on_cpu_matches_eager() -> None:
     pytest.importorskip("triton")
     script = ("from tests.transforms.test_gpu_ragged import _kernel_vs_eager\n"
-              "print(max(_kernel_vs_eager('cpu', pad) for pad in (0, 8)))\n")
+              "print(max(_kernel_vs_eager('cpu', pad, largest=40) for pad in (0, 8)))\n")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, f"the kernel failed under the Triton interpreter: {res.stderr[-2000:]}"
