@@ -37,6 +37,7 @@ __all__ = [
     "fd_storage_descriptor",
     "flatten_dense",
     "hidden_main",
+    "preloading_forkserver",
     "install_torch_sigchld_handler",
     "live_finalizers",
     "pool_manager_thread",
@@ -164,6 +165,34 @@ def hidden_main() -> Generator[None, None, None]:
         sys.modules["__main__"] = main
 
 
+def preloading_forkserver(preload: Sequence[str]) -> Any:
+    """torch.multiprocessing's ``forkserver`` context, its server started now (in the background)
+    with ``preload`` imported, or ``None`` where this platform has no forkserver.
+
+    A child of the server is a fork of a process that imported torch once, so starting one costs
+    milliseconds where a spawned child imports torch, torchvision and shardkit again (seconds of
+    CPU each). The server starts from a fresh interpreter (no CUDA, threads or locks of this
+    process) with this process's environment and ``sys.path``, under :func:`hidden_main` (it never
+    runs the training script). A server the program started itself is used as it is: its own
+    preload list stays. Private: ``multiprocessing.forkserver._forkserver`` (the process-wide
+    server, ``_forkserver_pid``, ``_preload_modules``; CPython 3.4 on)."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    import torch.multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return None
+    ctx = torch.multiprocessing.get_context("forkserver")
+    server: Any = forkserver._forkserver
+    if server._forkserver_pid is None:
+        wanted = list(server._preload_modules) + [m for m in preload if m not in server._preload_modules]
+        ctx.set_forkserver_preload(wanted)
+        with hidden_main():
+            server.ensure_running()
+    return ctx
+
+
 # --- accelerate (never imported here: only read when the user's script imported it) -----------
 
 def accelerate_gradient_state() -> Any | None:
@@ -245,6 +274,13 @@ def _pool_has_processes() -> bool:
         return isinstance(getattr(pool, "_processes", None), dict) and bool(pool_processes(pool))
 
 
+def _forkserver_has_state() -> bool:
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    return hasattr(server, "_forkserver_pid") and isinstance(getattr(server, "_preload_modules", None), list)
+
+
 CANARIES: tuple[Canary, ...] = (
     Canary("torch DataLoader _iterator._workers", _dataloader_iterator_has_workers,
            "shardkit.loader.run.deaths names a dead worker from these process objects; find where torch keeps "
@@ -276,6 +312,9 @@ CANARIES: tuple[Canary, ...] = (
     Canary("multiprocessing Queue._after_fork", _has("multiprocessing.queues", "Queue", "_after_fork"),
            "feeders' log relays reset their queue in forked workers with it (shardkit.loader.feed.logs); "
            "without it a worker's records may be lost"),
+    Canary("multiprocessing forkserver._forkserver", _forkserver_has_state,
+           "feeders start from a forkserver that imported torch once (shardkit.loader.feed.pool); find where "
+           "multiprocessing keeps its server's pid and preload list and change _compat.preloading_forkserver"),
     Canary("ProcessPoolExecutor._processes", _pool_has_processes,
            "pack stops its workers at once on Ctrl-C through it (shardkit.pack.pool); find where the executor "
            "keeps its processes and change _compat.pool_processes"),

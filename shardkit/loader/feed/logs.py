@@ -1,9 +1,10 @@
 """Log records of feeder processes and their workers, handled in the training process as if
 logged there: by the handlers and at the levels the training script configured.
 
-A feeder is a spawned process: it does not inherit the script's logging configuration (a file
-handler, a format, ``shardkit`` at INFO), so a warning about a corrupt image decoded there would
-reach only stderr, unformatted, and an INFO line not at all. :func:`relay_to` makes the feeder's
+A feeder starts from a fresh interpreter (forked from a server process, or spawned): it does
+not inherit the script's logging configuration (a file handler, a format, ``shardkit`` at INFO),
+so a warning about a corrupt image decoded there would reach only stderr, unformatted, and an
+INFO line not at all. :func:`relay_to` makes the feeder's
 root logger put every record on a queue (its workers, forked from it, inherit that); the
 :class:`LogRelay` thread in the training process hands each record to the logger of the same
 name there.

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.multiprocessing  # registers the reductions that send CUDA and shared tensors through pipes
 
-from shardkit._compat import hidden_main
+from shardkit._compat import hidden_main, preloading_forkserver
 from shardkit.errors import LoaderError, ShardkitError
 from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.feed.layout import feeder_of
@@ -55,6 +55,18 @@ START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
 
 
+#: What a feeder imports before its first batch: the forkserver imports it once for every feeder.
+PRELOAD = ("shardkit.loader.feed.process",)
+
+
+def _context() -> Any:
+    """How feeders start: forked from a server that imported torch and shardkit once (a spawned
+    feeder would import them again, seconds of CPU per feeder and loader), else spawned. Either
+    way a feeder starts from a fresh interpreter's state: no CUDA context, threads or locks of
+    the training process."""
+    return preloading_forkserver(PRELOAD) or torch.multiprocessing.get_context("spawn")
+
+
 def sendable(spec: FeederSpec) -> bytes:
     """``spec`` pickled for a feeder process.
 
@@ -63,7 +75,7 @@ def sendable(spec: FeederSpec) -> bytes:
             typically a class or function defined in the training script itself.
     """
     try:
-        with hidden_main():  # a spawned feeder must not run the training script
+        with hidden_main():  # a feeder must not run the training script
             return pickle.dumps(spec)
     except Exception as err:
         raise LoaderError(f"feeders cannot run this loader: its arguments cannot be sent to another process ({err}); "
@@ -82,7 +94,7 @@ class _Handle:
                                    args=(part, payload, device_index, os.getpid(), theirs, logs.queue, logs.levels,
                                          warned_routes()))
         try:
-            with hidden_main():  # a spawned feeder must not run the training script
+            with hidden_main():  # a feeder must not run the training script
                 self.process.start()
         except BaseException:
             self.conn.close()
@@ -186,6 +198,7 @@ class FeederPool:
 
     def __init__(self, specs: list[FeederSpec]) -> None:
         self.payloads = [sendable(spec) for spec in specs]
+        _context()  # the forkserver imports torch and shardkit while the script builds its model
         self.parts = len(specs)
         self.workers = sum(s.route.num_workers for s in specs)
         self.device = specs[0].route.device
@@ -213,7 +226,7 @@ class FeederPool:
         if self.device.type == "cuda" and self.device.index is None:  # CUDA IPC needs the index: the current one
             self.device = torch.device("cuda", torch.cuda.current_device())
         index = self.device.index if self.device.type == "cuda" else None
-        ctx = torch.multiprocessing.get_context("spawn")
+        ctx = _context()
         handles: list[_Handle] = []
         logs = LogRelay(ctx)
         try:

@@ -18,6 +18,7 @@ import copy
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import threading
 import time
@@ -90,11 +91,25 @@ def _failure(err: BaseException, part: int) -> WorkerFailure:
 
 
 def _watch_parent(parent: int) -> None:
-    """Exit when the training process is gone (its pipe may stay open in a process it forked)."""
+    """Exit when the training process (pid ``parent``) is gone: its pipe may stay open in a
+    process it forked. A feeder's own parent may be a forkserver, so the training process is
+    watched by pid: through a pidfd where Linux has them (readable once it exits; a reused pid
+    cannot be mistaken for it), else by polling whether the pid still exists."""
+    try:
+        pidfd = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # not Linux 5.3+, or it is gone already
+        pidfd = None
+    if pidfd is not None:
+        select.select([pidfd], [], [])
+        os._exit(1)
     while True:
         time.sleep(1.0)
-        if os.getppid() != parent:
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
             os._exit(1)
+        except PermissionError:  # alive, another user's (cannot happen to our parent; harmless)
+            pass
 
 
 class _Feeder:
@@ -112,7 +127,7 @@ class _Feeder:
         self.stream = BatchStream(spec.config, self.route.builder, self.control,
                                   layout=(spec.part, spec.parts, spec.total_workers), read_ahead=spec.read_ahead)
         # workers forked from this process, as a loader's are from the training process (a
-        # spawned process would otherwise spawn them: a second torch import each)
+        # feeder would otherwise start them as it started: a second torch import each)
         fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         self.dataloader = worker_loader(self.stream, num_workers=spec.route.num_workers, prefetch=spec.route.prefetch,
                                         pin_memory=self.route.pin_memory, context=fork)
