@@ -11,6 +11,7 @@ from shardkit.codec.jpeg_region import roi_available
 from shardkit.codec.nvjpeg import gpu_decode_unavailable
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import Manifest
+from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.coco import CocoRoute
@@ -47,6 +48,25 @@ def _warn_once(message: str, *args: object) -> None:
         log.warning(text)
 
 
+def _captions_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
+    """The route of a captioned dataset: the CPU route with the batch's text in place of labels
+    (on a CUDA ``device`` too: the GPU route's payload carries int labels only, so batches are
+    decoded on the CPU and delivered on ``device``, with one warning)."""
+    transform, device = spec.transform, spec.device
+    if spec.masks or spec.pad or spec.contiguous_labels:
+        raise LoaderError("masks, pad and contiguous_labels need a COCO dataset; this one is 'captions'")
+    if isinstance(transform, DetectionTransform):
+        raise LoaderError("transforms.detection_train/detection_val need a COCO dataset; this one is 'captions': use "
+                          "transforms.imagenet_train/imagenet_val (or any callable on images)")
+    if device.type == "cuda":
+        device = device if torch.cuda.is_available() else torch.device("cpu")
+        _warn_once("shardkit: captioned images are decoded and transformed on the CPU route (the GPU route carries "
+                   "class labels only); batches on %s", device)
+    return CpuRoute(reader, transform, device=device, on_error=spec.on_error, batch_size=spec.batch_size,
+                    num_workers=spec.num_workers, prefetch=spec.prefetch,
+                    captions=spec.captions or CaptionTargets())
+
+
 def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
     """The route for this dataset and ``spec`` (its transform and device above all).
 
@@ -60,6 +80,8 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
       warning and the CPU route, delivering on ``device``): :class:`GpuRoute` when nvJPEG works;
       otherwise one warning and the CPU route, delivering on ``device`` (or on the CPU when
       CUDA is missing altogether);
+    - a captioned dataset: :class:`CpuRoute` with the batch's text in place of labels (on a CUDA
+      ``device`` too, with one warning; delivered there);
     - anything else: :class:`CpuRoute`.
 
     The route's :attr:`~shardkit.loader.routes.base.Route.device` is where batches end up.
@@ -70,12 +92,16 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
     Raises:
         LoaderError: detection-only options (``masks``, ``pad``, ``contiguous_labels``) or a
             detection transform on a dataset that is not COCO, or a classification transform on
-            a COCO dataset.
+            a COCO dataset; ``text_transform``/``fields`` on a dataset that is not captioned.
     """
     transform, device = spec.transform, spec.device
     on_error, batch_size, num_workers, prefetch, gpu = (spec.on_error, spec.batch_size, spec.num_workers, spec.prefetch,
                                                         spec.gpu)
     masks, pad, contiguous_labels = spec.masks, spec.pad, spec.contiguous_labels
+    if manifest.kind == "captions":
+        return _captions_route(manifest, reader, spec)
+    if spec.captions is not None:
+        raise LoaderError(f"text_transform and fields need a captioned dataset; this one is {manifest.kind!r}")
     if manifest.kind == "coco":
         if device.type == "cuda" and not isinstance(transform, ImageTransform):
             why = gpu_unsupported(transform)
