@@ -141,8 +141,9 @@ class ShardLoader:
     (COCO); labels are as packed.
 
     Captioned datasets (``kind`` ``"captions"``: packed image-text pairs, or img2dataset shards
-    indexed in place) yield ``(images, texts)``: images as for ImageFolder (the CPU route, any
-    transform), ``texts`` the batch's captions (see ``text_transform`` and ``fields``). Epochs,
+    indexed in place) yield ``(images, texts)``: images as for ImageFolder (the same route: CPU,
+    or GPU on a CUDA ``device`` with an ``ImageTransform``), ``texts`` the batch's captions (see
+    ``text_transform`` and ``fields``). Epochs,
     resume, elastic resume, mixing and ``even_batches`` work as for labelled images.
 
     Routes (chosen once, :func:`~shardkit.loader.routes.choose.choose_route`): a COCO dataset takes the

@@ -10,6 +10,7 @@ from shardkit.pack.options import PackOptions, parse_size
 from shardkit.pack.progress import PackProgress, Progress
 from shardkit.pack.skips import SkipBudget, SkipBudgetError
 from shardkit.sources import scan_caption_folder, scan_caption_table, scan_coco, scan_imagefolder
+from shardkit.sources.hf import is_hf_dataset, scan_hf_dataset
 from shardkit.sources.table import is_table
 
 __all__ = ["Executor", "PackOptions", "PackProgress", "PackResult", "Progress", "SkipBudget",
@@ -141,6 +142,7 @@ def pack_captions(
     caption_column: str | None = None,
     extra_columns: Sequence[str] | None = None,
     images_root: str | None = None,
+    split: str | None = None,
     options: PackOptions | None = None,
     workers: int | None = None,
     overwrite: bool = False,
@@ -160,10 +162,13 @@ def pack_captions(
         src: a folder of images with ``.txt`` (and optional ``.json``) sidecars
             (:func:`shardkit.sources.scan_caption_folder`), or a ``.csv``/``.tsv``/``.jsonl``/
             ``.parquet`` table of image paths or URLs and captions
-            (:func:`shardkit.sources.scan_caption_table`); a path or fsspec URL.
-        image_column, caption_column, extra_columns, images_root: a table's columns and where
-            its relative paths start (see :func:`~shardkit.sources.scan_caption_table`); refused
-            for a folder.
+            (:func:`shardkit.sources.scan_caption_table`); a path or fsspec URL. Or a HF
+            ``datasets`` image–text dataset saved with ``save_to_disk``, a local directory
+            (:func:`shardkit.sources.hf.scan_hf_dataset`).
+        image_column, caption_column, extra_columns, images_root: a table's (or HF dataset's)
+            columns and where a table's relative paths start (see
+            :func:`~shardkit.sources.scan_caption_table`); refused for a folder.
+        split: the split of a saved HF ``DatasetDict``.
 
     Raises:
         SourceError: a folder without images, a table that cannot be read, a column missing or
@@ -177,16 +182,24 @@ def pack_captions(
         pack_captions("pairs.parquet", "shards/pairs", image_column="url", caption_column="text")
     """
     opts = _source_options(source_options, storage_options)
+    hf = not is_table(src) and is_hf_dataset(src)
+    if split is not None and not hf:
+        raise ValueError(f"split applies to a saved HF DatasetDict, not to {src}")
+    if hf and images_root is not None:
+        raise ValueError(f"images_root applies to a caption table, not to the HF dataset {src}")
     if is_table(src):
         listing = scan_caption_table(src, image_column=image_column, caption_column=caption_column,
                                      extra_columns=extra_columns, images_root=images_root, storage_options=opts)
+    elif hf:
+        listing = scan_hf_dataset(src, split=split, image_column=image_column, caption_column=caption_column,
+                                  extra_columns=extra_columns)
     else:
         given = [name for name, value in (("image_column", image_column), ("caption_column", caption_column),
                                           ("extra_columns", extra_columns), ("images_root", images_root))
                  if value is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} apply to a caption table (.csv, .tsv, .jsonl, .parquet), not to "
-                             f"the folder {src}")
+            raise ValueError(f"{', '.join(given)} apply to a caption table (.csv, .tsv, .jsonl, .parquet) or a saved "
+                             f"HF dataset, not to the folder {src}")
         listing = scan_caption_folder(src, storage_options=opts)
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,

@@ -12,6 +12,10 @@ columns there are); an extra column is missing or is the image or caption column
 text where text is needed, or an extra value cannot be written as JSON (bytes, a date, NaN).
 A row whose image or caption is empty (null) is not packed: it is listed in ``warnings`` as
 ``row N`` (the first data row is row 1) and counts as a skipped input.
+
+Rows are planned by count, without their files' sizes (a URL's is not known before it is read):
+``max_count`` cuts a table's shards, ``max_size`` does not; so a table gives the same shards and
+``index.json`` whether its images are local files or URLs of the same files.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from shardkit.sources.captions import CAPTIONS_KIND
 from shardkit.sources.linked import LinkedFiles, resolve
 from shardkit.storage import Store, is_remote
 
-__all__ = ["IMAGE_COLUMNS", "CAPTION_COLUMNS", "TABLE_SUFFIXES", "is_table", "read_table", "scan_caption_table"]
+__all__ = ["IMAGE_COLUMNS", "CAPTION_COLUMNS", "TABLE_SUFFIXES", "is_table", "json_value", "read_table",
+           "scan_caption_table"]
 
 #: Table formats by file suffix (a ``.gz`` or other compression suffix is not read).
 TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -123,7 +128,7 @@ def _pick(columns: Sequence[str], given: str | None, defaults: Sequence[str], wh
                       f"name it with {option}", where=where)
 
 
-def _json_value(value: Any, row: int, column: str, where: str) -> Any:
+def json_value(value: Any, row: int, column: str, where: str) -> Any:
     """``value`` if it can be written as JSON (nested lists and objects too), else a SourceError."""
     if value is None or isinstance(value, (str, bool, int)):
         return value
@@ -132,9 +137,9 @@ def _json_value(value: Any, row: int, column: str, where: str) -> Any:
             raise SourceError(f"row {row}: column {column!r} holds {value}, which JSON cannot hold", where=where)
         return value
     if isinstance(value, list):
-        return [_json_value(v, row, column, where) for v in value]
+        return [json_value(v, row, column, where) for v in value]
     if isinstance(value, dict):
-        return {str(k): _json_value(v, row, column, where) for k, v in value.items()}
+        return {str(k): json_value(v, row, column, where) for k, v in value.items()}
     raise SourceError(f"row {row}: column {column!r} holds {type(value).__name__} {value!r:.40}, not written as JSON "
                       "(leave the column out with --extra-columns, or convert it)", where=where)
 
@@ -203,11 +208,13 @@ def scan_caption_table(
         if text is None:
             warnings.append({"source": path, "reason": f"row {row}: no caption (the caption column is null)"})
             continue
-        meta = {name: _json_value(values[i], row, name, table) for name, values in extra_values.items()}
+        meta = {name: json_value(values[i], row, name, table) for name, values in extra_values.items()}
         rows.append((row, path, resolve(path, base), text, meta))
     files = LinkedFiles(table, [full for _, _, full, _, _ in rows], storage_options)
     entries = files.stat([full for _, _, full, _, _ in rows])
-    samples = [SourceSample(full, rel, entry.size, meta=meta, version=entry.version, caption=text)
+    # Size 0: rows are planned by count (a URL's size is not known before it is read), so a table
+    # gives the same shards whether its images are files or URLs; the version still guards a resume.
+    samples = [SourceSample(full, rel, 0, meta=meta, version=entry.version, caption=text)
                for (_, rel, full, text, meta), entry in zip(rows, entries, strict=True)]
     return SourceListing(kind=CAPTIONS_KIND, root=table, samples=samples, warnings=warnings, files=files)
 

@@ -138,3 +138,58 @@ def test_misuse_is_refused(both: dict[str, Any]) -> None:
         ShardLoader(captioned, batch_size=2, fields=["text"])
     with pytest.raises(LoaderError, match="feeders need an ImageFolder dataset"):
         ShardLoader(captioned, batch_size=2, num_workers=2, feeders=1, transform=transforms.imagenet_val(8))
+
+
+def test_gpu_route_worker_half_ships_texts_beside_the_jpegs(both: dict[str, Any]) -> None:
+    """The GPU route's worker batches of a captioned set: the labelled set's images (emulated on the
+    CPU) with the text made in the worker; a replaced image takes its text row along."""
+    from shardkit.loader.read.captions import CaptionTargets
+    from shardkit.loader.routes.gpu.host import GpuPipeline
+    from shardkit.loader.routes.gpu.worker import RawBatchBuilder
+    from shardkit.loader.run.stream import BatchStream, raise_failures
+    from tests.loader.gpu_helpers import emulate_device
+
+    transform = transforms.imagenet_train(16)
+    streams = []
+    for dataset, captions in zip(both["a"], (None, CaptionTargets(fields=("url",), text_transform=tokenize)),
+                                 strict=True):
+        with ShardLoader(dataset, batch_size=5, transform=transform, seed=3) as loader:
+            builder = RawBatchBuilder(loader.reader, transform, captions=captions)
+            streams.append(list(raise_failures(BatchStream(loader.config, builder, torch.tensor([1, 0])))))
+    for labelled, captioned in zip(*streams, strict=True):
+        assert captioned.keys == labelled.keys
+        assert torch.equal(emulate_device(captioned), emulate_device(labelled))
+        assert captioned.images.labels.tolist() == list(range(len(captioned.keys)))
+        expected = [both["captions"][int(k)] for k in captioned.keys]
+        assert captioned.texts["text"]["ids"].tolist() == [[ord(c) for c in t[:6].ljust(6)] for t in expected]
+    batch = streams[1][0]
+    raw, keys = batch.images, list(batch.keys)
+    raw.jpegs()[0].zero_()  # not an image: the rescue replaces it by a neighbour
+    labels = raw.labels.clone()
+    out = torch.zeros((len(raw), 3, 16, 16), dtype=torch.uint8)
+    assert GpuPipeline(transform, torch.device("cpu"), compile=False)._cpu_rescue(raw, [0], out, labels, batch)
+    texts = CaptionTargets.take(batch.texts, labels.tolist())
+    bad = int(raw.geometry[0, -1])
+    src = keys.index(batch.keys[bad])
+    assert src != bad and texts["url"][bad] == texts["url"][src]
+    assert torch.equal(texts["text"]["ids"][bad], texts["text"]["ids"][src])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_route_delivers_captions_beside_the_labelled_images(both: dict[str, Any]) -> None:
+    from shardkit.loader.routes.gpu import GpuRoute
+
+    labelled, captioned = both["a"]
+    kwargs: dict[str, Any] = {"batch_size": 4, "transform": transforms.imagenet_train(16), "keys": True,
+                              "device": "cuda", "num_workers": 2, "seed": 4}
+    with ShardLoader(labelled, **kwargs) as ref, ShardLoader(captioned, text_transform=tokenize, **kwargs) as loader:
+        assert isinstance(loader.route, GpuRoute) and loader.feeders == 0
+        batches = 0
+        for (ref_images, _, ref_keys), (images, texts, keys) in zip(ref, loader, strict=True):
+            assert keys == ref_keys and images.is_cuda and torch.equal(images, ref_images)
+            assert texts["ids"].is_cuda and texts["pid"] != os.getpid()
+            expected = [both["captions"][int(k)] for k in keys]
+            assert texts["ids"].tolist() == [[ord(c) for c in t[:6].ljust(6)] for t in expected]
+            batches += 1
+        assert batches == len(loader)

@@ -235,3 +235,46 @@ def test_scan_refuses_values_json_cannot_hold(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=r"row 1: column 'blob' holds bytes b'\\x00', not written as JSON"):
         scan_caption_table(str(tmp_path / "t.parquet"))
     assert len(scan_caption_table(str(tmp_path / "t.parquet"), extra_columns=[]).samples) == 1
+
+
+def test_a_folder_and_a_table_in_a_bucket_pack_as_on_disk(table_dir: tuple[Path, list[dict[str, Any]]],
+                                                          tmp_path: Path) -> None:
+    import uuid
+
+    from tests.conftest import upload_tree
+
+    root, rows = table_dir
+    _write("parquet", root / "pairs.parquet", rows)
+    bucket = f"memory://captions/{uuid.uuid4().hex}"
+    upload_tree(root, bucket)
+    pack_captions(str(root), str(tmp_path / "disk"), options=OPTIONS, workers=1)
+    pack_captions(bucket, str(tmp_path / "bucket"), options=OPTIONS, workers=1)
+    assert _files(tmp_path / "disk") == _files(tmp_path / "bucket")
+    pack_captions(str(root / "pairs.parquet"), str(tmp_path / "table-disk"), options=OPTIONS, workers=1)
+    pack_captions(f"{bucket}/pairs.parquet", str(tmp_path / "table-bucket"), options=OPTIONS, workers=1)
+    assert _files(tmp_path / "table-disk") == _files(tmp_path / "table-bucket")
+
+
+def test_a_saved_hf_dataset_packs_its_rows(folder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    root, captions = folder
+    rels = list(captions)
+    rows = datasets.Dataset.from_dict({"image": [str(root / r) for r in rels], "sentence": list(captions.values()),
+                                       "score": [i / 2 for i in range(len(rels))]})
+    rows = rows.cast_column("image", datasets.Image())
+    datasets.DatasetDict({"train": rows, "val": rows.select([0])}).save_to_disk(str(tmp_path / "saved"))
+    runner = CliRunner()
+    unsplit = runner.invoke(cli, ["pack", str(tmp_path / "saved"), str(tmp_path / "out"), "--caption-column",
+                                  "sentence"])
+    assert unsplit.exit_code == 1 and "a DatasetDict: name its split (train, val) with --split" in unsplit.output
+    done = runner.invoke(cli, ["pack", str(tmp_path / "saved"), str(tmp_path / "out"), "--split", "train",
+                               "--caption-column", "sentence", "--max-count", "4", "--workers", "2"])
+    assert done.exit_code == 0, done.output
+    samples = _webdataset(tmp_path / "out")
+    assert len(samples) == len(rels)
+    for key, sample in samples.items():
+        row = int(key)
+        meta = json.loads(sample["json"])
+        assert sample["txt"].decode() == captions[rels[row]] and meta["score"] == row / 2
+        assert sample["jpg"] == (root / rels[row]).read_bytes()
+        assert meta["source"] in (str(root / rels[row]), rels[row].rsplit("/", 1)[-1])  # the image's stored path

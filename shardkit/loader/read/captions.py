@@ -76,6 +76,24 @@ class CaptionTargets:
                 raise BadSample(f"{sample.where}: json member is not a JSON object")
         return text, tuple(meta.get(name) for name in self.fields)
 
+    @staticmethod
+    def take(text: Any, rows: Sequence[int]) -> Any:
+        """A collated batch text with its rows in the order ``rows`` (a batch whose undecodable
+        images were replaced on the device: each row's text follows its image). Lists, tuples,
+        tensors and numpy arrays (first dimension), and those in a dict, are taken row by row;
+        anything else (a number in a dict: a value of the whole batch) is kept as it is.
+
+        >>> CaptionTargets.take({"text": ["a", "b", "c"], "url": [1, 2, 3], "n": 3}, [0, 2, 2])
+        {'text': ['a', 'c', 'c'], 'url': [1, 3, 3], 'n': 3}
+        """
+        if isinstance(text, dict):
+            return {k: CaptionTargets.take(v, rows) for k, v in text.items()}
+        if isinstance(text, (list, tuple)):
+            return type(text)(text[i] for i in rows)
+        if getattr(text, "ndim", 0) >= 1 and hasattr(text, "__getitem__"):  # a tensor or an array
+            return text[list(rows)]
+        return text
+
     def collate(self, items: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
         """A batch's text: the captions (a list, or what ``text_transform`` makes of them); with
         ``fields``, a dict of it under ``"text"`` and a list of values per field."""

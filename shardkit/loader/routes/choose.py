@@ -49,22 +49,50 @@ def _warn_once(message: str, *args: object) -> None:
 
 
 def _captions_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
-    """The route of a captioned dataset: the CPU route with the batch's text in place of labels
-    (on a CUDA ``device`` too: the GPU route's payload carries int labels only, so batches are
-    decoded on the CPU and delivered on ``device``, with one warning)."""
+    """The route of a captioned dataset: the GPU or CPU route as for ImageFolder (same choice, same
+    fallbacks), with the batch's text in place of labels."""
     transform, device = spec.transform, spec.device
+    captions = spec.captions or CaptionTargets()
     if spec.masks or spec.pad or spec.contiguous_labels:
         raise LoaderError("masks, pad and contiguous_labels need a COCO dataset; this one is 'captions'")
     if isinstance(transform, DetectionTransform):
         raise LoaderError("transforms.detection_train/detection_val need a COCO dataset; this one is 'captions': use "
                           "transforms.imagenet_train/imagenet_val (or any callable on images)")
-    if device.type == "cuda":
-        device = device if torch.cuda.is_available() else torch.device("cpu")
-        _warn_once("shardkit: captioned images are decoded and transformed on the CPU route (the GPU route carries "
-                   "class labels only); batches on %s", device)
+    device = _gpu_fallback(spec)
+    if device.type == "cuda" and isinstance(transform, ImageTransform):
+        return GpuRoute(reader, transform, device=device, on_error=spec.on_error, batch_size=spec.batch_size,
+                        num_workers=spec.num_workers, prefetch=spec.prefetch, options=spec.gpu, captions=captions)
+    _warn_region_decoder(transform)
     return CpuRoute(reader, transform, device=device, on_error=spec.on_error, batch_size=spec.batch_size,
-                    num_workers=spec.num_workers, prefetch=spec.prefetch,
-                    captions=spec.captions or CaptionTargets())
+                    num_workers=spec.num_workers, prefetch=spec.prefetch, captions=captions)
+
+
+def _gpu_fallback(spec: RouteSpec) -> torch.device:
+    """Where an ImageFolder-like route delivers: ``spec.device``, unless the GPU route is asked for
+    (CUDA and an :class:`ImageTransform`) and cannot run it (a bicubic resize, no nvJPEG): then one
+    warning and the CPU route's device (the CPU itself when CUDA is missing altogether)."""
+    transform, device = spec.transform, spec.device
+    if device.type != "cuda" or not isinstance(transform, ImageTransform):
+        return device
+    fallback = device if torch.cuda.is_available() else torch.device("cpu")
+    if transform.interpolation != "bilinear":
+        _warn_once("shardkit: the GPU route resizes bilinear only; %s resizing runs on the CPU route, batches on %s",
+                   transform.interpolation, fallback)
+        return fallback
+    reason = gpu_decode_unavailable(device)
+    if reason is None:
+        return device
+    _warn_once("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s "
+               "(`shardkit doctor` checks CUDA and nvJPEG)", reason, fallback)
+    return fallback
+
+
+def _warn_region_decoder(transform: Any) -> None:
+    """Warn once when a crop-first transform runs without the libjpeg-turbo region decoder."""
+    if isinstance(transform, ImageTransform) and transform.crop_first and not roi_available():
+        _warn_once("shardkit: the libjpeg-turbo region decoder is not built, so whole JPEGs are decoded before "
+                   "cropping (slower); install the libjpeg-turbo headers (Debian: libjpeg62-turbo-dev, Ubuntu: "
+                   "libjpeg-turbo8-dev, conda: libjpeg-turbo) and reinstall shardkit (`shardkit doctor` checks)")
 
 
 def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
@@ -80,8 +108,8 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
       warning and the CPU route, delivering on ``device``): :class:`GpuRoute` when nvJPEG works;
       otherwise one warning and the CPU route, delivering on ``device`` (or on the CPU when
       CUDA is missing altogether);
-    - a captioned dataset: :class:`CpuRoute` with the batch's text in place of labels (on a CUDA
-      ``device`` too, with one warning; delivered there);
+    - a captioned dataset: as ImageFolder (:class:`GpuRoute` or :class:`CpuRoute`, same fallbacks),
+      with the batch's text in place of labels;
     - anything else: :class:`CpuRoute`.
 
     The route's :attr:`~shardkit.loader.routes.base.Route.device` is where batches end up.
@@ -124,22 +152,10 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
     if isinstance(transform, DetectionTransform):
         raise LoaderError(f"transforms.detection_train/detection_val need a COCO dataset; this one is "
                           f"{manifest.kind!r}: use transforms.imagenet_train/imagenet_val (or any callable on images)")
-    if device.type == "cuda" and isinstance(transform, ImageTransform) and transform.interpolation != "bilinear":
-        device = device if torch.cuda.is_available() else torch.device("cpu")
-        _warn_once("shardkit: the GPU route resizes bilinear only; %s resizing runs on the CPU route, batches on %s",
-                   transform.interpolation, device)
-    elif device.type == "cuda" and isinstance(transform, ImageTransform):
-        reason = gpu_decode_unavailable(device)
-        if reason is None:
-            return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
-                            num_workers=num_workers, prefetch=prefetch, options=gpu, classes=manifest.classes)
-        fallback = device if torch.cuda.is_available() else torch.device("cpu")
-        _warn_once("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s "
-                   "(`shardkit doctor` checks CUDA and nvJPEG)", reason, fallback)
-        device = fallback
-    if isinstance(transform, ImageTransform) and transform.crop_first and not roi_available():
-        _warn_once("shardkit: the libjpeg-turbo region decoder is not built, so whole JPEGs are decoded before "
-                   "cropping (slower); install the libjpeg-turbo headers (Debian: libjpeg62-turbo-dev, Ubuntu: "
-                   "libjpeg-turbo8-dev, conda: libjpeg-turbo) and reinstall shardkit (`shardkit doctor` checks)")
+    device = _gpu_fallback(spec)
+    if device.type == "cuda" and isinstance(transform, ImageTransform):
+        return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
+                        num_workers=num_workers, prefetch=prefetch, options=gpu, classes=manifest.classes)
+    _warn_region_decoder(transform)
     return CpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
                     num_workers=num_workers, prefetch=prefetch, classes=manifest.classes)
