@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def test_both_loaders_give_the_same_pairs(pairs: tuple[Path, Path, dict[str, str
     _, ds, captions = pairs
     tokenize = ByteTokenizer(48)  # longer than every caption: a row names its caption
     expected = sorted(map(tuple, tokenize(list(captions.values())).tolist()))
-    common = {"size": 24, "train": False, "batch_size": 4, "workers": 0, "context_length": 48}
+    common: dict[str, Any] = {"size": 24, "train": False, "batch_size": 4, "workers": 0, "context_length": 48}
     shard_paths = sorted(str(p) for p in ds.glob("*.tar"))
     for loader in (baselines.webdataset_caption_loader(shard_paths, **common),
                    runner.caption_shardloader(str(ds), **common)):
