@@ -1,4 +1,5 @@
-"""Generated ImageFolder trees full of edge cases, shared by the sources and pack tests."""
+"""Generated ImageFolder trees full of edge cases, captioned folders and img2dataset-style shards,
+shared by the sources, pack, loader and interop tests."""
 
 from __future__ import annotations
 

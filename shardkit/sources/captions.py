@@ -32,9 +32,6 @@ __all__ = ["CAPTIONS_KIND", "caption_text", "check_extra", "scan_caption_folder"
 #: The sample kind of captioned images in ``index.json`` (docs/concepts/format.md §5).
 CAPTIONS_KIND = "captions"
 _SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
-#: Extra fields shardkit writes itself into a captioned sample's ``json`` (they win over a
-#: sidecar's or a column's field of the same name).
-OWN_FIELDS = ("source", "width", "height")
 
 
 def caption_text(raw: bytes) -> str:
@@ -64,10 +61,6 @@ def check_extra(value: Any) -> dict[str, Any]:
     return doc
 
 
-def _sidecar(entries: dict[str, FileEntry], stem: str, ext: str) -> FileEntry | None:
-    return entries.get(f"{stem}.{ext}")
-
-
 def scan_caption_folder(root: str, *, storage_options: dict[str, Any] | None = None) -> SourceListing:
     """List the captioned images under ``root`` (a directory or fsspec URL prefix).
 
@@ -93,12 +86,12 @@ def scan_caption_folder(root: str, *, storage_options: dict[str, Any] | None = N
     wanted: list[tuple[FileEntry, FileEntry, FileEntry | None]] = []
     for image in images:
         stem = posixpath.splitext(image.rel)[0]
-        txt = _sidecar(by_rel, stem, "txt")
+        txt = by_rel.get(f"{stem}.txt")
         if txt is None:
             warnings.append({"source": source_name(image.rel),
                              "reason": f"no caption ({source_name(stem)}.txt does not exist)"})
             continue
-        wanted.append((image, txt, _sidecar(by_rel, stem, "json")))
+        wanted.append((image, txt, by_rel.get(f"{stem}.json")))
     sidecars = [SourceSample(e.path, source_name(e.rel), e.size, version=e.version)
                 for _, txt, extra in wanted for e in (txt, extra) if e is not None]
     read = dict(zip((s.rel for s in sidecars), files.read_each(sidecars), strict=True))

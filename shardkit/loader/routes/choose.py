@@ -48,7 +48,7 @@ def _warn_once(message: str, *args: object) -> None:
         log.warning(text)
 
 
-def _captions_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
+def _captions_route(reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
     """The route of a captioned dataset: the GPU or CPU route as for ImageFolder (same choice, same
     fallbacks), with the batch's text in place of labels."""
     transform, device = spec.transform, spec.device
@@ -127,7 +127,7 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
                                                         spec.gpu)
     masks, pad, contiguous_labels = spec.masks, spec.pad, spec.contiguous_labels
     if manifest.kind == "captions":
-        return _captions_route(manifest, reader, spec)
+        return _captions_route(reader, spec)
     if spec.captions is not None:
         raise LoaderError(f"text_transform and fields need a captioned dataset; this one is {manifest.kind!r}")
     if manifest.kind == "coco":
