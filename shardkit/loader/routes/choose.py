@@ -58,8 +58,8 @@ def _captions_route(reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
     if isinstance(transform, DetectionTransform):
         raise LoaderError("transforms.detection_train/detection_val need a COCO dataset; this one is 'captions': use "
                           "transforms.imagenet_train/imagenet_val (or any callable on images)")
-    device = _gpu_fallback(spec)
-    if device.type == "cuda" and isinstance(transform, ImageTransform):
+    device, gpu_route = _gpu_or_fallback(spec)
+    if gpu_route and isinstance(transform, ImageTransform):
         return GpuRoute(reader, transform, device=device, on_error=spec.on_error, batch_size=spec.batch_size,
                         num_workers=spec.num_workers, prefetch=spec.prefetch, options=spec.gpu, captions=captions)
     _warn_region_decoder(transform)
@@ -67,24 +67,25 @@ def _captions_route(reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
                     num_workers=spec.num_workers, prefetch=spec.prefetch, captions=captions)
 
 
-def _gpu_fallback(spec: RouteSpec) -> torch.device:
-    """Where an ImageFolder-like route delivers: ``spec.device``, unless the GPU route is asked for
-    (CUDA and an :class:`ImageTransform`) and cannot run it (a bicubic resize, no nvJPEG): then one
-    warning and the CPU route's device (the CPU itself when CUDA is missing altogether)."""
+def _gpu_or_fallback(spec: RouteSpec) -> tuple[torch.device, bool]:
+    """``(device, GPU route)`` of an ImageFolder-like dataset: the GPU route on ``spec.device`` when
+    it is asked for (CUDA and an :class:`ImageTransform`) and can run; when it cannot (a bicubic
+    resize, no nvJPEG), one warning and the CPU route delivering on the CUDA device (the CPU when
+    CUDA is missing altogether); otherwise the CPU route on ``spec.device``."""
     transform, device = spec.transform, spec.device
     if device.type != "cuda" or not isinstance(transform, ImageTransform):
-        return device
+        return device, False
     fallback = device if torch.cuda.is_available() else torch.device("cpu")
     if transform.interpolation != "bilinear":
         _warn_once("shardkit: the GPU route resizes bilinear only; %s resizing runs on the CPU route, batches on %s",
                    transform.interpolation, fallback)
-        return fallback
+        return fallback, False
     reason = gpu_decode_unavailable(device)
     if reason is None:
-        return device
+        return device, True
     _warn_once("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s "
                "(`shardkit doctor` checks CUDA and nvJPEG)", reason, fallback)
-    return fallback
+    return fallback, False
 
 
 def _warn_region_decoder(transform: Any) -> None:
@@ -152,8 +153,8 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
     if isinstance(transform, DetectionTransform):
         raise LoaderError(f"transforms.detection_train/detection_val need a COCO dataset; this one is "
                           f"{manifest.kind!r}: use transforms.imagenet_train/imagenet_val (or any callable on images)")
-    device = _gpu_fallback(spec)
-    if device.type == "cuda" and isinstance(transform, ImageTransform):
+    device, gpu_route = _gpu_or_fallback(spec)
+    if gpu_route and isinstance(transform, ImageTransform):
         return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
                         num_workers=num_workers, prefetch=prefetch, options=gpu, classes=manifest.classes)
     _warn_region_decoder(transform)
