@@ -112,7 +112,8 @@ SLOW_FILES = frozenset({
     "tests/loader/run/test_worker_death.py", "tests/loader/test_ddp.py", "tests/pack/test_hostile_inputs.py",
     "tests/pack/test_ray.py", "tests/pack/test_ray_cluster.py", "tests/pack/test_resume.py",
     "tests/pipelines/test_torchrun.py", "tests/pipelines/test_torchrun_detector.py",
-    "tests/pipelines/test_train_classifier.py", "tests/pipelines/test_train_detector.py",
+    "tests/pipelines/test_train_classifier.py", "tests/pipelines/test_train_contrastive.py",
+    "tests/pipelines/test_train_detector.py",
     "tests/storage/test_remote_faults.py", "tests/test_wheel.py",
 })
 

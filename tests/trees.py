@@ -1,10 +1,13 @@
-"""Generated ImageFolder trees full of edge cases, shared by the sources and pack tests."""
+"""Generated ImageFolder trees full of edge cases, captioned folders and img2dataset-style shards,
+shared by the sources, pack, loader and interop tests."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import struct
+import tarfile
 import zlib
 from pathlib import Path
 
@@ -99,3 +102,59 @@ def packed_train_val(root: Path) -> dict[str, Path]:
         pack(str(root / f"{name}-src"), str(root / name), options=PackOptions(max_count=8, seed=1), workers=1)
         out[name] = root / name
     return out
+
+
+def add_captions(root: Path, *, extra_every: int = 2) -> dict[str, str]:
+    """Write a ``.txt`` caption beside every image under ``root`` (``"<class> photo number <i>"``,
+    with a non-ASCII word in every third) and, for every ``extra_every``-th image, a ``.json`` of
+    extra fields (``{"url", "similarity"}``); returns ``{relative image path: caption}``, in the
+    order an ImageFolder (and a captioned folder) lists them."""
+    suffixes = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+    images = sorted((p for p in root.rglob("*") if p.suffix.lower() in suffixes),
+                    key=lambda p: (p.parent.relative_to(root).as_posix(), p.name))
+    captions = {}
+    for i, image in enumerate(images):
+        rel = image.relative_to(root).as_posix()
+        caption = f"{image.parent.name} photo number {i}" + (" — très joli" if i % 3 == 0 else "")
+        image.with_suffix(".txt").write_text(caption + "\n", encoding="utf-8")
+        if i % extra_every == 0:
+            image.with_suffix(".json").write_text(f'{{"url": "https://example.com/{i}.jpg", "similarity": 0.{i}}}')
+        captions[rel] = caption
+    return captions
+
+
+def make_caption_folder(dst: Path, *, classes: int = 3, per_class: int = 2) -> dict[str, str]:
+    """Copy the first ``per_class`` images of the first ``classes`` classes of the shipped
+    ``sample_data/imagefolder`` to ``dst`` and caption them (:func:`add_captions`)."""
+    import shutil
+
+    shipped = Path(__file__).resolve().parent.parent / "sample_data" / "imagefolder"
+    for cls in sorted(p for p in shipped.iterdir() if p.is_dir())[:classes]:
+        (dst / cls.name).mkdir(parents=True, exist_ok=True)
+        for image in sorted(cls.iterdir())[:per_class]:
+            shutil.copyfile(image, dst / cls.name / image.name)
+    return add_captions(dst)
+
+
+def img2dataset_shards(root: Path, *, shards: int = 2, per_shard: int = 3) -> dict[str, dict[str, bytes]]:
+    """Shards as img2dataset writes them (``00000.tar`` with ``000000000.jpg``/``.txt``/``.json``, a
+    stats file beside), through ``tarfile``; returns every sample's members by key."""
+    root.mkdir(parents=True)
+    written = {}
+    for s in range(shards):
+        with tarfile.open(root / f"{s:05d}.tar", "w") as tar:
+            for j in range(per_shard):
+                key = f"{s:05d}{j:04d}"
+                members = {"jpg": encode_image((10 + j, 8 + s), color=(s * 90, j * 70, 5)),
+                           "txt": f"caption {key} — é".encode(),
+                           "json": json.dumps({"key": key, "status": "success", "url": f"https://x/{key}.jpg",
+                                               "caption": f"caption {key} — é"}).encode()}
+                if j == 1:
+                    members["exif"] = b'{"Image Make": "x"}'
+                for ext, data in members.items():
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                written[key] = members
+        (root / f"{s:05d}_stats.json").write_text("{}")
+    return written

@@ -20,6 +20,9 @@ from shardkit.loader.routes.coco.target import contiguous_label_map
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")
+#: On a captioned source (``BenchConfig.captions``): plain webdataset (``decode("pil").to_tuple("jpg",
+#: "txt")``, the same crop and tokenizer) against ShardLoader with ``text_transform``.
+CAPTION_CONTENDERS = ("webdataset", "shardloader")
 #: On a COCO source (``BenchConfig.annotations``): torchvision CocoDetection against ShardLoader's
 #: COCO route, and its COCO GPU route with ``device="cuda"``.
 COCO_CONTENDERS = ("cocodetection", "shardloader", "shardloader-gpu")
@@ -51,6 +54,12 @@ class BenchConfig:
     ``device="cuda"`` ShardLoader on the COCO GPU route too, all with the steps of
     ``transforms.detection_train(size, max_size)`` (IoU crop, shortest side ``size``, longer at
     most ``max_size``, flip, sanitize); ``transform`` does not apply.
+
+    Captions (``captions=True``): ``imagefolder`` is a captioned source (a folder of images with
+    ``.txt`` sidecars, a caption table or a saved HF dataset; :func:`shardkit.pack.pack_captions`),
+    the contenders are plain webdataset over the packed shards (the baseline) and ShardLoader, both
+    with the ``transform`` crop and every batch's captions tokenized in the workers to
+    ``context_length`` ids (:class:`~shardkit.bench.baselines.ByteTokenizer`).
     """
 
     imagefolder: str
@@ -70,6 +79,8 @@ class BenchConfig:
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
     annotations: str | None = None
     max_size: int = 1333
+    captions: bool = False
+    context_length: int = 77
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot be benchmarked."""
@@ -81,6 +92,15 @@ class BenchConfig:
                              "warmup >= 0")
         if self.jpeg_restart is not None and self.jpeg_restart < 1:
             raise ValueError(f"jpeg_restart must be >= 1, got {self.jpeg_restart}")
+        if self.captions:
+            if self.annotations is not None:
+                raise ValueError("captions and annotations exclude each other (a captioned source has no COCO file)")
+            if self.context_length < 1:
+                raise ValueError(f"context_length must be >= 1, got {self.context_length}")
+            if "webdataset" not in self.contenders or set(self.contenders) - set(CAPTION_CONTENDERS):
+                raise ValueError(f"caption contenders must include 'webdataset' and be among {CAPTION_CONTENDERS}, "
+                                 f"got {self.contenders}")
+            return
         if self.annotations is not None:
             if importlib.util.find_spec("pycocotools") is None:
                 raise ValueError("the CocoDetection baseline needs pycocotools (pip install pycocotools)")
@@ -94,7 +114,7 @@ class BenchConfig:
 
 
 def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) -> dict[str, Any]:
-    from shardkit.pack import PackOptions, pack, pack_coco
+    from shardkit.pack import PackOptions, pack, pack_captions, pack_coco
 
     # Enough shards that every worker of the webdataset baseline gets several whole shards.
     per_shard = max(1, min(1000, math.ceil(n_images / (4 * max(cfg.workers, 1)))))
@@ -103,7 +123,10 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
         sink.begin("packing", n_images)
     options = PackOptions(max_count=per_shard, jpeg_restart=cfg.jpeg_restart)
     progress = sink.advance if sink else None
-    if cfg.annotations is not None:
+    if cfg.captions:
+        result = pack_captions(cfg.imagefolder, dst, options=options, workers=workers,
+                               storage_options=cfg.storage_options, progress=progress)
+    elif cfg.annotations is not None:
         result = pack_coco(cfg.imagefolder, cfg.annotations, dst, drop_empty=True, options=options,
                            workers=workers, storage_options=cfg.storage_options, progress=progress)
     else:
@@ -146,6 +169,8 @@ def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None, sk
     webdataset baseline's workers (see :func:`webdataset_workers`)."""
     if cfg.annotations is not None:
         return _coco_contenders(cfg, shards, skipped)
+    if cfg.captions:
+        return _caption_contenders(cfg, shards, shard_paths, webdataset_workers)
     common: dict[str, Any] = {"size": cfg.size, "train": cfg.transform == "train",
                               "batch_size": cfg.batch_size,
               "workers": cfg.workers, "device": cfg.device}
@@ -163,6 +188,26 @@ def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None, sk
         out.append(Contender("shardloader", f"shardkit ShardLoader ({where})",
                              lambda: runner.shardloader(shards, storage_options=cfg.storage_options,
                                                         **common),
+                             stages=runner.shardloader_stages))
+    return out
+
+
+def _caption_contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None,
+                        webdataset_workers: int) -> list[Contender]:
+    """Plain webdataset (the baseline) and ShardLoader over the same captioned shards, the same crop
+    and tokenizer."""
+    if shard_paths is None:
+        raise ValueError("the captioned bench reads local shards (its webdataset baseline opens the tar files)")
+    common: dict[str, Any] = {"size": cfg.size, "train": cfg.transform == "train", "batch_size": cfg.batch_size,
+                              "workers": cfg.workers, "device": cfg.device, "context_length": cfg.context_length}
+    fewer = "" if webdataset_workers == cfg.workers else f", {counted(webdataset_workers, 'worker')}"
+    wds_common = {**common, "workers": webdataset_workers}
+    out = [Contender("webdataset", f"webdataset + WebLoader (PIL, to_tuple jpg txt{fewer})",
+                     lambda: baselines.webdataset_caption_loader(shard_paths, **wds_common), baseline=True)]
+    if "shardloader" in cfg.contenders:
+        where = "CPU decode" if cfg.device == "cpu" else f"{cfg.device} path"
+        out.append(Contender("shardloader", f"shardkit ShardLoader ({where}, text_transform)",
+                             lambda: runner.caption_shardloader(shards, storage_options=cfg.storage_options, **common),
                              stages=runner.shardloader_stages))
     return out
 
@@ -198,7 +243,12 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
     """
     packed = manifest.num_samples + len(manifest.skipped)
     omit = ", or omit --shards" if can_omit else ""
-    if data.get("kind") == "coco":  # packed with drop_empty: the images that have annotations
+    if data.get("kind") == "captions":
+        if manifest.kind != "captions" or packed != data["images"]:
+            raise ValueError(f"--shards {shards} holds {manifest.kind} data of {packed} source images, but "
+                             f"{data['path']} has {data['images']} captioned images: the comparison would not be on "
+                             f"the same data (pack it with shardkit pack --format captions{omit})")
+    elif data.get("kind") == "coco":  # packed with drop_empty: the images that have annotations
         ids = list(contiguous_label_map(manifest.categories)) if manifest.kind == "coco" else None
         if manifest.kind != "coco" or packed != data["images"] or ids != data["category_ids"]:
             raise ValueError(
@@ -243,8 +293,13 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         print(format_table(report))
     """
     cfg.validate()
-    data = (conditions.describe_coco(cfg.imagefolder, cfg.annotations) if cfg.annotations is not None
-            else conditions.describe_imagefolder(cfg.imagefolder))
+    if cfg.captions:
+        data = conditions.describe_captions(cfg.imagefolder)
+    elif cfg.annotations is not None:
+        data = conditions.describe_coco(cfg.imagefolder, cfg.annotations)
+    else:
+        data = conditions.describe_imagefolder(cfg.imagefolder)
+    source_files = data.pop("paths") if cfg.captions else None
     per_epoch = data["images"] // cfg.batch_size
     if per_epoch < 1:
         raise ValueError(f"{data['images']} images make no full batch of {cfg.batch_size}: lower --batch-size")
@@ -276,8 +331,8 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
             else:
                 cache = f"warm: could not drop the page cache ({why})"
         if drop is None:
-            conditions.warm_page_cache(conditions.files_under(cfg.imagefolder)
-                                       + (shard_paths or []))
+            conditions.warm_page_cache((source_files if source_files is not None
+                                        else conditions.files_under(cfg.imagefolder)) + (shard_paths or []))
         conds = {"machine": conditions.machine(), "versions": conditions.versions(),
                  "gpu": conditions.gpu(cfg.device), "data": data, "page_cache": cache,
                  "shards_location": "remote" if remote else "local",
@@ -307,9 +362,10 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool) -> list[str]:
                      + (f" (and {more} more, listed in index.json)" if more else ""))
     shards = len(manifest.shards)
     if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and shards < cfg.workers:
+        others = "ShardLoader keeps" if cfg.captions else "ShardLoader and ImageFolder keep"
         notes.append(f"webdataset splits whole shards between its workers, and {counted(shards, 'shard')} "
                      f"cannot feed {cfg.workers} workers: its baseline runs with {counted(shards, 'worker')} "
-                     "(ShardLoader and ImageFolder keep all; pack with a lower --max-count for more shards)")
+                     f"({others} all; pack with a lower --max-count for more shards)")
     return notes
 
 

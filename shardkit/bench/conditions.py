@@ -111,6 +111,32 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
     return {"path": os.path.abspath(root), "classes": len(listing.classes or ()), **files}
 
 
+def describe_captions(source: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:
+    """Count the images of a captioned source (a folder of sidecars, a table or a saved HF dataset,
+    as ``pack_captions`` reads it; ``images`` includes those it would skip) and their bytes; mean
+    pixel count of a sample of the local ones (``kind``: ``"captions"``).
+
+    Raises:
+        SourceError: not a captioned source (see :func:`shardkit.pack.pack_captions`).
+    """
+    from shardkit.sources import scan_caption_folder, scan_caption_table
+    from shardkit.sources.hf import is_hf_dataset, scan_hf_dataset
+    from shardkit.sources.table import is_table
+    from shardkit.storage import is_remote
+
+    if is_table(source):
+        listing = scan_caption_table(source)
+    elif is_hf_dataset(source):
+        listing = scan_hf_dataset(source)
+    else:
+        listing = scan_caption_folder(source)
+    local = [s for s in listing.samples if not is_remote(s.path) and os.path.isfile(s.path)]
+    files = _describe_files([s.path for s in local], [os.path.getsize(s.path) for s in local], sample=sample,
+                            seed=seed)
+    return {"path": os.path.abspath(source), "kind": "captions", "classes": 0, **files,
+            "images": len(listing.samples) + len(listing.warnings), "paths": [s.path for s in local]}
+
+
 def describe_coco(images: str, annotations: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:
     """Count the images of a COCO source that have annotations (what ``pack_coco(drop_empty=True)``
     packs and the CocoDetection baseline reads), their boxes and bytes; its category ids

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["detection_shardloader", "shardloader", "shardloader_stages"]
+__all__ = ["caption_shardloader", "detection_shardloader", "shardloader", "shardloader_stages"]
 
 
 def shardloader(dataset: str, *, size: int, train: bool, batch_size: int, workers: int,
@@ -25,6 +25,17 @@ def shardloader(dataset: str, *, size: int, train: bool, batch_size: int, worker
     transform = imagenet_train(size) if train else imagenet_val(size)
     return ShardLoader(dataset, batch_size=batch_size, transform=transform, num_workers=workers,
                        device=device, shuffle=True, seed=seed, drop_last=True, **options)
+
+
+def caption_shardloader(dataset: str, *, size: int, train: bool, batch_size: int, workers: int,
+                        device: str = "cpu", seed: int = 0, context_length: int = 77, **options: Any) -> Any:
+    """:func:`shardloader` over a captioned dataset, its captions tokenized in the workers with the
+    bench's :class:`~shardkit.bench.baselines.ByteTokenizer` (``text_transform``): batches are
+    ``(images, int64 [B, context_length])``, as the webdataset caption baseline's."""
+    from shardkit.bench.baselines import ByteTokenizer
+
+    return shardloader(dataset, size=size, train=train, batch_size=batch_size, workers=workers, device=device,
+                       seed=seed, text_transform=ByteTokenizer(context_length), **options)
 
 
 def detection_shardloader(dataset: str, *, min_size: int, max_size: int, batch_size: int, workers: int,

@@ -34,6 +34,12 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "feed a detection training step.")
 @click.option("--max-size", default=1333, show_default=True, type=click.IntRange(min=1),
               help="--annotations: the longer side's limit after resizing.")
+@click.option("--captions", is_flag=True,
+              help="IMAGEFOLDER_DIR is a captioned source (a folder of images with .txt sidecars, a caption table "
+                   "or a saved HF dataset): plain webdataset (decode('pil').to_tuple('jpg', 'txt')) against "
+                   "ShardLoader, the same crop, each batch's captions tokenized in the workers.")
+@click.option("--context-length", default=77, show_default=True, type=click.IntRange(min=1),
+              help="--captions: tokens per caption (UTF-8 bytes).")
 @click.option("--shards", default=None,
               help="Packed dataset of IMAGEFOLDER_DIR (packed into it if it holds none) "
               "[default: pack into a temporary directory].")
@@ -91,7 +97,8 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
               help="--train with a classifier: each run in a process of its own, nothing of another contender "
                    "alive beside it (as in a training job).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
-def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, shards: str | None, workers: int,
+def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, captions: bool, context_length: int,
+                  shards: str | None, workers: int,
                   batch_size: int | None, device: str, transform: str, size: int | None, epochs: int, repeats: int,
                   warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
                   plot: str | None, train_model: str | None, steps: int, contenders: tuple[str, ...],
@@ -104,11 +111,15 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     separately). Prints a table; --out writes JSON, --plot a PNG.
 
     With --train MODEL: the loaders feed a training step instead (see shardkit.bench.train).
+    With --captions: a captioned source, plain webdataset against ShardLoader on its captioned
+    shards, both tokenizing each batch's captions in their workers.
     With --annotations: a COCO source, torchvision CocoDetection against ShardLoader's COCO route
     (and its COCO GPU route with --device cuda); with --annotations and --train DETECTOR, the
     loaders feed a detection training step (see shardkit.bench.train_detection).
     """
-    _check_source(imagefolder_dir, annotations)
+    if captions and (annotations is not None or train_model is not None):
+        raise click.UsageError("--captions times the loaders alone: leave out --annotations and --train")
+    _check_source(imagefolder_dir, annotations, captions=captions)
     size = size or (800 if annotations is not None else 224)
     detector = train_model in DETECTORS
     batch_size = batch_size or (16 if detector else 64)
@@ -153,12 +164,16 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         return
     if contenders:
         raise click.UsageError("--contender chooses --train loaders; without --train use --no-webdataset")
-    contenders = tuple(c for c in ("imagefolder", "webdataset", "shardloader")
-                       if not (no_webdataset and c == "webdataset"))
+    if captions and no_webdataset:
+        raise click.UsageError("--captions measures ShardLoader against webdataset: leave out --no-webdataset")
+    contenders = (("webdataset", "shardloader") if captions
+                  else tuple(c for c in ("imagefolder", "webdataset", "shardloader")
+                             if not (no_webdataset and c == "webdataset")))
     cfg = BenchConfig(imagefolder=imagefolder_dir, shards=shards, workers=workers, batch_size=batch_size,
                       device=device, transform=transform, size=size, epochs=epochs, repeats=repeats,
                       warmup=warmup, drop_caches=drop_caches, contenders=contenders,
-                      jpeg_restart=jpeg_restart, annotations=annotations, max_size=max_size)
+                      jpeg_restart=jpeg_restart, annotations=annotations, max_size=max_size, captions=captions,
+                      context_length=context_length)
     bar = BenchBar(bars_enabled(quiet))
     name_width = max(len(c) for c in (*contenders, "shardloader-gpu"))
 
@@ -186,10 +201,18 @@ class BenchError(ShardkitError):
     before any timing starts."""
 
 
-def _check_source(imagefolder_dir: str, annotations: str | None) -> None:
-    """IMAGEFOLDER_DIR a directory and --annotations a file, said in one line as pack says it."""
+def _check_source(imagefolder_dir: str, annotations: str | None, *, captions: bool = False) -> None:
+    """IMAGEFOLDER_DIR a directory (with --captions: or a caption table) and --annotations a file,
+    said in one line as pack says it."""
     if not os.path.exists(imagefolder_dir):
         raise BenchError("does not exist", where=imagefolder_dir)
+    if captions and os.path.isfile(imagefolder_dir):
+        from shardkit.sources.table import is_table
+
+        if not is_table(imagefolder_dir):
+            raise BenchError("is a file, not a caption table (.csv, .tsv, .jsonl, .parquet) or a folder",
+                             where=imagefolder_dir)
+        return
     if not os.path.isdir(imagefolder_dir):
         raise BenchError("is a file, not a directory of images", where=imagefolder_dir)
     if annotations is not None and not os.path.isfile(annotations):

@@ -27,17 +27,21 @@ def _class_names(path: str | None) -> list[str] | None:
 @click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False),
               default=None,
               help="Text file of class names, one per line, in label order (line 1 is label 0).")
+@click.option("--kind", type=click.Choice(["auto", "imagefolder", "captions"]), default="auto", show_default=True,
+              help="What the samples hold: labelled images (cls) or captioned ones (txt, as img2dataset "
+                   "writes); auto: from the first sample.")
 @click.option("--dali-index", is_flag=True,
               help="Also write DALI index files (<shard>.dali.idx, wds2idx format).")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing index.json and .idx files beside the shards.")
 @storage_option_flag
-def index_command(dataset: str, classes_file: str | None, dali_index: bool, overwrite: bool,
+def index_command(dataset: str, classes_file: str | None, kind: str, dali_index: bool, overwrite: bool,
                   storage_option: tuple[str, ...]) -> None:
     """Index the WebDataset shards (*.tar) in DATASET (directory or URL) without rewriting them.
 
-    Each sample needs one image member and a 'cls' label; 'json' is optional. Writes index.json
-    and offsets files so ShardLoader, info and verify work on the shards.
+    Each sample needs one image member and a 'cls' label, or, captioned (img2dataset's shards), a
+    'txt' caption; 'json' is optional and every member is kept. Writes index.json and offsets
+    files so ShardLoader, info and verify work on the shards.
 
     On a DATASET that already has index.json (e.g. one shardkit packed), --dali-index alone adds
     DALI index files for its shards and changes nothing else.
@@ -52,8 +56,12 @@ def index_command(dataset: str, classes_file: str | None, dali_index: bool, over
         names = write_dali_indexes(locate_dataset(dataset, remote).url, storage_options=remote)
         click.echo(f"{dataset}: already a dataset; wrote {len(names)} DALI index files")
         return
-    manifest = adopt_shards(dataset, classes=_class_names(classes_file), dali_index=dali_index,
+    if kind == "captions" and classes_file is not None:
+        raise click.UsageError("--classes names the labels of labelled images, not of --kind captions")
+    manifest = adopt_shards(dataset, classes=_class_names(classes_file), kind=kind, dali_index=dali_index,
                             overwrite=overwrite, storage_options=remote)
+    what = ("captioned images" if manifest.kind == "captions"
+            else counted(len(manifest.classes or ()), "class", "classes"))
     click.echo(f"indexed {dataset}: {counted(len(manifest.shards), 'shard')}, "
-               f"{counted(manifest.num_samples, 'sample')}, {counted(len(manifest.classes or ()), 'class', 'classes')}"
+               f"{counted(manifest.num_samples, 'sample')}, {what}"
                + (", DALI index files written" if dali_index else ""))

@@ -17,9 +17,12 @@ from shardkit.pack import (
     SkipBudget,
     SkipBudgetError,
     pack,
+    pack_captions,
     pack_coco,
     parse_size,
 )
+from shardkit.sources.hf import is_hf_dataset
+from shardkit.sources.table import is_table
 from shardkit.storage import is_remote
 
 IMAGE_SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
@@ -42,12 +45,24 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.command("pack")
 @click.argument("src")
 @click.argument("dst")
-@click.option("--format", "fmt", type=click.Choice(["auto", "imagefolder", "coco"]), default="auto",
+@click.option("--format", "fmt", type=click.Choice(["auto", "imagefolder", "coco", "captions"]), default="auto",
               show_default=True,
-              help="Input layout; auto: coco when --annotations is given, else imagefolder.")
+              help="Input layout; auto: coco when --annotations is given, captions when SRC is a table "
+                   "(.csv, .tsv, .jsonl, .parquet) or a caption option is given, else imagefolder. captions: a "
+                   "folder of images with .txt (and .json) sidecars, or a table of image paths/URLs and captions.")
 @click.option("--annotations", default=None, metavar="FILE|URL",
               help="COCO instances JSON, a path or URL (SRC is then the images folder).")
 @click.option("--drop-empty", is_flag=True, help="COCO: leave out images without annotations.")
+@click.option("--image-column", default=None, metavar="NAME",
+              help="Caption table: the column of image paths or URLs [default: image, url, path or file_name].")
+@click.option("--caption-column", default=None, metavar="NAME",
+              help="Caption table: the caption column [default: caption, text or txt].")
+@click.option("--extra-columns", default=None, metavar="A,B,...",
+              help="Caption table: columns kept in each sample's json (empty: none) [default: all others].")
+@click.option("--images-root", default=None, metavar="DIR|URL",
+              help="Caption table: where relative image paths start [default: the table's folder].")
+@click.option("--split", default=None, metavar="NAME",
+              help="Captions from a HF DatasetDict saved with save_to_disk: the split to pack.")
 @click.option("--max-count", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Samples per shard at most.")
 @click.option("--max-size", default="256MB", show_default=True, callback=_size,
@@ -94,7 +109,9 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
                    "given, SRC uses these instead of the -o options (e.g. anon=true for a public "
                    "bucket).")
 def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool,
-                 max_count: int, max_size: int, workers: int | None, ray_address: str | None,
+                 image_column: str | None, caption_column: str | None, extra_columns: str | None,
+                 images_root: str | None, split: str | None, max_count: int, max_size: int,
+                 workers: int | None, ray_address: str | None,
                  shuffle: bool, seed: int, prefix: str, resize_max: int | None, quality: int,
                  jpeg_restart: int | None, uniform_names: bool, dali_index: bool,
                  decode_check: bool, overwrite: bool, max_skipped: SkipBudget | None, quiet: bool,
@@ -105,9 +122,24 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     With --annotations instances.json, SRC is a COCO images folder: one sample per image
     record, its annotation records kept exactly in the sample's json member.
 
+    With --format captions (implied by a table SRC), SRC is a folder of images with .txt caption
+    sidecars, a .csv/.tsv/.jsonl/.parquet table of image paths or URLs and captions, or a HF
+    image-text dataset saved with save_to_disk: one sample per image, as img2dataset writes them
+    (jpg/png, txt, json).
+
     Re-running the same command after an interruption resumes it; the output is
     byte-identical for any --workers.
     """
+    table_options = {"--image-column": image_column, "--caption-column": caption_column,
+                     "--extra-columns": extra_columns, "--images-root": images_root, "--split": split}
+    given = [name for name, value in table_options.items() if value is not None]
+    hf = not is_remote(src) and not is_table(src) and is_hf_dataset(src)
+    captions = fmt == "captions" or (fmt == "auto" and annotations is None and (is_table(src) or hf or bool(given)))
+    if captions and annotations is not None:
+        raise click.UsageError("--annotations applies to --format coco only")
+    if given and not (captions and (is_table(src) or hf)):
+        raise click.UsageError(f"{', '.join(given)}: for a caption table (SRC ending in .csv, .tsv, .jsonl, "
+                               f".parquet) or a saved HF dataset, not {src}")
     coco = fmt == "coco" or (fmt == "auto" and annotations is not None)
     if coco and annotations is None:
         raise click.UsageError("--format coco needs --annotations INSTANCES.json")
@@ -135,7 +167,17 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     pack_log = logging.getLogger("shardkit.pack")
     pack_log.addHandler(warnings)
     try:
-        if annotations is not None:  # checked above: given exactly when packing COCO
+        if captions:
+            columns = None if extra_columns is None else [c.strip() for c in extra_columns.split(",") if c.strip()]
+            try:
+                result = pack_captions(src, dst, image_column=image_column, caption_column=caption_column,
+                                       extra_columns=columns, images_root=images_root, split=split, options=options,
+                                       workers=procs, overwrite=overwrite, storage_options=remote,
+                                       source_options=from_src, progress=bar, executor=executor,
+                                       ray_address=address, max_skipped=max_skipped)
+            except ValueError as err:  # an option that does not fit this SRC
+                raise click.UsageError(str(err)) from err
+        elif annotations is not None:  # checked above: given exactly when packing COCO
             result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options,
                                workers=procs, overwrite=overwrite, storage_options=remote,
                                source_options=from_src, progress=bar, executor=executor,
@@ -156,7 +198,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         for message in warnings.messages:
             click.echo(message, err=True)
         print_pack_summary(result, dst)
-        if annotations is None:
+        if annotations is None and not captions:
             _note_loose_images(src)
 
 

@@ -93,7 +93,7 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
     if result.already_complete:
         click.echo(f"{dst}: already packed with these inputs and options; nothing to do.")
     groups = (f"{len(m.categories)} categories" if m.categories is not None
-              else f"{len(m.classes or ())} classes")
+              else "captioned images" if m.kind == "captions" else f"{len(m.classes or ())} classes")
     click.echo(f"samples   {m.num_samples:,}  ({groups})")
     reused = result.reused_shards and not result.already_complete
     click.echo(f"shards    {len(m.shards):,}  in {result.url}"

@@ -74,7 +74,33 @@ def _label(key: str, fields: dict[str, bytes], where: str, limit: int) -> tuple[
     return label, name
 
 
-def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None], limit: int) -> _Shard:
+def _caption(key: str, fields: dict[str, bytes], where: str) -> None:
+    """Check one captioned sample: a ``txt`` member of UTF-8 text, a ``json`` object if any."""
+    here = f"{where}:{key}"
+    if "txt" not in fields:
+        raise FormatError(f"sample has no 'txt' member (has {sorted(fields)}); a captioned dataset needs a caption "
+                          "per sample", where=here)
+    try:
+        fields["txt"].decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise FormatError(f"'txt' member is not UTF-8 text ({err.reason} at byte {err.start})", where=here) from err
+    if "json" in fields:
+        try:
+            meta = parse_json(fields["json"])
+        except ValueError as err:
+            raise FormatError(f"'json' member is not valid JSON ({err})", where=here) from err
+        if not isinstance(meta, dict):
+            raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}", where=here)
+
+
+def _kind_of(fields: dict[str, bytes]) -> str:
+    """The kind the first sample says the shards hold: captioned with a ``txt`` member and no ``cls``,
+    else labelled (a sample without ``cls`` is then refused as such)."""
+    return "captions" if "txt" in fields and "cls" not in fields else "imagefolder"
+
+
+def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None], limit: int,
+                kind: list[str]) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
         reader = HashingReader(f)
@@ -87,7 +113,7 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             if ext in fields:
                 raise FormatError(f"sample {key!r} has field {ext!r} twice", where=where)
             # keep labels, not images
-            fields[ext] = (e.data or b"") if ext in ("cls", "json") else b""
+            fields[ext] = (e.data or b"") if ext in ("cls", "json", "txt") else b""
             entries.append(e._replace(data=None))
         while stream.read(1 << 20):  # hash the trailing padding too
             pass
@@ -104,6 +130,11 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             raise FormatError("expected one image member "
                               f"({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}), found "
                               f"{sorted(fields)}", where=f"{where}:{span.key}")
+        if kind[0] == "auto":
+            kind[0] = _kind_of(fields)
+        if kind[0] == "captions":
+            _caption(span.key, fields, where)
+            continue
         label, name = _label(span.key, fields, where, limit)
         if name is not None and labels.get(label) not in (None, name):
             raise FormatError(f"label {label} is class {name!r} here but {labels[label]!r} "
@@ -148,6 +179,7 @@ def adopt_shards(
     url: str,
     *,
     classes: Sequence[str] | None = None,
+    kind: str = "auto",
     dali_index: bool = False,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
@@ -158,6 +190,11 @@ def adopt_shards(
     :data:`~shardkit.format.spec.IMAGE_MEMBER_EXTENSIONS`) and a ``cls`` member (decimal label);
     ``json`` is optional. Class names come from ``classes`` (index = label), else from a ``json``
     member's ``class`` field when samples have one, else they are the labels as text.
+
+    ``kind="captions"`` indexes image-text shards (img2dataset's output): each sample needs one
+    image member and a ``txt`` member (the caption, UTF-8); ``json`` is optional and every other
+    member is kept. ``"auto"`` (the default) takes the kind from the first sample: captioned when
+    it has ``txt`` and no ``cls``, else labelled.
     Writes ``<shard>.idx`` offsets files, with ``dali_index`` also ``<shard>.dali.idx``
     (:mod:`shardkit.format.dali_index`), and ``index.json`` last. Shards are not modified.
 
@@ -180,11 +217,18 @@ def adopt_shards(
         raise ManifestError("no .tar shards here to index", where=store.url)
     for name in urls:
         _check_offsets_slot(store, name, overwrite)
+    if kind not in ("auto", "imagefolder", "captions"):
+        raise ValueError(f"kind must be 'auto', 'imagefolder' or 'captions', not {kind!r}")
+    if kind == "captions" and classes is not None:
+        raise ValueError("classes apply to labelled images, not to captioned ones")
     keys: set[str] = set()
     labels: dict[int, str | None] = {}
     limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
-    shards = [_read_shard(store, name, keys, labels, limit) for name in urls]
-    class_names = _classes(labels, classes, store.url)
+    found = [kind if kind != "auto" or classes is None else "imagefolder"]
+    shards = [_read_shard(store, name, keys, labels, limit, found) for name in urls]
+    if found[0] == "auto":
+        raise ManifestError("the .tar shards here hold no sample to index", where=store.url)
+    class_names = _classes(labels, classes, store.url) if found[0] == "imagefolder" else None
     for shard in shards:
         if shard.spans:
             store.write_bytes(offsets_name(shard.entry.url), dump_offsets(shard.spans))
@@ -194,7 +238,7 @@ def adopt_shards(
     from shardkit._version import __version__
 
     manifest = Manifest(
-        kind="imagefolder",
+        kind=found[0],
         shards=tuple(s.entry for s in shards),
         classes=class_names,
         options={"dali_index": dali_index},

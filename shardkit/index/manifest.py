@@ -20,7 +20,10 @@ from shardkit.format.spec import (
 from shardkit.index import _fields
 from shardkit.storage import Store
 
-KINDS = ("imagefolder", "coco")
+KINDS = ("imagefolder", "coco", "captions")
+#: Kinds whose samples have a version of their own, written as ``kind_version`` (docs/concepts/format.md §5):
+#: readers refuse a version they do not know. ``captions`` 1: an image, ``txt`` (the caption) and ``json``.
+KIND_VERSIONS = {"captions": 1}
 #: A shard's ``sha256``: 64 lower-case hex digits. It names the shard's file in a node cache
 #: (``<cache_dir>/<sha256>.tar``), so anything else (``"../../x"``, ``"/abs"``) is refused.
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -88,8 +91,10 @@ class Manifest:
             "format": FORMAT_NAME,
             "version": self.version,
             "kind": self.kind,
-            "num_samples": self.num_samples,
         }
+        if self.kind in KIND_VERSIONS:
+            doc["kind_version"] = KIND_VERSIONS[self.kind]
+        doc["num_samples"] = self.num_samples
         if self.adopted:
             doc["adopted"] = True
         if self.classes is not None:
@@ -130,6 +135,8 @@ class Manifest:
         if kind not in KINDS:
             raise ManifestError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})",
                                 where=where)
+        if kind in KIND_VERSIONS or "kind_version" in doc:
+            _check_kind_version(kind, doc.get("kind_version"), where)
         raw = _require(doc, "shards", list, where)
         shards = _shard_entries_fast(raw)
         if shards is None:
@@ -219,6 +226,16 @@ def _shard_entries_fast(raw: list[Any]) -> list[ShardEntry] | None:
     if min(counts, default=0) < 0 or any(n * _MIN_SAMPLE_BYTES > b for n, b in zip(counts, sizes, strict=True)):
         return None
     return entries
+
+
+def _check_kind_version(kind: str, version: Any, where: str) -> None:
+    """Refuse a ``kind_version`` this shardkit does not know for ``kind`` (or one missing)."""
+    known = KIND_VERSIONS.get(kind)
+    if known is None:
+        raise ManifestError(f"kind {kind!r} has no kind_version (found {version!r:.40})", where=where)
+    if isinstance(version, bool) or version != known:
+        raise ManifestError(f"{kind} samples of kind_version {version!r:.40} are not supported (this shardkit reads "
+                            f"kind_version {known})", where=where)
 
 
 def _flag(value: Any, key: str, where: str) -> bool:

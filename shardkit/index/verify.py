@@ -121,6 +121,8 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
                 _check_label(fields, manifest, here, report)
             elif manifest.kind == "coco":
                 _check_coco(fields, manifest, here, report)
+            elif manifest.kind == "captions":
+                _check_caption(fields, manifest, here, report)
         while reader.read(1 << 20):  # hash the trailing padding too
             pass
     report.samples_checked += len(found)
@@ -231,6 +233,28 @@ def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str,
            or a.get("category_id") not in categories for a in anns):
         report.problems.append(f"{here}: an annotation belongs to another image or to an unknown "
                                "category")
+
+
+def _check_caption(fields: dict[str, bytes], manifest: Manifest, here: str, report: VerifyReport) -> None:
+    """A captioned sample: a ``txt`` member of UTF-8 text; a ``json`` object (required unless adopted)."""
+    if "txt" not in fields:
+        report.problems.append(f"{here}: no txt member (the caption)")
+    else:
+        try:
+            fields["txt"].decode("utf-8")
+        except UnicodeDecodeError as err:
+            report.problems.append(f"{here}.txt: caption is not UTF-8 ({err.reason} at byte {err.start})")
+    if "json" not in fields:
+        if not manifest.adopted:
+            report.problems.append(f"{here}: no json member")
+        return
+    try:
+        meta = parse_json(fields["json"])
+    except ValueError as err:
+        report.problems.append(f"{here}.json: not valid JSON ({err})")
+        return
+    if not isinstance(meta, dict):
+        report.problems.append(f"{here}.json: not a JSON object")
 
 
 def verify_dataset(

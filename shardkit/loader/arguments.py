@@ -76,12 +76,12 @@ def feeder_count(feeders: int | str, route: Route[Any, Any], transform: object, 
         LoaderError: a bad value, or feeders asked for where they cannot run (naming why).
     """
     if feeders == "auto":
-        return auto_feeders(num_workers) if isinstance(route, GpuRoute) else 0
+        return auto_feeders(num_workers) if isinstance(route, GpuRoute) and kind == "imagefolder" else 0
     if isinstance(feeders, bool) or not isinstance(feeders, int) or feeders < 0:
         raise LoaderError(f"feeders must be 'auto' or an int >= 0, got {feeders!r}")
     if feeders == 0:
         return 0
-    if kind == "coco" or not isinstance(transform, ImageTransform):
+    if kind != "imagefolder" or not isinstance(transform, ImageTransform):
         raise LoaderError("feeders need an ImageFolder dataset and an ImageTransform (transforms.imagenet_train "
                           "or imagenet_val): they hand over one image tensor and one label tensor per batch; "
                           "use feeders=0")

@@ -21,6 +21,7 @@ from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
 from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, seen_by_accelerate
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
+from shardkit.loader.read.captions import CaptionTargets, TextTransform
 from shardkit.loader.read.datasets import open_datasets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
@@ -34,6 +35,24 @@ from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 
 log = logging.getLogger("shardkit.loader")
+
+
+def _captions(text_transform: TextTransform | None, fields: Sequence[str]) -> CaptionTargets | None:
+    """The text side asked for (None: nothing asked; a captioned dataset then gets the captions).
+
+    Raises:
+        LoaderError: ``fields`` is not a sequence of names, or ``text_transform`` not callable.
+    """
+    if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields):
+        raise LoaderError(f"fields must be a list of json field names, got {fields!r:.80}")
+    if text_transform is not None and not callable(text_transform):
+        raise LoaderError(f"text_transform must be callable (list of str -> anything), got {text_transform!r:.80}")
+    if text_transform is None and not fields:
+        return None
+    try:
+        return CaptionTargets(tuple(fields), text_transform)
+    except ValueError as err:
+        raise LoaderError(str(err)) from err
 
 
 class ShardLoader:
@@ -100,6 +119,13 @@ class ShardLoader:
             0: this process. Same batches, order and state either way; an ImageFolder dataset with
             an :class:`~shardkit.transforms.ImageTransform` and ``num_workers >= feeders`` needed.
             The number taken is :attr:`feeders`.
+        text_transform: captioned datasets only: called in the workers with each batch's captions
+            (a list of str), e.g. a tokenizer; its result is the batch's text (tensors in it, or in
+            a dict of it, are moved to ``device``). None: the captions as a list of str.
+        fields: captioned datasets only: names of ``json`` fields to deliver too (``"url"``,
+            ``"similarity"``, ...); the batch's text is then a dict, the captions (or what
+            ``text_transform`` made of them) under ``"text"`` and a list of values per field
+            (``None`` where a sample's ``json`` lacks it).
         read_ahead: the workers (and the route's host pipeline) go on into the next epoch while
             this one ends, so an epoch does not start from empty; an iteration that asks for the
             next epoch from its start (the usual loop) takes over what they prepared, any other
@@ -113,6 +139,12 @@ class ShardLoader:
     workers, ``drop_last``, exact and elastic resume work as for one dataset. The datasets must be
     of one kind, with equal class lists (ImageFolder, unless ``disjoint_labels``) or categories
     (COCO); labels are as packed.
+
+    Captioned datasets (``kind`` ``"captions"``: packed image-text pairs, or img2dataset shards
+    indexed in place) yield ``(images, texts)``: images as for ImageFolder (the same route: CPU,
+    or GPU on a CUDA ``device`` with an ``ImageTransform``), ``texts`` the batch's captions (see
+    ``text_transform`` and ``fields``). Epochs,
+    resume, elastic resume, mixing and ``even_batches`` work as for labelled images.
 
     Routes (chosen once, :func:`~shardkit.loader.routes.choose.choose_route`): a COCO dataset takes the
     COCO route (:mod:`shardkit.loader.routes.coco`), or on a CUDA ``device`` with a one-window detection
@@ -177,6 +209,8 @@ class ShardLoader:
         disjoint_labels: bool = False,
         feeders: int | str = "auto",
         read_ahead: bool = True,
+        text_transform: TextTransform | None = None,
+        fields: Sequence[str] = (),
     ) -> None:
         workers = worker_count(num_workers)
         check_arguments(batch_size=batch_size, window=window, prefetch=prefetch,
@@ -214,7 +248,7 @@ class ShardLoader:
                                          verify_hashes=verify_hashes)
         spec = RouteSpec(transform, torch.device(device), batch_size, on_error=on_error, num_workers=workers,
                          prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
-                         contiguous_labels=contiguous_labels)
+                         contiguous_labels=contiguous_labels, captions=_captions(text_transform, fields))
         #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
         self.route: Route[Any, Any] = choose_route(self.manifest, self.reader, spec)
         self.device = self.route.device

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from shardkit.pack.api import Executor, PackResult, pack_listing
 from shardkit.pack.options import PackOptions, parse_size
 from shardkit.pack.progress import PackProgress, Progress
 from shardkit.pack.skips import SkipBudget, SkipBudgetError
-from shardkit.sources import scan_coco, scan_imagefolder
+from shardkit.sources import scan_caption_folder, scan_caption_table, scan_coco, scan_imagefolder
+from shardkit.sources.hf import is_hf_dataset, scan_hf_dataset
+from shardkit.sources.table import is_table
 
 __all__ = ["Executor", "PackOptions", "PackProgress", "PackResult", "Progress", "SkipBudget",
-           "SkipBudgetError", "pack", "pack_coco", "pack_listing", "parse_size"]
+           "SkipBudgetError", "pack", "pack_captions", "pack_coco", "pack_listing", "parse_size"]
 
 
 def pack(
@@ -124,6 +127,80 @@ def pack_coco(
                          "annotations")
     listing = scan_coco(images_dir, annotations, drop_empty=drop_empty,
                         storage_options=_source_options(source_options, storage_options))
+    return pack_listing(
+        listing, dst, options=options, workers=workers, overwrite=overwrite,
+        storage_options=storage_options, progress=progress, executor=executor,
+        ray_address=ray_address, max_skipped=max_skipped,
+    )
+
+
+def pack_captions(
+    src: str,
+    dst: str,
+    *,
+    image_column: str | None = None,
+    caption_column: str | None = None,
+    extra_columns: Sequence[str] | None = None,
+    images_root: str | None = None,
+    split: str | None = None,
+    options: PackOptions | None = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    source_options: dict[str, Any] | None = None,
+    progress: Progress | PackProgress | None = None,
+    executor: Executor = "processes",
+    ray_address: str | None = None,
+    max_skipped: SkipBudget | None = None,
+) -> PackResult:
+    """Pack captioned images (image-text pairs): one sample per image, its members the image
+    (``jpg``, ``png``, ...), ``txt`` (the caption, UTF-8) and ``json`` (extra fields plus
+    ``source``, ``width``, ``height``), as img2dataset writes them; ``index.json`` gets
+    ``kind: "captions"``, ``kind_version: 1``. Other arguments as for :func:`pack`.
+
+    Args:
+        src: a folder of images with ``.txt`` (and optional ``.json``) sidecars
+            (:func:`shardkit.sources.scan_caption_folder`), or a ``.csv``/``.tsv``/``.jsonl``/
+            ``.parquet`` table of image paths or URLs and captions
+            (:func:`shardkit.sources.scan_caption_table`); a path or fsspec URL. Or a HF
+            ``datasets`` image–text dataset saved with ``save_to_disk``, a local directory
+            (:func:`shardkit.sources.hf.scan_hf_dataset`).
+        image_column, caption_column, extra_columns, images_root: a table's (or HF dataset's)
+            columns and where a table's relative paths start (see
+            :func:`~shardkit.sources.scan_caption_table`); refused for a folder.
+        split: the split of a saved HF ``DatasetDict``.
+
+    Raises:
+        SourceError: a folder without images, a table that cannot be read, a column missing or
+            holding what it cannot (naming the table, the row or the column). Rows and images
+            without a caption are skipped with a reason, like unreadable images.
+        ValueError: table options given for a folder.
+        PackError, StorageError, SkipBudgetError: as for :func:`pack`.
+
+    Example::
+
+        pack_captions("pairs.parquet", "shards/pairs", image_column="url", caption_column="text")
+    """
+    opts = _source_options(source_options, storage_options)
+    hf = not is_table(src) and is_hf_dataset(src)
+    if split is not None and not hf:
+        raise ValueError(f"split applies to a saved HF DatasetDict, not to {src}")
+    if hf and images_root is not None:
+        raise ValueError(f"images_root applies to a caption table, not to the HF dataset {src}")
+    if is_table(src):
+        listing = scan_caption_table(src, image_column=image_column, caption_column=caption_column,
+                                     extra_columns=extra_columns, images_root=images_root, storage_options=opts)
+    elif hf:
+        listing = scan_hf_dataset(src, split=split, image_column=image_column, caption_column=caption_column,
+                                  extra_columns=extra_columns)
+    else:
+        given = [name for name, value in (("image_column", image_column), ("caption_column", caption_column),
+                                          ("extra_columns", extra_columns), ("images_root", images_root))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to a caption table (.csv, .tsv, .jsonl, .parquet) or a saved "
+                             f"HF dataset, not to the folder {src}")
+        listing = scan_caption_folder(src, storage_options=opts)
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
         storage_options=storage_options, progress=progress, executor=executor,

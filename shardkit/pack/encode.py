@@ -103,7 +103,7 @@ def _restart_indexed(data: bytes, max_interval: int, where: str) -> bytes:
 def encode_sample(
     sample: SourceSample, data: bytes, *, classes: list[str] | None, options: PackOptions
 ) -> list[tuple[str, bytes]]:
-    """The ``(ext, bytes)`` fields of ``sample``'s shard entry (image, ``cls``, ``json``).
+    """The ``(ext, bytes)`` fields of ``sample``'s shard entry (image, ``cls`` or ``txt``, ``json``).
 
     The image keeps its original bytes unless ``options.resize_max`` asks for re-encoding or
     ``options.jpeg_restart`` for restart markers (JPEG only, applied to the final bytes; a JPEG
@@ -143,12 +143,15 @@ def _encode(sample: SourceSample, data: bytes, *, classes: list[str] | None,
         data = _restart_indexed(data, restart, sample.rel)
     doc: dict[str, Any] = {"source": sample.rel}
     fields = [(ext, data)]
-    if sample.label is not None:
+    if sample.caption is not None:  # a captioned image: its extra fields, then shardkit's own over them
+        doc = {**(sample.meta or {}), "source": sample.rel, "width": width, "height": height}
+        fields.append(("txt", sample.caption.encode("utf-8", "backslashreplace")))
+    elif sample.label is not None:
         doc.update(label=sample.label, width=width, height=height)
         if classes is not None:
             doc["class"] = classes[sample.label]
         fields.append(("cls", str(sample.label).encode("ascii")))
-    if sample.meta is not None:
+    if sample.caption is None and sample.meta is not None:
         doc.update(sample.meta)
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     # A lone surrogate (e.g. from a "\\udce9" escape in a COCO json) becomes that same JSON escape.

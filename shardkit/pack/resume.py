@@ -33,7 +33,8 @@ def fingerprint(listing: SourceListing, recorded_options: dict[str, Any]) -> str
     h.update(str(listing.meta_digest).encode())
     for s in listing.samples:
         meta = None if listing.meta_digest is not None else s.meta
-        h.update(json.dumps([s.rel, s.size, s.label, meta], sort_keys=True).encode())
+        row = [s.rel, s.size, s.label, meta] if s.caption is None else [s.rel, s.size, s.label, meta, s.caption]
+        h.update(json.dumps(row, sort_keys=True).encode())
     return h.hexdigest()
 
 

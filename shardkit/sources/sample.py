@@ -29,7 +29,8 @@ class SourceSample:
     ``path`` is the file's path or URL; ``rel`` the path relative to the source root with POSIX
     separators, as recorded in ``source`` (always valid UTF-8: see :func:`source_name`); ``size``
     the file size in bytes (-1 when it cannot be stat'ed, e.g. a dangling link); ``label`` the
-    class index (ImageFolder) and ``meta`` extra JSON fields (COCO records). ``version`` changes
+    class index (ImageFolder), ``caption`` the text of a captioned image (its ``txt`` member) and
+    ``meta`` extra JSON fields (COCO records; a caption's extra fields). ``version`` changes
     when the file does (modification time, ETag): an unfinished pack does not resume over
     changed inputs.
     """
@@ -40,3 +41,4 @@ class SourceSample:
     label: int | None = None
     meta: dict[str, Any] | None = None
     version: str = ""
+    caption: str | None = None

@@ -156,3 +156,20 @@ def test_shardloader_on_an_imagefolder_tree_suggests_pack(tmp_path):
     (tmp_path / "dog" / "a.jpg").write_bytes(b"x")
     with pytest.raises(ShardkitError, match="shardkit pack DIR SHARDS"):
         ShardLoader(str(tmp_path), batch_size=2)
+
+
+def test_captioned_manifests_carry_a_kind_version_readers_check():
+    m = _manifest(kind="captions", classes=None)
+    doc = json.loads(m.to_json())
+    assert list(doc)[:5] == ["format", "version", "kind", "kind_version", "num_samples"] and doc["kind_version"] == 1
+    assert Manifest.from_json(m.to_json(), where="x") == m
+    for version, message in ((2, "captions samples of kind_version 2 are not supported"),
+                             (None, "captions samples of kind_version None are not supported"),
+                             (True, "captions samples of kind_version True are not supported")):
+        changed = {**doc, "kind_version": version} if version is not None else \
+            {k: v for k, v in doc.items() if k != "kind_version"}
+        with pytest.raises(ManifestError, match=message):
+            Manifest.from_json(json.dumps(changed).encode(), where="x")
+    labelled = json.loads(_manifest().to_json())
+    with pytest.raises(ManifestError, match="kind 'imagefolder' has no kind_version"):
+        Manifest.from_json(json.dumps({**labelled, "kind_version": 1}).encode(), where="x")

@@ -142,3 +142,41 @@ def test_dali_really_reads_our_offsets(tmp_path: Path) -> None:
         path.write_text("\n".join([header, *moved]) + "\n")
     with pytest.raises(RuntimeError):
         _dali_read(tmp_path / "out", "cpu")
+
+
+def test_dali_reads_captioned_shards_through_our_index(tmp_path: Path) -> None:
+    """Packed image-text pairs with --dali-index: DALI's reader gives every image (the pixels
+    ShardLoader decodes) with its caption."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from tests.trees import make_caption_folder
+
+    captions = make_caption_folder(tmp_path / "src", classes=2, per_class=3)
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--format", "captions",
+                                      "--max-count", "4", "--dali-index", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    names = [s.url for s in read_manifest(Store(str(tmp_path / "out"))).shards]
+
+    @pipeline_def(batch_size=4, num_threads=2, device_id=None, seed=0)
+    def pipe() -> Any:
+        images, texts = fn.readers.webdataset(
+            paths=[str(tmp_path / "out" / n) for n in names], ext=["jpg", "txt"], name="reader",
+            index_paths=[str(tmp_path / "out" / dali_index_name(n)) for n in names], missing_component_behavior="error")
+        return fn.decoders.image(images, device="cpu", output_type=types.RGB), texts
+
+    p = pipe()
+    p.build()
+    size = p.epoch_size("reader")
+    read: list[tuple[str, np.ndarray]] = []
+    while len(read) < size:
+        images, texts = p.run()
+        read += [(bytes(np.array(texts.at(i))).decode("utf-8"), np.array(images.at(i))) for i in range(len(images))]
+    read = read[:size]
+    reference = {}
+    with ShardLoader(str(tmp_path / "out"), batch_size=4, shuffle=False) as loader:
+        for images, texts in loader:
+            reference.update({text: image.permute(1, 2, 0).numpy() for image, text in zip(images, texts, strict=True)})
+    assert sorted(text for text, _ in read) == sorted(captions.values())
+    for text, image in read:
+        assert image.shape == reference[text].shape
+        assert np.abs(image.astype(np.int16) - reference[text]).max() <= 1, text

@@ -199,3 +199,26 @@ def test_hf_datasets_loads_coco_with_the_json_recipe(tmp_path: Path) -> None:
         assert row["jpg"].size == (record["width"], record["height"])
         # polygons and RLE intact
         assert row["json"]["annotations"] == by_image.get(record["id"], [])
+
+
+def test_captioned_shards_read_by_webdataset_and_hf_datasets(tmp_path: Path) -> None:
+    """Packed image-text pairs, read whole: webdataset's decode("pil").to_tuple("jpg", "txt") and HF
+    datasets' webdataset loader give every image with its caption and json."""
+    import webdataset as wds
+
+    from shardkit.pack import pack_captions
+    from tests.trees import make_caption_folder
+
+    captions = make_caption_folder(tmp_path / "src")
+    pack_captions(str(tmp_path / "src"), str(tmp_path / "out"), options=PackOptions(max_count=4), workers=1)
+    shards = sorted(str(p) for p in (tmp_path / "out").glob("*.tar"))
+    pairs = wds.WebDataset(shards, shardshuffle=False, empty_check=False).decode("pil").to_tuple("jpg", "txt", "json")
+    got = {meta["source"]: (text, image.size) for image, text, meta in pairs}
+    sizes = {}
+    for rel in captions:
+        with Image.open(tmp_path / "src" / rel) as img:
+            sizes[rel] = img.size
+    assert got == {rel: (text, sizes[rel]) for rel, text in captions.items()}
+    rows = {row["json"]["source"]: (row["txt"], row["jpg"].size, row["json"]["width"])
+            for row in _hf(shards, tmp_path / "hf")}
+    assert rows == {rel: (text, sizes[rel], sizes[rel][0]) for rel, text in captions.items()}

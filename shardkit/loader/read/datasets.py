@@ -1,6 +1,6 @@
 """The datasets a loader reads: one packed dataset, or several mixed (see :mod:`~shardkit.loader.epochs.mix`).
 
-A mix must be of one kind (all ImageFolder or all COCO) and its labels must mean one thing:
+A mix must be of one kind (all ImageFolder, all COCO or all captioned) and its labels must mean one thing:
 ImageFolder datasets have equal class lists, unless ``disjoint_labels=True``, where dataset ``i``'s
 labels are offset by the class counts of the datasets before it and the loader's classes are
 the lists one after another; COCO datasets have equal categories (their labels are category ids).
@@ -92,6 +92,10 @@ def _labels(urls: Sequence[str], manifests: Sequence[Manifest],
             disjoint: bool) -> tuple[list[int], tuple[str, ...] | None]:
     """Each dataset's label offset and the mix's class names; refuses labels that would clash."""
     first, name = manifests[0], urls[0]
+    if first.kind == "captions":
+        if disjoint:
+            raise LoaderError("disjoint_labels is for ImageFolder datasets; captioned images have no labels")
+        return [0] * len(manifests), None
     if first.kind == "coco":
         if disjoint:
             raise LoaderError("disjoint_labels is for ImageFolder datasets; COCO labels are category ids, so a "

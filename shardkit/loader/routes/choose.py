@@ -11,6 +11,7 @@ from shardkit.codec.jpeg_region import roi_available
 from shardkit.codec.nvjpeg import gpu_decode_unavailable
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import Manifest
+from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.coco import CocoRoute
@@ -47,6 +48,54 @@ def _warn_once(message: str, *args: object) -> None:
         log.warning(text)
 
 
+def _captions_route(reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
+    """The route of a captioned dataset: the GPU or CPU route as for ImageFolder (same choice, same
+    fallbacks), with the batch's text in place of labels."""
+    transform, device = spec.transform, spec.device
+    captions = spec.captions or CaptionTargets()
+    if spec.masks or spec.pad or spec.contiguous_labels:
+        raise LoaderError("masks, pad and contiguous_labels need a COCO dataset; this one is 'captions'")
+    if isinstance(transform, DetectionTransform):
+        raise LoaderError("transforms.detection_train/detection_val need a COCO dataset; this one is 'captions': use "
+                          "transforms.imagenet_train/imagenet_val (or any callable on images)")
+    device, gpu_route = _gpu_or_fallback(spec)
+    if gpu_route and isinstance(transform, ImageTransform):
+        return GpuRoute(reader, transform, device=device, on_error=spec.on_error, batch_size=spec.batch_size,
+                        num_workers=spec.num_workers, prefetch=spec.prefetch, options=spec.gpu, captions=captions)
+    _warn_region_decoder(transform)
+    return CpuRoute(reader, transform, device=device, on_error=spec.on_error, batch_size=spec.batch_size,
+                    num_workers=spec.num_workers, prefetch=spec.prefetch, captions=captions)
+
+
+def _gpu_or_fallback(spec: RouteSpec) -> tuple[torch.device, bool]:
+    """``(device, GPU route)`` of an ImageFolder-like dataset: the GPU route on ``spec.device`` when
+    it is asked for (CUDA and an :class:`ImageTransform`) and can run; when it cannot (a bicubic
+    resize, no nvJPEG), one warning and the CPU route delivering on the CUDA device (the CPU when
+    CUDA is missing altogether); otherwise the CPU route on ``spec.device``."""
+    transform, device = spec.transform, spec.device
+    if device.type != "cuda" or not isinstance(transform, ImageTransform):
+        return device, False
+    fallback = device if torch.cuda.is_available() else torch.device("cpu")
+    if transform.interpolation != "bilinear":
+        _warn_once("shardkit: the GPU route resizes bilinear only; %s resizing runs on the CPU route, batches on %s",
+                   transform.interpolation, fallback)
+        return fallback, False
+    reason = gpu_decode_unavailable(device)
+    if reason is None:
+        return device, True
+    _warn_once("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s "
+               "(`shardkit doctor` checks CUDA and nvJPEG)", reason, fallback)
+    return fallback, False
+
+
+def _warn_region_decoder(transform: Any) -> None:
+    """Warn once when a crop-first transform runs without the libjpeg-turbo region decoder."""
+    if isinstance(transform, ImageTransform) and transform.crop_first and not roi_available():
+        _warn_once("shardkit: the libjpeg-turbo region decoder is not built, so whole JPEGs are decoded before "
+                   "cropping (slower); install the libjpeg-turbo headers (Debian: libjpeg62-turbo-dev, Ubuntu: "
+                   "libjpeg-turbo8-dev, conda: libjpeg-turbo) and reinstall shardkit (`shardkit doctor` checks)")
+
+
 def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
     """The route for this dataset and ``spec`` (its transform and device above all).
 
@@ -60,6 +109,8 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
       warning and the CPU route, delivering on ``device``): :class:`GpuRoute` when nvJPEG works;
       otherwise one warning and the CPU route, delivering on ``device`` (or on the CPU when
       CUDA is missing altogether);
+    - a captioned dataset: as ImageFolder (:class:`GpuRoute` or :class:`CpuRoute`, same fallbacks),
+      with the batch's text in place of labels;
     - anything else: :class:`CpuRoute`.
 
     The route's :attr:`~shardkit.loader.routes.base.Route.device` is where batches end up.
@@ -70,12 +121,16 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
     Raises:
         LoaderError: detection-only options (``masks``, ``pad``, ``contiguous_labels``) or a
             detection transform on a dataset that is not COCO, or a classification transform on
-            a COCO dataset.
+            a COCO dataset; ``text_transform``/``fields`` on a dataset that is not captioned.
     """
     transform, device = spec.transform, spec.device
     on_error, batch_size, num_workers, prefetch, gpu = (spec.on_error, spec.batch_size, spec.num_workers, spec.prefetch,
                                                         spec.gpu)
     masks, pad, contiguous_labels = spec.masks, spec.pad, spec.contiguous_labels
+    if manifest.kind == "captions":
+        return _captions_route(reader, spec)
+    if spec.captions is not None:
+        raise LoaderError(f"text_transform and fields need a captioned dataset; this one is {manifest.kind!r}")
     if manifest.kind == "coco":
         if device.type == "cuda" and not isinstance(transform, ImageTransform):
             why = gpu_unsupported(transform)
@@ -98,22 +153,10 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
     if isinstance(transform, DetectionTransform):
         raise LoaderError(f"transforms.detection_train/detection_val need a COCO dataset; this one is "
                           f"{manifest.kind!r}: use transforms.imagenet_train/imagenet_val (or any callable on images)")
-    if device.type == "cuda" and isinstance(transform, ImageTransform) and transform.interpolation != "bilinear":
-        device = device if torch.cuda.is_available() else torch.device("cpu")
-        _warn_once("shardkit: the GPU route resizes bilinear only; %s resizing runs on the CPU route, batches on %s",
-                   transform.interpolation, device)
-    elif device.type == "cuda" and isinstance(transform, ImageTransform):
-        reason = gpu_decode_unavailable(device)
-        if reason is None:
-            return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
-                            num_workers=num_workers, prefetch=prefetch, options=gpu, classes=manifest.classes)
-        fallback = device if torch.cuda.is_available() else torch.device("cpu")
-        _warn_once("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s "
-                   "(`shardkit doctor` checks CUDA and nvJPEG)", reason, fallback)
-        device = fallback
-    if isinstance(transform, ImageTransform) and transform.crop_first and not roi_available():
-        _warn_once("shardkit: the libjpeg-turbo region decoder is not built, so whole JPEGs are decoded before "
-                   "cropping (slower); install the libjpeg-turbo headers (Debian: libjpeg62-turbo-dev, Ubuntu: "
-                   "libjpeg-turbo8-dev, conda: libjpeg-turbo) and reinstall shardkit (`shardkit doctor` checks)")
+    device, gpu_route = _gpu_or_fallback(spec)
+    if gpu_route and isinstance(transform, ImageTransform):
+        return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
+                        num_workers=num_workers, prefetch=prefetch, options=gpu, classes=manifest.classes)
+    _warn_region_decoder(transform)
     return CpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
                     num_workers=num_workers, prefetch=prefetch, classes=manifest.classes)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.routes.device.options import GpuOptions
 from shardkit.transforms.base import ImageTransform
 
@@ -28,7 +29,8 @@ class RouteSpec:
     callable on one decoded image, or None. ``device``: where batches are asked for (the route may
     deliver elsewhere: :attr:`~shardkit.loader.routes.base.Route.device` says where they end up).
     ``num_workers``: the worker processes this route's host half reads from (in a feeder, the
-    feeder's own). ``masks``, ``pad``, ``contiguous_labels``: COCO only.
+    feeder's own). ``masks``, ``pad``, ``contiguous_labels``: COCO only. ``captions``: captioned
+    datasets only.
 
     Example:
         >>> spec = RouteSpec(None, torch.device("cpu"), batch_size=32)
@@ -46,6 +48,8 @@ class RouteSpec:
     masks: bool = False
     pad: bool | int = False
     contiguous_labels: bool = False
+    #: Captioned datasets only: the text side of each batch (fields, text transform).
+    captions: CaptionTargets | None = None
 
     def with_workers(self, num_workers: int) -> RouteSpec:
         """This spec for a route reading from ``num_workers`` workers (a feeder's share)."""

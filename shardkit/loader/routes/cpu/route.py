@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import DirectRoute, to_device
 from shardkit.loader.routes.cpu.shared_pool import SharedBatchPool
@@ -24,17 +25,22 @@ class CpuRoute(DirectRoute[CpuBatch]):
     pipeline, plus those the consumer (and the delivery loop) still hold; a worker whose slots
     are all busy allocates instead. On the host an :class:`ImageTransform`'s ``finalize``
     (e.g. normalise to float) runs on ``device``, after the copy.
+
+    Captioned images (``captions``) take this route too: the same images, with each batch's text
+    (:class:`~shardkit.loader.read.captions.CaptionTargets`) in place of the labels; tensors in it
+    (a tokenizer's output) are moved to ``device``.
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[..., Any] | None, *,
                  device: torch.device, on_error: str, batch_size: int, num_workers: int, prefetch: int,
-                 classes: tuple[str, ...] | None = None) -> None:
+                 classes: tuple[str, ...] | None = None, captions: CaptionTargets | None = None) -> None:
         pool = None
         if num_workers > 0 and isinstance(transform, ImageTransform):
             pool = SharedBatchPool(num_workers=num_workers, slots_per_worker=prefetch + 3,
                                    shape=(batch_size, 3, *transform.output_size))
         self.builder: CpuBatchBuilder = CpuBatchBuilder(reader, transform, on_error=on_error, pool=pool,
-                                                        num_classes=len(classes) if classes else None)
+                                                        num_classes=len(classes) if classes else None,
+                                                        captions=captions)
         self.classes = classes
         self.transform = transform
         self.device = device
@@ -58,7 +64,7 @@ class CpuRoute(DirectRoute[CpuBatch]):
 
     def finish(self, batch: CpuBatch) -> tuple[Any, Any]:
         images = batch.images
-        labels = batch.labels.to(self.device, non_blocking=True)
+        labels = to_device(batch.labels, self.device)  # captioned images: text, a dict of fields
         if not isinstance(images, torch.Tensor):
             return to_device(images, self.device), labels
         images = images.to(self.device, non_blocking=True)

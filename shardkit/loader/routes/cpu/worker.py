@@ -17,6 +17,7 @@ from torch.utils.data import get_worker_info
 from shardkit.codec.decode import DecodeStats, decode_rgb
 from shardkit.errors import DecodeError
 from shardkit.loader.read.bad_samples import BadSample
+from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.read.samples import Sample, SampleSource, decode_for
 from shardkit.loader.routes.cpu.shared_pool import FdImages, SharedBatchPool, SlotImages
@@ -30,7 +31,8 @@ __all__ = ["CpuBatch", "CpuBatchBuilder"]
 class CpuBatch:
     """A classification batch: ``images`` uint8 ``[B,3,H,W]`` (an :class:`ImageTransform` or a
     callable with same-size outputs) or a list of tensors (no transform, or mixed sizes),
-    ``labels`` int64 ``[B]``, sample ``keys`` and the worker's ``stats``.
+    ``labels`` int64 ``[B]`` (captioned images: the batch's text, see
+    :class:`~shardkit.loader.read.captions.CaptionTargets`), sample ``keys`` and the worker's ``stats``.
 
     In a worker, ``images`` may live in a slot of the :class:`SharedBatchPool`: then only the
     slot reference is pickled (``slot``) and the main process gets a tensor over the slot's
@@ -39,7 +41,7 @@ class CpuBatch:
     """
 
     images: torch.Tensor | list[torch.Tensor]
-    labels: torch.Tensor
+    labels: torch.Tensor | Any
     keys: list[str]
     stats: StageStats
     slot: SlotImages | FdImages | None = field(default=None, repr=False)
@@ -48,12 +50,12 @@ class CpuBatch:
         state = dict(self.__dict__)
         if self.slot is not None:
             state["images"], state["slot"] = self.slot, None  # unpickles as the tensor
-        if self.labels.device.type == "cpu":
-            state["labels"] = self.labels.numpy()
+        if isinstance(self.labels, torch.Tensor) and self.labels.device.type == "cpu":
+            state["labels"], state["_numpy_labels"] = self.labels.numpy(), True
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if not isinstance(state["labels"], torch.Tensor):
+        if state.pop("_numpy_labels", False):
             state["labels"] = torch.from_numpy(state["labels"])
         self.__dict__.update(state)
 
@@ -62,7 +64,16 @@ class CpuBatch:
         calls this when the loader delivers CPU-decoded batches to CUDA)."""
         images = self.images
         images = images.pin_memory() if isinstance(images, torch.Tensor) else [im.pin_memory() for im in images]
-        return replace(self, images=images, labels=self.labels.pin_memory())
+        return replace(self, images=images, labels=_pinned(self.labels))
+
+
+def _pinned(value: Any) -> Any:
+    """``value`` with the tensors in it (a tensor, or a caption batch's dict or list) page-locked."""
+    if isinstance(value, torch.Tensor):
+        return value.pin_memory()
+    if isinstance(value, dict):
+        return {k: _pinned(v) for k, v in value.items()}
+    return value
 
 
 def _batch_buffer(shape: tuple[int, ...],
@@ -91,20 +102,24 @@ class CpuBatchBuilder:
     it (see :mod:`shardkit.loader.read.bad_samples`); ``"raise"`` raises :class:`LoaderError` naming
     shard and key; a label at or above ``num_classes`` is a bad sample. ``pool``: reusable shared
     batch buffers for the :class:`ImageTransform` path in worker processes
-    (see :mod:`shardkit.loader.routes.cpu.shared_pool`).
+    (see :mod:`shardkit.loader.routes.cpu.shared_pool`). ``captions``: the samples are captioned
+    images; each batch's ``labels`` is then its text (:class:`CaptionTargets`), not class labels.
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform | Callable[[torch.Tensor], Any] | None,
                  *, on_error: str = "replace", pool: SharedBatchPool | None = None,
-                 num_classes: int | None = None) -> None:
+                 num_classes: int | None = None, captions: CaptionTargets | None = None) -> None:
         self.samples = SampleSource(reader, on_error, num_classes)
         self.transform = transform
         self.pool = pool
+        self.captions = captions
 
     def _one(self, sample: Sample, seed: int, out: torch.Tensor | None, stats: StageStats,
-             dstats: DecodeStats) -> tuple[int, Any]:
+             dstats: DecodeStats) -> tuple[Any, Any]:
         t1 = time.perf_counter()
-        label, raw, transform = sample.label(self.samples.num_classes), sample.image(), self.transform
+        label: Any = (sample.label(self.samples.num_classes) if self.captions is None
+                      else self.captions.read(sample))
+        raw, transform = sample.image(), self.transform
         if isinstance(transform, ImageTransform):
             image, params = decode_for(transform, raw, random.Random(seed), sample.where, dstats)
         else:
@@ -140,7 +155,9 @@ class CpuBatchBuilder:
             if slot is not None:
                 slot.release()  # nothing will be shipped from this slot
             raise
-        labels = torch.tensor([label for label, _ in got.results], dtype=torch.int64)
+        targets = [label for label, _ in got.results]
+        labels = (torch.tensor(targets, dtype=torch.int64) if self.captions is None
+                  else self.captions.collate(targets))
         results = [result for _, result in got.results]
         if out is not None:
             for dst, src in got.copies:

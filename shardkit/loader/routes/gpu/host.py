@@ -10,11 +10,13 @@ stream (the prefetcher's side stream); nothing here synchronises the device in s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from shardkit.codec.decode import decode_rgb
 from shardkit.errors import DecodeError
+from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.routes.device.payload import RawImages
 from shardkit.loader.routes.device.pinned import PinnedSlot, chw_offsets
 from shardkit.loader.routes.device.stages import DeviceStages
@@ -30,15 +32,17 @@ __all__ = ["DeviceBatch", "GpuPipeline"]
 @dataclass
 class DeviceBatch:
     """A GPU-route batch ready for the user: finalised ``images`` and int64 ``labels`` on the
-    device, sample ``keys``, and the worker's ``stats`` plus the device stage's counts."""
+    device (captioned images: the batch's text, its tensors still where the worker made them),
+    sample ``keys``, and the worker's ``stats`` plus the device stage's counts."""
 
     images: torch.Tensor
-    labels: torch.Tensor
+    labels: torch.Tensor | Any
     keys: list[str]
     stats: StageStats
 
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.images, self.labels
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The device tensors made on the prefetcher's stream (a captioned batch's text is not one)."""
+        return (self.images, self.labels) if isinstance(self.labels, torch.Tensor) else (self.images,)
 
 
 class GpuPipeline(DeviceStages[RawBatch, DeviceBatch]):
@@ -56,8 +60,9 @@ class GpuPipeline(DeviceStages[RawBatch, DeviceBatch]):
         self.compile = compile
 
     def _cpu_rescue(self, raw: RawImages, rejected: list[int], out: torch.Tensor, labels: torch.Tensor,
-                    batch: RawBatch) -> None:
-        """Decode nvJPEG's rejects on the CPU (same crop); replace undecodable ones by a neighbour."""
+                    batch: RawBatch) -> bool:
+        """Decode nvJPEG's rejects on the CPU (same crop); replace undecodable ones by a neighbour
+        (True when it did: the rows' labels moved with them)."""
         bad: list[int] = []
         for i in rejected:
             g = raw.geometry[i].tolist()
@@ -71,9 +76,11 @@ class GpuPipeline(DeviceStages[RawBatch, DeviceBatch]):
             box = CropFlip(g[Col.TOP], g[Col.LEFT], g[Col.BOX_H], g[Col.BOX_W], bool(g[Col.FLIP]))
             pixels = self.transform.apply(image, box)
             out[dest].copy_(pixels, non_blocking=False)
-        for dest, src in self.replacements(bad, batch):
+        moved = self.replacements(bad, batch)
+        for dest, src in moved:
             out[dest].copy_(out[src])
             labels[dest], batch.keys[dest] = labels[src], batch.keys[src]
+        return bool(moved)
 
     def augment(self, batch: RawBatch, slot: PinnedSlot, decoded: list[torch.Tensor],
                 rejected: list[int]) -> DeviceBatch:
@@ -91,8 +98,11 @@ class GpuPipeline(DeviceStages[RawBatch, DeviceBatch]):
         if decoded:
             flat = flat_images(decoded)
             crop_resize_flip_batch(flat, offsets, geometry, raw.size, out=out, compile=self.compile)
-        if rejected:
-            self._cpu_rescue(raw, rejected, out, labels, batch)
+        moved = self._cpu_rescue(raw, rejected, out, labels, batch) if rejected else False
         batch.stats.gpu_images += len(decoded)
         batch.stats.gpu_fallback += len(rejected)
-        return DeviceBatch(self.transform.finalize(out), labels, batch.keys, batch.stats)
+        if batch.texts is None:
+            return DeviceBatch(self.transform.finalize(out), labels, batch.keys, batch.stats)
+        # captioned: the labels are text rows; after a replacement (rare: it waits for the device) the text follows
+        texts = CaptionTargets.take(batch.texts, labels.tolist()) if moved else batch.texts
+        return DeviceBatch(self.transform.finalize(out), texts, batch.keys, batch.stats)

@@ -4,11 +4,13 @@ nvJPEG and crops, resizes and flips it in one launch, prepared ahead on CUDA str
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
+from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
-from shardkit.loader.routes.base import Route
+from shardkit.loader.routes.base import Route, to_device
 from shardkit.loader.routes.device.options import GpuOptions
 from shardkit.loader.routes.device.pinned import PinnedSlot
 from shardkit.loader.routes.device.prefetch import DevicePrefetcher, staging_slots
@@ -29,15 +31,18 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
     host runs a :class:`DevicePrefetcher` per epoch over :func:`staging_slots` pinned staging
     slots, holding the last ``num_workers * (cycle + 1)`` worker batches so the shared buffers
     stay mapped. ``options.decode_threads`` threads call the batched decoder, each on its own stream.
+    Captioned images (``captions``) take it too: the images as for labelled ones, each batch's text
+    made in the workers and moved to ``device`` beside them.
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform, *, device: torch.device, on_error: str,
                  batch_size: int, num_workers: int, prefetch: int, options: GpuOptions,
-                 classes: tuple[str, ...] | None = None) -> None:
+                 classes: tuple[str, ...] | None = None, captions: CaptionTargets | None = None) -> None:
         self.device, self.options = device, options
         cycle = prefetch + 2
         self.builder: RawBatchBuilder = RawBatchBuilder(reader, transform, on_error=on_error, buffer_cycle=cycle,
-                                                        num_classes=len(classes) if classes else None)
+                                                        num_classes=len(classes) if classes else None,
+                                                        captions=captions)
         self.classes = classes
         self.pipeline = GpuPipeline(transform, device, compile=options.compile, on_error=on_error)
         self._batch_size, self._output_size = batch_size, transform.output_size
@@ -58,8 +63,10 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
                                             decode_threads=self.options.decode_threads)
         return iter(self._prefetcher)
 
-    def finish(self, batch: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return batch.images, batch.labels  # already finalised on the device by the prefetcher
+    def finish(self, batch: DeviceBatch) -> tuple[torch.Tensor, Any]:
+        if self.builder.captions is None:
+            return batch.images, batch.labels  # already finalised on the device by the prefetcher
+        return batch.images, to_device(batch.labels, self.device)  # captioned: the text, as the CPU route moves it
 
     def close(self) -> None:
         if self._prefetcher is not None:

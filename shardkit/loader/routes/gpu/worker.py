@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from shardkit.codec.decode import DecodeStats, peek_size
 from shardkit.codec.nvjpeg import nvjpeg_friendly
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.read.bad_samples import BadSample
+from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.read.samples import Sample, SampleSource, decode_for
 from shardkit.loader.routes.device.payload import RawImages, WorkerBuffers, pack_raw
@@ -41,11 +43,14 @@ Item = tuple[bytes | torch.Tensor, tuple[int, ...] | None]  # JPEG bytes + geome
 @dataclass
 class RawBatch:
     """What a GPU-route worker ships: the batch's :class:`RawImages` (labels included), sample
-    ``keys`` and the worker's ``stats``."""
+    ``keys`` and the worker's ``stats``; for captioned images, ``texts``, the batch's text
+    (:class:`~shardkit.loader.read.captions.CaptionTargets`), while the payload's labels are the
+    rows ``0..n-1``: the host moves them with the images it replaces, and the text rows after them."""
 
     images: RawImages
     keys: list[str]
     stats: StageStats
+    texts: Any = None
 
 
 class RawBatchBuilder:
@@ -57,17 +62,21 @@ class RawBatchBuilder:
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform, *, on_error: str = "replace",
-                 buffer_cycle: int = 0, num_classes: int | None = None) -> None:
+                 buffer_cycle: int = 0, num_classes: int | None = None,
+                 captions: CaptionTargets | None = None) -> None:
         if not isinstance(transform, ImageTransform):
             raise LoaderError("the GPU route needs an ImageTransform (e.g. transforms.imagenet_train(224))")
         self.samples = SampleSource(reader, on_error, num_classes)
         self.transform = transform
         self.buffer_cycle = buffer_cycle
         self.buffers = WorkerBuffers(buffer_cycle)
+        self.captions = captions
 
-    def _raw(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> tuple[int, Item]:
+    def _raw(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> tuple[Any, Item]:
         t1 = time.perf_counter()
-        label, data = sample.label(self.samples.num_classes), sample.image()
+        label: Any = (sample.label(self.samples.num_classes) if self.captions is None
+                      else self.captions.read(sample))
+        data = sample.image()
         transform = self.transform
         rng = random.Random(seed)
         if nvjpeg_friendly(data):
@@ -95,8 +104,12 @@ class RawBatchBuilder:
         got, stats = self.samples.fill(
             lambda _slot, sample, seed, stats, dstats: self._raw(sample, seed, stats, dstats), shards, indices, seeds)
         stats.gpu_fallback = stats.fast + stats.fallback
-        labels = np.array([label for label, _ in got.results], dtype=np.int64)
-        return RawBatch(self._pack([item for _, item in got.results], labels), got.keys, stats)
+        targets = [label for label, _ in got.results]
+        if self.captions is None:
+            labels, texts = np.array(targets, dtype=np.int64), None
+        else:
+            labels, texts = np.arange(len(targets), dtype=np.int64), self.captions.collate(targets)
+        return RawBatch(self._pack([item for _, item in got.results], labels), got.keys, stats, texts)
 
     def _pack(self, items: list[Item], labels: np.ndarray) -> RawImages:
         jpegs = [(i, data, win) for i, (data, win) in enumerate(items)

@@ -1,0 +1,184 @@
+"""Train a CLIP-style image-text model from packed captioned shards under torchrun (DDP), with exact
+mid-epoch resume.
+
+A recipe built only on shardkit's public API. The loader yields ``(images, token ids)``: the
+captions are tokenized in the worker processes (``text_transform``), so the training loop only
+runs the two encoders and the symmetric contrastive loss (InfoNCE over the global batch: every
+rank's embeddings are gathered, with their gradients). Checkpoints hold model + optimizer +
+loader state; run the same command again to continue with exactly the batches not trained on.
+
+    shardkit pack pairs.parquet shards/pairs
+    torchrun --nproc_per_node 8 pipelines/train_contrastive.py shards/pairs --epochs 32 \\
+        --checkpoint ckpt.pt --checkpoint-every 500
+
+    python pipelines/train_contrastive.py shards/pairs --steps 10 --size 64 --batch-size 16 --device cpu
+
+The tokenizer here is UTF-8 bytes (256 ids, no vocabulary file); pass the model's own by editing
+:class:`ByteTokenizer` out (any callable ``list[str] -> LongTensor [B, L]`` works as
+``text_transform``). Several datasets train as one mix (``--weights``), as in
+``train_classifier.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import shardkit
+from shardkit import transforms
+
+try:  # run as a script: its directory is on the path
+    import ddp
+except ImportError:  # imported as pipelines.train_contrastive
+    from pipelines import ddp
+
+
+class ByteTokenizer:
+    """Captions as UTF-8 byte ids + 1 (0 pads), cut or padded to ``length``: picklable, so it runs
+    in the loader's workers.
+
+    >>> ByteTokenizer(4)(["hé", "abcdef"]).tolist()
+    [[105, 196, 170, 0], [98, 99, 100, 101]]
+    """
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        out = torch.zeros((len(texts), self.length), dtype=torch.int64)
+        for i, text in enumerate(texts):
+            ids = list(text.encode("utf-8"))[: self.length]
+            out[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64) + 1
+        return out
+
+
+class TextEncoder(torch.nn.Module):
+    """Mean of byte embeddings (padding left out), then a linear projection."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.EmbeddingBag(257, dim, mode="mean", padding_idx=0)
+        self.project = torch.nn.Linear(dim, dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.project(self.embed(ids))
+
+
+class Clip(torch.nn.Module):
+    """A torchvision image model with its head replaced by a ``dim`` projection, a text encoder
+    and a learnable temperature (CLIP's initial 1/0.07)."""
+
+    def __init__(self, arch: str, dim: int) -> None:
+        super().__init__()
+        import torchvision
+
+        self.image = torchvision.models.get_model(arch, num_classes=dim)
+        self.text = TextEncoder(dim)
+        self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    def forward(self, images: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        image = torch.nn.functional.normalize(self.image(images), dim=-1)
+        text = torch.nn.functional.normalize(self.text(ids), dim=-1)
+        return image, text
+
+
+def contrastive_loss(image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
+    """Symmetric InfoNCE over the global batch (this rank's rows against every rank's)."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if world > 1:
+        from torch.distributed.nn.functional import all_gather
+
+        all_image, all_text = torch.cat(all_gather(image)), torch.cat(all_gather(text))
+    else:
+        all_image, all_text = image, text
+    scale = logit_scale.exp().clamp(max=100)
+    targets = torch.arange(len(image), device=image.device) + rank * len(image)
+    per_image = torch.nn.functional.cross_entropy(scale * image @ all_text.T, targets)
+    per_text = torch.nn.functional.cross_entropy(scale * text @ all_image.T, targets)
+    return (per_image + per_text) / 2
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Train for ``args.epochs`` epochs (or until ``args.steps`` steps); return the last figures."""
+    rank, world, device = ddp.setup_distributed(args.device)
+    cuda = device.type == "cuda"
+    loader = shardkit.ShardLoader(
+        **args.dataset,
+        batch_size=args.batch_size,
+        transform=transforms.imagenet_train(args.size, scale=(0.5, 1.0), normalize=True),
+        text_transform=ByteTokenizer(args.context_length),
+        num_workers=args.workers,
+        device=device,
+        seed=args.seed,
+        drop_last=True,  # full batches on every rank: the same number of steps everywhere
+    )
+    model = Clip(args.arch, args.dim).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
+    net: torch.nn.Module = DistributedDataParallel(model, device_ids=[device.index] if cuda else None) \
+        if world > 1 else model
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
+
+    def checkpoint() -> None:
+        if rank == 0 and args.checkpoint:
+            ddp.save_checkpoint(args.checkpoint, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                                  "loader": loader.state_dict(), "step": step, "arch": args.arch,
+                                                  "dim": args.dim})
+
+    loss_value, seen, started = float("nan"), 0, time.perf_counter()
+    progress = ddp.ProgressClock(args.log_every)
+    done = bool(args.steps) and step >= args.steps
+    for epoch in range(loader.epoch, args.epochs):
+        if done:
+            break
+        loader.set_epoch(epoch)  # right after load_state_dict: keeps the resume point
+        net.train()
+        for images, ids in loader:
+            with autocast:
+                image, text = net(images, ids)
+                loss = contrastive_loss(image.float(), text.float(), model.logit_scale)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step, seen, loss_value = step + 1, seen + len(ids), loss.item()
+            if args.checkpoint_every and step % args.checkpoint_every == 0:
+                checkpoint()
+            if progress.due(step) and rank == 0:
+                elapsed = time.perf_counter() - started
+                print(f"step {step}  epoch {epoch}  loss {loss_value:.3f}  {seen * world / elapsed:.0f} pairs/s  "
+                      f"data wait {100 * loader.stats.wait_s / elapsed:.0f}%", flush=True)
+            if args.steps and step >= args.steps:
+                done = True
+                break
+    checkpoint()
+    elapsed = time.perf_counter() - started
+    result = {"step": step, "loss": loss_value, "pairs_per_second": seen * world / elapsed,
+              "data_wait": loader.stats.wait_s / elapsed}
+    if rank == 0 and seen:
+        print(f"done: step {step}  loss {loss_value:.3f}  {result['pairs_per_second']:.0f} pairs/s", flush=True)
+    ddp.finish(loader)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = ddp.RecipeParser(description=__doc__)
+    ddp.add_dataset_arguments(parser, "captioned dataset")
+    parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",
+                        help="torchvision image model (its head becomes the projection)")
+    parser.add_argument("--dim", type=int, default=256, help="embedding size")
+    parser.add_argument("--context-length", type=int, default=77, help="tokens per caption (bytes)")
+    parser.add_argument("--batch-size", type=int, default=64, help="pairs per batch per rank")
+    parser.add_argument("--size", type=int, default=224, help="side of the training crops")
+    parser.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate")
+    ddp.add_run_arguments(parser, log_every=50)
+    return ddp.run_training(parser, argv, train)
+
+
+if __name__ == "__main__":
+    main()

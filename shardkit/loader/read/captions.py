@@ -1,0 +1,104 @@
+"""What a captioned sample gives besides its image: its caption (the ``txt`` member) and the extra
+fields asked for (from its ``json`` member), and how a batch of them is put together.
+
+A route's worker half calls :meth:`CaptionTargets.read` per sample (a :class:`BadSample` when the
+caption is missing or not UTF-8, or the ``json`` is malformed: replaced or raised by the loader's
+``on_error`` policy like a corrupt image) and :meth:`CaptionTargets.collate` once per batch, in the
+worker, where the optional ``text_transform`` (e.g. a tokenizer) runs on the batch's captions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.format.bounded import parse_json
+from shardkit.loader.read.bad_samples import BadSample
+from shardkit.loader.read.samples import Sample
+
+__all__ = ["CaptionTargets", "TextTransform"]
+
+TextTransform = Callable[[list[str]], Any]
+"""Called in the workers with a batch's captions, in order; what it returns is the batch's text
+(e.g. a tokenizer's tensor of token ids)."""
+
+#: The caption's name in a batch's dict when extra fields are asked for.
+TEXT = "text"
+
+
+@dataclass(frozen=True)
+class CaptionTargets:
+    """The text side of captioned batches: ``fields`` (names of ``json`` fields to deliver) and
+    ``text_transform`` (applied to each batch's captions in the workers). Picklable when
+    ``text_transform`` is.
+
+    Example:
+        >>> targets = CaptionTargets(fields=("url",))
+        >>> item = targets.read(Sample("k", {"txt": b"a cat", "json": b'{"url": "u"}'}, "s.tar:k"))
+        >>> targets.collate([item, item])
+        {'text': ['a cat', 'a cat'], 'url': ['u', 'u']}
+    """
+
+    fields: tuple[str, ...] = ()
+    text_transform: TextTransform | None = None
+
+    def __post_init__(self) -> None:
+        if TEXT in self.fields:
+            raise ValueError(f"fields may not include {TEXT!r}: the caption is delivered under that name")
+        if len(set(self.fields)) != len(self.fields):
+            raise ValueError(f"fields names a field twice: {list(self.fields)}")
+
+    def read(self, sample: Sample) -> tuple[str, tuple[Any, ...]]:
+        """``(caption, values of the fields asked for)`` of one sample; a field its ``json`` lacks
+        (or a sample without ``json``, as adopted shards may be) gives ``None``.
+
+        Raises:
+            BadSample: no ``txt`` member, a caption that is not UTF-8, or (when fields are asked
+                for) a ``json`` member that is not a JSON object.
+        """
+        raw = sample.fields.get("txt")
+        if raw is None:
+            raise BadSample(f"{sample.where}: txt member (the caption) missing")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise BadSample(f"{sample.where}: caption is not UTF-8 ({err.reason} at byte {err.start})") from err
+        if not self.fields:
+            return text, ()
+        meta: Any = {}
+        if "json" in sample.fields:
+            try:
+                meta = parse_json(sample.fields["json"])
+            except ValueError as err:
+                raise BadSample(f"{sample.where}: json member malformed ({err})") from err
+            if not isinstance(meta, dict):
+                raise BadSample(f"{sample.where}: json member is not a JSON object")
+        return text, tuple(meta.get(name) for name in self.fields)
+
+    @staticmethod
+    def take(text: Any, rows: Sequence[int]) -> Any:
+        """A collated batch text with its rows in the order ``rows`` (a batch whose undecodable
+        images were replaced on the device: each row's text follows its image). Lists, tuples,
+        tensors and numpy arrays (first dimension), and those in a dict, are taken row by row;
+        anything else (a number in a dict: a value of the whole batch) is kept as it is.
+
+        >>> CaptionTargets.take({"text": ["a", "b", "c"], "url": [1, 2, 3], "n": 3}, [0, 2, 2])
+        {'text': ['a', 'c', 'c'], 'url': [1, 3, 3], 'n': 3}
+        """
+        if isinstance(text, dict):
+            return {k: CaptionTargets.take(v, rows) for k, v in text.items()}
+        if isinstance(text, (list, tuple)):
+            return type(text)(text[i] for i in rows)
+        if getattr(text, "ndim", 0) >= 1 and hasattr(text, "__getitem__"):  # a tensor or an array
+            return text[list(rows)]
+        return text
+
+    def collate(self, items: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
+        """A batch's text: the captions (a list, or what ``text_transform`` makes of them); with
+        ``fields``, a dict of it under ``"text"`` and a list of values per field."""
+        texts = [text for text, _ in items]
+        out = self.text_transform(texts) if self.text_transform is not None else texts
+        if not self.fields:
+            return out
+        return {TEXT: out, **{name: [values[i] for _, values in items] for i, name in enumerate(self.fields)}}

@@ -1,0 +1,225 @@
+"""Caption tables: a CSV, JSON Lines or Parquet file with one row per image: the image's path or
+URL, its caption, and extra columns.
+
+Samples are the rows, in the table's order. The image column holds a URL (any fsspec URL:
+``https://``, ``s3://``, ...), an absolute path, or a path relative to ``images_root`` (default:
+the table's own directory). The caption column is text; the extra columns (default: all the
+others) go into each sample's ``json`` member, by column name.
+
+Checked before anything is packed, each an error naming the table (and the row or column): the
+table cannot be read or parsed; the image or caption column is missing (the message lists the
+columns there are); an extra column is missing or is the image or caption column; a value is not
+text where text is needed, or an extra value cannot be written as JSON (bytes, a date, NaN).
+A row whose image or caption is empty (null) is not packed: it is listed in ``warnings`` as
+``row N`` (the first data row is row 1) and counts as a skipped input.
+
+Rows are planned by count, without their files' sizes (a URL's is not known before it is read):
+``max_count`` cuts a table's shards, ``max_size`` does not; so a table gives the same shards and
+``index.json`` whether its images are local files or URLs of the same files.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import posixpath
+from collections.abc import Sequence
+from typing import Any
+
+from shardkit.errors import SourceError, StorageError
+from shardkit.sources.base import SourceListing, SourceSample
+from shardkit.sources.captions import CAPTIONS_KIND
+from shardkit.sources.linked import LinkedFiles, resolve
+from shardkit.storage import Store, is_remote
+
+__all__ = ["IMAGE_COLUMNS", "CAPTION_COLUMNS", "TABLE_SUFFIXES", "is_table", "json_value", "read_table",
+           "scan_caption_table"]
+
+#: Table formats by file suffix (a ``.gz`` or other compression suffix is not read).
+TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+#: The image column when none is named: the first of these the table has.
+IMAGE_COLUMNS = ("image", "url", "path", "file_name")
+#: The caption column when none is named: the first of these the table has.
+CAPTION_COLUMNS = ("caption", "text", "txt")
+
+
+def is_table(path: str) -> bool:
+    """Whether ``path`` names a caption table by its suffix (``.csv``, ``.tsv``, ``.jsonl``,
+    ``.ndjson``, ``.parquet``).
+
+    >>> is_table("laion/part-0.parquet"), is_table("images/")
+    (True, False)
+    """
+    return posixpath.splitext(path.split("?", 1)[0].lower())[1] in TABLE_SUFFIXES
+
+
+def _read_bytes(path: str, storage_options: dict[str, Any] | None) -> bytes:
+    if is_remote(path):
+        scheme, rest = path.split("://", 1)
+        parent, _, name = rest.rpartition("/")
+        if not parent or not name:
+            raise SourceError("not the URL of a file", where=path)
+        try:
+            return Store(f"{scheme}://{parent}", storage_options).read_bytes(name)
+        except StorageError as err:
+            if isinstance(err.__cause__, FileNotFoundError):
+                raise SourceError("table does not exist", where=path) from err
+            raise
+    local = path.removeprefix("file://")
+    try:
+        with open(local, "rb") as f:
+            return f.read()
+    except FileNotFoundError as err:
+        raise SourceError("table does not exist", where=path) from err
+    except IsADirectoryError as err:
+        raise SourceError("is a directory, not a table file", where=path) from err
+    except OSError as err:
+        raise SourceError(f"cannot read table: {err.strerror or err}", where=path) from err
+
+
+def read_table(path: str, storage_options: dict[str, Any] | None = None) -> Any:
+    """The table at ``path`` as a ``pyarrow.Table`` (CSV and TSV columns all as text).
+
+    Raises:
+        SourceError: not a known suffix, missing, unreadable or not parseable (naming the file).
+    """
+    fmt = TABLE_SUFFIXES.get(posixpath.splitext(path.split("?", 1)[0].lower())[1])
+    if fmt is None:
+        raise SourceError(f"not a caption table (expected a file ending in {', '.join(TABLE_SUFFIXES)})",
+                          where=path)
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pa_csv
+        import pyarrow.json as pa_json
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise SourceError("reading a caption table needs pyarrow (pip install pyarrow)", where=path) from err
+    raw = _read_bytes(path, storage_options)
+    try:
+        if fmt == "parquet":
+            table = pq.read_table(io.BytesIO(raw))
+        elif fmt == "jsonl":
+            table = pa_json.read_json(io.BytesIO(raw))
+        else:  # every CSV column read as text: a caption "1984" stays a caption, a path stays a path
+            delimiter = "\t" if fmt == "tsv" else ","
+            with pa_csv.open_csv(io.BytesIO(raw), parse_options=pa_csv.ParseOptions(delimiter=delimiter)) as head:
+                names = head.schema.names
+            table = pa_csv.read_csv(
+                io.BytesIO(raw), parse_options=pa_csv.ParseOptions(delimiter=delimiter),
+                convert_options=pa_csv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                                      strings_can_be_null=False))
+    except (pa.ArrowInvalid, OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SourceError(f"cannot parse the {fmt} table ({first})", where=path) from err
+    return table
+
+
+def _pick(columns: Sequence[str], given: str | None, defaults: Sequence[str], what: str, option: str,
+          where: str) -> str:
+    if given is not None:
+        if given not in columns:
+            raise SourceError(f"no {what} column {given!r} (columns: {', '.join(columns)})", where=where)
+        return given
+    for name in defaults:
+        if name in columns:
+            return name
+    raise SourceError(f"no {what} column: none of {', '.join(defaults)} is there (columns: {', '.join(columns)}); "
+                      f"name it with {option}", where=where)
+
+
+def json_value(value: Any, row: int, column: str, where: str) -> Any:
+    """``value`` if it can be written as JSON (nested lists and objects too), else a SourceError."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SourceError(f"row {row}: column {column!r} holds {value}, which JSON cannot hold", where=where)
+        return value
+    if isinstance(value, list):
+        return [json_value(v, row, column, where) for v in value]
+    if isinstance(value, dict):
+        return {str(k): json_value(v, row, column, where) for k, v in value.items()}
+    raise SourceError(f"row {row}: column {column!r} holds {type(value).__name__} {value!r:.40}, not written as JSON "
+                      "(leave the column out with --extra-columns, or convert it)", where=where)
+
+
+def scan_caption_table(
+    table: str,
+    *,
+    image_column: str | None = None,
+    caption_column: str | None = None,
+    extra_columns: Sequence[str] | None = None,
+    images_root: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> SourceListing:
+    """List the rows of a caption table as captioned samples (see the module doc).
+
+    Args:
+        table: a ``.csv``, ``.tsv``, ``.jsonl``/``.ndjson`` or ``.parquet`` file (path or fsspec URL).
+        image_column: the column of image paths or URLs (default: the first of
+            :data:`IMAGE_COLUMNS` present).
+        caption_column: the caption column (default: the first of :data:`CAPTION_COLUMNS` present).
+        extra_columns: columns written into each sample's ``json`` (default: every other column;
+            ``[]``: none).
+        images_root: the directory or URL prefix relative image paths start from (default: the
+            table's directory).
+        storage_options: fsspec options for URLs (the table, the images).
+
+    Raises:
+        SourceError: see the module doc; every message names the table and the row or column.
+        StorageError: a URL table cannot be read (network, credentials).
+
+    Example::
+
+        listing = scan_caption_table("pairs.parquet", image_column="url", caption_column="text")
+    """
+    data = read_table(table, storage_options)
+    columns = list(data.column_names)
+    image = _pick(columns, image_column, IMAGE_COLUMNS, "image", "--image-column", table)
+    caption = _pick(columns, caption_column, CAPTION_COLUMNS, "caption", "--caption-column", table)
+    if image == caption:
+        raise SourceError(f"the image and caption columns are both {image!r}", where=table)
+    extras = [c for c in columns if c not in (image, caption)] if extra_columns is None else list(extra_columns)
+    for name in extras:
+        if name in (image, caption):
+            raise SourceError(f"extra column {name!r} is the {'image' if name == image else 'caption'} column",
+                              where=table)
+        if name not in columns:
+            raise SourceError(f"no extra column {name!r} (columns: {', '.join(columns)})", where=table)
+    if len(set(extras)) != len(extras):
+        raise SourceError(f"an extra column is named twice ({', '.join(extras)})", where=table)
+    base = images_root if images_root is not None else _parent(table)
+    paths = data.column(image).to_pylist()
+    texts = data.column(caption).to_pylist()
+    extra_values = {name: data.column(name).to_pylist() for name in extras}
+    warnings: list[dict[str, str]] = []
+    rows: list[tuple[int, str, str, str, dict[str, Any]]] = []
+    for i, (path, text) in enumerate(zip(paths, texts, strict=True)):
+        row = i + 1
+        for what, value in (("image", path), ("caption", text)):
+            if value is not None and not isinstance(value, str):
+                column = image if what == "image" else caption
+                raise SourceError(f"row {row}: the {what} column {column!r} holds {type(value).__name__} "
+                                  f"{value!r:.40}, not text", where=table)
+        if not path:
+            warnings.append({"source": f"row {row}", "reason": "no image (the image column is empty)"})
+            continue
+        if text is None:
+            warnings.append({"source": path, "reason": f"row {row}: no caption (the caption column is null)"})
+            continue
+        meta = {name: json_value(values[i], row, name, table) for name, values in extra_values.items()}
+        rows.append((row, path, resolve(path, base), text, meta))
+    files = LinkedFiles(table, [full for _, _, full, _, _ in rows], storage_options)
+    entries = files.stat([full for _, _, full, _, _ in rows])
+    # Size 0: rows are planned by count (a URL's size is not known before it is read), so a table
+    # gives the same shards whether its images are files or URLs; the version still guards a resume.
+    samples = [SourceSample(full, rel, 0, meta=meta, version=entry.version, caption=text)
+               for (_, rel, full, text, meta), entry in zip(rows, entries, strict=True)]
+    return SourceListing(kind=CAPTIONS_KIND, root=table, samples=samples, warnings=warnings, files=files)
+
+
+def _parent(table: str) -> str:
+    if is_remote(table):
+        return table.rsplit("/", 1)[0]
+    return os.path.dirname(os.path.abspath(table.removeprefix("file://")))

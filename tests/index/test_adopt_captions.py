@@ -1,0 +1,56 @@
+"""``shardkit index`` on img2dataset-style shards (image, txt, json and more): indexed in place,
+every member kept, the kind told from the samples, a sample without a caption named."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from shardkit.cli import cli
+from shardkit.errors import FormatError
+from shardkit.index.adopt import adopt_shards
+from shardkit.index.manifest import read_manifest
+from shardkit.index.verify import verify_dataset
+from shardkit.storage import Store
+from tests.conftest import encode_image
+from tests.trees import img2dataset_shards
+
+
+def test_index_adopts_captioned_shards_keeping_every_member(tmp_path: Path) -> None:
+    written = img2dataset_shards(tmp_path / "wds")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "wds").glob("*.tar")}
+    result = CliRunner().invoke(cli, ["index", str(tmp_path / "wds")])
+    assert result.exit_code == 0, result.output
+    assert "2 shards, 6 samples, captioned images" in result.output
+    manifest = read_manifest(Store(str(tmp_path / "wds")))
+    assert manifest.kind == "captions" and manifest.adopted and manifest.classes is None
+    assert manifest.num_samples == 6
+    assert {p.name: p.read_bytes() for p in (tmp_path / "wds").glob("*.tar")} == before  # not rewritten
+    report = verify_dataset(str(tmp_path / "wds"), decode=True)
+    assert report.ok and report.images_decoded == 6
+
+    from shardkit.loader.read.reader import ShardReader
+
+    reader = ShardReader(Store(str(tmp_path / "wds")), manifest.shards, cache_dir=str(tmp_path / "cache"))
+    for shard, entry in enumerate(manifest.shards):
+        for index in range(entry.num_samples):
+            key, fields = reader.read(shard, index)
+            assert fields == written[key]  # exif too
+
+
+def test_a_sample_without_caption_is_named(tmp_path: Path) -> None:
+    img2dataset_shards(tmp_path / "wds", shards=1)
+    with tarfile.open(tmp_path / "wds" / "00001.tar", "w") as tar:
+        data = encode_image()
+        info = tarfile.TarInfo("000010000.jpg")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(FormatError, match=r"00001\.tar:000010000: sample has no 'txt' member \(has \['jpg'\]\)"):
+        adopt_shards(str(tmp_path / "wds"))
+    with pytest.raises(FormatError, match=r"sample has no 'cls' member"):
+        adopt_shards(str(tmp_path / "wds"), kind="imagefolder")
+    assert not (tmp_path / "wds" / "index.json").exists()

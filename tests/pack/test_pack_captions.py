@@ -1,0 +1,280 @@
+"""pack_captions / ``shardkit pack --format captions``: image-text pairs from a folder of sidecars or a
+CSV/JSONL/Parquet table (paths or http URLs), written as img2dataset writes them (image, txt, json),
+byte-reproducible and resumable, with skips reported and bad tables refused before any work."""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from shardkit.cli import cli
+from shardkit.errors import SourceError
+from shardkit.index.manifest import read_manifest
+from shardkit.index.verify import verify_dataset
+from shardkit.pack import PackOptions, SkipBudget, SkipBudgetError, pack_captions
+from shardkit.storage import Store
+from tests.trees import make_caption_folder
+
+OPTIONS = PackOptions(max_count=2, seed=3)
+
+
+def _webdataset(dst: Path) -> dict[str, dict[str, Any]]:
+    """Every sample, read with plain webdataset (no shardkit code)."""
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in dst.glob("*.tar"))
+    return {s["__key__"]: s for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)}
+
+
+def _files(dst: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(dst.iterdir()) if p.is_file()}
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    root = tmp_path / "captioned"
+    return root, make_caption_folder(root)
+
+
+def test_folder_packs_image_txt_json(folder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, captions = folder
+    (root / "brick" / "no_caption.jpg").write_bytes((root / "brick" / "brick_000.jpg").read_bytes())
+    (root / "astronaut" / "latin1.jpg").write_bytes((root / "astronaut" / "astronaut_000.jpg").read_bytes())
+    (root / "astronaut" / "latin1.txt").write_bytes(b"caf\xe9")
+    (root / "astronaut" / "listjson.png").write_bytes((root / "astronaut" / "astronaut_000.jpg").read_bytes())
+    (root / "astronaut" / "listjson.txt").write_text("fine")
+    (root / "astronaut" / "listjson.json").write_text("[1, 2]")
+    result = pack_captions(str(root), str(tmp_path / "out"), options=OPTIONS, workers=1)
+    m = result.manifest
+    assert m.kind == "captions" and m.num_samples == len(captions) == 6 and m.classes is None
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["kind_version"] == 1
+    assert [(s["source"], s["reason"].split(" (")[0]) for s in m.skipped] == [
+        ("astronaut/latin1.jpg", "caption is not UTF-8 text"),
+        ("astronaut/listjson.png", "sidecar .json must hold a JSON object, not list"),
+        ("brick/no_caption.jpg", "no caption"),
+    ]
+    samples = _webdataset(tmp_path / "out")
+    assert len(samples) == 6
+    for sample in samples.values():
+        assert set(sample) - {"__key__", "__url__", "__local_path__"} == {"jpg", "txt", "json"}
+        meta = json.loads(sample["json"])
+        assert sample["txt"].decode() == captions[meta["source"]]  # the sidecar's trailing newline dropped
+        assert sample["jpg"] == (root / meta["source"]).read_bytes()
+        extra = json.loads((root / meta["source"]).with_suffix(".json").read_text()) \
+            if (root / meta["source"]).with_suffix(".json").exists() else {}
+        assert meta == {**extra, "source": meta["source"], "width": meta["width"], "height": meta["height"]}
+    report = verify_dataset(str(tmp_path / "out"), decode=True)
+    assert report.ok and report.images_decoded == 6
+
+
+def test_folder_pack_is_byte_reproducible_over_workers(folder: tuple[Path, dict[str, str]],
+                                                       tmp_path: Path) -> None:
+    root, _ = folder
+    pack_captions(str(root), str(tmp_path / "one"), options=OPTIONS, workers=1)
+    pack_captions(str(root), str(tmp_path / "two"), options=OPTIONS, workers=2)
+    assert _files(tmp_path / "one") == _files(tmp_path / "two")
+    before = read_manifest(Store(str(tmp_path / "one"))).options["fingerprint"]
+    (root / "camera" / "camera_000.txt").write_text("another caption")
+    again = pack_captions(str(root), str(tmp_path / "three"), options=OPTIONS, workers=1)
+    assert again.manifest.options["fingerprint"] != before  # a caption is part of the input
+
+
+@pytest.fixture
+def table_dir(folder: tuple[Path, dict[str, str]]) -> tuple[Path, list[dict[str, Any]]]:
+    """Rows over the captioned folder: relative paths, captions, two extra columns."""
+    root, captions = folder
+    rows = [{"image": rel, "caption": text, "score": i / 4, "tag": f"t{i}"}
+            for i, (rel, text) in enumerate(captions.items())]
+    return root, rows
+
+
+def _write(kind: str, path: Path, rows: list[dict[str, Any]]) -> Path:
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    elif kind == "csv":
+        import csv
+
+        with path.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_tables_of_each_format_pack_the_rows(table_dir: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    root, rows = table_dir
+    rows = [*rows, {"image": "", "caption": "no image", "score": 0.0, "tag": "x"},
+            {"image": "gone.jpg", "caption": "missing file", "score": 0.0, "tag": "y"}]
+    packed = {}
+    for kind in ("jsonl", "csv", "parquet"):
+        table = _write(kind, root / f"pairs.{kind}", rows)
+        result = pack_captions(str(table), str(tmp_path / kind), options=OPTIONS, workers=1)
+        assert result.manifest.num_samples == 6
+        assert [(s["source"], s["reason"].split(" (")[0]) for s in result.manifest.skipped] == [
+            ("gone.jpg", "unreadable file"), ("row 7", "no image")]
+        samples = _webdataset(tmp_path / kind)
+        packed[kind] = {k: (s["txt"], json.loads(s["json"])) for k, s in samples.items()}
+    for key, (text, meta) in packed["parquet"].items():
+        row = rows[int(key)]
+        assert text.decode() == row["caption"] and meta["source"] == row["image"]
+        assert meta["score"] == row["score"] and meta["tag"] == row["tag"]
+        assert packed["jsonl"][key] == (text, meta)
+        assert packed["csv"][key][1]["score"] == str(row["score"])  # CSV columns stay text
+
+
+@pytest.fixture
+def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A real HTTP server (http.server, loopback) serving ``tmp_path / "www"``."""
+    www = tmp_path / "www"
+    www.mkdir()
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(www)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield www, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_urls_pack_like_local_paths_and_a_404_is_skipped(
+        table_dir: tuple[Path, list[dict[str, Any]]], http_root: tuple[Path, str], tmp_path: Path) -> None:
+    root, rows = table_dir
+    www, base = http_root
+    for row in rows:
+        (www / row["image"]).parent.mkdir(parents=True, exist_ok=True)
+        (www / row["image"]).write_bytes((root / row["image"]).read_bytes())
+    local = _write("parquet", tmp_path / "local.parquet", rows)
+    urls = [{**r, "image": f"{base}/{r['image']}"} for r in rows] + [
+        {"image": f"{base}/missing.jpg", "caption": "404", "score": 1.0, "tag": "z"}]
+    remote = _write("parquet", www / "urls.parquet", urls)
+    pack_captions(str(local), str(tmp_path / "local"), images_root=str(root), options=OPTIONS, workers=1)
+    result = pack_captions(f"{base}/urls.parquet", str(tmp_path / "http"), options=OPTIONS, workers=2)
+    assert remote.exists() and result.manifest.num_samples == len(rows)
+    assert [s["source"] for s in result.manifest.skipped] == [f"{base}/missing.jpg"]
+    here, there = _webdataset(tmp_path / "local"), _webdataset(tmp_path / "http")
+    assert sorted(here) == sorted(there)[: len(here)]
+    for key, sample in here.items():
+        assert there[key]["jpg"] == sample["jpg"] and there[key]["txt"] == sample["txt"]
+
+
+def test_skip_budget_stop_then_resume_gives_the_same_bytes(
+        table_dir: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    root, rows = table_dir
+    rows = [*rows, {"image": "gone.jpg", "caption": "missing", "score": 0.0, "tag": "x"}]
+    table = _write("jsonl", root / "pairs.jsonl", rows)
+    options = PackOptions(max_count=2, shuffle=False)
+    with pytest.raises(SkipBudgetError):  # the last shard's missing file ends the pack after the others
+        pack_captions(str(table), str(tmp_path / "out"), options=options, workers=1, max_skipped=SkipBudget.parse("0"))
+    assert not (tmp_path / "out" / "index.json").exists()
+    (tmp_path / "out" / ".shardkit-pack" / "shard-000001.tar.done.json").unlink()  # as if cut off before it
+    resumed = pack_captions(str(table), str(tmp_path / "out"), options=options, workers=1)
+    assert resumed.reused_shards == 3 and resumed.manifest.num_samples == 6
+    pack_captions(str(table), str(tmp_path / "fresh"), options=options, workers=1)
+    assert _files(tmp_path / "out") == _files(tmp_path / "fresh")
+
+
+@pytest.mark.parametrize(("content", "args", "message"), [
+    (b'{"path": "a.jpg", "caption": "x"}\n', ["--image-column", "url"],
+     "pairs.jsonl: no image column 'url' (columns: path, caption)"),
+    (b'{"image": "a.jpg", "alt": "x"}\n', [],
+     "pairs.jsonl: no caption column: none of caption, text, txt is there (columns: image, alt); name it with "
+     "--caption-column"),
+    (b'{"image": "a.jpg", "caption": 3}\n', [],
+     "pairs.jsonl: row 1: the caption column 'caption' holds int 3, not text"),
+    (b'{"image": "a.jpg", "caption": "x", "k": 1}\n', ["--extra-columns", "k,q"],
+     "pairs.jsonl: no extra column 'q' (columns: image, caption, k)"),
+    (b'{"image": "a.jpg", "caption": "x"}\n{"image": ', [], "pairs.jsonl: cannot parse the jsonl table ("),
+])
+def test_cli_refuses_a_bad_table_in_one_line(tmp_path: Path, content: bytes, args: list[str], message: str) -> None:
+    (tmp_path / "pairs.jsonl").write_bytes(content)
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "pairs.jsonl"), str(tmp_path / "out"), *args])
+    assert result.exit_code == 1, result.output
+    line = result.output.strip()
+    assert "\n" not in line and line.startswith("error: ") and message in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_packs_a_folder_and_refuses_table_options_for_it(folder: tuple[Path, dict[str, str]],
+                                                             tmp_path: Path) -> None:
+    root, captions = folder
+    runner = CliRunner()
+    refused = runner.invoke(cli, ["pack", str(root), str(tmp_path / "out"), "--format", "captions",
+                                  "--caption-column", "x"])
+    assert refused.exit_code == 2 and "--caption-column: for a caption table" in refused.output
+    done = runner.invoke(cli, ["pack", str(root), str(tmp_path / "out"), "--format", "captions", "--workers", "1"])
+    assert done.exit_code == 0, done.output
+    assert f"samples   {len(captions)}  (captioned images)" in done.output
+    assert read_manifest(Store(str(tmp_path / "out"))).kind == "captions"
+
+
+def test_scan_refuses_values_json_cannot_hold(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardkit.sources import scan_caption_table
+
+    pq.write_table(pa.table({"image": ["a.jpg"], "caption": ["x"], "blob": [b"\x00"]}), tmp_path / "t.parquet")
+    with pytest.raises(SourceError, match=r"row 1: column 'blob' holds bytes b'\\x00', not written as JSON"):
+        scan_caption_table(str(tmp_path / "t.parquet"))
+    assert len(scan_caption_table(str(tmp_path / "t.parquet"), extra_columns=[]).samples) == 1
+
+
+def test_a_folder_and_a_table_in_a_bucket_pack_as_on_disk(table_dir: tuple[Path, list[dict[str, Any]]],
+                                                          tmp_path: Path) -> None:
+    import uuid
+
+    from tests.conftest import upload_tree
+
+    root, rows = table_dir
+    _write("parquet", root / "pairs.parquet", rows)
+    bucket = f"memory://captions/{uuid.uuid4().hex}"
+    upload_tree(root, bucket)
+    pack_captions(str(root), str(tmp_path / "disk"), options=OPTIONS, workers=1)
+    pack_captions(bucket, str(tmp_path / "bucket"), options=OPTIONS, workers=1)
+    assert _files(tmp_path / "disk") == _files(tmp_path / "bucket")
+    pack_captions(str(root / "pairs.parquet"), str(tmp_path / "table-disk"), options=OPTIONS, workers=1)
+    pack_captions(f"{bucket}/pairs.parquet", str(tmp_path / "table-bucket"), options=OPTIONS, workers=1)
+    assert _files(tmp_path / "table-disk") == _files(tmp_path / "table-bucket")
+
+
+def test_a_saved_hf_dataset_packs_its_rows(folder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    root, captions = folder
+    rels = list(captions)
+    rows = datasets.Dataset.from_dict({"image": [str(root / r) for r in rels], "sentence": list(captions.values()),
+                                       "score": [i / 2 for i in range(len(rels))]})
+    rows = rows.cast_column("image", datasets.Image())
+    datasets.DatasetDict({"train": rows, "val": rows.select([0])}).save_to_disk(str(tmp_path / "saved"))
+    runner = CliRunner()
+    unsplit = runner.invoke(cli, ["pack", str(tmp_path / "saved"), str(tmp_path / "out"), "--caption-column",
+                                  "sentence"])
+    assert unsplit.exit_code == 1 and "a DatasetDict: name its split (train, val) with --split" in unsplit.output
+    done = runner.invoke(cli, ["pack", str(tmp_path / "saved"), str(tmp_path / "out"), "--split", "train",
+                               "--caption-column", "sentence", "--max-count", "4", "--workers", "2"])
+    assert done.exit_code == 0, done.output
+    samples = _webdataset(tmp_path / "out")
+    assert len(samples) == len(rels)
+    for key, sample in samples.items():
+        row = int(key)
+        meta = json.loads(sample["json"])
+        assert sample["txt"].decode() == captions[rels[row]] and meta["score"] == row / 2
+        assert sample["jpg"] == (root / rels[row]).read_bytes()
+        assert meta["source"] in (str(root / rels[row]), rels[row].rsplit("/", 1)[-1])  # the image's stored path
