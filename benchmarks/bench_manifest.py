@@ -162,7 +162,8 @@ def _summary(times: list[float]) -> str:
 def run(shards: int, args: argparse.Namespace, options: dict[str, Any] | None) -> dict[str, Any]:
     result: dict[str, Any] = {"shards": shards}
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        root = Path(tmp)
+        root = Path(args.keep) / f"n{shards}" if args.keep else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         ds, _ = build(root, shards, args.per_shard)
         sizes = {name: os.path.getsize(ds / name) for name in _MANIFEST_FILES}
@@ -225,6 +226,8 @@ def main() -> None:
     parser.add_argument("--no-s3", action="store_true", help="local runs only")
     parser.add_argument("--tmp", default=None, help="where the datasets are built (default: the temporary directory)")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
+    parser.add_argument("--keep", default=None, help="build the datasets under KEEP/n<shards> and keep them "
+                        "(KEEP/n<shards>/ds, with index.plain.json beside it: the same manifest without the table)")
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server, options = None, None

@@ -90,6 +90,10 @@ class NamedShards(Sequence[str]):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __iter__(self) -> Iterator[str]:
+        prefix = self.prefix
+        return (f"{prefix}-{i:06d}.tar" for i in range(self.length))
+
     @staticmethod
     def of(urls: Sequence[str]) -> NamedShards | None:
         """``urls`` as a pattern, when they are exactly ``shard_name(prefix, 0..n-1)`` of one prefix."""

@@ -81,7 +81,7 @@ def shards_digest(shard_sizes: Sequence[int] | np.ndarray) -> str:
     >>> shards_digest([3, 2]) == shards_digest([3, 2]) != shards_digest([2, 3])
     True
     """
-    text = ",".join(str(int(s)) for s in np.asarray(shard_sizes).reshape(-1))
+    text = ",".join(map(str, np.asarray(shard_sizes).reshape(-1).tolist()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -4,6 +4,7 @@ allocate what the files do not hold, or fail with anything but an error naming t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.errors import ManifestError
-from shardkit.index.manifest import ShardEntry
+from shardkit.index.manifest import ShardEntry, read_manifest
 from shardkit.loader.read.cache import ShardCache
 from shardkit.loader.read.reader import ShardReader
 from shardkit.pack import PackOptions, pack
@@ -90,7 +91,8 @@ def test_a_local_shard_whose_size_differs_from_the_manifest_is_refused_before_pl
     doc["num_samples"] = sum(s["num_samples"] for s in doc["shards"])
     del doc["table"]  # an index.json naming no table (an older shardkit's): the loader reads its shards
     (ds / "index.json").write_text(json.dumps(doc))
-    with pytest.raises(LoaderError, match=r"claims 200000\d\d\d samples, but its shard files hold \d+ bytes") as err:
+    claims = r"claims 200000\d\d\d samples in its 7 shards, but their files hold \d+ bytes"
+    with pytest.raises(LoaderError, match=claims) as err:
         _loader(str(ds), tmp_path / "cache")
     assert doc["shards"][0]["url"] in str(err.value)
 
@@ -146,3 +148,20 @@ def _manifest_shards(ds: Path) -> tuple[ShardEntry, ...]:
     from shardkit.index.manifest import read_manifest
 
     return read_manifest(Store(str(ds))).shards
+
+
+def test_of_many_shards_those_claiming_the_most_are_checked_before_planning(packed: Path, tmp_path: Path) -> None:
+    """Past CHECKED_UP_FRONT shards, a stat per shard would cost seconds (5e5 shards): the shards
+    claiming the most samples are the ones compared with their files up front."""
+    from shardkit.loader.read.reader import CHECKED_UP_FRONT
+
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    entry = read_manifest(Store(str(ds))).shards[0]
+    many = [ShardEntry(f"s-{i:06d}.tar", 1, entry.num_bytes, entry.sha256) for i in range(2 * CHECKED_UP_FRONT)]
+    for e in many[1:]:
+        os.link(ds / entry.url, ds / e.url)
+    many[0] = ShardEntry(many[0].url, 10**6, 10**6 * 512, entry.sha256)  # its file holds fewer than claimed
+    (ds / many[0].url).write_bytes(b"\0" * 1024)
+    with pytest.raises(LoaderError, match=rf"claims \d+ samples in the {CHECKED_UP_FRONT} shards claiming the most"):
+        ShardReader(Store(str(ds)), many)
