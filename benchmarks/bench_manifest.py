@@ -4,10 +4,11 @@ in a process of its own), with the shard table (``index.table``, ``index.hashes`
 it (``index.json`` alone, as datasets written before the table existed).
 
 Every shard entry has ``--per-shard`` samples and names a hard link to one of a few copies of
-one real packed shard of tiny images (ext4 allows 65,000 links per file), so the manifest, the
-epoch plan and the local start-up's checks have the full size while the disk stays small. On
-S3 only ``index.json``, the table and the shards the first batches read are uploaded; all shards
-share their bytes (one sha256), so the shard cache fetches one shard per run. Each S3 run starts
+one real packed shard of tiny images (ext4 allows 65,000 links per file), with a random size and
+sha256 as a real dataset's, so the manifest, its table and the epoch plan have the full size
+while the disk stays small; the shards the first batches read are real, each its own padded copy
+(own size and sha256, see :func:`build`). On S3 only ``index.json``, the table and the shards the
+first batches read are uploaded. Each S3 run starts
 with an empty node cache (``cold``: the first rank of a node fetches the table) or with the
 table already in it (``warm``: the node's other ranks and workers). A run with ``num_workers=0``
 counts the manifest bytes read (``index.json``, ``index.table``, ``index.hashes``) up to the
@@ -19,6 +20,7 @@ first batch.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -33,10 +35,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sample_data.generate import make_indexed_imagefolder
 from shardkit import ShardLoader, transforms
 from shardkit.index.manifest import Manifest, read_manifest, write_manifest
 from shardkit.index.shards import NamedShards, ShardTable
+from shardkit.loader.epochs.config import PlanConfig
 from shardkit.pack import PackOptions, pack
 from shardkit.storage import Store
 
@@ -44,31 +49,55 @@ _LINKS_PER_COPY = 60_000
 _MANIFEST_FILES = ("index.json", "index.table", "index.hashes")
 
 
-def build(root: Path, shards: int, per_shard: int) -> tuple[Path, Manifest]:
-    """``root/ds``: ``shards`` entries linked to copies of one real shard, with its table;
-    ``index.plain.json`` beside it is the same manifest without the table's reference."""
-    import numpy as np
+def first_shards(counts: np.ndarray, batch_size: int, batches: int = 8) -> list[int]:
+    """The shards rank 0's first ``batches`` batches read, with the loader's defaults (seed 0,
+    shuffle, window 8, one rank): the plan depends on the sample counts alone."""
+    config = PlanConfig(shard_sizes=counts, seed=0, shuffle=True, window=8, rank=0, world_size=1,
+                        batch_size=batch_size, drop_last=False, even_batches=False)
+    order = config.order(0)
+    return sorted({int(s) for b in range(min(batches, config.num_batches)) for s in config.batch(order, b)[0]})
 
+
+def build(root: Path, shards: int, per_shard: int, batch_size: int) -> tuple[Path, list[int]]:
+    """``root/ds``: ``shards`` entries, with its table, and the shards the first batches read;
+    ``index.plain.json`` beside it is the same manifest without the table's reference.
+
+    The shards the first batches read are copies of one real shard, each padded with its own
+    number of zero records (a valid tar still, with its own size and sha256); every other entry
+    names a hard link to an unpadded copy and has a random size (larger than the file) and
+    sha256, as a real dataset's, so the table and hash columns compress as much as a real one's."""
     src, one = root / "src", root / "one"
     make_indexed_imagefolder(src, classes=4, per_class=per_shard // 4, size=(32, 24))
     packed = pack(str(src), str(one), options=PackOptions(max_count=per_shard), workers=1).manifest
     entry = packed.shards[0]
+    data = (one / entry.url).read_bytes()
     ds = root / "ds"
     ds.mkdir()
+    counts = np.full(shards, entry.num_samples, np.int64)
+    needed = first_shards(counts, batch_size)
+    rng = np.random.default_rng(0)
+    sizes = entry.num_bytes + rng.integers(0, 10**9, shards) // 512 * 512
+    hashes = bytearray(rng.bytes(32 * shards))
     for c in range(-(-shards // _LINKS_PER_COPY)):
         for suffix in (".tar", ".idx"):
             shutil.copyfile(one / f"shard-000000{suffix}", ds / f".copy{c}{suffix}")
+    wanted = set(needed)
     for i in range(shards):
         c = i // _LINKS_PER_COPY
-        os.link(ds / f".copy{c}.tar", ds / f"shard-{i:06d}.tar")
+        if i in wanted:
+            padded = data + bytes(10240 * (1 + needed.index(i)))
+            (ds / f"shard-{i:06d}.tar").write_bytes(padded)
+            sizes[i] = len(padded)
+            hashes[32 * i:32 * i + 32] = hashlib.sha256(padded).digest()
+        else:
+            os.link(ds / f".copy{c}.tar", ds / f"shard-{i:06d}.tar")
         os.link(ds / f".copy{c}.idx", ds / f"shard-{i:06d}.idx")
-    table = ShardTable(NamedShards("shard", shards), np.full(shards, entry.num_samples, np.int64),
-                       np.full(shards, entry.num_bytes, np.int64), bytes.fromhex(entry.sha256) * shards)
+    table = ShardTable(NamedShards("shard", shards), counts, sizes.astype(np.int64), bytes(hashes))
     manifest = Manifest(kind="imagefolder", shards=table, classes=packed.classes, options=packed.options,
                         created_by=packed.created_by)
     write_manifest(Store(str(ds)), manifest)
     (root / "index.plain.json").write_bytes(manifest.to_json())
-    return ds, manifest
+    return ds, needed
 
 
 def _use(ds: Path, root: Path, table: bool) -> None:
@@ -134,8 +163,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _upload(ds: Path, root: Path, url: str, options: dict[str, Any], args: argparse.Namespace) -> None:
-    """The manifest files and the shards the first batches of rank 0 read (found from the local plan)."""
+def _upload(ds: Path, root: Path, url: str, options: dict[str, Any], needed: list[int]) -> None:
+    """The manifest files and the shards the first batches of rank 0 read."""
     import s3fs
 
     fs = s3fs.S3FileSystem(**options)
@@ -144,11 +173,6 @@ def _upload(ds: Path, root: Path, url: str, options: dict[str, Any], args: argpa
         fs.put_file(str(ds / name), f"{url}/{name}")
     fs.put_file(str(root / "index.table.json"), f"{url}/index.json")
     fs.put_file(str(root / "index.plain.json"), f"{url}/index.plain.json")
-    with ShardLoader(str(ds), batch_size=args.batch_size, num_workers=0) as loader:
-        order = loader.config.order(0)
-        needed: set[int] = set()
-        for b in range(min(8, len(loader))):
-            needed.update(int(s) for s in loader.config.batch(order, b)[0])
     for i in sorted(needed):
         for suffix in (".tar", ".idx"):
             fs.put_file(str(ds / f"shard-{i:06d}{suffix}"), f"{url}/shard-{i:06d}{suffix}")
@@ -165,7 +189,7 @@ def run(shards: int, args: argparse.Namespace, options: dict[str, Any] | None) -
         root = Path(args.keep) / f"n{shards}" if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        ds, _ = build(root, shards, args.per_shard)
+        ds, needed = build(root, shards, args.per_shard, args.batch_size)
         sizes = {name: os.path.getsize(ds / name) for name in _MANIFEST_FILES}
         result["files"] = sizes
         print(f"{shards:,} shards: built in {time.perf_counter() - started:.0f} s; "
@@ -188,7 +212,7 @@ def run(shards: int, args: argparse.Namespace, options: dict[str, Any] | None) -
         if options is None:
             return result
         url = f"s3://bench/ds{shards}"
-        _upload(ds, root, url, options, args)
+        _upload(ds, root, url, options, needed)
         for table in (True, False):
             if not table:
                 import s3fs
