@@ -28,7 +28,10 @@ from shardkit.format.spec import shard_name
 
 #: Shards per block of the hash column: ``index.hashes`` is read (and checked) a block at a time,
 #: and a dataset's :attr:`ShardTable.fingerprint` digests the blocks' digests. Part of the format.
-HASH_BLOCK = 1024
+#: 64 hashes (2 KiB) per block: a process's first batch reads a block per shard it opens (8 with
+#: the default window), so 64 processes of a node read about 1 MB of hashes before their first
+#: batches; the blocks' digests add 0.5 byte per shard to the table.
+HASH_BLOCK = 64
 #: Bytes of one shard's sha256 in the hash column.
 HASH_BYTES = 32
 
@@ -50,7 +53,7 @@ class ShardEntry:
 def block_digests(hashes: bytes) -> bytes:
     """The sha256 of each :data:`HASH_BLOCK` raw hashes of ``hashes``, one after another.
 
-    >>> len(block_digests(bytes(32 * 1025)))
+    >>> len(block_digests(bytes(32 * 65)))
     64
     """
     step = HASH_BLOCK * HASH_BYTES
