@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def test_an_offsets_key_that_differs_from_the_shard_is_refused(packed: Path, tmp
     reader.close()
 
 
-def _manifest_shards(ds: Path) -> tuple[ShardEntry, ...]:
+def _manifest_shards(ds: Path) -> Sequence[ShardEntry]:
     from shardkit.index.manifest import read_manifest
 
     return read_manifest(Store(str(ds))).shards
