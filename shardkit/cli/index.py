@@ -34,9 +34,12 @@ def _class_names(path: str | None) -> list[str] | None:
               help="Also write DALI index files (<shard>.dali.idx, wds2idx format).")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing index.json and .idx files beside the shards.")
+@click.option("--table", "table_only", is_flag=True,
+              help="Only write index.table and index.hashes from an existing index.json (a dataset packed "
+                   "before they existed, or a table found stale); reads no shard.")
 @storage_option_flag
 def index_command(dataset: str, classes_file: str | None, kind: str, dali_index: bool, overwrite: bool,
-                  storage_option: tuple[str, ...]) -> None:
+                  table_only: bool, storage_option: tuple[str, ...]) -> None:
     """Index the WebDataset shards (*.tar) in DATASET (directory or URL) without rewriting them.
 
     Each sample needs one image member and a 'cls' label, or, captioned (img2dataset's shards), a
@@ -44,13 +47,20 @@ def index_command(dataset: str, classes_file: str | None, kind: str, dali_index:
     files so ShardLoader, info and verify work on the shards.
 
     On a DATASET that already has index.json (e.g. one shardkit packed), --dali-index alone adds
-    DALI index files for its shards and changes nothing else.
+    DALI index files for its shards and changes nothing else; --table writes its shard table
+    (index.table, index.hashes) from index.json.
     """
-    from shardkit.index import locate_dataset
+    from shardkit.index import locate_dataset, write_table
     from shardkit.index.adopt import adopt_shards
     from shardkit.index.dali import write_dali_indexes
 
     remote = storage_options(storage_option, dataset)
+    if table_only:
+        if dali_index or overwrite or classes_file is not None:
+            raise click.UsageError("--table takes no other option: it only writes the shard table")
+        manifest = write_table(locate_dataset(dataset, remote))
+        click.echo(f"{dataset}: wrote index.table and index.hashes for {counted(len(manifest.shards), 'shard')}")
+        return
     if (dali_index and not overwrite and classes_file is None
         and locate_dataset(dataset, remote).exists("index.json")):
         names = write_dali_indexes(locate_dataset(dataset, remote).url, storage_options=remote)

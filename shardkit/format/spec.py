@@ -17,6 +17,13 @@ SUPPORTED_VERSIONS = (FORMAT_VERSION, UNIFORM_NAMES_VERSION)
 #: (HF ``datasets`` infers an ``Image`` column from it; all of them decode by content).
 UNIFORM_IMAGE_EXT = "jpg"
 INDEX_NAME = "index.json"
+#: The shard table beside ``index.json`` (docs/concepts/format.md §10): its shards by column, for
+#: loading without parsing the JSON; ``index.json`` names it with its sha256.
+TABLE_NAME = "index.table"
+#: Every shard's raw sha256, 32 bytes each, in shard order (read a block at a time).
+HASHES_NAME = "index.hashes"
+#: Versions of ``index.table`` this shardkit reads (and the one it writes, the last).
+TABLE_VERSIONS = (1,)
 SHARD_SUFFIX = ".tar"
 OFFSETS_SUFFIX = ".idx"
 

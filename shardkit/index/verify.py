@@ -12,10 +12,10 @@ from shardkit.errors import FormatError, ShardkitError, reraise_interrupt
 from shardkit.format.bounded import parse_json, parse_label
 from shardkit.format.dali_index import dali_index_name, dump_dali_index, load_dali_index
 from shardkit.format.offsets import load_offsets
-from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, check_key, offsets_name
+from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, TABLE_NAME, check_key, offsets_name
 from shardkit.format.tarread import TarEntry, iter_entries, sample_key
 from shardkit.index._hashing import HashingReader
-from shardkit.index.manifest import Manifest, ShardEntry, read_manifest
+from shardkit.index.manifest import Manifest, ShardEntry, names_table, read_manifest
 from shardkit.storage import Store
 
 
@@ -257,6 +257,21 @@ def _check_caption(fields: dict[str, bytes], manifest: Manifest, here: str, repo
         report.problems.append(f"{here}.json: not a JSON object")
 
 
+def _check_table(store: Store, manifest: Manifest, report: VerifyReport) -> None:
+    """The shard table, when ``index.json`` names one, must hold what ``index.json`` holds."""
+    if not names_table(store):
+        return
+    try:
+        table = read_manifest(store)
+        table.table.hashes()  # every block of index.hashes, each checked against the table
+    except ShardkitError as err:
+        report.problems.append(str(err))
+        return
+    if table != manifest or table.head() != manifest.head():
+        report.problems.append(f"{store.path(TABLE_NAME)}: holds other shards or fields than index.json (write it "
+                               f"again: `shardkit index --table {store.url}`)")
+
+
 def verify_dataset(
     url: str,
     *,
@@ -268,7 +283,8 @@ def verify_dataset(
 
     Checks each shard's size, sha256, sample count, member names and key uniqueness, labels
     against the class list (COCO: records and category ids in ``json``), offsets files, DALI
-    index files (``<shard>.dali.idx``, when present), and
+    index files (``<shard>.dali.idx``, when present), the shard table (``index.table`` and
+    ``index.hashes``, when ``index.json`` names them) against ``index.json``, and
     with ``decode=True`` that every image decodes.
     Problems are collected, not raised, so one run lists them all.
 
@@ -276,8 +292,9 @@ def verify_dataset(
         ManifestError: the manifest itself is missing or invalid.
     """
     store = Store(url, storage_options)
-    manifest = read_manifest(store)
+    manifest = read_manifest(store, table=False)
     report = VerifyReport(manifest)
+    _check_table(store, manifest, report)
     keys: set[str] = set()
     for entry in manifest.shards:
         try:

@@ -219,8 +219,9 @@ class ShardLoader:
                                 "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes,
                                 "disjoint_labels": disjoint_labels, "read_ahead": read_ahead},
                          pad=pad)
+        cache = cache_dir or default_cache_dir()
         datasets = open_datasets(dataset, weights=weights, disjoint_labels=disjoint_labels,
-                                 storage_options=storage_options)
+                                 storage_options=storage_options, cache_dir=cache)
         #: The dataset's ``index.json``; for a mix, a joined view (kind, classes, categories and
         #: every shard in the loader's order, each ``url`` relative to its own dataset).
         self.manifest = datasets.manifest
@@ -243,7 +244,6 @@ class ShardLoader:
         self.keys = keys
         #: Worker processes (``num_workers``, with ``"auto"`` resolved).
         self.num_workers = workers
-        cache = cache_dir or default_cache_dir()
         self.reader = ShardReader.joined(datasets.parts, cache_dir=cache, cache_bytes=cache_bytes,
                                          verify_hashes=verify_hashes)
         spec = RouteSpec(transform, torch.device(device), batch_size, on_error=on_error, num_workers=workers,

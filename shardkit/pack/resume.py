@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import PackError
-from shardkit.format.spec import INDEX_NAME, OFFSETS_SUFFIX, is_shard_name
+from shardkit.format.spec import HASHES_NAME, INDEX_NAME, OFFSETS_SUFFIX, TABLE_NAME, is_shard_name
 from shardkit.index.manifest import Manifest, read_manifest
 from shardkit.pack.plan import ShardPlan
 from shardkit.pack.write import STATE_DIR, ShardReceipt, receipt_name
@@ -60,7 +60,7 @@ def _is_temporary(name: str) -> bool:
 
 
 def _ours(name: str) -> bool:
-    return name in (INDEX_NAME, STATE_DIR) or is_shard_name(name) or (
+    return name in (INDEX_NAME, TABLE_NAME, HASHES_NAME, STATE_DIR) or is_shard_name(name) or (
         name.endswith(OFFSETS_SUFFIX) and is_shard_name(name[: -len(OFFSETS_SUFFIX)] + ".tar")
     ) or _is_temporary(name)
 

@@ -92,7 +92,7 @@ def test_read_write_and_locate(tmp_path):
         read_manifest(store)
     write_manifest(store, _manifest())
     assert read_manifest(store) == _manifest()
-    assert [p.name for p in tmp_path.iterdir()] == ["index.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.hashes", "index.json", "index.table"]
     assert locate_dataset(str(tmp_path / "index.json")).url == str(tmp_path)
     assert locate_dataset(str(tmp_path) + "/").url == str(tmp_path)
     assert locate_dataset("memory://a/b/index.json").url == "memory://a/b"

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from shardkit import ShardLoader, transforms
+from tests.conftest import upload_tree
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -113,3 +119,63 @@ def test_ranks_resume_from_state_dict_in_fresh_processes(packed: Path, tmp_path:
         assert len(full) > k and first[rank]["head"] == full[:k]
         assert first[rank]["head"] + second[rank]["tail"] == full
     assert first[0]["full"] != first[1]["full"]
+
+
+# One rank of a torchrun job over a mix of an S3 dataset and a local one: epoch 1 whole, then
+# the same epoch stopped after K batches, its state through JSON, and a fresh loader resuming it.
+MIX_RANK = """
+import hashlib, json, sys
+import torch, torch.distributed as dist
+from shardkit import ShardLoader, transforms
+
+datasets, options, cache, out, k = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], 3
+dist.init_process_group("gloo")
+
+def make():
+    return ShardLoader(datasets, weights=[2, 1], batch_size=4, transform=transforms.imagenet_train(32), keys=True,
+                       seed=7, storage_options=options, cache_dir=cache)
+
+def signature(batches):
+    return [(list(keys), hashlib.sha256(x.numpy().tobytes()).hexdigest()) for x, _, keys in batches]
+
+full = make()
+full.set_epoch(1)
+whole = signature(full)
+part = make()
+part.set_epoch(1)
+it = iter(part)
+head = signature(next(it) for _ in range(k))
+state = json.loads(json.dumps(part.state_dict()))
+resumed = make()
+resumed.load_state_dict(state)
+resumed.set_epoch(1)
+tail = []
+for batch in resumed:
+    tail += signature([batch])
+    dist.all_reduce(torch.ones(1))  # a collective per step: unequal counts would hang
+gathered = [None] * dist.get_world_size()
+dist.all_gather_object(gathered, {"whole": whole, "head": head, "tail": tail, "len": len(full)})
+if dist.get_rank() == 0:
+    open(out, "w").write(json.dumps(gathered))
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_ranks_mix_a_remote_and_a_local_dataset_and_resume(packed: Path, s3_server: dict[str, object],
+                                                                    s3_bucket: str, tmp_path: Path) -> None:
+    url = f"{s3_bucket}/ds"
+    upload_tree(packed, url, s3_server)
+    script, out = tmp_path / "rank.py", tmp_path / "out.json"
+    script.write_text(MIX_RANK)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max_restarts",
+           "0", str(script), json.dumps([url, str(packed)]), json.dumps(s3_server), str(tmp_path / "cache"), str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = json.loads(out.read_text())
+    for rank in ranks:
+        assert len(rank["whole"]) == rank["len"] > 3 and rank["head"] + rank["tail"] == rank["whole"]
+    keys = [k for rank in ranks for keys, _ in rank["whole"] for k in keys]
+    assert len(keys) - 2 * 69 < 2 * 4 and set(keys) == {f"{i:08d}" for i in range(69)}  # 69 samples twice, padded
+    assert len(list((tmp_path / "cache").glob("*.table"))) == 1  # the S3 dataset's table, once for the node

@@ -13,8 +13,10 @@ import pytest
 
 from shardkit import ShardLoader
 from shardkit.errors import LoaderError
+from shardkit.index import write_table
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.state import MAX_WORLD_SIZE, LoaderState
+from shardkit.storage import Store
 
 
 def _plan(**changes: object) -> PlanConfig:
@@ -61,7 +63,9 @@ def test_the_loader_binds_its_state_to_the_shards_hashes(packed: Path, tmp_path:
     shutil.copytree(packed, other)
     index = json.loads((other / "index.json").read_bytes())
     index["shards"][0]["sha256"] = "0" * 64  # same sizes, other contents (as another dataset's)
+    del index["table"]
     (other / "index.json").write_text(json.dumps(index))
+    write_table(Store(str(other)))  # its own table: the identity comes from the table's hash blocks
     state = ShardLoader(str(packed), batch_size=8, num_workers=0).state_dict()
     with pytest.raises(LoaderError, match="made for another dataset"):
         ShardLoader(str(other), batch_size=8, num_workers=0).load_state_dict(state)

@@ -235,7 +235,7 @@ def test_coco_datasets_mix_and_resume(cocos: list[str], packed: Path) -> None:
 def test_a_joined_reader_reads_each_dataset_from_its_own_store(packed: Path, other: str) -> None:
     stores = [locate_dataset(d) for d in (str(packed), other)]
     manifests = [read_manifest(s) for s in stores]
-    joined = ShardReader.joined([ReaderPart(s, m.shards, 3 * i, 2 if i else None)
+    joined = ShardReader.joined([ReaderPart(s, m.table, 3 * i, 2 if i else None)
                                  for i, (s, m) in enumerate(zip(stores, manifests, strict=True))])
     first = len(manifests[0].shards)
     for i, (store, m) in enumerate(zip(stores, manifests, strict=True)):

@@ -97,7 +97,7 @@ def test_byte_reproducible_for_any_worker_count(coco: tuple[Path, Path, dict[str
         dst = tmp_path / f"w{workers}"
         pack_coco(str(images_dir), str(ann), str(dst), options=OPTIONS, workers=workers)
         outputs.append({p.name: p.read_bytes() for p in sorted(dst.iterdir())})
-    assert outputs[0] == outputs[1] and len(outputs[0]) == 2 * 4 + 1  # 4 shards, 4 .idx, index.json
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 2 * 4 + 3  # 4 shards, 4 .idx, index.json, .table, .hashes
 
 
 def test_bad_input_is_reported_and_the_rest_packed(coco: tuple[Path, Path, dict[str, Any]],

@@ -84,7 +84,7 @@ def test_tricky_tree_round_trip(tmp_path):
     exts = {e for s in _read_shardkit(dst).values() for e in s if e in IMAGE_EXTS}
     assert exts == {"jpg", "png", "webp", "bmp", "tiff"}  # lower case, .jpeg/.JPEG -> jpg
     assert sorted(p.name for p in dst.iterdir()) == sorted(
-        ["index.json"] + [s.url for s in manifest.shards]
+        ["index.hashes", "index.json", "index.table"] + [s.url for s in manifest.shards]
         + [offsets_name(s.url) for s in manifest.shards])
 
 

@@ -63,16 +63,16 @@ _MINIMUM = {
 _IDENTITY_RE = re.compile(r"[0-9a-f]{16}")
 
 
-def dataset_identity(shard_hashes: Sequence[Sequence[str]]) -> str:
-    """The identity a state is bound to: a fingerprint of every shard's sha256 (from the
-    manifests, in order; one list per dataset of a mix). Two datasets with equal shard sizes but
+def dataset_identity(fingerprints: Sequence[str]) -> str:
+    """The identity a state is bound to: a fingerprint of every shard's sha256, from each
+    dataset's fingerprint of its hashes (one per dataset of a mix, in order;
+    :attr:`shardkit.index.ShardTable.fingerprint`). Two datasets with equal shard sizes but
     other contents have different identities, so a state saved on one is refused by the other.
 
-    >>> dataset_identity([["a" * 64]]) != dataset_identity([["b" * 64]])
+    >>> dataset_identity(["a" * 64]) != dataset_identity(["b" * 64])
     True
     """
-    text = "\n\n".join("\n".join(hashes) for hashes in shard_hashes)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join(fingerprints).encode()).hexdigest()[:16]
 
 
 def shards_digest(shard_sizes: Sequence[int] | np.ndarray) -> str:
@@ -81,7 +81,7 @@ def shards_digest(shard_sizes: Sequence[int] | np.ndarray) -> str:
     >>> shards_digest([3, 2]) == shards_digest([3, 2]) != shards_digest([2, 3])
     True
     """
-    text = ",".join(str(int(s)) for s in np.asarray(shard_sizes).reshape(-1))
+    text = ",".join(map(str, np.asarray(shard_sizes).reshape(-1).tolist()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

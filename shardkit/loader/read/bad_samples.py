@@ -97,7 +97,7 @@ def fill_batch(attempt: Callable[[int, int, int, int], T], reader: ShardReader, 
 
 def _search(attempt: Callable[[int, int, int, int], T], reader: ShardReader, slot: int, shard: int,
             index: int, seed: int, keys: list[str]) -> tuple[str, T]:
-    size = reader.shards[shard].num_samples
+    size = int(reader.shards.num_samples[shard])
     tried = 0
     for k in range(1, min(SEARCH, size - 1) + 1):
         other = (index + k) % size

@@ -13,8 +13,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
+from shardkit.index.shards import ShardTable
 from shardkit.loader.epochs.mix import Mix, check_weights
 from shardkit.loader.epochs.state import dataset_identity
 from shardkit.loader.read.reader import ReaderPart
@@ -39,12 +43,12 @@ class Datasets:
     def identity(self) -> str:
         """What a resume state is bound to: the shards' hashes, dataset by dataset (see
         :func:`~shardkit.loader.epochs.state.dataset_identity`)."""
-        return dataset_identity([[s.sha256 for s in m.shards] for m in self.manifests])
+        return dataset_identity([m.table.fingerprint for m in self.manifests])
 
     @property
-    def shard_sizes(self) -> list[int]:
+    def shard_sizes(self) -> npt.NDArray[np.int64]:
         """Every shard's sample count, in the joined order."""
-        return [s.num_samples for s in self.manifest.shards]
+        return self.manifest.table.num_samples
 
 
 def _urls(dataset: object) -> tuple[str, ...]:
@@ -59,8 +63,11 @@ def _urls(dataset: object) -> tuple[str, ...]:
 
 
 def open_datasets(dataset: str | Sequence[str], *, weights: Iterable[object] | None, disjoint_labels: bool,
-                  storage_options: dict[str, Any] | None) -> Datasets:
+                  storage_options: dict[str, Any] | None, cache_dir: str | None = None) -> Datasets:
     """Read the manifests of ``dataset`` (a path or URL, or a list of them) and check that they mix.
+
+    ``cache_dir``: where a remote dataset's ``index.table`` is kept for the node's other
+    processes (read once per node; see :func:`~shardkit.index.manifest.read_manifest`).
 
     Raises:
         LoaderError: no datasets, bad weights, datasets of different kinds, class lists or
@@ -70,20 +77,20 @@ def open_datasets(dataset: str | Sequence[str], *, weights: Iterable[object] | N
     """
     urls = _urls(dataset)
     stores = [locate_dataset(url, storage_options) for url in urls]
-    manifests = tuple(read_manifest(store) for store in stores)
+    manifests = tuple(read_manifest(store, cache_dir=cache_dir) for store in stores)
     if len(urls) == 1:
         if weights is not None:
             check_weights(weights, 1, urls)
-        return Datasets(urls, manifests[0], manifests, (ReaderPart(stores[0], manifests[0].shards),), None)
+        return Datasets(urls, manifests[0], manifests, (ReaderPart(stores[0], manifests[0].table),), None)
     for url, m in zip(urls[1:], manifests[1:], strict=True):
         if m.kind != manifests[0].kind:
             raise LoaderError(f"cannot mix datasets of different kinds: {urls[0]} is {manifests[0].kind!r}, "
                               f"{url} is {m.kind!r}")
     offsets, classes = _labels(urls, manifests, disjoint_labels)
-    parts = tuple(ReaderPart(store, m.shards, offset, len(m.classes or ()) if disjoint_labels else None)
+    parts = tuple(ReaderPart(store, m.table, offset, len(m.classes or ()) if disjoint_labels else None)
                   for store, m, offset in zip(stores, manifests, offsets, strict=True))
-    mix = Mix([[s.num_samples for s in m.shards] for m in manifests], weights, names=urls)
-    joined = Manifest(kind=manifests[0].kind, shards=tuple(s for m in manifests for s in m.shards),
+    mix = Mix([m.table.num_samples for m in manifests], weights, names=urls)
+    joined = Manifest(kind=manifests[0].kind, shards=ShardTable.join([m.table for m in manifests]),
                       classes=classes, categories=manifests[0].categories)
     return Datasets(urls, joined, manifests, parts, mix)
 

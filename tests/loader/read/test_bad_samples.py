@@ -55,7 +55,7 @@ def test_batch_of_one_corrupt_sample_is_replaced_the_same_for_any_worker_count(p
 
 def _fake_reader(size: int) -> SimpleNamespace:
     return SimpleNamespace(key=lambda shard, index: f"k{index}",
-                           shards=[SimpleNamespace(num_samples=size, url="s.tar")],
+                           shards=SimpleNamespace(num_samples=[size], urls=["s.tar"]),
                            where=lambda shard: "/data/s.tar")
 
 

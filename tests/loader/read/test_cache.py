@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import multiprocessing
 import os
 import threading
@@ -20,6 +21,7 @@ from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.index.manifest import ShardEntry
 from shardkit.loader.read.cache import ShardCache
 from shardkit.pack import PackOptions, pack
+from shardkit.storage import Store
 
 
 def _epoch(url: str, cache: Path, **kw: Any) -> list[str]:
@@ -113,11 +115,12 @@ def test_a_loader_leaves_no_lock_files_in_the_cache(indexed_tree: Path, tmp_path
     url, cache = f"memory://shardkit-tests/{uuid.uuid4().hex}/ds", tmp_path / "cache"
     manifest = pack(str(indexed_tree), url, options=PackOptions(max_count=10, seed=1), workers=1).manifest
     assert set(_epoch(url, cache, num_workers=2)) == {f"{i:08d}" for i in range(69)}
-    assert {f.name for f in cache.iterdir()} == {f"{s.sha256}.tar" for s in manifest.shards}
+    table = json.loads(Store(url).read_bytes("index.json"))["table"]["sha256"]
+    assert {f.name for f in cache.iterdir()} == {f"{s.sha256}.tar" for s in manifest.shards} | {f"{table}.table"}
     budget = 2 * max(s.num_bytes for s in manifest.shards) + 1  # evicts while reading
     assert set(_epoch(url, tmp_path / "small", cache_bytes=budget)) == {f"{i:08d}" for i in range(69)}
     left = [f.name for f in (tmp_path / "small").iterdir()]
-    assert left and all(name.endswith(".tar") for name in left), left
+    assert left and all(name.endswith((".tar", ".table")) for name in left), left
 
 
 class _CountingFileStore:

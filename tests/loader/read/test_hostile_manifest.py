@@ -4,8 +4,10 @@ allocate what the files do not hold, or fail with anything but an error naming t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.errors import ManifestError
-from shardkit.index.manifest import ShardEntry
+from shardkit.index.manifest import ShardEntry, read_manifest
 from shardkit.loader.read.cache import ShardCache
 from shardkit.loader.read.reader import ShardReader
 from shardkit.pack import PackOptions, pack
@@ -38,6 +40,7 @@ def test_a_shard_hash_that_is_not_hex_is_refused_before_anything_is_written(
     fs = fsspec.filesystem("memory")
     doc = json.loads(fs.cat(f"{url}/index.json"))
     doc["shards"][1]["sha256"] = sha.replace("ABSOLUTE", str(tmp_path).lstrip("/"))
+    del doc["table"]  # an index.json naming no table (an older shardkit's): the loader reads its shards
     fs.pipe(f"{url}/index.json", json.dumps(doc).encode())
     work = tmp_path / "work"
     (work / "a" / "b").mkdir(parents=True)
@@ -72,6 +75,7 @@ def test_impossible_shard_claims_are_refused(packed: Path, tmp_path: Path, chang
     doc = json.loads((ds / "index.json").read_text())
     doc["shards"][0].update(change)
     doc["num_samples"] = sum(s["num_samples"] for s in doc["shards"])
+    del doc["table"]  # an index.json naming no table (an older shardkit's): the loader reads its shards
     (ds / "index.json").write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match=message):
         _loader(str(ds), tmp_path / "cache")
@@ -86,8 +90,10 @@ def test_a_local_shard_whose_size_differs_from_the_manifest_is_refused_before_pl
     doc = json.loads((ds / "index.json").read_text())
     doc["shards"][0].update(num_samples=2 * 10**8, num_bytes=2 * 10**8 * 512)
     doc["num_samples"] = sum(s["num_samples"] for s in doc["shards"])
+    del doc["table"]  # an index.json naming no table (an older shardkit's): the loader reads its shards
     (ds / "index.json").write_text(json.dumps(doc))
-    with pytest.raises(LoaderError, match=r"claims 200000\d\d\d samples, but its shard files hold \d+ bytes") as err:
+    claims = r"claims 200000\d\d\d samples in its 7 shards, but their files hold \d+ bytes"
+    with pytest.raises(LoaderError, match=claims) as err:
         _loader(str(ds), tmp_path / "cache")
     assert doc["shards"][0]["url"] in str(err.value)
 
@@ -139,7 +145,24 @@ def test_an_offsets_key_that_differs_from_the_shard_is_refused(packed: Path, tmp
     reader.close()
 
 
-def _manifest_shards(ds: Path) -> tuple[ShardEntry, ...]:
+def _manifest_shards(ds: Path) -> Sequence[ShardEntry]:
     from shardkit.index.manifest import read_manifest
 
     return read_manifest(Store(str(ds))).shards
+
+
+def test_of_many_shards_those_claiming_the_most_are_checked_before_planning(packed: Path, tmp_path: Path) -> None:
+    """Past CHECKED_UP_FRONT shards, a stat per shard would cost seconds (5e5 shards): the shards
+    claiming the most samples are the ones compared with their files up front."""
+    from shardkit.loader.read.reader import CHECKED_UP_FRONT
+
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    entry = read_manifest(Store(str(ds))).shards[0]
+    many = [ShardEntry(f"s-{i:06d}.tar", 1, entry.num_bytes, entry.sha256) for i in range(2 * CHECKED_UP_FRONT)]
+    for e in many[1:]:
+        os.link(ds / entry.url, ds / e.url)
+    many[0] = ShardEntry(many[0].url, 10**6, 10**6 * 512, entry.sha256)  # its file holds fewer than claimed
+    (ds / many[0].url).write_bytes(b"\0" * 1024)
+    with pytest.raises(LoaderError, match=rf"claims \d+ samples in the {CHECKED_UP_FRONT} shards claiming the most"):
+        ShardReader(Store(str(ds)), many)

@@ -15,6 +15,7 @@ import torch
 from shardkit import ShardLoader, transforms
 from shardkit.pack import PackOptions, pack
 from tests.cli.terminal import ROOT
+from tests.conftest import upload_tree
 from tests.keepalive import KeepAliveProxy
 
 
@@ -80,3 +81,31 @@ def test_s3_load_with_workers_prints_nothing_on_stderr(indexed_tree: Path, s3_se
     assert done.stdout.split() == ["True"]
     assert "Task exception was never retrieved" not in done.stderr, done.stderr
     assert done.stderr == "", done.stderr
+
+
+def test_a_mix_over_s3_streams_and_resumes_like_the_local_mix(indexed_tree: Path, packed: Path,
+                                                              s3_server: dict[str, Any], s3_bucket: str,
+                                                              tmp_path: Path) -> None:
+    """Two S3 datasets mixed, read by workers from the node's cache, stopped after 3 batches and
+    resumed by a fresh loader: the batches of the same mix read from local disk."""
+    second = tmp_path / "b"
+    pack(str(indexed_tree), str(second), options=PackOptions(max_count=7, seed=3), workers=1)
+    urls = [f"{s3_bucket}/a", f"{s3_bucket}/b"]
+    upload_tree(packed, urls[0], s3_server)
+    upload_tree(second, urls[1], s3_server)
+    common: dict[str, Any] = {"batch_size": 8, "transform": transforms.imagenet_train(32), "keys": True, "seed": 5,
+                              "weights": [0.7, 0.3]}
+    local = [(x, k) for x, _, k in ShardLoader([str(packed), str(second)], **common)]
+    remote: dict[str, Any] = {"storage_options": s3_server, "cache_dir": str(tmp_path / "cache"), **common}
+    with ShardLoader(urls, num_workers=2, **remote) as loader:
+        it = iter(loader)
+        head = [(x, k) for x, _, k in (next(it) for _ in range(3))]
+        state = json.loads(json.dumps(loader.state_dict()))
+    with ShardLoader(urls, num_workers=1, **remote) as loader:
+        loader.load_state_dict(state)
+        tail = [(x, k) for x, _, k in loader]
+    got = head + tail
+    assert [k for _, k in got] == [k for _, k in local]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got, local, strict=True))
+    tables = sorted(p.name for p in (tmp_path / "cache").glob("*.table"))
+    assert len(tables) == 2  # each dataset's index.table, fetched for the node and kept beside its shards
