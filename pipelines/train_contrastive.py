@@ -14,7 +14,7 @@ loader state; run the same command again to continue with exactly the batches no
     python pipelines/train_contrastive.py shards/pairs --steps 10 --size 64 --batch-size 16 --device cpu
 
 The tokenizer here is UTF-8 bytes (256 ids, no vocabulary file); pass the model's own by editing
-:class:`ByteTokenizer` out (any callable ``list[str] -> LongTensor [B, L]`` works as
+:class:`shardkit.transforms.ByteTokenizer` out (any callable ``list[str] -> LongTensor [B, L]`` works as
 ``text_transform``). Several datasets train as one mix (``--weights``), as in
 ``train_classifier.py``.
 """
@@ -37,25 +37,6 @@ try:  # run as a script: its directory is on the path
     import ddp
 except ImportError:  # imported as pipelines.train_contrastive
     from pipelines import ddp
-
-
-class ByteTokenizer:
-    """Captions as UTF-8 byte ids + 1 (0 pads), cut or padded to ``length``: picklable, so it runs
-    in the loader's workers.
-
-    >>> ByteTokenizer(4)(["hé", "abcdef"]).tolist()
-    [[105, 196, 170, 0], [98, 99, 100, 101]]
-    """
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def __call__(self, texts: list[str]) -> torch.Tensor:
-        out = torch.zeros((len(texts), self.length), dtype=torch.int64)
-        for i, text in enumerate(texts):
-            ids = list(text.encode("utf-8"))[: self.length]
-            out[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64) + 1
-        return out
 
 
 class TextEncoder(torch.nn.Module):
@@ -112,7 +93,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         **args.dataset,
         batch_size=args.batch_size,
         transform=transforms.imagenet_train(args.size, scale=(0.5, 1.0), normalize=True),
-        text_transform=ByteTokenizer(args.context_length),
+        text_transform=transforms.ByteTokenizer(args.context_length),
         num_workers=args.workers,
         device=device,
         seed=args.seed,

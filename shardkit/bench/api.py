@@ -59,7 +59,7 @@ class BenchConfig:
     ``.txt`` sidecars, a caption table or a saved HF dataset; :func:`shardkit.pack.pack_captions`),
     the contenders are plain webdataset over the packed shards (the baseline) and ShardLoader, both
     with the ``transform`` crop and every batch's captions tokenized in the workers to
-    ``context_length`` ids (:class:`~shardkit.bench.baselines.ByteTokenizer`).
+    ``context_length`` ids (:class:`~shardkit.transforms.ByteTokenizer`).
     """
 
     imagefolder: str

@@ -27,7 +27,9 @@ import torch
 import torchvision.transforms.v2 as v2
 from torch.utils.data import DataLoader
 
-__all__ = ["ByteTokenizer", "cocodetection_loader", "imagefolder_loader", "torchvision_transform",
+from shardkit.transforms.text import ByteTokenizer
+
+__all__ = ["cocodetection_loader", "imagefolder_loader", "torchvision_transform",
            "webdataset_caption_loader", "webdataset_loader"]
 
 IMAGE_KEYS = "jpg;jpeg;png;webp;ppm;bmp;tif;tiff"
@@ -112,25 +114,6 @@ def webdataset_loader(urls: Sequence[str], *, size: int, train: bool, batch_size
     return wds.WebLoader(dataset, batch_size=None, **_loader_kwargs(workers, device))
 
 
-class ByteTokenizer:
-    """The captioned bench's tokenizer, the same for every contender: UTF-8 byte ids + 1 (0 pads),
-    cut or padded to ``length``, as one int64 ``[B, length]`` tensor (picklable: it runs in workers).
-
-    >>> ByteTokenizer(4)(["hé", "abcdef"]).tolist()
-    [[105, 196, 170, 0], [98, 99, 100, 101]]
-    """
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def __call__(self, texts: Sequence[str]) -> torch.Tensor:
-        out = torch.zeros((len(texts), self.length), dtype=torch.int64)
-        for i, text in enumerate(texts):
-            ids = list(text.encode("utf-8"))[: self.length]
-            out[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64) + 1
-        return out
-
-
 def _identity(value: Any) -> Any:
     return value
 
@@ -140,7 +123,8 @@ def webdataset_caption_loader(urls: Sequence[str], *, size: int, train: bool, ba
     """Plain webdataset over captioned shards, as its users write it:
     ``WebDataset(urls).decode("pil").to_tuple("jpg", "txt")`` (any image extension, as
     :func:`webdataset_loader`), the torchvision crop on each image, ``batched`` in the workers and
-    the captions of each batch tokenized there (:class:`ByteTokenizer`); a ``WebLoader``.
+    the captions of each batch tokenized there (:class:`~shardkit.transforms.ByteTokenizer`);
+    a ``WebLoader``.
     Batches are ``(uint8 [B,3,S,S], int64 [B, context_length])``."""
     import webdataset as wds
 

@@ -30,9 +30,9 @@ def shardloader(dataset: str, *, size: int, train: bool, batch_size: int, worker
 def caption_shardloader(dataset: str, *, size: int, train: bool, batch_size: int, workers: int,
                         device: str = "cpu", seed: int = 0, context_length: int = 77, **options: Any) -> Any:
     """:func:`shardloader` over a captioned dataset, its captions tokenized in the workers with the
-    bench's :class:`~shardkit.bench.baselines.ByteTokenizer` (``text_transform``): batches are
+    bench's :class:`~shardkit.transforms.ByteTokenizer` (``text_transform``): batches are
     ``(images, int64 [B, context_length])``, as the webdataset caption baseline's."""
-    from shardkit.bench.baselines import ByteTokenizer
+    from shardkit.transforms import ByteTokenizer
 
     return shardloader(dataset, size=size, train=train, batch_size=batch_size, workers=workers, device=device,
                        seed=seed, text_transform=ByteTokenizer(context_length), **options)

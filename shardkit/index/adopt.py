@@ -59,13 +59,7 @@ def _label(key: str, fields: dict[str, bytes], where: str, limit: int) -> tuple[
                           f"label, at most {limit}", where=here)
     name = None
     if "json" in fields:
-        try:
-            meta = parse_json(fields["json"])
-        except ValueError as err:
-            raise FormatError(f"'json' member is not valid JSON ({err})", where=here) from err
-        if not isinstance(meta, dict):
-            raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}",
-                              where=here)
+        meta = _json_object(fields, here)
         if "label" in meta and meta["label"] != label:
             raise FormatError(f"'json' label {meta['label']!r:.40} differs from 'cls' {label}",
                               where=here)
@@ -85,12 +79,18 @@ def _caption(key: str, fields: dict[str, bytes], where: str) -> None:
     except UnicodeDecodeError as err:
         raise FormatError(f"'txt' member is not UTF-8 text ({err.reason} at byte {err.start})", where=here) from err
     if "json" in fields:
-        try:
-            meta = parse_json(fields["json"])
-        except ValueError as err:
-            raise FormatError(f"'json' member is not valid JSON ({err})", where=here) from err
-        if not isinstance(meta, dict):
-            raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}", where=here)
+        _json_object(fields, here)
+
+
+def _json_object(fields: dict[str, bytes], here: str) -> dict[str, Any]:
+    """The sample's ``json`` member, which must be a JSON object."""
+    try:
+        meta = parse_json(fields["json"])
+    except ValueError as err:
+        raise FormatError(f"'json' member is not valid JSON ({err})", where=here) from err
+    if not isinstance(meta, dict):
+        raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}", where=here)
+    return meta
 
 
 def _kind_of(fields: dict[str, bytes]) -> str:

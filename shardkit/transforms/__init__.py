@@ -26,8 +26,10 @@ from shardkit.transforms.ops import crop_resize_flip
 from shardkit.transforms.params import CropFlip
 from shardkit.transforms.presets import imagenet_train, imagenet_val
 from shardkit.transforms.random_resized_crop import RandomResizedCropFlip, random_resized_crop_box
+from shardkit.transforms.text import ByteTokenizer
 
 __all__ = [
+    "ByteTokenizer",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "BatchFormat",

@@ -12,9 +12,9 @@ import torch
 from click.testing import CliRunner
 
 from shardkit.bench import baselines, runner
-from shardkit.bench.baselines import ByteTokenizer
 from shardkit.cli import cli
 from shardkit.pack import PackOptions, pack_captions
+from shardkit.transforms import ByteTokenizer
 from tests.trees import make_caption_folder
 
 

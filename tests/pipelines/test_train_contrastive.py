@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines.train_contrastive import ByteTokenizer, contrastive_loss, main
+from pipelines.train_contrastive import contrastive_loss, main
 from shardkit.pack import PackOptions, pack_captions
+from shardkit.transforms import ByteTokenizer
 from tests.trees import make_caption_folder
 
 
