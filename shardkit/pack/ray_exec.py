@@ -146,7 +146,9 @@ def run_ray(
         return [], {}
     _check_nodes(ray, tasks[0])
     limit = max_in_flight or max(1, int(ray.cluster_resources().get("CPU", 1)) * IN_FLIGHT_PER_CPU)
-    remote_write = ray.remote(num_cpus=1)(_write_where)
+    # SPREAD: over every node that has a CPU free (Ray's default fills one node first, so a small
+    # pack could run on the head node alone while the others idle).
+    remote_write = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_write_where)
     running: dict[Any, ShardTask] = {}
     receipts: list[ShardReceipt] = []
     nodes: Counter[str] = Counter()
