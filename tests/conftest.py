@@ -118,8 +118,28 @@ SLOW_FILES = frozenset({
 })
 
 
+#: The longest test files, longest first (from `pytest --durations`): they are collected first, so
+#: pytest-xdist (one file per worker at a time) starts them first and the short files fill in
+#: around them, instead of one long file running alone at the end while the other core idles.
+FIRST_FILES = (
+    "tests/pipelines/test_torchrun.py", "tests/pipelines/test_torchrun_detector.py", "tests/loader/test_ddp.py",
+    "tests/bench/test_train.py", "tests/loader/run/test_shm_leaks.py", "tests/bench/test_train_detection.py",
+    "tests/loader/feed/test_feeders.py", "tests/test_wheel.py", "tests/bench/test_isolate.py",
+    "tests/transforms/test_gpu_ragged.py", "tests/cli/test_terminal.py", "tests/pack/test_ray_cluster.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
+    rank = {name: i for i, name in enumerate(FIRST_FILES)}
+
+    def first(item: pytest.Item) -> int:
+        try:
+            return rank.get(item.path.relative_to(root).as_posix(), len(FIRST_FILES))
+        except ValueError:
+            return len(FIRST_FILES)
+
+    items.sort(key=first)  # stable: within a file, and among the other files, the order stays
     for item in items:
         try:
             rel = item.path.relative_to(root).as_posix()
