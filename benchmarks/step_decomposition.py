@@ -46,7 +46,7 @@ rounds, all side threads and processes started before the first round and idle b
 ``previous`` (the bench's step before this benchmark: compiled model, eager loss, foreach SGD),
 ``default`` (the bench's step: forward and loss compiled as one function, fused SGD) and
 ``reduce-overhead`` (the same under ``torch.compile(mode="reduce-overhead")``: CUDA graphs), each
-with its device time per step (``torch.profiler``) and the host time to issue one step.
+with its GPU time per step (``torch.profiler``) and the host time to issue one step.
 
     python -m benchmarks.step_decomposition /tmp/inet /tmp/shards --model resnet18 --size 176 \\
         --workers 16 --steps 150 --rounds 2 --out decomposition.json

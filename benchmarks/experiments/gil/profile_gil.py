@@ -1,7 +1,7 @@
 """Who holds the GIL while ShardLoader feeds a training step: py-spy's ``--gil`` samples, by thread.
 
 A compiled ResNet step at a fast rate is *host-bound* (``shardkit bench --train`` says so when
-its device time is well under its wall time): its Python and kernel launches set its pace, and
+its GPU time is well under its wall time): its Python and kernel launches set its pace, and
 every other Python thread of the process competes with it for the GIL. This script trains on
 the loader's batches for ``--warmup`` steps, then lets py-spy sample the process (``--gil``:
 only the thread holding the GIL, ``--nonblocking``: without pausing it) for ``--seconds`` while
