@@ -16,7 +16,9 @@ loader state; run the same command again to continue with exactly the batches no
 The tokenizer here is UTF-8 bytes (256 ids, no vocabulary file); pass the model's own by editing
 :class:`shardkit.transforms.ByteTokenizer` out (any callable ``list[str] -> LongTensor [B, L]`` works as
 ``text_transform``). Several datasets train as one mix (``--weights``), as in
-``train_classifier.py``.
+``train_classifier.py``. On CUDA: NCCL, bf16 autocast, channels_last, ``--compile``;
+``--share-steps N`` ends the run with its fed-step share (``step_share.py``), as the classifier
+recipe does.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from shardkit import transforms
 
 try:  # run as a script: its directory is on the path
     import ddp
+    import step_share
 except ImportError:  # imported as pipelines.train_contrastive
-    from pipelines import ddp
+    from pipelines import ddp, step_share
 
 
 class TextEncoder(torch.nn.Module):
@@ -69,13 +72,29 @@ class Clip(torch.nn.Module):
         return image, text
 
 
+class _GatherRows(torch.autograd.Function):
+    """Every rank's rows, concatenated in rank order, with their gradients: the backward pass sums
+    each slice's gradient over the ranks (every rank's loss uses every rank's embeddings) and
+    returns this rank's."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor) -> torch.Tensor:
+        gathered = rows.new_empty((dist.get_world_size() * rows.shape[0], *rows.shape[1:]))
+        dist.all_gather_into_tensor(gathered, rows.contiguous())
+        return gathered
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous()
+        dist.all_reduce(grad)
+        return grad.chunk(dist.get_world_size())[dist.get_rank()]
+
+
 def contrastive_loss(image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
     """Symmetric InfoNCE over the global batch (this rank's rows against every rank's)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if world > 1:
-        from torch.distributed.nn.functional import all_gather
-
-        all_image, all_text = torch.cat(all_gather(image)), torch.cat(all_gather(text))
+        all_image, all_text = _GatherRows.apply(image), _GatherRows.apply(text)
     else:
         all_image, all_text = image, text
     scale = logit_scale.exp().clamp(max=100)
@@ -96,14 +115,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         text_transform=transforms.ByteTokenizer(args.context_length),
         num_workers=args.workers,
         device=device,
+        feeders=args.feeders,
         seed=args.seed,
         drop_last=True,  # full batches on every rank: the same number of steps everywhere
     )
     model = Clip(args.arch, args.dim).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
+    if cuda:
+        model = model.to(memory_format=torch.channels_last)
     net: torch.nn.Module = DistributedDataParallel(model, device_ids=[device.index] if cuda else None) \
         if world > 1 else model
+    if args.compile:
+        net = torch.compile(net)  # type: ignore[assignment]
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
 
     def checkpoint() -> None:
@@ -112,7 +136,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                                                   "loader": loader.state_dict(), "step": step, "arch": args.arch,
                                                   "dim": args.dim})
 
+    def train_step(images: torch.Tensor, ids: torch.Tensor) -> float:
+        with autocast:
+            image, text = net(images, ids)
+            loss = contrastive_loss(image.float(), text.float(), model.logit_scale)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
     loss_value, seen, started = float("nan"), 0, time.perf_counter()
+    clock = step_share.StepClock(args.share_steps)
     progress = ddp.ProgressClock(args.log_every)
     done = bool(args.steps) and step >= args.steps
     for epoch in range(loader.epoch, args.epochs):
@@ -121,13 +155,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         loader.set_epoch(epoch)  # right after load_state_dict: keeps the resume point
         net.train()
         for images, ids in loader:
-            with autocast:
-                image, text = net(images, ids)
-                loss = contrastive_loss(image.float(), text.float(), model.logit_scale)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step, seen, loss_value = step + 1, seen + len(ids), loss.item()
+            step, seen, loss_value = step + 1, seen + len(ids), train_step(images, ids)
+            clock.tick((images, ids) if args.share_steps else None)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 checkpoint()
             if progress.due(step) and rank == 0:
@@ -142,7 +171,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     result = {"step": step, "loss": loss_value, "pairs_per_second": seen * world / elapsed,
               "data_wait": loader.stats.wait_s / elapsed}
     if rank == 0 and seen:
-        print(f"done: step {step}  loss {loss_value:.3f}  {result['pairs_per_second']:.0f} pairs/s", flush=True)
+        print(f"done: step {step}  loss {loss_value:.3f}  {result['pairs_per_second']:.0f} pairs/s  "
+              f"data wait {100 * result['data_wait']:.0f}%", flush=True)
+    if args.share_steps:  # after the last checkpoint: these steps change no saved state
+        result["step_share"] = step_share.report_share(train_step, clock, args.batch_size * world, show=rank == 0)
     ddp.finish(loader)
     return result
 
@@ -157,7 +189,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=64, help="pairs per batch per rank")
     parser.add_argument("--size", type=int, default=224, help="side of the training crops")
     parser.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--feeders", type=ddp.count_or_auto, default="auto",
+                        help="processes that decode and augment outside the training process on the GPU route, "
+                             "sharing the workers ('auto': one per 5 workers; 0: none)")
     ddp.add_run_arguments(parser, log_every=50)
+    step_share.add_share_argument(parser)
     return ddp.run_training(parser, argv, train)
 
 
