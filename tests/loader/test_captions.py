@@ -175,6 +175,29 @@ def test_gpu_route_worker_half_ships_texts_beside_the_jpegs(both: dict[str, Any]
     assert torch.equal(texts["text"]["ids"][bad], texts["text"]["ids"][src])
 
 
+def test_gpu_route_keeps_a_captioned_batch_text_off_the_prefetcher_stream() -> None:
+    """The prefetcher records its stream on the tensors it made on the device; a tokenizer's ids
+    (a CPU tensor from a worker) are not among them: recording a stream on them fails."""
+    from shardkit.loader.routes.gpu.host import DeviceBatch
+    from shardkit.loader.stats import StageStats
+
+    images = torch.empty((2, 3, 4, 4), device="meta")  # stands for the device
+    labelled = DeviceBatch(images, torch.empty(2, dtype=torch.int64, device="meta"), ["a", "b"], StageStats())
+    captioned = DeviceBatch(images, transforms.ByteTokenizer(4)(["a", "b"]), ["a", "b"], StageStats())
+    assert len(labelled.tensors()) == 2 and captioned.tensors() == (images,)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_route_delivers_tokenized_captions_on_the_device(both: dict[str, Any]) -> None:
+    """A tokenizer that returns one tensor (ids), workers and the prefetcher: the ids on the device."""
+    _, captioned = both["a"]
+    with ShardLoader(captioned, batch_size=4, transform=transforms.imagenet_train(16), device="cuda",
+                     num_workers=2, text_transform=transforms.ByteTokenizer(6)) as loader:
+        seen = [(images.shape[0], ids) for images, ids in loader]
+    assert len(seen) == len(loader) and all(ids.is_cuda and ids.shape == (n, 6) for n, ids in seen)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_route_delivers_captions_beside_the_labelled_images(both: dict[str, Any]) -> None:

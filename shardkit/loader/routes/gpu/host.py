@@ -41,8 +41,12 @@ class DeviceBatch:
     stats: StageStats
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The device tensors made on the prefetcher's stream (a captioned batch's text is not one)."""
-        return (self.images, self.labels) if isinstance(self.labels, torch.Tensor) else (self.images,)
+        """The device tensors made on the prefetcher's stream: the images, and the labels of a
+        labelled batch. A captioned batch's text (a tensor, a dict of them, strings) is still where
+        the worker made it, on the CPU: :meth:`~shardkit.loader.routes.gpu.route.GpuRoute.finish` moves it later."""
+        labels = self.labels
+        on_device = isinstance(labels, torch.Tensor) and labels.device == self.images.device
+        return (self.images, labels) if on_device else (self.images,)
 
 
 class GpuPipeline(DeviceStages[RawBatch, DeviceBatch]):
