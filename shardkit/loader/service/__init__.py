@@ -7,7 +7,8 @@ ready batches to the training process (``ShardLoader(service=RayService(...))``)
 - :mod:`~shardkit.loader.service.actor`: a worker's side (the CPU route's worker half as a Ray actor);
 - :mod:`~shardkit.loader.service.payload`: a batch on the wire (numpy arrays, zero-copy in Ray's store);
 - :mod:`~shardkit.loader.service.connect`: reaching the cluster within a time limit;
-- :mod:`~shardkit.loader.service.node`: the ``ray start`` command of a service node (``shardkit serve``).
+- :mod:`shardkit.serve` (outside the loader, no torch): the ``ray start`` command of a service node
+  (``shardkit serve``).
 
 Ray is imported only when a loader with a service is built.
 """

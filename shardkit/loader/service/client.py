@@ -40,9 +40,9 @@ from shardkit.loader.read.reader import ReaderPart
 from shardkit.loader.routes.cpu.worker import CpuBatch, CpuBatchBuilder
 from shardkit.loader.service.actor import BatchActor, DatasetCheck, Started
 from shardkit.loader.service.connect import connect
-from shardkit.loader.service.node import SERVICE_RESOURCE
 from shardkit.loader.service.options import RayService
 from shardkit.loader.service.payload import Failure, from_payload, raise_failure
+from shardkit.serve import SERVICE_RESOURCE
 
 __all__ = ["ServiceClient", "dataset_checks"]
 

@@ -2,8 +2,9 @@
 
 Ray is imported here (and in :mod:`~shardkit.loader.service.client`) only, when a loader with a
 service is built. ``ray.init`` waits minutes on an address where no cluster answers, so the
-address is resolved and its port reached first, each with a timeout, and ``ray.init`` itself
-runs under one too: a bad address is a one-line :class:`~shardkit.errors.LoaderError` in
+address is resolved first, then its port must answer an HTTP/2 greeting as a gRPC server (Ray's
+GCS and its client server) does, each within the timeout; ``ray.init`` itself runs under a
+longer one as a backstop: a bad address is a one-line :class:`~shardkit.errors.LoaderError` in
 seconds, never a hang.
 """
 
@@ -20,6 +21,8 @@ from shardkit.errors import LoaderError
 __all__ = ["INSTALL_HINT", "connect", "import_ray", "split_address"]
 
 INSTALL_HINT = "pip install 'shardkit[ray]'"
+#: Seconds ``ray.init`` may take once the address answered (it starts a local core worker).
+INIT_TIMEOUT_S = 60.0
 
 
 def import_ray() -> Any:
@@ -68,13 +71,29 @@ def _resolve(ray: Any, address: str) -> str:
     return str(found)
 
 
+#: An HTTP/2 client's greeting: the connection preface and an empty SETTINGS frame.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS = 4
+
+
 def _reach(host: str, port: int, timeout: float, address: str) -> None:
+    """Refuse an address whose port is closed, or open but not a gRPC server (which answers an
+    HTTP/2 greeting with its SETTINGS frame), within ``timeout`` seconds."""
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            conn.sendall(_HTTP2_HELLO)
+            head = b""
+            while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+                head += chunk
+    except TimeoutError:
+        head = b""
     except OSError as err:
         raise LoaderError(f"cannot reach the Ray cluster at {address} within {timeout:g} s "
                           f"({type(err).__name__}: {err}); is its head node running (`ray status`)?") from None
+    if len(head) < 9 or head[3] != _SETTINGS:
+        raise LoaderError(f"{address} accepts connections but did not answer as a Ray cluster within {timeout:g} s "
+                          f"(the GCS port of the head node, 6379 by default, or a ray:// client port, 10001, "
+                          f"is expected)")
 
 
 def connect(address: str, *, timeout: float) -> Any:
@@ -107,15 +126,15 @@ def connect(address: str, *, timeout: float) -> Any:
         finally:
             logger.removeFilter(quiet)
 
-    # ray.init retries for minutes where a port answers but no cluster does: it runs in a thread
-    # the caller stops waiting for (the thread ends with ray's own retries).
+    # ray.init retries for minutes where a gRPC server answers but no cluster does: it runs in a
+    # thread the caller stops waiting for (the thread ends with ray's own retries).
     thread = threading.Thread(target=init, name="shardkit-ray-connect", daemon=True)
     thread.start()
-    thread.join(timeout * 3)
+    limit = max(INIT_TIMEOUT_S, timeout)
+    thread.join(limit)
     if not outcome:
-        raise LoaderError(f"{resolved} accepts connections but did not answer as a Ray cluster within "
-                          f"{timeout * 3:g} s (the GCS port of the head node, 6379 by default, or a ray:// "
-                          f"client port, 10001, is expected)")
+        raise LoaderError(f"{resolved} answers as a gRPC server but Ray did not connect to it within {limit:g} s "
+                          f"(is it the head node's GCS port, 6379 by default?)")
     err = outcome[0]
     if err is not None:
         raise LoaderError(f"cannot connect to the Ray cluster at {resolved} ({_why(err)})") from err

@@ -1,4 +1,4 @@
-"""A node of the service's Ray cluster: the ``ray start`` command that ``shardkit serve`` runs.
+"""A node of the preprocessing service's Ray cluster: the ``ray start`` command that ``shardkit serve`` runs.
 
 A service node is a plain Ray node that also offers its CPUs as the custom resource
 :data:`SERVICE_RESOURCE`: when a cluster has any, the loader places its workers on those nodes
