@@ -26,6 +26,7 @@ from shardkit.loader.read.datasets import open_datasets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.choose import choose_route
+from shardkit.loader.routes.cpu.worker import CpuBatchBuilder
 from shardkit.loader.routes.device.options import GpuOptions
 from shardkit.loader.routes.spec import RouteSpec
 from shardkit.loader.run.epoch_run import Delivery, EpochRun
@@ -285,7 +286,10 @@ class ShardLoader:
         #: The preprocessing service building this loader's batches (``service=``), or None.
         self.service: ServiceClient | None = None
         if service is not None:
-            self.service = ServiceClient(service, self.route.builder, dataset_checks(datasets.parts),
+            builder = self.route.builder
+            if not isinstance(builder, CpuBatchBuilder):  # choose_route takes the CPU route for a service
+                raise LoaderError(f"service= builds batches of the CPU route, not of {type(self.route).__name__}")
+            self.service = ServiceClient(service, builder, dataset_checks(datasets.parts),
                                          writable=self.device.type == "cpu")
         elif self.feeders:
             try:

@@ -63,9 +63,10 @@ class BatchActor:
         import ray
 
         node = ray.get_runtime_context().get_node_id()
-        return Started(node, os.getpid(), self._problem())
+        return Started(node, os.getpid(), self.check())
 
-    def _problem(self) -> str | None:
+    def check(self) -> str | None:
+        """What stops this worker from serving (None: nothing): see :meth:`start`."""
         if self.version != __version__:
             return f"the node runs shardkit {__version__}, the training process {self.version}"
         for check in self.datasets:

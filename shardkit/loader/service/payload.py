@@ -39,7 +39,7 @@ class Payload:
     images: Any
     labels: Any
     keys: list[str]
-    stats: dict[str, float]
+    stats: dict[str, Any]  # StageStats' fields
 
 
 @dataclass(frozen=True)
