@@ -290,7 +290,7 @@ class ShardLoader:
             if not isinstance(builder, CpuBatchBuilder):  # choose_route takes the CPU route for a service
                 raise LoaderError(f"service= builds batches of the CPU route, not of {type(self.route).__name__}")
             self.service = ServiceClient(service, builder, dataset_checks(datasets.parts),
-                                         writable=self.device.type == "cpu")
+                                         writable=self.device.type == "cpu", read_ahead=read_ahead)
         elif self.feeders:
             try:
                 self._pool = self._feeder_pool()

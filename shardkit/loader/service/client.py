@@ -6,7 +6,9 @@
 computes both and asks any worker to build it (:meth:`BatchActor.build`). It keeps the next
 ``in_flight`` batches asked for (back-pressure: the object store holds at most that many), each
 of the least busy worker, and takes them in order: the batches, order and augmentation of local
-workers, whatever worker built which batch.
+workers, whatever worker built which batch. With read-ahead (the loader's ``read_ahead``) the
+window runs on into the next epoch's first batches as this one ends, so an epoch does not start
+with idle workers; the next epoch takes them over when it starts from its beginning.
 
 **Faults.** A batch whose worker died (its process killed, its node lost: Ray raises
 ``RayActorError`` or ``ObjectLostError``) or that takes longer than ``batch_timeout_s`` once due
@@ -25,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,7 @@ class _Worker:
 
 @dataclass(eq=False)
 class _Job:
+    epoch: int
     index: int
     samples: tuple[list[int], list[int], list[int]]  # shards, indices, seeds
     ref: Any = None
@@ -70,7 +73,8 @@ class ServiceClient:
     """The workers of ``service`` building batches with ``builder`` (see the module doc).
 
     ``datasets``: what each worker checks before it serves; ``writable``: batches are delivered on
-    the CPU, so their tensors are copied out of Ray's read-only object store.
+    the CPU, so their tensors are copied out of Ray's read-only object store; ``read_ahead``: the
+    window runs on into the next epoch (see :meth:`batches`).
 
     Raises:
         LoaderError: the cluster cannot be reached, has fewer CPUs than the workers need, or a
@@ -78,8 +82,9 @@ class ServiceClient:
     """
 
     def __init__(self, service: RayService, builder: CpuBatchBuilder, datasets: Sequence[DatasetCheck], *,
-                 writable: bool) -> None:
-        self.service, self.writable = service, writable
+                 writable: bool, read_ahead: bool = True) -> None:
+        self.service, self.writable, self.read_ahead = service, writable, read_ahead
+        self._kept: tuple[PlanConfig, int, deque[_Job]] | None = None  # read ahead: (config, epoch, its first jobs)
         ray = self._ray = connect(service.address, timeout=service.connect_timeout_s)
         #: Batches delivered, by the id of the node that built them.
         self.nodes: Counter[str] = Counter()
@@ -164,26 +169,51 @@ class ServiceClient:
                 rest: Remainder | None) -> Generator[CpuBatch, None, None]:
         """This rank's batches ``start`` to the end of ``epoch`` (of what ``rest`` leaves of it), in order.
 
+        With ``read_ahead``, the window runs on into the next epoch's first batches while this one
+        ends; those are kept for the next call when it asks for exactly that epoch from its start
+        (a batch is the same whenever it is built), and cancelled otherwise.
+
         Raises:
             LoaderError: a batch was lost more than ``retries`` times, or no worker is left.
             ShardkitError: raised building a batch (as with local workers).
         """
         self.start()
-        order, count = config.order(epoch), config.epoch_batches(rest)
-        pending: deque[_Job] = deque()
-        following = start
+        pending, asks = self._take_over(config, epoch, start, rest)
+        count = config.epoch_batches(rest)
         try:
-            while following < count or pending:
-                while following < count and len(pending) < self.service.window:
-                    shards, indices, positions = config.batch(order, following, rest)
-                    seeds = sample_seeds(config.seed, epoch, positions)
-                    job = _Job(following, (shards.tolist(), indices.tolist(), seeds.tolist()))
+            for _ in range(start, count):
+                while len(pending) < self.service.window and (job := next(asks, None)) is not None:
                     self._submit(job)
                     pending.append(job)
-                    following += 1
-                yield self._take(pending, epoch)
+                yield self._take(pending)
         finally:
-            self._drop(pending)
+            ahead = deque(job for job in pending if job.epoch == epoch + 1)
+            self._drop(deque(job for job in pending if job.epoch != epoch + 1))
+            if ahead and self.read_ahead:
+                self._kept = (config, epoch + 1, ahead)
+            else:
+                self._drop(ahead)
+
+    def _asks(self, config: PlanConfig, epoch: int, start: int, rest: Remainder | None) -> Iterator[_Job]:
+        """The batches to ask for, in order: ``epoch``'s from ``start``, then (read-ahead) the next epoch's."""
+        order = config.order(epoch)
+        for index in range(start, config.epoch_batches(rest)):
+            shards, indices, positions = config.batch(order, index, rest)
+            seeds = sample_seeds(config.seed, epoch, positions)
+            yield _Job(epoch, index, (shards.tolist(), indices.tolist(), seeds.tolist()))
+        if self.read_ahead:
+            yield from self._asks(config, epoch + 1, 0, None) if config.epoch_batches(None) else ()
+
+    def _take_over(self, config: PlanConfig, epoch: int, start: int,
+                   rest: Remainder | None) -> tuple[deque[_Job], Iterator[_Job]]:
+        """The kept batches when they begin exactly what is asked for (dropped otherwise), and what to ask next."""
+        kept, self._kept = self._kept, None
+        if kept is not None and kept[0] is config and kept[1] == epoch and start == 0 and rest is None:
+            pending = kept[2]
+            return pending, self._asks(config, epoch, len(pending), rest)
+        if kept is not None:
+            self._drop(kept[2])
+        return deque(), self._asks(config, epoch, start, rest)
 
     def _submit(self, job: _Job) -> None:
         worker = self._least_busy()
@@ -202,7 +232,7 @@ class ServiceClient:
             self._promote()
         return min(self._live, key=lambda w: w.busy)
 
-    def _take(self, pending: deque[_Job], epoch: int) -> CpuBatch:
+    def _take(self, pending: deque[_Job]) -> CpuBatch:
         """The first pending batch, once built (asked again elsewhere while its workers are lost)."""
         ray, job = self._ray, pending[0]
         while True:
@@ -211,24 +241,24 @@ class ServiceClient:
             except ray.exceptions.GetTimeoutError:
                 why = f"no batch within batch_timeout_s={self.service.batch_timeout_s:g} s"
             except ray.exceptions.RayTaskError as err:  # raised by the code, not a lost worker
-                raise LoaderError(f"a service worker failed building batch {job.index} of epoch {epoch} "
+                raise LoaderError(f"a service worker failed building batch {job.index} of epoch {job.epoch} "
                                   f"({_first_line(err)})") from err
             except ray.exceptions.RayError as err:
                 why = f"{type(err).__name__}: {_first_line(err)}"
             else:
                 break
             assert job.worker is not None
-            self._lose(job.worker, why, pending, epoch)
+            self._lose(job.worker, why, pending)
         pending.popleft()
         worker, job.ref = job.worker, None
         assert worker is not None and worker.started is not None
         worker.busy -= 1
         if isinstance(out, Failure):
-            raise_failure(out, f"batch {job.index} of epoch {epoch}")
+            raise_failure(out, f"batch {job.index} of epoch {job.epoch}")
         self.nodes[worker.started.node] += 1
         return from_payload(out, writable=self.writable)
 
-    def _lose(self, worker: _Worker, why: str, pending: deque[_Job], epoch: int) -> None:
+    def _lose(self, worker: _Worker, why: str, pending: deque[_Job]) -> None:
         """``worker`` is lost: kill and replace it, and ask another for every batch it owed."""
         owed = [job for job in pending if job.worker is worker]
         if worker in self._live:
@@ -242,7 +272,7 @@ class ServiceClient:
         for job in owed:
             job.lost += 1
             if job.lost > self.service.retries:
-                raise LoaderError(f"batch {job.index} of epoch {epoch} was lost with its service worker "
+                raise LoaderError(f"batch {job.index} of epoch {job.epoch} was lost with its service worker "
                                   f"{job.lost} times (last: {why}); retries={self.service.retries}")
             self._submit(job)
 
@@ -263,6 +293,9 @@ class ServiceClient:
     def close(self) -> None:
         """Stop every worker (idempotent; the next epoch starts them again). The process stays
         connected to the cluster."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            self._drop(kept[2])
         for worker in [*self._live, *self._starting]:
             self._kill(worker)
         self._live, self._starting = [], []

@@ -146,3 +146,22 @@ def test_resume_mid_epoch_gives_exactly_the_remaining_batches(ray: FakeRay, pack
         workers.load_state_dict(state)
         workers.set_epoch(1)
         _same(list(workers), local[1][3:])
+
+
+def test_read_ahead_carries_the_window_into_the_next_epoch(ray: FakeRay, packed: Path,
+                                                          local: list[list[Any]]) -> None:
+    with _loader(packed, service=SERVICE) as served:
+        served.set_epoch(0)
+        _same(list(served), local[0])
+        assert len(ray.outstanding) == 3, "epoch 1's first batches are asked for as epoch 0 ends"
+        served.set_epoch(1)
+        _same(list(served), local[1])
+        assert sum(a.built for a in ray.actors) == 18 and ray.cancelled == 0, "taken over, none built twice"
+        served.set_epoch(5)  # not the epoch read ahead: its batches are cancelled
+        assert len(list(served)) == 9 and ray.cancelled == 3
+    assert ray.most_outstanding == 4
+
+
+def test_without_read_ahead_an_epoch_asks_for_its_own_batches_only(ray: FakeRay, packed: Path) -> None:
+    with _loader(packed, service=SERVICE, read_ahead=False) as served:
+        assert len(list(served)) == 9 and not ray.outstanding
