@@ -165,3 +165,24 @@ def test_read_ahead_carries_the_window_into_the_next_epoch(ray: FakeRay, packed:
 def test_without_read_ahead_an_epoch_asks_for_its_own_batches_only(ray: FakeRay, packed: Path) -> None:
     with _loader(packed, service=SERVICE, read_ahead=False) as served:
         assert len(list(served)) == 9 and not ray.outstanding
+
+
+def test_a_rank_of_several_gets_its_own_share(ray: FakeRay, packed: Path) -> None:
+    layout = {"rank": 1, "world_size": 2, "drop_last": True}
+    with _loader(packed, service=SERVICE, **layout) as served, _loader(packed, num_workers=2, **layout) as workers:
+        _same(list(served), list(workers))
+
+
+def test_an_elastic_resume_continues_with_the_remainder(ray: FakeRay, packed: Path) -> None:
+    with _loader(packed, num_workers=2) as before:  # saved by local workers, batch size 8
+        taken = [b for _, b in zip(range(3), before, strict=False)]
+        state = before.state_dict()
+    assert len(taken) == 3
+    resumed = {}
+    for name, kwargs in (("service", {"service": SERVICE}), ("workers", {"num_workers": 2})):
+        with ShardLoader(str(packed), batch_size=5, transform=transforms.imagenet_train(16), seed=3, keys=True,
+                         **kwargs) as loader:
+            loader.load_state_dict(state)
+            resumed[name] = list(loader)
+    assert sum(len(b[2]) for b in resumed["service"]) == 69 - 3 * 8
+    _same(resumed["service"], resumed["workers"])
