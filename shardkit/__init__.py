@@ -1,7 +1,7 @@
 """shardkit: pack image datasets into tar shards and stream them fast into PyTorch.
 
 ``import shardkit`` stays light (no torch); the torch-backed names (``ShardLoader``,
-``transforms``, ``GpuOptions``) are imported on first use.
+``transforms``, ``GpuOptions``, ``RayService``) are imported on first use.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "StorageError",
     "VerifyError",
     "GpuOptions",
+    "RayService",
     "ShardLoader",
     "transforms",
     "__version__",
@@ -41,6 +42,7 @@ __all__ = [
 # name -> "module:attribute" (attribute empty: the module itself); imported on first access.
 _LAZY = {
     "GpuOptions": "shardkit.loader:GpuOptions",
+    "RayService": "shardkit.loader.service:RayService",
     "ShardLoader": "shardkit.loader:ShardLoader",
     "transforms": "shardkit.transforms:",
 }
@@ -48,6 +50,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from shardkit import transforms
     from shardkit.loader import GpuOptions, ShardLoader
+    from shardkit.loader.service import RayService
 
 
 def __getattr__(name: str) -> Any:

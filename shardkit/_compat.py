@@ -1,4 +1,4 @@
-"""Every private torch, CPython and multiprocessing internal shardkit relies on, in one place.
+"""Every private torch, CPython, multiprocessing and Ray internal shardkit relies on, in one place.
 
 Each is used because no public API does the job (the docstring says what it is for and since
 when it has been stable); each has a canary in :data:`CANARIES` that
@@ -38,6 +38,7 @@ __all__ = [
     "flatten_dense",
     "hidden_main",
     "preloading_forkserver",
+    "ray_bootstrap_address",
     "install_torch_sigchld_handler",
     "live_finalizers",
     "pool_manager_thread",
@@ -227,6 +228,28 @@ def _accelerate_has_dataloader_tracking() -> bool:
                                                           "end_of_dataloader", "remainder"))
 
 
+# --- Ray ----------------------------------------------------------------------------------------
+
+def ray_bootstrap_address(address: str) -> str | None:
+    """The ``HOST:PORT`` that Ray's ``address="auto"`` means on this node (the cluster ``ray start``
+    recorded in its temp dir, or ``RAY_ADDRESS``), found without connecting
+    (``ray._private.services.canonicalize_bootstrap_address``, stable since Ray 2.0): the
+    service reaches it with a timeout before ``ray.init``, which would wait minutes on a stale
+    record. Raises ``ConnectionError`` when no cluster is recorded."""
+    from ray._private import services
+
+    found = services.canonicalize_bootstrap_address(address)
+    return None if found is None else str(found)
+
+
+def _ray_has_bootstrap_lookup() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return True  # Ray is optional: nothing to look up without it
+    return _has("ray._private.services", "canonicalize_bootstrap_address")()
+
+
 # --- canaries -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -322,6 +345,10 @@ CANARIES: tuple[Canary, ...] = (
            "ShardLoader shows accelerate where an epoch ends (gradient accumulation steps at its last batch) "
            "through it (shardkit.loader.frameworks); find how accelerate's DataLoaderShard registers itself "
            "and change _compat.accelerate_track/accelerate_untrack"),
+    Canary("ray._private.services.canonicalize_bootstrap_address", _ray_has_bootstrap_lookup,
+           "ShardLoader(service=RayService('auto')) finds the node's cluster with it before connecting "
+           "(shardkit.loader.service.connect); find Ray's new lookup of address='auto' and change "
+           "_compat.ray_bootstrap_address"),
 )
 
 

@@ -113,7 +113,7 @@ SLOW_FILES = frozenset({
     "tests/pack/test_ray.py", "tests/pack/test_ray_cluster.py", "tests/pack/test_resume.py",
     "tests/pipelines/test_torchrun.py", "tests/pipelines/test_torchrun_detector.py",
     "tests/pipelines/test_train_classifier.py", "tests/pipelines/test_train_contrastive.py",
-    "tests/pipelines/test_train_detector.py",
+    "tests/pipelines/test_train_detector.py", "tests/loader/service/test_service_cluster.py",
     "tests/storage/test_remote_faults.py", "tests/test_wheel.py",
 })
 
@@ -122,6 +122,7 @@ SLOW_FILES = frozenset({
 #: pytest-xdist (one file per worker at a time) starts them first and the short files fill in
 #: around them, instead of one long file running alone at the end while the other core idles.
 FIRST_FILES = (
+    "tests/loader/service/test_service_cluster.py",
     "tests/pipelines/test_torchrun.py", "tests/pipelines/test_torchrun_detector.py", "tests/loader/test_ddp.py",
     "tests/bench/test_train.py", "tests/loader/run/test_shm_leaks.py", "tests/bench/test_train_detection.py",
     "tests/loader/feed/test_feeders.py", "tests/test_wheel.py", "tests/bench/test_isolate.py",

@@ -1,5 +1,5 @@
 """The ``shardkit`` command: a thin click group over the library (pack, info, verify, bench,
-doctor).
+doctor, serve).
 
 Library errors become one-line messages and exit code 1; usage errors exit 2 (click's).
 Ctrl-C exits 130 and SIGTERM (a scheduler preempting the job) 143, each after one line; the work
@@ -66,7 +66,7 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from shardkit.cli import bench, doctor, index, info, pack, verify
+    from shardkit.cli import bench, doctor, index, info, pack, serve, verify
 
     cli.add_command(pack.pack_command)
     cli.add_command(info.info_command)
@@ -74,6 +74,7 @@ def _register() -> None:
     cli.add_command(bench.bench_command)
     cli.add_command(doctor.doctor_command)
     cli.add_command(index.index_command)
+    cli.add_command(serve.serve_command)
 
 
 def main() -> None:

@@ -7,6 +7,8 @@ Layout (dependencies point one way, downwards):
 - :mod:`~shardkit.loader.feed.pool`: the route's host half in processes of its own (``feeders``),
   handing batches over through shared device memory (:mod:`~shardkit.loader.feed.process`: a
   feeder's side);
+- :mod:`~shardkit.loader.service`: the CPU route's workers as Ray actors on other nodes
+  (``service=``), streaming batches to the training process;
 - :mod:`~shardkit.loader.routes.choose` chooses one :class:`~shardkit.loader.routes.base.Route`:
   :mod:`~shardkit.loader.routes.cpu`, :mod:`~shardkit.loader.routes.gpu` or :mod:`~shardkit.loader.routes.coco`,
   each a worker half (builds batches) and a host half (delivers them);
@@ -23,6 +25,7 @@ Layout (dependencies point one way, downwards):
 
 from shardkit.loader.loader import ShardLoader
 from shardkit.loader.routes.device.options import GpuOptions
+from shardkit.loader.service import RayService
 from shardkit.loader.stats import StageStats
 
-__all__ = ["GpuOptions", "ShardLoader", "StageStats"]
+__all__ = ["GpuOptions", "RayService", "ShardLoader", "StageStats"]

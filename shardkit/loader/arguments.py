@@ -14,7 +14,7 @@ from shardkit.loader.routes.gpu import GpuOptions, GpuRoute
 from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.transforms.base import ImageTransform
 
-__all__ = ["check_arguments", "feeder_count", "worker_count"]
+__all__ = ["check_arguments", "check_service", "feeder_count", "worker_count"]
 
 log = logging.getLogger("shardkit.loader")
 
@@ -65,6 +65,29 @@ def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: st
             raise LoaderError(f"{name} must be True or False, got {flag!r}")
     if not isinstance(pad, int) or (not isinstance(pad, bool) and pad < 1):
         raise LoaderError(f"pad must be False, True or a positive int (sides rounded up to it), got {pad!r}")
+
+
+def check_service(service: object, *, num_workers: int | str, feeders: int | str, gpu: GpuOptions | None) -> None:
+    """Refuse what a loader with a service (``service=``) cannot take: local workers, feeders or
+    GPU-route options (its batches are built on the CPU route, by the service's workers).
+
+    Raises:
+        LoaderError: ``service`` is not a :class:`~shardkit.loader.service.RayService`, or
+            ``num_workers``, ``feeders`` or ``gpu`` ask for local work.
+    """
+    from shardkit.loader.service.options import RayService
+
+    if not isinstance(service, RayService):
+        raise LoaderError(f"service must be a shardkit.RayService (or None), got {type(service).__name__}")
+    if num_workers != 0:
+        raise LoaderError(f"with service= the workers are the service's (RayService(workers={service.workers})): "
+                          f"leave num_workers at 0, got {num_workers!r}")
+    if feeders not in ("auto", 0):
+        raise LoaderError(f"with service= batches arrive from the service, not from feeders: leave feeders out, "
+                          f"got {feeders!r}")
+    if gpu is not None:
+        raise LoaderError("gpu= configures the GPU route (nvJPEG in this process), which a service does not feed: "
+                          "with service= images are decoded and augmented on the service's CPUs")
 
 
 def feeder_count(feeders: int | str, route: Route[Any, Any], transform: object, num_workers: int,

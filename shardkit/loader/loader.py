@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
-from shardkit.loader.arguments import check_arguments, feeder_count, worker_count
+from shardkit.loader.arguments import check_arguments, check_service, feeder_count, worker_count
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.position import Position
 from shardkit.loader.epochs.state import MAX_INT
@@ -26,11 +26,14 @@ from shardkit.loader.read.datasets import open_datasets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.choose import choose_route
+from shardkit.loader.routes.cpu.worker import CpuBatchBuilder
 from shardkit.loader.routes.device.options import GpuOptions
 from shardkit.loader.routes.spec import RouteSpec
 from shardkit.loader.run.epoch_run import Delivery, EpochRun
 from shardkit.loader.run.stream import BatchStream
 from shardkit.loader.run.workers import rank_and_world, worker_death, worker_loader
+from shardkit.loader.service.client import ServiceClient, dataset_checks
+from shardkit.loader.service.options import RayService
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 
@@ -130,6 +133,15 @@ class ShardLoader:
             this one ends, so an epoch does not start from empty; an iteration that asks for the
             next epoch from its start (the usual loop) takes over what they prepared, any other
             drops it. Same batches either way; False: workers stop at each epoch's end.
+        service: a :class:`~shardkit.loader.service.RayService`: the workers that read, decode and
+            augment run as Ray actors on a cluster's CPU nodes and stream batches (uint8, as the CPU
+            route builds them) to this process, which keeps the epoch plan, ranks, resume state and
+            order: the same batches, order and augmentation as local workers. A worker or node lost
+            mid-epoch has its outstanding batches built again elsewhere. ImageFolder and captioned
+            datasets; ``num_workers`` stays 0 (the service's ``workers`` count), no feeders; on a
+            CUDA ``device`` batches are copied there and finalised (the GPU route is not served).
+            :attr:`service` is the running service (its workers, batches per node). See
+            docs/guides/service.md.
 
     Mixing (:mod:`shardkit.loader.epochs.mix`): an epoch has ``L`` samples, the datasets' total, of which
     dataset ``i`` supplies ``L * w_i / sum(w)`` (largest-remainder rounding, so they sum to ``L``):
@@ -211,7 +223,10 @@ class ShardLoader:
         read_ahead: bool = True,
         text_transform: TextTransform | None = None,
         fields: Sequence[str] = (),
+        service: RayService | None = None,
     ) -> None:
+        if service is not None:
+            check_service(service, num_workers=num_workers, feeders=feeders, gpu=gpu)
         workers = worker_count(num_workers)
         check_arguments(batch_size=batch_size, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
@@ -221,7 +236,7 @@ class ShardLoader:
                          pad=pad)
         cache = cache_dir or default_cache_dir()
         datasets = open_datasets(dataset, weights=weights, disjoint_labels=disjoint_labels,
-                                 storage_options=storage_options, cache_dir=cache)
+                                 storage_options=storage_options, cache_dir=cache, absolute=service is not None)
         #: The dataset's ``index.json``; for a mix, a joined view (kind, classes, categories and
         #: every shard in the loader's order, each ``url`` relative to its own dataset).
         self.manifest = datasets.manifest
@@ -248,7 +263,8 @@ class ShardLoader:
                                          verify_hashes=verify_hashes)
         spec = RouteSpec(transform, torch.device(device), batch_size, on_error=on_error, num_workers=workers,
                          prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
-                         contiguous_labels=contiguous_labels, captions=_captions(text_transform, fields))
+                         contiguous_labels=contiguous_labels, captions=_captions(text_transform, fields),
+                         service=service is not None)
         #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
         self.route: Route[Any, Any] = choose_route(self.manifest, self.reader, spec)
         self.device = self.route.device
@@ -267,7 +283,15 @@ class ShardLoader:
                                     workers_auto=num_workers == "auto")
         self._pool: FeederPool | None = None
         self._spec, self._read_ahead = spec.on(self.device), read_ahead  # on: where the route delivers
-        if self.feeders:
+        #: The preprocessing service building this loader's batches (``service=``), or None.
+        self.service: ServiceClient | None = None
+        if service is not None:
+            builder = self.route.builder
+            if not isinstance(builder, CpuBatchBuilder):  # choose_route takes the CPU route for a service
+                raise LoaderError(f"service= builds batches of the CPU route, not of {type(self.route).__name__}")
+            self.service = ServiceClient(service, builder, dataset_checks(datasets.parts),
+                                         writable=self.device.type == "cpu", read_ahead=read_ahead)
+        elif self.feeders:
             try:
                 self._pool = self._feeder_pool()
             except LoaderError as err:
@@ -397,7 +421,11 @@ class ShardLoader:
             self._start_feeders()
         delivered: Generator[tuple[Any, Any, list[str]], Any, None]
         local: Delivery | None = None  # the route's delivery in this process, which read-ahead keeps
-        if self._pool is not None:
+        served: Generator[Any, None, None] | None = None  # the service's batches, in order
+        if self.service is not None:
+            served = self.service.batches(self.config, epoch, start, rest)
+            delivered = self.route.deliver(served, self._stats)
+        elif self._pool is not None:
             delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
         else:
             assert self._run is not None
@@ -420,6 +448,8 @@ class ShardLoader:
                 self._run.keep(local, epoch)  # with read-ahead, on into the next epoch
             else:
                 delivered.close()  # an iteration left early stops its route's (or feeders') work now
+            if served is not None:
+                served.close()  # the batches asked of the service and not taken are cancelled
             if self._active == mine:
                 self._active = 0
         if self._iterations == mine:  # an older iteration ending late leaves the newer one's place alone
@@ -531,6 +561,8 @@ class ShardLoader:
         """
         self._iterations, self._ended_by = self._iterations + 1, "the loader was closed"
         self.route.close()
+        if self.service is not None:
+            self.service.close()
         if self._pool is not None:
             self._pool.close()
         if self._run is not None:

@@ -3,28 +3,16 @@ cluster: a head node and a second node joined to it (1 CPU each, so that tasks m
 a remote source and a remote destination (S3 on the moto server). Shards are written on both
 nodes (the pack reports the node of every shard) and are byte-identical to the process pool's.
 
-Every Ray driver (the probe, ``shardkit pack --ray``) runs in a subprocess: Ray keeps per-process
-state (the cluster it is connected to, the auth token it loaded) that other test modules' local
-clusters would otherwise share. The cluster is stopped by killing the process groups this module
-started, never with ``ray stop`` (which stops every Ray process of the machine).
+The cluster (:mod:`tests.raycluster`) starts once for the module; every Ray driver
+(``shardkit pack --ray``) runs in a subprocess.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
-import secrets
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,125 +21,19 @@ import pytest
 from shardkit.pack import PackOptions, pack
 from shardkit.storage import Store
 from tests.conftest import upload_tree
+from tests.raycluster import ROOT, Cluster, ray_cluster
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'shardkit[ray]')")
 
-ROOT = Path(__file__).resolve().parents[2]
-RAY = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command of this interpreter
 OPTIONS = PackOptions(max_count=2, seed=1)
-
-#: Waits for the two nodes, then prints {node id: its "sk_" resources} (the probe's driver).
-_PROBE = """
-import json, sys, time, ray
-ray.init(address=sys.argv[1], log_to_driver=False)
-deadline = time.monotonic() + 60
-while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.monotonic() < deadline:
-    time.sleep(0.2)
-print(json.dumps({n["NodeID"]: sorted(k for k in n["Resources"] if k.startswith("sk_"))
-                  for n in ray.nodes() if n["Alive"]}))
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ports() -> list[str]:
-    """Every port a node opens, chosen free: other Ray clusters may run on this machine too."""
-    return ["--node-manager-port", str(_free_port()), "--object-manager-port", str(_free_port()),
-            "--metrics-export-port", str(_free_port()),
-            "--runtime-env-agent-port", str(_free_port()),
-            "--dashboard-agent-listen-port", str(_free_port()),
-            "--dashboard-agent-grpc-port", str(_free_port())]
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes], *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"the head node did not open port {port} (exit code {proc.poll()})")
-
-
-@dataclass
-class Cluster:
-    address: str
-    env: dict[str, str]  # what a process needs to join or drive this cluster
-    roles: dict[str, str]  # node id -> "sk_head" / "sk_worker"
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Stop the process groups of ``procs`` (each node's raylet, GCS, workers …)."""
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5  # a node drains for up to 30 s on SIGTERM: no need here
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    temp = tempfile.mkdtemp(prefix="skray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    token = Path(temp) / "token"
-    token.write_text(secrets.token_hex(32))
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token),
-               RAY_USAGE_STATS_ENABLED="0",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    env.pop("RAY_ADDRESS", None)
-    port = _free_port()
-    common = ["start", "--block", "--num-cpus", "1", "--object-store-memory", str(80 << 20),
-              "--temp-dir", temp, "--disable-usage-stats"]
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str, log: str) -> None:
-        with open(Path(temp) / log, "wb") as out:
-            procs.append(subprocess.Popen([*RAY, *common, *_ports(), *args], env=env, cwd=ROOT, stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
-
-    try:
-        start("--head", "--port", str(port), "--include-dashboard", "false", "--resources",
-              '{"sk_head": 1}', log="head.log")
-        address = f"127.0.0.1:{port}"
-        _wait_for_port(port, procs[0], timeout=60)  # a node started earlier backs off for long
-        start("--address", address, "--resources", '{"sk_worker": 1}', log="worker.log")
-        probe = subprocess.run([sys.executable, "-c", _PROBE, address], env=env, cwd=ROOT,
-                               capture_output=True, text=True, timeout=90)
-        logs = {p.name: p.read_text(errors="replace")[-2000:] for p in Path(temp).glob("*.log")}
-        assert probe.returncode == 0, (probe.stderr[-3000:], logs)
-        roles = {node: "+".join(tags) for node, tags in json.loads(probe.stdout).items()}
-        assert sorted(roles.values()) == ["sk_head", "sk_worker"], (roles, logs)
-        yield Cluster(address, env, roles)
-    finally:
-        _stop(procs)
-        shutil.rmtree(temp, ignore_errors=True)
-    assert not _left(procs), "processes of the Ray cluster are still running"
-
-
-def _left(procs: list[subprocess.Popen[bytes]], wait: float = 10.0) -> list[int]:
-    """The process groups of ``procs`` with a process left (killed ones take a moment to be
-    reaped)."""
-    deadline = time.monotonic() + wait
-    while True:
-        left = []
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, 0)
-                left.append(proc.pid)
-            except ProcessLookupError:
-                pass
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
+    with ray_cluster(head=("--num-cpus", "1", "--resources", '{"sk_head": 1}'),
+                     workers=[("--num-cpus", "1", "--resources", '{"sk_worker": 1}')]) as started:
+        assert sorted(started.roles.values()) == ["sk_head", "sk_worker"], started.roles
+        yield started
 
 
 def _objects(url: str, options: dict[str, Any]) -> dict[str, str]:

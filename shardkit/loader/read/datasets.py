@@ -63,8 +63,12 @@ def _urls(dataset: object) -> tuple[str, ...]:
 
 
 def open_datasets(dataset: str | Sequence[str], *, weights: Iterable[object] | None, disjoint_labels: bool,
-                  storage_options: dict[str, Any] | None, cache_dir: str | None = None) -> Datasets:
+                  storage_options: dict[str, Any] | None, cache_dir: str | None = None,
+                  absolute: bool = False) -> Datasets:
     """Read the manifests of ``dataset`` (a path or URL, or a list of them) and check that they mix.
+
+    ``absolute``: local paths are made absolute (the reader travels to processes that run in
+    another directory: a preprocessing service's workers).
 
     ``cache_dir``: where a remote dataset's ``index.table`` is kept for the node's other
     processes (read once per node; see :func:`~shardkit.index.manifest.read_manifest`).
@@ -76,6 +80,8 @@ def open_datasets(dataset: str | Sequence[str], *, weights: Iterable[object] | N
         ManifestError: a dataset without a valid ``index.json``.
     """
     urls = _urls(dataset)
+    if absolute:
+        urls = tuple(url if "://" in url else os.path.abspath(url) for url in urls)
     stores = [locate_dataset(url, storage_options) for url in urls]
     manifests = tuple(read_manifest(store, cache_dir=cache_dir) for store in stores)
     if len(urls) == 1:

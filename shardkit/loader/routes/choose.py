@@ -62,7 +62,8 @@ def _captions_route(reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
     if gpu_route and isinstance(transform, ImageTransform):
         return GpuRoute(reader, transform, device=device, on_error=spec.on_error, batch_size=spec.batch_size,
                         num_workers=spec.num_workers, prefetch=spec.prefetch, options=spec.gpu, captions=captions)
-    _warn_region_decoder(transform)
+    if not spec.service:  # the service's nodes decode, with their own decoder
+        _warn_region_decoder(transform)
     return CpuRoute(reader, transform, device=device, on_error=spec.on_error, batch_size=spec.batch_size,
                     num_workers=spec.num_workers, prefetch=spec.prefetch, captions=captions)
 
@@ -73,7 +74,7 @@ def _gpu_or_fallback(spec: RouteSpec) -> tuple[torch.device, bool]:
     resize, no nvJPEG), one warning and the CPU route delivering on the CUDA device (the CPU when
     CUDA is missing altogether); otherwise the CPU route on ``spec.device``."""
     transform, device = spec.transform, spec.device
-    if device.type != "cuda" or not isinstance(transform, ImageTransform):
+    if device.type != "cuda" or not isinstance(transform, ImageTransform) or spec.service:
         return device, False
     fallback = device if torch.cuda.is_available() else torch.device("cpu")
     if transform.interpolation != "bilinear":
@@ -111,7 +112,9 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
       CUDA is missing altogether);
     - a captioned dataset: as ImageFolder (:class:`GpuRoute` or :class:`CpuRoute`, same fallbacks),
       with the batch's text in place of labels;
-    - anything else: :class:`CpuRoute`.
+    - anything else: :class:`CpuRoute`;
+    - with a preprocessing service (``spec.service``): :class:`CpuRoute` on ``device`` whatever it
+      is (the service's workers decode; the GPU route is not served), COCO refused.
 
     The route's :attr:`~shardkit.loader.routes.base.Route.device` is where batches end up.
 
@@ -121,12 +124,16 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
     Raises:
         LoaderError: detection-only options (``masks``, ``pad``, ``contiguous_labels``) or a
             detection transform on a dataset that is not COCO, or a classification transform on
-            a COCO dataset; ``text_transform``/``fields`` on a dataset that is not captioned.
+            a COCO dataset; ``text_transform``/``fields`` on a dataset that is not captioned; a
+            COCO dataset with a service.
     """
     transform, device = spec.transform, spec.device
     on_error, batch_size, num_workers, prefetch, gpu = (spec.on_error, spec.batch_size, spec.num_workers, spec.prefetch,
                                                         spec.gpu)
     masks, pad, contiguous_labels = spec.masks, spec.pad, spec.contiguous_labels
+    if spec.service and manifest.kind == "coco":
+        raise LoaderError("service= serves ImageFolder and captioned datasets (the CPU route); a COCO dataset is "
+                          "not served: leave service out and use local workers")
     if manifest.kind == "captions":
         return _captions_route(reader, spec)
     if spec.captions is not None:
@@ -157,6 +164,7 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
     if gpu_route and isinstance(transform, ImageTransform):
         return GpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
                         num_workers=num_workers, prefetch=prefetch, options=gpu, classes=manifest.classes)
-    _warn_region_decoder(transform)
+    if not spec.service:  # the service's nodes decode, with their own decoder
+        _warn_region_decoder(transform)
     return CpuRoute(reader, transform, device=device, on_error=on_error, batch_size=batch_size,
                     num_workers=num_workers, prefetch=prefetch, classes=manifest.classes)

@@ -30,7 +30,7 @@ class RouteSpec:
     deliver elsewhere: :attr:`~shardkit.loader.routes.base.Route.device` says where they end up).
     ``num_workers``: the worker processes this route's host half reads from (in a feeder, the
     feeder's own). ``masks``, ``pad``, ``contiguous_labels``: COCO only. ``captions``: captioned
-    datasets only.
+    datasets only. ``service``: a preprocessing service builds the batches (the CPU route only).
 
     Example:
         >>> spec = RouteSpec(None, torch.device("cpu"), batch_size=32)
@@ -50,6 +50,8 @@ class RouteSpec:
     contiguous_labels: bool = False
     #: Captioned datasets only: the text side of each batch (fields, text transform).
     captions: CaptionTargets | None = None
+    #: Batches are built by a preprocessing service: the CPU route, whatever the device.
+    service: bool = False
 
     def with_workers(self, num_workers: int) -> RouteSpec:
         """This spec for a route reading from ``num_workers`` workers (a feeder's share)."""

@@ -1,0 +1,45 @@
+"""``shardkit serve``: run this machine as a CPU node of a preprocessing service's Ray cluster."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import sys
+
+import click
+
+from shardkit.errors import ShardkitError
+from shardkit.serve import DEFAULT_PORT, SERVICE_RESOURCE, start_command
+
+
+@click.command("serve", context_settings={"ignore_unknown_options": True})
+@click.option("--head", is_flag=True, help="Start a cluster: this node is its head.")
+@click.option("--address", metavar="HOST:PORT", default=None, help="Join the cluster whose head is at HOST:PORT.")
+@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="The head's GCS port (--head).")
+@click.option("--num-cpus", type=int, default=None, help="CPUs this node offers (default: all its cores).")
+@click.option("--dry-run", is_flag=True, help="Print the `ray start` command instead of running it.")
+@click.argument("ray_options", nargs=-1, type=click.UNPROCESSED)
+def serve_command(head: bool, address: str | None, port: int, num_cpus: int | None, dry_run: bool,
+                  ray_options: tuple[str, ...]) -> None:
+    """Run this machine as a CPU node of the service: `ray start --block` with its CPUs offered as
+    the `shardkit_service` resource, so ShardLoader(service=RayService(...)) places its workers
+    here. Further `ray start` options go after `--`. Stops on Ctrl-C.
+
+    \b
+    shardkit serve --head                          # on the first CPU node
+    shardkit serve --address HEAD:6379             # on every other CPU node
+    ShardLoader(..., service=RayService("HEAD:6379", workers=32))   # in the training script
+    """
+    command = start_command(head=head, address=address, port=port, num_cpus=num_cpus, extra=ray_options)
+    if dry_run:
+        click.echo(shlex.join(command))
+        return
+    if importlib.util.find_spec("ray") is None:
+        raise ShardkitError("shardkit serve needs Ray on this node: pip install 'shardkit[ray]'")
+    cpus = command[command.index("--num-cpus") + 1]
+    where = f"a cluster with its head here, port {port}" if head else f"the cluster at {address}"
+    click.echo(f"shardkit serve: {cpus} CPUs of this node join {where} as the {SERVICE_RESOURCE} resource; "
+               f"Ctrl-C stops the node", err=True)
+    sys.stderr.flush()
+    os.execv(command[0], command)  # the node's process from here on: its signals go to `ray start`

@@ -1,0 +1,161 @@
+"""Connecting the training process to the service's Ray cluster, within a time limit.
+
+Ray is imported here (and in :mod:`~shardkit.loader.service.client`) only, when a loader with a
+service is built. ``ray.init`` waits minutes on an address where no cluster answers, so the
+address is resolved first, then its port must answer an HTTP/2 greeting as a gRPC server (Ray's
+GCS and its client server) does, each within the timeout; ``ray.init`` itself runs under a
+longer one as a backstop: a bad address is a one-line :class:`~shardkit.errors.LoaderError` in
+seconds, never a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Any
+
+from shardkit._compat import ray_bootstrap_address
+from shardkit.errors import LoaderError
+
+__all__ = ["INSTALL_HINT", "connect", "import_ray", "split_address"]
+
+INSTALL_HINT = "pip install 'shardkit[ray]'"
+#: Seconds ``ray.init`` may take once the address answered (it starts a local core worker).
+INIT_TIMEOUT_S = 60.0
+
+
+def import_ray() -> Any:
+    """The ``ray`` module.
+
+    Raises:
+        LoaderError: Ray is not installed (with the install command).
+    """
+    try:
+        import ray
+    except ImportError as err:
+        raise LoaderError(f"service= needs Ray in this environment and on the cluster's nodes: {INSTALL_HINT} "
+                          f"({err})") from None
+    return ray
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``(host, port)`` of ``"HOST:PORT"`` or ``"ray://HOST:PORT"``.
+
+    Raises:
+        LoaderError: no port, or not a number.
+
+    Example:
+        >>> split_address("ray://10.0.0.5:10001"), split_address("[::1]:6379")
+        (('10.0.0.5', 10001), ('::1', 6379))
+    """
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise LoaderError(f"a Ray address is 'auto', 'HOST:PORT' or 'ray://HOST:PORT', got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _resolve(ray: Any, address: str) -> str:
+    """``address`` with ``"auto"`` replaced by the cluster this node belongs to."""
+    if address != "auto":
+        return address
+    try:
+        found = ray_bootstrap_address("auto")
+    except ConnectionError:
+        found = None
+    if not found:
+        raise LoaderError("no Ray cluster runs on this node (address='auto'): start one (`ray start --head`, or "
+                          "`shardkit serve --head`) or join one (`ray start --address HEAD:6379`), or pass "
+                          "RayService(address='HEAD:6379')")
+    return str(found)
+
+
+#: An HTTP/2 client's greeting: the connection preface and an empty SETTINGS frame.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS = 4
+
+
+def _reach(host: str, port: int, timeout: float, address: str) -> None:
+    """Refuse an address whose port is closed, or open but not a gRPC server (which answers an
+    HTTP/2 greeting with its SETTINGS frame), within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            conn.sendall(_HTTP2_HELLO)
+            head = b""
+            while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+                head += chunk
+    except TimeoutError:
+        head = b""
+    except OSError as err:
+        raise LoaderError(f"cannot reach the Ray cluster at {address} within {timeout:g} s "
+                          f"({type(err).__name__}: {err}); is its head node running (`ray status`)?") from None
+    if len(head) < 9 or head[3] != _SETTINGS:
+        raise LoaderError(f"{address} accepts connections but did not answer as a Ray cluster within {timeout:g} s "
+                          f"(the GCS port of the head node, 6379 by default, or a ray:// client port, 10001, "
+                          f"is expected)")
+
+
+def connect(address: str, *, timeout: float) -> Any:
+    """``ray``, connected to the cluster at ``address`` (kept as it is when already connected).
+
+    The process stays connected after the loader closes (other loaders may share it);
+    ``ray.shutdown()`` disconnects.
+
+    Raises:
+        LoaderError: Ray is missing, no cluster is found or reached at ``address`` within
+            ``timeout`` seconds, or ``ray.init`` fails or does not return in time.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    resolved = _resolve(ray, address)
+    host, port = split_address(resolved)
+    _reach(host, port, timeout, resolved)
+    outcome: list[BaseException | None] = []
+
+    def init() -> None:
+        quiet = _NotMainThread()
+        logger = logging.getLogger("ray._private.worker")
+        logger.addFilter(quiet)
+        try:
+            ray.init(address=resolved, log_to_driver=False, logging_level=logging.WARNING)
+            outcome.append(None)
+        except BaseException as err:  # handed to the caller's thread
+            outcome.append(err)
+        finally:
+            logger.removeFilter(quiet)
+
+    # ray.init retries for minutes where a gRPC server answers but no cluster does: it runs in a
+    # thread the caller stops waiting for (the thread ends with ray's own retries).
+    thread = threading.Thread(target=init, name="shardkit-ray-connect", daemon=True)
+    thread.start()
+    limit = max(INIT_TIMEOUT_S, timeout)
+    thread.join(limit)
+    if not outcome:
+        raise LoaderError(f"{resolved} answers as a gRPC server but Ray did not connect to it within {limit:g} s "
+                          f"(is it the head node's GCS port, 6379 by default?)")
+    err = outcome[0]
+    if err is not None:
+        raise LoaderError(f"cannot connect to the Ray cluster at {resolved} ({_why(err)})") from err
+    return ray
+
+
+def _why(err: BaseException) -> str:
+    """What went wrong connecting, in a line: the innermost cause, with the fix for a missing token."""
+    cause = err
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if type(cause).__name__ == "AuthenticationError":
+        return ("the cluster uses token authentication and refused this process: set RAY_AUTH_MODE=token and make "
+                "the cluster's token readable here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)")
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0][:300]}" if text else type(cause).__name__
+
+
+class _NotMainThread(logging.Filter):
+    """Drops Ray's warning that a driver connected outside the main thread sets no SIGTERM handler
+    (the loader connects in a thread it can stop waiting for; the training script's handlers stay)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "current thread is not the main thread" not in record.getMessage()

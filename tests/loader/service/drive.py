@@ -1,0 +1,79 @@
+"""A training process with a service, run by the cluster tests as a subprocess (a Ray driver of its own).
+
+``python -m tests.loader.service.drive OUT ADDRESS DATASET [options]`` iterates a loader with
+``service=RayService(ADDRESS, workers=2)`` and saves what it delivered to OUT (``torch.save``):
+``{"batches": [(epoch, images, labels, keys)], "nodes": {node id: batches}, "restarts": n, "killed": ...}``.
+A :class:`~shardkit.errors.ShardkitError` is written to OUT as ``{"error": str}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from typing import Any
+
+import torch
+
+from shardkit import RayService, ShardkitError, ShardLoader, transforms
+from tests.loader.service.slow import SlowCrop
+
+BATCH, SEED = 8, 3
+
+
+def loader(dataset: str, slow: bool, **kwargs: Any) -> ShardLoader:
+    """The loader every test compares: the service's and the local one differ only in ``kwargs``."""
+    transform = SlowCrop() if slow else transforms.imagenet_train(16)
+    return ShardLoader(dataset, batch_size=BATCH, transform=transform, seed=SEED, keys=True, **kwargs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("address")
+    parser.add_argument("dataset")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--slow", action="store_true")
+    parser.add_argument("--after", type=int, default=2, help="batches delivered before a kill or a stop")
+    parser.add_argument("--kill-actor", action="store_true", help="SIGKILL a service worker's process")
+    parser.add_argument("--kill-group", type=int, default=0, help="SIGKILL this process group (a node)")
+    parser.add_argument("--stop", default="", help="save the state here, then SIGKILL this process")
+    parser.add_argument("--resume", default="", help="load the state saved here first")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    service = RayService(args.address, workers=2, in_flight=4, connect_timeout_s=args.timeout / 6,
+                         start_timeout_s=args.timeout, batch_timeout_s=args.timeout)
+    try:
+        served = loader(args.dataset, args.slow, service=service)
+    except ShardkitError as err:
+        torch.save({"error": str(err)}, args.out)
+        return
+    if args.resume:
+        with open(args.resume) as f:
+            served.load_state_dict(json.load(f))
+    assert served.service is not None
+    batches, killed = [], {}
+    for epoch in range(served.epoch, served.epoch + args.epochs):
+        served.set_epoch(epoch)
+        for images, labels, keys in served:
+            batches.append((epoch, images, labels, keys))
+            if len(batches) != args.after:
+                continue
+            if args.stop:
+                with open(args.stop, "w") as f:
+                    json.dump(served.state_dict(), f)
+                os.kill(os.getpid(), signal.SIGKILL)  # the training process dies here
+            if args.kill_actor:
+                victim = served.service.workers[0]
+                killed = {"node": victim.node, "pid": victim.pid}
+                os.kill(victim.pid, signal.SIGKILL)
+            if args.kill_group:
+                os.killpg(args.kill_group, signal.SIGKILL)
+    torch.save({"batches": batches, "nodes": dict(served.service.nodes), "restarts": served.service.restarts,
+                "killed": killed, "workers": [w.pid for w in served.service.workers]}, args.out)
+    served.close()
+
+
+if __name__ == "__main__":
+    main()
