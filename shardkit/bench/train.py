@@ -36,10 +36,10 @@ ready).
 
 On CUDA, two figures say where a lost share
 goes (``torch.profiler``: the summed durations of the kernels and copies on the device, from
-every thread and stream of the process): ``step_gpu_ms``, the device time of one step
-(against the synthetic wall time per step: a step whose device time is well below its wall time
+every thread and stream of the process): ``step_gpu_ms``, the GPU time of one step
+(against the synthetic wall time per step: a step whose GPU time is well below its wall time
 is *host-bound*: its Python and kernel launches set its pace, and a loader costs it mostly
-through the host: the GIL, CPU); and ``loader_gpu_ms``, the device time of one batch of the
+through the host: the GIL, CPU); and ``loader_gpu_ms``, the GPU time of one batch of the
 loader running alone right after the fed run (decode, augment and copies).
 
 NVIDIA DALI, when installed, is two more contenders (:mod:`shardkit.bench.dali`): ``dali`` reads
@@ -177,7 +177,7 @@ def _forever(loader: Iterable[Any]) -> Iterator[Any]:
 @dataclass(frozen=True)
 class TrainRun:
     """One repetition of one contender: synthetic and fed step rates, where the fed run waited,
-    and (on CUDA) the device time of one step and of one batch of the loader alone."""
+    and (on CUDA) the GPU time of one step and of one batch of the loader alone."""
 
     synthetic_images_per_second: float
     fed_images_per_second: float
@@ -205,7 +205,7 @@ def _steps(step: Step, batches: Iterator[tuple[Any, Any]], n: int) -> tuple[floa
 
 
 def device_ms(work: Callable[[], object], n: int, device: torch.device) -> float | None:
-    """Milliseconds of device time per call of ``work`` over ``n`` calls: the summed durations of
+    """Milliseconds of GPU time per call of ``work`` over ``n`` calls: the summed durations of
     the kernels and copies ``torch.profiler`` records on ``device``, from every thread and
     stream of the process. None off CUDA."""
     if device.type != "cuda":
@@ -226,7 +226,7 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     """Synthetic, fed, then synthetic again: the rates of ``step`` with ``loader`` (see the module
     doc); the synthetic runs cycle over the loader's first ``fixed_batches``, through
     ``step.to_device`` and ``step.clone``, each after ``settle_s`` seconds in which the loader
-    fills its buffers. On CUDA the step's and the loader's device time follow, over
+    fills its buffers. On CUDA the step's and the loader's GPU time follow, over
     ``profile_batches`` each."""
     fed = map(step.to_device, _forever(loader))
     fixed = [step.clone(next(fed)) for _ in range(fixed_batches)]

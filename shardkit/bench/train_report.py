@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HOST_BOUND", "rate", "summarise", "train_table", "with_feeders"]
 
-#: A step whose device time is under this share of its wall time is called host-bound in the table.
+#: A step whose GPU time is under this share of its wall time is called host-bound in the table.
 HOST_BOUND = 0.8
 
 
@@ -33,7 +33,7 @@ def rate(images_per_second: float) -> str:
 def train_table(title: str, results: list[dict[str, Any]], batch_size: int, width: int | None = None) -> str:
     """``title`` over one row per contender of ``results`` (a report's): median (min–max) of each
     figure over the repetitions (the value alone after one). ``step ms``: the synthetic step's
-    wall time, with its device time in brackets where measured (CUDA; much less: host-bound).
+    wall time, with its GPU time in brackets where measured (CUDA; much less: host-bound).
     In ``width`` columns (a terminal's), each contender as a block of short lines instead when the
     table is wider, the notes wrapped."""
 
@@ -60,11 +60,11 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
                      ms(r["loader_gpu_ms_per_batch"])))
     notes = []
     if any(r.get("step_gpu_ms") is not None for r in results):
-        notes.append("step ms: the synthetic step's wall time (device time in brackets); loader GPU ms: device "
+        notes.append("step ms: the synthetic step's wall time (GPU time in brackets); loader GPU ms: device "
                      "time of one batch of the loader alone (torch.profiler; — for a loader with feeder processes, "
                      "whose device work is outside this process's profile).")
     if host_bound:
-        notes.append("The step is host-bound (its device time is well under its wall time): its Python and kernel "
+        notes.append("The step is host-bound (its GPU time is well under its wall time): its Python and kernel "
                      "launches set its pace, and a loader costs it host time (the GIL, CPU) more than GPU time.")
     if any(r["share"]["median"] > 1 for r in results):
         notes.append("A share over 100%: the fed run was faster than the step on a fixed batch, so the machine's "
@@ -103,7 +103,7 @@ def with_feeders(label: str, runs: list[TrainRun]) -> str:
 
 def summarise(runs: list[TrainRun]) -> dict[str, Any]:
     """One contender's runs as report figures: spreads of the rates, share and host wait, the median
-    step and loader device times (None off CUDA), and every run."""
+    step and loader GPU times (None off CUDA), and every run."""
     gpu = [r.loader_gpu_ms_per_batch for r in runs if r.loader_gpu_ms_per_batch is not None]
     step_gpu = [r.step_gpu_ms for r in runs if r.step_gpu_ms is not None]
     return {

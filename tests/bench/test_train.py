@@ -253,7 +253,7 @@ def test_the_table_calls_a_step_host_bound_when_its_device_time_is_well_under_it
                 "loader_gpu_ms_per_batch": 0.7}
 
     bound = train_table("t", [row(12800.0, 5.5)], batch_size=128)  # 10 ms of wall time per step
-    assert "10.0 (5.5)" in bound and "host-bound" in bound and "device time in brackets" in bound
+    assert "10.0 (5.5)" in bound and "host-bound" in bound and "GPU time in brackets" in bound
     assert "host-bound" not in train_table("t", [row(12800.0, 9.5)], batch_size=128)
     on_cpu = train_table("t", [row(12800.0, None)], batch_size=128)
     assert "host-bound" not in on_cpu and "brackets" not in on_cpu

@@ -19,7 +19,7 @@ Three stages, each a thread, joined by bounded queues, so host and device work o
 The consumer makes its current stream wait for that event (no host synchronisation) and calls
 ``record_stream`` so the caching allocator does not give the batch's memory to the prefetch
 stream while the consumer's stream may still use it. An exception in any stage reaches the
-consumer unchanged (type and traceback). Augment device time comes from CUDA events read once
+consumer unchanged (type and traceback). Augment GPU time comes from CUDA events read once
 they have completed (``query``), never by waiting.
 
 Why reusing a staging slot is safe: the fetch stage takes one of ``len(slots)`` permits before it stages
