@@ -7,14 +7,16 @@ import logging
 from typing import Any
 
 from shardkit.errors import LoaderError
+from shardkit.loader.feed.labels import SlotLabels, probe_text
 from shardkit.loader.feed.layout import auto_feeders
+from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.samples import ON_ERROR
 from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.gpu import GpuOptions, GpuRoute
 from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.transforms.base import ImageTransform
 
-__all__ = ["check_arguments", "check_service", "feeder_count", "worker_count"]
+__all__ = ["check_arguments", "check_service", "feeder_count", "feeder_slots", "worker_count"]
 
 log = logging.getLogger("shardkit.loader")
 
@@ -91,25 +93,52 @@ def check_service(service: object, *, num_workers: int | str, feeders: int | str
 
 
 def feeder_count(feeders: int | str, route: Route[Any, Any], transform: object, num_workers: int,
-                  kind: str, *, workers_auto: bool = False) -> int:
-    """The feeder processes a loader runs (see ``ShardLoader``'s ``feeders``); ``workers_auto``:
-    ``num_workers`` came from ``"auto"`` (the error then says so).
+                  kind: str, *, captions: CaptionTargets | None = None,
+                  workers_auto: bool = False) -> tuple[int, SlotLabels]:
+    """The feeder processes a loader runs (see ``ShardLoader``'s ``feeders``) and what their slots
+    hold beside the images (:mod:`~shardkit.loader.feed.labels`: a captioned dataset's text
+    transform is tried once here, when feeders may run). ``captions``: a captioned dataset's text
+    side; ``workers_auto``: ``num_workers`` came from ``"auto"`` (the error then says so).
+    ``"auto"`` runs none where they cannot run, logging why at info level.
 
     Raises:
         LoaderError: a bad value, or feeders asked for where they cannot run (naming why).
     """
     if feeders == "auto":
-        return auto_feeders(num_workers) if isinstance(route, GpuRoute) and kind == "imagefolder" else 0
+        if not isinstance(route, GpuRoute) or num_workers == 0:
+            return 0, SlotLabels()
+        try:
+            slots = feeder_slots(transform, kind, captions)
+        except LoaderError as err:
+            log.info("shardkit: feeders='auto' runs none: %s", err)
+            return 0, SlotLabels()
+        return auto_feeders(num_workers), slots
     if isinstance(feeders, bool) or not isinstance(feeders, int) or feeders < 0:
         raise LoaderError(f"feeders must be 'auto' or an int >= 0, got {feeders!r}")
     if feeders == 0:
-        return 0
-    if kind != "imagefolder" or not isinstance(transform, ImageTransform):
-        raise LoaderError("feeders need an ImageFolder dataset and an ImageTransform (transforms.imagenet_train "
-                          "or imagenet_val): they hand over one image tensor and one label tensor per batch; "
-                          "use feeders=0")
+        return 0, SlotLabels()
+    slots = feeder_slots(transform, kind, captions)
     if num_workers < feeders:
         given = f"num_workers='auto' gave {num_workers} ({auto_reason()})" if workers_auto else \
             f"got num_workers={num_workers}"
         raise LoaderError(f"feeders share the workers: num_workers must be >= feeders, {given}, feeders={feeders}")
-    return feeders
+    return feeders, slots
+
+
+def feeder_slots(transform: object, kind: str, captions: CaptionTargets | None) -> SlotLabels:
+    """What feeders' slots hold beside the images of a dataset of ``kind`` (labels, or a captioned
+    batch's token tensor: :func:`~shardkit.loader.feed.labels.probe_text`).
+
+    Raises:
+        LoaderError: feeders cannot carry these batches (naming why, in one line).
+    """
+    why = None
+    if kind not in ("imagefolder", "captions"):
+        why = f"this dataset is {kind!r}"
+    elif not isinstance(transform, ImageTransform):
+        why = f"the transform is {'None' if transform is None else 'a ' + type(transform).__name__}"
+    if why is not None:
+        raise LoaderError(f"feeders need an ImageFolder or captioned dataset and an ImageTransform (transforms."
+                          f"imagenet_train or imagenet_val): they hand over one image tensor and one label or token "
+                          f"tensor per batch; {why}; use feeders=0")
+    return probe_text(captions) if kind == "captions" else SlotLabels()

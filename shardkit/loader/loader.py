@@ -119,9 +119,11 @@ class ShardLoader:
             and hand batches over through shared device memory (:mod:`~shardkit.loader.feed.pool`),
             sharing the ``num_workers`` workers: the training loop keeps its interpreter (its GIL)
             to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0;
-            0: this process. Same batches, order and state either way; an ImageFolder dataset with
-            an :class:`~shardkit.transforms.ImageTransform` and ``num_workers >= feeders`` needed.
-            The number taken is :attr:`feeders`.
+            0: this process. Same batches, order and state either way. Needed: an
+            :class:`~shardkit.transforms.ImageTransform`, ``num_workers >= feeders``, and an
+            ImageFolder dataset or a captioned one whose ``text_transform`` returns one tensor of
+            fixed shape and dtype (token ids: :mod:`~shardkit.loader.feed.labels`); else ``"auto"``
+            runs none and a number is refused, naming why. The number taken is :attr:`feeders`.
         text_transform: captioned datasets only: called in the workers with each batch's captions
             (a list of str), e.g. a tokenizer; its result is the batch's text (tensors in it, or in
             a dict of it, are moved to ``device``). None: the captions as a list of str.
@@ -155,8 +157,8 @@ class ShardLoader:
     Captioned datasets (``kind`` ``"captions"``: packed image-text pairs, or img2dataset shards
     indexed in place) yield ``(images, texts)``: images as for ImageFolder (the same route: CPU,
     or GPU on a CUDA ``device`` with an ``ImageTransform``), ``texts`` the batch's captions (see
-    ``text_transform`` and ``fields``). Epochs,
-    resume, elastic resume, mixing and ``even_batches`` work as for labelled images.
+    ``text_transform`` and ``fields``). Epochs, resume, elastic resume, mixing, ``even_batches``
+    and feeders (see ``feeders``) work as for labelled images.
 
     Routes (chosen once, :func:`~shardkit.loader.routes.choose.choose_route`): a COCO dataset takes the
     COCO route (:mod:`shardkit.loader.routes.coco`), or on a CUDA ``device`` with a one-window detection
@@ -279,8 +281,8 @@ class ShardLoader:
         self._stats = StageStats()
         self._feeders_auto, self._prefetch = feeders == "auto", prefetch
         #: Feeder processes running the route (0: it runs in this process); see ``feeders``.
-        self.feeders = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
-                                    workers_auto=num_workers == "auto")
+        self.feeders, self._slot_labels = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
+                                                       captions=spec.captions, workers_auto=num_workers == "auto")
         self._pool: FeederPool | None = None
         self._spec, self._read_ahead = spec.on(self.device), read_ahead  # on: where the route delivers
         #: The preprocessing service building this loader's batches (``service=``), or None.
@@ -504,7 +506,7 @@ class ShardLoader:
         workers, parts = self.num_workers, self.feeders
         return FeederPool([FeederSpec(self.manifest, self.reader,
                                       self._spec.with_workers(feeder_workers(part, parts, workers)), self.config,
-                                      part, parts, workers, preferred_decoder(), self._read_ahead)
+                                      part, parts, workers, preferred_decoder(), self._read_ahead, self._slot_labels)
                            for part in range(parts)])
 
     def _start_feeders(self) -> None:

@@ -136,7 +136,7 @@ def test_misuse_is_refused(both: dict[str, Any]) -> None:
         ShardLoader([captioned, both["b"][1]], batch_size=2, disjoint_labels=True)
     with pytest.raises(LoaderError, match="fields may not include 'text'"):
         ShardLoader(captioned, batch_size=2, fields=["text"])
-    with pytest.raises(LoaderError, match="feeders need an ImageFolder dataset"):
+    with pytest.raises(LoaderError, match="feeders hand over one tensor per batch .* needs a text_transform"):
         ShardLoader(captioned, batch_size=2, num_workers=2, feeders=1, transform=transforms.imagenet_val(8))
 
 

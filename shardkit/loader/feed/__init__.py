@@ -3,5 +3,7 @@ training process through shared device memory.
 
 :mod:`~shardkit.loader.feed.pool` is the training process's side (start, hand over, stop),
 :mod:`~shardkit.loader.feed.process` a feeder's side, :mod:`~shardkit.loader.feed.layout` which
-worker and batch belong to which feeder, :mod:`~shardkit.loader.feed.logs` their log records relayed.
+worker and batch belong to which feeder, :mod:`~shardkit.loader.feed.labels` what a slot holds
+beside the images (labels, or a captioned batch's token ids), :mod:`~shardkit.loader.feed.logs`
+their log records relayed.
 """

@@ -11,7 +11,8 @@ has its own nvJPEG), which a single process cannot (torchvision serialises its c
 **Layout** of workers and batches over the feeders: :mod:`~shardkit.loader.feed.layout`.
 
 **Hand-off.** Each feeder owns a ring of :data:`RING` slots (one batch of images and labels
-each) on the route's device: CUDA memory opened in the training process through CUDA IPC, or
+each; a captioned batch's token ids in place of labels: :mod:`~shardkit.loader.feed.labels`) on
+the route's device: CUDA memory opened in the training process through CUDA IPC, or
 shared memory on the CPU. A feeder copies a finished batch into a free slot on its stream and
 records the slot's interprocess CUDA event; the loader makes its current stream wait for that
 event, copies the slot into fresh tensors (so batches live as long as the user keeps them, as
@@ -185,7 +186,8 @@ def _close_all(handles: list[_Handle], logs: LogRelay) -> None:
 
 
 class FeederPool:
-    """``len(specs)`` feeder processes running a classification route for one loader (module doc).
+    """``len(specs)`` feeder processes running an ImageFolder or captioned dataset's route for one
+    loader (module doc).
 
     Started on the first :meth:`epoch`, kept across epochs, stopped by :meth:`close` (and when
     the pool is garbage collected, or at interpreter exit before multiprocessing joins its

@@ -35,6 +35,7 @@ from shardkit.errors import LoaderError, ShardkitError
 from shardkit.index.manifest import Manifest
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.remainder import Remainder
+from shardkit.loader.feed.labels import SlotLabels
 from shardkit.loader.feed.layout import part_batches
 from shardkit.loader.feed.logs import relay_to
 from shardkit.loader.read.reader import ShardReader
@@ -56,7 +57,8 @@ class FeederSpec:
     """What a feeder process needs to run its part of the route (pickled to it once).
     ``decoder``: the library :func:`~shardkit.codec.backend.prefer_decoder` chose in the loader's
     process when the loader was built (a process-wide setting the feeder must repeat; the GPU
-    decoder is chosen when a loader is built)."""
+    decoder is chosen when a loader is built). ``labels``: what a slot holds beside the images
+    (a captioned batch's token tensor: :func:`~shardkit.loader.feed.labels.probe_text`)."""
 
     manifest: Manifest
     reader: ShardReader
@@ -67,6 +69,7 @@ class FeederSpec:
     total_workers: int  # all feeders' workers
     decoder: str | None = None
     read_ahead: bool = False  # workers and route go on into the next epoch (see shardkit.loader.run.epoch_run)
+    labels: SlotLabels = SlotLabels()
 
 
 class _Stop(Exception):
@@ -171,16 +174,17 @@ class _Feeder:
     def make_ring(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[bytes]]:
         """The ring, made before any thread of the route runs (sharing CUDA memory while the
         decode thread ran nvJPEG crashed torch's ``_share_cuda_`` once on an H200): slots shaped
-        and laid out as the transform's finalised batches."""
+        and laid out as the transform's finalised batches, beside them the labels or token ids
+        of :attr:`FeederSpec.labels`."""
         transform = self.spec.route.transform
-        assert isinstance(transform, ImageTransform)  # feeders need one (arguments.feeder_count)
+        assert isinstance(transform, ImageTransform)  # feeders need one (arguments.feeder_slots)
         b, (h, w) = self.spec.route.batch_size, transform.output_size
         probe = transform.finalize(torch.zeros((1, 3, h, w), dtype=torch.uint8, device=self.device))
         last = probe.is_contiguous(memory_format=torch.channels_last) and not probe.is_contiguous()
         fmt = torch.channels_last if last else torch.contiguous_format
         for _ in range(RING):
             images = torch.empty((b, 3, h, w), dtype=probe.dtype, device=self.device, memory_format=fmt)
-            labels = torch.empty(b, dtype=torch.int64, device=self.device)
+            labels = self.spec.labels.empty(b, self.device)
             self.ring.append((images, labels) if self.cuda else (images.share_memory_(), labels.share_memory_()))
         handles: list[bytes] = []
         if self.cuda:
@@ -189,15 +193,15 @@ class _Feeder:
         return [r[0] for r in self.ring], [r[1] for r in self.ring], handles
 
     def _hand_over(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str]) -> None:
-        slot_images, slot_labels = self.ring[0]
+        slot_images = self.ring[0][0]
         n = images.shape[0] if isinstance(images, torch.Tensor) else -1
-        if (not isinstance(images, torch.Tensor) or not isinstance(labels, torch.Tensor)
-                or images.shape[1:] != slot_images.shape[1:] or images.dtype != slot_images.dtype
-                or n > slot_images.shape[0]):
+        if (not isinstance(images, torch.Tensor) or images.shape[1:] != slot_images.shape[1:]
+                or images.dtype != slot_images.dtype or n > slot_images.shape[0]):
             what = (f"{tuple(images.shape)} {images.dtype}" if isinstance(images, torch.Tensor)
                     else type(images).__name__)
             raise LoaderError(f"a batch of {what} does not fit the feeders' slots of {tuple(slot_images.shape)} "
                               f"{slot_images.dtype}; use feeders=0")
+        self.spec.labels.check(labels, n)
         k = self._slot()
         slot_images, slot_labels = self.ring[k]
         if self.cuda:

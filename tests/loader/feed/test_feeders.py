@@ -21,6 +21,7 @@ import torch
 from sample_data.generate import make_indexed_imagefolder
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.codec import libjpeg
+from shardkit.loader.feed.labels import SlotLabels
 from shardkit.loader.feed.layout import auto_feeders, feeder_of, feeder_workers
 from shardkit.pack import PackOptions, pack
 from shardkit.transforms.random_resized_crop import RandomResizedCropFlip
@@ -153,7 +154,8 @@ def test_close_stops_the_feeders_and_their_workers(packed: Path) -> None:
     ({"feeders": -1}, "feeders must be 'auto' or an int >= 0"),
     ({"feeders": "many"}, "feeders must be 'auto' or an int >= 0"),
     ({"feeders": 3, "num_workers": 2}, "num_workers must be >= feeders"),
-    ({"feeders": 1, "transform": lambda image: image}, "feeders need an ImageFolder dataset and an ImageTransform"),
+    ({"feeders": 1, "transform": lambda image: image},
+     "feeders need an ImageFolder or captioned dataset and an ImageTransform .*; the transform is a function;"),
 ])
 def test_feeders_are_refused_where_they_cannot_run(packed: Path, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(LoaderError, match=message):
@@ -280,7 +282,7 @@ def test_auto_feeders_that_cannot_start_leave_the_route_in_this_process(
 
     with _loader(packed, feeders=0) as plain:
         want = [k for _, _, k in plain]
-    monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: 1)  # "auto" chose one feeder
+    monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))  # "auto": one
     monkeypatch.setattr(feeders.FeederPool, "start", refuse)
     with _loader(packed) as loader, caplog.at_level("WARNING", logger="shardkit.loader"):
         assert loader.feeders == 1
