@@ -153,10 +153,11 @@ def test_auto_runs_feeders_for_token_ids_on_the_gpu_route(captioned: tuple[Path,
         with _loader(ds) as fed:
             assert fed.feeders == 1 and fed._pool is not None
             _same(want, _epochs(fed, epochs=1))
-        for kwargs, why in [({"text_transform": None}, "needs a text_transform"),
-                            ({"fields": ["url"]}, "with fields= (url)"),
-                            ({"text_transform": ToDict()}, "returned a dict, not one tensor"),
-                            ({"text_transform": PadToLongest()}, "output changes with the captions")]:
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"text_transform": None}, "needs a text_transform"), ({"fields": ["url"]}, "with fields= (url)"),
+            ({"text_transform": ToDict()}, "returned a dict, not one tensor"),
+            ({"text_transform": PadToLongest()}, "output changes with the captions")]
+        for kwargs, why in cases:
             caplog.clear()
             with _loader(ds, **kwargs) as loader:
                 assert loader.feeders == 0 and loader._pool is None
