@@ -9,6 +9,7 @@ A :class:`~shardkit.errors.ShardkitError` is written to OUT as ``{"error": str}`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +27,24 @@ def loader(dataset: str, slow: bool, **kwargs: Any) -> ShardLoader:
     """The loader every test compares: the service's and the local one differ only in ``kwargs``."""
     transform = SlowCrop() if slow else transforms.imagenet_train(16)
     return ShardLoader(dataset, batch_size=BATCH, transform=transform, seed=SEED, keys=True, **kwargs)
+
+
+def _kill_node(group: int, worker_pids: list[int]) -> None:
+    """SIGKILL process group ``group`` (a node's ``ray start``) and the service workers it started,
+    as a machine lost at once: a worker orphaned by its raylet otherwise lives on for up to a
+    second, still answering the training process, and may finish every batch it owes."""
+    import psutil
+
+    doomed = []
+    for pid in worker_pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            worker = psutil.Process(pid)
+            if any(os.getpgid(p.pid) == group for p in [worker, *worker.parents()]):
+                doomed.append(pid)
+    os.killpg(group, signal.SIGKILL)
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def main() -> None:
@@ -69,7 +88,7 @@ def main() -> None:
                 killed = {"node": victim.node, "pid": victim.pid}
                 os.kill(victim.pid, signal.SIGKILL)
             if args.kill_group:
-                os.killpg(args.kill_group, signal.SIGKILL)
+                _kill_node(args.kill_group, [w.pid for w in served.service.workers])
     torch.save({"batches": batches, "nodes": dict(served.service.nodes), "restarts": served.service.restarts,
                 "killed": killed, "workers": [w.pid for w in served.service.workers]}, args.out)
     served.close()
