@@ -44,8 +44,10 @@ __all__ = [
     "pool_manager_thread",
     "persistent_iterator",
     "pool_processes",
+    "pool_queues",
     "reset_queue_after_fork",
     "stop_persistent_workers",
+    "unlink_queue_semaphores",
 ]
 
 
@@ -143,6 +145,48 @@ def reset_queue_after_fork(queue: Any) -> None:
 def pool_processes(pool: ProcessPoolExecutor) -> list[Any]:
     """The worker processes of ``pool`` (``_processes``, CPython 3.8 to 3.14), to stop them at once."""
     return list((getattr(pool, "_processes", None) or {}).values())
+
+
+def pool_queues(pool: ProcessPoolExecutor) -> list[Any]:
+    """The call and result queues of ``pool`` (``_call_queue``, ``_result_queue``, CPython 3.8 to 3.14)."""
+    return [q for q in (getattr(pool, "_call_queue", None), getattr(pool, "_result_queue", None)) if q is not None]
+
+
+def unlink_queue_semaphores(queue: Any) -> int:
+    """Remove the names of a spawn-context ``multiprocessing`` queue's semaphores; returns how many.
+
+    A queue made for spawned processes holds named POSIX semaphores (``/dev/shm/sem.mp-*`` on
+    Linux), so that a child can open them by name; they are unlinked when the queue is collected or
+    by the resource tracker when every process is gone, and a ``kill -9`` of the whole process group
+    (the tracker included) leaves them behind for good. Once every process that will ever use the
+    queue has opened them, the names can go: the semaphores live on, unnamed, until the last process
+    holding them exits, as a forked queue's do from the start. The queue's own clean-up
+    (``SemLock._cleanup``, a ``multiprocessing.util.Finalize``) and the tracker's entry are
+    withdrawn, so nothing unlinks the name twice. ``_rlock``, ``_wlock``, ``_sem``,
+    ``_semlock.name`` and ``util._finalizer_registry`` are CPython details stable since 3.8. A queue
+    pickled to a process started after this cannot be opened there.
+    """
+    import _multiprocessing
+    from multiprocessing import resource_tracker, util
+    from multiprocessing.synchronize import SemLock
+
+    names = set()
+    for attr in ("_rlock", "_wlock", "_sem"):
+        name = getattr(getattr(getattr(queue, attr, None), "_semlock", None), "name", None)
+        if name:
+            names.add(name)
+    if not names:
+        return 0
+    cleanup = getattr(SemLock, "_cleanup", None)
+    for finalizer in list(getattr(util, "_finalizer_registry", {}).values()):
+        args = getattr(finalizer, "_args", None)
+        if cleanup is not None and getattr(finalizer, "_callback", None) is cleanup and args and args[0] in names:
+            finalizer.cancel()
+    for name in names:
+        with contextlib.suppress(OSError):
+            _multiprocessing.sem_unlink(name)
+        resource_tracker.unregister(name, "semaphore")
+    return len(names)
 
 
 def pool_manager_thread(pool: ProcessPoolExecutor) -> Any:
@@ -297,6 +341,23 @@ def _pool_has_processes() -> bool:
         return isinstance(getattr(pool, "_processes", None), dict) and bool(pool_processes(pool))
 
 
+def _queue_semaphores_unlink() -> bool:
+    """A spawn-context queue made by a pool: its names go, it still carries a message."""
+    import multiprocessing
+    import os
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        pool.submit(int).result()
+        queues = pool_queues(pool)
+        if len(queues) != 2:
+            return False
+        names = [q._rlock._semlock.name for q in queues]
+        unlinked = sum(unlink_queue_semaphores(q) for q in queues)
+        gone = not any(os.path.exists(f"/dev/shm/sem.{n.lstrip('/')}") for n in names)
+        return unlinked == 5 and gone and pool.submit(int, "7").result() == 7
+
+
 def _forkserver_has_state() -> bool:
     from multiprocessing import forkserver
 
@@ -341,6 +402,11 @@ CANARIES: tuple[Canary, ...] = (
     Canary("ProcessPoolExecutor._processes", _pool_has_processes,
            "pack stops its workers at once on Ctrl-C through it (shardkit.pack.pool); find where the executor "
            "keeps its processes and change _compat.pool_processes"),
+    Canary("multiprocessing queue semaphores (_semlock.name, SemLock._cleanup, util._finalizer_registry)",
+           _queue_semaphores_unlink,
+           "pack unlinks its pool's semaphore names once every worker has opened them, so a kill -9 of the whole "
+           "group leaves none in /dev/shm (shardkit.pack.pool); change _compat.unlink_queue_semaphores and "
+           "_compat.pool_queues (without them such a kill leaves 8 sem.mp-* files)"),
     Canary("accelerate GradientState._add_dataloader", _accelerate_has_dataloader_tracking,
            "ShardLoader shows accelerate where an epoch ends (gradient accumulation steps at its last batch) "
            "through it (shardkit.loader.frameworks); find how accelerate's DataLoaderShard registers itself "

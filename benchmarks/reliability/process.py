@@ -28,6 +28,14 @@ from tests.keepalive import KeepAliveProxy
 from tests.loader.read.test_remote_loader import LOAD_WITH_WORKERS as S3_LOAD
 
 
+def _mapped_semaphores(pid: int) -> set[str]:
+    """The paths of the POSIX semaphores (``/dev/shm/sem.*``) process ``pid`` has mapped, named or
+    already unlinked (a line ending in ``(deleted)``): after a kill, none of them may exist."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as f:
+        return {fields[5].rstrip().removesuffix(" (deleted)") for fields in (line.split(maxsplit=5) for line in f)
+                if len(fields) == 6 and fields[5].startswith("/dev/shm/sem.")}
+    return set()
+
 def _r4_tree(work: Path) -> Path:
     """120 small JPEGs in 4 classes, 8 of them not images (skipped entries in index.json)."""
     root = work / "r4src"
@@ -72,8 +80,7 @@ def r4_kill(work: Path, kills: int = 12) -> list[Row]:
         if proc.poll() is None:
             with contextlib.suppress(psutil.Error):
                 for c in psutil.Process(proc.pid).children():
-                    with contextlib.suppress(OSError), open(f"/proc/{c.pid}/maps") as f:
-                        group_sems |= {line.split()[-1] for line in f if "/dev/shm/sem." in line}
+                    group_sems |= _mapped_semaphores(c.pid)
             os.killpg(proc.pid, signal.SIGKILL)
             interrupted += 1
         proc.wait()
@@ -99,8 +106,7 @@ def r4_kill(work: Path, kills: int = 12) -> list[Row]:
             time.sleep(0.01)
         sems: set[str] = set()
         for c in children:
-            with contextlib.suppress(OSError, psutil.Error), open(f"/proc/{c.pid}/maps") as f:
-                sems |= {line.split()[-1] for line in f if "/dev/shm/sem." in line}
+            sems |= _mapped_semaphores(c.pid)
         proc.kill()
         proc.wait()
         _gone, alive = psutil.wait_procs(children, timeout=20)

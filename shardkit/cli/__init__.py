@@ -3,14 +3,17 @@ doctor, serve).
 
 Library errors become one-line messages and exit code 1; usage errors exit 2 (click's).
 Ctrl-C exits 130 and SIGTERM (a scheduler preempting the job) 143, each after one line; the work
-stops as on Ctrl-C (a pack stops its workers and resumes when re-run). Heavy imports (torch)
+stops as on Ctrl-C (a pack stops its workers and resumes when re-run); another while it exits ends
+it at once, with the same code. Heavy imports (torch)
 happen inside the commands that need them, so ``--help`` is fast.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 from types import FrameType
 
 import click
@@ -42,13 +45,28 @@ class _Group(click.Group):
             click.secho(f"error: {err}", fg="red", err=True)
             sys.exit(1)
         except KeyboardInterrupt as err:  # also one re-raised from a wrapper above
+            terminated = isinstance(err, Terminated)
+            code = 143 if terminated else 130
+            _exit_at_once_on_another(code)
             _clear_line()
             # Only pack resumes; saying so after verify or bench would send people looking for it.
             resumes = ctx.invoked_subcommand == "pack"
-            terminated = isinstance(err, Terminated)
             click.echo(("terminated" if terminated else "interrupted")
                        + ("; re-run the same command to resume" if resumes else ""), err=True)
-            sys.exit(143 if terminated else 130)
+            sys.exit(code)
+
+
+def _exit_at_once_on_another(code: int) -> None:
+    """The work is stopped and the process is exiting: another Ctrl-C (an impatient user presses
+    it twice) or SIGTERM ends it at once with ``code``, instead of a traceback from whatever
+    clean-up it interrupts and a death by signal."""
+    def now(signum: int, frame: FrameType | None) -> None:
+        sys.stderr.flush()
+        os._exit(code)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, now)
 
 
 class Terminated(KeyboardInterrupt):

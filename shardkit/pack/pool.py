@@ -12,6 +12,11 @@ clean-up in the parent): each watches its parent's sentinel, the pipe end that c
 parent dies. Without that, workers blocked on the task queue (which they hold open themselves)
 lived on forever, and with them the resource tracker and the queues' semaphores in /dev/shm.
 
+A ``kill -9`` of the whole process group kills the resource tracker too, which would otherwise
+unlink the queues' named semaphores: each worker reports once it has opened them, and when all
+have, the parent removes the names (the semaphores live on unnamed until the last process
+holding them exits), so such a kill leaves nothing in /dev/shm either.
+
 Ctrl-C: a terminal signals the whole process group. Workers start with SIGINT blocked, so only
 the parent sees it; it cancels the shards not started and terminates the workers (a shard being
 written leaves a temporary file, which the next pack removes before it resumes). An error
@@ -31,7 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ProcessPoolExecutor, wait
 from typing import Any
 
-from shardkit._compat import pool_manager_thread, pool_processes
+from shardkit._compat import pool_manager_thread, pool_processes, pool_queues, unlink_queue_semaphores
 from shardkit.pack.progress import input_bytes
 from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
 
@@ -42,6 +47,7 @@ SampleDone = Callable[[int, int], None]
 POLL_S = 0.1
 
 _reports: Any = None  # in a worker process: the queue its samples are reported to
+_READY = -1  # a report's shard index that says "this worker (pid) has opened the queues"
 
 
 def _exit_with_parent() -> None:
@@ -116,11 +122,14 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     """Stop ``pool`` at once: terminate its workers (a shard they were writing leaves only a
     temporary file, which the next pack removes) and reap them, a second Ctrl-C deferred
     meanwhile. The pool's own shutdown waits for running shards and, once interrupted, hung."""
-    processes, manager = pool_processes(pool), pool_manager_thread(pool)
+    processes, manager, queues = pool_processes(pool), pool_manager_thread(pool), pool_queues(pool)
     with _ctrl_c_deferred(), _cancelled_futures_quiet(manager):
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
+        for q in queues:  # nobody reads the tasks left in it: joining its writer could block for ever at exit
+            if hasattr(q, "cancel_join_thread"):
+                q.cancel_join_thread()
         for process in processes:
             process.join(timeout=5)
             if process.is_alive():
@@ -130,12 +139,12 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
             manager.join(timeout=5)
 
 
-def _init_worker(reports: Any) -> None:
+def _init_worker(reports: Any, per_sample: bool) -> None:
     global _reports
     _exit_with_parent()
-    if reports is not None:
-        reports.cancel_join_thread()  # exiting never blocks on reports nobody reads any more
-    _reports = reports
+    reports.cancel_join_thread()  # exiting never blocks on reports nobody reads any more
+    reports.put((_READY, os.getpid()))  # every queue this worker uses was opened as it started
+    _reports = reports if per_sample else None
 
 
 def _write_reporting(task: ShardTask) -> ShardReceipt:
@@ -167,13 +176,46 @@ class _Tally:
         if rest != (0, 0):
             self.on_sample(*rest)
 
-    def drain(self, reports: Any) -> None:
-        while True:
-            try:
-                index, nbytes = reports.get_nowait()
-            except queue_module.Empty:
-                return
-            self.sample(index, nbytes)
+
+
+class _Names:
+    """Unlinks the pool's semaphore names once every worker has reported that it opened them."""
+
+    def __init__(self, pool: ProcessPoolExecutor, reports: Any) -> None:
+        self.pool, self.reports = pool, reports
+        self.waiting: set[int] | None = None  # pids not ready yet; known once every worker is started
+        self.ready: set[int] = set()
+        self.done = False
+
+    def started(self) -> None:
+        """Every task is submitted: the pool starts no more workers."""
+        self.waiting = {p.pid for p in pool_processes(self.pool)} - self.ready
+
+    def worker_ready(self, pid: int) -> None:
+        self.ready.add(pid)
+        if self.waiting is not None:
+            self.waiting.discard(pid)
+
+    def unlink_when_ready(self) -> None:
+        if self.done or self.waiting is None or self.waiting:
+            return
+        self.done = True
+        with _ctrl_c_deferred():  # all or nothing: a name left half withdrawn makes the tracker warn at exit
+            for q in (*pool_queues(self.pool), self.reports):
+                unlink_queue_semaphores(q)
+
+
+def _drain(reports: Any, tally: _Tally | None, names: _Names) -> None:
+    while True:
+        try:
+            index, value = reports.get_nowait()
+        except queue_module.Empty:
+            break
+        if index == _READY:
+            names.worker_ready(value)
+        elif tally is not None:
+            tally.sample(index, value)
+    names.unlink_when_ready()
 
 
 def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
@@ -195,22 +237,25 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
         return receipts
     # spawn: workers start clean (no inherited fsspec instances, threads or locks).
     context = multiprocessing.get_context("spawn")
-    reports = context.Queue() if on_sample is not None else None
     tally = _Tally(on_sample) if on_sample is not None else None
     receipts = []
     futures: dict[Future[ShardReceipt], ShardTask] = {}
     with _ctrl_c_deferred():  # the workers start (on submit) with Ctrl-C blocked: see _ctrl_c_deferred
+        # made meanwhile too: a semaphore interrupted between its tracking and its clean-up made
+        # the resource tracker warn of a leak at exit
+        reports = context.Queue()
         pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_init_worker,
-                                   initargs=(reports,))
+                                   initargs=(reports, on_sample is not None))
+    names = _Names(pool, reports)
     try:
         with _ctrl_c_deferred():
             for t in tasks:
                 futures[pool.submit(_write_reporting, t)] = t
+        names.started()
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
-            if tally is not None:
-                tally.drain(reports)
+            _drain(reports, tally, names)
             for future in done:
                 receipts.append(future.result())  # re-raises a worker's error here
                 task = futures[future]
@@ -230,6 +275,5 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
             _stop_workers(pool)
         raise
     pool.shutdown(wait=True)
-    if reports is not None:
-        reports.close()
+    reports.close()
     return receipts

@@ -219,10 +219,51 @@ def test_rerun_after_kill_between_index_and_cleanup(many_images, reference, tmp_
     assert _visible(dst) == reference
 
 
-def _semaphores(pid: int) -> set[str]:
-    """The POSIX named semaphores (``/dev/shm/sem.*``) process ``pid`` has mapped."""
+def _semaphores(pid: int, deleted: bool = False) -> set[str]:
+    """The POSIX named semaphores (``/dev/shm/sem.*``) process ``pid`` has mapped: those whose name
+    still exists, or with ``deleted`` those whose name was removed."""
+    found = set()
     with open(f"/proc/{pid}/maps") as f:
-        return {line.split()[-1] for line in f if "/dev/shm/sem." in line}
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/sem."):
+                path, gone = fields[5].rstrip("\n").removesuffix(" (deleted)"), fields[5].rstrip().endswith("(deleted)")
+                if gone == deleted:
+                    found.add(path)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_kill_9_of_the_whole_group_leaves_no_semaphore(many_images, tmp_path):
+    """``kill -9`` of the process group kills the resource tracker too, so it cannot remove the
+    pool's semaphores: the pack removes their names itself once every worker has opened them."""
+    dst = tmp_path / "out"
+    proc = subprocess.Popen(_command(many_images, dst, "--max-count", "1"), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(proc.pid)
+    try:
+        workers: list[psutil.Process] = []
+        named: set[str] = set()
+        unnamed: set[str] = set()
+        deadline = time.monotonic() + 60  # a bound for a regression, not a timing assertion
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(psutil.Error, OSError):
+                workers = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
+                named = set().union(set(), *(_semaphores(w.pid) for w in workers))
+                unnamed = set().union(set(), *(_semaphores(w.pid, deleted=True) for w in workers))
+                if len(workers) == 2 and unnamed and not named:
+                    break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the pack ended before the kill"
+        assert len(workers) == 2 and unnamed and not named, f"names still in /dev/shm while packing: {named}"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        time.sleep(0.2)
+        assert not [s for s in unnamed if os.path.exists(s)]
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
