@@ -47,6 +47,7 @@ __all__ = [
     "pool_queues",
     "reset_queue_after_fork",
     "stop_persistent_workers",
+    "torchvision_image_ops",
     "unlink_queue_semaphores",
 ]
 
@@ -124,6 +125,41 @@ def flatten_dense(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     import torch._utils
 
     return torch._utils._flatten_dense_tensors(list(tensors))
+
+
+# --- torchvision --------------------------------------------------------------------------------
+
+def torchvision_image_ops() -> bool:
+    """Load torchvision's image library (``torch.ops.image.decode_jpeg``, ``decode_webp``) without
+    importing the ``torchvision`` package, whose ``__init__`` imports its models and ops and through
+    them ``torch._dynamo``: about 2 s of CPU in every process that decodes (each spawned worker,
+    each rank). The library is ``image_stable`` (torchvision 0.29 on) or ``image`` beside the
+    package's ``__init__``, a layout stable since 0.8. False where neither loads: ``import
+    torchvision.io`` then loads it."""
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    import torch
+
+    spec = importlib.util.find_spec("torchvision")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        for name in ("image_stable", "image"):
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = os.path.join(folder, name + suffix)
+                if os.path.isfile(path):
+                    try:
+                        torch.ops.load_library(path)
+                    except OSError:
+                        continue
+                    return True
+    return False
+
+
+def _torchvision_image_ops_load() -> bool:
+    import torch
+
+    return torchvision_image_ops() and hasattr(torch.ops.image, "decode_jpeg")
 
 
 # --- CPython ------------------------------------------------------------------------------------
@@ -390,6 +426,10 @@ CANARIES: tuple[Canary, ...] = (
     Canary("torch._utils._flatten_dense_tensors", _has("torch._utils", "_flatten_dense_tensors"),
            "the GPU route lays images end to end with it; use torch.cat([t.reshape(-1) for t in ...]) in "
            "_compat.flatten_dense (slower: a Python call per image)"),
+    Canary("torchvision image library file (image_stable / image)", _torchvision_image_ops_load,
+           "the CPU decoder loads torchvision's decode_jpeg without importing torchvision (shardkit.codec.backend); "
+           "find the library's new name in torchvision/io/image.py and change _compat.torchvision_image_ops "
+           "(without it each decoding process imports torchvision, about 2 s of CPU)"),
     Canary("weakref.finalize._registry", _has("weakref", "finalize", "_registry"),
            "forked processes keep the parent's async filesystems alive through it (shardkit.storage._remote); "
            "without it they may print 'Unclosed client session' at exit: find the new registry"),

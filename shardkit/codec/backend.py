@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from shardkit._compat import torchvision_image_ops
 from shardkit.codec.jpeg_header import exif_orientation
 
 __all__ = ["CPU_ORDER", "GPU_ORDER", "cpu_batch_decoder", "cpu_decoder", "gpu_decoder", "jpeg_by_shardkit",
@@ -99,9 +100,10 @@ def _order(default: Sequence[str]) -> list[str]:
 
 
 def _cpu_torchvision() -> CpuDecoder:
-    from torchvision.io.image import ImageReadMode  # loads the image ops library
-
-    ops, rgb = torch.ops.image, ImageReadMode.RGB.value
+    if not torchvision_image_ops():
+        import torchvision.io.image  # noqa: F401  (loads the image ops library)
+    # 3: torchvision.io.ImageReadMode.RGB (cpu_decoder's probe against PIL catches a change)
+    ops, rgb = torch.ops.image, 3
     calls = {"jpeg": lambda t: ops.decode_jpeg(t, rgb, False),  # False: EXIF orientation not applied
              "webp": lambda t: ops.decode_webp(t, rgb)}
     return lambda t, kind: calls[kind](t)

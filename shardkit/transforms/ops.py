@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from collections.abc import Callable
 
 import numpy as np
@@ -11,12 +13,8 @@ import torch.nn.functional as F
 from shardkit.transforms.params import CropFlip
 
 hwc_to_chw: Callable[[np.ndarray, np.ndarray, int, int, bool], None] | None = None
-try:
-    from shardkit.transforms import _planar  # type: ignore[attr-defined]
-
-    hwc_to_chw = _planar.hwc_to_chw
-except ImportError:  # extension not built (no C compiler at install): numpy repacks instead
-    pass
+with contextlib.suppress(ImportError):  # extension not built (no C compiler at install): numpy repacks instead
+    hwc_to_chw = importlib.import_module("shardkit.transforms._planar").hwc_to_chw
 
 __all__ = ["INTERPOLATIONS", "crop_resize_flip", "resize_uint8"]
 

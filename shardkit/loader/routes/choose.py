@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -14,14 +15,10 @@ from shardkit.index.manifest import Manifest
 from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
-from shardkit.loader.routes.coco import CocoRoute
-from shardkit.loader.routes.coco_gpu import CocoGpuRoute
 from shardkit.loader.routes.cpu import CpuRoute
 from shardkit.loader.routes.gpu import GpuRoute
 from shardkit.loader.routes.spec import RouteSpec
 from shardkit.transforms.base import ImageTransform
-from shardkit.transforms.detection import DetectionTransform
-from shardkit.transforms.detection_geometry import gpu_unsupported
 
 __all__ = ["choose_route", "mark_warned", "warned_routes"]
 
@@ -48,6 +45,13 @@ def _warn_once(message: str, *args: object) -> None:
         log.warning(text)
 
 
+def _is_detection(transform: object) -> bool:
+    """``transform`` is a detection transform (whose module, and torchvision, are imported only
+    where one was made)."""
+    detection = sys.modules.get("shardkit.transforms.detection")
+    return detection is not None and isinstance(transform, detection.DetectionTransform)
+
+
 def _captions_route(reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
     """The route of a captioned dataset: the GPU or CPU route as for ImageFolder (same choice, same
     fallbacks), with the batch's text in place of labels."""
@@ -55,7 +59,7 @@ def _captions_route(reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
     captions = spec.captions or CaptionTargets()
     if spec.masks or spec.pad or spec.contiguous_labels:
         raise LoaderError("masks, pad and contiguous_labels need a COCO dataset; this one is 'captions'")
-    if isinstance(transform, DetectionTransform):
+    if _is_detection(transform):
         raise LoaderError("transforms.detection_train/detection_val need a COCO dataset; this one is 'captions': use "
                           "transforms.imagenet_train/imagenet_val (or any callable on images)")
     device, gpu_route = _gpu_or_fallback(spec)
@@ -139,6 +143,11 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
     if spec.captions is not None:
         raise LoaderError(f"text_transform and fields need a captioned dataset; this one is {manifest.kind!r}")
     if manifest.kind == "coco":
+        # here only: COCO needs torchvision, whose import costs each process seconds of CPU
+        from shardkit.loader.routes.coco import CocoRoute
+        from shardkit.loader.routes.coco_gpu import CocoGpuRoute
+        from shardkit.transforms.detection_geometry import gpu_unsupported
+
         if device.type == "cuda" and not isinstance(transform, ImageTransform):
             why = gpu_unsupported(transform)
             reason = why or gpu_decode_unavailable(device)
@@ -157,7 +166,7 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
                          contiguous_labels=contiguous_labels)
     if masks or pad or contiguous_labels:
         raise LoaderError(f"masks, pad and contiguous_labels need a COCO dataset; this one is {manifest.kind!r}")
-    if isinstance(transform, DetectionTransform):
+    if _is_detection(transform):
         raise LoaderError(f"transforms.detection_train/detection_val need a COCO dataset; this one is "
                           f"{manifest.kind!r}: use transforms.imagenet_train/imagenet_val (or any callable on images)")
     device, gpu_route = _gpu_or_fallback(spec)
