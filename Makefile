@@ -42,14 +42,7 @@ typecheck: setup
 # (pytest-xdist; a test file stays on one worker, so module fixtures such as a Ray cluster start once).
 PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadfile
 
-# mypy (a minute of one core on a fresh clone) runs beside the tests, which leave a third of two
-# cores idle while their subprocesses start and wait; its report is printed after theirs.
-test: setup lint
-	@echo "$(PYTEST) tests shardkit, and $(BIN)/mypy beside it"; \
-	$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & types=$$!; \
-	$(PYTEST) tests shardkit; tests=$$?; \
-	wait $$types; typed=$$?; echo "$(BIN)/mypy"; cat $(VENV)/mypy.log; \
-	test $$tests -eq 0 && test $$typed -eq 0
+test: setup lint typecheck pytest
 
 pytest: setup
 	$(PYTEST) tests shardkit
