@@ -117,9 +117,10 @@ def test_cli_needs_packed_shards_and_prints_the_table(tiny_tree: Path, packed: P
     missing = runner.invoke(cli, ["bench", str(tiny_tree), "--train", "resnet18"])
     assert missing.exit_code == 2 and "--train needs --shards" in missing.output
     out = tmp_path / "train.json"
+    # one contender, in a process of its own as by default (every contender: the in-process test above)
     ok = runner.invoke(cli, ["bench", str(tiny_tree), "--shards", str(packed), "--train", "resnet18", "--size", "32",
                               "--batch-size", "4", "--workers", "0", "--steps", "1", "--warmup", "0", "--repeats", "1",
-                              "--out", str(out), "-q"])
+                              "--contender", "shardloader", "--out", str(out), "-q"])
     assert ok.exit_code == 0, ok.output
     assert "share" in ok.output and json.loads(out.read_text())["schema"] == "shardkit.bench.train/1"
 
