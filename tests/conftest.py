@@ -114,7 +114,23 @@ SLOW_FILES = frozenset({
     "tests/pipelines/test_torchrun.py", "tests/pipelines/test_torchrun_detector.py",
     "tests/pipelines/test_train_classifier.py", "tests/pipelines/test_train_contrastive.py",
     "tests/pipelines/test_train_detector.py", "tests/loader/service/test_service_cluster.py",
-    "tests/storage/test_remote_faults.py", "tests/test_wheel.py",
+    "tests/storage/test_remote_faults.py", "tests/test_wheel.py", "tests/pack/test_remote_source.py",
+    "tests/loader/feed/test_caption_feeders.py", "tests/loader/read/test_remote_loader.py",
+})
+
+#: Single tests of otherwise quick files that take seconds each (a Triton kernel interpreted on
+#: the CPU, ranks over gloo, property tests of hundreds of cases), also left out of `make check`.
+SLOW_TESTS = frozenset({
+    "tests/transforms/test_gpu_ragged.py::test_triton_kernel_interpreted_on_cpu_matches_eager",
+    "tests/transforms/test_gpu_resize.py::test_triton_kernel_interpreted_on_cpu_matches_eager",
+    "tests/transforms/test_iou_crop.py::test_same_params_and_generator_state_as_torchvision",
+    "tests/loader/epochs/test_mix.py::test_a_mix_resumes_exactly_and_elastically",
+    "tests/loader/epochs/test_elastic.py::test_the_rest_of_the_epoch_is_what_was_not_delivered",
+    "tests/loader/test_even_batches.py::test_gloo_ranks_evaluate_each_sample_once",
+    "tests/loader/run/test_lifecycle.py::test_close_stops_the_workers_and_the_loader_still_works_after",
+    "tests/loader/run/test_read_ahead.py::test_read_ahead_gives_the_batches_of_epochs_run_one_at_a_time",
+    "tests/loader/read/test_decode_warnings.py::test_loader_workers_print_no_raw_libjpeg_warnings",
+    "tests/doctor/test_doctor.py::test_doctor_in_a_terminal",
 })
 
 
@@ -146,5 +162,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rel = item.path.relative_to(root).as_posix()
         except ValueError:
             continue
-        if rel in SLOW_FILES:
+        if rel in SLOW_FILES or f"{rel}::{item.name.split('[')[0]}" in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
