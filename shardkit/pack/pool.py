@@ -15,7 +15,8 @@ lived on forever, and with them the resource tracker and the queues' semaphores 
 A ``kill -9`` of the whole process group kills the resource tracker too, which would otherwise
 unlink the queues' named semaphores: each worker reports once it has opened them, and when all
 have, the parent removes the names (the semaphores live on unnamed until the last process
-holding them exits), so such a kill leaves nothing in /dev/shm either.
+holding them exits), so such a kill leaves nothing in /dev/shm either, once the last worker has
+started (a kill while workers are still starting leaves the names, as before).
 
 Ctrl-C: a terminal signals the whole process group. Workers start with SIGINT blocked, so only
 the parent sees it; it cancels the shards not started and terminates the workers (a shard being
