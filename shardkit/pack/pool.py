@@ -178,27 +178,20 @@ class _Tally:
             self.on_sample(*rest)
 
 
-
 class _Names:
     """Unlinks the pool's semaphore names once every worker has reported that it opened them."""
 
     def __init__(self, pool: ProcessPoolExecutor, reports: Any) -> None:
         self.pool, self.reports = pool, reports
-        self.waiting: set[int] | None = None  # pids not ready yet; known once every worker is started
+        self.workers: set[int] | None = None  # known once every task is submitted (no worker starts after)
         self.ready: set[int] = set()
         self.done = False
 
     def started(self) -> None:
-        """Every task is submitted: the pool starts no more workers."""
-        self.waiting = {p.pid for p in pool_processes(self.pool)} - self.ready
-
-    def worker_ready(self, pid: int) -> None:
-        self.ready.add(pid)
-        if self.waiting is not None:
-            self.waiting.discard(pid)
+        self.workers = {p.pid for p in pool_processes(self.pool)}
 
     def unlink_when_ready(self) -> None:
-        if self.done or self.waiting is None or self.waiting:
+        if self.done or self.workers is None or not self.workers <= self.ready:
             return
         self.done = True
         with _ctrl_c_deferred():  # all or nothing: a name left half withdrawn makes the tracker warn at exit
@@ -213,7 +206,7 @@ def _drain(reports: Any, tally: _Tally | None, names: _Names) -> None:
         except queue_module.Empty:
             break
         if index == _READY:
-            names.worker_ready(value)
+            names.ready.add(value)
         elif tally is not None:
             tally.sample(index, value)
     names.unlink_when_ready()
