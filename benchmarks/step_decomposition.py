@@ -42,11 +42,12 @@ its stream, as a loader that keeps up with the step; ``kept`` says how many unit
 timed step (under 1: it could not keep up). Terms run in alternating order over ``--rounds``
 rounds, all side threads and processes started before the first round and idle between terms.
 
-``--variants`` first times the synthetic rate of step variants on the same batches, alternating:
+``--variants`` then times the synthetic rate of step variants on the same batches, alternating:
 ``previous`` (the bench's step before this benchmark: compiled model, eager loss, foreach SGD),
 ``default`` (the bench's step: forward and loss compiled as one function, fused SGD) and
 ``reduce-overhead`` (the same under ``torch.compile(mode="reduce-overhead")``: CUDA graphs), each
-with its GPU time per step (``torch.profiler``) and the host time to issue one step.
+with its GPU time per step (``torch.profiler``, after every timed run: a profiler session slows
+every kernel launch of the process after it) and the host time to issue one step.
 
     python -m benchmarks.step_decomposition /tmp/inet /tmp/shards --model resnet18 --size 176 \\
         --workers 16 --steps 150 --rounds 2 --out decomposition.json
@@ -453,7 +454,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--terms", default=",".join(DEFAULT_TERMS))
     parser.add_argument("--variants", default="previous,default,reduce-overhead",
-                        help="step variants to time first (empty: none)")
+                        help="step variants to time after the terms (empty: none)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
@@ -473,11 +474,6 @@ def main() -> None:
     report: dict[str, Any] = {"args": vars(args), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
                               "cpus": os.cpu_count()}
     batches = device_batches(args.imagefolder, args.batch_size, args.size, 4, classes)
-    if args.variants:
-        report["variants"] = variants(args, batches, classes)
-        if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=1))
-
     ctx = multiprocessing.get_context("spawn")
     step = TrainStep(args.model, classes, torch.device("cuda"))
     t0 = time.perf_counter()
@@ -539,6 +535,10 @@ def main() -> None:
     for side in sides.values():
         side.close()
     report.update(terms=results, errors=errors)
+    if args.variants:  # last: their GPU times come from torch.profiler, which slows every launch after it
+        del step
+        torch.cuda.empty_cache()
+        report["variants"] = variants(args, batches, classes)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"\n{args.model} @{args.size}, batch {args.batch_size}, {args.steps} timed steps x {args.rounds} rounds, "

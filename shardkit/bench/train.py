@@ -40,7 +40,11 @@ every thread and stream of the process): ``step_gpu_ms``, the GPU time of one st
 (against the synthetic wall time per step: a step whose GPU time is well below its wall time
 is *host-bound*: its Python and kernel launches set its pace, and a loader costs it mostly
 through the host: the GIL, CPU); and ``loader_gpu_ms``, the GPU time of one batch of the
-loader running alone right after the fed run (decode, augment and copies).
+loader running alone (decode, augment and copies). Both are taken after every timed run of the
+repetition, never between them: once ``torch.profiler`` has run in a process, every later kernel
+launch in it pays for the profiler's CUDA callbacks (a compiled ResNet-18 step on an H200 ran
+11.2–12.3k img/s before a 10-step profile and 9.1–9.5k after it), which would slow the fed run
+and the second synthetic run of a host-bound step and not a script without a profiler.
 
 NVIDIA DALI, when installed, is two more contenders (:mod:`shardkit.bench.dali`): ``dali`` reads
 the packed shards with ``fn.readers.webdataset`` (through their ``.dali.idx`` files when present),
@@ -227,7 +231,7 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     doc); the synthetic runs cycle over the loader's first ``fixed_batches``, through
     ``step.to_device`` and ``step.clone``, each after ``settle_s`` seconds in which the loader
     fills its buffers. On CUDA the step's and the loader's GPU time follow, over
-    ``profile_batches`` each."""
+    ``profile_batches`` each, after the timed runs."""
     fed = map(step.to_device, _forever(loader))
     fixed = [step.clone(next(fed)) for _ in range(fixed_batches)]
 
@@ -238,12 +242,13 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
         return _steps(step, batches, steps)[0]
 
     before = synthetic_seconds()
-    step_ms = device_ms(lambda: step(*fixed[0]), profile_batches, step.device)
     _steps(step, fed, warmup + steps)  # the lead-in: uses up what the loader buffered meanwhile
     seconds, waited = _steps(step, fed, steps)
+    synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
+    # the profiles last: a profiler session slows every launch after it (see the module doc)
+    step_ms = device_ms(lambda: step(*fixed[0]), profile_batches, step.device)
     # a loader with feeder processes does its device work there, outside this process's profile
     loader_ms = None if getattr(loader, "feeders", 0) else device_ms(lambda: next(fed), profile_batches, step.device)
-    synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
     return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms,
                     getattr(loader, "feeders", None))
 
