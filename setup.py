@@ -1,7 +1,8 @@
 """Build the optional C extensions. Two need the system libjpeg's headers (Debian's
 libjpeg62-turbo-dev): the region-of-interest JPEG decoder and restart-indexed JPEGs; without
-them shardkit decodes whole images and ``pack --jpeg-restart`` refuses. The third, the HWC ->
-CHW repacking of resized crops, needs only a C compiler (without it numpy does that, slower).
+them shardkit decodes whole images and ``pack --jpeg-restart`` refuses. Two need only a C
+compiler: the HWC -> CHW repacking of resized crops (without it numpy does that, slower) and the
+parser of plain tar headers in a sample's bytes (without it the Python parser does all of them).
 Everything else is configured in pyproject.toml.
 """
 
@@ -17,5 +18,7 @@ setup(
     ]
     # -O3: the repacking loops are only fast once the compiler vectorises them.
     + [Extension("shardkit.transforms._planar", ["shardkit/transforms/_planar.c"],
-                 extra_compile_args=["-O3"], optional=True)]
+                 extra_compile_args=["-O3"], optional=True),
+       Extension("shardkit.format._tarspan", ["shardkit/format/_tarspan.c"], extra_compile_args=["-O2"],
+                 optional=True)]
 )

@@ -19,20 +19,25 @@ import torch
 
 from shardkit.codec.backend import cpu_batch_decoder, gpu_decoder
 from shardkit.codec.decode import Bytes, is_jpeg
-from shardkit.codec.jpeg_header import SEQUENTIAL_HUFFMAN, jpeg_frame
+from shardkit.codec.jpeg_header import SEQUENTIAL_HUFFMAN, JpegFrame, jpeg_frame
 
-__all__ = ["GpuJpegDecoder", "gpu_decode_unavailable", "nvjpeg_friendly"]
+__all__ = ["GpuJpegDecoder", "gpu_decode_unavailable", "nvjpeg_frame", "nvjpeg_friendly"]
 
 log = logging.getLogger(__name__)
 
 
 def nvjpeg_friendly(data: Bytes) -> bool:
     """True for a sequential Huffman JPEG with three components (what the GPU path decodes)."""
+    return nvjpeg_frame(data) is not None
+
+
+def nvjpeg_frame(data: Bytes) -> JpegFrame | None:
+    """The frame header of a JPEG :func:`nvjpeg_friendly` takes (its size: no second parse), else None."""
     mv = memoryview(data).cast("B")
     if not is_jpeg(mv):
-        return False
+        return None
     frame = jpeg_frame(mv)
-    return frame is not None and frame.marker in SEQUENTIAL_HUFFMAN and frame.components == 3
+    return frame if frame is not None and frame.marker in SEQUENTIAL_HUFFMAN and frame.components == 3 else None
 
 
 def gpu_decode_unavailable(device: torch.device) -> str | None:

@@ -133,8 +133,9 @@ def _check_hash(fd: int, entry: ShardEntry, where: str) -> None:
 
 class _OpenShard:
     def __init__(self, fd: int, offsets: list[tuple[int, int]], keys: list[str],
-                 crcs: list[int | None] | None = None) -> None:
+                 crcs: list[int | None] | None = None, where: str = "") -> None:
         self.fd = fd
+        self.where = where  # the shard's path or URL, to name it in errors
         self.size = os.fstat(self.fd).st_size
         self.offsets = offsets
         self.keys = keys
@@ -222,7 +223,8 @@ class ShardReader:
 
     def where(self, shard_index: int) -> str:
         """The path or URL of shard ``shard_index``, to name it in errors."""
-        return self.store_of(shard_index).path(self.shards.urls[shard_index])
+        shard = self._open.get(shard_index)
+        return shard.where if shard is not None else self.store_of(shard_index).path(self.shards.urls[shard_index])
 
     def labels_of(self, shard_index: int) -> tuple[int, int | None]:
         """``(label offset, own class count or None)`` of shard ``shard_index``'s dataset (see
@@ -270,7 +272,7 @@ class ShardReader:
                 with os.fdopen(os.dup(fd), "rb") as f:
                     spans = scan_spans(f, where=where)
             check_spans(spans, entry.num_bytes, where=store.path(idx) if raw is not None else where)
-            shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans], crcs)
+            shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans], crcs, where)
         except (StorageError, OSError) as err:
             if fd >= 0:
                 os.close(fd)
@@ -298,22 +300,24 @@ class ShardReader:
         """
         shard = self._shard(shard_index)
         offset, size = shard.offsets[sample_index]
-        where = f"{self.where(shard_index)}:{shard.keys[sample_index]}"
         if offset + size > shard.size:
             raise LoaderError(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size}; "
-                              f"index.json says {self.shards.num_bytes[shard_index]} bytes)", where=where)
+                              f"index.json says {self.shards.num_bytes[shard_index]} bytes)",
+                              where=f"{shard.where}:{shard.keys[sample_index]}")
         data = os.pread(shard.fd, size, offset)
         expected = shard.crcs[sample_index] if shard.crcs is not None else None
         if expected is not None and (crc := zlib.crc32(data)) != expected:
             raise CorruptSample(f"checksum mismatch: its bytes changed after packing (crc32 {crc:08x}, the offsets "
-                                f"file says {expected:08x})", where=where)
+                                f"file says {expected:08x})", where=f"{shard.where}:{shard.keys[sample_index]}")
         try:
-            key, fields = parse_span(data, where=where)
+            key, fields = parse_span(data, where=shard.where)
         except FormatError as err:
-            raise CorruptSample(f"corrupt shard: {err.message}", where=where) from err
+            raise CorruptSample(f"corrupt shard: {err.message}",
+                                where=f"{shard.where}:{shard.keys[sample_index]}") from err
         if key != shard.keys[sample_index]:
             raise CorruptSample(f"the offsets file names this sample {shard.keys[sample_index]!r}, the shard {key!r} "
-                              "(the offsets file or the shard is damaged)", where=where)
+                                "(the offsets file or the shard is damaged)",
+                                where=f"{shard.where}:{shard.keys[sample_index]}")
         return key, fields
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from shardkit.codec import jpeg_restart
 from shardkit.codec.decode import DecodeStats, peek_size
-from shardkit.codec.nvjpeg import nvjpeg_friendly
+from shardkit.codec.nvjpeg import nvjpeg_frame
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.read.bad_samples import BadSample
 from shardkit.loader.read.captions import CaptionTargets
@@ -79,9 +79,10 @@ class RawBatchBuilder:
         data = sample.image()
         transform = self.transform
         rng = random.Random(seed)
-        if nvjpeg_friendly(data):
+        frame = nvjpeg_frame(data)
+        if frame is not None:
             try:
-                h, w = peek_size(data)
+                h, w = (frame.height, frame.width) if frame.height and frame.width else peek_size(data)
                 params = transform.sample_params(h, w, rng)
                 piece = jpeg_restart.cut(data, params.top, params.left, params.height, params.width) \
                     if transform.crop_first else None

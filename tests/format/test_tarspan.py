@@ -1,0 +1,99 @@
+"""The C parser of plain sample spans (``shardkit.format._tarspan``) against the Python parser:
+``parse_span`` must answer exactly as ``_parse_span`` does (the same sample, or a FormatError with
+the same message) on every span, intact, cut short or damaged."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import random
+import tarfile
+
+import pytest
+
+from shardkit.errors import FormatError
+from shardkit.format import TarShardWriter
+from shardkit.format.tarread import _parse_span, parse_span, scan_spans
+
+
+def _answer(read, data: bytes) -> object:
+    try:
+        return read(data, where="s.tar")
+    except FormatError as err:
+        return ("FormatError", str(err))
+
+
+def _ours() -> bytes:
+    buf = io.BytesIO()
+    w = TarShardWriter(buf)
+    w.add("00000001", [("cls", b"3"), ("jpg", b"j" * 1000), ("json", b"{}")])
+    w.add("00000002", [("cls", b"14"), ("png", b"p" * 511)])
+    w.add("00000003", [("txt", b"")])
+    w.close()
+    return buf.getvalue()
+
+
+def _tarfile(fmt: int) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for name, size in [("a.cls", 1), ("a.jpg", 700), ("p" * 90 + "/" + "k" * 90 + ".jpg", 512),
+                           ("d" * 60 + "/" + "k" * 80 + ".cls", 3)]:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tar.addfile(info, io.BytesIO(b"x" * size))
+    return buf.getvalue()
+
+
+def _spans(data: bytes) -> list[bytes]:
+    return [data[o:o + n] for _, o, n in scan_spans(io.BytesIO(data), where="s.tar")]
+
+
+SHARDS = {"shardkit": _ours(), "ustar": _tarfile(tarfile.USTAR_FORMAT), "gnu": _tarfile(tarfile.GNU_FORMAT),
+          "pax": _tarfile(tarfile.PAX_FORMAT)}
+
+
+def test_the_extension_is_built() -> None:
+    # the Makefile and pip install build it; without it every header is parsed in Python
+    members = importlib.import_module("shardkit.format._tarspan").members
+    span = _spans(SHARDS["shardkit"])[0]
+    assert [(name, size) for name, _, size in members(span)] == [(b"00000001.cls", 1), (b"00000001.jpg", 1000),
+                                                                   (b"00000001.json", 2)]
+    assert members(b"") == []
+    assert members(span[:100]) is None  # a header cut short: the Python parser says what is wrong
+
+
+@pytest.mark.parametrize("shard", list(SHARDS))
+def test_intact_spans_parse_alike(shard: str) -> None:
+    for span in _spans(SHARDS[shard]):
+        assert _answer(parse_span, span) == _answer(_parse_span, span)
+        assert not isinstance(_answer(parse_span, span), tuple) or _answer(parse_span, span)[0] != "FormatError"
+
+
+@pytest.mark.parametrize("shard", list(SHARDS))
+def test_cut_and_damaged_spans_answer_alike(shard: str) -> None:
+    rng = random.Random(shard)
+    for span in _spans(SHARDS[shard]):
+        for cut in range(0, len(span), 37):
+            assert _answer(parse_span, span[:cut]) == _answer(_parse_span, span[:cut])
+        for _ in range(400):
+            bad = bytearray(span)
+            at = rng.randrange(len(bad)) if rng.random() < 0.3 else rng.randrange(min(len(bad), 512))
+            bad[at] = rng.randrange(256)
+            if rng.random() < 0.3:  # a damaged header whose checksum still matches
+                block = at - at % 512
+                header = bad[block:block + 512]
+                if len(header) == 512:
+                    header[148:156] = b" " * 8
+                    bad[block + 148:block + 156] = b"%06o\0 " % sum(header)
+            assert _answer(parse_span, bytes(bad)) == _answer(_parse_span, bytes(bad)), (shard, at)
+
+
+def test_special_headers_go_to_the_python_parser() -> None:
+    members = importlib.import_module("shardkit.format._tarspan").members
+    for kind in (b"5", b"x", b"L", b"2", b"1"):  # directory, PAX, GNU long name, symlink, hard link
+        span = bytearray(_spans(SHARDS["shardkit"])[0])
+        span[156:157] = kind
+        span[148:156] = b" " * 8
+        span[148:156] = b"%06o\0 " % sum(span[:512])
+        assert members(bytes(span)) is None
+        assert _answer(parse_span, bytes(span)) == _answer(_parse_span, bytes(span))
