@@ -188,18 +188,17 @@ def undo_exif_orientation(image: torch.Tensor, orientation: int) -> torch.Tensor
 
 
 def _gpu_torchvision() -> GpuDecoder:
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    rgb = ImageReadMode.RGB.value
+    if not torchvision_image_ops():  # as the CPU decoder: no torchvision package import where it loads
+        import torchvision.io.image  # noqa: F401  (loads the image ops library)
+    # 3: torchvision.io.ImageReadMode.RGB (gpu_decoder's probe and cpu_decoder's against PIL catch a change)
+    ops, rgb = torch.ops.image, 3
 
     def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         if device.type == "cuda":
-            # the op decode_jpeg calls, without its per-image checks and warning filters: on the
-            # GPU route this runs beside the training loop, which waits for the GIL meanwhile
-            return list(torch.ops.image.decode_jpegs_cuda(datas, rgb, device))
-        with warnings.catch_warnings():  # deprecated in 0.29 in favour of TorchCodec
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=device))
+            # the op torchvision's decode_jpeg calls, without its per-image checks and warning
+            # filters: on the GPU route this runs beside the training loop, which waits for the GIL
+            return list(ops.decode_jpegs_cuda(datas, rgb, device))
+        return [ops.decode_jpeg(d, rgb, False) for d in datas]  # False: EXIF orientation not applied
 
     return decode
 
