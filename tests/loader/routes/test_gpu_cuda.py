@@ -346,3 +346,20 @@ def test_feeders_carry_token_ids_as_the_in_process_route_delivers_them(captioned
     assert head + [k for _, k in rest] == first
     assert all(torch.equal(ids.cpu(), local[2 + i][1]) for i, (ids, _) in enumerate(kept))
     assert all(torch.equal(ids, local[2 + i][1]) for i, (ids, _) in enumerate(rest))
+
+
+def test_a_script_that_ends_mid_epoch_without_closing_exits_cleanly(inet: Path) -> None:
+    """The prefetcher's threads stop at interpreter exit before native libraries are torn down
+    under a decode still running in one of them (which can abort the process with "terminate
+    called without an active exception")."""
+    import subprocess
+    import sys
+
+    script = ("import torch\nfrom shardkit import ShardLoader, transforms\n"
+              f"loader = ShardLoader({str(inet)!r}, batch_size=8, transform=transforms.imagenet_train(64), "
+              "device='cuda', num_workers=2, feeders=0)\n"
+              "it = iter(loader)\nfor _ in range(3): next(it)\nprint('ok')\n")
+    for _ in range(5):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+        assert "terminate called" not in done.stderr

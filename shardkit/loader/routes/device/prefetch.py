@@ -35,6 +35,7 @@ import contextlib
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
@@ -49,6 +50,20 @@ from shardkit.loader.stats import StageStats
 __all__ = ["DevicePrefetcher", "InOrder", "staging_slots"]
 
 _DONE = object()
+
+
+#: How long interpreter exit waits for a prefetcher's threads to finish their current batch.
+EXIT_WAIT_S = 10.0
+
+
+def _stop_threads(stop: threading.Event, threads: list[threading.Thread]) -> None:
+    """Ask ``threads`` to stop and wait for them, at most :data:`EXIT_WAIT_S` in all (they finish
+    the batch in hand and check ``stop`` at least every 0.1 s)."""
+    stop.set()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for t in threads:
+        if t is not threading.current_thread():  # the last reference may drop in one of them
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def staging_slots(depth: int) -> int:
@@ -125,6 +140,10 @@ class DevicePrefetcher(Generic[B, D]):
                          for args in stages]
         for t in self._threads:
             t.start()
+        # a script that ends without closing its loader: the threads stop at interpreter exit,
+        # before native libraries are torn down under a decode or copy still running in one of
+        # them (which can end the process in "terminate called without an active exception")
+        weakref.finalize(self, _stop_threads, self._stop, self._threads)
 
     def _put(self, q: queue.Queue[Any], item: object) -> bool:
         while not self._stop.is_set():
