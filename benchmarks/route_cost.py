@@ -1,0 +1,114 @@
+"""The GPU route alone: time to the first batch, and CPU time per image by process.
+
+One ``ShardLoader(device="cuda")`` (ResNet training preset at ``--size``, bf16 ``channels_last``,
+``--workers`` workers, ``--feeders``) in this process after torch, shardkit and the CUDA context
+are up: the seconds the constructor takes, the seconds from ``iter()`` to the first batch on
+the device, then the rate over ``--batches`` batches after 30 untimed ones (epoch after epoch) and
+the CPU seconds per image each kind of process spent meanwhile: this one (the training process),
+its feeders and forkserver, and the workers (``psutil``, user + system; the processes alive at
+the end of the timed batches).
+
+    python -m benchmarks.route_cost /tmp/shards --workers 16 --feeders 0 --batches 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import torch
+
+from shardkit import ShardLoader
+from shardkit.transforms import imagenet_train
+
+
+def _kind(p: psutil.Process, me: psutil.Process) -> str:
+    """Where ``p`` sits: the training process; a feeder (a child of the forkserver the loader
+    started, or the server itself); a worker (a child of a feeder, or of the training process);
+    ``other`` (multiprocessing's resource tracker)."""
+    if p.pid == me.pid:
+        return "training process"
+    line = " ".join(p.cmdline())
+    parent = p.parent()
+    if "resource_tracker" in line:
+        return "other"
+    if "forkserver" in line and parent is not None and parent.pid == me.pid:
+        return "feeders"
+    grand = parent.parent() if parent is not None else None
+    if parent is not None and grand is not None and grand.pid == me.pid and "forkserver" in " ".join(parent.cmdline()):
+        return "feeders"
+    return "workers"
+
+
+def _cpu_by_kind(me: psutil.Process) -> dict[int, tuple[str, float]]:
+    """``pid -> (kind, CPU seconds)`` of this process and its descendants."""
+    out: dict[int, tuple[str, float]] = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+            out[p.pid] = (_kind(p, me), times.user + times.system)
+        except psutil.Error:
+            continue
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shards")
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--feeders", default="auto", help="'auto' or a number")
+    ap.add_argument("--batches", type=int, default=150)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--size", type=int, default=176)
+    args = ap.parse_args()
+    feeders: int | str = args.feeders if args.feeders == "auto" else int(args.feeders)
+    torch.zeros(1, device="cuda")  # the CUDA context, as a training script has one before its loader
+    transform = imagenet_train(args.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
+
+    t0 = time.perf_counter()
+    loader = ShardLoader(args.shards, batch_size=args.batch_size, transform=transform, num_workers=args.workers,
+                         device="cuda", drop_last=True, feeders=feeders)
+    t1 = time.perf_counter()
+    epoch = iter(loader)
+    next(epoch)
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+
+    def forever() -> Iterator[Any]:
+        nonlocal epoch
+        while True:
+            try:
+                yield next(epoch)
+            except StopIteration:
+                epoch = iter(loader)
+
+    batches = forever()
+    for _ in range(30):
+        next(batches)
+    torch.cuda.synchronize()
+    me = psutil.Process()
+    before, w0 = _cpu_by_kind(me), time.perf_counter()
+    for _ in range(args.batches):
+        next(batches)
+    torch.cuda.synchronize()
+    wall, after = time.perf_counter() - w0, _cpu_by_kind(me)
+    images = args.batches * args.batch_size
+    kinds: dict[str, list[float]] = {}
+    for pid, (kind, cpu) in after.items():
+        row = kinds.setdefault(kind, [0.0, 0])
+        row[0] += cpu - before.get(pid, (kind, 0.0))[1]
+        row[1] += 1
+    total = sum(cpu for cpu, _ in kinds.values())
+    print(f"feeders={loader.feeders} workers={args.workers}: constructor {t1 - t0:.2f} s, first batch {t2 - t1:.2f} s "
+          f"after iter() ({t2 - t0:.2f} s in all); {images / wall:,.0f} img/s; CPU {1e3 * total / images:.3f} ms "
+          f"per image ({total / wall:.1f} cores busy)")
+    for kind, (cpu, count) in sorted(kinds.items()):
+        print(f"  {kind}: {count} processes, {1e3 * cpu / images:.3f} ms per image")
+    loader.close()
+
+
+if __name__ == "__main__":
+    main()
