@@ -41,10 +41,12 @@ every thread and stream of the process): ``step_gpu_ms``, the GPU time of one st
 is *host-bound*: its Python and kernel launches set its pace, and a loader costs it mostly
 through the host: the GIL, CPU); and ``loader_gpu_ms``, the GPU time of one batch of the
 loader running alone (decode, augment and copies). Both are taken after every timed run of the
-repetition, never between them: once ``torch.profiler`` has run in a process, every later kernel
+process, never between them: once ``torch.profiler`` has run in a process, every later kernel
 launch in it pays for the profiler's CUDA callbacks (a compiled ResNet-18 step on an H200 ran
-11.2–12.3k img/s before a 10-step profile and 9.1–9.5k after it), which would slow the fed run
-and the second synthetic run of a host-bound step and not a script without a profiler.
+11.2–12.3k img/s before a 10-step profile and 9.1–9.5k after it), which would slow the timed
+runs after it of a host-bound step and not a script without a profiler. An isolated run takes
+them on its own loader after its timed runs; :func:`run_contenders`, whose runs share a process,
+on one more loader per contender once every timed run is over.
 
 NVIDIA DALI, when installed, is two more contenders (:mod:`shardkit.bench.dali`): ``dali`` reads
 the packed shards with ``fn.readers.webdataset`` (through their ``.dali.idx`` files when present),
@@ -68,10 +70,11 @@ uint8, which the step normalises on the device, as a careful user of it would.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -245,12 +248,25 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     _steps(step, fed, warmup + steps)  # the lead-in: uses up what the loader buffered meanwhile
     seconds, waited = _steps(step, fed, steps)
     synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
-    # the profiles last: a profiler session slows every launch after it (see the module doc)
-    step_ms = device_ms(lambda: step(*fixed[0]), profile_batches, step.device)
-    # a loader with feeder processes does its device work there, outside this process's profile
-    loader_ms = None if getattr(loader, "feeders", 0) else device_ms(lambda: next(fed), profile_batches, step.device)
+    step_ms, loader_ms = gpu_times(step, fed, fixed[0], warmup, profile_batches, getattr(loader, "feeders", 0))
     return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms,
                     getattr(loader, "feeders", None))
+
+
+def gpu_times(step: Step, fed: Iterator[tuple[Any, Any]], fixed: tuple[Any, Any], warmup: int, n: int,
+              feeders: int = 0) -> tuple[float | None, float | None]:
+    """``(step GPU ms, loader GPU ms per batch)`` over ``n`` profiled calls each (both None with
+    ``n=0`` or off CUDA). Take them after every timed run of the process: a profiler session slows
+    every launch after it (see the module doc). ``warmup`` fed steps first, so the loader's buffers
+    are as in a fed run (a loader slower than the step has none ready) and the loader's profile
+    times batches made while it runs, not ones decoded before it. A loader with feeder processes
+    (``feeders``) does its device work there, outside this process's profile: None."""
+    if n <= 0 or step.device.type != "cuda":
+        return None, None
+    _steps(step, fed, warmup)
+    step_ms = device_ms(lambda: step(*fixed), n, step.device)
+    _steps(step, fed, warmup)
+    return step_ms, None if feeders else device_ms(lambda: next(fed), n, step.device)
 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:
@@ -306,10 +322,13 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
 
 def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, steps: int, warmup: int,
                    batch_size: int, repeats: int, fixed_batches: int = 1, settle_s: float = SETTLE_S,
-                   after_run: Callable[[str, int, TrainRun], None] | None = None) -> dict[str, list[TrainRun]]:
+                   after_run: Callable[[str, int, TrainRun], None] | None = None,
+                   profile_batches: int = 10) -> dict[str, list[TrainRun]]:
     """:func:`measure` each contender ``repeats`` times in alternating order, each run on a freshly
     built loader (closed after it). ``contenders``: name -> (the step it feeds, its loader's builder);
-    the steps may share one model. ``after_run(name, repetition, run)`` follows every run.
+    the steps may share one model. ``after_run(name, repetition, run)`` follows every run (its GPU
+    times not yet known). The GPU times are taken once per contender after every timed run, on
+    one more loader each (``profile_batches`` profiled calls; 0: none), and set on all its runs.
 
     Raises:
         ValueError: a loader that delivers no batch in an epoch.
@@ -319,19 +338,34 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
              for name in names]
     for rep, name in order:
         step, build = contenders[name]
-        loader = build()
-        try:
+        with _built(build) as loader:
             run = measure(step, loader, steps=steps, warmup=warmup, batch_size=batch_size,
-                          fixed_batches=fixed_batches, settle_s=settle_s)
-        finally:
-            close = getattr(loader, "close", None)
-            if close is not None:
-                close()
-            del loader
+                          fixed_batches=fixed_batches, settle_s=settle_s, profile_batches=0)
         runs[name].append(run)
         if after_run is not None:
             after_run(name, rep, run)
+    if profile_batches:  # every timed run is over: the profiler can no longer slow one
+        for name, (step, build) in contenders.items():
+            with _built(build) as loader:
+                fed = map(step.to_device, _forever(loader))
+                fixed = step.clone(next(fed))
+                step_ms, loader_ms = gpu_times(step, fed, fixed, warmup, profile_batches,
+                                               getattr(loader, "feeders", 0))
+            runs[name] = [replace(r, step_gpu_ms=step_ms, loader_gpu_ms_per_batch=loader_ms) for r in runs[name]]
     return runs
+
+
+@contextlib.contextmanager
+def _built(build: Callable[[], Any]) -> Iterator[Any]:
+    """A loader from ``build``, closed (where it can be) and dropped after the block."""
+    loader = build()
+    try:
+        yield loader
+    finally:
+        close = getattr(loader, "close", None)
+        if close is not None:
+            close()
+        del loader
 
 
 def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:
@@ -339,9 +373,9 @@ def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:
     each fresh process of an isolated bench does."""
     step = TrainStep(cfg.model, classes, torch.device(cfg.device), compile=cfg.compile)
     _label, build = _contenders(cfg)[name]
-    runs = run_contenders({name: (step, build)}, steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size,
-                          repeats=1, settle_s=cfg.settle_s)
-    return runs[name][0]
+    with _built(build) as loader:  # its one run is the process's last: the GPU times follow it on its loader
+        return measure(step, loader, steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size,
+                       settle_s=cfg.settle_s)
 
 
 def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, TrainRun], None] | None = None

@@ -312,3 +312,27 @@ def test_the_step_trains_on_uint8_and_on_normalised_batches(dtype: torch.dtype) 
 def test_the_step_uses_fused_sgd_on_cuda() -> None:
     step = TrainStep("resnet18", 3, torch.device("cuda"), compile=False)
     assert step.opt.defaults.get("fused") is True
+
+
+def test_gpu_times_are_taken_after_every_timed_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profiler session slows every launch after it in the process: run_contenders profiles each
+    contender on one more loader once all timed runs are over, and sets the figures on its runs."""
+    from shardkit.bench import train
+
+    events: list[str] = []
+
+    class CudaLike(_Recording):
+        device = torch.device("cuda")  # only read: nothing runs on a device
+
+    def fake_device_ms(work: Any, n: int, device: torch.device) -> float:
+        events.append("profile")
+        work()
+        return 2.5
+
+    monkeypatch.setattr(train, "device_ms", fake_device_ms)
+    step = CudaLike()
+    build = lambda: [(torch.tensor([i]), None) for i in range(40)]  # noqa: E731
+    runs = train.run_contenders({"a": (step, build), "b": (step, build)}, steps=3, warmup=1, batch_size=1,
+                                repeats=2, settle_s=0, after_run=lambda name, rep, run: events.append("run"))
+    assert events[:4] == ["run"] * 4 and set(events[4:]) == {"profile"} and len(events) == 8
+    assert all(r.step_gpu_ms == 2.5 and r.loader_gpu_ms_per_batch == 2.5 for rs in runs.values() for r in rs)
