@@ -6,7 +6,9 @@ are up: the seconds the constructor takes, the seconds from ``iter()`` to the fi
 the device, then the rate over ``--batches`` batches after 30 untimed ones (epoch after epoch) and
 the CPU seconds per image each kind of process spent meanwhile: this one (the training process),
 its feeders and forkserver, and the workers (``psutil``, user + system; the processes alive at
-the end of the timed batches).
+the end of the timed batches). Feeders are told from workers by the forkserver the loader
+starts: where the workers of ``--feeders 0`` are started by a forkserver too (Python 3.14's
+default start method, or a script's ``set_start_method("forkserver")``), they count as feeders.
 
     python -m benchmarks.route_cost /tmp/shards --workers 16 --feeders 0 --batches 150
 """

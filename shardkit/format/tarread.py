@@ -332,7 +332,10 @@ def parse_span(data: bytes | memoryview, *, where: str) -> tuple[str, dict[str, 
     every sample comes through here); anything it does not take, an error included, is parsed
     again by the Python parser below, which has the full rules and the messages.
     """
-    plain = _plain_members(data) if _plain_members is not None else None
+    try:
+        plain = _plain_members(data) if _plain_members is not None else None
+    except (BufferError, TypeError):  # e.g. a memoryview that is not contiguous
+        plain = None
     if plain is not None:
         try:
             return _sample_of(data, plain, where)

@@ -97,3 +97,10 @@ def test_special_headers_go_to_the_python_parser() -> None:
         span[148:156] = b"%06o\0 " % sum(span[:512])
         assert members(bytes(span)) is None
         assert _answer(parse_span, bytes(span)) == _answer(_parse_span, bytes(span))
+
+
+def test_a_buffer_the_c_parser_cannot_take_goes_to_the_python_parser() -> None:
+    span = _spans(SHARDS["shardkit"])[0]
+    doubled = bytes(b for byte in span for b in (byte, 0))
+    strided = memoryview(doubled)[::2]  # not contiguous: the C parser refuses the buffer
+    assert parse_span(strided, where="s.tar") == _parse_span(span, where="s.tar")

@@ -311,9 +311,13 @@ class ShardReader:
                                 f"file says {expected:08x})", where=f"{shard.where}:{shard.keys[sample_index]}")
         try:
             key, fields = parse_span(data, where=shard.where)
-        except FormatError as err:
-            raise CorruptSample(f"corrupt shard: {err.message}",
-                                where=f"{shard.where}:{shard.keys[sample_index]}") from err
+        except FormatError:
+            where = f"{shard.where}:{shard.keys[sample_index]}"
+            try:  # again, so that the error's own place names the sample (errors are rare, parsing cheap)
+                parse_span(data, where=where)
+            except FormatError as err:
+                raise CorruptSample(f"corrupt shard: {err.message}", where=where) from err
+            raise
         if key != shard.keys[sample_index]:
             raise CorruptSample(f"the offsets file names this sample {shard.keys[sample_index]!r}, the shard {key!r} "
                                 "(the offsets file or the shard is damaged)",

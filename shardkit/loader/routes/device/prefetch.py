@@ -53,7 +53,7 @@ _DONE = object()
 
 
 #: How long interpreter exit waits for a prefetcher's threads to finish their current batch.
-EXIT_WAIT_S = 10.0
+EXIT_WAIT_S = 5.0
 
 
 def _stop_threads(stop: threading.Event, threads: list[threading.Thread]) -> None:
@@ -61,9 +61,12 @@ def _stop_threads(stop: threading.Event, threads: list[threading.Thread]) -> Non
     the batch in hand and check ``stop`` at least every 0.1 s)."""
     stop.set()
     deadline = time.monotonic() + EXIT_WAIT_S
-    for t in threads:
-        if t is not threading.current_thread():  # the last reference may drop in one of them
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+    try:
+        for t in threads:
+            if t is not threading.current_thread():  # the last reference may drop in one of them
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:  # Ctrl-C at exit: stop waiting, and let the other exit handlers run
+        pass
 
 
 def staging_slots(depth: int) -> int:
