@@ -126,3 +126,21 @@ def test_gpu_libraries_decode_stored_pixels(library, name: str) -> None:
         assert stored < 2.0, stored  # the stored pixels, not the EXIF-rotated view
         if exif_orientation(d) == 3:  # same shape rotated: make sure it is not the rotated one
             assert stored < (img.cpu().int() - pil_rgb(d, transpose=True).int()).abs().float().mean()
+
+
+def test_the_decoders_do_not_import_the_torchvision_package() -> None:
+    """torchvision's import loads torch._dynamo (seconds per process): the CPU decoder and the GPU
+    route's decoder (run here on the CPU, as the tests run the device pipeline) load only its image
+    library."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from shardkit.codec.backend import cpu_decoder, cpu_batch_decoder, _probe_jpeg\n"
+            "probe = torch.frombuffer(bytearray(_probe_jpeg()), dtype=torch.uint8)\n"
+            "name, one = cpu_decoder(); one(probe, 'jpeg')\n"
+            "out = cpu_batch_decoder()([probe, probe], torch.device('cpu'))\n"
+            "print(name, [tuple(x.shape) for x in out], 'torchvision' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["torchvision", "[(3,", "8,", "16),", "(3,", "8,", "16)]", "False"]
