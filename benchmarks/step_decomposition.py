@@ -405,7 +405,8 @@ def spread(values: list[float], fmt: str = "{:,.0f}") -> str:
 
 def variants(args: argparse.Namespace, batches: list[tuple[torch.Tensor, torch.Tensor]], classes: int
              ) -> dict[str, Any]:
-    from shardkit.bench.train import TrainStep, device_ms
+    from shardkit.bench.step_timing import device_ms
+    from shardkit.bench.train_step import TrainStep
 
     device = torch.device("cuda")
     steps: dict[str, Any] = {}

@@ -75,7 +75,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -83,8 +83,9 @@ from shardkit.bench import baselines, conditions, dali
 from shardkit.bench.harness import alternating_order
 from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted
+from shardkit.bench.step_timing import Step, gpu_times, run_steps
 from shardkit.bench.train_report import summarise, train_table, with_feeders
-from shardkit.bench.train_step import TrainStep, synchronize
+from shardkit.bench.train_step import TrainStep
 
 __all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
            "counted", "run_contenders", "run_one", "run_train_bench", "summarise"]
@@ -144,32 +145,6 @@ class TrainBenchConfig:
             raise ValueError("the dali contenders need NVIDIA DALI (pip install nvidia-dali-cuda130)")
 
 
-class Step(Protocol):
-    """What :func:`measure` drives: a training step that brings a loader's batches to its device."""
-
-    def to_device(self, batch: Any) -> tuple[Any, Any]:
-        """A loader's batch ``(images, labels or targets, *rest)`` as the step's inputs on its device."""
-        ...
-
-    def clone(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
-        """A copy of what :meth:`to_device` returned that shares no loader buffer (the synthetic run's
-        fixed batch: a loader may reuse its buffers for later batches)."""
-        ...
-
-    def __call__(self, images: Any, labels: Any, /) -> None:
-        """One optimiser step on a batch :meth:`to_device` returned."""
-        ...
-
-    def sync(self) -> None:
-        """Wait for the step's device work (timings are taken synchronised)."""
-        ...
-
-    @property
-    def device(self) -> torch.device:
-        """Where the step runs."""
-        ...
-
-
 def _forever(loader: Iterable[Any]) -> Iterator[Any]:
     """The loader's batches, epoch after epoch (each ``iter()`` is one epoch)."""
     while True:
@@ -198,36 +173,6 @@ class TrainRun:
         return self.fed_images_per_second / self.synthetic_images_per_second
 
 
-def _steps(step: Step, batches: Iterator[tuple[Any, Any]], n: int) -> tuple[float, float]:
-    """Run ``n`` steps on ``batches``; wall seconds (synchronised) and seconds spent in ``next``."""
-    step.sync()
-    waited, t0 = 0.0, time.perf_counter()
-    for _ in range(n):
-        w0 = time.perf_counter()
-        images, labels = next(batches)
-        waited += time.perf_counter() - w0
-        step(images, labels)
-    step.sync()
-    return time.perf_counter() - t0, waited
-
-
-def device_ms(work: Callable[[], object], n: int, device: torch.device) -> float | None:
-    """Milliseconds of GPU time per call of ``work`` over ``n`` calls: the summed durations of
-    the kernels and copies ``torch.profiler`` records on ``device``, from every thread and
-    stream of the process. None off CUDA."""
-    if device.type != "cuda":
-        return None
-    from torch.profiler import ProfilerActivity, profile
-
-    synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            work()
-        synchronize(device)
-    micros = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
-    return micros / n / 1e3
-
-
 def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch_size: int,
             fixed_batches: int = 1, profile_batches: int = 10, settle_s: float = SETTLE_S) -> TrainRun:
     """Synthetic, fed, then synthetic again: the rates of ``step`` with ``loader`` (see the module
@@ -241,32 +186,16 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     def synthetic_seconds() -> float:
         time.sleep(settle_s)
         batches = itertools.cycle(fixed)  # each run takes the same batches in the same order
-        _steps(step, batches, warmup)
-        return _steps(step, batches, steps)[0]
+        run_steps(step, batches, warmup)
+        return run_steps(step, batches, steps)[0]
 
     before = synthetic_seconds()
-    _steps(step, fed, warmup + steps)  # the lead-in: uses up what the loader buffered meanwhile
-    seconds, waited = _steps(step, fed, steps)
+    run_steps(step, fed, warmup + steps)  # the lead-in: uses up what the loader buffered meanwhile
+    seconds, waited = run_steps(step, fed, steps)
     synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
     step_ms, loader_ms = gpu_times(step, fed, fixed[0], warmup, profile_batches, getattr(loader, "feeders", 0))
     return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms,
                     getattr(loader, "feeders", None))
-
-
-def gpu_times(step: Step, fed: Iterator[tuple[Any, Any]], fixed: tuple[Any, Any], warmup: int, n: int,
-              feeders: int = 0) -> tuple[float | None, float | None]:
-    """``(step GPU ms, loader GPU ms per batch)`` over ``n`` profiled calls each (both None with
-    ``n=0`` or off CUDA). Take them after every timed run of the process: a profiler session slows
-    every launch after it (see the module doc). ``warmup`` fed steps first, so the loader's buffers
-    are as in a fed run (a loader slower than the step has none ready) and the loader's profile
-    times batches made while it runs, not ones decoded before it. A loader with feeder processes
-    (``feeders``) does its device work there, outside this process's profile: None."""
-    if n <= 0 or step.device.type != "cuda":
-        return None, None
-    _steps(step, fed, warmup)
-    step_ms = device_ms(lambda: step(*fixed), n, step.device)
-    _steps(step, fed, warmup)
-    return step_ms, None if feeders else device_ms(lambda: next(fed), n, step.device)
 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:

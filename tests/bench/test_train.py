@@ -15,7 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from shardkit.bench import train
+from shardkit.bench import step_timing, train
 from shardkit.bench.train import (
     TrainBenchConfig,
     TrainStep,
@@ -180,7 +180,8 @@ def test_the_synthetic_rate_is_taken_over_both_synthetic_runs(monkeypatch: pytes
             else:  # a fed step
                 now[0] += 0.001
 
-    monkeypatch.setattr(train, "time", Clock)
+    monkeypatch.setattr(train, "time", Clock)  # its settling pause
+    monkeypatch.setattr(step_timing, "time", Clock)  # the steps' clock
     loader = [(torch.tensor([i]), None) for i in range(40)]
     run = measure(Slowing(), loader, steps=10, warmup=0, batch_size=1, settle_s=0)
     assert fixed_calls == 20
@@ -214,7 +215,7 @@ def test_the_fed_run_is_timed_after_the_read_ahead_is_used_up() -> None:
 
 
 def test_device_ms_is_none_off_cuda() -> None:
-    from shardkit.bench.train import device_ms
+    from shardkit.bench.step_timing import device_ms
 
     assert device_ms(lambda: torch.ones(3) * 2, 2, torch.device("cpu")) is None
 
@@ -225,7 +226,7 @@ def test_device_ms_counts_kernels_of_every_thread() -> None:
     """A matmul run in another thread is counted (the GPU route decodes and augments in threads)."""
     import threading
 
-    from shardkit.bench.train import device_ms
+    from shardkit.bench.step_timing import device_ms
 
     a = torch.randn(2048, 2048, device="cuda")
 
@@ -317,8 +318,6 @@ def test_the_step_uses_fused_sgd_on_cuda() -> None:
 def test_gpu_times_are_taken_after_every_timed_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """A profiler session slows every launch after it in the process: run_contenders profiles each
     contender on one more loader once all timed runs are over, and sets the figures on its runs."""
-    from shardkit.bench import train
-
     events: list[str] = []
 
     class CudaLike(_Recording):
@@ -329,7 +328,7 @@ def test_gpu_times_are_taken_after_every_timed_run(monkeypatch: pytest.MonkeyPat
         work()
         return 2.5
 
-    monkeypatch.setattr(train, "device_ms", fake_device_ms)
+    monkeypatch.setattr(step_timing, "device_ms", fake_device_ms)
     step = CudaLike()
     build = lambda: [(torch.tensor([i]), None) for i in range(40)]  # noqa: E731
     runs = train.run_contenders({"a": (step, build), "b": (step, build)}, steps=3, warmup=1, batch_size=1,
