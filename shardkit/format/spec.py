@@ -101,6 +101,20 @@ def check_key(key: str, *, where: str = "") -> str:
     return key
 
 
+def check_member_name(name: str, *, where: str = "") -> None:
+    """Refuse an absolute member name or one with a ``..`` component (a reader must never write or
+    name anything outside its directory).
+
+    >>> check_member_name("train/0001.jpg")
+    >>> check_member_name("../0001.jpg")
+    Traceback (most recent call last):
+    ...
+    shardkit.errors.FormatError: unsafe member name '../0001.jpg' (absolute or '..')
+    """
+    if name.startswith("/") or ".." in name.split("/"):
+        raise FormatError(f"unsafe member name {name!r} (absolute or '..')", where=where)
+
+
 def member_name(key: str, ext: str) -> str:
     """Tar member name of field ``ext`` of sample ``key``: ``"<key>.<ext>"``."""
     return f"{key}.{ext}"

@@ -14,19 +14,12 @@ size, malformed PAX record) raises ``FormatError`` naming the shard and the head
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
 from shardkit.errors import FormatError
-from shardkit.format.spec import split_member
-
-#: ``_tarspan.members`` (see :func:`parse_span`), or None where the C extension is not built.
-_plain_members: Callable[[bytes | memoryview], list[tuple[bytes, int, int]] | None] | None
-try:
-    _plain_members = importlib.import_module("shardkit.format._tarspan").members
-except ImportError:  # not built: the Python parser reads every header
-    _plain_members = None
+from shardkit.format.spec import check_member_name, split_member
+from shardkit.format.tarspan import plain_sample
 
 BLOCK = 512
 #: Members larger than this are refused (a corrupt size field must not make us allocate GBs).
@@ -112,11 +105,6 @@ class _ViewReader(_Reader):
         done = max(0, min(n, len(self._view) - self.pos))
         self.pos += done
         return done
-
-
-def _check_name(name: str, where: str) -> None:
-    if name.startswith("/") or ".." in name.split("/"):
-        raise FormatError(f"unsafe member name {name!r} (absolute or '..')", where=where)
 
 
 def _number(field: bytes) -> int:
@@ -239,7 +227,7 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
         if "size" in fields:
             size = _pax_size(fields["size"], name, here)
         offset, first = first, -1
-        _check_name(name, here)
+        check_member_name(name, where=here)
         if kind == _DIRECTORY:
             reader.skip(size + (-size % BLOCK))
             continue
@@ -328,42 +316,13 @@ def parse_span(data: bytes | memoryview, *, where: str) -> tuple[str, dict[str, 
     Returns ``(key, {ext: data})``. Raises ``FormatError`` on anything but regular members
     (with their extension headers) of a single key.
 
-    Plain ustar headers are read by the C extension ``_tarspan`` where it is built (the loader's
-    every sample comes through here); anything it does not take, an error included, is parsed
-    again by the Python parser below, which has the full rules and the messages.
+    Plain ustar headers are read by the C extension ``_tarspan`` where it is built
+    (:func:`~shardkit.format.tarspan.plain_sample`: the loader's every sample comes through here);
+    anything it does not take, an error included, is parsed again by the Python parser below,
+    which has the full rules and the messages.
     """
-    try:
-        plain = _plain_members(data) if _plain_members is not None else None
-    except (BufferError, TypeError):  # e.g. a memoryview that is not contiguous
-        plain = None
-    if plain is not None:
-        try:
-            return _sample_of(data, plain, where)
-        except (FormatError, UnicodeDecodeError):
-            pass  # the Python parser names the problem
-    return _parse_span(data, where=where)
-
-
-def _sample_of(data: bytes | memoryview, plain: list[tuple[bytes, int, int]], where: str
-               ) -> tuple[str, dict[str, bytes]]:
-    """The sample of members ``_tarspan`` listed: the rules of :func:`_parse_span` on names and keys."""
-    buf = data if isinstance(data, bytes) else memoryview(data)
-    key, fields = "", {}
-    for raw, start, size in plain:
-        name = raw.decode("utf-8")
-        _check_name(name, where)
-        slash = name.rfind("/") + 1  # sample_key's rule, inline: this runs for every member read
-        stem, dot, ext = name[slash:].partition(".")
-        if not dot or not stem or not ext:
-            raise FormatError("not '<key>.<ext>'", where=where)
-        member_key = name[:slash] + stem
-        if (key and member_key != key) or ext in fields:
-            raise FormatError("not one sample", where=where)
-        key = member_key
-        fields[ext] = bytes(buf[start:start + size])
-    if not key:
-        raise FormatError("empty sample span", where=where)
-    return key, fields
+    sample = plain_sample(data)
+    return sample if sample is not None else _parse_span(data, where=where)
 
 
 def _parse_span(data: bytes | memoryview, *, where: str) -> tuple[str, dict[str, bytes]]:
