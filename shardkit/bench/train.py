@@ -275,6 +275,8 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
             after_run(name, rep, run)
     if profile_batches:  # every timed run is over: the profiler can no longer slow one
         for name, (step, build) in contenders.items():
+            if step.device.type != "cuda":  # GPU times are CUDA's only: no loader built for none
+                continue
             with _built(build) as loader:
                 fed = map(step.to_device, _forever(loader))
                 fixed = step.clone(next(fed))
