@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Callable
 
 from shardkit.errors import FormatError
-from shardkit.format.spec import check_member_name
+from shardkit.format.spec import check_member_name, split_member
 
 __all__ = ["plain_sample"]
 
@@ -42,16 +42,14 @@ def plain_sample(data: bytes | memoryview) -> tuple[str, dict[str, bytes]] | Non
 
 def _sample_of(data: bytes | memoryview, plain: list[tuple[bytes, int, int]]) -> tuple[str, dict[str, bytes]]:
     """The sample of the members ``_tarspan`` listed, by ``tarread._parse_span``'s rules on names
-    and keys (``sample_key``'s split inline: this runs for every member the loader reads)."""
+    and keys."""
     buf = data if isinstance(data, bytes) else memoryview(data)
     key, fields = "", {}
     for raw, start, size in plain:
         name = raw.decode("utf-8")
         check_member_name(name)
         slash = name.rfind("/") + 1
-        stem, dot, ext = name[slash:].partition(".")
-        if not dot or not stem or not ext:
-            raise FormatError("not '<key>.<ext>'")
+        stem, ext = split_member(name[slash:])  # sample_key's rule, without its error text per member
         member_key = name[:slash] + stem
         if (key and member_key != key) or ext in fields:
             raise FormatError("not one sample")

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from shardkit.codec.decode import DecodeStats, peek_size
-from shardkit.codec.nvjpeg import nvjpeg_friendly
+from shardkit.codec.nvjpeg import nvjpeg_frame
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.read.bad_samples import BadSample
 from shardkit.loader.read.reader import ShardReader
@@ -115,13 +115,14 @@ class RawDetectionBuilder:
 
     def _sample(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> _Jpeg | _Pixels:
         data = sample.image()
-        if not nvjpeg_friendly(data):
+        frame = nvjpeg_frame(data)
+        if frame is None:
             return _Pixels(*self.cpu.build_one(sample, seed, stats, dstats))  # exactly the CPU route's step
         t0 = time.perf_counter()
         if "json" not in sample.fields:
             raise BadSample(f"{sample.where}: no json member (has {sorted(sample.fields)})")
         try:
-            height, width = peek_size(data)
+            height, width = (frame.height, frame.width) if frame.height and frame.width else peek_size(data)
             target = coco_target(sample.fields["json"], height, width, masks=self.masks, label_map=self.label_map)
         except (DecodeError, BadTarget) as err:
             raise BadSample(f"{sample.where}: {err}") from err
