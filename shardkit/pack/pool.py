@@ -20,8 +20,9 @@ started (a kill while workers are still starting leaves the names, as before).
 
 Ctrl-C: a terminal signals the whole process group. Workers start with SIGINT blocked, so only
 the parent sees it; it cancels the shards not started and terminates the workers (a shard being
-written leaves a temporary file, which the next pack removes before it resumes). An error
-instead (a worker's, or ``on_done``'s) lets running shards finish, so a resume keeps them.
+written leaves a temporary file, which the next pack removes before it resumes). While the parent
+waits on the pool, Ctrl-C is only recorded and acted on between waits (see :func:`_ctrl_c_deferred`).
+An error instead (a worker's, or ``on_done``'s) lets running shards finish, so a resume keeps them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import os
 import queue as queue_module
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ProcessPoolExecutor, wait
 from typing import Any
 
@@ -66,26 +67,32 @@ def _exit_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def _ctrl_c_deferred() -> Iterator[None]:
+def _ctrl_c_deferred() -> Iterator[list[int]]:
     """Hold back Ctrl-C (and SIGTERM) meanwhile: one that arrives is raised when this ends.
 
-    Two parts. Python raises KeyboardInterrupt in the main thread whichever thread the signal
-    reached, so the handlers only record it here: an interrupt between starting a worker and
-    sending it its start-up data left that worker failing on an empty pipe. And SIGINT is blocked
-    in this thread, so processes started meanwhile inherit it blocked (through fork and exec):
-    a terminal's Ctrl-C goes to the whole process group, and a worker interrupted inside the
-    pool's queue left the pool unable to stop its workers (the pack printed "interrupted" and
-    then hung at exit, joining them). The parent alone stops them.
+    Yields the signals caught so far (a list that grows). Two parts. Python raises
+    KeyboardInterrupt in the main thread whichever thread the signal reached, so the handlers only
+    record it here:
+    - an interrupt between starting a worker and sending it its start-up data left that worker
+      failing on an empty pipe;
+    - one raised inside ``concurrent.futures.wait`` while it was taking the futures' locks left one
+      of them held, and the pool's manager thread, cancelling that future as the pool shut down,
+      waited for it for ever: the pack printed "interrupted" and then hung at exit, joining that
+      thread.
+    And SIGINT is blocked in this thread, so processes started meanwhile inherit it blocked
+    (through fork and exec): a terminal's Ctrl-C goes to the whole process group, and a worker
+    interrupted inside the pool's queue left the pool unable to stop its workers (the pack printed
+    "interrupted" and then hung at exit, joining them). The parent alone stops them.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
     handlers = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:
-        yield
+        yield caught
     finally:
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -119,12 +126,15 @@ def _cancelled_futures_quiet(manager: threading.Thread | None) -> Iterator[None]
             threading.excepthook = previous
 
 
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Stop ``pool`` at once: terminate its workers (a shard they were writing leaves only a
-    temporary file, which the next pack removes) and reap them, a second Ctrl-C deferred
-    meanwhile. The pool's own shutdown waits for running shards and, once interrupted, hung."""
+def _stop_workers(pool: ProcessPoolExecutor, futures: Iterable[Future[ShardReceipt]]) -> None:
+    """Stop ``pool`` at once: cancel the shards not started, terminate its workers (a shard they
+    were writing leaves only a temporary file, which the next pack removes) and reap them, a second
+    Ctrl-C deferred meanwhile. The pool's own shutdown waits for running shards and, once
+    interrupted, hung."""
     processes, manager, queues = pool_processes(pool), pool_manager_thread(pool), pool_queues(pool)
     with _ctrl_c_deferred(), _cancelled_futures_quiet(manager):
+        for future in futures:
+            future.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
@@ -248,8 +258,11 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
         names.started()
         pending = set(futures)
         while pending:
-            done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
-            _drain(reports, tally, names)
+            with _ctrl_c_deferred() as caught:  # raised after the wait, never inside it
+                done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+                _drain(reports, tally, names)
+                if caught:  # stopped before the signal is raised, a second Ctrl-C deferred
+                    _stop_workers(pool, futures)
             for future in done:
                 receipts.append(future.result())  # re-raises a worker's error here
                 task = futures[future]
@@ -258,15 +271,15 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
                 if on_done is not None:
                     on_done(task, receipts[-1])
     except BaseException as err:
+        if not isinstance(err, Exception):  # Ctrl-C (or exit): stop now, a resume redoes running shards
+            _stop_workers(pool, futures)
+            raise
         for future in futures:
             future.cancel()  # shards not started
-        if not isinstance(err, Exception):  # Ctrl-C (or exit): stop now, a resume redoes running shards
-            _stop_workers(pool)
-            raise
         try:
             pool.shutdown(wait=True)  # an error: running shards finish and are kept for a resume
         except BaseException:  # Ctrl-C while they finish
-            _stop_workers(pool)
+            _stop_workers(pool, futures)
         raise
     pool.shutdown(wait=True)
     reports.close()
