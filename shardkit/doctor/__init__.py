@@ -9,7 +9,7 @@ package imports neither torch nor anything CUDA.
 from __future__ import annotations
 
 from shardkit.doctor.backends import check_backends
-from shardkit.doctor.extensions import check_extensions
+from shardkit.doctor.extensions import check_crc, check_extensions
 from shardkit.doctor.findings import Finding, LoaderPlan, Status
 from shardkit.doctor.gpu import check_platform
 from shardkit.doctor.resources import check_resources
@@ -25,4 +25,4 @@ def diagnose(plan: LoaderPlan) -> list[Finding]:
         problems = [f for f in diagnose(LoaderPlan(workers=8, batch_size=256, size=224))
                     if f.status == "problem"]
     """
-    return [*check_platform(), *check_extensions(), *check_resources(plan), *check_backends()]
+    return [*check_platform(), *check_extensions(), check_crc(), *check_resources(plan), *check_backends()]

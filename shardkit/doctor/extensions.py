@@ -1,4 +1,5 @@
-"""shardkit's C extensions: built or not, what is lost without each, and the libjpeg they link."""
+"""shardkit's C extensions (built or not, what is lost without each, the libjpeg they link) and the
+CRC-32 every sample read is checked with."""
 
 from __future__ import annotations
 
@@ -80,3 +81,14 @@ def check_extensions() -> list[Finding]:
                 continue
         findings.append(Finding(short, "ok", detail))
     return findings
+
+
+def check_crc() -> Finding:
+    """Whether the per-sample CRC-32 (:mod:`shardkit.format.crc`) is zlib-ng's or zlib's slower one."""
+    from shardkit.format import crc
+
+    if crc.FAST:
+        return Finding("crc32", "ok", "zlib-ng (carry-less multiply)")
+    return Finding("crc32", "problem",
+                   "zlib's: the checksum of every sample read costs several times more CPU",
+                   fix="pip install zlib-ng (a dependency of shardkit that this install lacks)")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from shardkit.format.crc import crc32
 from shardkit.format.spec import check_key, member_name
 
 BLOCK = 512
@@ -101,7 +101,7 @@ class TarShardWriter:
     def _write(self, data: bytes | memoryview) -> None:
         self._file.write(data)
         self._hash.update(data)
-        self._crc = zlib.crc32(data, self._crc)
+        self._crc = crc32(data, self._crc)
         self._pos += len(data)
 
     def add(self, key: str, fields: Sequence[tuple[str, bytes]]) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import io
 import warnings
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from shardkit.errors import FormatError, ShardkitError, reraise_interrupt
 from shardkit.format.bounded import parse_json, parse_label
+from shardkit.format.crc import crc32
 from shardkit.format.dali_index import dali_index_name, dump_dali_index, load_dali_index
 from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, TABLE_NAME, check_key, offsets_name
@@ -181,7 +181,7 @@ def _changed_samples(store: Store, entry: ShardEntry) -> list[str]:
             if span.crc32 is None:
                 return []
             f.seek(span.offset)
-            if zlib.crc32(f.read(span.size)) != span.crc32:
+            if crc32(f.read(span.size)) != span.crc32:
                 changed.append(span.key)
     out = [f"{where}:{key}: its bytes changed after packing (crc32 differs from the offsets file)"
            for key in changed[:NAMED_CHANGES]]

@@ -21,7 +21,6 @@ import bisect
 import hashlib
 import os
 import stat
-import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import FormatError, LoaderError, StorageError
+from shardkit.format.crc import crc32
 from shardkit.format.offsets import load_offsets
 from shardkit.format.spec import offsets_name
 from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_spans
@@ -306,7 +306,7 @@ class ShardReader:
                               where=f"{shard.where}:{shard.keys[sample_index]}")
         data = os.pread(shard.fd, size, offset)
         expected = shard.crcs[sample_index] if shard.crcs is not None else None
-        if expected is not None and (crc := zlib.crc32(data)) != expected:
+        if expected is not None and (crc := crc32(data)) != expected:
             raise CorruptSample(f"checksum mismatch: its bytes changed after packing (crc32 {crc:08x}, the offsets "
                                 f"file says {expected:08x})", where=f"{shard.where}:{shard.keys[sample_index]}")
         try:
