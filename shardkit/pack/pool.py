@@ -20,9 +20,14 @@ started (a kill while workers are still starting leaves the names, as before).
 
 Ctrl-C: a terminal signals the whole process group. Workers start with SIGINT blocked, so only
 the parent sees it; it cancels the shards not started and terminates the workers (a shard being
-written leaves a temporary file, which the next pack removes before it resumes). While the parent
-waits on the pool, Ctrl-C is only recorded and acted on between waits (see :func:`_ctrl_c_deferred`).
-An error instead (a worker's, or ``on_done``'s) lets running shards finish, so a resume keeps them.
+written leaves a temporary file, which the next pack removes before it resumes). An error
+instead (a worker's, or ``on_done``'s) lets running shards finish, so a resume keeps them.
+
+The parent waits for shards on a queue that the futures' done-callbacks fill, not with
+``concurrent.futures.wait``: that takes the futures' locks one by one, and a Ctrl-C raised between
+two of them left one held; the pool's manager thread, cancelling that future as the pool shut
+down, then waited for it for ever, and the pack printed "interrupted" and hung at exit joining that
+thread. A queue's ``get`` is interrupted with nothing held.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import queue as queue_module
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ProcessPoolExecutor, wait
+from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor
 from typing import Any
 
 from shardkit._compat import pool_manager_thread, pool_processes, pool_queues, unlink_queue_semaphores
@@ -67,32 +72,26 @@ def _exit_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def _ctrl_c_deferred() -> Iterator[list[int]]:
+def _ctrl_c_deferred() -> Iterator[None]:
     """Hold back Ctrl-C (and SIGTERM) meanwhile: one that arrives is raised when this ends.
 
-    Yields the signals caught so far (a list that grows). Two parts. Python raises
-    KeyboardInterrupt in the main thread whichever thread the signal reached, so the handlers only
-    record it here:
-    - an interrupt between starting a worker and sending it its start-up data left that worker
-      failing on an empty pipe;
-    - one raised inside ``concurrent.futures.wait`` while it was taking the futures' locks left one
-      of them held, and the pool's manager thread, cancelling that future as the pool shut down,
-      waited for it for ever: the pack printed "interrupted" and then hung at exit, joining that
-      thread.
-    And SIGINT is blocked in this thread, so processes started meanwhile inherit it blocked
-    (through fork and exec): a terminal's Ctrl-C goes to the whole process group, and a worker
-    interrupted inside the pool's queue left the pool unable to stop its workers (the pack printed
-    "interrupted" and then hung at exit, joining them). The parent alone stops them.
+    Two parts. Python raises KeyboardInterrupt in the main thread whichever thread the signal
+    reached, so the handlers only record it here: an interrupt between starting a worker and
+    sending it its start-up data left that worker failing on an empty pipe. And SIGINT is blocked
+    in this thread, so processes started meanwhile inherit it blocked (through fork and exec):
+    a terminal's Ctrl-C goes to the whole process group, and a worker interrupted inside the
+    pool's queue left the pool unable to stop its workers (the pack printed "interrupted" and
+    then hung at exit, joining them). The parent alone stops them.
     """
-    caught: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield caught
+        yield
         return
+    caught: list[int] = []
     handlers = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:
-        yield caught
+        yield
     finally:
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -222,6 +221,19 @@ def _drain(reports: Any, tally: _Tally | None, names: _Names) -> None:
     names.unlink_when_ready()
 
 
+def _next_done(done: queue_module.SimpleQueue[Future[ShardReceipt]], reports: Any, tally: _Tally | None,
+               names: _Names) -> Future[ShardReceipt]:
+    """The next future to finish, draining progress reports every :data:`POLL_S` meanwhile."""
+    while True:
+        try:
+            future = done.get(timeout=POLL_S)
+        except queue_module.Empty:
+            _drain(reports, tally, names)
+            continue
+        _drain(reports, tally, names)
+        return future
+
+
 def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
               on_sample: SampleDone | None) -> list[ShardReceipt]:
     """Write ``tasks`` with ``workers`` spawned processes (in this process when 1 or one task).
@@ -256,20 +268,17 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
             for t in tasks:
                 futures[pool.submit(_write_reporting, t)] = t
         names.started()
-        pending = set(futures)
-        while pending:
-            with _ctrl_c_deferred() as caught:  # raised after the wait, never inside it
-                done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
-                _drain(reports, tally, names)
-                if caught:  # stopped before the signal is raised, a second Ctrl-C deferred
-                    _stop_workers(pool, futures)
-            for future in done:
-                receipts.append(future.result())  # re-raises a worker's error here
-                task = futures[future]
-                if tally is not None:
-                    tally.finish(task)
-                if on_done is not None:
-                    on_done(task, receipts[-1])
+        done: queue_module.SimpleQueue[Future[ShardReceipt]] = queue_module.SimpleQueue()
+        for future in futures:  # not concurrent.futures.wait: see the module doc
+            future.add_done_callback(done.put)
+        for _ in range(len(futures)):
+            future = _next_done(done, reports, tally, names)
+            receipts.append(future.result())  # re-raises a worker's error here
+            task = futures[future]
+            if tally is not None:
+                tally.finish(task)
+            if on_done is not None:
+                on_done(task, receipts[-1])
     except BaseException as err:
         if not isinstance(err, Exception):  # Ctrl-C (or exit): stop now, a resume redoes running shards
             _stop_workers(pool, futures)

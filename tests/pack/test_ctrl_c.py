@@ -11,31 +11,37 @@ import pytest
 
 from tests.cli.terminal import ROOT
 
-# The Ctrl-C arrives while the parent holds one future's lock, as concurrent.futures.wait does while
-# it takes them one by one: raised there, the lock stays held, the pool's manager thread blocks on
-# it when it cancels that future, and the interpreter waits for that thread at exit for ever.
+# Ctrl-C arrives while the parent waits for shards: from the progress callback (the parent's
+# waiting loop calls it). And concurrent.futures.wait, were the parent to wait with it, would get it
+# while it holds one future's lock, as the real one does while it takes them one by one: raised
+# there, the lock stays held, the pool's manager thread blocks on it when it cancels that future,
+# and the interpreter waits for that thread at exit for ever.
 _SCRIPT = textwrap.dedent("""
-    import signal, sys
-    import shardkit.pack.pool as pool
-    from shardkit.pack import PackOptions, pack
+    import concurrent.futures, concurrent.futures._base as base, signal, sys
 
-    real_wait, calls = pool.wait, []
+    real_wait = base.wait
 
     def wait(fs, timeout=None, return_when="ALL_COMPLETED"):
-        calls.append(1)
-        if len(calls) == 2:
-            held = sorted(fs, key=id)[0]._condition
-            held.acquire()
-            signal.raise_signal(signal.SIGINT)
-            try:
-                return real_wait(fs, timeout, return_when)
-            finally:
-                held.release()
-        return real_wait(fs, timeout, return_when)
+        held = sorted(fs, key=id)[0]._condition
+        held.acquire()
+        signal.raise_signal(signal.SIGINT)
+        try:
+            return real_wait(fs, timeout, return_when)
+        finally:
+            held.release()
 
-    pool.wait = wait
+    concurrent.futures.wait = base.wait = wait  # before shardkit imports it
+    from shardkit.pack import PackOptions, pack
+
+    samples = []
+
+    def progress(n):
+        samples.append(n)
+        if len(samples) == 2:
+            signal.raise_signal(signal.SIGINT)
+
     try:
-        pack(sys.argv[1], sys.argv[2], options=PackOptions(max_count=2), workers=2)
+        pack(sys.argv[1], sys.argv[2], options=PackOptions(max_count=2), workers=2, progress=progress)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
     else:
