@@ -1,0 +1,88 @@
+"""CPU time per image of the GPU route's worker half, in one process: no CUDA, no DataLoader.
+
+What one GPU-route worker does for each batch (:class:`~shardkit.loader.routes.gpu.worker.RawBatchBuilder`:
+read the sample and check its CRC-32, parse its tar headers and JPEG frame header, draw the crop,
+cut restart intervals where the shards have them, decode on the CPU the images nvJPEG does not
+take, lay the batch out in a reused buffer as in a worker process), over every sample of
+``SHARDS`` in order, batches of ``--batch-size``, torch at one thread. One untimed pass warms the
+page cache; then ``--rounds`` timed passes, process CPU time (user + system) per image.
+
+``--crc zlib,zlib-ng`` alternates the CRC-32 implementation between passes (the others as
+installed), for a side-by-side figure of that one lever.
+
+    python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import zlib
+from collections.abc import Callable
+
+import torch
+
+import shardkit.loader.read.reader as reader_module
+import shardkit.loader.routes.device.payload as payload
+from shardkit.index import read_manifest
+from shardkit.loader.read.reader import ShardReader
+from shardkit.loader.routes.gpu.worker import RawBatchBuilder
+from shardkit.storage import Store
+from shardkit.transforms import imagenet_train
+
+
+def _crc(name: str) -> Callable[..., int]:
+    if name == "zlib":
+        return zlib.crc32
+    if name == "zlib-ng":
+        from zlib_ng import zlib_ng
+
+        return zlib_ng.crc32
+    raise SystemExit(f"--crc: unknown implementation {name!r} (zlib, zlib-ng)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("shards", help="a packed ImageFolder dataset (directory)")
+    parser.add_argument("--size", type=int, default=176)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--crc", default="", help="comma-separated CRC-32 implementations to alternate")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    crcs = [c for c in args.crc.split(",") if c] or [""]
+    impls = {name: _crc(name) if name else reader_module.crc32 for name in crcs}
+    store = Store(args.shards)
+    manifest = read_manifest(store)
+    # as in a worker process: the batch's blob goes to the next buffer of a reused cycle
+    payload.get_worker_info = lambda: object()  # type: ignore[assignment,return-value]
+    builder = RawBatchBuilder(ShardReader(store, manifest.shards), imagenet_train(args.size), buffer_cycle=4)
+    pairs = [(s, i) for s, entry in enumerate(manifest.shards) for i in range(entry.num_samples)]
+    n = len(pairs) // args.batch_size * args.batch_size
+    if n == 0:
+        raise SystemExit(f"{args.shards}: fewer samples ({len(pairs)}) than one batch of {args.batch_size}")
+
+    def one_pass() -> float:
+        start = time.process_time()
+        for k in range(0, n, args.batch_size):
+            chunk = pairs[k:k + args.batch_size]
+            builder.build([s for s, _ in chunk], [i for _, i in chunk], list(range(k, k + len(chunk))))
+        return (time.process_time() - start) / n * 1e3
+
+    one_pass()
+    ms: dict[str, list[float]] = {name: [] for name in crcs}
+    for r in range(args.rounds):
+        for name in crcs if r % 2 == 0 else crcs[::-1]:
+            reader_module.crc32 = impls[name]
+            ms[name].append(one_pass())
+    for name, values in ms.items():
+        print(json.dumps({"crc": name or "installed", "images": n,
+                          "cpu_ms_per_image_median": round(statistics.median(values), 4),
+                          "min": round(min(values), 4), "max": round(max(values), 4),
+                          "rounds": [round(v, 4) for v in values]}))
+
+
+if __name__ == "__main__":
+    main()
