@@ -8,9 +8,12 @@ take, lay the batch out in a reused buffer as in a worker process), over every s
 page cache; then ``--rounds`` timed passes, process CPU time (user + system) per image.
 
 ``--crc zlib,zlib-ng`` alternates the CRC-32 implementation between passes (the others as
-installed), for a side-by-side figure of that one lever.
+installed), for a side-by-side figure of that one lever. ``--by-kind`` then times the samples of
+each kind apart (JPEGs nvJPEG takes, which the worker ships undecoded; grayscale, CMYK and other
+JPEGs and other formats, which it decodes and resizes), in batches of that kind only (a kind
+with fewer samples than a batch repeats them), and prints each kind's share of the whole pass.
 
-    python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng
+    python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import torch
 
 import shardkit.loader.read.reader as reader_module
 import shardkit.loader.routes.device.payload as payload
+from shardkit.codec.decode import is_jpeg
+from shardkit.codec.jpeg_header import jpeg_frame
+from shardkit.codec.nvjpeg import nvjpeg_frame
 from shardkit.index import read_manifest
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.gpu.worker import RawBatchBuilder
@@ -43,6 +49,18 @@ def _crc(name: str) -> Callable[..., int]:
     raise SystemExit(f"--crc: unknown implementation {name!r} (zlib, zlib-ng)")
 
 
+def _kind(fields: dict[str, bytes]) -> str:
+    """``nvjpeg`` (shipped undecoded), ``jpeg-gray``, ``jpeg-cmyk``, ``jpeg-other`` or the member's
+    extension (decoded by the worker)."""
+    ext, data = next(((e, d) for e, d in fields.items() if e not in ("cls", "json", "txt")), ("?", b""))
+    if nvjpeg_frame(data) is not None:
+        return "nvjpeg"
+    if not is_jpeg(data):
+        return ext
+    frame = jpeg_frame(memoryview(data))
+    return {1: "jpeg-gray", 4: "jpeg-cmyk"}.get(frame.components if frame is not None else 0, "jpeg-other")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shards", help="a packed ImageFolder dataset (directory)")
@@ -50,6 +68,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--crc", default="", help="comma-separated CRC-32 implementations to alternate")
+    parser.add_argument("--by-kind", action="store_true", help="also time each kind of sample apart")
     args = parser.parse_args()
     torch.set_num_threads(1)
     crcs = [c for c in args.crc.split(",") if c] or [""]
@@ -58,18 +77,19 @@ def main() -> None:
     manifest = read_manifest(store)
     # as in a worker process: the batch's blob goes to the next buffer of a reused cycle
     payload.get_worker_info = lambda: object()  # type: ignore[assignment,return-value]
-    builder = RawBatchBuilder(ShardReader(store, manifest.shards), imagenet_train(args.size), buffer_cycle=4)
+    reader = ShardReader(store, manifest.shards)
+    builder = RawBatchBuilder(reader, imagenet_train(args.size), buffer_cycle=4)
     pairs = [(s, i) for s, entry in enumerate(manifest.shards) for i in range(entry.num_samples)]
     n = len(pairs) // args.batch_size * args.batch_size
     if n == 0:
         raise SystemExit(f"{args.shards}: fewer samples ({len(pairs)}) than one batch of {args.batch_size}")
 
-    def one_pass() -> float:
+    def one_pass(samples: list[tuple[int, int]] = pairs, count: int = n) -> float:
         start = time.process_time()
-        for k in range(0, n, args.batch_size):
-            chunk = pairs[k:k + args.batch_size]
+        for k in range(0, count, args.batch_size):
+            chunk = samples[k:k + args.batch_size]
             builder.build([s for s, _ in chunk], [i for _, i in chunk], list(range(k, k + len(chunk))))
-        return (time.process_time() - start) / n * 1e3
+        return (time.process_time() - start) / count * 1e3
 
     one_pass()
     ms: dict[str, list[float]] = {name: [] for name in crcs}
@@ -82,6 +102,19 @@ def main() -> None:
                           "cpu_ms_per_image_median": round(statistics.median(values), 4),
                           "min": round(min(values), 4), "max": round(max(values), 4),
                           "rounds": [round(v, 4) for v in values]}))
+    if args.by_kind:
+        kinds: dict[str, list[tuple[int, int]]] = {}
+        for pair in pairs:
+            kinds.setdefault(_kind(reader.read(*pair)[1]), []).append(pair)
+        whole = statistics.median(ms[crcs[-1]]) * len(pairs)
+        for kind, members in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
+            batch = (members * (args.batch_size // len(members) + 1))[:max(args.batch_size, len(members))]
+            count = len(batch) // args.batch_size * args.batch_size
+            each = statistics.median([one_pass(batch, count) for _ in range(args.rounds)])
+            print(json.dumps({"kind": kind, "samples": len(members),
+                              "share_of_samples": round(len(members) / len(pairs), 4),
+                              "cpu_ms_per_image_median": round(each, 4),
+                              "share_of_cpu": round(each * len(members) / whole, 3)}))
 
 
 if __name__ == "__main__":
