@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import socket
 import sys
 import uuid
@@ -22,6 +23,12 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 if "torch" in sys.modules:  # imported already (by a plugin): its thread pool may be sized
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# Ctrl-C as in a terminal, for this process and every process a test starts: a shell runs a
+# command it puts in the background (`make test &`, nohup in a script) with SIGINT ignored, which
+# its children inherit, and the tests that press Ctrl-C would then see a pack that never stops.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def encode_image(size: tuple[int, int] = (12, 9), mode: str = "RGB", fmt: str = "JPEG",

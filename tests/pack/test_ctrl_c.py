@@ -33,11 +33,12 @@ _SCRIPT = textwrap.dedent("""
     concurrent.futures.wait = base.wait = wait  # before shardkit imports it
     from shardkit.pack import PackOptions, pack
 
-    samples = []
+    samples, seen = [], []
 
     def progress(n):
         samples.append(n)
         if len(samples) == 2:
+            seen.append((signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])))
             signal.raise_signal(signal.SIGINT)
 
     try:
@@ -46,6 +47,8 @@ _SCRIPT = textwrap.dedent("""
         print("interrupted", flush=True)
     else:
         print("not interrupted", flush=True)
+        print(f"progress calls {samples}, SIGINT handler and blocked signals when raised: {seen}",
+              file=sys.stderr)
 """)
 
 
