@@ -5,9 +5,10 @@
  * RandomResizedCrop this makes decoding cost follow the crop, not the whole image.
  *
  * decode_crop(data, top, left, height, width) -> bytearray
- *   The box's pixels, equal to a full decode's: height rows of width RGB pixels (HWC). Raises
- *   ValueError on any libjpeg error or warning (corrupt data, CMYK, ...); the caller falls back
- *   to a full decode, which decides whether the image is really bad.
+ *   The box's pixels, equal to a full decode's: height rows of width RGB pixels (HWC). CMYK
+ *   JPEGs come back as PIL converts them to RGB (see cmyk_to_rgb). Raises ValueError on any
+ *   libjpeg error or warning (corrupt data, YCCK, ...); the caller falls back to a full decode,
+ *   which decides whether the image is really bad.
  *
  * decode(data) -> (bytearray, height, width, warnings, first_warning) | None
  *   The whole image as RGB rows (HWC), with libjpeg's warnings about corrupt but decodable data
@@ -26,6 +27,21 @@
 
 #define CONTEXT 2 /* pixels: one chroma sample of 2x-subsampled chroma */
 #define CHUNK 16  /* rows per jpeg_read_scanlines call: one row per call costs ~10% more (measured) */
+
+/* A CMYK JPEG as PIL reads it, so that region and full decodes give one image: PIL takes
+ * libjpeg's CMYK samples as inverted (Adobe's convention, assumed for every CMYK JPEG) and its
+ * convert("RGB") makes each channel k - c * k / 255, where k is the stored K sample and c is 255
+ * minus the stored C (M, Y) sample, the division rounded as (t + (t >> 8)) >> 8 of t = c * k + 128.
+ * Checked against PIL in tests/codec/test_jpeg_region.py. */
+static void cmyk_to_rgb(unsigned char *rgb, const unsigned char *cmyk, size_t pixels) {
+    for (size_t i = 0; i < pixels; i++, rgb += 3, cmyk += 4) {
+        unsigned k = cmyk[3];
+        for (int ch = 0; ch < 3; ch++) {
+            unsigned t = (255u - cmyk[ch]) * k + 128u;
+            rgb[ch] = (unsigned char)(k - ((t + (t >> 8)) >> 8));
+        }
+    }
+}
 
 
 static PyObject *decode_crop(PyObject *self, PyObject *args) {
@@ -53,12 +69,13 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     jpeg_create_decompress(&cinfo);
     jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
     jpeg_read_header(&cinfo, TRUE);
-    if (cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_GRAYSCALE &&
+    int cmyk = cinfo.jpeg_color_space == JCS_CMYK;
+    if (!cmyk && cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_GRAYSCALE &&
         cinfo.jpeg_color_space != JCS_RGB) {
         strcpy(err.message, "colour space needs a full decode");
         longjmp(err.jump, 1);
     }
-    cinfo.out_color_space = JCS_RGB;
+    cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
     jpeg_start_decompress(&cinfo);
     if ((long long)top + height > (long long)cinfo.output_height || (long long)left + width > (long long)cinfo.output_width) {
         strcpy(err.message, "crop box outside the image");
@@ -80,8 +97,10 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         return NULL;
     }
     unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
-    size_t skip = (size_t)(left - (int)x_offset) * 3, box_row = (size_t)width * 3, row_bytes = (size_t)row_width * 3;
-    if (row_width != (JDIMENSION)width) {
+    size_t channels = cmyk ? 4 : 3;
+    size_t skip = (size_t)(left - (int)x_offset) * channels, box_row = (size_t)width * 3,
+           row_bytes = (size_t)row_width * channels;
+    if (cmyk || row_width != (JDIMENSION)width) {
         scratch = malloc(row_bytes * CHUNK);
         if (scratch == NULL) {
             strcpy(err.message, "out of memory");
@@ -99,7 +118,11 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
             strcpy(err.message, "no more scanlines");
             longjmp(err.jump, 1);
         }
-        if (scratch != NULL)
+        if (cmyk)
+            for (JDIMENSION i = 0; i < got; i++)
+                cmyk_to_rgb(pixels + (size_t)(done + (int)i) * box_row, scratch + (size_t)i * row_bytes + skip,
+                            (size_t)width);
+        else if (scratch != NULL)
             for (JDIMENSION i = 0; i < got; i++)
                 memcpy(pixels + (size_t)(done + (int)i) * box_row, scratch + (size_t)i * row_bytes + skip, box_row);
         done += (int)got;

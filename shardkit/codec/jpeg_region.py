@@ -39,9 +39,10 @@ def roi_available() -> bool:
 
 def decode_box_rgb(data: bytes | memoryview, box: CropFlip) -> torch.Tensor | None:
     """The pixels of ``box`` as uint8 ``[3, box.height, box.width]`` (HWC memory), or ``None``
-    when this image needs a full decode instead (not baseline/progressive YCbCr/gray JPEG, CMYK,
-    any libjpeg warning or error, or no extension). Never raises for bad data: the full decode
-    that follows decides whether the image is corrupt.
+    when this image needs a full decode instead (not a baseline/progressive YCbCr, gray, RGB or
+    CMYK JPEG, e.g. YCCK; any libjpeg warning or error; or no extension). A CMYK JPEG's box is
+    converted to RGB as PIL's ``convert("RGB")`` converts it. Never raises for bad data: the full
+    decode that follows decides whether the image is corrupt.
 
     Restart-indexed JPEGs (``pack --jpeg-restart``) are first cut down to the restart intervals
     around the box (:func:`shardkit.codec.jpeg_restart.cut`), so nothing outside it is

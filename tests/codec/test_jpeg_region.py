@@ -46,9 +46,7 @@ def test_random_crops_match_full_decode() -> None:
         h, w = peek_size(data)
         box = transform.sample_params(h, w, rng)
         region = decode_box_rgb(data, box)
-        if region is None:  # CMYK: needs the full decoder
-            assert Image.open(path).mode == "CMYK"
-            continue
+        assert region is not None, path
         # upsampling context kept beside the box: exact
         assert torch.equal(region, _full_box(data, box))
         other = decode_rgb(data)[:, box.top : box.top + box.height, box.left : box.left + box.width]
@@ -72,6 +70,29 @@ def test_anything_unusual_asks_for_a_full_decode(make: str) -> None:
     elif make == "outside":
         box = CropFlip(10, 10, 48, 64)
     assert decode_box_rgb(data, box) is None
+
+
+@pytest.mark.skipif(not roi_available(), reason="region decoder not built")
+@pytest.mark.parametrize("subsampling", [0, 1, 2])  # 4:4:4, 4:2:2, 4:2:0
+def test_cmyk_boxes_are_what_pil_converts_to_rgb(subsampling: int) -> None:
+    """A CMYK JPEG's box: exactly PIL's ``open(...).convert("RGB")`` there (what the full decode
+    falls back to), edges and a 1x1 box included."""
+    rng = random.Random(subsampling)
+    photo = Image.open(sorted(SAMPLE.rglob("*.jpg"))[0]).convert("RGB").resize((203, 157))
+    buf = io.BytesIO()
+    photo.convert("CMYK").save(buf, "JPEG", quality=90, subsampling=subsampling)
+    data = buf.getvalue()
+    reference = Image.open(io.BytesIO(data))
+    assert reference.mode == "CMYK"
+    rgb = torch.frombuffer(bytearray(reference.convert("RGB").tobytes()), dtype=torch.uint8).view(157, 203, 3)
+    transform = imagenet_train(64)
+    for box in [*(transform.sample_params(157, 203, rng) for _ in range(20)), CropFlip(0, 0, 157, 203),
+                CropFlip(156, 202, 1, 1), CropFlip(3, 190, 50, 13)]:
+        region = decode_box_rgb(data, box)
+        assert region is not None, box
+        expected = rgb[box.top:box.top + box.height, box.left:box.left + box.width].permute(2, 0, 1)
+        assert torch.equal(region, expected), box
+    assert decode_box_rgb(data[: len(data) // 2], CropFlip(0, 0, 157, 203)) is None  # truncated: full decode
 
 
 @pytest.mark.skipif(not roi_available(), reason="region decoder not built")
