@@ -24,9 +24,10 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 if "torch" in sys.modules:  # imported already (by a plugin): its thread pool may be sized
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-# Ctrl-C as in a terminal, for this process and every process a test starts: a shell runs a
-# command it puts in the background (`make test &`, nohup in a script) with SIGINT ignored, which
-# its children inherit, and the tests that press Ctrl-C would then see a pack that never stops.
+# Ctrl-C as in a terminal, for this process and every process a test starts: a shell without job
+# control (a script, `sh -c`) runs a command it puts in the background (`make test &`) with SIGINT
+# ignored, which its children inherit, and the tests that press Ctrl-C would then see a pack that
+# never stops.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -269,8 +269,9 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
                 futures[pool.submit(_write_reporting, t)] = t
         names.started()
         done: queue_module.SimpleQueue[Future[ShardReceipt]] = queue_module.SimpleQueue()
-        for future in futures:  # not concurrent.futures.wait: see the module doc
-            future.add_done_callback(done.put)
+        with _ctrl_c_deferred():  # each takes the future's lock, as wait() did (see the module doc)
+            for future in futures:
+                future.add_done_callback(done.put)
         for _ in range(len(futures)):
             future = _next_done(done, reports, tally, names)
             receipts.append(future.result())  # re-raises a worker's error here
@@ -283,9 +284,10 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
         if not isinstance(err, Exception):  # Ctrl-C (or exit): stop now, a resume redoes running shards
             _stop_workers(pool, futures)
             raise
-        for future in futures:
-            future.cancel()  # shards not started
         try:
+            with _ctrl_c_deferred():
+                for future in futures:
+                    future.cancel()  # shards not started
             pool.shutdown(wait=True)  # an error: running shards finish and are kept for a resume
         except BaseException:  # Ctrl-C while they finish
             _stop_workers(pool, futures)
