@@ -103,6 +103,7 @@ def main() -> None:
                           "min": round(min(values), 4), "max": round(max(values), 4),
                           "rounds": [round(v, 4) for v in values]}))
     if args.by_kind:
+        reader_module.crc32 = impls[crcs[-1]]  # the CRC of the pass the shares are taken of
         kinds: dict[str, list[tuple[int, int]]] = {}
         for pair in pairs:
             kinds.setdefault(_kind(reader.read(*pair)[1]), []).append(pair)
