@@ -4,7 +4,9 @@ Backed by the optional C extension ``shardkit.codec._jpeg_region`` (built at ins
 headers are present). Rows above the box are skipped, rows below are never decoded and columns
 outside the iMCU-aligned box are not inverse-transformed, so for RandomResizedCrop the decode
 cost follows the crop. Two pixels of chroma-upsampling context are decoded beside the box, so
-the output equals the same box of a full decode by the same libjpeg, pixel for pixel (tested).
+the output equals the same box of a full decode by the same libjpeg, pixel for pixel (tested). A
+CMYK JPEG's box is converted to RGB as PIL converts the whole image; its full decode is PIL's,
+whose libjpeg may be another build (equal on the tests' and the ImageNet-like set's files).
 """
 
 from __future__ import annotations

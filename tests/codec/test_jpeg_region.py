@@ -96,6 +96,18 @@ def test_cmyk_boxes_are_what_pil_converts_to_rgb(subsampling: int) -> None:
 
 
 @pytest.mark.skipif(not roi_available(), reason="region decoder not built")
+def test_ycck_jpegs_still_go_to_the_full_decode() -> None:
+    buf = io.BytesIO()
+    Image.new("CMYK", (40, 30), (10, 20, 30, 40)).save(buf, "JPEG")
+    data = bytearray(buf.getvalue())
+    app14 = data.find(b"\xff\xee\x00\x0eAdobe")  # APP14, 14 bytes: the transform is its last
+    assert app14 > 0 and data[app14 + 15] == 0  # Adobe transform 0: CMYK
+    assert decode_box_rgb(bytes(data), CropFlip(0, 0, 30, 40)) is not None
+    data[app14 + 15] = 2  # YCCK
+    assert decode_box_rgb(bytes(data), CropFlip(0, 0, 30, 40)) is None
+
+
+@pytest.mark.skipif(not roi_available(), reason="region decoder not built")
 def test_gray_jpeg_comes_back_as_rgb() -> None:
     buf = io.BytesIO()
     Image.new("L", (40, 30), 77).save(buf, "JPEG")
