@@ -15,7 +15,7 @@ from collections.abc import Generator, Sequence
 from shardkit.errors import SourceError
 from shardkit.sources.files import MAX_INPUT_BYTES, FileEntry, Files, SkipSample, too_large
 from shardkit.sources.sample import SourceSample
-from shardkit.storage.store import file_kind
+from shardkit.storage.local import file_kind
 
 _CHUNK = 1 << 20
 

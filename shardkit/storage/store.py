@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 from shardkit.errors import StorageError
 from shardkit.storage import _remote
 from shardkit.storage.buckets import bucket_of, check_bucket
+from shardkit.storage.local import describe_local_error, open_regular
 
 # Object stores where a plain write only becomes visible once complete (multipart commit).
 _ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
@@ -32,48 +32,6 @@ _FS_LOCK = threading.Lock()
 def is_remote(url: str) -> bool:
     """Whether ``url`` names an fsspec location rather than a local path (``file://`` is local)."""
     return "://" in url and not url.startswith("file://")
-
-
-def _local_describe(err: Exception) -> str | None:
-    """Plain words for a local path error (None: Python's own are fine)."""
-    if isinstance(err, NotADirectoryError):
-        path = pathlib.Path(str(err.filename or ""))
-        blocker = next((p for p in (path, *path.parents) if p.exists()), path)
-        return f"{blocker} is a file, not a directory"
-    if isinstance(err, PermissionError):
-        return f"permission denied ({err.filename})" if err.filename else "permission denied"
-    return None
-
-
-def file_kind(mode: int) -> str:
-    """What a file that is not a regular one is, in words (``st_mode`` from ``os.stat``)."""
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return f"file type {stat.S_IFMT(mode):o}"
-
-
-def open_regular(path: str) -> int:
-    """Open the local file ``path`` for reading and return its descriptor, refusing anything but
-    a regular file with ``StorageError`` naming it.
-
-    A shard or index that is a FIFO would block ``open`` until a writer came (for ever), and a
-    device such as ``/dev/zero`` would never end: the open does not block (``O_NONBLOCK``) and the
-    opened file is checked, not the path (which may change between a ``stat`` and the ``open``).
-    Links are followed.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise StorageError(f"not a regular file ({file_kind(mode)})", where=path)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _local_path(url: str) -> str:
@@ -171,7 +129,7 @@ class Store:
             self._check_bucket()  # "no such file" in a missing bucket: name the bucket instead
             raise StorageError("no such file", where=self.path(name)) from err
         except Exception as err:
-            message = _remote.describe(err) if self.remote else _local_describe(err)
+            message = _remote.describe(err) if self.remote else describe_local_error(err)
             if message is None and isinstance(err, (OSError, ValueError)):
                 message = f"{type(err).__name__}: {err}"
             if message is None:

@@ -36,7 +36,7 @@ from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_sp
 from shardkit.index.shards import ShardEntry, ShardTable
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, ShardCache, default_cache_dir
 from shardkit.storage import Store
-from shardkit.storage.store import file_kind, open_regular
+from shardkit.storage.local import file_kind, open_regular
 
 #: The largest sample span read (all of a sample's members with their headers): one member of the
 #: largest size a shard may hold (``MAX_MEMBER_BYTES``) and a little room for the small ones.
