@@ -32,6 +32,7 @@ import shardkit.loader.routes.device.payload as payload
 from shardkit.codec.decode import is_jpeg
 from shardkit.codec.jpeg_header import jpeg_frame
 from shardkit.codec.nvjpeg import nvjpeg_frame
+from shardkit.errors import ShardkitError
 from shardkit.index import read_manifest
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.gpu.worker import RawBatchBuilder
@@ -73,8 +74,11 @@ def main() -> None:
     torch.set_num_threads(1)
     crcs = [c for c in args.crc.split(",") if c] or [""]
     impls = {name: _crc(name) if name else reader_module.crc32 for name in crcs}
-    store = Store(args.shards)
-    manifest = read_manifest(store)
+    try:
+        store = Store(args.shards)
+        manifest = read_manifest(store)
+    except ShardkitError as err:
+        raise SystemExit(f"error: {err}") from None
     # as in a worker process: the batch's blob goes to the next buffer of a reused cycle
     payload.get_worker_info = lambda: object()  # type: ignore[assignment,return-value]
     reader = ShardReader(store, manifest.shards)

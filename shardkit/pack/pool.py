@@ -226,12 +226,12 @@ def _next_done(done: queue_module.SimpleQueue[Future[ShardReceipt]], reports: An
     """The next future to finish, draining progress reports every :data:`POLL_S` meanwhile."""
     while True:
         try:
-            future = done.get(timeout=POLL_S)
+            future: Future[ShardReceipt] | None = done.get(timeout=POLL_S)
         except queue_module.Empty:
-            _drain(reports, tally, names)
-            continue
+            future = None
         _drain(reports, tally, names)
-        return future
+        if future is not None:
+            return future
 
 
 def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
