@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=176)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--feeders", default="auto", help="ShardLoader's feeders: auto or a count (0: the route "
+                        "runs in the training process)")
     parser.add_argument("--warmup", type=int, default=30, help="steps before sampling starts")
     parser.add_argument("--seconds", type=int, default=12, help="how long py-spy samples")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     transform = transforms.imagenet_train(args.size, normalize=True, dtype=torch.bfloat16 if cuda else torch.float32,
                                           channels_last=cuda)
     loader = ShardLoader(args.shards, batch_size=args.batch_size, transform=transform, num_workers=args.workers,
-                         device=device, drop_last=True)
+                         device=device, drop_last=True,
+                         feeders=args.feeders if args.feeders == "auto" else int(args.feeders))
     batches = map(step.to_device, forever(loader))
     for _ in range(args.warmup):
         step(*next(batches))
@@ -131,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         if spy_run is None or spy_run.returncode != 0 or not out.exists():
             why = spy_run.stderr.strip() if spy_run is not None else "py-spy did not run"
             raise SystemExit(f"py-spy failed: {why}")
-        print(f"{args.model} @{args.size}, batch {args.batch_size}, {counted(args.workers, 'worker')} on {device}: "
+        print(f"{args.model} @{args.size}, batch {args.batch_size}, {counted(args.workers, 'worker')}, "
+              f"{counted(loader.feeders, 'feeder')} on {device}: "
               f"{steps * args.batch_size / seconds:,.0f} images/s while sampled ({steps} steps)")
         print(summarise(out.read_text()))
 
