@@ -8,12 +8,15 @@ take, lay the batch out in a reused buffer as in a worker process), over every s
 page cache; then ``--rounds`` timed passes, process CPU time (user + system) per image.
 
 ``--crc zlib,zlib-ng`` alternates the CRC-32 implementation between passes (the others as
-installed), for a side-by-side figure of that one lever. ``--by-kind`` then times the samples of
+installed), and ``--gray off,on`` whether grayscale JPEGs are decoded in the worker or shipped
+encoded for the device to decode (``RawBatchBuilder(gray=...)``; the route turns it on where
+``gpu_decodes_gray`` holds), for a side-by-side figure of each lever. ``--by-kind`` then times the samples of
 each kind apart (JPEGs nvJPEG takes, which the worker ships undecoded; grayscale, CMYK and other
 JPEGs and other formats, which it decodes and resizes), in batches of that kind only (a kind
 with fewer samples than a batch repeats them), and prints each kind's share of the whole pass.
 
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind
+    python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray off,on
 """
 
 from __future__ import annotations
@@ -50,11 +53,11 @@ def _crc(name: str) -> Callable[..., int]:
     raise SystemExit(f"--crc: unknown implementation {name!r} (zlib, zlib-ng)")
 
 
-def _kind(fields: dict[str, bytes]) -> str:
-    """``nvjpeg`` (shipped undecoded), ``jpeg-gray``, ``jpeg-cmyk``, ``jpeg-other`` or the member's
+def _kind(fields: dict[str, bytes], gray: bool) -> str:
+    """``nvjpeg`` (shipped undecoded; grayscale too with ``gray``), ``jpeg-gray``, ``jpeg-cmyk``, ``jpeg-other`` or the member's
     extension (decoded by the worker)."""
     ext, data = next(((e, d) for e, d in fields.items() if e not in ("cls", "json", "txt")), ("?", b""))
-    if nvjpeg_frame(data) is not None:
+    if nvjpeg_frame(data, gray=gray) is not None:
         return "nvjpeg"
     if not is_jpeg(data):
         return ext
@@ -69,11 +72,17 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--crc", default="", help="comma-separated CRC-32 implementations to alternate")
+    parser.add_argument("--gray", default="off", help="comma-separated off/on: grayscale JPEGs decoded in the "
+                        "worker (off) or shipped encoded (on), alternated")
     parser.add_argument("--by-kind", action="store_true", help="also time each kind of sample apart")
     args = parser.parse_args()
     torch.set_num_threads(1)
     crcs = [c for c in args.crc.split(",") if c] or [""]
     impls = {name: _crc(name) if name else reader_module.crc32 for name in crcs}
+    grays = [g for g in args.gray.split(",") if g]
+    if not grays or any(g not in ("off", "on") for g in grays):
+        raise SystemExit(f"--gray takes off, on or both separated by a comma, got {args.gray!r}")
+    variants = [(c, g) for c in crcs for g in grays]
     try:
         store = Store(args.shards)
         manifest = read_manifest(store)
@@ -96,22 +105,22 @@ def main() -> None:
         return (time.process_time() - start) / count * 1e3
 
     one_pass()
-    ms: dict[str, list[float]] = {name: [] for name in crcs}
+    ms: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
     for r in range(args.rounds):
-        for name in crcs if r % 2 == 0 else crcs[::-1]:
-            reader_module.crc32 = impls[name]
-            ms[name].append(one_pass())
-    for name, values in ms.items():
-        print(json.dumps({"crc": name or "installed", "images": n,
+        for name, gray in variants if r % 2 == 0 else variants[::-1]:
+            reader_module.crc32, builder.gray = impls[name], gray == "on"
+            ms[name, gray].append(one_pass())
+    for (name, gray), values in ms.items():
+        print(json.dumps({"crc": name or "installed", "gray_shipped_encoded": gray == "on", "images": n,
                           "cpu_ms_per_image_median": round(statistics.median(values), 4),
                           "min": round(min(values), 4), "max": round(max(values), 4),
                           "rounds": [round(v, 4) for v in values]}))
     if args.by_kind:
-        reader_module.crc32 = impls[crcs[-1]]  # the CRC of the pass the shares are taken of
+        reader_module.crc32, builder.gray = impls[crcs[-1]], grays[-1] == "on"  # the pass the shares are of
         kinds: dict[str, list[tuple[int, int]]] = {}
         for pair in pairs:
-            kinds.setdefault(_kind(reader.read(*pair)[1]), []).append(pair)
-        whole = statistics.median(ms[crcs[-1]]) * len(pairs)
+            kinds.setdefault(_kind(reader.read(*pair)[1], builder.gray), []).append(pair)
+        whole = statistics.median(ms[variants[-1]]) * len(pairs)
         for kind, members in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
             batch = (members * (args.batch_size // len(members) + 1))[:max(args.batch_size, len(members))]
             count = len(batch) // args.batch_size * args.batch_size

@@ -38,8 +38,8 @@ import torch
 from shardkit._compat import torchvision_image_ops
 from shardkit.codec.jpeg_header import exif_orientation
 
-__all__ = ["CPU_ORDER", "GPU_ORDER", "cpu_batch_decoder", "cpu_decoder", "gpu_decoder", "jpeg_by_shardkit",
-           "prefer_decoder", "preferred_decoder", "undo_exif_orientation"]
+__all__ = ["CPU_ORDER", "GPU_ORDER", "GRAY_TOLERANCE", "cpu_batch_decoder", "cpu_decoder", "gpu_decoder", "gpu_gray",
+           "jpeg_by_shardkit", "prefer_decoder", "preferred_decoder", "undo_exif_orientation"]
 
 #: The names :func:`prefer_decoder` accepts.
 LIBRARIES = ("torchvision", "torchcodec", "pil")
@@ -71,6 +71,7 @@ def prefer_decoder(name: str | None) -> None:
     _preferred = name
     cpu_decoder.cache_clear()
     gpu_decoder.cache_clear()
+    gpu_gray.cache_clear()
 
 
 def preferred_decoder() -> str | None:
@@ -149,6 +150,21 @@ def _probe_jpeg() -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (16, 8), (200, 40, 90)).save(buf, "JPEG", quality=90)
     return buf.getvalue()
+
+
+def _gray_probe() -> tuple[bytes, torch.Tensor]:
+    """A 40x24 grayscale JPEG with edges and a gradient (so a decoder's IDCT shows), and PIL's
+    ``convert("RGB")`` of it as ``[3, H, W]``."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:24, 0:40]
+    pixels = ((x * 6 + y * 3) % 256 ^ np.where((x // 8 + y // 8) % 2 == 1, 90, 0)).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels, "L").save(buf, "JPEG", quality=85)
+    with Image.open(io.BytesIO(buf.getvalue())) as im:
+        want = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
+    return buf.getvalue(), want
 
 
 @functools.cache
@@ -230,6 +246,34 @@ def cpu_batch_decoder() -> GpuDecoder:
         if one is None:
             raise RuntimeError("no native JPEG decoder on the CPU") from None
         return lambda datas, _device: [one(d, "jpeg").contiguous() for d in datas]
+
+
+#: Largest mean absolute difference (levels) from PIL that :func:`gpu_gray` accepts on its probe:
+#: IDCT rounding of another decoder, not a different image (nvJPEG's colour images differ from
+#: PIL's by about 2.4 on the same scale, chroma upsampling included).
+GRAY_TOLERANCE = 1.0
+
+
+@functools.cache
+def gpu_gray(device: torch.device) -> bool:
+    """Whether :func:`gpu_decoder` on ``device`` (on a CPU ``device``, :func:`cpu_batch_decoder`)
+    decodes a grayscale JPEG in a batch beside a colour one to ``[3, H, W]`` with three equal
+    channels within :data:`GRAY_TOLERANCE` of PIL's ``convert("RGB")``."""
+    if device.type == "cpu":
+        decode: GpuDecoder | None = cpu_batch_decoder()
+    else:
+        decode = gpu_decoder(device)[1]
+    if decode is None:
+        return False
+    gray, want = _gray_probe()
+    colour = torch.frombuffer(bytearray(_probe_jpeg()), dtype=torch.uint8)
+    try:
+        got = decode([colour, torch.frombuffer(bytearray(gray), dtype=torch.uint8)], device)[1].cpu()
+    except Exception:  # the decoder refuses grayscale, or a mixed batch: the workers keep decoding them
+        return False
+    if tuple(got.shape) != tuple(want.shape) or not (torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])):
+        return False
+    return (got.int() - want.int()).abs().float().mean().item() <= GRAY_TOLERANCE
 
 
 @functools.cache

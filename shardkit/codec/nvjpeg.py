@@ -2,9 +2,12 @@
 :mod:`shardkit.codec.backend`), and which files it takes.
 
 Workers call :func:`nvjpeg_friendly` on each sample's bytes: only baseline/extended Huffman JPEGs
-with three components (YCbCr) go to the GPU; CMYK/YCCK, grayscale, progressive, lossless and
-arithmetic-coded JPEGs, and every other format, are decoded on the CPU (``decode.decode_rgb``)
-so the batch has the same shape, dtype and meaning whichever path an image took.
+with three components (YCbCr), and with ``gray=True`` one (grayscale), go to the GPU; CMYK/YCCK,
+progressive, lossless and arithmetic-coded JPEGs, and every other format, are decoded on the CPU
+(``decode.decode_rgb``) so the batch has the same shape, dtype and meaning whichever path an
+image took. Grayscale goes to the GPU only where :func:`gpu_decodes_gray` found that the device's
+decoder turns a grayscale JPEG into the three equal channels PIL's ``convert("RGB")`` gives, as
+the CPU route's images are.
 
 Example:
     >>> nvjpeg_friendly(b"PNG...")
@@ -17,33 +20,43 @@ import logging
 
 import torch
 
-from shardkit.codec.backend import cpu_batch_decoder, gpu_decoder
+from shardkit.codec.backend import cpu_batch_decoder, gpu_decoder, gpu_gray
 from shardkit.codec.decode import Bytes, is_jpeg
 from shardkit.codec.jpeg_header import SEQUENTIAL_HUFFMAN, JpegFrame, jpeg_frame
 
-__all__ = ["GpuJpegDecoder", "gpu_decode_unavailable", "nvjpeg_frame", "nvjpeg_friendly"]
+__all__ = ["GpuJpegDecoder", "gpu_decode_unavailable", "gpu_decodes_gray", "nvjpeg_frame", "nvjpeg_friendly"]
 
 log = logging.getLogger(__name__)
 
 
-def nvjpeg_friendly(data: Bytes) -> bool:
-    """True for a sequential Huffman JPEG with three components (what the GPU path decodes)."""
-    return nvjpeg_frame(data) is not None
+def nvjpeg_friendly(data: Bytes, *, gray: bool = False) -> bool:
+    """True for a sequential Huffman JPEG with three components, or one with ``gray`` (what the
+    GPU path decodes)."""
+    return nvjpeg_frame(data, gray=gray) is not None
 
 
-def nvjpeg_frame(data: Bytes) -> JpegFrame | None:
+def nvjpeg_frame(data: Bytes, *, gray: bool = False) -> JpegFrame | None:
     """The frame header of a JPEG :func:`nvjpeg_friendly` takes (its size: no second parse), else None."""
     mv = memoryview(data).cast("B")
     if not is_jpeg(mv):
         return None
     frame = jpeg_frame(mv)
-    return frame if frame is not None and frame.marker in SEQUENTIAL_HUFFMAN and frame.components == 3 else None
+    if frame is None or frame.marker not in SEQUENTIAL_HUFFMAN:
+        return None
+    return frame if frame.components == 3 or (gray and frame.components == 1) else None
 
 
 def gpu_decode_unavailable(device: torch.device) -> str | None:
     """None when batched nvJPEG decoding works on ``device``, else why not (probed once; the
     library is chosen in :mod:`shardkit.codec.backend`)."""
     return gpu_decoder(device)[2]
+
+
+def gpu_decodes_gray(device: torch.device) -> bool:
+    """Whether the batched decoder on ``device`` decodes grayscale JPEGs, in a batch with colour
+    ones, to three equal channels within :data:`~shardkit.codec.backend.GRAY_TOLERANCE` of PIL's
+    ``convert("RGB")`` (probed once per device; a CPU ``device``: the CPU batch decoder)."""
+    return gpu_gray(device)
 
 
 class GpuJpegDecoder:

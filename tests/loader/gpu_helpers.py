@@ -53,15 +53,16 @@ class Batches:
         return raise_failures(self.stream)
 
 
-def raw_and_cpu_streams(ds: Path, transform: ImageTransform, seed: int = 5, batch_size: int = 16
-                        ) -> tuple[Batches, Batches]:
-    """Epoch-1 batches of one plan: the CPU path's and the GPU path's worker side."""
+def raw_and_cpu_streams(ds: Path, transform: ImageTransform, seed: int = 5, batch_size: int = 16,
+                        gray: bool = False) -> tuple[Batches, Batches]:
+    """Epoch-1 batches of one plan: the CPU path's and the GPU path's worker side (``gray``:
+    grayscale JPEGs shipped encoded)."""
     loader = ShardLoader(str(ds), batch_size=batch_size, transform=transform, seed=seed)
     reader = ShardReader(loader.reader.store, loader.manifest.shards,
                          cache_dir=str(ds / "cache"))
     control = torch.tensor([1, 0])
     cpu = BatchStream(loader.config, CpuBatchBuilder(reader, transform), control)
-    raw = BatchStream(loader.config, RawBatchBuilder(reader, transform), control)
+    raw = BatchStream(loader.config, RawBatchBuilder(reader, transform, gray=gray), control)
     return Batches(cpu), Batches(raw)
 
 

@@ -152,6 +152,39 @@ def test_batches_are_safe_on_a_user_stream(inet: Path) -> None:
         assert torch.equal(a, b)
 
 
+def test_grayscale_jpegs_decode_on_the_gpu_as_pil_converts_them() -> None:
+    """The device's decoder takes grayscale JPEGs (so workers ship them encoded), in a batch with
+    colour ones, as three equal channels within the end-to-end tolerance of PIL's convert("RGB")."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from shardkit.codec.nvjpeg import gpu_decodes_gray
+
+    device = torch.device("cuda")
+    assert gpu_decodes_gray(device)
+    sample = Path(__file__).resolve().parents[3] / "sample_data" / "imagefolder"
+    colour = [p.read_bytes() for p in sorted(sample.rglob("*.jpg"))[:8]]
+    grays, wants = [], []
+    for data in colour:
+        buf = io.BytesIO()
+        with Image.open(io.BytesIO(data)) as im:
+            im.convert("L").save(buf, "JPEG", quality=90)
+        grays.append(buf.getvalue())
+        with Image.open(io.BytesIO(buf.getvalue())) as im:
+            wants.append(torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1))
+    mixed = [d for pair in zip(colour, grays, strict=True) for d in pair]
+    out = GpuJpegDecoder(device).decode([torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in mixed])
+    worst = 0.0
+    for got, want in zip(out[1::2], wants, strict=True):
+        got = got.cpu()
+        assert got.shape == want.shape and torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
+        worst = max(worst, (got.int() - want.int()).abs().float().mean().item())
+    print(f"grayscale on the GPU against PIL: worst mean absolute difference {worst:.3f}")
+    assert worst < MEAN_TOL
+
+
 def test_nvjpeg_decodes_cut_pieces_like_whole_images() -> None:
     """nvJPEG on the restart intervals around a box gives the box's pixels of nvJPEG on the whole
     (restart-indexed) image: random boxes on real photos, and boxes in a narrow last interval."""

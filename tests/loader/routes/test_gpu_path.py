@@ -44,6 +44,52 @@ def test_nvjpeg_decision(mode: str) -> None:
         data = {"jpeg": encode_image(mode="RGB"), "gray": encode_image(mode="L"),
                 "cmyk": encode_image(mode="CMYK"), "png": encode_image(fmt="PNG")}[mode]
     assert nvjpeg_friendly(data) is (mode == "jpeg")
+    assert nvjpeg_friendly(data, gray=True) is (mode in ("jpeg", "gray"))
+
+
+def test_gray_probe_accepts_the_cpu_batch_decoder_and_refuses_a_wrong_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_gray: the CPU batch decoder (torchvision's libjpeg, three equal channels) passes; one
+    that returns a single channel, unequal channels, or pixels off by 2 levels does not."""
+    from shardkit.codec import backend
+
+    cpu = torch.device("cpu")
+    backend.gpu_gray.cache_clear()
+    assert backend.gpu_gray(cpu)
+    real = backend.cpu_batch_decoder()
+
+    def spoilt(how: str) -> backend.GpuDecoder:
+        def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+            out = real(datas, device)
+            gray = out[1]
+            out[1] = {"one channel": gray[:1], "unequal": torch.cat([gray[:2], gray[2:].flip(-1)]),
+                      "off by 2": (gray.int() + 2).clamp(0, 255).to(torch.uint8)}[how]
+            return out
+        return decode
+
+    try:
+        for how in ("one channel", "unequal", "off by 2"):
+            monkeypatch.setattr(backend, "cpu_batch_decoder", lambda how=how: spoilt(how))
+            backend.gpu_gray.cache_clear()
+            assert not backend.gpu_gray(cpu), how
+    finally:
+        monkeypatch.undo()
+        backend.gpu_gray.cache_clear()
+
+
+def test_gray_jpegs_ship_encoded_and_match_the_cpu_path(inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``gray``, the workers ship grayscale JPEGs encoded (fewer images decoded in workers),
+    and the batches, decoded as the device decodes them, still equal the CPU path's."""
+    monkeypatch.setattr("shardkit.loader.read.samples.roi_available", lambda: False)
+    transform = transforms.imagenet_train(64)
+    fallbacks = {}
+    for gray in (False, True):
+        cpu, raw = raw_and_cpu_streams(inet, transform, gray=gray)
+        fallbacks[gray] = 0
+        for a, b in zip(cpu, raw, strict=True):
+            fallbacks[gray] += b.stats.gpu_fallback
+            diff = (emulate_device(b).int() - pixels(a).int()).abs()
+            assert diff.max() <= 1, (gray, diff.max())
+    assert fallbacks[True] < fallbacks[False] and fallbacks[True] >= 2, fallbacks  # CMYK and PNG stay
 
 
 @pytest.mark.parametrize("preset", [transforms.imagenet_train, transforms.imagenet_val])

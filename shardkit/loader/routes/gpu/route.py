@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from shardkit.codec.nvjpeg import gpu_decodes_gray
 from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route, to_device
@@ -27,7 +28,8 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
     """Classification batches decoded and augmented on ``device`` (needs nvJPEG; see
     :func:`~shardkit.loader.routes.choose.choose_route` for the fallback).
 
-    Workers run :class:`RawBatchBuilder` with a buffer cycle of ``prefetch + 2`` per worker; the
+    Workers run :class:`RawBatchBuilder` with a buffer cycle of ``prefetch + 2`` per worker, and
+    ship grayscale JPEGs encoded where the device's decoder takes them (``gpu_decodes_gray``); the
     host runs a :class:`DevicePrefetcher` per epoch over :func:`staging_slots` pinned staging
     slots, holding the last ``num_workers * (cycle + 1)`` worker batches so the shared buffers
     stay mapped. ``options.decode_threads`` threads call the batched decoder, each on its own stream.
@@ -42,7 +44,7 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         cycle = prefetch + 2
         self.builder: RawBatchBuilder = RawBatchBuilder(reader, transform, on_error=on_error, buffer_cycle=cycle,
                                                         num_classes=len(classes) if classes else None,
-                                                        captions=captions)
+                                                        captions=captions, gray=gpu_decodes_gray(device))
         self.classes = classes
         self.pipeline = GpuPipeline(transform, device, compile=options.compile, on_error=on_error)
         self._batch_size, self._output_size = batch_size, transform.output_size

@@ -5,8 +5,9 @@ same seeded ``random.Random(seed)`` as the CPU route (so both routes crop and fl
 alike) and ships the encoded bytes (of a restart-indexed JPEG, only the restart intervals around
 a crop-first transform's box: :func:`~shardkit.codec.jpeg_restart.cut`) with one row of geometry
 (:data:`~shardkit.transforms.gpu.GEOMETRY_COLUMNS`). Images nvJPEG cannot take
-(:func:`~shardkit.codec.nvjpeg.nvjpeg_friendly`) are decoded and transformed here, exactly
-as the CPU route does, and travel as pixels to be joined into the same batch on the device.
+(:func:`~shardkit.codec.nvjpeg.nvjpeg_friendly`; grayscale JPEGs only where the route found that
+the device decodes them as the CPU route does, ``gray``) are decoded and transformed here,
+exactly as the CPU route does, and travel as pixels to be joined into the same batch on the device.
 
 The batch travels as one :class:`~shardkit.loader.routes.device.payload.RawImages` blob
 (:mod:`~shardkit.loader.routes.device.payload`, shared with the COCO GPU route).
@@ -58,12 +59,13 @@ class RawBatchBuilder:
 
     ``buffer_cycle``: shared-memory buffers per worker process for JPEG bytes (0: a fresh tensor
     per batch); must be at least the DataLoader's ``prefetch_factor + 1`` (see the module doc; the
-    route uses ``+ 2``).
+    route uses ``+ 2``). ``gray``: ship grayscale JPEGs encoded too
+    (:func:`~shardkit.codec.nvjpeg.gpu_decodes_gray`), instead of decoding them here.
     """
 
     def __init__(self, reader: ShardReader, transform: ImageTransform, *, on_error: str = "replace",
                  buffer_cycle: int = 0, num_classes: int | None = None,
-                 captions: CaptionTargets | None = None) -> None:
+                 captions: CaptionTargets | None = None, gray: bool = False) -> None:
         if not isinstance(transform, ImageTransform):
             raise LoaderError("the GPU route needs an ImageTransform (e.g. transforms.imagenet_train(224))")
         self.samples = SampleSource(reader, on_error, num_classes)
@@ -71,6 +73,7 @@ class RawBatchBuilder:
         self.buffer_cycle = buffer_cycle
         self.buffers = WorkerBuffers(buffer_cycle)
         self.captions = captions
+        self.gray = gray
 
     def _raw(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> tuple[Any, Item]:
         t1 = time.perf_counter()
@@ -79,7 +82,7 @@ class RawBatchBuilder:
         data = sample.image()
         transform = self.transform
         rng = random.Random(seed)
-        frame = nvjpeg_frame(data)
+        frame = nvjpeg_frame(data, gray=self.gray)
         if frame is not None:
             try:
                 h, w = (frame.height, frame.width) if frame.height and frame.width else peek_size(data)
