@@ -170,3 +170,34 @@ def test_cuda_without_cuda_falls_back_to_the_cpu_route_with_one_warning(coco: di
     assert sum("cannot run this transform (function is not a DetectionTransform" in m for m in messages) == 1
     images, targets = next(iter(loader))
     assert len(images) == 2 and targets[0]["boxes"].dtype == torch.float32
+
+
+def test_grayscale_jpegs_ship_encoded_where_the_device_decodes_them(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the device's decoder takes grayscale JPEGs, the workers ship them encoded (fewer
+    images decoded in the workers), and the batches still agree with the CPU route's."""
+    from PIL import Image
+
+    from sample_data.coco_gen import make_coco
+    from shardkit.pack import PackOptions, pack_coco
+
+    images, ann = make_coco(tmp_path / "src", images=10, seed=5)
+    for path in sorted(Path(images).glob("*.jpg"))[:3]:
+        with Image.open(path) as im:
+            gray = im.convert("L")
+        gray.save(path, "JPEG", quality=90)
+    pack_coco(str(images), str(ann), str(tmp_path / "packed"), options=PackOptions(max_count=4), workers=1)
+    t = transforms.detection_train((64, 96), 128)
+    cpu = run(tmp_path / "packed", t)
+    made = gpu_route_on_cpu(monkeypatch)
+    fallbacks = {}
+    for gray_on_device in (True, False):
+        monkeypatch.setattr("shardkit.loader.routes.coco_gpu.route.gpu_decodes_gray",
+                            lambda _device, g=gray_on_device: g)
+        loader = ShardLoader(str(tmp_path / "packed"), batch_size=4, transform=t, keys=True, seed=13,
+                             gpu=GpuOptions(compile=False))
+        gpu = [(i, tg, k) for i, tg, k in loader]
+        assert made[-1].builder.gray is gray_on_device
+        assert_agree(cpu, gpu)
+        fallbacks[gray_on_device] = loader.stats.gpu_fallback
+    assert fallbacks[False] - fallbacks[True] == 3, fallbacks

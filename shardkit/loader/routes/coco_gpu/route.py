@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from shardkit.codec.nvjpeg import gpu_decodes_gray
 from shardkit.index.manifest import Manifest
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
@@ -46,7 +47,8 @@ class CocoGpuRoute(Route[RawDetectionBatch, DetectionDeviceBatch]):
         self.label_map, self.classes = coco_labels(manifest, contiguous_labels)
         cycle = prefetch + 2
         self.builder: RawDetectionBuilder = RawDetectionBuilder(reader, transform, on_error=on_error, masks=masks,
-                                                                label_map=self.label_map, buffer_cycle=cycle)
+                                                                label_map=self.label_map, buffer_cycle=cycle,
+                                                                gray=gpu_decodes_gray(device))
         self.pipeline = DetectionPipeline(device, pad=int(pad), compile=options.compile, on_error=on_error)
         cuda = device.type == "cuda"
         self._slots = [PinnedSlot(batch_size, (0, 0), len(GEOMETRY_COLUMNS), pin=cuda)

@@ -7,9 +7,10 @@ run on a stand-in image with the sample's seed, so crop box, output size, flip a
 transformed (sanitized) boxes, labels, area and iscrowd are the CPU route's. The JPEG travels
 encoded with one geometry row (the box resized to the output size, flipped); masks travel
 cropped to the box (rows of the kept boxes only) and are resized and flipped on the device.
-Images nvJPEG cannot take (:func:`~shardkit.codec.nvjpeg.nvjpeg_friendly`: CMYK, grayscale,
-progressive, PNG, ...) go through the CPU route's own worker step
-(:meth:`~shardkit.loader.routes.coco.worker.DetectionBatchBuilder.build_one`) and travel as pixels.
+Images nvJPEG cannot take (:func:`~shardkit.codec.nvjpeg.nvjpeg_friendly`: CMYK, progressive,
+PNG, ..., and grayscale where the device's decoder does not take it, ``gray``) go through the
+CPU route's own worker step (:meth:`~shardkit.loader.routes.coco.worker.DetectionBatchBuilder.build_one`)
+and travel as pixels.
 
 What a batch carries (:class:`RawDetectionBatch`): the JPEGs and geometry in one
 :class:`~shardkit.loader.routes.device.payload.RawImages` blob in the worker's shared-memory buffer cycle
@@ -98,12 +99,13 @@ class RawDetectionBuilder:
         on_error, masks, label_map: as :class:`~shardkit.loader.routes.coco.worker.DetectionBatchBuilder`'s.
         buffer_cycle: shared-memory buffers per worker process (see
             :class:`~shardkit.loader.routes.device.payload.WorkerBuffers`; 0: a fresh tensor per batch).
+        gray: ship grayscale JPEGs encoded too (:func:`~shardkit.codec.nvjpeg.gpu_decodes_gray`).
     Raises:
         LoaderError: a transform the GPU route cannot run (the message says why).
     """
 
     def __init__(self, reader: ShardReader, transform: Any, *, on_error: str = "replace", masks: bool = False,
-                 label_map: dict[Any, int] | None = None, buffer_cycle: int = 0) -> None:
+                 label_map: dict[Any, int] | None = None, buffer_cycle: int = 0, gray: bool = False) -> None:
         why = gpu_unsupported(transform)
         if why is not None:
             raise LoaderError(f"the COCO GPU route cannot run this transform: {why}")
@@ -112,10 +114,11 @@ class RawDetectionBuilder:
         self.transform = transform
         self.masks, self.label_map = masks, label_map
         self.buffers = WorkerBuffers(buffer_cycle)
+        self.gray = gray
 
     def _sample(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> _Jpeg | _Pixels:
         data = sample.image()
-        frame = nvjpeg_frame(data)
+        frame = nvjpeg_frame(data, gray=self.gray)
         if frame is None:
             return _Pixels(*self.cpu.build_one(sample, seed, stats, dstats))  # exactly the CPU route's step
         t0 = time.perf_counter()
