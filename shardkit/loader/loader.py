@@ -124,7 +124,8 @@ class ShardLoader:
             ImageFolder dataset or a captioned one whose ``text_transform`` returns one tensor of
             fixed shape and dtype (token ids: :mod:`~shardkit.loader.feed.labels`); else ``"auto"``
             runs none and a number is refused, naming why. The number taken is :attr:`feeders`.
-            A step that keeps the GPU busy can be fed faster with 0 (docs/concepts/feeders.md).
+            Which is faster depends on the step and the machine; 0 gives the first batch sooner
+            (docs/concepts/feeders.md).
         text_transform: captioned datasets only: called in the workers with each batch's captions
             (a list of str), e.g. a tokenizer; its result is the batch's text (tensors in it, or in
             a dict of it, are moved to ``device``). None: the captions as a list of str.
