@@ -80,7 +80,20 @@ def _check_nvjpeg(torch: Any) -> Finding:
                        f"decode_jpeg(device='cuda') failed: {type(err).__name__}: {err}; "
                        "the GPU route decodes JPEGs on the CPU instead (slower)",
                        fix=f"install a torchvision built for this torch and CUDA ({_TORCH_FIX})")
-    return Finding("nvJPEG", "ok", "decoded a test JPEG on the GPU")
+    return Finding("nvJPEG", "ok", "decoded a test JPEG on the GPU; " + _gray_note(torch))
+
+
+def _gray_note(torch: Any) -> str:
+    """Where the GPU routes decode grayscale JPEGs on this device, said in a few words."""
+    from shardkit.codec.nvjpeg import gpu_decodes_gray
+
+    try:
+        on_device = gpu_decodes_gray(torch.device("cuda"))
+    except Exception as err:  # the probe itself failed: the routes then decode them in the workers
+        return f"grayscale JPEGs are decoded by the workers (the probe failed: {type(err).__name__})"
+    if on_device:
+        return "grayscale JPEGs too (three equal channels, as PIL converts them)"
+    return "grayscale JPEGs are decoded by the workers (this decoder does not match PIL's conversion)"
 
 
 def _check_triton(torch: Any) -> Finding:

@@ -161,3 +161,21 @@ def test_doctor_in_a_terminal() -> None:
 def test_diagnose_runs_every_concern() -> None:
     checks = {f.check for f in diagnose(LoaderPlan(1, 2, 8))}
     assert {"python", "_planar", "/dev/shm", "s3fs"} <= checks
+
+
+def test_nvjpeg_finding_says_where_grayscale_jpegs_are_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nvJPEG line says whether the GPU routes send grayscale JPEGs to the device (the probe
+    of shardkit.codec.nvjpeg.gpu_decodes_gray) or leave them to the workers, and why."""
+    import torch
+
+    from shardkit.codec import nvjpeg
+    from shardkit.doctor.gpu import _gray_note
+
+    def failing(_device: torch.device) -> bool:
+        raise RuntimeError("driver gone")
+
+    for probe, words in ((lambda _d: True, "grayscale JPEGs too"),
+                         (lambda _d: False, "decoded by the workers (this decoder does not match"),
+                         (failing, "decoded by the workers (the probe failed: RuntimeError)")):
+        monkeypatch.setattr(nvjpeg, "gpu_decodes_gray", probe)
+        assert words in _gray_note(torch)
