@@ -54,8 +54,8 @@ def _crc(name: str) -> Callable[..., int]:
 
 
 def _kind(fields: dict[str, bytes], gray: bool) -> str:
-    """``nvjpeg`` (shipped undecoded; grayscale too with ``gray``), ``jpeg-gray``, ``jpeg-cmyk``, ``jpeg-other`` or the member's
-    extension (decoded by the worker)."""
+    """``nvjpeg`` (shipped undecoded; grayscale too with ``gray``), ``jpeg-gray``, ``jpeg-cmyk``,
+    ``jpeg-other`` or the member's extension (decoded by the worker)."""
     ext, data = next(((e, d) for e, d in fields.items() if e not in ("cls", "json", "txt")), ("?", b""))
     if nvjpeg_frame(data, gray=gray) is not None:
         return "nvjpeg"
