@@ -11,8 +11,9 @@ page cache; then ``--rounds`` timed passes, process CPU time (user + system) per
 installed), and ``--gray off,on`` whether grayscale JPEGs are decoded in the worker or shipped
 encoded for the device to decode (``RawBatchBuilder(gray=...)``; the route turns it on where
 ``gpu_decodes_gray`` holds), for a side-by-side figure of each lever. ``--by-kind`` then times the samples of
-each kind apart (JPEGs nvJPEG takes, which the worker ships undecoded; grayscale, CMYK and other
-JPEGs and other formats, which it decodes and resizes), in batches of that kind only (a kind
+each kind apart (JPEGs nvJPEG takes, which the worker ships undecoded, grayscale ones among them
+with ``--gray on``; grayscale, CMYK and other JPEGs and other formats, which it decodes and
+resizes), in batches of that kind only (a kind
 with fewer samples than a batch repeats them), and prints each kind's share of the whole pass.
 
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind

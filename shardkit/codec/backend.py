@@ -259,17 +259,14 @@ def gpu_gray(device: torch.device) -> bool:
     """Whether :func:`gpu_decoder` on ``device`` (on a CPU ``device``, :func:`cpu_batch_decoder`)
     decodes a grayscale JPEG in a batch beside a colour one to ``[3, H, W]`` with three equal
     channels within :data:`GRAY_TOLERANCE` of PIL's ``convert("RGB")``."""
-    if device.type == "cpu":
-        decode: GpuDecoder | None = cpu_batch_decoder()
-    else:
-        decode = gpu_decoder(device)[1]
-    if decode is None:
-        return False
     gray, want = _gray_probe()
     colour = torch.frombuffer(bytearray(_probe_jpeg()), dtype=torch.uint8)
     try:
+        decode = cpu_batch_decoder() if device.type == "cpu" else gpu_decoder(device)[1]
+        if decode is None:
+            return False
         got = decode([colour, torch.frombuffer(bytearray(gray), dtype=torch.uint8)], device)[1].cpu()
-    except Exception:  # the decoder refuses grayscale, or a mixed batch: the workers keep decoding them
+    except Exception:  # no decoder, or one that refuses grayscale or a mixed batch: the workers decode them
         return False
     if tuple(got.shape) != tuple(want.shape) or not (torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])):
         return False

@@ -13,12 +13,15 @@ SEQUENTIAL_HUFFMAN = frozenset({0xC0, 0xC1})
 
 @dataclass(frozen=True)
 class JpegFrame:
-    """``marker`` is the SOF marker byte (0xC0 baseline, 0xC2 progressive, …)."""
+    """``marker`` is the SOF marker byte (0xC0 baseline, 0xC2 progressive, …); ``sampling`` the
+    first component's sampling factors, horizontal in the high nibble (0x11: 1x1; 0 when the
+    header ends before them)."""
 
     marker: int
     height: int
     width: int
     components: int
+    sampling: int = 0
 
 
 def jpeg_frame(b: bytes | bytearray | memoryview) -> JpegFrame | None:
@@ -26,7 +29,7 @@ def jpeg_frame(b: bytes | bytearray | memoryview) -> JpegFrame | None:
     header is malformed or cut short.
 
     >>> jpeg_frame(b"\\xff\\xd8\\xff\\xc0\\x00\\x11\\x08\\x01\\x2c\\x01\\x90\\x03")
-    JpegFrame(marker=192, height=300, width=400, components=3)
+    JpegFrame(marker=192, height=300, width=400, components=3, sampling=0)
     """
     i, n = 2, len(b)
     while i + 3 < n:
@@ -42,7 +45,8 @@ def jpeg_frame(b: bytes | bytearray | memoryview) -> JpegFrame | None:
         elif m in SOF_MARKERS:
             if i + 9 >= n:
                 return None
-            return JpegFrame(m, (b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8], b[i + 9])
+            sampling = b[i + 11] if i + 11 < n else 0
+            return JpegFrame(m, (b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8], b[i + 9], sampling)
         else:
             i += 2 + ((b[i + 2] << 8) | b[i + 3])
     return None

@@ -2,7 +2,7 @@
 :mod:`shardkit.codec.backend`), and which files it takes.
 
 Workers call :func:`nvjpeg_friendly` on each sample's bytes: only baseline/extended Huffman JPEGs
-with three components (YCbCr), and with ``gray=True`` one (grayscale), go to the GPU; CMYK/YCCK,
+with three components (YCbCr), and with ``gray=True`` one (grayscale, sampled 1x1), go to the GPU; CMYK/YCCK,
 progressive, lossless and arithmetic-coded JPEGs, and every other format, are decoded on the CPU
 (``decode.decode_rgb``) so the batch has the same shape, dtype and meaning whichever path an
 image took. Grayscale goes to the GPU only where :func:`gpu_decodes_gray` found that the device's
@@ -43,7 +43,8 @@ def nvjpeg_frame(data: Bytes, *, gray: bool = False) -> JpegFrame | None:
     frame = jpeg_frame(mv)
     if frame is None or frame.marker not in SEQUENTIAL_HUFFMAN:
         return None
-    return frame if frame.components == 3 or (gray and frame.components == 1) else None
+    # grayscale: only as PIL and most encoders write it (1x1 sampling, what the probe decoded)
+    return frame if frame.components == 3 or (gray and frame.components == 1 and frame.sampling == 0x11) else None
 
 
 def gpu_decode_unavailable(device: torch.device) -> str | None:

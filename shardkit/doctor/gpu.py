@@ -85,12 +85,16 @@ def _check_nvjpeg(torch: Any) -> Finding:
 
 def _gray_note(torch: Any) -> str:
     """Where the GPU routes decode grayscale JPEGs on this device, said in a few words."""
-    from shardkit.codec.nvjpeg import gpu_decodes_gray
+    from shardkit.codec.nvjpeg import gpu_decode_unavailable, gpu_decodes_gray
 
+    device = torch.device("cuda")
     try:
-        on_device = gpu_decodes_gray(torch.device("cuda"))
+        why_not = gpu_decode_unavailable(device)
+        on_device = why_not is None and gpu_decodes_gray(device)
     except Exception as err:  # the probe itself failed: the routes then decode them in the workers
         return f"grayscale JPEGs are decoded by the workers (the probe failed: {type(err).__name__})"
+    if why_not is not None:
+        return f"but the GPU routes' batched decoder does not run ({why_not})"
     if on_device:
         return "grayscale JPEGs too (three equal channels, as PIL converts them)"
     return "grayscale JPEGs are decoded by the workers (this decoder does not match PIL's conversion)"

@@ -174,8 +174,11 @@ def test_nvjpeg_finding_says_where_grayscale_jpegs_are_decoded(monkeypatch: pyte
     def failing(_device: torch.device) -> bool:
         raise RuntimeError("driver gone")
 
+    monkeypatch.setattr(nvjpeg, "gpu_decode_unavailable", lambda _d: None)
     for probe, words in ((lambda _d: True, "grayscale JPEGs too"),
                          (lambda _d: False, "decoded by the workers (this decoder does not match"),
                          (failing, "decoded by the workers (the probe failed: RuntimeError)")):
         monkeypatch.setattr(nvjpeg, "gpu_decodes_gray", probe)
         assert words in _gray_note(torch)
+    monkeypatch.setattr(nvjpeg, "gpu_decode_unavailable", lambda _d: "nvJPEG decode failed: no op")
+    assert "batched decoder does not run (nvJPEG decode failed: no op)" in _gray_note(torch)

@@ -128,7 +128,7 @@ def test_resume_and_finalize_and_stats(inet: Path) -> None:
     from shardkit.codec.nvjpeg import gpu_decodes_gray
 
     worker_decoded = 2 if gpu_decodes_gray(torch.device("cuda")) else 3
-    assert stats.gpu_images > 0 and stats.gpu_fallback >= worker_decoded and stats.gpu_decode_s >= 0
+    assert stats.gpu_images > 0 and stats.gpu_fallback == worker_decoded and stats.gpu_decode_s >= 0
     part = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", keys=True, seed=3, num_workers=1)
     it = iter(part)
     x, _, _ = next(it)
@@ -165,9 +165,12 @@ def test_grayscale_jpegs_decode_on_the_gpu_as_pil_converts_them() -> None:
     import numpy as np
     from PIL import Image
 
+    from shardkit.codec.backend import GRAY_TOLERANCE, gpu_decoder
     from shardkit.codec.nvjpeg import gpu_decodes_gray
 
     device = torch.device("cuda")
+    if gpu_decoder(device)[0] != "torchvision":
+        pytest.skip(f"measured with torchvision's nvJPEG decoder; this process decodes with {gpu_decoder(device)[0]!r}")
     assert gpu_decodes_gray(device)
     sample = Path(__file__).resolve().parents[3] / "sample_data" / "imagefolder"
     colour = [p.read_bytes() for p in sorted(sample.rglob("*.jpg"))[:8]]
@@ -187,7 +190,7 @@ def test_grayscale_jpegs_decode_on_the_gpu_as_pil_converts_them() -> None:
         assert got.shape == want.shape and torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
         worst = max(worst, (got.int() - want.int()).abs().float().mean().item())
     print(f"grayscale on the GPU against PIL: worst mean absolute difference {worst:.3f}")
-    assert worst < MEAN_TOL
+    assert worst <= GRAY_TOLERANCE
 
 
 def test_nvjpeg_decodes_cut_pieces_like_whole_images() -> None:
@@ -209,6 +212,11 @@ def test_nvjpeg_decodes_cut_pieces_like_whole_images() -> None:
 
     sample = Path(__file__).resolve().parents[3] / "sample_data" / "imagefolder"
     datas = [p.read_bytes() for p in sorted(sample.rglob("*.jpg"))[:60]]
+    for raw in datas[:20]:  # grayscale photos: the GPU routes ship them too where the decoder takes them
+        buf = io.BytesIO()
+        with Image.open(io.BytesIO(raw)) as im:
+            im.convert("L").save(buf, "JPEG", quality=90)
+        datas.append(buf.getvalue())
     rng_np = np.random.default_rng(0)
     for width in (33, 35, 50, 52):  # last interval 1-4 px wide for 4:2:0
         buf = io.BytesIO()
@@ -218,7 +226,7 @@ def test_nvjpeg_decodes_cut_pieces_like_whole_images() -> None:
     worst_mean, worst_max, checked = 0.0, 0, 0
     for raw in datas:
         data = jpeg_restart.transcode(raw, 1)
-        if data is None or not nvjpeg_friendly(data):
+        if data is None or not nvjpeg_friendly(data, gray=True):
             continue
         h, w = peek_size(data)
         boxes = [t.sample_params(h, w, rng), transforms.CropFlip(h // 3, w - 2, h // 2, 2)]

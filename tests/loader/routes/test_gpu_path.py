@@ -47,9 +47,21 @@ def test_nvjpeg_decision(mode: str) -> None:
     assert nvjpeg_friendly(data, gray=True) is (mode in ("jpeg", "gray"))
 
 
+def test_grayscale_goes_to_the_device_only_sampled_1x1() -> None:
+    """A one-component JPEG that declares 2x2 sampling (some encoders write it; the probe never
+    decoded one) stays with the workers."""
+    data = bytearray(encode_image(mode="L"))
+    sof = data.index(b"\xff\xc0")
+    assert data[sof + 11] == 0x11
+    assert nvjpeg_friendly(bytes(data), gray=True)
+    data[sof + 11] = 0x22
+    assert not nvjpeg_friendly(bytes(data), gray=True)
+
+
 def test_gray_probe_accepts_the_cpu_batch_decoder_and_refuses_a_wrong_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """gpu_gray: the CPU batch decoder (torchvision's libjpeg, three equal channels) passes; one
-    that returns a single channel, unequal channels, or pixels off by 2 levels does not."""
+    that returns a single channel, unequal channels, or pixels off by 2 levels does not, and no
+    decoder at all is a no, not an error."""
     from shardkit.codec import backend
 
     cpu = torch.device("cpu")
@@ -66,11 +78,17 @@ def test_gray_probe_accepts_the_cpu_batch_decoder_and_refuses_a_wrong_one(monkey
             return out
         return decode
 
+    def none() -> backend.GpuDecoder:
+        raise RuntimeError("no native JPEG decoder on the CPU")
+
     try:
         for how in ("one channel", "unequal", "off by 2"):
             monkeypatch.setattr(backend, "cpu_batch_decoder", lambda how=how: spoilt(how))
             backend.gpu_gray.cache_clear()
             assert not backend.gpu_gray(cpu), how
+        monkeypatch.setattr(backend, "cpu_batch_decoder", none)  # no decoder at all: False, not an error
+        backend.gpu_gray.cache_clear()
+        assert not backend.gpu_gray(cpu)
     finally:
         monkeypatch.undo()
         backend.gpu_gray.cache_clear()
@@ -79,17 +97,20 @@ def test_gray_probe_accepts_the_cpu_batch_decoder_and_refuses_a_wrong_one(monkey
 def test_gray_jpegs_ship_encoded_and_match_the_cpu_path(inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``gray``, the workers ship grayscale JPEGs encoded (fewer images decoded in workers),
     and the batches, decoded as the device decodes them, still equal the CPU path's."""
+    from shardkit.codec.nvjpeg import GpuJpegDecoder
+
     monkeypatch.setattr("shardkit.loader.read.samples.roi_available", lambda: False)
     transform = transforms.imagenet_train(64)
+    batch_decode = GpuJpegDecoder(torch.device("cpu")).decode  # the device route's batch call, on the CPU
     fallbacks = {}
     for gray in (False, True):
         cpu, raw = raw_and_cpu_streams(inet, transform, gray=gray)
         fallbacks[gray] = 0
         for a, b in zip(cpu, raw, strict=True):
             fallbacks[gray] += b.stats.gpu_fallback
-            diff = (emulate_device(b).int() - pixels(a).int()).abs()
+            diff = (emulate_device(b, batch_decode).int() - pixels(a).int()).abs()
             assert diff.max() <= 1, (gray, diff.max())
-    assert fallbacks[True] < fallbacks[False] and fallbacks[True] >= 2, fallbacks  # CMYK and PNG stay
+    assert fallbacks[False] - fallbacks[True] == 1 and fallbacks[True] == 2, fallbacks  # CMYK and PNG stay
 
 
 @pytest.mark.parametrize("preset", [transforms.imagenet_train, transforms.imagenet_val])
