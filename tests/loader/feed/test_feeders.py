@@ -281,14 +281,17 @@ def test_auto_feeders_that_cannot_start_leave_the_route_in_this_process(
         raise LoaderError("feeder processes could not start (RuntimeError: pidfd_getfd: Operation not permitted)")
 
     with _loader(packed, feeders=0) as plain:
-        want = [k for _, _, k in plain]
+        want = [[k for _, _, k in plain] for _ in range(2)]  # epochs 0 and 1
     monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))  # "auto": one
     monkeypatch.setattr(feeders.FeederPool, "start", refuse)
     with _loader(packed) as loader, caplog.at_level("WARNING", logger="shardkit.loader"):
         assert loader.feeders == 1
-        assert [k for _, _, k in loader] == want
+        assert [k for _, _, k in loader] == want[0]  # the route runs here while the feeders start
+        if loader._starting is not None:  # an epoch shorter than the refusal took to arrive
+            loader._starting.wait(10)
+        assert [k for _, _, k in loader] == want[1]
         assert loader.feeders == 0 and loader._pool is None
-    assert "feeder processes could not start" in caplog.text and "runs in this process" in caplog.text
+    assert caplog.text.count("feeder processes could not start") == 1 and "runs in this process" in caplog.text
     with _loader(packed, feeders=1) as loader, pytest.raises(LoaderError, match="pidfd_getfd"):
         next(iter(loader))  # asked for by number: the error, not a fallback
 
@@ -347,3 +350,146 @@ def test_feeders_log_through_the_training_processs_handlers(tmp_path: Path) -> N
         logger.removeHandler(keep)
     relayed = [r for r in records if r.process != os.getpid() and "libjpeg: Corrupt JPEG data" in r.getMessage()]
     assert relayed and all(".tar:" in r.getMessage() for r in relayed), [r.getMessage() for r in records]
+
+
+def _slow_start(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Feeders that take ``seconds`` longer to start (as on a GPU machine, where they take several)."""
+    from shardkit.loader.feed import pool as feeders
+
+    real = feeders.FeederPool.start
+
+    def slow(self: feeders.FeederPool) -> None:
+        time.sleep(seconds)
+        real(self)
+
+    monkeypatch.setattr(feeders.FeederPool, "start", slow)
+
+
+def test_auto_feeders_take_over_mid_epoch_with_the_same_batches(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With feeders="auto" the first batches come from the route in this process while the
+    feeders start (no wait for them); they take the epoch over at the first batch after they are
+    up, and the loop gets the batches, labels and pixels of a loader without feeders."""
+    from shardkit.loader import loader as loader_module
+
+    with _loader(packed, feeders=0) as plain:
+        want = _epochs(plain)
+    monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))  # "auto": one
+    _slow_start(monkeypatch, 1.0)
+    with _loader(packed) as loader:
+        assert loader.feeders == 1
+        got, here = [], []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for x, y, k in loader:
+                got.append((x, y, k))
+                here.append(loader._run is not None)  # the route still in this process
+                time.sleep(0.15)  # a training step: the feeders come up within the first epoch
+        assert here[0] and not here[-1], here
+        assert loader._pool is not None and loader._pool.running and loader._dataloader is None
+    _same(want, got)
+
+
+def test_a_resume_point_taken_while_the_feeders_start_is_exact(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """state_dict() after batches made in this process, before the feeders took over, resumes to
+    exactly the batches not yet delivered."""
+    from shardkit.loader import loader as loader_module
+
+    with _loader(packed, feeders=0) as plain:
+        want = [k for _, _, k in plain]
+    monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
+    _slow_start(monkeypatch, 30.0)
+    with _loader(packed) as loader:
+        it = iter(loader)
+        first = [next(it)[2] for _ in range(3)]
+        assert loader._run is not None  # still in this process
+        state = loader.state_dict()
+    with _loader(packed, feeders=0) as resumed:
+        resumed.load_state_dict(state)
+        rest = [k for _, _, k in resumed]
+    assert first + rest == want
+
+
+def test_closing_while_the_feeders_start_leaves_none_running(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loader closed while its feeders are still starting stops them once their start ends."""
+    from shardkit.loader import loader as loader_module
+
+    monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
+    _slow_start(monkeypatch, 1.0)
+    loader = _loader(packed)
+    next(iter(loader))
+    starting, pool = loader._starting, loader._pool
+    assert starting is not None and pool is not None and not starting.ready
+    loader.close()
+    assert starting.wait(60)
+    assert starting.error is None and not pool.running  # started, then closed by the abandoned start
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_a_script_that_ends_while_its_feeders_start_exits_cleanly(packed: Path, tmp_path: Path, close: bool) -> None:
+    """A script that takes a batch and ends (closing its loader or not) while feeders="auto" is
+    still starting its feeders exits with 0 and prints no traceback: the start is waited for at
+    exit and its feeders stopped."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        import shardkit.loader.loader as loader_module
+        from shardkit.loader.feed import pool
+        from shardkit.loader.feed.labels import SlotLabels
+        from shardkit import ShardLoader, transforms
+        loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())  # "auto" on the CPU: one
+        real = pool.FeederPool.start
+        def slow(self):
+            time.sleep(1.0)
+            real(self)
+        pool.FeederPool.start = slow
+        loader = ShardLoader({str(packed)!r}, batch_size=8, transform=transforms.imagenet_val(32), num_workers=2)
+        next(iter(loader))
+        if {close!r}:
+            loader.close()
+        print("done", flush=True)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
+
+
+def test_wait_for_feeders_before_and_during_the_first_epoch(packed: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """wait_for_feeders(): before the first iteration it starts them (every batch then comes from
+    them); after the first batch it waits, and the next batch comes from them; with a timeout
+    shorter than the start it says False; feeders that cannot start leave feeders == 0 and warn."""
+    from shardkit.loader import loader as loader_module
+    from shardkit.loader.feed import pool as feeders
+
+    with _loader(packed, feeders=0) as plain:
+        want = [k for _, _, k in plain]
+    monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
+    _slow_start(monkeypatch, 1.0)
+    with _loader(packed) as loader:
+        assert loader.wait_for_feeders()
+        assert loader._pool is not None and loader._pool.running
+        got = []
+        for _, _, k in loader:
+            got.append(k)
+            assert loader._run is None  # never the route in this process
+        assert got == want
+    with _loader(packed) as loader:
+        it = iter(loader)
+        got = [next(it)[2]]
+        assert loader._run is not None
+        assert not loader.wait_for_feeders(timeout=0.01)
+        assert loader.wait_for_feeders()
+        got += [k for _, _, k in it]
+        assert loader._run is None and got == want
+
+    def refuse(self: feeders.FeederPool) -> None:
+        raise LoaderError("feeder processes could not start (no CUDA IPC here)")
+
+    monkeypatch.setattr(feeders.FeederPool, "start", refuse)
+    with _loader(packed) as loader, caplog.at_level("WARNING", logger="shardkit.loader"):
+        it = iter(loader)
+        next(it)
+        assert loader.wait_for_feeders() and loader.feeders == 0
+        assert len(list(it)) == len(want) - 1
+    assert caplog.text.count("no CUDA IPC here") == 1
