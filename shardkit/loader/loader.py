@@ -639,8 +639,10 @@ class ShardLoader:
         if self.service is not None:
             self.service.close()
         if self._starting is not None:  # feeders still starting: closed whenever their start ends
-            self._starting.abandon()
-            self._starting = None
+            abandoned, self._starting = self._starting, None
+            abandoned.abandon()
+            if self._pool is abandoned.pool and not abandoned.ready:
+                self._pool = self._feeder_pool()  # the start under way keeps its pool; a later epoch starts this one
         if self._pool is not None:
             self._pool.close()
         if self._run is not None:

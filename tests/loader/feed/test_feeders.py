@@ -493,3 +493,30 @@ def test_wait_for_feeders_before_and_during_the_first_epoch(packed: Path, monkey
         assert loader.wait_for_feeders() and loader.feeders == 0
         assert len(list(it)) == len(want) - 1
     assert caplog.text.count("no CUDA IPC here") == 1
+
+
+def test_iterating_again_right_after_closing_mid_start_starts_other_feeders(
+        packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() while the feeders start, then a new iteration at once: the abandoned start keeps
+    (and then stops) its own feeders, and the new epoch starts others and gets every batch."""
+    from shardkit.loader import loader as loader_module
+
+    with _loader(packed, feeders=0) as plain:
+        want = [[k for _, _, k in plain] for _ in range(2)]
+    monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
+    _slow_start(monkeypatch, 1.0)
+    loader = _loader(packed)
+    next(iter(loader))
+    first, first_pool = loader._starting, loader._pool
+    assert first is not None and not first.ready
+    loader.close()
+    assert loader._pool is not first_pool
+    loader.set_epoch(1)
+    it = iter(loader)
+    got = [next(it)[2]]
+    assert loader.wait_for_feeders() and first.wait(60)
+    got += [k for _, _, k in it]
+    assert got == want[1]
+    assert first_pool is not None and not first_pool.running  # stopped by its abandoned start
+    assert loader._pool is not None and loader._pool.running and loader._run is None
+    loader.close()
