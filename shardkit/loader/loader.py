@@ -19,7 +19,6 @@ from shardkit.loader.epochs.position import Position
 from shardkit.loader.epochs.state import MAX_INT
 from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
-from shardkit.loader.feed.start import PoolStart
 from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, seen_by_accelerate
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
 from shardkit.loader.read.captions import CaptionTargets, TextTransform
@@ -119,15 +118,14 @@ class ShardLoader:
         feeders: processes that run the route's host half (decode, augment) outside this one
             and hand batches over through shared device memory (:mod:`~shardkit.loader.feed.pool`),
             sharing the ``num_workers`` workers: the training loop keeps its interpreter (its GIL)
-            to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0, and
-            the first batches come from this process while they start (they take the epoch over
-            at the next batch once up: :meth:`wait_for_feeders`); a number: started before the
-            first batch. 0: this process. Same batches, order and state either way. Needed: an
+            to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0;
+            0: this process. Same batches, order and state either way. Needed: an
             :class:`~shardkit.transforms.ImageTransform`, ``num_workers >= feeders``, and an
             ImageFolder dataset or a captioned one whose ``text_transform`` returns one tensor of
             fixed shape and dtype (token ids: :mod:`~shardkit.loader.feed.labels`); else ``"auto"``
             runs none and a number is refused, naming why. The number taken is :attr:`feeders`.
-            Which is faster depends on the step and the machine (docs/concepts/feeders.md).
+            Which is faster depends on the step and the machine; 0 gives the first batch sooner
+            (docs/concepts/feeders.md).
         text_transform: captioned datasets only: called in the workers with each batch's captions
             (a list of str), e.g. a tokenizer; its result is the batch's text (tensors in it, or in
             a dict of it, are moved to ``device``). None: the captions as a list of str.
@@ -288,7 +286,6 @@ class ShardLoader:
         self.feeders, self._slot_labels = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
                                                        captions=spec.captions, workers_auto=num_workers == "auto")
         self._pool: FeederPool | None = None
-        self._starting: PoolStart | None = None  # feeders="auto": the pool starting while the route runs here
         self._spec, self._read_ahead = spec.on(self.device), read_ahead  # on: where the route delivers
         #: The preprocessing service building this loader's batches (``service=``), or None.
         self.service: ServiceClient | None = None
@@ -412,30 +409,6 @@ class ShardLoader:
             raise LoaderError(f"epoch must be in [0, {MAX_INT}), got {epoch}")
         self._pos.set_epoch(epoch)
 
-    def wait_for_feeders(self, timeout: float | None = None) -> bool:
-        """With ``feeders="auto"`` the first batches come from this process while the feeder
-        processes start (see ``feeders``); wait until their start has ended, at most ``timeout``
-        seconds (a benchmark does this before it times the loader's steady state). The next batch
-        then comes from the feeders, or, where they could not start, from this process for good
-        (:attr:`feeders` is then 0, with one warning). Before the first iteration it starts them
-        now. True unless ``timeout`` passed first.
-
-        Raises:
-            LoaderError: feeders asked for by number could not start (naming why).
-        """
-        if self._pool is None:
-            return True
-        if self._starting is None:
-            if not self._pool.running:
-                self._start_feeders()
-            return True
-        starting = self._starting
-        if not starting.wait(timeout):
-            return False
-        if starting.error is not None and self._pool is starting.pool:
-            self._feeders_failed(starting.error)
-        return True
-
     @property
     def stats(self) -> StageStats:
         """Counters and per-stage times accumulated since the loader was created."""
@@ -448,16 +421,14 @@ class ShardLoader:
         self._iterations += 1
         mine, self._ended_by = self._iterations, "a newer iteration of this loader started (one runs at a time)"
         self._active = mine
-        if self._pool is not None and not self._pool.running and not self._feeders_auto:
-            self._start_feeders()  # asked for by number: started (or refused) before the first batch
+        if self._pool is not None and not self._pool.running:
+            self._start_feeders()
         delivered: Generator[tuple[Any, Any, list[str]], Any, None]
         local: Delivery | None = None  # the route's delivery in this process, which read-ahead keeps
         served: Generator[Any, None, None] | None = None  # the service's batches, in order
         if self.service is not None:
             served = self.service.batches(self.config, epoch, start, rest)
             delivered = self.route.deliver(served, self._stats)
-        elif self._pool is not None and not self._pool.running:
-            delivered = self._bridged(self._pool, epoch, start, count, rest)  # "auto": no wait for them
         elif self._pool is not None:
             delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
         else:
@@ -540,48 +511,6 @@ class ShardLoader:
                                       part, parts, workers, preferred_decoder(), self._read_ahead, self._slot_labels)
                            for part in range(parts)])
 
-    def _bridged(self, pool: FeederPool, epoch: int, start: int, count: int, rest: Any
-                 ) -> Generator[tuple[Any, Any, list[str]], Any, None]:
-        """``feeders="auto"`` while its feeders start (:class:`~shardkit.loader.feed.start.PoolStart`):
-        batches ``start`` on of ``epoch`` from the route in this process, and from the first batch
-        after the feeders are up, from them (the same batches either way). Feeders that cannot
-        start leave the route here, with one warning."""
-        if self._starting is None or self._starting.pool is not pool:
-            self._starting = PoolStart(pool)
-        starting = self._starting
-        if self._run is None:
-            self._local_workers()
-        assert self._run is not None
-        local, at = self._run.open(epoch, start, rest), start
-        try:
-            while at < count:
-                if self._pool is pool and starting.ready:
-                    if starting.error is None:
-                        break
-                    self._feeders_failed(starting.error)  # the route stays here
-                item = next(local, None)
-                if item is None:
-                    return  # too few batches: the caller names the epoch and the count
-                yield item
-                at += 1
-        finally:
-            local.close()
-        if at >= count:
-            return
-        self._starting = None
-        self._run.stop_workers()  # the feeders' own workers take over
-        self.route.close()
-        self._run = self._dataloader = None
-        log.debug("shardkit: feeder processes up; they deliver epoch %d from batch %d", epoch, at)
-        yield from pool.epoch(epoch, at, count, rest, self._stats)
-
-    def _feeders_failed(self, why: BaseException) -> None:
-        """``feeders="auto"`` whose feeders could not start (``why``): the route runs in this
-        process from now on, with one warning."""
-        log.warning("shardkit: feeder processes cannot run (%s); the route runs in this process",
-                    why if isinstance(why, LoaderError) else f"{type(why).__name__}: {why}")
-        self._pool, self._starting, self.feeders = None, None, 0
-
     def _start_feeders(self) -> None:
         """Start the feeder processes; with ``feeders="auto"``, a machine where they cannot run
         (CUDA IPC refused, no processes allowed) runs the route in this process instead, with
@@ -638,11 +567,6 @@ class ShardLoader:
         self.route.close()
         if self.service is not None:
             self.service.close()
-        if self._starting is not None:  # feeders still starting: closed whenever their start ends
-            abandoned, self._starting = self._starting, None
-            abandoned.abandon()
-            if self._pool is abandoned.pool and not abandoned.ready:
-                self._pool = self._feeder_pool()  # the start under way keeps its pool; a later epoch starts this one
         if self._pool is not None:
             self._pool.close()
         if self._run is not None:
