@@ -32,7 +32,7 @@ import os
 import pickle
 import signal
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import torch
@@ -206,6 +206,8 @@ class FeederPool:
         self.device = specs[0].route.device
         self._handles: list[_Handle] = []
         self._finalizer: multiprocessing.util.Finalize | None = None
+        #: launched, not yet all started: the handles, their log relay, the start messages taken
+        self._launched: tuple[list[_Handle], LogRelay, dict[int, tuple[Any, ...]]] | None = None
         self._gen = 0
         self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
 
@@ -219,23 +221,80 @@ class FeederPool:
         """The feeder processes' pids (empty until the first epoch starts them)."""
         return [h.process.pid for h in self._handles]
 
-    def start(self) -> None:
-        """Start the feeder processes and take their rings (the first epoch does it otherwise).
+    @property
+    def launched(self) -> bool:
+        """Whether the feeder processes are launched and not yet all started (see :meth:`launch`)."""
+        return self._launched is not None
+
+    def launch(self) -> None:
+        """Launch the feeder processes without waiting for them to start: :meth:`poll_started`
+        (which never waits) or :meth:`start` (which does) finishes their start. Runs in the
+        training thread: a launch hides ``__main__`` from the feeders for as long as it takes (the
+        forkserver may still be importing torch), which another thread would see.
 
         Raises:
-            LoaderError: a feeder could not start or died starting (naming it and why).
+            LoaderError: a feeder could not be launched (naming why).
         """
+        if self._handles or self._launched is not None:
+            return
         if self.device.type == "cuda" and self.device.index is None:  # CUDA IPC needs the index: the current one
             self.device = torch.device("cuda", torch.cuda.current_device())
         index = self.device.index if self.device.type == "cuda" else None
         ctx = _context()
         handles: list[_Handle] = []
         logs = LogRelay(ctx)
-        try:
+        with self._start_errors(handles, logs):
             for part, payload in enumerate(self.payloads):
                 handles.append(_Handle(part, payload, index, ctx, logs))
+        self._launched = (handles, logs, {})
+        # runs at interpreter exit before multiprocessing joins its (non-daemonic) children
+        self._finalizer = multiprocessing.util.Finalize(self, _close_all, args=(handles, logs), exitpriority=10)
+
+    def poll_started(self) -> bool:
+        """True once the feeder processes run: takes the start messages the launched feeders have
+        sent, without waiting for the others (launches them first if need be).
+
+        Raises:
+            LoaderError: a feeder could not start or died starting (naming it and why).
+        """
+        if self._handles:
+            return True
+        if self._launched is None:
+            self.launch()
+        assert self._launched is not None
+        handles, logs, got = self._launched
+        with self._start_errors(handles, logs):
             for h in handles:
-                msg = h.recv(timeout=START_TIMEOUT_S, doing="start")
+                if h.part not in got and (h.conn.poll(0) or not h.process.is_alive()):
+                    got[h.part] = h.recv(timeout=START_TIMEOUT_S, doing="start")
+        if len(got) < len(handles):
+            return False
+        self._started(handles, logs, got)
+        return True
+
+    def start(self) -> None:
+        """Start the feeder processes and take their rings, waiting for them (the first epoch
+        does it otherwise).
+
+        Raises:
+            LoaderError: a feeder could not start or died starting (naming it and why).
+        """
+        if self._handles:
+            return
+        self.launch()
+        assert self._launched is not None
+        handles, logs, got = self._launched
+        with self._start_errors(handles, logs):
+            for h in handles:
+                if h.part not in got:
+                    got[h.part] = h.recv(timeout=START_TIMEOUT_S, doing="start")
+        self._started(handles, logs, got)
+
+    def _started(self, handles: list[_Handle], logs: LogRelay, got: dict[int, tuple[Any, ...]]) -> None:
+        """Every feeder said it started (``got``: part -> message): open their rings and events."""
+        with self._start_errors(handles, logs):
+            for h in handles:
+                msg = got[h.part]
                 if msg[0] == "error":
                     reraise(msg[2])
                 h.images, h.labels, events = msg[2], msg[3], msg[4]
@@ -245,18 +304,24 @@ class FeederPool:
                         h.released = [torch.cuda.Event(interprocess=True) for _ in events]
                         released = [e.ipc_handle() for e in h.released]
                     h.send("released", released)
-        except ShardkitError:
+        self._handles, self._launched = handles, None
+
+    @contextlib.contextmanager
+    def _start_errors(self, handles: list[_Handle], logs: LogRelay) -> Iterator[None]:
+        """A start that fails stops the feeders launched so far; errors other than shardkit's
+        become a LoaderError saying so."""
+        try:
+            yield
+        except BaseException as err:
             _close_all(handles, logs)
-            raise
-        except Exception as err:
-            _close_all(handles, logs)
-            raise LoaderError(f"feeder processes could not start ({type(err).__name__}: {err}); use feeders=0") from err
-        except BaseException:
-            _close_all(handles, logs)
-            raise
-        self._handles = handles
-        # runs at interpreter exit before multiprocessing joins its (non-daemonic) children
-        self._finalizer = multiprocessing.util.Finalize(self, _close_all, args=(handles, logs), exitpriority=10)
+            self._launched = None
+            if self._finalizer is not None:
+                self._finalizer.cancel()
+                self._finalizer = None
+            if isinstance(err, ShardkitError) or not isinstance(err, Exception):
+                raise
+            raise LoaderError(f"feeder processes could not start ({type(err).__name__}: {err}); "
+                              "use feeders=0") from err
 
     def _take(self, h: _Handle, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot ``k`` of ``h``'s ring as fresh tensors; the slot goes back to the feeder."""
@@ -368,4 +433,4 @@ class FeederPool:
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
-        self._handles = []
+        self._handles, self._launched = [], None
