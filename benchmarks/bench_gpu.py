@@ -127,8 +127,10 @@ def kernel_rates(root: str, batch: int) -> dict[str, float]:
 def shardkit_loader(shards: str, workers: int, batch: int, compile: bool = True,
                     **kw: Any) -> ShardLoader:
     t = kw.pop("transform", transforms.imagenet_train(224))
-    return ShardLoader(shards, batch_size=batch, transform=t, device="cuda", num_workers=workers,
-                       drop_last=True, gpu=GpuOptions(compile=compile, **kw.pop("gpu", {})), prefetch=4, **kw)
+    loader = ShardLoader(shards, batch_size=batch, transform=t, device="cuda", num_workers=workers,
+                         drop_last=True, gpu=GpuOptions(compile=compile, **kw.pop("gpu", {})), prefetch=4, **kw)
+    loader.wait_for_feeders()  # feeders="auto": started now, so the timed batches all come from them
+    return loader
 
 
 class Trainer:

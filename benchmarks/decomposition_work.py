@@ -286,8 +286,10 @@ def build_loader(name: str, spec: dict[str, Any]) -> Any:
 
     if name == "shardloader":
         bf16 = transforms.imagenet_train(spec["size"], normalize=True, dtype=torch.bfloat16, channels_last=True)
-        return ShardLoader(spec["shards"], batch_size=spec["batch_size"], transform=bf16,
-                           num_workers=spec["workers"], device="cuda", drop_last=True, feeders="auto")
+        loader = ShardLoader(spec["shards"], batch_size=spec["batch_size"], transform=bf16,
+                             num_workers=spec["workers"], device="cuda", drop_last=True, feeders="auto")
+        loader.wait_for_feeders()  # started now: every batch it gives comes from its feeders
+        return loader
     reader, source = ("webdataset", spec["shards"]) if name == "dali" else ("file", spec["imagefolder"])
     return DaliTrainLoader(reader, source, size=spec["size"], batch_size=spec["batch_size"],
                            threads=spec["dali_threads"], device="cuda")

@@ -3,7 +3,9 @@
 One ``ShardLoader(device="cuda")`` (ResNet training preset at ``--size``, bf16 ``channels_last``,
 ``--workers`` workers, ``--feeders``) in this process after torch, shardkit and the CUDA context
 are up: the seconds the constructor takes, the seconds from ``iter()`` to the first batch on
-the device, then the rate over ``--batches`` batches after 30 untimed ones (epoch after epoch) and
+the device (with ``--feeders auto`` it comes from the training process while the feeders start;
+the script then waits for them, ``wait_for_feeders``, and says when they were up), then the
+rate over ``--batches`` batches after 30 untimed ones (epoch after epoch) and
 the CPU seconds per image each kind of process spent meanwhile: this one (the training process),
 its feeders and forkserver, and the workers (``psutil``, user + system; the processes alive at
 the end of the timed batches). Feeders are told from workers by the forkserver the loader
@@ -78,6 +80,8 @@ def main() -> None:
     next(epoch)
     torch.cuda.synchronize()
     t2 = time.perf_counter()
+    loader.wait_for_feeders()  # feeders="auto": its feeders start behind the first batches; time them in place
+    t3 = time.perf_counter()
 
     def forever() -> Iterator[Any]:
         nonlocal epoch
@@ -105,8 +109,8 @@ def main() -> None:
         row[1] += 1
     total = sum(cpu for cpu, _ in kinds.values())
     print(f"feeders={loader.feeders} workers={args.workers}: constructor {t1 - t0:.2f} s, first batch {t2 - t1:.2f} s "
-          f"after iter() ({t2 - t0:.2f} s in all); {images / wall:,.0f} img/s; CPU {1e3 * total / images:.3f} ms "
-          f"per image ({total / wall:.1f} cores busy)")
+          f"after iter() ({t2 - t0:.2f} s in all; feeders up {t3 - t0:.2f} s after the constructor was called); "
+          f"{images / wall:,.0f} img/s; CPU {1e3 * total / images:.3f} ms per image ({total / wall:.1f} cores busy)")
     for kind, (cpu, count) in sorted(kinds.items()):
         print(f"  {kind}: {count} processes, {1e3 * cpu / images:.3f} ms per image")
     loader.close()

@@ -182,6 +182,9 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     ``profile_batches`` each, after the timed runs."""
     fed = map(step.to_device, _forever(loader))
     fixed = [step.clone(next(fed)) for _ in range(fixed_batches)]
+    wait = getattr(loader, "wait_for_feeders", None)
+    if callable(wait):  # feeders="auto" starts its feeders behind the first batches: time them in place
+        wait()
 
     def synthetic_seconds() -> float:
         time.sleep(settle_s)

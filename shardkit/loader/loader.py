@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -118,8 +119,11 @@ class ShardLoader:
         feeders: processes that run the route's host half (decode, augment) outside this one
             and hand batches over through shared device memory (:mod:`~shardkit.loader.feed.pool`),
             sharing the ``num_workers`` workers: the training loop keeps its interpreter (its GIL)
-            to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0;
-            0: this process. Same batches, order and state either way. Needed: an
+            to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0, and
+            the first batches come from this process while they start (launched at the second
+            batch, they take the epoch over at the next batch once up: :meth:`wait_for_feeders`);
+            a number: started before the first batch. 0: this process. Same batches, order and
+            state either way. Needed: an
             :class:`~shardkit.transforms.ImageTransform`, ``num_workers >= feeders``, and an
             ImageFolder dataset or a captioned one whose ``text_transform`` returns one tensor of
             fixed shape and dtype (token ids: :mod:`~shardkit.loader.feed.labels`); else ``"auto"``
@@ -409,6 +413,36 @@ class ShardLoader:
             raise LoaderError(f"epoch must be in [0, {MAX_INT}), got {epoch}")
         self._pos.set_epoch(epoch)
 
+    def wait_for_feeders(self, timeout: float | None = None) -> bool:
+        """With ``feeders="auto"`` the first batches come from this process while the feeder
+        processes start (see ``feeders``); wait until they have started, at most ``timeout``
+        seconds (a benchmark does this before it times the loader's steady state). The next
+        batch then comes from them, or, where they could not start, from this process for good
+        (:attr:`feeders` is then 0, with one warning). Before the first iteration it starts them
+        now. True unless ``timeout`` passed first.
+
+        Raises:
+            LoaderError: feeders asked for by number could not start (naming why).
+        """
+        self._follow_world()
+        pool = self._pool
+        if pool is None or pool.running:
+            return True
+        if not (self._feeders_auto and pool.launched):
+            self._start_feeders()  # waits; "auto" that cannot start runs the route here
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                if pool.poll_started():
+                    return True
+            except LoaderError as err:
+                self._feeders_failed(err)
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
     @property
     def stats(self) -> StageStats:
         """Counters and per-stage times accumulated since the loader was created."""
@@ -421,14 +455,18 @@ class ShardLoader:
         self._iterations += 1
         mine, self._ended_by = self._iterations, "a newer iteration of this loader started (one runs at a time)"
         self._active = mine
-        if self._pool is not None and not self._pool.running:
-            self._start_feeders()
+        if self._pool is not None and not self._pool.running and not self._feeders_auto:
+            self._start_feeders()  # asked for by number: started (or refused) before the first batch
+        if self._pool is not None and self._pool.running and self._run is not None:
+            self._hand_over()  # feeders="auto" whose feeders came up between iterations
         delivered: Generator[tuple[Any, Any, list[str]], Any, None]
         local: Delivery | None = None  # the route's delivery in this process, which read-ahead keeps
         served: Generator[Any, None, None] | None = None  # the service's batches, in order
         if self.service is not None:
             served = self.service.batches(self.config, epoch, start, rest)
             delivered = self.route.deliver(served, self._stats)
+        elif self._pool is not None and not self._pool.running:
+            delivered = self._bridged(self._pool, epoch, start, count, rest)  # "auto": no wait for them
         elif self._pool is not None:
             delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
         else:
@@ -511,6 +549,52 @@ class ShardLoader:
                                       part, parts, workers, preferred_decoder(), self._read_ahead, self._slot_labels)
                            for part in range(parts)])
 
+    def _bridged(self, pool: FeederPool, epoch: int, start: int, count: int, rest: Any
+                 ) -> Generator[tuple[Any, Any, list[str]], Any, None]:
+        """``feeders="auto"`` while its feeders start: batches ``start`` on of ``epoch`` from the
+        route in this process; at the second batch the feeder processes are launched (from this
+        thread), and before each later batch their start messages are taken without waiting
+        (:meth:`FeederPool.poll_started`); from the first batch after all have started, the
+        feeders deliver (the same batches either way). Feeders that cannot start leave the route
+        here, with one warning."""
+        if self._run is None:
+            self._local_workers()
+        assert self._run is not None
+        local, at = self._run.open(epoch, start, rest), start
+        try:
+            while at < count:
+                if at > start and self._pool is pool:
+                    try:
+                        if pool.poll_started():  # launches them first, at the second batch
+                            break
+                    except LoaderError as err:
+                        self._feeders_failed(err)  # the route stays here
+                item = next(local, None)
+                if item is None:
+                    return  # too few batches: the caller names the epoch and the count
+                yield item
+                at += 1
+        finally:
+            local.close()
+        if at >= count:
+            return
+        self._hand_over()
+        log.debug("shardkit: feeder processes up; they deliver epoch %d from batch %d", epoch, at)
+        yield from pool.epoch(epoch, at, count, rest, self._stats)
+
+    def _hand_over(self) -> None:
+        """The feeders deliver from now on: stop the route in this process and its workers."""
+        assert self._run is not None
+        self._run.stop_workers()
+        self.route.close()
+        self._run = self._dataloader = None
+
+    def _feeders_failed(self, why: LoaderError) -> None:
+        """``feeders="auto"`` whose feeders could not start (``why``; the pool stopped them): the
+        route runs in this process from now on, with one warning."""
+        log.warning("shardkit: feeder processes cannot run (%s); the route runs in this process", why)
+        self._pool, self.feeders = None, 0
+
     def _start_feeders(self) -> None:
         """Start the feeder processes; with ``feeders="auto"``, a machine where they cannot run
         (CUDA IPC refused, no processes allowed) runs the route in this process instead, with
@@ -532,7 +616,8 @@ class ShardLoader:
             raise why
         log.warning("shardkit: feeder processes cannot run (%s); the route runs in this process", why)
         self._pool, self.feeders = None, 0
-        self._local_workers()
+        if self._run is None:
+            self._local_workers()
 
     def _local_workers(self) -> None:
         """The worker processes of the route run in this process (none with ``num_workers=0``)."""

@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     loader = ShardLoader(args.shards, batch_size=args.batch_size, transform=transform, num_workers=args.workers,
                          device=device, drop_last=True,
                          feeders=args.feeders if args.feeders == "auto" else int(args.feeders))
+    loader.wait_for_feeders()  # "auto": started now, so the sampled steps are fed as they stay
     batches = map(step.to_device, forever(loader))
     for _ in range(args.warmup):
         step(*next(batches))

@@ -37,6 +37,7 @@ def alone_rate(shards: str, *, read_ahead: bool, workers: int, feeders: int | st
     """Images/s over ``epochs`` epochs after a warm-up one, on one loader."""
     with ShardLoader(shards, batch_size=batch_size, transform=transforms.imagenet_train(size), num_workers=workers,
                      device=device, drop_last=True, feeders=feeders, read_ahead=read_ahead) as loader:
+        loader.wait_for_feeders()  # feeders="auto": started now, not behind the warm-up epoch
         for _batch in loader:
             pass
         sync = torch.cuda.synchronize if loader.device.type == "cuda" else (lambda: None)
