@@ -563,7 +563,7 @@ class ShardLoader:
         local, at = self._run.open(epoch, start, rest), start
         try:
             while at < count:
-                if at > start and self._pool is pool:
+                if (at > start or pool.launched) and self._pool is pool:
                     try:
                         if pool.poll_started():  # launches them first, at the second batch
                             break

@@ -208,6 +208,7 @@ class FeederPool:
         self._finalizer: multiprocessing.util.Finalize | None = None
         #: launched, not yet all started: the handles, their log relay, the start messages taken
         self._launched: tuple[list[_Handle], LogRelay, dict[int, tuple[Any, ...]]] | None = None
+        self._launched_at = 0.0
         self._gen = 0
         self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
 
@@ -246,7 +247,7 @@ class FeederPool:
         with self._start_errors(handles, logs):
             for part, payload in enumerate(self.payloads):
                 handles.append(_Handle(part, payload, index, ctx, logs))
-        self._launched = (handles, logs, {})
+        self._launched, self._launched_at = (handles, logs, {}), time.monotonic()
         # runs at interpreter exit before multiprocessing joins its (non-daemonic) children
         self._finalizer = multiprocessing.util.Finalize(self, _close_all, args=(handles, logs), exitpriority=10)
 
@@ -267,6 +268,10 @@ class FeederPool:
             for h in handles:
                 if h.part not in got and (h.conn.poll(0) or not h.process.is_alive()):
                     got[h.part] = h.recv(timeout=START_TIMEOUT_S, doing="start")
+            late = [h for h in handles if h.part not in got]
+            if late and time.monotonic() - self._launched_at > START_TIMEOUT_S:
+                raise LoaderError(f"feeder process {late[0].part} (pid {late[0].process.pid}) did not start within "
+                                  f"{START_TIMEOUT_S:.0f} s")
         if len(got) < len(handles):
             return False
         self._started(handles, logs, got)

@@ -430,19 +430,67 @@ def test_a_resume_point_taken_while_the_feeders_start_is_exact(packed: Path, mon
     assert first + rest == want
 
 
+def _slow_feeders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """feeders="auto" choosing one feeder on the CPU, whose process starts only after
+    ``slow_feeder.DELAY_S`` seconds."""
+    from shardkit.loader import loader as loader_module
+    from shardkit.loader.feed import pool as feeders
+    from tests.loader.feed.slow_feeder import slow_feeder_main
+
+    monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
+    monkeypatch.setattr(feeders, "feeder_main", slow_feeder_main)
+
+
+def test_the_first_batches_do_not_wait_for_the_feeders(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Feeders that take seconds to start: the batches of the first epoch keep coming from this
+    process meanwhile (launched, not started), then the feeders take over with the same batches."""
+    with _loader(packed, feeders=0) as plain:
+        want = _epochs(plain)
+    _slow_feeders(monkeypatch)
+    with _loader(packed) as loader:
+        loader.set_epoch(0)
+        got = [(x, y, k) for x, y, k in loader]
+        # the whole epoch came while the feeder slept (10 s) after its launch at the second batch
+        assert loader._pool is not None and loader._pool.launched and not loader._pool.running
+        assert loader.wait_for_feeders(timeout=120)
+        loader.set_epoch(1)
+        got += [(x, y, k) for x, y, k in loader]
+        assert loader._run is None and loader._pool.running
+    _same(want, got)
+
+
 def test_closing_while_the_feeders_start_stops_them(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A loader closed after its feeders were launched, before they started, stops them."""
-    _gated(monkeypatch)
+    _slow_feeders(monkeypatch)
     loader = _loader(packed)
     it = iter(loader)
     next(it)
-    next(it)  # the feeders are launched at the second batch
+    next(it)  # the feeders are launched before the second batch
     pool = loader._pool
-    assert pool is not None and (pool.launched or pool.running)
-    processes = [h.process for h in (pool._launched[0] if pool._launched else pool._handles)]
+    assert pool is not None and pool.launched and not pool.running and pool._launched is not None
+    processes = [h.process for h in pool._launched[0]]
     loader.close()
     assert processes and not any(p.is_alive() for p in processes)
     assert not pool.launched and not pool.running
+
+
+def test_feeders_that_do_not_start_in_time_leave_the_route_here(
+        packed: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A feeder that has not started within START_TIMEOUT_S is given up (one warning): the route
+    stays in this process and every batch comes."""
+    from shardkit.loader.feed import pool as feeders
+
+    with _loader(packed, feeders=0) as plain:
+        want = [k for _, _, k in plain]
+    _slow_feeders(monkeypatch)
+    monkeypatch.setattr(feeders, "START_TIMEOUT_S", 0.5)
+    with _loader(packed) as loader, caplog.at_level("WARNING", logger="shardkit.loader"):
+        got = []
+        for _, _, k in loader:
+            got.append(k)
+            time.sleep(0.15)
+        assert got == want and loader.feeders == 0 and loader._pool is None
+    assert caplog.text.count("did not start within 0 s") == 1
 
 
 def test_wait_for_feeders_before_the_first_epoch(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
