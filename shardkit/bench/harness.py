@@ -88,7 +88,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _steady(loader: Any) -> None:
+def steady(loader: Any) -> None:
     """A ShardLoader whose feeders start while its first batches come from this process
     (``feeders="auto"``): wait for them, so that what is timed is where the loader stays."""
     wait = getattr(loader, "wait_for_feeders", None)
@@ -128,7 +128,7 @@ def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "c
             seen += 1
             if first_batch_s < 0:
                 first_batch_s, shape = t1 - t_build, _shape(batch_images)
-                _steady(loader)
+                steady(loader)
             if sampler is not None:
                 images += len(batch[1])  # labels, or one target per image
                 wait += t1 - t0

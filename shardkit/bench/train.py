@@ -80,7 +80,7 @@ from typing import Any
 import torch
 
 from shardkit.bench import baselines, conditions, dali
-from shardkit.bench.harness import alternating_order
+from shardkit.bench.harness import alternating_order, steady
 from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted
 from shardkit.bench.step_timing import Step, gpu_times, run_steps
@@ -182,9 +182,7 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     ``profile_batches`` each, after the timed runs."""
     fed = map(step.to_device, _forever(loader))
     fixed = [step.clone(next(fed)) for _ in range(fixed_batches)]
-    wait = getattr(loader, "wait_for_feeders", None)
-    if callable(wait):  # feeders="auto" starts its feeders behind the first batches: time them in place
-        wait()
+    steady(loader)  # feeders="auto" starts its feeders behind the first batches: time them in place
 
     def synthetic_seconds() -> float:
         time.sleep(settle_s)

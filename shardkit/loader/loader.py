@@ -128,8 +128,7 @@ class ShardLoader:
             ImageFolder dataset or a captioned one whose ``text_transform`` returns one tensor of
             fixed shape and dtype (token ids: :mod:`~shardkit.loader.feed.labels`); else ``"auto"``
             runs none and a number is refused, naming why. The number taken is :attr:`feeders`.
-            Which is faster depends on the step and the machine; 0 gives the first batch sooner
-            (docs/concepts/feeders.md).
+            Which is faster depends on the step and the machine (docs/concepts/feeders.md).
         text_transform: captioned datasets only: called in the workers with each batch's captions
             (a list of str), e.g. a tokenizer; its result is the batch's text (tensors in it, or in
             a dict of it, are moved to ``device``). None: the captions as a list of str.
@@ -437,7 +436,7 @@ class ShardLoader:
                 if pool.poll_started():
                     return True
             except LoaderError as err:
-                self._feeders_failed(err)
+                self._without_feeders(err)
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
@@ -568,7 +567,7 @@ class ShardLoader:
                         if pool.poll_started():  # launches them first, at the second batch
                             break
                     except LoaderError as err:
-                        self._feeders_failed(err)  # the route stays here
+                        self._without_feeders(err)  # "auto": the route stays here
                 item = next(local, None)
                 if item is None:
                     return  # too few batches: the caller names the epoch and the count
@@ -588,12 +587,6 @@ class ShardLoader:
         self._run.stop_workers()
         self.route.close()
         self._run = self._dataloader = None
-
-    def _feeders_failed(self, why: LoaderError) -> None:
-        """``feeders="auto"`` whose feeders could not start (``why``; the pool stopped them): the
-        route runs in this process from now on, with one warning."""
-        log.warning("shardkit: feeder processes cannot run (%s); the route runs in this process", why)
-        self._pool, self.feeders = None, 0
 
     def _start_feeders(self) -> None:
         """Start the feeder processes; with ``feeders="auto"``, a machine where they cannot run
