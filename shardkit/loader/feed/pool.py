@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing.util
-import os
 import pickle
-import signal
 import time
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -41,10 +39,10 @@ import torch.multiprocessing  # registers the reductions that send CUDA and shar
 from shardkit._compat import hidden_main, preloading_forkserver
 from shardkit.errors import LoaderError, ShardkitError
 from shardkit.loader.epochs.remainder import Remainder
+from shardkit.loader.feed.handle import Handle, close_all
 from shardkit.loader.feed.layout import feeder_of
 from shardkit.loader.feed.logs import LogRelay
-from shardkit.loader.feed.process import RING, FeederSpec, feeder_main
-from shardkit.loader.routes.choose import warned_routes
+from shardkit.loader.feed.process import RING, FeederSpec
 from shardkit.loader.run.stream import reraise
 from shardkit.loader.stats import StageStats
 
@@ -84,107 +82,6 @@ def sendable(spec: FeederSpec) -> bytes:
                           "feeders=0") from None
 
 
-class _Handle:
-    """The loader's side of one feeder: its process, pipe, ring and events."""
-
-    def __init__(self, part: int, payload: bytes, device_index: int | None, ctx: Any, logs: LogRelay) -> None:
-        self.part = part
-        self.bad = False  # a message half read or written (an interrupt): the pipe cannot be trusted
-        self.conn, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=feeder_main, name=f"shardkit-feeder-{part}",
-                                   args=(part, payload, device_index, os.getpid(), theirs, logs.queue, logs.levels,
-                                         warned_routes()))
-        try:
-            with hidden_main():  # a feeder must not run the training script
-                self.process.start()
-        except BaseException:
-            self.conn.close()
-            raise
-        finally:
-            theirs.close()  # only the feeder holds its end: its exit closes the pipe
-        self.images: list[torch.Tensor] = []
-        self.labels: list[torch.Tensor] = []
-        self.ready: list[torch.cuda.Event] = []
-        self.released: list[torch.cuda.Event] = []
-
-    def died(self) -> LoaderError:
-        self.process.join(timeout=2.0)
-        code = self.process.exitcode
-        hint = ""
-        if code is None:
-            how = "stopped answering"
-        elif code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-            if code == -signal.SIGKILL:
-                hint = ("; most likely the out-of-memory killer (`dmesg` says so): fewer workers or feeders, "
-                        "or feeders=0")
-        else:
-            how = f"exited with status {code}"
-        return LoaderError(f"feeder process {self.part} (pid {self.process.pid}) {how}{hint}")
-
-    def recv(self, timeout: float | None = None, doing: str = "answer") -> tuple[Any, ...]:
-        """The next message; a dead feeder, one whose message cannot be read, or none within
-        ``timeout`` seconds raises a LoaderError naming it (``doing``: what it did not do in time)."""
-        waited = 0.0
-        while True:
-            try:
-                if self.conn.poll(1.0):
-                    return self.conn.recv()
-            except (EOFError, OSError):
-                raise self.died() from None
-            except Exception as err:  # unpickling failed (e.g. CUDA IPC refused by the container)
-                self.bad = True
-                raise LoaderError(f"feeder process {self.part} (pid {self.process.pid}): cannot receive its message "
-                                  f"({type(err).__name__}: {err}); use feeders=0") from err
-            except BaseException:  # an interrupt, perhaps between a message's header and its body
-                self.bad = True
-                raise
-            waited += 1.0
-            if not self.process.is_alive():
-                raise self.died()
-            if timeout is not None and waited >= timeout:
-                raise LoaderError(f"feeder process {self.part} (pid {self.process.pid}) did not {doing} within "
-                                  f"{timeout:.0f} s")
-
-    def send(self, *msg: Any) -> None:
-        try:
-            self.conn.send(msg)
-        except (OSError, ValueError):
-            raise self.died() from None
-        except BaseException:
-            self.bad = True
-            raise
-
-
-def _close_all(handles: list[_Handle], logs: LogRelay) -> None:
-    """Ask every feeder to stop, then make sure it did (terminate, then kill, after a grace
-    period), and handle the last of their log records. Copies still reading a ring are waited
-    for and the ring is dropped first, so a feeder exits with none of its memory in use or
-    mapped here."""
-    for h in handles:
-        for event in h.released:
-            with contextlib.suppress(RuntimeError):
-                event.synchronize()
-        h.images, h.labels, h.ready, h.released = [], [], [], []
-    for h in handles:
-        with contextlib.suppress(OSError, ValueError):
-            h.conn.send(("close",))
-    deadline = time.monotonic() + 10.0
-    for h in handles:
-        h.process.join(timeout=max(0.0, deadline - time.monotonic()))
-        if h.process.is_alive():
-            h.process.terminate()
-            h.process.join(timeout=5.0)
-        if h.process.is_alive():
-            h.process.kill()
-            h.process.join(timeout=5.0)
-        h.conn.close()
-    logs.close()
-
-
 class FeederPool:
     """``len(specs)`` feeder processes running an ImageFolder or captioned dataset's route for one
     loader (module doc).
@@ -204,10 +101,10 @@ class FeederPool:
         self.parts = len(specs)
         self.workers = sum(s.route.num_workers for s in specs)
         self.device = specs[0].route.device
-        self._handles: list[_Handle] = []
+        self._handles: list[Handle] = []
         self._finalizer: multiprocessing.util.Finalize | None = None
         #: launched, not yet all started: the handles, their log relay, the start messages taken
-        self._launched: tuple[list[_Handle], LogRelay, dict[int, tuple[Any, ...]]] | None = None
+        self._launched: tuple[list[Handle], LogRelay, dict[int, tuple[Any, ...]]] | None = None
         self._launched_at = 0.0
         self._gen = 0
         self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
@@ -242,14 +139,14 @@ class FeederPool:
             self.device = torch.device("cuda", torch.cuda.current_device())
         index = self.device.index if self.device.type == "cuda" else None
         ctx = _context()
-        handles: list[_Handle] = []
+        handles: list[Handle] = []
         logs = LogRelay(ctx)
         with self._start_errors(handles, logs):
             for part, payload in enumerate(self.payloads):
-                handles.append(_Handle(part, payload, index, ctx, logs))
+                handles.append(Handle(part, payload, index, ctx, logs))
         self._launched, self._launched_at = (handles, logs, {}), time.monotonic()
         # runs at interpreter exit before multiprocessing joins its (non-daemonic) children
-        self._finalizer = multiprocessing.util.Finalize(self, _close_all, args=(handles, logs), exitpriority=10)
+        self._finalizer = multiprocessing.util.Finalize(self, close_all, args=(handles, logs), exitpriority=10)
 
     def poll_started(self) -> bool:
         """True once the feeder processes run: takes the start messages the launched feeders have
@@ -295,7 +192,7 @@ class FeederPool:
                     got[h.part] = h.recv(timeout=START_TIMEOUT_S, doing="start")
         self._started(handles, logs, got)
 
-    def _started(self, handles: list[_Handle], logs: LogRelay, got: dict[int, tuple[Any, ...]]) -> None:
+    def _started(self, handles: list[Handle], logs: LogRelay, got: dict[int, tuple[Any, ...]]) -> None:
         """Every feeder said it started (``got``: part -> message): open their rings and events."""
         with self._start_errors(handles, logs):
             for h in handles:
@@ -312,13 +209,13 @@ class FeederPool:
         self._handles, self._launched = handles, None
 
     @contextlib.contextmanager
-    def _start_errors(self, handles: list[_Handle], logs: LogRelay) -> Iterator[None]:
+    def _start_errors(self, handles: list[Handle], logs: LogRelay) -> Iterator[None]:
         """A start that fails stops the feeders launched so far; errors other than shardkit's
         become a LoaderError saying so."""
         try:
             yield
         except BaseException as err:
-            _close_all(handles, logs)
+            close_all(handles, logs)
             self._launched = None
             if self._finalizer is not None:
                 self._finalizer.cancel()
@@ -328,7 +225,7 @@ class FeederPool:
             raise LoaderError(f"feeder processes could not start ({type(err).__name__}: {err}); "
                               "use feeders=0") from err
 
-    def _take(self, h: _Handle, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _take(self, h: Handle, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot ``k`` of ``h``'s ring as fresh tensors; the slot goes back to the feeder."""
         if h.ready:
             stream = torch.cuda.current_stream(self.device)
@@ -341,7 +238,7 @@ class FeederPool:
         return images, labels
 
     @staticmethod
-    def _next(h: _Handle, gen: int, timeout: float | None = None, doing: str = "answer") -> tuple[Any, ...]:
+    def _next(h: Handle, gen: int, timeout: float | None = None, doing: str = "answer") -> tuple[Any, ...]:
         """``h``'s next message of epoch ``gen`` (those left over from earlier epochs are dropped)."""
         while True:
             msg = h.recv(timeout, doing)
@@ -413,7 +310,7 @@ class FeederPool:
                 if handles is self._handles and self._stop(handles, gen, skip=ended):
                     self.close()
 
-    def _stop(self, handles: list[_Handle], gen: int, skip: set[int]) -> bool:
+    def _stop(self, handles: list[Handle], gen: int, skip: set[int]) -> bool:
         """Make every feeder not in ``skip`` abandon epoch ``gen`` (what it sent meanwhile is
         dropped); True when one is dead or did not answer within :data:`STOP_TIMEOUT_S`."""
         broken = False
