@@ -12,6 +12,7 @@ torch is imported inside the functions: ``import shardkit`` and the CLI must not
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import types
 import weakref
@@ -29,6 +30,7 @@ __all__ = [
     "accelerate_untrack",
     "dataloader_next_code",
     "dataloader_workers",
+    "empty_host_cache",
     "fd_storage",
     "fd_storage_attach",
     "fd_storage_descriptor",
@@ -237,17 +239,19 @@ def hidden_main() -> Generator[None, None, None]:
         sys.modules["__main__"] = main
 
 
-def preloading_forkserver(preload: Sequence[str]) -> Any:
+def preloading_forkserver(preload: Sequence[str], env: dict[str, str] | None = None) -> tuple[Any, bool] | None:
     """torch.multiprocessing's ``forkserver`` context, its server started now (in the background)
-    with ``preload`` imported, or ``None`` where this platform has no forkserver.
+    with ``preload`` imported in order, and whether this call started it; ``None`` where this
+    platform has no forkserver.
 
     A child of the server is a fork of a process that imported torch once, so starting one costs
     milliseconds where a spawned child imports torch, torchvision and shardkit again (seconds of
     CPU each). The server starts from a fresh interpreter (no CUDA, threads or locks of this
-    process) with this process's environment and ``sys.path``, under :func:`hidden_main` (it never
-    runs the training script). A server the program started itself is used as it is: its own
-    preload list stays. Private: ``multiprocessing.forkserver._forkserver`` (the process-wide
-    server, ``_forkserver_pid``, ``_preload_modules``; CPython 3.4 on)."""
+    process) with this process's environment plus ``env`` (set for the server's start only) and
+    ``sys.path``, under :func:`hidden_main` (it never runs the training script). A server the
+    program started itself is used as it is: its own preload list stays. Private:
+    ``multiprocessing.forkserver._forkserver`` (the process-wide server, ``_forkserver_pid``,
+    ``_preload_modules``; CPython 3.4 on)."""
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -257,12 +261,33 @@ def preloading_forkserver(preload: Sequence[str]) -> Any:
         return None
     ctx = torch.multiprocessing.get_context("forkserver")
     server: Any = forkserver._forkserver
-    if server._forkserver_pid is None:
-        wanted = list(server._preload_modules) + [m for m in preload if m not in server._preload_modules]
-        ctx.set_forkserver_preload(wanted)
+    if server._forkserver_pid is not None:
+        return ctx, False
+    wanted = list(server._preload_modules) + [m for m in preload if m not in server._preload_modules]
+    ctx.set_forkserver_preload(wanted)
+    before = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
         with hidden_main():
             server.ensure_running()
-    return ctx
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return ctx, True
+
+
+def empty_host_cache() -> None:
+    """Give the pinned host memory torch's caching host allocator holds and no tensor uses back to
+    the system (``torch._C._host_emptyCache``, torch 2.3 on; a no-op where it is missing). It
+    frees with ``cudaFreeHost``, which waits for the device: for one-off moments, never per batch."""
+    import torch
+
+    empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None and torch.cuda.is_initialized():
+        empty()
 
 
 # --- accelerate (never imported here: only read when the user's script imported it) -----------

@@ -120,8 +120,9 @@ class ShardLoader:
             and hand batches over through shared device memory (:mod:`~shardkit.loader.feed.pool`),
             sharing the ``num_workers`` workers: the training loop keeps its interpreter (its GIL)
             to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0, and
-            the first batches come from this process while they start (launched at the second
-            batch, they take the epoch over at the next batch once up: :meth:`wait_for_feeders`);
+            the first batches come from this process while they start (launched from the second
+            batch once their forkserver is ready, they take the epoch over at the next batch once
+            up: :meth:`wait_for_feeders`);
             a number: started before the first batch. 0: this process. Same batches, order and
             state either way. Needed: an
             :class:`~shardkit.transforms.ImageTransform`, ``num_workers >= feeders``, and an
@@ -551,11 +552,11 @@ class ShardLoader:
     def _bridged(self, pool: FeederPool, epoch: int, start: int, count: int, rest: Any
                  ) -> Generator[tuple[Any, Any, list[str]], Any, None]:
         """``feeders="auto"`` while its feeders start: batches ``start`` on of ``epoch`` from the
-        route in this process; at the second batch the feeder processes are launched (from this
-        thread), and before each later batch their start messages are taken without waiting
-        (:meth:`FeederPool.poll_started`); from the first batch after all have started, the
-        feeders deliver (the same batches either way). Feeders that cannot start leave the route
-        here, with one warning."""
+        route in this process; from the second batch, once their forkserver is ready, the feeder
+        processes are launched (from this thread), and before each later batch their start
+        messages are taken without waiting (:meth:`FeederPool.poll_started`); from the first batch
+        after all have started, the feeders deliver (the same batches either way). Feeders that
+        cannot start leave the route here, with one warning."""
         if self._run is None:
             self._local_workers()
         assert self._run is not None
@@ -564,7 +565,7 @@ class ShardLoader:
             while at < count:
                 if (at > start or pool.launched) and self._pool is pool:
                     try:
-                        if pool.poll_started():  # launches them first, at the second batch
+                        if pool.poll_started():  # launches them first (from the second batch)
                             break
                     except LoaderError as err:
                         self._without_feeders(err)  # "auto": the route stays here
@@ -582,10 +583,11 @@ class ShardLoader:
         yield from pool.epoch(epoch, at, count, rest, self._stats)
 
     def _hand_over(self) -> None:
-        """The feeders deliver from now on: stop the route in this process and its workers."""
+        """The feeders deliver from now on: stop the route in this process and its workers, and
+        give back its staging memory."""
         assert self._run is not None
         self._run.stop_workers()
-        self.route.close()
+        self.route.release()
         self._run = self._dataloader = None
 
     def _start_feeders(self) -> None:

@@ -36,13 +36,14 @@ from typing import Any
 import torch
 import torch.multiprocessing  # registers the reductions that send CUDA and shared tensors through pipes
 
-from shardkit._compat import hidden_main, preloading_forkserver
+from shardkit._compat import hidden_main
 from shardkit.errors import LoaderError, ShardkitError
 from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.feed.handle import Handle, close_all
 from shardkit.loader.feed.layout import feeder_of
 from shardkit.loader.feed.logs import LogRelay
 from shardkit.loader.feed.process import RING, FeederSpec
+from shardkit.loader.feed.ready import forkserver, ready
 from shardkit.loader.run.stream import reraise
 from shardkit.loader.stats import StageStats
 
@@ -50,6 +51,9 @@ __all__ = ["RING", "FeederPool", "FeederSpec", "sendable"]
 
 #: Seconds a feeder may take to start (import torch, open CUDA) before the loader gives up.
 START_TIMEOUT_S = 300.0
+#: Seconds :meth:`FeederPool.poll_started` leaves the launch to a forkserver not yet ready
+#: (:mod:`~shardkit.loader.feed.ready`) before it launches anyway, and waits.
+READY_WAIT_S = 60.0
 #: Seconds a feeder may take to abandon an epoch (its current batch) before the pool is stopped.
 STOP_TIMEOUT_S = 60.0
 
@@ -63,7 +67,7 @@ def _context() -> Any:
     feeder would import them again, seconds of CPU per feeder and loader), else spawned. Either
     way a feeder starts from a fresh interpreter's state: no CUDA context, threads or locks of
     the training process."""
-    return preloading_forkserver(PRELOAD) or torch.multiprocessing.get_context("spawn")
+    return forkserver(PRELOAD) or torch.multiprocessing.get_context("spawn")
 
 
 def sendable(spec: FeederSpec) -> bytes:
@@ -106,6 +110,7 @@ class FeederPool:
         #: launched, not yet all started: the handles, their log relay, the start messages taken
         self._launched: tuple[list[Handle], LogRelay, dict[int, tuple[Any, ...]]] | None = None
         self._launched_at = 0.0
+        self._made_at = time.monotonic()
         self._gen = 0
         self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
 
@@ -150,7 +155,9 @@ class FeederPool:
 
     def poll_started(self) -> bool:
         """True once the feeder processes run: takes the start messages the launched feeders have
-        sent, without waiting for the others (launches them first if need be).
+        sent, without waiting for the others. Launches them first once the forkserver is ready to
+        fork them at once (:func:`~shardkit.loader.feed.ready.ready`; after :data:`READY_WAIT_S`
+        whether it is or not: the launch then waits).
 
         Raises:
             LoaderError: a feeder could not start or died starting (naming it and why).
@@ -158,6 +165,8 @@ class FeederPool:
         if self._handles:
             return True
         if self._launched is None:
+            if not ready() and time.monotonic() - self._made_at < READY_WAIT_S:
+                return False
             self.launch()
         assert self._launched is not None
         handles, logs, got = self._launched

@@ -100,6 +100,11 @@ class Route(ABC, Generic[W, R]):
     def close(self) -> None:
         """Stop the route's host-side work (threads); called before the workers stop. Idempotent."""
 
+    def release(self) -> None:
+        """:meth:`close`, and give back what the route keeps between iterations (staging memory),
+        as when feeder processes take it over; it is made again if the route runs again here."""
+        self.close()
+
 
 class DirectRoute(Route[W, W]):
     """A route whose worker batches go to :meth:`finish` as they arrive (no host pipeline)."""

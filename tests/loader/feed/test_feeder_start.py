@@ -21,6 +21,19 @@ from tests.loader.feed.test_feeders import _epochs, _loader, _same
 pytestmark = pytest.mark.timeout(240)
 
 
+def _server_ready() -> None:
+    """Wait until the feeders' forkserver (started by the first loader with feeders) has imported
+    its preload: from then on a loader launches its feeders at the second batch."""
+    from shardkit.loader.feed import pool
+    from shardkit.loader.feed.ready import ready
+
+    pool._context()
+    deadline = time.monotonic() + 120
+    while not ready():
+        assert time.monotonic() < deadline, "the feeders' forkserver did not get ready in 120 s"
+        time.sleep(0.05)
+
+
 def _gated(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[tuple[int, int]]]:
     """feeders="auto" choosing one feeder on the CPU; the loader sees its feeders as started only
     once the returned event is set (they start for real meanwhile); the (epoch, start) of every
@@ -40,6 +53,7 @@ def _gated(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[tuple[int, int]]]
         return real_epoch(self, epoch, start, *args)
 
     monkeypatch.setattr(feeders.FeederPool, "epoch", epoch)
+    _server_ready()
     return gate, asked
 
 
@@ -110,6 +124,7 @@ def _slow_feeders(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
     monkeypatch.setattr(handle, "feeder_main", slow_feeder_main)
+    _server_ready()
 
 
 def test_the_first_batches_do_not_wait_for_the_feeders(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,11 +200,15 @@ def test_a_script_that_ends_while_its_feeders_start_exits_cleanly(packed: Path, 
     its loader or not, before they started: exit status 0 and no traceback."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""
+        import time
         import shardkit.loader.loader as loader_module
         from shardkit.loader.feed.labels import SlotLabels
+        from shardkit.loader.feed.ready import ready
         from shardkit import ShardLoader, transforms
         loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())  # "auto" on the CPU: one
         loader = ShardLoader({str(packed)!r}, batch_size=8, transform=transforms.imagenet_val(32), num_workers=2)
+        while not ready():  # launched at the second batch once the forkserver has imported torch
+            time.sleep(0.05)
         it = iter(loader)
         next(it)
         next(it)
@@ -202,3 +221,36 @@ def test_a_script_that_ends_while_its_feeders_start_exits_cleanly(packed: Path, 
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout == "done\n", done.stderr
     assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
+
+
+def test_no_batch_waits_for_the_forkserver_to_import_torch(packed: Path, tmp_path: Path) -> None:
+    """The feeders are launched only once their forkserver has imported its preload: with the
+    server held at an import (a gate file), batches keep coming from this process and nothing is
+    launched; once it is released the feeders start and deliver the rest, every batch once.
+    In a process of its own: the forkserver is one per process."""
+    gate = tmp_path / "gate"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        import shardkit.loader.loader as loader_module
+        from shardkit.loader.feed import pool
+        from shardkit.loader.feed.labels import SlotLabels
+        from shardkit import ShardLoader, transforms
+        loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())  # "auto" on the CPU: one
+        pool.PRELOAD = (*pool.PRELOAD, "tests.loader.feed.gated_import")  # the server waits for the gate
+        loader = ShardLoader({str(packed)!r}, batch_size=4, transform=transforms.imagenet_val(32), num_workers=2,
+                             keys=True)
+        it = iter(loader)
+        keys = [k for _ in range(6) for k in next(it)[2]]
+        assert not loader._pool.launched and not loader._pool.running, "launched before the server was ready"
+        open({str(gate)!r}, "w").close()
+        assert loader.wait_for_feeders(timeout=60)
+        keys += [k for _, _, ks in it for k in ks]
+        assert loader._pool.running and loader._run is None, "the feeders did not take over"
+        assert len(keys) == len(set(keys)) == 69, len(keys)  # every sample once
+        loader.close()
+        print("done", flush=True)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "SHARDKIT_TEST_GATE": str(gate)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr

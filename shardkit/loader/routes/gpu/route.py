@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from shardkit._compat import empty_host_cache
 from shardkit.codec.nvjpeg import gpu_decodes_gray
 from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
@@ -74,3 +75,10 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None
+
+    def release(self) -> None:
+        """Also give the pinned staging slots back (a few hundred MB at batch 128)."""
+        self.close()
+        if self._slots:
+            self._slots = []
+            empty_host_cache()
