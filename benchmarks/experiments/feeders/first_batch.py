@@ -3,8 +3,10 @@ the first batches, which come from this process meanwhile) against the same numb
 asked for by number (started before the first batch), and against none; in alternating order,
 each run in a fresh process (the feeders' forkserver and imports are part of what is timed).
 
-Each run also says when the feeders were up (``wait_for_feeders``) and the seconds for the next
-``--batches`` batches. On the CPU, where ``"auto"`` runs no feeders, ``--auto-feeders N`` makes
+Each run also says when the feeders were up, how many batches came from this process until then
+(taken one after another, as fast as they come) and the longest wait for one of them (the
+feeders' launch waits in the training thread for whatever the forkserver has not imported yet),
+and the seconds for the next ``--batches`` batches. On the CPU, where ``"auto"`` runs no feeders, ``--auto-feeders N`` makes
 it choose N as the GPU route does, so the start behind the first batches can be measured on any
 machine; on CUDA ``"auto"`` chooses for itself.
 
@@ -41,6 +43,12 @@ def _one(shards: str, device: str, workers: int, feeders: str, auto_feeders: int
     it = iter(loader)
     next(it)
     t2 = time.perf_counter()
+    gap, taken, last = 0.0, 1, t2  # batches until the feeders deliver, and the longest wait among them
+    while loader._pool is not None and not loader._pool.running and taken < 2000:
+        if next(it, None) is None:
+            it = iter(loader)
+        now = time.perf_counter()
+        gap, taken, last = max(gap, now - last), taken + 1, now
     loader.wait_for_feeders()
     t3 = time.perf_counter()
     for _ in range(batches):
@@ -48,7 +56,8 @@ def _one(shards: str, device: str, workers: int, feeders: str, auto_feeders: int
             it = iter(loader)
     t4 = time.perf_counter()
     out = {"constructor_s": t1 - t0, "first_batch_s": t2 - t0, "feeders_up_s": t3 - t0,
-           "next_batches_s": t4 - t3, "feeders": loader.feeders}
+           "batches_meanwhile": taken, "longest_wait_meanwhile_s": gap, "next_batches_s": t4 - t3,
+           "feeders": loader.feeders}
     loader.close()
     return out
 
@@ -81,7 +90,7 @@ def main() -> None:
             runs[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
     for mode, rows in runs.items():
         summary = {"feeders_asked": mode, "feeders": rows[0]["feeders"], "runs": len(rows)}
-        for key in ("first_batch_s", "feeders_up_s", "next_batches_s"):
+        for key in ("first_batch_s", "feeders_up_s", "batches_meanwhile", "longest_wait_meanwhile_s", "next_batches_s"):
             values = [row[key] for row in rows]
             summary[key] = [round(statistics.median(values), 2), round(min(values), 2), round(max(values), 2)]
         print(json.dumps(summary))
