@@ -11,7 +11,6 @@ fewer than ``FRAC_TOL`` of values differ by more than ``BIG`` levels.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,7 +20,6 @@ from shardkit.codec.nvjpeg import GpuJpegDecoder
 from shardkit.loader import GpuOptions
 from shardkit.loader.routes.device.pinned import PinnedSlot
 from shardkit.loader.routes.gpu.host import GpuPipeline
-from shardkit.pack import PackOptions, pack_captions
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 from tests.loader.gpu_helpers import (
     emulate_device,
@@ -29,7 +27,6 @@ from tests.loader.gpu_helpers import (
     pixels,
     raw_and_cpu_streams,
 )
-from tests.trees import add_captions
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -314,84 +311,6 @@ def test_iterating_again_or_closing_never_leaves_an_iterator_hanging(inet: Path)
         next(it)
     assert len([x for x, _ in loader]) == len(loader)  # usable after close, as on the other routes
     loader.close()
-
-
-def test_feeders_deliver_the_in_process_batches_and_resume(inet: Path) -> None:
-    """Feeder processes (CUDA IPC ring) give the batches of the route run in this process,
-    bit for bit, in order, for 1 and 2 feeders; a state taken mid-epoch resumes exactly."""
-    t = transforms.imagenet_train(96)
-    local = _run(inet, "cuda", t, num_workers=3, feeders=0)
-    for feeders in (1, 2):
-        fed = _run(inet, "cuda", t, num_workers=3, feeders=feeders)
-        assert [k for _, _, k in fed] == [k for _, _, k in local]
-        for (x1, y1, _), (x2, y2, _) in zip(local, fed, strict=True):
-            assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    loader = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", keys=True, seed=7, num_workers=3,
-                         feeders=2)
-    assert loader.feeders == 2
-    it = iter(loader)
-    head = [next(it)[2] for _ in range(3)]
-    state = loader.state_dict()
-    kept = [(x.clone(), k) for x, _, k in (next(it) for _ in range(2))]  # batches outlive the ring's reuse
-    del it
-    loader.close()
-    again = ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", keys=True, seed=7, num_workers=2,
-                        feeders=1)
-    again.load_state_dict(state)
-    rest = [k for _, _, k in again]
-    again.close()
-    assert head + rest == [k for _, _, k in local]
-    assert [k for _, k in kept] == rest[:2]
-    assert all(torch.equal(x, local[3 + i][0].cuda()) for i, (x, _) in enumerate(kept))
-
-
-@pytest.fixture(scope="module")
-def captioned(inet: Path) -> Path:
-    """``inet``'s images (the odd ones too) captioned and packed as image-text pairs."""
-    add_captions(inet.parent / "src")
-    pack_captions(str(inet.parent / "src"), str(inet.parent / "captions"), options=PackOptions(max_count=16, seed=1),
-                  workers=1)
-    return inet.parent / "captions"
-
-
-def test_feeders_carry_token_ids_as_the_in_process_route_delivers_them(captioned: Path) -> None:
-    """A tokenizer padding to a fixed length: ``feeders="auto"`` runs feeders on the GPU route, and
-    their batches (images and token ids, on the device) are the in-process route's bit for bit over
-    2 epochs; a state taken mid-epoch resumes exactly in another feeder count."""
-    kw: dict[str, Any] = {"batch_size": 16, "transform": transforms.imagenet_train(64), "device": "cuda", "keys": True,
-                          "seed": 7, "text_transform": transforms.ByteTokenizer(24)}
-
-    def epochs(loader: ShardLoader) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-        out = []
-        for epoch in range(2):
-            loader.set_epoch(epoch)
-            for x, ids, k in loader:
-                assert x.is_cuda and ids.is_cuda and ids.dtype == torch.int64 and ids.shape == (len(k), 24)
-                out.append((x.cpu(), ids.cpu(), k))
-        return out
-
-    with ShardLoader(str(captioned), num_workers=3, feeders=0, **kw) as plain:
-        local = epochs(plain)
-    for feeders in ("auto", 2):
-        with ShardLoader(str(captioned), num_workers=3, feeders=feeders, **kw) as fed:
-            assert fed.feeders == (1 if feeders == "auto" else 2)
-            got = epochs(fed)
-        assert [k for _, _, k in got] == [k for _, _, k in local]
-        for (x1, y1, _), (x2, y2, _) in zip(local, got, strict=True):
-            assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    with ShardLoader(str(captioned), num_workers=3, feeders=2, **kw) as loader:
-        it = iter(loader)
-        head = [next(it)[2] for _ in range(2)]
-        state = loader.state_dict()
-        kept = [(ids.clone(), k) for _, ids, k in (next(it) for _ in range(2))]  # batches outlive the ring's reuse
-        del it
-    with ShardLoader(str(captioned), num_workers=2, feeders=1, **kw) as again:
-        again.load_state_dict(state)
-        rest = [(ids.cpu(), k) for _, ids, k in again]
-    first = [k for _, _, k in local[:len(head) + len(rest)]]
-    assert head + [k for _, k in rest] == first
-    assert all(torch.equal(ids.cpu(), local[2 + i][1]) for i, (ids, _) in enumerate(kept))
-    assert all(torch.equal(ids, local[2 + i][1]) for i, (ids, _) in enumerate(rest))
 
 
 def test_a_script_that_ends_mid_epoch_without_closing_exits_cleanly(inet: Path) -> None:
