@@ -35,6 +35,7 @@ from shardkit.errors import LoaderError, ShardkitError
 from shardkit.index.manifest import Manifest
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.remainder import Remainder
+from shardkit.loader.feed.cuda_sync import sleep_while_waiting
 from shardkit.loader.feed.labels import SlotLabels
 from shardkit.loader.feed.layout import part_batches
 from shardkit.loader.feed.logs import relay_to
@@ -292,6 +293,7 @@ def feeder_main(part: int, payload: bytes, device_index: int | None, parent: int
     try:
         spec: FeederSpec = pickle.loads(payload)
         if device_index is not None:
+            sleep_while_waiting(device_index)  # before its context exists (set_device creates it)
             spec = replace(spec, route=spec.route.on(torch.device("cuda", device_index)))
             torch.cuda.set_device(device_index)
         prefer_decoder(spec.decoder)

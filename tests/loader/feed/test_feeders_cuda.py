@@ -105,3 +105,42 @@ def test_feeders_carry_token_ids_as_the_in_process_route_delivers_them(captioned
     assert head + [k for _, k in rest] == first
     assert all(torch.equal(ids.cpu(), local[2 + i][1]) for i, (ids, _) in enumerate(kept))
     assert all(torch.equal(ids, local[2 + i][1]) for i, (ids, _) in enumerate(rest))
+
+
+def test_a_feeder_context_sleeps_in_its_waits() -> None:
+    """sleep_while_waiting before the context exists: the context torch then creates has
+    CU_CTX_SCHED_BLOCKING_SYNC (read back with cuCtxGetFlags), in a process of its own (this
+    one's context exists already)."""
+    import subprocess
+    import sys
+
+    script = ("import ctypes, torch\n"
+              "from shardkit.loader.feed.cuda_sync import BLOCKING_SYNC, sleep_while_waiting\n"
+              "assert sleep_while_waiting(0)\n"
+              "torch.cuda.set_device(0); torch.zeros(1, device='cuda')\n"
+              "flags = ctypes.c_uint()\n"
+              "assert ctypes.CDLL('libcuda.so.1').cuCtxGetFlags(ctypes.byref(flags)) == 0\n"
+              "print(flags.value & 0x07 == BLOCKING_SYNC)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def test_auto_feeders_take_over_on_cuda_and_the_staging_memory_goes(inet: Path) -> None:
+    """feeders="auto" on the GPU route: the first batches from this process, then the feeders
+    (waited for mid-epoch), the batches those of feeders=0 bit for bit; after the hand-over the
+    in-process route holds no pinned staging slot."""
+    t = transforms.imagenet_train(96)
+    local = _run(inet, "cuda", t, num_workers=2, feeders=0)
+    with ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", keys=True, seed=7, num_workers=2,
+                     feeders="auto") as loader:
+        assert loader.feeders == 1
+        route: Any = loader.route
+        got, it = [], iter(loader)
+        got.append(next(it))
+        assert route._slots  # the first batch came from this process's route
+        assert loader.wait_for_feeders(timeout=120)
+        got += list(it)
+        assert loader._run is None and route._slots == []
+    assert [k for _, _, k in got] == [k for _, _, k in local]
+    for (x1, y1, _), (x2, y2, _) in zip(local, got, strict=True):
+        assert torch.equal(x1, x2.cpu()) and torch.equal(y1, y2.cpu())
