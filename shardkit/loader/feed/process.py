@@ -183,10 +183,13 @@ class _Feeder:
         probe = transform.finalize(torch.zeros((1, 3, h, w), dtype=torch.uint8, device=self.device))
         last = probe.is_contiguous(memory_format=torch.channels_last) and not probe.is_contiguous()
         fmt = torch.channels_last if last else torch.contiguous_format
-        for _ in range(RING):
-            images = torch.empty((b, 3, h, w), dtype=probe.dtype, device=self.device, memory_format=fmt)
-            labels = self.spec.labels.empty(b, self.device)
-            self.ring.append((images, labels) if self.cuda else (images.share_memory_(), labels.share_memory_()))
+        # one allocation for all the slots' images and one for their labels: the training process
+        # opens each shared allocation once (a CUDA IPC open can take tens of milliseconds)
+        images = torch.empty((RING * b, 3, h, w), dtype=probe.dtype, device=self.device, memory_format=fmt)
+        labels = self.spec.labels.empty(RING * b, self.device)
+        if not self.cuda:
+            images, labels = images.share_memory_(), labels.share_memory_()
+        self.ring = [(images[k * b:(k + 1) * b], labels[k * b:(k + 1) * b]) for k in range(RING)]
         handles: list[bytes] = []
         if self.cuda:
             self.ready = [torch.cuda.Event(interprocess=True) for _ in range(RING)]
