@@ -4,10 +4,10 @@ asked for by number (started before the first batch), and against none; in alter
 each run in a fresh process (the feeders' forkserver and imports are part of what is timed).
 
 Each run also says when the feeders were up, how many batches came from this process until then
-(taken one after another, as fast as they come) and the longest wait for one of them (the
-feeders' launch waits in the training thread for whatever the forkserver has not imported yet),
-and the seconds for the next ``--batches`` batches. On the CPU, where ``"auto"`` runs no feeders, ``--auto-feeders N`` makes
-it choose N as the GPU route does, so the start behind the first batches can be measured on any
+(taken one after another, as fast as they come) and the longest wait for one of them, and the
+seconds for the next ``--batches`` batches. On the CPU, where ``"auto"`` runs no feeders,
+``--auto-feeders N`` makes it choose N as the GPU route does, so the start behind the first
+batches can be measured on any
 machine; on CUDA ``"auto"`` chooses for itself.
 
     python -m benchmarks.experiments.feeders.first_batch /tmp/shards --device cpu --workers 2 \\
