@@ -7,8 +7,7 @@ Each run also says when the feeders were up, how many batches came from this pro
 (taken one after another, as fast as they come) and the longest wait for one of them, and the
 seconds for the next ``--batches`` batches. On the CPU, where ``"auto"`` runs no feeders,
 ``--auto-feeders N`` makes it choose N as the GPU route does, so the start behind the first
-batches can be measured on any
-machine; on CUDA ``"auto"`` chooses for itself.
+batches can be measured on any machine; on CUDA ``"auto"`` chooses for itself.
 
     python -m benchmarks.experiments.feeders.first_batch /tmp/shards --device cpu --workers 2 \\
         --auto-feeders 1 --rounds 5
