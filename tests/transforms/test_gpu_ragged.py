@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +13,7 @@ from shardkit.loader.routes.device.pinned import chw_offsets
 from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows, window_geometry
 from shardkit.transforms.gpu_ragged import crop_resize_flip_ragged, ragged_images, ragged_layout
 from shardkit.transforms.params import CropFlip
+from tests.transforms.interpreted import run_interpreted
 
 
 def _batch(seed: int, n: int = 6, largest: int = 120
@@ -109,13 +106,9 @@ def _kernel_vs_eager(device: str, pad: int, largest: int = 120) -> int:
 
 
 def test_triton_kernel_interpreted_on_cpu_matches_eager() -> None:
-    pytest.importorskip("triton")
-    script = ("from tests.transforms.test_gpu_ragged import _kernel_vs_eager\n"
-              "print(max(_kernel_vs_eager('cpu', pad, largest=40) for pad in (0, 8)))\n")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, f"the kernel failed under the Triton interpreter: {res.stderr[-2000:]}"
-    assert int(res.stdout.split()[-1]) <= 1  # float32 kernel vs float64 tap positions
+    out = run_interpreted("from tests.transforms.test_gpu_ragged import _kernel_vs_eager\n"
+                          "print(max(_kernel_vs_eager('cpu', pad, largest=40) for pad in (0, 8)))\n")
+    assert int(out.split()[-1]) <= 1  # float32 kernel vs float64 tap positions
 
 
 @pytest.mark.cuda
