@@ -84,7 +84,7 @@ from shardkit.bench.harness import alternating_order, steady
 from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted
 from shardkit.bench.step_timing import Step, gpu_times, run_steps
-from shardkit.bench.train_report import summarise, train_table, with_feeders
+from shardkit.bench.train_report import against_best_dali, summarise, train_table, with_feeders
 from shardkit.bench.train_step import TrainStep
 
 __all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
@@ -335,6 +335,7 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
                               settle_s=cfg.settle_s, after_run=after_run)
     results = [{"name": name, "label": with_feeders(label, runs[name]), **summarise(runs[name])}
                for name, (label, _build) in contenders.items()]
+    against_best_dali(results)
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
     return {"schema": "shardkit.bench.train/1", "config": asdict(cfg), "conditions": conds, "results": results}

@@ -14,7 +14,7 @@ from shardkit.bench.report import counted, spread
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
 
-__all__ = ["HOST_BOUND", "rate", "summarise", "train_table", "with_feeders"]
+__all__ = ["HOST_BOUND", "against_best_dali", "rate", "summarise", "train_table", "with_feeders"]
 
 #: A step whose GPU time is under this share of its wall time is called host-bound in the table.
 HOST_BOUND = 0.8
@@ -63,6 +63,10 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
         notes.append("step ms: the synthetic step's wall time (GPU time in brackets); loader GPU ms: device "
                      "time of one batch of the loader alone (torch.profiler; — for a loader with feeder processes, "
                      "whose device work is outside this process's profile).")
+    over = [f"{r['label']} {cell(r['fed_over_best_dali'], lambda x: f'{x:.2f}x')}"
+            for r in results if "fed_over_best_dali" in r]
+    if over:
+        notes.append("Fed rate over the fastest DALI row's in the same repetition: " + "; ".join(over) + ".")
     if host_bound:
         notes.append("The step is host-bound (its GPU time is well under its wall time): its Python and kernel "
                      "launches set its pace, and a loader costs it host time (the GIL, CPU) more than GPU time.")
@@ -82,6 +86,30 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
                    f"    step {step} ms" + ("" if loader == "—" else f"   loader GPU {loader} ms/batch")]
     wrap = textwrap.TextWrapper(width=max(width, 40), subsequent_indent="  ", break_on_hyphens=False)
     return "\n".join([wrap.fill(title), *blocks, *(wrap.fill(n) for n in notes)])
+
+
+def against_best_dali(results: list[dict[str, Any]], dali: tuple[str, ...] = ("dali", "dali_files")) -> None:
+    """Give each contender of ``results`` that is not DALI ``fed_over_best_dali``: in each
+    repetition, its fed rate over the fastest DALI row's (``dali``: the DALI contenders' names, a
+    thread count after an ``@`` allowed) in the same repetition, as a spread; nothing where no DALI
+    row ran. The ratio a user comparing the two loaders on one machine would take.
+
+    Example:
+        >>> rows = [{"name": "shardloader", "fed_images_per_second": {"runs": [12.0, 11.0]}},
+        ...         {"name": "dali_files@8", "fed_images_per_second": {"runs": [10.0, 8.0]}},
+        ...         {"name": "dali_files@12", "fed_images_per_second": {"runs": [8.0, 10.0]}}]
+        >>> against_best_dali(rows)
+        >>> rows[0]["fed_over_best_dali"]["runs"], "fed_over_best_dali" in rows[1]
+        ([1.2, 1.1], False)
+    """
+    refs = [r["fed_images_per_second"]["runs"] for r in results if r["name"].split("@")[0] in dali]
+    if not refs:
+        return
+    best = [max(column) for column in zip(*refs, strict=True)]
+    for r in results:
+        if r["name"].split("@")[0] not in dali:
+            runs = r["fed_images_per_second"]["runs"]
+            r["fed_over_best_dali"] = spread([a / b for a, b in zip(runs, best, strict=True)])
 
 
 def with_feeders(label: str, runs: list[TrainRun]) -> str:
