@@ -138,10 +138,6 @@ CANARIES: tuple[Canary, ...] = (
            "the CPU route's shared batch pool sends segments by descriptor; change _compat.fd_storage_descriptor"),
     Canary("torch UntypedStorage._new_shared_fd_cpu", _has("torch", "UntypedStorage", "_new_shared_fd_cpu"),
            "the CPU route's shared batch pool maps received segments with it; change _compat.fd_storage_attach"),
-    Canary("torch._C._host_emptyCache", _has("torch._C", "_host_emptyCache"),
-           "the GPU route gives its pinned staging memory back when feeders take it over (shardkit.loader.routes."
-           "gpu.route); find torch's call that empties the caching host allocator and change "
-           "_compat.empty_host_cache (without it the memory stays pinned in torch's cache)"),
     Canary("torch._utils._flatten_dense_tensors", _has("torch._utils", "_flatten_dense_tensors"),
            "the GPU route lays images end to end with it; use torch.cat([t.reshape(-1) for t in ...]) in "
            "_compat.flatten_dense (slower: a Python call per image)"),

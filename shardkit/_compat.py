@@ -30,7 +30,6 @@ __all__ = [
     "accelerate_untrack",
     "dataloader_next_code",
     "dataloader_workers",
-    "empty_host_cache",
     "fd_storage",
     "fd_storage_attach",
     "fd_storage_descriptor",
@@ -247,9 +246,12 @@ def preloading_forkserver(preload: Sequence[str], env: dict[str, str] | None = N
     A child of the server is a fork of a process that imported torch once, so starting one costs
     milliseconds where a spawned child imports torch, torchvision and shardkit again (seconds of
     CPU each). The server starts from a fresh interpreter (no CUDA, threads or locks of this
-    process) with this process's environment plus ``env`` (set for the server's start only) and
-    ``sys.path``, under :func:`hidden_main` (it never runs the training script). A server the
-    program started itself is used as it is: its own preload list stays. Private:
+    process) with this process's environment plus ``env`` (set in this process while the server
+    starts; the resource tracker started with it inherits it too) and ``sys.path``, under
+    :func:`hidden_main` (it never runs the training script). ``preload`` comes last in the server's
+    list, in its order, after modules the program asked for. A server the program started itself
+    is used as it is: its own preload list stays. Not thread-safe (it sets ``os.environ``): callers
+    serialise their calls. Private:
     ``multiprocessing.forkserver._forkserver`` (the process-wide server, ``_forkserver_pid``,
     ``_preload_modules``; CPython 3.4 on)."""
     import multiprocessing
@@ -263,7 +265,7 @@ def preloading_forkserver(preload: Sequence[str], env: dict[str, str] | None = N
     server: Any = forkserver._forkserver
     if server._forkserver_pid is not None:
         return ctx, False
-    wanted = list(server._preload_modules) + [m for m in preload if m not in server._preload_modules]
+    wanted = [m for m in server._preload_modules if m not in preload] + list(preload)
     ctx.set_forkserver_preload(wanted)
     before = {k: os.environ.get(k) for k in env or {}}
     os.environ.update(env or {})
@@ -277,17 +279,6 @@ def preloading_forkserver(preload: Sequence[str], env: dict[str, str] | None = N
             else:
                 os.environ[k] = v
     return ctx, True
-
-
-def empty_host_cache() -> None:
-    """Give the pinned host memory torch's caching host allocator holds and no tensor uses back to
-    the system (``torch._C._host_emptyCache``, torch 2.3 on; a no-op where it is missing). It
-    frees with ``cudaFreeHost``, which waits for the device: for one-off moments, never per batch."""
-    import torch
-
-    empty = getattr(torch._C, "_host_emptyCache", None)
-    if empty is not None and torch.cuda.is_initialized():
-        empty()
 
 
 # --- accelerate (never imported here: only read when the user's script imported it) -----------

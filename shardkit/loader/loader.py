@@ -428,8 +428,8 @@ class ShardLoader:
         pool = self._pool
         if pool is None or pool.running:
             return True
-        if not (self._feeders_auto and pool.launched):
-            self._start_feeders()  # waits; "auto" that cannot start runs the route here
+        if not self._feeders_auto or (self._run is None and not pool.launched):
+            self._start_feeders()  # before any batch: waits; "auto" that cannot start runs the route here
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -584,7 +584,7 @@ class ShardLoader:
 
     def _hand_over(self) -> None:
         """The feeders deliver from now on: stop the route in this process and its workers, and
-        give back its staging memory."""
+        drop its staging memory."""
         assert self._run is not None
         self._run.stop_workers()
         self.route.release()

@@ -2,10 +2,13 @@
 
 The forkserver (:func:`~shardkit._compat.preloading_forkserver`) imports torch and shardkit
 before it answers its first request, seconds on a busy host; a feeder launched before that
-waits for the imports, in the training thread. So the server is started with this module last
-in its preload list and :data:`READY_ENV` naming a file that does not exist yet: importing the
-module in the server creates the file, and :func:`ready` looks for it (one ``stat``). The
-variable is set for the server's start only, and the server drops it, so no feeder inherits it.
+waits for the imports, in the training thread. So the server is started with
+:mod:`shardkit._forkserver_ready` last in its preload list and :data:`READY_ENV` naming a file
+that does not exist yet (``shardkit-forkserver-<pid>-<random>`` in the temporary directory):
+importing that module in the server creates the file, and :func:`ready` looks for it (one
+``stat``). The module imports nothing of shardkit, so the file appears only once everything
+before it is imported; it is written only by a server whose parent is this process, and the
+server drops the variable, so no feeder inherits it.
 
 A server the program started itself, or the spawn context where there is no forkserver, is
 ready at once (what a launch then costs is not known here).
@@ -17,42 +20,48 @@ import atexit
 import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from shardkit._compat import preloading_forkserver
 
-__all__ = ["READY_ENV", "forkserver", "ready"]
+__all__ = ["MARK_MODULE", "READY_ENV", "forkserver", "ready"]
 
 #: The environment variable naming the file the server creates once it has imported its preload.
 READY_ENV = "SHARDKIT_FORKSERVER_READY"
+#: The module the server imports last, which creates the file.
+MARK_MODULE = "shardkit._forkserver_ready"
 
 _marker: str | None = None  # in the training process: the file a server started here creates
+_lock = threading.Lock()  # one start at a time: the variable is set in this process's environment
 
 
 def forkserver(preload: Sequence[str]) -> Any | None:
-    """The forkserver context with ``preload`` (then this module) imported in its server, started
-    now in the background if it is not running; None where the platform has none."""
+    """The forkserver context with ``preload`` (then :data:`MARK_MODULE`) imported in its server,
+    started now in the background if it is not running; None where the platform has none."""
     global _marker
-    path = os.path.join(tempfile.gettempdir(), f"shardkit-forkserver-{os.getpid()}-{os.urandom(6).hex()}")
-    got = preloading_forkserver((*preload, __name__), env={READY_ENV: path})
-    if got is None:
-        return None
-    ctx, started = got
-    if started:
-        _marker = path
-        atexit.register(_forget, path)
-    return ctx
+    with _lock:
+        path = os.path.join(tempfile.gettempdir(), f"shardkit-forkserver-{os.getpid()}-{os.urandom(6).hex()}")
+        got = preloading_forkserver((*preload, MARK_MODULE), env={READY_ENV: path})
+        if got is None:
+            return None
+        ctx, started = got
+        if started:
+            _marker = path
+            atexit.register(_forget, path)
+        return ctx
 
 
 def ready() -> bool:
     """Whether a feeder launched now is forked at once (the server has imported its preload)."""
     global _marker
-    if _marker is None:
+    marker = _marker
+    if marker is None:
         return True
-    if not os.path.exists(_marker):
+    if not os.path.exists(marker):
         return False
-    _forget(_marker)
+    _forget(marker)
     _marker = None
     return True
 
@@ -60,14 +69,3 @@ def ready() -> bool:
 def _forget(path: str) -> None:
     with contextlib.suppress(OSError):
         os.remove(path)
-
-
-def _mark() -> None:
-    """In the forkserver: say the preload is imported (this module is the last of it)."""
-    path = os.environ.pop(READY_ENV, None)
-    if path:
-        with contextlib.suppress(OSError), open(path, "a"):
-            pass
-
-
-_mark()

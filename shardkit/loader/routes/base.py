@@ -101,8 +101,8 @@ class Route(ABC, Generic[W, R]):
         """Stop the route's host-side work (threads); called before the workers stop. Idempotent."""
 
     def release(self) -> None:
-        """:meth:`close`, and give back what the route keeps between iterations (staging memory),
-        as when feeder processes take it over; it is made again if the route runs again here."""
+        """:meth:`close`, and drop what the route keeps between iterations (staging memory), as
+        when feeder processes take it over; it is made again if the route runs again here."""
         self.close()
 
 

@@ -224,13 +224,15 @@ def test_a_script_that_ends_while_its_feeders_start_exits_cleanly(packed: Path, 
 
 
 def test_no_batch_waits_for_the_forkserver_to_import_torch(packed: Path, tmp_path: Path) -> None:
-    """The feeders are launched only once their forkserver has imported its preload: with the
-    server held at an import (a gate file), batches keep coming from this process and nothing is
-    launched; once it is released the feeders start and deliver the rest, every batch once.
-    In a process of its own: the forkserver is one per process."""
+    """The feeders are launched only once their forkserver has imported its whole preload: with
+    the server held at an import after shardkit's own modules (a gate file; the batches are taken
+    once it is held there), batches keep coming from this process and nothing is launched, also
+    through wait_for_feeders(timeout); once it is released the feeders start and deliver the rest,
+    every sample once. In a process of its own: the forkserver is one per process."""
     gate = tmp_path / "gate"
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""
+        import os
         import time
         import shardkit.loader.loader as loader_module
         from shardkit.loader.feed import pool
@@ -240,9 +242,16 @@ def test_no_batch_waits_for_the_forkserver_to_import_torch(packed: Path, tmp_pat
         pool.PRELOAD = (*pool.PRELOAD, "tests.loader.feed.gated_import")  # the server waits for the gate
         loader = ShardLoader({str(packed)!r}, batch_size=4, transform=transforms.imagenet_val(32), num_workers=2,
                              keys=True)
+        deadline = time.monotonic() + 60
+        while not os.path.exists({str(gate)!r} + ".reached"):  # the server imported shardkit and is held
+            assert time.monotonic() < deadline, "the forkserver never reached the gate"
+            time.sleep(0.05)
         it = iter(loader)
         keys = [k for _ in range(6) for k in next(it)[2]]
         assert not loader._pool.launched and not loader._pool.running, "launched before the server was ready"
+        t0 = time.monotonic()
+        assert not loader.wait_for_feeders(timeout=1.0), "started although the server is held"
+        assert time.monotonic() - t0 < 10, "wait_for_feeders(timeout=1.0) blocked"
         open({str(gate)!r}, "w").close()
         assert loader.wait_for_feeders(timeout=60)
         keys += [k for _, _, ks in it for k in ks]

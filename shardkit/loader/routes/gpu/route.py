@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from shardkit._compat import empty_host_cache
 from shardkit.codec.nvjpeg import gpu_decodes_gray
 from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
@@ -77,8 +76,9 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
             self._prefetcher = None
 
     def release(self) -> None:
-        """Also give the pinned staging slots back (a few hundred MB at batch 128)."""
+        """Also drop the pinned staging slots (a few hundred MB at batch 128): their memory goes
+        back to torch's pinned-memory cache, for this process's next pinned tensors. Emptying
+        that cache to the system would wait for the whole device, at a batch of the training
+        loop, and drop the program's own cached blocks too."""
         self.close()
-        if self._slots:
-            self._slots = []
-            empty_host_cache()
+        self._slots = []
