@@ -44,8 +44,9 @@ def _one(shards: str, device: str, workers: int, feeders: str, auto_feeders: int
     t2 = time.perf_counter()
     gap, taken, last = 0.0, 1, t2  # batches until the feeders deliver, and the longest wait among them
     while loader._pool is not None and not loader._pool.running and taken < 2000:
-        if next(it, None) is None:
+        if next(it, None) is None:  # an epoch's end: the next epoch's first batch is the next one counted
             it = iter(loader)
+            continue
         now = time.perf_counter()
         gap, taken, last = max(gap, now - last), taken + 1, now
     loader.wait_for_feeders()
