@@ -5,5 +5,6 @@ training process through shared device memory.
 :mod:`~shardkit.loader.feed.process` a feeder's side, :mod:`~shardkit.loader.feed.layout` which
 worker and batch belong to which feeder, :mod:`~shardkit.loader.feed.labels` what a slot holds
 beside the images (labels, or a captioned batch's token ids), :mod:`~shardkit.loader.feed.logs`
-their log records relayed.
+their log records relayed, :mod:`~shardkit.loader.feed.ready` whether their forkserver can fork
+them yet, :mod:`~shardkit.loader.feed.cuda_sync` how they wait for the device.
 """
