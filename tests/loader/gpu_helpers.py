@@ -1,5 +1,6 @@
-"""Shared by the GPU-path tests: a small ImageNet-like packed set and a CPU emulation of the
-device pipeline (decode on the CPU, then the batched eager resize) for machines without CUDA."""
+"""Shared by the GPU-path tests: a small ImageNet-like packed set, one pass of a loader on it
+(:func:`batches_on_cpu`), and a CPU emulation of the device pipeline (decode on the CPU, then the
+batched eager resize) for machines without CUDA."""
 
 from __future__ import annotations
 
@@ -51,6 +52,14 @@ class Batches:
 
     def __iter__(self) -> Iterator[Any]:
         return raise_failures(self.stream)
+
+
+def batches_on_cpu(ds: Path, device: str, transform: ImageTransform, **kw: Any
+                   ) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    """One epoch of ``ShardLoader(ds, batch_size=16, keys=True, seed=7, **kw)`` on ``device``, each
+    batch's images and labels copied to the CPU."""
+    loader = ShardLoader(str(ds), batch_size=16, transform=transform, device=device, keys=True, seed=7, **kw)
+    return [(x.cpu(), y.cpu(), k) for x, y, k in loader]
 
 
 def raw_and_cpu_streams(ds: Path, transform: ImageTransform, seed: int = 5, batch_size: int = 16,

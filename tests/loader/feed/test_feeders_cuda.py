@@ -11,7 +11,7 @@ import torch
 
 from shardkit import ShardLoader, transforms
 from shardkit.pack import PackOptions, pack_captions
-from tests.loader.gpu_helpers import make_packed_imagenet_like
+from tests.loader.gpu_helpers import batches_on_cpu, make_packed_imagenet_like
 from tests.trees import add_captions
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -22,20 +22,13 @@ def inet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_packed_imagenet_like(tmp_path_factory.mktemp("inet_cuda"))
 
 
-def _run(ds: Path, device: str, transform: transforms.ImageTransform, **kw: object
-         ) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-    loader = ShardLoader(str(ds), batch_size=16, transform=transform, device=device, keys=True, seed=7,
-                         **kw)  # type: ignore[arg-type]
-    return [(x.cpu(), y.cpu(), k) for x, y, k in loader]
-
-
 def test_feeders_deliver_the_in_process_batches_and_resume(inet: Path) -> None:
     """Feeder processes (CUDA IPC ring) give the batches of the route run in this process,
     bit for bit, in order, for 1 and 2 feeders; a state taken mid-epoch resumes exactly."""
     t = transforms.imagenet_train(96)
-    local = _run(inet, "cuda", t, num_workers=3, feeders=0)
+    local = batches_on_cpu(inet, "cuda", t, num_workers=3, feeders=0)
     for feeders in (1, 2):
-        fed = _run(inet, "cuda", t, num_workers=3, feeders=feeders)
+        fed = batches_on_cpu(inet, "cuda", t, num_workers=3, feeders=feeders)
         assert [k for _, _, k in fed] == [k for _, _, k in local]
         for (x1, y1, _), (x2, y2, _) in zip(local, fed, strict=True):
             assert torch.equal(x1, x2) and torch.equal(y1, y2)
@@ -130,7 +123,7 @@ def test_auto_feeders_take_over_on_cuda_and_the_staging_memory_goes(inet: Path) 
     (waited for mid-epoch), the batches those of feeders=0 bit for bit; after the hand-over the
     in-process route holds no pinned staging slot."""
     t = transforms.imagenet_train(96)
-    local = _run(inet, "cuda", t, num_workers=2, feeders=0)
+    local = batches_on_cpu(inet, "cuda", t, num_workers=2, feeders=0)
     with ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", keys=True, seed=7, num_workers=2,
                      feeders="auto") as loader:
         assert loader.feeders == 1

@@ -22,6 +22,7 @@ from shardkit.loader.routes.device.pinned import PinnedSlot
 from shardkit.loader.routes.gpu.host import GpuPipeline
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 from tests.loader.gpu_helpers import (
+    batches_on_cpu,
     emulate_device,
     make_packed_imagenet_like,
     pixels,
@@ -38,18 +39,11 @@ def inet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_packed_imagenet_like(tmp_path_factory.mktemp("inet_cuda"))
 
 
-def _run(ds: Path, device: str, transform: transforms.ImageTransform, **kw: object
-         ) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-    loader = ShardLoader(str(ds), batch_size=16, transform=transform, device=device, keys=True, seed=7,
-                         **kw)  # type: ignore[arg-type]
-    return [(x.cpu(), y.cpu(), k) for x, y, k in loader]
-
-
 @pytest.mark.parametrize("preset", [transforms.imagenet_train, transforms.imagenet_val])
 def test_gpu_matches_cpu_path(inet: Path, preset: object) -> None:
     t = preset(224)  # type: ignore[operator]
-    cpu = _run(inet, "cpu", t, num_workers=2)
-    gpu = _run(inet, "cuda", t, num_workers=2)
+    cpu = batches_on_cpu(inet, "cpu", t, num_workers=2)
+    gpu = batches_on_cpu(inet, "cuda", t, num_workers=2)
     assert len(cpu) == len(gpu)
     worst = 0.0
     for (a, la, ka), (b, lb, kb) in zip(cpu, gpu, strict=True):
@@ -79,8 +73,8 @@ def test_device_pipeline_equals_reference_on_nvjpeg_pixels(inet: Path, preset: o
 def test_flips_match(inet: Path) -> None:
     """A mirrored crop compares far better to its own CPU twin than to the unmirrored one."""
     t = transforms.imagenet_train(224)
-    cpu = _run(inet, "cpu", t)[:2]
-    gpu = _run(inet, "cuda", t)[:2]
+    cpu = batches_on_cpu(inet, "cpu", t)[:2]
+    gpu = batches_on_cpu(inet, "cuda", t)[:2]
     for (a, _, _), (b, _, _) in zip(cpu, gpu, strict=True):
         same = (a.int() - b.int()).abs().float().mean(dim=(1, 2, 3))
         mirrored = (a.int() - b.flip(-1).int()).abs().float().mean(dim=(1, 2, 3))
@@ -89,8 +83,8 @@ def test_flips_match(inet: Path) -> None:
 
 def test_eager_and_compiled_agree(inet: Path) -> None:
     t = transforms.imagenet_train(224)
-    a = _run(inet, "cuda", t, gpu=GpuOptions(compile=True), num_workers=3)
-    b = _run(inet, "cuda", t, gpu=GpuOptions(compile=False), num_workers=3)  # slow augment: queues run full
+    a = batches_on_cpu(inet, "cuda", t, gpu=GpuOptions(compile=True), num_workers=3)
+    b = batches_on_cpu(inet, "cuda", t, gpu=GpuOptions(compile=False), num_workers=3)  # slow augment: queues run full
     for (x, _, kx), (y, _, ky) in zip(a, b, strict=True):
         assert kx == ky and (x.int() - y.int()).abs().max() <= 1
 
@@ -106,8 +100,8 @@ def test_several_decode_threads_give_the_same_batches(inet: Path, decoder: str) 
     prefer_decoder(decoder)
     try:
         t = transforms.imagenet_train(128)
-        one = _run(inet, "cuda", t, num_workers=2)
-        three = _run(inet, "cuda", t, num_workers=2, gpu=GpuOptions(decode_threads=3))
+        one = batches_on_cpu(inet, "cuda", t, num_workers=2)
+        three = batches_on_cpu(inet, "cuda", t, num_workers=2, gpu=GpuOptions(decode_threads=3))
     finally:
         prefer_decoder(None)
     assert len(one) == len(three)
@@ -143,7 +137,7 @@ def test_resume_and_finalize_and_stats(inet: Path) -> None:
 
 def test_batches_are_safe_on_a_user_stream(inet: Path) -> None:
     t = transforms.imagenet_train(224)
-    ref = _run(inet, "cuda", t)
+    ref = batches_on_cpu(inet, "cuda", t)
     stream = torch.cuda.Stream()
     got = []
     with torch.cuda.stream(stream):
@@ -288,7 +282,7 @@ def test_cpu_fallback_to_cuda_through_the_shared_batch_pool(inet: Path, monkeypa
     assert pool._received and int(pool.busy.sum()) == 0  # served from the pool, every slot given back
     cuda.close()
     assert len(got) == len(cuda)
-    cpu = _run(inet, "cpu", t, num_workers=2)
+    cpu = batches_on_cpu(inet, "cpu", t, num_workers=2)
     assert [k for *_, k in got] == [k for *_, k in cpu]
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, cpu, strict=True))
 
