@@ -335,7 +335,7 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
                               settle_s=cfg.settle_s, after_run=after_run)
     results = [{"name": name, "label": with_feeders(label, runs[name]), **summarise(runs[name])}
                for name, (label, _build) in contenders.items()]
-    against_best_dali(results)
+    against_best_dali(results, DALI_CONTENDERS)
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
     return {"schema": "shardkit.bench.train/1", "config": asdict(cfg), "conditions": conds, "results": results}

@@ -88,27 +88,28 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
     return "\n".join([wrap.fill(title), *blocks, *(wrap.fill(n) for n in notes)])
 
 
-def against_best_dali(results: list[dict[str, Any]], dali: tuple[str, ...] = ("dali", "dali_files")) -> None:
+def against_best_dali(results: list[dict[str, Any]], dali: tuple[str, ...]) -> None:
     """Give each contender of ``results`` that is not DALI ``fed_over_best_dali``: in each
     repetition, its fed rate over the fastest DALI row's (``dali``: the DALI contenders' names, a
     thread count after an ``@`` allowed) in the same repetition, as a spread; nothing where no DALI
-    row ran. The ratio a user comparing the two loaders on one machine would take.
+    row ran, and nothing for a row whose number of runs differs from the DALI rows' (no pairing
+    by repetition then). The ratio a user comparing the two loaders on one machine would take.
 
     Example:
         >>> rows = [{"name": "shardloader", "fed_images_per_second": {"runs": [12.0, 11.0]}},
         ...         {"name": "dali_files@8", "fed_images_per_second": {"runs": [10.0, 8.0]}},
         ...         {"name": "dali_files@12", "fed_images_per_second": {"runs": [8.0, 10.0]}}]
-        >>> against_best_dali(rows)
+        >>> against_best_dali(rows, ("dali", "dali_files"))
         >>> rows[0]["fed_over_best_dali"]["runs"], "fed_over_best_dali" in rows[1]
         ([1.2, 1.1], False)
     """
     refs = [r["fed_images_per_second"]["runs"] for r in results if r["name"].split("@")[0] in dali]
-    if not refs:
+    if not refs or len({len(runs) for runs in refs}) != 1:
         return
     best = [max(column) for column in zip(*refs, strict=True)]
     for r in results:
-        if r["name"].split("@")[0] not in dali:
-            runs = r["fed_images_per_second"]["runs"]
+        runs = r["fed_images_per_second"]["runs"]
+        if r["name"].split("@")[0] not in dali and len(runs) == len(best):
             r["fed_over_best_dali"] = spread([a / b for a, b in zip(runs, best, strict=True)])
 
 

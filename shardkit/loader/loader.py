@@ -419,7 +419,9 @@ class ShardLoader:
         seconds (a benchmark does this before it times the loader's steady state). The next
         batch then comes from them, or, where they could not start, from this process for good
         (:attr:`feeders` is then 0, with one warning). Before the first iteration it starts them
-        now. True unless ``timeout`` passed first.
+        now, waiting for their start whatever ``timeout`` says. True unless ``timeout`` passed
+        first; it can pass unnoticed while a launch waits for a forkserver that is not ready after
+        a minute (``READY_WAIT_S``).
 
         Raises:
             LoaderError: feeders asked for by number could not start (naming why).

@@ -292,12 +292,12 @@ def test_the_table_gives_each_loader_over_the_fastest_dali_row_of_each_repetitio
 
     rows = [row("shardloader", "ShardLoader", [12.0, 11.0]), row("dali_files@8", "DALI, 8 threads", [10.0, 8.0]),
             row("dali_files@12", "DALI, 12 threads", [8.0, 10.0])]
-    against_best_dali(rows)
+    against_best_dali(rows, train.DALI_CONTENDERS)
     table = train_table("t", rows, batch_size=128)
     assert "over the fastest DALI row's in the same repetition: ShardLoader 1.15x (1.10x–1.20x)." in table
     assert "DALI, 8 threads 1" not in table
     without = [row("shardloader", "ShardLoader", [12.0]), row("imagefolder", "ImageFolder", [3.0])]
-    against_best_dali(without)
+    against_best_dali(without, train.DALI_CONTENDERS)
     assert "DALI" not in train_table("t", without, batch_size=128)
 
 

@@ -3,15 +3,21 @@
 The forkserver (:func:`~shardkit._compat.preloading_forkserver`) imports torch and shardkit
 before it answers its first request, seconds on a busy host; a feeder launched before that
 waits for the imports, in the training thread. So the server is started with
-:mod:`shardkit._forkserver_ready` last in its preload list and :data:`READY_ENV` naming a file
-that does not exist yet (``shardkit-forkserver-<pid>-<random>`` in the temporary directory):
+``shardkit._forkserver_ready`` last in its preload list and :data:`READY_ENV` naming a file
+that does not exist yet (``shardkit-forkserver-<pid>-<random>``):
 importing that module in the server creates the file, and :func:`ready` looks for it (one
 ``stat``). The module imports nothing of shardkit, so the file appears only once everything
 before it is imported; it is written only by a server whose parent is this process, and the
 server drops the variable, so no feeder inherits it.
 
+The file lives in a directory made for it and removed at exit, so a server that finishes its
+imports after this process has begun to exit has nowhere to write.
+
 A server the program started itself, or the spawn context where there is no forkserver, is
-ready at once (what a launch then costs is not known here).
+ready at once (what a launch then costs is not known here). A server that dies is started again
+by multiprocessing at the next launch, with the same preload but without the variable: no file
+then, and a launch before :data:`~shardkit.loader.feed.pool.READY_WAIT_S` has passed waits for its
+imports as it would without this module.
 """
 
 from __future__ import annotations
@@ -42,8 +48,14 @@ def forkserver(preload: Sequence[str]) -> Any | None:
     started now in the background if it is not running; None where the platform has none."""
     global _marker
     with _lock:
-        path = os.path.join(tempfile.gettempdir(), f"shardkit-forkserver-{os.getpid()}-{os.urandom(6).hex()}")
-        got = preloading_forkserver((*preload, MARK_MODULE), env={READY_ENV: path})
+        folder = tempfile.mkdtemp(prefix="shardkit-")
+        path = os.path.join(folder, f"shardkit-forkserver-{os.getpid()}-{os.urandom(6).hex()}")
+        got = None
+        try:
+            got = preloading_forkserver((*preload, MARK_MODULE), env={READY_ENV: path})
+        finally:
+            if got is None or not got[1]:
+                _forget(path)  # no server of this call will write there
         if got is None:
             return None
         ctx, started = got
@@ -67,5 +79,8 @@ def ready() -> bool:
 
 
 def _forget(path: str) -> None:
+    """Remove the marker file and its directory (whichever exist)."""
     with contextlib.suppress(OSError):
         os.remove(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(path))

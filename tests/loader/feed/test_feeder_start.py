@@ -240,6 +240,7 @@ def test_no_batch_waits_for_the_forkserver_to_import_torch(packed: Path, tmp_pat
         from shardkit import ShardLoader, transforms
         loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())  # "auto" on the CPU: one
         pool.PRELOAD = (*pool.PRELOAD, "tests.loader.feed.gated_import")  # the server waits for the gate
+        pool.READY_WAIT_S = 600.0  # a slow machine's server must not be launched at anyway meanwhile
         loader = ShardLoader({str(packed)!r}, batch_size=4, transform=transforms.imagenet_val(32), num_workers=2,
                              keys=True)
         deadline = time.monotonic() + 60
@@ -263,3 +264,35 @@ def test_no_batch_waits_for_the_forkserver_to_import_torch(packed: Path, tmp_pat
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "SHARDKIT_TEST_GATE": str(gate)}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+
+
+@pytest.mark.parametrize("parent", [True, False])
+def test_the_marker_is_written_only_for_the_process_that_named_it(tmp_path: Path, parent: bool) -> None:
+    """shardkit._forkserver_ready creates the file only in a process whose parent's pid is in its
+    name (the forkserver of the process that started it), and drops the variable either way."""
+    pid = os.getpid() if parent else os.getpid() + 1_000_000
+    path = tmp_path / f"shardkit-forkserver-{pid}-abc"
+    script = "import os, shardkit._forkserver_ready; print('SHARDKIT_FORKSERVER_READY' in os.environ)"
+    env = {**os.environ, "SHARDKIT_FORKSERVER_READY": str(path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+    assert path.exists() == parent
+
+
+def test_the_forkserver_preload_ends_with_the_marker() -> None:
+    """preloading_forkserver puts the given modules last, in order, after what the program asked
+    for (the marker last of all); in a process of its own, where no server runs yet."""
+    script = textwrap.dedent("""
+        import multiprocessing
+        from multiprocessing import forkserver
+        multiprocessing.set_forkserver_preload(["json", "shardkit._forkserver_ready"])
+        from shardkit.loader.feed import pool, ready
+        pool._context()
+        print(forkserver._forkserver._preload_modules)
+        while not ready.ready():
+            pass
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(["json", "shardkit.loader.feed.process", "shardkit._forkserver_ready"])
