@@ -76,9 +76,10 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
             self._prefetcher = None
 
     def release(self) -> None:
-        """Also drop the pinned staging slots (a few hundred MB at batch 128): their memory goes
-        back to torch's pinned-memory cache, for this process's next pinned tensors. Emptying
-        that cache to the system would wait for the whole device, at a batch of the training
-        loop, and drop the program's own cached blocks too."""
+        """Also drop the pinned staging slots (by their sizes, 10 of about 28 MB each at batch 128
+        and 176 px with the default ``device_prefetch``): their memory goes back to torch's
+        pinned-memory cache, for this process's next pinned tensors. Emptying that cache to the
+        system would wait for the whole device, at a batch of the training loop, and drop the
+        program's own cached blocks too."""
         self.close()
         self._slots = []
