@@ -20,6 +20,7 @@ from shardkit.loader.epochs.position import Position
 from shardkit.loader.epochs.state import MAX_INT
 from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
+from shardkit.loader.feed.trial import PaceTrial, Place
 from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, seen_by_accelerate
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
 from shardkit.loader.read.captions import CaptionTargets, TextTransform
@@ -122,7 +123,9 @@ class ShardLoader:
             to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0, and
             the first batches come from this process while they start (launched from the second
             batch once their forkserver is ready, they take the epoch over at the next batch once
-            up: :meth:`wait_for_feeders`);
+            up: :meth:`wait_for_feeders`); then the loop is timed fed by them and fed from this
+            process, a few dozen batches each, and the faster stays (:mod:`~shardkit.loader.feed.trial`;
+            :attr:`feeders` becomes 0 if that is this process, logged at info level);
             a number: started before the first batch. 0: this process. Same batches, order and
             state either way. Needed: an
             :class:`~shardkit.transforms.ImageTransform`, ``num_workers >= feeders``, and an
@@ -290,6 +293,7 @@ class ShardLoader:
         self.feeders, self._slot_labels = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
                                                        captions=spec.captions, workers_auto=num_workers == "auto")
         self._pool: FeederPool | None = None
+        self._trial = PaceTrial()  # feeders="auto": where the route runs best, timed once they are up
         self._spec, self._read_ahead = spec.on(self.device), read_ahead  # on: where the route delivers
         #: The preprocessing service building this loader's batches (``service=``), or None.
         self.service: ServiceClient | None = None
@@ -418,7 +422,9 @@ class ShardLoader:
         processes start (see ``feeders``); wait until they have started, at most ``timeout``
         seconds (a benchmark does this before it times the loader's steady state). The next
         batch then comes from them, or, where they could not start, from this process for good
-        (:attr:`feeders` is then 0, with one warning). Before the first iteration it starts them
+        (:attr:`feeders` is then 0, with one warning); after the trial of ``feeders="auto"``
+        (about 2 x (:data:`~shardkit.loader.feed.trial.SKIP` + :data:`~shardkit.loader.feed.trial.WINDOW`)
+        batches) the batches come from where it found the loop faster. Before the first iteration it starts them
         now, waiting for their start whatever ``timeout`` says. True unless ``timeout`` passed
         first; it can pass unnoticed while a launch waits for a forkserver that is not ready after
         a minute (``READY_WAIT_S``).
@@ -459,16 +465,14 @@ class ShardLoader:
         self._active = mine
         if self._pool is not None and not self._pool.running and not self._feeders_auto:
             self._start_feeders()  # asked for by number: started (or refused) before the first batch
-        if self._pool is not None and self._pool.running and self._run is not None:
-            self._hand_over()  # feeders="auto" whose feeders came up between iterations
         delivered: Generator[tuple[Any, Any, list[str]], Any, None]
         local: Delivery | None = None  # the route's delivery in this process, which read-ahead keeps
         served: Generator[Any, None, None] | None = None  # the service's batches, in order
         if self.service is not None:
             served = self.service.batches(self.config, epoch, start, rest)
             delivered = self.route.deliver(served, self._stats)
-        elif self._pool is not None and not self._pool.running:
-            delivered = self._bridged(self._pool, epoch, start, count, rest)  # "auto": no wait for them
+        elif self._pool is not None and self._feeders_auto and self._trial.decided is None:
+            delivered = self._auto(self._pool, epoch, start, count, rest)  # "auto": no wait for them
         elif self._pool is not None:
             delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
         else:
@@ -539,7 +543,7 @@ class ShardLoader:
         self._num_batches = self.config.num_batches
         self._stream.config = self.config
         if self._pool is not None:
-            self._pool = self._feeder_pool()
+            self._pool, self._trial = self._feeder_pool(), PaceTrial()
         if self._pos.loaded and self._loaded_state is not None:
             self._pos.resumed(*self.config.resume(self._loaded_state))
 
@@ -551,38 +555,75 @@ class ShardLoader:
                                       part, parts, workers, preferred_decoder(), self._read_ahead, self._slot_labels)
                            for part in range(parts)])
 
-    def _bridged(self, pool: FeederPool, epoch: int, start: int, count: int, rest: Any
-                 ) -> Generator[tuple[Any, Any, list[str]], Any, None]:
-        """``feeders="auto"`` while its feeders start: batches ``start`` on of ``epoch`` from the
-        route in this process; from the second batch, once their forkserver is ready, the feeder
-        processes are launched (from this thread), and before each later batch their start
-        messages are taken without waiting (:meth:`FeederPool.poll_started`); from the first batch
-        after all have started, the feeders deliver (the same batches either way). Feeders that
-        cannot start leave the route here, with one warning."""
-        if self._run is None:
-            self._local_workers()
-        assert self._run is not None
-        local, at = self._run.open(epoch, start, rest), start
+    def _auto(self, pool: FeederPool, epoch: int, start: int, count: int, rest: Any
+              ) -> Generator[tuple[Any, Any, list[str]], Any, None]:
+        """``feeders="auto"`` until it has chosen where the route runs: batches ``start`` on of
+        ``epoch``. While the feeders start, from the route in this process: from the second
+        batch, once their forkserver is ready, they are launched (from this thread), and before
+        each later batch their start messages are taken without waiting
+        (:meth:`FeederPool.poll_started`). Once up, they deliver, then the route here, each while
+        :class:`~shardkit.loader.feed.trial.PaceTrial` times the loop, and the faster side stays
+        (the same batches either way). Feeders that cannot start leave the route here, with one
+        warning."""
+        trial = self._trial
+        trial.restart_clock()
+        at, place, source = start, None, None
         try:
             while at < count:
-                if (at > start or pool.launched) and self._pool is pool:
-                    try:
-                        if pool.poll_started():  # launches them first (from the second batch)
-                            break
-                    except LoaderError as err:
-                        self._without_feeders(err)  # "auto": the route stays here
-                item = next(local, None)
+                if pool.running and self._pool is pool:
+                    trial.request(time.monotonic())
+                want = self._place(pool, polling=at > start or pool.launched)
+                if want != place:
+                    if source is not None:
+                        source.close()
+                    source, place = self._open(want, pool, epoch, at, count, rest), want
+                if trial.decided == "here" and self._pool is pool:
+                    self._keep_here(pool)
+                assert source is not None
+                item = next(source, None)
                 if item is None:
                     return  # too few batches: the caller names the epoch and the count
                 yield item
                 at += 1
+            if place == "feeders" and source is not None:
+                next(source, None)  # each feeder's end of its part (an extra batch would be an error)
         finally:
-            local.close()
-        if at >= count:
-            return
-        self._hand_over()
-        log.debug("shardkit: feeder processes up; they deliver epoch %d from batch %d", epoch, at)
-        yield from pool.epoch(epoch, at, count, rest, self._stats)
+            if source is not None:
+                source.close()
+
+    def _place(self, pool: FeederPool, *, polling: bool) -> Place:
+        """Where the next batch of :meth:`_auto` comes from: here while the feeders start (polled
+        when ``polling``) or cannot, then where the trial says."""
+        if self._pool is not pool:
+            return "here"  # they could not start
+        if not pool.running and polling:
+            try:
+                pool.poll_started()  # launches them first, once their forkserver is ready
+            except LoaderError as err:
+                self._without_feeders(err)  # "auto": the route stays here
+                return "here"
+        return self._trial.place if pool.running else "here"
+
+    def _open(self, place: Place, pool: FeederPool, epoch: int, at: int, count: int, rest: Any
+              ) -> Generator[tuple[Any, Any, list[str]], Any, None]:
+        """The delivery of batches ``at`` on of ``epoch`` from ``place``; the feeders for good once
+        the trial chose them (the route here stops and drops its staging memory)."""
+        if place == "here":
+            if self._run is None:
+                self._local_workers()
+            assert self._run is not None
+            return self._run.open(epoch, at, rest)
+        if self._trial.decided == "feeders" and self._run is not None:
+            self._hand_over()
+            log.info("shardkit: %s", self._trial.summary(self.feeders))
+        log.debug("shardkit: feeder processes deliver epoch %d from batch %d", epoch, at)
+        return pool.epoch(epoch, at, count, rest, self._stats)
+
+    def _keep_here(self, pool: FeederPool) -> None:
+        """The trial found the loop faster fed from this process: stop the feeders for good."""
+        log.info("shardkit: %s", self._trial.summary(self.feeders))
+        pool.close()
+        self._pool, self.feeders = None, 0
 
     def _hand_over(self) -> None:
         """The feeders deliver from now on: stop the route in this process and its workers, and

@@ -6,5 +6,6 @@ training process through shared device memory.
 worker and batch belong to which feeder, :mod:`~shardkit.loader.feed.labels` what a slot holds
 beside the images (labels, or a captioned batch's token ids), :mod:`~shardkit.loader.feed.logs`
 their log records relayed, :mod:`~shardkit.loader.feed.ready` whether their forkserver can fork
-them yet, :mod:`~shardkit.loader.feed.cuda_sync` how they wait for the device.
+them yet, :mod:`~shardkit.loader.feed.cuda_sync` how they wait for the device,
+:mod:`~shardkit.loader.feed.trial` whether ``feeders="auto"`` keeps them (the loop timed both ways).
 """

@@ -1,5 +1,6 @@
 """feeders="auto" on the CPU: the first batches come from the training process while the feeders
-start, and the feeders take over with the same batches (at a chosen batch, between epochs, never);
+start, and the feeders take over with the same batches (at a chosen batch, between epochs, never;
+what the trial that follows keeps: test_feeder_trial.py);
 a resume point from before the hand-over, close() and script exit while they start, a start
 that does not come in time, and wait_for_feeders(). The shared helpers are test_feeders.py's."""
 
@@ -76,13 +77,13 @@ def test_auto_feeders_take_over_mid_epoch_with_the_same_batches(packed: Path, mo
                     gate.set()
                     assert loader.wait_for_feeders(timeout=120)
         assert asked == [(0, 3), (1, 0)]  # epoch 0 from batch 3 on, epoch 1 whole
-        assert loader._run is None and loader._dataloader is None
+        assert loader._trial.place == "feeders" and loader._trial.decided is None  # still timing them
     _same(want, got)
 
 
 def test_feeders_up_between_epochs_take_the_next_one(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Feeders that come up after an epoch ran whole in this process deliver the next one, and
-    the workers of this process are stopped then."""
+    """Feeders that come up after an epoch ran whole in this process deliver the next one (the
+    trial of test_feeder_trial.py times them first)."""
     with _loader(packed, feeders=0) as plain:
         want = _epochs(plain)
     gate, asked = _gated(monkeypatch)
@@ -94,7 +95,7 @@ def test_feeders_up_between_epochs_take_the_next_one(packed: Path, monkeypatch: 
         assert loader.wait_for_feeders(timeout=120)
         loader.set_epoch(1)
         got += list(loader)
-        assert asked == [(1, 0)] and loader._run is None and loader._dataloader is None
+        assert asked == [(1, 0)] and loader._trial.place == "feeders"
     _same(want, got)
 
 
@@ -141,7 +142,7 @@ def test_the_first_batches_do_not_wait_for_the_feeders(packed: Path, monkeypatch
         assert loader.wait_for_feeders(timeout=120)
         loader.set_epoch(1)
         got += [(x, y, k) for x, y, k in loader]
-        assert loader._run is None and loader._pool.running
+        assert loader._trial.place == "feeders" and loader._pool.running
     _same(want, got)
 
 
@@ -256,7 +257,7 @@ def test_no_batch_waits_for_the_forkserver_to_import_torch(packed: Path, tmp_pat
         open({str(gate)!r}, "w").close()
         assert loader.wait_for_feeders(timeout=60)
         keys += [k for _, _, ks in it for k in ks]
-        assert loader._pool.running and loader._run is None, "the feeders did not take over"
+        assert loader._pool.running and loader._trial.place == "feeders", "the feeders did not take over"
         assert len(keys) == len(set(keys)) == 69, len(keys)  # every sample once
         loader.close()
         print("done", flush=True)

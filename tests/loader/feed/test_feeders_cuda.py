@@ -3,6 +3,8 @@ for bit (images, and a tokenizer's ids), resume exact across feeder counts."""
 
 from __future__ import annotations
 
+import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,22 +120,39 @@ def test_a_feeder_context_sleeps_in_its_waits() -> None:
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
 
 
-def test_auto_feeders_take_over_on_cuda_and_the_staging_memory_goes(inet: Path) -> None:
-    """feeders="auto" on the GPU route: the first batches from this process, then the feeders
-    (waited for mid-epoch), the batches those of feeders=0 bit for bit; after the hand-over the
-    in-process route holds no pinned staging slot."""
+def test_auto_feeders_take_over_on_cuda_and_the_staging_memory_goes(
+        inet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """feeders="auto" on the GPU route: the first batch from this process, then the feeders
+    (waited for mid-epoch), then the trial (short here, with a loop slower fed from this process)
+    switching to this process and back; two epochs' batches are those of feeders=0 bit for bit,
+    and once the feeders are kept the in-process route holds no pinned staging slot."""
+    from shardkit.loader import loader as loader_module
+    from shardkit.loader.feed.trial import PaceTrial
+
+    monkeypatch.setattr(loader_module, "PaceTrial", functools.partial(PaceTrial, skip=1, window=2))
     t = transforms.imagenet_train(96)
-    local = batches_on_cpu(inet, "cuda", t, num_workers=2, feeders=0)
-    with ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", keys=True, seed=7, num_workers=2,
-                     feeders="auto") as loader:
+    kw: dict[str, Any] = {"batch_size": 16, "transform": t, "device": "cuda", "keys": True, "seed": 7,
+                          "num_workers": 2}
+    local = []
+    with ShardLoader(str(inet), feeders=0, **kw) as plain:
+        for epoch in range(2):
+            plain.set_epoch(epoch)
+            local += [(x.cpu(), y.cpu(), k) for x, y, k in plain]
+    with ShardLoader(str(inet), feeders="auto", **kw) as loader:
         assert loader.feeders == 1
         route: Any = loader.route
-        got, it = [], iter(loader)
-        got.append(next(it))
-        assert route._slots  # the first batch came from this process's route
-        assert loader.wait_for_feeders(timeout=120)
-        got += list(it)
+        got, places = [], []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for x, y, k in loader:
+                got.append((x.cpu(), y, k))
+                places.append(loader._trial.place)
+                if len(got) == 1:
+                    assert route._slots  # the first batch came from this process's route
+                    assert loader.wait_for_feeders(timeout=120)
+                time.sleep(0.05 if loader._trial.place == "here" else 0.0)
+        assert "here" in places and loader._trial.decided == "feeders"
         assert loader._run is None and route._slots == []
     assert [k for _, _, k in got] == [k for _, _, k in local]
     for (x1, y1, _), (x2, y2, _) in zip(local, got, strict=True):
-        assert torch.equal(x1, x2.cpu()) and torch.equal(y1, y2.cpu())
+        assert torch.equal(x1, x2) and torch.equal(y1, y2.cpu())
