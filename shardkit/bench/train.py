@@ -91,7 +91,8 @@ __all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainS
            "counted", "run_contenders", "run_one", "run_train_bench", "summarise"]
 
 MODELS = ("resnet18", "resnet50")
-TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_tc", "dali", "dali_files")
+TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_feeders", "shardloader_tc",
+                    "dali", "dali_files")
 DALI_CONTENDERS = ("dali", "dali_files")
 SETTLE_S = 1.0  # the pause before each synthetic run, in which the loader fills its buffers (see the module doc)
 
@@ -203,6 +204,7 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
     from shardkit import transforms
     from shardkit.codec.backend import prefer_decoder
     from shardkit.loader import GpuOptions, ShardLoader
+    from shardkit.loader.feed.layout import auto_feeders
 
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
     if "imagefolder" in cfg.contenders:
@@ -226,6 +228,9 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
         out["shardloader"] = ("shardkit ShardLoader", shardloader(None, feeders=cfg.feeders))
     if "shardloader_inproc" in cfg.contenders:  # the route in the training process (feeders=0)
         out["shardloader_inproc"] = ("shardkit ShardLoader, no feeders", shardloader(None, feeders=0))
+    if "shardloader_feeders" in cfg.contenders:  # "auto"'s feeder count, kept whatever the loop's pace
+        fixed = auto_feeders(cfg.workers)
+        out["shardloader_feeders"] = ("shardkit ShardLoader, feeders fixed", shardloader(None, feeders=fixed))
     if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads
         out["shardloader_tc"] = ("shardkit ShardLoader TorchCodec x4", shardloader(GpuOptions(decode_threads=4),
                                                                                    "torchcodec"))

@@ -115,7 +115,8 @@ def against_best_dali(results: list[dict[str, Any]], dali: tuple[str, ...]) -> N
 
 def with_feeders(label: str, runs: list[TrainRun]) -> str:
     """``label`` with the feeder processes its loaders ran, which ``feeders="auto"`` decides when a
-    loader is built (none off the GPU route, none where they cannot start).
+    loader is built (none off the GPU route, none where they cannot start) and once it has timed
+    the loop both ways (none where the loop ran faster without them).
 
     Example:
         >>> from shardkit.bench.train import TrainRun

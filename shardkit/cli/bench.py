@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 CLASSIFIERS = ("resnet18", "resnet50")
 DETECTORS = ("fasterrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn",
              "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn")
-CLASSIFIER_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_tc", "dali", "dali_files")
+CLASSIFIER_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_feeders", "shardloader_tc",
+                         "dali", "dali_files")
 DETECTOR_CONTENDERS = ("cocodetection", "shardloader", "shardloader_cpu")
 CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 
@@ -79,7 +80,9 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 @click.option("--contender", "contenders", multiple=True, type=click.Choice(CONTENDERS),
               help="--train: a loader to measure (repeatable). Classifier [default: imagefolder, shardloader, and "
                    "dali when NVIDIA DALI is installed]: shardloader_inproc: the GPU route in the "
-                   "training process (feeders=0); shardloader_tc: TorchCodec's GPU decoder from 4 threads "
+                   "training process (feeders=0); shardloader_feeders: the number of feeders that feeders='auto' "
+                   "starts, kept whatever the loop's pace (auto times the loop both ways and keeps the faster); "
+                   "shardloader_tc: TorchCodec's GPU decoder from 4 threads "
                    "(GpuOptions(decode_threads=4)); "
                    "dali: DALI's webdataset reader on --shards (with their .dali.idx files if present); "
                    "dali_files: DALI's file reader on IMAGEFOLDER_DIR. Detector [default: cocodetection, "

@@ -102,6 +102,17 @@ def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: P
     assert "shardkit ShardLoader, 1 feeder " in ok.output  # the CPU route in one feeder process
 
 
+def test_the_fixed_feeders_contender_runs_autos_count_whatever_the_pace(tiny_tree: Path, packed: Path) -> None:
+    """shardloader_feeders: the feeder count feeders="auto" would start for --workers, as a fixed
+    number (no trial), beside the shardloader row."""
+    from shardkit.loader.feed.layout import auto_feeders
+
+    report = run_train_bench(_cfg(tiny_tree, packed, workers=2, repeats=1, contenders=("shardloader_feeders",)))
+    [row] = report["results"]
+    assert auto_feeders(2) == 1 and row["name"] == "shardloader_feeders"
+    assert row["label"] == "shardkit ShardLoader, feeders fixed, 1 feeder"
+
+
 def test_dali_contenders_need_dali(tiny_tree: Path, packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from shardkit.bench import dali
 
