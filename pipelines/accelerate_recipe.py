@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 from accelerate import Accelerator
@@ -89,6 +91,15 @@ def main() -> None:
         with open(args.result, "w") as f:
             json.dump(result, f)
     accelerator.end_training()
+    if accelerator.num_processes > 1:
+        # Once DDP has used it, torch's gloo backend keeps its worker threads past
+        # destroy_process_group(), and one can still be releasing the last collective's tensors
+        # as this rank ends; a thread asking for the GIL while the interpreter finalises aborts
+        # the process ("terminate called without an active exception"). Leave without
+        # finalising: the result is written and nothing else runs at exit here.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
