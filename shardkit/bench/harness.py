@@ -2,8 +2,9 @@
 
 A :class:`Contender` builds a fresh loader (each ``iter()`` over it is one epoch of
 ``(images, labels, ...)``). :func:`run_once` builds it, times its first batch, skips ``warmup``
-batches, then times the rest of ``epochs`` epochs while sampling CPU time and RSS of the whole
-process tree; the loader and its workers are gone before it returns, so contenders never overlap.
+batches (and any more a ShardLoader with ``feeders="auto"`` takes to settle: :func:`settled`),
+then times the rest of ``epochs`` epochs while sampling CPU time and RSS of the whole process
+tree; the loader and its workers are gone before it returns, so contenders never overlap.
 :func:`run_alternating` runs every contender ``repeats`` times, reversing the order on every
 other repetition (A B C, C B A, …) so slow drift of the machine hits all of them alike.
 """
@@ -90,10 +91,17 @@ def _sync(device: str) -> None:
 
 def steady(loader: Any) -> None:
     """A ShardLoader whose feeders start while its first batches come from this process
-    (``feeders="auto"``): wait for them, so that what is timed is where the loader stays."""
+    (``feeders="auto"``): wait for them to start (its trial then takes batches until
+    :func:`settled`)."""
     wait = getattr(loader, "wait_for_feeders", None)
     if callable(wait):
         wait()
+
+
+def settled(loader: Any) -> bool:
+    """Whether ``loader`` delivers from where it stays (a ShardLoader with ``feeders="auto"`` has
+    finished timing the loop both ways); any other loader always does."""
+    return bool(getattr(loader, "settled", True))
 
 
 def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "cpu",
@@ -132,7 +140,7 @@ def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "c
             if sampler is not None:
                 images += len(batch[1])  # labels, or one target per image
                 wait += t1 - t0
-            elif seen >= warmup:  # this batch ends the warm-up; the timed part starts now
+            elif seen >= warmup and settled(loader):  # the warm-up ends; the timed part starts now
                 sampler, t_start = TreeSampler().start(), time.perf_counter()
             if progress is not None:
                 progress(contender.name, 1)

@@ -34,6 +34,11 @@ which counts nothing free. The same lead-in for every contender; no guess at whe
 empty (a single long wait for ``next`` can come from the GIL or the allocator with batches
 ready).
 
+*Settling.* A ShardLoader with ``feeders="auto"`` times the loop fed by its feeders and fed
+from the training process before it keeps one (its trial, about 64 batches). When the lead-in
+ends before that, it goes on one step at a time until the loader has settled, so the timed
+steps are fed from where it stays.
+
 On CUDA, two figures say where a lost share
 goes (``torch.profiler``: the summed durations of the kernels and copies on the device, from
 every thread and stream of the process): ``step_gpu_ms``, the GPU time of one step
@@ -80,7 +85,7 @@ from typing import Any
 import torch
 
 from shardkit.bench import baselines, conditions, dali
-from shardkit.bench.harness import alternating_order, steady
+from shardkit.bench.harness import alternating_order, settled, steady
 from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted
 from shardkit.bench.step_timing import Step, gpu_times, run_steps
@@ -136,6 +141,8 @@ class TrainBenchConfig:
                                        or not 0 <= self.feeders <= self.workers):
             raise ValueError(f"feeders must be 'auto' or an int from 0 to workers ({self.workers}), "
                              f"got {self.feeders!r}")
+        if "shardloader_feeders" in self.contenders and self.workers < 1:
+            raise ValueError("the shardloader_feeders contender needs workers >= 1 (feeders share them)")
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.dali_threads):
             raise ValueError(f"dali_threads must be whole numbers >= 1, got {self.dali_threads}")
         if self.dali_hw_decoder_load is not None and not 0 <= self.dali_hw_decoder_load <= 1:
@@ -193,6 +200,8 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
 
     before = synthetic_seconds()
     run_steps(step, fed, warmup + steps)  # the lead-in: uses up what the loader buffered meanwhile
+    while not settled(loader):  # feeders="auto" still timing the loop both ways
+        run_steps(step, fed, 1)
     seconds, waited = run_steps(step, fed, steps)
     synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
     step_ms, loader_ms = gpu_times(step, fed, fixed[0], warmup, profile_batches, getattr(loader, "feeders", 0))
@@ -228,7 +237,7 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
         out["shardloader"] = ("shardkit ShardLoader", shardloader(None, feeders=cfg.feeders))
     if "shardloader_inproc" in cfg.contenders:  # the route in the training process (feeders=0)
         out["shardloader_inproc"] = ("shardkit ShardLoader, no feeders", shardloader(None, feeders=0))
-    if "shardloader_feeders" in cfg.contenders:  # "auto"'s feeder count, kept whatever the loop's pace
+    if "shardloader_feeders" in cfg.contenders:  # "auto"'s feeder count on CUDA, kept whatever the loop's pace
         fixed = auto_feeders(cfg.workers)
         out["shardloader_feeders"] = ("shardkit ShardLoader, feeders fixed", shardloader(None, feeders=fixed))
     if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads

@@ -452,6 +452,14 @@ class ShardLoader:
             time.sleep(0.02)
 
     @property
+    def settled(self) -> bool:
+        """Whether the batches come from where they stay: False while ``feeders="auto"`` starts
+        its feeders (again, after :meth:`close`) or times the loop both ways (see ``feeders``).
+        A benchmark of the steady state takes untimed batches until it holds."""
+        pool = self._pool
+        return pool is None or not self._feeders_auto or (self._trial.decided is not None and pool.running)
+
+    @property
     def stats(self) -> StageStats:
         """Counters and per-stage times accumulated since the loader was created."""
         return self._stats
@@ -471,7 +479,7 @@ class ShardLoader:
         if self.service is not None:
             served = self.service.batches(self.config, epoch, start, rest)
             delivered = self.route.deliver(served, self._stats)
-        elif self._pool is not None and self._feeders_auto and self._trial.decided is None:
+        elif self._pool is not None and self._feeders_auto and not self.settled:
             delivered = self._auto(self._pool, epoch, start, count, rest)  # "auto": no wait for them
         elif self._pool is not None:
             delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
@@ -567,16 +575,21 @@ class ShardLoader:
         warning."""
         trial = self._trial
         trial.restart_clock()
-        at, place, source = start, None, None
+        at, place, source, up = start, None, None, False
         try:
             while at < count:
-                if pool.running and self._pool is pool:
+                if up:  # the feeders ran when the last batch was asked for: the trial times the loop
+                    before = trial.decided
                     trial.request(time.monotonic())
-                want = self._place(pool, polling=at > start or pool.launched)
+                    if trial.decided != before:
+                        log.info("shardkit: %s", trial.summary(self.feeders))
+                up = self._up(pool, polling=at > start or pool.launched)
+                want = trial.place if up else "here"
                 if want != place:
                     if source is not None:
                         source.close()
                     source, place = self._open(want, pool, epoch, at, count, rest), want
+                    trial.opened()
                 if trial.decided == "here" and self._pool is pool:
                     self._keep_here(pool)
                 assert source is not None
@@ -591,18 +604,18 @@ class ShardLoader:
             if source is not None:
                 source.close()
 
-    def _place(self, pool: FeederPool, *, polling: bool) -> Place:
-        """Where the next batch of :meth:`_auto` comes from: here while the feeders start (polled
-        when ``polling``) or cannot, then where the trial says."""
+    def _up(self, pool: FeederPool, *, polling: bool) -> bool:
+        """Whether the feeders deliver the next batch of :meth:`_auto`: not while they start (their
+        start polled when ``polling``) or where they cannot (the route stays here)."""
         if self._pool is not pool:
-            return "here"  # they could not start
-        if not pool.running and polling:
-            try:
-                pool.poll_started()  # launches them first, once their forkserver is ready
-            except LoaderError as err:
-                self._without_feeders(err)  # "auto": the route stays here
-                return "here"
-        return self._trial.place if pool.running else "here"
+            return False  # they could not start
+        if not (polling or pool.running):
+            return False
+        try:
+            return pool.poll_started()  # launches them first, once their forkserver is ready
+        except LoaderError as err:
+            self._without_feeders(err)  # "auto": the route stays here
+            return False
 
     def _open(self, place: Place, pool: FeederPool, epoch: int, at: int, count: int, rest: Any
               ) -> Generator[tuple[Any, Any, list[str]], Any, None]:
@@ -615,13 +628,11 @@ class ShardLoader:
             return self._run.open(epoch, at, rest)
         if self._trial.decided == "feeders" and self._run is not None:
             self._hand_over()
-            log.info("shardkit: %s", self._trial.summary(self.feeders))
         log.debug("shardkit: feeder processes deliver epoch %d from batch %d", epoch, at)
         return pool.epoch(epoch, at, count, rest, self._stats)
 
     def _keep_here(self, pool: FeederPool) -> None:
         """The trial found the loop faster fed from this process: stop the feeders for good."""
-        log.info("shardkit: %s", self._trial.summary(self.feeders))
         pool.close()
         self._pool, self.feeders = None, 0
 

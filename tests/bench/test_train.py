@@ -81,6 +81,8 @@ def test_settings_are_checked(tiny_tree: Path, packed: Path) -> None:
         run_train_bench(_cfg(tiny_tree, packed, contenders=("ffcv",)))
     with pytest.raises(ValueError, match="feeders must be 'auto' or an int from 0 to workers"):
         run_train_bench(_cfg(tiny_tree, packed, feeders=1))  # workers=0
+    with pytest.raises(ValueError, match="shardloader_feeders contender needs workers >= 1"):
+        run_train_bench(_cfg(tiny_tree, packed, contenders=("shardloader_feeders",)))  # workers=0
 
 
 def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: Path) -> None:
@@ -103,8 +105,8 @@ def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: P
 
 
 def test_the_fixed_feeders_contender_runs_autos_count_whatever_the_pace(tiny_tree: Path, packed: Path) -> None:
-    """shardloader_feeders: the feeder count feeders="auto" would start for --workers, as a fixed
-    number (no trial), beside the shardloader row."""
+    """shardloader_feeders: the feeder count feeders="auto" would start on CUDA for --workers, as a
+    fixed number (no trial), beside the shardloader row (here on the CPU route)."""
     from shardkit.loader.feed.layout import auto_feeders
 
     report = run_train_bench(_cfg(tiny_tree, packed, workers=2, repeats=1, contenders=("shardloader_feeders",)))

@@ -38,7 +38,11 @@ Place = Literal["feeders", "here"]
 @dataclass
 class PaceTrial:
     """The trial's state: which side delivers now (:attr:`place`), the median interval timed on
-    each side so far (:attr:`paces`), and once both are timed, the side kept (:attr:`decided`)."""
+    each side so far (:attr:`paces`), and once both are timed, the side kept (:attr:`decided`).
+
+    A side whose window does not fill within :attr:`limit` requests (a loop that takes one batch
+    per epoch has no interval to time) is judged on the intervals it has; a side with none is
+    not timed, and without both sides timed the feeders stay, as before there was a trial."""
 
     skip: int = SKIP
     window: int = WINDOW
@@ -46,14 +50,28 @@ class PaceTrial:
     place: Place = "feeders"
     paces: dict[str, float] = field(default_factory=dict)
     decided: Place | None = None
-    _seen: int = 0  # intervals since the side last changed
+    _skip_left: int = 0  # intervals still to leave untimed on this side
+    _requests: int = 0  # requests on this side
     _intervals: list[float] = field(default_factory=list)
     _last: float | None = None
+
+    def __post_init__(self) -> None:
+        self._skip_left = self.skip
+
+    @property
+    def limit(self) -> int:
+        """Requests on one side after which it is judged on the intervals it has."""
+        return 4 * (self.skip + self.window)
 
     def restart_clock(self) -> None:
         """The loop's next request does not end an interval (a new iteration's first: the time
         between epochs is the loop's own)."""
         self._last = None
+
+    def opened(self) -> None:
+        """The side's delivery was opened again (a new epoch, feeders restarted): the interval
+        that takes its first batch is not timed (after a switch, :attr:`skip` are not)."""
+        self._skip_left = max(self._skip_left, 1)
 
     def request(self, now: float) -> None:
         """The loop asks for its next batch at ``now`` (a monotonic clock's seconds): time the
@@ -62,25 +80,31 @@ class PaceTrial:
         if self.decided is not None:
             return
         if self._last is not None:
-            self._seen += 1
-            if self._seen > self.skip:
+            if self._skip_left > 0:
+                self._skip_left -= 1
+            else:
                 self._intervals.append(now - self._last)
-        self._last = now
-        if len(self._intervals) < self.window:
+        self._last, self._requests = now, self._requests + 1
+        if len(self._intervals) < self.window and self._requests < self.limit:
             return
-        self.paces[self.place] = statistics.median(self._intervals)
-        self._intervals, self._seen = [], 0
-        if len(self.paces) < 2:
-            self.place = "here" if self.place == "feeders" else "feeders"
+        if self._intervals:
+            self.paces[self.place] = statistics.median(self._intervals)
+        self._intervals, self._requests, self._skip_left = [], 0, self.skip
+        if self.place == "feeders" and "here" not in self.paces:
+            self.place = "here"
             return
+        feeders, here = self.paces.get("feeders"), self.paces.get("here")
         self.decided = self.place = (
-            "feeders" if self.paces["feeders"] < self.paces["here"] * (1 - self.margin) else "here")
+            "feeders" if feeders is None or here is None or feeders < here * (1 - self.margin) else "here")
 
     def summary(self, feeders: int) -> str:
         """One line: what was timed on each side (``feeders``: how many feeder processes) and
         what was kept."""
         kept = f"keeps its {feeders} feeder processes" if self.decided == "feeders" else \
             "runs the route in this process from now on"
-        return (f"feeders='auto' {kept}: the loop took {self.paces['feeders'] * 1e3:.2f} ms per batch fed by "
-                f"{feeders} feeder processes, {self.paces['here'] * 1e3:.2f} ms fed from this process "
-                f"(medians of {self.window} batches each)")
+
+        def pace(side: str) -> str:
+            return f"{self.paces[side] * 1e3:.2f} ms per batch" if side in self.paces else "not timed"
+
+        return (f"feeders='auto' {kept}: the loop took {pace('feeders')} fed by {feeders} feeder processes, "
+                f"{pace('here')} fed from this process (medians of up to {self.window} batches each)")

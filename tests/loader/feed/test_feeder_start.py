@@ -185,7 +185,8 @@ def test_wait_for_feeders_before_the_first_epoch(packed: Path, monkeypatch: pyte
     then comes from them."""
     with _loader(packed, feeders=0) as plain:
         want = [k for _, _, k in plain]
-    _, asked = _gated(monkeypatch)
+    gate, asked = _gated(monkeypatch)
+    gate.set()
     with _loader(packed) as loader:
         assert loader.wait_for_feeders()
         got = []

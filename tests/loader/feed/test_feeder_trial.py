@@ -59,28 +59,56 @@ def test_the_median_ignores_a_few_slow_steps_and_the_clock_restarts_at_an_epoch(
     assert trial.paces["here"] == pytest.approx(0.02) and trial.decided == "feeders"
 
 
-def _auto(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_side_that_cannot_be_timed_leaves_the_feeders_and_a_reopened_side_skips_its_first_interval() -> None:
+    """A loop taking one batch per iteration times nothing: after ``limit`` requests on each
+    side the trial ends keeping the feeders (as before there was a trial). A side opened again
+    (a new epoch) leaves the interval of its first batch untimed."""
+    trial = PaceTrial(skip=1, window=2)
+    for k in range(2 * trial.limit):
+        trial.restart_clock()  # every request is an iteration's first
+        trial.request(float(k))
+    assert trial.decided == "feeders" and trial.paces == {}
+    assert "not timed fed by 2 feeder processes, not timed fed from this process" in trial.summary(2)
+    trial = PaceTrial(skip=0, window=2)
+    trial.request(0.0)
+    trial.opened()
+    for t in (5.0, 5.1, 5.2):  # 5 s to the reopened side's first batch: not timed
+        trial.request(t)
+    assert trial.paces == {"feeders": pytest.approx(0.1)}
+
+
+def _auto(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     """feeders="auto" choosing one feeder on the CPU, with a short trial (1 batch skipped and 4
-    timed on each side)."""
+    timed on each side); the returned list gets (side, epoch, batch) of every delivery the
+    loader opens while it has not settled."""
     from shardkit.loader import loader as loader_module
 
     monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
     monkeypatch.setattr(loader_module, "PaceTrial", functools.partial(PaceTrial, skip=1, window=4))
+    opens: list[tuple[str, int, int]] = []
+    real = loader_module.ShardLoader._open
+
+    def record(self: Any, place: str, pool: Any, epoch: int, at: int, *args: Any) -> Any:
+        opens.append((place, epoch, at))
+        return real(self, place, pool, epoch, at, *args)
+
+    monkeypatch.setattr(loader_module.ShardLoader, "_open", record)
+    return opens
 
 
-def _train(loader: Any, slower: str, epochs: int = 3) -> tuple[list[Any], list[str]]:
-    """``epochs`` epochs of a loop that takes 40 ms more per batch when fed from ``slower``; the
-    batches, and where the loader stood after each."""
-    loader.wait_for_feeders()  # started now: the trial begins at the first batch
-    got, places = [], []
+def _train(loader: Any, slower: str, epochs: int = 3, on_batch: Any = None) -> list[Any]:
+    """``epochs`` epochs of a loop that takes 40 ms more per batch when fed from ``slower``
+    (``"feeders"`` or ``"here"``); the batches. ``on_batch(loader, n)`` after the n-th."""
+    got = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         for batch in loader:
             got.append(batch)
+            if on_batch is not None:
+                on_batch(loader, len(got))
             place = "feeders" if loader._pool is not None and loader._trial.place == "feeders" else "here"
-            places.append(place)
             time.sleep(0.05 if place == slower else 0.01)
-    return got, places
+    return got
 
 
 @pytest.mark.parametrize("slower", ["feeders", "here"])
@@ -91,15 +119,18 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
     batches, labels and pixels are those of feeders=0 across the switches and epochs."""
     with _loader(packed, feeders=0) as plain:
         want = _epochs(plain, epochs=3)
-    _auto(monkeypatch)
+    opens = _auto(monkeypatch)
+    kept = "here" if slower == "feeders" else "feeders"
     with _loader(packed) as loader, caplog.at_level(logging.INFO, logger="shardkit.loader"):
-        got, places = _train(loader, slower)
-        # 5 batches from the feeders (1 interval skipped, 4 timed), then 6 from here: 5, and 1
-        # more as the interval from the last batch of the first epoch (9 batches) to the first
-        # of the next is not the loop's; the side kept from the 12th batch on
-        assert places[:5] == ["feeders"] * 5 and places[5:11] == ["here"] * 6
-        kept = "here" if slower == "feeders" else "feeders"
-        assert loader._trial.decided == kept and set(places[11:]) == {kept}
+        assert not loader.settled
+        loader.wait_for_feeders()  # started now: the trial begins at the first batch
+        got = _train(loader, slower)
+        # 9 batches an epoch. The feeders: batches 0-5 (the first interval after the opening
+        # skipped, 4 timed); here: 6-8, and 0-4 of the next epoch (its first interval, and the
+        # one after the reopening, not timed); then the side kept
+        assert opens == [("feeders", 0, 0), ("here", 0, 6), ("here", 1, 0)] + (
+            [("feeders", 1, 5)] if kept == "feeders" else [])
+        assert loader._trial.decided == kept and loader.settled
         if kept == "here":
             assert loader.feeders == 0 and loader._pool is None and loader._run is not None
         else:
@@ -107,6 +138,63 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
     _same(want, got)
     [line] = [r.getMessage() for r in caplog.records if "feeders='auto'" in r.getMessage()]
     assert ("keeps its 1 feeder processes" if kept == "feeders" else "runs the route in this process") in line
+
+
+@pytest.mark.parametrize("slower", ["feeders", "here"])
+def test_the_trial_after_a_start_behind_the_first_batches_reuses_this_processs_workers(
+        packed: Path, monkeypatch: pytest.MonkeyPatch, slower: str) -> None:
+    """Feeders that come up mid-epoch (after 3 batches from here): the workers of this process
+    stay up while the feeders deliver, the trial switches back to them, and the batches are
+    those of feeders=0 throughout."""
+    from shardkit.loader.run.workers import workers_running
+    from tests.loader.feed.test_feeder_start import _gated
+
+    with _loader(packed, feeders=0) as plain:
+        want = _epochs(plain, epochs=3)
+    opens = _auto(monkeypatch)
+    gate, _ = _gated(monkeypatch)
+    kept = "here" if slower == "feeders" else "feeders"
+    feeding: list[Any] = []
+
+    def on_batch(loader: Any, n: int) -> None:
+        if n == 3:
+            gate.set()
+            assert loader.wait_for_feeders(timeout=120)
+        if loader._pool is not None and loader._trial.place == "feeders" and loader._trial.decided is None:
+            feeding.append(loader._dataloader is not None and workers_running(loader._dataloader))
+
+    with _loader(packed) as loader:
+        got = _train(loader, slower, on_batch=on_batch)
+        assert opens == [("here", 0, 0), ("feeders", 0, 3), ("feeders", 1, 0), ("here", 1, 3)] + (
+            [("feeders", 1, 8)] if kept == "feeders" else [])
+        assert loader._trial.decided == kept
+        assert feeding and all(feeding)  # this process's workers up while the feeders delivered
+    _same(want, got)
+
+
+def test_feeders_kept_by_the_trial_and_closed_start_again_behind_the_first_batches(
+        packed: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """After the trial kept the feeders, close(): the next epoch's first batches come from this
+    process while they start again; where they cannot, the route stays here, with one warning,
+    and every batch comes."""
+    from shardkit.loader.feed import pool as feeders
+
+    with _loader(packed, feeders=0) as plain:
+        want = _epochs(plain, epochs=3)
+    _auto(monkeypatch)
+    with _loader(packed) as loader:
+        loader.wait_for_feeders()
+        got = _train(loader, "here", epochs=2)
+        assert loader._trial.decided == "feeders" and loader.settled
+        loader.close()
+        assert not loader.settled
+        monkeypatch.setattr(feeders.FeederPool, "launch", lambda self: (_ for _ in ()).throw(
+            feeders.LoaderError("no feeders today")))
+        with caplog.at_level(logging.WARNING, logger="shardkit.loader"):
+            got += _train(loader, "here", epochs=3)[18:]  # the third epoch
+        assert loader.feeders == 0 and loader._pool is None
+    _same(want, got)
+    assert caplog.text.count("no feeders today") == 1
 
 
 def test_a_resume_point_taken_during_the_trial_is_exact(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,7 +206,7 @@ def test_a_resume_point_taken_during_the_trial_is_exact(packed: Path, monkeypatc
     with _loader(packed) as loader:
         loader.wait_for_feeders()
         it = iter(loader)
-        first = [next(it)[2] for _ in range(7)]  # the 6th and 7th from here
+        first = [next(it)[2] for _ in range(8)]  # the 7th and 8th from here
         assert loader._trial.place == "here" and loader._trial.decided is None
         state = loader.state_dict()
     with _loader(packed, feeders=0) as resumed:
