@@ -232,9 +232,9 @@ def main() -> None:
         del loader
     if "rawfetch" in phases:  # workers + IPC alone: raw batches reaching the main process
         loader = shardkit_loader(args.shards, args.workers, args.batch, feeders=0)  # the workers in this process
-        if loader._dataloader is None:
+        if loader._supply.dataloader is None:
             raise SystemExit("rawfetch needs workers")
-        sizes = (([None] * len(b.images),) for b in _forever(lambda: iter(loader._dataloader)))
+        sizes = (([None] * len(b.images),) for b in _forever(lambda: iter(loader._supply.dataloader)))
         rate, _ = _timed(sizes, args.warmup, args.batches)
         save("raw_fetch_img_s", rate)
         del loader

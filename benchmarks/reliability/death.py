@@ -69,9 +69,9 @@ def _worker_kills(ds: Path, trials: int, seed: int) -> tuple[collections.Counter
                 loader.set_epoch(epoch)
                 for _ in loader:
                     seen += 1
-                    pids |= {w.pid for w in loader._dataloader._iterator._workers}  # type: ignore[union-attr]
+                    pids |= {w.pid for w in loader._supply.dataloader._iterator._workers}  # type: ignore[union-attr]
                     if seen == at:
-                        workers = loader._dataloader._iterator._workers  # type: ignore[union-attr]
+                        workers = loader._supply.dataloader._iterator._workers  # type: ignore[union-attr]
                         worker = rng.randrange(len(workers))
                         os.kill(workers[worker].pid, signal.SIGKILL)
                         killed_at = time.monotonic()
@@ -113,7 +113,7 @@ def _trainer(ds: str, checkpoint: str) -> None:
         for batch in loader:
             done["batches"].append(_digest(batch))
             done["state"] = loader.state_dict()
-            done["pids"] = sorted({os.getpid(), *(w.pid for w in loader._dataloader._iterator._workers)})  # type: ignore[union-attr]
+            done["pids"] = sorted({os.getpid(), *(w.pid for w in loader._supply.dataloader._iterator._workers)})  # type: ignore[union-attr]
             with open(checkpoint + ".tmp", "w") as f:
                 json.dump(done, f)
             os.replace(checkpoint + ".tmp", checkpoint)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
@@ -20,7 +18,7 @@ from shardkit.loader.epochs.position import Position
 from shardkit.loader.epochs.state import MAX_INT
 from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
-from shardkit.loader.feed.trial import PaceTrial, Place
+from shardkit.loader.feed.supply import Supply
 from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, seen_by_accelerate
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
 from shardkit.loader.read.captions import CaptionTargets, TextTransform
@@ -31,9 +29,9 @@ from shardkit.loader.routes.choose import choose_route
 from shardkit.loader.routes.cpu.worker import CpuBatchBuilder
 from shardkit.loader.routes.device.options import GpuOptions
 from shardkit.loader.routes.spec import RouteSpec
-from shardkit.loader.run.epoch_run import Delivery, EpochRun
+from shardkit.loader.run.epoch_run import Delivery
 from shardkit.loader.run.stream import BatchStream
-from shardkit.loader.run.workers import rank_and_world, worker_death, worker_loader
+from shardkit.loader.run.workers import rank_and_world, worker_death
 from shardkit.loader.service.client import ServiceClient, dataset_checks
 from shardkit.loader.service.options import RayService
 from shardkit.loader.stats import StageStats
@@ -285,15 +283,9 @@ class ShardLoader:
         self.categories = self.manifest.categories
         self._control = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._stream = BatchStream(self.config, self.route.builder, self._control, read_ahead=read_ahead)
-        self._dataloader: DataLoader[Any] | None = None
-        self._run: EpochRun | None = None  # the route in this process (feeders=0)
         self._stats = StageStats()
-        self._feeders_auto, self._prefetch = feeders == "auto", prefetch
-        #: Feeder processes running the route (0: it runs in this process); see ``feeders``.
-        self.feeders, self._slot_labels = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
-                                                       captions=spec.captions, workers_auto=num_workers == "auto")
-        self._pool: FeederPool | None = None
-        self._trial = PaceTrial()  # feeders="auto": where the route runs best, timed once they are up
+        count, self._slot_labels = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
+                                                captions=spec.captions, workers_auto=num_workers == "auto")
         self._spec, self._read_ahead = spec.on(self.device), read_ahead  # on: where the route delivers
         #: The preprocessing service building this loader's batches (``service=``), or None.
         self.service: ServiceClient | None = None
@@ -303,13 +295,10 @@ class ShardLoader:
                 raise LoaderError(f"service= builds batches of the CPU route, not of {type(self.route).__name__}")
             self.service = ServiceClient(service, builder, dataset_checks(datasets.parts),
                                          writable=self.device.type == "cpu", read_ahead=read_ahead)
-        elif self.feeders:
-            try:
-                self._pool = self._feeder_pool()
-            except LoaderError as err:
-                self._without_feeders(err)
-        else:
-            self._local_workers()
+        # where the route runs: here, in feeder processes, or ("auto") where the loop runs faster
+        self._supply = Supply(self.route, self._stream, self._control, self._stats, num_workers=workers,
+                              prefetch=prefetch, feeders=count if service is None else 0, auto=feeders == "auto",
+                              make_pool=self._feeder_pool, local=service is None)
         self._pos = Position()  # where we stand, and how the next iteration starts
         self._loaded_state: dict[str, Any] | None = None  # what set _pos, while it stands (see _follow_world)
         # Iterations started so far; an older iterator finds the count moved on and ends
@@ -433,31 +422,20 @@ class ShardLoader:
             LoaderError: feeders asked for by number could not start (naming why).
         """
         self._follow_world()
-        pool = self._pool
-        if pool is None or pool.running:
-            return True
-        if not self._feeders_auto or (self._run is None and not pool.launched):
-            self._start_feeders()  # before any batch: waits; "auto" that cannot start runs the route here
-            return True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                if pool.poll_started():
-                    return True
-            except LoaderError as err:
-                self._without_feeders(err)
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
+        return self._supply.wait_for_feeders(timeout)
 
     @property
     def settled(self) -> bool:
         """Whether the batches come from where they stay: False while ``feeders="auto"`` starts
         its feeders (again, after :meth:`close`) or times the loop both ways (see ``feeders``).
         A benchmark of the steady state takes untimed batches until it holds."""
-        pool = self._pool
-        return pool is None or not self._feeders_auto or (self._trial.decided is not None and pool.running)
+        return self._supply.settled
+
+    @property
+    def feeders(self) -> int:
+        """Feeder processes running the route (0: it runs in this process); see ``feeders``.
+        With ``"auto"``, 0 from the moment they cannot run or its trial stopped them."""
+        return self._supply.feeders
 
     @property
     def stats(self) -> StageStats:
@@ -471,21 +449,14 @@ class ShardLoader:
         self._iterations += 1
         mine, self._ended_by = self._iterations, "a newer iteration of this loader started (one runs at a time)"
         self._active = mine
-        if self._pool is not None and not self._pool.running and not self._feeders_auto:
-            self._start_feeders()  # asked for by number: started (or refused) before the first batch
         delivered: Generator[tuple[Any, Any, list[str]], Any, None]
         local: Delivery | None = None  # the route's delivery in this process, which read-ahead keeps
         served: Generator[Any, None, None] | None = None  # the service's batches, in order
         if self.service is not None:
             served = self.service.batches(self.config, epoch, start, rest)
             delivered = self.route.deliver(served, self._stats)
-        elif self._pool is not None and self._feeders_auto and not self.settled:
-            delivered = self._auto(self._pool, epoch, start, count, rest)  # "auto": no wait for them
-        elif self._pool is not None:
-            delivered = self._pool.epoch(epoch, start, count, rest, self._stats)
         else:
-            assert self._run is not None
-            delivered = local = self._run.open(epoch, start, rest)
+            delivered, local = self._supply.open(epoch, start, count, rest)
         whole = False
         self.end_of_dataloader = False
         try:
@@ -493,15 +464,17 @@ class ShardLoader:
                 yield from self._deliver(delivered, epoch, start, count, rest, mine)
             whole = True
         except Exception as err:  # torch's error for a dead worker varies and may come from anywhere here
-            death = worker_death(self._dataloader) if self._dataloader is not None else None
+            dataloader = self._supply.dataloader
+            death = worker_death(dataloader) if dataloader is not None else None
             if death is None:
                 raise
             raise death from err
         finally:
             if self._active == mine:  # an older iteration closed late leaves the newer one's flag alone
                 self.end_of_dataloader = False
-            if local is not None and self._run is not None and whole and self._iterations == mine:
-                self._run.keep(local, epoch)  # with read-ahead, on into the next epoch
+            run = self._supply.run
+            if local is not None and run is not None and whole and self._iterations == mine:
+                run.keep(local, epoch)  # with read-ahead, on into the next epoch
             else:
                 delivered.close()  # an iteration left early stops its route's (or feeders') work now
             if served is not None:
@@ -524,7 +497,7 @@ class ShardLoader:
             self._pos.delivered(epoch, consumed)
             self._last, self.end_of_dataloader = (consumed - 1, rest), consumed == count
             yield item if self.keys else item[:2]
-        if self._pool is not None:
+        if self._supply.pool is not None:
             next(delivered, None)  # each feeder's end of its part (an extra batch would be an error)
 
     def _follow_world(self) -> None:
@@ -550,130 +523,17 @@ class ShardLoader:
                               even_batches=self._even_batches and live[1] > 1)
         self._num_batches = self.config.num_batches
         self._stream.config = self.config
-        if self._pool is not None:
-            self._pool, self._trial = self._feeder_pool(), PaceTrial()
+        self._supply.relayout()
         if self._pos.loaded and self._loaded_state is not None:
             self._pos.resumed(*self.config.resume(self._loaded_state))
 
-    def _feeder_pool(self) -> FeederPool:
-        """The feeder processes (not started yet) for this loader's plan and route."""
-        workers, parts = self.num_workers, self.feeders
+    def _feeder_pool(self, parts: int) -> FeederPool:
+        """``parts`` feeder processes (not started yet) for this loader's plan and route."""
+        workers = self.num_workers
         return FeederPool([FeederSpec(self.manifest, self.reader,
                                       self._spec.with_workers(feeder_workers(part, parts, workers)), self.config,
                                       part, parts, workers, preferred_decoder(), self._read_ahead, self._slot_labels)
                            for part in range(parts)])
-
-    def _auto(self, pool: FeederPool, epoch: int, start: int, count: int, rest: Any
-              ) -> Generator[tuple[Any, Any, list[str]], Any, None]:
-        """``feeders="auto"`` until it has chosen where the route runs: batches ``start`` on of
-        ``epoch``. While the feeders start, from the route in this process: from the second
-        batch, once their forkserver is ready, they are launched (from this thread), and before
-        each later batch their start messages are taken without waiting
-        (:meth:`FeederPool.poll_started`). Once up, they deliver, then the route here, each while
-        :class:`~shardkit.loader.feed.trial.PaceTrial` times the loop, and the faster side stays
-        (the same batches either way). Feeders that cannot start leave the route here, with one
-        warning."""
-        trial = self._trial
-        trial.restart_clock()
-        at, place, source, up = start, None, None, False
-        try:
-            while at < count:
-                if up:  # the feeders ran when the last batch was asked for: the trial times the loop
-                    before = trial.decided
-                    trial.request(time.monotonic())
-                    if trial.decided != before:
-                        log.info("shardkit: %s", trial.summary(self.feeders))
-                up = self._up(pool, polling=at > start or pool.launched)
-                want = trial.place if up else "here"
-                if want != place:
-                    if source is not None:
-                        source.close()
-                    source, place = self._open(want, pool, epoch, at, count, rest), want
-                    trial.opened()
-                if trial.decided == "here" and self._pool is pool:
-                    self._keep_here(pool)
-                assert source is not None
-                item = next(source, None)
-                if item is None:
-                    return  # too few batches: the caller names the epoch and the count
-                yield item
-                at += 1
-            if place == "feeders" and source is not None:
-                next(source, None)  # each feeder's end of its part (an extra batch would be an error)
-        finally:
-            if source is not None:
-                source.close()
-
-    def _up(self, pool: FeederPool, *, polling: bool) -> bool:
-        """Whether the feeders deliver the next batch of :meth:`_auto`: not while they start (their
-        start polled when ``polling``) or where they cannot (the route stays here)."""
-        if self._pool is not pool:
-            return False  # they could not start
-        if not (polling or pool.running):
-            return False
-        try:
-            return pool.poll_started()  # launches them first, once their forkserver is ready
-        except LoaderError as err:
-            self._without_feeders(err)  # "auto": the route stays here
-            return False
-
-    def _open(self, place: Place, pool: FeederPool, epoch: int, at: int, count: int, rest: Any
-              ) -> Generator[tuple[Any, Any, list[str]], Any, None]:
-        """The delivery of batches ``at`` on of ``epoch`` from ``place``; the feeders for good once
-        the trial chose them (the route here stops and drops its staging memory)."""
-        if place == "here":
-            if self._run is None:
-                self._local_workers()
-            assert self._run is not None
-            return self._run.open(epoch, at, rest)
-        if self._trial.decided == "feeders" and self._run is not None:
-            self._hand_over()
-        log.debug("shardkit: feeder processes deliver epoch %d from batch %d", epoch, at)
-        return pool.epoch(epoch, at, count, rest, self._stats)
-
-    def _keep_here(self, pool: FeederPool) -> None:
-        """The trial found the loop faster fed from this process: stop the feeders for good."""
-        pool.close()
-        self._pool, self.feeders = None, 0
-
-    def _hand_over(self) -> None:
-        """The feeders deliver from now on: stop the route in this process and its workers, and
-        drop its staging memory."""
-        assert self._run is not None
-        self._run.stop_workers()
-        self.route.release()
-        self._run = self._dataloader = None
-
-    def _start_feeders(self) -> None:
-        """Start the feeder processes; with ``feeders="auto"``, a machine where they cannot run
-        (CUDA IPC refused, no processes allowed) runs the route in this process instead, with
-        one warning.
-
-        Raises:
-            LoaderError: feeders asked for by number could not start (naming why).
-        """
-        assert self._pool is not None
-        try:
-            self._pool.start()
-        except LoaderError as err:
-            self._without_feeders(err)
-
-    def _without_feeders(self, why: LoaderError) -> None:
-        """Feeders that cannot run (``why``): with ``feeders="auto"`` the route runs in this process,
-        with one warning; asked for by number, ``why`` is raised."""
-        if not self._feeders_auto:
-            raise why
-        log.warning("shardkit: feeder processes cannot run (%s); the route runs in this process", why)
-        self._pool, self.feeders = None, 0
-        if self._run is None:
-            self._local_workers()
-
-    def _local_workers(self) -> None:
-        """The worker processes of the route run in this process (none with ``num_workers=0``)."""
-        if self.num_workers > 0:
-            self._dataloader = worker_loader(self._stream, num_workers=self.num_workers, prefetch=self._prefetch,
-                                             pin_memory=self.route.pin_memory)
-        self._run = EpochRun(self.route, self._stream, self._control, self._dataloader, self._stats)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, as a tiny JSON-able dict (the same on every rank).
@@ -701,10 +561,7 @@ class ShardLoader:
         self.route.close()
         if self.service is not None:
             self.service.close()
-        if self._pool is not None:
-            self._pool.close()
-        if self._run is not None:
-            self._run.stop_workers()
+        self._supply.close()
         self.reader.close()
 
     def __enter__(self) -> ShardLoader:

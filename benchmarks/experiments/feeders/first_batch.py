@@ -43,7 +43,7 @@ def _one(shards: str, device: str, workers: int, feeders: str, auto_feeders: int
     next(it)
     t2 = time.perf_counter()
     gap, taken, last = 0.0, 1, t2  # batches until the feeders deliver, and the longest wait among them
-    while loader._pool is not None and not loader._pool.running and taken < 2000:
+    while loader._supply.pool is not None and not loader._supply.pool.running and taken < 2000:
         if next(it, None) is None:  # an epoch's end: the next epoch's first batch is the next one counted
             it = iter(loader)
             continue

@@ -151,7 +151,7 @@ def test_auto_runs_feeders_for_token_ids_on_the_gpu_route(captioned: tuple[Path,
     monkeypatch.setattr(arguments, "GpuRoute", CpuRoute)
     with caplog.at_level(logging.INFO, logger="shardkit.loader"):
         with _loader(ds) as fed:
-            assert fed.feeders == 1 and fed._pool is not None
+            assert fed.feeders == 1 and fed._supply.pool is not None
             _same(want, _epochs(fed, epochs=1))
         cases: list[tuple[dict[str, Any], str]] = [
             ({"text_transform": None}, "needs a text_transform"), ({"fields": ["url"]}, "with fields= (url)"),
@@ -160,7 +160,7 @@ def test_auto_runs_feeders_for_token_ids_on_the_gpu_route(captioned: tuple[Path,
         for kwargs, why in cases:
             caplog.clear()
             with _loader(ds, **kwargs) as loader:
-                assert loader.feeders == 0 and loader._pool is None
+                assert loader.feeders == 0 and loader._supply.pool is None
                 assert len(list(loader)) == 5
             assert [r.levelno for r in caplog.records] == [logging.INFO], caplog.text
             assert "feeders='auto' runs none" in caplog.text and why in caplog.text

@@ -72,12 +72,12 @@ def test_auto_feeders_take_over_mid_epoch_with_the_same_batches(packed: Path, mo
             for x, y, k in loader:
                 got.append((x, y, k))
                 if len(got) == 3:
-                    assert loader._run is not None and loader._pool is not None
-                    assert loader._pool.launched or loader._pool.running  # launched at the second batch
+                    assert loader._supply.run is not None and loader._supply.pool is not None
+                    assert loader._supply.pool.launched or loader._supply.pool.running  # launched at the second batch
                     gate.set()
                     assert loader.wait_for_feeders(timeout=120)
         assert asked == [(0, 3), (1, 0)]  # epoch 0 from batch 3 on, epoch 1 whole
-        assert loader._trial.place == "feeders" and loader._trial.decided is None  # still timing them
+        assert loader._supply.trial.place == "feeders" and loader._supply.trial.decided is None  # still timing them
     _same(want, got)
 
 
@@ -90,12 +90,12 @@ def test_feeders_up_between_epochs_take_the_next_one(packed: Path, monkeypatch: 
     with _loader(packed) as loader:
         loader.set_epoch(0)
         got = list(loader)
-        assert loader._dataloader is not None and asked == []
+        assert loader._supply.dataloader is not None and asked == []
         gate.set()
         assert loader.wait_for_feeders(timeout=120)
         loader.set_epoch(1)
         got += list(loader)
-        assert asked == [(1, 0)] and loader._trial.place == "feeders"
+        assert asked == [(1, 0)] and loader._supply.trial.place == "feeders"
     _same(want, got)
 
 
@@ -108,7 +108,7 @@ def test_a_resume_point_taken_while_the_feeders_start_is_exact(packed: Path, mon
     with _loader(packed) as loader:
         it = iter(loader)
         first = [next(it)[2] for _ in range(3)]
-        assert loader._run is not None
+        assert loader._supply.run is not None
         state = loader.state_dict()
     with _loader(packed, feeders=0) as resumed:
         resumed.load_state_dict(state)
@@ -138,11 +138,11 @@ def test_the_first_batches_do_not_wait_for_the_feeders(packed: Path, monkeypatch
         loader.set_epoch(0)
         got = [(x, y, k) for x, y, k in loader]
         # the whole epoch came while the feeder slept (10 s) after its launch at the second batch
-        assert loader._pool is not None and loader._pool.launched and not loader._pool.running
+        assert loader._supply.pool is not None and loader._supply.pool.launched and not loader._supply.pool.running
         assert loader.wait_for_feeders(timeout=120)
         loader.set_epoch(1)
         got += [(x, y, k) for x, y, k in loader]
-        assert loader._trial.place == "feeders" and loader._pool.running
+        assert loader._supply.trial.place == "feeders" and loader._supply.pool.running
     _same(want, got)
 
 
@@ -153,7 +153,7 @@ def test_closing_while_the_feeders_start_stops_them(packed: Path, monkeypatch: p
     it = iter(loader)
     next(it)
     next(it)  # the feeders are launched before the second batch
-    pool = loader._pool
+    pool = loader._supply.pool
     assert pool is not None and pool.launched and not pool.running and pool._launched is not None
     processes = [h.process for h in pool._launched[0]]
     loader.close()
@@ -176,7 +176,7 @@ def test_feeders_that_do_not_start_in_time_leave_the_route_here(
         for _, _, k in loader:
             got.append(k)
             time.sleep(0.15)
-        assert got == want and loader.feeders == 0 and loader._pool is None
+        assert got == want and loader.feeders == 0 and loader._supply.pool is None
     assert caplog.text.count("did not start within 0 s") == 1
 
 
@@ -192,7 +192,7 @@ def test_wait_for_feeders_before_the_first_epoch(packed: Path, monkeypatch: pyte
         got = []
         for _, _, k in loader:
             got.append(k)
-            assert loader._run is None
+            assert loader._supply.run is None
         assert got == want and asked == [(0, 0)]
 
 
@@ -214,7 +214,7 @@ def test_a_script_that_ends_while_its_feeders_start_exits_cleanly(packed: Path, 
         it = iter(loader)
         next(it)
         next(it)
-        assert loader._pool.launched or loader._pool.running
+        assert loader._supply.pool.launched or loader._supply.pool.running
         if {close!r}:
             loader.close()
         print("done", flush=True)
@@ -251,14 +251,15 @@ def test_no_batch_waits_for_the_forkserver_to_import_torch(packed: Path, tmp_pat
             time.sleep(0.05)
         it = iter(loader)
         keys = [k for _ in range(6) for k in next(it)[2]]
-        assert not loader._pool.launched and not loader._pool.running, "launched before the server was ready"
+        pool = loader._supply.pool
+        assert not pool.launched and not pool.running, "launched before the server was ready"
         t0 = time.monotonic()
         assert not loader.wait_for_feeders(timeout=1.0), "started although the server is held"
         assert time.monotonic() - t0 < 10, "wait_for_feeders(timeout=1.0) blocked"
         open({str(gate)!r}, "w").close()
         assert loader.wait_for_feeders(timeout=60)
         keys += [k for _, _, ks in it for k in ks]
-        assert loader._pool.running and loader._trial.place == "feeders", "the feeders did not take over"
+        assert loader._supply.pool.running and loader._supply.trial.place == "feeders", "the feeders did not take over"
         assert len(keys) == len(set(keys)) == 69, len(keys)  # every sample once
         loader.close()
         print("done", flush=True)

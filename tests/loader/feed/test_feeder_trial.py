@@ -82,17 +82,18 @@ def _auto(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     timed on each side); the returned list gets (side, epoch, batch) of every delivery the
     loader opens while it has not settled."""
     from shardkit.loader import loader as loader_module
+    from shardkit.loader.feed import supply
 
     monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
-    monkeypatch.setattr(loader_module, "PaceTrial", functools.partial(PaceTrial, skip=1, window=4))
+    monkeypatch.setattr(supply, "PaceTrial", functools.partial(PaceTrial, skip=1, window=4))
     opens: list[tuple[str, int, int]] = []
-    real = loader_module.ShardLoader._open
+    real = supply.Supply._open
 
     def record(self: Any, place: str, pool: Any, epoch: int, at: int, *args: Any) -> Any:
         opens.append((place, epoch, at))
         return real(self, place, pool, epoch, at, *args)
 
-    monkeypatch.setattr(loader_module.ShardLoader, "_open", record)
+    monkeypatch.setattr(supply.Supply, "_open", record)
     return opens
 
 
@@ -106,7 +107,7 @@ def _train(loader: Any, slower: str, epochs: int = 3, on_batch: Any = None) -> l
             got.append(batch)
             if on_batch is not None:
                 on_batch(loader, len(got))
-            place = "feeders" if loader._pool is not None and loader._trial.place == "feeders" else "here"
+            place = "feeders" if loader._supply.pool is not None and loader._supply.trial.place == "feeders" else "here"
             time.sleep(0.05 if place == slower else 0.01)
     return got
 
@@ -130,11 +131,11 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
         # one after the reopening, not timed); then the side kept
         assert opens == [("feeders", 0, 0), ("here", 0, 6), ("here", 1, 0)] + (
             [("feeders", 1, 5)] if kept == "feeders" else [])
-        assert loader._trial.decided == kept and loader.settled
+        assert loader._supply.trial.decided == kept and loader.settled
         if kept == "here":
-            assert loader.feeders == 0 and loader._pool is None and loader._run is not None
+            assert loader.feeders == 0 and loader._supply.pool is None and loader._supply.run is not None
         else:
-            assert loader.feeders == 1 and loader._pool is not None and loader._run is None
+            assert loader.feeders == 1 and loader._supply.pool is not None and loader._supply.run is None
     _same(want, got)
     [line] = [r.getMessage() for r in caplog.records if "feeders='auto'" in r.getMessage()]
     assert ("keeps its 1 feeder processes" if kept == "feeders" else "runs the route in this process") in line
@@ -160,14 +161,15 @@ def test_the_trial_after_a_start_behind_the_first_batches_reuses_this_processs_w
         if n == 3:
             gate.set()
             assert loader.wait_for_feeders(timeout=120)
-        if loader._pool is not None and loader._trial.place == "feeders" and loader._trial.decided is None:
-            feeding.append(loader._dataloader is not None and workers_running(loader._dataloader))
+        supply = loader._supply
+        if supply.pool is not None and supply.trial.place == "feeders" and supply.trial.decided is None:
+            feeding.append(supply.dataloader is not None and workers_running(supply.dataloader))
 
     with _loader(packed) as loader:
         got = _train(loader, slower, on_batch=on_batch)
         assert opens == [("here", 0, 0), ("feeders", 0, 3), ("feeders", 1, 0), ("here", 1, 3)] + (
             [("feeders", 1, 8)] if kept == "feeders" else [])
-        assert loader._trial.decided == kept
+        assert loader._supply.trial.decided == kept
         assert feeding and all(feeding)  # this process's workers up while the feeders delivered
     _same(want, got)
 
@@ -185,14 +187,14 @@ def test_feeders_kept_by_the_trial_and_closed_start_again_behind_the_first_batch
     with _loader(packed) as loader:
         loader.wait_for_feeders()
         got = _train(loader, "here", epochs=2)
-        assert loader._trial.decided == "feeders" and loader.settled
+        assert loader._supply.trial.decided == "feeders" and loader.settled
         loader.close()
         assert not loader.settled
         monkeypatch.setattr(feeders.FeederPool, "launch", lambda self: (_ for _ in ()).throw(
             feeders.LoaderError("no feeders today")))
         with caplog.at_level(logging.WARNING, logger="shardkit.loader"):
             got += _train(loader, "here", epochs=3)[18:]  # the third epoch
-        assert loader.feeders == 0 and loader._pool is None
+        assert loader.feeders == 0 and loader._supply.pool is None
     _same(want, got)
     assert caplog.text.count("no feeders today") == 1
 
@@ -207,7 +209,7 @@ def test_a_resume_point_taken_during_the_trial_is_exact(packed: Path, monkeypatc
         loader.wait_for_feeders()
         it = iter(loader)
         first = [next(it)[2] for _ in range(8)]  # the 7th and 8th from here
-        assert loader._trial.place == "here" and loader._trial.decided is None
+        assert loader._supply.trial.place == "here" and loader._supply.trial.decided is None
         state = loader.state_dict()
     with _loader(packed, feeders=0) as resumed:
         resumed.load_state_dict(state)

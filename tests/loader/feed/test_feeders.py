@@ -126,8 +126,8 @@ def test_a_killed_feeder_is_named_and_close_does_not_hang(packed: Path) -> None:
     loader = _loader(packed, feeders=2, prefetch=1, batch_size=2)
     it = iter(loader)
     next(it)
-    assert loader._pool is not None
-    pid = loader._pool.pids[1]
+    assert loader._supply.pool is not None
+    pid = loader._supply.pool.pids[1]
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(LoaderError, match=rf"feeder process 1 \(pid {pid}\) was killed by SIGKILL"):
         for _ in it:
@@ -140,8 +140,8 @@ def test_a_killed_feeder_is_named_and_close_does_not_hang(packed: Path) -> None:
 def test_close_stops_the_feeders_and_their_workers(packed: Path) -> None:
     loader = _loader(packed, feeders=2)
     next(iter(loader))
-    assert loader._pool is not None
-    pids = loader._pool.pids
+    assert loader._supply.pool is not None
+    pids = loader._supply.pool.pids
     loader.close()
     for pid in pids:
         with pytest.raises(ProcessLookupError):
@@ -164,7 +164,7 @@ def test_feeders_are_refused_where_they_cannot_run(packed: Path, kwargs: dict[st
 
 def test_auto_runs_no_feeders_on_the_cpu_route(packed: Path) -> None:
     with _loader(packed) as loader:
-        assert loader.feeders == 0 and loader._pool is None
+        assert loader.feeders == 0 and loader._supply.pool is None
 
 
 def test_a_script_without_a_main_guard_runs_once(packed: Path, tmp_path: Path) -> None:
@@ -227,8 +227,8 @@ def test_a_worker_killed_in_a_feeder_is_named(packed: Path) -> None:
     loader = _loader(packed, feeders=1, prefetch=1)
     it = iter(loader)
     next(it)
-    assert loader._pool is not None
-    feeder = loader._pool.pids[0]
+    assert loader._supply.pool is not None
+    feeder = loader._supply.pool.pids[0]
     worker = int(Path(f"/proc/{feeder}/task/{feeder}/children").read_text().split()[0])
     os.kill(worker, signal.SIGKILL)
     with pytest.raises(LoaderError, match=rf"in feeder process 0: DataLoader worker \d \(pid {worker}\) was killed"):
@@ -288,7 +288,7 @@ def test_auto_feeders_that_cannot_start_leave_the_route_in_this_process(
     with _loader(packed) as loader, caplog.at_level("WARNING", logger="shardkit.loader"):
         assert loader.feeders == 1
         assert [k for _, _, k in loader] == want  # the first batches come from here while they start
-        assert loader.feeders == 0 and loader._pool is None
+        assert loader.feeders == 0 and loader._supply.pool is None
     assert caplog.text.count("feeder processes could not start") == 1 and "runs in this process" in caplog.text
     with _loader(packed, feeders=1) as loader, pytest.raises(LoaderError, match="pidfd_getfd"):
         next(iter(loader))  # asked for by number: the error, not a fallback
@@ -297,8 +297,8 @@ def test_auto_feeders_that_cannot_start_leave_the_route_in_this_process(
 def test_a_feeder_dead_between_epochs_is_named_then_replaced(packed: Path) -> None:
     with _loader(packed, feeders=2) as loader:
         assert len(list(loader)) == 9
-        assert loader._pool is not None
-        pid = loader._pool.pids[1]
+        assert loader._supply.pool is not None
+        pid = loader._supply.pool.pids[1]
         os.kill(pid, signal.SIGKILL)
         for _ in range(100):  # until the kernel has reaped it from the pipe's point of view
             if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
@@ -307,7 +307,7 @@ def test_a_feeder_dead_between_epochs_is_named_then_replaced(packed: Path) -> No
         with pytest.raises(LoaderError, match=rf"feeder process 1 \(pid {pid}\) was killed by SIGKILL"):
             list(loader)
         assert len(list(loader)) == 9  # new feeders
-        assert pid not in loader._pool.pids
+        assert pid not in loader._supply.pool.pids
 
 
 def test_a_mix_through_feeders(packed: Path, tmp_path: Path) -> None:

@@ -126,10 +126,10 @@ def test_auto_feeders_take_over_on_cuda_and_the_staging_memory_goes(
     (waited for mid-epoch), then the trial (short here, with a loop slower fed from this process)
     switching to this process and back; two epochs' batches are those of feeders=0 bit for bit,
     and once the feeders are kept the in-process route holds no pinned staging slot."""
-    from shardkit.loader import loader as loader_module
+    from shardkit.loader.feed import supply
     from shardkit.loader.feed.trial import PaceTrial
 
-    monkeypatch.setattr(loader_module, "PaceTrial", functools.partial(PaceTrial, skip=1, window=2))
+    monkeypatch.setattr(supply, "PaceTrial", functools.partial(PaceTrial, skip=1, window=2))
     t = transforms.imagenet_train(96)
     kw: dict[str, Any] = {"batch_size": 16, "transform": t, "device": "cuda", "keys": True, "seed": 7,
                           "num_workers": 2}
@@ -146,13 +146,13 @@ def test_auto_feeders_take_over_on_cuda_and_the_staging_memory_goes(
             loader.set_epoch(epoch)
             for x, y, k in loader:
                 got.append((x.cpu(), y, k))
-                places.append(loader._trial.place)
+                places.append(loader._supply.trial.place)
                 if len(got) == 1:
                     assert route._slots  # the first batch came from this process's route
                     assert loader.wait_for_feeders(timeout=120)
-                time.sleep(0.05 if loader._trial.place == "here" else 0.0)
-        assert "here" in places and loader._trial.decided == "feeders"
-        assert loader._run is None and route._slots == []
+                time.sleep(0.05 if loader._supply.trial.place == "here" else 0.0)
+        assert "here" in places and loader._supply.trial.decided == "feeders"
+        assert loader._supply.run is None and route._slots == []
     assert [k for _, _, k in got] == [k for _, _, k in local]
     for (x1, y1, _), (x2, y2, _) in zip(local, got, strict=True):
         assert torch.equal(x1, x2) and torch.equal(y1, y2.cpu())

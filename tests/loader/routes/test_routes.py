@@ -26,7 +26,7 @@ def test_deliver_counts_every_batch_and_its_time(packed: Path) -> None:
 def test_routes_ask_for_pinned_batches_only_when_they_copy_to_cuda(packed: Path) -> None:
     loader = ShardLoader(str(packed), batch_size=8, transform=transforms.imagenet_val(32), num_workers=1)
     assert isinstance(loader.route, CpuRoute) and loader.route.pin_memory is False
-    assert loader._dataloader is not None and loader._dataloader.pin_memory is False
+    assert loader._supply.dataloader is not None and loader._supply.dataloader.pin_memory is False
     reader = ShardReader(loader.reader.store, loader.manifest.shards)
     to_cuda = CpuRoute(reader, transforms.imagenet_val(32), device=torch.device("cuda"), on_error="replace",
                        batch_size=8, num_workers=1, prefetch=2)

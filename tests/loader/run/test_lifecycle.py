@@ -66,7 +66,7 @@ def test_worker_errors_keep_type_message_and_where(packed: Path, tmp_path: Path)
 def test_close_stops_the_workers_and_the_loader_still_works_after(packed: Path) -> None:
     with _loader(packed, num_workers=2) as loader:
         next(iter(loader))
-        workers = list(loader._dataloader._iterator._workers)  # type: ignore[union-attr]
+        workers = list(loader._supply.dataloader._iterator._workers)  # type: ignore[union-attr]
         assert len(workers) == 2 and all(w.is_alive() for w in workers)
     assert not any(w.is_alive() for w in workers)
     assert not set(multiprocessing.active_children()) & set(workers)

@@ -115,7 +115,7 @@ def test_read_ahead_gives_the_batches_of_epochs_run_one_at_a_time(packed: Path, 
     with _loader(packed, feeders=feeders) as ahead:
         got = _run(ahead)
         if feeders == 0:
-            assert ahead._run is not None and ahead._run._kept is not None  # the last epoch's, kept
+            assert ahead._supply.run is not None and ahead._supply.run._kept is not None  # the last epoch's, kept
     assert [k for _, _, k in got] == [k for _, _, k in want]
     for (x1, y1, _), (x2, y2, _) in zip(got, want, strict=True):
         assert torch.equal(x1, x2) and torch.equal(y1, y2)
@@ -123,13 +123,13 @@ def test_read_ahead_gives_the_batches_of_epochs_run_one_at_a_time(packed: Path, 
 
 def test_a_whole_epoch_keeps_its_delivery_and_close_stops_the_workers(packed: Path) -> None:
     loader = _loader(packed)
-    assert loader._run is not None
+    assert loader._supply.run is not None
     list(loader)
-    assert loader._run._kept is not None and loader._run._kept[0] == 1
+    assert loader._supply.run._kept is not None and loader._supply.run._kept[0] == 1
     loader.set_epoch(3)
     it = iter(loader)
     next(it)  # another epoch: the kept delivery was dropped for a fresh one
-    assert loader._run._kept is None
+    assert loader._supply.run._kept is None
     del it
     loader.close()
     assert multiprocessing.active_children() == []

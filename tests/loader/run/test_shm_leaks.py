@@ -31,7 +31,7 @@ pids = {os.getpid()}
 for cycle in range(2):  # a clean close and re-iteration, then a kill
     batches = iter(loader)
     held = [next(batches) for _ in range(3)]
-    workers = [w.pid for w in loader._dataloader._iterator._workers]
+    workers = [w.pid for w in loader._supply.dataloader._iterator._workers]
     pids.update(workers)
     if cycle == 1:
         if sys.argv[3] == "main":

@@ -25,7 +25,7 @@ def _loader(packed: Path) -> ShardLoader:
 
 
 def _kill(loader: ShardLoader, worker: int = 0) -> int:
-    pid: int = loader._dataloader._iterator._workers[worker].pid  # type: ignore[union-attr]
+    pid: int = loader._supply.dataloader._iterator._workers[worker].pid  # type: ignore[union-attr]
     os.kill(pid, signal.SIGKILL)
     return pid
 
