@@ -175,6 +175,9 @@ class TrainRun:
     loader_gpu_ms_per_batch: float | None
     step_gpu_ms: float | None = None
     feeders: int | None = None  # the loader's feeder processes, as it ran (ShardLoader.feeders)
+    #: feeders="auto": the loop's median ms per batch as its trial timed them, fed by the feeders
+    #: ("feeders") and from the training process ("here"); None without a trial
+    trial_ms: dict[str, float] | None = None
 
     @property
     def share(self) -> float:
@@ -205,8 +208,10 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     seconds, waited = run_steps(step, fed, steps)
     synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
     step_ms, loader_ms = gpu_times(step, fed, fixed[0], warmup, profile_batches, getattr(loader, "feeders", 0))
+    trial = getattr(loader, "trial", None)
+    trial_ms = {side: pace * 1e3 for side, pace in trial.paces.items()} if trial is not None else None
     return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms,
-                    getattr(loader, "feeders", None))
+                    getattr(loader, "feeders", None), trial_ms)
 
 
 def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]]]:

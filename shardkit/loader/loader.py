@@ -19,6 +19,7 @@ from shardkit.loader.epochs.state import MAX_INT
 from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
 from shardkit.loader.feed.supply import Supply
+from shardkit.loader.feed.trial import PaceTrial
 from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, seen_by_accelerate
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
 from shardkit.loader.read.captions import CaptionTargets, TextTransform
@@ -430,6 +431,14 @@ class ShardLoader:
         its feeders (again, after :meth:`close`) or times the loop both ways (see ``feeders``).
         A benchmark of the steady state takes untimed batches until it holds."""
         return self._supply.settled
+
+    @property
+    def trial(self) -> PaceTrial | None:
+        """With ``feeders="auto"`` and feeders planned: its trial as it stands (``place``, the side
+        delivering; ``paces``, the loop's median seconds per batch timed on each side;
+        ``decided``, the side kept, or None). None otherwise."""
+        supply = self._supply
+        return supply.trial if supply.auto and supply.planned else None
 
     @property
     def feeders(self) -> int:

@@ -54,6 +54,7 @@ class Supply:
         self._make_pool = make_pool
         #: Feeder processes running the route (0: it runs in this process).
         self.feeders = feeders
+        self.planned = feeders  # as built: "auto" with feeders planned has a trial
         self.dataloader: DataLoader[Any] | None = None  # this process's workers
         self.run: EpochRun | None = None  # the route in this process
         self.pool: FeederPool | None = None

@@ -120,10 +120,11 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
     batches, labels and pixels are those of feeders=0 across the switches and epochs."""
     with _loader(packed, feeders=0) as plain:
         want = _epochs(plain, epochs=3)
+        assert plain.trial is None and plain.settled
     opens = _auto(monkeypatch)
     kept = "here" if slower == "feeders" else "feeders"
     with _loader(packed) as loader, caplog.at_level(logging.INFO, logger="shardkit.loader"):
-        assert not loader.settled
+        assert not loader.settled and loader.trial is not None and loader.trial.paces == {}
         loader.wait_for_feeders()  # started now: the trial begins at the first batch
         got = _train(loader, slower)
         # 9 batches an epoch. The feeders: batches 0-5 (the first interval after the opening
@@ -131,7 +132,9 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
         # one after the reopening, not timed); then the side kept
         assert opens == [("feeders", 0, 0), ("here", 0, 6), ("here", 1, 0)] + (
             [("feeders", 1, 5)] if kept == "feeders" else [])
-        assert loader._supply.trial.decided == kept and loader.settled
+        assert loader.trial is not None and loader.trial.decided == kept and loader.settled
+        paces = loader.trial.paces  # the loop sleeps 40 ms more per batch on the slower side
+        assert paces[slower] - paces[kept] > 0.03, paces
         if kept == "here":
             assert loader.feeders == 0 and loader._supply.pool is None and loader._supply.run is not None
         else:
