@@ -97,6 +97,8 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "count differs by machine and model) [default: --workers].")
 @click.option("--dali-hw-load", type=click.FloatRange(0, 1), default=None,
               help="--train: DALI's hw_decoder_load, the share of JPEGs on the hardware decoder [default: DALI's].")
+@click.option("--dali-prefetch", type=click.IntRange(min=1), default=2, show_default=True,
+              help="--train: DALI's prefetch_queue_depth, the batches it prepares ahead.")
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="--train with a classifier: each run in a process of its own, nothing of another contender "
                    "alive beside it (as in a training job).")
@@ -106,8 +108,8 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
                   batch_size: int | None, device: str, transform: str, size: int | None, epochs: int, repeats: int,
                   warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
                   plot: str | None, train_model: str | None, steps: int, contenders: tuple[str, ...],
-                  feeders: str, dali_threads: str | None, dali_hw_load: float | None, isolate: bool,
-                  quiet: bool) -> None:
+                  feeders: str, dali_threads: str | None, dali_hw_load: float | None, dali_prefetch: int,
+                  isolate: bool, quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
 
@@ -164,7 +166,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
                size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet,
                contenders=contenders, feeders=feeder_count, dali_threads=dali_counts, dali_hw_load=dali_hw_load,
-               isolate=isolate)
+               dali_prefetch=dali_prefetch, isolate=isolate)
         return
     if contenders:
         raise click.UsageError("--contender chooses --train loaders; without --train use --no-webdataset")
@@ -340,7 +342,7 @@ def _dali_threads(text: str | None) -> tuple[int, ...]:
 def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int, batch_size: int, device: str,
            size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool,
            contenders: tuple[str, ...], feeders: int | str, dali_threads: tuple[int, ...] = (),
-           dali_hw_load: float | None = None, isolate: bool = True) -> None:
+           dali_hw_load: float | None = None, dali_prefetch: int = 2, isolate: bool = True) -> None:
     from shardkit.bench.dali import dali_available
     from shardkit.bench.train import TrainBenchConfig, format_train_table, run_train_bench
 
@@ -351,7 +353,7 @@ def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int
                            batch_size=batch_size, workers=workers, steps=steps, warmup=warmup, repeats=repeats,
                            device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)),
                            feeders=feeders, dali_threads=dali_threads, dali_hw_decoder_load=dali_hw_load,
-                           isolate=isolate)
+                           dali_prefetch=dali_prefetch, isolate=isolate)
     _measure_train(lambda after_run: run_train_bench(cfg, after_run=after_run), format_train_table,
                    repeats=repeats, out=out, quiet=quiet)
 

@@ -371,3 +371,18 @@ def test_gpu_times_are_taken_after_every_timed_run(monkeypatch: pytest.MonkeyPat
                                 repeats=2, settle_s=0, after_run=lambda name, rep, run: events.append("run"))
     assert events[:4] == ["run"] * 4 and set(events[4:]) == {"profile"} and len(events) == 8
     assert all(r.step_gpu_ms == 2.5 and r.loader_gpu_ms_per_batch == 2.5 for rs in runs.values() for r in rs)
+
+
+def test_cli_dali_prefetch_reaches_the_config_and_is_checked(tiny_tree: Path, packed: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardkit.bench import train
+
+    seen: list[TrainBenchConfig] = []
+    monkeypatch.setattr(train, "run_train_bench", lambda cfg, after_run=None: seen.append(cfg) or {})
+    monkeypatch.setattr(train, "format_train_table", lambda *args, **kwargs: "")
+    base = ["bench", str(tiny_tree), "--shards", str(packed), "--train", "resnet18", "--device", "cpu", "-q",
+            "--contender", "shardloader"]
+    assert CliRunner().invoke(cli, [*base, "--dali-prefetch", "3"]).exit_code == 0
+    assert seen[0].dali_prefetch == 3
+    wrong = CliRunner().invoke(cli, [*base, "--dali-prefetch", "0"])
+    assert wrong.exit_code == 2 and "--dali-prefetch" in wrong.output
