@@ -209,7 +209,7 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     synthetic_rate = 2 * steps * batch_size / (before + synthetic_seconds())
     step_ms, loader_ms = gpu_times(step, fed, fixed[0], warmup, profile_batches, getattr(loader, "feeders", 0))
     trial = getattr(loader, "trial", None)
-    trial_ms = {side: pace * 1e3 for side, pace in trial.paces.items()} if trial is not None else None
+    trial_ms = {side: pace * 1e3 for side, pace in trial.paces.items()} if trial is not None and trial.paces else None
     return TrainRun(synthetic_rate, steps * batch_size / seconds, waited / seconds, loader_ms, step_ms,
                     getattr(loader, "feeders", None), trial_ms)
 

@@ -18,7 +18,7 @@ from shardkit.loader.epochs.position import Position
 from shardkit.loader.epochs.state import MAX_INT
 from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
-from shardkit.loader.feed.supply import Supply
+from shardkit.loader.feed.supply import Batches, Supply
 from shardkit.loader.feed.trial import PaceTrial
 from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, seen_by_accelerate
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
@@ -434,11 +434,11 @@ class ShardLoader:
 
     @property
     def trial(self) -> PaceTrial | None:
-        """With ``feeders="auto"`` and feeders planned: its trial as it stands (``place``, the side
-        delivering; ``paces``, the loop's median seconds per batch timed on each side;
-        ``decided``, the side kept, or None). None otherwise."""
-        supply = self._supply
-        return supply.trial if supply.auto and supply.planned else None
+        """With ``feeders="auto"`` and feeders that can run: its trial as it stands (``place``, the
+        side delivering; ``paces``, the loop's median seconds per batch timed on each side;
+        ``decided``, the side kept, or None). None otherwise (from the moment feeders are found
+        unable to run, too)."""
+        return self._supply.trial if self._supply.tries else None
 
     @property
     def feeders(self) -> int:
@@ -458,7 +458,7 @@ class ShardLoader:
         self._iterations += 1
         mine, self._ended_by = self._iterations, "a newer iteration of this loader started (one runs at a time)"
         self._active = mine
-        delivered: Generator[tuple[Any, Any, list[str]], Any, None]
+        delivered: Batches
         local: Delivery | None = None  # the route's delivery in this process, which read-ahead keeps
         served: Generator[Any, None, None] | None = None  # the service's batches, in order
         if self.service is not None:
@@ -493,8 +493,8 @@ class ShardLoader:
         if self._iterations == mine:  # an older iteration ending late leaves the newer one's place alone
             self._pos.finished(epoch)
 
-    def _deliver(self, delivered: Generator[tuple[Any, Any, list[str]], Any, None], epoch: int, start: int,
-                 count: int, rest: Any, mine: int) -> Generator[Any, None, None]:
+    def _deliver(self, delivered: Batches, epoch: int, start: int, count: int, rest: Any, mine: int
+                 ) -> Generator[Any, None, None]:
         """Yield batches ``start`` to ``count - 1`` of ``epoch`` from ``delivered``, recording each
         as delivered (``end_of_dataloader`` set while the last one is out)."""
         for consumed in range(start + 1, count + 1):

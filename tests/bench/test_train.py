@@ -378,7 +378,12 @@ def test_cli_dali_prefetch_reaches_the_config_and_is_checked(tiny_tree: Path, pa
     from shardkit.bench import train
 
     seen: list[TrainBenchConfig] = []
-    monkeypatch.setattr(train, "run_train_bench", lambda cfg, after_run=None: seen.append(cfg) or {})
+
+    def run(cfg: TrainBenchConfig, after_run: Any = None) -> dict[str, Any]:
+        seen.append(cfg)
+        return {}
+
+    monkeypatch.setattr(train, "run_train_bench", run)
     monkeypatch.setattr(train, "format_train_table", lambda *args, **kwargs: "")
     base = ["bench", str(tiny_tree), "--shards", str(packed), "--train", "resnet18", "--device", "cpu", "-q",
             "--contender", "shardloader"]

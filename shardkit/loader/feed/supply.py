@@ -29,10 +29,11 @@ from shardkit.loader.run.stream import BatchStream
 from shardkit.loader.run.workers import worker_loader
 from shardkit.loader.stats import StageStats
 
-__all__ = ["Supply"]
+__all__ = ["Batches", "Supply"]
 
-log = logging.getLogger("shardkit.loader")
+log = logging.getLogger("shardkit.loader")  # the loader's records: users (and tests) configure that name
 
+#: An epoch's delivery: ``(images, labels or targets, keys)`` batch after batch.
 Batches = Generator[tuple[Any, Any, list[str]], Any, None]
 
 
@@ -50,11 +51,12 @@ class Supply:
                  *, num_workers: int, prefetch: int, feeders: int, auto: bool,
                  make_pool: Callable[[int], FeederPool], local: bool = True) -> None:
         self.route, self.stream, self.control, self.stats = route, stream, control, stats
-        self.num_workers, self.prefetch, self.auto = num_workers, prefetch, auto
+        self.num_workers, self.prefetch, self.auto, self.local = num_workers, prefetch, auto, local
         self._make_pool = make_pool
         #: Feeder processes running the route (0: it runs in this process).
         self.feeders = feeders
-        self.planned = feeders  # as built: "auto" with feeders planned has a trial
+        #: Whether ``feeders="auto"`` has a trial: feeders planned, and none found unable to run.
+        self.tries = auto and feeders > 0
         self.dataloader: DataLoader[Any] | None = None  # this process's workers
         self.run: EpochRun | None = None  # the route in this process
         self.pool: FeederPool | None = None
@@ -87,6 +89,8 @@ class Supply:
             return self._auto(self.pool, epoch, start, count, rest), None  # "auto": no wait for them
         if self.pool is not None:
             return self.pool.epoch(epoch, start, count, rest, self.stats), None
+        if not self.local:
+            raise LoaderError("this loader's batches come from its preprocessing service, not from this process")
         if self.run is None:
             self._local_workers()
         assert self.run is not None
@@ -118,9 +122,11 @@ class Supply:
             time.sleep(0.02)
 
     def relayout(self) -> None:
-        """The loader's plan changed before its first epoch (its rank and world): feeders not
-        started yet are made anew for it, and any trial starts over."""
+        """The loader's plan changed before its first epoch (its rank and world): its feeders
+        (stopped first if :meth:`wait_for_feeders` started them) are made anew for it, and any
+        trial starts over."""
         if self.pool is not None:
+            self.pool.close()
             self.pool, self.trial = self._make_pool(self.feeders), PaceTrial()
 
     def close(self) -> None:
@@ -229,7 +235,7 @@ class Supply:
         if not self.auto:
             raise why
         log.warning("shardkit: feeder processes cannot run (%s); the route runs in this process", why)
-        self.pool, self.feeders = None, 0
+        self.pool, self.feeders, self.tries = None, 0, False
         if self.run is None:
             self._local_workers()
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(240)
 def _run(trial: PaceTrial, pace: dict[str, float], requests: int) -> list[str]:
     """``requests`` requests of a loop taking ``pace[side]`` seconds per batch on each side; the
     side each batch came from."""
-    now, sides = 0.0, []
+    now, sides = 0.0, list[str]()
     for _ in range(requests):
         trial.request(now)
         sides.append(trial.place)
@@ -89,7 +89,7 @@ def _auto(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     opens: list[tuple[str, int, int]] = []
     real = supply.Supply._open
 
-    def record(self: Any, place: str, pool: Any, epoch: int, at: int, *args: Any) -> Any:
+    def record(self: Any, place: Any, pool: Any, epoch: int, at: int, *args: Any) -> Any:
         opens.append((place, epoch, at))
         return real(self, place, pool, epoch, at, *args)
 
@@ -197,9 +197,24 @@ def test_feeders_kept_by_the_trial_and_closed_start_again_behind_the_first_batch
             feeders.LoaderError("no feeders today")))
         with caplog.at_level(logging.WARNING, logger="shardkit.loader"):
             got += _train(loader, "here", epochs=3)[18:]  # the third epoch
-        assert loader.feeders == 0 and loader._supply.pool is None
+        assert loader.feeders == 0 and loader._supply.pool is None and loader.trial is None and loader.settled
     _same(want, got)
     assert caplog.text.count("no feeders today") == 1
+
+
+def test_feeders_made_anew_for_a_new_layout_stop_the_ones_started(packed: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """A loader laid out again before its first epoch (built before the process group) whose
+    feeders wait_for_feeders() already started: those stop before new ones are made."""
+    _auto(monkeypatch)
+    with _loader(packed) as loader:
+        loader.wait_for_feeders()
+        old = loader._supply.pool
+        assert old is not None and old.running
+        processes = [h.process for h in old._handles]
+        loader._supply.relayout()
+        assert not old.running and not any(p.is_alive() for p in processes)
+        assert loader._supply.pool is not old and loader.trial is not None and loader.trial.paces == {}
 
 
 def test_a_resume_point_taken_during_the_trial_is_exact(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
