@@ -35,7 +35,7 @@ empty (a single long wait for ``next`` can come from the GIL or the allocator wi
 ready).
 
 *Settling.* A ShardLoader with ``feeders="auto"`` times the loop fed by its feeders and fed
-from the training process before it keeps one (its trial, about 64 batches). When the lead-in
+from the training process before it keeps one (its trial, 64 to 128 batches). When the lead-in
 ends before that, it goes on one step at a time until the loader has settled, so the timed
 steps are fed from where it stays.
 

@@ -123,7 +123,7 @@ class ShardLoader:
             the first batches come from this process while they start (launched from the second
             batch once their forkserver is ready, they take the epoch over at the next batch once
             up: :meth:`wait_for_feeders`); then the loop is timed fed by them and fed from this
-            process, a few dozen batches each, and the faster stays (:mod:`~shardkit.loader.feed.trial`;
+            process, phases of 32 batches in turn, and the faster stays (:mod:`~shardkit.loader.feed.trial`;
             :attr:`feeders` becomes 0 if that is this process, logged at info level);
             a number: started before the first batch. 0: this process. Same batches, order and
             state either way. Needed: an
@@ -410,12 +410,11 @@ class ShardLoader:
     def wait_for_feeders(self, timeout: float | None = None) -> bool:
         """With ``feeders="auto"`` the first batches come from this process while the feeder
         processes start (see ``feeders``); wait until they have started, at most ``timeout``
-        seconds (a benchmark does this before it times the loader's steady state). The next
-        batch then comes from them, or, where they could not start, from this process for good
-        (:attr:`feeders` is then 0, with one warning); after the trial of ``feeders="auto"``
-        (about 2 x (:data:`~shardkit.loader.feed.trial.SKIP` + :data:`~shardkit.loader.feed.trial.WINDOW`)
-        batches) the batches come from where it found the loop faster. Before the first iteration it starts them
-        now, waiting for their start whatever ``timeout`` says. True unless ``timeout`` passed
+        seconds (a benchmark does this before it times the loader's steady state). The batches
+        then come from where the trial of ``feeders="auto"`` gives them (:attr:`settled` once it
+        has chosen), or, where they could not start, from this process for good (:attr:`feeders`
+        is then 0, with one warning). Before the first iteration it starts them now, waiting for
+        their start whatever ``timeout`` says. True unless ``timeout`` passed
         first; it can pass unnoticed while a launch waits for a forkserver that is not ready after
         a minute (``READY_WAIT_S``).
 

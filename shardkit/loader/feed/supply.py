@@ -61,6 +61,9 @@ class Supply:
         self.run: EpochRun | None = None  # the route in this process
         self.pool: FeederPool | None = None
         self.trial = PaceTrial()  # feeders="auto": where the route runs best, timed once they are up
+        # feeders="auto": batches served so far (the trial's phases go by it), the side that served
+        # the last one, and how many that side has served since it took over
+        self.served, self._side, self._since_switch = 0, "here", 0
         if feeders:
             try:
                 self.pool = make_pool(feeders)
@@ -141,35 +144,40 @@ class Supply:
         ``epoch``. While the feeders start, from the route in this process: from the second
         batch, once their forkserver is ready, they are launched (from this thread), and before
         each later batch their start messages are taken without waiting
-        (:meth:`FeederPool.poll_started`). Once up, they deliver, then the route here, each while
-        :class:`~shardkit.loader.feed.trial.PaceTrial` times the loop, and the faster side stays
-        (the same batches either way). Feeders that cannot start leave the route here, with one
-        warning."""
+        (:meth:`FeederPool.poll_started`). Once up, each side delivers the phases
+        :class:`~shardkit.loader.feed.trial.PaceTrial` gives it by batch number while it times
+        the loop, and the faster side stays (the same batches either way). Feeders that cannot
+        start leave the route here, with one warning."""
         trial = self.trial
         trial.restart_clock()
-        at, place, source, up = start, None, None, False
+        at, place, source = start, None, None
         try:
             while at < count:
-                if up:  # the feeders ran when the last batch was asked for: the trial times the loop
-                    before = trial.decided
-                    trial.request(time.monotonic())
-                    if trial.decided != before:
-                        log.info("shardkit: %s", trial.summary(self.feeders))
+                now, n = time.monotonic(), self.served
                 up = self._up(pool, polling=at > start or pool.launched)
-                want = trial.place if up else "here"
-                if want != place:
+                before = trial.decided
+                trial.request(now, n, up=up)
+                if trial.decided != before:
+                    log.info("shardkit: %s", trial.summary(self.feeders))
+                want = trial.place(n) if up else "here"
+                fresh = want != place
+                if fresh:
                     if source is not None:
                         source.close()
                     source, place = self._open(want, pool, epoch, at, count, rest), want
-                    trial.opened()
+                    if want != self._side:
+                        self._side, self._since_switch = want, 0
                 if trial.decided == "here" and self.pool is pool:
                     self._keep_here(pool)
+                elif trial.decided == "feeders" and place == "feeders" and self.run is not None:
+                    self._hand_over()  # kept: the route here stops and drops its staging memory
+                trial.fetching(n, want, since_switch=self._since_switch, fresh=fresh)
                 assert source is not None
                 item = next(source, None)
                 if item is None:
                     return  # too few batches: the caller names the epoch and the count
                 yield item
-                at += 1
+                at, self.served, self._since_switch = at + 1, self.served + 1, self._since_switch + 1
             if place == "feeders" and source is not None:
                 next(source, None)  # each feeder's end of its part (an extra batch would be an error)
         finally:
@@ -190,15 +198,12 @@ class Supply:
             return False
 
     def _open(self, place: Place, pool: FeederPool, epoch: int, at: int, count: int, rest: Any) -> Batches:
-        """The delivery of batches ``at`` on of ``epoch`` from ``place``; the feeders for good once
-        the trial chose them (the route here stops and drops its staging memory)."""
+        """The delivery of batches ``at`` on of ``epoch`` from ``place``."""
         if place == "here":
             if self.run is None:
                 self._local_workers()
             assert self.run is not None
             return self.run.open(epoch, at, rest)
-        if self.trial.decided == "feeders" and self.run is not None:
-            self._hand_over()
         log.debug("shardkit: feeder processes deliver epoch %d from batch %d", epoch, at)
         return pool.epoch(epoch, at, count, rest, self.stats)
 

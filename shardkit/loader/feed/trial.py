@@ -9,10 +9,20 @@ step was bound by the GPU, where the feeders' decode kernels take turns with the
 process has a CUDA context of its own). Only the loop itself can tell.
 
 **How.** The loop's pace is the time between its requests for batches (its whole iteration:
-step, logging, the wait for the batch). Once the feeders are up, :class:`PaceTrial` lets them
-deliver :data:`SKIP` + :data:`WINDOW` batches, then the route in this process as many, and takes
-the median of the last :data:`WINDOW` intervals of each; the feeders stay only if their median
-is at least :data:`MARGIN` shorter (on a tie the route stays here: fewer processes, less CPU).
+step, logging, the wait for the batch). The loader's batches, counted over its life, fall into
+*phases* of :data:`SKIP` + :data:`WINDOW` batches, given to the feeders and to the route in this
+process in turn (even phases to the feeders). A phase is timed when the feeders were up at its
+first batch: the intervals of its batches from the :data:`SKIP`-th after the side last changed,
+less the first batch of each iteration (the time between epochs is the loop's, and a delivery
+opened anew refills). Once a phase of each side is timed, with at least half a window of
+intervals each, the feeders stay only if their median is at least :data:`MARGIN` shorter (on a
+tie the route stays here: fewer processes, less CPU).
+
+**Ranks.** Phases are fixed by batch number, not by when the feeders came up: ranks that step
+together (DDP) switch together, so no rank times one side while another feeds its loop from the
+other, and a rank whose feeders came up late joins at the next phase. Each rank decides for
+itself, on what it timed.
+
 The batches are the same either way; only where they are made changes.
 """
 
@@ -22,14 +32,17 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["MARGIN", "SKIP", "WINDOW", "PaceTrial", "Place"]
+__all__ = ["MARGIN", "PHASES", "SKIP", "WINDOW", "PaceTrial", "Place"]
 
 #: Batches after a switch whose intervals are not timed (the new side filling its pipeline).
 SKIP = 8
-#: Intervals timed on each side.
+#: Intervals timed in a phase (after the skipped ones).
 WINDOW = 24
 #: How much shorter the feeders' median interval must be for them to stay.
 MARGIN = 0.02
+#: Phases timed (feeders up) after which a trial that still lacks a side ends keeping the feeders
+#: (a loop that takes one batch per iteration leaves no interval to time).
+PHASES = 6
 
 #: Where the route runs: in the feeder processes, or in this one.
 Place = Literal["feeders", "here"]
@@ -37,65 +50,73 @@ Place = Literal["feeders", "here"]
 
 @dataclass
 class PaceTrial:
-    """The trial's state: which side delivers now (:attr:`place`), the median interval timed on
-    each side so far (:attr:`paces`), and once both are timed, the side kept (:attr:`decided`).
-
-    A side whose window does not fill within :attr:`limit` requests (a loop that takes one batch
-    per epoch has no interval to time) is judged on the intervals it has; a side with none is
-    not timed, and without both sides timed the feeders stay, as before there was a trial."""
+    """The trial's state: the median interval timed on each side so far (:attr:`paces`, seconds
+    per batch), and once both are timed, the side kept (:attr:`decided`). :meth:`place` says
+    which side delivers a batch, by its number."""
 
     skip: int = SKIP
     window: int = WINDOW
     margin: float = MARGIN
-    place: Place = "feeders"
+    phases: int = PHASES
     paces: dict[str, float] = field(default_factory=dict)
     decided: Place | None = None
-    _skip_left: int = 0  # intervals still to leave untimed on this side
-    _requests: int = 0  # requests on this side
+    _phase: int = -1  # the phase of the last batch asked for
+    _timed: bool = False  # whether that phase is timed (the feeders were up at its first batch)
+    _timed_phases: int = 0
     _intervals: list[float] = field(default_factory=list)
-    _last: float | None = None
-
-    def __post_init__(self) -> None:
-        self._skip_left = self.skip
+    _last: float | None = None  # when the loop last asked for a batch, in this iteration
+    _counts: bool = False  # whether the interval from then on is one of the phase's
 
     @property
-    def limit(self) -> int:
-        """Requests on one side after which it is judged on the intervals it has."""
-        return 4 * (self.skip + self.window)
+    def length(self) -> int:
+        """Batches in a phase."""
+        return self.skip + self.window
+
+    def place(self, n: int) -> Place:
+        """The side that delivers the loader's ``n``-th batch (counted from 0 over its life) while
+        its feeders are up."""
+        if self.decided is not None:
+            return self.decided
+        return "feeders" if (n // self.length) % 2 == 0 else "here"
 
     def restart_clock(self) -> None:
-        """The loop's next request does not end an interval (a new iteration's first: the time
-        between epochs is the loop's own)."""
-        self._last = None
+        """A new iteration: the interval up to its first request is the loop's own."""
+        self._last, self._counts = None, False
 
-    def opened(self) -> None:
-        """The side's delivery was opened again (a new epoch, feeders restarted): the interval
-        that takes its first batch is not timed (after a switch, :attr:`skip` are not)."""
-        self._skip_left = max(self._skip_left, 1)
-
-    def request(self, now: float) -> None:
-        """The loop asks for its next batch at ``now`` (a monotonic clock's seconds): time the
-        interval since its last request, and move on to the other side (or decide) once this
-        side's window is full."""
+    def request(self, now: float, n: int, *, up: bool) -> None:
+        """The loop asks at ``now`` (a monotonic clock's seconds) for batch ``n``, the feeders
+        ``up`` or not: the interval since its last request is timed if it counts; a phase that
+        ends is judged, and the trial decided once both sides are timed."""
         if self.decided is not None:
             return
-        if self._last is not None:
-            if self._skip_left > 0:
-                self._skip_left -= 1
-            else:
-                self._intervals.append(now - self._last)
-        self._last, self._requests = now, self._requests + 1
-        if len(self._intervals) < self.window and self._requests < self.limit:
+        if self._counts and self._last is not None:
+            self._intervals.append(now - self._last)
+        self._last, self._counts = now, False
+        phase = n // self.length
+        if phase == self._phase:
             return
-        if self._intervals:
-            self.paces[self.place] = statistics.median(self._intervals)
-        self._intervals, self._requests, self._skip_left = [], 0, self.skip
-        if self.place == "feeders" and "here" not in self.paces:
-            self.place = "here"
-            return
+        if self._timed:
+            self._judge()
+        self._phase, self._timed, self._intervals = phase, up, []
+
+    def fetching(self, n: int, side: Place, *, since_switch: int, fresh: bool) -> None:
+        """Batch ``n`` comes from ``side``, the ``since_switch``-th since the side last changed
+        (0: the first), ``fresh``: the first of a delivery just opened; the interval that
+        follows counts if the phase is timed and the batch is its side's, past the skipped ones."""
+        self._counts = (self._timed and side == self.place(n) and since_switch >= self.skip and not fresh
+                        and self.decided is None)
+
+    def _judge(self) -> None:
+        """The timed phase just ended: its median, if it has half a window of intervals; the
+        decision once both sides have one, or after :attr:`phases` timed phases."""
+        self._timed_phases += 1
+        if len(self._intervals) >= max(1, self.window // 2):
+            self.paces["feeders" if self._phase % 2 == 0 else "here"] = statistics.median(self._intervals)
         feeders, here = self.paces.get("feeders"), self.paces.get("here")
-        self.decided = self.place = (
-            "feeders" if feeders is None or here is None or feeders < here * (1 - self.margin) else "here")
+        if feeders is not None and here is not None:
+            self.decided = "feeders" if feeders < here * (1 - self.margin) else "here"
+        elif self._timed_phases >= self.phases:
+            self.decided = "feeders"
 
     def summary(self, feeders: int) -> str:
         """One line: what was timed on each side (``feeders``: how many feeder processes) and

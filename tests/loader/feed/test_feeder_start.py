@@ -77,7 +77,7 @@ def test_auto_feeders_take_over_mid_epoch_with_the_same_batches(packed: Path, mo
                     gate.set()
                     assert loader.wait_for_feeders(timeout=120)
         assert asked == [(0, 3), (1, 0)]  # epoch 0 from batch 3 on, epoch 1 whole
-        assert loader._supply.trial.place == "feeders" and loader._supply.trial.decided is None  # still timing them
+        assert loader._supply._side == "feeders" and loader._supply.trial.decided is None  # still timing them
     _same(want, got)
 
 
@@ -95,7 +95,7 @@ def test_feeders_up_between_epochs_take_the_next_one(packed: Path, monkeypatch: 
         assert loader.wait_for_feeders(timeout=120)
         loader.set_epoch(1)
         got += list(loader)
-        assert asked == [(1, 0)] and loader._supply.trial.place == "feeders"
+        assert asked == [(1, 0)] and loader._supply._side == "feeders"
     _same(want, got)
 
 
@@ -142,7 +142,7 @@ def test_the_first_batches_do_not_wait_for_the_feeders(packed: Path, monkeypatch
         assert loader.wait_for_feeders(timeout=120)
         loader.set_epoch(1)
         got += [(x, y, k) for x, y, k in loader]
-        assert loader._supply.trial.place == "feeders" and loader._supply.pool.running
+        assert loader._supply._side == "feeders" and loader._supply.pool.running
     _same(want, got)
 
 
@@ -259,7 +259,7 @@ def test_no_batch_waits_for_the_forkserver_to_import_torch(packed: Path, tmp_pat
         open({str(gate)!r}, "w").close()
         assert loader.wait_for_feeders(timeout=60)
         keys += [k for _, _, ks in it for k in ks]
-        assert loader._supply.pool.running and loader._supply.trial.place == "feeders", "the feeders did not take over"
+        assert loader._supply.pool.running and loader._supply._side == "feeders", "the feeders did not take over"
         assert len(keys) == len(set(keys)) == 69, len(keys)  # every sample once
         loader.close()
         print("done", flush=True)

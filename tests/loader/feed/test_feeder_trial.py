@@ -19,62 +19,77 @@ from tests.loader.feed.test_feeders import _epochs, _loader, _same
 pytestmark = pytest.mark.timeout(240)
 
 
-def _run(trial: PaceTrial, pace: dict[str, float], requests: int) -> list[str]:
-    """``requests`` requests of a loop taking ``pace[side]`` seconds per batch on each side; the
-    side each batch came from."""
-    now, sides = 0.0, list[str]()
-    for _ in range(requests):
-        trial.request(now)
-        sides.append(trial.place)
-        now += pace[trial.place]
+def _run(trial: PaceTrial, pace: dict[str, float], batches: int, *, up_from: int = 0,
+         epoch: int = 0) -> list[str]:
+    """The loader's bookkeeping over ``batches`` requests of a loop taking ``pace[side]`` seconds
+    per batch on each side, the feeders up from batch ``up_from``, ``epoch`` batches an epoch
+    (0: one epoch); the side of each batch."""
+    now, side, since, sides = 0.0, "here", 0, list[str]()
+    for n in range(batches):
+        first = epoch > 0 and n % epoch == 0
+        if first:
+            trial.restart_clock()
+        up = n >= up_from
+        trial.request(now, n, up=up)
+        want = trial.place(n) if up else "here"
+        if want != side:
+            side, since = want, 0
+        trial.fetching(n, want, since_switch=since, fresh=first or since == 0)
+        sides.append(want)
+        now, since = now + pace[want], since + 1
     return sides
 
 
-def test_the_trial_times_the_feeders_then_this_process_and_keeps_the_faster() -> None:
-    trial = PaceTrial(skip=2, window=4)
+def test_the_trial_gives_phases_to_each_side_in_turn_and_keeps_the_faster() -> None:
+    trial = PaceTrial(skip=2, window=4)  # phases of 6 batches: the feeders' first
     sides = _run(trial, {"feeders": 0.010, "here": 0.012}, 30)
-    # the first request starts the clock, 2 intervals are skipped and 4 timed: the 7th request,
-    # which ends the 4th, is served from the other side (its interval is one of those skipped)
     assert sides[:6] == ["feeders"] * 6 and sides[6:12] == ["here"] * 6
-    assert trial.decided == "feeders" and set(sides[12:]) == {"feeders"}
+    assert trial.decided == "feeders" and set(sides[12:]) == {"feeders"}  # judged at the 13th request
     assert trial.paces == pytest.approx({"feeders": 0.010, "here": 0.012})
 
 
 def test_on_a_tie_or_a_gain_under_the_margin_the_route_stays_here() -> None:
     for feeders in (0.012, 0.0119):  # equal; 0.8% faster (the margin is 2%)
         trial = PaceTrial(skip=1, window=3)
-        _run(trial, {"feeders": feeders, "here": 0.012}, 20)
-        assert trial.decided == "here" and trial.place == "here"
+        sides = _run(trial, {"feeders": feeders, "here": 0.012}, 20)
+        assert trial.decided == "here" and set(sides[8:]) == {"here"}
 
 
-def test_the_median_ignores_a_few_slow_steps_and_the_clock_restarts_at_an_epoch() -> None:
-    trial = PaceTrial(skip=0, window=5)
-    for t in (0.0, 0.01, 0.02, 2.02, 2.03, 2.04):  # one 2 s step (a checkpoint, a recompile)
-        trial.request(t)
-    assert trial.paces == {"feeders": pytest.approx(0.01)} and trial.place == "here"
-    trial.request(10.0)
-    trial.restart_clock()  # a new epoch: the time between epochs is not an interval
-    for t in (50.0, 50.02, 50.04, 50.06, 50.08, 50.10):
-        trial.request(t)
-    assert trial.paces["here"] == pytest.approx(0.02) and trial.decided == "feeders"
+def test_phases_go_by_batch_number_so_ranks_that_step_together_switch_together() -> None:
+    """Feeders up at batch 3 (mid-phase): that phase is served but not timed; the next ones are.
+    Another rank whose feeders came up at batch 8 serves every batch from the same side from
+    then on, until the first rank has decided."""
+    early, late = PaceTrial(skip=2, window=4), PaceTrial(skip=2, window=4)
+    a = _run(early, {"feeders": 0.010, "here": 0.012}, 36, up_from=3)
+    b = _run(late, {"feeders": 0.010, "here": 0.012}, 36, up_from=8)
+    assert a[:3] == ["here"] * 3 and a[3:6] == ["feeders"] * 3  # phase 0: not timed
+    assert a[6:12] == ["here"] * 6 and a[12:18] == ["feeders"] * 6 and set(a[18:]) == {"feeders"}
+    assert early.decided == "feeders" and a[8:18] == b[8:18]
+    assert late.decided == "feeders" and set(b[24:]) == {"feeders"}  # timed phases 2 and 3
 
 
-def test_a_side_that_cannot_be_timed_leaves_the_feeders_and_a_reopened_side_skips_its_first_interval() -> None:
-    """A loop taking one batch per iteration times nothing: after ``limit`` requests on each
-    side the trial ends keeping the feeders (as before there was a trial). A side opened again
-    (a new epoch) leaves the interval of its first batch untimed."""
+def test_the_first_batch_of_each_epoch_and_a_few_slow_steps_are_not_what_is_timed() -> None:
+    trial = PaceTrial(skip=0, window=6)  # phases of 6; epochs of 4 batches: 3 intervals a phase
+    now, pace = 0.0, {"feeders": 0.01, "here": 0.02}
+    for n in range(12):
+        if n % 4 == 0:
+            trial.restart_clock()
+            now += 30.0  # evaluation between epochs
+        trial.request(now, n, up=True)
+        side = trial.place(n)
+        trial.fetching(n, side, since_switch=n % 6, fresh=n % 4 == 0 or n % 6 == 0)
+        now += 5.0 if n == 2 else pace[side]  # one 5 s step (a checkpoint)
+    trial.request(now, 12, up=True)
+    assert trial.paces == pytest.approx({"feeders": 0.01, "here": 0.02}) and trial.decided == "feeders"
+
+
+def test_a_loop_that_takes_one_batch_per_iteration_leaves_the_feeders() -> None:
+    """No interval to time: after PHASES timed phases the trial ends keeping the feeders (as
+    before there was a trial)."""
     trial = PaceTrial(skip=1, window=2)
-    for k in range(2 * trial.limit):
-        trial.restart_clock()  # every request is an iteration's first
-        trial.request(float(k))
-    assert trial.decided == "feeders" and trial.paces == {}
+    sides = _run(trial, {"feeders": 0.01, "here": 0.01}, trial.phases * trial.length + 1, epoch=1)
+    assert trial.decided == "feeders" and trial.paces == {} and sides[-1] == "feeders"
     assert "not timed fed by 2 feeder processes, not timed fed from this process" in trial.summary(2)
-    trial = PaceTrial(skip=0, window=2)
-    trial.request(0.0)
-    trial.opened()
-    for t in (5.0, 5.1, 5.2):  # 5 s to the reopened side's first batch: not timed
-        trial.request(t)
-    assert trial.paces == {"feeders": pytest.approx(0.1)}
 
 
 def _auto(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
@@ -107,7 +122,7 @@ def _train(loader: Any, slower: str, epochs: int = 3, on_batch: Any = None) -> l
             got.append(batch)
             if on_batch is not None:
                 on_batch(loader, len(got))
-            place = "feeders" if loader._supply.pool is not None and loader._supply.trial.place == "feeders" else "here"
+            place = loader._supply._side if loader._supply.pool is not None else "here"  # the batch's side
             time.sleep(0.05 if place == slower else 0.01)
     return got
 
@@ -127,11 +142,12 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
         assert not loader.settled and loader.trial is not None and loader.trial.paces == {}
         loader.wait_for_feeders()  # started now: the trial begins at the first batch
         got = _train(loader, slower)
-        # 9 batches an epoch. The feeders: batches 0-5 (the first interval after the opening
-        # skipped, 4 timed); here: 6-8, and 0-4 of the next epoch (its first interval, and the
-        # one after the reopening, not timed); then the side kept
-        assert opens == [("feeders", 0, 0), ("here", 0, 6), ("here", 1, 0)] + (
-            [("feeders", 1, 5)] if kept == "feeders" else [])
+        # phases of 5 batches, 9 batches an epoch: the feeders 0-4 (4 timed after the first),
+        # here 5-8 and the first of the next epoch (2 timed: not 5, the first after the switch,
+        # nor 8, the last before the epoch's end, nor 9, the first of an epoch); the side kept
+        # from the 11th batch (epoch 1, batch 1)
+        assert opens == [("feeders", 0, 0), ("here", 0, 5), ("here", 1, 0)] + (
+            [("feeders", 1, 1)] if kept == "feeders" else [])
         assert loader.trial is not None and loader.trial.decided == kept and loader.settled
         paces = loader.trial.paces  # the loop sleeps 40 ms more per batch on the slower side
         assert paces[slower] - paces[kept] > 0.03, paces
@@ -165,13 +181,16 @@ def test_the_trial_after_a_start_behind_the_first_batches_reuses_this_processs_w
             gate.set()
             assert loader.wait_for_feeders(timeout=120)
         supply = loader._supply
-        if supply.pool is not None and supply.trial.place == "feeders" and supply.trial.decided is None:
+        if supply.pool is not None and supply._side == "feeders" and supply.trial.decided is None:
             feeding.append(supply.dataloader is not None and workers_running(supply.dataloader))
 
     with _loader(packed) as loader:
         got = _train(loader, slower, on_batch=on_batch)
-        assert opens == [("here", 0, 0), ("feeders", 0, 3), ("feeders", 1, 0), ("here", 1, 3)] + (
-            [("feeders", 1, 8)] if kept == "feeders" else [])
+        # here while they start (0-2), the feeders for the rest of phase 0 (3-4, not timed: they
+        # came up mid-phase), here for phase 1 (5-9, timed), the feeders for phase 2 (10-14,
+        # timed), then the side kept
+        assert opens == [("here", 0, 0), ("feeders", 0, 3), ("here", 0, 5), ("here", 1, 0), ("feeders", 1, 1)] + (
+            [("here", 1, 6)] if kept == "here" else [])
         assert loader._supply.trial.decided == kept
         assert feeding and all(feeding)  # this process's workers up while the feeders delivered
     _same(want, got)
@@ -226,8 +245,8 @@ def test_a_resume_point_taken_during_the_trial_is_exact(packed: Path, monkeypatc
     with _loader(packed) as loader:
         loader.wait_for_feeders()
         it = iter(loader)
-        first = [next(it)[2] for _ in range(8)]  # the 7th and 8th from here
-        assert loader._supply.trial.place == "here" and loader._supply.trial.decided is None
+        first = [next(it)[2] for _ in range(8)]  # the 6th to the 8th from here
+        assert loader._supply._side == "here" and loader._supply.trial.decided is None
         state = loader.state_dict()
     with _loader(packed, feeders=0) as resumed:
         resumed.load_state_dict(state)

@@ -146,11 +146,11 @@ def test_auto_feeders_take_over_on_cuda_and_the_staging_memory_goes(
             loader.set_epoch(epoch)
             for x, y, k in loader:
                 got.append((x.cpu(), y, k))
-                places.append(loader._supply.trial.place)
+                places.append(loader._supply._side)
                 if len(got) == 1:
                     assert route._slots  # the first batch came from this process's route
                     assert loader.wait_for_feeders(timeout=120)
-                time.sleep(0.05 if loader._supply.trial.place == "here" else 0.0)
+                time.sleep(0.05 if loader._supply._side == "here" else 0.0)
         assert "here" in places and loader._supply.trial.decided == "feeders"
         assert loader._supply.run is None and route._slots == []
     assert [k for _, _, k in got] == [k for _, _, k in local]
