@@ -252,3 +252,67 @@ def test_a_resume_point_taken_during_the_trial_is_exact(packed: Path, monkeypatc
         resumed.load_state_dict(state)
         rest = [k for _, _, k in resumed]
     assert first + rest == want
+
+
+def _ddp_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
+    """A rank of test_ddp_ranks_switch_together: feeders="auto" with one feeder and a short
+    trial; rank 1 starts its feeders before the first batch, rank 0 behind its first batches."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from shardkit.loader import loader as loader_module
+    from shardkit.loader.feed import supply
+
+    loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())  # type: ignore[assignment]
+    supply.PaceTrial = functools.partial(PaceTrial, skip=1, window=4)  # type: ignore[misc]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        got: dict[str, list[Any]] = {"keys": [], "plain": [], "sides": [], "up": [], "open": []}
+        with _loader(Path(dataset), num_workers=1) as plain:
+            for epoch in range(4):
+                plain.set_epoch(epoch)
+                got["plain"] += [k for _, _, ks in plain for k in ks]
+        with _loader(Path(dataset), num_workers=1) as loader:
+            if rank == 1:
+                loader.wait_for_feeders()
+            for epoch in range(4):
+                loader.set_epoch(epoch)
+                for _, _, keys in loader:
+                    got["keys"].append(keys)
+                    sup = loader._supply
+                    got["sides"].append(sup._side if sup.pool is not None else "here")
+                    got["up"].append(sup.pool is not None and sup.pool.running)
+                    got["open"].append(sup.trial.decided is None)
+                    dist.all_reduce(torch.ones(1))  # the ranks step together, as under DDP
+                    time.sleep(0.01)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, got)
+        if rank == 0:
+            Path(out).write_text(json.dumps(gathered))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_ranks_switch_together(packed: Path, tmp_path: Path) -> None:
+    """Two real gloo ranks whose feeders come up at different batches: from the batch both are
+    up until the first decides, every batch of both comes from the same side; each rank gets the
+    batches of feeders=0."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from tests.loader.test_ddp import _free_port
+
+    out = tmp_path / "ranks.json"
+    mp.start_processes(_ddp_rank, args=(2, _free_port(), str(packed), str(out)), nprocs=2, join=True,
+                       start_method="spawn")
+    ranks = json.loads(out.read_text())
+    for r in ranks:
+        assert [k for keys in r["keys"] for k in keys] == r["plain"]
+    both = max(r["up"].index(True) for r in ranks) + 1  # the first batch both fetched with them up
+    until = min(r["open"].index(False) if False in r["open"] else len(r["open"]) for r in ranks)
+    assert both < until, (both, until)
+    assert ranks[0]["sides"][both:until] == ranks[1]["sides"][both:until]
+    assert {"feeders", "here"} <= set(ranks[0]["sides"][both:until])  # both sides served meanwhile
