@@ -265,8 +265,8 @@ def _ddp_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
     from shardkit.loader import loader as loader_module
     from shardkit.loader.feed import supply
 
-    loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())  # type: ignore[assignment]
-    supply.PaceTrial = functools.partial(PaceTrial, skip=1, window=4)  # type: ignore[misc]
+    loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())
+    supply.PaceTrial = functools.partial(PaceTrial, skip=1, window=4)  # type: ignore[misc,assignment]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         got: dict[str, list[Any]] = {"keys": [], "plain": [], "sides": [], "up": [], "open": []}
