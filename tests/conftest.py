@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -48,17 +47,13 @@ def image_bytes() -> Callable[..., bytes]:
     return encode_image
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[dict[str, Any]]:
     """A moto S3 server on 127.0.0.1; yields fsspec ``storage_options`` that reach it."""
+    from tests.ranks import free_port  # imports torch: after the thread settings above
+
     moto_server = pytest.importorskip("moto.server")
-    port = _free_port()
+    port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"

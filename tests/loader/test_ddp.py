@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,19 +17,13 @@ import torch.multiprocessing as mp
 
 from shardkit import ShardLoader, transforms
 from tests.conftest import upload_tree
+from tests.ranks import free_port, gloo, write_gathered
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank_main(rank: int, world: int, port: int, dataset: str, out: str, drop_last: bool) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         loader = ShardLoader(dataset, batch_size=4, transform=transforms.imagenet_train(32), keys=True,
                              num_workers=0, drop_last=drop_last, seed=7)  # rank/world from torch.distributed
         keys: list[str] = []
@@ -39,18 +32,13 @@ def _rank_main(rank: int, world: int, port: int, dataset: str, out: str, drop_la
             keys += batch_keys
             steps += 1
             dist.all_reduce(torch.ones(1))  # a collective per step, like DDP: unequal counts would hang
-        gathered: list[object] = [None] * world
-        dist.all_gather_object(gathered, {"keys": keys, "steps": steps, "len": len(loader)})
-        if rank == 0:
-            Path(out).write_text(json.dumps(gathered))
-    finally:
-        dist.destroy_process_group()
+        write_gathered(out, {"keys": keys, "steps": steps, "len": len(loader)})
 
 
 @pytest.mark.parametrize(("world", "drop_last"), [(2, False), (3, True)])
 def test_ranks_get_equal_batches_and_cover_the_epoch(packed: Path, tmp_path: Path, world: int, drop_last: bool) -> None:
     out = tmp_path / "result.json"
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(packed), str(out), drop_last), nprocs=world,
+    mp.start_processes(_rank_main, args=(world, free_port(), str(packed), str(out), drop_last), nprocs=world,
                        join=True, start_method="spawn")
     results = json.loads(out.read_text())
     steps = {r["steps"] for r in results}
@@ -70,8 +58,7 @@ def _signature(batches: object) -> list[tuple[list[str], str]]:
 def _resume_main(rank: int, world: int, port: int, dataset: str, out: str, phase: str, k: int) -> None:
     """Phase "first": the uninterrupted epoch, and a run stopped after ``k`` batches with its
     state; phase "second" (fresh processes): load that state, finish the epoch."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         def make() -> ShardLoader:
             return ShardLoader(dataset, batch_size=4, transform=transforms.imagenet_train(32), keys=True,
                                num_workers=0, seed=7)
@@ -98,19 +85,14 @@ def _resume_main(rank: int, world: int, port: int, dataset: str, out: str, phase
                     tail.append(batch)
                     dist.all_reduce(torch.ones(1))
                 result["tail"] = _signature(tail)
-        gathered: list[object] = [None] * world
-        dist.all_gather_object(gathered, result)
-        if rank == 0:
-            Path(out).write_text(json.dumps(gathered))
-    finally:
-        dist.destroy_process_group()
+        write_gathered(out, result)
 
 
 def test_ranks_resume_from_state_dict_in_fresh_processes(packed: Path, tmp_path: Path) -> None:
     world, k = 2, 3
     for phase in ("first", "second"):
         out = str(tmp_path / f"{phase}.json")
-        mp.start_processes(_resume_main, args=(world, _free_port(), str(packed), out, phase, k),
+        mp.start_processes(_resume_main, args=(world, free_port(), str(packed), out, phase, k),
                            nprocs=world, join=True, start_method="spawn")
     first = json.loads((tmp_path / "first.json").read_text())
     second = json.loads((tmp_path / "second.json").read_text())

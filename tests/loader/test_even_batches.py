@@ -6,7 +6,6 @@ source tree defines what the samples are."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from sample_data.coco_gen import make_coco
 from sample_data.generate import decode_index, make_indexed_imagefolder
 from shardkit import ShardLoader, transforms
 from shardkit.pack import PackOptions, pack, pack_coco
+from tests.ranks import free_port, gloo, write_gathered
 
 Delivered = list[tuple[str, int, int]]  # (key, label, index decoded from the pixels) per sample
 
@@ -156,16 +156,9 @@ def test_state_of_an_uneven_loader_resumes_in_an_even_one(datasets: dict[int, tu
     assert even.state_dict()["remainder"] and even.state_dict()["batches_consumed"] == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _eval_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
     """An evaluation pass as a user writes it: per-rank sums, one all_reduce after the loop."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         loader = ShardLoader(dataset, batch_size=8, transform=transforms.imagenet_val(32), keys=True,
                              num_workers=0, shuffle=False, even_batches=False)  # rank/world from the group
         keys: list[str] = []
@@ -175,18 +168,13 @@ def _eval_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None
             labels_sum += torch.tensor([int(labels.sum()), len(labels)])
         loader.close()
         dist.all_reduce(labels_sum)
-        gathered: list[object] = [None] * world
-        dist.all_gather_object(gathered, {"keys": keys, "len": len(loader), "sums": labels_sum.tolist()})
-        if rank == 0:
-            Path(out).write_text(json.dumps(gathered))
-    finally:
-        dist.destroy_process_group()
+        write_gathered(out, {"keys": keys, "len": len(loader), "sums": labels_sum.tolist()})
 
 
 def test_gloo_ranks_evaluate_each_sample_once(datasets: dict[int, tuple[Path, Path]], tmp_path: Path) -> None:
     src, dataset = datasets[69]
     world, out = 2, tmp_path / "eval.json"  # 9 batches of 8 (the last of 5): 4 on rank 0, 5 on rank 1
-    mp.start_processes(_eval_rank, args=(world, _free_port(), str(dataset), str(out)), nprocs=world, join=True,
+    mp.start_processes(_eval_rank, args=(world, free_port(), str(dataset), str(out)), nprocs=world, join=True,
                        start_method="spawn")
     results = json.loads(out.read_text())
     reference = ImageFolder(str(src))

@@ -15,6 +15,7 @@ import pytest
 from shardkit.loader.feed.labels import SlotLabels
 from shardkit.loader.feed.trial import PaceTrial
 from tests.loader.feed.test_feeders import _epochs, _loader, _same
+from tests.ranks import free_port, gloo, write_gathered
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -257,7 +258,6 @@ def test_a_resume_point_taken_during_the_trial_is_exact(packed: Path, monkeypatc
 def _ddp_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
     """A rank of test_ddp_ranks_switch_together: feeders="auto" with one feeder and a short
     trial; rank 1 starts its feeders before the first batch, rank 0 behind its first batches."""
-    import json
 
     import torch
     import torch.distributed as dist
@@ -267,8 +267,7 @@ def _ddp_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
 
     loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())
     supply.PaceTrial = functools.partial(PaceTrial, skip=1, window=4)  # type: ignore[misc,assignment]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         got: dict[str, list[Any]] = {"keys": [], "plain": [], "sides": [], "up": [], "open": []}
         with _loader(Path(dataset), num_workers=1) as plain:
             for epoch in range(4):
@@ -287,12 +286,7 @@ def _ddp_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
                     got["open"].append(sup.trial.decided is None)
                     dist.all_reduce(torch.ones(1))  # the ranks step together, as under DDP
                     time.sleep(0.01)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, got)
-        if rank == 0:
-            Path(out).write_text(json.dumps(gathered))
-    finally:
-        dist.destroy_process_group()
+        write_gathered(out, got)
 
 
 def test_ddp_ranks_switch_together(packed: Path, tmp_path: Path) -> None:
@@ -303,10 +297,9 @@ def test_ddp_ranks_switch_together(packed: Path, tmp_path: Path) -> None:
 
     import torch.multiprocessing as mp
 
-    from tests.loader.test_ddp import _free_port
 
     out = tmp_path / "ranks.json"
-    mp.start_processes(_ddp_rank, args=(2, _free_port(), str(packed), str(out)), nprocs=2, join=True,
+    mp.start_processes(_ddp_rank, args=(2, free_port(), str(packed), str(out)), nprocs=2, join=True,
                        start_method="spawn")
     ranks = json.loads(out.read_text())
     for r in ranks:
