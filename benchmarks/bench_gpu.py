@@ -129,8 +129,17 @@ def shardkit_loader(shards: str, workers: int, batch: int, compile: bool = True,
     t = kw.pop("transform", transforms.imagenet_train(224))
     loader = ShardLoader(shards, batch_size=batch, transform=t, device="cuda", num_workers=workers,
                          drop_last=True, gpu=GpuOptions(compile=compile, **kw.pop("gpu", {})), prefetch=4, **kw)
-    loader.wait_for_feeders()  # feeders="auto": started now, so the timed batches all come from them
+    loader.wait_for_feeders()  # feeders="auto": started now (its trial then runs in the untimed batches)
     return loader
+
+
+def settled(loader: ShardLoader) -> Iterator[Any]:
+    """``loader``'s batches, epoch after epoch, from the first after it has settled (the trial of
+    ``feeders="auto"`` done): what is timed is where it stays."""
+    batches = _forever(lambda: iter(loader))
+    while not loader.settled:
+        next(batches)
+    return batches
 
 
 class Trainer:
@@ -165,8 +174,12 @@ class Trainer:
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) / steps * 1e3
 
-    def fed(self, batches: Iterator[Any], steps: int, synthetic_ms: float) -> dict[str, float]:
+    def fed(self, batches: Iterator[Any], steps: int, synthetic_ms: float, loader: Any = None) -> dict[str, float]:
+        """The step fed ``batches`` (of ``loader``, whose ``feeders="auto"`` trial then runs in
+        the untimed steps, with the step: it times the training loop)."""
         for _ in range(5):
+            self.step(*next(batches))
+        while loader is not None and not loader.settled:
             self.step(*next(batches))
         torch.cuda.synchronize()
         waited, t0 = 0.0, time.perf_counter()
@@ -219,14 +232,14 @@ def main() -> None:
         save("kernel", kernel_rates(args.root, args.batch))
     if "shardkit" in phases:
         loader = shardkit_loader(args.shards, args.workers, args.batch)
-        rate, _ = _timed(_forever(lambda: iter(loader)), args.warmup, args.batches)
+        rate, _ = _timed(settled(loader), args.warmup, args.batches)
         save("shardkit_cuda_img_s", rate)
         save("shardkit_stats", loader.stats.as_dict())
         del loader
     # restart-indexed JPEGs: workers ship only the crop's intervals
     if "shardkit_restart" in phases:
         loader = shardkit_loader(args.restart_shards, args.workers, args.batch)
-        rate, _ = _timed(_forever(lambda: iter(loader)), args.warmup, args.batches)
+        rate, _ = _timed(settled(loader), args.warmup, args.batches)
         save("shardkit_restart_cuda_img_s", rate)
         save("shardkit_restart_stats", loader.stats.as_dict())
         del loader
@@ -241,7 +254,7 @@ def main() -> None:
     if "eager" in phases:
         loader = shardkit_loader(args.shards, args.workers, args.batch, compile=False)
         save("shardkit_cuda_eager_img_s",
-             _timed(_forever(lambda: iter(loader)), args.warmup, args.batches // 3)[0])
+             _timed(settled(loader), args.warmup, args.batches // 3)[0])
         del loader
     if "imagefolder" in phases:
         dl = imagefolder_loader(args.root, args.workers, args.batch)
@@ -257,12 +270,12 @@ def main() -> None:
         save("train_synthetic_step_ms", synth)
         t = transforms.imagenet_train(224, normalize=True, dtype=torch.bfloat16, channels_last=True)
         loader = shardkit_loader(args.shards, args.workers, args.batch, transform=t)
-        save("train_shardkit", trainer.fed(_forever(lambda: iter(loader)), args.train_steps, synth))
+        save("train_shardkit", trainer.fed(_forever(lambda: iter(loader)), args.train_steps, synth, loader))
         del loader
         if args.restart_shards:
             loader = shardkit_loader(args.restart_shards, args.workers, args.batch, transform=t)
             save("train_shardkit_restart",
-                 trainer.fed(_forever(lambda: iter(loader)), args.train_steps, synth))
+                 trainer.fed(_forever(lambda: iter(loader)), args.train_steps, synth, loader))
             del loader
         dl = imagefolder_loader(args.root, args.workers, args.batch)
         save("train_imagefolder", trainer.fed(imagefolder_cuda(dl), args.train_steps, synth))
