@@ -251,7 +251,7 @@ def _iterate(kind: str, spec: dict[str, Any]) -> Callable[[], object]:
     if kind == "shardloader_beside":
         loader = build_loader("shardloader", spec)
         batches = forever(loader)
-        while not loader.settled:  # its trial timed as this loop takes batches: where it stays is timed
+        while not loader.settled:  # its trial, on the loader alone (no step beside it yet); then it stays
             next(batches)
         return lambda: next(batches)
     if kind == "dali_pipeline":

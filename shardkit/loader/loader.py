@@ -120,11 +120,11 @@ class ShardLoader:
             and hand batches over through shared device memory (:mod:`~shardkit.loader.feed.pool`),
             sharing the ``num_workers`` workers: the training loop keeps its interpreter (its GIL)
             to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0, and
-            the first batches come from this process while they start (launched from the second
-            batch once their forkserver is ready, they take the epoch over at the next batch once
-            up: :meth:`wait_for_feeders`); then the loop is timed fed by them and fed from this
-            process, phases of 32 batches in turn, and the faster stays (:mod:`~shardkit.loader.feed.trial`;
-            :attr:`feeders` becomes 0 if that is this process, logged at info level);
+            the first batches come from this process while they start (launched from the
+            loader's second batch once their forkserver is ready: :meth:`wait_for_feeders`); once
+            up, they and this process deliver phases of 32 batches in turn while the loop is
+            timed, and the faster stays (:mod:`~shardkit.loader.feed.trial`; :attr:`feeders`
+            becomes 0 if that is this process, logged at info level);
             a number: started before the first batch. 0: this process. Same batches, order and
             state either way. Needed: an
             :class:`~shardkit.transforms.ImageTransform`, ``num_workers >= feeders``, and an
@@ -433,10 +433,10 @@ class ShardLoader:
 
     @property
     def trial(self) -> PaceTrial | None:
-        """With ``feeders="auto"`` and feeders that can run: its trial as it stands (``place``, the
-        side delivering; ``paces``, the loop's median seconds per batch timed on each side;
-        ``decided``, the side kept, or None). None otherwise (from the moment feeders are found
-        unable to run, too)."""
+        """With ``feeders="auto"`` and feeders that can run: its trial as it stands (``paces``, the
+        loop's median seconds per batch timed on each side; ``decided``, the side kept, or None;
+        ``place(n)``, the side of the loader's ``n``-th batch once the feeders are up). None
+        otherwise (from the moment feeders are found unable to run, too)."""
         return self._supply.trial if self._supply.tries else None
 
     @property

@@ -154,7 +154,7 @@ class Supply:
         try:
             while at < count:
                 now, n = time.monotonic(), self.served
-                up = self._up(pool, polling=at > start or pool.launched)
+                up = self._up(pool, polling=self.served > 0 or pool.launched)  # from the loader's 2nd batch
                 before = trial.decided
                 trial.request(now, n, up=up)
                 if trial.decided != before:
@@ -176,8 +176,9 @@ class Supply:
                 item = next(source, None)
                 if item is None:
                     return  # too few batches: the caller names the epoch and the count
-                yield item
+                # counted as handed out: a loop that takes one batch per iteration closes this here
                 at, self.served, self._since_switch = at + 1, self.served + 1, self._since_switch + 1
+                yield item
             if place == "feeders" and source is not None:
                 next(source, None)  # each feeder's end of its part (an extra batch would be an error)
         finally:

@@ -9,19 +9,24 @@ step was bound by the GPU, where the feeders' decode kernels take turns with the
 process has a CUDA context of its own). Only the loop itself can tell.
 
 **How.** The loop's pace is the time between its requests for batches (its whole iteration:
-step, logging, the wait for the batch). The loader's batches, counted over its life, fall into
-*phases* of :data:`SKIP` + :data:`WINDOW` batches, given to the feeders and to the route in this
-process in turn (even phases to the feeders). A phase is timed when the feeders were up at its
-first batch: the intervals of its batches from the :data:`SKIP`-th after the side last changed,
-less the first batch of each iteration (the time between epochs is the loop's, and a delivery
-opened anew refills). Once a phase of each side is timed, with at least half a window of
-intervals each, the feeders stay only if their median is at least :data:`MARGIN` shorter (on a
-tie the route stays here: fewer processes, less CPU).
+step, logging, the wait for the batch), each interval counted for the batch the loop had just
+taken. The loader's batches, counted over its life, fall into *phases* of :data:`SKIP` +
+:data:`WINDOW` batches, given to the feeders and to the route in this process in turn (even
+phases to the feeders). A phase is timed when the feeders were up at its first batch; its
+intervals count from the batch after the first :data:`SKIP` since the side last changed, less
+the two around each epoch boundary (the last batch's interval holds the time between epochs,
+the loop's own; the first batch comes from a delivery opened anew). Each side's intervals are
+pooled over its timed phases; once both sides have half a window, the feeders stay only if
+their median is at least :data:`MARGIN` shorter (on a tie the route stays here: fewer
+processes, less CPU). Where that never comes (a loop that takes one batch per iteration has no
+interval to time), the feeders stay after :data:`PHASES` timed phases.
 
-**Ranks.** Phases are fixed by batch number, not by when the feeders came up: ranks that step
-together (DDP) switch together, so no rank times one side while another feeds its loop from the
-other, and a rank whose feeders came up late joins at the next phase. Each rank decides for
-itself, on what it timed.
+**Ranks.** Phases are fixed by batch number, not by when the feeders came up: while every rank's
+feeders are up and no rank has decided, ranks that step together (DDP) are fed from the same
+side at every batch, so a rank does not time one side while another, which its step waits for,
+is fed from the other. A rank whose feeders came up late joins at its next phase, and times it
+while an earlier rank may already have decided, and each rank decides on what it timed: ranks
+can keep different sides (the batches are the same either way).
 
 The batches are the same either way; only where they are made changes.
 """
@@ -63,7 +68,8 @@ class PaceTrial:
     _phase: int = -1  # the phase of the last batch asked for
     _timed: bool = False  # whether that phase is timed (the feeders were up at its first batch)
     _timed_phases: int = 0
-    _intervals: list[float] = field(default_factory=list)
+    _intervals: list[float] = field(default_factory=list)  # the phase's
+    _pooled: dict[str, list[float]] = field(default_factory=dict)  # each side's, over its timed phases
     _last: float | None = None  # when the loop last asked for a batch, in this iteration
     _counts: bool = False  # whether the interval from then on is one of the phase's
 
@@ -107,14 +113,17 @@ class PaceTrial:
                         and self.decided is None)
 
     def _judge(self) -> None:
-        """The timed phase just ended: its median, if it has half a window of intervals; the
-        decision once both sides have one, or after :attr:`phases` timed phases."""
+        """The timed phase just ended: its intervals join its side's; a side with half a window
+        of them has a median; the decision once both have, or after :attr:`phases` timed phases."""
         self._timed_phases += 1
-        if len(self._intervals) >= max(1, self.window // 2):
-            self.paces["feeders" if self._phase % 2 == 0 else "here"] = statistics.median(self._intervals)
+        side = "feeders" if self._phase % 2 == 0 else "here"
+        pooled = self._pooled.setdefault(side, [])
+        pooled += self._intervals
+        if len(pooled) >= max(1, self.window // 2):
+            self.paces[side] = statistics.median(pooled)
         feeders, here = self.paces.get("feeders"), self.paces.get("here")
         if feeders is not None and here is not None:
-            self.decided = "feeders" if feeders < here * (1 - self.margin) else "here"
+            self.decided = "feeders" if feeders <= here * (1 - self.margin) else "here"
         elif self._timed_phases >= self.phases:
             self.decided = "feeders"
 
@@ -125,7 +134,9 @@ class PaceTrial:
             "runs the route in this process from now on"
 
         def pace(side: str) -> str:
-            return f"{self.paces[side] * 1e3:.2f} ms per batch" if side in self.paces else "not timed"
+            if side not in self.paces:
+                return "not timed"
+            return f"{self.paces[side] * 1e3:.2f} ms per batch (median of {len(self._pooled[side])})"
 
         return (f"feeders='auto' {kept}: the loop took {pace('feeders')} fed by {feeders} feeder processes, "
-                f"{pace('here')} fed from this process (medians of up to {self.window} batches each)")
+                f"{pace('here')} fed from this process")

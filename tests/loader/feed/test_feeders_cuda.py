@@ -151,7 +151,9 @@ def test_auto_feeders_take_over_on_cuda_and_the_staging_memory_goes(
                     assert route._slots  # the first batch came from this process's route
                     assert loader.wait_for_feeders(timeout=120)
                 time.sleep(0.05 if loader._supply._side == "here" else 0.0)
-        assert "here" in places and loader._supply.trial.decided == "feeders"
+        first_fed = places.index("feeders")
+        assert "here" in places[first_fed:]  # back to this process for its phase of the trial
+        assert loader._supply.trial.decided == "feeders" and set(loader._supply.trial.paces) == {"feeders", "here"}
         assert loader._supply.run is None and route._slots == []
     assert [k for _, _, k in got] == [k for _, _, k in local]
     for (x1, y1, _), (x2, y2, _) in zip(local, got, strict=True):
