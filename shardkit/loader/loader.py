@@ -505,8 +505,7 @@ class ShardLoader:
             self._pos.delivered(epoch, consumed)
             self._last, self.end_of_dataloader = (consumed - 1, rest), consumed == count
             yield item if self.keys else item[:2]
-        if self._supply.pool is not None:
-            next(delivered, None)  # each feeder's end of its part (an extra batch would be an error)
+        self._supply.finish(delivered)
 
     def _follow_world(self) -> None:
         """Take the live rank and world (``rank``/``world_size`` left to detection): a loader built

@@ -100,6 +100,12 @@ class Supply:
         local = self.run.open(epoch, start, rest)
         return local, local
 
+    def finish(self, delivery: Batches) -> None:
+        """``delivery`` (from :meth:`open`) gave its epoch's last batch: with feeders, take each
+        one's end of its part (an extra batch is an error); the route here has nothing to end."""
+        if self.pool is not None:
+            next(delivery, None)
+
     def wait_for_feeders(self, timeout: float | None = None) -> bool:
         """See ``ShardLoader.wait_for_feeders``.
 
