@@ -133,7 +133,7 @@ def shardkit_loader(shards: str, workers: int, batch: int, compile: bool = True,
     return loader
 
 
-def settled(loader: ShardLoader) -> Iterator[Any]:
+def settled_batches(loader: ShardLoader) -> Iterator[Any]:
     """``loader``'s batches, epoch after epoch, from the first after it has settled (the trial of
     ``feeders="auto"`` done): what is timed is where it stays."""
     batches = _forever(lambda: iter(loader))
@@ -232,14 +232,14 @@ def main() -> None:
         save("kernel", kernel_rates(args.root, args.batch))
     if "shardkit" in phases:
         loader = shardkit_loader(args.shards, args.workers, args.batch)
-        rate, _ = _timed(settled(loader), args.warmup, args.batches)
+        rate, _ = _timed(settled_batches(loader), args.warmup, args.batches)
         save("shardkit_cuda_img_s", rate)
         save("shardkit_stats", loader.stats.as_dict())
         del loader
     # restart-indexed JPEGs: workers ship only the crop's intervals
     if "shardkit_restart" in phases:
         loader = shardkit_loader(args.restart_shards, args.workers, args.batch)
-        rate, _ = _timed(settled(loader), args.warmup, args.batches)
+        rate, _ = _timed(settled_batches(loader), args.warmup, args.batches)
         save("shardkit_restart_cuda_img_s", rate)
         save("shardkit_restart_stats", loader.stats.as_dict())
         del loader
@@ -254,7 +254,7 @@ def main() -> None:
     if "eager" in phases:
         loader = shardkit_loader(args.shards, args.workers, args.batch, compile=False)
         save("shardkit_cuda_eager_img_s",
-             _timed(settled(loader), args.warmup, args.batches // 3)[0])
+             _timed(settled_batches(loader), args.warmup, args.batches // 3)[0])
         del loader
     if "imagefolder" in phases:
         dl = imagefolder_loader(args.root, args.workers, args.batch)
