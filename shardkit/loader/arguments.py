@@ -4,19 +4,20 @@ argument), and the number of feeder processes its ``feeders`` argument asks for.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from shardkit.errors import LoaderError
 from shardkit.loader.feed.labels import SlotLabels, probe_text
 from shardkit.loader.feed.layout import auto_feeders
-from shardkit.loader.read.captions import CaptionTargets
+from shardkit.loader.read.captions import CaptionTargets, TextTransform
 from shardkit.loader.read.samples import ON_ERROR
 from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.gpu import GpuOptions, GpuRoute
 from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.transforms.base import ImageTransform
 
-__all__ = ["check_arguments", "check_service", "feeder_count", "feeder_slots", "worker_count"]
+__all__ = ["caption_targets", "check_arguments", "check_service", "feeder_count", "feeder_slots", "worker_count"]
 
 log = logging.getLogger("shardkit.loader")
 
@@ -142,3 +143,21 @@ def feeder_slots(transform: object, kind: str, captions: CaptionTargets | None) 
                           f"imagenet_train or imagenet_val): they hand over one image tensor and one label or token "
                           f"tensor per batch; {why}; use feeders=0")
     return probe_text(captions) if kind == "captions" else SlotLabels()
+
+
+def caption_targets(text_transform: TextTransform | None, fields: Sequence[str]) -> CaptionTargets | None:
+    """The text side asked for (None: nothing asked; a captioned dataset then gets the captions).
+
+    Raises:
+        LoaderError: ``fields`` is not a sequence of names, or ``text_transform`` not callable.
+    """
+    if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields):
+        raise LoaderError(f"fields must be a list of json field names, got {fields!r:.80}")
+    if text_transform is not None and not callable(text_transform):
+        raise LoaderError(f"text_transform must be callable (list of str -> anything), got {text_transform!r:.80}")
+    if text_transform is None and not fields:
+        return None
+    try:
+        return CaptionTargets(tuple(fields), text_transform)
+    except ValueError as err:
+        raise LoaderError(str(err)) from err

@@ -12,7 +12,7 @@ import torch
 
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
-from shardkit.loader.arguments import check_arguments, check_service, feeder_count, worker_count
+from shardkit.loader.arguments import caption_targets, check_arguments, check_service, feeder_count, worker_count
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.position import Position
 from shardkit.loader.epochs.state import MAX_INT
@@ -22,7 +22,7 @@ from shardkit.loader.feed.supply import Batches, Supply
 from shardkit.loader.feed.trial import PaceTrial
 from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, seen_by_accelerate
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
-from shardkit.loader.read.captions import CaptionTargets, TextTransform
+from shardkit.loader.read.captions import TextTransform
 from shardkit.loader.read.datasets import open_datasets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.base import Route
@@ -39,24 +39,6 @@ from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 
 log = logging.getLogger("shardkit.loader")
-
-
-def _captions(text_transform: TextTransform | None, fields: Sequence[str]) -> CaptionTargets | None:
-    """The text side asked for (None: nothing asked; a captioned dataset then gets the captions).
-
-    Raises:
-        LoaderError: ``fields`` is not a sequence of names, or ``text_transform`` not callable.
-    """
-    if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields):
-        raise LoaderError(f"fields must be a list of json field names, got {fields!r:.80}")
-    if text_transform is not None and not callable(text_transform):
-        raise LoaderError(f"text_transform must be callable (list of str -> anything), got {text_transform!r:.80}")
-    if text_transform is None and not fields:
-        return None
-    try:
-        return CaptionTargets(tuple(fields), text_transform)
-    except ValueError as err:
-        raise LoaderError(str(err)) from err
 
 
 class ShardLoader:
@@ -273,7 +255,7 @@ class ShardLoader:
                                          verify_hashes=verify_hashes)
         spec = RouteSpec(transform, torch.device(device), batch_size, on_error=on_error, num_workers=workers,
                          prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
-                         contiguous_labels=contiguous_labels, captions=_captions(text_transform, fields),
+                         contiguous_labels=contiguous_labels, captions=caption_targets(text_transform, fields),
                          service=service is not None)
         #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
         self.route: Route[Any, Any] = choose_route(self.manifest, self.reader, spec)
@@ -414,9 +396,9 @@ class ShardLoader:
         then come from where the trial of ``feeders="auto"`` gives them (:attr:`settled` once it
         has chosen), or, where they could not start, from this process for good (:attr:`feeders`
         is then 0, with one warning). Before the first iteration it starts them now, waiting for
-        their start whatever ``timeout`` says. True unless ``timeout`` passed
-        first; it can pass unnoticed while a launch waits for a forkserver that is not ready after
-        a minute (``READY_WAIT_S``).
+        their start whatever ``timeout`` says. True unless ``timeout`` passed first; it can pass
+        unnoticed while a launch waits for a forkserver that is not ready after a minute
+        (``READY_WAIT_S``).
 
         Raises:
             LoaderError: feeders asked for by number could not start (naming why).
