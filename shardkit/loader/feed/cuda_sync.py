@@ -38,10 +38,10 @@ def sleep_while_waiting(device_index: int) -> bool:
                  "cuDevicePrimaryCtxSetFlags_v2": [ctypes.c_int, ctypes.c_uint]}
         for call, argtypes in calls.items():  # CUresult (an enum, int) from each
             getattr(driver, call).argtypes, getattr(driver, call).restype = argtypes, ctypes.c_int
-        device = ctypes.c_int()
+        device = ctypes.c_int()  # filled by cuDeviceGet, read when the flags call is made
         for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(device), device_index)),
-                           ("cuDevicePrimaryCtxSetFlags_v2", None)):
-            status = getattr(driver, call)(*(args if args is not None else (device, BLOCKING_SYNC)))
+                           ("cuDevicePrimaryCtxSetFlags_v2", (device, BLOCKING_SYNC))):
+            status = getattr(driver, call)(*args)
             if status != 0:
                 log.debug("shardkit: %s returned CUDA error %d; the feeder's waits spin", call, status)
                 return False

@@ -81,9 +81,12 @@ class PaceTrial:
     def place(self, n: int) -> Place:
         """The side that delivers the loader's ``n``-th batch (counted from 0 over its life) while
         its feeders are up."""
-        if self.decided is not None:
-            return self.decided
-        return "feeders" if (n // self.length) % 2 == 0 else "here"
+        return self.decided if self.decided is not None else self._side_of(n // self.length)
+
+    @staticmethod
+    def _side_of(phase: int) -> Place:
+        """The side a phase is given to: even phases to the feeders."""
+        return "feeders" if phase % 2 == 0 else "here"
 
     def restart_clock(self) -> None:
         """A new iteration: the interval up to its first request is the loop's own."""
@@ -109,14 +112,13 @@ class PaceTrial:
         """Batch ``n`` comes from ``side``, the ``since_switch``-th since the side last changed
         (0: the first), ``fresh``: the first of a delivery just opened; the interval that
         follows counts if the phase is timed and the batch is its side's, past the skipped ones."""
-        self._counts = (self._timed and side == self.place(n) and since_switch >= self.skip and not fresh
-                        and self.decided is None)
+        self._counts = self._timed and side == self.place(n) and since_switch >= self.skip and not fresh
 
     def _judge(self) -> None:
         """The timed phase just ended: its intervals join its side's; a side with half a window
         of them has a median; the decision once both have, or after :attr:`phases` timed phases."""
         self._timed_phases += 1
-        side = "feeders" if self._phase % 2 == 0 else "here"
+        side = self._side_of(self._phase)
         pooled = self._pooled.setdefault(side, [])
         pooled += self._intervals
         if len(pooled) >= max(1, self.window // 2):
