@@ -1,14 +1,17 @@
-/* The members of one sample span (its bytes as read at a known offset), for the common case:
- * plain ustar headers of regular files, no extension headers. tarread.parse_span calls it
- * first on every sample the loader reads and falls back to its Python parser, which has the
- * full rules and the error messages, whenever this returns None.
+/* One sample span (its bytes as read at a known offset) parsed for the common case: plain
+ * ustar headers of regular files, no extension headers, member names "<key>.<ext>" of one key.
+ * tarread.parse_span calls it first on every sample the loader reads and falls back to its
+ * Python parser, which has the full rules and the error messages, whenever this returns None.
  *
- * members(data) -> list[tuple[bytes, int, int]] | None
- *   One (name, data_offset, size) per member, the name with its ustar prefix joined ("p/n"),
- *   undecoded. Stops at a zero block or at the end of the data, as the Python parser does.
+ * sample(data) -> tuple[str, dict[str, bytes]] | None
+ *   (key, {ext: member bytes}) by tarread._parse_span's rules on names and keys: the name with
+ *   its ustar prefix joined ("p/n"), UTF-8; the key is the name up to the first dot of its last
+ *   component. Stops at a zero block or at the end of the data, as the Python parser does.
  *   None for anything else: a header whose checksum does not match or whose numeric fields
  *   are not strict octal (or base-256), a type other than a regular file ('0', '\0', '7'), a
- *   member over the size limit, data or a header cut off by the end of the span.
+ *   member over the size limit, data or a header cut off by the end of the span, a name that is
+ *   not UTF-8, absolute, with a ".." component or not "<key>.<ext>", members of two keys, a
+ *   field twice, no member at all.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -53,32 +56,52 @@ static Py_ssize_t text_length(const uint8_t *field, Py_ssize_t n) {
     return nul ? nul - field : n;
 }
 
-static PyObject *header_name(const uint8_t *block) {
-    Py_ssize_t name_len = text_length(block, 100);
-    if (memcmp(block + 257, "ustar", 5) == 0) {
-        Py_ssize_t prefix_len = text_length(block + 345, 155);
-        if (prefix_len > 0) {
-            PyObject *name = PyBytes_FromStringAndSize(NULL, prefix_len + 1 + name_len);
-            if (name == NULL)
-                return NULL;
-            char *out = PyBytes_AS_STRING(name);
-            memcpy(out, block + 345, (size_t)prefix_len);
-            out[prefix_len] = '/';
-            memcpy(out + prefix_len + 1, block, (size_t)name_len);
-            return name;
-        }
+/* The member name of a header, its ustar prefix joined ("p/n"): written to out (at least
+ * 256 bytes), its length returned. */
+static Py_ssize_t header_name(const uint8_t *block, char *out) {
+    Py_ssize_t name_len = text_length(block, 100), prefix_len = 0;
+    if (memcmp(block + 257, "ustar", 5) == 0 && (prefix_len = text_length(block + 345, 155)) > 0) {
+        memcpy(out, block + 345, (size_t)prefix_len);
+        out[prefix_len++] = '/';
     }
-    return PyBytes_FromStringAndSize((const char *)block, name_len);
+    memcpy(out + prefix_len, block, (size_t)name_len);
+    return prefix_len + name_len;
 }
 
-static PyObject *members(PyObject *self, PyObject *arg) {
+/* Where a member name's key ends (its extension follows the dot there), or -1 where
+ * tarread refuses the name: absolute, a ".." component, or a last component that is not
+ * "<key>.<ext>" with both parts non-empty. The bytes '/' and '.' never occur inside a UTF-8
+ * sequence, so these byte positions are the decoded name's. */
+static Py_ssize_t key_end(const char *name, Py_ssize_t n) {
+    if (n > 0 && name[0] == '/')
+        return -1;
+    Py_ssize_t part = 0; /* start of the current component */
+    for (Py_ssize_t i = 0; i <= n; i++)
+        if (i == n || name[i] == '/') {
+            if (i - part == 2 && name[part] == '.' && name[part + 1] == '.')
+                return -1;
+            part = i + 1;
+        }
+    Py_ssize_t last = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (name[i] == '/')
+            last = i + 1;
+    const char *dot = memchr(name + last, '.', (size_t)(n - last));
+    if (dot == NULL || dot == name + last || dot == name + n - 1)
+        return -1;
+    return dot - name;
+}
+
+static PyObject *sample(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     const uint8_t *data = view.buf;
     Py_ssize_t length = view.len, pos = 0;
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
+    char name[256], key[256];
+    Py_ssize_t key_len = -1;
+    PyObject *fields = PyDict_New(), *key_str = NULL;
+    if (fields == NULL)
         goto fail;
     while (pos < length) {
         if (length - pos < BLOCK)
@@ -104,37 +127,57 @@ static PyObject *members(PyObject *self, PyObject *arg) {
         Py_ssize_t start = pos + BLOCK;
         if ((int64_t)(length - start) < size)
             goto fallback;
-        PyObject *name = header_name(block);
-        if (name == NULL)
-            goto fail;
-        PyObject *item = Py_BuildValue("(Nnn)", name, start, (Py_ssize_t)size);
-        if (item == NULL || PyList_Append(out, item) < 0) {
-            Py_XDECREF(item);
-            goto fail;
+        Py_ssize_t n = header_name(block, name), end = key_end(name, n);
+        if (end < 0)
+            goto fallback;
+        if (key_len < 0) {
+            memcpy(key, name, (size_t)end);
+            key_len = end;
+        } else if (end != key_len || memcmp(key, name, (size_t)end) != 0) {
+            goto fallback;
         }
-        Py_DECREF(item);
+        PyObject *ext = PyUnicode_DecodeUTF8(name + end + 1, n - end - 1, NULL);
+        if (ext == NULL)
+            goto fallback; /* not UTF-8 */
+        int twice = PyDict_Contains(fields, ext);
+        PyObject *member = twice ? NULL : PyBytes_FromStringAndSize((const char *)data + start, (Py_ssize_t)size);
+        int stored_ok = member != NULL && PyDict_SetItem(fields, ext, member) == 0;
+        Py_DECREF(ext);
+        Py_XDECREF(member);
+        if (twice > 0)
+            goto fallback;
+        if (!stored_ok)
+            goto fail;
         Py_ssize_t padded = start + (Py_ssize_t)size + (Py_ssize_t)((BLOCK - size % BLOCK) % BLOCK);
         pos = padded < length ? padded : length;
     }
+    if (key_len < 0) /* no member: the Python parser names the empty span */
+        goto fallback;
+    key_str = PyUnicode_DecodeUTF8(key, key_len, NULL);
+    if (key_str == NULL)
+        goto fallback;
     PyBuffer_Release(&view);
-    return out;
+    return Py_BuildValue("(NN)", key_str, fields);
 fallback:
-    Py_DECREF(out);
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        goto fail;
+    PyErr_Clear();
+    Py_DECREF(fields);
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
 fail:
-    Py_XDECREF(out);
+    Py_XDECREF(fields);
     PyBuffer_Release(&view);
     return NULL;
 }
 
 static PyMethodDef methods[] = {
-    {"members", members, METH_O, "members(data) -> list of (name, data_offset, size), or None (see module)"},
+    {"sample", sample, METH_O, "sample(data) -> (key, {ext: bytes}), or None (see module)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tarspan",
-                                    "The plain members of one tar sample span (see tarread.parse_span).", -1,
+                                    "One plain tar sample span parsed (see tarread.parse_span).", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__tarspan(void) { return PyModule_Create(&module); }

@@ -54,12 +54,12 @@ SHARDS = {"shardkit": _ours(), "ustar": _tarfile(tarfile.USTAR_FORMAT), "gnu": _
 
 def test_the_extension_is_built() -> None:
     # the Makefile and pip install build it; without it every header is parsed in Python
-    members = importlib.import_module("shardkit.format._tarspan").members
+    sample = importlib.import_module("shardkit.format._tarspan").sample
     span = _spans(SHARDS["shardkit"])[0]
-    assert [(name, size) for name, _, size in members(span)] == [(b"00000001.cls", 1), (b"00000001.jpg", 1000),
-                                                                   (b"00000001.json", 2)]
-    assert members(b"") == []
-    assert members(span[:100]) is None  # a header cut short: the Python parser says what is wrong
+    assert sample(span) == ("00000001", {"cls": b"3", "jpg": b"j" * 1000, "json": b"{}"})
+    assert sample(memoryview(span)) == sample(span)
+    assert sample(b"") is None  # no member: the Python parser names the empty span
+    assert sample(span[:100]) is None  # a header cut short: the Python parser says what is wrong
 
 
 @pytest.mark.parametrize("shard", list(SHARDS))
@@ -89,13 +89,13 @@ def test_cut_and_damaged_spans_answer_alike(shard: str) -> None:
 
 
 def test_special_headers_go_to_the_python_parser() -> None:
-    members = importlib.import_module("shardkit.format._tarspan").members
+    sample = importlib.import_module("shardkit.format._tarspan").sample
     for kind in (b"5", b"x", b"L", b"2", b"1"):  # directory, PAX, GNU long name, symlink, hard link
         span = bytearray(_spans(SHARDS["shardkit"])[0])
         span[156:157] = kind
         span[148:156] = b" " * 8
         span[148:156] = b"%06o\0 " % sum(span[:512])
-        assert members(bytes(span)) is None
+        assert sample(bytes(span)) is None
         assert _answer(parse_span, bytes(span)) == _answer(_parse_span, bytes(span))
 
 
@@ -104,3 +104,48 @@ def test_a_buffer_the_c_parser_cannot_take_goes_to_the_python_parser() -> None:
     doubled = bytes(b for byte in span for b in (byte, 0))
     strided = memoryview(doubled)[::2]  # not contiguous: the C parser refuses the buffer
     assert parse_span(strided, where="s.tar") == _parse_span(span, where="s.tar")
+
+
+def _member(name: bytes, data: bytes, prefix: bytes = b"") -> bytes:
+    """One plain ustar member with a raw ``name`` (and ``prefix``), checksum right."""
+    header = bytearray(512)
+    header[:len(name)] = name
+    header[100:108] = b"0000644\0"
+    header[124:136] = b"%011o\0" % len(data)
+    header[156:157] = b"0"
+    header[257:263] = b"ustar\0"
+    header[345:345 + len(prefix)] = prefix
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + data + bytes(-len(data) % 512)
+
+
+NAMES = {
+    "plain": [(b"k.cls", b""), (b"k.jpg", b"")],
+    "directory key": [(b"d/e/k.cls", b""), (b"d/e/k.tar.gz", b"")],
+    "prefix joined": [(b"k.cls", b"p/q"), (b"p/q/k.jpg", b"")],
+    "dot in a directory": [(b"d.x/k.jpg", b"")],
+    "utf-8": [("clé/ß.jpg".encode(), b"")],
+    "two keys": [(b"a.cls", b""), (b"b.jpg", b"")],
+    "a field twice": [(b"k.jpg", b""), (b"k.jpg", b"")],
+    "absolute": [(b"/k.jpg", b"")],
+    "dot-dot": [(b"../k.jpg", b"")],
+    "dot-dot inside": [(b"d/../k.jpg", b"")],
+    "dot-dot prefix": [(b"k.jpg", b"..")],
+    "no dot": [(b"k", b"")],
+    "no key": [(b".jpg", b"")],
+    "no extension": [(b"k.", b"")],
+    "no key in a directory": [(b"d/.jpg", b"")],
+    "not utf-8 key": [(b"k\xff.jpg", b"")],
+    "not utf-8 extension": [(b"k.j\xc3", b"")],
+}
+
+
+@pytest.mark.parametrize("case", list(NAMES))
+def test_member_names_answer_as_the_python_parser(case: str) -> None:
+    sample = importlib.import_module("shardkit.format._tarspan").sample
+    span = b"".join(_member(name, b"x" * i, prefix) for i, (name, prefix) in enumerate(NAMES[case]))
+    python = _answer(_parse_span, span)
+    assert _answer(parse_span, span) == python
+    # the C parser answers exactly where the Python one accepts the span; an error is left to it
+    assert sample(span) == (None if isinstance(python, tuple) and python[0] == "FormatError" else python)
