@@ -1,8 +1,9 @@
 """Build the optional C extensions. Two need the system libjpeg's headers (Debian's
 libjpeg62-turbo-dev): the region-of-interest JPEG decoder and restart-indexed JPEGs; without
-them shardkit decodes whole images and ``pack --jpeg-restart`` refuses. Two need only a C
-compiler: the HWC -> CHW repacking of resized crops (without it numpy does that, slower) and the
-parser of plain tar headers in a sample's bytes (without it the Python parser does all of them).
+them shardkit decodes whole images and ``pack --jpeg-restart`` refuses. Three need only a C
+compiler: the HWC -> CHW repacking of resized crops (without it numpy does that, slower), the
+parser of plain tar headers in a sample's bytes (without it the Python parser does all of them)
+and the reader of a JPEG's frame header (without it, the same walk in Python).
 Everything else is configured in pyproject.toml.
 """
 
@@ -20,5 +21,7 @@ setup(
     + [Extension("shardkit.transforms._planar", ["shardkit/transforms/_planar.c"],
                  extra_compile_args=["-O3"], optional=True),
        Extension("shardkit.format._tarspan", ["shardkit/format/_tarspan.c"], extra_compile_args=["-O2"],
+                 optional=True),
+       Extension("shardkit.codec._jpeg_header", ["shardkit/codec/_jpeg_header.c"], extra_compile_args=["-O2"],
                  optional=True)]
 )

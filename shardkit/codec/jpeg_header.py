@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import importlib
+from collections.abc import Callable
+from typing import Literal, NamedTuple
 
 #: Start-of-frame markers (all coding processes); 0xC4/0xC8/0xCC are DHT/JPG/DAC, not frames.
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -11,8 +12,7 @@ SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 SEQUENTIAL_HUFFMAN = frozenset({0xC0, 0xC1})
 
 
-@dataclass(frozen=True)
-class JpegFrame:
+class JpegFrame(NamedTuple):
     """``marker`` is the SOF marker byte (0xC0 baseline, 0xC2 progressive, …); ``sampling`` the
     first component's sampling factors, horizontal in the high nibble (0x11: 1x1; 0 when the
     header ends before them)."""
@@ -24,13 +24,32 @@ class JpegFrame:
     sampling: int = 0
 
 
+#: ``_jpeg_header.frame`` (the walk below in C), or None where the C extension is not built.
+_frame: Callable[[bytes | bytearray | memoryview], tuple[int, int, int, int, int] | None] | None
+try:
+    _frame = importlib.import_module("shardkit.codec._jpeg_header").frame
+except ImportError:  # not built: the walk below in Python
+    _frame = None
+
+
 def jpeg_frame(b: bytes | bytearray | memoryview) -> JpegFrame | None:
     """Walk the markers after SOI to the first frame header; ``None`` if there is none or the
-    header is malformed or cut short.
+    header is malformed or cut short. In C where the extension ``_jpeg_header`` is built.
 
     >>> jpeg_frame(b"\\xff\\xd8\\xff\\xc0\\x00\\x11\\x08\\x01\\x2c\\x01\\x90\\x03")
     JpegFrame(marker=192, height=300, width=400, components=3, sampling=0)
     """
+    if _frame is not None:
+        try:
+            found = _frame(b)
+        except (BufferError, TypeError):  # e.g. a memoryview that is not contiguous
+            return _walk(b)
+        return None if found is None else JpegFrame(*found)
+    return _walk(b)
+
+
+def _walk(b: bytes | bytearray | memoryview) -> JpegFrame | None:
+    """:func:`jpeg_frame` in Python."""
     i, n = 2, len(b)
     while i + 3 < n:
         if b[i] != 0xFF:

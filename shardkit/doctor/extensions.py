@@ -19,6 +19,8 @@ EXTENSIONS: tuple[tuple[str, bool, str], ...] = (
      "HWC->CHW repacking falls back to numpy (~90 us vs 15 us per 224px crop)"),
     ("shardkit.format._tarspan", False,
      "each sample's tar headers are parsed in Python (about 6x the CPU of that parse)"),
+    ("shardkit.codec._jpeg_header", False,
+     "each JPEG's frame header is read in Python (about 2x the CPU of that read)"),
 )
 
 LIBJPEG_HEADERS = ("Debian: apt install libjpeg62-turbo-dev; Ubuntu: apt install "
