@@ -15,24 +15,34 @@ each kind apart (JPEGs nvJPEG takes, which the worker ships undecoded, grayscale
 with ``--gray on``; grayscale, CMYK and other JPEGs and other formats, which it decodes and
 resizes), in batches of that kind only (a kind
 with fewer samples than a batch repeats them), and prints each kind's share of the whole pass.
+``--ablate`` then takes the JPEGs nvJPEG takes apart, step by step: their batches timed as they
+are and with one step of the worker replaced at a time by a stand-in that costs next to nothing
+(``read``: the sample's key and members from a dict instead of ``pread``, CRC-32 and tar parse;
+``seed``: one ``random.Random`` for every sample instead of one seeded per sample, the draws
+unchanged; ``frame``: the JPEG frame header looked up instead of parsed), in alternating order;
+what a step costs is the time its stand-in saves.
 
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray off,on
+    python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray on --ablate
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 import zlib
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
 
 import shardkit.loader.read.reader as reader_module
 import shardkit.loader.routes.device.payload as payload
+import shardkit.loader.routes.gpu.worker as worker_module
 from shardkit.codec.decode import is_jpeg
 from shardkit.codec.jpeg_header import jpeg_frame
 from shardkit.codec.nvjpeg import nvjpeg_frame
@@ -76,6 +86,7 @@ def main() -> None:
     parser.add_argument("--gray", default="off", help="comma-separated off/on: grayscale JPEGs decoded in the "
                         "worker (off) or shipped encoded (on), alternated")
     parser.add_argument("--by-kind", action="store_true", help="also time each kind of sample apart")
+    parser.add_argument("--ablate", action="store_true", help="also time the steps of a JPEG nvJPEG takes apart")
     args = parser.parse_args()
     torch.set_num_threads(1)
     crcs = [c for c in args.crc.split(",") if c] or [""]
@@ -116,11 +127,12 @@ def main() -> None:
                           "cpu_ms_per_image_median": round(statistics.median(values), 4),
                           "min": round(min(values), 4), "max": round(max(values), 4),
                           "rounds": [round(v, 4) for v in values]}))
-    if args.by_kind:
-        reader_module.crc32, builder.gray = impls[crcs[-1]], grays[-1] == "on"  # the pass the shares are of
-        kinds: dict[str, list[tuple[int, int]]] = {}
+    reader_module.crc32, builder.gray = impls[crcs[-1]], grays[-1] == "on"  # the pass the shares are of
+    kinds: dict[str, list[tuple[int, int]]] = {}
+    if args.by_kind or args.ablate:
         for pair in pairs:
             kinds.setdefault(_kind(reader.read(*pair)[1], builder.gray), []).append(pair)
+    if args.by_kind:
         whole = statistics.median(ms[variants[-1]]) * len(pairs)
         for kind, members in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
             batch = (members * (args.batch_size // len(members) + 1))[:max(args.batch_size, len(members))]
@@ -130,6 +142,51 @@ def main() -> None:
                               "share_of_samples": round(len(members) / len(pairs), 4),
                               "cpu_ms_per_image_median": round(each, 4),
                               "share_of_cpu": round(each * len(members) / whole, 3)}))
+    if args.ablate:
+        _ablate(reader, kinds.get("nvjpeg", []), one_pass, args.batch_size, args.rounds)
+
+
+def _ablate(reader: ShardReader, members: list[tuple[int, int]], one_pass: Callable[..., float], batch_size: int,
+            rounds: int) -> None:
+    """Time the JPEGs nvJPEG takes with each step of the worker replaced by a stand-in (see the module doc)."""
+    count = len(members) // batch_size * batch_size
+    if count == 0:
+        raise SystemExit(f"--ablate: fewer JPEGs nvJPEG takes ({len(members)}) than one batch of {batch_size}")
+    read = reader.read
+    samples = {pair: read(*pair) for pair in members}
+    frames = {(len(data), data[-16:]): worker_module.nvjpeg_frame(data, gray=True)
+              for _, fields in samples.values() for ext, data in fields.items() if ext not in ("cls", "json", "txt")}
+    shared = random.Random(0)
+    frame_of, random_module = worker_module.nvjpeg_frame, worker_module.random
+
+    def looked_up(data: bytes, gray: bool = False) -> object:
+        return frames[len(data), data[-16:]]
+
+    def stand_in(step: str) -> None:
+        reader.read = read  # type: ignore[method-assign]
+        worker_module.nvjpeg_frame, worker_module.random = frame_of, random_module
+        if step == "read":
+            reader.read = lambda shard, index: samples[shard, index]  # type: ignore[method-assign,assignment]
+        elif step == "seed":
+            worker_module.random = SimpleNamespace(Random=lambda seed: shared)  # type: ignore[assignment]
+        elif step == "frame":
+            worker_module.nvjpeg_frame = looked_up  # type: ignore[assignment]
+
+    steps = ["none", "read", "seed", "frame"]
+    ms: dict[str, list[float]] = {step: [] for step in steps}
+    for r in range(rounds + 1):  # the first round warms the dict's pages up
+        for step in steps if r % 2 == 0 else steps[::-1]:
+            stand_in(step)
+            value = one_pass(members, count)
+            if r:
+                ms[step].append(value)
+    stand_in("none")
+    base = statistics.median(ms["none"])
+    for step in steps:
+        each = statistics.median(ms[step])
+        print(json.dumps({"nvjpeg_step_replaced": step, "us_per_image_median": round(each * 1e3, 2),
+                          "min": round(min(ms[step]) * 1e3, 2), "max": round(max(ms[step]) * 1e3, 2),
+                          "step_costs_us": round((base - each) * 1e3, 2) if step != "none" else None}))
 
 
 if __name__ == "__main__":
