@@ -11,13 +11,22 @@ its feeders and forkserver, and the workers (``psutil``, user + system; the proc
 the end of the timed batches). Feeders are told from workers by the forkserver the loader
 starts: where the workers of ``--feeders 0`` are started by a forkserver too (Python 3.14's
 default start method, or a script's ``set_start_method("forkserver")``), they count as feeders.
+The training process's CPU is also given thread by thread (the busiest ``--threads``, each by
+its Python name where it is a Python thread, else the name the OS has for it).
+
+``--sleep-waits`` makes this process's CUDA context wait for the device by sleeping
+(:func:`~shardkit.loader.feed.cuda_sync.sleep_while_waiting`, as each feeder's does) before the
+context exists: set beside a run without it, what the training process spends spinning in its
+waits (``cudaStreamSynchronize``, events, nvJPEG's batched decode).
 
     python -m benchmarks.route_cost /tmp/shards --workers 16 --feeders 0 --batches 150
+    python -m benchmarks.route_cost /tmp/shards --workers 16 --feeders 0 --batches 150 --sleep-waits
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +35,7 @@ import psutil
 import torch
 
 from shardkit import ShardLoader
+from shardkit.loader.feed.cuda_sync import sleep_while_waiting
 from shardkit.transforms import imagenet_train
 
 
@@ -59,6 +69,23 @@ def _cpu_by_kind(me: psutil.Process) -> dict[int, tuple[str, float]]:
     return out
 
 
+def _thread_cpu(me: psutil.Process) -> dict[int, float]:
+    """``thread id -> CPU seconds`` of this process's threads."""
+    return {t.id: t.user_time + t.system_time for t in me.threads()}
+
+
+def _thread_name(tid: int) -> str:
+    """A thread's Python name where it is a Python thread, else the OS's name for it."""
+    for t in threading.enumerate():
+        if t.native_id == tid:
+            return t.name
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shards")
@@ -67,8 +94,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=150)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--size", type=int, default=176)
+    ap.add_argument("--threads", type=int, default=6, help="the training process's busiest threads to list")
+    ap.add_argument("--sleep-waits", action="store_true", help="this process's CUDA waits sleep, not spin")
     args = ap.parse_args()
     feeders: int | str = args.feeders if args.feeders == "auto" else int(args.feeders)
+    if args.sleep_waits and not sleep_while_waiting(0):  # device 0: the first visible one, cuda:0
+        raise SystemExit("--sleep-waits: the CUDA driver refused blocking waits (run with logging at DEBUG for why)")
     torch.zeros(1, device="cuda")  # the CUDA context, as a training script has one before its loader
     transform = imagenet_train(args.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
 
@@ -98,11 +129,11 @@ def main() -> None:
         next(batches)
     torch.cuda.synchronize()
     me = psutil.Process()
-    before, w0 = _cpu_by_kind(me), time.perf_counter()
+    before, threads_before, w0 = _cpu_by_kind(me), _thread_cpu(me), time.perf_counter()
     for _ in range(args.batches):
         next(batches)
     torch.cuda.synchronize()
-    wall, after = time.perf_counter() - w0, _cpu_by_kind(me)
+    wall, after, threads_after = time.perf_counter() - w0, _cpu_by_kind(me), _thread_cpu(me)
     images = args.batches * args.batch_size
     kinds: dict[str, list[float]] = {}
     for pid, (kind, cpu) in after.items():
@@ -112,9 +143,13 @@ def main() -> None:
     total = sum(cpu for cpu, _ in kinds.values())
     print(f"feeders={loader.feeders} workers={args.workers}: constructor {t1 - t0:.2f} s, first batch {t2 - t1:.2f} s "
           f"after iter() ({t2 - t0:.2f} s in all; feeders up {t3 - t0:.2f} s after the constructor was called); "
-          f"{images / wall:,.0f} img/s; CPU {1e3 * total / images:.3f} ms per image ({total / wall:.1f} cores busy)")
+          f"{images / wall:,.0f} img/s; CPU {1e3 * total / images:.3f} ms per image ({total / wall:.1f} cores busy)"
+          + ("; this process's CUDA waits sleep" if args.sleep_waits else ""))
     for kind, (cpu, count) in sorted(kinds.items()):
         print(f"  {kind}: {count} processes, {1e3 * cpu / images:.3f} ms per image")
+    spent = sorted(((cpu - threads_before.get(tid, 0.0), tid) for tid, cpu in threads_after.items()), reverse=True)
+    for cpu, tid in spent[:args.threads]:
+        print(f"    training process thread {_thread_name(tid)!r}: {1e3 * cpu / images:.3f} ms per image")
     loader.close()
 
 
