@@ -22,7 +22,8 @@ UV_FROM_PIP = $(foreach key,index-url extra-index-url find-links,$(foreach url,$
 INSTALL = -c constraints.txt -e '.[test]'
 
 $(STAMP): pyproject.toml constraints.txt setup.py shardkit/codec/_jpeg_region.c shardkit/codec/_jpeg_restart.c shardkit/codec/_jpeg_errors.h \
-		shardkit/transforms/_planar.c shardkit/format/_tarspan.c shardkit/codec/_jpeg_header.c
+		shardkit/transforms/_planar.c shardkit/format/_tarspan.c shardkit/codec/_jpeg_header.c \
+		shardkit/transforms/_draws.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if $(BIN)/python -m pip install -q 'uv>=0.5'; then \
 		$(BIN)/uv pip install -q --python $(BIN)/python --index-strategy unsafe-best-match $(UV_FROM_PIP) $(INSTALL); \

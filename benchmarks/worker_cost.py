@@ -18,9 +18,9 @@ with fewer samples than a batch repeats them), and prints each kind's share of t
 ``--ablate`` then takes the JPEGs nvJPEG takes apart, step by step: their batches timed as they
 are and with one step of the worker replaced at a time by a stand-in that costs next to nothing
 (``read``: the sample's key and members from a dict instead of ``pread``, CRC-32 and tar parse;
-``seed``: one ``random.Random`` for every sample instead of one seeded per sample, the draws
-unchanged; ``frame``: the JPEG frame header looked up instead of parsed), in alternating order;
-what a step costs is the time its stand-in saves.
+``draw``: the whole image as the crop, nothing drawn from the sample's seed; ``frame``: the JPEG
+frame header looked up instead of parsed), in alternating order; what a step costs is the time
+its stand-in saves.
 
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray off,on
@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import time
 import zlib
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import torch
 
@@ -52,6 +50,8 @@ from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.gpu.worker import RawBatchBuilder
 from shardkit.storage import Store
 from shardkit.transforms import imagenet_train
+from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.params import CropFlip
 
 
 def _crc(name: str) -> Callable[..., int]:
@@ -143,36 +143,47 @@ def main() -> None:
                               "cpu_ms_per_image_median": round(each, 4),
                               "share_of_cpu": round(each * len(members) / whole, 3)}))
     if args.ablate:
-        _ablate(reader, kinds.get("nvjpeg", []), one_pass, args.batch_size, args.rounds)
+        _ablate(builder, reader, kinds.get("nvjpeg", []), one_pass, args.batch_size, args.rounds)
 
 
-def _ablate(reader: ShardReader, members: list[tuple[int, int]], one_pass: Callable[..., float], batch_size: int,
-            rounds: int) -> None:
+class _DrawnOnce:
+    """A transform whose :meth:`draw` gives the whole image unflipped (nothing drawn); all else is ``inner``'s."""
+
+    def __init__(self, inner: ImageTransform) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def draw(self, height: int, width: int, seed: int) -> CropFlip:
+        return CropFlip(0, 0, height, width, False)
+
+
+def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[int, int]],
+            one_pass: Callable[..., float], batch_size: int, rounds: int) -> None:
     """Time the JPEGs nvJPEG takes with each step of the worker replaced by a stand-in (see the module doc)."""
     count = len(members) // batch_size * batch_size
     if count == 0:
         raise SystemExit(f"--ablate: fewer JPEGs nvJPEG takes ({len(members)}) than one batch of {batch_size}")
-    read = reader.read
+    read, transform, frame_of = reader.read, builder.transform, worker_module.nvjpeg_frame
     samples = {pair: read(*pair) for pair in members}
-    frames = {(len(data), data[-16:]): worker_module.nvjpeg_frame(data, gray=True)
+    frames = {(len(data), data[-16:]): frame_of(data, gray=True)
               for _, fields in samples.values() for ext, data in fields.items() if ext not in ("cls", "json", "txt")}
-    shared = random.Random(0)
-    frame_of, random_module = worker_module.nvjpeg_frame, worker_module.random
 
     def looked_up(data: bytes, gray: bool = False) -> object:
         return frames[len(data), data[-16:]]
 
     def stand_in(step: str) -> None:
         reader.read = read  # type: ignore[method-assign]
-        worker_module.nvjpeg_frame, worker_module.random = frame_of, random_module
+        builder.transform, worker_module.nvjpeg_frame = transform, frame_of
         if step == "read":
             reader.read = lambda shard, index: samples[shard, index]  # type: ignore[method-assign,assignment]
-        elif step == "seed":
-            worker_module.random = SimpleNamespace(Random=lambda seed: shared)  # type: ignore[assignment]
+        elif step == "draw":
+            builder.transform = _DrawnOnce(transform)  # type: ignore[assignment]
         elif step == "frame":
             worker_module.nvjpeg_frame = looked_up  # type: ignore[assignment]
 
-    steps = ["none", "read", "seed", "frame"]
+    steps = ["none", "read", "draw", "frame"]
     ms: dict[str, list[float]] = {step: [] for step in steps}
     for r in range(rounds + 1):  # the first round warms the dict's pages up
         for step in steps if r % 2 == 0 else steps[::-1]:

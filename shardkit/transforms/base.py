@@ -20,7 +20,8 @@ class ImageTransform(abc.ABC):
     """A crop-resize-flip image transform, split so each step can run where it is cheapest.
 
     * :meth:`sample_params` (CPU worker, seeded ``random.Random``, header size only) picks a
-      :class:`CropFlip`; the same generator state always gives the same parameters.
+      :class:`CropFlip`; the same generator state always gives the same parameters. Workers
+      call it through :meth:`draw`, with the sample's seed.
     * :meth:`apply` crops, resizes the crop to :attr:`output_size` and flips, writing into
       ``out`` when given (e.g. one slice of a pinned batch buffer).
     * :meth:`finalize` runs once per batch on the target device (normalise, cast, layout).
@@ -47,6 +48,12 @@ class ImageTransform(abc.ABC):
     @abc.abstractmethod
     def sample_params(self, height: int, width: int, rng: random.Random) -> CropFlip:
         """The crop box and flip for a ``height x width`` image; the box lies inside the image."""
+
+    def draw(self, height: int, width: int, seed: int) -> CropFlip:
+        """The parameters of the sample whose augmentation seed is ``seed``: what
+        :meth:`sample_params` draws from a fresh ``random.Random(seed)``. The loader's workers
+        call this once per image; a transform may compute the same parameters faster."""
+        return self.sample_params(height, width, random.Random(seed))
 
     def apply(self, image: torch.Tensor, params: CropFlip,
               out: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,9 +1,16 @@
-"""RandomResizedCrop + horizontal flip with torchvision's parameters, drawn from a random.Random."""
+"""RandomResizedCrop + horizontal flip with torchvision's parameters, drawn from a random.Random.
+
+From a sample's seed (:meth:`RandomResizedCropFlip.draw`) the C extension ``_draws`` computes the
+same parameters where it is built, bit for bit (tested against Python on random sizes, seeds,
+scales and ratios), in half the time.
+"""
 
 from __future__ import annotations
 
+import importlib
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -13,6 +20,13 @@ from shardkit.transforms.ops import INTERPOLATIONS
 from shardkit.transforms.params import CropFlip
 
 __all__ = ["RandomResizedCropFlip", "random_resized_crop_box"]
+
+#: ``_draws.random_resized_crop_flip``, or None where the C extension is not built.
+_crop_flip: Callable[..., tuple[int, int, int, int, bool]] | None
+try:
+    _crop_flip = importlib.import_module("shardkit.transforms._draws").random_resized_crop_flip
+except ImportError:  # not built: random.Random draws
+    _crop_flip = None
 
 
 def random_resized_crop_box(
@@ -89,3 +103,14 @@ class RandomResizedCropFlip(ImageTransform):
         """A random box (inside the image) and flip; see :func:`random_resized_crop_box`."""
         top, left, h, w = random_resized_crop_box(height, width, self.scale, self.ratio, rng)
         return CropFlip(top, left, h, w, flip=rng.random() < self.flip_p)
+
+    def draw(self, height: int, width: int, seed: int) -> CropFlip:
+        """``sample_params(height, width, random.Random(seed))``, computed in C where it can be
+        (see the module; a subclass that draws otherwise keeps its own :meth:`sample_params`)."""
+        if _crop_flip is not None and type(self).sample_params is RandomResizedCropFlip.sample_params:
+            try:
+                top, left, h, w, flip = _crop_flip(height, width, seed, *self.scale, *self.ratio, self.flip_p)
+            except (OverflowError, ValueError, TypeError):  # a seed outside [0, 2**64), a size it does not take
+                return super().draw(height, width, seed)
+            return CropFlip(top, left, h, w, flip)
+        return super().draw(height, width, seed)

@@ -10,7 +10,6 @@ batch's :class:`~shardkit.loader.stats.StageStats`.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -140,10 +139,11 @@ class SampleSource:
         return got, stats
 
 
-def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where: str,
+def decode_for(transform: ImageTransform, raw: bytes, seed: int, where: str,
                dstats: DecodeStats) -> tuple[torch.Tensor, CropFlip]:
-    """Decode what ``transform`` needs and draw its parameters (always the same draws from
-    ``rng``, whichever decoder runs). Crop-first transforms on JPEGs decode only their box.
+    """Decode what ``transform`` needs and draw its parameters from the sample's ``seed``
+    (:meth:`~shardkit.transforms.base.ImageTransform.draw`: the same parameters whichever decoder
+    runs). Crop-first transforms on JPEGs decode only their box.
 
     Raises:
         BadSample: the image cannot be decoded (the message names it).
@@ -151,7 +151,7 @@ def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where:
     try:
         if transform.crop_first and roi_available() and is_jpeg(raw):
             height, width = peek_size(raw)
-            params = transform.sample_params(height, width, rng)
+            params = transform.draw(height, width, seed)
             region = decode_box_rgb(raw, params) if within_pixel_limit(height, width) else None
             if region is not None:
                 dstats.fast += 1
@@ -164,4 +164,4 @@ def decode_for(transform: ImageTransform, raw: bytes, rng: random.Random, where:
         image = decode_rgb(raw, where=where, stats=dstats)
     except DecodeError as err:  # the header peek names no sample: name it here
         raise BadSample(str(err) if err.where else f"{where}: {err.message}") from err
-    return image, transform.sample_params(image.shape[-2], image.shape[-1], rng)
+    return image, transform.draw(image.shape[-2], image.shape[-1], seed)

@@ -110,7 +110,6 @@ def test_the_first_replaced_sample_is_logged_with_its_shard_and_key(packed: Path
 
 def test_an_undecodable_image_is_named_by_shard_and_key_under_every_transform() -> None:
     """The header peek of a crop-first transform used to raise without naming the sample."""
-    import random
 
     from shardkit.codec.decode import DecodeStats
     from shardkit.loader.read.samples import decode_for
@@ -118,6 +117,6 @@ def test_an_undecodable_image_is_named_by_shard_and_key_under_every_transform() 
     for raw in (b"\xff\xd8\xff\xe0 not an image" * 3, b"plain text, not an image"):
         for transform in (transforms.imagenet_train(32), transforms.imagenet_val(32)):
             with pytest.raises(BadSample) as err:
-                decode_for(transform, raw, random.Random(0), "s-000000.tar:00000007", DecodeStats())
+                decode_for(transform, raw, 0, "s-000000.tar:00000007", DecodeStats())
             assert str(err.value).startswith("s-000000.tar:00000007: cannot "), err.value
             assert "object at 0x" not in str(err.value)

@@ -5,7 +5,6 @@ A plain picklable object; no process or epoch logic here.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -121,7 +120,7 @@ class CpuBatchBuilder:
                       else self.captions.read(sample))
         raw, transform = sample.image(), self.transform
         if isinstance(transform, ImageTransform):
-            image, params = decode_for(transform, raw, random.Random(seed), sample.where, dstats)
+            image, params = decode_for(transform, raw, seed, sample.where, dstats)
         else:
             try:
                 image = decode_rgb(raw, where=sample.where, stats=dstats)

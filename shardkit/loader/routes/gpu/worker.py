@@ -1,9 +1,10 @@
 """The GPU route's worker half: ship raw JPEG bytes plus crop geometry instead of pixels.
 
 For each sample the worker reads the image size from the header, draws the crop/flip from the
-same seeded ``random.Random(seed)`` as the CPU route (so both routes crop and flip every sample
-alike) and ships the encoded bytes (of a restart-indexed JPEG, only the restart intervals around
-a crop-first transform's box: :func:`~shardkit.codec.jpeg_restart.cut`) with one row of geometry
+sample's seed as the CPU route does (:meth:`~shardkit.transforms.base.ImageTransform.draw`, so
+both routes crop and flip every sample alike) and ships the encoded bytes (of a restart-indexed
+JPEG, only the restart intervals around a crop-first transform's box:
+:func:`~shardkit.codec.jpeg_restart.cut`) with one row of geometry
 (:data:`~shardkit.transforms.gpu.GEOMETRY_COLUMNS`). Images nvJPEG cannot take
 (:func:`~shardkit.codec.nvjpeg.nvjpeg_friendly`; grayscale JPEGs only where the route found that
 the device decodes them as the CPU route does, ``gray``) are decoded and transformed here,
@@ -15,7 +16,6 @@ The batch travels as one :class:`~shardkit.loader.routes.device.payload.RawImage
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -81,12 +81,11 @@ class RawBatchBuilder:
                       else self.captions.read(sample))
         data = sample.image()
         transform = self.transform
-        rng = random.Random(seed)
         frame = nvjpeg_frame(data, gray=self.gray)
         if frame is not None:
             try:
                 h, w = (frame.height, frame.width) if frame.height and frame.width else peek_size(data)
-                params = transform.sample_params(h, w, rng)
+                params = transform.draw(h, w, seed)
                 piece = jpeg_restart.cut(data, params.top, params.left, params.height, params.width) \
                     if transform.crop_first else None
             except DecodeError as err:
@@ -96,7 +95,7 @@ class RawBatchBuilder:
                 params = replace(params, top=params.top - piece.top, left=params.left - piece.left)
             stats.transform_s += time.perf_counter() - t1
             return label, (data, transform.gpu_window(h, w, params))
-        image, params = decode_for(transform, data, rng, sample.where, dstats)  # as the CPU route does
+        image, params = decode_for(transform, data, seed, sample.where, dstats)  # as the CPU route does
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
         pixels = transform.apply(image, params)
