@@ -11,8 +11,10 @@ its feeders and forkserver, and the workers (``psutil``, user + system; the proc
 the end of the timed batches). Feeders are told from workers by the forkserver the loader
 starts: where the workers of ``--feeders 0`` are started by a forkserver too (Python 3.14's
 default start method, or a script's ``set_start_method("forkserver")``), they count as feeders.
-The training process's CPU is also given thread by thread (the busiest ``--threads``, each by
-its Python name where it is a Python thread, else the name the OS has for it).
+The training process's and the feeders' CPU is also given thread by thread, the busiest
+``--threads`` of each kind, by name: a thread's Python name in the training process where it has
+one, else the name the OS has for it (the loader names its threads for the OS too: ``sk-fetch``,
+``sk-decode``, ``sk-augment``); the feeders' threads of one name are added up over the feeders.
 
 ``--sleep-waits`` makes this process's CUDA context wait for the device by sleeping
 (:func:`~shardkit.loader.feed.cuda_sync.sleep_while_waiting`, as each feeder's does) before the
@@ -26,6 +28,7 @@ waits (``cudaStreamSynchronize``, events, nvJPEG's batched decode).
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -69,18 +72,25 @@ def _cpu_by_kind(me: psutil.Process) -> dict[int, tuple[str, float]]:
     return out
 
 
-def _thread_cpu(me: psutil.Process) -> dict[int, float]:
-    """``thread id -> CPU seconds`` of this process's threads."""
-    return {t.id: t.user_time + t.system_time for t in me.threads()}
+def _thread_cpu(processes: list[psutil.Process]) -> dict[tuple[int, int], float]:
+    """``(pid, thread id) -> CPU seconds`` of the threads of ``processes``."""
+    out: dict[tuple[int, int], float] = {}
+    for p in processes:
+        try:
+            out.update({(p.pid, t.id): t.user_time + t.system_time for t in p.threads()})
+        except psutil.Error:
+            continue
+    return out
 
 
-def _thread_name(tid: int) -> str:
-    """A thread's Python name where it is a Python thread, else the OS's name for it."""
-    for t in threading.enumerate():
-        if t.native_id == tid:
-            return t.name
+def _thread_name(pid: int, tid: int) -> str:
+    """A thread's Python name where it is a Python thread of this process, else the OS's name for it."""
+    if pid == os.getpid():
+        for t in threading.enumerate():
+            if t.native_id == tid:
+                return t.name
     try:
-        with open(f"/proc/self/task/{tid}/comm") as f:
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
             return f.read().strip()
     except OSError:
         return "?"
@@ -129,11 +139,13 @@ def main() -> None:
         next(batches)
     torch.cuda.synchronize()
     me = psutil.Process()
-    before, threads_before, w0 = _cpu_by_kind(me), _thread_cpu(me), time.perf_counter()
+    feeders_now = [psutil.Process(pid) for pid, (kind, _) in _cpu_by_kind(me).items() if kind == "feeders"]
+    watched = [me, *feeders_now]
+    before, threads_before, w0 = _cpu_by_kind(me), _thread_cpu(watched), time.perf_counter()
     for _ in range(args.batches):
         next(batches)
     torch.cuda.synchronize()
-    wall, after, threads_after = time.perf_counter() - w0, _cpu_by_kind(me), _thread_cpu(me)
+    wall, after, threads_after = time.perf_counter() - w0, _cpu_by_kind(me), _thread_cpu(watched)
     images = args.batches * args.batch_size
     kinds: dict[str, list[float]] = {}
     for pid, (kind, cpu) in after.items():
@@ -147,9 +159,14 @@ def main() -> None:
           + ("; this process's CUDA waits sleep" if args.sleep_waits else ""))
     for kind, (cpu, count) in sorted(kinds.items()):
         print(f"  {kind}: {count} processes, {1e3 * cpu / images:.3f} ms per image")
-    spent = sorted(((cpu - threads_before.get(tid, 0.0), tid) for tid, cpu in threads_after.items()), reverse=True)
-    for cpu, tid in spent[:args.threads]:
-        print(f"    training process thread {_thread_name(tid)!r}: {1e3 * cpu / images:.3f} ms per image")
+    by_name: dict[tuple[str, str], float] = {}
+    for (pid, tid), cpu in threads_after.items():
+        key = ("training process" if pid == me.pid else "feeders", _thread_name(pid, tid))
+        by_name[key] = by_name.get(key, 0.0) + cpu - threads_before.get((pid, tid), 0.0)
+    for kind in ("training process", "feeders"):
+        spent = sorted(((cpu, name) for (k, name), cpu in by_name.items() if k == kind), reverse=True)
+        for cpu, name in spent[:args.threads]:
+            print(f"    {kind}, thread {name!r}: {1e3 * cpu / images:.3f} ms per image")
     loader.close()
 
 

@@ -281,8 +281,8 @@ def test_profile_gil_summarises_py_spy_samples_by_thread() -> None:
     raw = "\n".join([
         "thread (1): MainThread;<module> (x.py:1);step (x.py:2) 50",
         "thread (2);CompiledFunction.backward (y.py:3) 30",
-        "thread (3): shardkit-_decode;_guard (p.py:1);decode_many (s.py:2);jpegs (q.py:3) 15",
-        "thread (4): shardkit-_fetch;_guard (p.py:1);stage (q.py:9) 5",
+        "thread (3): shardkit-decode;_guard (p.py:1);decode_many (s.py:2);jpegs (q.py:3) 15",
+        "thread (4): shardkit-fetch;_guard (p.py:1);stage (q.py:9) 5",
     ])
     text = summarise(raw)
     assert text.splitlines()[:5] == ["100 samples holding the GIL", "   50.0%  training loop (main thread)",

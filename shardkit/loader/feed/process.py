@@ -45,6 +45,7 @@ from shardkit.loader.routes.spec import RouteSpec
 from shardkit.loader.run.epoch_run import EpochRun
 from shardkit.loader.run.stream import BatchStream, WorkerFailure
 from shardkit.loader.stats import StageStats
+from shardkit.loader.threads import name_this_thread
 from shardkit.transforms.base import ImageTransform
 
 __all__ = ["RING", "FeederSpec", "feeder_main"]
@@ -289,6 +290,7 @@ def feeder_main(part: int, payload: bytes, device_index: int | None, parent: int
     the training process's to handle (it stops its feeders); a feeder whose pipe closes, or whose
     parent is gone, exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    name_this_thread(f"sk-feeder{part}")  # what top and ps show for this process
     relay_to(logs, log_levels)
     mark_warned(warned)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="shardkit-watch-parent").start()

@@ -13,14 +13,16 @@ from shardkit._compat import persistent_iterator, stop_persistent_workers
 from shardkit.errors import LoaderError
 from shardkit.loader.run.deaths import WatchedLoader, guard_sigchld, worker_death
 from shardkit.loader.run.stream import BatchStream
+from shardkit.loader.threads import name_this_thread
 
 __all__ = ["rank_and_world", "shutdown_workers", "worker_death", "worker_loader", "workers_running"]
 
 log = logging.getLogger("shardkit.loader")
 
 
-def _init_worker(_worker_id: int) -> None:
+def _init_worker(worker_id: int) -> None:
     torch.set_num_threads(1)  # one core per worker; decode and resize are single-threaded anyway
+    name_this_thread(f"sk-worker{worker_id}")  # what top and ps show for it (not its parent's name)
 
 
 def _launcher_rank_and_world() -> tuple[int, int] | None:

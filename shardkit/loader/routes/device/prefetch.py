@@ -46,6 +46,7 @@ from shardkit.loader.routes.device.payload import StagedBatch
 from shardkit.loader.routes.device.pinned import PinnedSlot
 from shardkit.loader.routes.device.stages import Decoded, DeviceStages, ReadyBatch
 from shardkit.loader.stats import StageStats
+from shardkit.loader.threads import name_this_thread
 
 __all__ = ["DevicePrefetcher", "InOrder", "staging_slots"]
 
@@ -138,8 +139,8 @@ class DevicePrefetcher(Generic[B, D]):
                                                              (self._augment, 2, self.stream)]
         stages += [(self._decode, 1, stream) for stream in self.decode_streams]
         self.decoders = len(self.decode_streams)
-        self._threads = [threading.Thread(target=self._guard, args=args, name=f"shardkit-{args[0].__name__}",
-                                          daemon=True)
+        self._threads = [threading.Thread(target=self._guard, args=args,
+                                          name=f"shardkit-{args[0].__name__.lstrip('_')}", daemon=True)
                          for args in stages]
         for t in self._threads:
             t.start()
@@ -156,6 +157,7 @@ class DevicePrefetcher(Generic[B, D]):
         return False
 
     def _guard(self, stage: Any, out: int, stream: torch.cuda.Stream) -> None:
+        name_this_thread(f"sk-{stage.__name__.lstrip('_')}")  # where the OS lists threads: "sk-decode"
         try:
             with torch.cuda.device(self.device), torch.cuda.stream(stream):
                 stage()
