@@ -104,7 +104,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=150)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--size", type=int, default=176)
-    ap.add_argument("--threads", type=int, default=6, help="the training process's busiest threads to list")
+    ap.add_argument("--threads", type=int, default=6,
+                    help="busiest threads to list, of the training process and of the feeders")
     ap.add_argument("--sleep-waits", action="store_true", help="this process's CUDA waits sleep, not spin")
     args = ap.parse_args()
     feeders: int | str = args.feeders if args.feeders == "auto" else int(args.feeders)

@@ -146,7 +146,7 @@ def main() -> None:
         _ablate(builder, reader, kinds.get("nvjpeg", []), one_pass, args.batch_size, args.rounds)
 
 
-class _DrawnOnce:
+class _NothingDrawn:
     """A transform whose :meth:`draw` gives the whole image unflipped (nothing drawn); all else is ``inner``'s."""
 
     def __init__(self, inner: ImageTransform) -> None:
@@ -179,7 +179,7 @@ def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[i
         if step == "read":
             reader.read = lambda shard, index: samples[shard, index]  # type: ignore[method-assign,assignment]
         elif step == "draw":
-            builder.transform = _DrawnOnce(transform)  # type: ignore[assignment]
+            builder.transform = _NothingDrawn(transform)  # type: ignore[assignment]
         elif step == "frame":
             worker_module.nvjpeg_frame = looked_up  # type: ignore[assignment]
 

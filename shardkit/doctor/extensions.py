@@ -22,7 +22,7 @@ EXTENSIONS: tuple[tuple[str, bool, str], ...] = (
     ("shardkit.codec._jpeg_header", False,
      "each JPEG's frame header is read in Python (about 2x the CPU of that read)"),
     ("shardkit.transforms._draws", False,
-     "each image's random crop is drawn in Python (about 5x the CPU of those draws)"),
+     "each image's random crop is drawn in Python (about 2x the CPU of those draws)"),
 )
 
 LIBJPEG_HEADERS = ("Debian: apt install libjpeg62-turbo-dev; Ubuntu: apt install "

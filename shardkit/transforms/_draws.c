@@ -5,7 +5,8 @@
  *
  * random_resized_crop_flip(height, width, seed, scale_lo, scale_hi, ratio_lo, ratio_hi, flip_p)
  *     -> (top, left, h, w, flip)
- *   seed: an int in [0, 2**64) (OverflowError otherwise: the caller then draws in Python).
+ *   seed: an int in [0, 2**64). OverflowError for another seed, and where a box side would be
+ *   infinite, nan or 2**62 or more (absurd scales or ratios): the caller then draws in Python.
  *
  * What it reproduces (CPython's Modules/_randommodule.c and Lib/random.py, unchanged since 3.2
  * in these parts):
@@ -119,11 +120,17 @@ static int64_t below(Twister *t, uint32_t n) {
     return r;
 }
 
-/* Python's round() of a float to an int: the nearest, halves to even. */
-static int64_t round_half_even(double x) {
+/* Python's round() of a float to an int: the nearest, halves to even. Where that int would not
+ * fit (inf, nan, or 2**62 and beyond: only absurd scales or ratios give such boxes), *out_of_range
+ * is set and the caller leaves the whole draw to Python, which raises or computes as it does. */
+static int64_t round_half_even(double x, int *out_of_range) {
     double rounded = round(x);
     if (fabs(x - rounded) == 0.5)
         rounded = 2.0 * round(x / 2.0);
+    if (!(fabs(rounded) < 4611686018427387904.0)) { /* 2**62; also false for nan */
+        *out_of_range = 1;
+        return 0;
+    }
     return (int64_t)rounded;
 }
 
@@ -150,14 +157,15 @@ static PyObject *random_resized_crop_flip(PyObject *self, PyObject *args) {
     Twister t;
     seed_by_array(&t, key, seed >> 32 ? 2 : 1);
 
-    double area = (double)(height * width);
+    double area = (double)height * (double)width; /* float(height * width): each side exact, one rounding */
+    int out_of_range = 0;
     double log_lo = log(ratio_lo), log_hi = log(ratio_hi);
     int64_t top = -1, left = -1, h = 0, w = 0;
     for (int attempt = 0; attempt < 10; attempt++) {
         double target_area = area * uniform(&t, scale_lo, scale_hi);
         double aspect = exp(uniform(&t, log_lo, log_hi));
-        w = round_half_even(sqrt(target_area * aspect));
-        h = round_half_even(sqrt(target_area / aspect));
+        w = round_half_even(sqrt(target_area * aspect), &out_of_range);
+        h = round_half_even(sqrt(target_area / aspect), &out_of_range);
         if (0 < w && w <= width && 0 < h && h <= height) {
             top = below(&t, (uint32_t)(height - h + 1));
             left = below(&t, (uint32_t)(width - w + 1));
@@ -169,16 +177,20 @@ static PyObject *random_resized_crop_flip(PyObject *self, PyObject *args) {
         double lo = ratio_lo < ratio_hi ? ratio_lo : ratio_hi, hi = ratio_lo < ratio_hi ? ratio_hi : ratio_lo;
         if (in_ratio < lo) {
             w = width;
-            h = round_half_even((double)width / lo);
+            h = round_half_even((double)width / lo, &out_of_range);
         } else if (in_ratio > hi) {
             h = height;
-            w = round_half_even((double)height * hi);
+            w = round_half_even((double)height * hi, &out_of_range);
         } else {
             h = height;
             w = width;
         }
         top = floor_div(height - h, 2);
         left = floor_div(width - w, 2);
+    }
+    if (out_of_range) {
+        PyErr_SetString(PyExc_OverflowError, "a box side out of range: drawn in Python");
+        return NULL;
     }
     int flip = random_double(&t) < flip_p;
     return Py_BuildValue("(LLLLO)", (long long)top, (long long)left, (long long)h, (long long)w,

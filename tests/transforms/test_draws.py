@@ -80,6 +80,34 @@ def test_a_seed_the_extension_cannot_take_is_drawn_in_python() -> None:
         assert t.draw(375, 500, seed) == _python(t, 375, 500, seed)
 
 
+@pytest.mark.parametrize("settings", [
+    {"ratio": (1e-320, 1e-320)},           # boxes of infinite sides: Python raises OverflowError
+    {"ratio": (1.0, float("inf"))},
+    {"scale": (0.08, float("inf"))},
+    {"scale": (0.08, 1e308)},              # finite but past what an int64 holds: Python computes it
+])
+def test_absurd_settings_are_drawn_in_python(settings: dict[str, Any]) -> None:
+    t = RandomResizedCropFlip((8, 8), **settings)
+    for seed in range(20):
+        try:
+            want: object = _python(t, 375, 500, seed)
+        except (OverflowError, ValueError) as err:
+            want = type(err)
+        try:
+            got: object = t.draw(375, 500, seed)
+        except (OverflowError, ValueError) as err:
+            got = type(err)
+        assert got == want, seed
+    with pytest.raises(OverflowError):
+        _c(t, 375, 500, 0)
+
+
+def test_sides_whose_area_passes_an_int64_draw_as_python() -> None:
+    t = imagenet_train(8)
+    for seed in range(200):  # no decoder gives such an image; the arithmetic stays Python's
+        assert _c(t, 3037000500, 3037000500, seed) == _as_tuple(_python(t, 3037000500, 3037000500, seed))
+
+
 def test_a_subclass_that_draws_otherwise_keeps_its_draws() -> None:
     class Centred(RandomResizedCropFlip):
         def sample_params(self, height: int, width: int, rng: random.Random) -> CropFlip:

@@ -110,7 +110,6 @@ def test_the_first_replaced_sample_is_logged_with_its_shard_and_key(packed: Path
 
 def test_an_undecodable_image_is_named_by_shard_and_key_under_every_transform() -> None:
     """The header peek of a crop-first transform used to raise without naming the sample."""
-
     from shardkit.codec.decode import DecodeStats
     from shardkit.loader.read.samples import decode_for
 
