@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -39,6 +40,25 @@ from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 
 log = logging.getLogger("shardkit.loader")
+
+
+class _PoolMaker:
+    """``loader._feeder_pool`` for its :class:`Supply`, holding the loader only weakly: a bound
+    method would make a cycle, and a loader dropped without ``close()`` would then keep its
+    worker processes until Python's cycle collector ran (a DataLoader's stop at once). Pickles
+    as a reference to the loader, as the bound method did."""
+
+    def __init__(self, loader: ShardLoader) -> None:
+        self._loader = weakref.ref(loader)
+
+    def __reduce__(self) -> tuple[type[_PoolMaker], tuple[ShardLoader | None]]:
+        return _PoolMaker, (self._loader(),)
+
+    def __call__(self, parts: int) -> FeederPool:
+        owner = self._loader()
+        if owner is None:
+            raise LoaderError("the loader these feeders were for is gone")
+        return owner._feeder_pool(parts)
 
 
 class ShardLoader:
@@ -281,7 +301,7 @@ class ShardLoader:
         # where the route runs: here, in feeder processes, or ("auto") where the loop runs faster
         self._supply = Supply(self.route, self._stream, self._control, self._stats, num_workers=workers,
                               prefetch=prefetch, feeders=count if service is None else 0, auto=feeders == "auto",
-                              make_pool=self._feeder_pool, local=service is None)
+                              make_pool=_PoolMaker(self), local=service is None)
         self._pos = Position()  # where we stand, and how the next iteration starts
         self._loaded_state: dict[str, Any] | None = None  # what set _pos, while it stands (see _follow_world)
         # Iterations started so far; an older iterator finds the count moved on and ends

@@ -78,3 +78,35 @@ def test_close_stops_the_workers_and_the_loader_still_works_after(packed: Path) 
     assert plain.reader._open
     plain.close()
     assert not plain.reader._open
+
+
+@pytest.mark.parametrize("kw", [{"num_workers": 2}, {"num_workers": 1, "feeders": 1},
+                                {"num_workers": 2, "read_ahead": True}])
+def test_a_loader_dropped_without_close_stops_its_processes_at_once(packed: Path, kw: dict[str, int]) -> None:
+    """As a DataLoader's do: no reference cycle keeps a dropped loader (and its workers or feeders)
+    alive until Python's cycle collector runs, which may be much later."""
+    import gc
+    import time
+
+    import psutil
+
+    gc.collect()
+    me = psutil.Process()
+    lasting = {p.pid for p in me.children(recursive=True)}  # the forkserver and resource tracker stay
+    gc.disable()  # only reference counting may free the loader here
+    try:
+        loader = _loader(packed, **kw)
+        batches = iter(loader)
+        next(batches), next(batches)
+        del batches, loader
+        deadline = time.monotonic() + 10
+        while {p.pid for p in me.children(recursive=True)} - lasting and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # a forkserver started for the feeders (a child; the feeders are its children) and the
+        # resource tracker last as long as this process, as multiprocessing's do
+        servers = {p.pid for p in me.children() if any(s in " ".join(p.cmdline())
+                                                        for s in ("forkserver", "resource_tracker"))}
+        left = [p for p in me.children(recursive=True) if p.pid not in lasting | servers]
+    finally:
+        gc.enable()
+    assert left == []
