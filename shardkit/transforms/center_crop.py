@@ -82,6 +82,12 @@ class ResizeCenterCrop(ImageTransform):
         """The fixed centre box for a ``height x width`` image (no flip)."""
         return CropFlip(*resize_center_crop_box(height, width, self.resize_to, self.output_size))
 
+    def draw(self, height: int, width: int, seed: int) -> CropFlip:
+        """The centre box: nothing is drawn, so no generator is seeded (see :meth:`sample_params`)."""
+        if type(self).sample_params is not ResizeCenterCrop.sample_params:  # a subclass that draws
+            return super().draw(height, width, seed)
+        return self.sample_params(height, width, _UNUSED)
+
     def gpu_window(self, height: int, width: int, params: CropFlip) -> Window:
         """For its own centre box: the resize of the whole image, cropped at the centre offset
         (what :meth:`apply` computes); any other box: resized to ``output_size`` and flipped."""

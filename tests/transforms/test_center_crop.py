@@ -62,3 +62,18 @@ def test_out_is_written_in_place() -> None:
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError):
         imagenet_val(224, crop_fraction=1.5)
+
+
+def test_draw_is_the_centre_box_whatever_the_seed() -> None:
+    from shardkit.transforms.center_crop import ResizeCenterCrop
+
+    t = ResizeCenterCrop((224, 224), 256)
+    for seed in (0, 7, 2**64 - 1):
+        assert t.draw(375, 500, seed) == t.sample_params(375, 500, random.Random(seed))
+
+    class Jittered(ResizeCenterCrop):  # a subclass that draws keeps its draws
+        def sample_params(self, height: int, width: int, rng: random.Random) -> CropFlip:
+            return CropFlip(rng.randint(0, 3), 0, 8, 8)
+
+    j = Jittered((8, 8), 10)
+    assert j.draw(40, 40, 3) == j.sample_params(40, 40, random.Random(3))
