@@ -35,21 +35,41 @@ __all__ = ["Delivery", "EpochRun"]
 Delivery = Generator[tuple[Any, Any, list[str]], bool | None, None]
 
 
-def _taken_over(delivery: Delivery) -> Delivery:
+class _TakenOver(Generator[tuple[Any, Any, list[str]], bool | None, None]):
     """``delivery`` going on into a new epoch, its clock restarted at the first request (the time
-    between epochs is the loop's, not the loader's: :meth:`Route.deliver`)."""
-    try:
-        if inspect.getgeneratorstate(delivery) == inspect.GEN_CREATED:  # it delivered nothing yet
-            yield from delivery
-            return
-        try:
-            first = delivery.send(True)
-        except StopIteration:
-            return
-        yield first
-        yield from delivery
-    finally:
-        delivery.close()
+    between epochs is the loop's, not the loader's: :meth:`Route.deliver`). When that epoch too is
+    kept for the next, :meth:`EpochRun.keep` takes the delivery back out (:meth:`release`), so
+    epoch after epoch wraps it once, never a wrapper of a wrapper (each a frame every batch went
+    through, until the nesting passed Python's recursion limit)."""
+
+    def __init__(self, delivery: Delivery) -> None:
+        self._delivery: Delivery | None = delivery
+        # one that delivered nothing yet cannot be sent a value: its first request is a plain next
+        self._restart = inspect.getgeneratorstate(delivery) != inspect.GEN_CREATED
+
+    def send(self, value: bool | None) -> tuple[Any, Any, list[str]]:
+        if self._delivery is None:
+            raise StopIteration
+        if self._restart:
+            self._restart, value = False, True
+        return self._delivery.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> tuple[Any, Any, list[str]]:
+        if self._delivery is None:
+            raise typ if val is None else val
+        return self._delivery.throw(typ, val, tb)
+
+    def close(self) -> None:
+        delivery, self._delivery = self._delivery, None
+        if delivery is not None:
+            delivery.close()
+
+    def release(self) -> Delivery:
+        """The delivery, no longer this wrapper's (closing the wrapper leaves it open)."""
+        delivery, self._delivery = self._delivery, None
+        if delivery is None:
+            raise ValueError("this delivery was closed or released already")
+        return delivery
 
 
 class EpochRun:
@@ -82,7 +102,7 @@ class EpochRun:
         change, remainder = self.stream.remainder_for(epoch, rest)
         if self._kept is not None and self._kept[0] == epoch and start == 0 and rest is None and not change:
             delivery, self._kept = self._kept[1], None
-            return _taken_over(delivery)
+            return _TakenOver(delivery)
         self.drop()
         if change:
             if self.dataloader is not None and workers_running(self.dataloader):
@@ -99,7 +119,7 @@ class EpochRun:
         reads ahead, else close it."""
         if self.read_ahead:
             self.drop()
-            self._kept = (epoch + 1, delivery)
+            self._kept = (epoch + 1, delivery.release() if isinstance(delivery, _TakenOver) else delivery)
         else:
             delivery.close()
 

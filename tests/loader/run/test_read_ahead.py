@@ -236,3 +236,27 @@ def test_an_older_iterator_that_ends_late_does_not_move_the_loader_back(packed: 
         list(loader)  # epoch 1, whole, by a newer iteration
         assert list(old) == [] and loader.epoch == 2
         assert [k for _, _, k in loader] == want
+
+
+@pytest.mark.parametrize(("workers", "feeders", "epochs"), [(0, 0, 400), (2, 0, 400), (1, 1, 1100)])
+def test_epoch_after_epoch_does_not_nest_deliveries(packed: Path, workers: int, feeders: int, epochs: int) -> None:
+    """Each epoch taken over from read-ahead used to wrap the last one's delivery once more, so a
+    long run (about 980 epochs, whatever the data's size) ended in a RecursionError. With a low
+    recursion limit, a few hundred one-batch epochs show whether the nesting grows."""
+    import inspect
+    import sys
+
+    with _loader(packed, num_workers=workers, feeders=feeders, batch_size=10_000, drop_last=False) as loader:
+        assert len(loader) == 1
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(len(inspect.stack()) + 150)  # a feeder keeps the default limit: more epochs
+        try:
+            for epoch in range(epochs):
+                loader.set_epoch(epoch)
+                assert sum(1 for _ in loader) == 1
+        finally:
+            sys.setrecursionlimit(limit)
+        if feeders == 0:
+            assert loader._supply.run is not None and loader._supply.run._kept is not None  # read ahead throughout
+        else:
+            assert loader.feeders == 1
