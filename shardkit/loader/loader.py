@@ -391,8 +391,13 @@ class ShardLoader:
 
     @property
     def epoch(self) -> int:
-        """The epoch being iterated, or the one the next iteration runs."""
-        return self._pos.epoch
+        """The epoch being iterated, or the one the next iteration runs (after an iteration left
+        mid-epoch, the next epoch, as :attr:`remaining` counts it; :meth:`state_dict` still holds
+        the left epoch's place, so a resume from it continues that epoch)."""
+        pos = self._pos
+        if not pos.fresh and self._active != self._iterations:  # left mid-epoch: the next iteration runs the next epoch
+            return pos.epoch + 1
+        return pos.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` from its start.
@@ -551,7 +556,9 @@ class ShardLoader:
         not yet delivered, with the same samples, order and augmentation; into a loader with
         another world size, batch size, ``drop_last`` or ``even_batches`` (an elastic resume),
         with the samples not yet delivered, laid out anew over its ranks (see
-        :mod:`shardkit.loader.epochs.remainder`).
+        :mod:`shardkit.loader.epochs.remainder`). After an iteration left mid-epoch (a ``break``),
+        it still holds that epoch's place, as torchdata's ``StatefulDataLoader`` does: a resume
+        continues the epoch, while this loader, iterated again, starts the next one.
         """
         return self.config.state(self._pos.epoch, self._pos.batch, remainder=self._pos.remainder).to_dict()
 

@@ -109,10 +109,15 @@ def test_remaining_counts_the_batches_still_to_come(packed: Path) -> None:
     assert loader.remaining == len(loader) == 9
     it = iter(loader)
     next(it), next(it), next(it)
-    assert loader.remaining == 6
+    assert loader.remaining == 6 and loader.epoch == 0
     state = loader.state_dict()
     del it  # left mid-epoch: the next iteration runs epoch 1, whole
-    assert loader.remaining == 9
+    assert loader.remaining == 9 and loader.epoch == 1
+    assert loader.state_dict() == state  # the left epoch's place, for a resume that continues it
+    nxt = iter(loader)
+    next(nxt)
+    assert loader.epoch == 1 and loader.remaining == 8
+    del nxt
     resumed = ShardLoader(str(packed), batch_size=8, keys=True)
     resumed.load_state_dict(state)
     assert (resumed.remaining, len(resumed)) == (6, 9) and len(list(resumed)) == 6
