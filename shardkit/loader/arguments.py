@@ -44,7 +44,7 @@ def auto_reason() -> str:
 
 def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: str,
                      rank: int | None, world_size: int | None, gpu: GpuOptions | None, even_batches: bool,
-                     flags: dict[str, object], pad: object) -> None:
+                     flags: dict[str, object], pad: object, transform: object = None) -> None:
     """Refuse bad arguments when the loader is built, naming the argument, rather than later in
     a worker process (where torch would re-raise the error under its own type) or on one route only
     (``num_workers``: :func:`worker_count`).
@@ -68,6 +68,9 @@ def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: st
             raise LoaderError(f"{name} must be True or False, got {flag!r}")
     if not isinstance(pad, int) or (not isinstance(pad, bool) and pad < 1):
         raise LoaderError(f"pad must be False, True or a positive int (sides rounded up to it), got {pad!r}")
+    if transform is not None and not callable(transform):
+        raise LoaderError("transform must be a callable (e.g. shardkit.transforms.imagenet_train(224), or any "
+                          f"function of a uint8 [3, H, W] tensor) or None, got {transform!r:.80}")
 
 
 def check_service(service: object, *, num_workers: int | str, feeders: int | str, gpu: GpuOptions | None) -> None:

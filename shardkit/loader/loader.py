@@ -245,7 +245,7 @@ class ShardLoader:
                          flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
                                 "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes,
                                 "disjoint_labels": disjoint_labels, "read_ahead": read_ahead},
-                         pad=pad)
+                         pad=pad, transform=transform)
         cache = cache_dir or default_cache_dir()
         datasets = open_datasets(dataset, weights=weights, disjoint_labels=disjoint_labels,
                                  storage_options=storage_options, cache_dir=cache, absolute=service is not None)

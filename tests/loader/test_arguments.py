@@ -18,6 +18,7 @@ BAD = [
     ("masks", "yes"), ("contiguous_labels", 1), ("shuffle", None), ("drop_last", "no"), ("keys", 0),
     ("rank", 2), ("rank", -1), ("rank", "0"), ("world_size", 0),
     ("even_batches", "no"), ("even_batches", 0), ("even_batches", None),
+    ("transform", "imagenet_train"), ("transform", 224),
 ]
 GPU_FIELDS = ("device_prefetch", "decode_threads")
 
@@ -118,3 +119,16 @@ def test_auto_workers_take_this_processs_share_of_the_cores_less_one(packed: Pat
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
     with pytest.raises(LoaderError, match="LOCAL_WORLD_SIZE='two' from the launcher is not a positive integer"):
         ShardLoader(str(packed), batch_size=4, num_workers="auto")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pil_only_transform_is_told_what_it_is_given(packed: Path, workers: int) -> None:
+    """torchvision's v1 ToTensor takes PIL images: one LoaderError naming the sample and saying
+    what shardkit passes, in place of torch's TypeError from deep in a worker."""
+    import torchvision.transforms as tvt
+
+    pil_only = tvt.Compose([tvt.RandomResizedCrop(32), tvt.ToTensor()])
+    with (ShardLoader(str(packed), batch_size=4, num_workers=workers, transform=pil_only) as loader,
+          pytest.raises(LoaderError, match=r"uint8 \[3, H, W\] tensor: use torchvision.transforms.v2") as info):
+        next(iter(loader))
+    assert ".tar:" in info.value.where and "Traceback" not in str(info.value)

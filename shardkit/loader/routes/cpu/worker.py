@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from shardkit.codec.decode import DecodeStats, decode_rgb
-from shardkit.errors import DecodeError
+from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.read.bad_samples import BadSample
 from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
@@ -133,7 +133,15 @@ class CpuBatchBuilder:
         elif transform is not None:
             with torch.random.fork_rng(devices=[]):  # the caller's global RNG stays as it was
                 torch.manual_seed(seed)
-                result = transform(image)
+                try:
+                    result = transform(image)
+                except TypeError as err:
+                    if "PIL" not in str(err):
+                        raise
+                    raise LoaderError(f"the transform takes PIL images, and shardkit gives it each image as a uint8 "
+                                      "[3, H, W] tensor: use torchvision.transforms.v2, which takes tensors "
+                                      f"(v2.ToDtype(torch.float32, scale=True) for ToTensor) ({err})",
+                                      where=sample.where) from None
         else:
             result = image
         stats.transform_s += time.perf_counter() - t2
