@@ -46,9 +46,32 @@ def test_slot_is_busy_until_the_last_view_is_gone() -> None:
     assert pool.busy.tolist() == [0, 0, 1, 0]
     view = images[1:].permute(0, 2, 3, 1)
     del images
+    pool.collect()
     assert pool.busy.tolist() == [0, 0, 1, 0]  # the view still reads the slot
     del view
+    assert pool.busy.tolist() == [0, 0, 1, 0]  # free from the next collect (the next batch taken)
+    pool.collect()
     assert pool.busy.tolist() == [0, 0, 0, 0]
+
+
+def test_no_python_runs_where_a_batch_dies() -> None:
+    """A Ctrl-C landing in Python code that runs where the consumer drops a batch (a finaliser)
+    is lost: Python reports it and goes on. Dropping a delivered batch runs none."""
+    import sys
+
+    pool = SharedBatchPool(num_workers=1, slots_per_worker=2, shape=(2, 3, 4, 4))
+    got = pool.acquire(0, 2)
+    assert got is not None
+    images = pickle.loads(_ship(got[1]))
+    calls: list[str] = []
+    sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        del images
+    finally:
+        sys.setprofile(None)
+    assert calls == [] and len(pool._dead) == 1
+    pool.collect()
+    assert pool.busy.tolist() == [0, 0]
 
 
 def test_full_pool_says_so_and_segments_travel_once() -> None:
@@ -58,7 +81,8 @@ def test_full_pool_says_so_and_segments_travel_once() -> None:
     assert first is not None and second is not None
     assert pool.acquire(0, 1) is None  # both slots busy: the caller allocates instead
     a = pickle.loads(_ship(first[1]))
-    del a  # slot 0 free again
+    del a
+    pool.collect()  # slot 0 free again
     again = pool.acquire(0, 1)
     assert again is not None
     again[0].fill_(9)
@@ -101,6 +125,7 @@ def test_batches_kept_alive_are_never_overwritten(packed: Path) -> None:
         pool = _pool(ld)
         assert pool is not None and int(pool.busy.sum()) > 0
         del held
+        pool.collect()  # what taking the next batch does
         assert int(pool.busy.sum()) == 0
         again = [(x.clone(), y.clone()) for x, y, _k in ld]  # epoch 2 again served from the pool
         assert len({x.untyped_storage().data_ptr() for x, _y, _k in ld}) <= pool.busy.numel()
@@ -127,6 +152,7 @@ def test_close_mid_epoch_gives_back_the_slots_of_batches_in_flight(packed: Path)
             ld.close()
             assert int(pool.busy.sum()) == 1
             del kept
+            pool.collect()
             assert int(pool.busy.sum()) == 0
         ld.set_epoch(0)
         got = [(x.clone(), y.clone()) for x, y in ld]

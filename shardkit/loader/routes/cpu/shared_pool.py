@@ -15,10 +15,17 @@ last tensor or view on it is garbage collected.
 
 Why reuse is safe: ``busy[slot]`` has one writer per transition. The worker sets it to 1
 before writing pixels into a slot whose flag it read as 0; the main process sets it back to 0
-in a finaliser that runs only once nothing references the slot's memory any more (the tensor
-handed out holds the buffer object the finaliser watches; every view holds that tensor's
-storage). A worker that finds none of its slots free allocates a fresh segment as before, so
-a consumer that keeps many batches alive only loses the speed-up, never data.
+only once nothing references the slot's memory any more (the tensor handed out holds the buffer
+object a weak reference watches; every view holds that tensor's storage). A worker that finds
+none of its slots free allocates a fresh segment as before, so a consumer that keeps many
+batches alive only loses the speed-up, never data.
+
+No Python code runs where a buffer dies: its weak reference's callback is ``list.append`` of the
+pool's list of dead references, which runs in C, and the flags are cleared from that list when
+the main process next takes a batch or reclaims the pool (:meth:`SharedBatchPool.collect`). A
+finaliser in Python ran wherever the consumer dropped a batch, and a Ctrl-C landing in it was
+lost (Python reports an exception raised in a finaliser and goes on): the loop ran on, and then
+failed on finding its workers, which had the same SIGINT, gone.
 
 Slots that never reach the main process are given back too: a worker whose batch fails
 releases its slot, and :meth:`SharedBatchPool.reclaim` frees every slot no delivered tensor holds
@@ -99,11 +106,6 @@ def _view(segment: torch.UntypedStorage, shape: tuple[int, ...]) -> torch.Tensor
     return torch.empty(0, dtype=torch.uint8).set_(segment, 0, shape)  # type: ignore[call-overload]
 
 
-def _release(busy: torch.Tensor, live: set[int], slot: int) -> None:
-    live.discard(slot)
-    busy[slot] = 0
-
-
 class SharedBatchPool:
     """``slots_per_worker`` reusable shared-memory batches of ``shape`` for each of ``num_workers``.
 
@@ -128,15 +130,19 @@ class SharedBatchPool:
         # Worker side, filled lazily: this process's segment per slot and whether it was shipped.
         self._segments: dict[int, torch.UntypedStorage] = {}
         self._shipped: set[int] = set()
-        # Main side: the segment each slot was last shipped with, and the slots a delivered
-        # tensor still holds.
+        # Main side: the segment each slot was last shipped with, the slots a delivered tensor
+        # still holds, the weak reference watching each one's buffer (by id: a buffer is not
+        # hashable), and those found dead since the last collect().
         self._received: dict[int, torch.UntypedStorage] = {}
         self._live: set[int] = set()
+        self._watched: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._dead: list[weakref.ref[Any]] = []
         _POOLS[self.token] = self
 
     def __getstate__(self) -> dict[str, Any]:
         return {"token": self.token, "slots_per_worker": self.slots_per_worker, "shape": self.shape,
-                "busy": self.busy, "_segments": {}, "_shipped": set(), "_received": {}, "_live": set()}
+                "busy": self.busy, "_segments": {}, "_shipped": set(), "_received": {}, "_live": set(),
+                "_watched": {}, "_dead": []}
 
     def owned(self) -> bool:
         """Whether this is the pool its token was created for, in this process (not a copy)."""
@@ -151,10 +157,26 @@ class SharedBatchPool:
         """Main process, while no worker runs: free every slot that no delivered tensor holds
         (batches in flight when workers stopped were dropped unread), and unmap their segments
         (the next workers ship new ones)."""
+        self.collect()
         for slot in range(self.busy.numel()):
             if slot not in self._live:
                 self.busy[slot] = 0
                 self._received.pop(slot, None)
+
+    def collect(self) -> None:
+        """Main process: free the slots whose delivered tensors (and every view of them) have been
+        dropped since the last call. Taking a batch calls it; so does :meth:`reclaim`."""
+        while self._dead:
+            _, slot = self._watched.pop(id(self._dead.pop()))
+            self._live.discard(slot)
+            self.busy[slot] = 0
+
+    def _watch(self, memory: object, slot: int) -> None:
+        """Main process: ``slot`` is held until ``memory``, the buffer under its delivered tensor, dies."""
+        self.collect()
+        self._live.add(slot)
+        watch = weakref.ref(memory, self._dead.append)
+        self._watched[id(watch)] = (watch, slot)
 
     @property
     def slot_bytes(self) -> int:
@@ -235,6 +257,5 @@ def _receive(token: str, slot: int, shape: tuple[int, ...], shipped: tuple[Any, 
     nbytes = math.prod(shape)
     memory = _memory_type(nbytes).from_address(segment.data_ptr())
     memory.segment = segment  # type: ignore[attr-defined]  # the mapping lives as long as any view
-    pool._live.add(slot)
-    weakref.finalize(memory, _release, pool.busy, pool._live, slot)
+    pool._watch(memory, slot)
     return torch.frombuffer(memory, dtype=torch.uint8).view(shape)
