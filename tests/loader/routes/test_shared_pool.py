@@ -189,3 +189,34 @@ def test_a_copied_loader_gets_a_pool_of_its_own(packed: Path) -> None:
     assert int(pool.busy.sum()) == 0  # and went back (those read ahead into the next epoch on close)
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, reference, strict=True))
     original.close()
+
+
+def test_the_pool_serves_again_after_every_slot_was_held(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer holding as many batches as there are slots makes the workers allocate; once it
+    drops them, later batches come through the slots again, though those batches themselves came
+    in fresh segments (taking any batch frees the slots of dropped ones)."""
+    import shardkit.loader.routes.cpu.shared_pool as shared_pool
+
+    through = {"slot": 0, "own": 0}
+    slot, own = shared_pool._receive, shared_pool._receive_own
+
+    def in_slot(*args: object) -> torch.Tensor:
+        through["slot"] += 1
+        return slot(*args)  # type: ignore[arg-type]
+
+    def in_own(*args: object) -> torch.Tensor:
+        through["own"] += 1
+        return own(*args)  # type: ignore[arg-type]
+
+    with ShardLoader(str(packed), batch_size=4, transform=transforms.imagenet_train(32), num_workers=1,
+                     prefetch=2) as ld:
+        batches = iter(ld)
+        held = [next(batches)]  # the worker runs (forked before the counting below: it pickles by name)
+        monkeypatch.setattr(shared_pool, "_receive", in_slot)
+        monkeypatch.setattr(shared_pool, "_receive_own", in_own)
+        held += [next(batches) for _ in range(7)]  # more than the worker's 5 slots
+        assert through["own"] > 0  # all slots held: the worker allocated
+        del held
+        through.update(slot=0, own=0)
+        rest = sum(1 for _ in batches)
+    assert rest > 5 and through["slot"] >= rest - 3, through

@@ -63,6 +63,9 @@ class CpuRoute(DirectRoute[CpuBatch]):
             self.builder.pool = pool.fresh()
 
     def finish(self, batch: CpuBatch) -> tuple[Any, Any]:
+        pool = self.builder.pool
+        if pool is not None:  # the slots of batches the consumer dropped are free again
+            pool.collect()
         images = batch.images
         labels = to_device(batch.labels, self.device)  # captioned images: text, a dict of fields
         if not isinstance(images, torch.Tensor):

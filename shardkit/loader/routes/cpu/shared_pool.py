@@ -22,7 +22,10 @@ batches alive only loses the speed-up, never data.
 
 No Python code runs where a buffer dies: its weak reference's callback is ``list.append`` of the
 pool's list of dead references, which runs in C, and the flags are cleared from that list when
-the main process next takes a batch or reclaims the pool (:meth:`SharedBatchPool.collect`). A
+the main process next takes a batch, whether it came in a slot or not, or reclaims the pool
+(:meth:`SharedBatchPool.collect`). A slot is therefore free one batch later than its tensor
+died: a consumer that holds on to a batch or two besides the one in hand leaves its workers
+fewer free slots than before (they then allocate, never wait). A
 finaliser in Python ran wherever the consumer dropped a batch, and a Ctrl-C landing in it was
 lost (Python reports an exception raised in a finaliser and goes on): the loop ran on, and then
 failed on finding its workers, which had the same SIGINT, gone.
@@ -165,7 +168,8 @@ class SharedBatchPool:
 
     def collect(self) -> None:
         """Main process: free the slots whose delivered tensors (and every view of them) have been
-        dropped since the last call. Taking a batch calls it; so does :meth:`reclaim`."""
+        dropped since the last call. The route calls it for every batch taken (one that came in a
+        fresh segment too), and :meth:`reclaim` does."""
         while self._dead:
             _, slot = self._watched.pop(id(self._dead.pop()))
             self._live.discard(slot)
