@@ -170,8 +170,12 @@ class SharedBatchPool:
         """Main process: free the slots whose delivered tensors (and every view of them) have been
         dropped since the last call. The route calls it for every batch taken (one that came in a
         fresh segment too), and :meth:`reclaim` does."""
-        while self._dead:
-            _, slot = self._watched.pop(id(self._dead.pop()))
+        while True:  # the route's thread and a pin-memory thread may both collect: each pop is one thread's
+            try:
+                dead = self._dead.pop()
+            except IndexError:
+                return
+            _, slot = self._watched.pop(id(dead))
             self._live.discard(slot)
             self.busy[slot] = 0
 
