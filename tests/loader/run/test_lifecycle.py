@@ -110,3 +110,25 @@ def test_a_loader_dropped_without_close_stops_its_processes_at_once(packed: Path
     finally:
         gc.enable()
     assert left == []
+
+
+class _Unsendable:
+    """What a transform might return that cannot be pickled (a lambda inside)."""
+
+    def __init__(self) -> None:
+        self.call = lambda: 0
+
+
+def _unsendable(image: object) -> _Unsendable:
+    return _Unsendable()
+
+
+def test_a_transform_output_that_cannot_leave_a_worker_is_an_error_not_a_hang(packed: Path) -> None:
+    """torch's queue thread only prints a pickling error, and the loop would wait for the batch
+    forever; the worker names the sample and what the transform returned instead."""
+    with (_loader(packed, num_workers=1, transform=_unsendable) as loader,
+          pytest.raises(LoaderError, match="the transform returned a _Unsendable, which cannot be sent") as info):
+        next(iter(loader))
+    assert "shard-" in info.value.where
+    with _loader(packed, num_workers=0, transform=_unsendable) as here:  # nothing to send: it works
+        assert isinstance(next(iter(here))[0][0], _Unsendable)

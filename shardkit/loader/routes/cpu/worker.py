@@ -5,6 +5,8 @@ A plain picklable object; no process or epoch logic here.
 
 from __future__ import annotations
 
+import os
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -91,6 +93,29 @@ def _batch_buffer(shape: tuple[int, ...],
     return own.images, own
 
 
+_SENDABLE: set[tuple[int, type]] = set()  # (process, type of a transform's output) found to pickle
+
+
+def _check_sendable(result: object, where: str) -> None:
+    """In a worker process, once per type of output: ``result`` (what a transform returned) must
+    pickle to reach the training process. Where it does not, torch's queue thread only prints the
+    error and the training loop waits for the batch forever; a LoaderError names the sample instead.
+
+    Raises:
+        LoaderError: ``result`` cannot be pickled.
+    """
+    seen = (os.getpid(), type(result))
+    if seen in _SENDABLE or get_worker_info() is None:
+        return
+    try:
+        pickle.dumps(result)
+    except Exception as err:  # pickling raises many types: AttributeError, TypeError, PicklingError
+        raise LoaderError(f"the transform returned a {type(result).__name__}, which cannot be sent from a worker "
+                          f"process ({type(err).__name__}: {err}); return tensors, numbers or other picklable "
+                          "objects, or use num_workers=0", where=where) from None
+    _SENDABLE.add(seen)
+
+
 class CpuBatchBuilder:
     """Turn ``(shard, index, seed)`` triples into a :class:`CpuBatch`.
 
@@ -173,4 +198,6 @@ class CpuBatchBuilder:
         same_size = len({tuple(r.shape) if isinstance(r, torch.Tensor) else None for r in results}) == 1
         if self.transform is not None and same_size and isinstance(results[0], torch.Tensor):
             return CpuBatch(torch.stack(results), labels, got.keys, stats)
+        if self.transform is not None and results and not isinstance(results[0], torch.Tensor):
+            _check_sendable(results[0], f"{self.samples.reader.where(int(shards[0]))}:{got.keys[0]}")
         return CpuBatch(results, labels, got.keys, stats)
