@@ -57,12 +57,20 @@ def test_two_nodes_pack_a_bucket_into_a_bucket(cluster: Cluster, small_tree: Pat
     upload_tree(small_tree, src, s3_server)
     pack(src, f"{s3_bucket}/processes", options=OPTIONS, workers=2, storage_options=s3_server)
 
-    done = _cli(cluster, src, f"{s3_bucket}/ray", options=s3_server)
-    assert done.returncode == 0, done.stderr
-    assert _objects(f"{s3_bucket}/ray", s3_server) == _objects(f"{s3_bucket}/processes", s3_server)
-    # "ray       6 shards written on 2 nodes (3 on 1a2b3c4d, 3 on 5e6f7a8b)"
-    [line] = [line for line in done.stdout.splitlines() if line.startswith("ray ")]
-    assert "6 shards written on 2 nodes" in line, done.stdout
+    # SPREAD, the pack's placement, is a preference: on a busy 2-core machine the second node can
+    # miss one pack's six tasks (seen once in five runs). Each pack must equal the process pool's;
+    # one of three must use both nodes.
+    lines = []
+    for attempt in range(3):
+        done = _cli(cluster, src, f"{s3_bucket}/ray{attempt}", options=s3_server)
+        assert done.returncode == 0, done.stderr
+        assert _objects(f"{s3_bucket}/ray{attempt}", s3_server) == _objects(f"{s3_bucket}/processes", s3_server)
+        # "ray       6 shards written on 2 nodes (3 on 1a2b3c4d, 3 on 5e6f7a8b)"
+        [line] = [line for line in done.stdout.splitlines() if line.startswith("ray ")]
+        lines.append(line)
+        if "6 shards written on 2 nodes" in line:
+            break
+    assert "6 shards written on 2 nodes" in line, lines
     per_node = dict(part.split(" on ")[::-1] for part in line.split("(")[1].rstrip(")").split(", "))
     assert sorted(cluster.roles[n] for short in per_node for n in cluster.roles
                   if n.startswith(short)) == ["sk_head", "sk_worker"], (per_node, cluster.roles)
