@@ -338,10 +338,9 @@ class ShardLoader:
             loader.remaining, len(loader)  # (115, 125)
         """
         self._follow_world()
-        pos = self._pos
-        if not pos.fresh and self._active != self._iterations:  # left mid-epoch: the next iteration runs the next epoch
+        if self._left_mid_epoch:  # the next iteration runs the next epoch, whole
             return self._num_batches
-        return self.config.epoch_batches(pos.remainder) - pos.batch
+        return self.config.epoch_batches(self._pos.remainder) - self._pos.batch
 
     def real_samples(self, batch_index: int | None = None) -> int:
         """How many samples of a batch are the epoch's own: the first ``real_samples()`` of it; the
@@ -394,10 +393,12 @@ class ShardLoader:
         """The epoch being iterated, or the one the next iteration runs (after an iteration left
         mid-epoch, the next epoch, as :attr:`remaining` counts it; :meth:`state_dict` still holds
         the left epoch's place, so a resume from it continues that epoch)."""
-        pos = self._pos
-        if not pos.fresh and self._active != self._iterations:  # left mid-epoch: the next iteration runs the next epoch
-            return pos.epoch + 1
-        return pos.epoch
+        return self._pos.epoch + 1 if self._left_mid_epoch else self._pos.epoch
+
+    @property
+    def _left_mid_epoch(self) -> bool:
+        """The last iteration was left mid-epoch and none is open: the next one runs the next epoch."""
+        return not self._pos.fresh and self._active != self._iterations
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` from its start.

@@ -25,10 +25,10 @@ pool's list of dead references, which runs in C, and the flags are cleared from 
 the main process next takes a batch, whether it came in a slot or not, or reclaims the pool
 (:meth:`SharedBatchPool.collect`). A slot is therefore free one batch later than its tensor
 died: a consumer that holds on to a batch or two besides the one in hand leaves its workers
-fewer free slots than before (they then allocate, never wait). A
-finaliser in Python ran wherever the consumer dropped a batch, and a Ctrl-C landing in it was
-lost (Python reports an exception raised in a finaliser and goes on): the loop ran on, and then
-failed on finding its workers, which had the same SIGINT, gone.
+fewer free slots than before (they then allocate, never wait). A finaliser in Python ran
+wherever the consumer dropped a batch, and a Ctrl-C landing in it was lost (Python reports an
+exception raised in a finaliser and goes on): the loop ran on, and then failed on finding its
+workers, which had the same SIGINT, gone.
 
 Slots that never reach the main process are given back too: a worker whose batch fails
 releases its slot, and :meth:`SharedBatchPool.reclaim` frees every slot no delivered tensor holds
