@@ -489,10 +489,14 @@ class ShardLoader:
             if self._active == mine:  # an older iteration closed late leaves the newer one's flag alone
                 self.end_of_dataloader = False
             run = self._supply.run
+            if local is None and self.service is None:
+                local = self._supply.take_tail()  # feeders="auto" ended this epoch with the route here
             if local is not None and run is not None and whole and self._iterations == mine:
                 run.keep(local, epoch)  # with read-ahead, on into the next epoch
             else:
                 delivered.close()  # an iteration left early stops its route's (or feeders') work now
+                if local is not None and local is not delivered:
+                    local.close()
             if served is not None:
                 served.close()  # the batches asked of the service and not taken are cancelled
             if self._active == mine:

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from shardkit.errors import LoaderError
 from shardkit.loader.feed.pool import FeederPool
-from shardkit.loader.feed.trial import PaceTrial, Place
+from shardkit.loader.feed.trial import DeviceStamp, PaceTrial, Place, Stamp
 from shardkit.loader.routes.base import Route
 from shardkit.loader.run.epoch_run import Delivery, EpochRun
 from shardkit.loader.run.stream import BatchStream
@@ -64,6 +64,10 @@ class Supply:
         # feeders="auto": batches served so far (the trial's phases go by it), the side that served
         # the last one, and how many that side has served since it took over
         self.served, self._side, self._since_switch = 0, "here", 0
+        # feeders="auto" kept the route here during an epoch: its delivery there, which the loader
+        # keeps for read-ahead once that epoch ran whole (take_tail)
+        self._tail: Delivery | None = None
+        self._auto_delivery: Batches | None = None  # the last delivery of feeders="auto" opened
         if feeders:
             try:
                 self.pool = make_pool(feeders)
@@ -88,8 +92,12 @@ class Supply:
         """
         if self.pool is not None and not self.pool.running and not self.auto:
             self._start_feeders()  # asked for by number: started (or refused) before the first batch
+        if self._tail is not None:  # an epoch of "auto" left early: its delivery here is not kept
+            self._tail.close()
+            self._tail = None
         if self.pool is not None and self.auto and not self.settled:
-            return self._auto(self.pool, epoch, start, count, rest), None  # "auto": no wait for them
+            self._auto_delivery = self._auto(self.pool, epoch, start, count, rest)
+            return self._auto_delivery, None  # "auto": no wait for them
         if self.pool is not None:
             return self.pool.epoch(epoch, start, count, rest, self.stats), None
         if not self.local:
@@ -102,9 +110,18 @@ class Supply:
 
     def finish(self, delivery: Batches) -> None:
         """``delivery`` (from :meth:`open`) gave its epoch's last batch: with feeders, take each
-        one's end of its part (an extra batch is an error); the route here has nothing to end."""
-        if self.pool is not None:
+        one's end of its part (an extra batch is an error); ``feeders="auto"`` also ends its
+        epoch (:meth:`take_tail`); the route here has nothing to end."""
+        if self.pool is not None or delivery is self._auto_delivery:
             next(delivery, None)
+
+    def take_tail(self) -> Delivery | None:
+        """The delivery of the route in this process that ended an epoch of ``feeders="auto"``
+        once its trial kept the route here, or None: the loader keeps it as it keeps any
+        delivery here, so the workers read ahead into the next epoch from the first epoch
+        after the trial on (without it, that epoch's first batch would wait for them to start)."""
+        tail, self._tail = self._tail, None
+        return tail
 
     def wait_for_feeders(self, timeout: float | None = None) -> bool:
         """See ``ShardLoader.wait_for_feeders``.
@@ -159,7 +176,7 @@ class Supply:
         at, place, source = start, None, None
         try:
             while at < count:
-                now, n = time.monotonic(), self.served
+                now, n = self._stamp(), self.served
                 up = self._up(pool, polling=self.served > 0 or pool.launched)  # from the loader's 2nd batch
                 before = trial.decided
                 trial.request(now, n, up=up)
@@ -187,9 +204,19 @@ class Supply:
                 yield item
             if place == "feeders" and source is not None:
                 next(source, None)  # each feeder's end of its part (an extra batch would be an error)
+            elif place == "here" and self.pool is None:  # the route stays here (kept by the trial, or no feeders)
+                self._tail, source = source, None  # kept by the loader (take_tail): read-ahead from here on
         finally:
             if source is not None:
                 source.close()
+
+    def _stamp(self) -> Stamp:
+        """When the loop asks for a batch, for the trial: on the device's timeline where the route
+        delivers to a CUDA device (see :class:`~shardkit.loader.feed.trial.DeviceStamp`), else by
+        the host's monotonic clock."""
+        if self.route.device.type == "cuda":
+            return DeviceStamp(self.route.device)
+        return time.monotonic()
 
     def _up(self, pool: FeederPool, *, polling: bool) -> bool:
         """Whether the feeders deliver the next batch of :meth:`_auto`: not while they start (their

@@ -21,6 +21,16 @@ their median is at least :data:`MARGIN` shorter (on a tie the route stays here: 
 processes, less CPU). Where that never comes (a loop that takes one batch per iteration has no
 interval to time), the feeders stay after :data:`PHASES` timed phases.
 
+**Which clock.** On a CUDA device each request is stamped on the device's timeline
+(:class:`DeviceStamp`: an event on the current stream, reached once the steps queued before it
+are done), not by the host's clock. The host runs steps ahead of the GPU until the launch queue
+fills, and how far ahead depends on the side, so a phase timed by the host's clock can show a
+pace the step cannot have. Measured on an H200 (ResNet-18 @176, batch 256, docs/performance.md),
+the host's clock gave the feeders 9.5 and 12.4 ms per batch, for a step of 10.9 ms on the
+device, which the feeders fed every 20.6 ms in steady state; the trial kept them, where the
+route in this process fed the step 1.25x as fast. The device's timeline counts what the step
+gets: its kernels, and its waits for each batch.
+
 **Ranks.** Phases are fixed by batch number, not by when the feeders came up: while every rank's
 feeders are up and no rank has decided, ranks that step together (DDP) are fed from the same
 side at every batch, so a rank does not time one side while another, which its step waits for,
@@ -37,7 +47,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["MARGIN", "PHASES", "SKIP", "WINDOW", "PaceTrial", "Place"]
+import torch
+
+__all__ = ["MARGIN", "PHASES", "SKIP", "WINDOW", "DeviceStamp", "PaceTrial", "Place", "Stamp"]
 
 #: Batches after a switch whose intervals are not timed (the new side filling its pipeline).
 SKIP = 8
@@ -51,6 +63,36 @@ PHASES = 6
 
 #: Where the route runs: in the feeder processes, or in this one.
 Place = Literal["feeders", "here"]
+
+
+class DeviceStamp:
+    """A point on a CUDA device's timeline: an event recorded on ``stream`` (the device's current
+    stream by default) when the loop asks for a batch, which the device reaches once all the work
+    queued before it is done. ``later - earlier`` is the seconds between the two on the device;
+    it waits for ``later`` to be reached (the trial asks once per phase)."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, device: torch.device, stream: torch.cuda.Stream | None = None) -> None:
+        self.event = torch.cuda.Event(enable_timing=True)
+        self.event.record(stream if stream is not None else torch.cuda.current_stream(device))
+
+    def __sub__(self, earlier: DeviceStamp) -> float:
+        self.event.synchronize()
+        return earlier.event.elapsed_time(self.event) / 1e3
+
+
+#: When the loop asked for a batch: the host's monotonic clock in seconds, or a device stamp.
+Stamp = float | DeviceStamp
+
+
+def _seconds(start: Stamp, end: Stamp) -> float:
+    """The seconds from ``start`` to ``end``: two host times, or two device stamps."""
+    if isinstance(start, DeviceStamp) and isinstance(end, DeviceStamp):
+        return end - start
+    if isinstance(start, DeviceStamp) or isinstance(end, DeviceStamp):
+        raise TypeError("a trial's stamps are all host times or all device stamps")
+    return end - start
 
 
 @dataclass
@@ -68,9 +110,9 @@ class PaceTrial:
     _phase: int = -1  # the phase of the last batch asked for
     _timed: bool = False  # whether that phase is timed (the feeders were up at its first batch)
     _timed_phases: int = 0
-    _intervals: list[float] = field(default_factory=list)  # the phase's
+    _intervals: list[tuple[Stamp, Stamp]] = field(default_factory=list)  # the phase's, as (from, to)
     _pooled: dict[str, list[float]] = field(default_factory=dict)  # each side's, over its timed phases
-    _last: float | None = None  # when the loop last asked for a batch, in this iteration
+    _last: Stamp | None = None  # when the loop last asked for a batch, in this iteration
     _counts: bool = False  # whether the interval from then on is one of the phase's
 
     @property
@@ -92,14 +134,15 @@ class PaceTrial:
         """A new iteration: the interval up to its first request is the loop's own."""
         self._last, self._counts = None, False
 
-    def request(self, now: float, n: int, *, up: bool) -> None:
-        """The loop asks at ``now`` (a monotonic clock's seconds) for batch ``n``, the feeders
+    def request(self, now: Stamp, n: int, *, up: bool) -> None:
+        """The loop asks at ``now`` (a monotonic clock's seconds, or a :class:`DeviceStamp`;
+        one kind throughout) for batch ``n``, the feeders
         ``up`` or not: the interval since its last request is timed if it counts; a phase that
         ends is judged, and the trial decided once both sides are timed."""
         if self.decided is not None:
             return
         if self._counts and self._last is not None:
-            self._intervals.append(now - self._last)
+            self._intervals.append((self._last, now))
         self._last, self._counts = now, False
         phase = n // self.length
         if phase == self._phase:
@@ -120,7 +163,7 @@ class PaceTrial:
         self._timed_phases += 1
         side = self._side_of(self._phase)
         pooled = self._pooled.setdefault(side, [])
-        pooled += self._intervals
+        pooled += [_seconds(start, end) for start, end in self._intervals]
         if len(pooled) >= max(1, self.window // 2):
             self.paces[side] = statistics.median(pooled)
         feeders, here = self.paces.get("feeders"), self.paces.get("here")

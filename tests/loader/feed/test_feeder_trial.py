@@ -198,6 +198,41 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
     assert ("keeps its 1 feeder processes" if kept == "feeders" else "runs the route in this process") in line
 
 
+def test_after_the_trial_keeps_the_route_here_the_workers_read_ahead_from_the_epoch_it_ended_in(
+        packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trial decides in epoch 1 (as above) for this process: the delivery that ends epoch 1
+    goes on into epoch 2 (read-ahead), as a loader with feeders=0 does from its first epoch,
+    instead of epoch 2 waiting for its workers to start it; the batches stay those of feeders=0."""
+    from shardkit.loader.run import epoch_run
+
+    with _loader(packed, feeders=0) as plain:
+        want = _epochs(plain, epochs=3)
+    _auto(monkeypatch)
+    taken_over: list[int] = []
+    real = epoch_run._TakenOver.__init__
+
+    def spy(self: Any, delivery: Any) -> None:
+        taken_over.append(len(got))
+        real(self, delivery)
+
+    monkeypatch.setattr(epoch_run._TakenOver, "__init__", spy)
+    got: list[Any] = []
+    with _loader(packed) as loader:
+        loader.wait_for_feeders()
+        got += _train(loader, "feeders", epochs=2)
+        assert loader.trial is not None and loader.trial.decided == "here" and loader._supply.pool is None
+        run = loader._supply.run
+        assert run is not None and run._kept is not None and run._kept[0] == 2  # epoch 1's delivery, kept
+        got += _epoch(loader, 2)
+        assert taken_over == [18]  # epoch 2 (from the 19th batch) taken over from epoch 1's delivery
+    _same(want, got)
+
+
+def _epoch(loader: Any, epoch: int) -> list[Any]:
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
 @pytest.mark.parametrize("slower", ["feeders", "here"])
 def test_the_trial_after_a_start_behind_the_first_batches_reuses_this_processs_workers(
         packed: Path, monkeypatch: pytest.MonkeyPatch, slower: str) -> None:

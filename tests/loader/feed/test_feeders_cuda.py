@@ -158,3 +158,31 @@ def test_auto_feeders_take_over_on_cuda_and_the_staging_memory_goes(
     assert [k for _, _, k in got] == [k for _, _, k in local]
     for (x1, y1, _), (x2, y2, _) in zip(local, got, strict=True):
         assert torch.equal(x1, x2) and torch.equal(y1, y2.cpu())
+
+
+def test_the_trial_times_the_loop_on_the_devices_timeline() -> None:
+    """A loop whose host runs ahead of its GPU work (nothing waits on the host): stamped by the
+    host's clock its iterations take next to nothing, on the device's timeline they take what
+    its kernel takes, which is what the trial must compare."""
+    from shardkit.loader.feed.trial import DeviceStamp, PaceTrial
+
+    device = torch.device("cuda")
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    kernel_s = start.elapsed_time(end) / 1e3  # one "step" on the device
+    on_device, on_host = PaceTrial(skip=1, window=4), PaceTrial(skip=1, window=4)
+    for n in range(40):
+        for trial, now in ((on_device, DeviceStamp(device)), (on_host, time.monotonic())):
+            trial.request(now, n, up=True)
+            trial.fetching(n, trial.place(n), since_switch=n % 5, fresh=n % 5 == 0)
+        torch.cuda._sleep(10_000_000)  # the step: queued, not waited for
+    torch.cuda.synchronize()
+    assert on_device.paces and on_host.paces
+    for side, pace in on_device.paces.items():
+        assert pace == pytest.approx(kernel_s, rel=0.2), (side, pace, kernel_s)
+        assert on_host.paces[side] < 0.5 * kernel_s  # the host ran ahead
