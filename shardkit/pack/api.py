@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
@@ -176,6 +177,7 @@ def pack_listing(
             seed=options.seed,
             prefix=options.prefix,
         )
+        made_here = not store.remote and not os.path.exists(store.path(""))  # removed again if nothing is packed
         state = prepare_destination(store, fp, plans, overwrite=overwrite, options=recorded,
                                     versions=input_versions(listing))
         if state.complete is not None:
@@ -240,6 +242,9 @@ def pack_listing(
                          key=lambda s: (s["source"], s["reason"]))
         if total and len(skipped) >= total:  # nothing packed: no state worth resuming, and it would
             clear_destination(store)          # refuse the corrected input as "an unfinished pack of other input"
+            if made_here:
+                with contextlib.suppress(OSError):  # the directory this pack made, left empty
+                    os.rmdir(store.path(""))
         check_budget(skipped, total, max_skipped, where=dst, finished=True)
         extra = dict(listing.extra)
         if listing.kind == "coco":

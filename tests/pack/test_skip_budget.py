@@ -44,8 +44,11 @@ def test_a_pack_of_no_sample_fails_and_publishes_nothing(tmp_path: Path) -> None
                                               r"1 not an image\); index.json not written") as err:
         pack(str(src), str(tmp_path / "out"), workers=1)
     assert [s["source"] for s in err.value.skipped] == ["a/x.jpg", "a/y.jpg", "b/z.png"]
-    assert not (tmp_path / "out" / "index.json").exists()
-    assert list((tmp_path / "out").iterdir()) == []  # no pack state: nothing worth resuming
+    assert not (tmp_path / "out").exists()  # the directory it made, removed: no pack state worth resuming
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(SkipBudgetError, match="packed no sample"):
+        pack(str(src), str(tmp_path / "kept"), workers=1)
+    assert list((tmp_path / "kept").iterdir()) == []  # a directory that was there stays, empty
     write_tree(src, {"a/x.jpg": encode_image(), "a/y.jpg": encode_image(color=(1, 2, 3)),
                      "b/z.png": encode_image(fmt="PNG")})
     fixed = pack(str(src), str(tmp_path / "out"), workers=1)  # the corrected input, no --overwrite
@@ -60,8 +63,7 @@ def test_a_pack_of_no_sample_fails_and_publishes_nothing(tmp_path: Path) -> None
     assert "skipped   3: 2 empty files, 1 not an image" in result.output
     assert "  - a/y.jpg: not an image (no image format recognised)" in result.output
     assert result.output.splitlines()[-1].startswith(f"error: {tmp_path / 'cli'}: packed no sample")
-    verify = runner.invoke(cli, ["verify", str(tmp_path / "cli")])
-    assert verify.exit_code == 1 and "no index.json" in verify.output
+    assert not (tmp_path / "cli").exists()
 
 
 @pytest.mark.parametrize("workers", [1, 2])
