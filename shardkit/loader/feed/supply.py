@@ -76,6 +76,10 @@ class Supply:
         elif local:
             self._local_workers()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (a pickled loader) starts its next epoch afresh: no delivery travels
+        return {**self.__dict__, "_tail": None, "_auto_delivery": None}
+
     @property
     def settled(self) -> bool:
         """Whether the batches come from where they stay (see ``ShardLoader.settled``)."""
@@ -92,9 +96,6 @@ class Supply:
         """
         if self.pool is not None and not self.pool.running and not self.auto:
             self._start_feeders()  # asked for by number: started (or refused) before the first batch
-        if self._tail is not None:  # an epoch of "auto" left early: its delivery here is not kept
-            self._tail.close()
-            self._tail = None
         if self.pool is not None and self.auto and not self.settled:
             self._auto_delivery = self._auto(self.pool, epoch, start, count, rest)
             return self._auto_delivery, None  # "auto": no wait for them
@@ -114,6 +115,8 @@ class Supply:
         epoch (:meth:`take_tail`); the route here has nothing to end."""
         if self.pool is not None or delivery is self._auto_delivery:
             next(delivery, None)
+        if delivery is self._auto_delivery:
+            self._auto_delivery = None
 
     def take_tail(self) -> Delivery | None:
         """The delivery of the route in this process that ended an epoch of ``feeders="auto"``
@@ -176,7 +179,7 @@ class Supply:
         at, place, source = start, None, None
         try:
             while at < count:
-                now, n = self._stamp(), self.served
+                now, n = self._stamp() if trial.decided is None else 0.0, self.served
                 up = self._up(pool, polling=self.served > 0 or pool.launched)  # from the loader's 2nd batch
                 before = trial.decided
                 trial.request(now, n, up=up)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -69,7 +69,7 @@ class DeviceStamp:
     """A point on a CUDA device's timeline: an event recorded on ``stream`` (the device's current
     stream by default) when the loop asks for a batch, which the device reaches once all the work
     queued before it is done. ``later - earlier`` is the seconds between the two on the device;
-    it waits for ``later`` to be reached (the trial asks once per phase)."""
+    it waits for both to be reached (the trial asks once per phase)."""
 
     __slots__ = ("event",)
 
@@ -78,6 +78,7 @@ class DeviceStamp:
         self.event.record(stream if stream is not None else torch.cuda.current_stream(device))
 
     def __sub__(self, earlier: DeviceStamp) -> float:
+        earlier.event.synchronize()  # on another stream (a loop that changed streams) it may come later
         self.event.synchronize()
         return earlier.event.elapsed_time(self.event) / 1e3
 
@@ -114,6 +115,11 @@ class PaceTrial:
     _pooled: dict[str, list[float]] = field(default_factory=dict)  # each side's, over its timed phases
     _last: Stamp | None = None  # when the loop last asked for a batch, in this iteration
     _counts: bool = False  # whether the interval from then on is one of the phase's
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (a pickled loader) keeps what was timed, not the phase under way (device stamps
+        # do not travel): its next request starts the interval anew
+        return {**self.__dict__, "_last": None, "_counts": False, "_intervals": []}
 
     @property
     def length(self) -> int:
@@ -171,6 +177,8 @@ class PaceTrial:
             self.decided = "feeders" if feeders <= here * (1 - self.margin) else "here"
         elif self._timed_phases >= self.phases:
             self.decided = "feeders"
+        if self.decided is not None:
+            self._last, self._counts = None, False  # nothing more is timed
 
     def summary(self, feeders: int) -> str:
         """One line: what was timed on each side (``feeders``: how many feeder processes) and

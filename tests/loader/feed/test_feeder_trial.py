@@ -178,6 +178,7 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
     kept = "here" if slower == "feeders" else "feeders"
     with _loader(packed) as loader, caplog.at_level(logging.INFO, logger="shardkit.loader"):
         assert not loader.settled and loader.trial is not None and loader.trial.paces == {}
+        assert isinstance(loader._supply._stamp(), float)  # on the CPU: the host's clock
         loader.wait_for_feeders()  # started now: the trial begins at the first batch
         got = _train(loader, slower)
         # phases of 5 batches, 9 batches an epoch: the feeders 0-4 (4 timed after the first),
@@ -226,6 +227,36 @@ def test_after_the_trial_keeps_the_route_here_the_workers_read_ahead_from_the_ep
         got += _epoch(loader, 2)
         assert taken_over == [18]  # epoch 2 (from the 19th batch) taken over from epoch 1's delivery
     _same(want, got)
+
+
+def test_a_loader_pickles_during_and_after_the_trial(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A closed loader with feeders="auto" pickles (as one with feeders=0 does: live workers do
+    not) mid-trial (an epoch left early, the phase's intervals not carried) and once the trial
+    kept the route here (its delivery kept for read-ahead not carried); each copy gives the
+    next epoch's batches."""
+    import pickle
+
+    with _loader(packed, feeders=0) as plain:
+        want = _epochs(plain, epochs=3)
+    _auto(monkeypatch)
+    with _loader(packed) as loader:
+        loader.wait_for_feeders()
+        loader.set_epoch(0)
+        for i, _ in enumerate(loader):
+            if i == 6:
+                break  # in the trial's second phase
+        assert loader.trial is not None and loader.trial.decided is None and loader._supply._auto_delivery is not None
+        loader.close()
+        mid = pickle.loads(pickle.dumps(loader))
+    with _loader(packed) as loader:
+        loader.wait_for_feeders()
+        _train(loader, "feeders", epochs=2)
+        assert loader.trial is not None and loader.trial.decided == "here" and loader._supply.run._kept is not None
+        loader.close()
+        after = pickle.loads(pickle.dumps(loader))
+    with mid, after:
+        _same(want[9:18], _epoch(mid, 1))
+        _same(want[18:], _epoch(after, 2))
 
 
 def _epoch(loader: Any, epoch: int) -> list[Any]:
