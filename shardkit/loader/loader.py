@@ -401,7 +401,9 @@ class ShardLoader:
         return not self._pos.fresh and self._active != self._iterations
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration run ``epoch`` from its start.
+        """Make the next iteration run ``epoch`` from its start. Called while an iteration is open,
+        that iteration goes on with its own epoch (as a ``DataLoader`` whose ``DistributedSampler``
+        gets ``set_epoch`` mid-iteration), and the next one runs ``epoch``.
 
         Right after :meth:`load_state_dict`, ``set_epoch`` of the epoch the state resumes in keeps
         the resume point, so the usual loop resumes mid-epoch::
@@ -413,7 +415,7 @@ class ShardLoader:
         """
         if not 0 <= epoch < MAX_INT:  # the epoch travels to the workers in an int64 tensor
             raise LoaderError(f"epoch must be in [0, {MAX_INT}), got {epoch}")
-        self._pos.set_epoch(epoch)
+        self._pos.set_epoch(epoch, iterating=self._active != 0)
 
     def wait_for_feeders(self, timeout: float | None = None) -> bool:
         """With ``feeders="auto"`` the first batches come from this process while the feeder
@@ -501,6 +503,8 @@ class ShardLoader:
                 served.close()  # the batches asked of the service and not taken are cancelled
             if self._active == mine:
                 self._active = 0
+            if not whole and self._iterations == mine:
+                self._pos.ended()  # left mid-epoch: an epoch set meanwhile is the next iteration's
         if self._iterations == mine:  # an older iteration ending late leaves the newer one's place alone
             self._pos.finished(epoch)
 

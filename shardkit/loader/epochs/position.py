@@ -17,7 +17,9 @@ class Position:
     ``fresh``: the position was set as a starting point (a new loader, :meth:`set_epoch`,
     :meth:`resumed`, an epoch finished); otherwise an iteration was left mid-epoch and the next one
     starts the following epoch, as a ``DataLoader`` does. ``loaded``: the position came from a
-    resume state and nothing ran since (``set_epoch`` of that epoch keeps it).
+    resume state and nothing ran since (``set_epoch`` of that epoch keeps it). ``following``: the
+    epoch :meth:`set_epoch` gave while an iteration was open, which the next one runs (as a
+    ``DistributedSampler`` whose ``set_epoch`` is called mid-iteration).
 
     Example:
         >>> p = Position()
@@ -25,6 +27,8 @@ class Position:
         ((0, 0, None), None, (1, 0, None))
         >>> p.resumed(4, 7, None); p.set_epoch(4); p.begin()  # set_epoch keeps a resume point
         (4, 7, None)
+        >>> p.set_epoch(9, iterating=True); p.delivered(4, 8); p.finished(4); p.begin()  # set mid-iteration
+        (9, 0, None)
     """
 
     epoch: int = 0
@@ -32,16 +36,29 @@ class Position:
     fresh: bool = True
     loaded: bool = False
     remainder: Remainder | None = None
+    following: int | None = None
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, *, iterating: bool = False) -> None:
         """The next iteration runs ``epoch`` from its start (right after :meth:`resumed` into that
-        epoch: from the resume point)."""
+        epoch: from the resume point). ``iterating``: an iteration is open; it goes on with its
+        own epoch, and ``epoch`` applies once it ends (:meth:`ended`) or the next one begins."""
+        if iterating:
+            self.following = epoch
+            return
+        self.following = None
         if self.loaded and epoch == self.epoch:
             return
         self.epoch, self.batch, self.fresh, self.loaded, self.remainder = epoch, 0, True, False, None
 
+    def ended(self) -> None:
+        """The open iteration ended (whole, see :meth:`finished`, or left): an epoch set meanwhile
+        is the next iteration's."""
+        if self.following is not None:
+            self.set_epoch(self.following)
+
     def begin(self) -> tuple[int, int, Remainder | None]:
         """An iteration starts: ``(epoch, first batch, remainder)`` it runs."""
+        self.ended()  # an older iteration still open, or never ended
         if not self.fresh:
             self.epoch, self.batch, self.remainder = self.epoch + 1, 0, None
         self.fresh = self.loaded = False
@@ -52,8 +69,10 @@ class Position:
         self.epoch, self.batch = epoch, batches
 
     def finished(self, epoch: int) -> None:
-        """``epoch`` was delivered whole: the next iteration runs the following one."""
+        """``epoch`` was delivered whole: the next iteration runs the following one (or the one
+        set meanwhile)."""
         self.epoch, self.batch, self.fresh, self.remainder = epoch + 1, 0, True, None
+        self.ended()
 
     def resumed(self, epoch: int, batch: int, remainder: Remainder | None) -> None:
         """Set from a resume state (see :meth:`~shardkit.loader.epochs.config.PlanConfig.resume`)."""

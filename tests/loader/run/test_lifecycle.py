@@ -51,6 +51,34 @@ def test_set_epoch_after_load_state_dict_keeps_the_resume_point(packed: Path) ->
     assert again.state_dict()["batches_consumed"] == 0
 
 
+def test_set_epoch_during_an_iteration_is_the_next_ones(packed: Path) -> None:
+    """As a DataLoader whose DistributedSampler gets set_epoch mid-iteration: the open iteration
+    goes on with its epoch, and the next one runs the epoch set, whether the open one ran whole
+    or was left; its state meanwhile is the open iteration's."""
+    def keys_of(epoch: int) -> list[list[str]]:
+        ref = _loader(packed)
+        ref.set_epoch(epoch)
+        return _keys(ref)
+
+    epoch0, epoch5, epoch7 = keys_of(0), keys_of(5), keys_of(7)
+    loader = _loader(packed)
+    got = []
+    for i, (*_, k) in enumerate(loader):
+        got.append(list(k))
+        if i == 1:
+            loader.set_epoch(5)
+            assert loader.epoch == 0 and loader.state_dict()["batches_consumed"] == 2
+    assert got == epoch0  # the open iteration went on with epoch 0
+    assert loader.epoch == 5 and loader.remaining == len(loader)
+    for i, (*_, k) in enumerate(loader):
+        assert list(k) == epoch5[i]
+        if i == 2:
+            loader.set_epoch(7)
+            break  # left mid-epoch: the next iteration runs the epoch set, from its start
+    assert loader.epoch == 7 and loader.state_dict()["epoch"] == 7 and loader.state_dict()["batches_consumed"] == 0
+    assert _keys(loader) == epoch7
+
+
 def test_worker_errors_keep_type_message_and_where(packed: Path, tmp_path: Path) -> None:
     ds = tmp_path / "ds"
     shutil.copytree(packed, ds)
