@@ -573,8 +573,9 @@ class ShardLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` output, on this world size and batch size or another;
-        refuses a state made for another dataset or mix, seed, ``shuffle`` or ``window``, naming it."""
-        self._pos.resumed(*self.config.resume(state))
+        refuses a state made for another dataset or mix, seed, ``shuffle`` or ``window``, naming it.
+        Loaded while an iteration is open, the state is where the next iteration starts."""
+        self._pos.resumed(*self.config.resume(state), iterating=self._active != 0)
         self._loaded_state = state
 
     def close(self) -> None:

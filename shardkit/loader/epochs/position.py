@@ -18,8 +18,9 @@ class Position:
     :meth:`resumed`, an epoch finished); otherwise an iteration was left mid-epoch and the next one
     starts the following epoch, as a ``DataLoader`` does. ``loaded``: the position came from a
     resume state and nothing ran since (``set_epoch`` of that epoch keeps it). ``following``: the
-    epoch :meth:`set_epoch` gave while an iteration was open, which the next one runs (as a
-    ``DistributedSampler`` whose ``set_epoch`` is called mid-iteration).
+    epoch :meth:`set_epoch` gave, or the point :meth:`resumed` gave, while an iteration was open,
+    where the next one starts (as a ``DistributedSampler`` whose ``set_epoch`` is called
+    mid-iteration, or torchdata's ``StatefulDataLoader`` loading a state then).
 
     Example:
         >>> p = Position()
@@ -36,14 +37,14 @@ class Position:
     fresh: bool = True
     loaded: bool = False
     remainder: Remainder | None = None
-    following: int | None = None
+    following: _Following | None = None
 
     def set_epoch(self, epoch: int, *, iterating: bool = False) -> None:
         """The next iteration runs ``epoch`` from its start (right after :meth:`resumed` into that
         epoch: from the resume point). ``iterating``: an iteration is open; it goes on with its
         own epoch, and ``epoch`` applies once it ends (:meth:`ended`) or the next one begins."""
         if iterating:
-            self.following = epoch
+            self.following = _Following(epoch)
             return
         self.following = None
         if self.loaded and epoch == self.epoch:
@@ -51,10 +52,13 @@ class Position:
         self.epoch, self.batch, self.fresh, self.loaded, self.remainder = epoch, 0, True, False, None
 
     def ended(self) -> None:
-        """The open iteration ended (whole, see :meth:`finished`, or left): an epoch set meanwhile
-        is the next iteration's."""
-        if self.following is not None:
-            self.set_epoch(self.following)
+        """The open iteration ended (whole, see :meth:`finished`, or left): an epoch set or a state
+        loaded meanwhile is the next iteration's."""
+        following, self.following = self.following, None
+        if following is not None and following.resume:
+            self.resumed(following.epoch, following.batch, following.remainder)
+        elif following is not None:
+            self.set_epoch(following.epoch)
 
     def begin(self) -> tuple[int, int, Remainder | None]:
         """An iteration starts: ``(epoch, first batch, remainder)`` it runs."""
@@ -74,7 +78,23 @@ class Position:
         self.epoch, self.batch, self.fresh, self.remainder = epoch + 1, 0, True, None
         self.ended()
 
-    def resumed(self, epoch: int, batch: int, remainder: Remainder | None) -> None:
-        """Set from a resume state (see :meth:`~shardkit.loader.epochs.config.PlanConfig.resume`)."""
+    def resumed(self, epoch: int, batch: int, remainder: Remainder | None, *, iterating: bool = False) -> None:
+        """Set from a resume state (see :meth:`~shardkit.loader.epochs.config.PlanConfig.resume`);
+        ``iterating``: as for :meth:`set_epoch`, once the open iteration ends."""
+        if iterating:
+            self.following = _Following(epoch, batch, remainder, resume=True)
+            return
+        self.following = None
         self.epoch, self.batch, self.remainder = epoch, batch, remainder
         self.fresh = self.loaded = True
+
+
+@dataclass(frozen=True)
+class _Following:
+    """Where the next iteration starts, given while one was open: an epoch from its start, or a
+    resume point (``resume``)."""
+
+    epoch: int
+    batch: int = 0
+    remainder: Remainder | None = None
+    resume: bool = False

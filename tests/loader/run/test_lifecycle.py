@@ -79,6 +79,27 @@ def test_set_epoch_during_an_iteration_is_the_next_ones(packed: Path) -> None:
     assert _keys(loader) == epoch7
 
 
+def test_a_state_loaded_during_an_iteration_is_where_the_next_one_starts(packed: Path) -> None:
+    """load_state_dict while an iteration is open: that iteration goes on as it was, and the next
+    one resumes from the state (it was lost: the open iteration's next batch put its place back)."""
+    ref = _loader(packed)
+    full = _keys(ref)
+    saver = _loader(packed)
+    it = iter(saver)
+    for _ in range(3):
+        next(it)
+    state = saver.state_dict()  # epoch 0, 3 batches delivered
+    loader = _loader(packed)
+    got = []
+    for i, (*_, k) in enumerate(loader):
+        got.append(list(k))
+        if i == 4:
+            loader.load_state_dict(state)
+    assert got == full  # the open iteration ran on
+    assert loader.epoch == 0 and loader.remaining == len(full) - 3
+    assert _keys(loader) == full[3:]
+
+
 def test_worker_errors_keep_type_message_and_where(packed: Path, tmp_path: Path) -> None:
     ds = tmp_path / "ds"
     shutil.copytree(packed, ds)
