@@ -392,8 +392,25 @@ class ShardLoader:
     def epoch(self) -> int:
         """The epoch being iterated, or the one the next iteration runs (after an iteration left
         mid-epoch, the next epoch, as :attr:`remaining` counts it; :meth:`state_dict` still holds
-        the left epoch's place, so a resume from it continues that epoch)."""
+        the left epoch's place, so a resume from it continues that epoch). After :meth:`set_epoch`
+        or :meth:`load_state_dict` during an iteration, the epoch they gave, as
+        ``DistributedSampler.epoch`` says (and :meth:`state_dict` their place, as torchdata's
+        ``StatefulDataLoader`` gives back a state loaded mid-iteration)."""
+        if self._pos.following is not None:  # given while an iteration is open: where the next one starts
+            return self._pos.following.epoch
         return self._pos.epoch + 1 if self._left_mid_epoch else self._pos.epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy has no iteration open: one open here ends for it (an epoch set or a state loaded
+        # meanwhile is where the copy's first iteration starts)
+        pos = replace(self._pos)
+        pos.ended()
+        return {**self.__dict__, "_active": 0, "_pos": pos}
+
+    @property
+    def _open(self) -> bool:
+        """An iteration is open: its generator started, and neither a newer one nor close() ended it."""
+        return self._active != 0 and self._active == self._iterations
 
     @property
     def _left_mid_epoch(self) -> bool:
@@ -415,7 +432,7 @@ class ShardLoader:
         """
         if not 0 <= epoch < MAX_INT:  # the epoch travels to the workers in an int64 tensor
             raise LoaderError(f"epoch must be in [0, {MAX_INT}), got {epoch}")
-        self._pos.set_epoch(epoch, iterating=self._active != 0)
+        self._pos.set_epoch(epoch, iterating=self._open)
 
     def wait_for_feeders(self, timeout: float | None = None) -> bool:
         """With ``feeders="auto"`` the first batches come from this process while the feeder
@@ -569,13 +586,14 @@ class ShardLoader:
         it still holds that epoch's place, as torchdata's ``StatefulDataLoader`` does: a resume
         continues the epoch, while this loader, iterated again, starts the next one.
         """
-        return self.config.state(self._pos.epoch, self._pos.batch, remainder=self._pos.remainder).to_dict()
+        epoch, batch, remainder = self._pos.place
+        return self.config.state(epoch, batch, remainder=remainder).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` output, on this world size and batch size or another;
         refuses a state made for another dataset or mix, seed, ``shuffle`` or ``window``, naming it.
         Loaded while an iteration is open, the state is where the next iteration starts."""
-        self._pos.resumed(*self.config.resume(state), iterating=self._active != 0)
+        self._pos.resumed(*self.config.resume(state), iterating=self._open)
         self._loaded_state = state
 
     def close(self) -> None:
@@ -584,6 +602,7 @@ class ShardLoader:
         Idempotent; iterating again afterwards starts new workers.
         """
         self._iterations, self._ended_by = self._iterations + 1, "the loader was closed"
+        self._pos.ended()  # an iteration it ended: an epoch set or a state loaded meanwhile is the next one's
         self.route.close()
         if self.service is not None:
             self.service.close()

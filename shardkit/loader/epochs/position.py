@@ -28,7 +28,9 @@ class Position:
         ((0, 0, None), None, (1, 0, None))
         >>> p.resumed(4, 7, None); p.set_epoch(4); p.begin()  # set_epoch keeps a resume point
         (4, 7, None)
-        >>> p.set_epoch(9, iterating=True); p.delivered(4, 8); p.finished(4); p.begin()  # set mid-iteration
+        >>> p.set_epoch(9, iterating=True); p.delivered(4, 8); p.place  # set mid-iteration: recorded
+        (9, 0, None)
+        >>> p.finished(4); p.begin()  # and run next
         (9, 0, None)
     """
 
@@ -44,12 +46,22 @@ class Position:
         epoch: from the resume point). ``iterating``: an iteration is open; it goes on with its
         own epoch, and ``epoch`` applies once it ends (:meth:`ended`) or the next one begins."""
         if iterating:
-            self.following = _Following(epoch)
+            if self.following is not None and self.following.resume and self.following.epoch == epoch:
+                return  # right after a state loaded meanwhile: keeps its resume point, as below
+            # the open iteration's own epoch: nothing to change (the next one runs the epoch after it)
+            self.following = None if epoch == self.epoch else _Following(epoch)
             return
         self.following = None
         if self.loaded and epoch == self.epoch:
             return
         self.epoch, self.batch, self.fresh, self.loaded, self.remainder = epoch, 0, True, False, None
+
+    @property
+    def place(self) -> tuple[int, int, Remainder | None]:
+        """``(epoch, batch, remainder)`` a checkpoint records: where the next iteration starts when
+        it was given while one is open (:attr:`following`), else where the loader stands."""
+        f = self.following
+        return (f.epoch, f.batch, f.remainder) if f is not None else (self.epoch, self.batch, self.remainder)
 
     def ended(self) -> None:
         """The open iteration ended (whole, see :meth:`finished`, or left): an epoch set or a state

@@ -66,8 +66,9 @@ def test_set_epoch_during_an_iteration_is_the_next_ones(packed: Path) -> None:
     for i, (*_, k) in enumerate(loader):
         got.append(list(k))
         if i == 1:
-            loader.set_epoch(5)
-            assert loader.epoch == 0 and loader.state_dict()["batches_consumed"] == 2
+            loader.set_epoch(5)  # as DistributedSampler.epoch, the loader says so at once
+            assert loader.epoch == 5 and loader.state_dict()["epoch"] == 5
+            assert loader.state_dict()["batches_consumed"] == 0
     assert got == epoch0  # the open iteration went on with epoch 0
     assert loader.epoch == 5 and loader.remaining == len(loader)
     for i, (*_, k) in enumerate(loader):
@@ -98,6 +99,58 @@ def test_a_state_loaded_during_an_iteration_is_where_the_next_one_starts(packed:
     assert got == full  # the open iteration ran on
     assert loader.epoch == 0 and loader.remaining == len(full) - 3
     assert _keys(loader) == full[3:]
+
+
+def test_set_epoch_and_state_during_an_iteration_edge_cases(packed: Path) -> None:
+    """The usual resume loop run while an iteration is open keeps the state's resume point;
+    set_epoch of the open iteration's own epoch changes nothing (the next one runs the epoch
+    after it); close() ends the open iteration, so an epoch set before or after it holds at once;
+    a copy made mid-iteration has none open."""
+    import pickle
+
+    ref = _loader(packed)
+    full = _keys(ref)
+    saver = _loader(packed)
+    it = iter(saver)
+    for _ in range(3):
+        next(it)
+    state = saver.state_dict()
+
+    loader = _loader(packed)
+    it = iter(loader)
+    next(it)
+    loader.load_state_dict(state)
+    loader.set_epoch(loader.epoch)  # the resume loop's first step: keeps the resume point
+    assert loader.state_dict() == state
+    it.close()
+    assert _keys(loader) == full[3:]
+
+    seen = _loader(packed)
+    epochs = []
+    for _ in range(3):
+        it = iter(seen)
+        next(it)
+        seen.set_epoch(seen.epoch)  # "I am in this epoch": nothing to change
+        epochs.append(seen.state_dict()["epoch"])
+        list(it)
+    assert epochs == [0, 1, 2] and seen.epoch == 3
+
+    closed = _loader(packed)
+    it = iter(closed)
+    next(it)
+    closed.set_epoch(3)
+    closed.close()
+    assert closed.epoch == 3 and closed.state_dict()["epoch"] == 3
+    closed.set_epoch(4)  # closed: no iteration open, applies at once
+    assert closed.epoch == 4 and closed.state_dict()["batches_consumed"] == 0
+    del it
+
+    source = _loader(packed, num_workers=0)
+    it = iter(source)
+    next(it)
+    copy = pickle.loads(pickle.dumps(source))
+    copy.set_epoch(2)
+    assert copy.epoch == 2 and copy.state_dict()["epoch"] == 2
 
 
 def test_worker_errors_keep_type_message_and_where(packed: Path, tmp_path: Path) -> None:
