@@ -251,7 +251,8 @@ def test_a_loader_pickles_during_and_after_the_trial(packed: Path, monkeypatch: 
     with _loader(packed) as loader:
         loader.wait_for_feeders()
         _train(loader, "feeders", epochs=2)
-        assert loader.trial is not None and loader.trial.decided == "here" and loader._supply.run._kept is not None
+        run = loader._supply.run
+        assert loader.trial is not None and loader.trial.decided == "here" and run is not None and run._kept is not None
         loader.close()
         after = pickle.loads(pickle.dumps(loader))
     with mid, after:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,12 +118,12 @@ def test_set_epoch_and_state_during_an_iteration_edge_cases(packed: Path) -> Non
     state = saver.state_dict()
 
     loader = _loader(packed)
-    it = iter(loader)
-    next(it)
+    gen: Any = iter(loader)
+    next(gen)
     loader.load_state_dict(state)
     loader.set_epoch(loader.epoch)  # the resume loop's first step: keeps the resume point
     assert loader.state_dict() == state
-    it.close()
+    gen.close()
     assert _keys(loader) == full[3:]
 
     seen = _loader(packed)
