@@ -392,12 +392,13 @@ class ShardLoader:
     def epoch(self) -> int:
         """The epoch being iterated, or the one the next iteration runs (after an iteration left
         mid-epoch, the next epoch, as :attr:`remaining` counts it; :meth:`state_dict` still holds
-        the left epoch's place, so a resume from it continues that epoch). After :meth:`set_epoch`
-        or :meth:`load_state_dict` during an iteration, the epoch they gave, as
-        ``DistributedSampler.epoch`` says (and :meth:`state_dict` their place, as torchdata's
-        ``StatefulDataLoader`` gives back a state loaded mid-iteration)."""
-        if self._pos.following is not None:  # given while an iteration is open: where the next one starts
-            return self._pos.following.epoch
+        the left epoch's place, so a resume from it continues that epoch). After
+        :meth:`load_state_dict` during an iteration, the state's epoch (and :meth:`state_dict` the
+        state, as torchdata's ``StatefulDataLoader`` gives back a state loaded mid-iteration); an
+        epoch given by :meth:`set_epoch` during an iteration shows once that iteration ends."""
+        following = self._pos.following
+        if following is not None and following.resume:  # a state loaded while an iteration is open
+            return following.epoch
         return self._pos.epoch + 1 if self._left_mid_epoch else self._pos.epoch
 
     def __getstate__(self) -> dict[str, Any]:
@@ -420,7 +421,10 @@ class ShardLoader:
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` from its start. Called while an iteration is open,
         that iteration goes on with its own epoch (as a ``DataLoader`` whose ``DistributedSampler``
-        gets ``set_epoch`` mid-iteration), and the next one runs ``epoch``.
+        gets ``set_epoch`` mid-iteration), and the next one runs ``epoch``; :attr:`epoch` and
+        :meth:`state_dict` stay the open iteration's until it ends, so a checkpoint taken meanwhile
+        resumes its batches still to come. The open iteration's own epoch, given while it still
+        has batches to deliver, changes nothing (the next iteration runs the epoch after it).
 
         Right after :meth:`load_state_dict`, ``set_epoch`` of the epoch the state resumes in keeps
         the resume point, so the usual loop resumes mid-epoch::
@@ -432,7 +436,8 @@ class ShardLoader:
         """
         if not 0 <= epoch < MAX_INT:  # the epoch travels to the workers in an int64 tensor
             raise LoaderError(f"epoch must be in [0, {MAX_INT}), got {epoch}")
-        self._pos.set_epoch(epoch, iterating=self._open)
+        midway = self._open and self._pos.batch < self.config.epoch_batches(self._pos.remainder)
+        self._pos.set_epoch(epoch, iterating=self._open, midway=midway)
 
     def wait_for_feeders(self, timeout: float | None = None) -> bool:
         """With ``feeders="auto"`` the first batches come from this process while the feeder

@@ -28,9 +28,9 @@ class Position:
         ((0, 0, None), None, (1, 0, None))
         >>> p.resumed(4, 7, None); p.set_epoch(4); p.begin()  # set_epoch keeps a resume point
         (4, 7, None)
-        >>> p.set_epoch(9, iterating=True); p.delivered(4, 8); p.place  # set mid-iteration: recorded
-        (9, 0, None)
-        >>> p.finished(4); p.begin()  # and run next
+        >>> p.set_epoch(9, iterating=True); p.delivered(4, 8); p.place  # set mid-iteration: not yet recorded
+        (4, 8, None)
+        >>> p.finished(4); p.begin()  # the next iteration runs it
         (9, 0, None)
     """
 
@@ -41,15 +41,20 @@ class Position:
     remainder: Remainder | None = None
     following: _Following | None = None
 
-    def set_epoch(self, epoch: int, *, iterating: bool = False) -> None:
+    def set_epoch(self, epoch: int, *, iterating: bool = False, midway: bool = False) -> None:
         """The next iteration runs ``epoch`` from its start (right after :meth:`resumed` into that
         epoch: from the resume point). ``iterating``: an iteration is open; it goes on with its
-        own epoch, and ``epoch`` applies once it ends (:meth:`ended`) or the next one begins."""
+        own epoch, and ``epoch`` applies once it ends (:meth:`ended`) or the next one begins;
+        ``midway``: that iteration has batches still to deliver, and then its own epoch, with
+        nothing else given meanwhile, changes nothing (a loop saying which epoch it is in; the
+        next iteration runs the epoch after it)."""
         if iterating:
-            if self.following is not None and self.following.resume and self.following.epoch == epoch:
+            f = self.following
+            if f is not None and f.resume and f.epoch == epoch:
                 return  # right after a state loaded meanwhile: keeps its resume point, as below
-            # the open iteration's own epoch: nothing to change (the next one runs the epoch after it)
-            self.following = None if epoch == self.epoch else _Following(epoch)
+            if f is None and midway and epoch == self.epoch:
+                return
+            self.following = _Following(epoch)
             return
         self.following = None
         if self.loaded and epoch == self.epoch:
@@ -58,10 +63,14 @@ class Position:
 
     @property
     def place(self) -> tuple[int, int, Remainder | None]:
-        """``(epoch, batch, remainder)`` a checkpoint records: where the next iteration starts when
-        it was given while one is open (:attr:`following`), else where the loader stands."""
+        """``(epoch, batch, remainder)`` a checkpoint records: a state loaded while an iteration is
+        open (where the next one starts), else where the loader stands: an epoch set while one is
+        open is not recorded until it ends, so a checkpoint taken meanwhile resumes the batches
+        still to come of the open one."""
         f = self.following
-        return (f.epoch, f.batch, f.remainder) if f is not None else (self.epoch, self.batch, self.remainder)
+        if f is not None and f.resume:
+            return f.epoch, f.batch, f.remainder
+        return self.epoch, self.batch, self.remainder
 
     def ended(self) -> None:
         """The open iteration ended (whole, see :meth:`finished`, or left): an epoch set or a state

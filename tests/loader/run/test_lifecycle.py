@@ -67,9 +67,9 @@ def test_set_epoch_during_an_iteration_is_the_next_ones(packed: Path) -> None:
     for i, (*_, k) in enumerate(loader):
         got.append(list(k))
         if i == 1:
-            loader.set_epoch(5)  # as DistributedSampler.epoch, the loader says so at once
-            assert loader.epoch == 5 and loader.state_dict()["epoch"] == 5
-            assert loader.state_dict()["batches_consumed"] == 0
+            loader.set_epoch(5)
+            # until the open iteration ends, its own place: a checkpoint now resumes its batches to come
+            assert loader.epoch == 0 and loader.state_dict()["batches_consumed"] == 2
     assert got == epoch0  # the open iteration went on with epoch 0
     assert loader.epoch == 5 and loader.remaining == len(loader)
     for i, (*_, k) in enumerate(loader):
@@ -104,13 +104,15 @@ def test_a_state_loaded_during_an_iteration_is_where_the_next_one_starts(packed:
 
 def test_set_epoch_and_state_during_an_iteration_edge_cases(packed: Path) -> None:
     """The usual resume loop run while an iteration is open keeps the state's resume point;
-    set_epoch of the open iteration's own epoch changes nothing (the next one runs the epoch
-    after it); close() ends the open iteration, so an epoch set before or after it holds at once;
-    a copy made mid-iteration has none open."""
+    set_epoch of the open iteration's own epoch while it has batches to deliver changes nothing
+    (the next one runs the epoch after it), once they are all out it runs that epoch again; the
+    last call wins; close() ends the open iteration, so an epoch set before or after it holds at
+    once; a copy made mid-iteration has none open."""
     import pickle
 
     ref = _loader(packed)
     full = _keys(ref)
+    keys_of_0 = full
     saver = _loader(packed)
     it = iter(saver)
     for _ in range(3):
@@ -118,12 +120,12 @@ def test_set_epoch_and_state_during_an_iteration_edge_cases(packed: Path) -> Non
     state = saver.state_dict()
 
     loader = _loader(packed)
-    gen: Any = iter(loader)
-    next(gen)
+    opened: Any = iter(loader)
+    next(opened)
     loader.load_state_dict(state)
     loader.set_epoch(loader.epoch)  # the resume loop's first step: keeps the resume point
     assert loader.state_dict() == state
-    gen.close()
+    opened.close()
     assert _keys(loader) == full[3:]
 
     seen = _loader(packed)
@@ -145,6 +147,21 @@ def test_set_epoch_and_state_during_an_iteration_edge_cases(packed: Path) -> Non
     closed.set_epoch(4)  # closed: no iteration open, applies at once
     assert closed.epoch == 4 and closed.state_dict()["batches_consumed"] == 0
     del it
+
+    held = _loader(packed)  # an evaluation that keeps its iterator and takes len() batches
+    for _ in range(3):
+        held.set_epoch(0)
+        it = iter(held)
+        assert [list(next(it)[-1]) for _ in range(len(held))] == keys_of_0
+        assert held.epoch == 0 and held.remaining == 0
+
+    last = _loader(packed)
+    gen: Any = iter(last)
+    next(gen)
+    last.set_epoch(5)
+    last.set_epoch(0)  # the last call wins: epoch 0 again next
+    gen.close()
+    assert _keys(last) == keys_of_0
 
     source = _loader(packed, num_workers=0)
     it = iter(source)
