@@ -1,0 +1,120 @@
+"""PaceTrial on its own, the state of feeders="auto"'s trial: phases given to each side in turn
+by batch number, which intervals are timed, and which side it keeps (the loader with it:
+test_feeder_trial.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from shardkit.loader.feed.trial import PaceTrial
+
+
+def _run(trial: PaceTrial, pace: Callable[[int, str], float], batches: int, *,
+         up: Callable[[int], bool] = lambda n: True, epoch: int = 0) -> list[str]:
+    """The loader's bookkeeping over ``batches`` requests of a loop taking ``pace(n, side)``
+    seconds over batch ``n`` from ``side``, the feeders ``up(n)`` when batch ``n`` is asked for,
+    ``epoch`` batches an epoch (0: one epoch); the side of each batch."""
+    now, side, since, sides = 0.0, "here", 0, list[str]()
+    for n in range(batches):
+        first = epoch > 0 and n % epoch == 0
+        if first:
+            trial.restart_clock()
+        trial.request(now, n, up=up(n))
+        want = trial.place(n) if up(n) else "here"
+        if want != side:
+            side, since = want, 0
+        trial.fetching(n, want, since_switch=since, fresh=first or since == 0)
+        sides.append(want)
+        now, since = now + pace(n, want), since + 1
+    return sides
+
+
+def _steady(feeders: float, here: float) -> Callable[[int, str], float]:
+    return lambda n, side: feeders if side == "feeders" else here
+
+
+def test_the_trial_gives_phases_to_each_side_in_turn_and_keeps_the_faster() -> None:
+    trial = PaceTrial(skip=2, window=4)  # phases of 6 batches: the feeders' first
+    sides = _run(trial, _steady(0.010, 0.012), 30)
+    assert sides[:6] == ["feeders"] * 6 and sides[6:12] == ["here"] * 6
+    assert trial.decided == "feeders" and set(sides[12:]) == {"feeders"}  # judged at the 13th request
+    assert trial.paces == pytest.approx({"feeders": 0.010, "here": 0.012})
+
+
+def test_the_first_batches_after_a_switch_are_not_timed() -> None:
+    slow_start = 1.0  # the 4 batches after each switch: a side filling its pipeline
+    trial = PaceTrial(skip=4, window=2)  # phases of 6: 2 batches timed in each
+    _run(trial, lambda n, side: slow_start if n % 6 < 4 else _steady(0.010, 0.012)(n, side), 30)
+    assert trial.paces == pytest.approx({"feeders": 0.010, "here": 0.012})
+
+
+def test_on_a_tie_or_a_gain_under_the_margin_the_route_stays_here() -> None:
+    for feeders, kept in ((0.012, "here"), (0.0119, "here"), (0.0117, "feeders")):  # 0%, 0.8%, 2.5% faster
+        trial = PaceTrial(skip=1, window=3)
+        sides = _run(trial, _steady(feeders, 0.012), 20)
+        assert trial.decided == kept and set(sides[8:]) == {kept}
+
+
+def test_a_phase_begun_before_the_feeders_were_up_is_not_timed() -> None:
+    """Up from batch 1: phase 0's feeders batches (made slow here) are served, not timed; the
+    feeders' pace is phase 2's."""
+    trial = PaceTrial(skip=2, window=4)
+    sides = _run(trial, lambda n, side: 1.0 if n < 6 else _steady(0.010, 0.012)(n, side), 36, up=lambda n: n >= 1)
+    assert sides[0] == "here" and sides[1:6] == ["feeders"] * 5 and sides[6:12] == ["here"] * 6
+    assert trial.paces == pytest.approx({"feeders": 0.010, "here": 0.012}) and set(sides[18:]) == {"feeders"}
+
+
+def test_batches_served_from_here_in_a_feeders_phase_are_not_timed() -> None:
+    """Feeders down at batches 2 and 3 (a restart) in phase 0, timed, of the feeders: the
+    batches made here meanwhile (slow here) do not count as the feeders'; the feeders' pace is
+    then phase 2's (phase 0 keeps 1 interval, under half a window)."""
+    trial = PaceTrial(skip=1, window=4)  # phases of 5
+    down = {2, 3}
+    pace = lambda n, side: 1.0 if n in down else _steady(0.010, 0.012)(n, side)  # noqa: E731
+    sides = _run(trial, pace, 30, up=lambda n: n not in down)
+    assert [sides[n] for n in sorted(down)] == ["here", "here"]
+    assert trial.paces == pytest.approx({"feeders": 0.010, "here": 0.012})
+
+
+def test_phases_go_by_batch_number_so_ranks_that_step_together_switch_together() -> None:
+    """Feeders up at batch 3 on one rank and 8 on another: from batch 8 on, every batch of both
+    comes from the same side until the first decides (at 18)."""
+    early, late = PaceTrial(skip=2, window=4), PaceTrial(skip=2, window=4)
+    a = _run(early, _steady(0.010, 0.012), 36, up=lambda n: n >= 3)
+    b = _run(late, _steady(0.010, 0.012), 36, up=lambda n: n >= 8)
+    assert a[:3] == ["here"] * 3 and a[3:6] == ["feeders"] * 3  # phase 0: not timed
+    assert a[6:12] == ["here"] * 6 and a[12:18] == ["feeders"] * 6 and set(a[18:]) == {"feeders"}
+    assert early.decided == "feeders" and a[8:18] == b[8:18]
+    assert late.decided == "feeders" and set(b[24:]) == {"feeders"}  # timed phases 2 and 3
+
+
+def test_the_batches_around_each_epoch_boundary_are_not_timed() -> None:
+    """Epochs of 4: the last batch's interval holds 30 s between epochs, the first batch of the
+    next comes from a delivery opened anew (1 s here); neither is timed, and a side's intervals
+    are pooled over its phases until it has half a window (3 of a window of 6)."""
+    trial = PaceTrial(skip=0, window=6)
+    now, pace, decided_at = 0.0, {"feeders": 0.01, "here": 0.02}, None
+    for n in range(40):
+        if n % 4 == 0:
+            trial.restart_clock()
+            now += 30.0
+        trial.request(now, n, up=True)
+        if trial.decided is not None and decided_at is None:
+            decided_at = n
+        side = trial.place(n)
+        trial.fetching(n, side, since_switch=n % 6, fresh=n % 4 == 0 or n % 6 == 0)
+        now += 1.0 if n % 4 == 0 else pace[side]
+    assert trial.paces == pytest.approx({"feeders": 0.01, "here": 0.02}) and trial.decided == "feeders"
+    # phases 0 and 1 time 2 intervals each (under half a window); with phases 2 and 3 each side has 3+
+    assert decided_at == 24
+
+
+def test_a_loop_that_takes_one_batch_per_iteration_leaves_the_feeders() -> None:
+    """No interval to time: after PHASES timed phases the trial ends keeping the feeders (as
+    before there was a trial)."""
+    trial = PaceTrial(skip=1, window=2)
+    sides = _run(trial, _steady(0.01, 0.01), trial.phases * trial.length + 1, epoch=1)
+    assert trial.decided == "feeders" and trial.paces == {} and sides[-1] == "feeders"
+    assert "not timed fed by 2 feeder processes, not timed fed from this process" in trial.summary(2)
