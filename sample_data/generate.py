@@ -25,6 +25,7 @@ import io
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,44 @@ def _grain_tile(sigma: int) -> Image.Image:
     return Image.fromarray(np.clip(128 + sigma * noise, 0, 255).astype(np.uint8), "RGB")
 
 
+@dataclass(frozen=True)
+class OddFiles:
+    """The shares of an ImageNet-like tree's files that are not colour JPEGs: PNGs, CMYK JPEGs and
+    grayscale JPEGs (each a fraction of the files, drawn per image; together at most 1).
+
+    The default makes about 4% of the files odd, so that every route meets each kind in a small
+    tree. ImageNet-1k's training set has far fewer: 1 PNG and 22 CMYK JPEGs in its 1,281,167
+    files (:data:`IMAGENET_ODD_FILES`, grayscale left at the default). Such files cost a loader
+    much more than colour JPEGs (decoded on the CPU where a GPU decoder does not take them), so
+    the shares move a loader's CPU cost per image.
+
+    Example:
+        >>> OddFiles(png=0.0).thresholds()
+        (0.0, 0.01, 0.03)
+    """
+
+    png: float = 0.01
+    cmyk: float = 0.01
+    gray: float = 0.02
+
+    def __post_init__(self) -> None:
+        shares = (self.png, self.cmyk, self.gray)
+        if any(not 0.0 <= s <= 1.0 for s in shares) or sum(shares) > 1.0:
+            raise ValueError(f"odd-file shares must be in [0, 1] and add up to at most 1, got png={self.png}, "
+                             f"cmyk={self.cmyk}, gray={self.gray}")
+
+    def thresholds(self) -> tuple[float, float, float]:
+        """Upper bounds of each kind on one uniform draw per image: PNG below the first, CMYK
+        below the second, grayscale below the third."""
+        return self.png, self.png + self.cmyk, self.png + self.cmyk + self.gray
+
+
+#: ImageNet-1k's own shares: 1 PNG and 22 CMYK JPEGs in 1,281,167 training files.
+IMAGENET_ODD_FILES = OddFiles(png=1 / 1_281_167, cmyk=22 / 1_281_167)
+
+
 def _imagenet_like_bytes(
-    index: int, cls: int, seed: int, size: tuple[int, int], photo_dir: str
+    index: int, cls: int, seed: int, size: tuple[int, int], photo_dir: str, odd: OddFiles = OddFiles()
 ) -> tuple[str, bytes]:
     """Encode image ``index`` (of class ``cls``); return (file suffix, encoded bytes).
 
@@ -114,23 +151,24 @@ def _imagenet_like_bytes(
     kind = rng.random()
     quality = int(rng.integers(75, 96))
     buf = io.BytesIO()
-    if kind < 0.01:  # ~1% PNG (ImageNet has a few)
+    png, cmyk, gray = odd.thresholds()
+    if kind < png:
         img.save(buf, "PNG", compress_level=1)
         return ".png", buf.getvalue()
-    if kind < 0.02:  # ~1% CMYK JPEG
+    if kind < cmyk:
         img = img.convert("CMYK")
-    elif kind < 0.04:  # ~2% grayscale JPEG
+    elif kind < gray:
         img = img.convert("L")
     img.save(buf, "JPEG", quality=quality)
     return ".JPEG", buf.getvalue()
 
 
 def _write_imagenet_like(
-    job: tuple[int, int, Path, int, tuple[int, int], str],
+    job: tuple[int, int, Path, int, tuple[int, int], str, OddFiles],
 ) -> Path:
     """Worker entry: make image ``index`` and write it to ``<stem><suffix>``."""
-    index, cls, stem, seed, size, photo_dir = job
-    suffix, data = _imagenet_like_bytes(index, cls, seed, size, photo_dir)
+    index, cls, stem, seed, size, photo_dir, odd = job
+    suffix, data = _imagenet_like_bytes(index, cls, seed, size, photo_dir, odd)
     path = stem.with_suffix(suffix)
     path.write_bytes(data)
     return path
@@ -150,13 +188,14 @@ def make_imagenet_like(
     size: tuple[int, int] = (400, 350),
     workers: int = 0,
     photo_dir: str | os.PathLike[str] = PHOTO_DIR,
+    odd: OddFiles = OddFiles(),
 ) -> list[Path]:
     """Write an ImageFolder tree of ImageNet-like images under ``root``.
 
     Layout: ``root/n0000000<c>/n0000000<c>_<j:05d>.JPEG`` (``.png`` for ~1% of files). Each
     class draws mostly on one shipped photo (class ``c`` on photo ``c mod n``), with random
     crops, rescales, flips, colour jitter and grain. About 2% of files are grayscale JPEGs, 1%
-    CMYK JPEGs and 1% PNGs; JPEG quality is 75-95. At the default ``size`` (width, height),
+    CMYK JPEGs and 1% PNGs (``odd``); JPEG quality is 75-95. At the default ``size`` (width, height),
     sizes are ±15% per side and files are roughly 50-100 KB.
 
     Args:
@@ -168,6 +207,8 @@ def make_imagenet_like(
         size: nominal (width, height) in pixels.
         workers: processes to use; 0 or 1 runs in this process.
         photo_dir: folder of source ``*.jpg`` photos (default: the shipped ``photos/``).
+        odd: the shares of PNGs, CMYK and grayscale JPEGs (:class:`OddFiles`; e.g.
+            :data:`IMAGENET_ODD_FILES`). A file that is a colour JPEG under two settings has the same bytes under both.
 
     Returns:
         The written paths in torchvision ``ImageFolder`` order (classes, then files, sorted).
@@ -192,7 +233,7 @@ def make_imagenet_like(
         folder.mkdir(parents=True, exist_ok=True)
         for j in range(per_class):
             stem = folder / f"{imagenet_class_name(c)}_{j:05d}"
-            jobs.append((c * per_class + j, c, stem, seed, (size[0], size[1]), photo_key))
+            jobs.append((c * per_class + j, c, stem, seed, (size[0], size[1]), photo_key, odd))
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             paths = list(pool.map(_write_imagenet_like, jobs, chunksize=64))
@@ -342,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--size", type=int, nargs=2, metavar=("W", "H"))
     inet.add_argument("--workers", type=int, default=0)
+    inet.add_argument("--odd", choices=("default", "imagenet"), default="default",
+                      help="shares of PNG, CMYK and grayscale files: about 1%%, 1%% and 2%% (default), or "
+                           "ImageNet-1k's own (1 PNG and 22 CMYK JPEGs in 1,281,167 files; grayscale 2%%)")
     idx.add_argument("--ext", default="jpg")
     args = parser.parse_args(argv)
     common: dict[str, Any] = {
@@ -351,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         common["size"] = tuple(args.size)
     try:
         if args.command == "imagenet-like":
-            paths = make_imagenet_like(args.out, workers=args.workers, **common)
+            odd = IMAGENET_ODD_FILES if args.odd == "imagenet" else OddFiles()
+            paths = make_imagenet_like(args.out, workers=args.workers, odd=odd, **common)
         else:
             paths = make_indexed_imagefolder(args.out, ext=args.ext, **common)
     except (ValueError, FileNotFoundError) as exc:

@@ -65,7 +65,28 @@ def test_imagenet_like_has_a_few_grayscale_cmyk_and_png() -> None:
     assert formats.count("JPEG/RGB") >= 360
 
 
+def test_odd_file_shares_change_only_the_odd_files() -> None:
+    def draw(odd: g.OddFiles) -> list[tuple[str, bytes]]:
+        out = []
+        for i in range(400):
+            _, data = g._imagenet_like_bytes(i, i % 10, 0, (48, 40), str(g.PHOTO_DIR), odd)
+            with Image.open(io.BytesIO(data)) as im:
+                out.append((f"{im.format}/{im.mode}", data))
+        return out
+
+    default, none, imagenet = draw(g.OddFiles()), draw(g.OddFiles(0, 0, 0)), draw(g.IMAGENET_ODD_FILES)
+    assert {kind for kind, _ in none} == {"JPEG/RGB"}
+    assert {kind for kind, _ in imagenet} == {"JPEG/RGB", "JPEG/L"}  # no PNG or CMYK in 400 draws at 1 in 55,000
+    assert {kind for kind, _ in default} == {"JPEG/RGB", "JPEG/L", "JPEG/CMYK", "PNG/RGB"}
+    colour = [i for i, (kind, _) in enumerate(default) if kind == "JPEG/RGB"]
+    assert len(colour) >= 360
+    assert all(default[i][1] == none[i][1] == imagenet[i][1] for i in colour)  # the same bytes
+
+
 def test_imagenet_like_rejects_bad_arguments(tmp_path: Path) -> None:
+    for shares in ((-0.1, 0, 0), (0.5, 0.5, 0.1), (0, 2, 0)):
+        with pytest.raises(ValueError, match="odd-file shares"):
+            g.OddFiles(*shares)
     with pytest.raises(ValueError):
         g.make_imagenet_like(tmp_path, classes=0)
     with pytest.raises(FileNotFoundError):
@@ -131,6 +152,7 @@ def test_cli_writes_both_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert g.main([*argv, "--size", "64", "48"]) == 0
     assert len(list((tmp_path / "n" / "n00000000").iterdir())) == 2
     assert "wrote 2 images" in capsys.readouterr().out
+    assert g.main([*argv, "--size", "64", "48", "--odd", "imagenet"]) == 0
 
 
 def test_generator_does_not_need_skimage() -> None:
