@@ -132,7 +132,7 @@ CANARIES: tuple[Canary, ...] = (
            "the SIGCHLD guard wraps torch's handler; find torch's new installer and change "
            "_compat.install_torch_sigchld_handler (without it worker deaths surface up to 5 s late)"),
     Canary("torch UntypedStorage._new_using_fd_cpu", _has("torch", "UntypedStorage", "_new_using_fd_cpu"),
-           "the CPU route's shared batch pool allocates nameless shared memory with it; use torch's new "
+           "the routes' worker segments (routes.segments) are nameless shared memory made with it; use torch's new "
            "fd allocator in _compat.fd_storage, or share_memory_() under the file_descriptor strategy"),
     Canary("torch UntypedStorage._share_fd_cpu_", _has("torch", "UntypedStorage", "_share_fd_cpu_"),
            "the CPU route's shared batch pool sends segments by descriptor; change _compat.fd_storage_descriptor"),

@@ -38,13 +38,10 @@ copy) must not share its flags, so the CPU route makes the copy a pool of its ow
 (:meth:`SharedBatchPool.owned`, :meth:`SharedBatchPool.fresh`) before it starts workers.
 
 Nothing in /dev/shm: slots, flags and the batches a worker makes when no slot is free
-(:class:`FdImages`) are segments without a name (:func:`shared_segment`), shipped as file
-descriptors, whatever ``torch.multiprocessing``'s sharing strategy. With the ``file_system``
-strategy torch names each segment after its maker (``/dev/shm/torch_<pid>_...``) and unlinks it
-when the last process that mapped it lets go, which a worker never does (it ends with
-``os._exit``, or is killed): every worker start left its slots in /dev/shm until the main
-process exited. The memory of a nameless segment is freed with its last mapping or
-descriptor, so no process death can leave it behind.
+(:class:`FdImages`) are segments without a name (:mod:`~shardkit.loader.routes.segments`),
+shipped as file descriptors, whatever ``torch.multiprocessing``'s sharing strategy. With the
+``file_system`` strategy torch names each segment after its maker (``/dev/shm/torch_<pid>_...``),
+and every worker start left its slots in /dev/shm until the main process exited.
 """
 
 from __future__ import annotations
@@ -54,15 +51,14 @@ import itertools
 import math
 import os
 import weakref
-from multiprocessing.reduction import DupFd
 from typing import Any
 
 import torch
 
-from shardkit._compat import fd_storage, fd_storage_attach, fd_storage_descriptor
 from shardkit.errors import LoaderError
+from shardkit.loader.routes.segments import attach, descriptor, segment_view, shared_segment
 
-__all__ = ["FdImages", "SharedBatchPool", "SlotImages", "shared_segment"]
+__all__ = ["FdImages", "SharedBatchPool", "SlotImages"]
 
 _POOLS: weakref.WeakValueDictionary[str, SharedBatchPool] = weakref.WeakValueDictionary()
 """The pools this process created (the main process), by token: where slot references land."""
@@ -79,34 +75,6 @@ def _memory_type(nbytes: int) -> type[ctypes.Array[ctypes.c_uint8]]:
     if kind is None:
         kind = _MEMORY_TYPES[nbytes] = type(f"_SlotMemory{nbytes}", (ctypes.c_uint8 * nbytes,), {})
     return kind
-
-
-def shared_segment(nbytes: int) -> torch.UntypedStorage:
-    """``nbytes`` (zeros) of shared memory with no name in /dev/shm, whatever the sharing strategy:
-    torch's file-descriptor allocation, which unlinks the segment as soon as it is mapped. Ship it
-    with :func:`_descriptor` (torch's own pickling would give it a name under ``file_system``)."""
-    return fd_storage(nbytes)
-
-
-def _descriptor(segment: torch.UntypedStorage) -> tuple[Any, int]:
-    """What pickles ``segment`` as its file descriptor (sent over a Unix socket, as torch does)."""
-    fd, nbytes = fd_storage_descriptor(segment)
-    return DupFd(fd), nbytes
-
-
-def _attach(shipped: tuple[Any, int]) -> torch.UntypedStorage:
-    """The segment a :func:`_descriptor` names, mapped in this process."""
-    handle, nbytes = shipped
-    fd = handle.detach()
-    try:
-        return fd_storage_attach(fd, nbytes)
-    finally:
-        os.close(fd)
-
-
-def _view(segment: torch.UntypedStorage, shape: tuple[int, ...]) -> torch.Tensor:
-    """A uint8 tensor of ``shape`` over the start of ``segment``."""
-    return torch.empty(0, dtype=torch.uint8).set_(segment, 0, shape)  # type: ignore[call-overload]
 
 
 class SharedBatchPool:
@@ -129,7 +97,7 @@ class SharedBatchPool:
         self.slots_per_worker = slots_per_worker
         self.shape = shape
         flags = num_workers * slots_per_worker
-        self.busy = _view(shared_segment(flags), (flags,))
+        self.busy = segment_view(shared_segment(flags), (flags,))
         # Worker side, filled lazily: this process's segment per slot and whether it was shipped.
         self._segments: dict[int, torch.UntypedStorage] = {}
         self._shipped: set[int] = set()
@@ -207,7 +175,7 @@ class SharedBatchPool:
         if segment is None:
             segment = self._segments[slot] = shared_segment(self.slot_bytes)
         shape = (n, *self.shape[1:])
-        return _view(segment, shape), SlotImages(self, slot, shape)
+        return segment_view(segment, shape), SlotImages(self, slot, shape)
 
     def _ship(self, slot: int) -> torch.UntypedStorage | None:
         """The slot's segment the first time it is shipped from this process, else ``None``."""
@@ -226,7 +194,7 @@ class SlotImages:
 
     def __reduce__(self) -> tuple[Any, ...]:
         segment = self.pool._ship(self.slot)
-        return _receive, (self.pool.token, self.slot, self.shape, None if segment is None else _descriptor(segment))
+        return _receive, (self.pool.token, self.slot, self.shape, None if segment is None else descriptor(segment))
 
     def release(self) -> None:
         """Worker side: give the slot back unshipped (its batch failed)."""
@@ -240,17 +208,17 @@ class FdImages:
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = shape
         self.segment = shared_segment(math.prod(shape))
-        self.images = _view(self.segment, shape)
+        self.images = segment_view(self.segment, shape)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _receive_own, (self.shape, _descriptor(self.segment))
+        return _receive_own, (self.shape, descriptor(self.segment))
 
     def release(self) -> None:
         """Nothing to give back (the segment goes with the last tensor on it)."""
 
 
 def _receive_own(shape: tuple[int, ...], shipped: tuple[Any, int]) -> torch.Tensor:
-    return _view(_attach(shipped), shape)
+    return segment_view(attach(shipped), shape)
 
 
 def _receive(token: str, slot: int, shape: tuple[int, ...], shipped: tuple[Any, int] | None) -> torch.Tensor:
@@ -258,7 +226,7 @@ def _receive(token: str, slot: int, shape: tuple[int, ...], shipped: tuple[Any, 
     if pool is None:
         raise LoaderError(f"a worker sent a batch for pool {token}, which this process does not hold")
     if shipped is not None:
-        pool._received[slot] = _attach(shipped)
+        pool._received[slot] = attach(shipped)
     segment = pool._received.get(slot)
     if segment is None:
         raise LoaderError(f"a worker sent slot {slot} of pool {token} before its shared-memory segment")

@@ -1,0 +1,59 @@
+"""Shared-memory segments with no name, shipped between processes as file descriptors.
+
+A worker hands a batch's memory to the process that consumes it without copying it: the segment
+is made in the worker, its descriptor travels over a Unix socket (``multiprocessing``'s
+``DupFd``, as torch ships a shared tensor) and the consumer maps it. Nothing is named in
+/dev/shm, whatever ``torch.multiprocessing``'s sharing strategy: with ``file_system`` torch names
+each segment after its maker and unlinks it only when every process that mapped it has let go,
+which a killed worker never does. The memory of a nameless segment is freed with its last mapping
+or descriptor, so no process death leaves it behind.
+
+Routes that reuse a worker's segments ship each one once and send only a reference afterwards
+(:mod:`~shardkit.loader.routes.cpu.shared_pool`, :mod:`~shardkit.loader.routes.device.payload`):
+each descriptor's trip costs a socket connection and a handshake on both sides.
+"""
+
+from __future__ import annotations
+
+import os
+from multiprocessing.reduction import DupFd
+from typing import Any
+
+import torch
+
+from shardkit._compat import fd_storage, fd_storage_attach, fd_storage_descriptor
+
+__all__ = ["attach", "descriptor", "segment_view", "shared_segment"]
+
+
+def shared_segment(nbytes: int) -> torch.UntypedStorage:
+    """``nbytes`` (zeros) of shared memory with no name in /dev/shm: torch's file-descriptor
+    allocation, which unlinks the segment as soon as it is mapped. Ship it with
+    :func:`descriptor` (torch's own pickling would give it a name under ``file_system``)."""
+    return fd_storage(nbytes)
+
+
+def descriptor(segment: torch.UntypedStorage) -> tuple[Any, int]:
+    """What pickles ``segment`` as its file descriptor (sent over a Unix socket, as torch does)."""
+    fd, nbytes = fd_storage_descriptor(segment)
+    return DupFd(fd), nbytes
+
+
+def attach(shipped: tuple[Any, int]) -> torch.UntypedStorage:
+    """The segment a :func:`descriptor` names, mapped in this process."""
+    handle, nbytes = shipped
+    fd = handle.detach()
+    try:
+        return fd_storage_attach(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def segment_view(segment: torch.UntypedStorage, shape: tuple[int, ...]) -> torch.Tensor:
+    """A uint8 tensor of ``shape`` over the start of ``segment``.
+
+    Example:
+        >>> segment_view(shared_segment(8), (2, 4)).shape
+        torch.Size([2, 4])
+    """
+    return torch.empty(0, dtype=torch.uint8).set_(segment, 0, shape)  # type: ignore[call-overload]
