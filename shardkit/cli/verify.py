@@ -37,6 +37,11 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
                                 progress=progress)
     for problem in report.problems:
         click.secho(f"FAIL {problem}", fg="red", err=True)
+    if report.unindexed:
+        first = report.unindexed[0] + (f" and {len(report.unindexed) - 1:,} more" if len(report.unindexed) > 1 else "")
+        click.secho(f"WARN no offsets file (.idx) beside {counted(len(report.unindexed), 'shard')}: {first}; "
+                    "the loader finds the samples of such a shard by reading it, and checks none against its CRC-32 "
+                    "(copy the .idx files with the shards)", fg="yellow", err=True)
     if not report.ok:
         click.echo(f"{len(report.problems)} problem(s) in {store.url}", err=True)
         sys.exit(1)

@@ -28,6 +28,9 @@ class VerifyReport:
     samples_checked: int = 0
     images_decoded: int = 0
     problems: list[str] = field(default_factory=list)
+    #: Shards with no offsets file beside them (allowed: the loader then finds their samples by
+    #: reading the shard, and checks none against a CRC-32).
+    unindexed: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -79,6 +82,7 @@ def _check_offsets(store: Store, entry: ShardEntry, spans: list[tuple[str, int, 
     """Compare the shard's offsets file, line by line, with the spans found in the shard."""
     idx = offsets_name(entry.url)
     if not store.exists(idx):
+        report.unindexed.append(store.path(entry.url))
         return
     listed = [(s.key, s.offset, s.size) for s in load_offsets(store.read_bytes(idx), where=store.path(idx))]
     for number, (said, real) in enumerate(zip(listed, spans, strict=False), start=2):

@@ -57,6 +57,18 @@ def test_quiet_pack_prints_nothing(runner, small_tree, tmp_path):
     assert (tmp_path / "out" / "index.json").exists()
 
 
+def test_verify_warns_of_shards_without_offsets_files(runner, small_tree, tmp_path):
+    """Allowed (the loader scans such a shard), but its samples go unchecked against their CRC-32."""
+    assert _pack(runner, small_tree, tmp_path / "out").exit_code == 0
+    (tmp_path / "out" / "shard-000001.idx").unlink()
+    (tmp_path / "out" / "shard-000002.idx").unlink()
+    verify = runner.invoke(cli, ["verify", str(tmp_path / "out")])
+    assert verify.exit_code == 0
+    assert (f"WARN no offsets file (.idx) beside 2 shards: {tmp_path / 'out' / 'shard-000001.tar'} and 1 more; "
+            "the loader finds the samples of such a shard by reading it, and checks none against its CRC-32"
+            in verify.output)
+
+
 def test_verify_reports_a_truncated_shard(runner, small_tree, tmp_path):
     _pack(runner, small_tree, tmp_path / "out", "-q")
     shard = tmp_path / "out" / "shard-000001.tar"

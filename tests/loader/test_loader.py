@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -14,6 +15,8 @@ from torchvision.datasets import ImageFolder
 from sample_data.generate import decode_index
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.format.spec import offsets_name
+from shardkit.index import read_manifest
+from shardkit.storage import Store
 
 
 def _run(loader: ShardLoader) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
@@ -148,11 +151,18 @@ def test_truncated_shard_raises_naming_it(packed: Path, tmp_path: Path) -> None:
         _run(_loader(ds, shuffle=False, num_workers=2))
 
 
-def test_missing_offsets_file_falls_back_to_scanning(packed: Path, tmp_path: Path) -> None:
+def test_missing_offsets_file_falls_back_to_scanning(packed: Path, tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
     ds = _copy(packed, tmp_path)
-    for idx in ds.glob("*.idx"):
-        idx.unlink()
-    assert [k for *_, k in _run(_loader(ds))] == [k for *_, k in _run(_loader(packed))]
+    (ds / "shard-000001.idx").unlink()
+    loader = _loader(ds, num_workers=2, drop_last=False)
+    with caplog.at_level(logging.WARNING, logger="shardkit.loader"):
+        assert [k for *_, k in _run(loader)] == [k for *_, k in _run(_loader(packed, drop_last=False))]
+        _run(loader)  # a second epoch says nothing more
+    said = [r.getMessage() for r in caplog.records if "no offsets file" in r.getMessage()]
+    assert len(said) == 1 and "not checked against their CRC-32" in said[0]
+    shard = read_manifest(Store(str(ds))).shards[1]
+    assert loader.stats.unindexed == 2 * shard.num_samples  # the samples of that shard, in two epochs
 
 
 def test_plain_callable_and_no_transform(packed: Path) -> None:

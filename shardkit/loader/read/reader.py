@@ -133,13 +133,14 @@ def _check_hash(fd: int, entry: ShardEntry, where: str) -> None:
 
 class _OpenShard:
     def __init__(self, fd: int, offsets: list[tuple[int, int]], keys: list[str],
-                 crcs: list[int | None] | None = None, where: str = "") -> None:
+                 crcs: list[int | None] | None = None, where: str = "", scanned: bool = False) -> None:
         self.fd = fd
         self.where = where  # the shard's path or URL, to name it in errors
         self.size = os.fstat(self.fd).st_size
         self.offsets = offsets
         self.keys = keys
         self.crcs = crcs  # each sample's CRC-32 from an offsets file of version 2, else None
+        self.scanned = scanned  # no offsets file: the spans come from reading the shard's headers
 
     def close(self) -> None:
         os.close(self.fd)
@@ -226,6 +227,11 @@ class ShardReader:
         shard = self._open.get(shard_index)
         return shard.where if shard is not None else self.store_of(shard_index).path(self.shards.urls[shard_index])
 
+    def scanned(self, shard_index: int) -> bool:
+        """Whether shard ``shard_index`` (open) has no offsets file beside it: its samples were
+        found by reading its tar headers, and none is checked against a CRC-32."""
+        return self._shard(shard_index).scanned
+
     def labels_of(self, shard_index: int) -> tuple[int, int | None]:
         """``(label offset, own class count or None)`` of shard ``shard_index``'s dataset (see
         :class:`ReaderPart`): ``(0, None)`` unless its labels are offset in a mix."""
@@ -272,7 +278,8 @@ class ShardReader:
                 with os.fdopen(os.dup(fd), "rb") as f:
                     spans = scan_spans(f, where=where)
             check_spans(spans, entry.num_bytes, where=store.path(idx) if raw is not None else where)
-            shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans], crcs, where)
+            shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans], crcs, where,
+                               scanned=raw is None)
         except (StorageError, OSError) as err:
             if fd >= 0:
                 os.close(fd)

@@ -114,6 +114,7 @@ class SampleSource:
             raise BadSample(str(err)) from err
         where = f"{self.reader.where(shard)}:{key}"
         stats.read_s += time.perf_counter() - t0
+        stats.unindexed += self.reader.scanned(shard)
         offset, own = self.reader.labels_of(shard)
         return Sample(key, fields, where, offset, own)
 
