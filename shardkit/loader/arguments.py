@@ -3,6 +3,7 @@ argument), and the number of feeder processes its ``feeders`` argument asks for.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -71,6 +72,27 @@ def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: st
     if transform is not None and not callable(transform):
         raise LoaderError("transform must be a callable (e.g. shardkit.transforms.imagenet_train(224), or any "
                           f"function of a uint8 [3, H, W] tensor) or None, got {transform!r:.80}")
+    _check_made(transform)
+
+
+def _check_made(transform: object) -> None:
+    """Refuse a transform's maker passed in place of the transform (``transform=imagenet_train``),
+    which would fail only at the first batch, in a worker, with an error about tensors.
+
+    Example:
+        >>> from shardkit.transforms import RandomResizedCropFlip, imagenet_train
+        >>> _check_made(imagenet_train(224))  # a transform: nothing to say
+        >>> _check_made(RandomResizedCropFlip)
+        Traceback (most recent call last):
+        ...
+        shardkit.errors.LoaderError: transform=RandomResizedCropFlip is a class: pass an instance of it, e.g. ...
+    """
+    name = getattr(transform, "__qualname__", "")
+    if inspect.isclass(transform):
+        raise LoaderError(f"transform={name} is a class: pass an instance of it, e.g. transform={name}(...)")
+    if inspect.isfunction(transform) and getattr(transform, "__module__", "").startswith("shardkit.transforms"):
+        example = f"{name}(224)" if name.startswith("imagenet_") else f"{name}(...)"
+        raise LoaderError(f"transform={name} makes a transform: call it, e.g. transform={example}")
 
 
 def check_service(service: object, *, num_workers: int | str, feeders: int | str, gpu: GpuOptions | None) -> None:

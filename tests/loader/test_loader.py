@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -179,6 +180,15 @@ def test_normalize_preset_finalizes_batches(packed: Path) -> None:
     loader = ShardLoader(str(packed), batch_size=4, transform=transforms.imagenet_val(32, normalize=True))
     images, _ = next(iter(loader))
     assert images.dtype == torch.float32 and images.shape == (4, 3, 32, 32)
+
+
+def test_a_transform_maker_in_place_of_the_transform_is_refused_at_once(packed: Path) -> None:
+    for maker, said in ((transforms.imagenet_train, "transform=imagenet_train makes a transform: call it, e.g. "
+                                                    "transform=imagenet_train(224)"),
+                        (transforms.RandomResizedCropFlip, "transform=RandomResizedCropFlip is a class: pass an "
+                                                           "instance of it")):
+        with pytest.raises(LoaderError, match=re.escape(said)):
+            ShardLoader(str(packed), batch_size=4, transform=maker)
 
 
 def test_bad_arguments(packed: Path, tmp_path: Path) -> None:
