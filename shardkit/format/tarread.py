@@ -161,6 +161,19 @@ def _pax_size(text: str, name: str, where: str) -> int:
     return int(text)
 
 
+def _is_header(block: bytes) -> bool:
+    """Whether ``block`` looks like a tar header, however damaged: the ustar magic, or a right
+    checksum (old-style headers have no magic). What tells a tar file that went wrong from a file
+    that is no tar at all."""
+    if block[257:262] == b"ustar":
+        return True
+    try:
+        stored = _number(block[148:156])
+    except ValueError:
+        return False
+    return stored == sum(block) - sum(block[148:156]) + 8 * 32
+
+
 def _header(block: bytes, where: str) -> tuple[str, int, bytes]:
     """Validate one 512-byte header; return ``(name, size, type)``. ``where`` names the offset."""
     try:
@@ -196,8 +209,13 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
         if not block and eof_ends and first < 0:
             return
         if len(block) < BLOCK:
+            if start == 0 and not eof_ends:
+                raise FormatError(f"not a tar file ({len(block)} bytes, less than one 512-byte tar header)",
+                                  where=where)
             detail = "ends inside a header" if block else "has no end-of-archive marker"
             raise FormatError(f"tar file is truncated (it {detail} at byte {start})", where=where)
+        if start == 0 and not eof_ends and block != _ZERO_BLOCK and not _is_header(block):
+            raise FormatError("not a tar file (its first 512 bytes are no tar header)", where=where)
         if block == _ZERO_BLOCK:
             if pending or first >= 0:
                 raise FormatError(f"extension header at byte {first} is not followed by a member",

@@ -10,6 +10,7 @@ themselves are never modified, so other tools keep reading them as before.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,8 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
         samples: dict[str, dict[str, bytes]] = {}
         for e in iter_entries(stream, where=where):
             key, ext = sample_key(e.name, where=where)
+            if key not in samples:  # before the order is judged: `tar -C dir .` names every member ./...
+                check_key(key, where=f"{where}:{key}")
             fields = samples.setdefault(key, {})
             if ext in fields:
                 raise FormatError(f"sample {key!r} has field {ext!r} twice", where=where)
@@ -213,6 +216,9 @@ def adopt_shards(
         raise ManifestError("already has index.json (pass --overwrite to index the shards again)",
                             where=store.path(INDEX_NAME))
     urls = [n for n in store.listdir() if n.endswith(SHARD_SUFFIX) and not n.startswith(".")]
+    if not urls and not store.remote and not os.path.isdir(store.path("")):
+        what = "is a file, not a directory of .tar shards" if os.path.exists(store.path("")) else "does not exist"
+        raise ManifestError(what, where=store.url)
     if not urls:
         raise ManifestError("no .tar shards here to index", where=store.url)
     for name in urls:

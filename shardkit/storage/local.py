@@ -3,6 +3,7 @@ local path error or a file that is not a regular one is."""
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import stat
@@ -20,7 +21,14 @@ def describe_local_error(err: Exception) -> str | None:
         return f"{blocker} is a file, not a directory"
     if isinstance(err, PermissionError):
         return f"permission denied ({err.filename})" if err.filename else "permission denied"
+    if isinstance(err, OSError) and err.errno in _PLAIN:
+        return f"{_PLAIN[err.errno]} ({err.filename})" if err.filename else _PLAIN[err.errno]
     return None
+
+
+#: Errors a local write meets, in words (the rest keep Python's).
+_PLAIN = {errno.EROFS: "read-only file system", errno.ENOSPC: "no space left on the device",
+          errno.EDQUOT: "disk quota exceeded", errno.ENAMETOOLONG: "file name too long"}
 
 
 def file_kind(mode: int) -> str:

@@ -116,6 +116,9 @@ def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
          "'json' member is not valid JSON"),
         ([("a.cls", b"1"), ("a.jpg", b"x"), ("b.cls", b"1"), ("a.png", b"x")], FormatError,
          "split"),
+        # `tar -cf x.tar -C dir .`: every key starts "./", and the members come in directory order
+        ([("./b.cls", b"1"), ("./a.cls", b"1"), ("./b.jpg", b"x")], FormatError,
+         r"x-000000.tar:./b: invalid sample key './b'"),
     ],
 )
 def test_bad_shards_are_refused_naming_the_sample(tmp_path: Path, members: list[tuple[str, bytes]],
@@ -129,6 +132,18 @@ def test_bad_shards_are_refused_naming_the_sample(tmp_path: Path, members: list[
 def test_refusals(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="no .tar shards"):
         adopt_shards(str(tmp_path))
+    with pytest.raises(ManifestError, match=f"{tmp_path / 'nope'}: does not exist"):
+        adopt_shards(str(tmp_path / "nope"))
+    (tmp_path / "one.tar").write_bytes(b"hi")
+    with pytest.raises(ManifestError, match="one.tar: is a file, not a directory of .tar shards"):
+        adopt_shards(str(tmp_path / "one.tar"))
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "a.tar").write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(FormatError, match=r"junk/a.tar: not a tar file \(its first 512 bytes are no tar header\)"):
+        adopt_shards(str(tmp_path / "junk"))
+    (tmp_path / "junk" / "a.tar").write_bytes(b"hi")
+    with pytest.raises(FormatError, match=r"not a tar file \(2 bytes, less than one 512-byte tar header\)"):
+        adopt_shards(str(tmp_path / "junk"))
     root = _write_wds(tmp_path / "wds", n=3)
     (root / "train-000000.idx").write_text("v1.2 3\n")  # DALI's wds2idx under its default name
     result = CliRunner().invoke(cli, ["index", str(root)])

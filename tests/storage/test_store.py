@@ -118,3 +118,21 @@ def test_a_path_through_a_file_names_the_file(tmp_path) -> None:
     store = Store(str(tmp_path / "notes.txt" / "sub"))
     with pytest.raises(StorageError, match=rf"{tmp_path / 'notes.txt'} is a file, not a directory"):
         store.makedirs()
+
+
+@pytest.mark.parametrize(("code", "said"), [(30, "read-only file system"), (28, "no space left on the device")])
+def test_a_local_write_error_is_said_in_words(tmp_path, monkeypatch, code, said) -> None:
+    import errno
+    import os
+
+    assert errno.errorcode[code] in ("EROFS", "ENOSPC")
+    target = tmp_path / "out"
+
+    def refuse(path: str, *args: object, **kw: object) -> None:
+        raise OSError(code, os.strerror(code), path)
+
+    monkeypatch.setattr(os, "makedirs", refuse)
+    with pytest.raises(StorageError) as err:
+        Store(str(target)).makedirs()
+    assert str(err.value) == f"{target}: {said} ({target})"
+    assert "Errno" not in str(err.value) and "OSError" not in str(err.value)
