@@ -27,9 +27,9 @@ from shardkit import ShardLoader, transforms
 class Classifier(L.LightningModule):
     """A linear classifier that records the keys of the samples it trains on."""
 
-    def __init__(self, out: Path, val: ShardLoader) -> None:
+    def __init__(self, out: Path, val: ShardLoader, classes: int) -> None:
         super().__init__()
-        self.head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 2))
+        self.head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, classes))
         self.out, self.val, self.keys = out, val, list[str]()
         self.counts = torch.zeros(2, dtype=torch.int64)  # correct, total: real samples only
 
@@ -69,10 +69,13 @@ def main() -> None:
     loader = ShardLoader(args.train, batch_size=args.batch_size, keys=True,  # before fit: no process group yet
                          transform=transform)
     val = ShardLoader(args.val, batch_size=args.batch_size, keys=True, transform=transform, shuffle=False)
+    if not loader.classes:
+        raise SystemExit(f"{args.train}: not a dataset of labelled images (it names no classes)")
+    args.out.mkdir(parents=True, exist_ok=True)  # before training, not after it
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0)
-    trainer.fit(Classifier(args.out, val), train_dataloaders=loader, val_dataloaders=val)
+    trainer.fit(Classifier(args.out, val, len(loader.classes)), train_dataloaders=loader, val_dataloaders=val)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ pytest.importorskip("lightning")
 @pytest.mark.slow
 def test_lightning_ddp_with_a_loader_built_before_fit_trains_and_validates_each_sample_once(frames: dict[str, Path],
                                                                               tmp_path: Path) -> None:
-    done = run_script("pipelines/lightning_recipe.py", str(frames["train"]), str(frames["val"]), str(tmp_path))
+    out = tmp_path / "out"  # made by the recipe, before it trains
+    done = run_script("pipelines/lightning_recipe.py", str(frames["train"]), str(frames["val"]), str(out))
     assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [(tmp_path / f"rank{r}.txt").read_text().split() for r in range(2)]
+    ranks = [(out / f"rank{r}.txt").read_text().split() for r in range(2)]
     assert [len(keys) for keys in ranks] == [24, 24]  # 48 samples, 6 batches of 4 per rank
     assert not set(ranks[0]) & set(ranks[1]) and len(set(ranks[0] + ranks[1])) == 48
-    assert (tmp_path / "val_total.txt").read_text().split() == ["42"]  # 48 slots at 2 ranks x 6 x 4, 6 padding
+    assert (out / "val_total.txt").read_text().split() == ["42"]  # 48 slots at 2 ranks x 6 x 4, 6 padding
