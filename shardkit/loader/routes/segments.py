@@ -8,9 +8,8 @@ each segment after its maker and unlinks it only when every process that mapped 
 which a killed worker never does. The memory of a nameless segment is freed with its last mapping
 or descriptor, so no process death leaves it behind.
 
-Routes that reuse a worker's segments ship each one once and send only a reference afterwards
-(:mod:`~shardkit.loader.routes.cpu.shared_pool`, :mod:`~shardkit.loader.routes.device.payload`):
-each descriptor's trip costs a socket connection and a handshake on both sides.
+The CPU route's batch pool (:mod:`~shardkit.loader.routes.cpu.shared_pool`) ships each of a
+worker's segments once and sends only a reference afterwards.
 """
 
 from __future__ import annotations
