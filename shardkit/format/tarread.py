@@ -162,16 +162,27 @@ def _pax_size(text: str, name: str, where: str) -> int:
 
 
 def _is_header(block: bytes) -> bool:
-    """Whether ``block`` looks like a tar header, however damaged: the ustar magic, or a right
-    checksum (old-style headers have no magic). What tells a tar file that went wrong from a file
-    that is no tar at all."""
+    """Whether ``block`` (the first of a file, perhaps cut short) looks like a tar header: the
+    ustar magic (then however damaged its other fields), or a right checksum (old-style headers
+    have no magic). What tells a tar file that went wrong from a file that is no tar at all."""
     if block[257:262] == b"ustar":
         return True
+    if len(block) < BLOCK:
+        return False
     try:
         stored = _number(block[148:156])
     except ValueError:
         return False
     return stored == sum(block) - sum(block[148:156]) + 8 * 32
+
+
+def _not_tar(block: bytes) -> str:
+    """Why a file whose first block is no tar header is not a tar file, in words."""
+    if block[:2] == b"\x1f\x8b":
+        return "not a tar file: gzip-compressed (decompress it; shards are plain tar files)"
+    if len(block) < BLOCK:
+        return f"not a tar file ({len(block)} bytes, less than one 512-byte tar header)"
+    return "not a tar file (its first 512 bytes are no tar header)"
 
 
 def _header(block: bytes, where: str) -> tuple[str, int, bytes]:
@@ -208,14 +219,11 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
         block = reader.read(BLOCK)
         if not block and eof_ends and first < 0:
             return
+        if start == 0 and not eof_ends and block != _ZERO_BLOCK and not _is_header(block):
+            raise FormatError(_not_tar(block), where=where)
         if len(block) < BLOCK:
-            if start == 0 and not eof_ends:
-                raise FormatError(f"not a tar file ({len(block)} bytes, less than one 512-byte tar header)",
-                                  where=where)
             detail = "ends inside a header" if block else "has no end-of-archive marker"
             raise FormatError(f"tar file is truncated (it {detail} at byte {start})", where=where)
-        if start == 0 and not eof_ends and block != _ZERO_BLOCK and not _is_header(block):
-            raise FormatError("not a tar file (its first 512 bytes are no tar header)", where=where)
         if block == _ZERO_BLOCK:
             if pending or first >= 0:
                 raise FormatError(f"extension header at byte {first} is not followed by a member",

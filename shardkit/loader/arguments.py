@@ -75,6 +75,10 @@ def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: st
     _check_made(transform)
 
 
+#: The functions of :mod:`shardkit.transforms` that make a transform (the presets).
+_MAKERS = frozenset({"imagenet_train", "imagenet_val", "detection_train", "detection_val"})
+
+
 def _check_made(transform: object) -> None:
     """Refuse a transform's maker passed in place of the transform (``transform=imagenet_train``),
     which would fail only at the first batch, in a worker, with an error about tensors.
@@ -88,9 +92,12 @@ def _check_made(transform: object) -> None:
         shardkit.errors.LoaderError: transform=RandomResizedCropFlip is a class: pass an instance of it, e.g. ...
     """
     name = getattr(transform, "__qualname__", "")
-    if inspect.isclass(transform):
+    if inspect.isclass(transform) and any("__call__" in vars(c) for c in transform.__mro__[:-1]):
+        # a class whose instances are the transforms (ImageTransform, nn.Module, torchvision's);
+        # one whose constructor returns the result (tv_tensors.Image) is a transform itself
         raise LoaderError(f"transform={name} is a class: pass an instance of it, e.g. transform={name}(...)")
-    if inspect.isfunction(transform) and getattr(transform, "__module__", "").startswith("shardkit.transforms"):
+    if (inspect.isfunction(transform) and name in _MAKERS
+            and getattr(transform, "__module__", "").startswith("shardkit.transforms")):
         example = f"{name}(224)" if name.startswith("imagenet_") else f"{name}(...)"
         raise LoaderError(f"transform={name} makes a transform: call it, e.g. transform={example}")
 

@@ -72,7 +72,8 @@ class ShardLoader:
         transform: an :class:`~shardkit.transforms.ImageTransform` such as
             ``transforms.imagenet_train(224)`` (images come as one uint8 ``[B,3,H,W]`` tensor,
             finalised on ``device``), any callable on uint8 ``[3,H,W]`` tensors (a batch of
-            outputs of one shape is stacked, else a list), or ``None`` (a list of decoded images). COCO datasets: a detection transform
+            outputs of one shape is stacked, else a list), or ``None`` (a list of decoded
+            images). COCO datasets: a detection transform
             (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
             are ``(images, targets)``, see :mod:`shardkit.loader.routes.coco`.
         num_workers: worker processes (persistent across epochs); 0 reads in this process;
@@ -308,6 +309,7 @@ class ShardLoader:
         # (_ended_by says why) rather than taking the newer one's batches.
         self._iterations, self._ended_by = 0, ""
         self._active = 0  # the iteration whose generator is open (0: none)
+        self._told_unchecked = False  # whether the log said that samples went unchecked (stats.unchecked)
         self._last: tuple[int, Any] | None = None  # (batch index, remainder) of the batch last yielded
 
     @property
@@ -542,8 +544,18 @@ class ShardLoader:
                 raise LoaderError(f"workers ended epoch {epoch} after {consumed - 1} of {count} batches")
             self._pos.delivered(epoch, consumed)
             self._last, self.end_of_dataloader = (consumed - 1, rest), consumed == count
+            if self._stats.unchecked and not self._told_unchecked:
+                self._tell_unchecked()
             yield item if self.keys else item[:2]
         self._supply.finish(delivered)
+
+    def _tell_unchecked(self) -> None:
+        """Log, once, that samples come from shards whose bytes nothing checks (see ``stats.unchecked``)."""
+        self._told_unchecked = True
+        log.warning("shardkit: samples come from shards with no offsets file (.idx) beside them: such a shard is "
+                    "scanned when opened, and its samples are checked neither against their CRC-32 nor by the shard's "
+                    "sha256 (copy the .idx files with the shards, or pass verify_hashes=True; `shardkit verify` lists "
+                    "the shards without one; stats.unchecked counts the samples)")
 
     def _follow_world(self) -> None:
         """Take the live rank and world (``rank``/``world_size`` left to detection): a loader built

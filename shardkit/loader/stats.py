@@ -14,9 +14,10 @@ class StageStats:
     finalize time in the main process; ``replaced``: corrupt samples replaced by another sample
     of the same batch; ``fast``/``fallback``: images decoded by the native decoder / by PIL;
     ``decode_warnings``: images decoded despite a libjpeg warning about corrupt data (the first
-    one of each process is logged, see :mod:`shardkit.codec.decode`); ``unindexed``: samples read
-    from shards with no offsets file beside them (found by reading the shard's headers, not
-    checked against a CRC-32; logged once per loader, ``shardkit verify`` lists those shards).
+    one of each process is logged, see :mod:`shardkit.codec.decode`); ``unchecked``: samples
+    delivered from shards with no offsets file beside them, so not checked against a CRC-32, nor
+    by the shard's sha256 (a local shard without ``verify_hashes``): logged once per loader,
+    ``shardkit verify`` lists such shards.
     GPU route (``device="cuda"``): ``gpu_images`` decoded by nvJPEG, ``gpu_fallback`` decoded on
     the CPU instead (by workers, or in the main process after nvJPEG rejected them);
     ``gpu_decode_s``: time of the batched nvJPEG calls (synchronous); ``gpu_augment_s``: device
@@ -31,7 +32,7 @@ class StageStats:
     fast: int = 0
     fallback: int = 0
     decode_warnings: int = 0
-    unindexed: int = 0
+    unchecked: int = 0
     read_s: float = 0.0
     decode_s: float = 0.0
     transform_s: float = 0.0

@@ -1,3 +1,4 @@
+import gzip
 import io
 import tarfile
 
@@ -63,6 +64,22 @@ def test_truncated_and_garbage_streams():
         list(iter_members(io.BytesIO(data[:3000]), where="s.tar"))
     with pytest.raises(FormatError, match="s.tar"):
         list(iter_members(io.BytesIO(b"not a tar file" * 100), where="s.tar"))
+
+
+@pytest.mark.parametrize(("cut", "said"), [
+    (lambda d: d[:300], "tar file is truncated"),  # an interrupted copy: its first header is a tar's
+    (lambda d: d[:200], r"not a tar file \(200 bytes, less than one 512-byte tar header\)"),
+    (lambda d: gzip.compress(d), r"not a tar file: gzip-compressed \(decompress it"),
+    (lambda d: bytes(range(256)) * 4, r"not a tar file \(its first 512 bytes are no tar header\)"),
+])
+def test_a_file_that_is_no_tar_is_told_from_a_damaged_tar(cut, said):
+    data = _tar(_info("k.cls"))
+    with pytest.raises(FormatError, match=said):
+        list(iter_members(io.BytesIO(cut(data)), where="s.tar"))
+    damaged = bytearray(data)
+    damaged[0] ^= 1  # a ustar header with a wrong checksum is a damaged tar, not another kind of file
+    with pytest.raises(FormatError, match="corrupt tar header"):
+        list(iter_members(io.BytesIO(bytes(damaged)), where="s.tar"))
 
 
 def test_directories_are_ignored_and_subdir_keys_kept():

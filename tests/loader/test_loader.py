@@ -161,9 +161,14 @@ def test_missing_offsets_file_falls_back_to_scanning(packed: Path, tmp_path: Pat
         assert [k for *_, k in _run(loader)] == [k for *_, k in _run(_loader(packed, drop_last=False))]
         _run(loader)  # a second epoch says nothing more
     said = [r.getMessage() for r in caplog.records if "no offsets file" in r.getMessage()]
-    assert len(said) == 1 and "not checked against their CRC-32" in said[0]
+    assert len(said) == 1 and "checked neither against their CRC-32 nor by the shard's sha256" in said[0]
     shard = read_manifest(Store(str(ds))).shards[1]
-    assert loader.stats.unindexed == 2 * shard.num_samples  # the samples of that shard, in two epochs
+    assert loader.stats.unchecked == 2 * shard.num_samples  # the samples of that shard, in two epochs
+    caplog.clear()
+    hashed = _loader(ds, verify_hashes=True)  # the shard's sha256 covers its samples: nothing to say
+    with caplog.at_level(logging.WARNING, logger="shardkit.loader"):
+        _run(hashed)
+    assert hashed.stats.unchecked == 0 and not [r for r in caplog.records if "no offsets file" in r.getMessage()]
 
 
 def test_plain_callable_and_no_transform(packed: Path) -> None:
@@ -189,6 +194,13 @@ def test_a_transform_maker_in_place_of_the_transform_is_refused_at_once(packed: 
                                                            "instance of it")):
         with pytest.raises(LoaderError, match=re.escape(said)):
             ShardLoader(str(packed), batch_size=4, transform=maker)
+
+    class Scaled:  # a class whose constructor returns the result is a transform itself
+        def __new__(cls, image: torch.Tensor) -> torch.Tensor:  # type: ignore[misc]
+            return image.float() / 255
+
+    images, _ = next(iter(ShardLoader(str(packed), batch_size=4, transform=Scaled)))
+    assert images.dtype == torch.float32 and float(images.max()) <= 1.0
 
 
 def test_bad_arguments(packed: Path, tmp_path: Path) -> None:

@@ -227,10 +227,12 @@ class ShardReader:
         shard = self._open.get(shard_index)
         return shard.where if shard is not None else self.store_of(shard_index).path(self.shards.urls[shard_index])
 
-    def scanned(self, shard_index: int) -> bool:
-        """Whether shard ``shard_index`` (open) has no offsets file beside it: its samples were
-        found by reading its tar headers, and none is checked against a CRC-32."""
-        return self._shard(shard_index).scanned
+    def unchecked(self, shard_index: int) -> bool:
+        """Whether shard ``shard_index`` (opened if it is not) has no offsets file beside it (its
+        samples were found by reading its tar headers, and none is checked against a CRC-32) and
+        its sha256 is not checked either (a local shard without ``verify_hashes``; a remote one
+        is hashed as it is fetched and before each process's first use)."""
+        return self._shard(shard_index).scanned and not self.verify_hashes and not self.store_of(shard_index).remote
 
     def labels_of(self, shard_index: int) -> tuple[int, int | None]:
         """``(label offset, own class count or None)`` of shard ``shard_index``'s dataset (see

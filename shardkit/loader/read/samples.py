@@ -114,7 +114,6 @@ class SampleSource:
             raise BadSample(str(err)) from err
         where = f"{self.reader.where(shard)}:{key}"
         stats.read_s += time.perf_counter() - t0
-        stats.unindexed += self.reader.scanned(shard)
         offset, own = self.reader.labels_of(shard)
         return Sample(key, fields, where, offset, own)
 
@@ -130,12 +129,15 @@ class SampleSource:
             LoaderError: a bad sample with ``on_error="raise"``, or a batch beyond replacing.
         """
         stats, dstats = StageStats(batches=1, samples=len(shards)), DecodeStats()
+        unchecked = [False] * len(shards)  # per slot: a replacement comes from the slot's own shard
 
         def attempt(slot: int, shard: int, index: int, seed: int) -> T:
+            unchecked[slot] = self.reader.unchecked(shard)
             return make(slot, self.read(shard, index, stats), seed, stats, dstats)
 
         got = fill_batch(attempt, self.reader, shards, indices, seeds, on_error=self.on_error)
         stats.replaced += got.replaced
+        stats.unchecked += sum(unchecked)
         stats.fast, stats.fallback, stats.decode_warnings = dstats.fast, dstats.fallback, dstats.warnings
         return got, stats
 

@@ -23,7 +23,6 @@ The three routes are :mod:`shardkit.loader.routes.cpu`, :mod:`shardkit.loader.ro
 
 from __future__ import annotations
 
-import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Iterator
@@ -35,8 +34,6 @@ from shardkit.loader.routes.batch import Builder, WorkerBatch
 from shardkit.loader.stats import StageStats
 
 __all__ = ["DirectRoute", "Route", "to_device"]
-
-log = logging.getLogger("shardkit.loader")
 
 W = TypeVar("W", bound=WorkerBatch)  # what the worker half ships
 R = TypeVar("R", bound=WorkerBatch)  # what the host pipeline hands to finish()
@@ -57,8 +54,6 @@ class Route(ABC, Generic[W, R]):
     classes: tuple[str, ...] | None = None
     #: Category id -> label when the route renumbers labels (COCO ``contiguous_labels``).
     label_map: dict[Any, int] | None = None
-    #: Whether this route said that samples came from shards without offsets files.
-    _told_unindexed: bool = False
 
     def before_workers(self) -> None:
         """Called when worker processes are about to start (none runs now)."""
@@ -78,9 +73,7 @@ class Route(ABC, Generic[W, R]):
                 ) -> Generator[tuple[Any, Any, list[str]], bool | None, None]:
         """``(images, labels or targets, keys)`` per worker batch, in order.
 
-        Adds each batch's counters to ``stats`` (the first batch read from a shard without an
-        offsets file is logged, once per route: its samples are not checked against a CRC-32),
-        and the time spent waiting for it
+        Adds each batch's counters to ``stats``, and the time spent waiting for it
         (``wait_s``), finishing it (``copy_s``) and between deliveries (``elapsed_s``, which
         includes the consumer's own time: throughput as training sees it). ``send(True)`` in
         place of ``next``: the time since the last delivery is not the loader's (a delivery
@@ -97,12 +90,6 @@ class Route(ABC, Generic[W, R]):
             images, labels = self.finish(batch)
             t2 = time.perf_counter()
             stats.add(batch.stats)
-            if batch.stats.unindexed and not self._told_unindexed:
-                self._told_unindexed = True
-                log.warning("shardkit: samples came from shards with no offsets file (.idx) beside them: such a "
-                            "shard is scanned when opened and its samples are not checked against their CRC-32 "
-                            "(copy the .idx files with the shards; `shardkit verify` lists the shards without one; "
-                            "stats.unindexed counts the samples)")
             stats.wait_s += t1 - t0
             stats.copy_s += t2 - t1
             stats.elapsed_s += t2 - last
