@@ -91,6 +91,7 @@ from shardkit.bench.report import counted
 from shardkit.bench.step_timing import Step, gpu_times, run_steps
 from shardkit.bench.train_report import against_best_dali, summarise, train_table, with_feeders
 from shardkit.bench.train_step import TrainStep
+from shardkit.loader.feed.cuda_sync import sleep_while_waiting
 
 __all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
            "counted", "run_contenders", "run_one", "run_train_bench", "summarise"]
@@ -126,6 +127,7 @@ class TrainBenchConfig:
     dali_hw_decoder_load: float | None = None  # share of JPEGs on the hardware decoder (None: DALI's default)
     dali_prefetch: int = 2  # DALI's prefetch_queue_depth
     isolate: bool = True  # each run in a process of its own (see the module doc)
+    sleep_waits: bool = False  # each run's CUDA waits sleep instead of spinning (see run_one)
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot be measured."""
@@ -149,6 +151,9 @@ class TrainBenchConfig:
             raise ValueError(f"dali_hw_decoder_load must be from 0 to 1, got {self.dali_hw_decoder_load}")
         if self.dali_prefetch < 1:
             raise ValueError(f"dali_prefetch must be >= 1, got {self.dali_prefetch}")
+        if self.sleep_waits and (not self.isolate or not self.device.startswith("cuda")):
+            raise ValueError("sleep_waits needs a cuda device and isolated runs (it is set before a process's CUDA "
+                             "context exists)")
         if set(self.contenders) & set(DALI_CONTENDERS) and not dali.dali_available():
             raise ValueError("the dali contenders need NVIDIA DALI (pip install nvidia-dali-cuda130)")
 
@@ -321,8 +326,14 @@ def _built(build: Callable[[], Any]) -> Iterator[Any]:
 
 def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:
     """One run of contender ``name`` (a row of the report) with a step and a loader of its own: what
-    each fresh process of an isolated bench does."""
-    step = TrainStep(cfg.model, classes, torch.device(cfg.device), compile=cfg.compile)
+    each fresh process of an isolated bench does. With ``sleep_waits`` the process's host waits on
+    the device (the step's synchronisations, the loaders' CUDA waits: torchvision's nvJPEG call
+    waits for its stream) block instead of spinning a core, set before its CUDA context exists
+    (:func:`~shardkit.loader.feed.cuda_sync.sleep_while_waiting`, what each feeder does)."""
+    device = torch.device(cfg.device)
+    if cfg.sleep_waits and not sleep_while_waiting(device.index or 0):
+        raise RuntimeError("sleep_waits: the CUDA driver refused to make this process's waits block")
+    step = TrainStep(cfg.model, classes, device, compile=cfg.compile)
     _label, build = _contenders(cfg)[name]
     with _built(build) as loader:  # its one run is the process's last: the GPU times follow it on its loader
         return measure(step, loader, steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size,

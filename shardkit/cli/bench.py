@@ -102,6 +102,9 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="--train with a classifier: each run in a process of its own, nothing of another contender "
                    "alive beside it (as in a training job).")
+@click.option("--sleep-waits", is_flag=True,
+              help="--train with a classifier on cuda: every run's waits on the device block instead of spinning a "
+                   "core (the step's, ShardLoader's and DALI's alike), as ShardLoader's feeders always do.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, captions: bool, context_length: int,
                   shards: str | None, workers: int,
@@ -109,7 +112,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
                   warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
                   plot: str | None, train_model: str | None, steps: int, contenders: tuple[str, ...],
                   feeders: str, dali_threads: str | None, dali_hw_load: float | None, dali_prefetch: int,
-                  isolate: bool, quiet: bool) -> None:
+                  isolate: bool, sleep_waits: bool, quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
 
@@ -135,6 +138,8 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if detector and annotations is None:
         raise click.UsageError(f"--train {train_model} is a detector: it needs --annotations, the COCO instances "
                                "JSON (IMAGEFOLDER_DIR is then its images directory)")
+    if sleep_waits and (train_model is None or detector or device != "cuda"):
+        raise click.UsageError("--sleep-waits is for --train with a classifier on --device cuda")
     feeder_count = _feeders(feeders, workers, train_model is not None and not detector, contenders)
     dali_counts = _dali_threads(dali_threads)
     fitting = DETECTOR_CONTENDERS if detector else CLASSIFIER_CONTENDERS
@@ -166,7 +171,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
                size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet,
                contenders=contenders, feeders=feeder_count, dali_threads=dali_counts, dali_hw_load=dali_hw_load,
-               dali_prefetch=dali_prefetch, isolate=isolate)
+               dali_prefetch=dali_prefetch, isolate=isolate, sleep_waits=sleep_waits)
         return
     if contenders:
         raise click.UsageError("--contender chooses --train loaders; without --train use --no-webdataset")
@@ -342,7 +347,8 @@ def _dali_threads(text: str | None) -> tuple[int, ...]:
 def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int, batch_size: int, device: str,
            size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool,
            contenders: tuple[str, ...], feeders: int | str, dali_threads: tuple[int, ...] = (),
-           dali_hw_load: float | None = None, dali_prefetch: int = 2, isolate: bool = True) -> None:
+           dali_hw_load: float | None = None, dali_prefetch: int = 2, isolate: bool = True,
+           sleep_waits: bool = False) -> None:
     from shardkit.bench.dali import dali_available
     from shardkit.bench.train import TrainBenchConfig, format_train_table, run_train_bench
 
@@ -353,7 +359,11 @@ def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int
                            batch_size=batch_size, workers=workers, steps=steps, warmup=warmup, repeats=repeats,
                            device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)),
                            feeders=feeders, dali_threads=dali_threads, dali_hw_decoder_load=dali_hw_load,
-                           dali_prefetch=dali_prefetch, isolate=isolate)
+                           dali_prefetch=dali_prefetch, isolate=isolate, sleep_waits=sleep_waits)
+    try:
+        cfg.validate()
+    except ValueError as err:
+        raise click.UsageError(f"--train: {err}") from None
     _measure_train(lambda after_run: run_train_bench(cfg, after_run=after_run), format_train_table,
                    repeats=repeats, out=out, quiet=quiet)
 

@@ -83,6 +83,8 @@ def test_settings_are_checked(tiny_tree: Path, packed: Path) -> None:
         run_train_bench(_cfg(tiny_tree, packed, feeders=1))  # workers=0
     with pytest.raises(ValueError, match="shardloader_feeders contender needs workers >= 1"):
         run_train_bench(_cfg(tiny_tree, packed, contenders=("shardloader_feeders",)))  # workers=0
+    with pytest.raises(ValueError, match="sleep_waits needs a cuda device and isolated runs"):
+        run_train_bench(_cfg(tiny_tree, packed, sleep_waits=True))
 
 
 def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: Path) -> None:
@@ -95,7 +97,10 @@ def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: P
                           (["--feeders", "1"], "--feeders applies to --train with a classifier"),
                           (["--feeders", "x"], "--feeders must be auto or a whole number"),
                           (["--train", "resnet18", "--feeders", "1", "--contender", "imagefolder"],
-                           "--feeders sets the shardloader contender's feeders: add --contender shardloader")]:
+                           "--feeders sets the shardloader contender's feeders: add --contender shardloader"),
+                          (["--sleep-waits"], "--sleep-waits is for --train with a classifier on --device cuda"),
+                          (["--train", "resnet18", "--sleep-waits"],
+                           "--sleep-waits is for --train with a classifier on --device cuda")]:
         wrong = runner.invoke(cli, [*base, *args])
         assert wrong.exit_code == 2 and message in wrong.output, wrong.output
     ok = runner.invoke(cli, [*base, "--train", "resnet18", "--feeders", "1", "--workers", "1",
@@ -257,6 +262,16 @@ def test_device_ms_counts_kernels_of_every_thread() -> None:
     threaded = device_ms(work, 4, torch.device("cuda"))
     assert one is not None and threaded is not None and one > 0
     assert 0.5 * one < threaded < 2 * one, (one, threaded)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sleeping_waits_are_set_in_each_run_and_recorded(tiny_tree: Path, packed: Path) -> None:
+    """Each isolated run sets its context's blocking sync before the context exists (the run fails
+    if the driver refuses), and the report says the runs were made so."""
+    report = run_train_bench(_cfg(tiny_tree, packed, device="cuda", isolate=True, repeats=1, sleep_waits=True,
+                                  contenders=("shardloader",)))
+    assert report["config"]["sleep_waits"] is True and report["results"][0]["fed_images_per_second"]["median"] > 0
 
 
 def test_the_table_calls_a_step_host_bound_when_its_device_time_is_well_under_its_wall_time() -> None:
