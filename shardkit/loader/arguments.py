@@ -24,7 +24,8 @@ log = logging.getLogger("shardkit.loader")
 
 
 def worker_count(num_workers: int | str) -> int:
-    """``num_workers`` as a count, ``"auto"`` resolved (:func:`~shardkit.machine.auto_workers`, logged).
+    """``num_workers`` as a count, ``"auto"`` resolved (:func:`~shardkit.machine.auto_workers`, logged);
+    a count above this process's cores is taken, with a warning (torch's own is not given).
 
     Raises:
         LoaderError: neither ``"auto"`` nor an int >= 0.
@@ -32,6 +33,10 @@ def worker_count(num_workers: int | str) -> int:
     if num_workers != "auto":
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise LoaderError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+        cores = cores_of_this_process()
+        if num_workers > cores:
+            log.warning("shardkit: num_workers=%d is more than the %d cores this process may use: the workers "
+                        "take turns on them (num_workers='auto' picks %d)", num_workers, cores, auto_workers())
         return num_workers
     count = auto_workers()
     log.info("shardkit: num_workers='auto' picked %d (%s)", count, auto_reason())

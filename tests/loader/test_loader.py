@@ -210,3 +210,22 @@ def test_bad_arguments(packed: Path, tmp_path: Path) -> None:
         ShardLoader(str(packed), batch_size=4, rank=3, world_size=2)
     with pytest.raises(Exception, match="index.json"):
         ShardLoader(str(tmp_path), batch_size=4)
+
+
+def test_more_workers_than_cores_is_said_once_in_the_loaders_words(packed: Path, caplog: pytest.LogCaptureFixture
+                                                                   ) -> None:
+    """Not as torch's warning about a DataLoader the user never made."""
+    import warnings
+
+    from shardkit.machine import auto_workers, cores_of_this_process
+
+    too_many = cores_of_this_process() + 1
+    with caplog.at_level(logging.WARNING, logger="shardkit.loader"), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loader = _loader(packed, num_workers=too_many)
+        _run(loader)
+        _run(loader)
+    said = [r.getMessage() for r in caplog.records if "cores this process may use" in r.getMessage()]
+    assert said == [f"shardkit: num_workers={too_many} is more than the {too_many - 1} cores this process may use: "
+                    f"the workers take turns on them (num_workers='auto' picks {auto_workers()})"]
+    assert not [w for w in seen if "DataLoader will create" in str(w.message)]

@@ -140,6 +140,11 @@ class WatchedLoader(DataLoader[Any]):
         self._raise_deferred()
         return _Watched(super().__iter__(), self)
 
+    def check_worker_number_rationality(self) -> None:
+        """Say nothing: torch's warning about more workers than cores names a DataLoader the
+        user never made; the loader says it in its own words when it is built
+        (:func:`~shardkit.loader.arguments.worker_count`)."""
+
 
 #: How long a connection error from the workers' queue waits for a worker death to show.
 DEATH_GRACE_S = 1.0
