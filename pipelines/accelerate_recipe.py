@@ -6,7 +6,7 @@ Run under ``accelerate launch`` or ``torchrun --nproc_per_node 2``::
     torchrun --nproc_per_node 2 pipelines/accelerate_recipe.py shards/train shards/val result.json
 
 Rank 0 writes ``result.json``: per epoch the batch indices at which gradients were synchronised
-(the optimizer stepped), and the evaluation's totals.
+(the optimizer stepped), and the evaluation's totals (samples, and samples per class).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ TRANSFORM = transforms.imagenet_val(32, crop_fraction=1.0, normalize=True)  # fl
 def train(accelerator: Accelerator, dataset: str, *, epochs: int, batch_size: int) -> list[list[int]]:
     """Train a tiny classifier with accumulation; return, per epoch, the batches it stepped at."""
     loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(2))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(len(loader.classes or ())))
     model(torch.zeros(1, 3, 32, 32))  # materialise the lazy layer before DDP wraps it
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # the loader comes back as it is
@@ -51,13 +51,14 @@ def evaluate_per_batch(accelerator: Accelerator, dataset: str, *, batch_size: in
     with ``gather_for_metrics`` and keep each rank's real samples."""
     loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM,
                          shuffle=False)
-    total, per_label = torch.zeros((), dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+    classes = len(loader.classes or ())
+    total, per_class = torch.zeros((), dtype=torch.int64), torch.zeros(classes, dtype=torch.int64)
     for _images, labels in loader:
         real = torch.arange(len(labels)) < loader.real_samples()  # padding: the batch's end, if any
         labels, real = accelerator.gather_for_metrics((labels, real))
         total += real.sum()
-        per_label += torch.bincount(labels[real], minlength=2)
-    return {"total": int(total), "label0": int(per_label[0]), "label1": int(per_label[1])}
+        per_class += torch.bincount(labels[real], minlength=classes)
+    return {"total": int(total), "per_class": per_class.tolist()}
 
 
 def evaluate_once(accelerator: Accelerator, dataset: str, *, batch_size: int) -> dict[str, int]:
@@ -65,12 +66,13 @@ def evaluate_once(accelerator: Accelerator, dataset: str, *, batch_size: int) ->
     each rank and reduce once after the loop, so every rank makes the same collective calls."""
     loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM,
                          shuffle=False, even_batches=False)
-    counts = torch.zeros(3, dtype=torch.int64)  # total, label 0, label 1
+    classes = len(loader.classes or ())
+    counts = torch.zeros(1 + classes, dtype=torch.int64)  # total, then one count per class
     for _images, labels in loader:
         counts[0] += len(labels)
-        counts[1:] += torch.bincount(labels, minlength=2)
+        counts[1:] += torch.bincount(labels, minlength=classes)
     counts = accelerator.reduce(counts, reduction="sum")
-    return {"total": int(counts[0]), "label0": int(counts[1]), "label1": int(counts[2])}
+    return {"total": int(counts[0]), "per_class": counts[1:].tolist()}
 
 
 def main() -> None:

@@ -27,5 +27,5 @@ def test_accelerate_accumulates_to_the_epoch_end_and_gathers_each_sample_once(fr
     # without the end signal the last two micro-batches rolled into the next epoch ([3], [1, 5])
     assert out["stepped"] == [[3, 5], [3, 5]]
     # 42 samples, 21 per class: 48 gathered slots of which the 6 padding ones are dropped
-    assert out["per_batch"] == {"total": 42, "label0": 21, "label1": 21}
-    assert out["once"] == {"total": 42, "label0": 21, "label1": 21}
+    assert out["per_batch"] == {"total": 42, "per_class": [21, 21]}
+    assert out["once"] == {"total": 42, "per_class": [21, 21]}

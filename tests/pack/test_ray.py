@@ -167,3 +167,17 @@ def test_import_does_not_pull_in_ray():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "False"
+
+
+def test_a_local_cluster_already_running_is_named_with_the_way_to_use_it(src, tmp_path, monkeypatch):
+    """Ray finds a cluster started on this machine (``ray start``, ``shardkit serve --head``) and
+    refuses to start another of ``num_cpus``: its words are Ray's internals."""
+    import types
+
+    def init(**kw: object) -> None:
+        raise ValueError("When connecting to an existing cluster, num_cpus and num_gpus must not be provided.")
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init, __version__="2.60.0")
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with pytest.raises(PackError, match=r"local: a Ray cluster already runs on this machine: use it with --ray auto"):
+        pack(str(src), str(tmp_path / "out"), executor="ray")

@@ -146,11 +146,19 @@ def _why(err: BaseException) -> str:
     cause = err
     while cause.__cause__ is not None:
         cause = cause.__cause__
-    if type(cause).__name__ == "AuthenticationError":
+    text = str(cause)
+    if type(cause).__name__ == "AuthenticationError" or any(sign in text for sign in _AUTH_REFUSED):
+        # Ray 2.60 raises it as such, or as "Failed to connect to GCS" with the refusal in a traceback's text
         return ("the cluster uses token authentication and refused this process: set RAY_AUTH_MODE=token and make "
                 "the cluster's token readable here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)")
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[0][:300]}" if text else type(cause).__name__
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if lines and lines[0].endswith("Traceback (most recent call last):"):  # a traceback as text: its last line says
+        lines = [lines[0].removesuffix("Traceback (most recent call last):").rstrip(" :") + ": " + lines[-1]]
+    return f"{type(cause).__name__}: {lines[0][:300]}" if lines else type(cause).__name__
+
+
+#: What a GCS refusal for a missing or wrong token says somewhere in Ray's error text.
+_AUTH_REFUSED = ("InvalidAuthToken", "UNAUTHENTICATED", "AuthenticationError", "Invalid authentication token")
 
 
 class _NotMainThread(logging.Filter):
