@@ -259,10 +259,31 @@ def pack_listing(
             created_by=f"shardkit {_version()}",
             extra=extra,
         )
+        _check_shards_in_place(store, receipts)
         write_manifest(store, manifest)
         finish_destination(store)
         return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts),
                           False, ray_nodes, sum(r.num_samples for r in state.receipts.values()))
+
+
+def _check_shards_in_place(store: Store, receipts: list[ShardReceipt]) -> None:
+    """Before ``index.json`` is written: every shard the pack wrote or reused is there at the size
+    it wrote. Another pack into the same object-store prefix (which has no lock, unlike a local
+    DST) removes or rewrites shards under this one; both would otherwise publish.
+
+    Raises:
+        PackError: a shard is missing or of another size (names it); nothing is removed, and
+            ``index.json`` is not written.
+    """
+    sizes = store.file_sizes()
+    for r in receipts:
+        found = sizes.get(r.name)
+        if found != r.num_bytes:
+            now = "is gone" if found is None else f"is {found:,} bytes"
+            raise PackError(f"{r.name} {now}, this pack wrote {r.num_bytes:,}: something else wrote to the "
+                            "destination while this pack ran (another pack? object stores have no lock: one pack per "
+                            "destination); index.json was not written; re-run the pack alone (it resumes, or says "
+                            "what stands in its way)", where=store.url)
 
 
 def _version() -> str:

@@ -6,7 +6,9 @@ DST for its whole run; a second pack is refused at once, naming the holder (pid,
 command). Where DST's parent cannot be written (a dataset directory under a read-only mount
 point), the lock lives in the user's cache directory instead, named by DST's absolute path. The
 lock file is removed when the pack ends; after a ``kill -9`` it stays, unlocked, and the next pack
-takes it. Object-store destinations have no such lock.
+takes it. Object-store destinations have no such lock; there, a pack checks before it publishes
+that its shards are still there at their sizes (``pack.api``), so a second pack that rewrote them
+makes it fail rather than publish.
 """
 
 from __future__ import annotations

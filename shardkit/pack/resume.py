@@ -76,12 +76,12 @@ def clear_destination(store: Store) -> None:
 def _reusable(store: Store, plans: list[ShardPlan]) -> dict[int, ShardReceipt]:
     state = store.child(STATE_DIR)
     done = set(state.listdir())
-    present = set(store.listdir())
+    sizes = store.file_sizes()  # one listing, not a request per shard
     receipts = {}
     for plan in plans:
-        if receipt_name(plan) in done and plan.name in present:
+        if receipt_name(plan) in done and plan.name in sizes:
             receipt = ShardReceipt.from_json(state.read_bytes(receipt_name(plan)))
-            if receipt.name == plan.name and store.size(plan.name) == receipt.num_bytes:
+            if receipt.name == plan.name and sizes[plan.name] == receipt.num_bytes:
                 receipts[plan.index] = receipt
     return receipts
 

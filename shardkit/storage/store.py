@@ -159,6 +159,23 @@ class Store:
             path = self.path("")
             return sorted(os.listdir(path)) if os.path.isdir(path) else []
 
+    def file_sizes(self) -> dict[str, int]:
+        """``{name: bytes}`` of the files directly under the store, in one listing (a few paged
+        requests on object stores, not one per file); ``{}`` if it does not exist."""
+        with self._errors(""):
+            if self.remote:
+                if not _remote.retry(lambda: self.fs.exists(self.url)):
+                    self._check_bucket()
+                    return {}
+                entries = _remote.retry(lambda: self.fs.ls(self.url, detail=True, refresh=True))
+                return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries
+                        if e.get("type") != "directory"}
+            path = self.path("")
+            if not os.path.isdir(path):
+                return {}
+            with os.scandir(path) as found:
+                return {e.name: e.stat().st_size for e in found if e.is_file()}
+
     def size(self, name: str) -> int:
         """Size of file ``name`` in bytes."""
         with self._errors(name):

@@ -143,6 +143,33 @@ def test_a_damaged_finished_pack_is_not_called_complete(small_tree, tmp_path):
     assert redone.manifest == first.manifest and (dst / shards[1]).exists()
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_shard_rewritten_by_another_writer_stops_the_pack_before_it_publishes(small_tree, tmp_path, request,
+                                                                                 where):
+    """An object store has no lock: a second pack into the prefix rewrites shards under this one. The
+    pack checks its shards' sizes before it writes index.json, and a re-run alone finishes it."""
+    from shardkit.storage import Store
+
+    options = {} if where == "local" else request.getfixturevalue("s3_server")
+    dst = str(tmp_path / "out") if where == "local" else request.getfixturevalue("s3_bucket") + "/cc"
+    store = Store(dst, options)
+    done = []
+
+    def other_writer(samples: int) -> None:  # per sample, in this process (workers=1)
+        done.append(samples)
+        if sum(done) == 5:  # the first shard (4 samples) is in place: another pack rewrites it
+            store.write_bytes("shard-000000.tar", b"\0" * 10240)
+
+    with pytest.raises(PackError, match=r"shard-000000.tar is 10,240 bytes, this pack wrote [0-9,]+: something "
+                                        r"else wrote to the destination while this pack ran"):
+        pack(str(small_tree), dst, options=PackOptions(max_count=4), workers=1, storage_options=options,
+             progress=other_writer)
+    assert "index.json" not in store.listdir()
+    again = pack(str(small_tree), dst, options=PackOptions(max_count=4), workers=1, storage_options=options)
+    assert not again.already_complete and again.reused_shards == len(again.manifest.shards) - 1
+    assert store.file_sizes()["shard-000000.tar"] == again.manifest.shards[0].num_bytes  # a fresh listing
+
+
 def test_an_unfinished_pack_does_not_resume_over_changed_files(small_tree, tmp_path):
     dst = str(tmp_path / "out")
 

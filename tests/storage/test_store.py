@@ -21,12 +21,17 @@ def store(request, tmp_path):
 
 def test_write_read_list_remove(store):
     assert not store.exists()
-    assert store.listdir() == []
+    assert store.listdir() == [] and store.file_sizes() == {}
     store.makedirs()
     store.write_bytes("b.bin", b"hello")
     with store.write_atomic("a.bin") as f:
         f.write(b"x" * 1000)
     assert store.listdir() == ["a.bin", "b.bin"]
+    sub = store.child("sub")
+    sub.makedirs()
+    sub.write_bytes("c.bin", b"c")  # a folder is listed by listdir, not by file_sizes
+    assert store.file_sizes() == {"a.bin": 1000, "b.bin": 5}
+    store.remove("sub")
     assert store.read_bytes("b.bin") == b"hello"
     assert store.size("a.bin") == 1000
     with store.open_read("a.bin") as f:
