@@ -211,6 +211,10 @@ def describe(err: BaseException) -> str | None:
     """
     if isinstance(err, TimeoutError):  # also asyncio.TimeoutError and fsspec's FSTimeoutError
         return f"timed out ({err or type(err).__name__})"
+    if isinstance(err, ValueError) and str(err).startswith("Invalid endpoint: "):  # botocore's, for "host:port"
+        given = str(err).removeprefix("Invalid endpoint: ")
+        return (f"invalid endpoint URL {given!r}: it needs its scheme, e.g. http://{given} "
+                "(AWS_ENDPOINT_URL or client_kwargs.endpoint_url)")
     fault = transient(err)
     if fault is not None:
         attempts = getattr(err, "shardkit_attempts", None)

@@ -28,6 +28,23 @@ def bucket_of(url: str) -> str | None:
     return rest.split("/", 1)[0] or None
 
 
+def _not_s3(err: BaseException) -> str | None:
+    """The ``server`` header of a 404 that no S3 server sent (no ``x-amz*`` header: AWS, MinIO and
+    moto all send one), for a message; None where the reply looks like S3's or none is attached."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            if headers and not any(str(k).lower().startswith("x-amz") for k in headers):
+                return f"server: {headers.get('server', 'unnamed')}"
+            return None
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def check_bucket(fs: Any, url: str) -> None:
     """Raise :class:`StorageError` naming the bucket of ``url`` if the store says it does not exist.
 
@@ -41,8 +58,12 @@ def check_bucket(fs: Any, url: str) -> None:
     protocol = url.split("://", 1)[0]
     try:
         fs.info(f"{protocol}://{bucket}")
-    except FileNotFoundError:
-        pass
+    except FileNotFoundError as err:
+        server = _not_s3(err)
+        if server is not None:
+            raise StorageError(f"the endpoint answered 'not found' without any of an S3 server's headers ({server}): "
+                               "is it an S3 server? (the endpoint comes from AWS_ENDPOINT_URL or the storage option "
+                               "client_kwargs.endpoint_url)", where=url) from None  # not a missing file
     except PermissionError:
         return
     else:

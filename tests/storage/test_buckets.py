@@ -109,3 +109,34 @@ def test_pack_to_a_refused_endpoint_is_a_network_error(small_tree: Path) -> None
                        match=f"cannot connect to 127.0.0.1:{port} \\(Connection refused\\)"):
         # bucket root: s3fs's exists() swallows errors
         pack(str(small_tree), "s3://bucket", workers=1, storage_options=options)
+
+
+def test_an_endpoint_that_is_no_s3_server_is_named_as_such(tmp_path: Path) -> None:
+    """A web server that answers 404 for everything is not a missing bucket (a wrong port, a proxy)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{server.server_address[1]}"}, "key": "test",
+               "secret": "test", "skip_instance_cache": True}
+    try:
+        for touch in (lambda s: s.exists(), lambda s: s.read_optional("index.json")):
+            with pytest.raises(StorageError, match=r"s3://bucket/x: the endpoint answered 'not found' without any of "
+                                                   r"an S3 server's headers \(server: SimpleHTTP"):
+                touch(Store("s3://bucket/x", options))
+    finally:
+        server.shutdown()
+
+
+def test_an_endpoint_without_its_scheme_says_so() -> None:
+    from shardkit.storage._remote import describe
+
+    assert describe(ValueError("Invalid endpoint: 127.0.0.1:5123")) == (
+        "invalid endpoint URL '127.0.0.1:5123': it needs its scheme, e.g. http://127.0.0.1:5123 "
+        "(AWS_ENDPOINT_URL or client_kwargs.endpoint_url)")
