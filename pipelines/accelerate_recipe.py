@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -27,7 +28,9 @@ TRANSFORM = transforms.imagenet_val(32, crop_fraction=1.0, normalize=True)  # fl
 def train(accelerator: Accelerator, dataset: str, *, epochs: int, batch_size: int) -> list[list[int]]:
     """Train a tiny classifier with accumulation; return, per epoch, the batches it stepped at."""
     loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(len(loader.classes or ())))
+    if not loader.classes:
+        raise SystemExit(f"{dataset}: not a dataset of labelled images (it names no classes)")
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(len(loader.classes)))
     model(torch.zeros(1, 3, 32, 32))  # materialise the lazy layer before DDP wraps it
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # the loader comes back as it is
@@ -46,7 +49,7 @@ def train(accelerator: Accelerator, dataset: str, *, epochs: int, batch_size: in
     return stepped
 
 
-def evaluate_per_batch(accelerator: Accelerator, dataset: str, *, batch_size: int) -> dict[str, int]:
+def evaluate_per_batch(accelerator: Accelerator, dataset: str, *, batch_size: int) -> dict[str, Any]:
     """``even_batches=True`` (equal batches on every rank, the last ones padded): gather per batch
     with ``gather_for_metrics`` and keep each rank's real samples."""
     loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM,
@@ -61,7 +64,7 @@ def evaluate_per_batch(accelerator: Accelerator, dataset: str, *, batch_size: in
     return {"total": int(total), "per_class": per_class.tolist()}
 
 
-def evaluate_once(accelerator: Accelerator, dataset: str, *, batch_size: int) -> dict[str, int]:
+def evaluate_once(accelerator: Accelerator, dataset: str, *, batch_size: int) -> dict[str, Any]:
     """``even_batches=False`` (every sample once, ranks' batch counts may differ by one): sum on
     each rank and reduce once after the loop, so every rank makes the same collective calls."""
     loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM,

@@ -138,7 +138,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if detector and annotations is None:
         raise click.UsageError(f"--train {train_model} is a detector: it needs --annotations, the COCO instances "
                                "JSON (IMAGEFOLDER_DIR is then its images directory)")
-    if sleep_waits and (train_model is None or detector or device != "cuda"):
+    if sleep_waits and (train_model is None or detector or not device.startswith("cuda")):
         raise click.UsageError("--sleep-waits is for --train with a classifier on --device cuda")
     feeder_count = _feeders(feeders, workers, train_model is not None and not detector, contenders)
     dali_counts = _dali_threads(dali_threads)
@@ -360,10 +360,6 @@ def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int
                            device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)),
                            feeders=feeders, dali_threads=dali_threads, dali_hw_decoder_load=dali_hw_load,
                            dali_prefetch=dali_prefetch, isolate=isolate, sleep_waits=sleep_waits)
-    try:
-        cfg.validate()
-    except ValueError as err:
-        raise click.UsageError(f"--train: {err}") from None
     _measure_train(lambda after_run: run_train_bench(cfg, after_run=after_run), format_train_table,
                    repeats=repeats, out=out, quiet=quiet)
 

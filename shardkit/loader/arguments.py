@@ -33,14 +33,24 @@ def worker_count(num_workers: int | str) -> int:
     if num_workers != "auto":
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise LoaderError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
-        cores = cores_of_this_process()
-        if num_workers > cores:
-            log.warning("shardkit: num_workers=%d is more than the %d cores this process may use: the workers "
-                        "take turns on them (num_workers='auto' picks %d)", num_workers, cores, auto_workers())
+        if num_workers > 1:
+            _say_if_too_many(num_workers)
         return num_workers
     count = auto_workers()
     log.info("shardkit: num_workers='auto' picked %d (%s)", count, auto_reason())
     return count
+
+
+def _say_if_too_many(num_workers: int) -> None:
+    """Warn when ``num_workers`` exceeds this process's share of the cores (nothing where that
+    share cannot be told: ``auto`` says why when it is asked for)."""
+    try:
+        cores, auto = cores_of_this_process(), auto_workers()
+    except LoaderError:
+        return
+    if num_workers > cores:
+        log.warning("shardkit: num_workers=%d is more than the %d cores that are this process's share: the workers "
+                    "take turns on them (num_workers='auto' picks %d)", num_workers, cores, auto)
 
 
 def auto_reason() -> str:

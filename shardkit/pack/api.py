@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from shardkit.errors import PackError, ShardkitError, SourceError
+from shardkit.errors import PackError, ShardkitError, SourceError, StorageError
 from shardkit.format.spec import key_width, normalize_extension
 from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
 from shardkit.pack import ray_exec
@@ -269,7 +269,9 @@ def pack_listing(
 def _check_shards_in_place(store: Store, receipts: list[ShardReceipt]) -> None:
     """Before ``index.json`` is written: every shard the pack wrote or reused is there at the size
     it wrote. Another pack into the same object-store prefix (which has no lock, unlike a local
-    DST) removes or rewrites shards under this one; both would otherwise publish.
+    DST) removes or rewrites shards under this one; both would otherwise publish. A shard rewritten
+    at the same size goes unseen (tar pads shards to 10,240-byte blocks: small shards of two packs
+    may match); ``shardkit verify`` checks contents.
 
     Raises:
         PackError: a shard is missing or of another size (names it); nothing is removed, and
@@ -278,6 +280,13 @@ def _check_shards_in_place(store: Store, receipts: list[ShardReceipt]) -> None:
     sizes = store.file_sizes()
     for r in receipts:
         found = sizes.get(r.name)
+        if found != r.num_bytes:  # asked again of the object itself: a listing may lag behind writes
+            try:
+                found = store.size(r.name, fresh=True)
+            except StorageError as err:
+                if not isinstance(err.__cause__, FileNotFoundError):
+                    raise
+                found = None
         if found != r.num_bytes:
             now = "is gone" if found is None else f"is {found:,} bytes"
             raise PackError(f"{r.name} {now}, this pack wrote {r.num_bytes:,}: something else wrote to the "

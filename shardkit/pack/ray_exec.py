@@ -84,9 +84,9 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as err:
         if address is None and "existing cluster" in str(err):  # Ray joins a local cluster it finds, with no num_cpus
-            raise PackError("a Ray cluster already runs on this machine: use it with --ray auto "
-                            "(executor='ray', ray_address='auto'), or stop it (ray stop) for a cluster of the pack's "
-                            "own", where="local") from err
+            raise PackError("a Ray cluster is already running (on this machine, or at RAY_ADDRESS): use it with "
+                            "--ray auto (executor='ray', ray_address='auto'), or stop it (ray stop) for a cluster of "
+                            "the pack's own", where="local") from err
         raise PackError(f"cannot start or reach a Ray cluster ({err})",
                         where=address or "local") from err
     try:

@@ -29,8 +29,9 @@ def bucket_of(url: str) -> str | None:
 
 
 def _not_s3(err: BaseException) -> str | None:
-    """The ``server`` header of a 404 that no S3 server sent (no ``x-amz*`` header: AWS, MinIO and
-    moto all send one), for a message; None where the reply looks like S3's or none is attached."""
+    """The ``server`` header of a 404 that no object store sent (no ``x-amz*`` header, as AWS, MinIO
+    and moto send, nor ``x-goog*``, as GCS's S3-compatible API sends), for a message; None where the
+    reply looks like a store's or none is attached."""
     seen: set[int] = set()
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:
@@ -38,7 +39,7 @@ def _not_s3(err: BaseException) -> str | None:
         response = getattr(cause, "response", None)
         if isinstance(response, dict):
             headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
-            if headers and not any(str(k).lower().startswith("x-amz") for k in headers):
+            if headers and not any(str(k).lower().startswith(("x-amz", "x-goog")) for k in headers):
                 return f"server: {headers.get('server', 'unnamed')}"
             return None
         cause = cause.__cause__ or cause.__context__
@@ -62,8 +63,9 @@ def check_bucket(fs: Any, url: str) -> None:
         server = _not_s3(err)
         if server is not None:
             raise StorageError(f"the endpoint answered 'not found' without any of an S3 server's headers ({server}): "
-                               "is it an S3 server? (the endpoint comes from AWS_ENDPOINT_URL or the storage option "
-                               "client_kwargs.endpoint_url)", where=url) from None  # not a missing file
+                               "is it an S3 server, and does the bucket exist? (the endpoint comes from "
+                               "AWS_ENDPOINT_URL or the storage option client_kwargs.endpoint_url)",
+                               where=url) from None  # not a missing file
     except PermissionError:
         return
     else:

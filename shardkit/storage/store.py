@@ -153,7 +153,9 @@ class Store:
                 if not _remote.retry(lambda: self.fs.exists(self.url)):
                     self._check_bucket()
                     return []
-                # refresh: files written by other processes (pack workers) are not in the cache
+                # files written by other processes (pack workers) are not in the cache: refresh it
+                # (adlfs ignores refresh=True and keeps a listing until its cache is invalidated)
+                self.fs.invalidate_cache(self.url)
                 entries = _remote.retry(lambda: self.fs.ls(self.url, detail=False, refresh=True))
                 return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
             path = self.path("")
@@ -167,6 +169,7 @@ class Store:
                 if not _remote.retry(lambda: self.fs.exists(self.url)):
                     self._check_bucket()
                     return {}
+                self.fs.invalidate_cache(self.url)  # as listdir: other processes wrote since
                 entries = _remote.retry(lambda: self.fs.ls(self.url, detail=True, refresh=True))
                 return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries
                         if e.get("type") != "directory"}
@@ -176,10 +179,13 @@ class Store:
             with os.scandir(path) as found:
                 return {e.name: e.stat().st_size for e in found if e.is_file()}
 
-    def size(self, name: str) -> int:
-        """Size of file ``name`` in bytes."""
+    def size(self, name: str, *, fresh: bool = False) -> int:
+        """Size of file ``name`` in bytes (``fresh``: asked of the store, not of the client's cache
+        of earlier listings, for a file another process may have written since)."""
         with self._errors(name):
             if self.remote:
+                if fresh:
+                    self.fs.invalidate_cache(self.path(name))
                 return int(_remote.retry(lambda: self.fs.size(self.path(name))))
             return os.path.getsize(self.path(name))
 

@@ -225,7 +225,15 @@ def test_more_workers_than_cores_is_said_once_in_the_loaders_words(packed: Path,
         loader = _loader(packed, num_workers=too_many)
         _run(loader)
         _run(loader)
-    said = [r.getMessage() for r in caplog.records if "cores this process may use" in r.getMessage()]
-    assert said == [f"shardkit: num_workers={too_many} is more than the {too_many - 1} cores this process may use: "
+    said = [r.getMessage() for r in caplog.records if "cores that are this process's share" in r.getMessage()]
+    assert said == [f"shardkit: num_workers={too_many} is more than the {too_many - 1} cores that are this process's "
+                    "share: "
                     f"the workers take turns on them (num_workers='auto' picks {auto_workers()})"]
     assert not [w for w in seen if "DataLoader will create" in str(w.message)]
+
+
+def test_a_bad_local_world_size_does_not_stop_a_loader_with_a_worker_count(packed: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "")  # what a launcher wrote wrong matters to num_workers="auto" only
+    assert len(_run(_loader(packed, num_workers=0))) > 0
+    assert len(_run(_loader(packed, num_workers=2))) > 0

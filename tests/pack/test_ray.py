@@ -179,5 +179,6 @@ def test_a_local_cluster_already_running_is_named_with_the_way_to_use_it(src, tm
 
     fake = types.SimpleNamespace(is_initialized=lambda: False, init=init, __version__="2.60.0")
     monkeypatch.setitem(sys.modules, "ray", fake)
-    with pytest.raises(PackError, match=r"local: a Ray cluster already runs on this machine: use it with --ray auto"):
+    said = r"local: a Ray cluster is already running \(on this machine, or at RAY_ADDRESS\): use it with --ray auto"
+    with pytest.raises(PackError, match=said):
         pack(str(src), str(tmp_path / "out"), executor="ray")
