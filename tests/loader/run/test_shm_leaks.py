@@ -21,7 +21,8 @@ import pytest
 from tests.cli.terminal import ROOT
 
 _LOAD = """
-import gc, os, signal, sys, time
+import faulthandler, gc, os, signal, sys, time
+faulthandler.dump_traceback_later(150, exit=True)  # a hang shows every thread's stack, before the caller's timeout
 import torch.multiprocessing
 torch.multiprocessing.set_sharing_strategy(sys.argv[2])
 from shardkit import LoaderError, ShardLoader, transforms
