@@ -173,7 +173,12 @@ def _is_header(block: bytes) -> bool:
         stored = _number(block[148:156])
     except ValueError:
         return False
-    return stored == sum(block) - sum(block[148:156]) + 8 * 32
+    return stored == _checksum(block)
+
+
+def _checksum(block: bytes) -> int:
+    """A header's checksum as it should be: its bytes summed, the checksum field as spaces."""
+    return sum(block) - sum(block[148:156]) + 8 * 32
 
 
 def _not_tar(block: bytes) -> str:
@@ -192,7 +197,7 @@ def _header(block: bytes, where: str) -> tuple[str, int, bytes]:
     except ValueError as err:
         raise FormatError("corrupt tar header (checksum field is not a number)",
                           where=where) from err
-    computed = sum(block) - sum(block[148:156]) + 8 * 32  # the checksum field counts as spaces
+    computed = _checksum(block)
     if stored != computed:
         raise FormatError(f"corrupt tar header (checksum {stored} != computed {computed})",
                           where=where)

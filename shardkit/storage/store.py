@@ -38,6 +38,11 @@ def _local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
 
 
+
+def _leaf(name: str) -> str:
+    """The last component of an object-store path (``bucket/a/b/`` -> ``b``)."""
+    return name.rstrip("/").rsplit("/", 1)[-1]
+
 class Store:
     """Files under ``url`` (a local directory or an fsspec URL prefix).
 
@@ -148,36 +153,36 @@ class Store:
 
     def listdir(self) -> list[str]:
         """Names directly under the store, sorted; ``[]`` if it does not exist."""
-        with self._errors(""):
-            if self.remote:
-                if not _remote.retry(lambda: self.fs.exists(self.url)):
-                    self._check_bucket()
-                    return []
-                # files written by other processes (pack workers) are not in the cache: refresh it
-                # (adlfs ignores refresh=True and keeps a listing until its cache is invalidated)
-                self.fs.invalidate_cache(self.url)
-                entries = _remote.retry(lambda: self.fs.ls(self.url, detail=False, refresh=True))
-                return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
-            path = self.path("")
-            return sorted(os.listdir(path)) if os.path.isdir(path) else []
+        if not self.remote:
+            with self._errors(""):
+                path = self.path("")
+                return sorted(os.listdir(path)) if os.path.isdir(path) else []
+        return sorted(_leaf(e["name"]) for e in self._remote_listing())
 
     def file_sizes(self) -> dict[str, int]:
         """``{name: bytes}`` of the files directly under the store, in one listing (a few paged
         requests on object stores, not one per file); ``{}`` if it does not exist."""
-        with self._errors(""):
-            if self.remote:
-                if not _remote.retry(lambda: self.fs.exists(self.url)):
-                    self._check_bucket()
+        if not self.remote:
+            with self._errors(""):
+                path = self.path("")
+                if not os.path.isdir(path):
                     return {}
-                self.fs.invalidate_cache(self.url)  # as listdir: other processes wrote since
-                entries = _remote.retry(lambda: self.fs.ls(self.url, detail=True, refresh=True))
-                return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries
-                        if e.get("type") != "directory"}
-            path = self.path("")
-            if not os.path.isdir(path):
-                return {}
-            with os.scandir(path) as found:
-                return {e.name: e.stat().st_size for e in found if e.is_file()}
+                with os.scandir(path) as found:
+                    return {e.name: e.stat().st_size for e in found if e.is_file()}
+        return {_leaf(e["name"]): int(e.get("size") or 0) for e in self._remote_listing()
+                if e.get("type") != "directory"}
+
+    def _remote_listing(self) -> list[dict[str, Any]]:
+        """The entries (fsspec's details) directly under a remote store, fresh; ``[]`` if it does
+        not exist (a missing bucket is an error naming it)."""
+        with self._errors(""):
+            if not _remote.retry(lambda: self.fs.exists(self.url)):
+                self._check_bucket()
+                return []
+            # files written by other processes (pack workers) are not in the cache: refresh it
+            # (adlfs ignores refresh=True and keeps a listing until its cache is invalidated)
+            self.fs.invalidate_cache(self.url)
+            return list(_remote.retry(lambda: self.fs.ls(self.url, detail=True, refresh=True)))
 
     def size(self, name: str, *, fresh: bool = False) -> int:
         """Size of file ``name`` in bytes (``fresh``: asked of the store, not of the client's cache
