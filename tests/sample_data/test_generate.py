@@ -17,6 +17,7 @@ from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as F
 
 from sample_data import generate as g
+from sample_data import imagenet_like
 
 SAMPLE = Path(g.__file__).resolve().parent
 REPO = SAMPLE.parent
@@ -56,7 +57,7 @@ def test_imagenet_like_has_a_few_grayscale_cmyk_and_png() -> None:
     # The kind of file is drawn from the same seeded stream at any size: small images are enough.
     formats = []
     for i in range(400):
-        _, data = g._imagenet_like_bytes(i, i % 10, 0, (48, 40), str(g.PHOTO_DIR))
+        _, data = imagenet_like._imagenet_like_bytes(i, i % 10, 0, (48, 40), str(g.PHOTO_DIR))
         with Image.open(io.BytesIO(data)) as im:
             formats.append(f"{im.format}/{im.mode}")
     assert 1 <= formats.count("PNG/RGB") <= 12
@@ -69,7 +70,7 @@ def test_odd_file_shares_change_only_the_odd_files() -> None:
     def draw(odd: g.OddFiles) -> list[tuple[str, bytes]]:
         out = []
         for i in range(400):
-            _, data = g._imagenet_like_bytes(i, i % 10, 0, (48, 40), str(g.PHOTO_DIR), odd)
+            _, data = imagenet_like._imagenet_like_bytes(i, i % 10, 0, (48, 40), str(g.PHOTO_DIR), odd)
             with Image.open(io.BytesIO(data)) as im:
                 out.append((f"{im.format}/{im.mode}", data))
         return out
