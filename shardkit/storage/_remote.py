@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -73,6 +74,86 @@ def _s3_session(profile: str | None) -> Any:
         session.unregister("before-call.s3", add_expect_header)
         _sessions[key] = session
     return _sessions[key]
+
+
+def check_options(protocol: str, storage_options: dict[str, Any]) -> str | None:
+    """What is wrong with ``storage_options`` for ``protocol``, in one line, or ``None``.
+
+    Checked for s3/s3a, whose filesystem (s3fs) takes any keyword and ignores the ones it does
+    not know (``anonn=true`` packed into whatever bucket the default credentials reach), and
+    whose client and config options fail with a traceback at the first request. Other
+    protocols' options go to fsspec as given.
+
+    >>> check_options("s3", {"anonn": True})
+    "unknown storage option 'anonn' for s3:// (did you mean 'anon'?)"
+    >>> check_options("s3", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}) is None
+    True
+    """
+    if protocol not in ("s3", "s3a"):
+        return None
+    try:
+        known, client_known = _s3_option_names()
+    except ImportError:  # no s3fs: fsspec says so when the filesystem is made
+        return None
+    for key, value in storage_options.items():
+        if key[:1].isupper():
+            continue  # an S3 API parameter (RequestPayer, SSECustomerKey): s3fs passes it on per call
+        if key not in known:
+            return f"unknown storage option {key!r} for {protocol}://{_did_you_mean(key, known)}"
+        if key in ("client_kwargs", "config_kwargs", "s3_additional_kwargs") and not isinstance(value, dict):
+            return f"storage option {key} must be a mapping (-o {key}.NAME=VALUE), not {value!r}"
+    for key in storage_options.get("client_kwargs") or {}:
+        if key not in client_known:
+            return (f"unknown storage option 'client_kwargs.{key}' for {protocol}://"
+                    f"{_did_you_mean(key, client_known)}")
+    if storage_options.get("config_kwargs"):
+        return _config_problem(storage_options["config_kwargs"])
+    return None
+
+
+def _did_you_mean(key: str, known: Collection[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@functools.cache
+def _s3_option_names() -> tuple[frozenset[str], frozenset[str]]:
+    """The keywords s3fs's filesystem acts on (its own, fsspec's, the listings cache's and the
+    botocore session's), and those of the S3 client (``client_kwargs``)."""
+    import inspect
+
+    import s3fs
+    from aiobotocore.session import AioSession
+    from fsspec.dircache import DirCache
+
+    def named(func: Any) -> set[str]:
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return {p.name for p in inspect.signature(func).parameters.values() if p.kind in kinds} - {"self"}
+
+    top = {"skip_instance_cache"}  # taken by fsspec's instance cache before __init__
+    for cls in (*s3fs.S3FileSystem.__mro__, DirCache, AioSession):
+        if "__init__" in vars(cls) and cls is not object:
+            top |= named(vars(cls)["__init__"])
+    return frozenset(top), frozenset(named(AioSession._create_client) - {"service_name"})
+
+
+def _config_problem(config_kwargs: dict[str, Any]) -> str | None:
+    """What botocore's ``Config`` says of ``config_kwargs`` (``-o config_kwargs.…``), or ``None``."""
+    try:
+        from botocore.config import Config
+    except ImportError:
+        return None
+    retries = config_kwargs.get("retries")
+    if retries is not None and not isinstance(retries, dict):
+        return (f"storage option config_kwargs.retries must be a mapping "
+                f"(-o config_kwargs.retries.max_attempts=N), not {retries!r}")
+    try:
+        Config(**config_kwargs)
+    except Exception as err:  # botocore's TypeError / InvalidRetryConfigurationError / ValueError
+        return f"storage option config_kwargs: {str(err).rstrip('.')}"
+    return None
 
 
 def filesystem_options(protocol: str, storage_options: dict[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,8 @@ class Store:
         self.url = url.rstrip("/") if url not in ("/", "") else url
         self.storage_options = dict(storage_options or {})
         self.remote = is_remote(url)
+        if self.remote and (problem := _remote.check_options(url.split("://", 1)[0], self.storage_options)):
+            raise StorageError(problem, where=self.url)
         self._fs: Any = None
         self._fs_pid = 0  # the process that made _fs: async filesystems (s3fs) are not fork-safe
         self._bucket_seen = bucket_of(self.url) is None  # no bucket to check (local, memory://)
