@@ -78,8 +78,9 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
         return
     try:
         if address is None:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING)
+            with _quiet_token_notice():
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.WARNING)
         else:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as err:
@@ -93,6 +94,26 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+class _TokenNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+@contextmanager
+def _quiet_token_notice() -> Iterator[None]:
+    """Leave out Ray's notice that a new local cluster has token authentication on (its secure
+    default) while the pack starts one of its own: the cluster lives only as long as the pack,
+    and the notice cut into the progress bar. Ray's warning that authentication is *off*
+    (``RAY_AUTH_MODE=disabled``) still shows."""
+    log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    notice = _TokenNotice()
+    log.addFilter(notice)
+    try:
+        yield
+    finally:
+        log.removeFilter(notice)
 
 
 def write_on_ray(

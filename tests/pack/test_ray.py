@@ -117,6 +117,17 @@ def test_cli_ray_starts_and_stops_a_local_cluster(src, reference, tmp_path):
     assert _digests(tmp_path / "out") == reference
 
 
+def test_a_local_cluster_leaves_the_progress_bar_alone(src, tmp_path):
+    pytest.importorskip("ray")
+    from tests.cli.terminal import run_in_pty, shardkit_argv
+
+    done = run_in_pty(shardkit_argv("pack", str(src), str(tmp_path / "out"), "--workers", "1", "--ray"),
+                      columns=100, timeout=180)
+    assert done.returncode == 0, done.text
+    assert "samples   30" in done.text
+    assert "Token authentication" not in done.text  # Ray's notice of its default, cut into the bar
+
+
 def test_cli_ray_in_process_uses_the_running_cluster(ray, src, reference, tmp_path):
     from click.testing import CliRunner
 
