@@ -63,6 +63,29 @@ def _dataloader_iterator_has_workers() -> bool:
         stop_persistent_workers(loader)
 
 
+def _dataloader_done_event_from_context() -> bool:
+    """torch makes its workers' ``done`` event with the DataLoader's multiprocessing context."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    made = []
+
+    class Counting(multiprocessing.context.BaseContext):
+        def get_context(self, method: str | None = None) -> Any:
+            return multiprocessing.get_context(method)
+
+        def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 (multiprocessing's name)
+            return self.get_context().Process(*args, **kwargs)
+
+        def Event(self) -> Any:  # noqa: N802 (multiprocessing's name)
+            made.append(1)
+            return self.get_context().Event()
+
+    loader: DataLoader[int] = DataLoader(range(2), num_workers=1, multiprocessing_context=Counting())  # type: ignore[arg-type]
+    return list(loader) is not None and len(made) == 1
+
+
 def _pool_has_processes() -> bool:
     with ProcessPoolExecutor(max_workers=1) as pool:
         pool.submit(int).result()
@@ -127,6 +150,10 @@ CANARIES: tuple[Canary, ...] = (
     Canary("torch _BaseDataLoaderIter.__next__", _has("torch.utils.data.dataloader", "_BaseDataLoaderIter", "__next__"),
            "the SIGCHLD guard (shardkit.loader.run.deaths) recognises 'inside an iteration' by this code object; "
            "point _compat.dataloader_next_code at the iterator's new __next__"),
+    Canary("torch DataLoader done event from multiprocessing_context.Event()", _dataloader_done_event_from_context,
+           "loaders give torch an event without a lock (shardkit.loader.run.deaths.DeathSafeContext), since a worker "
+           "killed in is_set() holds a multiprocessing.Event's lock for good and the next set() hangs; find how torch "
+           "now makes its workers' done event and hand it a FlagEvent there"),
     Canary("torch signal_handling._set_SIGCHLD_handler",
            _has("torch.utils.data._utils.signal_handling", "_set_SIGCHLD_handler"),
            "the SIGCHLD guard wraps torch's handler; find torch's new installer and change "

@@ -11,10 +11,19 @@ the loader turns it into a :class:`LoaderError` naming the worker (:func:`worker
 Elsewhere it records the death, and the loader raises that :class:`LoaderError` as soon as the
 next batch is asked for (:class:`WatchedLoader`), instead of torch's status check finding it
 up to 5 s later.
+
+A worker killed while it holds a lock it shares with the main process would hang the main
+process for good in its next acquire. The one torch's main side takes is its ``done`` event's
+(a ``multiprocessing.Event``: a condition over a shared lock that every worker takes in each
+``is_set()``, once per batch asked of it); torch takes it in ``_mark_worker_as_unavailable`` as it
+reports the death and in ``_shutdown_workers`` as it stops the others. :class:`DeathSafeContext`
+gives the DataLoader an event without a lock (:class:`FlagEvent`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
 import signal
 import threading
 import time
@@ -28,7 +37,7 @@ from shardkit._compat import dataloader_next_code, dataloader_workers, install_t
 from shardkit.errors import LoaderError
 from shardkit.loader.routes.base import Route
 
-__all__ = ["DEATH_GRACE_S", "WatchedLoader", "guard_sigchld", "worker_death"]
+__all__ = ["DEATH_GRACE_S", "DeathSafeContext", "FlagEvent", "WatchedLoader", "guard_sigchld", "worker_death"]
 
 
 def _signal_name(number: int) -> str:
@@ -67,6 +76,48 @@ def worker_death(loader: DataLoader[Any]) -> LoaderError | None:
     else:
         why = "the worker process exited on its own"
     return LoaderError(f"{what}: {why}")
+
+
+class FlagEvent:
+    """What torch's DataLoader uses of a ``multiprocessing.Event`` (``set``, ``is_set``, ``clear``,
+    ``wait``) as one shared byte, with no lock a killed worker could leave held (see the module
+    doc). ``wait`` polls (torch never waits on it)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._flag = ctx.RawValue(ctypes.c_bool, False)  # travels to spawned workers with their arguments
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
+
+    def set(self) -> None:
+        self._flag.value = True
+
+    def clear(self) -> None:
+        self._flag.value = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._flag.value and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.005)
+        return bool(self._flag.value)
+
+
+class DeathSafeContext(multiprocessing.context.BaseContext):
+    """The multiprocessing context ``method`` (None: the process's default, resolved when torch
+    starts the workers) for a DataLoader, whose ``Event`` is a :class:`FlagEvent`: torch's
+    ``done`` event, whose lock a worker killed in ``is_set()`` would hold for good."""
+
+    def __init__(self, method: str | None = None) -> None:
+        self._method = method
+
+    def get_context(self, method: str | None = None) -> Any:
+        return multiprocessing.get_context(method if method is not None else self._method)
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 (multiprocessing's name)
+        return self.get_context().Process(*args, **kwargs)
+
+    def Event(self) -> Any:  # noqa: N802 (multiprocessing's name)
+        return FlagEvent(self.get_context())
 
 
 #: How many worker deaths the SIGCHLD guard recorded outside an iteration (this process), and

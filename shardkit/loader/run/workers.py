@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from shardkit._compat import persistent_iterator, stop_persistent_workers
 from shardkit.errors import LoaderError
-from shardkit.loader.run.deaths import WatchedLoader, guard_sigchld, worker_death
+from shardkit.loader.run.deaths import DeathSafeContext, WatchedLoader, guard_sigchld, worker_death
 from shardkit.loader.run.stream import BatchStream
 from shardkit.loader.threads import name_this_thread
 
@@ -81,11 +81,12 @@ def worker_loader(stream: BatchStream, *, num_workers: int, prefetch: int, pin_m
                   context: str | None = None) -> DataLoader[Any]:
     """A DataLoader running ``stream`` in ``num_workers`` persistent worker processes, whose
     worker deaths surface as :class:`LoaderError` wherever they happen (:mod:`shardkit.loader.run.deaths`).
-    ``context``: the multiprocessing start method (None: the process's default)."""
+    ``context``: the multiprocessing start method (None: the process's default); its ``done``
+    event has no lock a killed worker could hold (:class:`~shardkit.loader.run.deaths.DeathSafeContext`)."""
     guard_sigchld()
     return WatchedLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=True,
                           prefetch_factor=prefetch, pin_memory=pin_memory, worker_init_fn=_init_worker,
-                          multiprocessing_context=context)
+                          multiprocessing_context=DeathSafeContext(context) if num_workers > 0 else context)
 
 
 def shutdown_workers(loader: DataLoader[Any]) -> None:

@@ -125,3 +125,40 @@ def test_a_connection_reset_without_a_death_is_reraised(monkeypatch: pytest.Monk
     monkeypatch.setattr(deaths, "DEATH_GRACE_S", 0.05)
     with pytest.raises(ConnectionResetError):
         next(deaths._Watched(_failing(), _Stub()))  # type: ignore[arg-type]
+
+
+def _read_until_killed(event: deaths.FlagEvent) -> None:
+    while True:
+        event.is_set()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_while_it_reads_the_done_event_leaves_it_usable() -> None:
+    # Each DataLoader worker reads torch's done event once per batch asked of it. A
+    # multiprocessing.Event takes a lock in shared memory to read it, so a worker killed at that
+    # moment left it held, and the main process hung for good in set() (close) or is_set()
+    # (reporting the death). Here a process reads in a tight loop and is killed 20 times.
+    import multiprocessing
+    import threading
+
+    context = multiprocessing.get_context("fork")
+    event = deaths.DeathSafeContext("fork").Event()
+    for _ in range(20):
+        reader = context.Process(target=_read_until_killed, args=(event,))
+        reader.start()
+        time.sleep(0.01)
+        os.kill(reader.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        reader.join()
+        setter = threading.Thread(target=lambda: (event.set(), event.clear()), daemon=True)
+        setter.start()
+        setter.join(5)
+        assert not setter.is_alive()
+
+
+def test_the_workers_done_event_has_no_lock(packed: Path) -> None:
+    loader = _loader(packed)
+    try:
+        next(iter(loader))
+        assert isinstance(loader._supply.dataloader._iterator._workers_done_event, deaths.FlagEvent)  # type: ignore[union-attr]
+    finally:
+        loader.close()
