@@ -72,8 +72,9 @@ class ShardLoader:
         transform: an :class:`~shardkit.transforms.ImageTransform` such as
             ``transforms.imagenet_train(224)`` (images come as one uint8 ``[B,3,H,W]`` tensor,
             finalised on ``device``), any callable on uint8 ``[3,H,W]`` tensors (a batch of
-            outputs of one shape is stacked, else a list), or ``None`` (a list of decoded
-            images). COCO datasets: a detection transform
+            tensors of one shape is stacked, of several shapes a list; other outputs, such as
+            numpy arrays, tuples or dicts, are joined by torch's ``default_collate`` where it
+            can, as a DataLoader would), or ``None`` (a list of decoded images). COCO datasets: a detection transform
             (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
             are ``(images, targets)``, see :mod:`shardkit.loader.routes.coco`.
         num_workers: worker processes (persistent across epochs); 0 reads in this process;

@@ -132,3 +132,79 @@ def test_a_pil_only_transform_is_told_what_it_is_given(packed: Path, workers: in
           pytest.raises(LoaderError, match=r"uint8 \[3, H, W\] tensor: use torchvision.transforms.v2") as info):
         next(iter(loader))
     assert ".tar:" in info.value.where and "Traceback" not in str(info.value)
+
+
+def _raise_on_wide(image: Any) -> Any:
+    if image.shape[-1] > 0:
+        raise ValueError(f"width {image.shape[-1]}")
+    return image
+
+
+def _raise_local(image: Any) -> Any:
+    class Local(Exception):  # a type no other process can find by name
+        pass
+
+    raise Local("local kind")
+
+
+def _raise_unicode(image: Any) -> Any:
+    raise UnicodeDecodeError("utf-8", b"x", 0, 1, "not text")  # made from 5 arguments, not a message
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("transform", "kind", "message"), [
+    (_raise_on_wide, ValueError, "width "),
+    (_raise_unicode, UnicodeDecodeError, "can't decode byte 0x78 in position 0: not text"),
+])
+def test_a_transforms_error_keeps_its_type_and_names_the_sample(packed: Path, workers: int, transform: Any,
+                                                                 kind: type, message: str) -> None:
+    with (ShardLoader(str(packed), batch_size=4, num_workers=workers, transform=transform) as loader,
+          pytest.raises(kind) as info):
+        next(iter(loader))
+    assert type(info.value) is kind and message in str(info.value)
+    assert "Traceback" not in str(info.value) and "DataLoader worker" not in str(info.value)
+    (note,) = info.value.__notes__
+    assert note.startswith(f"raised by the transform on sample {packed}/") and ".tar:" in note
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transforms_error_of_a_local_type_still_names_the_sample(packed: Path, workers: int) -> None:
+    with (ShardLoader(str(packed), batch_size=4, num_workers=workers, transform=_raise_local) as loader,
+          pytest.raises(Exception, match="local kind") as info):
+        next(iter(loader))
+    # in this process the error itself; from a worker, its type's name and message (the type cannot travel)
+    assert type(info.value).__name__ == ("Local" if workers == 0 else "RuntimeError")
+    assert str(info.value) == ("local kind" if workers == 0 else "_raise_local.<locals>.Local: local kind")
+    assert ".tar:" in info.value.__notes__[0]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transform_that_returns_none_is_refused_naming_the_sample(packed: Path, workers: int) -> None:
+    def forgot_return(image: Any) -> None:
+        image.float()
+
+    with (ShardLoader(str(packed), batch_size=4, num_workers=workers, transform=forgot_return) as loader,
+          pytest.raises(LoaderError, match=r"the transform returned None \(a function without a return\?\)") as info):
+        next(iter(loader))
+    assert ".tar:" in info.value.where
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_outputs_that_are_not_tensors_are_collated_as_a_dataloader_does(packed: Path, workers: int) -> None:
+    import torch
+
+    def crop(image: Any) -> Any:
+        return image[:, :4, :4]
+
+    def first(transform: Any) -> Any:
+        with ShardLoader(str(packed), batch_size=4, num_workers=workers, transform=transform, shuffle=False) as loader:
+            return next(iter(loader))[0]
+
+    images = first(crop)  # tensors of one shape: stacked
+    as_numpy = first(lambda image: crop(image).numpy())
+    assert isinstance(as_numpy, torch.Tensor) and torch.equal(as_numpy, images)
+    pair = first(lambda image: (crop(image), 1))
+    assert isinstance(pair, list) and torch.equal(pair[0], images) and pair[1].tolist() == [1, 1, 1, 1]
+    named = first(lambda image: {"image": crop(image)})
+    assert list(named) == ["image"] and torch.equal(named["image"], images)
+    assert first(lambda image: "text") == ["text"] * 4  # as default_collate leaves strings

@@ -16,11 +16,14 @@ batches by count, as the loader does.
 A :class:`~shardkit.errors.ShardkitError` raised in a worker process is shipped to the main
 process as a :class:`WorkerFailure` record (torch would otherwise re-raise it as its type built
 from the whole traceback text, losing ``where``); :func:`raise_failures` re-raises it there with
-its type, message and ``where``, chained to the worker's traceback.
+its type, message and ``where``, chained to the worker's traceback. So is an error a user's
+transform raised on a sample (:mod:`~shardkit.loader.read.user_errors`), re-raised with its type,
+its message and a note naming the sample, instead of torch's text of the whole traceback.
 """
 
 from __future__ import annotations
 
+import pickle
 import traceback
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.plan import worker_batch_indices
 from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.epochs.seeds import sample_seeds
+from shardkit.loader.read.user_errors import blame, picklable_kind, sample_of
 from shardkit.loader.routes.batch import Builder, WorkerBatch
 
 W = TypeVar("W", bound=WorkerBatch)
@@ -45,12 +49,14 @@ class WorkerTraceback(Exception):
 
 @dataclass(frozen=True)
 class WorkerFailure:
-    """A :class:`ShardkitError` raised in a worker, as picklable data."""
+    """A :class:`ShardkitError` raised in a worker, or an error a transform raised on the sample
+    ``where`` (any type that pickles by reference; else ``RuntimeError``), as picklable data."""
 
-    kind: type[ShardkitError]
+    kind: type[BaseException]
     message: str
     where: str
     traceback: str
+    args: tuple[object, ...] = ()  # a transform's error: what its type is made from
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,28 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding]) -> Iterat
 
 def reraise(failure: WorkerFailure) -> NoReturn:
     """Raise the error ``failure`` records, with its type, message and ``where``, chained to its traceback."""
-    raise failure.kind(failure.message, where=failure.where) from WorkerTraceback(failure.traceback)
+    cause = WorkerTraceback(failure.traceback)
+    if issubclass(failure.kind, ShardkitError):
+        raise failure.kind(failure.message, where=failure.where) from cause
+    try:
+        err = failure.kind(*failure.args) if failure.args else failure.kind(failure.message)
+    except Exception:  # a type whose constructor takes other arguments
+        err = RuntimeError(f"{failure.kind.__qualname__}: {failure.message}")
+    blame(err, failure.where)
+    raise err from cause
+
+
+def _failure(err: BaseException, sample: str | None = None) -> WorkerFailure:
+    """``err``, raised in a worker process (by a transform on ``sample``), as a :class:`WorkerFailure`."""
+    if isinstance(err, ShardkitError):
+        return WorkerFailure(type(err), err.message, err.where, traceback.format_exc())
+    kind = picklable_kind(err)
+    message = str(err) if kind is not None else f"{type(err).__qualname__}: {err}"
+    try:
+        args = err.args if kind is not None and pickle.loads(pickle.dumps(err.args)) == err.args else ()
+    except Exception:  # arguments that do not travel: the message alone does
+        args = ()
+    return WorkerFailure(kind or RuntimeError, message, sample or "", traceback.format_exc(), args)
 
 
 class BatchStream(IterableDataset[W | WorkerFailure | EpochPadding], Generic[W]):
@@ -128,10 +155,11 @@ class BatchStream(IterableDataset[W | WorkerFailure | EpochPadding], Generic[W])
                 seeds = sample_seeds(cfg.seed, epoch, positions)
                 try:
                     batch = self.builder.build(shards.tolist(), indices.tolist(), seeds.tolist())
-                except ShardkitError as err:
-                    if info is None:  # in this process: the error keeps its own traceback
-                        raise
-                    yield WorkerFailure(type(err), err.message, err.where, traceback.format_exc())
+                except Exception as err:
+                    sample = sample_of(err)
+                    if info is None or not (isinstance(err, ShardkitError) or sample):
+                        raise  # in this process the error keeps its own traceback; torch wraps others
+                    yield _failure(err, sample)
                     return
                 yield batch
             if not self.read_ahead or cfg.epoch_batches(None) == 0:

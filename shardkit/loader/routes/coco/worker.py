@@ -23,6 +23,7 @@ from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.read.bad_samples import BadSample
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.read.samples import Sample, SampleSource
+from shardkit.loader.read.user_errors import blame
 from shardkit.loader.routes.coco.packed import PackedPlanes, PackedTargets
 from shardkit.loader.routes.coco.target import BadTarget, coco_target
 from shardkit.loader.stats import StageStats
@@ -131,7 +132,11 @@ class DetectionBatchBuilder:
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
         if self.transform is not None:
-            image, target = run_detection_transform(self.transform, image, target, seed)
+            try:
+                image, target = run_detection_transform(self.transform, image, target, seed)
+            except Exception as err:
+                blame(err, where)
+                raise
         stats.transform_s += time.perf_counter() - t2
         return image, target
 

@@ -21,6 +21,7 @@ from shardkit.loader.read.bad_samples import BadSample
 from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.read.samples import Sample, SampleSource, decode_for
+from shardkit.loader.read.user_errors import blame
 from shardkit.loader.routes.cpu.shared_pool import FdImages, SharedBatchPool, SlotImages
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
@@ -160,13 +161,17 @@ class CpuBatchBuilder:
                 torch.manual_seed(seed)
                 try:
                     result = transform(image)
-                except TypeError as err:
-                    if "PIL" not in str(err):
+                except Exception as err:
+                    if not (isinstance(err, TypeError) and "PIL" in str(err)):
+                        blame(err, sample.where)
                         raise
                     raise LoaderError(f"the transform takes PIL images, and shardkit gives it each image as a uint8 "
                                       "[3, H, W] tensor: use torchvision.transforms.v2, which takes tensors "
                                       f"(v2.ToDtype(torch.float32, scale=True) for ToTensor) ({err})",
                                       where=sample.where) from None
+            if result is None:
+                raise LoaderError(f"the transform returned None (a function without a return?): {transform!r:.60}",
+                                  where=sample.where)
         else:
             result = image
         stats.transform_s += time.perf_counter() - t2
@@ -199,5 +204,20 @@ class CpuBatchBuilder:
         if self.transform is not None and same_size and isinstance(results[0], torch.Tensor):
             return CpuBatch(torch.stack(results), labels, got.keys, stats)
         if self.transform is not None and results and not isinstance(results[0], torch.Tensor):
+            batch = _collated(results)
+            if batch is not None:
+                return CpuBatch(batch, labels, got.keys, stats)
             _check_sendable(results[0], f"{self.samples.reader.where(int(shards[0]))}:{got.keys[0]}")
         return CpuBatch(results, labels, got.keys, stats)
+
+
+def _collated(results: list[Any]) -> Any:
+    """A transform's outputs that are not tensors (numpy arrays, tuples or dicts of tensors) as
+    torch's ``default_collate`` joins them, as a DataLoader would; None where it cannot (outputs
+    of different shapes or of types it does not take: the batch is then the list)."""
+    from torch.utils.data import default_collate
+
+    try:
+        return default_collate(results)
+    except (TypeError, RuntimeError, ValueError):
+        return None
