@@ -3,8 +3,10 @@ argument), and the number of feeder processes its ``feeders`` argument asks for.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,9 +20,101 @@ from shardkit.loader.routes.gpu import GpuOptions, GpuRoute
 from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.transforms.base import ImageTransform
 
-__all__ = ["caption_targets", "check_arguments", "check_service", "feeder_count", "feeder_slots", "worker_count"]
+__all__ = ["as_int", "caption_targets", "check_arguments", "check_call", "check_service", "feeder_count",
+           "feeder_slots", "plain_int", "worker_count"]
 
 log = logging.getLogger("shardkit.loader")
+
+
+def as_int(name: str, value: object, least: int = 0, below: int | None = None) -> int:
+    """``value`` as a plain int, as DataLoader takes it (numpy integers too), in ``[least, below)``.
+
+    Example:
+        >>> import numpy as np
+        >>> as_int("batch_size", np.int64(32), 1)
+        32
+        >>> as_int("epoch", 1.5)
+        Traceback (most recent call last):
+        ...
+        shardkit.errors.LoaderError: epoch must be an int >= 0, got 1.5
+
+    Raises:
+        LoaderError: ``value`` is no integer (a bool, a float, a str, None) or out of range.
+    """
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = None
+    if isinstance(value, bool) or number is None or number < least:
+        raise LoaderError(f"{name} must be an int >= {least}, got {value!r}")
+    if below is not None and number >= below:
+        top = f"2**{below.bit_length() - 1}" if below & (below - 1) == 0 else str(below)
+        raise LoaderError(f"{name} must be an int below {top}, got {value!r}")
+    return number
+
+
+#: DataLoader's arguments ShardLoader does without, and what to write instead.
+_DATALOADER_ONLY = {
+    "persistent_workers": "its workers already stay up from one epoch to the next: leave it out",
+    "pin_memory": "pass device='cuda': batches then arrive on the GPU, copied from pinned memory",
+    "prefetch_factor": "it is prefetch= here (batches each worker prepares ahead)",
+    "collate_fn": "the loader joins each batch (see transform=): do per-batch work in the loop",
+    "sampler": "the order comes from shuffle=, seed= and the ranks (rank=, world_size=)",
+    "batch_sampler": "batches come from batch_size=, drop_last=, shuffle=, seed= and the ranks",
+    "generator": "the order and every sample's augmentation come from seed=",
+    "worker_init_fn": "there is no such hook: make per-worker state lazily, in the transform",
+}
+
+
+def check_call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse a call of ``cls`` its signature does not take with Python's own ``TypeError``,
+    saying what to write instead: DataLoader's arguments it does without, a misspelt name, the
+    options passed by position.
+
+    Example:
+        >>> class Loader:
+        ...     def __init__(self, dataset: str, *, batch_size: int, num_workers: int = 0) -> None: ...
+        >>> check_call(Loader, ("d",), {"batch_size": 2, "num_worker": 2})
+        Traceback (most recent call last):
+        ...
+        TypeError: Loader() got an unexpected keyword argument 'num_worker' (did you mean 'num_workers'?)
+    """
+    signature = inspect.signature(cls)
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        why = _why(cls.__name__, signature, args, kwargs)
+        if why is not None:
+            raise TypeError(why) from None
+        # anything else (a required argument missing): Python's own message, from the call itself
+
+
+def _why(name: str, signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    params = signature.parameters
+    for key in kwargs:
+        if key not in params:
+            if key in _DATALOADER_ONLY:
+                return f"{name}() got DataLoader's argument {key!r}, which it does without: {_DATALOADER_ONLY[key]}"
+            close = difflib.get_close_matches(key, list(params), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"{name}() got an unexpected keyword argument {key!r}{hint}"
+    positional = [p for p in params.values() if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    if len(args) > len(positional):
+        keyword = [p.name for p in params.values() if p.kind == inspect.Parameter.KEYWORD_ONLY]
+        return (f"{name}() takes {len(positional)} positional argument ({', '.join(p.name for p in positional)}); "
+                f"pass the rest by keyword, e.g. {name}(dataset, {keyword[0]}=...)" if keyword else None)
+    return None
+
+
+def plain_int(value: Any) -> Any:
+    """An integer of another type (numpy's) as an int; anything else as given, for its check to
+    name (``rank="0"`` stays a str)."""
+    if isinstance(value, (int, str, bytes, float)):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
 
 
 def worker_count(num_workers: int | str) -> int:
@@ -31,8 +125,10 @@ def worker_count(num_workers: int | str) -> int:
         LoaderError: neither ``"auto"`` nor an int >= 0.
     """
     if num_workers != "auto":
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise LoaderError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+        try:
+            num_workers = as_int("num_workers", num_workers)
+        except LoaderError:
+            raise LoaderError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}") from None
         if num_workers > 1:
             _say_if_too_many(num_workers)
         return num_workers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -13,7 +14,16 @@ import torch
 
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
-from shardkit.loader.arguments import caption_targets, check_arguments, check_service, feeder_count, worker_count
+from shardkit.loader.arguments import (
+    as_int,
+    caption_targets,
+    check_arguments,
+    check_call,
+    check_service,
+    feeder_count,
+    plain_int,
+    worker_count,
+)
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.position import Position
 from shardkit.loader.epochs.state import MAX_INT
@@ -205,6 +215,11 @@ class ShardLoader:
     #: (padding sits in the last ranks' last batches; drop it per batch with :meth:`real_samples`).
     remainder: int = 0
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> ShardLoader:
+        if args or kwargs:  # a call, not an unpickling: DataLoader habits get a hint (check_call)
+            check_call(cls, args, kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         dataset: str | Sequence[str],
@@ -242,6 +257,10 @@ class ShardLoader:
         if service is not None:
             check_service(service, num_workers=num_workers, feeders=feeders, gpu=gpu)
         workers = worker_count(num_workers)
+        batch_size, window, prefetch = (as_int(name, value, 1) for name, value in
+                                        (("batch_size", batch_size), ("window", window), ("prefetch", prefetch)))
+        seed = as_int("seed", seed, 0, 1 << 64)
+        rank, world_size = plain_int(rank), plain_int(world_size)
         check_arguments(batch_size=batch_size, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
                          flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
@@ -437,8 +456,7 @@ class ShardLoader:
                 loader.set_epoch(epoch)  # continues where the checkpoint stopped
                 for batch in loader: ...
         """
-        if not 0 <= epoch < MAX_INT:  # the epoch travels to the workers in an int64 tensor
-            raise LoaderError(f"epoch must be in [0, {MAX_INT}), got {epoch}")
+        epoch = as_int("epoch", epoch, 0, MAX_INT)  # it travels to the workers in an int64 tensor
         midway = self._open and self._pos.batch < self.config.epoch_batches(self._pos.remainder)
         self._pos.set_epoch(epoch, iterating=self._open, midway=midway)
 
@@ -633,3 +651,8 @@ class ShardLoader:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+# help(), IDEs and the docs show __init__'s parameters, not __new__'s (*args, **kwargs)
+ShardLoader.__signature__ = inspect.signature(ShardLoader.__init__).replace(  # type: ignore[attr-defined]
+    parameters=list(inspect.signature(ShardLoader.__init__).parameters.values())[1:])

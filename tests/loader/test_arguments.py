@@ -19,6 +19,7 @@ BAD = [
     ("rank", 2), ("rank", -1), ("rank", "0"), ("world_size", 0),
     ("even_batches", "no"), ("even_batches", 0), ("even_batches", None),
     ("transform", "imagenet_train"), ("transform", 224),
+    ("seed", None), ("seed", -1), ("seed", 1 << 64), ("seed", 2.0), ("seed", "3"),
 ]
 GPU_FIELDS = ("device_prefetch", "decode_threads")
 
@@ -208,3 +209,58 @@ def test_outputs_that_are_not_tensors_are_collated_as_a_dataloader_does(packed: 
     named = first(lambda image: {"image": crop(image)})
     assert list(named) == ["image"] and torch.equal(named["image"], images)
     assert first(lambda image: "text") == ["text"] * 4  # as default_collate leaves strings
+
+
+@pytest.mark.parametrize("epoch", [1.5, "1", None, -1, True, 1 << 63])
+def test_a_bad_epoch_is_refused_by_set_epoch(packed: Path, epoch: Any) -> None:
+    # 1.5 used to be taken: the loop ran epoch 1, and only state_dict() failed, later
+    with ShardLoader(str(packed), batch_size=4) as loader:
+        with pytest.raises(LoaderError, match=r"^epoch must be an int (>= 0|below \d+), got "):
+            loader.set_epoch(epoch)
+        assert loader.epoch == 0
+
+
+def test_numpy_integers_are_taken_as_a_dataloader_takes_them(packed: Path) -> None:
+    import json
+
+    import numpy as np
+
+    with ShardLoader(str(packed), batch_size=np.int64(4), seed=np.uint64(3), rank=np.int32(0),
+                     world_size=np.int64(1), num_workers=np.int8(0), window=np.int16(2), prefetch=np.int64(1)) as loader:
+        loader.set_epoch(np.int64(1))
+        next(iter(loader))
+        state = json.loads(json.dumps(loader.state_dict()))  # plain ints all through
+    assert state["seed"] == 3 and state["epoch"] == 1 and loader.config.batch_size == 4
+
+
+@pytest.mark.parametrize(("given", "hint"), [
+    ({"persistent_workers": True}, "DataLoader's argument 'persistent_workers', which it does without: its workers "
+                                   "already stay up"),
+    ({"pin_memory": True}, "pass device='cuda'"),
+    ({"prefetch_factor": 4}, "it is prefetch= here"),
+    ({"collate_fn": list}, "the loader joins each batch"),
+    ({"sampler": None}, "the order comes from shuffle=, seed= and the ranks"),
+    ({"num_worker": 2}, "unexpected keyword argument 'num_worker' (did you mean 'num_workers'?)"),
+    ({"batchsize": 2}, "unexpected keyword argument 'batchsize' (did you mean 'batch_size'?)"),
+])
+def test_dataloader_habits_are_told_what_to_write(packed: Path, given: dict[str, Any], hint: str) -> None:
+    with pytest.raises(TypeError) as info:
+        ShardLoader(str(packed), batch_size=4, **given)
+    assert str(info.value).startswith("ShardLoader() got ") and hint in str(info.value)
+
+
+def test_options_by_position_are_told_to_go_by_keyword(packed: Path) -> None:
+    with pytest.raises(TypeError, match=r"takes 1 positional argument \(dataset\); pass the rest by keyword"):
+        ShardLoader(str(packed), 32)  # type: ignore[misc]
+
+
+def test_the_signature_is_the_constructors(packed: Path) -> None:
+    import inspect
+    import pickle
+
+    parameters = inspect.signature(ShardLoader).parameters
+    assert list(parameters)[:3] == ["dataset", "batch_size", "transform"]
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'batch_size'"):
+        ShardLoader(str(packed))  # type: ignore[call-arg]
+    loader = ShardLoader(str(packed), batch_size=4)
+    assert len(pickle.loads(pickle.dumps(loader))) == len(loader)  # unpickling makes no call to check
