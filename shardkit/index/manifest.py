@@ -336,6 +336,9 @@ def _read_table(store: Store, ref: dict[str, Any], cache_dir: str | None) -> Man
     ref = {**ref, "index_bytes": store.size(INDEX_NAME)}  # an index.json rewritten (e.g. by a JSON tool) changes size
     for key, value in found.items():
         if value != ref[key]:
+            if key == "index_bytes":  # rewritten, or cut short / damaged: say the latter where it is so
+                Manifest.from_json(store.read_bytes(INDEX_NAME, limit=MAX_MANIFEST_BYTES + 1),
+                                   where=store.path(INDEX_NAME))
             what = key.replace("_", " ")
             raise ManifestError(f"stale: it was written with a {INDEX_NAME} whose {what} is {value!r}, this one's is "
                                 f"{ref[key]!r} (write it again: `shardkit index --table {store.url}`)",

@@ -120,6 +120,15 @@ def test_a_stale_or_missing_table_is_refused_naming_it(tmp_path: Path) -> None:
     assert len(read_manifest(store, table=False).shards) == 4
 
 
+def test_an_index_cut_short_is_named_as_such_not_as_a_stale_table(tmp_path: Path) -> None:
+    store = Store(str(tmp_path))
+    write_manifest(store, _manifest())
+    data = (tmp_path / "index.json").read_bytes()
+    (tmp_path / "index.json").write_bytes(data[: len(data) // 2])  # a copy that stopped half-way
+    with pytest.raises(ManifestError, match=r"index.json: not valid JSON \("):
+        read_manifest(store)
+
+
 def test_a_remote_table_is_fetched_once_per_node_and_checked_there(tmp_path: Path) -> None:
     url = "memory://shardkit-tests/table-node"
     write_manifest(Store(url), _manifest())
