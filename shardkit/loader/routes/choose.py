@@ -78,8 +78,10 @@ def _gpu_or_fallback(spec: RouteSpec) -> tuple[torch.device, bool]:
     resize, no nvJPEG), one warning and the CPU route delivering on the CUDA device (the CPU when
     CUDA is missing altogether); otherwise the CPU route on ``spec.device``."""
     transform, device = spec.transform, spec.device
-    if device.type != "cuda" or not isinstance(transform, ImageTransform) or spec.service:
+    if device.type != "cuda":
         return device, False
+    if not isinstance(transform, ImageTransform) or spec.service:
+        return _deliverable(device), False
     fallback = device if torch.cuda.is_available() else torch.device("cpu")
     if transform.interpolation != "bilinear":
         _warn_once("shardkit: the GPU route resizes bilinear only; %s resizing runs on the CPU route, batches on %s",
@@ -91,6 +93,16 @@ def _gpu_or_fallback(spec: RouteSpec) -> tuple[torch.device, bool]:
     _warn_once("shardkit: GPU decoding unavailable (%s); decoding on the CPU, batches on %s "
                "(`shardkit doctor` checks CUDA and nvJPEG)", reason, fallback)
     return fallback, False
+
+
+def _deliverable(device: torch.device) -> torch.device:
+    """``device``, or the CPU (with one warning) when it is a CUDA device and CUDA is missing
+    altogether: the routes that would only copy batches there fall back as the GPU route does."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        _warn_once("shardkit: device=%r, but CUDA is not available here (torch.cuda.is_available() is False); "
+                   "batches on cpu (`shardkit doctor` checks CUDA)", str(device))
+        return torch.device("cpu")
+    return device
 
 
 def _warn_region_decoder(transform: Any) -> None:
@@ -160,6 +172,7 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
                 _warn_once("shardkit: GPU decoding unavailable (%s); COCO images are decoded and transformed on "
                            "the CPU, batches on %s (`shardkit doctor` checks CUDA and nvJPEG)", reason, device)
             else:
+                device = _deliverable(device)
                 _warn_once("shardkit: the COCO GPU route cannot run this transform (%s); decoding and transforming "
                            "on the CPU, batches on %s", why, device)
         return CocoRoute(manifest, reader, transform, device=device, on_error=on_error, masks=masks, pad=pad,

@@ -186,6 +186,28 @@ def test_cuda_device_without_cuda_falls_back_with_one_log_line(inet: Path, caplo
     assert gpu_decode_unavailable(torch.device("cpu")) is not None
 
 
+@pytest.mark.parametrize("transform", [None, "callable"])
+def test_cuda_device_without_cuda_falls_back_whatever_the_transform(inet: Path, caplog: pytest.LogCaptureFixture,
+                                                                     transform: str | None) -> None:
+    # with no ImageTransform the route only copies batches to the device: it failed there, at the
+    # first batch, with torch's "Found no NVIDIA driver" traceback
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from shardkit.loader.routes import choose as routing
+
+    routing._warned.clear()
+    given = (lambda image: image[:, :8, :8]) if transform else None
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        loader = ShardLoader(str(inet), batch_size=4, transform=given, device="cuda")
+    assert loader.device.type == "cpu"
+    assert [r.getMessage() for r in caplog.records if "CUDA is not available here" in r.getMessage()] == [
+        "shardkit: device='cuda', but CUDA is not available here (torch.cuda.is_available() is False); batches on "
+        "cpu (`shardkit doctor` checks CUDA)"]
+    images, _labels = next(iter(loader))
+    assert all(image.device.type == "cpu" for image in images)
+    loader.close()
+
+
 def test_worker_buffer_cycle_gives_the_same_bytes(inet: Path) -> None:
     """Workers reuse shared-memory buffers; batches taken and copied in order are unchanged."""
     from torch.utils.data import DataLoader
