@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report, counted
+from shardkit.errors import PackError
 from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
 from shardkit.loader.routes.coco.target import contiguous_label_map
 from shardkit.storage.store import is_remote
@@ -123,15 +124,22 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
         sink.begin("packing", n_images)
     options = PackOptions(max_count=per_shard, jpeg_restart=cfg.jpeg_restart)
     progress = sink.advance if sink else None
-    if cfg.captions:
-        result = pack_captions(cfg.imagefolder, dst, options=options, workers=workers,
-                               storage_options=cfg.storage_options, progress=progress)
-    elif cfg.annotations is not None:
-        result = pack_coco(cfg.imagefolder, cfg.annotations, dst, drop_empty=True, options=options,
-                           workers=workers, storage_options=cfg.storage_options, progress=progress)
-    else:
-        result = pack(cfg.imagefolder, dst, options=options, workers=workers, storage_options=cfg.storage_options,
-                      progress=progress)
+    try:
+        if cfg.captions:
+            result = pack_captions(cfg.imagefolder, dst, options=options, workers=workers,
+                                   storage_options=cfg.storage_options, progress=progress)
+        elif cfg.annotations is not None:
+            result = pack_coco(cfg.imagefolder, cfg.annotations, dst, drop_empty=True, options=options,
+                               workers=workers, storage_options=cfg.storage_options, progress=progress)
+        else:
+            result = pack(cfg.imagefolder, dst, options=options, workers=workers,
+                          storage_options=cfg.storage_options, progress=progress)
+    except PackError as err:
+        if "--overwrite" not in err.message:
+            raise
+        # pack's advice names its own option; bench has none that would clear a folder it was given
+        raise PackError(f"{err.message.split(';')[0]}; give --shards an empty or new folder (bench packs SRC there) "
+                        "or the folder of a finished pack of SRC", where=err.where) from None
     return {"images": result.manifest.num_samples, "seconds": result.seconds,
             "images_per_second": result.images_per_second, "shards": len(result.manifest.shards),
             "workers": workers, "max_count": per_shard, "reused": result.already_complete}

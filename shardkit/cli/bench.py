@@ -11,6 +11,7 @@ import click
 
 from shardkit.cli.progress import BenchBar, bars_enabled
 from shardkit.cli.report import fit
+from shardkit.cli.workers import WORKERS
 from shardkit.errors import ShardkitError
 
 if TYPE_CHECKING:
@@ -44,8 +45,8 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 @click.option("--shards", default=None,
               help="Packed dataset of IMAGEFOLDER_DIR (packed into it if it holds none) "
               "[default: pack into a temporary directory].")
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=0),
-              help="Loader workers (all loaders).")
+@click.option("--workers", default="2", show_default=True, type=WORKERS,
+              help="Loader workers (all loaders); auto: what ShardLoader's num_workers='auto' picks here.")
 @click.option("--batch-size", default=None, type=click.IntRange(min=1),
               help="Images per batch [default: 64; with --train DETECTOR: 16].")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
@@ -234,8 +235,8 @@ def _check_source(imagefolder_dir: str, annotations: str | None, *, captions: bo
 def _writable(path: str, option: str) -> str:
     """``path`` for a report written after the run, checked before it: its folder is created as pack
     creates its destination, and must take a new file; ``path`` must not be a directory."""
-    if os.path.isdir(path):
-        raise BenchError("is a directory; name the file to write", where=f"{option} {path}")
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):
+        raise BenchError("is a directory; name the file to write (e.g. DIR/report.json)", where=f"{option} {path}")
     parent = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(parent, exist_ok=True)

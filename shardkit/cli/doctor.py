@@ -8,6 +8,7 @@ import sys
 import click
 
 from shardkit.cli.report import fit
+from shardkit.cli.workers import WORKERS
 from shardkit.doctor import LoaderPlan, diagnose
 from shardkit.machine import auto_workers
 
@@ -15,7 +16,7 @@ _MARK = {"ok": ("ok", "green"), "note": ("note", "yellow"), "problem": ("PROBLEM
 
 
 @click.command("doctor")
-@click.option("--workers", type=click.IntRange(min=0), default=None,
+@click.option("--workers", type=WORKERS, default=None,
               help="Loader workers you plan to use [default: what num_workers='auto' picks: this "
                    "process's share of the usable cores - 1, 1 to 32].")
 @click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))

@@ -131,6 +131,7 @@ def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path
         (str(tree), "--out", str(tmp_path / "notes.txt" / "r.json")): f"error: --out {tmp_path / 'notes.txt'}"
                                                                        "/r.json: cannot create its folder",
         (str(tree), "--plot", str(tmp_path / "notes.txt" / "p.png")): "error: --plot ",
+        (str(tree), "--out", f"{tmp_path / 'new'}/"): f"error: --out {tmp_path / 'new'}/: is a directory; name the file",
     }
     for args, message in cases.items():
         result = CliRunner().invoke(cli, ["bench", *args, "-q"])
@@ -182,3 +183,27 @@ def test_bench_says_what_it_does_before_torch_is_loaded(tree: Path) -> None:
 def test_a_share_over_one_is_not_printed_as_a_percentage() -> None:
     assert share(0.5) == "50%" and share(1.0) == "100%"
     assert "%" not in share(1.68)
+
+
+def test_bench_into_a_folder_that_is_no_pack_says_what_bench_takes(tree: Path, tmp_path: Path) -> None:
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("x")
+    result = CliRunner().invoke(cli, ["bench", str(tree), "--shards", str(tmp_path / "used"), "--workers", "0",
+                                      "--batch-size", "4", "-q"])
+    assert result.exit_code == 1
+    assert result.output == (f"error: {tmp_path / 'used'}: is not empty (1 entry, e.g. 'notes.txt'); give --shards an "
+                             "empty or new folder (bench packs SRC there) or the folder of a finished pack of SRC\n")
+    assert "--overwrite" not in result.output  # pack's option, which bench does not have
+
+
+def test_workers_take_auto_as_the_loader_does() -> None:
+    import click
+
+    from shardkit.cli.workers import WORKERS
+    from shardkit.machine import auto_workers
+
+    assert WORKERS.convert("auto", None, None) == auto_workers()
+    assert WORKERS.convert("3", None, None) == 3
+    for bad in ("lots", "-1", "1.5"):
+        with pytest.raises(click.BadParameter):
+            WORKERS.convert(bad, None, None)
