@@ -66,3 +66,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(detection, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names with the lazily imported detection ones (tab completion, ``dir()``)."""
+    return sorted({*globals(), *__all__})

@@ -60,3 +60,13 @@ def test_val_is_identity_without_resize_and_resizes_with_it() -> None:
 def test_rejects_bad_arguments(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         detection_train(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_lazy_detection_names_are_listed_without_being_imported() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from shardkit import transforms; names = dir(transforms); "
+            "print(all(n in names for n in transforms.__all__), 'shardkit.transforms.detection' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "False"]  # listed for tab completion, still imported on first use
