@@ -36,6 +36,11 @@ def dump_offsets(spans: Sequence[SampleSpan]) -> bytes:
     return ("\n".join(lines) + "\n").encode("ascii")
 
 
+#: What to do about an offsets file beside a shard that does not parse, for messages.
+REPAIR = ("it is damaged or another tool's: copy it again with its shard, or delete it to have the shard scanned "
+          "instead (its samples then go unchecked against their CRC-32s)")
+
+
 def load_offsets(data: bytes, *, where: str) -> list[SampleSpan]:
     """Parse an offsets file; raise ``FormatError`` naming ``where`` if it is malformed."""
     try:

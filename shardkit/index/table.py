@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardkit.errors import ManifestError
-from shardkit.format.spec import HASHES_NAME, TABLE_VERSIONS, check_prefix
+from shardkit.errors import ManifestError, StorageError
+from shardkit.format.spec import HASHES_NAME, TABLE_NAME, TABLE_VERSIONS, check_prefix
 from shardkit.index.shards import HASH_BLOCK, HASH_BYTES, BlockHashes, NamedShards, ShardTable, block_digests
 
 _MAGIC = b"shardkit-table "
@@ -77,15 +77,22 @@ def encode_table(head: dict[str, Any], shards: ShardTable, *, index_bytes: int) 
 
 
 class HashFile:
-    """Fetch block ``b`` of ``index.hashes`` through ``read_range(offset, length)`` (picklable
-    when ``read_range`` is)."""
+    """Fetch block ``b`` of ``index.hashes`` (at ``where``) through ``read_range(offset, length)``
+    (picklable when ``read_range`` is)."""
 
-    def __init__(self, read_range: Callable[[int, int], bytes], count: int) -> None:
-        self.read_range, self.count = read_range, count
+    def __init__(self, read_range: Callable[[int, int], bytes], count: int, where: str = HASHES_NAME) -> None:
+        self.read_range, self.count, self.where = read_range, count, where
 
     def __call__(self, b: int) -> bytes:
         first = b * HASH_BLOCK
-        return self.read_range(first * HASH_BYTES, min(HASH_BLOCK, self.count - first) * HASH_BYTES)
+        try:
+            return self.read_range(first * HASH_BYTES, min(HASH_BLOCK, self.count - first) * HASH_BYTES)
+        except StorageError as err:
+            if not isinstance(err.__cause__, FileNotFoundError):
+                raise
+            dataset = self.where.rsplit("/", 1)[0] if "/" in self.where else "."
+            raise ManifestError(f"missing, though {TABLE_NAME} names it (copy it with the dataset, or write it again: "
+                                f"`shardkit index --table {dataset}`)", where=self.where) from err
 
 
 def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -154,8 +161,8 @@ def decode_table(data: bytes, *, where: str, read_hashes: Callable[[int, int], b
                             f"{_MIN_SAMPLE_BYTES})", where=where)
     urls = _urls(urls_spec, body[fixed:], n, where)
     check: Callable[[int, bytes], None] = _BlockCheck(digests, hashes_where)
-    return head, index_bytes, ShardTable(urls, counts, sizes, BlockHashes(n, digests, HashFile(read_hashes, n), check),
-                                         digests)
+    hashes = BlockHashes(n, digests, HashFile(read_hashes, n, hashes_where), check)
+    return head, index_bytes, ShardTable(urls, counts, sizes, hashes, digests)
 
 
 def _inflate(data: bytes, size: int, where: str) -> bytes:

@@ -11,7 +11,7 @@ from shardkit.errors import FormatError, ShardkitError, reraise_interrupt
 from shardkit.format.bounded import parse_json, parse_label
 from shardkit.format.crc import crc32
 from shardkit.format.dali_index import dali_index_name, dump_dali_index, load_dali_index
-from shardkit.format.offsets import load_offsets
+from shardkit.format.offsets import REPAIR, load_offsets
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, TABLE_NAME, check_key, offsets_name
 from shardkit.format.tarread import TarEntry, iter_entries, sample_key
 from shardkit.index._hashing import HashingReader
@@ -84,7 +84,10 @@ def _check_offsets(store: Store, entry: ShardEntry, spans: list[tuple[str, int, 
     if not store.exists(idx):
         report.unindexed.append(store.path(entry.url))
         return
-    listed = [(s.key, s.offset, s.size) for s in load_offsets(store.read_bytes(idx), where=store.path(idx))]
+    try:
+        listed = [(s.key, s.offset, s.size) for s in load_offsets(store.read_bytes(idx), where=store.path(idx))]
+    except FormatError as err:
+        raise FormatError(f"{err.message}; {REPAIR}", where=err.where) from err
     for number, (said, real) in enumerate(zip(listed, spans, strict=False), start=2):
         if said != real:
             report.problems.append(f"{store.path(idx)}: line {number} says {' '.join(map(str, said))}, the shard "

@@ -205,3 +205,17 @@ def test_verify_compares_the_table_with_index_json(tmp_path: Path) -> None:
     write_manifest(store, _manifest())
     (tmp_path / "index.hashes").write_bytes(b"\0" * 96)
     assert "index.hashes: block 0 (shards 0 to 2)" in verify_dataset(str(tmp_path)).problems[0]
+
+
+def test_a_missing_hashes_file_says_how_to_write_it_again(tmp_path: Path) -> None:
+    store = Store(str(tmp_path))
+    write_manifest(store, _manifest())
+    (tmp_path / "index.hashes").unlink()
+    manifest = read_manifest(store)  # the hashes are read when asked for
+    with pytest.raises(ManifestError, match=rf"^{tmp_path}/index.hashes: missing, though index.table names it "
+                                            rf"\(copy it with the dataset, or write it again: `shardkit index "
+                                            rf"--table {tmp_path}`"):
+        _ = manifest.shards[0].sha256
+    result = CliRunner().invoke(cli, ["index", "--table", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert read_manifest(store).shards[0].sha256 == _manifest().shards[0].sha256

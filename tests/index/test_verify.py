@@ -5,6 +5,7 @@ import pytest
 
 from shardkit.errors import ManifestError
 from shardkit.format import TarShardWriter, iter_samples, load_offsets
+from shardkit.format.offsets import REPAIR
 from shardkit.index import read_manifest, verify_dataset
 from shardkit.pack import PackOptions, pack
 from shardkit.storage import Store
@@ -100,7 +101,7 @@ def test_malformed_offsets_header_is_a_problem(packed):
     idx = packed / "shard-000000.idx"
     idx.write_bytes(idx.read_bytes().replace(b" 5\n", b" five\n", 1))
     problems = verify_dataset(str(packed)).problems
-    assert problems == [f"{idx}: malformed sample count 'five' in the header"]
+    assert problems == [f"{idx}: malformed sample count 'five' in the header; {REPAIR}"]
 
 
 def test_offsets_that_point_at_the_wrong_bytes_are_a_problem(packed):

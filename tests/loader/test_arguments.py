@@ -225,8 +225,8 @@ def test_numpy_integers_are_taken_as_a_dataloader_takes_them(packed: Path) -> No
 
     import numpy as np
 
-    with ShardLoader(str(packed), batch_size=np.int64(4), seed=np.uint64(3), rank=np.int32(0),
-                     world_size=np.int64(1), num_workers=np.int8(0), window=np.int16(2), prefetch=np.int64(1)) as loader:
+    with ShardLoader(str(packed), batch_size=np.int64(4), seed=np.uint64(3), rank=np.int32(0), world_size=np.int64(1),
+                     num_workers=np.int8(0), window=np.int16(2), prefetch=np.int64(1)) as loader:
         loader.set_epoch(np.int64(1))
         next(iter(loader))
         state = json.loads(json.dumps(loader.state_dict()))  # plain ints all through

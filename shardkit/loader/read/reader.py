@@ -30,7 +30,7 @@ import numpy as np
 
 from shardkit.errors import FormatError, LoaderError, StorageError
 from shardkit.format.crc import crc32
-from shardkit.format.offsets import load_offsets
+from shardkit.format.offsets import REPAIR, load_offsets
 from shardkit.format.spec import offsets_name
 from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_spans
 from shardkit.index.shards import ShardEntry, ShardTable
@@ -273,7 +273,10 @@ class ShardReader:
             raw = store.read_optional(idx)
             crcs: list[int | None] | None = None
             if raw is not None:
-                listed = load_offsets(raw, where=store.path(idx))
+                try:
+                    listed = load_offsets(raw, where=store.path(idx))
+                except FormatError as err:
+                    raise FormatError(f"{err.message}; {REPAIR}", where=err.where) from err
                 spans = [(s.key, s.offset, s.size) for s in listed]
                 crcs = [s.crc32 for s in listed]
             else:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.errors import LoaderError
+from shardkit.errors import FormatError, LoaderError
 from shardkit.format.offsets import load_offsets
 from shardkit.format.tarread import iter_entries
 from shardkit.index.manifest import read_manifest
@@ -215,3 +215,19 @@ def _without_checksums(shard: Path) -> None:
 
 def _names(shard: Path) -> list[str]:
     return [e.name for e in iter_entries(io.BytesIO(shard.read_bytes()), where="x", read_data=False)]
+
+
+def test_a_damaged_offsets_file_says_what_to_do(packed: Path, tmp_path: Path) -> None:
+    from shardkit import ShardLoader
+
+    ds, _store = _copy(packed, tmp_path)
+    idx = sorted(ds.glob("*.idx"))[0]
+    idx.write_bytes(b"XXXX" + idx.read_bytes()[4:])
+    with ShardLoader(str(ds), batch_size=4, shuffle=False) as loader, pytest.raises(FormatError) as info:
+        list(loader)
+    assert str(info.value) == (f"{idx}: not a shardkit offsets file; it is damaged or another tool's: copy it again "
+                               "with its shard, or delete it to have the shard scanned instead (its samples then go "
+                               "unchecked against their CRC-32s)")
+    idx.unlink()  # as the message says: the shard is then scanned
+    with ShardLoader(str(ds), batch_size=4, shuffle=False) as loader:
+        assert sum(len(labels) for _images, labels in loader) == read_manifest(Store(str(ds))).num_samples
