@@ -264,3 +264,17 @@ def test_the_signature_is_the_constructors(packed: Path) -> None:
         ShardLoader(str(packed))  # type: ignore[call-arg]
     loader = ShardLoader(str(packed), batch_size=4)
     assert len(pickle.loads(pickle.dumps(loader))) == len(loader)  # unpickling makes no call to check
+
+
+def test_an_epoch_without_a_batch_is_said_when_the_loader_is_built(packed: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        samples = len(ShardLoader(str(packed), batch_size=1))
+        empty = ShardLoader(str(packed), batch_size=samples, drop_last=True, rank=0, world_size=2)
+        ShardLoader(str(packed), batch_size=samples)  # one batch: nothing to say
+    assert len(empty) == 0 and list(empty) == []
+    said = [r.getMessage() for r in caplog.records if "no batch" in r.getMessage()]
+    assert said == [f"shardkit: an epoch gives rank 0 of 2 no batch: {samples} samples over 2 ranks make no full "
+                    f"batch of {samples}; lower batch_size, or drop_last=False"]
