@@ -225,9 +225,12 @@ def test_numpy_integers_are_taken_as_a_dataloader_takes_them(packed: Path) -> No
 
     import numpy as np
 
-    with ShardLoader(str(packed), batch_size=np.int64(4), seed=np.uint64(3), rank=np.int32(0), world_size=np.int64(1),
-                     num_workers=np.int8(0), window=np.int16(2), prefetch=np.int64(1)) as loader:
-        loader.set_epoch(np.int64(1))
+    given: dict[str, Any] = {"batch_size": np.int64(4), "seed": np.uint64(3), "rank": np.int32(0),
+                             "world_size": np.int64(1), "num_workers": np.int8(0), "window": np.int16(2),
+                             "prefetch": np.int64(1)}  # typed int, as DataLoader's: numpy's are taken all the same
+    epoch: Any = np.int64(1)
+    with ShardLoader(str(packed), **given) as loader:
+        loader.set_epoch(epoch)
         next(iter(loader))
         state = json.loads(json.dumps(loader.state_dict()))  # plain ints all through
     assert state["seed"] == 3 and state["epoch"] == 1 and loader.config.batch_size == 4
@@ -251,7 +254,7 @@ def test_dataloader_habits_are_told_what_to_write(packed: Path, given: dict[str,
 
 def test_options_by_position_are_told_to_go_by_keyword(packed: Path) -> None:
     with pytest.raises(TypeError, match=r"takes 1 positional argument \(dataset\); pass the rest by keyword"):
-        ShardLoader(str(packed), 32)  # type: ignore[misc]
+        ShardLoader(str(packed), 32)  # type: ignore[call-arg]
 
 
 def test_the_signature_is_the_constructors(packed: Path) -> None:
