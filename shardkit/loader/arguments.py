@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardkit.errors import LoaderError
+from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.feed.labels import SlotLabels, probe_text
 from shardkit.loader.feed.layout import auto_feeders
 from shardkit.loader.read.captions import CaptionTargets, TextTransform
@@ -21,7 +22,7 @@ from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.transforms.base import ImageTransform
 
 __all__ = ["as_int", "caption_targets", "check_arguments", "check_call", "check_service", "feeder_count",
-           "feeder_slots", "plain_int", "worker_count"]
+           "feeder_slots", "plain_int", "say_if_no_batch", "worker_count"]
 
 log = logging.getLogger("shardkit.loader")
 
@@ -104,6 +105,18 @@ def _why(name: str, signature: inspect.Signature, args: tuple[Any, ...], kwargs:
         return (f"{name}() takes {len(positional)} positional argument ({', '.join(p.name for p in positional)}); "
                 f"pass the rest by keyword, e.g. {name}(dataset, {keyword[0]}=...)" if keyword else None)
     return None
+
+
+def say_if_no_batch(config: PlanConfig) -> None:
+    """Warn when an epoch of ``config`` gives its rank no batch, saying why and what to change: a
+    DataLoader says nothing, and a run that trains on nothing is worse than a warning."""
+    if config.num_batches:
+        return
+    who = f"rank {config.rank} of {config.world_size}" if config.world_size > 1 else "this loader"
+    over = f" over {config.world_size} ranks" if config.world_size > 1 else ""
+    why = (f"make no full batch of {config.batch_size}; lower batch_size, or drop_last=False" if config.drop_last
+           else f"in batches of {config.batch_size} leave it none; lower batch_size")
+    log.warning("shardkit: an epoch gives %s no batch: %d samples%s %s", who, config.num_samples, over, why)
 
 
 def plain_int(value: Any) -> Any:

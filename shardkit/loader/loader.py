@@ -22,6 +22,7 @@ from shardkit.loader.arguments import (
     check_service,
     feeder_count,
     plain_int,
+    say_if_no_batch,
     worker_count,
 )
 from shardkit.loader.epochs.config import PlanConfig
@@ -288,13 +289,7 @@ class ShardLoader:
         if self.config.num_samples == 0:
             raise LoaderError("dataset has no samples", where=datasets.parts[0].store.url)
         self._num_batches = self.config.num_batches  # validates rank/world/batch size
-        if self._num_batches == 0:  # a DataLoader says nothing either; a run that trains on nothing is worse
-            cfg = self.config
-            who = f"rank {cfg.rank} of {cfg.world_size}" if cfg.world_size > 1 else "this loader"
-            over = f" over {cfg.world_size} ranks" if cfg.world_size > 1 else ""
-            why = (f"make no full batch of {cfg.batch_size}; lower batch_size, or drop_last=False" if cfg.drop_last
-                   else f"in batches of {cfg.batch_size} leave it none; lower batch_size")
-            log.warning("shardkit: an epoch gives %s no batch: %d samples%s %s", who, cfg.num_samples, over, why)
+        say_if_no_batch(self.config)
         self.transform = transform
         self.keys = keys
         #: Worker processes (``num_workers``, with ``"auto"`` resolved).
@@ -605,6 +600,7 @@ class ShardLoader:
         self.config = replace(self.config, rank=live[0], world_size=live[1],
                               even_batches=self._even_batches and live[1] > 1)
         self._num_batches = self.config.num_batches
+        say_if_no_batch(self.config)
         self._stream.config = self.config
         self._supply.relayout()
         if self._pos.loaded and self._loaded_state is not None:
