@@ -83,7 +83,7 @@ def _dataloader_done_event_from_context() -> bool:
             return self.get_context().Event()
 
     loader: DataLoader[int] = DataLoader(range(2), num_workers=1, multiprocessing_context=Counting())  # type: ignore[arg-type]
-    return list(loader) is not None and len(made) == 1
+    return len(list(loader)) == 2 and len(made) == 1
 
 
 def _pool_has_processes() -> bool:

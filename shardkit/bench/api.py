@@ -116,6 +116,7 @@ class BenchConfig:
 
 def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) -> dict[str, Any]:
     from shardkit.pack import PackOptions, pack, pack_captions, pack_coco
+    from shardkit.pack.resume import DestinationInUse
 
     # Enough shards that every worker of the webdataset baseline gets several whole shards.
     per_shard = max(1, min(1000, math.ceil(n_images / (4 * max(cfg.workers, 1)))))
@@ -134,12 +135,9 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
         else:
             result = pack(cfg.imagefolder, dst, options=options, workers=workers,
                           storage_options=cfg.storage_options, progress=progress)
-    except PackError as err:
-        if "--overwrite" not in err.message:
-            raise
-        # pack's advice names its own option; bench has none that would clear a folder it was given
-        raise PackError(f"{err.message.split(';')[0]}; give --shards an empty or new folder (bench packs SRC there) "
-                        "or the folder of a finished pack of SRC", where=err.where) from None
+    except DestinationInUse as err:  # pack's remedy names its --overwrite, which bench does not have
+        raise PackError(f"{err.what}; give --shards an empty or new folder (bench packs SRC there) or the folder of "
+                        "a finished pack of SRC", where=err.where) from None
     return {"images": result.manifest.num_samples, "seconds": result.seconds,
             "images_per_second": result.images_per_second, "shards": len(result.manifest.shards),
             "workers": workers, "max_count": per_shard, "reused": result.already_complete}

@@ -235,8 +235,11 @@ def _check_source(imagefolder_dir: str, annotations: str | None, *, captions: bo
 def _writable(path: str, option: str) -> str:
     """``path`` for a report written after the run, checked before it: its folder is created as pack
     creates its destination, and must take a new file; ``path`` must not be a directory."""
-    if os.path.isdir(path) or path.endswith(("/", os.sep)):
+    if os.path.isdir(path):
         raise BenchError("is a directory; name the file to write (e.g. DIR/report.json)", where=f"{option} {path}")
+    if path.endswith(("/", os.sep)):
+        raise BenchError("names a folder (it ends in /); name the file to write (e.g. DIR/report.json)",
+                         where=f"{option} {path}")
     parent = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(parent, exist_ok=True)

@@ -22,13 +22,13 @@ from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.transforms.base import ImageTransform
 
 __all__ = ["as_int", "caption_targets", "check_arguments", "check_call", "check_service", "feeder_count",
-           "feeder_slots", "plain_int", "say_if_no_batch", "worker_count"]
+           "feeder_slots", "init_signature", "plain_int", "say_if_no_batch", "worker_count"]
 
 log = logging.getLogger("shardkit.loader")
 
 
 def as_int(name: str, value: object, least: int = 0, below: int | None = None) -> int:
-    """``value`` as a plain int, as DataLoader takes it (numpy integers too), in ``[least, below)``.
+    """``value`` as a plain int (numpy integers too), in ``[least, below)``.
 
     Example:
         >>> import numpy as np
@@ -80,7 +80,7 @@ def check_call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None
         ...
         TypeError: Loader() got an unexpected keyword argument 'num_worker' (did you mean 'num_workers'?)
     """
-    signature = inspect.signature(cls)
+    signature = init_signature(cls)
     try:
         signature.bind(*args, **kwargs)
     except TypeError:
@@ -88,6 +88,14 @@ def check_call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None
         if why is not None:
             raise TypeError(why) from None
         # anything else (a required argument missing): Python's own message, from the call itself
+
+
+def init_signature(cls: type) -> inspect.Signature:
+    """The parameters of ``cls.__init__`` less ``self``: what a call of ``cls`` takes, whatever its
+    ``__new__`` (a subclass's own ``__init__`` included)."""
+    init: Any = cls.__init__  # type: ignore[misc]
+    signature = inspect.signature(init)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 def _why(name: str, signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -114,9 +122,14 @@ def say_if_no_batch(config: PlanConfig) -> None:
         return
     who = f"rank {config.rank} of {config.world_size}" if config.world_size > 1 else "this loader"
     over = f" over {config.world_size} ranks" if config.world_size > 1 else ""
-    why = (f"make no full batch of {config.batch_size}; lower batch_size, or drop_last=False" if config.drop_last
-           else f"in batches of {config.batch_size} leave it none; lower batch_size")
-    log.warning("shardkit: an epoch gives %s no batch: %d samples%s %s", who, config.num_samples, over, why)
+    if config.drop_last:
+        fix = ("fewer ranks or more samples" if config.num_samples < config.world_size
+               else "lower batch_size, or drop_last=False")
+        log.warning("shardkit: an epoch gives %s no batch: %d samples%s make no full batch of %d; %s",
+                    who, config.num_samples, over, config.batch_size, fix)
+    else:  # even_batches=False: a rank may get none (a small evaluation set over many ranks), as documented
+        log.info("shardkit: an epoch gives %s no batch: %d samples%s in batches of %d leave it none "
+                 "(even_batches=False)", who, config.num_samples, over, config.batch_size)
 
 
 def plain_int(value: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -21,6 +20,7 @@ from shardkit.loader.arguments import (
     check_call,
     check_service,
     feeder_count,
+    init_signature,
     plain_int,
     say_if_no_batch,
     worker_count,
@@ -83,9 +83,8 @@ class ShardLoader:
         transform: an :class:`~shardkit.transforms.ImageTransform` such as
             ``transforms.imagenet_train(224)`` (images come as one uint8 ``[B,3,H,W]`` tensor,
             finalised on ``device``), any callable on uint8 ``[3,H,W]`` tensors (a batch of
-            tensors of one shape is stacked, of several shapes a list; other outputs, such as
-            numpy arrays, tuples or dicts, are joined by torch's ``default_collate`` where it
-            can, as a DataLoader would), or ``None`` (a list of decoded images). COCO datasets: a detection transform
+            tensors, or of numpy arrays, of one shape is one stacked tensor, else a list), or
+            ``None`` (a list of decoded images). COCO datasets: a detection transform
             (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
             are ``(images, targets)``, see :mod:`shardkit.loader.routes.coco`.
         num_workers: worker processes (persistent across epochs); 0 reads in this process;
@@ -220,6 +219,10 @@ class ShardLoader:
         if args or kwargs:  # a call, not an unpickling: DataLoader habits get a hint (check_call)
             check_call(cls, args, kwargs)
         return super().__new__(cls)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = init_signature(cls)  # type: ignore[attr-defined]
 
     def __init__(
         self,
@@ -657,5 +660,4 @@ class ShardLoader:
 
 
 # help(), IDEs and the docs show __init__'s parameters, not __new__'s (*args, **kwargs)
-ShardLoader.__signature__ = inspect.signature(ShardLoader.__init__).replace(  # type: ignore[attr-defined]
-    parameters=list(inspect.signature(ShardLoader.__init__).parameters.values())[1:])
+ShardLoader.__signature__ = init_signature(ShardLoader)  # type: ignore[attr-defined]

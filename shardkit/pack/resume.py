@@ -18,6 +18,22 @@ from shardkit.storage import Store
 _PLAN_NAME = "plan.json"
 
 
+class DestinationInUse(PackError):
+    """DST holds what a pack replaces only when told to (``--overwrite``): :attr:`what` says what
+    it holds, the message adds what to do."""
+
+    def __init__(self, what: str, remedy: str, *, where: str) -> None:
+        super().__init__(f"{what}; {remedy}", where=where)
+        self.what, self.remedy = what, remedy
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _destination_in_use, (self.what, self.remedy, self.where)
+
+
+def _destination_in_use(what: str, remedy: str, where: str) -> DestinationInUse:
+    return DestinationInUse(what, remedy, where=where)
+
+
 def fingerprint(listing: SourceListing, recorded_options: dict[str, Any]) -> str:
     """A hash of everything that determines the output bytes (not the worker count), recorded
     in ``index.json``.
@@ -109,25 +125,21 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
             # Killed after index.json was written but before the clean-up: finish it now.
             _drop_leftovers(store, entries)
             return DestinationState(manifest, {})
-        raise PackError(f"holds a different packed dataset ({_difference(manifest.options, options)}); pass "
-                        "--overwrite to replace it", where=store.url)
+        raise DestinationInUse(f"holds a different packed dataset ({_difference(manifest.options, options)})",
+                               "pass --overwrite to replace it", where=store.url)
     if STATE_DIR in entries:
         state = store.child(STATE_DIR)
         # No plan: killed before it was recorded, so before any shard was written. Take it over.
         previous = (json.loads(state.read_bytes(_PLAN_NAME)) if state.exists(_PLAN_NAME)
                     else {"fingerprint": fp, "versions": versions})
         if previous.get("fingerprint") != fp:
-            raise PackError(
-                "holds an unfinished pack of different input or options; re-run that command to "
-                "resume it, or pass --overwrite to start over",
-                where=store.url,
-            )
+            raise DestinationInUse("holds an unfinished pack of different input or options",
+                                   "re-run that command to resume it, or pass --overwrite to start over",
+                                   where=store.url)
         if previous.get("versions") != versions:
-            raise PackError(
-                "holds an unfinished pack of this input, but input files changed since it began "
-                "(modification times or ETags differ); pass --overwrite to start over",
-                where=store.url,
-            )
+            raise DestinationInUse("holds an unfinished pack of this input, but input files changed since it "
+                                   "began (modification times or ETags differ)", "pass --overwrite to start over",
+                                   where=store.url)
         for name in entries:
             if _is_temporary(name):  # left by a killed writer; its shard is rewritten below
                 store.remove(name)
@@ -136,10 +148,8 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         return DestinationState(None, _reusable(store, plans))
     if entries:
         count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
-        raise PackError(
-            f"is not empty ({count}, e.g. {entries[0]!r}); pack into an empty or new directory, or pass --overwrite",
-            where=store.url,
-        )
+        raise DestinationInUse(f"is not empty ({count}, e.g. {entries[0]!r})",
+                               "pack into an empty or new directory, or pass --overwrite", where=store.url)
     store.makedirs()
     state = store.child(STATE_DIR)
     state.makedirs()

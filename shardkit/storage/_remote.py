@@ -10,7 +10,7 @@ import copy
 import functools
 import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -93,17 +93,17 @@ def check_options(protocol: str, storage_options: dict[str, Any]) -> str | None:
         return None
     try:
         known, client_known = _s3_option_names()
-    except ImportError:  # no s3fs: fsspec says so when the filesystem is made
+    except Exception:  # no s3fs (fsspec says so when the filesystem is made), or one unlike any checked against
         return None
     for key, value in storage_options.items():
         if key[:1].isupper():
             continue  # an S3 API parameter (RequestPayer, SSECustomerKey): s3fs passes it on per call
         if key not in known:
             return f"unknown storage option {key!r} for {protocol}://{_did_you_mean(key, known)}"
-        if key in ("client_kwargs", "config_kwargs", "s3_additional_kwargs") and not isinstance(value, dict):
+        if key in ("client_kwargs", "config_kwargs", "s3_additional_kwargs") and not isinstance(value, Mapping):
             return f"storage option {key} must be a mapping (-o {key}.NAME=VALUE), not {value!r}"
     for key in storage_options.get("client_kwargs") or {}:
-        if key not in client_known:
+        if client_known and key not in client_known:
             return (f"unknown storage option 'client_kwargs.{key}' for {protocol}://"
                     f"{_did_you_mean(key, client_known)}")
     if storage_options.get("config_kwargs"):
@@ -120,8 +120,9 @@ def _did_you_mean(key: str, known: Collection[str]) -> str:
 
 @functools.cache
 def _s3_option_names() -> tuple[frozenset[str], frozenset[str]]:
-    """The keywords s3fs's filesystem acts on (its own, fsspec's, the listings cache's and the
-    botocore session's), and those of the S3 client (``client_kwargs``)."""
+    """The keywords s3fs's filesystem acts on (its own, fsspec's and the listings cache's, and
+    ``profile``, which picks shardkit's session), and those of the S3 client (``client_kwargs``;
+    empty where aiobotocore does not say)."""
     import inspect
 
     import s3fs
@@ -132,27 +133,32 @@ def _s3_option_names() -> tuple[frozenset[str], frozenset[str]]:
         kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         return {p.name for p in inspect.signature(func).parameters.values() if p.kind in kinds} - {"self"}
 
-    top = {"skip_instance_cache"}  # taken by fsspec's instance cache before __init__
-    for cls in (*s3fs.S3FileSystem.__mro__, DirCache, AioSession):
+    # skip_instance_cache: taken by fsspec's instance cache before __init__. The session's own keywords
+    # (session_vars, event_hooks) are not among them: s3fs passes them only to a session it makes, and
+    # shardkit always gives it one (see filesystem_options).
+    top = {"skip_instance_cache", "profile"}
+    for cls in (*s3fs.S3FileSystem.__mro__, DirCache):
         if "__init__" in vars(cls) and cls is not object:
             top |= named(vars(cls)["__init__"])
-    return frozenset(top), frozenset(named(AioSession._create_client) - {"service_name"})
+    create = getattr(AioSession, "_create_client", None)  # the keywords create_client passes on
+    return frozenset(top), frozenset(named(create) - {"service_name"}) if create is not None else frozenset()
 
 
-def _config_problem(config_kwargs: dict[str, Any]) -> str | None:
-    """What botocore's ``Config`` says of ``config_kwargs`` (``-o config_kwargs.…``), or ``None``."""
+def _config_problem(config_kwargs: Mapping[str, Any]) -> str | None:
+    """What aiobotocore's ``AioConfig`` (botocore's ``Config`` and its own connection options),
+    which s3fs builds from ``config_kwargs``, says of them (``-o config_kwargs.…``), or ``None``."""
     try:
-        from botocore.config import Config
+        from aiobotocore.config import AioConfig
     except ImportError:
         return None
     retries = config_kwargs.get("retries")
-    if retries is not None and not isinstance(retries, dict):
+    if retries is not None and not isinstance(retries, Mapping):
         return (f"storage option config_kwargs.retries must be a mapping "
                 f"(-o config_kwargs.retries.max_attempts=N), not {retries!r}")
     try:
-        Config(**config_kwargs)
-    except Exception as err:  # botocore's TypeError / InvalidRetryConfigurationError / ValueError
-        return f"storage option config_kwargs: {str(err).rstrip('.')}"
+        AioConfig(**config_kwargs)
+    except Exception as err:  # botocore's TypeError / InvalidRetryConfigurationError / ParamValidationError
+        return f"storage option config_kwargs: {' '.join(str(err).split()).rstrip('.')}"
     return None
 
 

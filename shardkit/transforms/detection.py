@@ -26,6 +26,7 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from shardkit.errors import LoaderError
 from shardkit.transforms.iou_crop import IoUCrop
 
 __all__ = ["DetectionTransform", "detection_train", "detection_val", "run_detection_transform", "seeded_call"]
@@ -157,7 +158,11 @@ def run_detection_transform(transform: Callable[..., Any], image: torch.Tensor,
     wrapped["boxes"] = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=(h, w))
     if "masks" in target:
         wrapped["masks"] = tv_tensors.Mask(target["masks"])
-    out_image, out_target = seeded_call(transform, tv_tensors.Image(image), wrapped, seed)
+    result = seeded_call(transform, tv_tensors.Image(image), wrapped, seed)
+    if result is None:
+        raise LoaderError("the transform returned None (a function without a return?); a detection transform returns "
+                          "(image, target)")
+    out_image, out_target = result
     plain = {k: v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v
              for k, v in out_target.items()}
     plain["boxes"] = plain["boxes"].to(torch.float32)

@@ -191,7 +191,9 @@ def test_a_transform_that_returns_none_is_refused_naming_the_sample(packed: Path
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_outputs_that_are_not_tensors_are_collated_as_a_dataloader_does(packed: Path, workers: int) -> None:
+def test_numpy_outputs_are_stacked_and_other_outputs_listed(packed: Path, workers: int) -> None:
+    import itertools
+
     import torch
 
     def crop(image: Any) -> Any:
@@ -202,13 +204,15 @@ def test_outputs_that_are_not_tensors_are_collated_as_a_dataloader_does(packed: 
             return next(iter(loader))[0]
 
     images = first(crop)  # tensors of one shape: stacked
-    as_numpy = first(lambda image: crop(image).numpy())
+    as_numpy = first(lambda image: crop(image).numpy())  # numpy arrays of one shape: stacked too, as default_collate
     assert isinstance(as_numpy, torch.Tensor) and torch.equal(as_numpy, images)
-    pair = first(lambda image: (crop(image), 1))
-    assert isinstance(pair, list) and torch.equal(pair[0], images) and pair[1].tolist() == [1, 1, 1, 1]
-    named = first(lambda image: {"image": crop(image)})
-    assert list(named) == ["image"] and torch.equal(named["image"], images)
-    assert first(lambda image: "text") == ["text"] * 4  # as default_collate leaves strings
+    pairs = first(lambda image: (crop(image), 1))  # anything else: the list, sample by sample
+    assert isinstance(pairs, list) and len(pairs) == 4
+    assert all(torch.equal(p[0], i) for p, i in zip(pairs, images, strict=True))
+    assert first(lambda image: {"n": image.shape[-1]}) == [{"n": int(i.shape[-1])} for i in first(lambda im: im)]
+    calls = itertools.count()
+    shapes = first(lambda image: image[:, : 2 + next(calls)].numpy())  # arrays of several shapes: the list
+    assert isinstance(shapes, list) and all(type(a).__name__ == "ndarray" for a in shapes)
 
 
 @pytest.mark.parametrize("epoch", [1.5, "1", None, -1, True, 1 << 63])
@@ -281,3 +285,37 @@ def test_an_epoch_without_a_batch_is_said_when_the_loader_is_built(packed: Path,
     said = [r.getMessage() for r in caplog.records if "no batch" in r.getMessage()]
     assert said == [f"shardkit: an epoch gives rank 0 of 2 no batch: {samples} samples over 2 ranks make no full "
                     f"batch of {samples}; lower batch_size, or drop_last=False"]
+
+
+def test_a_subclass_takes_its_own_arguments(packed: Path) -> None:
+    import inspect
+
+    class Mine(ShardLoader):
+        def __init__(self, root: str, batch: int, *, extra: int = 1, **kwargs: Any) -> None:
+            super().__init__(root, batch_size=batch, **kwargs)
+            self.extra = extra
+
+    loader = Mine(str(packed), 4, extra=2, shuffle=False)
+    assert loader.extra == 2 and loader.config.batch_size == 4
+    assert list(inspect.signature(Mine).parameters) == ["root", "batch", "extra", "kwargs"]
+    assert list(inspect.signature(ShardLoader).parameters)[:2] == ["dataset", "batch_size"]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'extar'"):
+        Mine(str(packed), 4, extar=2)  # through **kwargs to ShardLoader, which has none such
+
+
+def _raise_with_details(image: Any) -> Any:
+    err = FileNotFoundError(2, "no such lookup table", "/tables/a.bin")
+    err.add_note("while loading the lookup table")
+    raise err
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transforms_error_arrives_whole(packed: Path, workers: int) -> None:
+    with (ShardLoader(str(packed), batch_size=4, num_workers=workers, transform=_raise_with_details) as loader,
+          pytest.raises(FileNotFoundError) as info):
+        next(iter(loader))
+    assert info.value.filename == "/tables/a.bin"
+    assert str(info.value) == "[Errno 2] no such lookup table: '/tables/a.bin'"
+    assert info.value.__notes__[0] == "while loading the lookup table" and ".tar:" in info.value.__notes__[1]
+    if workers:
+        assert "_raise_with_details" in str(info.value.__cause__)  # the worker's traceback, as text

@@ -4,6 +4,7 @@ when the store is made, naming the option."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -26,6 +27,8 @@ pytest.importorskip("s3fs")
     ({"config_kwargs": {"retries": 3}}, "storage option config_kwargs.retries must be a mapping"),
     ({"config_kwargs": {"retries": {"max_attempt": 3}}}, 'retry configuration for "max_attempt"'),
     ({"config_kwargs": {"conect_timeout": 3}}, "unexpected keyword argument 'conect_timeout'"),
+    ({"config_kwargs": {"connector_args": {"keepalive_timeoutt": 5}}}, "invalid connector_arg:keepalive_timeoutt"),
+    ({"session_vars": {}}, "unknown storage option 'session_vars'"),  # s3fs's session would take it; ours is given
 ])
 def test_a_bad_s3_option_is_refused_naming_it(options: dict[str, Any], message: str) -> None:
     with pytest.raises(StorageError) as err:
@@ -42,6 +45,8 @@ def test_a_bad_s3_option_is_refused_naming_it(options: dict[str, Any], message: 
     {"config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 2, "mode": "standard"}}},
     {"use_listings_cache": False, "listings_expiry_time": 10, "max_concurrency": 4, "version_aware": True},
     {"RequestPayer": "requester", "s3_additional_kwargs": {"ServerSideEncryption": "AES256"}},
+    {"config_kwargs": {"connector_args": {"keepalive_timeout": 5}}},  # aiobotocore's own, beside botocore's
+    {"client_kwargs": MappingProxyType({"region_name": "eu-west-1"})},  # any mapping (a Hydra config's, say)
 ])
 def test_options_s3fs_and_botocore_take_are_accepted(options: dict[str, Any]) -> None:
     assert Store("s3://bucket/ds", options).storage_options == options

@@ -171,10 +171,11 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
                 device = device if torch.cuda.is_available() else torch.device("cpu")
                 _warn_once("shardkit: GPU decoding unavailable (%s); COCO images are decoded and transformed on "
                            "the CPU, batches on %s (`shardkit doctor` checks CUDA and nvJPEG)", reason, device)
-            else:
-                device = _deliverable(device)
+            elif torch.cuda.is_available():
                 _warn_once("shardkit: the COCO GPU route cannot run this transform (%s); decoding and transforming "
                            "on the CPU, batches on %s", why, device)
+            else:
+                device = _deliverable(device)  # no CUDA at all: that is the one thing to say
         return CocoRoute(manifest, reader, transform, device=device, on_error=on_error, masks=masks, pad=pad,
                          contiguous_labels=contiguous_labels)
     if masks or pad or contiguous_labels:

@@ -56,7 +56,7 @@ class WorkerFailure:
     message: str
     where: str
     traceback: str
-    args: tuple[object, ...] = ()  # a transform's error: what its type is made from
+    pickled: bytes = b""  # a transform's error, whole (its attributes and notes too), where it pickles
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,25 @@ def reraise(failure: WorkerFailure) -> NoReturn:
     cause = WorkerTraceback(failure.traceback)
     if issubclass(failure.kind, ShardkitError):
         raise failure.kind(failure.message, where=failure.where) from cause
-    try:
-        err = failure.kind(*failure.args) if failure.args else failure.kind(failure.message)
-    except Exception:  # a type whose constructor takes other arguments
-        err = RuntimeError(f"{failure.kind.__qualname__}: {failure.message}")
+    err = _unpickled(failure.pickled)
+    if err is None:
+        try:
+            err = failure.kind(failure.message)
+        except Exception:  # a type whose constructor takes other arguments
+            err = RuntimeError(f"{failure.kind.__qualname__}: {failure.message}")
     blame(err, failure.where)
     raise err from cause
+
+
+def _unpickled(data: bytes) -> BaseException | None:
+    """The error pickled in ``data``, or None (none, or one this process cannot rebuild)."""
+    if not data:
+        return None
+    try:
+        err = pickle.loads(data)
+    except Exception:  # its type is not importable here, or its constructor differs from its args
+        return None
+    return err if isinstance(err, BaseException) else None
 
 
 def _failure(err: BaseException, sample: str | None = None) -> WorkerFailure:
@@ -93,11 +106,14 @@ def _failure(err: BaseException, sample: str | None = None) -> WorkerFailure:
         return WorkerFailure(type(err), err.message, err.where, traceback.format_exc())
     kind = picklable_kind(err)
     message = str(err) if kind is not None else f"{type(err).__qualname__}: {err}"
-    try:
-        args = err.args if kind is not None and pickle.loads(pickle.dumps(err.args)) == err.args else ()
-    except Exception:  # arguments that do not travel: the message alone does
-        args = ()
-    return WorkerFailure(kind or RuntimeError, message, sample or "", traceback.format_exc(), args)
+    pickled = b""
+    if kind is not None:
+        try:
+            pickled = pickle.dumps(err)  # its __reduce__ leaves the traceback out
+            pickle.loads(pickled)  # rebuilt here, it will be in the training process too
+        except Exception:  # attributes that do not pickle, a constructor unlike its args: type and message travel
+            pickled = b""
+    return WorkerFailure(kind or RuntimeError, message, sample or "", traceback.format_exc(), pickled)
 
 
 class BatchStream(IterableDataset[W | WorkerFailure | EpochPadding], Generic[W]):

@@ -134,6 +134,8 @@ class DetectionBatchBuilder:
         if self.transform is not None:
             try:
                 image, target = run_detection_transform(self.transform, image, target, seed)
+            except LoaderError as err:
+                raise LoaderError(err.message, where=err.where or where) from None
             except Exception as err:
                 blame(err, where)
                 raise

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
@@ -211,13 +212,12 @@ class CpuBatchBuilder:
         return CpuBatch(results, labels, got.keys, stats)
 
 
-def _collated(results: list[Any]) -> Any:
-    """A transform's outputs that are not tensors (numpy arrays, tuples or dicts of tensors) as
-    torch's ``default_collate`` joins them, as a DataLoader would; None where it cannot (outputs
-    of different shapes or of types it does not take: the batch is then the list)."""
-    from torch.utils.data import default_collate
-
-    try:
-        return default_collate(results)
-    except (TypeError, RuntimeError, ValueError):
+def _collated(results: list[Any]) -> torch.Tensor | None:
+    """A transform's numpy arrays, all of one shape and dtype, as one stacked tensor (as a
+    DataLoader's ``default_collate`` joins them); None for anything else, which stays a list."""
+    first = results[0]
+    if not isinstance(first, np.ndarray) or first.dtype.hasobject:
         return None
+    if any(not isinstance(r, np.ndarray) or r.shape != first.shape or r.dtype != first.dtype for r in results):
+        return None
+    return torch.from_numpy(np.stack(results))
