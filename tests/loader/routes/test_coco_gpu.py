@@ -203,3 +203,15 @@ def test_grayscale_jpegs_ship_encoded_where_the_device_decodes_them(tmp_path: Pa
         assert_agree(cpu, gpu)
         fallbacks[gray_on_device] = loader.stats.gpu_fallback
     assert fallbacks[False] - fallbacks[True] == 3, fallbacks
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_detection_transform_that_returns_none_is_refused_naming_the_sample(coco: dict[str, Path],
+                                                                              workers: int) -> None:
+    def forgot_return(image: Any, target: Any) -> None:
+        image.float()
+
+    with (ShardLoader(str(coco["sample"]), batch_size=2, transform=forgot_return, num_workers=workers) as loader,
+          pytest.raises(LoaderError, match=r"the transform returned None \(a function without a return\?\)") as info):
+        next(iter(loader))
+    assert ".tar:" in info.value.where
