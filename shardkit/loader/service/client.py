@@ -16,7 +16,9 @@ is asked again of another worker, as is every other batch that worker still owed
 delivered once, when it arrives, so nothing is lost or repeated. The lost worker is killed and
 a replacement started; it takes batches once it has started (its node may have gone: Ray places
 it when a CPU is free). A batch lost more than ``retries`` times, or no worker left for
-``start_timeout_s``, ends the iteration with a :class:`~shardkit.errors.LoaderError`. An error
+``start_timeout_s``, ends the iteration with a :class:`~shardkit.errors.LoaderError`; so does the
+whole cluster gone (its head node's GCS refusing connections), at once, and the process
+disconnects from it, since Ray would otherwise end the process a minute later. An error
 raised building a batch (a damaged shard with ``on_error="raise"``, a bug in a transform) is not
 a fault of the worker: it is raised in the training process as it would be with local workers.
 """
@@ -41,7 +43,7 @@ from shardkit.loader.epochs.seeds import sample_seeds
 from shardkit.loader.read.reader import ReaderPart
 from shardkit.loader.routes.cpu.worker import CpuBatch, CpuBatchBuilder
 from shardkit.loader.service.actor import BatchActor, DatasetCheck, Started
-from shardkit.loader.service.connect import connect
+from shardkit.loader.service.connect import cluster_gone, connect, disconnect
 from shardkit.loader.service.options import RayService
 from shardkit.loader.service.payload import Failure, from_payload, raise_failure
 from shardkit.serve import SERVICE_RESOURCE
@@ -86,6 +88,7 @@ class ServiceClient:
         self.service, self.writable, self.read_ahead = service, writable, read_ahead
         self._kept: tuple[PlanConfig, int, deque[_Job]] | None = None  # read ahead: (config, epoch, its first jobs)
         ray = self._ray = connect(service.address, timeout=service.connect_timeout_s)
+        self._gone = ""  # why the cluster is gone, once it is: this process disconnected from it
         #: Batches delivered, by the id of the node that built them.
         self.nodes: Counter[str] = Counter()
         #: Workers lost (and replaced) so far.
@@ -177,6 +180,8 @@ class ServiceClient:
             LoaderError: a batch was lost more than ``retries`` times, or no worker is left.
             ShardkitError: raised building a batch (as with local workers).
         """
+        if self._gone:  # a remote call now would start a local cluster of its own
+            raise LoaderError(f"{self._gone}: build the loader again once it runs")
         self.start()
         pending, asks = self._take_over(config, epoch, start, rest)
         count = config.epoch_batches(rest)
@@ -259,7 +264,14 @@ class ServiceClient:
         return from_payload(out, writable=self.writable)
 
     def _lose(self, worker: _Worker, why: str, pending: deque[_Job]) -> None:
-        """``worker`` is lost: kill and replace it, and ask another for every batch it owed."""
+        """``worker`` is lost: kill and replace it, and ask another for every batch it owed; or, when
+        the whole cluster is gone, disconnect (Ray would end this process) and say so."""
+        gone = cluster_gone(self._ray)
+        if gone is not None:
+            self._gone = f"the service's Ray cluster is gone ({gone})"
+            disconnect(self._ray)
+            raise LoaderError(f"{self._gone}; its workers went with it: start it again and resume from the loader's "
+                              "state_dict(), or leave service= out to build batches in this process")
         owed = [job for job in pending if job.worker is worker]
         if worker in self._live:
             self._live.remove(worker)
@@ -293,6 +305,9 @@ class ServiceClient:
     def close(self) -> None:
         """Stop every worker (idempotent; the next epoch starts them again). The process stays
         connected to the cluster."""
+        if self._gone:
+            self._live, self._starting, self._kept = [], [], None
+            return
         kept, self._kept = self._kept, None
         if kept is not None:
             self._drop(kept[2])

@@ -18,7 +18,7 @@ from typing import Any
 from shardkit._compat import ray_bootstrap_address
 from shardkit.errors import LoaderError
 
-__all__ = ["INSTALL_HINT", "connect", "import_ray", "split_address"]
+__all__ = ["INSTALL_HINT", "cluster_gone", "connect", "disconnect", "import_ray", "split_address"]
 
 INSTALL_HINT = "pip install 'shardkit[ray]'"
 #: Seconds ``ray.init`` may take once the address answered (it starts a local core worker).
@@ -139,6 +139,31 @@ def connect(address: str, *, timeout: float) -> Any:
     if err is not None:
         raise LoaderError(f"cannot connect to the Ray cluster at {resolved} ({_why(err)})") from err
     return ray
+
+
+def cluster_gone(ray: Any, timeout: float = 2.0) -> str | None:
+    """Why the cluster this process is connected to is gone (its GCS refuses connections), or
+    None while it answers, or where that cannot be told (a GCS slow to answer is not gone)."""
+    try:
+        address = str(ray.get_runtime_context().gcs_address)
+        host, port = split_address(address)
+    except Exception:  # not connected, or a client (ray://) connection: nothing to ask
+        return None
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except TimeoutError:
+        return None
+    except OSError as err:
+        return f"its head node's GCS at {address} refuses connections ({err.strerror or err})"
+    return None
+
+
+def disconnect(ray: Any, timeout: float = 30.0) -> None:
+    """``ray.shutdown()``, waited for at most ``timeout`` seconds. With its cluster gone, Ray ends
+    the process a minute later (its GCS client gives up and exits); disconnected, it does not."""
+    thread = threading.Thread(target=ray.shutdown, name="shardkit-ray-disconnect", daemon=True)
+    thread.start()
+    thread.join(timeout)
 
 
 def _why(err: BaseException) -> str:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from typing import Any
 
 import torch
@@ -56,7 +57,9 @@ def main() -> None:
     parser.add_argument("--slow", action="store_true")
     parser.add_argument("--after", type=int, default=2, help="batches delivered before a kill or a stop")
     parser.add_argument("--kill-actor", action="store_true", help="SIGKILL a service worker's process")
-    parser.add_argument("--kill-group", type=int, default=0, help="SIGKILL this process group (a node)")
+    parser.add_argument("--kill-group", default="", help="SIGKILL these process groups (nodes), comma-separated")
+    parser.add_argument("--linger", type=float, default=0.0,
+                        help="on a ShardkitError mid-epoch: live this many seconds more, then save it")
     parser.add_argument("--stop", default="", help="save the state here, then SIGKILL this process")
     parser.add_argument("--resume", default="", help="load the state saved here first")
     parser.add_argument("--timeout", type=float, default=60.0)
@@ -72,7 +75,22 @@ def main() -> None:
         with open(args.resume) as f:
             served.load_state_dict(json.load(f))
     assert served.service is not None
-    batches, killed = [], {}
+    batches: list[Any] = []
+    try:
+        killed = _iterate(served, args, batches)
+    except ShardkitError as err:  # caught by the training loop, as a checkpointing one would
+        state = served.state_dict()  # the checkpoint a training loop writes here
+        time.sleep(args.linger)
+        torch.save({"error": str(err), "batches": batches, "state": state, "lingered": args.linger}, args.out)
+        return
+    torch.save({"batches": batches, "nodes": dict(served.service.nodes), "restarts": served.service.restarts,
+                "killed": killed, "workers": [w.pid for w in served.service.workers]}, args.out)
+    served.close()
+
+
+def _iterate(served: ShardLoader, args: argparse.Namespace, batches: list[Any]) -> dict[str, Any]:
+    assert served.service is not None
+    killed: dict[str, Any] = {}
     for epoch in range(served.epoch, served.epoch + args.epochs):
         served.set_epoch(epoch)
         for images, labels, keys in served:
@@ -87,11 +105,9 @@ def main() -> None:
                 victim = served.service.workers[0]
                 killed = {"node": victim.node, "pid": victim.pid}
                 os.kill(victim.pid, signal.SIGKILL)
-            if args.kill_group:
-                _kill_node(args.kill_group, [w.pid for w in served.service.workers])
-    torch.save({"batches": batches, "nodes": dict(served.service.nodes), "restarts": served.service.restarts,
-                "killed": killed, "workers": [w.pid for w in served.service.workers]}, args.out)
-    served.close()
+            for group in filter(None, args.kill_group.split(",")):
+                _kill_node(int(group), [w.pid for w in served.service.workers])
+    return killed
 
 
 if __name__ == "__main__":
