@@ -68,7 +68,7 @@ def print_annotations(report: Mapping[str, Any]) -> None:
     """The COCO annotation line: packed, dropped, flagged but kept, lost with skipped images."""
     parts = [f"{report['dropped']:,} dropped"]
     if report["kept_with_problems"]:
-        parts.append(f"{report['kept_with_problems']:,} kept with flagged boxes")
+        parts.append(f"{report['kept_with_problems']:,} kept, flagged")
     if report["in_skipped_images"]:
         parts.append(f"{report['in_skipped_images']:,} in skipped images")
     click.echo(f"annotations {report['packed']:,} packed; " + ", ".join(parts))

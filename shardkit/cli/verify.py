@@ -42,6 +42,11 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
         click.secho(f"WARN no offsets file (.idx) beside {counted(len(report.unindexed), 'shard')}: {first}; "
                     "the loader finds the samples of such a shard by reading it, and checks none against its CRC-32 "
                     "(copy the .idx files with the shards)", fg="yellow", err=True)
+    if report.flagged:
+        first = report.flagged[0] + (f" and {len(report.flagged) - 1:,} more" if len(report.flagged) > 1 else "")
+        click.secho(f"WARN malformed segmentation in {counted(len(report.flagged), 'annotation')}: {first}; a loader "
+                    "with masks=True replaces those images with others (the pack flagged them and kept them)",
+                    fg="yellow", err=True)
     if not report.ok:
         click.echo(f"{len(report.problems)} problem(s) in {store.url}", err=True)
         sys.exit(1)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from shardkit.errors import FormatError, ShardkitError, reraise_interrupt
 from shardkit.format.bounded import parse_json, parse_label
+from shardkit.format.coco import bbox_malformed, segmentation_malformed
 from shardkit.format.crc import crc32
 from shardkit.format.dali_index import dali_index_name, dump_dali_index, load_dali_index
 from shardkit.format.offsets import REPAIR, load_offsets
@@ -31,6 +32,9 @@ class VerifyReport:
     #: Shards with no offsets file beside them (allowed: the loader then finds their samples by
     #: reading the shard, and checks none against a CRC-32).
     unindexed: list[str] = field(default_factory=list)
+    #: COCO samples with a malformed segmentation, flagged by the pack and kept (allowed: a
+    #: loader with ``masks=True`` replaces those images with others, one without reads them).
+    flagged: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -240,6 +244,14 @@ def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str,
            or a.get("category_id") not in categories for a in anns):
         report.problems.append(f"{here}: an annotation belongs to another image or to an unknown "
                                "category")
+        return
+    for ann in anns:
+        if bbox_malformed(ann.get("bbox")):
+            report.problems.append(f"{here}: annotation {ann.get('id')!r}: bbox is not 4 numbers "
+                                   f"({ann.get('bbox')!r:.60}): the loader replaces this image with another")
+        elif "segmentation" in ann and segmentation_malformed(ann["segmentation"], image.get("width"),
+                                                                image.get("height")):
+            report.flagged.append(f"{here}: annotation {ann.get('id')!r}")
 
 
 def _check_caption(fields: dict[str, bytes], manifest: Manifest, here: str, report: VerifyReport) -> None:

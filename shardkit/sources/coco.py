@@ -32,6 +32,7 @@ from collections import defaultdict
 from typing import Any
 
 from shardkit.errors import SourceError, StorageError
+from shardkit.format.coco import segmentation_malformed
 from shardkit.sources.base import SourceListing, SourceSample
 from shardkit.sources.open import open_files
 from shardkit.storage import Store, is_remote
@@ -214,6 +215,9 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             problem = _bbox_problem(ann.get("bbox"), owner.get("width"), owner.get("height"))
             if problem:
                 bad_boxes[image_id][problem].append(ann_id)
+            seg = ann.get("segmentation")
+            if seg is not None and segmentation_malformed(seg, owner.get("width"), owner.get("height")):
+                bad_boxes[image_id]["segmentation"].append(ann_id)
     if unknown_image:
         ann_problems.append({"source": name,
                              "reason": f"{len(unknown_image)} annotation(s) reference unknown "
@@ -227,10 +231,12 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     for image_id, problems in bad_boxes.items():
         image = images[image_id]
         for problem, ann_ids in sorted(problems.items()):
-            what = (f"extend outside the {image.get('width')}x{image.get('height')} image"
-                    if problem == "outside" else "are malformed (need [x, y, w, h], w, h >= 0)")
+            what = {"outside": f"bbox(es) extend outside the {image.get('width')}x{image.get('height')} image",
+                    "malformed": "bbox(es) are malformed (need [x, y, w, h], w, h >= 0)",
+                    "segmentation": "segmentation(s) are malformed (need polygons of at least 3 points, or an "
+                                    "RLE of the image's size), so a loader with masks=True replaces the image"}[problem]
             ann_problems.append({"source": image["file_name"],
-                             "reason": f"{len(ann_ids)} annotation bbox(es) {what}; kept as is "
+                             "reason": f"{len(ann_ids)} annotation {what}; kept as is "
                                        f"(annotation ids {_ids(ann_ids)})",
                              "annotations": len(ann_ids), "dropped": False})
 

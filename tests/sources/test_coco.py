@@ -192,3 +192,48 @@ def test_images_and_annotations_by_url_list_as_on_disk(coco: tuple[Path, Path, d
     assert err.value.where == f"{s3_bucket}/coco/nope.json"
     with pytest.raises(SourceError, match="images directory does not exist"):
         scan_coco(f"{s3_bucket}/coco/nope", f"{s3_bucket}/coco/{ann.name}", storage_options=s3_server)
+
+
+def test_malformed_segmentations_are_flagged_and_verify_warns(coco: tuple[Path, Path, dict[str, Any]],
+                                                               tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from shardkit.cli import cli
+    from shardkit.pack import pack_coco
+
+    images_dir, ann, doc = coco
+    first = doc["images"][0]
+    base = {"image_id": first["id"], "category_id": doc["categories"][0]["id"], "bbox": [0, 0, 2, 2], "area": 4}
+    doc["annotations"] = [
+        {"id": 1, **base, "segmentation": "garbage"},
+        {"id": 2, **base, "segmentation": {"size": [1, 1], "counts": "abc"}},  # another image's size
+        {"id": 3, **base, "segmentation": [[0, 0, 2]]},  # not 3 points
+        {"id": 4, **base, "segmentation": [[0, 0, 2, 0, 2, 2]]},  # fine
+        {"id": 5, **base, "segmentation": {"size": [first["height"], first["width"]], "counts": [0, 4]}},  # fine
+    ]
+    listing = scan_coco(str(images_dir), str(_write(ann, doc)))
+    [flagged] = [p for p in listing.annotation_problems if "segmentation" in p["reason"]]
+    assert flagged["reason"] == ("3 annotation segmentation(s) are malformed (need polygons of at least 3 points, or "
+                                 "an RLE of the image's size), so a loader with masks=True replaces the image; kept as "
+                                 "is (annotation ids 1, 2, 3)")
+    assert (flagged["annotations"], flagged["dropped"]) == (3, False)
+    pack_coco(str(images_dir), str(ann), str(tmp_path / "out"), workers=1)
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output  # allowed: a loader without masks reads them
+    assert "WARN malformed segmentation in 3 annotations: " in result.output
+    assert "a loader with masks=True replaces those images with others" in result.output
+
+
+def test_verify_fails_a_bbox_the_loader_cannot_read(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from shardkit.cli import cli
+    from shardkit.pack import pack_coco
+
+    images_dir, ann, doc = coco
+    doc["annotations"][0]["bbox"] = [1, 2, 3]  # flagged by the pack, kept as is
+    pack_coco(str(images_dir), str(_write(ann, doc)), str(tmp_path / "out"), workers=1)
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert (f"annotation {doc['annotations'][0]['id']!r}: bbox is not 4 numbers ([1, 2, 3]): the loader replaces "
+            "this image with another") in result.output
