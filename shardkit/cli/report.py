@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import textwrap
@@ -57,7 +58,7 @@ def print_skipped(skipped: Sequence[Mapping[str, str]], *, err: bool = False) ->
     same list whatever order parallel workers found them in)."""
     grouped = describe_reasons(skipped)
     click.echo(f"skipped   {len(skipped):,}" + (f": {grouped}" if grouped else ""), err=err)
-    for s in sorted(skipped, key=lambda s: s["source"])[:SHOWN]:
+    for s in sorted(skipped, key=lambda s: _natural((s["source"], s["reason"])))[:SHOWN]:
         click.echo(f"  - {s['source']}: {s['reason']}", err=err)
     if len(skipped) > SHOWN:
         click.echo(f"  … {len(skipped) - SHOWN:,} more" + ("" if err else " in index.json"),
@@ -113,3 +114,12 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
     if not result.already_complete:
         fresh = f", {m.num_samples - result.reused_samples:,} packed by this run" if reused else ""
         click.echo(f"speed     {result.images_per_second:,.0f} images/s  ({result.seconds:.1f} s{fresh})")
+
+
+def _natural(texts: tuple[str, ...]) -> list[Any]:
+    """A sort key that puts numbers in order within text (``row 2`` before ``row 10``).
+
+    >>> sorted([("a", "row 10"), ("a", "row 2")], key=_natural)
+    [('a', 'row 2'), ('a', 'row 10')]
+    """
+    return [int(part) if part.isdigit() else part for text in texts for part in re.split(r"(\d+)", text)]

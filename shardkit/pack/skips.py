@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from shardkit.errors import PackError
 
+#: A reason's leading place: ``row 101: `` (a table's row), ``images[3]: `` (a COCO record).
+_PLACE = re.compile(r"^(?:row \d+|[a-z_]+\[\d+\]): ")
+
 
 def reason_kind(reason: str) -> str:
     """The kind of a skip reason: its text before any parenthesised detail.
@@ -19,8 +22,12 @@ def reason_kind(reason: str) -> str:
     'corrupt image data'
     >>> reason_kind("empty file (0 bytes)")
     'empty file'
+    >>> reason_kind("row 101: no caption"), reason_kind("images[3]: repeats image id 7")
+    ('no caption', 'repeats image id 7')
     """
-    return reason.split(" (", 1)[0].strip() or reason
+    kind = _PLACE.sub("", reason, count=1)  # where in a table or a list: each row's own, not its kind
+    return kind.split(" (", 1)[0].strip() or reason
+
 
 
 def group_reasons(skipped: Iterable[Mapping[str, str]]) -> list[tuple[str, int]]:

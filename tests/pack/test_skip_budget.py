@@ -124,3 +124,11 @@ def test_coco_with_nothing_to_pack_touches_nothing(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="nothing to pack: the source lists no sample"):
         pack_coco(str(tmp_path / "img"), str(ann), str(tmp_path / "out"), drop_empty=True)
     assert not (tmp_path / "out").exists()
+
+
+def test_reasons_of_table_rows_are_grouped_by_kind_not_by_row() -> None:
+    from shardkit.pack.skips import describe_reasons
+
+    skipped = [{"source": "a.jpg", "reason": f"row {n}: no caption (the caption column is null)"} for n in range(250)]
+    skipped += [{"source": "b.jpg", "reason": "row 7: unreadable file (No such file or directory)"}]
+    assert describe_reasons(skipped) == "250 no caption, 1 unreadable file"  # was one "1 row N: …" per row
