@@ -60,8 +60,10 @@ def _open(root: str, split: str | None) -> Any:
     except (FileNotFoundError, ValueError, OSError) as err:
         raise SourceError(f"cannot open the saved HF dataset ({err})", where=root) from err
     if isinstance(loaded, datasets.DatasetDict):
-        if split is None or split not in loaded:
+        if split is None:
             raise SourceError(f"a DatasetDict: name its split ({', '.join(loaded)}) with --split", where=root)
+        if split not in loaded:
+            raise SourceError(f"no split {split!r} in this DatasetDict (it has {', '.join(loaded)})", where=root)
         return loaded[split]
     if split is not None:
         raise SourceError(f"a Dataset has no splits (--split {split} applies to a saved DatasetDict)", where=root)

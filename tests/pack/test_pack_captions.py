@@ -267,6 +267,9 @@ def test_a_saved_hf_dataset_packs_its_rows(folder: tuple[Path, dict[str, str]], 
     unsplit = runner.invoke(cli, ["pack", str(tmp_path / "saved"), str(tmp_path / "out"), "--caption-column",
                                   "sentence"])
     assert unsplit.exit_code == 1 and "a DatasetDict: name its split (train, val) with --split" in unsplit.output
+    wrong = runner.invoke(cli, ["pack", str(tmp_path / "saved"), str(tmp_path / "out"), "--split", "valid",
+                                "--caption-column", "sentence"])
+    assert wrong.exit_code == 1 and "no split 'valid' in this DatasetDict (it has train, val)" in wrong.output
     done = runner.invoke(cli, ["pack", str(tmp_path / "saved"), str(tmp_path / "out"), "--split", "train",
                                "--caption-column", "sentence", "--max-count", "4", "--workers", "2"])
     assert done.exit_code == 0, done.output
