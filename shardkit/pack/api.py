@@ -156,6 +156,9 @@ def pack_listing(
     if not listing.samples:
         unpacked = (f" ({len(listing.warnings)} image record(s) not packable)" if listing.warnings
                     else "")
+        dropped = (listing.extra.get("drop_empty") or {}).get("images", 0)
+        if dropped:  # every image left out by --drop-empty: say so, not "no sample"
+            unpacked += f"; --drop-empty left out all {dropped} images, none has an annotation"
         raise SourceError(f"nothing to pack: the source lists no sample{unpacked}",
                           where=listing.root)
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)

@@ -121,7 +121,8 @@ def test_coco_with_nothing_to_pack_touches_nothing(tmp_path: Path) -> None:
     ann = tmp_path / "i.json"
     ann.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": [],
                                "categories": []}))
-    with pytest.raises(SourceError, match="nothing to pack: the source lists no sample"):
+    with pytest.raises(SourceError, match="nothing to pack: the source lists no sample; --drop-empty left out all 1 "
+                                          "images, none has an annotation"):
         pack_coco(str(tmp_path / "img"), str(ann), str(tmp_path / "out"), drop_empty=True)
     assert not (tmp_path / "out").exists()
 
