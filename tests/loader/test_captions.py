@@ -216,3 +216,41 @@ def test_gpu_route_delivers_captions_beside_the_labelled_images(both: dict[str, 
             assert texts["ids"].tolist() == [[ord(c) for c in t[:6].ljust(6)] for t in expected]
             batches += 1
         assert batches == len(loader)
+
+
+def _exploding_tokenizer(texts: list[str]) -> Any:
+    raise ValueError("tokenizer exploded")
+
+
+def _short_tokenizer(texts: list[str]) -> Any:
+    return {"ids": torch.zeros(len(texts), 3), "mask": torch.zeros(len(texts) - 1, 3)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_text_transform_error_names_the_batch_and_a_wrong_row_count_is_refused(both: dict[str, Any],
+                                                                                  workers: int) -> None:
+    _, captioned = both["a"]
+    with (ShardLoader(captioned, batch_size=4, num_workers=workers, text_transform=_exploding_tokenizer) as loader,
+          pytest.raises(ValueError, match="tokenizer exploded") as info):
+        next(iter(loader))
+    assert info.value.__notes__[0].startswith(f"raised by the text_transform on the batch that starts with sample "
+                                              f"{captioned}/")
+    with (ShardLoader(captioned, batch_size=4, num_workers=workers, text_transform=_short_tokenizer) as loader,
+          pytest.raises(LoaderError, match=r"text_transform returned 3 rows in \['mask'\] for a batch of 4 captions")):
+        next(iter(loader))
+
+
+def test_a_field_no_sample_has_is_said_once(both: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from shardkit.loader.read import captions
+
+    captions._said_absent.discard("similarty")
+    _, captioned = both["a"]
+    with caplog.at_level(logging.WARNING, logger="shardkit"), \
+            ShardLoader(captioned, batch_size=4, fields=("similarty", "url")) as loader:
+        texts = [texts for _images, texts in loader]
+    assert all(t["similarty"] == [None] * len(t["text"]) for t in texts)
+    said = [r.getMessage() for r in caplog.records if "misspelt" in r.getMessage()]
+    assert said == ["shardkit: no sample of a batch has the field 'similarty' in its json (misspelt?); its values "
+                    "are None"]

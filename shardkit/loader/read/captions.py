@@ -9,13 +9,16 @@ worker, where the optional ``text_transform`` (e.g. a tokenizer) runs on the bat
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shardkit.errors import LoaderError
 from shardkit.format.bounded import parse_json
 from shardkit.loader.read.bad_samples import BadSample
 from shardkit.loader.read.samples import Sample
+from shardkit.loader.read.user_errors import blame
 
 __all__ = ["CaptionTargets", "TextTransform"]
 
@@ -25,6 +28,8 @@ TextTransform = Callable[[list[str]], Any]
 
 #: The caption's name in a batch's dict when extra fields are asked for.
 TEXT = "text"
+
+log = logging.getLogger("shardkit.loader")
 
 
 @dataclass(frozen=True)
@@ -94,11 +99,51 @@ class CaptionTargets:
             return text[list(rows)]
         return text
 
-    def collate(self, items: Sequence[tuple[str, tuple[Any, ...]]]) -> Any:
+    def collate(self, items: Sequence[tuple[str, tuple[Any, ...]]], where: str = "") -> Any:
         """A batch's text: the captions (a list, or what ``text_transform`` makes of them); with
-        ``fields``, a dict of it under ``"text"`` and a list of values per field."""
+        ``fields``, a dict of it under ``"text"`` and a list of values per field. ``where``: the
+        batch's first sample, named by errors of ``text_transform`` and by its refusal of a
+        result with another number of rows than the batch has captions.
+
+        Raises:
+            LoaderError: ``text_transform`` returned a list, tensor or array (or a dict of them)
+                whose rows are not one per caption.
+        """
         texts = [text for text, _ in items]
-        out = self.text_transform(texts) if self.text_transform is not None else texts
+        if self.text_transform is None:
+            out: Any = texts
+        else:
+            try:
+                out = self.text_transform(texts)
+            except Exception as err:
+                blame(err, where, what="the text_transform on the batch that starts with")
+                raise
+            _check_rows(out, len(texts), where)
         if not self.fields:
             return out
+        _say_if_absent(self.fields, items)
         return {TEXT: out, **{name: [values[i] for _, values in items] for i, name in enumerate(self.fields)}}
+
+
+def _check_rows(out: Any, n: int, where: str, name: str = "") -> None:
+    """Refuse a ``text_transform`` result whose rows are not one per caption (a dict's values each)."""
+    if isinstance(out, dict):
+        for key, value in out.items():
+            _check_rows(value, n, where, f"[{key!r}]")
+        return
+    rows = len(out) if isinstance(out, (list, tuple)) else (out.shape[0] if getattr(out, "ndim", 0) >= 1 else None)
+    if rows is not None and rows != n:
+        raise LoaderError(f"text_transform returned {rows} rows{' in ' + name if name else ''} for a batch of {n} "
+                          "captions: it must give one per caption, in order", where=where)
+
+
+_said_absent: set[str] = set()
+
+
+def _say_if_absent(fields: Sequence[str], items: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+    """Warn once per process of a field no sample of a batch has (a misspelt name, most likely)."""
+    for i, name in enumerate(fields):
+        if name not in _said_absent and items and all(values[i] is None for _, values in items):
+            _said_absent.add(name)
+            log.warning("shardkit: no sample of a batch has the field %r in its json (misspelt?); its values are None",
+                        name)

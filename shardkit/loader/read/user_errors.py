@@ -16,8 +16,8 @@ __all__ = ["blame", "picklable_kind", "sample_of"]
 _WHERE = "_shardkit_sample"
 
 
-def blame(err: BaseException, where: str, what: str = "the transform") -> None:
-    """Name ``where`` (``SHARD:KEY``) on ``err``, raised by ``what`` on that sample (once).
+def blame(err: BaseException, where: str, what: str = "the transform on") -> None:
+    """Name ``where`` (``SHARD:KEY``) on ``err``, raised by ``what`` that sample (once).
 
     Example:
         >>> err = ValueError("width 175")
@@ -29,7 +29,7 @@ def blame(err: BaseException, where: str, what: str = "the transform") -> None:
         return
     with contextlib.suppress(AttributeError):  # a type with __slots__: the note alone names the sample
         setattr(err, _WHERE, where)
-    err.add_note(f"raised by {what} on sample {where}")
+    err.add_note(f"raised by {what} sample {where}")
 
 
 def sample_of(err: BaseException) -> str | None:

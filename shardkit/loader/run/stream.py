@@ -37,7 +37,7 @@ from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.plan import worker_batch_indices
 from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.epochs.seeds import sample_seeds
-from shardkit.loader.read.user_errors import blame, picklable_kind, sample_of
+from shardkit.loader.read.user_errors import picklable_kind, sample_of
 from shardkit.loader.routes.batch import Builder, WorkerBatch
 
 W = TypeVar("W", bound=WorkerBatch)
@@ -57,6 +57,7 @@ class WorkerFailure:
     where: str
     traceback: str
     pickled: bytes = b""  # a transform's error, whole (its attributes and notes too), where it pickles
+    notes: tuple[str, ...] = ()  # its notes (the one naming the sample among them), where it does not
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def reraise(failure: WorkerFailure) -> NoReturn:
             err = failure.kind(failure.message)
         except Exception:  # a type whose constructor takes other arguments
             err = RuntimeError(f"{failure.kind.__qualname__}: {failure.message}")
-    blame(err, failure.where)
+        for note in failure.notes:
+            err.add_note(note)
     raise err from cause
 
 
@@ -113,7 +115,8 @@ def _failure(err: BaseException, sample: str | None = None) -> WorkerFailure:
             pickle.loads(pickled)  # rebuilt here, it will be in the training process too
         except Exception:  # attributes that do not pickle, a constructor unlike its args: type and message travel
             pickled = b""
-    return WorkerFailure(kind or RuntimeError, message, sample or "", traceback.format_exc(), pickled)
+    notes = tuple(str(n) for n in getattr(err, "__notes__", ()))
+    return WorkerFailure(kind or RuntimeError, message, sample or "", traceback.format_exc(), pickled, notes)
 
 
 class BatchStream(IterableDataset[W | WorkerFailure | EpochPadding], Generic[W]):

@@ -194,8 +194,13 @@ class CpuBatchBuilder:
                 slot.release()  # nothing will be shipped from this slot
             raise
         targets = [label for label, _ in got.results]
-        labels = (torch.tensor(targets, dtype=torch.int64) if self.captions is None
-                  else self.captions.collate(targets))
+        try:
+            labels = (torch.tensor(targets, dtype=torch.int64) if self.captions is None
+                      else self.captions.collate(targets, f"{self.samples.reader.where(int(shards[0]))}:{got.keys[0]}"))
+        except BaseException:
+            if slot is not None:
+                slot.release()  # nor from this one: the text_transform failed
+            raise
         results = [result for _, result in got.results]
         if out is not None:
             for dst, src in got.copies:
