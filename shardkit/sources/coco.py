@@ -25,6 +25,7 @@ are then looked up in one listing of the folder, not one request each.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import posixpath
@@ -181,12 +182,15 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                          "annotations": 0, "dropped": False})
 
     images: dict[Any, dict[str, Any]] = {}
+    refused: set[Any] = set()  # ids of image records not packed
     for i in range(len(doc["images"])):
         image = _record(doc, "images", i, ("id", "file_name"), annotations_json)
         if not isinstance(image["file_name"], str) or not _safe_rel(image["file_name"]):
             warnings.append({"source": str(image["file_name"]),
                              "reason": f"images[{i}]: file_name is not a path inside the images "
                                        "folder; not packed"})
+            with contextlib.suppress(TypeError):  # an id that is no key is no image's either
+                refused.add(image["id"])
         elif image["id"] in images:
             warnings.append({"source": image["file_name"],
                              "reason": f"images[{i}]: repeats image id {image['id']!r}; only the "
@@ -196,6 +200,7 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
 
     by_image: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     unknown_image: list[Any] = []
+    of_refused: list[Any] = []
     unknown_category: dict[Any, list[Any]] = defaultdict(list)
     bad_boxes: dict[Any, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
     for i, ann in enumerate(doc["annotations"]):
@@ -207,7 +212,7 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             _record(doc, "annotations", i, ("id", "image_id", "category_id"), annotations_json)
             raise
         if owner is None:
-            unknown_image.append(ann_id)
+            (of_refused if image_id in refused else unknown_image).append(ann_id)
         elif not known_category:
             unknown_category[category_id].append(ann_id)
         else:
@@ -223,6 +228,11 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                              "reason": f"{len(unknown_image)} annotation(s) reference unknown "
                                        f"image ids; dropped (annotation ids {_ids(unknown_image)})",
                              "annotations": len(unknown_image), "dropped": True})
+    if of_refused:
+        ann_problems.append({"source": name,
+                             "reason": f"{len(of_refused)} annotation(s) belong to image records not packed "
+                                       f"(skipped above); dropped (annotation ids {_ids(of_refused)})",
+                             "annotations": len(of_refused), "dropped": True})
     for cid, ann_ids in unknown_category.items():
         ann_problems.append({"source": name,
                              "reason": f"{len(ann_ids)} annotation(s) have unknown category_id "

@@ -237,3 +237,16 @@ def test_verify_fails_a_bbox_the_loader_cannot_read(coco: tuple[Path, Path, dict
     assert result.exit_code == 1
     assert (f"annotation {doc['annotations'][0]['id']!r}: bbox is not 4 numbers ([1, 2, 3]): the loader replaces "
             "this image with another") in result.output
+
+
+def test_annotations_of_an_image_not_packed_are_said_to_be_so(coco: tuple[Path, Path, dict[str, Any]]) -> None:
+    images_dir, ann, doc = coco
+    doc["images"].append({"id": 5000, "file_name": "../../etc/passwd"})
+    category = doc["categories"][0]["id"]
+    doc["annotations"] += [{"id": 90001, "image_id": 5000, "category_id": category, "bbox": [0, 0, 1, 1]},
+                           {"id": 90002, "image_id": 6000, "category_id": category, "bbox": [0, 0, 1, 1]}]
+    listing = scan_coco(str(images_dir), str(_write(ann, doc)))
+    reasons = [p["reason"] for p in listing.annotation_problems]
+    assert ("1 annotation(s) belong to image records not packed (skipped above); dropped (annotation ids 90001)"
+            in reasons)
+    assert "1 annotation(s) reference unknown image ids; dropped (annotation ids 90002)" in reasons
