@@ -276,7 +276,7 @@ def retry(call: Callable[[], _T], delays: tuple[float, ...] = RETRY_DELAYS) -> _
         raise
 
 
-def _unreachable(host: str, cause: object) -> str:
+def _unreachable(host: str, cause: object, *, s3: bool = True) -> str:
     if isinstance(cause, OSError) and cause.errno and cause.errno > 0:
         # "Connection refused", not asyncio's "Connect call failed (…)"
         reason = os.strerror(cause.errno)
@@ -284,6 +284,8 @@ def _unreachable(host: str, cause: object) -> str:
         reason = cause.strerror  # name resolution: "Name or service not known" (negative errno)
     else:
         reason = str(cause)
+    if not s3:
+        return f"network error: cannot connect to {host} ({reason}); check the URL's host and that it is reachable"
     return (f"network error: cannot connect to {host} ({reason}); check the endpoint URL "
             "(-o client_kwargs.endpoint_url=…, AWS_ENDPOINT_URL) and that it is reachable")
 
@@ -315,8 +317,8 @@ def describe(err: BaseException) -> str | None:
     host = getattr(err, "host", None)
     # aiohttp's ClientConnectorError (gcsfs, …)
     if isinstance(err, OSError) and isinstance(host, str):
-        return _unreachable(f"{host}:{getattr(err, 'port', '?')}",
-                            getattr(err, "os_error", None) or err)
+        return _unreachable(f"{host}:{getattr(err, 'port', '?')}", getattr(err, "os_error", None) or err,
+                            s3=False)  # http(s), gcsfs: no S3 endpoint to check (botocore's are below)
     try:
         from botocore import exceptions as boto
     except ImportError:

@@ -140,3 +140,17 @@ def test_an_endpoint_without_its_scheme_says_so() -> None:
     assert describe(ValueError("Invalid endpoint: 127.0.0.1:5123")) == (
         "invalid endpoint URL '127.0.0.1:5123': it needs its scheme, e.g. http://127.0.0.1:5123 "
         "(AWS_ENDPOINT_URL or client_kwargs.endpoint_url)")
+
+
+def test_an_unreachable_https_host_gets_no_s3_advice() -> None:
+    import socket
+
+    import aiohttp
+    from aiohttp.client_reqrep import ConnectionKey
+
+    from shardkit.storage._remote import describe
+
+    key = ConnectionKey("example.invalid", 443, True, True, None, None, None)
+    err = aiohttp.ClientConnectorError(key, socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    assert describe(err) == ("network error: cannot connect to example.invalid:443 (Name or service not known); "
+                             "check the URL's host and that it is reachable")
