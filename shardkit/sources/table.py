@@ -111,6 +111,8 @@ def read_table(path: str, storage_options: dict[str, Any] | None = None) -> Any:
                                                       strings_can_be_null=False))
     except (pa.ArrowInvalid, OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if fmt == "jsonl":  # pyarrow's rows count from 0, and a cut line reads as a type change
+            first = _jsonl_problem(raw) or first
         raise SourceError(f"cannot parse the {fmt} table ({first})", where=path) from err
     return table
 
@@ -223,3 +225,36 @@ def _parent(table: str) -> str:
     if is_remote(table):
         return table.rsplit("/", 1)[0]
     return os.path.dirname(os.path.abspath(table.removeprefix("file://")))
+
+
+def _jsonl_problem(raw: bytes) -> str | None:
+    """The first line of a JSON Lines table that is not a JSON object, or whose field changes type
+    from the line before that has it (what pyarrow refuses), by line number from 1; None if none is found.
+
+    >>> _jsonl_problem(b'{"caption": "a"}\\n{"caption": "b"\\n')
+    "line 2: not JSON (Expecting ',' delimiter)"
+    >>> _jsonl_problem(b'{"caption": "a"}\\n{"caption": 5}\\n')
+    "line 2: field 'caption' is a number, on line 1 a string"
+    """
+    import json
+
+    seen: dict[str, tuple[str, int]] = {}
+    names = {str: "a string", int: "a number", float: "a number", bool: "true or false", list: "a list",
+             dict: "an object"}
+    for number, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            return f"line {number}: not JSON ({getattr(err, 'msg', err)})"
+        if not isinstance(row, dict):
+            return f"line {number}: not a JSON object"
+        for key, value in row.items():
+            if value is None:
+                continue
+            kind = names.get(type(value), type(value).__name__)
+            if key in seen and seen[key][0] != kind:
+                return f"line {number}: field {key!r} is {kind}, on line {seen[key][1]} {seen[key][0]}"
+            seen.setdefault(key, (kind, number))
+    return None

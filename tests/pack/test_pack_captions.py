@@ -201,7 +201,10 @@ def test_skip_budget_stop_then_resume_gives_the_same_bytes(
      "pairs.jsonl: row 1: the caption column 'caption' holds int 3, not text"),
     (b'{"image": "a.jpg", "caption": "x", "k": 1}\n', ["--extra-columns", "k,q"],
      "pairs.jsonl: no extra column 'q' (columns: image, caption, k)"),
-    (b'{"image": "a.jpg", "caption": "x"}\n{"image": ', [], "pairs.jsonl: cannot parse the jsonl table ("),
+    (b'{"image": "a.jpg", "caption": "x"}\n{"image": ', [],
+     "pairs.jsonl: cannot parse the jsonl table (line 2: not JSON (Expecting value))"),
+    (b'{"image": "a.jpg", "caption": "x"}\n{"image": "b.jpg", "caption": {"en": "y"}}\n', [],
+     "pairs.jsonl: cannot parse the jsonl table (line 2: field 'caption' is an object, on line 1 a string)"),
 ])
 def test_cli_refuses_a_bad_table_in_one_line(tmp_path: Path, content: bytes, args: list[str], message: str) -> None:
     (tmp_path / "pairs.jsonl").write_bytes(content)
