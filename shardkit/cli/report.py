@@ -116,10 +116,13 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
         click.echo(f"speed     {result.images_per_second:,.0f} images/s  ({result.seconds:.1f} s{fresh})")
 
 
-def _natural(texts: tuple[str, ...]) -> list[Any]:
-    """A sort key that puts numbers in order within text (``row 2`` before ``row 10``).
+def _natural(texts: tuple[str, ...]) -> tuple[list[Any], ...]:
+    """A sort key that puts numbers in order within text (``row 2`` before ``row 10``): per text,
+    its runs of letters and of digits in turn (a text's list always starts with a letters run, so
+    lists compare a str with a str and an int with an int).
 
-    >>> sorted([("a", "row 10"), ("a", "row 2")], key=_natural)
-    [('a', 'row 2'), ('a', 'row 10')]
+    >>> sorted([("a", "row 10"), ("a", "row 2"), ("a1.jpg", "x"), ("b.jpg", "y")], key=_natural)
+    [('a', 'row 2'), ('a', 'row 10'), ('a1.jpg', 'x'), ('b.jpg', 'y')]
     """
-    return [int(part) if part.isdigit() else part for text in texts for part in re.split(r"(\d+)", text)]
+    return tuple([int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", text))]
+                 for text in texts)
