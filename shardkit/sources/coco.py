@@ -243,7 +243,7 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
         for problem, ann_ids in sorted(problems.items()):
             what = {"outside": f"bbox(es) extend outside the {image.get('width')}x{image.get('height')} image",
                     "malformed": "bbox(es) are malformed (need [x, y, w, h], w, h >= 0)",
-                    "segmentation": "segmentation(s) are malformed (need polygons of at least 3 points, or an "
+                    "segmentation": "segmentation(s) are malformed (need polygons of more than 4 coordinates, or an "
                                     "RLE of the image's size), so a loader with masks=True replaces the image"}[problem]
             ann_problems.append({"source": image["file_name"],
                              "reason": f"{len(ann_ids)} annotation {what}; kept as is "

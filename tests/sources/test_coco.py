@@ -207,15 +207,15 @@ def test_malformed_segmentations_are_flagged_and_verify_warns(coco: tuple[Path, 
     doc["annotations"] = [
         {"id": 1, **base, "segmentation": "garbage"},
         {"id": 2, **base, "segmentation": {"size": [1, 1], "counts": "abc"}},  # another image's size
-        {"id": 3, **base, "segmentation": [[0, 0, 2]]},  # not 3 points
+        {"id": 3, **base, "segmentation": [[0, 0, 2, 2]]},  # 4 numbers: pycocotools takes them for a box
         {"id": 4, **base, "segmentation": [[0, 0, 2, 0, 2, 2]]},  # fine
         {"id": 5, **base, "segmentation": {"size": [first["height"], first["width"]], "counts": [0, 4]}},  # fine
     ]
     listing = scan_coco(str(images_dir), str(_write(ann, doc)))
     [flagged] = [p for p in listing.annotation_problems if "segmentation" in p["reason"]]
-    assert flagged["reason"] == ("3 annotation segmentation(s) are malformed (need polygons of at least 3 points, or "
-                                 "an RLE of the image's size), so a loader with masks=True replaces the image; kept as "
-                                 "is (annotation ids 1, 2, 3)")
+    assert flagged["reason"] == ("3 annotation segmentation(s) are malformed (need polygons of more than 4 "
+                                 "coordinates, or an RLE of the image's size), so a loader with masks=True replaces "
+                                 "the image; kept as is (annotation ids 1, 2, 3)")
     assert (flagged["annotations"], flagged["dropped"]) == (3, False)
     pack_coco(str(images_dir), str(ann), str(tmp_path / "out"), workers=1)
     result = CliRunner().invoke(cli, ["verify", str(tmp_path / "out")])

@@ -235,3 +235,12 @@ def test_coco_target_edge_cases() -> None:
         coco_target(meta, 4, 6, label_map={1: 1})
     with pytest.raises(BadTarget):
         coco_target({"image": {"id": 1}, "annotations": [{"category_id": 1, "bbox": [1, 2]}]}, 4, 6)
+
+
+@pytest.mark.parametrize("segmentation", [[], [[0, 0, 4, 0]], "garbage", {"size": [2, 2], "counts": [0, 4]}])
+def test_a_segmentation_masks_cannot_be_made_of_is_a_bad_target(segmentation: Any) -> None:
+    pytest.importorskip("pycocotools")
+    meta = {"image": {"id": 1}, "annotations": [{"id": 1, "bbox": [0, 0, 2, 2], "category_id": 1,
+                                                   "segmentation": segmentation}]}
+    with pytest.raises(BadTarget, match="segmentation|RLE"):  # [] raised pycocotools' IndexError, unnamed
+        coco_target(meta, 8, 8, masks=True)
