@@ -114,9 +114,10 @@ def _safe_rel(name: Any) -> bool:
 
 
 def _bbox_problem(box: Any, width: Any, height: Any) -> str | None:
-    """``"malformed"``, ``"outside"`` (by more than BOX_TOLERANCE) or None; hot loop, so EAFP."""
+    """``"malformed"`` (none is one: the loader needs a box), ``"outside"`` (by more than
+    BOX_TOLERANCE) or None; hot loop, so EAFP."""
     if box is None:
-        return None
+        return "malformed"
     try:
         x, y, w, h = box
         if not (w >= 0 and h >= 0 and x == x and y == y):  # x == x: not NaN
@@ -220,8 +221,8 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             problem = _bbox_problem(ann.get("bbox"), owner.get("width"), owner.get("height"))
             if problem:
                 bad_boxes[image_id][problem].append(ann_id)
-            seg = ann.get("segmentation")
-            if seg is not None and segmentation_malformed(seg, owner.get("width"), owner.get("height")):
+            if "segmentation" in ann and segmentation_malformed(ann["segmentation"], owner.get("width"),
+                                                                owner.get("height")):
                 bad_boxes[image_id]["segmentation"].append(ann_id)
     if unknown_image:
         ann_problems.append({"source": name,
@@ -243,8 +244,9 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
         for problem, ann_ids in sorted(problems.items()):
             what = {"outside": f"bbox(es) extend outside the {image.get('width')}x{image.get('height')} image",
                     "malformed": "bbox(es) are malformed (need [x, y, w, h], w, h >= 0)",
-                    "segmentation": "segmentation(s) are malformed (need polygons of more than 4 coordinates, or an "
-                                    "RLE of the image's size), so a loader with masks=True replaces the image"}[problem]
+                    "segmentation": "segmentation(s) are malformed (need polygons whose first has more than 4 "
+                                    "coordinates, or an RLE of the image's size), so a loader with masks=True "
+                                    "replaces the image"}[problem]
             ann_problems.append({"source": image["file_name"],
                              "reason": f"{len(ann_ids)} annotation {what}; kept as is "
                                        f"(annotation ids {_ids(ann_ids)})",

@@ -223,7 +223,7 @@ def _exploding_tokenizer(texts: list[str]) -> Any:
 
 
 def _short_tokenizer(texts: list[str]) -> Any:
-    return {"ids": torch.zeros(len(texts), 3), "mask": torch.zeros(len(texts) - 1, 3)}
+    return {"ids": torch.zeros(len(texts), 3), "lengths": [3] * (len(texts) - 1)}
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -236,21 +236,32 @@ def test_a_text_transform_error_names_the_batch_and_a_wrong_row_count_is_refused
     assert info.value.__notes__[0].startswith(f"raised by the text_transform on the batch that starts with sample "
                                               f"{captioned}/")
     with (ShardLoader(captioned, batch_size=4, num_workers=workers, text_transform=_short_tokenizer) as loader,
-          pytest.raises(LoaderError, match=r"text_transform returned 3 rows in \['mask'\] for a batch of 4 captions")):
+          pytest.raises(LoaderError, match=r"text_transform returned a list of 3 in \['lengths'\] for a batch of 4 "
+                                           r"captions")):
         next(iter(loader))
+    for layout in (lambda texts: torch.zeros(5, len(texts)),  # sequence-first: the transform's own layout
+                   lambda texts: (torch.zeros(len(texts), 2), torch.ones(len(texts), 2))):  # a pair of parts
+        with ShardLoader(captioned, batch_size=4, num_workers=workers, text_transform=layout) as loader:
+            next(iter(loader))
 
 
-def test_a_field_no_sample_has_is_said_once(both: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+def test_a_field_no_sample_has_is_said_once_and_a_sparse_one_not_at_all(both: dict[str, Any],
+                                                                        caplog: pytest.LogCaptureFixture,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
     from shardkit.loader.read import captions
 
-    captions._said_absent.discard("similarty")
+    monkeypatch.setattr(captions, "_absent", {})
+    monkeypatch.setattr(captions, "ABSENT_SAID_AFTER", 8)  # of the 24 samples
     _, captioned = both["a"]
-    with caplog.at_level(logging.WARNING, logger="shardkit"), \
-            ShardLoader(captioned, batch_size=4, fields=("similarty", "url")) as loader:
-        texts = [texts for _images, texts in loader]
-    assert all(t["similarty"] == [None] * len(t["text"]) for t in texts)
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        with ShardLoader(captioned, batch_size=1, fields=("similarty", "url"), shuffle=False) as loader:
+            texts = [texts for _images, texts in loader]
+        with ShardLoader(captioned, batch_size=1, fields=("similarty",)) as loader:
+            list(loader)  # said once per process
+    assert all(t["similarty"] == [None] for t in texts)
+    assert None in [t["url"][0] for t in texts]  # odd samples have no json: url is sparse, not misspelt
     said = [r.getMessage() for r in caplog.records if "misspelt" in r.getMessage()]
-    assert said == ["shardkit: no sample of a batch has the field 'similarty' in its json (misspelt?); its values "
-                    "are None"]
+    assert said == ["shardkit: none of 8 samples has the field 'similarty' in its json (misspelt?); its values are "
+                    "None"]

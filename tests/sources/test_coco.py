@@ -213,9 +213,9 @@ def test_malformed_segmentations_are_flagged_and_verify_warns(coco: tuple[Path, 
     ]
     listing = scan_coco(str(images_dir), str(_write(ann, doc)))
     [flagged] = [p for p in listing.annotation_problems if "segmentation" in p["reason"]]
-    assert flagged["reason"] == ("3 annotation segmentation(s) are malformed (need polygons of more than 4 "
-                                 "coordinates, or an RLE of the image's size), so a loader with masks=True replaces "
-                                 "the image; kept as is (annotation ids 1, 2, 3)")
+    assert flagged["reason"] == ("3 annotation segmentation(s) are malformed (need polygons whose first has more "
+                                 "than 4 coordinates, or an RLE of the image's size), so a loader with masks=True "
+                                 "replaces the image; kept as is (annotation ids 1, 2, 3)")
     assert (flagged["annotations"], flagged["dropped"]) == (3, False)
     pack_coco(str(images_dir), str(ann), str(tmp_path / "out"), workers=1)
     result = CliRunner().invoke(cli, ["verify", str(tmp_path / "out")])

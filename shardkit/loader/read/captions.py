@@ -10,7 +10,7 @@ worker, where the optional ``text_transform`` (e.g. a tokenizer) runs on the bat
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,18 @@ TextTransform = Callable[[list[str]], Any]
 TEXT = "text"
 
 log = logging.getLogger("shardkit.loader")
+
+
+
+class _Absent:
+    """A field a sample's json does not have, told apart from one whose value is null (both are
+    None in the batch)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,8 @@ class CaptionTargets:
 
     def read(self, sample: Sample) -> tuple[str, tuple[Any, ...]]:
         """``(caption, values of the fields asked for)`` of one sample; a field its ``json`` lacks
-        (or a sample without ``json``, as adopted shards may be) gives ``None``.
+        (or a sample without ``json``, as adopted shards may be) gives :data:`ABSENT` (``None`` in
+        the batch: :meth:`collate`).
 
         Raises:
             BadSample: no ``txt`` member, a caption that is not UTF-8, or (when fields are asked
@@ -79,7 +92,7 @@ class CaptionTargets:
                 raise BadSample(f"{sample.where}: json member malformed ({err})") from err
             if not isinstance(meta, dict):
                 raise BadSample(f"{sample.where}: json member is not a JSON object")
-        return text, tuple(meta.get(name) for name in self.fields)
+        return text, tuple(meta.get(name, ABSENT) for name in self.fields)
 
     @staticmethod
     def take(text: Any, rows: Sequence[int]) -> Any:
@@ -122,28 +135,41 @@ class CaptionTargets:
         if not self.fields:
             return out
         _say_if_absent(self.fields, items)
-        return {TEXT: out, **{name: [values[i] for _, values in items] for i, name in enumerate(self.fields)}}
+        return {TEXT: out, **{name: [None if values[i] is ABSENT else values[i] for _, values in items]
+                              for i, name in enumerate(self.fields)}}
 
 
 def _check_rows(out: Any, n: int, where: str, name: str = "") -> None:
-    """Refuse a ``text_transform`` result whose rows are not one per caption (a dict's values each)."""
-    if isinstance(out, dict):
+    """Refuse a ``text_transform`` result given as a list (or a mapping of lists) whose items are
+    not one per caption. Tensors, arrays and tuples are left alone: their layout is the
+    transform's own (sequence-first, offsets, a pair of parts)."""
+    if isinstance(out, Mapping):
         for key, value in out.items():
             _check_rows(value, n, where, f"[{key!r}]")
-        return
-    rows = len(out) if isinstance(out, (list, tuple)) else (out.shape[0] if getattr(out, "ndim", 0) >= 1 else None)
-    if rows is not None and rows != n:
-        raise LoaderError(f"text_transform returned {rows} rows{' in ' + name if name else ''} for a batch of {n} "
-                          "captions: it must give one per caption, in order", where=where)
+    elif isinstance(out, list) and len(out) != n:
+        raise LoaderError(f"text_transform returned a list of {len(out)}{' in ' + name if name else ''} for a batch "
+                          f"of {n} captions: a list must give one item per caption, in order", where=where)
 
 
-_said_absent: set[str] = set()
+#: Per field asked for, in this process: samples read without it, or -1 once one had it or it was said.
+_absent: dict[str, int] = {}
+#: Samples without a field, none with it, before it is said to be missing.
+ABSENT_SAID_AFTER = 64
 
 
 def _say_if_absent(fields: Sequence[str], items: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
-    """Warn once per process of a field no sample of a batch has (a misspelt name, most likely)."""
+    """Warn once per process of a field that none of the first :data:`ABSENT_SAID_AFTER` samples
+    has in its json at all (a misspelt name, most likely; a field whose value is null is there,
+    and a sparse one shows up among them)."""
     for i, name in enumerate(fields):
-        if name not in _said_absent and items and all(values[i] is None for _, values in items):
-            _said_absent.add(name)
-            log.warning("shardkit: no sample of a batch has the field %r in its json (misspelt?); its values are None",
-                        name)
+        count = _absent.get(name, 0)
+        if count < 0:
+            continue
+        if any(values[i] is not ABSENT for _, values in items):
+            _absent[name] = -1
+            continue
+        _absent[name] = count + len(items)
+        if _absent[name] >= ABSENT_SAID_AFTER:
+            _absent[name] = -1
+            log.warning("shardkit: none of %d samples has the field %r in its json (misspelt?); its values are None",
+                        count + len(items), name)

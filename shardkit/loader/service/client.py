@@ -118,6 +118,7 @@ class ServiceClient:
         """
         if self._live or self._starting:
             return
+        self._check_connected()
         try:
             self._starting = [self._spawn() for _ in range(self.service.workers)]
             self._await_start()
@@ -129,6 +130,15 @@ class ServiceClient:
     def workers(self) -> list[Started]:
         """The live workers: node id and process id of each."""
         return [w.started for w in self._live if w.started is not None]
+
+    def _check_connected(self) -> None:
+        """Refuse to go on once this process is no longer connected to the cluster (it went, and
+        this or another loader disconnected from it): a Ray call now would start a local cluster of
+        its own and run the service's workers on this machine's CPUs."""
+        if not self._gone and not self._ray.is_initialized():
+            self._gone = "this process is no longer connected to the service's Ray cluster"
+        if self._gone:
+            raise LoaderError(f"{self._gone}: build the loader again once the cluster runs")
 
     def _spawn(self) -> _Worker:
         handle = self._actor.remote(*self._args)
@@ -180,8 +190,7 @@ class ServiceClient:
             LoaderError: a batch was lost more than ``retries`` times, or no worker is left.
             ShardkitError: raised building a batch (as with local workers).
         """
-        if self._gone:  # a remote call now would start a local cluster of its own
-            raise LoaderError(f"{self._gone}: build the loader again once it runs")
+        self._check_connected()
         self.start()
         pending, asks = self._take_over(config, epoch, start, rest)
         count = config.epoch_batches(rest)
@@ -289,13 +298,16 @@ class ServiceClient:
             self._submit(job)
 
     def _kill(self, worker: _Worker) -> None:
+        if self._gone or not self._ray.is_initialized():  # no Ray call: it would start a local cluster
+            return
         with contextlib.suppress(Exception):  # it may be gone already
             self._ray.kill(worker.handle, no_restart=True)
 
     def _drop(self, pending: deque[_Job]) -> None:
         """Forget the batches asked for and not taken (an iteration left early): cancel them."""
+        connected = not self._gone and self._ray.is_initialized()
         for job in pending:
-            if job.ref is not None:
+            if job.ref is not None and connected:
                 with contextlib.suppress(Exception):
                     self._ray.cancel(job.ref)
             if job.worker is not None:
@@ -305,7 +317,7 @@ class ServiceClient:
     def close(self) -> None:
         """Stop every worker (idempotent; the next epoch starts them again). The process stays
         connected to the cluster."""
-        if self._gone:
+        if self._gone or not self._ray.is_initialized():  # nothing to stop: no Ray call
             self._live, self._starting, self._kept = [], [], None
             return
         kept, self._kept = self._kept, None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from typing import Any
 
 from shardkit._compat import ray_bootstrap_address
@@ -141,21 +142,33 @@ def connect(address: str, *, timeout: float) -> Any:
     return ray
 
 
-def cluster_gone(ray: Any, timeout: float = 2.0) -> str | None:
-    """Why the cluster this process is connected to is gone (its GCS refuses connections), or
-    None while it answers, or where that cannot be told (a GCS slow to answer is not gone)."""
+def cluster_gone(ray: Any, timeout: float = 2.0, tries: int = 3, pause: float = 1.0) -> str | None:
+    """Why the cluster this process is connected to is gone: its head node's GCS refused every
+    one of ``tries`` connections, ``pause`` seconds apart (a GCS restarting refuses a moment).
+    None while it answers, and wherever that cannot be told: a GCS slow to answer, an address
+    not reached (a route, a name, a firewall), a ``ray://`` client connection (whose GCS address
+    is the cluster's own, which the client may not reach)."""
     try:
+        from ray.util.client import ray as client
+
+        if client.is_connected():
+            return None
         address = str(ray.get_runtime_context().gcs_address)
         host, port = split_address(address)
-    except Exception:  # not connected, or a client (ray://) connection: nothing to ask
+    except Exception:  # not connected, or an address of another form: nothing to ask
         return None
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except TimeoutError:
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(pause)
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except ConnectionRefusedError as err:
+            refused = err
+            continue
+        except OSError:  # timed out, no route, no name, no file descriptor: not known to be gone
+            return None
         return None
-    except OSError as err:
-        return f"its head node's GCS at {address} refuses connections ({err.strerror or err})"
-    return None
+    return f"its head node's GCS at {address} refuses connections ({refused.strerror or refused})"
 
 
 def disconnect(ray: Any, timeout: float = 30.0) -> None:

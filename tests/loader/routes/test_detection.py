@@ -237,7 +237,8 @@ def test_coco_target_edge_cases() -> None:
         coco_target({"image": {"id": 1}, "annotations": [{"category_id": 1, "bbox": [1, 2]}]}, 4, 6)
 
 
-@pytest.mark.parametrize("segmentation", [[], [[0, 0, 4, 0]], "garbage", {"size": [2, 2], "counts": [0, 4]}])
+@pytest.mark.parametrize("segmentation", [[], [[]], [[1, 2]], [[0, 0, 4, 0]], "garbage",
+                                          {"size": [2, 2], "counts": [0, 4]}])
 def test_a_segmentation_masks_cannot_be_made_of_is_a_bad_target(segmentation: Any) -> None:
     pytest.importorskip("pycocotools")
     meta = {"image": {"id": 1}, "annotations": [{"id": 1, "bbox": [0, 0, 2, 2], "category_id": 1,

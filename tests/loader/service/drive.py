@@ -80,8 +80,18 @@ def main() -> None:
         killed = _iterate(served, args, batches)
     except ShardkitError as err:  # caught by the training loop, as a checkpointing one would
         state = served.state_dict()  # the checkpoint a training loop writes here
+        served.close()
         time.sleep(args.linger)
-        torch.save({"error": str(err), "batches": batches, "state": state, "lingered": args.linger}, args.out)
+        import ray
+
+        connected = ray.is_initialized()  # before anything else asks Ray: no local cluster was started
+        try:  # the loader built again while the cluster is still down
+            loader(args.dataset, args.slow, service=service).close()
+            again = ""
+        except ShardkitError as rebuilt:
+            again = str(rebuilt)
+        torch.save({"error": str(err), "batches": batches, "state": state, "lingered": args.linger,
+                    "connected": connected, "again": again}, args.out)
         return
     torch.save({"batches": batches, "nodes": dict(served.service.nodes), "restarts": served.service.restarts,
                 "killed": killed, "workers": [w.pid for w in served.service.workers]}, args.out)

@@ -104,6 +104,9 @@ class FakeRay:
         assert cls is BatchActor
         return _ActorClass(self)
 
+    def is_initialized(self) -> bool:
+        return True
+
     def put(self, value: Any) -> Any:
         return value
 

@@ -47,4 +47,6 @@ def test_a_cluster_stopped_mid_epoch_is_a_loader_error_and_the_process_lives_on(
     assert got["error"].startswith("the service's Ray cluster is gone (its head node's GCS at ")
     assert "refuses connections" in got["error"] and "resume from the loader's state_dict()" in got["error"]
     assert len(got["batches"]) >= 2 and got["state"]["batches_consumed"] == len(got["batches"])
+    assert got["connected"] is False  # and close() started no local Ray in its place
+    assert got["again"].startswith("cannot reach the Ray cluster at ")  # not served by a local cluster
     assert took < LINGER_S + 45, took  # the error came at once, not after start_timeout_s (60 s here)

@@ -111,7 +111,7 @@ def coco_target(meta: bytes | Mapping[str, Any], height: int, width: int, *, mas
             planes = [segmentation_to_mask(ann["segmentation"], height, width) for ann in anns]
         except KeyError as err:
             raise BadTarget("annotation without segmentation (masks=True)") from err
-        except (TypeError, ValueError, IndexError) as err:  # pycocotools: IndexError for no polygon at all
-            raise BadTarget(f"bad segmentation ({err})") from err
+        except Exception as err:  # pycocotools: IndexError for no polygon, a bare Exception for a short one
+            raise BadTarget(f"bad segmentation ({type(err).__name__}: {err})") from err
         target["masks"] = torch.stack(planes) if planes else torch.zeros((0, height, width), dtype=torch.uint8)
     return target
