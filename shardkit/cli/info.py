@@ -6,7 +6,7 @@ import json
 
 import click
 
-from shardkit.cli.report import fit, human_bytes, print_drop_empty
+from shardkit.cli.report import fit, human_bytes, print_annotations, print_drop_empty
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import locate_dataset, read_manifest
 from shardkit.pack.skips import describe_reasons
@@ -32,6 +32,8 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     }
     if "drop_empty" in m.extra:
         summary["drop_empty"] = m.extra["drop_empty"]
+    if "annotation_report" in m.extra:
+        summary["annotation_report"] = m.extra["annotation_report"]
     if as_json:
         click.echo(json.dumps(summary, indent=1))
         return
@@ -48,6 +50,8 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     grouped = describe_reasons(m.skipped)
     click.echo(f"skipped   {len(m.skipped)}" + (f": {grouped}" if grouped else ""))
     print_drop_empty(m.extra)
+    if "annotation_report" in m.extra:  # what the pack said of the annotations
+        print_annotations(m.extra["annotation_report"])
     opts = {k: v for k, v in m.options.items() if k != "fingerprint"}
     click.echo(fit("options   " + ", ".join(f"{k}={v}" for k, v in opts.items()), 10))
 

@@ -222,6 +222,9 @@ def test_malformed_segmentations_are_flagged_and_verify_warns(coco: tuple[Path, 
     assert result.exit_code == 0, result.output  # allowed: a loader without masks reads them
     assert "WARN malformed segmentation in 3 annotations: " in result.output
     assert "a loader with masks=True replaces those images with others" in result.output
+    info = CliRunner().invoke(cli, ["info", str(tmp_path / "out")])  # says what the pack said of them
+    assert info.exit_code == 0 and "annotations 5 packed; 0 dropped, 3 kept, flagged" in info.output
+    assert "3 annotation segmentation(s) are malformed" in info.output
 
 
 def test_verify_fails_a_bbox_the_loader_cannot_read(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
