@@ -21,6 +21,7 @@ Rows are planned by count, without their files' sizes (a URL's is not known befo
 from __future__ import annotations
 
 import io
+import logging
 import math
 import os
 import posixpath
@@ -42,6 +43,8 @@ TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "j
 IMAGE_COLUMNS = ("image", "url", "path", "file_name")
 #: The caption column when none is named: the first of these the table has.
 CAPTION_COLUMNS = ("caption", "text", "txt")
+
+log = logging.getLogger("shardkit.pack.sources")
 
 
 def is_table(path: str) -> bool:
@@ -212,6 +215,7 @@ def scan_caption_table(
             continue
         meta = {name: json_value(values[i], row, name, table) for name, values in extra_values.items()}
         rows.append((row, path, resolve(path, base), text, meta))
+    _say_repeats(table, rows)
     files = LinkedFiles(table, [full for _, _, full, _, _ in rows], storage_options)
     entries = files.stat([full for _, _, full, _, _ in rows])
     # Size 0: rows are planned by count (a URL's size is not known before it is read), so a table
@@ -219,6 +223,22 @@ def scan_caption_table(
     samples = [SourceSample(full, rel, 0, meta=meta, version=entry.version, caption=text)
                for (_, rel, full, text, meta), entry in zip(rows, entries, strict=True)]
     return SourceListing(kind=CAPTIONS_KIND, root=table, samples=samples, warnings=warnings, files=files)
+
+
+def _say_repeats(table: str, rows: list[tuple[int, str, str, str, dict[str, Any]]]) -> None:
+    """Warn of rows that repeat an earlier row's image and caption (each is still packed as a
+    sample of its own, as img2dataset keeps them; an image with several captions is no repeat)."""
+    first: dict[tuple[str, str], int] = {}
+    repeats: list[tuple[int, int]] = []
+    for row, path, _full, text, _meta in rows:
+        earlier = first.setdefault((path, text), row)
+        if earlier != row:
+            repeats.append((earlier, row))
+    if repeats:
+        examples = ", ".join(f"row {b} repeats row {a}" for a, b in repeats[:3])
+        log.warning("shardkit: %s: %d %s the image and caption of an earlier row (%s%s); each is packed as a sample "
+                    "of its own", table, len(repeats), "row repeats" if len(repeats) == 1 else "rows repeat", examples,
+                    ", …" if len(repeats) > 3 else "")
 
 
 def _parent(table: str) -> str:

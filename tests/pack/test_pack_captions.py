@@ -284,3 +284,16 @@ def test_a_saved_hf_dataset_packs_its_rows(folder: tuple[Path, dict[str, str]], 
         assert sample["txt"].decode() == captions[rels[row]] and meta["score"] == row / 2
         assert sample["jpg"] == (root / rels[row]).read_bytes()
         assert meta["source"] in (str(root / rels[row]), rels[row].rsplit("/", 1)[-1])  # the image's stored path
+
+
+def test_rows_that_repeat_an_earlier_row_are_said_and_still_packed(folder: tuple[Path, dict[str, str]],
+                                                                   tmp_path: Path) -> None:
+    root, captions = folder
+    rel, caption = next(iter(captions.items()))
+    table = tmp_path / "pairs.csv"
+    table.write_text(f"image,caption\n{root / rel},{caption}\n{root / rel},another caption\n{root / rel},{caption}\n")
+    result = CliRunner().invoke(cli, ["pack", str(table), str(tmp_path / "out"), "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    assert (f"shardkit: {table}: 1 row repeats the image and caption of an earlier row (row 3 repeats row 1); each is "
+            "packed as a sample of its own") in result.output  # the second row is another caption: no repeat
+    assert "samples   3" in result.output
