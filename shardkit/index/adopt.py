@@ -10,6 +10,7 @@ themselves are never modified, so other tools keep reading them as before.
 from __future__ import annotations
 
 import io
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from shardkit.storage import Store
 #: The largest label ``shardkit index`` accepts: the class list it writes holds every label up to the
 #: largest one (a shard claiming label 100000000 must not make it build a list of 10**8 names).
 MAX_INFERRED_CLASSES = 1 << 20
+
+log = logging.getLogger("shardkit.index")
 
 
 @dataclass
@@ -69,18 +72,21 @@ def _label(key: str, fields: dict[str, bytes], where: str, limit: int) -> tuple[
     return label, name
 
 
-def _caption(key: str, fields: dict[str, bytes], where: str) -> None:
-    """Check one captioned sample: a ``txt`` member of UTF-8 text, a ``json`` object if any."""
+def _caption(key: str, fields: dict[str, bytes], where: str) -> str | None:
+    """Check one captioned sample: a ``txt`` member, a ``json`` object if any. A caption that is
+    not UTF-8 text is returned (``SHARD:KEY (why)``), not refused: the loader replaces such a
+    sample as it does any damaged one, and one of them should not stop a whole dataset."""
     here = f"{where}:{key}"
     if "txt" not in fields:
         raise FormatError(f"sample has no 'txt' member (has {sorted(fields)}); a captioned dataset needs a caption "
                           "per sample", where=here)
+    if "json" in fields:
+        _json_object(fields, here)
     try:
         fields["txt"].decode("utf-8")
     except UnicodeDecodeError as err:
-        raise FormatError(f"'txt' member is not UTF-8 text ({err.reason} at byte {err.start})", where=here) from err
-    if "json" in fields:
-        _json_object(fields, here)
+        return f"{here} ({err.reason} at byte {err.start})"
+    return None
 
 
 def _json_object(fields: dict[str, bytes], here: str) -> dict[str, Any]:
@@ -101,7 +107,7 @@ def _kind_of(fields: dict[str, bytes]) -> str:
 
 
 def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None], limit: int,
-                kind: list[str]) -> _Shard:
+                kind: list[str], not_text: list[str]) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
         reader = HashingReader(f)
@@ -136,7 +142,8 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
         if kind[0] == "auto":
             kind[0] = _kind_of(fields)
         if kind[0] == "captions":
-            _caption(span.key, fields, where)
+            if (problem := _caption(span.key, fields, where)) is not None:
+                not_text.append(problem)
             continue
         label, name = _label(span.key, fields, where, limit)
         if name is not None and labels.get(label) not in (None, name):
@@ -195,8 +202,9 @@ def adopt_shards(
     member's ``class`` field when samples have one, else they are the labels as text.
 
     ``kind="captions"`` indexes image-text shards (img2dataset's output): each sample needs one
-    image member and a ``txt`` member (the caption, UTF-8); ``json`` is optional and every other
-    member is kept. ``"auto"`` (the default) takes the kind from the first sample: captioned when
+    image member and a ``txt`` member (the caption, UTF-8: one that is not is indexed all the same,
+    with one warning for them all, and the loader replaces such samples); ``json`` is optional and
+    every other member is kept. ``"auto"`` (the default) takes the kind from the first sample: captioned when
     it has ``txt`` and no ``cls``, else labelled.
     Writes ``<shard>.idx`` offsets files, with ``dali_index`` also ``<shard>.dali.idx``
     (:mod:`shardkit.format.dali_index`), and ``index.json`` last. Shards are not modified.
@@ -231,7 +239,13 @@ def adopt_shards(
     labels: dict[int, str | None] = {}
     limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
     found = [kind if kind != "auto" or classes is None else "imagefolder"]
-    shards = [_read_shard(store, name, keys, labels, limit, found) for name in urls]
+    not_text: list[str] = []  # captions that are not UTF-8 text
+    shards = [_read_shard(store, name, keys, labels, limit, found, not_text) for name in urls]
+    if not_text:
+        log.warning("shardkit: %d %s not UTF-8 text (%s%s); indexed all the same: the loader replaces such samples "
+                    "with others (on_error='replace'), shardkit verify names them", len(not_text),
+                    "caption is" if len(not_text) == 1 else "captions are", not_text[0],
+                    f" and {len(not_text) - 1:,} more" if len(not_text) > 1 else "")
     if found[0] == "auto":
         raise ManifestError("the .tar shards here hold no sample to index", where=store.url)
     class_names = _classes(labels, classes, store.url) if found[0] == "imagefolder" else None

@@ -54,3 +54,28 @@ def test_a_sample_without_caption_is_named(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match=r"sample has no 'cls' member"):
         adopt_shards(str(tmp_path / "wds"), kind="imagefolder")
     assert not (tmp_path / "wds" / "index.json").exists()
+
+
+def test_a_caption_that_is_not_utf8_is_indexed_said_and_replaced_by_the_loader(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from shardkit import ShardLoader
+
+    img2dataset_shards(tmp_path / "wds", shards=1)
+    with tarfile.open(tmp_path / "wds" / "00001.tar", "w") as tar:
+        for name, data in (("000010000.jpg", encode_image()), ("000010000.txt", b"caf\xe9")):  # Latin-1
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        manifest = adopt_shards(str(tmp_path / "wds"))  # one such caption used to stop the whole index
+    assert manifest.num_samples == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        f"shardkit: 1 caption is not UTF-8 text ({tmp_path / 'wds'}/00001.tar:000010000 (unexpected end of data "
+        "at byte 3)); indexed all the same: the loader replaces such samples with others (on_error='replace'), "
+        "shardkit verify names them"]
+    assert any("000010000.txt: caption is not UTF-8" in p for p in verify_dataset(str(tmp_path / "wds")).problems)
+    with ShardLoader(str(tmp_path / "wds"), batch_size=4, keys=True, shuffle=False) as loader:
+        [(_images, texts, keys)] = list(loader)
+    assert "000010000" not in keys and len(texts) == 4 and loader.stats.replaced == 1
