@@ -22,8 +22,8 @@ def reason_kind(reason: str) -> str:
     'corrupt image data'
     >>> reason_kind("empty file (0 bytes)")
     'empty file'
-    >>> reason_kind("row 101: no caption"), reason_kind("images[3]: repeats image id 7")
-    ('no caption', 'repeats image id 7')
+    >>> reason_kind("row 101: no caption"), reason_kind("images[3]: repeats an image id (id 7: ...)")
+    ('no caption', 'repeats an image id')
     """
     kind = _PLACE.sub("", reason, count=1)  # where in a table or a list: each row's own, not its kind
     return kind.split(" (", 1)[0].strip() or reason
