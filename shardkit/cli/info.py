@@ -50,10 +50,21 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     grouped = describe_reasons(m.skipped)
     click.echo(f"skipped   {len(m.skipped)}" + (f": {grouped}" if grouped else ""))
     print_drop_empty(m.extra)
-    if "annotation_report" in m.extra:  # what the pack said of the annotations
-        print_annotations(m.extra["annotation_report"])
+    report = m.extra.get("annotation_report")
+    if isinstance(report, dict) and _annotation_report(report):  # what the pack said (left out when malformed)
+        print_annotations(report)
     opts = {k: v for k, v in m.options.items() if k != "fingerprint"}
     click.echo(fit("options   " + ", ".join(f"{k}={v}" for k, v in opts.items()), 10))
+
+
+def _annotation_report(report: object) -> bool:
+    """Whether ``report`` is an annotation report as the pack writes it (an index.json edited by
+    hand may hold anything: it is then not shown, rather than a traceback)."""
+    counts = ("packed", "dropped", "kept_with_problems", "in_skipped_images")
+    return (isinstance(report, dict) and all(type(report.get(k)) is int for k in counts)
+            and isinstance(report.get("problems"), list)
+            and all(isinstance(p, dict) and isinstance(p.get("source"), str) and isinstance(p.get("reason"), str)
+                    for p in report["problems"]))
 
 
 #: Class (or category) names listed in full up to this many; past it the first ones, and where all are.

@@ -85,7 +85,7 @@ def _caption(key: str, fields: dict[str, bytes], where: str) -> str | None:
     try:
         fields["txt"].decode("utf-8")
     except UnicodeDecodeError as err:
-        return f"{here} ({err.reason} at byte {err.start})"
+        return f"{here}: {err.reason} at byte {err.start}"
     return None
 
 
@@ -107,7 +107,7 @@ def _kind_of(fields: dict[str, bytes]) -> str:
 
 
 def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None], limit: int,
-                kind: list[str], not_text: list[str]) -> _Shard:
+                kind: list[str], not_text: list[Any]) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
         reader = HashingReader(f)
@@ -143,7 +143,8 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             kind[0] = _kind_of(fields)
         if kind[0] == "captions":
             if (problem := _caption(span.key, fields, where)) is not None:
-                not_text.append(problem)
+                not_text[0] += 1  # [count, the first]
+                not_text[1] = not_text[1] or problem
             continue
         label, name = _label(span.key, fields, where, limit)
         if name is not None and labels.get(label) not in (None, name):
@@ -239,13 +240,14 @@ def adopt_shards(
     labels: dict[int, str | None] = {}
     limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
     found = [kind if kind != "auto" or classes is None else "imagefolder"]
-    not_text: list[str] = []  # captions that are not UTF-8 text
+    not_text: list[Any] = [0, ""]  # captions that are not UTF-8 text: how many, and the first
     shards = [_read_shard(store, name, keys, labels, limit, found, not_text) for name in urls]
-    if not_text:
-        log.warning("shardkit: %d %s not UTF-8 text (%s%s); indexed all the same: the loader replaces such samples "
-                    "with others (on_error='replace'), shardkit verify names them", len(not_text),
-                    "caption is" if len(not_text) == 1 else "captions are", not_text[0],
-                    f" and {len(not_text) - 1:,} more" if len(not_text) > 1 else "")
+    if not_text[0]:
+        count = not_text[0]
+        log.warning("shardkit: %s %s not UTF-8 text (%s%s); indexed all the same: the loader replaces such samples "
+                    "with others (on_error='replace'), and shardkit verify reports them as problems", f"{count:,}",
+                    "caption is" if count == 1 else "captions are", not_text[1],
+                    f", and {count - 1:,} more" if count > 1 else "")
     if found[0] == "auto":
         raise ManifestError("the .tar shards here hold no sample to index", where=store.url)
     class_names = _classes(labels, classes, store.url) if found[0] == "imagefolder" else None

@@ -22,8 +22,8 @@ def reason_kind(reason: str) -> str:
     'corrupt image data'
     >>> reason_kind("empty file (0 bytes)")
     'empty file'
-    >>> reason_kind("row 101: no caption"), reason_kind("images[3]: repeats an image id (id 7: ...)")
-    ('no caption', 'repeats an image id')
+    >>> reason_kind("row 101: no caption"), reason_kind("images[3]: repeated image id (id 7: ...)")
+    ('no caption', 'repeated image id')
     """
     kind = _PLACE.sub("", reason, count=1)  # where in a table or a list: each row's own, not its kind
     return kind.split(" (", 1)[0].strip() or reason
@@ -48,6 +48,7 @@ _PLURALS = {
     "unreadable file": "unreadable files", "file too large": "files too large",
     "unreadable image header": "unreadable image headers", "truncated JPEG": "truncated JPEGs",
     "truncated PNG": "truncated PNGs", "decompression bomb refused": "decompression bombs refused",
+    "repeated image id": "repeated image ids",
 }
 
 

@@ -194,7 +194,7 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                 refused.add(image["id"])
         elif image["id"] in images:
             warnings.append({"source": image["file_name"],
-                             "reason": f"images[{i}]: repeats an image id (id {image['id']!r}: only the "
+                             "reason": f"images[{i}]: repeated image id (id {image['id']!r}: only the "
                                        "first record is packed)"})
         else:
             images[image["id"]] = image

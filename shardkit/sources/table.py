@@ -226,19 +226,22 @@ def scan_caption_table(
 
 
 def _say_repeats(table: str, rows: list[tuple[int, str, str, str, dict[str, Any]]]) -> None:
-    """Warn of rows that repeat an earlier row's image and caption (each is still packed as a
-    sample of its own, as img2dataset keeps them; an image with several captions is no repeat)."""
-    first: dict[tuple[str, str], int] = {}
-    repeats: list[tuple[int, int]] = []
-    for row, path, _full, text, _meta in rows:
-        earlier = first.setdefault((path, text), row)
+    """Warn of rows that repeat an earlier row's image (as resolved) and caption (each is still
+    packed as a sample of its own, as img2dataset keeps them; an image with several captions is no
+    repeat). Keeps a hash per distinct row, a count and three examples."""
+    first: dict[int, int] = {}
+    count = 0
+    examples: list[str] = []
+    for row, _path, full, text, _meta in rows:
+        earlier = first.setdefault(hash((full, text)), row)
         if earlier != row:
-            repeats.append((earlier, row))
-    if repeats:
-        examples = ", ".join(f"row {b} repeats row {a}" for a, b in repeats[:3])
-        log.warning("shardkit: %s: %d %s the image and caption of an earlier row (%s%s); each is packed as a sample "
-                    "of its own", table, len(repeats), "row repeats" if len(repeats) == 1 else "rows repeat", examples,
-                    ", …" if len(repeats) > 3 else "")
+            count += 1
+            if len(examples) < 3:
+                examples.append(f"row {row} repeats row {earlier}")
+    if count:
+        log.warning("shardkit: %s: %s %s the image and caption of an earlier row (%s%s); each is packed as a "
+                    "sample of its own", table, f"{count:,}", "row repeats" if count == 1 else "rows repeat",
+                    ", ".join(examples), ", …" if count > 3 else "")
 
 
 def _parent(table: str) -> str:

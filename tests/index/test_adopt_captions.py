@@ -72,9 +72,9 @@ def test_a_caption_that_is_not_utf8_is_indexed_said_and_replaced_by_the_loader(
         manifest = adopt_shards(str(tmp_path / "wds"))  # one such caption used to stop the whole index
     assert manifest.num_samples == 4
     assert [r.getMessage() for r in caplog.records] == [
-        f"shardkit: 1 caption is not UTF-8 text ({tmp_path / 'wds'}/00001.tar:000010000 (unexpected end of data "
-        "at byte 3)); indexed all the same: the loader replaces such samples with others (on_error='replace'), "
-        "shardkit verify names them"]
+        f"shardkit: 1 caption is not UTF-8 text ({tmp_path / 'wds'}/00001.tar:000010000: unexpected end of data "
+        "at byte 3); indexed all the same: the loader replaces such samples with others (on_error='replace'), and "
+        "shardkit verify reports them as problems"]
     assert any("000010000.txt: caption is not UTF-8" in p for p in verify_dataset(str(tmp_path / "wds")).problems)
     with ShardLoader(str(tmp_path / "wds"), batch_size=4, keys=True, shuffle=False) as loader:
         [(_images, texts, keys)] = list(loader)

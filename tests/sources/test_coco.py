@@ -124,7 +124,7 @@ def test_bad_references_and_boxes_are_warned_with_counts(
     listing = scan_coco(str(images_dir), str(_write(ann, doc)))
     # Image records that cannot be packed are skipped inputs ...
     images = {(w["source"], w["reason"]) for w in listing.warnings}
-    assert any(s == "dup.jpg" and r.startswith("images[") and "repeats an image id (id " in r for s, r in images)
+    assert any(s == "dup.jpg" and r.startswith("images[") and "repeated image id (id " in r for s, r in images)
     assert any(s == "../escape.jpg" and "not a path inside the images folder" in r
                for s, r in images)
     assert len(listing.warnings) == 2
@@ -225,6 +225,16 @@ def test_malformed_segmentations_are_flagged_and_verify_warns(coco: tuple[Path, 
     info = CliRunner().invoke(cli, ["info", str(tmp_path / "out")])  # says what the pack said of them
     assert info.exit_code == 0 and "annotations 5 packed; 0 dropped, 3 kept, flagged" in info.output
     assert "3 annotation segmentation(s) are malformed" in info.output
+    as_json = CliRunner().invoke(cli, ["info", str(tmp_path / "out"), "--json"])
+    assert json.loads(as_json.output)["annotation_report"]["kept_with_problems"] == 3
+    index = tmp_path / "out" / "index.json"
+    doc = json.loads(index.read_text())
+    doc["annotation_report"] = {"packed": 1}  # edited by hand
+    index.write_text(json.dumps(doc))
+    CliRunner().invoke(cli, ["index", "--table", str(tmp_path / "out")])
+    edited = CliRunner().invoke(cli, ["info", str(tmp_path / "out")])
+    assert edited.exit_code == 0, edited.output  # left out, not a traceback
+    assert "annotations" not in edited.output and "samples" in edited.output
 
 
 def test_verify_fails_a_bbox_the_loader_cannot_read(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
@@ -253,3 +263,12 @@ def test_annotations_of_an_image_not_packed_are_said_to_be_so(coco: tuple[Path, 
     assert ("1 annotation(s) belong to image records not packed (skipped above); dropped (annotation ids 90001)"
             in reasons)
     assert "1 annotation(s) reference unknown image ids; dropped (annotation ids 90002)" in reasons
+
+
+def test_repeated_image_ids_are_one_kind_of_skip(coco: tuple[Path, Path, dict[str, Any]]) -> None:
+    from shardkit.pack.skips import describe_reasons
+
+    images_dir, ann, doc = coco
+    doc["images"] += [{**doc["images"][0], "file_name": "dup1.jpg"}, {**doc["images"][1], "file_name": "dup2.jpg"}]
+    listing = scan_coco(str(images_dir), str(_write(ann, doc)))
+    assert describe_reasons(listing.warnings) == "2 repeated image ids"  # one kind, whatever the ids
