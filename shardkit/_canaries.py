@@ -64,26 +64,22 @@ def _dataloader_iterator_has_workers() -> bool:
 
 
 def _dataloader_done_event_from_context() -> bool:
-    """torch makes its workers' ``done`` event with the DataLoader's multiprocessing context."""
-    import multiprocessing
-
+    """torch makes its workers' ``done`` event with the DataLoader's multiprocessing context (the
+    loader's own, :class:`~shardkit.loader.run.deaths.DeathSafeContext`, counted here)."""
     from torch.utils.data import DataLoader
+
+    from shardkit.loader.run.deaths import DeathSafeContext, FlagEvent
 
     made = []
 
-    class Counting(multiprocessing.context.BaseContext):
-        def get_context(self, method: str | None = None) -> Any:
-            return multiprocessing.get_context(method)
-
-        def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 (multiprocessing's name)
-            return self.get_context().Process(*args, **kwargs)
-
+    class Counting(DeathSafeContext):
         def Event(self) -> Any:  # noqa: N802 (multiprocessing's name)
-            made.append(1)
-            return self.get_context().Event()
+            event = super().Event()
+            made.append(event)
+            return event
 
     loader: DataLoader[int] = DataLoader(range(2), num_workers=1, multiprocessing_context=Counting())  # type: ignore[arg-type]
-    return len(list(loader)) == 2 and len(made) == 1
+    return len(list(loader)) == 2 and len(made) == 1 and isinstance(made[0], FlagEvent)
 
 
 def _pool_has_processes() -> bool:
