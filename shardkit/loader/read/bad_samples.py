@@ -57,6 +57,11 @@ class Filled(Generic[T]):
     replaced: int
     copies: list[tuple[int, int]]
 
+    def source(self, slot: int) -> int:
+        """The slot whose sample ``slot`` holds: its own, or the one it took a copy of (a copy is
+        always of a good slot, so one step)."""
+        return next((src for dst, src in self.copies if dst == slot), slot)
+
 
 def fill_batch(attempt: Callable[[int, int, int, int], T], reader: ShardReader, shards: Sequence[int],
                indices: Sequence[int], seeds: Sequence[int], *, on_error: str) -> Filled[T]:

@@ -70,6 +70,7 @@ def test_fill_batch_replaces_within_the_batch_then_from_the_shard_then_raises_na
     reader = _fake_reader(100)
     got = fill_batch(attempt_good_above(1), reader, [0, 0, 0], [0, 1, 2], [7, 8, 9], on_error="replace")  # type: ignore[arg-type]
     assert got.keys == ["k1", "k1", "k2"] and got.results[0] == (1, 8) and got.copies == [(0, 1)] and got.replaced == 1
+    assert [got.source(i) for i in range(3)] == [1, 1, 2]  # slot 0 holds slot 1's sample (its shard names it)
     got = fill_batch(attempt_good_above(5), reader, [0, 0], [0, 1], [7, 8], on_error="replace")  # type: ignore[arg-type]
     assert got.keys == ["k5", "k5"] and got.results == [(5, 7), (5, 7)] and got.replaced == 2
     with pytest.raises(LoaderError, match=r"k0, k1.*after k0") as info:

@@ -196,7 +196,7 @@ class CpuBatchBuilder:
         targets = [label for label, _ in got.results]
         try:
             labels = (torch.tensor(targets, dtype=torch.int64) if self.captions is None
-                      else self.captions.collate(targets, f"{self.samples.reader.where(int(shards[0]))}:{got.keys[0]}"))
+                      else self.captions.collate(targets, f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}"))
         except BaseException:
             if slot is not None:
                 slot.release()  # nor from this one: the text_transform failed
@@ -213,7 +213,7 @@ class CpuBatchBuilder:
             batch = _collated(results)
             if batch is not None:
                 return CpuBatch(batch, labels, got.keys, stats)
-            _check_sendable(results[0], f"{self.samples.reader.where(int(shards[0]))}:{got.keys[0]}")
+            _check_sendable(results[0], f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
         return CpuBatch(results, labels, got.keys, stats)
 
 

@@ -112,7 +112,7 @@ class RawBatchBuilder:
             labels, texts = np.array(targets, dtype=np.int64), None
         else:
             labels, texts = np.arange(len(targets), dtype=np.int64), self.captions.collate(
-                targets, f"{self.samples.reader.where(int(shards[0]))}:{got.keys[0]}")
+                targets, f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
         return RawBatch(self._pack([item for _, item in got.results], labels), got.keys, stats, texts)
 
     def _pack(self, items: list[Item], labels: np.ndarray) -> RawImages:
