@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from shardkit.bench.isolate import in_fresh_process
+from shardkit.bench.isolate import GRACE_S, in_fresh_process
 
 
 def _pid() -> int:
@@ -21,6 +26,10 @@ def _die() -> None:
     os._exit(3)
 
 
+def _kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def test_each_call_is_a_new_process_that_is_gone_after_it() -> None:
     first, second = in_fresh_process(_pid), in_fresh_process(_pid)
     assert len({first, second, os.getpid()}) == 3
@@ -33,3 +42,70 @@ def test_an_exception_comes_back_as_itself_and_a_death_is_named() -> None:
         in_fresh_process(_refuse, "batch")
     with pytest.raises(RuntimeError, match="the run of dali@8 died in its process"):
         in_fresh_process(_die, what="the run of dali@8")
+    with pytest.raises(RuntimeError, match=r"without an answer \(killed by SIGKILL: out of memory\?\)"):
+        in_fresh_process(_kill_self)
+
+
+def _sleep_after_writing_pid(path: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    time.sleep(600)
+
+
+_BENCH = """
+import signal, sys
+from shardkit.bench.isolate import in_fresh_process
+from shardkit.cli import _terminate  # the CLI's SIGTERM: raised in the main thread as Ctrl-C is
+from tests.bench.test_isolate import _sleep_after_writing_pid
+signal.signal(signal.SIGTERM, _terminate)
+try:
+    in_fresh_process(_sleep_after_writing_pid, sys.argv[1])
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(143)
+"""
+
+
+def _start_bench(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
+    """A bench-like script waiting on a run that sleeps; returns it and the run's pid."""
+    pid_file = tmp_path / "run.pid"
+    bench = subprocess.Popen([sys.executable, "-c", _BENCH, str(pid_file)], cwd=Path(__file__).parents[2],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists():
+        assert bench.poll() is None, bench.communicate()
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.05)
+    return bench, int(pid_file.read_text())
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_a_terminated_bench_stops_its_run_at_once_instead_of_waiting_for_it(tmp_path: Path) -> None:
+    bench, run = _start_bench(tmp_path)
+    t0 = time.monotonic()
+    bench.send_signal(signal.SIGTERM)  # the bench alone, as `kill PID` or a scheduler's stop sends it
+    out, err = bench.communicate(timeout=GRACE_S + 20)
+    assert (bench.returncode, out.strip()) == (143, "interrupted"), err
+    assert time.monotonic() - t0 < GRACE_S  # the run unwound on its SIGTERM; nothing waited for its sleep
+    assert _gone_within(run, 5)
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.timeout(120)
+def test_a_run_whose_bench_was_killed_stops_itself(tmp_path: Path) -> None:
+    bench, run = _start_bench(tmp_path)
+    bench.kill()  # no chance to stop the run: the run's lifeline closes
+    bench.communicate(timeout=30)
+    assert _gone_within(run, GRACE_S)
