@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
+import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from types import FrameType
@@ -36,13 +38,14 @@ GRACE_S = 10.0
 
 def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run") -> T:
     """``work(*args)`` in a newly spawned process that exits when it returns; its result (or its
-    exception) comes back pickled. ``work`` must be importable by name (a module-level function).
-    An interruption of the caller (``KeyboardInterrupt`` or any other ``BaseException`` while it
-    waits) stops the process, then propagates.
+    exception, with the run's traceback as its ``__cause__``) comes back pickled. ``work`` must be
+    importable by name (a module-level function). An interruption of the caller
+    (``KeyboardInterrupt`` or any other ``BaseException`` while it waits) stops the process, then
+    propagates; a second one while the process unwinds kills it at once.
 
     Raises:
-        RuntimeError: the process died without an answer (killed, out of memory, a crash in native
-            code), naming ``what``.
+        RuntimeError: the process died or was stopped without an answer (killed, out of memory, a
+            signal, a crash in native code), naming ``what`` and how it ended.
     """
     context = multiprocessing.get_context("spawn")
     answers, answer = context.Pipe(duplex=False)
@@ -64,13 +67,34 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
     process.join()
     if reply is None:
         raise RuntimeError(f"{what} died in its process without an answer ({_death(process.exitcode)})")
-    ok, value = reply
+    ok, value, remote = reply
     if ok:
         return value
+    if isinstance(value, _Stopped):
+        raise RuntimeError(f"{what} was stopped in its process by {value.args[0]}") from None
+    if remote:
+        value.__cause__ = _RemoteTraceback(remote)
     raise value
 
 
-def _wait_for(process: multiprocessing.process.BaseProcess, answers: Connection) -> tuple[bool, Any] | None:
+class _Stopped(Exception):
+    """The answer of a run stopped by a signal (its name in ``args[0]``)."""
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of a run's exception, as its process printed it (the ``__cause__`` of the
+    exception raised here, as :mod:`concurrent.futures` attaches it)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.text}\"\"\""
+
+
+def _wait_for(process: multiprocessing.process.BaseProcess, answers: Connection
+              ) -> tuple[bool, Any, str | None] | None:
     """The process's answer, or None once it died without one."""
     while True:
         ready = wait([answers, process.sentinel])
@@ -79,18 +103,23 @@ def _wait_for(process: multiprocessing.process.BaseProcess, answers: Connection)
                 return answers.recv()
             except EOFError:  # closed without an answer: it is dying
                 return None
+            except Exception as err:  # checked by a round trip in the run: should not happen
+                return False, RuntimeError(f"the run's answer could not be read ({type(err).__name__}: {err})"), None
         if process.sentinel in ready:
             return None
 
 
 def _stop(process: multiprocessing.process.BaseProcess) -> None:
-    """SIGTERM, :data:`GRACE_S` to unwind, then SIGKILL."""
-    if process.is_alive():
-        process.terminate()
-        process.join(GRACE_S)
-    if process.is_alive():
-        process.kill()
-    process.join()
+    """SIGTERM, :data:`GRACE_S` to unwind, then SIGKILL (at once when another interruption cuts
+    the wait short)."""
+    try:
+        if process.is_alive():
+            process.terminate()
+            process.join(GRACE_S)
+    finally:
+        if process.is_alive():
+            process.kill()
+        process.join()
 
 
 def _death(exitcode: int | None) -> str:
@@ -98,50 +127,83 @@ def _death(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
         return f"killed by {name}" + (": out of memory?" if exitcode == -signal.SIGKILL else "")
-    return f"exit code {exitcode}: a crash in native code, or os._exit"
+    return f"it exited with code {exitcode}"
+
+
+#: The signal that stopped the run's process (its first SIGTERM or SIGINT); later ones are
+#: ignored, so that a SIGTERM after a Ctrl-C (both reach a run when a terminal's Ctrl-C stops
+#: the bench) does not cut short the unwinding the first one started.
+_stopped_by: list[str] = []
+#: Set once the run has its answer: a signal then finds nothing to stop.
+_answered = threading.Event()
 
 
 def _serve(answer: Connection, lifeline: Connection, work: Callable[..., Any], args: tuple[Any, ...]) -> None:
     """The run's process: ``work(*args)``, its result or exception sent back on ``answer``."""
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
-    threading.Thread(target=_watch, args=(lifeline,), name="shardkit-lifeline", daemon=True).start()
+    reply: tuple[bool, Any, str | None]
     try:
-        reply: tuple[bool, Any] = (True, work(*args))
+        _arm(lifeline)
+        reply = (True, work(*args), None)
     except KeyboardInterrupt:
-        return  # stopped (by the bench, its death, or a Ctrl-C the bench also got): nobody waits for an answer
+        reply = (False, _Stopped(_stopped_by[0] if _stopped_by else "SIGINT"), None)
     except Exception as err:
-        reply = (False, err)
+        reply = (False, err, traceback.format_exc())
     finally:
-        _stopping.set()  # unwound: a later signal finds nothing to stop (the watcher ends the process)
+        _answered.set()
+    with contextlib.suppress(BrokenPipeError):  # the bench is gone (or stopped this run): nobody reads
+        answer.send(_sendable(reply))
+
+
+def _sendable(reply: tuple[bool, Any, str | None]) -> tuple[bool, Any, str | None]:
+    """``reply`` if it survives pickling both ways (an exception whose ``__init__`` takes other
+    arguments than it keeps pickles and then fails to unpickle), else a RuntimeError saying what."""
+    ok, value, remote = reply
     try:
-        answer.send(reply)
-    except BrokenPipeError:
-        return  # the bench is gone
-    except Exception as err:  # an unpicklable result or exception
-        answer.send((False, RuntimeError(f"the run's {'result' if reply[0] else 'error'} cannot be sent back "
-                                         f"({type(err).__name__}: {err}): {reply[1]!r:.200}")))
+        pickle.loads(pickle.dumps(value))
+        return reply
+    except Exception as err:
+        what = "result" if ok else f"error ({type(value).__name__}: {value})"
+        return False, RuntimeError(f"the run's {what:.300} cannot be sent back ({type(err).__name__}: {err})"), remote
 
 
-#: Set once the run's process was interrupted or has its answer: later signals are ignored, so
-#: that a SIGTERM after a Ctrl-C (both reach it when a terminal's Ctrl-C stops the bench) does
-#: not cut short the unwinding the first one started.
-_stopping = threading.Event()
+def _arm(lifeline: Connection) -> None:
+    """Stop the run on its first SIGTERM or SIGINT (unless SIGINT was ignored when it started, as
+    for a job started in the background), and when the bench's end of ``lifeline`` closes.
+
+    A signal may be delivered to any thread, and Python runs its handler in the main thread only
+    once that thread is between two bytecodes: a main thread blocked in a call (a sleep, a pipe,
+    a CUDA wait) would not see it. Each signal therefore also wakes a thread that re-sends it to
+    the main thread, whose blocked call then returns (EINTR) and lets the handler raise."""
+    main = threading.main_thread().ident
+    assert main is not None
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _interrupt)
+
+    def forward() -> None:
+        while data := os.read(wake_r, 64):
+            # each signal the main thread receives writes here too: forward only until its handler ran
+            if not _stopped_by and not _answered.is_set():
+                signal.pthread_kill(main, data[0])
+
+    def watch() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            lifeline.recv()
+        if not _answered.is_set():
+            signal.pthread_kill(main, signal.SIGTERM)
+        threading.Event().wait(GRACE_S)
+        os._exit(1)
+
+    threading.Thread(target=forward, name="shardkit-signals", daemon=True).start()
+    threading.Thread(target=watch, name="shardkit-lifeline", daemon=True).start()
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     """SIGTERM or SIGINT in the run's process: the first raises KeyboardInterrupt in its main thread."""
-    if _stopping.is_set():
+    if _stopped_by or _answered.is_set():
         return
-    _stopping.set()
+    _stopped_by.append(signal.Signals(signum).name)
     raise KeyboardInterrupt
-
-
-def _watch(lifeline: Connection) -> None:
-    """Stop this run when the bench's process is gone or done with it (its end of the lifeline
-    closes), and end the process if it has not ended :data:`GRACE_S` later."""
-    with contextlib.suppress(EOFError, OSError):
-        lifeline.recv()
-    os.kill(os.getpid(), signal.SIGTERM)
-    threading.Event().wait(GRACE_S)
-    os._exit(1)

@@ -30,6 +30,21 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class _TwoPartError(Exception):
+    """Pickles, and does not unpickle: its ``__init__`` takes other arguments than it keeps."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+
+
+def _refuse_deep() -> None:
+    _refuse("batch")
+
+
+def _raise_two_part() -> None:
+    raise _TwoPartError("/data/shard-7.tar", "truncated")
+
+
 def test_each_call_is_a_new_process_that_is_gone_after_it() -> None:
     first, second = in_fresh_process(_pid), in_fresh_process(_pid)
     assert len({first, second, os.getpid()}) == 3
@@ -44,6 +59,15 @@ def test_an_exception_comes_back_as_itself_and_a_death_is_named() -> None:
         in_fresh_process(_die, what="the run of dali@8")
     with pytest.raises(RuntimeError, match=r"without an answer \(killed by SIGKILL: out of memory\?\)"):
         in_fresh_process(_kill_self)
+
+
+def test_an_exception_brings_the_runs_traceback_and_one_that_cannot_travel_is_named() -> None:
+    with pytest.raises(ValueError, match="no batch") as info:
+        in_fresh_process(_refuse_deep)
+    assert "in _refuse_deep" in str(info.value.__cause__)  # the run's own traceback
+    with pytest.raises(RuntimeError, match=r"the run's error \(_TwoPartError: /data/shard-7.tar: truncated\) cannot "
+                                           r"be sent back \(TypeError"):
+        in_fresh_process(_raise_two_part)
 
 
 def _sleep_after_writing_pid(path: str) -> None:
@@ -71,7 +95,8 @@ def _start_bench(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
     """A bench-like script waiting on a run that sleeps; returns it and the run's pid."""
     pid_file = tmp_path / "run.pid"
     bench = subprocess.Popen([sys.executable, "-c", _BENCH, str(pid_file)], cwd=Path(__file__).parents[2],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)  # a process group of its own, as a terminal's job
     deadline = time.monotonic() + 60
     while not pid_file.exists():
         assert bench.poll() is None, bench.communicate()
@@ -92,13 +117,20 @@ def _gone_within(pid: int, seconds: float) -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_a_terminated_bench_stops_its_run_at_once_instead_of_waiting_for_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["SIGTERM to the bench", "Ctrl-C"])
+def test_a_terminated_bench_stops_its_run_at_once_instead_of_waiting_for_it(tmp_path: Path, how: str) -> None:
+    """SIGTERM to the bench alone (`kill PID`, a scheduler's stop), and Ctrl-C, which a terminal
+    sends to the bench and its run together: the run used to be stopped in its sleep only when
+    the signal happened to reach its main thread, and otherwise killed after the grace period."""
     bench, run = _start_bench(tmp_path)
     t0 = time.monotonic()
-    bench.send_signal(signal.SIGTERM)  # the bench alone, as `kill PID` or a scheduler's stop sends it
+    if how == "Ctrl-C":
+        os.killpg(bench.pid, signal.SIGINT)
+    else:
+        bench.send_signal(signal.SIGTERM)
     out, err = bench.communicate(timeout=GRACE_S + 20)
     assert (bench.returncode, out.strip()) == (143, "interrupted"), err
-    assert time.monotonic() - t0 < GRACE_S  # the run unwound on its SIGTERM; nothing waited for its sleep
+    assert time.monotonic() - t0 < GRACE_S / 2  # the run unwound at once; nothing waited for its sleep
     assert _gone_within(run, 5)
     assert "Traceback" not in err, err
 
