@@ -270,6 +270,14 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
             f"and {data['images']} images: the comparison would not be on the same data (pack it "
             f"with shardkit pack{omit})"
         )
+    elif "class_names" in data and list(manifest.classes or ()) != list(data["class_names"]):
+        ours, theirs = list(manifest.classes or ()), list(data["class_names"])
+        i = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
+        raise ValueError(
+            f"--shards {shards} names its classes otherwise than {data['path']} (class {i}: {ours[i]!r} "
+            f"packed, {theirs[i]!r} in the folder): the comparison would not be on the same data (pack it "
+            f"with shardkit pack{omit})"
+        )
     packed_with = manifest.options.get("jpeg_restart")
     if jpeg_restart is not None and packed_with != jpeg_restart:
         raise ValueError(
@@ -316,6 +324,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         pack_info = None if store.exists("index.json") else _pack(cfg, shards, data["images"], sink)
         manifest = read_manifest(store)
         check_same_data(manifest, data, shards, cfg.jpeg_restart)
+        data.pop("class_names", None)
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
         skipped = frozenset(s["source"] for s in manifest.skipped)

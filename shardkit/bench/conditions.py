@@ -101,14 +101,17 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
     Example::
 
         describe_imagefolder("data/train")
-        # {"images": 4000, "classes": 10, "mean_kpix": 190.3, ...}
+        # {"images": 4000, "classes": 10, "mean_kpix": 190.3, ..., "class_names": ["cat", ...]}
+
+    ``class_names`` is for :func:`~shardkit.bench.api.check_same_data`; reports leave it out.
     """
     from shardkit.sources import scan_imagefolder
 
     listing = scan_imagefolder(root)
     files = _describe_files([s.path for s in listing.samples], [s.size for s in listing.samples],
                             sample=sample, seed=seed)
-    return {"path": os.path.abspath(root), "classes": len(listing.classes or ()), **files}
+    return {"path": os.path.abspath(root), "classes": len(listing.classes or ()), **files,
+            "class_names": list(listing.classes or ())}
 
 
 def describe_captions(source: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:

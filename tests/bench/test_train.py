@@ -87,6 +87,29 @@ def test_settings_are_checked(tiny_tree: Path, packed: Path) -> None:
         run_train_bench(_cfg(tiny_tree, packed, sleep_waits=True))
 
 
+def test_shards_of_other_data_and_a_batch_larger_than_the_data_are_refused_before_any_run(
+        tiny_tree: Path, packed: Path, tmp_path: Path) -> None:
+    """The loaders must be compared on the same images: the training bench checked nothing and
+    timed ImageFolder on one tree against ShardLoader on another."""
+    import shutil
+
+    from sample_data.generate import make_imagenet_like
+
+    other = tmp_path / "other"
+    make_imagenet_like(other, classes=3, per_class=4, seed=1, size=(40, 30))
+    with pytest.raises(ValueError, match=r"holds imagefolder data of 2 classes and 24 source images, but .*other has "
+                                         r"3 classes and 12 images: the comparison would not be on the same data"):
+        run_train_bench(_cfg(other, packed))
+    renamed = tmp_path / "renamed"
+    shutil.copytree(tiny_tree, renamed)
+    first = sorted(p for p in renamed.iterdir() if p.is_dir())[0]
+    first.rename(renamed / "zz-renamed")
+    with pytest.raises(ValueError, match=r"names its classes otherwise than .*renamed \(class 0: '\w+' packed, "):
+        run_train_bench(_cfg(renamed, packed))
+    with pytest.raises(ValueError, match="24 images make no full batch of 32: lower --batch-size"):
+        run_train_bench(_cfg(tiny_tree, packed, batch_size=32))
+
+
 def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: Path) -> None:
     runner = CliRunner()
     base = ["bench", str(tiny_tree), "--shards", str(packed), "--size", "32", "--batch-size", "4", "--steps", "1",
