@@ -195,8 +195,11 @@ class CpuBatchBuilder:
             raise
         targets = [label for label, _ in got.results]
         try:
-            labels = (torch.tensor(targets, dtype=torch.int64) if self.captions is None
-                      else self.captions.collate(targets, f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}"))
+            if self.captions is None:
+                labels = torch.tensor(targets, dtype=torch.int64)
+            else:
+                labels = self.captions.collate(
+                    targets, f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
         except BaseException:
             if slot is not None:
                 slot.release()  # nor from this one: the text_transform failed
