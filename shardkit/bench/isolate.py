@@ -21,9 +21,11 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any, TypeVar
@@ -50,16 +52,20 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
     context = multiprocessing.get_context("spawn")
     answers, answer = context.Pipe(duplex=False)
     lifeline, held = context.Pipe(duplex=False)  # ``held`` stays open here for as long as this process lives
-    process = context.Process(target=_serve, args=(answer, lifeline, work, args), name="shardkit-bench-run")
+    sigint_ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    process = context.Process(target=_serve, args=(answer, lifeline, work, args, sigint_ignored),
+                              name="shardkit-bench-run")
     try:
-        process.start()
-    finally:
-        answer.close()
-        lifeline.close()
-    try:
+        try:
+            with _sigint_ignored():  # inherited: a Ctrl-C while the run imports torch is no traceback there
+                process.start()
+        finally:
+            answer.close()
+            lifeline.close()
         reply = _wait_for(process, answers)
     except BaseException:
-        _stop(process)
+        if process.pid is not None:
+            _stop(process)
         raise
     finally:
         answers.close()
@@ -75,6 +81,21 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
     if remote:
         value.__cause__ = _RemoteTraceback(remote)
     raise value
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored meanwhile, in the main thread (elsewhere, or where a handler that is not
+    Python's is installed, nothing changes)."""
+    before = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or before is None:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 class _Stopped(Exception):
@@ -130,26 +151,40 @@ def _death(exitcode: int | None) -> str:
     return f"it exited with code {exitcode}"
 
 
-#: The signal that stopped the run's process (its first SIGTERM or SIGINT); later ones are
-#: ignored, so that a SIGTERM after a Ctrl-C (both reach a run when a terminal's Ctrl-C stops
-#: the bench) does not cut short the unwinding the first one started.
+#: The signals that stopped the run's process, by name (the first one raised KeyboardInterrupt in
+#: its main thread).
 _stopped_by: list[str] = []
-#: Set once the run has its answer: a signal then finds nothing to stop.
-_answered = threading.Event()
+#: A SIGINT taken by the thread that waits for it, passed on to the main thread as SIGTERM.
+_via: list[str] = []
+#: When the last KeyboardInterrupt was raised (time.monotonic()).
+_raised_at: list[float] = []
+#: Seconds after which a run still not unwound is interrupted again: a KeyboardInterrupt raised
+#: in a ``__del__`` (a DataLoader iterator's, say) is printed and dropped by Python, and the run
+#: would go on. Sooner, further signals are ignored, so that the SIGTERM that follows a Ctrl-C
+#: (both reach a run when a terminal's Ctrl-C stops the bench) does not cut short the unwinding
+#: the first one started.
+RETRY_S = 3.0
+#: Set once the interruption has unwound the run, or the run has its answer: a signal then finds
+#: nothing to stop.
+_done = threading.Event()
 
 
-def _serve(answer: Connection, lifeline: Connection, work: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """The run's process: ``work(*args)``, its result or exception sent back on ``answer``."""
+def _serve(answer: Connection, lifeline: Connection, work: Callable[..., Any], args: tuple[Any, ...],
+           sigint_ignored: bool) -> None:
+    """The run's process: ``work(*args)``, its result or exception sent back on ``answer``.
+    ``sigint_ignored``: the bench ignored SIGINT (the run then does too)."""
     reply: tuple[bool, Any, str | None]
     try:
-        _arm(lifeline)
+        _arm(lifeline, sigint_ignored)
         reply = (True, work(*args), None)
     except KeyboardInterrupt:
         reply = (False, _Stopped(_stopped_by[0] if _stopped_by else "SIGINT"), None)
     except Exception as err:
-        reply = (False, err, traceback.format_exc())
+        # stopping, a DataLoader's workers killed by the same Ctrl-C raise their own error
+        reply = ((False, _Stopped(_stopped_by[0]), None) if _stopped_by
+                 else (False, err, traceback.format_exc()))
     finally:
-        _answered.set()
+        _done.set()
     with contextlib.suppress(BrokenPipeError):  # the bench is gone (or stopped this run): nobody reads
         answer.send(_sendable(reply))
 
@@ -166,44 +201,74 @@ def _sendable(reply: tuple[bool, Any, str | None]) -> tuple[bool, Any, str | Non
         return False, RuntimeError(f"the run's {what:.300} cannot be sent back ({type(err).__name__}: {err})"), remote
 
 
-def _arm(lifeline: Connection) -> None:
-    """Stop the run on its first SIGTERM or SIGINT (unless SIGINT was ignored when it started, as
-    for a job started in the background), and when the bench's end of ``lifeline`` closes.
+def _arm(lifeline: Connection, sigint_ignored: bool) -> None:
+    """Stop the run on its first SIGTERM or SIGINT (unless the bench ignored SIGINT, as a job
+    started in the background does), and when the bench's end of ``lifeline`` closes.
+
+    The run starts with SIGINT ignored (from the bench), then holds it (blocked) in the threads
+    and the processes it starts from here on (a DataLoader's workers): a terminal's Ctrl-C
+    reaches the whole process group, and those would print tracebacks from wherever it caught
+    them, mid-import or mid-batch. One thread takes SIGINT (``sigwait``) and stops the run as
+    SIGTERM does; the run stops its processes as it unwinds.
 
     A signal may be delivered to any thread, and Python runs its handler in the main thread only
     once that thread is between two bytecodes: a main thread blocked in a call (a sleep, a pipe,
     a CUDA wait) would not see it. Each signal therefore also wakes a thread that re-sends it to
-    the main thread, whose blocked call then returns (EINTR) and lets the handler raise."""
+    the main thread, whose blocked call then returns (EINTR) and lets the handler raise; that
+    thread interrupts the run again every :data:`RETRY_S` until it has unwound."""
     main = threading.main_thread().ident
     assert main is not None
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGTERM, _interrupt)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, _interrupt)
+    hook = sys.unraisablehook
+
+    def unraisable(info: Any) -> None:  # an interruption dropped in a __del__: retried, not printed
+        if not (_stopped_by and isinstance(info.exc_value, KeyboardInterrupt)):
+            hook(info)
+
+    sys.unraisablehook = unraisable
 
     def forward() -> None:
         while data := os.read(wake_r, 64):
             # each signal the main thread receives writes here too: forward only until its handler ran
-            if not _stopped_by and not _answered.is_set():
+            if not _stopped_by and not _done.is_set():
                 signal.pthread_kill(main, data[0])
+            while _stopped_by and not _done.wait(RETRY_S):
+                signal.pthread_kill(main, signal.SIGTERM)  # not unwound yet: the interruption was dropped
 
     def watch() -> None:
         with contextlib.suppress(EOFError, OSError):
             lifeline.recv()
-        if not _answered.is_set():
+        if not _done.is_set():
             signal.pthread_kill(main, signal.SIGTERM)
         threading.Event().wait(GRACE_S)
         os._exit(1)
 
+    def take_sigint() -> None:  # SIGINT stays held in every thread (and process) the run starts
+        while True:
+            signal.sigwait({signal.SIGINT})
+            if not _done.is_set():
+                _via.append("SIGINT")
+                signal.pthread_kill(main, signal.SIGTERM)
+
+    if not sigint_ignored:  # held first: the threads started here and after inherit it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, _interrupt)  # for a thread started before (by an import) that takes it
+        threading.Thread(target=take_sigint, name="shardkit-sigint", daemon=True).start()
     threading.Thread(target=forward, name="shardkit-signals", daemon=True).start()
     threading.Thread(target=watch, name="shardkit-lifeline", daemon=True).start()
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM or SIGINT in the run's process: the first raises KeyboardInterrupt in its main thread."""
-    if _stopped_by or _answered.is_set():
+    """SIGTERM or SIGINT in the run's process: raise KeyboardInterrupt in its main thread, once,
+    or again :data:`RETRY_S` after the last time when the run has not unwound."""
+    if _done.is_set():
         return
-    _stopped_by.append(signal.Signals(signum).name)
+    now = time.monotonic()
+    _stopped_by.append(_via.pop() if _via else signal.Signals(signum).name)
+    if _raised_at and now - _raised_at[-1] < RETRY_S:
+        return
+    _raised_at.append(now)
     raise KeyboardInterrupt
