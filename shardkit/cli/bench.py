@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from shardkit.cli.progress import BenchBar, bars_enabled
 from shardkit.cli.report import fit
@@ -142,6 +143,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if sleep_waits and (train_model is None or detector or not device.startswith("cuda")):
         raise click.UsageError("--sleep-waits is for --train with a classifier on --device cuda")
     feeder_count = _feeders(feeders, workers, train_model is not None and not detector, contenders)
+    _refuse_other_modes_options(click.get_current_context(), train=train_model is not None)
     dali_counts = _dali_threads(dali_threads)
     fitting = DETECTOR_CONTENDERS if detector else CLASSIFIER_CONTENDERS
     if train_model is not None and not set(contenders) <= set(fitting):
@@ -151,7 +153,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if out is not None:
         out = _writable(out, "--out")
     if plot is not None:
-        plot = _writable(plot, "--plot")
+        plot = _writable(_png(plot, out), "--plot")
         if importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install 'shardkit[bench]' (or leave out --plot)")
     if not quiet:  # the cheap checks passed; torch and the data take seconds: say what is happening now
@@ -206,6 +208,39 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         bar.close()
     click.echo(format_table(report, width=_terminal_width()))
     _save(report, out, plot, plot_report)
+
+
+#: Options of the training bench alone, and of the loader bench alone (by parameter name).
+_TRAIN_ONLY = ("steps", "dali_threads", "dali_hw_load", "dali_prefetch", "isolate")
+_LOADERS_ONLY = ("epochs", "drop_caches", "no_webdataset", "jpeg_restart", "plot", "transform")
+
+
+def _refuse_other_modes_options(ctx: click.Context, *, train: bool) -> None:
+    """An option given on the command line that the chosen bench does not use is refused, not
+    ignored (``--feeders``, ``--sleep-waits`` and ``--contender`` say it themselves)."""
+    flags = {p.name: p.secondary_opts[0] if p.secondary_opts and not ctx.params[p.name] else p.opts[0]
+             for p in ctx.command.params if p.name}  # a --no-x flag as given
+    given = [name for name in (_LOADERS_ONLY if train else _TRAIN_ONLY)
+             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+    if given:
+        what = ", ".join(flags[name] for name in given)
+        raise click.UsageError(f"{what}: for the loader bench, which --train replaces (it times --steps): leave "
+                               f"{'it' if len(given) == 1 else 'them'} out" if train else
+                               f"{what}: for --train, the training bench (the loader bench times --epochs): add "
+                               f"--train MODEL or leave {'it' if len(given) == 1 else 'them'} out")
+
+
+def _png(plot: str, out: str | None) -> str:
+    """``--plot``'s file: a PNG (``.png`` added to a name without a suffix, as matplotlib would),
+    not the ``--out`` report's."""
+    root, suffix = os.path.splitext(plot)
+    if not suffix:
+        plot += ".png"
+    elif suffix.lower() != ".png":
+        raise BenchError(f"--plot draws a PNG: name it {root}.png", where=f"--plot {plot}")
+    if out is not None and os.path.abspath(plot) == os.path.abspath(out):
+        raise BenchError("is also --out, the JSON report: give each its own file", where=f"--plot {plot}")
+    return plot
 
 
 class BenchError(ShardkitError):

@@ -110,6 +110,25 @@ def test_shards_of_other_data_and_a_batch_larger_than_the_data_are_refused_befor
         run_train_bench(_cfg(tiny_tree, packed, batch_size=32))
 
 
+def test_cli_refuses_an_option_of_the_other_bench_and_a_plot_that_is_no_png(tiny_tree: Path, packed: Path,
+                                                                            tmp_path: Path) -> None:
+    """Given on the command line, an option the chosen bench does not use was ignored without a word."""
+    runner = CliRunner()
+    base = ["bench", str(tiny_tree), "--shards", str(packed), "--size", "32", "--batch-size", "4", "-q"]
+    for args, message in [(["--steps", "7"], "--steps: for --train, the training bench (the loader bench times "
+                                             "--epochs): add --train MODEL or leave it out"),
+                          (["--dali-threads", "4", "--no-isolate"], "--dali-threads, --no-isolate: for --train"),
+                          (["--train", "resnet18", "--epochs", "3"], "--epochs: for the loader bench, which --train "
+                                                                     "replaces (it times --steps): leave it out"),
+                          (["--train", "resnet18", "--plot", str(tmp_path / "p.png")], "--plot: for the loader"),
+                          (["--plot", str(tmp_path / "p.txt")], "--plot draws a PNG: name it"),
+                          (["--out", str(tmp_path / "r.png"), "--plot", str(tmp_path / "r.png")],
+                           "is also --out, the JSON report")]:
+        result = runner.invoke(cli, base + args)
+        assert result.exit_code in (1, 2) and message in result.output, (args, result.output)
+        assert "Traceback" not in result.output
+
+
 def test_cli_feeders_are_checked_and_reach_the_loader(tiny_tree: Path, packed: Path) -> None:
     runner = CliRunner()
     base = ["bench", str(tiny_tree), "--shards", str(packed), "--size", "32", "--batch-size", "4", "--steps", "1",
