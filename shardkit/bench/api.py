@@ -287,6 +287,34 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
         )
 
 
+#: Batches each worker of a loader prepares ahead (DataLoader's ``prefetch_factor``, ShardLoader's ``prefetch``).
+AHEAD_PER_WORKER = 2
+
+
+def _check_timed_batches(images: int, cfg: BenchConfig, kind: str = "") -> None:
+    """Refuse a plan whose timed batches would not measure the loaders: none left after the
+    warm-up, or no more than the workers prepare ahead (a timed part that only empties a full
+    queue gives any rate at all, and CPU figures over seconds of work done before it).
+
+    Raises:
+        ValueError: saying which counts and what to change.
+    """
+    per_epoch = images // cfg.batch_size
+    if per_epoch < 1:
+        raise ValueError(f"{images} {kind}images make no full batch of {cfg.batch_size}: lower --batch-size")
+    total = per_epoch * cfg.epochs
+    timed = total - cfg.warmup
+    ahead = cfg.workers * AHEAD_PER_WORKER
+    if timed <= ahead:
+        batches = counted(timed, "batch", "batches")
+        left = (f"leave none to time after --warmup {cfg.warmup}" if timed < 1 else
+                f"leave {batches} to time after --warmup {cfg.warmup}, no more than the {ahead} that "
+                f"{counted(cfg.workers, 'worker')} prepare ahead: the rates would time a full queue, not the loaders")
+        raise ValueError(f"{counted(total, 'batch', 'batches')} of {cfg.batch_size} in "
+                         f"{counted(cfg.epochs, 'epoch')} of {images} {kind}images {left}; raise --epochs, or "
+                         "lower --warmup or --batch-size")
+
+
 def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
               after_run: Callable[[str, int, RunResult], None] | None = None,
               note: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -314,9 +342,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
     else:
         data = conditions.describe_imagefolder(cfg.imagefolder)
     source_files = data.pop("paths") if cfg.captions else None
-    per_epoch = data["images"] // cfg.batch_size
-    if per_epoch < 1:
-        raise ValueError(f"{data['images']} images make no full batch of {cfg.batch_size}: lower --batch-size")
+    _check_timed_batches(data["images"], cfg)
     tmp = tempfile.mkdtemp(prefix="shardkit-bench-") if cfg.shards is None else None
     shards = cfg.shards or os.path.join(tmp or "", "shards")
     try:
@@ -332,11 +358,8 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         for text in notes:
             if note is not None:
                 note(text)
-        per_epoch = manifest.num_samples // cfg.batch_size
-        if per_epoch < 1:
-            raise ValueError(f"{manifest.num_samples} readable images make no full batch of {cfg.batch_size}: "
-                             "lower --batch-size")
-        warmup = min(cfg.warmup, per_epoch * cfg.epochs - 1)
+        _check_timed_batches(manifest.num_samples, cfg, "readable ")
+        warmup, per_epoch = cfg.warmup, manifest.num_samples // cfg.batch_size
         cache = "warm (every file read once before the runs)"
         drop: Callable[[Contender], None] | None = None
         if cfg.drop_caches:
