@@ -278,6 +278,12 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
             f"packed, {theirs[i]!r} in the folder): the comparison would not be on the same data (pack it "
             f"with shardkit pack{omit})"
         )
+    elif _other_files(manifest, data):
+        raise ValueError(
+            f"--shards {shards} was packed from other files than {data['path']} holds (the same classes and "
+            f"number of images, other names or sizes: another tree, or this one changed since): the comparison "
+            f"would not be on the same data (pack it again with shardkit pack{omit})"
+        )
     packed_with = manifest.options.get("jpeg_restart")
     if jpeg_restart is not None and packed_with != jpeg_restart:
         raise ValueError(
@@ -285,6 +291,26 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
             f"repack it with shardkit pack --jpeg-restart {jpeg_restart} --overwrite, or omit "
             "--jpeg-restart to use it as it is"
         )
+
+
+def _other_files(manifest: Manifest, data: dict[str, Any]) -> bool:
+    """Whether ``data``'s listing (an ImageFolder tree's) is not what ``manifest`` was packed from:
+    ``shardkit pack`` records a fingerprint of its source's file names, sizes, labels and its
+    options; adopted shards have none (nothing to compare: False)."""
+    from shardkit.pack.resume import fingerprint
+
+    listing, recorded = data.get("listing"), manifest.options.get("fingerprint")
+    if listing is None or not recorded:
+        return False
+    options = {key: value for key, value in manifest.options.items() if key != "fingerprint"}
+    return bool(fingerprint(listing, options) != recorded)
+
+
+def drop_private(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a ``describe_*`` result) without what only the checks use, for a report."""
+    for key in ("class_names", "listing"):
+        data.pop(key, None)
+    return data
 
 
 #: Batches each worker of a loader prepares ahead (DataLoader's ``prefetch_factor``, ShardLoader's ``prefetch``).
@@ -350,7 +376,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         pack_info = None if store.exists("index.json") else _pack(cfg, shards, data["images"], sink)
         manifest = read_manifest(store)
         check_same_data(manifest, data, shards, cfg.jpeg_restart)
-        data.pop("class_names", None)
+        drop_private(data)
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
         skipped = frozenset(s["source"] for s in manifest.skipped)

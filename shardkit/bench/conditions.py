@@ -103,7 +103,8 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
         describe_imagefolder("data/train")
         # {"images": 4000, "classes": 10, "mean_kpix": 190.3, ..., "class_names": ["cat", ...]}
 
-    ``class_names`` is for :func:`~shardkit.bench.api.check_same_data`; reports leave it out.
+    ``class_names`` and ``listing`` (what ``shardkit pack`` would read) are for
+    :func:`~shardkit.bench.api.check_same_data`; reports leave them out.
     """
     from shardkit.sources import scan_imagefolder
 
@@ -111,7 +112,7 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
     files = _describe_files([s.path for s in listing.samples], [s.size for s in listing.samples],
                             sample=sample, seed=seed)
     return {"path": os.path.abspath(root), "classes": len(listing.classes or ()), **files,
-            "class_names": list(listing.classes or ())}
+            "class_names": list(listing.classes or ()), "listing": listing}
 
 
 def describe_captions(source: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:

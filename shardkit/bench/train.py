@@ -342,18 +342,18 @@ def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:
 
 def _check_shards(cfg: TrainBenchConfig, data: dict[str, Any]) -> None:
     """Before any run: ``cfg.shards`` a pack of ``cfg.imagefolder`` (the loaders compared on the
-    same images), with a full batch per epoch for every loader. Leaves ``class_names`` out of
-    ``data`` (the report's).
+    same images), with a full batch per epoch for every loader. Leaves what only the checks use
+    out of ``data`` (the report's).
 
     Raises:
         ValueError: another dataset, or too few images for one batch.
     """
-    from shardkit.bench.api import check_same_data
+    from shardkit.bench.api import check_same_data, drop_private
     from shardkit.index.manifest import locate_dataset, read_manifest
 
     manifest = read_manifest(locate_dataset(cfg.shards))
     check_same_data(manifest, data, cfg.shards, None, can_omit=False)
-    data.pop("class_names", None)
+    drop_private(data)
     fewest = min(manifest.num_samples, data["images"])
     if fewest < cfg.batch_size:
         raise ValueError(f"{fewest} images make no full batch of {cfg.batch_size}: lower --batch-size")

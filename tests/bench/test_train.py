@@ -106,6 +106,11 @@ def test_shards_of_other_data_and_a_batch_larger_than_the_data_are_refused_befor
     first.rename(renamed / "zz-renamed")
     with pytest.raises(ValueError, match=r"names its classes otherwise than .*renamed \(class 0: '\w+' packed, "):
         run_train_bench(_cfg(renamed, packed))
+    twin = tmp_path / "twin"  # the same classes and count, other photos
+    make_imagenet_like(twin, classes=2, per_class=12, seed=5, size=(80, 60))
+    with pytest.raises(ValueError, match=r"was packed from other files than .*twin holds \(the same classes and "
+                                         r"number of images, other names or sizes"):
+        run_train_bench(_cfg(twin, packed))
     with pytest.raises(ValueError, match="24 images make no full batch of 32: lower --batch-size"):
         run_train_bench(_cfg(tiny_tree, packed, batch_size=32))
 
