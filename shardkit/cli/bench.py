@@ -156,6 +156,10 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         plot = _writable(_png(plot, out), "--plot")
         if importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install 'shardkit[bench]' (or leave out --plot)")
+    if train_model is not None:
+        shards = _needs_shards(shards, _DETECTOR_SHARDS if detector else _CLASSIFIER_SHARDS)
+    elif contenders:
+        raise click.UsageError("--contender chooses --train loaders; without --train use --no-webdataset")
     if not quiet:  # the cheap checks passed; torch and the data take seconds: say what is happening now
         click.echo(f"bench: {imagefolder_dir}: loading torch and reading the data…", err=True)
     from shardkit.bench import BenchConfig, format_table, plot_report, run_bench
@@ -165,19 +169,18 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
 
         if not torch.cuda.is_available():
             raise click.UsageError("--device cuda: no CUDA device is available")
-    if train_model is not None and annotations is not None:  # a detector (a classifier was refused above)
-        _train_detector(imagefolder_dir, annotations, shards, train_model, workers=workers, batch_size=batch_size,
-                        device=device, size=size, max_size=max_size, steps=steps, warmup=warmup, repeats=repeats,
-                        out=out, quiet=quiet, contenders=contenders)
-        return
     if train_model is not None:
+        assert shards is not None  # _needs_shards above
+        if annotations is not None:  # a detector (a classifier was refused above)
+            _train_detector(imagefolder_dir, annotations, shards, train_model, workers=workers,
+                            batch_size=batch_size, device=device, size=size, max_size=max_size, steps=steps,
+                            warmup=warmup, repeats=repeats, out=out, quiet=quiet, contenders=contenders)
+            return
         _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
                size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet,
                contenders=contenders, feeders=feeder_count, dali_threads=dali_counts, dali_hw_load=dali_hw_load,
                dali_prefetch=dali_prefetch, isolate=isolate, sleep_waits=sleep_waits)
         return
-    if contenders:
-        raise click.UsageError("--contender chooses --train loaders; without --train use --no-webdataset")
     if captions and no_webdataset:
         raise click.UsageError("--captions measures ShardLoader against webdataset: leave out --no-webdataset")
     contenders = (("webdataset", "shardloader") if captions
@@ -310,7 +313,13 @@ def _save(report: dict[str, Any], out: str | None, plot: str | None,
                          where=str(where)) from None
 
 
+_CLASSIFIER_SHARDS = "IMAGEFOLDER_DIR (shardkit pack IMAGEFOLDER_DIR SHARDS)"
+_DETECTOR_SHARDS = ("the COCO source's annotated images (shardkit pack IMAGEFOLDER_DIR SHARDS --annotations "
+                    "ANNOTATIONS --drop-empty)")
+
+
 def _needs_shards(shards: str | None, what: str) -> str:
+    """``--shards`` for ``--train``: a packed dataset (checked before torch is loaded)."""
     from shardkit.index.manifest import locate_dataset
 
     if shards is None or not locate_dataset(shards).exists("index.json"):
@@ -383,7 +392,7 @@ def _dali_threads(text: str | None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(counts))
 
 
-def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int, batch_size: int, device: str,
+def _train(imagefolder_dir: str, shards: str, model: str, *, workers: int, batch_size: int, device: str,
            size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool,
            contenders: tuple[str, ...], feeders: int | str, dali_threads: tuple[int, ...] = (),
            dali_hw_load: float | None = None, dali_prefetch: int = 2, isolate: bool = True,
@@ -391,7 +400,6 @@ def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int
     from shardkit.bench.dali import dali_available
     from shardkit.bench.train import TrainBenchConfig, format_train_table, run_train_bench
 
-    shards = _needs_shards(shards, "IMAGEFOLDER_DIR (shardkit pack IMAGEFOLDER_DIR SHARDS)")
     if not contenders:
         contenders = ("imagefolder", "shardloader", *(("dali",) if dali_available() else ()))
     cfg = TrainBenchConfig(imagefolder=imagefolder_dir, shards=shards, model=model, size=size,
@@ -403,13 +411,11 @@ def _train(imagefolder_dir: str, shards: str | None, model: str, *, workers: int
                    repeats=repeats, out=out, quiet=quiet)
 
 
-def _train_detector(images: str, annotations: str, shards: str | None, model: str, *, workers: int,
+def _train_detector(images: str, annotations: str, shards: str, model: str, *, workers: int,
                     batch_size: int, device: str, size: int, max_size: int, steps: int, warmup: int, repeats: int,
                     out: str | None, quiet: bool, contenders: tuple[str, ...]) -> None:
     from shardkit.bench.train_detection import DetectionBenchConfig, format_detection_table, run_detection_train_bench
 
-    shards = _needs_shards(shards, "the COCO source's annotated images (shardkit pack IMAGEFOLDER_DIR SHARDS "
-                                   "--annotations ANNOTATIONS --drop-empty)")
     if not contenders:
         contenders = ("cocodetection", "shardloader", *(("shardloader_cpu",) if device == "cuda" else ()))
     cfg = DetectionBenchConfig(images=images, annotations=annotations, shards=shards, model=model, size=size,
