@@ -41,6 +41,11 @@ SHORT_RUN_S = 1.0
 MIN_TIMED_BATCHES = 5
 
 
+def created() -> str:
+    """Now, as a report's ``created`` field: ISO-8601 UTC, to the second."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and ``noun``, in the plural (``plural``, else ``noun + "s"``) unless ``n`` is 1.
 
@@ -121,7 +126,7 @@ def build_report(config: Mapping[str, Any], conditions: Mapping[str, Any],
     base = next((c for c in contenders if c.baseline), None)
     base_runs = runs[base.name] if base is not None else None
     return {
-        "schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "schema": SCHEMA, "created": created(),
         "config": dict(config), "conditions": dict(conditions),
         "pack": dict(pack) if pack else None, "baseline": base.name if base is not None else None,
         "results": [summarize(c, runs[c.name], base_runs) for c in contenders],

@@ -87,7 +87,7 @@ import torch
 from shardkit.bench import baselines, conditions, dali
 from shardkit.bench.harness import alternating_order, settled, steady
 from shardkit.bench.isolate import in_fresh_process
-from shardkit.bench.report import counted
+from shardkit.bench.report import counted, created
 from shardkit.bench.step_timing import Step, gpu_times, run_steps
 from shardkit.bench.train_report import against_best_dali, summarise, train_table, with_feeders
 from shardkit.bench.train_step import TrainStep
@@ -388,7 +388,8 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
     against_best_dali(results, DALI_CONTENDERS)
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
-    return {"schema": "shardkit.bench.train/1", "config": asdict(cfg), "conditions": conds, "results": results}
+    return {"schema": "shardkit.bench.train/1", "created": created(), "config": asdict(cfg), "conditions": conds,
+            "results": results}
 
 
 def format_train_table(report: dict[str, Any], width: int | None = None) -> str:

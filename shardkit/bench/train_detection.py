@@ -44,6 +44,7 @@ import torch
 
 from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.api import check_same_data
+from shardkit.bench.report import created
 from shardkit.bench.train import SETTLE_S, TrainRun, counted, run_contenders, summarise
 from shardkit.bench.train_report import train_table
 from shardkit.bench.train_step import synchronize
@@ -220,7 +221,7 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
     results = [{"name": name, "label": label, **summarise(runs[name])} for name, (label, _s, _b) in contenders.items()]
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
-    return {"schema": SCHEMA, "config": asdict(cfg), "conditions": conds, "results": results}
+    return {"schema": SCHEMA, "created": created(), "config": asdict(cfg), "conditions": conds, "results": results}
 
 
 def format_detection_table(report: dict[str, Any], width: int | None = None) -> str:

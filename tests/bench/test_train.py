@@ -48,6 +48,7 @@ def test_report_has_every_run_and_share_is_fed_over_synthetic(tiny_tree: Path, p
     report = run_train_bench(_cfg(tiny_tree, packed), after_run=lambda name, rep, _run: order.append((name, rep)))
     assert order == [("imagefolder", 0), ("shardloader", 0), ("shardloader", 1), ("imagefolder", 1)]
     check_runs(report, ["imagefolder", "shardloader"], repeats=2)
+    assert report["created"].endswith("+00:00") and "class_names" not in report["conditions"]["data"]
     table = format_train_table(report)
     assert "resnet18 @32 px" in table and "shardkit ShardLoader" in table and "share" in table
     json.dumps(report)  # JSON-able
