@@ -270,7 +270,7 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
             f"and {data['images']} images: the comparison would not be on the same data (pack it "
             f"with shardkit pack{omit})"
         )
-    elif "class_names" in data and list(manifest.classes or ()) != list(data["class_names"]):
+    elif "class_names" in data and not _unnamed(manifest) and list(manifest.classes or ()) != list(data["class_names"]):
         ours, theirs = list(manifest.classes or ()), list(data["class_names"])
         i = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
         raise ValueError(
@@ -291,6 +291,12 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
             f"repack it with shardkit pack --jpeg-restart {jpeg_restart} --overwrite, or omit "
             "--jpeg-restart to use it as it is"
         )
+
+
+def _unnamed(manifest: Manifest) -> bool:
+    """Whether ``manifest``'s classes are only their labels (``"0"``, ``"1"``, ...): shards adopted
+    with ``shardkit index`` without ``--classes`` know no names to compare."""
+    return manifest.adopted and list(manifest.classes or ()) == [str(i) for i in range(len(manifest.classes or ()))]
 
 
 def _other_files(manifest: Manifest, data: dict[str, Any]) -> bool:

@@ -23,14 +23,13 @@ import pickle
 import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any, TypeVar
 
-__all__ = ["GRACE_S", "in_fresh_process"]
+__all__ = ["GRACE_S", "RunLost", "in_fresh_process"]
 
 T = TypeVar("T")
 
@@ -46,7 +45,7 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
     propagates; a second one while the process unwinds kills it at once.
 
     Raises:
-        RuntimeError: the process died or was stopped without an answer (killed, out of memory, a
+        RunLost: the process died or was stopped without an answer (killed, out of memory, a
             signal, a crash in native code), naming ``what`` and how it ended.
     """
     context = multiprocessing.get_context("spawn")
@@ -72,15 +71,20 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
         held.close()
     process.join()
     if reply is None:
-        raise RuntimeError(f"{what} died in its process without an answer ({_death(process.exitcode)})")
+        raise RunLost(f"{what} died in its process without an answer ({_death(process.exitcode)})")
     ok, value, remote = reply
     if ok:
         return value
     if isinstance(value, _Stopped):
-        raise RuntimeError(f"{what} was stopped in its process by {value.args[0]}") from None
+        raise RunLost(f"{what} was stopped in its process by {value.args[0]}") from None
     if remote:
         value.__cause__ = _RemoteTraceback(remote)
     raise value
+
+
+class RunLost(RuntimeError):
+    """A run's process ended without its answer: killed (out of memory, say), stopped by a signal
+    sent to it alone, or crashed in native code; the message says which run and how."""
 
 
 @contextlib.contextmanager
@@ -156,14 +160,11 @@ def _death(exitcode: int | None) -> str:
 _stopped_by: list[str] = []
 #: A SIGINT taken by the thread that waits for it, passed on to the main thread as SIGTERM.
 _via: list[str] = []
-#: When the last KeyboardInterrupt was raised (time.monotonic()).
-_raised_at: list[float] = []
-#: Seconds after which a run still not unwound is interrupted again: a KeyboardInterrupt raised
-#: in a ``__del__`` (a DataLoader iterator's, say) is printed and dropped by Python, and the run
-#: would go on. Sooner, further signals are ignored, so that the SIGTERM that follows a Ctrl-C
-#: (both reach a run when a terminal's Ctrl-C stops the bench) does not cut short the unwinding
-#: the first one started.
-RETRY_S = 3.0
+#: Whether the KeyboardInterrupt raised for the stop is still to be raised (again): a
+#: KeyboardInterrupt raised in a ``__del__`` (a DataLoader iterator's, say) is dropped by Python,
+#: and the run would go on; it is then raised anew. Other signals meanwhile are ignored, so that
+#: the SIGTERM that follows a Ctrl-C does not cut short the unwinding the first one started.
+_owed: list[bool] = []
 #: Set once the interruption has unwound the run, or the run has its answer: a signal then finds
 #: nothing to stop.
 _done = threading.Event()
@@ -180,7 +181,7 @@ def _serve(answer: Connection, lifeline: Connection, work: Callable[..., Any], a
     except KeyboardInterrupt:
         reply = (False, _Stopped(_stopped_by[0] if _stopped_by else "SIGINT"), None)
     except Exception as err:
-        # stopping, a DataLoader's workers killed by the same Ctrl-C raise their own error
+        # once stopped, an error raised on the way out (a DataLoader's worker stopped meanwhile) is the stop
         reply = ((False, _Stopped(_stopped_by[0]), None) if _stopped_by
                  else (False, err, traceback.format_exc()))
     finally:
@@ -212,10 +213,11 @@ def _arm(lifeline: Connection, sigint_ignored: bool) -> None:
     SIGTERM does; the run stops its processes as it unwinds.
 
     A signal may be delivered to any thread, and Python runs its handler in the main thread only
-    once that thread is between two bytecodes: a main thread blocked in a call (a sleep, a pipe,
-    a CUDA wait) would not see it. Each signal therefore also wakes a thread that re-sends it to
-    the main thread, whose blocked call then returns (EINTR) and lets the handler raise; that
-    thread interrupts the run again every :data:`RETRY_S` until it has unwound."""
+    once that thread is between two bytecodes: a main thread blocked in a call (a sleep, a pipe)
+    would not see it. A SIGTERM or SIGINT therefore also wakes a thread that wakes the main
+    thread with :data:`_WAKE`: its blocked call returns (EINTR) and the handler raises. A
+    KeyboardInterrupt that a ``__del__`` dropped (Python prints and forgets those) is raised
+    anew, not printed. Processes forked from the run (a DataLoader's workers) get none of this."""
     main = threading.main_thread().ident
     assert main is not None
     wake_r, wake_w = os.pipe()
@@ -224,19 +226,41 @@ def _arm(lifeline: Connection, sigint_ignored: bool) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     hook = sys.unraisablehook
 
-    def unraisable(info: Any) -> None:  # an interruption dropped in a __del__: retried, not printed
-        if not (_stopped_by and isinstance(info.exc_value, KeyboardInterrupt)):
-            hook(info)
+    def unraisable(info: Any) -> None:
+        if _stopped_by and not _done.is_set() and isinstance(info.exc_value, KeyboardInterrupt):
+            _owed.append(True)
+            signal.pthread_kill(main, signal.SIGTERM)  # the handler raises it again, where it can land
+            return
+        hook(info)
+
+    # A forked process (a DataLoader's worker) starts with SIGTERM held until it has its own
+    # handlers back: one taken before would run this process's handler there.
+    def before_fork() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def in_parent() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+    def in_forked_child() -> None:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(_WAKE, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # held all the same (the mask is inherited)
+        sys.unraisablehook = hook
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     sys.unraisablehook = unraisable
+    os.register_at_fork(before=before_fork, after_in_parent=in_parent, after_in_child=in_forked_child)
+    stops = {int(signal.SIGTERM), int(signal.SIGINT)}
+    signal.signal(_WAKE, lambda signum, frame: None)  # its only effect: the main thread's blocked call returns
 
     def forward() -> None:
+        # Every signal with a Python handler writes here, SIGCHLD too, and so may a process forked
+        # from the run before it resets its handlers (the pipe is inherited): the main thread is
+        # only woken, and its handlers run for the signals this process took, none other.
         while data := os.read(wake_r, 64):
-            # each signal the main thread receives writes here too: forward only until its handler ran
-            if not _stopped_by and not _done.is_set():
-                signal.pthread_kill(main, data[0])
-            while _stopped_by and not _done.wait(RETRY_S):
-                signal.pthread_kill(main, signal.SIGTERM)  # not unwound yet: the interruption was dropped
+            if not _done.is_set() and stops & set(data):
+                signal.pthread_kill(main, _WAKE)
 
     def watch() -> None:
         with contextlib.suppress(EOFError, OSError):
@@ -261,14 +285,17 @@ def _arm(lifeline: Connection, sigint_ignored: bool) -> None:
     threading.Thread(target=watch, name="shardkit-lifeline", daemon=True).start()
 
 
+#: The signal that wakes the run's main thread from a blocked call (a no-op handler).
+_WAKE = signal.SIGUSR2
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM or SIGINT in the run's process: raise KeyboardInterrupt in its main thread, once,
-    or again :data:`RETRY_S` after the last time when the run has not unwound."""
-    if _done.is_set():
+    """SIGTERM or SIGINT in the run's process: raise KeyboardInterrupt in its main thread, once
+    (again only where a ``__del__`` dropped it)."""
+    if _done.is_set() or (_stopped_by and not _owed):
         return
-    now = time.monotonic()
-    _stopped_by.append(_via.pop() if _via else signal.Signals(signum).name)
-    if _raised_at and now - _raised_at[-1] < RETRY_S:
-        return
-    _raised_at.append(now)
+    if _owed:
+        _owed.clear()
+    else:
+        _stopped_by.append(_via.pop() if _via else signal.Signals(signum).name)
     raise KeyboardInterrupt

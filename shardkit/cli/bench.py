@@ -143,7 +143,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if sleep_waits and (train_model is None or detector or not device.startswith("cuda")):
         raise click.UsageError("--sleep-waits is for --train with a classifier on --device cuda")
     feeder_count = _feeders(feeders, workers, train_model is not None and not detector, contenders)
-    _refuse_other_modes_options(click.get_current_context(), train=train_model is not None)
+    _refuse_other_modes_options(click.get_current_context(), train=train_model is not None, detector=detector)
     dali_counts = _dali_threads(dali_threads)
     fitting = DETECTOR_CONTENDERS if detector else CLASSIFIER_CONTENDERS
     if train_model is not None and not set(contenders) <= set(fitting):
@@ -153,7 +153,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if out is not None:
         out = _writable(out, "--out")
     if plot is not None:
-        plot = _writable(_png(plot, out), "--plot")
+        plot = _writable(_png(_writable(plot, "--plot"), out), "--plot")
         if importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install 'shardkit[bench]' (or leave out --plot)")
     if train_model is not None:
@@ -215,28 +215,39 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
 
 #: Options of the training bench alone, and of the loader bench alone (by parameter name).
 _TRAIN_ONLY = ("steps", "dali_threads", "dali_hw_load", "dali_prefetch", "isolate")
+#: Options of the classifier training bench that a detector's does not take.
+_CLASSIFIER_ONLY = ("dali_threads", "dali_hw_load", "dali_prefetch", "isolate")
 _LOADERS_ONLY = ("epochs", "drop_caches", "no_webdataset", "jpeg_restart", "plot", "transform")
 
 
-def _refuse_other_modes_options(ctx: click.Context, *, train: bool) -> None:
+def _refuse_other_modes_options(ctx: click.Context, *, train: bool, detector: bool = False) -> None:
     """An option given on the command line that the chosen bench does not use is refused, not
     ignored (``--feeders``, ``--sleep-waits`` and ``--contender`` say it themselves)."""
     flags = {p.name: p.secondary_opts[0] if p.secondary_opts and not ctx.params[p.name] else p.opts[0]
              for p in ctx.command.params if p.name}  # a --no-x flag as given
-    given = [name for name in (_LOADERS_ONLY if train else _TRAIN_ONLY)
-             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
-    if given:
-        what = ", ".join(flags[name] for name in given)
+
+    def given(names: tuple[str, ...]) -> list[str]:
+        return [name for name in names
+                if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+
+    if detector and (unused := given(_CLASSIFIER_ONLY)):
+        raise click.UsageError(f"{', '.join(flags[name] for name in unused)}: for --train with a classifier; a "
+                               "detector's bench runs in this process with its own loaders: leave "
+                               f"{'it' if len(unused) == 1 else 'them'} out")
+    if other := given(_LOADERS_ONLY if train else _TRAIN_ONLY):
+        what = ", ".join(flags[name] for name in other)
         raise click.UsageError(f"{what}: for the loader bench, which --train replaces (it times --steps): leave "
-                               f"{'it' if len(given) == 1 else 'them'} out" if train else
+                               f"{'it' if len(other) == 1 else 'them'} out" if train else
                                f"{what}: for --train, the training bench (the loader bench times --epochs): add "
-                               f"--train MODEL or leave {'it' if len(given) == 1 else 'them'} out")
+                               f"--train MODEL or leave {'it' if len(other) == 1 else 'them'} out")
 
 
 def _png(plot: str, out: str | None) -> str:
     """``--plot``'s file: a PNG (``.png`` added to a name without a suffix, as matplotlib would),
     not the ``--out`` report's."""
     root, suffix = os.path.splitext(plot)
+    if os.path.basename(root).startswith(".") or not os.path.basename(root):
+        raise BenchError("names no file (e.g. DIR/bench.png)", where=f"--plot {plot}")
     if not suffix:
         plot += ".png"
     elif suffix.lower() != ".png":
@@ -341,9 +352,11 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
                        f"synthetic {rate(result.synthetic_images_per_second)} img/s, share {share(result.share)}",
                        err=True)
 
+    from shardkit.bench.isolate import RunLost
+
     try:
         report = run(after_run)
-    except ValueError as err:
+    except (ValueError, RunLost) as err:
         raise BenchError(str(err)) from err
     click.echo(table(report, _terminal_width()))
     _save(report, out, None)

@@ -49,3 +49,18 @@ def test_coco_shards_must_have_the_sources_images_and_categories() -> None:
         api.check_same_data(packed, {**data, "category_ids": [1, 17, 18]}, "shards", None)
     with pytest.raises(ValueError, match=r"--annotations --drop-empty\)$"):
         api.check_same_data(packed, {**data, "images": 4}, "shards", None, can_omit=False)
+
+
+def test_class_names_are_compared_unless_adopted_shards_know_only_their_labels() -> None:
+    """Shards another tool wrote, adopted with ``shardkit index`` and no ``--classes``, name their
+    classes "0", "1": they were refused as "named otherwise" though their labels are the folder's."""
+    from shardkit.index.manifest import Manifest, ShardEntry
+
+    shards = (ShardEntry("s-000000.tar", 4, 100, "0" * 64),)
+    data = {"path": "tree", "images": 4, "classes": 2, "class_names": ["cat", "dog"]}
+    api.check_same_data(Manifest("imagefolder", shards, classes=("cat", "dog")), data, "shards", None)
+    with pytest.raises(ValueError, match=r"names its classes otherwise than tree \(class 1: 'cow' packed, 'dog'"):
+        api.check_same_data(Manifest("imagefolder", shards, classes=("cat", "cow")), data, "shards", None)
+    api.check_same_data(Manifest("imagefolder", shards, classes=("0", "1"), adopted=True), data, "shards", None)
+    with pytest.raises(ValueError, match="names its classes otherwise"):  # packed so: a name like any other
+        api.check_same_data(Manifest("imagefolder", shards, classes=("0", "1")), data, "shards", None)

@@ -37,6 +37,21 @@ class _TwoPartError(Exception):
         super().__init__(f"{path}: {reason}")
 
 
+def _children_then_idle() -> tuple[int, float]:
+    """Fork a child, stop it with SIGTERM, then idle 0.5 s with a SIGCHLD handler installed (as
+    torch's DataLoader installs one): the child's exit code and the CPU seconds the idle took."""
+    import multiprocessing
+
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    child.start()
+    child.terminate()
+    child.join()
+    t0 = time.process_time()
+    time.sleep(0.5)
+    return child.exitcode or 0, time.process_time() - t0
+
+
 def _refuse_deep() -> None:
     _refuse("batch")
 
@@ -59,6 +74,15 @@ def test_an_exception_comes_back_as_itself_and_a_death_is_named() -> None:
         in_fresh_process(_die, what="the run of dali@8")
     with pytest.raises(RuntimeError, match=r"without an answer \(killed by SIGKILL: out of memory\?\)"):
         in_fresh_process(_kill_self)
+
+
+def test_a_run_that_forks_keeps_its_children_out_of_its_stop_and_idles_idle() -> None:
+    """A forked child of the run (a DataLoader's worker) took the run's SIGTERM handler and
+    wakeup pipe: torch terminating a slow worker stopped the whole run; and every SIGCHLD was
+    re-sent to the run's main thread, which wrote another, for ever (0.7 CPU-s per idle second)."""
+    code, idle_cpu = in_fresh_process(_children_then_idle)
+    assert code == -signal.SIGTERM
+    assert idle_cpu < 0.25, idle_cpu
 
 
 def test_an_exception_brings_the_runs_traceback_and_one_that_cannot_travel_is_named() -> None:

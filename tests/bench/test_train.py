@@ -128,6 +128,8 @@ def test_cli_refuses_an_option_of_the_other_bench_and_a_plot_that_is_no_png(tiny
                                                                      "replaces (it times --steps): leave it out"),
                           (["--train", "resnet18", "--plot", str(tmp_path / "p.png")], "--plot: for the loader"),
                           (["--plot", str(tmp_path / "p.txt")], "--plot draws a PNG: name it"),
+                          (["--plot", str(tmp_path / ".png")], "names no file (e.g. DIR/bench.png)"),
+                          (["--plot", str(tmp_path) + "/"], "--plot"),
                           (["--out", str(tmp_path / "r.png"), "--plot", str(tmp_path / "r.png")],
                            "is also --out, the JSON report")]:
         result = runner.invoke(cli, base + args)
