@@ -302,12 +302,13 @@ def _unnamed(manifest: Manifest) -> bool:
 def _other_files(manifest: Manifest, data: dict[str, Any]) -> bool:
     """Whether ``data``'s listing (an ImageFolder tree's) is not what ``manifest`` was packed from:
     ``shardkit pack`` records a fingerprint of its source's file names, sizes, labels and its
-    options; adopted shards have none (nothing to compare: False)."""
+    options; adopted shards have none, and another version's is not compared (False)."""
+    from shardkit import __version__
     from shardkit.pack.resume import fingerprint
 
     listing, recorded = data.get("listing"), manifest.options.get("fingerprint")
-    if listing is None or not recorded:
-        return False
+    if listing is None or not recorded or manifest.created_by != f"shardkit {__version__}":
+        return False  # another version may compute it otherwise
     options = {key: value for key, value in manifest.options.items() if key != "fingerprint"}
     return bool(fingerprint(listing, options) != recorded)
 

@@ -69,7 +69,10 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
     finally:
         answers.close()
         held.close()
-    process.join()
+    process.join(GRACE_S)  # it has answered (or died): it ends on its own, its lifeline closed
+    if process.is_alive():
+        process.kill()
+        process.join()
     if reply is None:
         raise RunLost(f"{what} died in its process without an answer ({_death(process.exitcode)})")
     ok, value, remote = reply
