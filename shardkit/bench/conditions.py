@@ -104,7 +104,7 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
         # {"images": 4000, "classes": 10, "mean_kpix": 190.3, ..., "class_names": ["cat", ...]}
 
     ``class_names`` and ``listing`` (what ``shardkit pack`` would read) are for
-    :func:`~shardkit.bench.api.check_same_data`; reports leave them out.
+    :func:`~shardkit.bench.checks.check_same_data`; reports leave them out.
     """
     from shardkit.sources import scan_imagefolder
 

@@ -85,6 +85,7 @@ from typing import Any
 import torch
 
 from shardkit.bench import baselines, conditions, dali
+from shardkit.bench.checks import check_train_shards
 from shardkit.bench.harness import alternating_order, settled, steady
 from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted, created
@@ -340,25 +341,6 @@ def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:
                        settle_s=cfg.settle_s)
 
 
-def _check_shards(cfg: TrainBenchConfig, data: dict[str, Any]) -> None:
-    """Before any run: ``cfg.shards`` a pack of ``cfg.imagefolder`` (the loaders compared on the
-    same images), with a full batch per epoch for every loader. Leaves what only the checks use
-    out of ``data`` (the report's).
-
-    Raises:
-        ValueError: another dataset, or too few images for one batch.
-    """
-    from shardkit.bench.api import check_same_data, drop_private
-    from shardkit.index.manifest import locate_dataset, read_manifest
-
-    manifest = read_manifest(locate_dataset(cfg.shards))
-    check_same_data(manifest, data, cfg.shards, None, can_omit=False)
-    drop_private(data)
-    fewest = min(manifest.num_samples, data["images"])
-    if fewest < cfg.batch_size:
-        raise ValueError(f"{fewest} images make no full batch of {cfg.batch_size}: lower --batch-size")
-
-
 def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, TrainRun], None] | None = None
                     ) -> dict[str, Any]:
     """Measure every contender ``repeats`` times (alternating); return the report dict.
@@ -368,7 +350,7 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
     """
     cfg.validate()
     data = conditions.describe_imagefolder(cfg.imagefolder)
-    _check_shards(cfg, data)
+    check_train_shards(cfg.shards, data, cfg.batch_size)
     contenders = _contenders(cfg)
     if cfg.isolate:
         runs: dict[str, list[TrainRun]] = {name: [] for name in contenders}

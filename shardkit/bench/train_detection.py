@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from shardkit.bench import baselines, conditions, runner
-from shardkit.bench.api import check_same_data
+from shardkit.bench.checks import check_same_data
 from shardkit.bench.report import created
 from shardkit.bench.train import SETTLE_S, TrainRun, counted, run_contenders, summarise
 from shardkit.bench.train_report import train_table

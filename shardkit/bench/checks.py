@@ -1,0 +1,143 @@
+"""Whether a bench can compare what it is asked to: the same data on every side (shards that are
+a pack of the source the baselines read) and a timed part that measures the loaders. Every check
+runs before any timing and raises ``ValueError`` with the counts and what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardkit.bench.report import counted
+from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
+from shardkit.loader.routes.coco.target import contiguous_label_map
+
+__all__ = ["AHEAD_PER_WORKER", "check_same_data", "check_timed_batches", "check_train_shards", "drop_private"]
+
+
+def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_restart: int | None, *,
+                    can_omit: bool = True) -> None:
+    """Refuse shards that cannot be a pack of the source being compared (``data``: what
+    :func:`conditions.describe_imagefolder <shardkit.bench.conditions.describe_imagefolder>` or
+    ``describe_coco`` says of it), or, when ``jpeg_restart`` is asked for, were packed without it.
+    ``can_omit``: the message offers omitting ``--shards`` (the bench then packs) as a way out.
+
+    Raises:
+        ValueError: another kind of data, another number of images (or classes, or COCO category
+            ids), or packed without ``jpeg_restart``; the message says which and what to do.
+    """
+    packed = manifest.num_samples + len(manifest.skipped)
+    omit = ", or omit --shards" if can_omit else ""
+    if data.get("kind") == "captions":
+        if manifest.kind != "captions" or packed != data["images"]:
+            raise ValueError(f"--shards {shards} holds {manifest.kind} data of {packed} source images, but "
+                             f"{data['path']} has {data['images']} captioned images: the comparison would not be on "
+                             f"the same data (pack it with shardkit pack --format captions{omit})")
+    elif data.get("kind") == "coco":  # packed with drop_empty: the images that have annotations
+        ids = list(contiguous_label_map(manifest.categories)) if manifest.kind == "coco" else None
+        if manifest.kind != "coco" or packed != data["images"] or ids != data["category_ids"]:
+            raise ValueError(
+                f"--shards {shards} holds {manifest.kind} data of {packed} source images"
+                f"{'' if ids is None else f' and {len(ids)} categories'}, but {data['path']} has COCO annotations "
+                f"for {data['images']} images and {len(data['category_ids'])} categories: the comparison would not "
+                f"be on the same data (pack its annotated images: shardkit pack --annotations --drop-empty{omit})")
+    elif (manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"]
+          or packed != data["images"]):
+        raise ValueError(
+            f"--shards {shards} holds {manifest.kind} data of {len(manifest.classes or ())} "
+            f"classes and {packed} source images, but {data['path']} has {data['classes']} classes "
+            f"and {data['images']} images: the comparison would not be on the same data (pack it "
+            f"with shardkit pack{omit})"
+        )
+    elif "class_names" in data and not _unnamed(manifest) and list(manifest.classes or ()) != list(data["class_names"]):
+        ours, theirs = list(manifest.classes or ()), list(data["class_names"])
+        i = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
+        raise ValueError(
+            f"--shards {shards} names its classes otherwise than {data['path']} (class {i}: {ours[i]!r} "
+            f"packed, {theirs[i]!r} in the folder): the comparison would not be on the same data (pack it "
+            f"with shardkit pack{omit})"
+        )
+    elif _other_files(manifest, data):
+        raise ValueError(
+            f"--shards {shards} was packed from other files than {data['path']} holds (the same classes and "
+            f"number of images, other names or sizes: another tree, or this one changed since): the comparison "
+            f"would not be on the same data (pack it again with shardkit pack{omit})"
+        )
+    packed_with = manifest.options.get("jpeg_restart")
+    if jpeg_restart is not None and packed_with != jpeg_restart:
+        raise ValueError(
+            f"--shards {shards} was packed with jpeg_restart={packed_with}, not {jpeg_restart}: "
+            f"repack it with shardkit pack --jpeg-restart {jpeg_restart} --overwrite, or omit "
+            "--jpeg-restart to use it as it is"
+        )
+
+
+def _unnamed(manifest: Manifest) -> bool:
+    """Whether ``manifest``'s classes are only their labels (``"0"``, ``"1"``, ...): shards adopted
+    with ``shardkit index`` without ``--classes`` know no names to compare."""
+    return manifest.adopted and list(manifest.classes or ()) == [str(i) for i in range(len(manifest.classes or ()))]
+
+
+def _other_files(manifest: Manifest, data: dict[str, Any]) -> bool:
+    """Whether ``data``'s listing (an ImageFolder tree's) is not what ``manifest`` was packed from:
+    ``shardkit pack`` records a fingerprint of its source's file names, sizes, labels and its
+    options; adopted shards have none, and another version's is not compared (False)."""
+    from shardkit import __version__
+    from shardkit.pack.resume import fingerprint
+
+    listing, recorded = data.get("listing"), manifest.options.get("fingerprint")
+    if listing is None or not recorded or manifest.created_by != f"shardkit {__version__}":
+        return False  # another version may compute it otherwise
+    options = {key: value for key, value in manifest.options.items() if key != "fingerprint"}
+    return bool(fingerprint(listing, options) != recorded)
+
+
+def drop_private(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a ``describe_*`` result) without what only the checks use, for a report."""
+    for key in ("class_names", "listing"):
+        data.pop(key, None)
+    return data
+
+
+#: Batches each worker of a loader prepares ahead (DataLoader's ``prefetch_factor``, ShardLoader's ``prefetch``).
+AHEAD_PER_WORKER = 2
+
+
+def check_timed_batches(images: int, *, batch_size: int, epochs: int, warmup: int, workers: int,
+                        kind: str = "") -> None:
+    """Refuse a plan whose timed batches would not measure the loaders: none left after the
+    warm-up, or no more than the workers prepare ahead (a timed part that only empties a full
+    queue gives any rate at all, and CPU figures over seconds of work done before it).
+
+    Raises:
+        ValueError: saying which counts and what to change.
+    """
+    per_epoch = images // batch_size
+    if per_epoch < 1:
+        raise ValueError(f"{images} {kind}images make no full batch of {batch_size}: lower --batch-size")
+    total = per_epoch * epochs
+    timed = total - warmup
+    ahead = workers * AHEAD_PER_WORKER
+    if timed <= ahead:
+        batches = counted(timed, "batch", "batches")
+        left = (f"leave none to time after --warmup {warmup}" if timed < 1 else
+                f"leave {batches} to time after --warmup {warmup}, no more than the {ahead} that "
+                f"{counted(workers, 'worker')} prepare ahead: the rates would time a full queue, not the loaders")
+        raise ValueError(f"{counted(total, 'batch', 'batches')} of {batch_size} in "
+                         f"{counted(epochs, 'epoch')} of {images} {kind}images {left}; raise --epochs, or "
+                         "lower --warmup or --batch-size")
+
+
+def check_train_shards(shards: str, data: dict[str, Any], batch_size: int) -> None:
+    """The training bench's checks: ``shards`` a pack of the ImageFolder tree ``data`` describes
+    (the loaders compared on the same images), with a full batch per epoch for every loader.
+    Leaves what only the checks use out of ``data`` (the report's).
+
+    Raises:
+        ValueError: another dataset, or too few images for one batch.
+    """
+    manifest = read_manifest(locate_dataset(shards))
+    check_same_data(manifest, data, shards, None, can_omit=False)
+    drop_private(data)
+    fewest = min(manifest.num_samples, data["images"])
+    if fewest < batch_size:
+        raise ValueError(f"{fewest} images make no full batch of {batch_size}: lower --batch-size")

@@ -1,0 +1,147 @@
+"""The checks ``shardkit bench`` makes of its command line before any work: its paths, the
+options that fit the bench it runs, and the values of ``--feeders`` and ``--dali-threads``; each
+bad one is one line (a usage error, or a :class:`BenchError`)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+from click.core import ParameterSource
+
+from shardkit.errors import ShardkitError
+
+__all__ = ["CLASSIFIER_SHARDS", "DETECTOR_SHARDS", "BenchError", "check_source", "dali_threads_option",
+           "feeders_option", "needs_shards", "png_path", "refuse_other_modes_options", "writable"]
+
+
+#: Options of the training bench alone, and of the loader bench alone (by parameter name).
+_TRAIN_ONLY = ("steps", "dali_threads", "dali_hw_load", "dali_prefetch", "isolate")
+#: Options of the classifier training bench that a detector's does not take.
+_CLASSIFIER_ONLY = ("dali_threads", "dali_hw_load", "dali_prefetch", "isolate")
+_LOADERS_ONLY = ("epochs", "drop_caches", "no_webdataset", "jpeg_restart", "plot", "transform")
+
+
+def refuse_other_modes_options(ctx: click.Context, *, train: bool, detector: bool = False) -> None:
+    """An option given on the command line that the chosen bench does not use is refused, not
+    ignored (``--feeders``, ``--sleep-waits`` and ``--contender`` say it themselves)."""
+    flags = {p.name: p.secondary_opts[0] if p.secondary_opts and not ctx.params[p.name] else p.opts[0]
+             for p in ctx.command.params if p.name}  # a --no-x flag as given
+
+    def given(names: tuple[str, ...]) -> list[str]:
+        return [name for name in names
+                if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+
+    if detector and (unused := given(_CLASSIFIER_ONLY)):
+        raise click.UsageError(f"{', '.join(flags[name] for name in unused)}: for --train with a classifier; a "
+                               "detector's bench runs in this process with its own loaders: leave "
+                               f"{'it' if len(unused) == 1 else 'them'} out")
+    if other := given(_LOADERS_ONLY if train else _TRAIN_ONLY):
+        what = ", ".join(flags[name] for name in other)
+        raise click.UsageError(f"{what}: for the loader bench, which --train replaces (it times --steps): leave "
+                               f"{'it' if len(other) == 1 else 'them'} out" if train else
+                               f"{what}: for --train, the training bench (the loader bench times --epochs): add "
+                               f"--train MODEL or leave {'it' if len(other) == 1 else 'them'} out")
+
+
+def png_path(plot: str, out: str | None) -> str:
+    """``--plot``'s file: a PNG (``.png`` added to a name without a suffix, as matplotlib would),
+    not the ``--out`` report's."""
+    root, suffix = os.path.splitext(plot)
+    if os.path.basename(root).startswith(".") or not os.path.basename(root):
+        raise BenchError("names no file (e.g. DIR/bench.png)", where=f"--plot {plot}")
+    if not suffix:
+        plot += ".png"
+    elif suffix.lower() != ".png":
+        raise BenchError(f"--plot draws a PNG: name it {root}.png", where=f"--plot {plot}")
+    if out is not None and os.path.abspath(plot) == os.path.abspath(out):
+        raise BenchError("is also --out, the JSON report: give each its own file", where=f"--plot {plot}")
+    return plot
+
+
+class BenchError(ShardkitError):
+    """The bench cannot run as asked (its data, paths or counts): one ``error:`` line, exit 1,
+    before any timing starts."""
+
+
+def check_source(imagefolder_dir: str, annotations: str | None, *, captions: bool = False) -> None:
+    """IMAGEFOLDER_DIR a directory (with --captions: or a caption table) and --annotations a file,
+    said in one line as pack says it."""
+    if not os.path.exists(imagefolder_dir):
+        raise BenchError("does not exist", where=imagefolder_dir)
+    if captions and os.path.isfile(imagefolder_dir):
+        from shardkit.sources.table import is_table
+
+        if not is_table(imagefolder_dir):
+            raise BenchError("is a file, not a caption table (.csv, .tsv, .jsonl, .parquet) or a folder",
+                             where=imagefolder_dir)
+        return
+    if not os.path.isdir(imagefolder_dir):
+        raise BenchError("is a file, not a directory of images", where=imagefolder_dir)
+    if annotations is not None and not os.path.isfile(annotations):
+        what = "is a directory, not a COCO instances JSON file" if os.path.isdir(annotations) else "does not exist"
+        raise BenchError(what, where=f"--annotations {annotations}")
+
+
+def writable(path: str, option: str) -> str:
+    """``path`` for a report written after the run, checked before it: its folder is created as pack
+    creates its destination, and must take a new file; ``path`` must not be a directory."""
+    if os.path.isdir(path):
+        raise BenchError("is a directory; name the file to write (e.g. DIR/report.json)", where=f"{option} {path}")
+    if path.endswith(("/", os.sep)):
+        raise BenchError("names a folder (it ends in /); name the file to write (e.g. DIR/report.json)",
+                         where=f"{option} {path}")
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as err:
+        raise BenchError(f"cannot create its folder {parent} ({err.strerror or err})",
+                         where=f"{option} {path}") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BenchError(f"cannot write in {parent} (permission denied)", where=f"{option} {path}")
+    return path
+
+
+CLASSIFIER_SHARDS = "IMAGEFOLDER_DIR (shardkit pack IMAGEFOLDER_DIR SHARDS)"
+DETECTOR_SHARDS = ("the COCO source's annotated images (shardkit pack IMAGEFOLDER_DIR SHARDS --annotations "
+                    "ANNOTATIONS --drop-empty)")
+
+
+def needs_shards(shards: str | None, what: str) -> str:
+    """``--shards`` for ``--train``: a packed dataset (checked before torch is loaded)."""
+    from shardkit.index.manifest import locate_dataset
+
+    if shards is None or not locate_dataset(shards).exists("index.json"):
+        raise click.UsageError(f"--train needs --shards naming a packed dataset of {what}")
+    return shards
+
+
+def feeders_option(value: str, workers: int, classifier: bool, contenders: tuple[str, ...]) -> int | str:
+    """--feeders as ShardLoader's ``feeders`` ("auto" or a count from 0 to --workers)."""
+    if value == "auto":
+        return value
+    try:
+        count = int(value)
+    except ValueError:
+        raise click.UsageError(f"--feeders must be auto or a whole number, got {value!r}") from None
+    if not classifier:
+        raise click.UsageError("--feeders applies to --train with a classifier (resnet18, resnet50)")
+    if contenders and "shardloader" not in contenders:
+        raise click.UsageError("--feeders sets the shardloader contender's feeders: add --contender shardloader")
+    if not 0 <= count <= workers:
+        raise click.UsageError(f"--feeders must be from 0 to --workers ({workers}): the feeders share the workers, "
+                               f"got {count}")
+    return count
+
+
+def dali_threads_option(text: str | None) -> tuple[int, ...]:
+    """``--dali-threads 8,12,16`` as numbers; a usage error names a bad one."""
+    if text is None:
+        return ()
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise click.UsageError(f"--dali-threads takes whole numbers >= 1 separated by commas, got {text!r}")
+    return tuple(dict.fromkeys(counts))
