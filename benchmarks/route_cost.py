@@ -23,6 +23,10 @@ waits (``cudaStreamSynchronize``, events, nvJPEG's batched decode).
 
     python -m benchmarks.route_cost /tmp/shards --workers 16 --feeders 0 --batches 150
     python -m benchmarks.route_cost /tmp/shards --workers 16 --feeders 0 --batches 150 --sleep-waits
+
+``--compile-at-first-batch`` (with ``--feeders 0``) leaves the crop-resize kernel's compile to the
+first batch, as before the route started it when the workers run: set beside a run without it,
+each with an empty ``TRITON_CACHE_DIR``, what compiling ahead saves the first batch.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ import torch
 
 from shardkit import ShardLoader
 from shardkit.loader.feed.cuda_sync import sleep_while_waiting
+from shardkit.loader.routes.base import Route
+from shardkit.loader.routes.gpu.route import GpuRoute
 from shardkit.transforms import imagenet_train
 
 
@@ -107,8 +113,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=6,
                     help="busiest threads to list, of the training process and of the feeders")
     ap.add_argument("--sleep-waits", action="store_true", help="this process's CUDA waits sleep, not spin")
+    ap.add_argument("--compile-at-first-batch", action="store_true",
+                    help="with --feeders 0: the kernel compiles at the first batch, not while the workers start")
     args = ap.parse_args()
     feeders: int | str = args.feeders if args.feeders == "auto" else int(args.feeders)
+    if args.compile_at_first_batch:
+        if feeders != 0:
+            raise SystemExit("--compile-at-first-batch needs --feeders 0 (feeders run the route elsewhere)")
+        GpuRoute.workers_started = Route.workers_started  # type: ignore[method-assign]
     if args.sleep_waits and not sleep_while_waiting(0):  # device 0: the first visible one, cuda:0
         raise SystemExit("--sleep-waits: the CUDA driver refused blocking waits (run with logging at DEBUG for why)")
     torch.zeros(1, device="cuda")  # the CUDA context, as a training script has one before its loader
@@ -157,7 +169,8 @@ def main() -> None:
     print(f"feeders={loader.feeders} workers={args.workers}: constructor {t1 - t0:.2f} s, first batch {t2 - t1:.2f} s "
           f"after iter() ({t2 - t0:.2f} s in all; feeders up {t3 - t0:.2f} s after the constructor was called); "
           f"{images / wall:,.0f} img/s; CPU {1e3 * total / images:.3f} ms per image ({total / wall:.1f} cores busy)"
-          + ("; this process's CUDA waits sleep" if args.sleep_waits else ""))
+          + ("; this process's CUDA waits sleep" if args.sleep_waits else "")
+          + ("; kernel compiled at the first batch" if args.compile_at_first_batch else ""))
     for kind, (cpu, count) in sorted(kinds.items()):
         print(f"  {kind}: {count} processes, {1e3 * cpu / images:.3f} ms per image")
     by_name: dict[tuple[str, str], float] = {}

@@ -13,7 +13,8 @@ state; a :class:`Route` owns what a batch *is* on its way:
   prefetcher; by default the stream itself) and :meth:`Route.finish` (one batch to the device,
   finalised). :meth:`deliver` times both and adds the batch's counters to the loader's stats,
   the same way for every route.
-- **lifecycle**: :meth:`Route.before_workers` runs just before worker processes start and
+- **lifecycle**: :meth:`Route.before_workers` runs just before worker processes start,
+  :meth:`Route.workers_started` once they run (the GPU route compiles its kernel then) and
   :meth:`Route.workers_stopped` just after they stopped (for buffers shared with them);
   :meth:`Route.close` when the loader closes, before its workers stop.
 
@@ -57,6 +58,12 @@ class Route(ABC, Generic[W, R]):
 
     def before_workers(self) -> None:
         """Called when worker processes are about to start (none runs now)."""
+
+    def workers_started(self) -> None:
+        """Called once an epoch's worker processes run (or, with none, its stream is opened),
+        before its first batch is waited for; from the thread that reads the workers. The workers
+        were forked before it: work started here in a thread runs beside their first batches
+        without being copied into them mid-way."""
 
     def workers_stopped(self) -> None:
         """Called when the loader has stopped its worker processes (batches in flight are gone)."""

@@ -112,7 +112,7 @@ class EpochRun:
         if self.dataloader is not None and not workers_running(self.dataloader):
             self.route.before_workers()
         source = self.dataloader if self.dataloader is not None else self.stream
-        return self.route.deliver(raise_failures(source), self.stats)
+        return self.route.deliver(raise_failures(source, started=self.route.workers_started), self.stats)
 
     def keep(self, delivery: Delivery, epoch: int) -> None:
         """``delivery`` has delivered all of ``epoch``: keep it for the next epoch if the stream

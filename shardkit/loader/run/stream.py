@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, NoReturn, TypeVar
 
@@ -65,10 +65,16 @@ class EpochPadding:
     """Fills a read-ahead stream's epoch up to a whole round over the workers (see the module doc)."""
 
 
-def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding]) -> Iterator[W]:
+def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
+                   started: Callable[[], None] | None = None) -> Iterator[W]:
     """Pass ``source``'s batches on, without the :class:`EpochPadding` of a read-ahead stream;
-    re-raise a :class:`WorkerFailure` as its original error."""
-    for item in source:
+    re-raise a :class:`WorkerFailure` as its original error. ``started`` is called once
+    ``iter(source)`` has returned (a DataLoader's worker processes are running then), before the
+    first batch is waited for."""
+    items = iter(source)
+    if started is not None:
+        started()
+    for item in items:
         if isinstance(item, WorkerFailure):
             reraise(item)
         if not isinstance(item, EpochPadding):

@@ -252,3 +252,21 @@ def test_a_transform_output_that_cannot_leave_a_worker_is_an_error_not_a_hang(pa
     assert "shard-" in info.value.where
     with _loader(packed, num_workers=0, transform=_unsendable) as here:  # nothing to send: it works
         assert isinstance(next(iter(here))[0][0], _Unsendable)
+
+
+def test_the_route_hears_when_the_workers_run_before_the_first_batch(packed: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Route.workers_started comes once the worker processes exist (the GPU route compiles its
+    kernel in a thread then, with no fork to follow) and before the first batch is taken."""
+    loader = _loader(packed, num_workers=2)
+    seen: list[tuple[int, int]] = []
+    delivered: list[int] = []
+    monkeypatch.setattr(loader.route, "workers_started",
+                        lambda: seen.append((len(multiprocessing.active_children()), len(delivered))))
+    try:
+        for batch in loader:
+            delivered.append(len(batch[0]))
+        assert seen == [(2, 0)]  # once, the two workers running, no batch taken yet
+        assert delivered
+    finally:
+        loader.close()

@@ -18,6 +18,7 @@ from shardkit.loader.routes.device.prefetch import DevicePrefetcher, staging_slo
 from shardkit.loader.routes.gpu.host import DeviceBatch, GpuPipeline
 from shardkit.loader.routes.gpu.worker import RawBatch, RawBatchBuilder
 from shardkit.loader.stats import StageStats
+from shardkit.transforms import gpu_kernel
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
@@ -51,6 +52,12 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         self._slots: list[PinnedSlot] = []  # made on the first iteration (none in a loader whose feeders run the route)
         self._keep_alive = num_workers * (cycle + 1)
         self._prefetcher: DevicePrefetcher[RawBatch, DeviceBatch] | None = None
+
+    def workers_started(self) -> None:
+        """Compile the crop-resize kernel while the workers read the first batch (a job's first
+        compile takes about 2 s, which the first batch would otherwise wait for)."""
+        if self.options.compile:
+            gpu_kernel.warm_up(self._output_size, self.device, len(GEOMETRY_COLUMNS))
 
     def prepare(self, batches: Iterator[RawBatch], stats: StageStats) -> Iterator[DeviceBatch]:
         """Decode and augment ahead in threads: a new prefetcher per iteration. One still running
