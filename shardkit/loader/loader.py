@@ -316,6 +316,7 @@ class ShardLoader:
         count, self._slot_labels = feeder_count(feeders, self.route, transform, workers, self.manifest.kind,
                                                 captions=spec.captions, workers_auto=num_workers == "auto")
         self._spec, self._read_ahead = spec.on(self.device), read_ahead  # on: where the route delivers
+        self._decoder = preferred_decoder()  # the feeders, started later, decode with the library chosen now
         #: The preprocessing service building this loader's batches (``service=``), or None.
         self.service: ServiceClient | None = None
         if service is not None:
@@ -614,7 +615,7 @@ class ShardLoader:
         workers = self.num_workers
         return FeederPool([FeederSpec(self.manifest, self.reader,
                                       self._spec.with_workers(feeder_workers(part, parts, workers)), self.config,
-                                      part, parts, workers, preferred_decoder(), self._read_ahead, self._slot_labels)
+                                      part, parts, workers, self._decoder, self._read_ahead, self._slot_labels)
                            for part in range(parts)])
 
     def state_dict(self) -> dict[str, Any]:

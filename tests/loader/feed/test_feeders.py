@@ -348,3 +348,22 @@ def test_feeders_log_through_the_training_processs_handlers(tmp_path: Path) -> N
         logger.removeHandler(keep)
     relayed = [r for r in records if r.process != os.getpid() and "libjpeg: Corrupt JPEG data" in r.getMessage()]
     assert relayed and all(".tar:" in r.getMessage() for r in relayed), [r.getMessage() for r in records]
+
+
+def test_feeders_decode_with_the_library_chosen_when_the_loader_was_built(packed: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """prefer_decoder is process-wide and feeders start later (with "auto", behind the first
+    batches): they take the choice in force when the loader was built, not the one at their start."""
+    from shardkit.codec.backend import prefer_decoder
+    from shardkit.loader import loader as loader_module
+
+    prefer_decoder("pil")
+    try:
+        loader = _loader(packed, feeders=2)
+    finally:
+        prefer_decoder(None)
+    monkeypatch.setattr(loader_module, "FeederPool", lambda specs: specs)
+    try:
+        assert [spec.decoder for spec in loader._feeder_pool(2)] == ["pil", "pil"]
+    finally:
+        loader.close()
