@@ -41,7 +41,8 @@ from typing import Any
 import psutil
 import torch
 
-from shardkit import ShardLoader
+from shardkit import GpuOptions, ShardLoader
+from shardkit.codec.backend import prefer_decoder
 from shardkit.loader.feed.cuda_sync import sleep_while_waiting
 from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.gpu.route import GpuRoute
@@ -113,6 +114,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=6,
                     help="busiest threads to list, of the training process and of the feeders")
     ap.add_argument("--sleep-waits", action="store_true", help="this process's CUDA waits sleep, not spin")
+    ap.add_argument("--decoder", choices=["torchvision", "torchcodec"], default=None,
+                    help="the GPU decoder's library (default: shardkit's order, torchvision first)")
+    ap.add_argument("--decode-threads", type=int, default=1, help="GpuOptions.decode_threads")
     ap.add_argument("--compile-at-first-batch", action="store_true",
                     help="with --feeders 0: the kernel compiles at the first batch, not while the workers start")
     args = ap.parse_args()
@@ -127,8 +131,10 @@ def main() -> None:
     transform = imagenet_train(args.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
 
     t0 = time.perf_counter()
+    prefer_decoder(args.decoder)
     loader = ShardLoader(args.shards, batch_size=args.batch_size, transform=transform, num_workers=args.workers,
-                         device="cuda", drop_last=True, feeders=feeders)
+                         device="cuda", drop_last=True, feeders=feeders,
+                         gpu=GpuOptions(decode_threads=args.decode_threads))
     t1 = time.perf_counter()
     epoch = iter(loader)
     next(epoch)
@@ -170,7 +176,8 @@ def main() -> None:
           f"after iter() ({t2 - t0:.2f} s in all; feeders up {t3 - t0:.2f} s after the constructor was called); "
           f"{images / wall:,.0f} img/s; CPU {1e3 * total / images:.3f} ms per image ({total / wall:.1f} cores busy)"
           + ("; this process's CUDA waits sleep" if args.sleep_waits else "")
-          + ("; kernel compiled at the first batch" if args.compile_at_first_batch else ""))
+          + ("; kernel compiled at the first batch" if args.compile_at_first_batch else "")
+          + (f"; decoder {args.decoder} x{args.decode_threads}" if args.decoder else ""))
     for kind, (cpu, count) in sorted(kinds.items()):
         print(f"  {kind}: {count} processes, {1e3 * cpu / images:.3f} ms per image")
     by_name: dict[tuple[str, str], float] = {}
