@@ -4,31 +4,23 @@ One program per (sample, block of output pixels); each output pixel loops over i
 (dynamic bounds from the sample's scale) and reads all three channel planes, so the whole batch,
 whatever its image sizes, is one launch. The math is
 :func:`shardkit.transforms.gpu._eager_resize`'s, in float32. Triton is imported lazily:
-``available()`` is False where it is missing.
-
-Triton compiles the kernel at its first launch for an output size (about 2 s into an empty
-cache, a job's first run; a few hundred ms to load it from the cache after). :func:`warm_up`
-starts that compile in a thread, so that it runs while the loader's workers read the first
-batch; the first real :func:`launch` of that size waits for it.
+``available()`` is False where it is missing. :func:`warm_up` compiles it ahead for an output
+size (:mod:`shardkit.transforms.gpu_ahead`).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-import threading
 from typing import Any
 
 import torch
 
-__all__ = ["available", "launch", "warm_up"]
+from shardkit.transforms import gpu_ahead
 
-log = logging.getLogger(__name__)
+__all__ = ["available", "launch", "warm_up"]
 
 BLOCK = 256
 _taps: Any = None  # the shared filter loop, set when the kernel is built
-_lock = threading.Lock()
-_warming: dict[tuple[int, int, int], threading.Thread] = {}  # (device, OH, OW) -> its compile
 
 
 @functools.cache
@@ -89,48 +81,31 @@ def launch(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
     if n == 0:
         return
     oh, ow = int(out.shape[-2]), int(out.shape[-1])
-    if _warming:
-        warming = _warming.get((out.device.index or 0, oh, ow))
-        if warming is not None and warming is not threading.current_thread():
-            warming.join()
+    gpu_ahead.wait(("resize", out.device.index, oh, ow))
     grid = (n, (oh * ow + BLOCK - 1) // BLOCK)
     _kernel()[grid](flat, offsets, geom, out, OH=oh, OW=ow, NCOL=geom.shape[1], BLOCK=BLOCK)
 
 
 def warm_up(size: tuple[int, int], device: torch.device, columns: int) -> None:
     """Compile the kernel for output ``size`` on CUDA ``device`` (geometry rows of ``columns``)
-    in a daemon thread, once per process, device and size; nothing where Triton is missing.
-
-    Call it where no process will be forked while it runs (a forked child would hold a copy of
-    a compiler stopped mid-way). A compile that fails is only logged: the first real launch
-    compiles again and raises there.
-    """
+    in a thread, once per process, device and size (:func:`shardkit.transforms.gpu_ahead.ahead`);
+    nothing where Triton is missing."""
     if device.type != "cuda" or not available():
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, *size)
-    with _lock:
-        if key in _warming:
-            return
-        thread = threading.Thread(target=_compile, args=(size, index, columns), daemon=True,
-                                  name="shardkit-kernel-compile")
-        _warming[key] = thread
-    thread.start()
+    gpu_ahead.ahead(("resize", index, *size), functools.partial(_compile, size, index, columns))
 
 
 def _compile(size: tuple[int, int], index: int, columns: int) -> None:
-    """One launch of the kernel on a 2x2 image, on a stream of its own."""
-    try:
-        with torch.cuda.device(index):
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream):
-                kwargs: dict[str, Any] = {"device": torch.device("cuda", index)}
-                flat = torch.zeros(12, dtype=torch.uint8, **kwargs)
-                offsets = torch.zeros(1, dtype=torch.int64, **kwargs)
-                geom = torch.zeros((1, columns), dtype=torch.int32, **kwargs)
-                geom[0, :8] = torch.tensor([2, 2, 0, 0, 2, 2, *size])  # height, width, box, output size
-                out = torch.empty((1, 3, *size), dtype=torch.uint8, **kwargs)
-                launch(flat, offsets, geom, out)
-            stream.synchronize()
-    except Exception as err:  # the first real launch compiles again and raises where the user sees it
-        log.debug("shardkit: compiling the crop-resize kernel ahead failed: %s", err)
+    """One launch on a 2x2 image, on a stream of its own."""
+    with torch.cuda.device(index):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            kwargs: dict[str, Any] = {"device": torch.device("cuda", index)}
+            flat = torch.zeros(12, dtype=torch.uint8, **kwargs)
+            offsets = torch.zeros(1, dtype=torch.int64, **kwargs)
+            geom = torch.zeros((1, columns), dtype=torch.int32, **kwargs)
+            geom[0, :8] = torch.tensor([2, 2, 0, 0, 2, 2, *size])  # height, width, box, output size
+            out = torch.empty((1, 3, *size), dtype=torch.uint8, **kwargs)
+            launch(flat, offsets, geom, out)
+        stream.synchronize()

@@ -4,7 +4,8 @@
 geometry row's ``virt_h, virt_w``) instead of compiled in, and each image written at its own
 place (start, plane and row stride). One program per (sample, block of output pixels) over the
 batch's largest output; blocks past a smaller image's pixels are masked. Same float32 math, same
-taps, so both kernels give the same pixels for the same row.
+taps, so both kernels give the same pixels for the same row. :func:`warm_up` compiles it ahead
+(:mod:`shardkit.transforms.gpu_ahead`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["launch"]
+from shardkit.transforms import gpu_ahead
+
+__all__ = ["launch", "warm_up"]
 
 BLOCK = 256
 _taps: Any = None  # the shared filter loop, set when the kernel is built
@@ -69,5 +72,34 @@ def launch(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor, out: t
     n = geom.shape[0]
     if n == 0:
         return
+    gpu_ahead.wait(("ragged", out.device.index))
     grid = (n, (largest + BLOCK - 1) // BLOCK)
     _kernel()[grid](flat, offsets, geom, places, out, NCOL=geom.shape[1], BLOCK=BLOCK)
+
+
+def warm_up(device: torch.device, columns: int) -> None:
+    """Compile the kernel on CUDA ``device`` (geometry rows of ``columns``) in a thread, once per
+    process and device (:func:`shardkit.transforms.gpu_ahead.ahead`); nothing where Triton is
+    missing. Its output sizes are read per row, so one compile serves every size."""
+    from shardkit.transforms.gpu_kernel import available
+
+    if device.type != "cuda" or not available():
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    gpu_ahead.ahead(("ragged", index), functools.partial(_compile, index, columns))
+
+
+def _compile(index: int, columns: int) -> None:
+    """One launch on a 2x2 image, on a stream of its own."""
+    with torch.cuda.device(index):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            kwargs: dict[str, Any] = {"device": torch.device("cuda", index)}
+            flat = torch.zeros(12, dtype=torch.uint8, **kwargs)
+            offsets = torch.zeros(1, dtype=torch.int64, **kwargs)
+            geom = torch.zeros((1, columns), dtype=torch.int32, **kwargs)
+            geom[0, :8] = torch.tensor([2, 2, 0, 0, 2, 2, 2, 2])  # height, width, box, output size
+            places = torch.tensor([[0, 4, 2]], dtype=torch.int64, **kwargs)  # start, plane, row
+            out = torch.empty(12, dtype=torch.uint8, **kwargs)
+            launch(flat, offsets, geom, out, places, 4)
+        stream.synchronize()

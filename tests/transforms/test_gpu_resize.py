@@ -121,27 +121,36 @@ def test_compiled_kernel_matches_eager_on_cuda() -> None:
 @pytest.mark.cuda
 def test_a_kernel_compiled_ahead_is_the_one_the_first_batch_launches(tmp_path: Path) -> None:
     """warm_up compiles in a thread; the first real launch of that size waits for it and adds no
-    compile of its own (Triton's cache, empty at the start, holds the same entries after it)."""
+    compile of its own (Triton's cache, empty at the start, holds the same entries after it).
+    The same for the COCO route's ragged kernel."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     script = (
         "import os, torch\n"
-        "from shardkit.transforms import gpu_kernel\n"
+        "from shardkit.transforms import gpu_ahead, gpu_kernel\n"
         "from shardkit.transforms.gpu import GEOMETRY_COLUMNS, crop_resize_flip_batch\n"
         "from tests.transforms.test_gpu_resize import _batch\n"
         "gpu_kernel.warm_up((40, 40), torch.device('cuda'), len(GEOMETRY_COLUMNS))\n"
-        "gpu_kernel._warming[(torch.cuda.current_device(), 40, 40)].join()\n"
+        "gpu_ahead.wait(('resize', torch.cuda.current_device(), 40, 40))\n"
         "ahead = sorted(os.listdir(os.environ['TRITON_CACHE_DIR']))\n"
         "_, _, flat, offsets, geom = _batch(40, seed=3)\n"
         "flat, offsets, geom = flat.cuda(), offsets.cuda(), geom.cuda()\n"
         "got = crop_resize_flip_batch(flat, offsets, geom, (40, 40))\n"
         "ref = crop_resize_flip_batch(flat, offsets, geom, (40, 40), compile=False)\n"
         "after = sorted(os.listdir(os.environ['TRITON_CACHE_DIR']))\n"
-        "print(len(ahead), ahead == after, int((got.int() - ref.int()).abs().max()))\n"
+        "from shardkit.transforms import gpu_ragged_kernel\n"
+        "from tests.transforms.test_gpu_ragged import _kernel_vs_eager\n"
+        "gpu_ragged_kernel.warm_up(torch.device('cuda'), len(GEOMETRY_COLUMNS))\n"
+        "gpu_ahead.wait(('ragged', torch.cuda.current_device()))\n"
+        "ragged = sorted(os.listdir(os.environ['TRITON_CACHE_DIR']))\n"
+        "ragged_diff = _kernel_vs_eager('cuda', 0)\n"
+        "print(len(ahead), ahead == after, int((got.int() - ref.int()).abs().max()), len(ragged) > len(after),\n"
+        "      ragged == sorted(os.listdir(os.environ['TRITON_CACHE_DIR'])), ragged_diff)\n"
     )
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
-    entries, same, diff = done.stdout.split()
+    entries, same, diff, ragged_compiled, ragged_same, ragged_diff = done.stdout.split()
     assert int(entries) > 0 and same == "True" and int(diff) <= 1
+    assert ragged_compiled == ragged_same == "True" and int(ragged_diff) <= 1  # the COCO route's kernel, likewise

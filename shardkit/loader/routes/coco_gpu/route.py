@@ -20,6 +20,7 @@ from shardkit.loader.routes.device.options import GpuOptions
 from shardkit.loader.routes.device.pinned import PinnedSlot
 from shardkit.loader.routes.device.prefetch import DevicePrefetcher, staging_slots
 from shardkit.loader.stats import StageStats
+from shardkit.transforms import gpu_ragged_kernel
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
 __all__ = ["CocoGpuRoute"]
@@ -55,6 +56,12 @@ class CocoGpuRoute(Route[RawDetectionBatch, DetectionDeviceBatch]):
                        for _ in range(staging_slots(options.device_prefetch) if cuda else 1)]
         self._keep_alive = num_workers * (cycle + 1)
         self._prefetcher: DevicePrefetcher[RawDetectionBatch, DetectionDeviceBatch] | None = None
+
+    def workers_started(self) -> None:
+        """Compile the resize kernel while the workers read the first batch (as the
+        classification GPU route does)."""
+        if self.options.compile:
+            gpu_ragged_kernel.warm_up(self.device, len(GEOMETRY_COLUMNS))
 
     def prepare(self, batches: Iterator[RawDetectionBatch], stats: StageStats) -> Iterator[DetectionDeviceBatch]:
         """Decode and augment ahead in threads (a new prefetcher per iteration; one still running
