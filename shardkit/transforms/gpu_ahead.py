@@ -8,18 +8,25 @@ overlaps the workers' first batch; the first real launch waits for it (:func:`wa
 compiling the same kernel a second time beside it.
 
 A compile that fails is logged at DEBUG only: the first real launch compiles again and raises
-where the caller sees it.
+where the caller sees it. A process never forks while a compile runs: the routes call
+:func:`wait_all` before they start workers, and the interpreter's exit waits for it (up to
+:data:`EXIT_WAIT_S`; a daemon thread still inside the compiler's C++ code when the interpreter
+goes can end the process in "terminate called without an active exception").
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections.abc import Callable, Hashable
 
-__all__ = ["ahead", "wait"]
+__all__ = ["EXIT_WAIT_S", "ahead", "wait", "wait_all"]
 
 log = logging.getLogger(__name__)
+
+#: How long the interpreter's exit waits for a compile still running.
+EXIT_WAIT_S = 30.0
 
 _lock = threading.Lock()
 _compiles: dict[Hashable, threading.Thread] = {}
@@ -38,19 +45,35 @@ def ahead(key: Hashable, compile: Callable[[], None]) -> bool:
         if key in _compiles:
             return False
         thread = threading.Thread(target=_run, args=(compile,), daemon=True, name="shardkit-compile")
+        try:
+            thread.start()
+        except RuntimeError as err:  # no thread to be had: the first launch compiles, as without this module
+            log.debug("shardkit: no thread to compile a kernel ahead: %s", err)
+            return False
         _compiles[key] = thread
-    thread.start()
     return True
 
 
-def wait(key: Hashable) -> None:
+def wait(key: Hashable, timeout: float | None = None) -> None:
     """Wait for the compile started for ``key``, if any (at once when it is done, or when called
     from that compile's own thread)."""
     if not _compiles:
         return
     thread = _compiles.get(key)
     if thread is not None and thread is not threading.current_thread():
-        thread.join()
+        thread.join(timeout)
+
+
+def wait_all(timeout: float | None = None) -> None:
+    """Wait for every compile still running (before a fork, and at exit); ``timeout`` for each."""
+    with _lock:
+        threads = list(_compiles.values())
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+
+
+atexit.register(wait_all, EXIT_WAIT_S)
 
 
 def _run(compile: Callable[[], None]) -> None:

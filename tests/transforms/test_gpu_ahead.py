@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
 
 from shardkit.transforms import gpu_ahead
 
 
 def test_a_compile_runs_once_per_key_and_a_use_waits_for_it() -> None:
     done: list[str] = []
-    started = threading.Event()
+    gate = threading.Event()
 
     def slow() -> None:
-        started.set()
-        time.sleep(0.3)
+        gate.wait(10)
         done.append("slow")
 
     key = ("test", object())
     assert gpu_ahead.ahead(key, slow)
     assert not gpu_ahead.ahead(key, lambda: done.append("again"))  # started before: not run again
-    started.wait(5)
-    assert done == []
+    gpu_ahead.wait(key, timeout=0.05)
+    assert done == []  # still held at the gate
+    threading.Timer(0.1, gate.set).start()
     gpu_ahead.wait(key)  # the first use waits for the compile in flight
     assert done == ["slow"]
     gpu_ahead.wait(("test", "never started"))  # nothing to wait for
@@ -48,3 +52,59 @@ def test_the_compile_may_launch_what_waits_for_it() -> None:
     gpu_ahead.ahead(key, compile)
     gpu_ahead.wait(key)
     assert ran == [True]
+
+
+def test_the_kernel_launch_waits_for_its_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_kernel.launch joins a compile started for its own key (device, output size) before it
+    launches; another size does not wait."""
+    from shardkit.transforms import gpu_kernel
+
+    launched: list[tuple[int, int]] = []
+    monkeypatch.setattr(gpu_kernel, "_kernel", lambda: _Recorder(launched))
+    gate, compiled = threading.Event(), []
+
+    def compile() -> None:
+        gate.wait(10)
+        compiled.append(True)
+
+    assert gpu_ahead.ahead(("resize", None, 6, 7), compile)  # CPU tensors: device index None
+    geom = torch.zeros((1, 12), dtype=torch.int32)
+    gpu_kernel.launch(torch.zeros(1, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), geom,
+                      torch.empty((1, 3, 5, 5), dtype=torch.uint8))  # another size: no wait
+    assert launched == [(5, 5)] and not compiled
+    threading.Timer(0.1, gate.set).start()
+    gpu_kernel.launch(torch.zeros(1, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), geom,
+                      torch.empty((1, 3, 6, 7), dtype=torch.uint8))
+    assert compiled == [True] and launched == [(5, 5), (6, 7)]
+
+
+def test_forking_the_workers_waits_for_a_compile_in_flight() -> None:
+    """raise_failures opens its source (where a DataLoader forks its workers) only once no compile
+    runs in a thread: a child must not hold a copy of a compiler stopped mid-way."""
+    from shardkit.loader.run.stream import raise_failures
+
+    gate, order = threading.Event(), []
+
+    def compile() -> None:
+        gate.wait(10)
+        order.append("compiled")
+
+    class Source:
+        def __iter__(self) -> Iterator[Any]:
+            order.append("opened")
+            return iter([])
+
+    assert gpu_ahead.ahead(("test", object()), compile)
+    threading.Timer(0.1, gate.set).start()
+    assert list(raise_failures(Source())) == []
+    assert order == ["compiled", "opened"]
+
+
+class _Recorder:
+    """Stands for the compiled kernel: records each launch's output size."""
+
+    def __init__(self, launched: list[tuple[int, int]]) -> None:
+        self.launched = launched
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, OH, OW, **kw: self.launched.append((OH, OW))

@@ -62,8 +62,8 @@ class Route(ABC, Generic[W, R]):
     def workers_started(self) -> None:
         """Called once an epoch's worker processes run (or, with none, its stream is opened),
         before its first batch is waited for; from the thread that reads the workers. The workers
-        were forked before it: work started here in a thread runs beside their first batches
-        without being copied into them mid-way."""
+        were forked before it, and a later start of workers first waits for the kernel compiles
+        started here (:mod:`shardkit.transforms.gpu_ahead`)."""
 
     def workers_stopped(self) -> None:
         """Called when the loader has stopped its worker processes (batches in flight are gone)."""

@@ -39,6 +39,7 @@ from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.epochs.seeds import sample_seeds
 from shardkit.loader.read.user_errors import picklable_kind, sample_of
 from shardkit.loader.routes.batch import Builder, WorkerBatch
+from shardkit.transforms import gpu_ahead
 
 W = TypeVar("W", bound=WorkerBatch)
 
@@ -70,7 +71,9 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
     """Pass ``source``'s batches on, without the :class:`EpochPadding` of a read-ahead stream;
     re-raise a :class:`WorkerFailure` as its original error. ``started`` is called once
     ``iter(source)`` has returned (a DataLoader's worker processes are running then), before the
-    first batch is waited for."""
+    first batch is waited for. A kernel compile still running in a thread of this process is
+    waited for first (``iter`` may fork the workers: :mod:`shardkit.transforms.gpu_ahead`)."""
+    gpu_ahead.wait_all()
     items = iter(source)
     if started is not None:
         started()

@@ -258,11 +258,12 @@ def test_the_route_hears_when_the_workers_run_before_the_first_batch(packed: Pat
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Route.workers_started comes once the worker processes exist (the GPU route compiles its
     kernel in a thread then, with no fork to follow) and before the first batch is taken."""
+    before = len(multiprocessing.active_children())  # any left by earlier tests
     loader = _loader(packed, num_workers=2)
     seen: list[tuple[int, int]] = []
     delivered: list[int] = []
     monkeypatch.setattr(loader.route, "workers_started",
-                        lambda: seen.append((len(multiprocessing.active_children()), len(delivered))))
+                        lambda: seen.append((len(multiprocessing.active_children()) - before, len(delivered))))
     try:
         for batch in loader:
             delivered.append(len(batch[0]))
