@@ -15,8 +15,9 @@ shardkit that decodes through either library gets its decoder from here:
 :func:`prefer_decoder` (``"torchcodec"`` or ``"torchvision"``) puts that library first for both,
 the others staying as fallbacks; ``"pil"`` turns the native CPU decoder off; ``None`` restores the
 default order. It is an explicit call, not an environment variable (no ambient configuration in
-the library): make it before the loader starts its workers, which inherit it when forked. The
-choice is made once per process and remade after each :func:`prefer_decoder`.
+the library): make it before building the loader. Its workers inherit it when forked, and its
+feeder processes are given the choice in force when it was built. The choice is made once per
+process and remade after each :func:`prefer_decoder`.
 
 Both libraries return the same pixels (measured: every JPEG of the benchmark set identical, see
 docs/performance.md "Which library decodes JPEGs"), with one difference handled here: TorchCodec always
