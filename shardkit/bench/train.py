@@ -122,7 +122,7 @@ class TrainBenchConfig:
     device: str = "cuda"
     compile: bool = True
     contenders: tuple[str, ...] = ("imagefolder", "shardloader")
-    feeders: int | str = "auto"  # the shardloader contender's (ShardLoader's feeders)
+    feeders: int | str = "auto"  # the shardloader and shardloader_tc contenders' (ShardLoader's feeders)
     settle_s: float = SETTLE_S  # the pause before each synthetic run (see the module doc)
     dali_threads: tuple[int, ...] = ()  # DALI's num_threads, one row each (empty: workers)
     dali_hw_decoder_load: float | None = None  # share of JPEGs on the hardware decoder (None: DALI's default)
@@ -253,7 +253,7 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
         out["shardloader_feeders"] = ("shardkit ShardLoader, feeders fixed", shardloader(None, feeders=fixed))
     if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads
         out["shardloader_tc"] = ("shardkit ShardLoader TorchCodec x4", shardloader(GpuOptions(decode_threads=4),
-                                                                                   "torchcodec"))
+                                                                                   "torchcodec", feeders=cfg.feeders))
 
     def dali_loader(reader: str, source: str, threads: int) -> Callable[[], Any]:
         return lambda: dali.DaliTrainLoader(reader, source, size=cfg.size, batch_size=cfg.batch_size,

@@ -102,8 +102,9 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "shardloader, and on cuda shardloader_cpu]: shardloader on --device (on cuda the COCO GPU "
                    "route), shardloader_cpu: ShardLoader on the CPU, its batches copied to the device.")
 @click.option("--feeders", default="auto", show_default=True, metavar="auto|N",
-              help="--train with a classifier: the shardloader contender's feeder processes (ShardLoader's "
-                   "feeders; auto: one per 5 workers, 1 to 4, on cuda, none on cpu; N: that many, on either).")
+              help="--train with a classifier: the feeder processes of the shardloader and shardloader_tc "
+                   "contenders (ShardLoader's feeders; auto: one per 5 workers, 1 to 4, on cuda, none on cpu; "
+                   "N: that many, on either).")
 @click.option("--dali-threads", default=None, metavar="N[,N...]",
               help="--train with a classifier: DALI's num_threads, one row per value (e.g. 8,12,16: DALI's best "
                    "count differs by machine and model) [default: --workers].")
