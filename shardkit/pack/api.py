@@ -154,8 +154,9 @@ def pack_listing(
     options = options or PackOptions()
     total = len(listing.samples) + len(listing.warnings)
     if not listing.samples:
-        unpacked = (f" ({len(listing.warnings)} image record(s) not packable)" if listing.warnings
-                    else "")
+        first = listing.warnings[0] if listing.warnings else None
+        unpacked = (f" ({len(listing.warnings)} image record(s) not packable; the first, {first['source']}: "
+                    f"{first['reason']})" if first is not None else "")
         dropped = (listing.extra.get("drop_empty") or {}).get("images", 0)
         if dropped:  # every image left out by --drop-empty: say so, not "no sample"
             unpacked += f"; --drop-empty left out all {dropped} images, none has an annotation"

@@ -127,6 +127,17 @@ def test_coco_with_nothing_to_pack_touches_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_a_captioned_pack_of_a_tree_without_captions_says_why_nothing_is_packed(tmp_path: Path) -> None:
+    """A plain ImageFolder tree packed as captions: every image lacks its .txt, and the error
+    says so (with the first image), not only that nothing is packable."""
+    write_tree(tmp_path / "src", {"cat/a.jpg": encode_image(), "cat/b.jpg": encode_image()})
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--format", "captions"])
+    assert result.exit_code == 1
+    assert ("nothing to pack: the source lists no sample (2 image record(s) not packable; the first, cat/a.jpg: "
+            "no caption (cat/a.txt does not exist))") in result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_reasons_of_table_rows_are_grouped_by_kind_not_by_row() -> None:
     from shardkit.pack.skips import describe_reasons
 
