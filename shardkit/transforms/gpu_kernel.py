@@ -11,13 +11,14 @@ size (:mod:`shardkit.transforms.gpu_ahead`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from shardkit.transforms import gpu_ahead
 
-__all__ = ["available", "launch", "warm_up"]
+__all__ = ["available", "launch", "tiny_batch", "warm_launch", "warm_up"]
 
 BLOCK = 256
 _taps: Any = None  # the shared filter loop, set when the kernel is built
@@ -97,15 +98,32 @@ def warm_up(size: tuple[int, int], device: torch.device, columns: int) -> None:
 
 
 def _compile(size: tuple[int, int], index: int, columns: int) -> None:
-    """One launch on a 2x2 image, on a stream of its own."""
+    warm_launch(index, columns, size, lambda flat, offsets, geom: launch(
+        flat, offsets, geom, torch.empty((1, 3, *size), dtype=torch.uint8, device=flat.device)))
+
+
+def warm_launch(index: int, columns: int, size: tuple[int, int],
+                run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
+    """``run(flat, offsets, geom)`` for a 2x2 image resized to ``size`` (one geometry row of
+    ``columns``) on CUDA device ``index``, on a stream of its own, then wait for it: a kernel's
+    compile, by a launch of next to nothing."""
     with torch.cuda.device(index):
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
-            kwargs: dict[str, Any] = {"device": torch.device("cuda", index)}
-            flat = torch.zeros(12, dtype=torch.uint8, **kwargs)
-            offsets = torch.zeros(1, dtype=torch.int64, **kwargs)
-            geom = torch.zeros((1, columns), dtype=torch.int32, **kwargs)
-            geom[0, :8] = torch.tensor([2, 2, 0, 0, 2, 2, *size])  # height, width, box, output size
-            out = torch.empty((1, 3, *size), dtype=torch.uint8, **kwargs)
-            launch(flat, offsets, geom, out)
+            run(*tiny_batch(torch.device("cuda", index), columns, size))
         stream.synchronize()
+
+
+def tiny_batch(device: torch.device, columns: int, size: tuple[int, int]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(flat, offsets, geom)`` of one 2x2 image resized whole to ``size``, on ``device``.
+
+    Example:
+        >>> [t.tolist() for t in tiny_batch(torch.device("cpu"), 12, (3, 3))[1:]]
+        [[0], [[2, 2, 0, 0, 2, 2, 3, 3, 0, 0, 0, 0]]]
+    """
+    flat = torch.arange(12, dtype=torch.uint8, device=device)  # channel planes of 4 pixels
+    offsets = torch.zeros(1, dtype=torch.int64, device=device)
+    geom = torch.zeros((1, columns), dtype=torch.int32, device=device)
+    geom[0, :8] = torch.tensor([2, 2, 0, 0, 2, 2, *size])  # height, width, box, output size
+    return flat, offsets, geom

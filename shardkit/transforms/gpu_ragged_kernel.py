@@ -90,16 +90,10 @@ def warm_up(device: torch.device, columns: int) -> None:
 
 
 def _compile(index: int, columns: int) -> None:
-    """One launch on a 2x2 image, on a stream of its own."""
-    with torch.cuda.device(index):
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            kwargs: dict[str, Any] = {"device": torch.device("cuda", index)}
-            flat = torch.zeros(12, dtype=torch.uint8, **kwargs)
-            offsets = torch.zeros(1, dtype=torch.int64, **kwargs)
-            geom = torch.zeros((1, columns), dtype=torch.int32, **kwargs)
-            geom[0, :8] = torch.tensor([2, 2, 0, 0, 2, 2, 2, 2])  # height, width, box, output size
-            places = torch.tensor([[0, 4, 2]], dtype=torch.int64, **kwargs)  # start, plane, row
-            out = torch.empty(12, dtype=torch.uint8, **kwargs)
-            launch(flat, offsets, geom, out, places, 4)
-        stream.synchronize()
+    from shardkit.transforms.gpu_kernel import warm_launch
+
+    def run(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor) -> None:
+        places = torch.tensor([[0, 4, 2]], dtype=torch.int64, device=flat.device)  # start, plane, row
+        launch(flat, offsets, geom, torch.empty(12, dtype=torch.uint8, device=flat.device), places, 4)
+
+    warm_launch(index, columns, (2, 2), run)

@@ -108,3 +108,27 @@ class _Recorder:
 
     def __getitem__(self, grid: Any) -> Any:
         return lambda *args, OH, OW, **kw: self.launched.append((OH, OW))
+
+
+def test_the_warm_up_launches_are_in_bounds_and_right_under_the_interpreter() -> None:
+    """What warm_up launches (a 2x2 image, resized whole; the ragged kernel's place of 12 bytes)
+    runs under Triton's interpreter and gives the eager reference's pixels: no read or write
+    outside its tensors."""
+    from tests.transforms.interpreted import run_interpreted
+
+    out = run_interpreted(
+        "import torch\n"
+        "from shardkit.transforms import gpu_kernel, gpu_ragged_kernel\n"
+        "from shardkit.transforms.gpu import GEOMETRY_COLUMNS, _eager_resize\n"
+        "flat, offsets, geom = gpu_kernel.tiny_batch(torch.device('cpu'), len(GEOMETRY_COLUMNS), (3, 5))\n"
+        "got = torch.empty((1, 3, 3, 5), dtype=torch.uint8)\n"
+        "gpu_kernel.launch(flat, offsets, geom, got)\n"
+        "ref = torch.empty_like(got)\n"
+        "_eager_resize(flat, offsets, geom, ref)\n"
+        "flat, offsets, geom = gpu_kernel.tiny_batch(torch.device('cpu'), len(GEOMETRY_COLUMNS), (2, 2))\n"
+        "ragged = torch.empty(12, dtype=torch.uint8)\n"
+        "gpu_ragged_kernel.launch(flat, offsets, geom, ragged, torch.tensor([[0, 4, 2]]), 4)\n"
+        "print(int((got.int() - ref.int()).abs().max()), ragged.tolist() == flat.tolist())\n"
+    )
+    diff, ragged_same = out.split()
+    assert int(diff) <= 1 and ragged_same == "True"  # a whole 2x2 resize to 2x2 is the image itself
