@@ -19,8 +19,8 @@ with fewer samples than a batch repeats them), and prints each kind's share of t
 are and with one step of the worker replaced at a time by a stand-in that costs next to nothing
 (``read``: the sample's key and members from a dict instead of ``pread``, CRC-32 and tar parse;
 ``draw``: the whole image as the crop, nothing drawn from the sample's seed; ``frame``: the JPEG
-frame header looked up instead of parsed), in alternating order; what a step costs is the time
-its stand-in saves.
+frame header looked up instead of parsed; ``pack``: the JPEGs' bytes not copied into the batch's
+shared buffer), in alternating order; what a step costs is the time its stand-in saves.
 
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray off,on
@@ -35,6 +35,7 @@ import statistics
 import time
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -165,7 +166,7 @@ def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[i
     count = len(members) // batch_size * batch_size
     if count == 0:
         raise SystemExit(f"--ablate: fewer JPEGs nvJPEG takes ({len(members)}) than one batch of {batch_size}")
-    read, transform, frame_of = reader.read, builder.transform, worker_module.nvjpeg_frame
+    read, transform, frame_of, pack = reader.read, builder.transform, worker_module.nvjpeg_frame, worker_module.pack_raw
     samples = {pair: read(*pair) for pair in members}
     frames = {(len(data), data[-16:]): frame_of(data, gray=True)
               for _, fields in samples.values() for ext, data in fields.items() if ext not in ("cls", "json", "txt")}
@@ -173,17 +174,22 @@ def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[i
     def looked_up(data: bytes, gray: bool = False) -> object:
         return frames[len(data), data[-16:]]
 
+    def unpacked(buffer: Any, jpegs: Any, *args: Any) -> Any:
+        return pack(buffer, [(i, b"", win) for i, _data, win in jpegs], *args)
+
     def stand_in(step: str) -> None:
         reader.read = read  # type: ignore[method-assign]
-        builder.transform, worker_module.nvjpeg_frame = transform, frame_of
+        builder.transform, worker_module.nvjpeg_frame, worker_module.pack_raw = transform, frame_of, pack
         if step == "read":
             reader.read = lambda shard, index: samples[shard, index]  # type: ignore[method-assign,assignment]
         elif step == "draw":
             builder.transform = _NothingDrawn(transform)  # type: ignore[assignment]
         elif step == "frame":
             worker_module.nvjpeg_frame = looked_up  # type: ignore[assignment]
+        elif step == "pack":
+            worker_module.pack_raw = unpacked  # type: ignore[assignment]
 
-    steps = ["none", "read", "draw", "frame"]
+    steps = ["none", "read", "draw", "frame", "pack"]
     ms: dict[str, list[float]] = {step: [] for step in steps}
     for r in range(rounds + 1):  # the first round warms the dict's pages up
         for step in steps if r % 2 == 0 else steps[::-1]:
