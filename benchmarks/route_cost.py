@@ -130,8 +130,8 @@ def main() -> None:
     torch.zeros(1, device="cuda")  # the CUDA context, as a training script has one before its loader
     transform = imagenet_train(args.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
 
-    t0 = time.perf_counter()
     prefer_decoder(args.decoder)
+    t0 = time.perf_counter()
     loader = ShardLoader(args.shards, batch_size=args.batch_size, transform=transform, num_workers=args.workers,
                          device="cuda", drop_last=True, feeders=feeders,
                          gpu=GpuOptions(decode_threads=args.decode_threads))

@@ -8,8 +8,9 @@ overlaps the workers' first batch; the first real launch waits for it (:func:`wa
 compiling the same kernel a second time beside it.
 
 A compile that fails is logged at DEBUG only: the first real launch compiles again and raises
-where the caller sees it. A process never forks while a compile runs: the routes call
-:func:`wait_all` before they start workers, and the interpreter's exit waits for it (up to
+where the caller sees it. A process never forks while a compile runs: opening the workers' source
+(:func:`~shardkit.loader.run.stream.raise_failures`, where a DataLoader forks them) calls
+:func:`wait_all` first, and the interpreter's exit waits for it too (up to
 :data:`EXIT_WAIT_S`; a daemon thread still inside the compiler's C++ code when the interpreter
 goes can end the process in "terminate called without an active exception").
 """
@@ -73,11 +74,11 @@ def wait_all(timeout: float | None = None) -> None:
             thread.join(timeout)
 
 
-atexit.register(wait_all, EXIT_WAIT_S)
-
-
 def _run(compile: Callable[[], None]) -> None:
     try:
         compile()
     except Exception as err:  # the first real launch compiles again and raises where the user sees it
         log.debug("shardkit: compiling a kernel ahead failed: %s", err)
+
+
+atexit.register(wait_all, EXIT_WAIT_S)

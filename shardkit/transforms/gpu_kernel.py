@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from shardkit.transforms import gpu_ahead
+from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
 __all__ = ["available", "launch", "tiny_batch", "warm_launch", "warm_up"]
 
@@ -87,43 +88,40 @@ def launch(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor,
     _kernel()[grid](flat, offsets, geom, out, OH=oh, OW=ow, NCOL=geom.shape[1], BLOCK=BLOCK)
 
 
-def warm_up(size: tuple[int, int], device: torch.device, columns: int) -> None:
-    """Compile the kernel for output ``size`` on CUDA ``device`` (geometry rows of ``columns``)
-    in a thread, once per process, device and size (:func:`shardkit.transforms.gpu_ahead.ahead`);
-    nothing where Triton is missing."""
+def warm_up(size: tuple[int, int], device: torch.device) -> None:
+    """Compile the kernel for output ``size`` on CUDA ``device`` in a thread, once per process,
+    device and size (:func:`shardkit.transforms.gpu_ahead.ahead`); nothing where Triton is missing."""
     if device.type != "cuda" or not available():
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
-    gpu_ahead.ahead(("resize", index, *size), functools.partial(_compile, size, index, columns))
+    gpu_ahead.ahead(("resize", index, *size), functools.partial(_compile, size, index))
 
 
-def _compile(size: tuple[int, int], index: int, columns: int) -> None:
-    warm_launch(index, columns, size, lambda flat, offsets, geom: launch(
+def _compile(size: tuple[int, int], index: int) -> None:
+    warm_launch(index, size, lambda flat, offsets, geom: launch(
         flat, offsets, geom, torch.empty((1, 3, *size), dtype=torch.uint8, device=flat.device)))
 
 
-def warm_launch(index: int, columns: int, size: tuple[int, int],
+def warm_launch(index: int, size: tuple[int, int],
                 run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
-    """``run(flat, offsets, geom)`` for a 2x2 image resized to ``size`` (one geometry row of
-    ``columns``) on CUDA device ``index``, on a stream of its own, then wait for it: a kernel's
-    compile, by a launch of next to nothing."""
+    """``run(flat, offsets, geom)`` for a 2x2 image resized to ``size`` on CUDA device ``index``,
+    on a stream of its own, then wait for it: a kernel's compile, by a launch of next to nothing."""
     with torch.cuda.device(index):
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
-            run(*tiny_batch(torch.device("cuda", index), columns, size))
+            run(*tiny_batch(torch.device("cuda", index), size))
         stream.synchronize()
 
 
-def tiny_batch(device: torch.device, columns: int, size: tuple[int, int]
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def tiny_batch(device: torch.device, size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(flat, offsets, geom)`` of one 2x2 image resized whole to ``size``, on ``device``.
 
     Example:
-        >>> [t.tolist() for t in tiny_batch(torch.device("cpu"), 12, (3, 3))[1:]]
+        >>> [t.tolist() for t in tiny_batch(torch.device("cpu"), (3, 3))[1:]]
         [[0], [[2, 2, 0, 0, 2, 2, 3, 3, 0, 0, 0, 0]]]
     """
     flat = torch.arange(12, dtype=torch.uint8, device=device)  # channel planes of 4 pixels
     offsets = torch.zeros(1, dtype=torch.int64, device=device)
-    geom = torch.zeros((1, columns), dtype=torch.int32, device=device)
+    geom = torch.zeros((1, len(GEOMETRY_COLUMNS)), dtype=torch.int32, device=device)
     geom[0, :8] = torch.tensor([2, 2, 0, 0, 2, 2, *size])  # height, width, box, output size
     return flat, offsets, geom

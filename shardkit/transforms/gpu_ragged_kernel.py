@@ -77,23 +77,23 @@ def launch(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor, out: t
     _kernel()[grid](flat, offsets, geom, places, out, NCOL=geom.shape[1], BLOCK=BLOCK)
 
 
-def warm_up(device: torch.device, columns: int) -> None:
-    """Compile the kernel on CUDA ``device`` (geometry rows of ``columns``) in a thread, once per
-    process and device (:func:`shardkit.transforms.gpu_ahead.ahead`); nothing where Triton is
-    missing. Its output sizes are read per row, so one compile serves every size."""
+def warm_up(device: torch.device) -> None:
+    """Compile the kernel on CUDA ``device`` in a thread, once per process and device
+    (:func:`shardkit.transforms.gpu_ahead.ahead`); nothing where Triton is missing. Its output
+    sizes are read per row, so one compile serves every size."""
     from shardkit.transforms.gpu_kernel import available
 
     if device.type != "cuda" or not available():
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
-    gpu_ahead.ahead(("ragged", index), functools.partial(_compile, index, columns))
+    gpu_ahead.ahead(("ragged", index), functools.partial(_compile, index))
 
 
-def _compile(index: int, columns: int) -> None:
+def _compile(index: int) -> None:
     from shardkit.transforms.gpu_kernel import warm_launch
 
     def run(flat: torch.Tensor, offsets: torch.Tensor, geom: torch.Tensor) -> None:
         places = torch.tensor([[0, 4, 2]], dtype=torch.int64, device=flat.device)  # start, plane, row
         launch(flat, offsets, geom, torch.empty(12, dtype=torch.uint8, device=flat.device), places, 4)
 
-    warm_launch(index, columns, (2, 2), run)
+    warm_launch(index, (2, 2), run)

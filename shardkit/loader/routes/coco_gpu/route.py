@@ -61,7 +61,7 @@ class CocoGpuRoute(Route[RawDetectionBatch, DetectionDeviceBatch]):
         """Compile the resize kernel while the workers read the first batch (as the
         classification GPU route does)."""
         if self.options.compile:
-            gpu_ragged_kernel.warm_up(self.device, len(GEOMETRY_COLUMNS))
+            gpu_ragged_kernel.warm_up(self.device)
 
     def prepare(self, batches: Iterator[RawDetectionBatch], stats: StageStats) -> Iterator[DetectionDeviceBatch]:
         """Decode and augment ahead in threads (a new prefetcher per iteration; one still running

@@ -57,7 +57,7 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         """Compile the crop-resize kernel while the workers read the first batch (a job's first
         compile takes about 2 s, which the first batch would otherwise wait for)."""
         if self.options.compile:
-            gpu_kernel.warm_up(self._output_size, self.device, len(GEOMETRY_COLUMNS))
+            gpu_kernel.warm_up(self._output_size, self.device)
 
     def prepare(self, batches: Iterator[RawBatch], stats: StageStats) -> Iterator[DeviceBatch]:
         """Decode and augment ahead in threads: a new prefetcher per iteration. One still running
