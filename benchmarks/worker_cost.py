@@ -3,7 +3,8 @@
 What one GPU-route worker does for each batch (:class:`~shardkit.loader.routes.gpu.worker.RawBatchBuilder`:
 read the sample and check its CRC-32, parse its tar headers and JPEG frame header, draw the crop,
 cut restart intervals where the shards have them, decode on the CPU the images nvJPEG does not
-take, lay the batch out in a reused buffer as in a worker process), over every sample of
+take, lay the batch out in a reused buffer as in a worker process: each sample read straight into
+it), over every sample of
 ``SHARDS`` in order, batches of ``--batch-size``, torch at one thread. One untimed pass warms the
 page cache; then ``--rounds`` timed passes, process CPU time (user + system) per image.
 
@@ -17,10 +18,11 @@ resizes), in batches of that kind only (a kind
 with fewer samples than a batch repeats them), and prints each kind's share of the whole pass.
 ``--ablate`` then takes the JPEGs nvJPEG takes apart, step by step: their batches timed as they
 are and with one step of the worker replaced at a time by a stand-in that costs next to nothing
-(``read``: the sample's key and members from a dict instead of ``pread``, CRC-32 and tar parse;
-``draw``: the whole image as the crop, nothing drawn from the sample's seed; ``frame``: the JPEG
-frame header looked up instead of parsed; ``pack``: the JPEGs' bytes not copied into the batch's
-shared buffer), in alternating order; what a step costs is the time its stand-in saves.
+(``read``: the sample's key and members from a dict instead of the read into the shared buffer,
+CRC-32 and tar parse, only the JPEG's first :data:`HEADERS` bytes written there; ``draw``: the
+whole image as the crop, nothing drawn from the sample's seed; ``frame``: the JPEG frame header
+looked up instead of parsed), in alternating order; what a step costs is the time its stand-in
+saves.
 
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray off,on
@@ -53,6 +55,10 @@ from shardkit.storage import Store
 from shardkit.transforms import imagenet_train
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.params import CropFlip
+
+#: ``--ablate``'s ``read`` stand-in writes this many bytes of each JPEG (its headers, which the
+#: worker parses) where the read would have put the whole span.
+HEADERS = 2048
 
 
 def _crc(name: str) -> Callable[..., int]:
@@ -166,30 +172,35 @@ def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[i
     count = len(members) // batch_size * batch_size
     if count == 0:
         raise SystemExit(f"--ablate: fewer JPEGs nvJPEG takes ({len(members)}) than one batch of {batch_size}")
-    read, transform, frame_of, pack = reader.read, builder.transform, worker_module.nvjpeg_frame, worker_module.pack_raw
-    samples = {pair: read(*pair) for pair in members}
-    frames = {(len(data), data[-16:]): frame_of(data, gray=True)
-              for _, fields in samples.values() for ext, data in fields.items() if ext not in ("cls", "json", "txt")}
+    read_into, transform, frame_of = reader.read_into, builder.transform, worker_module.nvjpeg_frame
+    samples = {}
+    for pair in members:
+        key, fields, placed = read_into(*pair, memoryview(bytearray(reader.span_size(*pair))))
+        samples[pair] = key, {ext: bytes(data) for ext, data in fields.items()}, placed
+    frames = {(len(data), bytes(data[-16:])): frame_of(data, gray=True)
+              for _, fields, _ in samples.values() for ext, data in fields.items() if ext not in ("cls", "json", "txt")}
 
-    def looked_up(data: bytes, gray: bool = False) -> object:
-        return frames[len(data), data[-16:]]
+    def looked_up(data: bytes | memoryview, gray: bool = False) -> object:
+        return frames[len(data), bytes(data[-16:])]
 
-    def unpacked(buffer: Any, jpegs: Any, *args: Any) -> Any:
-        return pack(buffer, [(i, b"", win) for i, _data, win in jpegs], *args)
+    def not_read(shard: int, index: int, out: memoryview) -> Any:
+        """The sample as read_into leaves it, but only its image's headers written (no read, CRC or parse)."""
+        key, fields, placed = samples[shard, index]
+        for ext, (start, size) in placed.items():
+            out[start:start + HEADERS] = fields[ext][:HEADERS]
+        return key, {**fields, **{ext: out[s:s + n] for ext, (s, n) in placed.items()}}, placed
 
     def stand_in(step: str) -> None:
-        reader.read = read  # type: ignore[method-assign]
-        builder.transform, worker_module.nvjpeg_frame, worker_module.pack_raw = transform, frame_of, pack
+        reader.read_into = read_into  # type: ignore[method-assign]
+        builder.transform, worker_module.nvjpeg_frame = transform, frame_of
         if step == "read":
-            reader.read = lambda shard, index: samples[shard, index]  # type: ignore[method-assign,assignment]
+            reader.read_into = not_read  # type: ignore[method-assign,assignment]
         elif step == "draw":
             builder.transform = _NothingDrawn(transform)  # type: ignore[assignment]
         elif step == "frame":
             worker_module.nvjpeg_frame = looked_up  # type: ignore[assignment]
-        elif step == "pack":
-            worker_module.pack_raw = unpacked  # type: ignore[assignment]
 
-    steps = ["none", "read", "draw", "frame", "pack"]
+    steps = ["none", "read", "draw", "frame"]
     ms: dict[str, list[float]] = {step: [] for step in steps}
     for r in range(rounds + 1):  # the first round warms the dict's pages up
         for step in steps if r % 2 == 0 else steps[::-1]:

@@ -4,7 +4,9 @@
  * Python parser, which has the full rules and the error messages, whenever this returns None.
  *
  * sample(data) -> tuple[str, dict[str, bytes]] | None
- *   (key, {ext: member bytes}) by tarread._parse_span's rules on names and keys: the name with
+ * members(data) -> tuple[str, dict[str, tuple[int, int]]] | None
+ *   (key, {ext: member bytes}), or for members() (key, {ext: (start, size)}) where each member
+ *   lies in data (nothing copied), by tarread._parse_span's rules on names and keys: the name with
  *   its ustar prefix joined ("p/n"), UTF-8; the key is the name up to the first dot of its last
  *   component. Stops at a zero block or at the end of the data, as the Python parser does.
  *   None for anything else: a header whose checksum does not match or whose numeric fields
@@ -92,7 +94,8 @@ static Py_ssize_t key_end(const char *name, Py_ssize_t n) {
     return dot - name;
 }
 
-static PyObject *sample(PyObject *self, PyObject *arg) {
+/* Both entry points: members as bytes (copied), or where they lie in the span (offsets). */
+static PyObject *parse(PyObject *arg, int offsets) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -140,7 +143,9 @@ static PyObject *sample(PyObject *self, PyObject *arg) {
         if (ext == NULL)
             goto fallback; /* not UTF-8 */
         int twice = PyDict_Contains(fields, ext);
-        PyObject *member = twice ? NULL : PyBytes_FromStringAndSize((const char *)data + start, (Py_ssize_t)size);
+        PyObject *member = twice ? NULL
+                           : offsets ? Py_BuildValue("(nn)", start, (Py_ssize_t)size)
+                                     : PyBytes_FromStringAndSize((const char *)data + start, (Py_ssize_t)size);
         int stored_ok = member != NULL && PyDict_SetItem(fields, ext, member) == 0;
         Py_DECREF(ext);
         Py_XDECREF(member);
@@ -171,8 +176,13 @@ fail:
     return NULL;
 }
 
+static PyObject *sample(PyObject *self, PyObject *arg) { return parse(arg, 0); }
+
+static PyObject *members(PyObject *self, PyObject *arg) { return parse(arg, 1); }
+
 static PyMethodDef methods[] = {
     {"sample", sample, METH_O, "sample(data) -> (key, {ext: bytes}), or None (see module)"},
+    {"members", members, METH_O, "members(data) -> (key, {ext: (start, size)}), or None (see module)"},
     {NULL, NULL, 0, NULL},
 };
 

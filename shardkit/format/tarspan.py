@@ -5,7 +5,8 @@ regular files named ``<key>.<ext>``, which is every span shardkit writes.
 :func:`plain_sample` answers only when it is sure: the sample, by the Python parser's rules on
 names and keys, or None for anything else (extension headers, a damaged header, a name the
 Python parser would refuse, a span the C extension cannot read, no extension built), and the
-caller then parses the span with the full rules, which name any error.
+caller then parses the span with the full rules, which name any error. :func:`plain_members`
+answers the same, with where each member lies in the span instead of a copy of its bytes.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-__all__ = ["plain_sample"]
+__all__ = ["plain_members", "plain_sample"]
 
-#: ``_tarspan.sample``, or None where the C extension is not built.
+#: ``_tarspan.sample`` and ``_tarspan.members``, or None where the C extension is not built.
 _sample: Callable[[bytes | memoryview], tuple[str, dict[str, bytes]] | None] | None
+_members: Callable[[bytes | memoryview], tuple[str, dict[str, tuple[int, int]]] | None] | None
 try:
-    _sample = importlib.import_module("shardkit.format._tarspan").sample
+    _module = importlib.import_module("shardkit.format._tarspan")
+    _sample, _members = _module.sample, _module.members
 except (ImportError, AttributeError):  # not built (or built from an older source): Python parses every span
-    _sample = None
+    _sample = _members = None
 
 
 def plain_sample(data: bytes | memoryview) -> tuple[str, dict[str, bytes]] | None:
@@ -30,4 +33,15 @@ def plain_sample(data: bytes | memoryview) -> tuple[str, dict[str, bytes]] | Non
     try:
         return _sample(data)
     except (BufferError, TypeError):  # e.g. a memoryview that is not contiguous
+        return None
+
+
+def plain_members(data: bytes | memoryview) -> tuple[str, dict[str, tuple[int, int]]] | None:
+    """``(key, {ext: (start, size)})``: where each member of a plain span lies in ``data``
+    (nothing copied), else None, as :func:`plain_sample` answers."""
+    if _members is None:
+        return None
+    try:
+        return _members(data)
+    except (BufferError, TypeError):
         return None

@@ -31,8 +31,9 @@ import numpy as np
 from shardkit.errors import FormatError, LoaderError, StorageError
 from shardkit.format.crc import crc32
 from shardkit.format.offsets import REPAIR, load_offsets
-from shardkit.format.spec import offsets_name
+from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, offsets_name
 from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_spans
+from shardkit.format.tarspan import plain_members
 from shardkit.index.shards import ShardEntry, ShardTable
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, ShardCache, default_cache_dir
 from shardkit.storage import Store
@@ -303,6 +304,11 @@ class ShardReader:
             self._open.popitem(last=False)[1].close()
         return shard
 
+    def span_size(self, shard_index: int, sample_index: int) -> int:
+        """Bytes of one sample's span in its shard (its members with their tar headers), what
+        :meth:`read_into` reads (opens the shard if needed)."""
+        return self._shard(shard_index).offsets[sample_index][1]
+
     def read(self, shard_index: int, sample_index: int) -> tuple[str, dict[str, bytes]]:
         """The key and ``{ext: bytes}`` fields of one sample.
 
@@ -310,17 +316,63 @@ class ShardReader:
             LoaderError: the shard is missing, truncated or does not match the manifest
                 (names the shard and sample).
         """
+        shard, offset, size = self._span(shard_index, sample_index)
+        data = os.pread(shard.fd, size, offset)
+        return self._parsed(shard, sample_index, data)
+
+    def read_into(self, shard_index: int, sample_index: int, out: memoryview
+                  ) -> tuple[str, dict[str, bytes | memoryview], dict[str, tuple[int, int]]]:
+        """:meth:`read` with the span read straight into ``out`` (:meth:`span_size` bytes long).
+
+        Returns the key, the fields, and ``placed``: ``{ext: (start, size)}`` of the image members
+        left in ``out`` (their fields are views of it, nothing copied); the other members are
+        copied out as bytes, and so is every member of a span the plain parser does not take.
+
+        Raises:
+            LoaderError: as :meth:`read`.
+        """
+        shard, offset, size = self._span(shard_index, sample_index)
+        if len(out) != size:
+            raise ValueError(f"read_into needs {size} bytes of room, got {len(out)}")
+        got = os.preadv(shard.fd, [out], offset)
+        data = out[:got]  # short only where the file shrank since it was opened: the parse then names it
+        members = plain_members(data) if self._check_crc(shard, sample_index, data) else None
+        if members is None or members[0] != shard.keys[sample_index]:
+            return (*self._parsed(shard, sample_index, data, crc_checked=True), {})
+        key, spans = members
+        fields: dict[str, bytes | memoryview] = {}
+        placed: dict[str, tuple[int, int]] = {}
+        for ext, (start, length) in spans.items():
+            if ext in IMAGE_MEMBER_EXTENSIONS:
+                fields[ext], placed[ext] = data[start:start + length], (start, length)
+            else:
+                fields[ext] = bytes(data[start:start + length])
+        return key, fields, placed
+
+    def _span(self, shard_index: int, sample_index: int) -> tuple[_OpenShard, int, int]:
+        """The open shard and ``(offset, size)`` of one sample's span, checked against the file's size."""
         shard = self._shard(shard_index)
         offset, size = shard.offsets[sample_index]
         if offset + size > shard.size:
             raise LoaderError(f"shard is truncated ({shard.size} bytes, sample ends at {offset + size}; "
                               f"index.json says {self.shards.num_bytes[shard_index]} bytes)",
                               where=f"{shard.where}:{shard.keys[sample_index]}")
-        data = os.pread(shard.fd, size, offset)
+        return shard, offset, size
+
+    @staticmethod
+    def _check_crc(shard: _OpenShard, sample_index: int, data: bytes | memoryview) -> bool:
+        """True, or :class:`CorruptSample` where the offsets file's CRC-32 does not match ``data``."""
         expected = shard.crcs[sample_index] if shard.crcs is not None else None
         if expected is not None and (crc := crc32(data)) != expected:
             raise CorruptSample(f"checksum mismatch: its bytes changed after packing (crc32 {crc:08x}, the offsets "
                                 f"file says {expected:08x})", where=f"{shard.where}:{shard.keys[sample_index]}")
+        return True
+
+    def _parsed(self, shard: _OpenShard, sample_index: int, data: bytes | memoryview, *,
+                crc_checked: bool = False) -> tuple[str, dict[str, bytes]]:
+        """A span's key and fields, its CRC-32 checked (unless ``crc_checked``) and its key too."""
+        if not crc_checked:
+            self._check_crc(shard, sample_index, data)
         try:
             key, fields = parse_span(data, where=shard.where)
         except FormatError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -32,6 +32,14 @@ __all__ = ["ON_ERROR", "Sample", "SampleSource", "decode_for"]
 
 T = TypeVar("T")
 
+class Arena(Protocol):
+    """Where a batch's samples may be read in place
+    (:class:`~shardkit.loader.routes.device.payload.BatchArena`)."""
+
+    def reserve(self, size: int) -> tuple[int, memoryview] | None:
+        """``(start, room)`` of ``size`` bytes, or None where there is no room left."""
+
+
 #: The bad-sample policies: replace a bad sample deterministically (counted), or raise.
 ON_ERROR = ("replace", "raise")
 
@@ -39,17 +47,20 @@ ON_ERROR = ("replace", "raise")
 @dataclass
 class Sample:
     """One sample as read from its shard: ``key``, its members by extension, and ``where``
-    (``<shard path>:<key>``) to name it in errors."""
+    (``<shard path>:<key>``) to name it in errors. Read into a batch's arena (see
+    :meth:`SampleSource.fill`), its image member is a view of the arena, and ``image_at`` its
+    ``(start, end)`` there."""
 
     key: str
-    fields: dict[str, bytes]
+    fields: dict[str, bytes | memoryview]
     where: str
     #: Added to the packed label: in a mix with ``disjoint_labels``, the classes of the datasets before this one.
     label_offset: int = 0
     #: When the label is offset: the class count of the sample's own dataset (its packed label must be below).
     own_classes: int | None = None
+    image_at: tuple[int, int] | None = None
 
-    def image(self) -> bytes:
+    def image(self) -> bytes | memoryview:
         """The encoded image member (the first one with an image extension)."""
         for ext, data in self.fields.items():
             if ext in IMAGE_MEMBER_EXTENSIONS:
@@ -100,27 +111,38 @@ class SampleSource:
         self.on_error = on_error
         self.num_classes = num_classes
 
-    def read(self, shard: int, index: int, stats: StageStats) -> Sample:
-        """Read one sample, adding the time to ``stats.read_s``.
+    def read(self, shard: int, index: int, stats: StageStats, arena: Arena | None = None) -> Sample:
+        """Read one sample, adding the time to ``stats.read_s``; with an ``arena``, into the room it
+        reserves (when it has room left), the image member left there (``Sample.image_at``).
 
         Raises:
             BadSample: the sample's bytes are damaged (truncated, bad header, wrong key).
             LoaderError: the whole shard is unusable (missing, wrong hash, ...).
         """
         t0 = time.perf_counter()
+        room = arena.reserve(self.reader.span_size(shard, index)) if arena is not None else None
+        image_at = None
         try:
-            key, fields = self.reader.read(shard, index)
+            if room is None:
+                key, fields = self.reader.read(shard, index)
+            else:
+                key, members, placed = self.reader.read_into(shard, index, room[1])
+                fields = members
+                if placed:
+                    start, size = next(iter(placed.values()))
+                    image_at = (room[0] + start, room[0] + start + size)
         except CorruptSample as err:
             raise BadSample(str(err)) from err
         where = f"{self.reader.where(shard)}:{key}"
         stats.read_s += time.perf_counter() - t0
         offset, own = self.reader.labels_of(shard)
-        return Sample(key, fields, where, offset, own)
+        return Sample(key, fields, where, offset, own, image_at)
 
     def fill(self, make: Callable[[int, Sample, int, StageStats, DecodeStats], T], shards: Sequence[int],
-             indices: Sequence[int], seeds: Sequence[int]) -> tuple[Filled[T], StageStats]:
+             indices: Sequence[int], seeds: Sequence[int], arena: Arena | None = None) -> tuple[Filled[T], StageStats]:
         """Run ``make(slot, sample, seed, stats, decode_stats)`` on each sample of a batch, in
         order, then apply the bad-sample policy (:func:`~shardkit.loader.read.bad_samples.fill_batch`).
+        With an ``arena``, each sample is read into it (:meth:`read`); ``make`` keeps what it uses.
 
         ``make`` raises :class:`BadSample` for a sample it cannot use. Returns the filled batch
         and its stats (one batch; its samples, replacements and decoder counts).
@@ -133,7 +155,7 @@ class SampleSource:
 
         def attempt(slot: int, shard: int, index: int, seed: int) -> T:
             unchecked[slot] = self.reader.unchecked(shard)
-            return make(slot, self.read(shard, index, stats), seed, stats, dstats)
+            return make(slot, self.read(shard, index, stats, arena), seed, stats, dstats)
 
         got = fill_batch(attempt, self.reader, shards, indices, seeds, on_error=self.on_error)
         stats.replaced += got.replaced

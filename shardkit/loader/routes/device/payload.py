@@ -9,6 +9,13 @@ main process takes that worker's batch ``j - prefetch``; the prefetcher stages (
 shared memory) batches in order before taking the next, so by then batch ``j - prefetch - 1``
 and all earlier ones have been copied, and buffer ``j % cycle`` last held batch ``j - cycle``,
 one of those.
+
+*Reading in place* (:class:`BatchArena`): a worker may read each sample's span (its tar members
+with their headers) straight into the blob's JPEG region, and point at the JPEG inside it, instead
+of reading it into a ``bytes`` and copying it into the blob afterwards: one copy of each JPEG
+instead of three (the read, the tar member, the blob). So the JPEGs need not lie end to end:
+``spans`` gives each one's start and end, and the gaps between them (tar headers, the other
+members) travel too (a few percent of the bytes).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from torch.utils.data import get_worker_info
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
-__all__ = ["BufferCycle", "RawImages", "StagedBatch", "WorkerBuffers", "pack_raw"]
+__all__ = ["BatchArena", "BufferCycle", "RawImages", "StagedBatch", "WorkerBuffers", "pack_raw"]
 
 
 def _align(n: int) -> int:
@@ -37,11 +44,11 @@ class RawImages:
     """A batch's images before the device: JPEG bytes for nvJPEG and pixels decoded on the CPU.
 
     Everything lives in one uint8 ``blob`` (one shared-memory handle per batch: each tensor sent
-    between processes costs a file-descriptor round trip), laid out as JPEG bytes, then int64
-    ``bounds`` (``k + 1``), ``cpu_dest`` (``m``) and ``labels`` (``n``), int32 ``geometry``
-    (``[k, len(GEOMETRY_COLUMNS)]``), uint8 ``cpu_images`` (``[m, 3, *size]``). ``data[bounds[i]:bounds[i+1]]`` is
-    the i-th GPU image's JPEG and ``geometry[i]`` its crop row (``dest``: its position in the
-    batch); ``cpu_images[j]`` goes to position ``cpu_dest[j]``.
+    between processes costs a file-descriptor round trip), laid out as ``nbytes`` of data holding
+    the JPEGs, then int64 ``spans`` (``[k, 2]``), ``cpu_dest`` (``m``) and ``labels`` (``n``), int32
+    ``geometry`` (``[k, len(GEOMETRY_COLUMNS)]``), uint8 ``cpu_images`` (``[m, 3, *size]``).
+    ``data[spans[i, 0]:spans[i, 1]]`` is the i-th GPU image's JPEG and ``geometry[i]`` its crop
+    row (``dest``: its position in the batch); ``cpu_images[j]`` goes to position ``cpu_dest[j]``.
     """
 
     blob: torch.Tensor
@@ -53,7 +60,7 @@ class RawImages:
 
     @staticmethod
     def blob_size(nbytes: int, k: int, m: int, n: int, size: tuple[int, int]) -> int:
-        return _align(nbytes) + 8 * (k + 1 + m + n) + _align(4 * len(GEOMETRY_COLUMNS) * k) + m * 3 * size[0] * size[1]
+        return _align(nbytes) + 8 * (2 * k + m + n) + _align(4 * len(GEOMETRY_COLUMNS) * k) + m * 3 * size[0] * size[1]
 
     def _part(self, start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
         width = torch.empty(0, dtype=dtype).element_size()
@@ -64,25 +71,25 @@ class RawImages:
         return self.blob[:self.nbytes]
 
     @property
-    def bounds(self) -> torch.Tensor:
-        return self._part(_align(self.nbytes), self.k + 1, torch.int64)
+    def spans(self) -> torch.Tensor:
+        return self._part(_align(self.nbytes), 2 * self.k, torch.int64).view(self.k, 2)
 
     @property
     def cpu_dest(self) -> torch.Tensor:
-        return self._part(_align(self.nbytes) + 8 * (self.k + 1), self.m, torch.int64)
+        return self._part(_align(self.nbytes) + 16 * self.k, self.m, torch.int64)
 
     @property
     def labels(self) -> torch.Tensor:
-        return self._part(_align(self.nbytes) + 8 * (self.k + 1 + self.m), self.n, torch.int64)
+        return self._part(_align(self.nbytes) + 8 * (2 * self.k + self.m), self.n, torch.int64)
 
     @property
     def geometry(self) -> torch.Tensor:
-        start = _align(self.nbytes) + 8 * (self.k + 1 + self.m + self.n)
+        start = _align(self.nbytes) + 8 * (2 * self.k + self.m + self.n)
         return self._part(start, len(GEOMETRY_COLUMNS) * self.k, torch.int32).view(self.k, len(GEOMETRY_COLUMNS))
 
     @property
     def cpu_images(self) -> torch.Tensor:
-        start = _align(self.nbytes) + 8 * (self.k + 1 + self.m + self.n) + _align(4 * len(GEOMETRY_COLUMNS) * self.k)
+        start = _align(self.nbytes) + 8 * (2 * self.k + self.m + self.n) + _align(4 * len(GEOMETRY_COLUMNS) * self.k)
         return self._part(start, self.m * 3 * self.size[0] * self.size[1], torch.uint8).view(self.m, 3, *self.size)
 
     def __len__(self) -> int:
@@ -90,8 +97,7 @@ class RawImages:
 
     def jpegs(self) -> list[torch.Tensor]:
         """Views of ``data``, one 1-D uint8 tensor per GPU image."""
-        b = self.bounds.tolist()
-        return [self.data[b[i]:b[i + 1]] for i in range(len(b) - 1)]
+        return [self.data[start:end] for start, end in self.spans.tolist()]
 
 
 class StagedBatch(Protocol):
@@ -110,11 +116,25 @@ class BufferCycle:
         self.pid, self.bufs, self.next = os.getpid(), [torch.empty(0, dtype=torch.uint8)] * size, 0
 
     def take(self, nbytes: int) -> torch.Tensor:
+        """The next buffer, whole (at least ``nbytes``; grown to 5/4 of a need it cannot hold)."""
         k = self.next % len(self.bufs)
         self.next += 1
         if self.bufs[k].numel() < nbytes:
-            self.bufs[k] = torch.empty(max(nbytes * 5 // 4, 1 << 20), dtype=torch.uint8).share_memory_()
-        return self.bufs[k][:nbytes]
+            self.bufs[k] = _shared(max(nbytes * 5 // 4, 1 << 20))
+        return self.bufs[k]
+
+    def grow(self, nbytes: int, keep: int) -> torch.Tensor:
+        """The buffer :meth:`take` last gave, replaced by one of at least ``nbytes`` holding its
+        first ``keep`` bytes."""
+        k = (self.next - 1) % len(self.bufs)
+        bigger = _shared(max(nbytes * 5 // 4, 1 << 20))
+        bigger[:keep].copy_(self.bufs[k][:keep])
+        self.bufs[k] = bigger
+        return bigger
+
+
+def _shared(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
 
 
 class WorkerBuffers:
@@ -129,34 +149,109 @@ class WorkerBuffers:
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_buffers": None}
 
-    def take(self, nbytes: int) -> torch.Tensor:
+    def _cycle(self) -> BufferCycle | None:
         if self.cycle <= 0 or get_worker_info() is None:
-            return torch.empty(nbytes, dtype=torch.uint8)
+            return None
         if self._buffers is None or self._buffers.pid != os.getpid():
             self._buffers = BufferCycle(self.cycle)
-        return self._buffers.take(nbytes)
+        return self._buffers
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A buffer for the next batch: at least ``nbytes``, maybe more."""
+        cycle = self._cycle()
+        return torch.empty(nbytes, dtype=torch.uint8) if cycle is None else cycle.take(nbytes)
+
+    def grow(self, buffer: torch.Tensor, nbytes: int, keep: int) -> torch.Tensor:
+        """``buffer`` (the last :meth:`take`) replaced by one of at least ``nbytes`` holding its
+        first ``keep`` bytes."""
+        cycle = self._cycle()
+        if cycle is not None:
+            return cycle.grow(nbytes, keep)
+        bigger = torch.empty(nbytes, dtype=torch.uint8)
+        bigger[:keep].copy_(buffer[:keep])
+        return bigger
+
+
+class BatchArena:
+    """A batch's blob while its worker reads samples straight into it (see the module doc).
+
+    Made with room for the spans the batch plans to read (``capacity`` bytes). :meth:`reserve`
+    hands out the room after the bytes kept so far, :meth:`keep` keeps some of it; room reserved
+    and not kept is handed out again (a sample whose JPEG does not stay there: decoded on the CPU,
+    bad, cut into a piece). :meth:`lay_out` then writes the rest of the batch after what is kept.
+    """
+
+    def __init__(self, buffers: WorkerBuffers, capacity: int) -> None:
+        self.buffers = buffers
+        self.capacity = capacity
+        self.buffer = buffers.take(capacity)
+        self.view = memoryview(self.buffer.numpy())
+        self.end = 0  # bytes kept so far
+
+    def reserve(self, size: int) -> tuple[int, memoryview] | None:
+        """``(start, room)`` for a span of ``size`` bytes after those kept, or None where the
+        planned room is used up (a replacement sample beyond the batch's plan)."""
+        if self.end + size > self.capacity:
+            return None
+        return self.end, self.view[self.end:self.end + size]
+
+    def keep(self, end: int) -> None:
+        """Keep the bytes up to ``end`` (inside the room reserved last)."""
+        self.end = end
+
+    def write(self, start: int, data: bytes) -> None:
+        """Put ``data`` at ``start`` (inside the room reserved last: a JPEG cut shorter)."""
+        self.view[start:start + len(data)] = data
+
+    def lay_out(self, jpegs: Sequence[tuple[int, tuple[int, int] | bytes, tuple[int, ...]]],
+                cpu: Sequence[tuple[int, torch.Tensor | None]], labels: np.ndarray,
+                size: tuple[int, int]) -> RawImages:
+        """The batch's :class:`RawImages`: ``jpegs`` as ``(dest, (start, end) kept here or bytes,
+        window)``; the bytes go after the spans kept (see :func:`pack_raw` for the rest)."""
+        nbytes = self.end + sum(len(d) for _, d, _ in jpegs if isinstance(d, bytes))
+        want = RawImages.blob_size(nbytes, len(jpegs), len(cpu), len(labels), size)
+        if want > self.buffer.numel():
+            self.buffer = self.buffers.grow(self.buffer, want, self.end)
+        raw = RawImages(self.buffer[:want], len(jpegs), len(cpu), len(labels), nbytes, size)
+        view, pos, spans = raw.data.numpy(), self.end, raw.spans.numpy()
+        for j, (_, d, _) in enumerate(jpegs):
+            if isinstance(d, bytes):
+                view[pos:pos + len(d)] = np.frombuffer(d, dtype=np.uint8)
+                spans[j] = pos, pos + len(d)
+                pos += len(d)
+            else:
+                spans[j] = d
+        _fill_rest(raw, jpegs, cpu, labels)
+        return raw
+
+
+def _fill_rest(raw: RawImages, jpegs: Sequence[tuple[int, object, tuple[int, ...]]],
+               cpu: Sequence[tuple[int, torch.Tensor | None]], labels: np.ndarray) -> None:
+    raw.cpu_dest.numpy()[:] = [i for i, _ in cpu]
+    raw.labels.numpy()[:] = labels
+    if raw.k:
+        raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]
+    for j, (_, px) in enumerate(cpu):
+        if px is not None:
+            raw.cpu_images[j].copy_(px)
 
 
 def pack_raw(buffer: torch.Tensor | WorkerBuffers, jpegs: Sequence[tuple[int, bytes, tuple[int, ...]]],
              cpu: Sequence[tuple[int, torch.Tensor | None]], labels: np.ndarray, size: tuple[int, int]) -> RawImages:
-    """Lay a batch out as one :class:`RawImages` blob: ``jpegs`` as ``(dest, bytes, window)``,
-    ``cpu`` as ``(dest, pixels)`` (pixels of ``size``, or None where they travel beside the blob,
-    ``size`` then ``(0, 0)``: the detection route's images differ in size), ``labels`` one per image."""
+    """Lay a batch out as one :class:`RawImages` blob: ``jpegs`` as ``(dest, bytes, window)``
+    (end to end), ``cpu`` as ``(dest, pixels)`` (pixels of ``size``, or None where they travel
+    beside the blob, ``size`` then ``(0, 0)``: the detection route's images differ in size),
+    ``labels`` one per image."""
     lengths = [len(d) for _, d, _ in jpegs]
     k, m, n, nbytes = len(jpegs), len(cpu), len(labels), sum(lengths)
     want = RawImages.blob_size(nbytes, k, m, n, size)
-    blob = buffer.take(want) if isinstance(buffer, WorkerBuffers) else buffer[:want]
+    blob = buffer.take(want)[:want] if isinstance(buffer, WorkerBuffers) else buffer[:want]
     raw = RawImages(blob, k, m, n, nbytes, size)
     view, pos = raw.data.numpy(), 0
     for (_, d, _), length in zip(jpegs, lengths, strict=True):
         view[pos:pos + length] = np.frombuffer(d, dtype=np.uint8)
         pos += length
-    raw.bounds.numpy()[:] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    raw.cpu_dest.numpy()[:] = [i for i, _ in cpu]
-    raw.labels.numpy()[:] = labels
-    if k:
-        raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]
-    for j, (_, px) in enumerate(cpu):
-        if px is not None:
-            raw.cpu_images[j].copy_(px)
+    ends = np.cumsum(lengths, dtype=np.int64)
+    raw.spans.numpy()[:] = np.stack([ends - np.asarray(lengths, dtype=np.int64), ends], axis=1).reshape(k, 2)
+    _fill_rest(raw, jpegs, cpu, labels)
     return raw

@@ -11,7 +11,11 @@ the device decodes them as the CPU route does, ``gray``) are decoded and transfo
 exactly as the CPU route does, and travel as pixels to be joined into the same batch on the device.
 
 The batch travels as one :class:`~shardkit.loader.routes.device.payload.RawImages` blob
-(:mod:`~shardkit.loader.routes.device.payload`, shared with the COCO GPU route).
+(:mod:`~shardkit.loader.routes.device.payload`, shared with the COCO GPU route). Each sample is
+read straight into that blob (a :class:`~shardkit.loader.routes.device.payload.BatchArena` with
+room for the batch's planned spans) and its JPEG left where it landed; a JPEG cut to its restart
+intervals is written back over its own span, and only what does not fit there (a replacement
+beyond the plan, a span the plain tar parser does not take) is copied in after the rest.
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ from shardkit.loader.read.bad_samples import BadSample
 from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.read.samples import Sample, SampleSource, decode_for
-from shardkit.loader.routes.device.payload import RawImages, WorkerBuffers, pack_raw
+from shardkit.loader.routes.device.payload import BatchArena, RawImages, WorkerBuffers
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 
 __all__ = ["RawBatch", "RawBatchBuilder"]
 
-Item = tuple[bytes | torch.Tensor, tuple[int, ...] | None]  # JPEG bytes + geometry, or pixels + None
+#: A JPEG (its ``(start, end)`` in the batch's arena, or its bytes) and its geometry row, or pixels and None.
+Item = tuple[tuple[int, int] | bytes | torch.Tensor, tuple[int, ...] | None]
 
 
 @dataclass
@@ -75,7 +80,8 @@ class RawBatchBuilder:
         self.captions = captions
         self.gray = gray
 
-    def _raw(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> tuple[Any, Item]:
+    def _raw(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats,
+             arena: BatchArena) -> tuple[Any, Item]:
         t1 = time.perf_counter()
         label: Any = (sample.label(self.samples.num_classes) if self.captions is None
                       else self.captions.read(sample))
@@ -90,12 +96,20 @@ class RawBatchBuilder:
                     if transform.crop_first else None
             except DecodeError as err:
                 raise BadSample(str(err)) from err
+            at = sample.image_at
             if piece is not None:  # nvJPEG decodes only the restart intervals around the crop
-                data, h, w = piece.data, piece.height, piece.width
+                h, w = piece.height, piece.width
                 params = replace(params, top=params.top - piece.top, left=params.left - piece.left)
+                if at is not None and len(piece.data) <= at[1] - at[0]:  # over its own span
+                    arena.write(at[0], piece.data)
+                    at = (at[0], at[0] + len(piece.data))
+                else:
+                    at, data = None, piece.data
+            if at is not None:
+                arena.keep(at[1])
             stats.transform_s += time.perf_counter() - t1
-            return label, (data, transform.gpu_window(h, w, params))
-        image, params = decode_for(transform, data, seed, sample.where, dstats)  # as the CPU route does
+            return label, (at if at is not None else bytes(data), transform.gpu_window(h, w, params))
+        image, params = decode_for(transform, bytes(data), seed, sample.where, dstats)  # as the CPU route does
         t2 = time.perf_counter()
         stats.decode_s += t2 - t1
         pixels = transform.apply(image, params)
@@ -104,19 +118,22 @@ class RawBatchBuilder:
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> RawBatch:
         """Read the given samples in order; JPEGs stay encoded, the rest are decoded here."""
+        reader = self.samples.reader
+        arena = BatchArena(self.buffers, sum(reader.span_size(int(s), int(i)) for s, i in zip(shards, indices,
+                                                                                              strict=True)))
         got, stats = self.samples.fill(
-            lambda _slot, sample, seed, stats, dstats: self._raw(sample, seed, stats, dstats), shards, indices, seeds)
+            lambda _slot, sample, seed, stats, dstats: self._raw(sample, seed, stats, dstats, arena),
+            shards, indices, seeds, arena)
         stats.gpu_fallback = stats.fast + stats.fallback
         targets = [label for label, _ in got.results]
         if self.captions is None:
             labels, texts = np.array(targets, dtype=np.int64), None
         else:
             labels, texts = np.arange(len(targets), dtype=np.int64), self.captions.collate(
-                targets, f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
-        return RawBatch(self._pack([item for _, item in got.results], labels), got.keys, stats, texts)
-
-    def _pack(self, items: list[Item], labels: np.ndarray) -> RawImages:
+                targets, f"{reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
+        items = [item for _, item in got.results]
         jpegs = [(i, data, win) for i, (data, win) in enumerate(items)
                  if not isinstance(data, torch.Tensor) and win is not None]
         cpu = [(i, px) for i, (px, _win) in enumerate(items) if isinstance(px, torch.Tensor)]
-        return pack_raw(self.buffers, jpegs, cpu, labels, self.transform.output_size)
+        images = arena.lay_out(jpegs, cpu, labels, self.transform.output_size)  # type: ignore[arg-type]
+        return RawBatch(images, got.keys, stats, texts)
