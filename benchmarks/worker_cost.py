@@ -173,22 +173,24 @@ def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[i
     if count == 0:
         raise SystemExit(f"--ablate: fewer JPEGs nvJPEG takes ({len(members)}) than one batch of {batch_size}")
     read_into, transform, frame_of = reader.read_into, builder.transform, worker_module.nvjpeg_frame
-    samples = {}
+    samples = {}  # the key, the members read_into copies out, where it leaves the image, and the image
     for pair in members:
-        key, fields, placed = read_into(*pair, memoryview(bytearray(reader.span_size(*pair))))
-        samples[pair] = key, {ext: bytes(data) for ext, data in fields.items()}, placed
+        room = memoryview(bytearray(reader.span_size(*pair)))
+        key, fields, placed = read_into(*pair, room)
+        samples[pair] = key, fields, placed, {ext: bytes(room[s:s + n]) for ext, (s, n) in placed.items()}
     frames = {(len(data), bytes(data[-16:])): frame_of(data, gray=True)
-              for _, fields, _ in samples.values() for ext, data in fields.items() if ext not in ("cls", "json", "txt")}
+              for *_, images in samples.values() for data in images.values()}
 
     def looked_up(data: bytes | memoryview, gray: bool = False) -> object:
         return frames[len(data), bytes(data[-16:])]
 
     def not_read(shard: int, index: int, out: memoryview) -> Any:
-        """The sample as read_into leaves it, but only its image's headers written (no read, CRC or parse)."""
-        key, fields, placed = samples[shard, index]
+        """What read_into returns, only the image's headers written into ``out`` (no read, CRC or parse)."""
+        key, fields, placed, images = samples[shard, index]
         for ext, (start, size) in placed.items():
-            out[start:start + HEADERS] = fields[ext][:HEADERS]
-        return key, {**fields, **{ext: out[s:s + n] for ext, (s, n) in placed.items()}}, placed
+            head = min(size, HEADERS)
+            out[start:start + head] = images[ext][:head]
+        return key, dict(fields), placed
 
     def stand_in(step: str) -> None:
         reader.read_into = read_into  # type: ignore[method-assign]

@@ -149,3 +149,30 @@ def test_member_names_answer_as_the_python_parser(case: str) -> None:
     assert _answer(parse_span, span) == python
     # the C parser answers exactly where the Python one accepts the span; an error is left to it
     assert sample(span) == (None if isinstance(python, tuple) and python[0] == "FormatError" else python)
+
+
+@pytest.mark.parametrize("shard", list(SHARDS))
+def test_members_are_where_sample_copies_them_from(shard: str) -> None:
+    module = importlib.import_module("shardkit.format._tarspan")
+    for span in _spans(SHARDS[shard]):
+        copied, placed = module.sample(span), module.members(span)
+        assert (copied is None) == (placed is None)
+        if copied is not None:
+            assert placed[0] == copied[0]
+            assert {ext: span[s:s + n] for ext, (s, n) in placed[1].items()} == copied[1]
+        for cut in range(0, len(span), 211):  # cut short: the same answer (None, or the members before the cut)
+            short = module.sample(span[:cut])
+            got = module.members(span[:cut])
+            assert (short is None) == (got is None)
+            if got is not None:
+                assert {ext: span[s:s + n] for ext, (s, n) in got[1].items()} == short[1]
+
+
+@pytest.mark.parametrize("case", list(NAMES))
+def test_members_answer_where_sample_does(case: str) -> None:
+    module = importlib.import_module("shardkit.format._tarspan")
+    span = b"".join(_member(name, b"x" * i, prefix) for i, (name, prefix) in enumerate(NAMES[case]))
+    copied, placed = module.sample(span), module.members(span)
+    assert (copied is None) == (placed is None)
+    if copied is not None:
+        assert (placed[0], {ext: span[s:s + n] for ext, (s, n) in placed[1].items()}) == copied

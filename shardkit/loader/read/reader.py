@@ -321,12 +321,13 @@ class ShardReader:
         return self._parsed(shard, sample_index, data)
 
     def read_into(self, shard_index: int, sample_index: int, out: memoryview
-                  ) -> tuple[str, dict[str, bytes | memoryview], dict[str, tuple[int, int]]]:
+                  ) -> tuple[str, dict[str, bytes], dict[str, tuple[int, int]]]:
         """:meth:`read` with the span read straight into ``out`` (:meth:`span_size` bytes long).
 
-        Returns the key, the fields, and ``placed``: ``{ext: (start, size)}`` of the image members
-        left in ``out`` (their fields are views of it, nothing copied); the other members are
-        copied out as bytes, and so is every member of a span the plain parser does not take.
+        Returns the key, the fields copied out as bytes, and ``placed``: ``{ext: (start, size)}``
+        of the image members left in ``out`` instead (not among the fields: nothing copied). A
+        span the plain parser does not take (:func:`~shardkit.format.tarspan.plain_members`) has
+        every member copied out.
 
         Raises:
             LoaderError: as :meth:`read`.
@@ -336,15 +337,16 @@ class ShardReader:
             raise ValueError(f"read_into needs {size} bytes of room, got {len(out)}")
         got = os.preadv(shard.fd, [out], offset)
         data = out[:got]  # short only where the file shrank since it was opened: the parse then names it
-        members = plain_members(data) if self._check_crc(shard, sample_index, data) else None
+        self._check_crc(shard, sample_index, data)
+        members = plain_members(data)
         if members is None or members[0] != shard.keys[sample_index]:
             return (*self._parsed(shard, sample_index, data, crc_checked=True), {})
         key, spans = members
-        fields: dict[str, bytes | memoryview] = {}
+        fields: dict[str, bytes] = {}
         placed: dict[str, tuple[int, int]] = {}
         for ext, (start, length) in spans.items():
             if ext in IMAGE_MEMBER_EXTENSIONS:
-                fields[ext], placed[ext] = data[start:start + length], (start, length)
+                placed[ext] = (start, length)
             else:
                 fields[ext] = bytes(data[start:start + length])
         return key, fields, placed
@@ -360,13 +362,12 @@ class ShardReader:
         return shard, offset, size
 
     @staticmethod
-    def _check_crc(shard: _OpenShard, sample_index: int, data: bytes | memoryview) -> bool:
-        """True, or :class:`CorruptSample` where the offsets file's CRC-32 does not match ``data``."""
+    def _check_crc(shard: _OpenShard, sample_index: int, data: bytes | memoryview) -> None:
+        """:class:`CorruptSample` where the offsets file's CRC-32 does not match ``data``."""
         expected = shard.crcs[sample_index] if shard.crcs is not None else None
         if expected is not None and (crc := crc32(data)) != expected:
             raise CorruptSample(f"checksum mismatch: its bytes changed after packing (crc32 {crc:08x}, the offsets "
                                 f"file says {expected:08x})", where=f"{shard.where}:{shard.keys[sample_index]}")
-        return True
 
     def _parsed(self, shard: _OpenShard, sample_index: int, data: bytes | memoryview, *,
                 crc_checked: bool = False) -> tuple[str, dict[str, bytes]]:

@@ -48,24 +48,31 @@ ON_ERROR = ("replace", "raise")
 class Sample:
     """One sample as read from its shard: ``key``, its members by extension, and ``where``
     (``<shard path>:<key>``) to name it in errors. Read into a batch's arena (see
-    :meth:`SampleSource.fill`), its image member is a view of the arena, and ``image_at`` its
-    ``(start, end)`` there."""
+    :meth:`SampleSource.fill`), its image member stays there: ``image_view`` is a view of it, and
+    ``image_at`` its ``(start, end)`` in the arena."""
 
     key: str
-    fields: dict[str, bytes | memoryview]
+    fields: dict[str, bytes]
     where: str
     #: Added to the packed label: in a mix with ``disjoint_labels``, the classes of the datasets before this one.
     label_offset: int = 0
     #: When the label is offset: the class count of the sample's own dataset (its packed label must be below).
     own_classes: int | None = None
     image_at: tuple[int, int] | None = None
+    image_view: memoryview | None = None
 
-    def image(self) -> bytes | memoryview:
+    def image(self) -> bytes:
         """The encoded image member (the first one with an image extension)."""
+        if self.image_view is not None:
+            return bytes(self.image_view)
         for ext, data in self.fields.items():
             if ext in IMAGE_MEMBER_EXTENSIONS:
                 return data
         raise BadSample(f"{self.where}: no image member (has {sorted(self.fields)})")
+
+    def image_buffer(self) -> bytes | memoryview:
+        """:meth:`image` without a copy: the view of the arena where the sample was read into one."""
+        return self.image_view if self.image_view is not None else self.image()
 
     def label(self, num_classes: int | None = None) -> int:
         """The class index from the ``cls`` member: ASCII digits (surrounding whitespace allowed),
@@ -121,22 +128,23 @@ class SampleSource:
         """
         t0 = time.perf_counter()
         room = arena.reserve(self.reader.span_size(shard, index)) if arena is not None else None
-        image_at = None
+        image_at, view = None, None
         try:
             if room is None:
                 key, fields = self.reader.read(shard, index)
             else:
-                key, members, placed = self.reader.read_into(shard, index, room[1])
-                fields = members
-                if placed:
-                    start, size = next(iter(placed.values()))
-                    image_at = (room[0] + start, room[0] + start + size)
+                key, fields, placed = self.reader.read_into(shard, index, room[1])
+                if len(placed) == 1:
+                    (start, size), = placed.values()
+                    image_at, view = (room[0] + start, room[0] + start + size), room[1][start:start + size]
+                else:  # several images (only the first is used) or none: as read() gives them
+                    fields.update({ext: bytes(room[1][s:s + n]) for ext, (s, n) in placed.items()})
         except CorruptSample as err:
             raise BadSample(str(err)) from err
         where = f"{self.reader.where(shard)}:{key}"
         stats.read_s += time.perf_counter() - t0
         offset, own = self.reader.labels_of(shard)
-        return Sample(key, fields, where, offset, own, image_at)
+        return Sample(key, fields, where, offset, own, image_at, view)
 
     def fill(self, make: Callable[[int, Sample, int, StageStats, DecodeStats], T], shards: Sequence[int],
              indices: Sequence[int], seeds: Sequence[int], arena: Arena | None = None) -> tuple[Filled[T], StageStats]:

@@ -185,7 +185,7 @@ class BatchArena:
         self.buffers = buffers
         self.capacity = capacity
         self.buffer = buffers.take(capacity)
-        self.view = memoryview(self.buffer.numpy())
+        self.view = memoryview(self.buffer.numpy().data)
         self.end = 0  # bytes kept so far
 
     def reserve(self, size: int) -> tuple[int, memoryview] | None:

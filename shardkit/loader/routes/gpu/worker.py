@@ -85,7 +85,7 @@ class RawBatchBuilder:
         t1 = time.perf_counter()
         label: Any = (sample.label(self.samples.num_classes) if self.captions is None
                       else self.captions.read(sample))
-        data = sample.image()
+        data = sample.image_buffer()
         transform = self.transform
         frame = nvjpeg_frame(data, gray=self.gray)
         if frame is not None:
@@ -135,5 +135,5 @@ class RawBatchBuilder:
         jpegs = [(i, data, win) for i, (data, win) in enumerate(items)
                  if not isinstance(data, torch.Tensor) and win is not None]
         cpu = [(i, px) for i, (px, _win) in enumerate(items) if isinstance(px, torch.Tensor)]
-        images = arena.lay_out(jpegs, cpu, labels, self.transform.output_size)  # type: ignore[arg-type]
+        images = arena.lay_out(jpegs, cpu, labels, self.transform.output_size)
         return RawBatch(images, got.keys, stats, texts)
