@@ -17,7 +17,7 @@ from shardkit import transforms
 from shardkit.format.tarread import iter_entries
 from shardkit.index.manifest import read_manifest
 from shardkit.loader.read.reader import CorruptSample, ShardReader
-from shardkit.loader.routes.device.payload import BatchArena, RawImages, WorkerBuffers, pack_raw
+from shardkit.loader.routes.device.payload import BatchArena, RawImages, WorkerBuffers
 from shardkit.loader.routes.device.pinned import PinnedSlot
 from shardkit.loader.routes.gpu.worker import RawBatchBuilder
 from shardkit.storage import Store
@@ -139,10 +139,12 @@ def test_the_arena_copies_in_what_it_has_no_room_for_and_grows() -> None:
     assert _staged(raw) == [bytes(range(10, 50)), big]
 
 
-def test_pack_raw_lays_jpegs_end_to_end() -> None:
+def test_an_arena_of_no_room_lays_jpegs_end_to_end() -> None:
     win = (0,) * (len(GEOMETRY_COLUMNS) - 1)
-    raw = pack_raw(WorkerBuffers(0), [(1, b"abc", win), (0, b"", win), (2, b"defg", win)],
-                   [(3, torch.zeros(3, 2, 2, dtype=torch.uint8))], np.array([0, 1, 2, 3]), (2, 2))
+    raw = BatchArena(WorkerBuffers(0), 0).lay_out([(1, b"abc", win), (0, b"", win), (2, b"defg", win)],
+                                                  [(3, torch.full((3, 2, 2), 9, dtype=torch.uint8))],
+                                                  np.array([0, 1, 2, 3]), (2, 2))
     assert raw.spans.tolist() == [[0, 3], [3, 3], [3, 7]]
     assert [bytes(t.numpy()) for t in raw.jpegs()] == [b"abc", b"", b"defg"]
     assert _staged(raw) == [b"abc", b"", b"defg"]
+    assert raw.cpu_dest.tolist() == [3] and raw.cpu_images.eq(9).all() and raw.geometry[:, -1].tolist() == [1, 0, 2]

@@ -14,7 +14,8 @@ and travel as pixels.
 
 What a batch carries (:class:`RawDetectionBatch`): the JPEGs and geometry in one
 :class:`~shardkit.loader.routes.device.payload.RawImages` blob in the worker's shared-memory buffer cycle
-(reuse is safe for the reason :mod:`shardkit.loader.routes.gpu.worker` gives), the targets and masks
+(reuse is safe for the reason :mod:`shardkit.loader.routes.device.payload` gives; each sample read
+straight into it and its JPEG left there, as :mod:`shardkit.loader.routes.gpu.worker` does), the targets and masks
 packed as on the CPU route (:mod:`shardkit.loader.routes.coco.packed`: no shared-memory handle per
 tensor), the masks with the size and flip each gets on the device (:class:`RawMasks`).
 """
@@ -38,7 +39,7 @@ from shardkit.loader.read.samples import Sample
 from shardkit.loader.routes.coco.packed import PackedPlanes, PackedTargets
 from shardkit.loader.routes.coco.target import BadTarget, coco_target
 from shardkit.loader.routes.coco.worker import DetectionBatchBuilder
-from shardkit.loader.routes.device.payload import RawImages, WorkerBuffers, pack_raw
+from shardkit.loader.routes.device.payload import BatchArena, RawImages, WorkerBuffers
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.detection_geometry import draw_geometry, gpu_unsupported
 from shardkit.transforms.gpu import Col, window_geometry
@@ -77,7 +78,7 @@ class RawDetectionBatch:
 
 @dataclass
 class _Jpeg:
-    data: bytes
+    data: tuple[int, int] | bytes  # where it lies in the batch's arena, or its bytes
     window: tuple[int, ...]
     target: dict[str, Any]
     masks: torch.Tensor | None
@@ -116,8 +117,9 @@ class RawDetectionBuilder:
         self.buffers = WorkerBuffers(buffer_cycle)
         self.gray = gray
 
-    def _sample(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats) -> _Jpeg | _Pixels:
-        data = sample.image()
+    def _sample(self, sample: Sample, seed: int, stats: StageStats, dstats: DecodeStats,
+                arena: BatchArena) -> _Jpeg | _Pixels:
+        data = sample.image_buffer()
         frame = nvjpeg_frame(data, gray=self.gray)
         if frame is None:
             return _Pixels(*self.cpu.build_one(sample, seed, stats, dstats))  # exactly the CPU route's step
@@ -135,18 +137,23 @@ class RawDetectionBuilder:
             b = g.box
             planes = planes[g.keep][:, b.top:b.top + b.height, b.left:b.left + b.width].contiguous()
         stats.transform_s += time.perf_counter() - t0
-        return _Jpeg(data, window_geometry(height, width, g.box, g.size), g.target, planes)
+        if sample.image_at is not None:
+            arena.keep(sample.image_at[1])
+        return _Jpeg(sample.image_at or bytes(data), window_geometry(height, width, g.box, g.size), g.target, planes)
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> RawDetectionBatch:
         """Read the given samples in order; JPEGs stay encoded, the rest are decoded and transformed here."""
+        reader = self.samples.reader
+        arena = BatchArena(self.buffers, sum(reader.span_size(int(s), int(i)) for s, i in zip(shards, indices,
+                                                                                              strict=True)))
         make: Callable[[int, Sample, int, StageStats, DecodeStats], _Jpeg | _Pixels] = \
-            lambda _slot, sample, seed, stats, dstats: self._sample(sample, seed, stats, dstats)  # noqa: E731
-        got, stats = self.samples.fill(make, shards, indices, seeds)
+            lambda _slot, sample, seed, stats, dstats: self._sample(sample, seed, stats, dstats, arena)  # noqa: E731
+        got, stats = self.samples.fill(make, shards, indices, seeds, arena)
         stats.gpu_fallback = stats.fast + stats.fallback  # images decoded here
         items = got.results
         jpegs = [(i, it.data, it.window) for i, it in enumerate(items) if isinstance(it, _Jpeg)]
         cpu = [(i, it.image) for i, it in enumerate(items) if isinstance(it, _Pixels)]
-        raw = pack_raw(self.buffers, jpegs, [(i, None) for i, _ in cpu], np.zeros(len(items), dtype=np.int64), (0, 0))
+        raw = arena.lay_out(jpegs, [(i, None) for i, _ in cpu], np.zeros(len(items), dtype=np.int64), (0, 0))
         targets = [it.target for it in items]
         return RawDetectionBatch(raw, [px for _, px in cpu], PackedTargets.of(targets),
                                  self._masks(items) if self.masks else None, got.keys, stats)

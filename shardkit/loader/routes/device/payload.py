@@ -32,7 +32,7 @@ from torch.utils.data import get_worker_info
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
-__all__ = ["BatchArena", "BufferCycle", "RawImages", "StagedBatch", "WorkerBuffers", "pack_raw"]
+__all__ = ["BatchArena", "BufferCycle", "RawImages", "StagedBatch", "WorkerBuffers"]
 
 
 def _align(n: int) -> int:
@@ -207,7 +207,10 @@ class BatchArena:
                 cpu: Sequence[tuple[int, torch.Tensor | None]], labels: np.ndarray,
                 size: tuple[int, int]) -> RawImages:
         """The batch's :class:`RawImages`: ``jpegs`` as ``(dest, (start, end) kept here or bytes,
-        window)``; the bytes go after the spans kept (see :func:`pack_raw` for the rest)."""
+        window)``, the bytes copied in after what is kept; ``cpu`` as ``(dest, pixels)`` (pixels of
+        ``size``, or None where they travel beside the blob, ``size`` then ``(0, 0)``: the detection
+        route's images differ in size); ``labels`` one per image. An arena of no room lays the
+        JPEGs end to end."""
         nbytes = self.end + sum(len(d) for _, d, _ in jpegs if isinstance(d, bytes))
         want = RawImages.blob_size(nbytes, len(jpegs), len(cpu), len(labels), size)
         if want > self.buffer.numel():
@@ -234,24 +237,3 @@ def _fill_rest(raw: RawImages, jpegs: Sequence[tuple[int, object, tuple[int, ...
     for j, (_, px) in enumerate(cpu):
         if px is not None:
             raw.cpu_images[j].copy_(px)
-
-
-def pack_raw(buffer: torch.Tensor | WorkerBuffers, jpegs: Sequence[tuple[int, bytes, tuple[int, ...]]],
-             cpu: Sequence[tuple[int, torch.Tensor | None]], labels: np.ndarray, size: tuple[int, int]) -> RawImages:
-    """Lay a batch out as one :class:`RawImages` blob: ``jpegs`` as ``(dest, bytes, window)``
-    (end to end), ``cpu`` as ``(dest, pixels)`` (pixels of ``size``, or None where they travel
-    beside the blob, ``size`` then ``(0, 0)``: the detection route's images differ in size),
-    ``labels`` one per image."""
-    lengths = [len(d) for _, d, _ in jpegs]
-    k, m, n, nbytes = len(jpegs), len(cpu), len(labels), sum(lengths)
-    want = RawImages.blob_size(nbytes, k, m, n, size)
-    blob = buffer.take(want)[:want] if isinstance(buffer, WorkerBuffers) else buffer[:want]
-    raw = RawImages(blob, k, m, n, nbytes, size)
-    view, pos = raw.data.numpy(), 0
-    for (_, d, _), length in zip(jpegs, lengths, strict=True):
-        view[pos:pos + length] = np.frombuffer(d, dtype=np.uint8)
-        pos += length
-    ends = np.cumsum(lengths, dtype=np.int64)
-    raw.spans.numpy()[:] = np.stack([ends - np.asarray(lengths, dtype=np.int64), ends], axis=1).reshape(k, 2)
-    _fill_rest(raw, jpegs, cpu, labels)
-    return raw
