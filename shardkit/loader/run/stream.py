@@ -23,6 +23,7 @@ its message and a note naming the sample, instead of torch's text of the whole t
 
 from __future__ import annotations
 
+import gc
 import pickle
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -71,9 +72,14 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
     """Pass ``source``'s batches on, without the :class:`EpochPadding` of a read-ahead stream;
     re-raise a :class:`WorkerFailure` as its original error. ``started`` is called once
     ``iter(source)`` has returned (a DataLoader's worker processes are running then), before the
-    first batch is waited for. A kernel compile still running in a thread of this process is
-    waited for first (``iter`` may fork the workers: :mod:`shardkit.transforms.gpu_ahead`)."""
+    first batch is waited for. ``iter`` may fork the workers: first a kernel compile still running
+    in a thread of this process is waited for (:mod:`shardkit.transforms.gpu_ahead`), and where
+    this process uses CUDA its unreachable objects are collected, so that no forked worker frees
+    a CUDA tensor or stream of this process's when its own garbage collector runs (which ends the
+    worker in "Fatal Python error: Aborted")."""
     gpu_ahead.wait_all()
+    if torch.cuda.is_initialized():
+        gc.collect()
     items = iter(source)
     if started is not None:
         started()
