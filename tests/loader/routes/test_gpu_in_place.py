@@ -148,3 +148,25 @@ def test_an_arena_of_no_room_lays_jpegs_end_to_end() -> None:
     assert [bytes(t.numpy()) for t in raw.jpegs()] == [b"abc", b"", b"defg"]
     assert _staged(raw) == [b"abc", b"", b"defg"]
     assert raw.cpu_dest.tolist() == [3] and raw.cpu_images.eq(9).all() and raw.geometry[:, -1].tolist() == [1, 0, 2]
+
+
+def test_a_jpeg_the_device_rejects_is_decoded_from_the_slots_copy(inet: Path) -> None:
+    """By the time the host rescues a JPEG nvJPEG refused, the worker may be writing a later batch
+    into the shared buffer this one came in: the rescue reads the staging slot's copy."""
+    from shardkit.loader.routes.gpu.host import GpuPipeline
+
+    reader = _reader(inet)
+    t = transforms.imagenet_val(32)
+    pairs = _pairs(reader)[:8]
+    batch = RawBatchBuilder(reader, t, gray=True).build([s for s, _ in pairs], [i for _, i in pairs], list(range(8)))
+    pipeline = GpuPipeline(t, torch.device("cpu"), compile=False)
+    slot = PinnedSlot(8, t.output_size, len(GEOMETRY_COLUMNS), pin=False)
+    slot.stage(batch)
+    decoded, rejected = pipeline.decode(batch, slot)
+    assert rejected == [] and len(decoded) >= 2
+    before = pipeline.augment(batch, slot, decoded[1:], [0])
+    batch.images.blob.fill_(0)  # the worker's next batch, in the same buffer
+    after = pipeline.augment(batch, slot, decoded[1:], [0])
+    assert before.stats.replaced == after.stats.replaced == 0
+    assert torch.equal(after.images, before.images) and after.images.float().std() > 10
+    reader.close()

@@ -17,7 +17,6 @@ import torch
 from shardkit.codec.decode import decode_rgb
 from shardkit.errors import DecodeError
 from shardkit.loader.read.captions import CaptionTargets
-from shardkit.loader.routes.device.payload import RawImages
 from shardkit.loader.routes.device.pinned import PinnedSlot, chw_offsets
 from shardkit.loader.routes.device.stages import DeviceStages
 from shardkit.loader.routes.gpu.worker import RawBatch
@@ -63,16 +62,18 @@ class GpuPipeline(DeviceStages[RawBatch, DeviceBatch]):
         self.transform = transform
         self.compile = compile
 
-    def _cpu_rescue(self, raw: RawImages, rejected: list[int], out: torch.Tensor, labels: torch.Tensor,
+    def _cpu_rescue(self, slot: PinnedSlot, rejected: list[int], out: torch.Tensor, labels: torch.Tensor,
                     batch: RawBatch) -> bool:
         """Decode nvJPEG's rejects on the CPU (same crop); replace undecodable ones by a neighbour
-        (True when it did: the rows' labels moved with them)."""
+        (True when it did: the rows' labels moved with them). Reads the slot's copies: by now the
+        worker may be writing a later batch into the shared buffer the batch came in."""
         bad: list[int] = []
+        jpegs = slot.jpegs()
         for i in rejected:
-            g = raw.geometry[i].tolist()
+            g = slot.geometry[i].tolist()
             dest = g[Col.DEST]
             try:
-                image = decode_rgb(raw.jpegs()[i], where=batch.keys[dest])
+                image = decode_rgb(jpegs[i], where=batch.keys[dest])
             except DecodeError:
                 bad.append(dest)
                 continue
@@ -96,13 +97,14 @@ class GpuPipeline(DeviceStages[RawBatch, DeviceBatch]):
         if cpu_images.shape[0]:
             out.index_copy_(0, cpu_dest, cpu_images)
         if rejected:  # rare: rebuild geometry and offsets for the images nvJPEG did decode
-            keep = [i for i in range(raw.geometry.shape[0]) if i not in set(rejected)]
-            geometry = raw.geometry[keep].to(dev)
-            offsets = chw_offsets(raw.geometry[keep]).to(dev)
+            staged = slot.geometry[:slot.counts[0]]
+            keep = [i for i in range(staged.shape[0]) if i not in set(rejected)]
+            geometry = staged[keep].to(dev)
+            offsets = chw_offsets(staged[keep]).to(dev)
         if decoded:
             flat = flat_images(decoded)
             crop_resize_flip_batch(flat, offsets, geometry, raw.size, out=out, compile=self.compile)
-        moved = self._cpu_rescue(raw, rejected, out, labels, batch) if rejected else False
+        moved = self._cpu_rescue(slot, rejected, out, labels, batch) if rejected else False
         batch.stats.gpu_images += len(decoded)
         batch.stats.gpu_fallback += len(rejected)
         if batch.texts is None:
