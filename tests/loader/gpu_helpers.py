@@ -17,14 +17,14 @@ from shardkit.codec import jpeg_restart
 from shardkit.codec.decode import decode_rgb
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.cpu.worker import CpuBatch, CpuBatchBuilder
-from shardkit.loader.routes.device.payload import RawImages
-from shardkit.loader.routes.device.pinned import chw_offsets
+from shardkit.loader.routes.device.payload import RawImages, StagedBatch
+from shardkit.loader.routes.device.pinned import PinnedSlot, chw_offsets
 from shardkit.loader.routes.gpu.host import DeviceBatch
 from shardkit.loader.routes.gpu.worker import RawBatch, RawBatchBuilder
 from shardkit.loader.run.stream import BatchStream, raise_failures
 from shardkit.pack import PackOptions, pack
 from shardkit.transforms.base import ImageTransform
-from shardkit.transforms.gpu import crop_resize_flip_batch
+from shardkit.transforms.gpu import GEOMETRY_COLUMNS, crop_resize_flip_batch
 
 
 def make_packed_imagenet_like(tmp: Path, classes: int = 2, per_class: int = 40, *, restart: bool = False) -> Path:
@@ -107,3 +107,11 @@ def emulate_device(batch: RawBatch, decode: Callable[[list[torch.Tensor]], list[
         crop_resize_flip_batch(torch.cat(images), chw_offsets(raw.geometry), raw.geometry, raw.size,
                                out=out, compile=False)
     return out
+
+
+def staged(batch: StagedBatch) -> PinnedSlot:
+    """A worker batch staged as the prefetcher stages it, in pageable memory (no CUDA)."""
+    raw = batch.images
+    slot = PinnedSlot(len(raw), raw.size, len(GEOMETRY_COLUMNS), pin=False)
+    slot.stage(batch)
+    return slot

@@ -147,7 +147,7 @@ def test_gpu_route_worker_half_ships_texts_beside_the_jpegs(both: dict[str, Any]
     from shardkit.loader.routes.gpu.host import GpuPipeline
     from shardkit.loader.routes.gpu.worker import RawBatchBuilder
     from shardkit.loader.run.stream import BatchStream, raise_failures
-    from tests.loader.gpu_helpers import emulate_device
+    from tests.loader.gpu_helpers import emulate_device, staged
 
     transform = transforms.imagenet_train(16)
     streams = []
@@ -167,7 +167,8 @@ def test_gpu_route_worker_half_ships_texts_beside_the_jpegs(both: dict[str, Any]
     raw.jpegs()[0].zero_()  # not an image: the rescue replaces it by a neighbour
     labels = raw.labels.clone()
     out = torch.zeros((len(raw), 3, 16, 16), dtype=torch.uint8)
-    assert GpuPipeline(transform, torch.device("cpu"), compile=False)._cpu_rescue(raw, [0], out, labels, batch)
+    pipeline = GpuPipeline(transform, torch.device("cpu"), compile=False)
+    assert pipeline._cpu_rescue(staged(batch), [0], out, labels, batch)
     texts = CaptionTargets.take(batch.texts, labels.tolist())
     bad = int(raw.geometry[0, -1])
     src = keys.index(batch.keys[bad])

@@ -18,11 +18,10 @@ from shardkit.format.tarread import iter_entries
 from shardkit.index.manifest import read_manifest
 from shardkit.loader.read.reader import CorruptSample, ShardReader
 from shardkit.loader.routes.device.payload import BatchArena, RawImages, WorkerBuffers
-from shardkit.loader.routes.device.pinned import PinnedSlot
 from shardkit.loader.routes.gpu.worker import RawBatchBuilder
 from shardkit.storage import Store
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
-from tests.loader.gpu_helpers import make_packed_imagenet_like
+from tests.loader.gpu_helpers import make_packed_imagenet_like, staged
 
 IMAGE_EXTS = ("jpg", "jpeg", "png")
 
@@ -46,13 +45,10 @@ def _pairs(reader: ShardReader) -> list[tuple[int, int]]:
 
 
 def _staged(raw: RawImages) -> list[bytes]:
-    slot = PinnedSlot(len(raw), raw.size, len(GEOMETRY_COLUMNS), pin=False)
-
     class _Batch:
         images = raw
 
-    slot.stage(_Batch())  # type: ignore[arg-type]
-    return [bytes(t.numpy()) for t in slot.jpegs()]
+    return [bytes(t.numpy()) for t in staged(_Batch()).jpegs()]  # type: ignore[arg-type]
 
 
 def test_read_into_gives_what_read_gives_and_leaves_the_image_in_place(inet: Path) -> None:
@@ -160,8 +156,7 @@ def test_a_jpeg_the_device_rejects_is_decoded_from_the_slots_copy(inet: Path) ->
     pairs = _pairs(reader)[:8]
     batch = RawBatchBuilder(reader, t, gray=True).build([s for s, _ in pairs], [i for _, i in pairs], list(range(8)))
     pipeline = GpuPipeline(t, torch.device("cpu"), compile=False)
-    slot = PinnedSlot(8, t.output_size, len(GEOMETRY_COLUMNS), pin=False)
-    slot.stage(batch)
+    slot = staged(batch)
     decoded, rejected = pipeline.decode(batch, slot)
     assert rejected == [] and len(decoded) >= 2
     before = pipeline.augment(batch, slot, decoded[1:], [0])

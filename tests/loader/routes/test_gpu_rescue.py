@@ -12,7 +12,7 @@ import torch
 from shardkit import LoaderError, transforms
 from shardkit.loader.routes.gpu.host import GpuPipeline
 from shardkit.loader.routes.gpu.worker import RawBatch
-from tests.loader.gpu_helpers import make_packed_imagenet_like, raw_and_cpu_streams
+from tests.loader.gpu_helpers import make_packed_imagenet_like, raw_and_cpu_streams, staged
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def _rescue(inet: Path, on_error: str, spoil: list[int], *, all_jpeg: bool = Fal
     out = torch.zeros((len(images), 3, 32, 32), dtype=torch.uint8)
     labels = images.labels.clone()
     GpuPipeline(t, torch.device("cpu"), compile=False, on_error=on_error)._cpu_rescue(
-        images, spoil, out, labels, batch)
+        staged(batch), spoil, out, labels, batch)
     return out, labels, batch.keys, batch.stats.replaced
 
 
