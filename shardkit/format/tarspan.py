@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from types import ModuleType
 
 __all__ = ["plain_members", "plain_sample"]
 
 #: ``_tarspan.sample`` and ``_tarspan.members``, or None where the C extension is not built.
 _sample: Callable[[bytes | memoryview], tuple[str, dict[str, bytes]] | None] | None
 _members: Callable[[bytes | memoryview], tuple[str, dict[str, tuple[int, int]]] | None] | None
+_module: ModuleType | None
 try:
     _module = importlib.import_module("shardkit.format._tarspan")
-    _sample, _members = _module.sample, _module.members
-except (ImportError, AttributeError):  # not built (or built from an older source): Python parses every span
-    _sample = _members = None
+except ImportError:  # not built: Python parses every span
+    _module = None
+# each looked up alone: an extension built from an older source may lack the newer one
+_sample = getattr(_module, "sample", None)
+_members = getattr(_module, "members", None)
 
 
 def plain_sample(data: bytes | memoryview) -> tuple[str, dict[str, bytes]] | None:

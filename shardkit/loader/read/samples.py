@@ -48,8 +48,9 @@ ON_ERROR = ("replace", "raise")
 class Sample:
     """One sample as read from its shard: ``key``, its members by extension, and ``where``
     (``<shard path>:<key>``) to name it in errors. Read into a batch's arena (see
-    :meth:`SampleSource.fill`), its image member stays there: ``image_view`` is a view of it, and
-    ``image_at`` its ``(start, end)`` in the arena."""
+    :meth:`SampleSource.fill`), its image member stays there instead of among the fields:
+    ``image_view`` is a view of it, ``image_at`` its ``(start, end)`` in the arena and
+    ``image_ext`` its extension."""
 
     key: str
     fields: dict[str, bytes]
@@ -60,6 +61,11 @@ class Sample:
     own_classes: int | None = None
     image_at: tuple[int, int] | None = None
     image_view: memoryview | None = None
+    image_ext: str | None = None
+
+    def members(self) -> list[str]:
+        """The extensions of all its members, sorted (for messages)."""
+        return sorted([*self.fields, *([self.image_ext] if self.image_ext is not None else [])])
 
     def image(self) -> bytes:
         """The encoded image member (the first one with an image extension)."""
@@ -68,7 +74,7 @@ class Sample:
         for ext, data in self.fields.items():
             if ext in IMAGE_MEMBER_EXTENSIONS:
                 return data
-        raise BadSample(f"{self.where}: no image member (has {sorted(self.fields)})")
+        raise BadSample(f"{self.where}: no image member (has {self.members()})")
 
     def image_buffer(self) -> bytes | memoryview:
         """:meth:`image` without a copy: the view of the arena where the sample was read into one."""
@@ -128,14 +134,14 @@ class SampleSource:
         """
         t0 = time.perf_counter()
         room = arena.reserve(self.reader.span_size(shard, index)) if arena is not None else None
-        image_at, view = None, None
+        image_at, view, ext = None, None, None
         try:
             if room is None:
                 key, fields = self.reader.read(shard, index)
             else:
                 key, fields, placed = self.reader.read_into(shard, index, room[1])
                 if len(placed) == 1:
-                    (start, size), = placed.values()
+                    (ext, (start, size)), = placed.items()
                     image_at, view = (room[0] + start, room[0] + start + size), room[1][start:start + size]
                 else:  # several images (only the first is used) or none: as read() gives them
                     fields.update({ext: bytes(room[1][s:s + n]) for ext, (s, n) in placed.items()})
@@ -144,7 +150,7 @@ class SampleSource:
         where = f"{self.reader.where(shard)}:{key}"
         stats.read_s += time.perf_counter() - t0
         offset, own = self.reader.labels_of(shard)
-        return Sample(key, fields, where, offset, own, image_at, view)
+        return Sample(key, fields, where, offset, own, image_at, view, ext)
 
     def fill(self, make: Callable[[int, Sample, int, StageStats, DecodeStats], T], shards: Sequence[int],
              indices: Sequence[int], seeds: Sequence[int], arena: Arena | None = None) -> tuple[Filled[T], StageStats]:

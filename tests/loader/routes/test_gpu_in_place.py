@@ -165,3 +165,16 @@ def test_a_jpeg_the_device_rejects_is_decoded_from_the_slots_copy(inet: Path) ->
     assert before.stats.replaced == after.stats.replaced == 0
     assert torch.equal(after.images, before.images) and after.images.float().std() > 10
     reader.close()
+
+
+def test_a_sample_read_in_place_still_names_all_its_members(inet: Path) -> None:
+    from shardkit.loader.read.samples import SampleSource
+    from shardkit.loader.stats import StageStats
+
+    reader = _reader(inet)
+    arena = BatchArena(WorkerBuffers(0), reader.span_size(0, 0))
+    sample = SampleSource(reader).read(0, 0, StageStats(), arena)
+    assert sample.image_view is not None and sample.image_ext not in sample.fields  # left in the arena
+    assert sample.members() == sorted(reader.read(0, 0)[1])  # what messages list: the image too
+    assert sample.image() == bytes(sample.image_buffer()) == _image(reader, 0, 0)
+    reader.close()

@@ -124,7 +124,7 @@ class DetectionBatchBuilder:
         try:
             image = decode_rgb(sample.image(), where=where, stats=dstats)
             if "json" not in sample.fields:
-                raise BadSample(f"{where}: no json member (has {sorted(sample.fields)})")
+                raise BadSample(f"{where}: no json member (has {sample.members()})")
             target = coco_target(sample.fields["json"], image.shape[-2], image.shape[-1], masks=self.masks,
                                  label_map=self.label_map)
         except (DecodeError, BadTarget) as err:

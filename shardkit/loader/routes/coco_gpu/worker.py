@@ -125,7 +125,7 @@ class RawDetectionBuilder:
             return _Pixels(*self.cpu.build_one(sample, seed, stats, dstats))  # exactly the CPU route's step
         t0 = time.perf_counter()
         if "json" not in sample.fields:
-            raise BadSample(f"{sample.where}: no json member (has {sorted(sample.fields)})")
+            raise BadSample(f"{sample.where}: no json member (has {sample.members()})")
         try:
             height, width = (frame.height, frame.width) if frame.height and frame.width else peek_size(data)
             target = coco_target(sample.fields["json"], height, width, masks=self.masks, label_map=self.label_map)

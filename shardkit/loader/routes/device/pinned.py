@@ -64,7 +64,9 @@ class PinnedSlot:
         self.counts = (k, m, n)
         spans = raw.spans.numpy()
         starts, ends = spans[:, 0], spans[:, 1]
-        if np.all(starts[1:] >= ends[:-1]):  # in order, apart (always, but for a replaced sample's copy)
+        # in order and apart, unless a replaced sample shares another's JPEG or a JPEG was copied in
+        # after the spans kept (a span the plain tar parser does not take, a replacement beyond the plan)
+        if np.all(starts[1:] >= ends[:-1]):
             gaps = starts - np.concatenate([[0], ends[:-1]])
             self._pieces, self._spans = np.stack([gaps, ends - starts], axis=1).ravel().tolist(), None
         else:
