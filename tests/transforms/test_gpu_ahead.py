@@ -100,6 +100,42 @@ def test_forking_the_workers_waits_for_a_compile_in_flight() -> None:
     assert order == ["compiled", "opened"]
 
 
+@pytest.mark.parametrize("cuda", [True, False])
+def test_forking_the_workers_collects_the_garbage_of_a_process_that_uses_cuda(monkeypatch: pytest.MonkeyPatch,
+                                                                            cuda: bool) -> None:
+    """Where this process uses CUDA, its unreachable objects are collected before the workers'
+    source is opened: a forked worker that collected them itself would free CUDA memory of this
+    process (and end in "Fatal Python error: Aborted")."""
+    import gc
+
+    from shardkit.loader.run.stream import raise_failures
+
+    order: list[str] = []
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            order.append("collected")
+
+    class Source:
+        def __iter__(self) -> Iterator[Any]:
+            order.append("opened")
+            return iter([])
+
+    monkeypatch.setattr("torch.cuda.is_initialized", lambda: cuda)
+    gc.collect()
+    gc.disable()  # only raise_failures may collect
+    try:
+        Cycle()
+        assert list(raise_failures(Source())) == []
+    finally:
+        gc.enable()
+        gc.collect()
+    assert order == (["collected", "opened"] if cuda else ["opened", "collected"])
+
+
 class _Recorder:
     """Stands for the compiled kernel: records each launch's output size."""
 
