@@ -51,6 +51,21 @@ def _staged(raw: RawImages) -> list[bytes]:
     return [bytes(t.numpy()) for t in staged(_Batch()).jpegs()]  # type: ignore[arg-type]
 
 
+def _damaged(inet: Path, tmp_path: Path, index: int) -> tuple[ShardReader, str]:
+    """A reader of a copy of ``inet`` whose first shard has a flipped byte in sample ``index``'s
+    image (its CRC-32 then mismatches), and that shard's URL."""
+    ds = tmp_path / "ds"
+    shutil.copytree(inet, ds)
+    reader = _reader(ds)
+    url = reader.shards.urls[0]
+    entries = list(iter_entries(io.BytesIO((ds / url).read_bytes()), where="x", read_data=False))
+    image = next(e for e in entries if e.name.startswith(reader.key(0, index) + ".") and not e.name.endswith(".cls"))
+    data = bytearray((ds / url).read_bytes())
+    data[image.data_offset + 40] ^= 0xFF
+    (ds / url).write_bytes(bytes(data))
+    return reader, url
+
+
 def test_read_into_gives_what_read_gives_and_leaves_the_image_in_place(inet: Path) -> None:
     reader = _reader(inet)
     for shard, index in _pairs(reader)[:40]:
@@ -65,15 +80,7 @@ def test_read_into_gives_what_read_gives_and_leaves_the_image_in_place(inet: Pat
 
 
 def test_read_into_names_a_damaged_sample(inet: Path, tmp_path: Path) -> None:
-    ds = tmp_path / "ds"
-    shutil.copytree(inet, ds)
-    reader = _reader(ds)
-    url = reader.shards.urls[0]
-    entries = list(iter_entries(io.BytesIO((ds / url).read_bytes()), where="x", read_data=False))
-    jpg = next(e for e in entries if e.name.startswith(reader.key(0, 2) + ".") and not e.name.endswith(".cls"))
-    data = bytearray((ds / url).read_bytes())
-    data[jpg.data_offset + 40] ^= 0xFF
-    (ds / url).write_bytes(bytes(data))
+    reader, url = _damaged(inet, tmp_path, 2)
     with pytest.raises(CorruptSample, match="checksum mismatch") as err:
         reader.read_into(0, 2, memoryview(bytearray(reader.span_size(0, 2))))
     assert err.value.where.endswith(f"{url}:{reader.key(0, 2)}")
@@ -96,15 +103,7 @@ def test_the_worker_ships_the_shards_jpegs_from_where_it_read_them(inet: Path) -
 
 
 def test_a_replaced_sample_shares_its_replacements_jpeg(inet: Path, tmp_path: Path) -> None:
-    ds = tmp_path / "ds"
-    shutil.copytree(inet, ds)
-    reader = _reader(ds)
-    url = reader.shards.urls[0]
-    entries = list(iter_entries(io.BytesIO((ds / url).read_bytes()), where="x", read_data=False))
-    jpg = next(e for e in entries if e.name.startswith(reader.key(0, 1) + ".") and not e.name.endswith(".cls"))
-    data = bytearray((ds / url).read_bytes())
-    data[jpg.data_offset + 40] ^= 0xFF
-    (ds / url).write_bytes(bytes(data))
+    reader, _ = _damaged(inet, tmp_path, 1)
     builder = RawBatchBuilder(reader, transforms.imagenet_train(32), gray=True)
     pairs = [(0, i) for i in range(8)]
     batch = builder.build([s for s, _ in pairs], [i for _, i in pairs], list(range(8)))
