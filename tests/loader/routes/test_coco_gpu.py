@@ -82,14 +82,13 @@ def _reject(monkeypatch: pytest.MonkeyPatch, spoil: Callable[[torch.Tensor], obj
 
     real = DeviceStages._decode
 
-    def decode(self: Any, raw: Any, jpegs: list[torch.Tensor], batch: Any) -> Any:
+    def decode(self: Any, slot: Any, batch: Any) -> Any:
+        jpegs = slot.jpegs()
         if len(jpegs) < 2:
-            return real(self, raw, jpegs, batch)
-        if spoil is not None:  # the staged copy and the worker's (which the CPU rescue reads)
+            return real(self, slot, batch)
+        if spoil is not None:  # the staged copy, which the CPU rescue reads
             spoil(jpegs[1])
-            spoil(raw.jpegs()[1])
-        images, _ = real(self, raw, [j for i, j in enumerate(jpegs) if i != 1], batch)
-        return images, [1]
+        return self.decoder.decode([j for i, j in enumerate(jpegs) if i != 1]), [1]
 
     monkeypatch.setattr(DeviceStages, "_decode", decode)
 

@@ -24,7 +24,7 @@ import torch
 
 from shardkit.codec.nvjpeg import GpuJpegDecoder
 from shardkit.errors import LoaderError
-from shardkit.loader.routes.device.payload import RawImages, StagedBatch
+from shardkit.loader.routes.device.payload import StagedBatch
 from shardkit.loader.routes.device.pinned import PinnedSlot
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.gpu import Col
@@ -61,9 +61,11 @@ class DeviceStages(ABC, Generic[B, D]):
         self.on_error = on_error
         self.decoder = GpuJpegDecoder(device)
 
-    def _decode(self, raw: RawImages, jpegs: list[torch.Tensor], batch: StagedBatch) -> Decoded:
-        """nvJPEG-decode the batch's JPEGs; on failure retry one by one. Returns images and the
-        indices (into ``jpegs``) that nvJPEG rejected."""
+    def _decode(self, slot: PinnedSlot, batch: StagedBatch) -> Decoded:
+        """nvJPEG-decode the JPEGs staged in ``slot``; on failure retry one by one. Returns images
+        and the indices (into the slot's JPEGs) that nvJPEG rejected. Reads the slot's copies only:
+        the worker may be refilling the shared buffer the batch came in."""
+        jpegs = slot.jpegs()
         try:
             return self.decoder.decode(jpegs), []
         except RuntimeError:
@@ -76,12 +78,12 @@ class DeviceStages(ABC, Generic[B, D]):
             except RuntimeError:
                 rejected.append(i)
         log.debug("nvJPEG rejected %d images of a batch (keys %s)", len(rejected),
-                  [batch.keys[int(raw.geometry[i, Col.DEST])] for i in rejected])
+                  [batch.keys[int(slot.geometry[i, Col.DEST])] for i in rejected])
         return images, rejected
 
     def decode(self, batch: B, slot: PinnedSlot) -> Decoded:
         """Stage 1 (host-synchronous: nvJPEG returns when done): decode the slot's JPEGs."""
-        return self._decode(batch.images, slot.jpegs(), batch)
+        return self._decode(slot, batch)
 
     def decode_many(self, items: list[tuple[B, PinnedSlot]]) -> list[Decoded]:
         """:meth:`decode` of several staged batches with one nvJPEG call (falls back per batch)."""
