@@ -22,11 +22,13 @@ are and with one step of the worker replaced at a time by a stand-in that costs 
 CRC-32 and tar parse, only the JPEG's first :data:`HEADERS` bytes written there; ``draw``: the
 whole image as the crop, nothing drawn from the sample's seed; ``frame``: the JPEG frame header
 looked up instead of parsed), in alternating order; what a step costs is the time its stand-in
-saves.
+saves. ``--stage`` then times the receiving process's share of each batch: its staging into a slot
+(pinned memory where CUDA is available) and the split of its JPEGs.
 
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray off,on
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray on --ablate
+    python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray on --stage
 """
 
 from __future__ import annotations
@@ -50,10 +52,12 @@ from shardkit.codec.nvjpeg import nvjpeg_frame
 from shardkit.errors import ShardkitError
 from shardkit.index import read_manifest
 from shardkit.loader.read.reader import ShardReader
+from shardkit.loader.routes.device.pinned import PinnedSlot
 from shardkit.loader.routes.gpu.worker import RawBatchBuilder
 from shardkit.storage import Store
 from shardkit.transforms import imagenet_train
 from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 from shardkit.transforms.params import CropFlip
 
 #: ``--ablate``'s ``read`` stand-in writes this many bytes of each JPEG (its headers, which the
@@ -94,6 +98,8 @@ def main() -> None:
                         "worker (off) or shipped encoded (on), alternated")
     parser.add_argument("--by-kind", action="store_true", help="also time each kind of sample apart")
     parser.add_argument("--ablate", action="store_true", help="also time the steps of a JPEG nvJPEG takes apart")
+    parser.add_argument("--stage", action="store_true",
+                        help="also time the receiving process's staging of the batches (pinned where CUDA is)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     crcs = [c for c in args.crc.split(",") if c] or [""]
@@ -151,6 +157,36 @@ def main() -> None:
                               "share_of_cpu": round(each * len(members) / whole, 3)}))
     if args.ablate:
         _ablate(builder, reader, kinds.get("nvjpeg", []), one_pass, args.batch_size, args.rounds)
+    if args.stage:
+        _stage(builder, pairs, n, args.batch_size, args.size, args.rounds)
+
+
+def _stage(builder: RawBatchBuilder, pairs: list[tuple[int, int]], count: int, batch_size: int, size: int,
+           rounds: int) -> None:
+    """Time what the receiving process does with each batch before the device sees it: stage it
+    into a slot (:meth:`PinnedSlot.stage`, one copy of its data) and take its JPEGs apart
+    (:meth:`PinnedSlot.jpegs`), over the last batches a worker's buffer cycle still holds."""
+    pin = torch.cuda.is_available()
+    kept = builder.buffers.cycle - 1  # the batches whose buffers the next build does not reuse
+    starts = list(range(0, count, batch_size))[-kept:]
+    batches = [builder.build([s for s, _ in pairs[k:k + batch_size]], [i for _, i in pairs[k:k + batch_size]],
+                             list(range(k, k + batch_size))) for k in starts]
+    slots = [PinnedSlot(batch_size, (size, size), len(GEOMETRY_COLUMNS), pin=pin) for _ in range(len(batches) + 1)]
+    per_round = max(1, 2000 // (len(batches) * batch_size))  # about 2,000 images a round
+    times = []
+    for r in range(rounds + 1):  # the first round allocates the slots' pages
+        start = time.process_time()
+        for k in range(per_round):
+            for j, batch in enumerate(batches):
+                slot = slots[(k * len(batches) + j) % len(slots)]
+                slot.stage(batch)
+                slot.jpegs()
+        if r:
+            times.append((time.process_time() - start) / (per_round * len(batches) * batch_size) * 1e3)
+    print(json.dumps({"stage": "pinned" if pin else "pageable", "batches": len(batches),
+                      "bytes_per_image": round(statistics.mean(b.images.nbytes for b in batches) / batch_size),
+                      "cpu_ms_per_image_median": round(statistics.median(times), 5),
+                      "min": round(min(times), 5), "max": round(max(times), 5)}))
 
 
 class _NothingDrawn:
