@@ -100,40 +100,60 @@ def test_forking_the_workers_waits_for_a_compile_in_flight() -> None:
     assert order == ["compiled", "opened"]
 
 
-@pytest.mark.parametrize("cuda", [True, False])
-def test_forking_the_workers_collects_the_garbage_of_a_process_that_uses_cuda(monkeypatch: pytest.MonkeyPatch,
-                                                                            cuda: bool) -> None:
-    """Where this process uses CUDA, its unreachable objects are collected before the workers'
-    source is opened: a forked worker that collected them itself would free CUDA memory of this
-    process (and end in "Fatal Python error: Aborted")."""
+def test_a_forked_worker_never_collects_what_it_inherited() -> None:
+    """While raise_failures opens its source (where a DataLoader forks its workers), the
+    collector's objects are frozen: a child's collection must not free this process's objects
+    (their pinned or CUDA memory's deleter would call CUDA in the child, which aborts it); this
+    process collects them as before."""
     import gc
+    import os
 
     from shardkit.loader.run.stream import raise_failures
 
-    order: list[str] = []
+    parent, (read_end, write_end) = os.getpid(), os.pipe()
 
     class Cycle:
         def __init__(self) -> None:
             self.me = self
 
         def __del__(self) -> None:
-            order.append("collected")
+            os.write(write_end, b"p" if os.getpid() == parent else b"c")
 
     class Source:
         def __iter__(self) -> Iterator[Any]:
-            order.append("opened")
+            pid = os.fork()
+            if pid == 0:  # a worker: its collector runs
+                gc.collect()
+                os._exit(0)
+            os.waitpid(pid, 0)
             return iter([])
 
-    monkeypatch.setattr("torch.cuda.is_initialized", lambda: cuda)
     gc.collect()
-    gc.disable()  # only raise_failures may collect
+    gc.disable()  # nothing collects but the calls below
     try:
-        Cycle()
+        Cycle()  # garbage from here on
         assert list(raise_failures(Source())) == []
+        assert gc.get_freeze_count() == 0
+        gc.collect()
     finally:
         gc.enable()
-        gc.collect()
-    assert order == (["collected", "opened"] if cuda else ["opened", "collected"])
+        os.close(write_end)
+    assert os.read(read_end, 16) == b"p"  # collected here, never in the child
+    os.close(read_end)
+
+
+def test_a_programs_own_freeze_is_left_alone() -> None:
+    import gc
+
+    from shardkit.loader.run.stream import raise_failures
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert list(raise_failures([])) == []
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 class _Recorder:

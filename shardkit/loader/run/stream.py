@@ -73,14 +73,20 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
     re-raise a :class:`WorkerFailure` as its original error. ``started`` is called once
     ``iter(source)`` has returned (a DataLoader's worker processes are running then), before the
     first batch is waited for. ``iter`` may fork the workers: first a kernel compile still running
-    in a thread of this process is waited for (:mod:`shardkit.transforms.gpu_ahead`), and where
-    this process uses CUDA its unreachable objects are collected, so that no forked worker frees
-    a CUDA tensor or stream of this process's when its own garbage collector runs (which ends the
-    worker in "Fatal Python error: Aborted")."""
+    in a thread of this process is waited for (:mod:`shardkit.transforms.gpu_ahead`), and the
+    garbage collector's objects are frozen while it runs (``gc.freeze``, unless the program froze
+    some itself), so that no forked worker ever collects an object of this process: one whose
+    collector freed this process's pinned or CUDA memory ended in "Fatal Python error: Aborted"
+    (the memory's deleter calls CUDA, which a forked child cannot)."""
     gpu_ahead.wait_all()
-    if torch.cuda.is_initialized():
-        gc.collect()
-    items = iter(source)
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        items = iter(source)
+    finally:
+        if freeze:
+            gc.unfreeze()
     if started is not None:
         started()
     for item in items:
