@@ -4,12 +4,13 @@ doctor, serve).
 Library errors become one-line messages and exit code 1; usage errors exit 2 (click's).
 Ctrl-C exits 130 and SIGTERM (a scheduler preempting the job) 143, each after one line; the work
 stops as on Ctrl-C (a pack stops its workers and resumes when re-run); another while it exits ends
-it at once, with the same code. Heavy imports (torch)
+it at once, with the same code (once the worker processes are joined, it is ignored). Heavy imports (torch)
 happen inside the commands that need them, so ``--help`` is fast.
 """
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -67,6 +68,21 @@ def _exit_at_once_on_another(code: int) -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, now)
+        # In its last instants the interpreter gives a signal with a Python handler its default
+        # action back, and another Ctrl-C would end the process by the signal, not with ``code``:
+        # both are ignored once the last exit function that can wait (multiprocessing's, which
+        # joins the worker processes) is done. Ignored signals are left as they are.
+        multiprocessing.util.Finalize(None, _ignore_exit_signals, exitpriority=_LAST)
+
+
+#: The lowest ``exitpriority``: multiprocessing runs such a finalizer after joining its children.
+_LAST = -(1 << 30)
+
+
+def _ignore_exit_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 class Terminated(KeyboardInterrupt):
