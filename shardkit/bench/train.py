@@ -93,6 +93,7 @@ from shardkit.bench.step_timing import Step, gpu_times, run_steps
 from shardkit.bench.train_report import against_best_dali, summarise, train_table, with_feeders
 from shardkit.bench.train_step import TrainStep
 from shardkit.loader.feed.cuda_sync import sleep_while_waiting
+from shardkit.loader.run.stream import iter_frozen
 
 __all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
            "counted", "run_contenders", "run_one", "run_train_bench", "summarise"]
@@ -163,7 +164,7 @@ def _forever(loader: Iterable[Any]) -> Iterator[Any]:
     """The loader's batches, epoch after epoch (each ``iter()`` is one epoch)."""
     while True:
         empty = True
-        for batch in loader:
+        for batch in iter_frozen(loader):  # a baseline's DataLoader forks its workers in a CUDA process
             empty = False
             yield batch
         if empty:

@@ -43,6 +43,7 @@ from shardkit.loader.routes.batch import Builder, WorkerBatch
 from shardkit.transforms import gpu_ahead
 
 W = TypeVar("W", bound=WorkerBatch)
+T = TypeVar("T")
 
 
 class WorkerTraceback(Exception):
@@ -73,20 +74,10 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
     re-raise a :class:`WorkerFailure` as its original error. ``started`` is called once
     ``iter(source)`` has returned (a DataLoader's worker processes are running then), before the
     first batch is waited for. ``iter`` may fork the workers: first a kernel compile still running
-    in a thread of this process is waited for (:mod:`shardkit.transforms.gpu_ahead`), and the
-    garbage collector's objects are frozen while it runs (``gc.freeze``, unless the program froze
-    some itself), so that no forked worker ever collects an object of this process: one whose
-    collector freed this process's pinned or CUDA memory ended in "Fatal Python error: Aborted"
-    (the memory's deleter calls CUDA, which a forked child cannot)."""
+    in a thread of this process is waited for (:mod:`shardkit.transforms.gpu_ahead`), then
+    :func:`iter_frozen` opens it."""
     gpu_ahead.wait_all()
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    try:
-        items = iter(source)
-    finally:
-        if freeze:
-            gc.unfreeze()
+    items = iter_frozen(source)
     if started is not None:
         started()
     for item in items:
@@ -94,6 +85,22 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
             reraise(item)
         if not isinstance(item, EpochPadding):
             yield item
+
+
+def iter_frozen(source: Iterable[T]) -> Iterator[T]:
+    """``iter(source)`` with the garbage collector's objects frozen (``gc.freeze``, unless the
+    program froze some itself), for an ``iter`` that may fork worker processes (a DataLoader's):
+    no forked worker ever collects an object of this process. One whose collector freed this
+    process's pinned or CUDA memory ended in "Fatal Python error: Aborted" (that memory's deleter
+    calls CUDA, which a forked child cannot)."""
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        return iter(source)
+    finally:
+        if freeze:
+            gc.unfreeze()
 
 
 def reraise(failure: WorkerFailure) -> NoReturn:
