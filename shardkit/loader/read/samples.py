@@ -32,6 +32,7 @@ __all__ = ["ON_ERROR", "Sample", "SampleSource", "decode_for"]
 
 T = TypeVar("T")
 
+
 class Arena(Protocol):
     """Where a batch's samples may be read in place
     (:class:`~shardkit.loader.routes.device.payload.BatchArena`)."""
@@ -151,6 +152,10 @@ class SampleSource:
         stats.read_s += time.perf_counter() - t0
         offset, own = self.reader.labels_of(shard)
         return Sample(key, fields, where, offset, own, image_at, view, ext)
+
+    def span_bytes(self, shards: Sequence[int], indices: Sequence[int]) -> int:
+        """Bytes of the samples' spans together: the room an arena needs to read them all in place."""
+        return sum(self.reader.span_size(int(s), int(i)) for s, i in zip(shards, indices, strict=True))
 
     def fill(self, make: Callable[[int, Sample, int, StageStats, DecodeStats], T], shards: Sequence[int],
              indices: Sequence[int], seeds: Sequence[int], arena: Arena | None = None) -> tuple[Filled[T], StageStats]:

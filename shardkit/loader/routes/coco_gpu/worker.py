@@ -143,9 +143,7 @@ class RawDetectionBuilder:
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> RawDetectionBatch:
         """Read the given samples in order; JPEGs stay encoded, the rest are decoded and transformed here."""
-        reader = self.samples.reader
-        arena = BatchArena(self.buffers, sum(reader.span_size(int(s), int(i)) for s, i in zip(shards, indices,
-                                                                                              strict=True)))
+        arena = BatchArena(self.buffers, self.samples.span_bytes(shards, indices))
         make: Callable[[int, Sample, int, StageStats, DecodeStats], _Jpeg | _Pixels] = \
             lambda _slot, sample, seed, stats, dstats: self._sample(sample, seed, stats, dstats, arena)  # noqa: E731
         got, stats = self.samples.fill(make, shards, indices, seeds, arena)

@@ -118,9 +118,7 @@ class RawBatchBuilder:
 
     def build(self, shards: Sequence[int], indices: Sequence[int], seeds: Sequence[int]) -> RawBatch:
         """Read the given samples in order; JPEGs stay encoded, the rest are decoded here."""
-        reader = self.samples.reader
-        arena = BatchArena(self.buffers, sum(reader.span_size(int(s), int(i)) for s, i in zip(shards, indices,
-                                                                                              strict=True)))
+        arena = BatchArena(self.buffers, self.samples.span_bytes(shards, indices))
         got, stats = self.samples.fill(
             lambda _slot, sample, seed, stats, dstats: self._raw(sample, seed, stats, dstats, arena),
             shards, indices, seeds, arena)
@@ -130,7 +128,7 @@ class RawBatchBuilder:
             labels, texts = np.array(targets, dtype=np.int64), None
         else:
             labels, texts = np.arange(len(targets), dtype=np.int64), self.captions.collate(
-                targets, f"{reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
+                targets, f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
         items = [item for _, item in got.results]
         jpegs = [(i, data, win) for i, (data, win) in enumerate(items)
                  if not isinstance(data, torch.Tensor) and win is not None]
