@@ -100,64 +100,6 @@ def test_forking_the_workers_waits_for_a_compile_in_flight() -> None:
     assert order == ["compiled", "opened"]
 
 
-def test_a_forked_worker_never_collects_what_it_inherited() -> None:
-    """While raise_failures opens its source (where a DataLoader forks its workers), the
-    collector's objects are frozen: a child's collection must not free this process's objects
-    (their pinned or CUDA memory's deleter would call CUDA in the child, which aborts it); this
-    process collects them as before."""
-    import gc
-    import os
-
-    from shardkit.loader.run.stream import raise_failures
-
-    parent, (read_end, write_end) = os.getpid(), os.pipe()
-
-    class Cycle:
-        def __init__(self) -> None:
-            self.me = self
-
-        def __del__(self) -> None:
-            os.write(write_end, b"p" if os.getpid() == parent else b"c")
-
-    class Source:
-        def __iter__(self) -> Iterator[Any]:
-            pid = os.fork()
-            if pid == 0:  # a worker: its collector runs
-                gc.collect()
-                os._exit(0)
-            os.waitpid(pid, 0)
-            return iter([])
-
-    gc.collect()
-    gc.disable()  # nothing collects but the calls below
-    try:
-        Cycle()  # garbage from here on
-        assert list(raise_failures(Source())) == []
-        assert gc.get_freeze_count() == 0
-        gc.collect()
-    finally:
-        gc.enable()
-        os.close(write_end)
-    assert os.read(read_end, 16) == b"p"  # collected here, never in the child
-    os.close(read_end)
-
-
-def test_a_programs_own_freeze_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gc
-
-    from shardkit.loader.run.stream import raise_failures
-
-    calls: list[str] = []
-    monkeypatch.setattr(gc, "get_freeze_count", lambda: 12)  # the program froze some objects itself
-    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
-    monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
-    assert list(raise_failures([])) == []
-    assert calls == []
-    monkeypatch.setattr(gc, "get_freeze_count", lambda: 0)
-    assert list(raise_failures([])) == []
-    assert calls == ["freeze", "unfreeze"]
-
-
 class _Recorder:
     """Stands for the compiled kernel: records each launch's output size."""
 

@@ -23,7 +23,6 @@ its message and a note naming the sample, instead of torch's text of the whole t
 
 from __future__ import annotations
 
-import gc
 import pickle
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -40,6 +39,7 @@ from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.epochs.seeds import sample_seeds
 from shardkit.loader.read.user_errors import picklable_kind, sample_of
 from shardkit.loader.routes.batch import Builder, WorkerBatch
+from shardkit.loader.run.forks import freeze_forked_children
 from shardkit.transforms import gpu_ahead
 
 W = TypeVar("W", bound=WorkerBatch)
@@ -88,19 +88,11 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
 
 
 def iter_frozen(source: Iterable[T]) -> Iterator[T]:
-    """``iter(source)`` with the garbage collector's objects frozen (``gc.freeze``, unless the
-    program froze some itself), for an ``iter`` that may fork worker processes (a DataLoader's):
-    no forked worker ever collects an object of this process. One whose collector freed this
-    process's pinned or CUDA memory ended in "Fatal Python error: Aborted" (that memory's deleter
-    calls CUDA, which a forked child cannot)."""
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    try:
-        return iter(source)
-    finally:
-        if freeze:
-            gc.unfreeze()
+    """``iter(source)``, for an ``iter`` that may fork worker processes (a DataLoader's), with
+    :func:`~shardkit.loader.run.forks.freeze_forked_children` in force: no forked worker ever
+    collects an object of this process."""
+    freeze_forked_children()
+    return iter(source)
 
 
 def reraise(failure: WorkerFailure) -> NoReturn:
