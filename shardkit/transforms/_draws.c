@@ -42,25 +42,32 @@ typedef struct {
 } Twister;
 
 static void seed_by_array(Twister *t, const uint32_t *key, int key_length) {
+    /* CPython's init_by_array, with the word just written carried in a register (the compiler
+       otherwise reloads it from memory in the second loop: a store-to-load forward on the chain of
+       1,247 dependent steps) and key[j] + j added off that chain */
     uint32_t *mt = t->mt;
     memcpy(mt, genrand_start, sizeof genrand_start);
+    uint32_t add[2] = {key[0], key_length > 1 ? key[1] + 1U : 0U};
+    uint32_t prev = mt[0];
     int i = 1, j = 0;
     for (int k = N > key_length ? N : key_length; k; k--) {
-        mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1664525U)) + key[j] + (uint32_t)j;
+        prev = (mt[i] ^ ((prev ^ (prev >> 30)) * 1664525U)) + add[j];
+        mt[i] = prev;
         i++;
         j++;
         if (i >= N) {
-            mt[0] = mt[N - 1];
+            mt[0] = prev;
             i = 1;
         }
         if (j >= key_length)
             j = 0;
     }
     for (int k = N - 1; k; k--) {
-        mt[i] = (mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941U)) - (uint32_t)i;
+        prev = (mt[i] ^ ((prev ^ (prev >> 30)) * 1566083941U)) - (uint32_t)i;
+        mt[i] = prev;
         i++;
         if (i >= N) {
-            mt[0] = mt[N - 1];
+            mt[0] = prev;
             i = 1;
         }
     }
