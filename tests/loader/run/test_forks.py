@@ -15,7 +15,7 @@ from shardkit.loader.run import forks
 from shardkit.loader.run.stream import raise_failures
 
 
-def _where_collected(make_garbage_then_fork: Callable[[Callable[[], None]], None]) -> bytes:
+def _where_collected(make_garbage_then_fork: Callable[[Callable[[], object]], None]) -> bytes:
     """Run ``make_garbage_then_fork(make)`` with the collector off, where ``make()`` makes a
     cycle whose finaliser writes ``p`` (collected in this process) or ``c`` (in a child) to a pipe,
     and each forked child collects at once; then collect here. Returns what the pipe got."""
@@ -59,7 +59,7 @@ def test_a_forked_worker_never_collects_what_it_inherited() -> None:
             _fork_and_collect_in_the_child()
             return iter([])
 
-    def scenario(make: Callable[[], None]) -> None:
+    def scenario(make: Callable[[], object]) -> None:
         make()
         assert list(raise_failures(Source())) == []
 
@@ -71,7 +71,7 @@ def test_garbage_made_while_the_workers_start_stays_with_this_process() -> None:
     before the fork: the fork itself freezes it, so the child does not collect it either."""
     forks.freeze_forked_children()
 
-    def scenario(make: Callable[[], None]) -> None:
+    def scenario(make: Callable[[], object]) -> None:
         maker = threading.Thread(target=make)
         maker.start()
         maker.join()
