@@ -9,10 +9,13 @@ that collects it, whoever forked the worker: this loader, another ShardLoader, o
 ``DataLoader`` forking its workers beside a GPU loader whose threads are running.
 
 :func:`freeze_forked_children` registers fork hooks, once per process: right before each
-``fork()`` (with the GIL held, so no other thread allocates in between) the collector's objects
-are frozen (``gc.freeze``); the parent unfreezes them right after, and the child keeps them
-frozen: it collects only what it allocates itself. A program that froze objects itself is left
-alone (nothing is frozen or unfrozen for it).
+``fork()`` the collector's objects are frozen (``gc.freeze``); the parent unfreezes them right
+after, and the child keeps them frozen: it collects only what it allocates itself. Fork hooks
+registered before these (logging's) run after them and may wait for a lock (so may the fork, for
+the import lock), letting other threads run and make objects after the freeze; so the collector
+is also off from the freeze until the child has frozen again in its own hook, and those objects
+are frozen there too. A program that froze objects itself is left alone
+(nothing is frozen, unfrozen or switched off for it).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ __all__ = ["freeze_forked_children"]
 
 _lock = threading.Lock()
 _installed = False
-_froze = False  # whether the fork in progress froze the objects (and the parent must unfreeze them)
+_froze = False  # whether the fork in progress froze the objects (and switched the collector off)
+_was_enabled = True  # whether the collector was on before that fork
 
 
 def freeze_forked_children() -> None:
@@ -34,14 +38,17 @@ def freeze_forked_children() -> None:
     global _installed
     with _lock:
         if not _installed:
-            os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
+            os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                                after_in_child=_after_fork_in_child)
             _installed = True
 
 
 def _before_fork() -> None:
-    global _froze
+    global _froze, _was_enabled
     _froze = gc.get_freeze_count() == 0  # a program's own freeze: leave it alone
     if _froze:
+        _was_enabled = gc.isenabled()
+        gc.disable()  # until the child has frozen what other threads make while the fork waits
         gc.freeze()
 
 
@@ -50,3 +57,14 @@ def _after_fork_in_parent() -> None:
     if _froze:
         _froze = False
         gc.unfreeze()
+        if _was_enabled:
+            gc.enable()
+
+
+def _after_fork_in_child() -> None:
+    global _froze
+    if _froze:
+        _froze = False
+        gc.freeze()  # what other threads made after the parent's freeze, while the fork waited
+        if _was_enabled:
+            gc.enable()

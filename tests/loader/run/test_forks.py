@@ -80,18 +80,78 @@ def test_garbage_made_while_the_workers_start_stays_with_this_process() -> None:
     assert _where_collected(scenario) == b"p"
 
 
+def test_garbage_made_while_a_later_fork_hook_waits_stays_with_this_process() -> None:
+    """logging's fork hook, registered before ours, runs after it and waits for logging's lock:
+    a thread holding that lock makes garbage after the freeze, before the fork. The child must
+    not collect it either (its collector stays off until it has frozen that garbage too)."""
+    import logging
+    import sys
+    import time
+
+    forks.freeze_forked_children()
+    forker = threading.get_ident()
+
+    def forker_waits_in_loggings_hook() -> bool:
+        frame = sys._current_frames().get(forker)
+        while frame is not None:
+            if frame.f_code.co_name in ("_prepareFork", "_acquireLock"):  # logging's hook: 3.12, 3.11
+                return True
+            frame = frame.f_back
+        return False
+
+    def scenario(make: Callable[[], object]) -> None:
+        holding, done = threading.Event(), threading.Event()
+
+        def hold_loggings_lock() -> None:
+            with logging._lock:  # type: ignore[attr-defined]
+                holding.set()
+                deadline = time.monotonic() + 10
+                while not forker_waits_in_loggings_hook() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                assert forker_waits_in_loggings_hook()
+                make()  # garbage made after the freeze, while the fork waits
+            done.set()
+
+        holder = threading.Thread(target=hold_loggings_lock)
+        holder.start()
+        holding.wait()
+        _fork_and_collect_in_the_child()
+        holder.join()
+        assert done.is_set()
+
+    assert _where_collected(scenario) == b"p"
+
+
 def test_a_programs_own_freeze_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     monkeypatch.setattr(gc, "get_freeze_count", lambda: 12)  # the program froze some objects itself
-    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
-    monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
+    for name in ("freeze", "unfreeze", "disable", "enable"):
+        monkeypatch.setattr(gc, name, lambda name=name: calls.append(name))
+    monkeypatch.setattr(gc, "isenabled", lambda: True)
     forks._before_fork()
     forks._after_fork_in_parent()
     assert calls == []
     monkeypatch.setattr(gc, "get_freeze_count", lambda: 0)
     forks._before_fork()
     forks._after_fork_in_parent()
-    assert calls == ["freeze", "unfreeze"]
+    assert calls == ["disable", "freeze", "unfreeze", "enable"]
+    calls.clear()
+    forks._before_fork()
+    forks._after_fork_in_child()
+    assert calls == ["disable", "freeze", "freeze", "enable"]
+
+
+def test_a_collector_the_program_switched_off_stays_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: 0)
+    for name in ("freeze", "unfreeze", "disable", "enable"):
+        monkeypatch.setattr(gc, name, lambda name=name: calls.append(name))
+    monkeypatch.setattr(gc, "isenabled", lambda: False)
+    forks._before_fork()
+    forks._after_fork_in_parent()
+    forks._before_fork()
+    forks._after_fork_in_child()
+    assert "enable" not in calls
 
 
 def test_the_hooks_are_registered_once(monkeypatch: pytest.MonkeyPatch) -> None:
