@@ -62,6 +62,14 @@ class RawImages:
     def blob_size(nbytes: int, k: int, m: int, n: int, size: tuple[int, int]) -> int:
         return _align(nbytes) + 8 * (2 * k + m + n) + _align(4 * len(GEOMETRY_COLUMNS) * k) + m * 3 * size[0] * size[1]
 
+    def _starts(self) -> tuple[int, int, int, int, int]:
+        """Where ``spans``, ``cpu_dest``, ``labels``, ``geometry`` and ``cpu_images`` start in the blob."""
+        spans = _align(self.nbytes)
+        cpu_dest = spans + 16 * self.k
+        labels = cpu_dest + 8 * self.m
+        geometry = labels + 8 * self.n
+        return spans, cpu_dest, labels, geometry, geometry + _align(4 * len(GEOMETRY_COLUMNS) * self.k)
+
     def _part(self, start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
         width = torch.empty(0, dtype=dtype).element_size()
         return self.blob[start:start + count * width].view(dtype)
@@ -72,25 +80,37 @@ class RawImages:
 
     @property
     def spans(self) -> torch.Tensor:
-        return self._part(_align(self.nbytes), 2 * self.k, torch.int64).view(self.k, 2)
+        return self._part(self._starts()[0], 2 * self.k, torch.int64).view(self.k, 2)
 
     @property
     def cpu_dest(self) -> torch.Tensor:
-        return self._part(_align(self.nbytes) + 16 * self.k, self.m, torch.int64)
+        return self._part(self._starts()[1], self.m, torch.int64)
 
     @property
     def labels(self) -> torch.Tensor:
-        return self._part(_align(self.nbytes) + 8 * (2 * self.k + self.m), self.n, torch.int64)
+        return self._part(self._starts()[2], self.n, torch.int64)
 
     @property
     def geometry(self) -> torch.Tensor:
-        start = _align(self.nbytes) + 8 * (2 * self.k + self.m + self.n)
-        return self._part(start, len(GEOMETRY_COLUMNS) * self.k, torch.int32).view(self.k, len(GEOMETRY_COLUMNS))
+        columns = len(GEOMETRY_COLUMNS)
+        return self._part(self._starts()[3], columns * self.k, torch.int32).view(self.k, columns)
 
     @property
     def cpu_images(self) -> torch.Tensor:
-        start = _align(self.nbytes) + 8 * (2 * self.k + self.m + self.n) + _align(4 * len(GEOMETRY_COLUMNS) * self.k)
-        return self._part(start, self.m * 3 * self.size[0] * self.size[1], torch.uint8).view(self.m, 3, *self.size)
+        pixels = self.m * 3 * self.size[0] * self.size[1]
+        return self._part(self._starts()[4], pixels, torch.uint8).view(self.m, 3, *self.size)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """numpy views of ``data``, ``spans``, ``cpu_dest``, ``labels`` and ``geometry`` (what a
+        worker writes: one torch call for all, where the properties above make several each)."""
+        blob = self.blob.numpy()
+        spans, cpu_dest, labels, geometry, _ = self._starts()
+        return (blob[:self.nbytes],
+                blob[spans:spans + 16 * self.k].view(np.int64).reshape(self.k, 2),
+                blob[cpu_dest:cpu_dest + 8 * self.m].view(np.int64),
+                blob[labels:labels + 8 * self.n].view(np.int64),
+                blob[geometry:geometry + 4 * len(GEOMETRY_COLUMNS) * self.k].view(np.int32).reshape(
+                    self.k, len(GEOMETRY_COLUMNS)))
 
     def __len__(self) -> int:
         return self.n
@@ -216,24 +236,23 @@ class BatchArena:
         if want > self.buffer.numel():
             self.buffer = self.buffers.grow(self.buffer, want, self.end)
         raw = RawImages(self.buffer[:want], len(jpegs), len(cpu), len(labels), nbytes, size)
-        view, pos, spans = raw.data.numpy(), self.end, raw.spans.numpy()
-        for j, (_, d, _) in enumerate(jpegs):
+        data, spans, cpu_dest, rows_labels, geometry = raw.arrays()
+        pos, rows = self.end, []
+        for _, d, _ in jpegs:
             if isinstance(d, bytes):
-                view[pos:pos + len(d)] = np.frombuffer(d, dtype=np.uint8)
-                spans[j] = pos, pos + len(d)
+                data[pos:pos + len(d)] = np.frombuffer(d, dtype=np.uint8)
+                rows.append((pos, pos + len(d)))
                 pos += len(d)
             else:
-                spans[j] = d
-        _fill_rest(raw, jpegs, cpu, labels)
+                rows.append(d)
+        if rows:
+            spans[:] = rows
+            geometry[:] = [(*win, i) for i, _, win in jpegs]
+        cpu_dest[:] = [i for i, _ in cpu]
+        rows_labels[:] = labels
+        if any(px is not None for _, px in cpu):
+            images = raw.cpu_images
+            for j, (_, px) in enumerate(cpu):
+                if px is not None:
+                    images[j].copy_(px)
         return raw
-
-
-def _fill_rest(raw: RawImages, jpegs: Sequence[tuple[int, object, tuple[int, ...]]],
-               cpu: Sequence[tuple[int, torch.Tensor | None]], labels: np.ndarray) -> None:
-    raw.cpu_dest.numpy()[:] = [i for i, _ in cpu]
-    raw.labels.numpy()[:] = labels
-    if raw.k:
-        raw.geometry.numpy()[:] = [(*win, i) for i, _, win in jpegs]
-    for j, (_, px) in enumerate(cpu):
-        if px is not None:
-            raw.cpu_images[j].copy_(px)
