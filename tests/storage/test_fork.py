@@ -45,6 +45,10 @@ def _in_child(body: Callable[[], str]) -> tuple[int, str, str]:
         if pid == 0:  # pragma: no cover - the child
             code = 1
             try:
+                # what this child inherited may be frozen (the loader's fork hooks, installed by any
+                # earlier test in this process): collectable again, so these tests see the inherited
+                # filesystems as a child that collects them would
+                gc.unfreeze()
                 # as in a process of its own: fd 2 is stderr, and asyncio's errors reach it
                 # through logging's last resort (pytest's capture and log handlers are not there)
                 os.dup2(err.fileno(), 2)

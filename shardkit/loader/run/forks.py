@@ -14,8 +14,11 @@ after, and the child keeps them frozen: it collects only what it allocates itsel
 registered before these (logging's) run after them and may wait for a lock (so may the fork, for
 the import lock), letting other threads run and make objects after the freeze; so the collector
 is also off from the freeze until the child has frozen again in its own hook, and those objects
-are frozen there too. A program that froze objects itself is left alone
-(nothing is frozen, unfrozen or switched off for it).
+are frozen there too. Forks from several threads at once count as one: the first freezes, the
+last to return in the parent unfreezes.
+
+A program that froze objects itself is left alone: nothing is frozen, unfrozen or switched off for
+it, so it is not protected either (nor is a grandchild, forked by a child that keeps the freeze).
 """
 
 from __future__ import annotations
@@ -26,17 +29,21 @@ import threading
 
 __all__ = ["freeze_forked_children"]
 
-_lock = threading.Lock()
+_install_lock = threading.Lock()
 _installed = False
-_froze = False  # whether the fork in progress froze the objects (and switched the collector off)
-_was_enabled = True  # whether the collector was on before that fork
+# The forks in progress in this process (their before-hook has run, their after-hook not yet), and
+# what the first of them decided; changed only under _state, which is never held across a fork.
+_state = threading.Lock()
+_forking = 0
+_ours = False  # the forks in progress froze the objects and switched the collector off
+_was_enabled = True  # the collector was on before they did
 
 
 def freeze_forked_children() -> None:
     """From now on, every fork of this process freezes the collector's objects for the child
     (see the module doc). Idempotent."""
     global _installed
-    with _lock:
+    with _install_lock:
         if not _installed:
             os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                                 after_in_child=_after_fork_in_child)
@@ -44,27 +51,34 @@ def freeze_forked_children() -> None:
 
 
 def _before_fork() -> None:
-    global _froze, _was_enabled
-    _froze = gc.get_freeze_count() == 0  # a program's own freeze: leave it alone
-    if _froze:
-        _was_enabled = gc.isenabled()
-        gc.disable()  # until the child has frozen what other threads make while the fork waits
-        gc.freeze()
+    global _forking, _ours, _was_enabled
+    with _state:
+        if _forking == 0:
+            _was_enabled = gc.isenabled()
+            _ours = gc.get_freeze_count() == 0  # a program's own freeze: leave it alone
+            if _ours:
+                gc.disable()  # until the child has frozen what other threads make while the fork waits
+        if _ours:
+            gc.freeze()  # another fork in progress froze before: this adds what was made since
+        _forking += 1
 
 
 def _after_fork_in_parent() -> None:
-    global _froze
-    if _froze:
-        _froze = False
-        gc.unfreeze()
-        if _was_enabled:
-            gc.enable()
+    global _forking, _ours
+    with _state:
+        _forking -= 1
+        if _forking == 0 and _ours:
+            _ours = False
+            gc.unfreeze()
+            if _was_enabled:
+                gc.enable()
 
 
 def _after_fork_in_child() -> None:
-    global _froze
-    if _froze:
-        _froze = False
+    global _state, _install_lock, _forking, _ours
+    _state, _install_lock = threading.Lock(), threading.Lock()  # another thread may have held them at the fork
+    if _ours:
         gc.freeze()  # what other threads made after the parent's freeze, while the fork waited
         if _was_enabled:
             gc.enable()
+    _forking, _ours = 0, False

@@ -67,8 +67,8 @@ def test_a_forked_worker_never_collects_what_it_inherited() -> None:
 
 
 def test_garbage_made_while_the_workers_start_stays_with_this_process() -> None:
-    """Another thread (a GPU loader's prefetcher, say) makes garbage after ``iter`` began and
-    before the fork: the fork itself freezes it, so the child does not collect it either."""
+    """Garbage another thread made, then a plain fork (another library's DataLoader: no loader's
+    ``iter`` around it): the fork itself freezes the garbage, so the child does not collect it."""
     forks.freeze_forked_children()
 
     def scenario(make: Callable[[], object]) -> None:
@@ -120,6 +120,83 @@ def test_garbage_made_while_a_later_fork_hook_waits_stays_with_this_process() ->
         assert done.is_set()
 
     assert _where_collected(scenario) == b"p"
+
+
+def test_forks_from_several_threads_at_once_leave_the_parent_as_it_was() -> None:
+    """Two loaders opening their workers at once: the forks' hooks interleave. The parent must get
+    its collector back on with nothing frozen, and every child its collector on."""
+    forks.freeze_forked_children()
+    children_with_the_collector_off = []
+
+    def forker() -> None:
+        for _ in range(30):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if gc.isenabled() else 1)
+            _, status = os.waitpid(pid, 0)
+            children_with_the_collector_off.append(os.waitstatus_to_exitcode(status))
+
+    threads = [threading.Thread(target=forker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(children_with_the_collector_off) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+_WINDOW_WITH_THE_COLLECTOR_ON = """
+import gc, logging, os, sys, threading, time
+parent, (r, w) = os.getpid(), os.pipe()
+class Cycle:
+    def __init__(self): self.me = self
+    def __del__(self): os.write(w, b"p" if os.getpid() == parent else b"c")
+def allocate():  # an earlier fork hook of the child (as threading's): it allocates, the collector may run
+    gc.set_threshold(1)
+    [[] for _ in range(50)]
+os.register_at_fork(after_in_child=allocate)
+from shardkit.loader.run import forks
+forks.freeze_forked_children()
+forker = threading.get_ident()
+def waiting():
+    frame = sys._current_frames().get(forker)
+    while frame is not None:
+        if frame.f_code.co_name in ("_prepareFork", "_acquireLock"):
+            return True
+        frame = frame.f_back
+    return False
+def hold():
+    with logging._lock:
+        ready.set()
+        while not waiting():
+            time.sleep(0.001)
+        Cycle()  # garbage made after the freeze, while the fork waits in logging's hook
+ready = threading.Event()
+holder = threading.Thread(target=hold)
+holder.start()
+ready.wait()
+gc.set_threshold(10**6)  # the collector on; this process does not collect while the fork waits
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+holder.join()
+gc.collect()
+os.close(w)
+print(os.read(r, 16).decode())
+"""
+
+
+def test_a_child_whose_collector_is_on_never_runs_it_before_it_has_frozen_what_it_inherited() -> None:
+    """In a fresh interpreter, with the collector on: the child's earlier fork hooks allocate
+    before ours has frozen the garbage made while the fork waited; the collector must stay off
+    until then (this fails if the before-hook does not switch it off)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _WINDOW_WITH_THE_COLLECTOR_ON], capture_output=True, text=True,
+                         timeout=60, check=True, cwd=os.path.dirname(os.path.dirname(forks.__file__)) + "/..")
+    assert out.stdout.strip() == "p", out.stderr
 
 
 def test_a_programs_own_freeze_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
