@@ -1,4 +1,4 @@
-"""Forked children never collect what they inherited.
+"""Forked children do not run the garbage collector over what they inherited.
 
 A process that holds pinned or CUDA memory (a GPU route's staging slots, its decoded images, its
 events) must not free it in a forked child: the memory's deleter calls CUDA, which a forked child
