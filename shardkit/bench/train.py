@@ -93,7 +93,7 @@ from shardkit.bench.step_timing import Step, gpu_times, run_steps
 from shardkit.bench.train_report import against_best_dali, summarise, train_table, with_feeders
 from shardkit.bench.train_step import TrainStep
 from shardkit.loader.feed.cuda_sync import sleep_while_waiting
-from shardkit.loader.run.stream import iter_frozen
+from shardkit.loader.run.forks import freeze_forked_children
 
 __all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainStep", "format_train_table", "measure",
            "counted", "run_contenders", "run_one", "run_train_bench", "summarise"]
@@ -162,9 +162,10 @@ class TrainBenchConfig:
 
 def _forever(loader: Iterable[Any]) -> Iterator[Any]:
     """The loader's batches, epoch after epoch (each ``iter()`` is one epoch)."""
+    freeze_forked_children()  # a baseline's DataLoader forks its workers in a CUDA process
     while True:
         empty = True
-        for batch in iter_frozen(loader):  # a baseline's DataLoader forks its workers in a CUDA process
+        for batch in loader:
             empty = False
             yield batch
         if empty:

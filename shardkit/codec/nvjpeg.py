@@ -21,7 +21,7 @@ import logging
 import torch
 
 from shardkit.codec.backend import cpu_batch_decoder, gpu_decoder, gpu_gray
-from shardkit.codec.decode import Bytes
+from shardkit.codec.decode import Bytes, is_jpeg
 from shardkit.codec.jpeg_header import SEQUENTIAL_HUFFMAN, JpegFrame, jpeg_frame
 
 __all__ = ["GpuJpegDecoder", "gpu_decode_unavailable", "gpu_decodes_gray", "nvjpeg_frame", "nvjpeg_friendly"]
@@ -37,10 +37,8 @@ def nvjpeg_friendly(data: Bytes, *, gray: bool = False) -> bool:
 
 def nvjpeg_frame(data: Bytes, *, gray: bool = False) -> JpegFrame | None:
     """The frame header of a JPEG :func:`nvjpeg_friendly` takes (its size: no second parse), else None."""
-    mv = memoryview(data)
-    if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")
-    if mv[:3] != b"\xff\xd8\xff":  # not a JPEG (is_jpeg, without its tensor case: this runs per sample)
+    mv = memoryview(data).cast("B")
+    if not is_jpeg(mv):
         return None
     frame = jpeg_frame(mv)
     if frame is None or frame.marker not in SEQUENTIAL_HUFFMAN:

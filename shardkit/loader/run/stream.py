@@ -43,7 +43,6 @@ from shardkit.loader.run.forks import freeze_forked_children
 from shardkit.transforms import gpu_ahead
 
 W = TypeVar("W", bound=WorkerBatch)
-T = TypeVar("T")
 
 
 class WorkerTraceback(Exception):
@@ -74,10 +73,11 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
     re-raise a :class:`WorkerFailure` as its original error. ``started`` is called once
     ``iter(source)`` has returned (a DataLoader's worker processes are running then), before the
     first batch is waited for. ``iter`` may fork the workers: first a kernel compile still running
-    in a thread of this process is waited for (:mod:`shardkit.transforms.gpu_ahead`), then
-    :func:`iter_frozen` opens it."""
+    in a thread of this process is waited for (:mod:`shardkit.transforms.gpu_ahead`), and the fork
+    hooks of :func:`~shardkit.loader.run.forks.freeze_forked_children` are put in place."""
     gpu_ahead.wait_all()
-    items = iter_frozen(source)
+    freeze_forked_children()
+    items = iter(source)
     if started is not None:
         started()
     for item in items:
@@ -85,14 +85,6 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
             reraise(item)
         if not isinstance(item, EpochPadding):
             yield item
-
-
-def iter_frozen(source: Iterable[T]) -> Iterator[T]:
-    """``iter(source)``, for an ``iter`` that may fork worker processes (a DataLoader's), with
-    :func:`~shardkit.loader.run.forks.freeze_forked_children` in force: no forked worker ever
-    collects an object of this process."""
-    freeze_forked_children()
-    return iter(source)
 
 
 def reraise(failure: WorkerFailure) -> NoReturn:
