@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sample_data.generate import make_imagenet_like
 from shardkit import ShardLoader, transforms
-from shardkit.index.manifest import locate_dataset, read_manifest
+from shardkit.index.manifest_io import locate_dataset, read_manifest
 from shardkit.loader.read.reader import ShardReader
 from shardkit.pack import pack
 

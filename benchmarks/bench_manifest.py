@@ -39,7 +39,8 @@ import numpy as np
 
 from sample_data.generate import make_indexed_imagefolder
 from shardkit import ShardLoader, transforms
-from shardkit.index.manifest import Manifest, read_manifest, write_manifest
+from shardkit.index.manifest import Manifest
+from shardkit.index.manifest_io import read_manifest, write_manifest
 from shardkit.index.shards import NamedShards, ShardTable
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.pack import PackOptions, pack
@@ -180,7 +181,8 @@ def _upload(ds: Path, root: Path, url: str, options: dict[str, Any], needed: lis
 
 def _read_elsewhere(url: str, options: dict[str, Any], cache: str) -> None:
     """Read the manifest in another process, as another rank of the node does."""
-    code = ("import json, sys; from shardkit.index.manifest import read_manifest; from shardkit.storage import Store; "
+    code = ("import json, sys; from shardkit.index.manifest_io import read_manifest; "
+            "from shardkit.storage import Store; "
             "read_manifest(Store(sys.argv[1], json.loads(sys.argv[2])), cache_dir=sys.argv[3])")
     subprocess.run([sys.executable, "-c", code, url, json.dumps(options), cache], check=True)
 

@@ -26,7 +26,7 @@ from sample_data.generate import make_indexed_imagefolder
 from shardkit import ShardLoader, transforms
 from shardkit.errors import ShardkitError
 from shardkit.format.tarread import iter_entries
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.loader.read.reader import ShardReader
 from shardkit.pack import PackOptions, pack
 from shardkit.storage import Store

@@ -17,7 +17,8 @@ from shardkit.bench.checks import check_same_data, check_timed_batches, drop_pri
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report, counted
 from shardkit.errors import PackError
-from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
+from shardkit.index.manifest import Manifest
+from shardkit.index.manifest_io import locate_dataset, read_manifest
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from shardkit.bench.report import counted
-from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
+from shardkit.index.manifest import Manifest
+from shardkit.index.manifest_io import locate_dataset, read_manifest
 from shardkit.loader.routes.coco.target import contiguous_label_map
 
 __all__ = ["AHEAD_PER_WORKER", "check_same_data", "check_timed_batches", "check_train_shards", "drop_private"]

@@ -34,7 +34,7 @@ import torch
 from shardkit.bench.baselines import IMAGE_KEYS
 from shardkit.format.dali_index import dali_index_name, dump_dali_index
 from shardkit.format.tarread import iter_entries
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.storage import Store
 
 __all__ = ["DaliTrainLoader", "ascii_labels", "dali_available", "has_dali_index"]

@@ -202,7 +202,7 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
             categories), or too few images for one batch.
         SourceError: ``images``/``annotations`` are not a COCO source.
     """
-    from shardkit.index.manifest import locate_dataset, read_manifest
+    from shardkit.index.manifest_io import locate_dataset, read_manifest
     from shardkit.loader.routes.coco.target import contiguous_label_map
 
     cfg.validate()

@@ -109,7 +109,7 @@ DETECTOR_SHARDS = ("the COCO source's annotated images (shardkit pack IMAGEFOLDE
 
 def needs_shards(shards: str | None, what: str) -> str:
     """``--shards`` for ``--train``: a packed dataset (checked before torch is loaded)."""
-    from shardkit.index.manifest import locate_dataset
+    from shardkit.index.manifest_io import locate_dataset
 
     if shards is None or not locate_dataset(shards).exists("index.json"):
         raise click.UsageError(f"--train needs --shards naming a packed dataset of {what}")

@@ -30,7 +30,8 @@ from shardkit.format.spec import (
 from shardkit.format.tarread import TarEntry, group_spans, iter_entries, sample_key
 from shardkit.format.tarwrite import SampleSpan
 from shardkit.index._hashing import HashingReader
-from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
+from shardkit.index.manifest import Manifest, ShardEntry
+from shardkit.index.manifest_io import write_manifest
 from shardkit.storage import Store
 
 #: The largest label ``shardkit index`` accepts: the class list it writes holds every label up to the

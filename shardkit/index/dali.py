@@ -7,7 +7,7 @@ from typing import Any
 
 from shardkit.format.dali_index import dali_index_name, dump_dali_index
 from shardkit.format.tarread import iter_entries
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.storage import Store
 
 

@@ -16,7 +16,8 @@ from shardkit.format.offsets import REPAIR, load_offsets
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, TABLE_NAME, check_key, offsets_name
 from shardkit.format.tarread import TarEntry, iter_entries, sample_key
 from shardkit.index._hashing import HashingReader
-from shardkit.index.manifest import Manifest, ShardEntry, names_table, read_manifest
+from shardkit.index.manifest import Manifest, ShardEntry
+from shardkit.index.manifest_io import names_table, read_manifest
 from shardkit.storage import Store
 
 

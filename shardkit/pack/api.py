@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from shardkit.errors import PackError, ShardkitError, SourceError, StorageError
 from shardkit.format.spec import key_width, normalize_extension
-from shardkit.index.manifest import Manifest, ShardEntry, write_manifest
+from shardkit.index.manifest import Manifest, ShardEntry
+from shardkit.index.manifest_io import write_manifest
 from shardkit.pack import ray_exec
 from shardkit.pack.annotations import ANNOTATION_REPORT, annotation_report
 from shardkit.pack.lock import destination_lock

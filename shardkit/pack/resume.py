@@ -9,7 +9,8 @@ from typing import Any
 
 from shardkit.errors import PackError
 from shardkit.format.spec import HASHES_NAME, INDEX_NAME, OFFSETS_SUFFIX, TABLE_NAME, is_shard_name
-from shardkit.index.manifest import Manifest, read_manifest
+from shardkit.index.manifest import Manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.pack.plan import ShardPlan
 from shardkit.pack.write import STATE_DIR, ShardReceipt, receipt_name
 from shardkit.sources.base import SourceListing

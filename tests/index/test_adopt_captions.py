@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from shardkit.cli import cli
 from shardkit.errors import FormatError
 from shardkit.index.adopt import adopt_shards
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.index.verify import verify_dataset
 from shardkit.storage import Store
 from tests.conftest import encode_image

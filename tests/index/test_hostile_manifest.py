@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from shardkit import ShardLoader
 from shardkit.cli import cli
 from shardkit.errors import ManifestError
-from shardkit.index import Manifest, ShardEntry, manifest, read_manifest
+from shardkit.index import Manifest, ShardEntry, manifest_io, read_manifest
 from shardkit.storage import Store
 
 GOOD = Manifest(kind="imagefolder", shards=(ShardEntry("s-000000.tar", 2, 10240, "a" * 64),), classes=("a", "b"))
@@ -47,7 +47,7 @@ def test_hostile_manifests_are_one_line(tmp_path: Path, data: bytes, message: st
 def test_a_manifest_over_the_size_cap_is_refused_unparsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "index.json").write_bytes(GOOD.to_json())
     assert read_manifest(Store(str(tmp_path))) == GOOD
-    monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 300)
+    monkeypatch.setattr(manifest_io, "MAX_MANIFEST_BYTES", 300)
     (tmp_path / "index.json").write_bytes(GOOD.to_json() + b" " * 10_000)
     with pytest.raises(ManifestError, match="index.json: is larger than 300 bytes, the most a manifest may have"):
         read_manifest(Store(str(tmp_path)))

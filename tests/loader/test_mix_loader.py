@@ -15,7 +15,7 @@ import pytest
 from sample_data.coco_gen import make_coco
 from sample_data.generate import decode_index, make_indexed_imagefolder
 from shardkit import LoaderError, ShardLoader
-from shardkit.index.manifest import locate_dataset, read_manifest
+from shardkit.index.manifest_io import locate_dataset, read_manifest
 from shardkit.loader.read.reader import ReaderPart, ShardReader
 from shardkit.pack import PackOptions, pack, pack_coco
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from shardkit.cli import cli
 from shardkit.errors import SourceError
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.index.verify import verify_dataset
 from shardkit.pack import PackOptions, SkipBudget, SkipBudgetError, pack_captions
 from shardkit.storage import Store

@@ -15,7 +15,7 @@ from PIL import Image
 
 from sample_data.coco_gen import make_coco
 from shardkit.cli import cli
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.index.verify import verify_dataset
 from shardkit.pack import PackOptions, pack_coco
 from shardkit.storage import Store

@@ -37,7 +37,8 @@ import time
 from collections.abc import Iterator
 
 from shardkit.errors import LoaderError
-from shardkit.index.manifest import SHA256_RE, ShardEntry
+from shardkit.index._shard_list import SHA256_RE
+from shardkit.index.manifest import ShardEntry
 from shardkit.storage import Store
 from shardkit.storage.locks import locked
 

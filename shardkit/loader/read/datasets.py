@@ -17,7 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shardkit.errors import LoaderError
-from shardkit.index.manifest import Manifest, locate_dataset, read_manifest
+from shardkit.index.manifest import Manifest
+from shardkit.index.manifest_io import locate_dataset, read_manifest
 from shardkit.index.shards import ShardTable
 from shardkit.loader.epochs.mix import Mix, check_weights
 from shardkit.loader.epochs.state import dataset_identity
@@ -71,7 +72,7 @@ def open_datasets(dataset: str | Sequence[str], *, weights: Iterable[object] | N
     another directory: a preprocessing service's workers).
 
     ``cache_dir``: where a remote dataset's ``index.table`` is kept for the node's other
-    processes (read once per node; see :func:`~shardkit.index.manifest.read_manifest`).
+    processes (read once per node; see :func:`~shardkit.index.manifest_io.read_manifest`).
 
     Raises:
         LoaderError: no datasets, bad weights, datasets of different kinds, class lists or

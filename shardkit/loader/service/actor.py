@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from shardkit._version import __version__
 from shardkit.errors import ShardkitError
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.loader.routes.cpu.worker import CpuBatchBuilder
 from shardkit.loader.service.payload import Failure, Payload, to_payload
 from shardkit.storage import Store

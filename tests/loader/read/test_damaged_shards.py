@@ -13,7 +13,7 @@ import pytest
 from shardkit.errors import FormatError, LoaderError
 from shardkit.format.offsets import load_offsets
 from shardkit.format.tarread import iter_entries
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.loader.read.reader import CorruptSample, ShardReader
 from shardkit.storage import Store
 

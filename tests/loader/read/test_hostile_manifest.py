@@ -16,7 +16,8 @@ import pytest
 
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.errors import ManifestError
-from shardkit.index.manifest import ShardEntry, read_manifest
+from shardkit.index.manifest import ShardEntry
+from shardkit.index.manifest_io import read_manifest
 from shardkit.loader.read.cache import ShardCache
 from shardkit.loader.read.reader import ShardReader
 from shardkit.pack import PackOptions, pack
@@ -146,7 +147,7 @@ def test_an_offsets_key_that_differs_from_the_shard_is_refused(packed: Path, tmp
 
 
 def _manifest_shards(ds: Path) -> Sequence[ShardEntry]:
-    from shardkit.index.manifest import read_manifest
+    from shardkit.index.manifest_io import read_manifest
 
     return read_manifest(Store(str(ds))).shards
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from shardkit import ShardLoader, transforms
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.storage import Store
 
 

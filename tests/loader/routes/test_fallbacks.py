@@ -40,7 +40,7 @@ def test_a_cuda_device_the_gpu_route_cannot_serve_gets_the_cpu_route_there(
     device (labelled and captioned datasets alike), never the GPU route."""
     import torch
 
-    from shardkit.index.manifest import read_manifest
+    from shardkit.index.manifest_io import read_manifest
     from shardkit.loader.read.reader import ShardReader
     from shardkit.loader.routes.cpu import CpuRoute
     from shardkit.loader.routes.spec import RouteSpec

@@ -15,7 +15,7 @@ import torch
 
 from shardkit import transforms
 from shardkit.format.tarread import iter_entries
-from shardkit.index.manifest import read_manifest
+from shardkit.index.manifest_io import read_manifest
 from shardkit.loader.read.reader import CorruptSample, ShardReader
 from shardkit.loader.routes.device.payload import BatchArena, RawImages, WorkerBuffers
 from shardkit.loader.routes.gpu.worker import RawBatchBuilder

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from shardkit import GpuOptions, LoaderError, RayService, ShardLoader, transforms
 from shardkit._version import __version__
 from shardkit.cli import cli
-from shardkit.index.manifest import locate_dataset, read_manifest
+from shardkit.index.manifest_io import locate_dataset, read_manifest
 from shardkit.index.shards import ShardTable
 from shardkit.loader.epochs.seeds import sample_seeds
 from shardkit.loader.read.reader import ReaderPart
