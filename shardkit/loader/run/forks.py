@@ -17,6 +17,12 @@ is also off from the freeze until the child has frozen again in its own hook, an
 are frozen there too. Forks from several threads at once count as one: the first freezes, the
 last to return in the parent unfreezes.
 
+Frozen objects are never collected, but one can still be freed by its reference count: a cycle
+the child makes and collects may hold the last reference left to an inherited tensor (after the
+fork, other threads' exception state and thread-locals are gone from the child). So where this
+process had started CUDA before the fork, the child also keeps every tensor it inherited alive to
+its end (except shared-memory ones, whose freeing calls no CUDA): a reference each, no copy.
+
 A program that froze objects itself is left alone: nothing is frozen, unfrozen or switched off for
 it, so it is not protected either (nor is a grandchild, forked by a child that keeps the freeze).
 """
@@ -25,7 +31,9 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
+from typing import Any
 
 __all__ = ["freeze_forked_children"]
 
@@ -37,6 +45,29 @@ _state = threading.Lock()
 _forking = 0
 _ours = False  # the forks in progress froze the objects and switched the collector off
 _was_enabled = True  # the collector was on before they did
+_cuda = False  # this process had started CUDA when they began
+#: In a forked child of a process that had started CUDA: the tensors it inherited, kept alive.
+_inherited: list[Any] = []
+
+
+def _cuda_started() -> bool:
+    """Whether this process has started CUDA (torch imported and its CUDA state initialised)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
+def _keep_inherited_tensors() -> None:
+    """Hold a reference to every tensor the collector tracks, but shared-memory ones (the child's own)."""
+    tensor = sys.modules["torch"].Tensor
+    _inherited.extend(o for o in gc.get_objects() if issubclass(type(o), tensor) and not _shared_memory(o))
+
+
+def _shared_memory(t: Any) -> bool:
+    """A CPU tensor in shared memory (freed without CUDA); False where that cannot be told."""
+    try:
+        return not t.is_cuda and t.is_shared()
+    except Exception:  # no storage to ask (sparse, meta, a wrapper): kept
+        return False
 
 
 def freeze_forked_children() -> None:
@@ -51,11 +82,12 @@ def freeze_forked_children() -> None:
 
 
 def _before_fork() -> None:
-    global _forking, _ours, _was_enabled
+    global _forking, _ours, _was_enabled, _cuda
     with _state:
         if _forking == 0:
             _was_enabled = gc.isenabled()
             _ours = gc.get_freeze_count() == 0  # a program's own freeze: leave it alone
+            _cuda = _ours and _cuda_started()
             if _ours:
                 gc.disable()  # until the child has frozen what other threads make while the fork waits
         if _ours:
@@ -75,10 +107,13 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _state, _install_lock, _forking, _ours
+    global _state, _install_lock, _forking, _ours, _cuda
     _state, _install_lock = threading.Lock(), threading.Lock()  # another thread may have held them at the fork
     if _ours:
+        if _cuda:
+            gc.unfreeze()  # gc.get_objects() lists no frozen object
+            _keep_inherited_tensors()
         gc.freeze()  # what other threads made after the parent's freeze, while the fork waited
         if _was_enabled:
             gc.enable()
-    _forking, _ours = 0, False
+    _forking, _ours, _cuda = 0, False, False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -238,3 +239,32 @@ def test_the_hooks_are_registered_once(monkeypatch: pytest.MonkeyPatch) -> None:
     forks.freeze_forked_children()
     forks.freeze_forked_children()
     assert len(registered) == 1
+
+
+def test_a_child_of_a_cuda_process_keeps_the_tensors_it_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where CUDA had started here, a tensor whose last reference a child drops (a cycle it
+    collects, say) stays alive in the child: freeing pinned or CUDA memory there calls CUDA. A
+    shared-memory tensor is the child's to free."""
+    import torch
+
+    forks.freeze_forked_children()
+    monkeypatch.setattr(forks, "_cuda_started", lambda: True)  # no GPU here: CUDA as if started
+    kept, shared = torch.zeros(4), torch.zeros(4).share_memory_()
+    refs, holder = (weakref.ref(kept), weakref.ref(shared)), [kept, shared]
+    del kept, shared
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child drops the only references, and collects
+        try:
+            holder.clear()
+            gc.collect()
+            os.write(write_end, bytes([refs[0]() is not None, refs[1]() is not None]))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    try:
+        assert os.read(read_end, 2) == bytes([True, False])
+    finally:
+        os.close(read_end)
+    assert forks._inherited == []  # the parent holds nothing more
