@@ -328,7 +328,7 @@ class ShardLoader:
         # where the route runs: here, in feeder processes, or ("auto") where the loop runs faster
         self._supply = Supply(self.route, self._stream, self._control, self._stats, num_workers=workers,
                               prefetch=prefetch, feeders=count if service is None else 0, auto=feeders == "auto",
-                              make_pool=_PoolMaker(self), local=service is None)
+                              make_pool=_PoolMaker(self), local=service is None, depth=spec.gpu.device_prefetch)
         self._pos = Position()  # where we stand, and how the next iteration starts
         self._loaded_state: dict[str, Any] | None = None  # what set _pos, while it stands (see _follow_world)
         # Iterations started so far; an older iterator finds the count moved on and ends
