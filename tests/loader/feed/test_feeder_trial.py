@@ -281,7 +281,7 @@ def _ddp_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
     from shardkit.loader.feed import supply
 
     loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())
-    supply.pace_trial = lambda feeders, depth: PaceTrial(skip=1, window=4)  # type: ignore[assignment]
+    supply.pace_trial = lambda feeders, depth: PaceTrial(skip=1, window=4)
     with gloo(rank, world, port):
         got: dict[str, list[Any]] = {"keys": [], "plain": [], "sides": [], "up": [], "open": []}
         with _loader(Path(dataset), num_workers=1) as plain:
