@@ -136,9 +136,10 @@ class ShardLoader:
             to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0, and
             the first batches come from this process while they start (launched from the
             loader's second batch once their forkserver is ready: :meth:`wait_for_feeders`); once
-            up, they and this process deliver phases of 32 batches in turn while the loop is
-            timed, and the faster stays (:mod:`~shardkit.loader.feed.trial`; :attr:`feeders`
-            becomes 0 if that is this process, logged at info level);
+            up, they and this process deliver phases of batches in turn (57 for 3 feeders) while
+            the loop is timed, and the faster stays, the feeders only if 15% faster
+            (:mod:`~shardkit.loader.feed.trial`; :attr:`feeders` becomes 0 if that is this
+            process, logged at info level);
             a number: started before the first batch. 0: this process. Same batches, order and
             state either way. Needed: an
             :class:`~shardkit.transforms.ImageTransform`, ``num_workers >= feeders``, and an
