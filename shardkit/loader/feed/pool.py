@@ -44,6 +44,7 @@ from shardkit.loader.feed.layout import feeder_of
 from shardkit.loader.feed.logs import LogRelay
 from shardkit.loader.feed.process import RING, FeederSpec
 from shardkit.loader.feed.ready import forkserver, ready
+from shardkit.loader.run.forks import keep_in_forked_children
 from shardkit.loader.run.stream import reraise
 from shardkit.loader.stats import StageStats
 
@@ -112,6 +113,7 @@ class FeederPool:
         self._launched_at = 0.0
         self._made_at = time.monotonic()
         self._gen = 0
+        keep_in_forked_children(self)  # the rings it opens: a forked child must not free them
         self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
 
     @property

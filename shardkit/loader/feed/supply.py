@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardkit.errors import LoaderError
-from shardkit.loader.feed.pool import RING, FeederPool
-from shardkit.loader.feed.trial import SKIP, DeviceStamp, PaceTrial, Place, Stamp
+from shardkit.loader.feed.pool import FeederPool
+from shardkit.loader.feed.trial import DeviceStamp, PaceTrial, Place, Stamp
 from shardkit.loader.routes.base import Route
 from shardkit.loader.run.epoch_run import Delivery, EpochRun
 from shardkit.loader.run.stream import BatchStream
@@ -37,14 +37,6 @@ log = logging.getLogger("shardkit.loader")  # the loader's records: users (and t
 Batches = Generator[tuple[Any, Any, list[str]], Any, None]
 
 
-def pace_trial(feeders: int, depth: int) -> PaceTrial:
-    """The trial for ``feeders`` feeder processes whose routes decode ``depth`` batches ahead: it
-    leaves untimed, after each switch, at least the batches the side taking over can have ready
-    (each feeder its ring, its decoded and ready queues, and the batches in its stages), so that a
-    phase times the side's pace, not the backlog it built while the other side delivered."""
-    return PaceTrial(skip=max(SKIP, feeders * (RING + 2 * depth + 3)))
-
-
 class Supply:
     """The route of a loader run in this process or in ``feeders`` feeder processes.
 
@@ -52,17 +44,14 @@ class Supply:
     loader's current plan;
     ``auto``: the loader's ``feeders="auto"`` (feeders that cannot run leave the route here with
     one warning instead of an error, and the trial picks the place); ``local``: the route may run
-    here (False for a loader whose batches come from a preprocessing service); ``depth``: batches
-    the route decodes ahead (``GpuOptions.device_prefetch``), which sets how long the trial waits
-    after a switch (:func:`pace_trial`).
+    here (False for a loader whose batches come from a preprocessing service).
     """
 
     def __init__(self, route: Route[Any, Any], stream: BatchStream[Any], control: torch.Tensor, stats: StageStats,
                  *, num_workers: int, prefetch: int, feeders: int, auto: bool,
-                 make_pool: Callable[[int], FeederPool], local: bool = True, depth: int = 2) -> None:
+                 make_pool: Callable[[int], FeederPool], local: bool = True) -> None:
         self.route, self.stream, self.control, self.stats = route, stream, control, stats
         self.num_workers, self.prefetch, self.auto, self.local = num_workers, prefetch, auto, local
-        self.depth = depth  # batches the route decodes ahead (GpuOptions.device_prefetch)
         self._make_pool = make_pool
         #: Feeder processes running the route (0: it runs in this process).
         self.feeders = feeders
@@ -71,7 +60,7 @@ class Supply:
         self.dataloader: DataLoader[Any] | None = None  # this process's workers
         self.run: EpochRun | None = None  # the route in this process
         self.pool: FeederPool | None = None
-        self.trial = pace_trial(feeders, depth)  # feeders="auto": where the route runs best, timed once they are up
+        self.trial = PaceTrial()  # feeders="auto": where the route runs best, timed once they are up
         # feeders="auto": batches served so far (the trial's phases go by it), the side that served
         # the last one, and how many that side has served since it took over
         self.served, self._side, self._since_switch = 0, "here", 0
@@ -167,7 +156,7 @@ class Supply:
         trial starts over."""
         if self.pool is not None:
             self.pool.close()
-            self.pool, self.trial = self._make_pool(self.feeders), pace_trial(self.feeders, self.depth)
+            self.pool, self.trial = self._make_pool(self.feeders), PaceTrial()
 
     def close(self) -> None:
         """Stop the feeders and this process's workers (a later epoch starts them again)."""

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.routes.base import Route
+from shardkit.loader.run.forks import keep_in_forked_children
 from shardkit.loader.run.stream import BatchStream, raise_failures
 from shardkit.loader.run.workers import shutdown_workers, workers_running
 from shardkit.loader.stats import StageStats
@@ -81,6 +82,7 @@ class EpochRun:
                  dataloader: DataLoader[Any] | None, stats: StageStats) -> None:
         self.route, self.stream, self.control = route, stream, control
         self.dataloader, self.stats = dataloader, stats
+        keep_in_forked_children(route)  # its staging slots and decoded images: see forks
         self._kept: tuple[int, Delivery] | None = None  # (the epoch it continues into, the delivery)
 
     def __getstate__(self) -> dict[str, Any]:

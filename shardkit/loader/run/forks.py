@@ -18,10 +18,11 @@ are frozen there too. Forks from several threads at once count as one: the first
 last to return in the parent unfreezes.
 
 Frozen objects are never collected, but one can still be freed by its reference count: a cycle
-the child makes and collects may hold the last reference left to an inherited tensor (after the
-fork, other threads' exception state and thread-locals are gone from the child). So where this
-process had started CUDA before the fork, the child also keeps every tensor it inherited alive to
-its end (except shared-memory ones, whose freeing calls no CUDA): a reference each, no copy.
+the child makes and collects may hold the last reference left to an inherited object. So the
+holders of such memory (a loader's route, with its staging slots, prefetcher and decoded images;
+its feeder pool, with the rings it opened) register with :func:`keep_in_forked_children`, and a
+child keeps each one alive to its end: a reference each, taken in the child's fork hook, nothing
+copied and nothing walked but the registered holders.
 
 A program that froze objects itself is left alone: nothing is frozen, unfrozen or switched off for
 it, so it is not protected either (nor is a grandchild, forked by a child that keeps the freeze).
@@ -31,11 +32,11 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 import threading
+import weakref
 from typing import Any
 
-__all__ = ["freeze_forked_children"]
+__all__ = ["freeze_forked_children", "keep_in_forked_children"]
 
 _install_lock = threading.Lock()
 _installed = False
@@ -45,29 +46,10 @@ _state = threading.Lock()
 _forking = 0
 _ours = False  # the forks in progress froze the objects and switched the collector off
 _was_enabled = True  # the collector was on before they did
-_cuda = False  # this process had started CUDA when they began
-#: In a forked child of a process that had started CUDA: the tensors it inherited, kept alive.
+#: What a forked child keeps alive to its end: the holders registered while this process lived.
+_holders: weakref.WeakSet[Any] = weakref.WeakSet()
+#: In a forked child: the references to them that keep them alive.
 _inherited: list[Any] = []
-
-
-def _cuda_started() -> bool:
-    """Whether this process has started CUDA (torch imported and its CUDA state initialised)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_initialized()
-
-
-def _keep_inherited_tensors() -> None:
-    """Hold a reference to every tensor the collector tracks, but shared-memory ones (the child's own)."""
-    tensor = sys.modules["torch"].Tensor
-    _inherited.extend(o for o in gc.get_objects() if issubclass(type(o), tensor) and not _shared_memory(o))
-
-
-def _shared_memory(t: Any) -> bool:
-    """A CPU tensor in shared memory (freed without CUDA); False where that cannot be told."""
-    try:
-        return not t.is_cuda and t.is_shared()
-    except Exception:  # no storage to ask (sparse, meta, a wrapper): kept
-        return False
 
 
 def freeze_forked_children() -> None:
@@ -81,13 +63,20 @@ def freeze_forked_children() -> None:
             _installed = True
 
 
+def keep_in_forked_children(holder: Any) -> None:
+    """Keep ``holder`` (an object that owns pinned or CUDA memory) alive, to their end, in the
+    children forked while it lives in this process; installs the fork hooks
+    (:func:`freeze_forked_children`)."""
+    freeze_forked_children()
+    _holders.add(holder)
+
+
 def _before_fork() -> None:
-    global _forking, _ours, _was_enabled, _cuda
+    global _forking, _ours, _was_enabled
     with _state:
         if _forking == 0:
             _was_enabled = gc.isenabled()
             _ours = gc.get_freeze_count() == 0  # a program's own freeze: leave it alone
-            _cuda = _ours and _cuda_started()
             if _ours:
                 gc.disable()  # until the child has frozen what other threads make while the fork waits
         if _ours:
@@ -107,13 +96,13 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _state, _install_lock, _forking, _ours, _cuda
+    global _state, _install_lock, _forking, _ours
     _state, _install_lock = threading.Lock(), threading.Lock()  # another thread may have held them at the fork
-    if _ours:
-        if _cuda:
-            gc.unfreeze()  # gc.get_objects() lists no frozen object
-            _keep_inherited_tensors()
-        gc.freeze()  # what other threads made after the parent's freeze, while the fork waited
-        if _was_enabled:
-            gc.enable()
-    _forking, _ours, _cuda = 0, False, False
+    try:
+        _inherited.extend(_holders)
+    finally:
+        if _ours:
+            gc.freeze()  # what other threads made after the parent's freeze, while the fork waited
+            if _was_enabled:
+                gc.enable()
+        _forking, _ours = 0, False

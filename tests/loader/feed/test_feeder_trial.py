@@ -5,6 +5,7 @@ test_pace_trial.py)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ def _auto(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     from shardkit.loader.feed import supply
 
     monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
-    monkeypatch.setattr(supply, "pace_trial", lambda feeders, depth: PaceTrial(skip=1, window=4))
+    monkeypatch.setattr(supply, "PaceTrial", functools.partial(PaceTrial, skip=1, window=4))
     opens: list[tuple[str, int, int]] = []
     real = supply.Supply._open
 
@@ -281,7 +282,7 @@ def _ddp_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
     from shardkit.loader.feed import supply
 
     loader_module.feeder_count = lambda *args, **kwargs: (1, SlotLabels())
-    supply.pace_trial = lambda feeders, depth: PaceTrial(skip=1, window=4)
+    supply.PaceTrial = functools.partial(PaceTrial, skip=1, window=4)  # type: ignore[misc,assignment]
     with gloo(rank, world, port):
         got: dict[str, list[Any]] = {"keys": [], "plain": [], "sides": [], "up": [], "open": []}
         with _loader(Path(dataset), num_workers=1) as plain:
