@@ -136,8 +136,8 @@ class ShardLoader:
             to itself. ``"auto"``: on the GPU route one per 5 workers (1 to 4), elsewhere 0, and
             the first batches come from this process while they start (launched from the
             loader's second batch once their forkserver is ready: :meth:`wait_for_feeders`); once
-            up, they and this process deliver phases of batches in turn (57 for 3 feeders) while
-            the loop is timed, and the faster stays, the feeders only if 15% faster
+            up, they and this process deliver phases of 32 batches in turn while the loop is
+            timed, and the faster stays, the feeders only if their time per batch is 15% shorter
             (:mod:`~shardkit.loader.feed.trial`; :attr:`feeders` becomes 0 if that is this
             process, logged at info level);
             a number: started before the first batch. 0: this process. Same batches, order and
@@ -329,7 +329,7 @@ class ShardLoader:
         # where the route runs: here, in feeder processes, or ("auto") where the loop runs faster
         self._supply = Supply(self.route, self._stream, self._control, self._stats, num_workers=workers,
                               prefetch=prefetch, feeders=count if service is None else 0, auto=feeders == "auto",
-                              make_pool=_PoolMaker(self), local=service is None, depth=spec.gpu.device_prefetch)
+                              make_pool=_PoolMaker(self), local=service is None)
         self._pos = Position()  # where we stand, and how the next iteration starts
         self._loaded_state: dict[str, Any] | None = None  # what set _pos, while it stands (see _follow_world)
         # Iterations started so far; an older iterator finds the count moved on and ends

@@ -10,11 +10,10 @@ process has a CUDA context of its own). Only the loop itself can tell.
 
 **How.** The loop's pace is the time between its requests for batches (its whole iteration:
 step, logging, the wait for the batch), each interval counted for the batch the loop had just
-taken. The loader's batches, counted over its life, fall into *phases* of ``skip`` +
-:data:`WINDOW` batches (``skip``: at least :data:`SKIP`, more where the feeders can hold more
-ready, :func:`~shardkit.loader.feed.supply.pace_trial`), given to the feeders and to the route
-in this process in turn (even phases to the feeders). A phase is timed when the feeders were up at its first batch; its
-intervals count from the batch after the first ``skip`` since the side last changed, less
+taken. The loader's batches, counted over its life, fall into *phases* of :data:`SKIP` +
+:data:`WINDOW` batches, given to the feeders and to the route in this process in turn (even
+phases to the feeders). A phase is timed when the feeders were up at its first batch; its
+intervals count from the batch after the first :data:`SKIP` since the side last changed, less
 the two around each epoch boundary (the last batch's interval holds the time between epochs,
 the loop's own; the first batch comes from a delivery opened anew). Each side's intervals are
 pooled over its timed phases; once both sides have half a window, the feeders stay only if
@@ -56,11 +55,12 @@ __all__ = ["MARGIN", "PHASES", "SKIP", "WINDOW", "DeviceStamp", "PaceTrial", "Pl
 SKIP = 8
 #: Intervals timed in a phase (after the skipped ones).
 WINDOW = 24
-#: How much shorter the feeders' median interval must be for them to stay. Measured on an H100
-#: (ResNet-18 @176, batch 128, docs/performance.md), the trial's pace for three feeders was up to
-#: 24% shorter than the pace they then kept, and its pace from this process up to 12% longer, so
-#: gains of 4–15% in the trial were losses of 9–20% in use; gains of 21–22% at batch 256 on an
-#: H200 were a real 1.29x.
+#: How much shorter the feeders' median interval must be for them to stay. Chosen from the trials
+#: measured on H100 hosts (ResNet-18 @176, batch 128, docs/performance.md): three feeders timed
+#: 4.3–14.6% shorter were kept and then fed the step 0.79–0.91x as fast as the route without
+#: feeders (the trial's pace for the feeders 14–24% shorter than their steady one, for this
+#: process up to 12% longer; why is not known); on an H200 at batch 256, timed 21–22% shorter,
+#: they were a real 1.29x.
 MARGIN = 0.15
 #: Phases timed (feeders up) after which a trial that still lacks a side ends keeping the feeders
 #: (a loop that takes one batch per iteration leaves no interval to time).
