@@ -208,31 +208,37 @@ def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[i
     count = len(members) // batch_size * batch_size
     if count == 0:
         raise SystemExit(f"--ablate: fewer JPEGs nvJPEG takes ({len(members)}) than one batch of {batch_size}")
-    read_into, transform, frame_of = reader.read_into, builder.transform, worker_module.nvjpeg_frame
-    samples = {}  # the key, the members read_into copies out, where it leaves the image, and the image
-    for pair in members:
-        room = memoryview(bytearray(reader.span_size(*pair)))
-        key, fields, placed = read_into(*pair, room)
-        samples[pair] = key, fields, placed, {ext: bytes(room[s:s + n]) for ext, (s, n) in placed.items()}
+    read_sample, transform, frame_of = reader.read_sample, builder.transform, worker_module.nvjpeg_frame
+    samples = {}  # what read_sample returns but the room, then the room's size and the image
+    for shard, index in members:
+        room = memoryview(bytearray(reader.span_size(shard, index)))
+        key, fields, placed = reader.read_into(shard, index, room)
+        images = {ext: bytes(room[s:s + n]) for ext, (s, n) in placed.items()}
+        samples[shard, index] = (key, fields, placed, reader.where(shard), reader.labels_of(shard), len(room),
+                                 images)
     frames = {(len(data), bytes(data[-16:])): frame_of(data, gray=True)
               for *_, images in samples.values() for data in images.values()}
 
     def looked_up(data: bytes | memoryview, gray: bool = False) -> object:
         return frames[len(data), bytes(data[-16:])]
 
-    def not_read(shard: int, index: int, out: memoryview) -> Any:
-        """What read_into returns, only the image's headers written into ``out`` (no read, CRC or parse)."""
-        key, fields, placed, images = samples[shard, index]
-        for ext, (start, size) in placed.items():
-            head = min(size, HEADERS)
-            out[start:start + head] = images[ext][:head]
-        return key, dict(fields), placed
+    def not_read(shard: int, index: int, reserve: Callable[[int], tuple[int, memoryview] | None]) -> Any:
+        """What read_sample returns, only the image's headers written into the room ``reserve``
+        gives (no read, CRC or parse)."""
+        key, fields, placed, where, labels, size, images = samples[shard, index]
+        room = reserve(size)
+        if room is None:
+            return key, {**fields, **images}, {}, None, where, labels
+        for ext, (start, n) in placed.items():
+            head = min(n, HEADERS)
+            room[1][start:start + head] = images[ext][:head]
+        return key, dict(fields), placed, room, where, labels
 
     def stand_in(step: str) -> None:
-        reader.read_into = read_into  # type: ignore[method-assign]
+        reader.read_sample = read_sample  # type: ignore[method-assign]
         builder.transform, worker_module.nvjpeg_frame = transform, frame_of
         if step == "read":
-            reader.read_into = not_read  # type: ignore[method-assign,assignment]
+            reader.read_sample = not_read  # type: ignore[method-assign,assignment]
         elif step == "draw":
             builder.transform = _NothingDrawn(transform)  # type: ignore[assignment]
         elif step == "frame":

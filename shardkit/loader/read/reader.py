@@ -22,7 +22,7 @@ import hashlib
 import os
 import stat
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,7 +134,8 @@ def _check_hash(fd: int, entry: ShardEntry, where: str) -> None:
 
 class _OpenShard:
     def __init__(self, fd: int, offsets: list[tuple[int, int]], keys: list[str],
-                 crcs: list[int | None] | None = None, where: str = "", scanned: bool = False) -> None:
+                 crcs: list[int | None] | None = None, where: str = "", scanned: bool = False,
+                 labels: tuple[int, int | None] = (0, None)) -> None:
         self.fd = fd
         self.where = where  # the shard's path or URL, to name it in errors
         self.size = os.fstat(self.fd).st_size
@@ -142,6 +143,7 @@ class _OpenShard:
         self.keys = keys
         self.crcs = crcs  # each sample's CRC-32 from an offsets file of version 2, else None
         self.scanned = scanned  # no offsets file: the spans come from reading the shard's headers
+        self.labels = labels  # (label offset, own class count or None) of its dataset, as ShardReader.labels_of
 
     def close(self) -> None:
         os.close(self.fd)
@@ -262,7 +264,8 @@ class ShardReader:
         if shard is not None:
             self._open.move_to_end(i)
             return shard
-        entry, store = self.shards[i], self.store_of(i)
+        entry, part = self.shards[i], self._part(i)
+        store = part.store
         where = store.path(entry.url)
         fd = -1
         try:
@@ -285,7 +288,7 @@ class ShardReader:
                     spans = scan_spans(f, where=where)
             check_spans(spans, entry.num_bytes, where=store.path(idx) if raw is not None else where)
             shard = _OpenShard(fd, [(o, n) for _, o, n in spans], [k for k, _, _ in spans], crcs, where,
-                               scanned=raw is None)
+                               scanned=raw is None, labels=(part.label_offset, part.num_classes))
         except (StorageError, OSError) as err:
             if fd >= 0:
                 os.close(fd)
@@ -335,6 +338,30 @@ class ShardReader:
         shard, offset, size = self._span(shard_index, sample_index)
         if len(out) != size:
             raise ValueError(f"read_into needs {size} bytes of room, got {len(out)}")
+        return self._read_into(shard, sample_index, offset, out)
+
+    def read_sample(self, shard_index: int, sample_index: int,
+                    reserve: Callable[[int], tuple[int, memoryview] | None] | None = None
+                    ) -> tuple[str, dict[str, bytes], dict[str, tuple[int, int]], tuple[int, memoryview] | None,
+                               str, tuple[int, int | None]]:
+        """One sample and what names and labels it, the shard looked up once: ``(key, fields,
+        placed, room, where, labels)``. ``reserve(size)`` gives ``room``, ``(start, view)`` of
+        :meth:`span_size` bytes to read the span into as :meth:`read_into` does, or None (or there
+        is no ``reserve``): read as :meth:`read` does, ``placed`` empty. ``where`` is the shard's
+        (:meth:`where`), ``labels`` its dataset's (:meth:`labels_of`).
+
+        Raises:
+            LoaderError: as :meth:`read`.
+        """
+        shard, offset, size = self._span(shard_index, sample_index)
+        room = reserve(size) if reserve is not None else None
+        if room is None:
+            key, fields = self._parsed(shard, sample_index, os.pread(shard.fd, size, offset))
+            return key, fields, {}, None, shard.where, shard.labels
+        return (*self._read_into(shard, sample_index, offset, room[1]), room, shard.where, shard.labels)
+
+    def _read_into(self, shard: _OpenShard, sample_index: int, offset: int, out: memoryview
+                   ) -> tuple[str, dict[str, bytes], dict[str, tuple[int, int]]]:
         got = os.preadv(shard.fd, [out], offset)
         data = out[:got]  # short only where the file shrank since it was opened: the parse then names it
         self._check_crc(shard, sample_index, data)

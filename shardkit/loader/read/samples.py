@@ -134,24 +134,20 @@ class SampleSource:
             LoaderError: the whole shard is unusable (missing, wrong hash, ...).
         """
         t0 = time.perf_counter()
-        room = arena.reserve(self.reader.span_size(shard, index)) if arena is not None else None
-        image_at, view, ext = None, None, None
         try:
-            if room is None:
-                key, fields = self.reader.read(shard, index)
-            else:
-                key, fields, placed = self.reader.read_into(shard, index, room[1])
-                if len(placed) == 1:
-                    (ext, (start, size)), = placed.items()
-                    image_at, view = (room[0] + start, room[0] + start + size), room[1][start:start + size]
-                else:  # several images (only the first is used) or none: as read() gives them
-                    fields.update({ext: bytes(room[1][s:s + n]) for ext, (s, n) in placed.items()})
+            key, fields, placed, room, shard_where, (offset, own) = self.reader.read_sample(
+                shard, index, arena.reserve if arena is not None else None)
         except CorruptSample as err:
             raise BadSample(str(err)) from err
-        where = f"{self.reader.where(shard)}:{key}"
+        image_at, view, ext = None, None, None
+        if room is not None:
+            if len(placed) == 1:
+                (ext, (start, size)), = placed.items()
+                image_at, view = (room[0] + start, room[0] + start + size), room[1][start:start + size]
+            else:  # several images (only the first is used) or none: as read() gives them
+                fields.update({ext: bytes(room[1][s:s + n]) for ext, (s, n) in placed.items()})
         stats.read_s += time.perf_counter() - t0
-        offset, own = self.reader.labels_of(shard)
-        return Sample(key, fields, where, offset, own, image_at, view, ext)
+        return Sample(key, fields, f"{shard_where}:{key}", offset, own, image_at, view, ext)
 
     def span_bytes(self, shards: Sequence[int], indices: Sequence[int]) -> int:
         """Bytes of the samples' spans together: the room an arena needs to read them all in place."""

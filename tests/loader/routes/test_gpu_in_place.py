@@ -79,6 +79,27 @@ def test_read_into_gives_what_read_gives_and_leaves_the_image_in_place(inet: Pat
     reader.close()
 
 
+def test_read_sample_gives_what_read_and_read_into_give_with_its_place_and_labels(inet: Path) -> None:
+    reader = _reader(inet)
+    asked: list[int] = []
+
+    def reserve(size: int) -> tuple[int, memoryview]:
+        asked.append(size)
+        return 7, memoryview(bytearray(size))
+
+    for shard, index in _pairs(reader)[:40]:
+        into = reader.read_into(shard, index, memoryview(bytearray(reader.span_size(shard, index))))
+        key, fields, placed, room, where, labels = reader.read_sample(shard, index, reserve)
+        assert (key, fields, placed) == into and room is not None and room[0] == 7
+        assert asked[-1] == len(room[1]) == reader.span_size(shard, index)
+        assert {**fields, **{ext: bytes(room[1][s:s + n]) for ext, (s, n) in placed.items()}} == reader.read(
+            shard, index)[1]
+        assert where == reader.where(shard) and labels == reader.labels_of(shard)
+        whole: tuple[object, ...] = (*reader.read(shard, index), {}, None, where, labels)
+        assert reader.read_sample(shard, index, lambda _size: None) == reader.read_sample(shard, index) == whole
+    reader.close()
+
+
 def test_read_into_names_a_damaged_sample(inet: Path, tmp_path: Path) -> None:
     reader, url = _damaged(inet, tmp_path, 2)
     with pytest.raises(CorruptSample, match="checksum mismatch") as err:

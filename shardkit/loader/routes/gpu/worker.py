@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -99,7 +99,7 @@ class RawBatchBuilder:
             at = sample.image_at
             if piece is not None:  # nvJPEG decodes only the restart intervals around the crop
                 h, w = piece.height, piece.width
-                params = replace(params, top=params.top - piece.top, left=params.left - piece.left)
+                params = params._replace(top=params.top - piece.top, left=params.left - piece.left)
                 if at is not None and len(piece.data) <= at[1] - at[0]:  # over its own span
                     arena.write(at[0], piece.data)
                     at = (at[0], at[0] + len(piece.data))
