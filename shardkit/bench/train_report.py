@@ -14,7 +14,7 @@ from shardkit.bench.report import counted, spread
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
 
-__all__ = ["HOST_BOUND", "against_best_dali", "rate", "summarise", "train_table", "with_feeders"]
+__all__ = ["HOST_BOUND", "against_best_dali", "rate", "summarise", "train_table", "trial_note", "with_feeders"]
 
 #: A step whose GPU time is under this share of its wall time is called host-bound in the table.
 HOST_BOUND = 0.8
@@ -67,6 +67,7 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
             for r in results if "fed_over_best_dali" in r]
     if over:
         notes.append("Fed rate over the fastest DALI row's in the same repetition: " + "; ".join(over) + ".")
+    notes += [note for r in results if (note := trial_note(r)) is not None]
     if host_bound:
         notes.append("The step is host-bound (its GPU time is well under its wall time): its Python and kernel "
                      "launches set its pace, and a loader costs it host time (the GIL, CPU) more than GPU time.")
@@ -129,6 +130,30 @@ def with_feeders(label: str, runs: list[TrainRun]) -> str:
     if len(ran) == 1:
         return f"{label}, {counted(ran[0], 'feeder')}"
     return f"{label}, feeders by run {'/'.join(str(r.feeders or 0) for r in runs)}"
+
+
+def trial_note(result: dict[str, Any]) -> str | None:
+    """What ``feeders="auto"``'s trial timed in each run of one contender (``result``, a report's)
+    and which side it kept, or None where no run has a trial.
+
+    Example:
+        >>> print(trial_note({"label": "ShardLoader", "runs": [
+        ...     {"feeders": 3, "trial_ms": {"feeders": 8.58, "here": 9.34}},
+        ...     {"feeders": 0, "trial_ms": {"feeders": 8.6, "here": 8.5}}]}))  # doctest: +NORMALIZE_WHITESPACE
+        ShardLoader, feeders='auto' timed a batch fed by its feeders / from the training process:
+        run 1 8.58 / 9.34 ms, kept 3 feeders; run 2 8.60 / 8.50 ms, kept none.
+    """
+    runs = result["runs"]
+    if not any(r.get("trial_ms") for r in runs):
+        return None
+    parts = []
+    for i, r in enumerate(runs, 1):
+        paces = r.get("trial_ms") or {}
+        timed = " / ".join(f"{paces[side]:.2f}" if side in paces else "—" for side in ("feeders", "here"))
+        kept = counted(r["feeders"], "feeder") if r.get("feeders") else "none"
+        parts.append(f"run {i} {timed} ms, kept {kept}")
+    return (f"{result['label']}, feeders='auto' timed a batch fed by its feeders / from the training process: "
+            + "; ".join(parts) + ".")
 
 
 def summarise(runs: list[TrainRun]) -> dict[str, Any]:
