@@ -143,7 +143,7 @@ def trial_note(result: dict[str, Any]) -> str | None:
         ShardLoader, feeders='auto' timed a batch fed by its feeders / from the training process:
         run 1 8.58 / 9.34 ms, kept 3 feeders; run 2 8.60 / 8.50 ms, kept none.
     """
-    runs = result["runs"]
+    runs = result.get("runs", [])
     if not any(r.get("trial_ms") for r in runs):
         return None
     parts = []

@@ -78,3 +78,21 @@ def test_the_table_prints_no_share_over_100_percent_and_keeps_long_labels_in_the
     header, first, second = table.splitlines()[1:4]
     assert first.startswith(long + " ") and second.startswith("shardkit ShardLoader ")
     assert len({len(header), len(first), len(second)}) == 1  # one column width for every row
+
+
+def test_the_table_says_what_the_feeders_trial_timed_and_kept() -> None:
+    """Under the table, each run of a loader with ``feeders="auto"``: the trial's two medians and
+    the side kept; nothing for a loader without a trial."""
+    from shardkit.bench.train_report import train_table
+
+    one = {"median": 1.0, "min": 1.0, "max": 1.0, "runs": [1.0]}
+    base = {"fed_images_per_second": one, "share": one, "host_wait_fraction": one,
+            "synthetic_images_per_second": {**one, "median": 12800.0}, "step_gpu_ms": None,
+            "loader_gpu_ms_per_batch": None}
+    auto = {**base, "label": "auto", "runs": [{"feeders": 3, "trial_ms": {"feeders": 8.58, "here": 9.34}},
+                                              {"feeders": 0, "trial_ms": {"feeders": 8.6, "here": 8.5}}]}
+    fixed = {**base, "label": "fixed", "runs": [{"feeders": 3, "trial_ms": None}]}
+    text = train_table("t", [auto, fixed], batch_size=128)
+    assert ("auto, feeders='auto' timed a batch fed by its feeders / from the training process: run 1 8.58 / 9.34 ms, "
+            "kept 3 feeders; run 2 8.60 / 8.50 ms, kept none.") in text
+    assert "fixed, feeders='auto'" not in text
