@@ -16,7 +16,10 @@ A ``kill -9`` of the whole process group kills the resource tracker too, which w
 unlink the queues' named semaphores: each worker reports once it has opened them, and when all
 have, the parent removes the names (the semaphores live on unnamed until the last process
 holding them exits), so such a kill leaves nothing in /dev/shm either, once the last worker has
-started (a kill while workers are still starting leaves the names, as before).
+started (a kill while workers are still starting leaves the names, as before). Ctrl-C removes them
+too, once it has stopped the workers: a second Ctrl-C ends the process at once (``shardkit.cli``),
+before the queues' own clean-up, and the resource tracker then warned of leaked semaphores below
+"interrupted" whenever the first had come before every worker was ready.
 
 Ctrl-C: a terminal signals the whole process group. Workers start with SIGINT blocked, so only
 the parent sees it; it cancels the shards not started and terminates the workers (a shard being
@@ -125,11 +128,11 @@ def _cancelled_futures_quiet(manager: threading.Thread | None) -> Iterator[None]
             threading.excepthook = previous
 
 
-def _stop_workers(pool: ProcessPoolExecutor, futures: Iterable[Future[ShardReceipt]]) -> None:
+def _stop_workers(pool: ProcessPoolExecutor, futures: Iterable[Future[ShardReceipt]], names: _Names) -> None:
     """Stop ``pool`` at once: cancel the shards not started, terminate its workers (a shard they
-    were writing leaves only a temporary file, which the next pack removes) and reap them, a second
-    Ctrl-C deferred meanwhile. The pool's own shutdown waits for running shards and, once
-    interrupted, hung."""
+    were writing leaves only a temporary file, which the next pack removes), reap them and remove
+    the names of the queues' semaphores (no process opens them any more), a second Ctrl-C deferred
+    meanwhile. The pool's own shutdown waits for running shards and, once interrupted, hung."""
     processes, manager, queues = pool_processes(pool), pool_manager_thread(pool), pool_queues(pool)
     with _ctrl_c_deferred(), _cancelled_futures_quiet(manager):
         for future in futures:
@@ -145,6 +148,7 @@ def _stop_workers(pool: ProcessPoolExecutor, futures: Iterable[Future[ShardRecei
             if process.is_alive():
                 process.kill()
                 process.join()
+        names.unlink()
         if manager is not None:  # gone before exit: CPython 3.11's exit hook woke it through a closed pipe
             manager.join(timeout=5)
 
@@ -188,10 +192,12 @@ class _Tally:
 
 
 class _Names:
-    """Unlinks the pool's semaphore names once every worker has reported that it opened them."""
+    """Unlinks the pool's semaphore names once every worker has reported that it opened them (or
+    once Ctrl-C has stopped the workers)."""
 
     def __init__(self, pool: ProcessPoolExecutor, reports: Any) -> None:
-        self.pool, self.reports = pool, reports
+        self.pool = pool
+        self.queues = (*pool_queues(pool), reports)  # kept: a pool that is shut down no longer holds them
         self.workers: set[int] | None = None  # known once every task is submitted (no worker starts after)
         self.ready: set[int] = set()
         self.done = False
@@ -200,11 +206,16 @@ class _Names:
         self.workers = {p.pid for p in pool_processes(self.pool)}
 
     def unlink_when_ready(self) -> None:
-        if self.done or self.workers is None or not self.workers <= self.ready:
+        if self.workers is not None and self.workers <= self.ready:
+            self.unlink()
+
+    def unlink(self) -> None:
+        """Remove the names now; once: the tracker prints a traceback for a name withdrawn twice."""
+        if self.done:
             return
         self.done = True
         with _ctrl_c_deferred():  # all or nothing: a name left half withdrawn makes the tracker warn at exit
-            for q in (*pool_queues(self.pool), self.reports):
+            for q in self.queues:
                 unlink_queue_semaphores(q)
 
 
@@ -282,7 +293,7 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
                 on_done(task, receipts[-1])
     except BaseException as err:
         if not isinstance(err, Exception):  # Ctrl-C (or exit): stop now, a resume redoes running shards
-            _stop_workers(pool, futures)
+            _stop_workers(pool, futures, names)
             raise
         try:
             with _ctrl_c_deferred():
@@ -290,7 +301,7 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
                     future.cancel()  # shards not started
             pool.shutdown(wait=True)  # an error: running shards finish and are kept for a resume
         except BaseException:  # Ctrl-C while they finish
-            _stop_workers(pool, futures)
+            _stop_workers(pool, futures, names)
         raise
     pool.shutdown(wait=True)
     reports.close()

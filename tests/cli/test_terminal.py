@@ -204,6 +204,44 @@ def test_ctrl_c_pressed_twice_stops_the_pack_without_hanging(tmp_path: Path) -> 
     assert any(line.startswith("shardkit: 1,000 images are 998 jpg and 2 png: ") for line in again.lines)
 
 
+def test_ctrl_c_again_as_the_pack_exits_leaves_no_warning_below_the_message(tmp_path: Path) -> None:
+    """Another Ctrl-C while the pack exits ends it at once, before multiprocessing's own clean-up:
+    the resource tracker (which outlives it) then warned of leaked semaphores below "interrupted",
+    the queues' names, when the first Ctrl-C came before every worker had opened them. The test
+    above saw it only on a loaded machine, where its second Ctrl-C came late; here the second
+    comes once the message is out, while the interrupted pack's queues are still referenced."""
+    from sample_data.generate import make_imagenet_like
+
+    src = tmp_path / "src"
+    make_imagenet_like(src, classes=2, per_class=200, seed=0, size=(320, 240))
+    script = (
+        "import os, signal, sys\n"
+        "import shardkit.cli as cli\n"
+        "first, exit = cli._exit_at_once_on_another, sys.exit\n"
+        "def again(status):\n"  # once the message is out
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    exit(status)\n"
+        "def exiting(code):\n"
+        "    first(code)\n"
+        "    sys.exit = again\n"
+        "cli._exit_at_once_on_another = exiting\n"
+        "cli.main()\n"
+    )
+    for attempt in range(4):
+        argv = [sys.executable, "-c", script, "pack", str(src), str(tmp_path / f"out{attempt}"),
+                "--max-count", "16", "--workers", "2"]
+        seen = run_in_pty(argv, columns=100, interrupt_after=b" images]", timeout=60)
+        if seen.returncode == 0:
+            continue  # finished before Ctrl-C arrived
+        _clean(seen, code=130)
+        screen = [line for line in seen.lines if line.strip()]
+        assert screen[-1] == "interrupted; re-run the same command to resume", seen.text
+        assert "resource_tracker" not in seen.text, seen.text
+        break
+    else:
+        pytest.skip("the pack finished before Ctrl-C arrived (machine too fast for this input)")
+
+
 def test_ctrl_c_during_verify_says_interrupted_without_promising_a_resume(packed: Path) -> None:
     seen = run_in_pty(shardkit_argv("verify", str(packed), "--decode"), columns=100,
                       interrupt_after=b"verifying")
