@@ -211,10 +211,10 @@ class _Names:
 
     def unlink(self) -> None:
         """Remove the names now; once: the tracker prints a traceback for a name withdrawn twice."""
-        if self.done:
-            return
-        self.done = True
         with _ctrl_c_deferred():  # all or nothing: a name left half withdrawn makes the tracker warn at exit
+            if self.done:
+                return
+            self.done = True
             for q in self.queues:
                 unlink_queue_semaphores(q)
 
@@ -273,7 +273,7 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
         reports = context.Queue()
         pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_init_worker,
                                    initargs=(reports, on_sample is not None))
-    names = _Names(pool, reports)
+        names = _Names(pool, reports)
     try:
         with _ctrl_c_deferred():
             for t in tasks:

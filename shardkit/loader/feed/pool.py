@@ -113,8 +113,12 @@ class FeederPool:
         self._launched_at = 0.0
         self._made_at = time.monotonic()
         self._gen = 0
-        keep_in_forked_children(self)  # the rings it opens: a forked child must not free them
         self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
+        keep_in_forked_children(self)  # the rings it opens: a forked child must not free them
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        keep_in_forked_children(self)  # a copy's rings, as the original's
 
     @property
     def running(self) -> bool:

@@ -355,6 +355,8 @@ class ShardReader:
         """
         shard, offset, size = self._span(shard_index, sample_index)
         room = reserve(size) if reserve is not None else None
+        if room is not None and len(room[1]) != size:
+            raise ValueError(f"read_sample needs {size} bytes of room, got {len(room[1])}")
         if room is None:
             key, fields = self._parsed(shard, sample_index, os.pread(shard.fd, size, offset))
             return key, fields, {}, None, shard.where, shard.labels

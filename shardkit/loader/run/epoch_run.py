@@ -82,11 +82,16 @@ class EpochRun:
                  dataloader: DataLoader[Any] | None, stats: StageStats) -> None:
         self.route, self.stream, self.control = route, stream, control
         self.dataloader, self.stats = dataloader, stats
-        keep_in_forked_children(route)  # its staging slots and decoded images: see forks
         self._kept: tuple[int, Delivery] | None = None  # (the epoch it continues into, the delivery)
+        # its route's staging slots and decoded images, its pinned batches: a forked child keeps them
+        keep_in_forked_children(self)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_kept": None}  # a copy (a pickled loader) starts its next epoch afresh
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        keep_in_forked_children(self)  # a copy's memory, as the original's
 
     @property
     def read_ahead(self) -> bool:

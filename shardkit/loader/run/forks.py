@@ -19,13 +19,14 @@ last to return in the parent unfreezes.
 
 Frozen objects are never collected, but one can still be freed by its reference count: a cycle
 the child makes and collects may hold the last reference left to an inherited object. So the
-holders of such memory (a loader's route, with its staging slots, prefetcher and decoded images;
-its feeder pool, with the rings it opened) register with :func:`keep_in_forked_children`, and a
-child keeps each one alive to its end: a reference each, taken in the child's fork hook, nothing
-copied and nothing walked but the registered holders.
+holders of such memory (a loader's epoch runner, with its route's staging slots, prefetcher and
+decoded images and its pinned batches; its feeder pool, with the rings it opened) register with
+:func:`keep_in_forked_children`, and a child keeps each one alive to its end: a reference each,
+taken in the child's fork hook, nothing copied and nothing walked but the registered holders.
 
 A program that froze objects itself is left alone: nothing is frozen, unfrozen or switched off for
-it, so it is not protected either (nor is a grandchild, forked by a child that keeps the freeze).
+it, so the freeze does not protect it (nor a grandchild, forked by a child that keeps the freeze);
+its children still keep the registered holders.
 """
 
 from __future__ import annotations

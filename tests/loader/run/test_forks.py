@@ -273,3 +273,25 @@ def test_a_child_keeps_the_registered_holders_alive() -> None:
     assert forks._inherited == before  # the parent holds no more than before
     holding.clear()
     assert refs[0]() is None  # nor does the registry keep it alive here
+
+
+def test_a_loader_and_a_copy_of_it_register_what_holds_their_memory(packed: Any) -> None:
+    """A loader's epoch runner (its route, workers and kept delivery) is among what forked children
+    keep alive once the loader has run, and so is a pickled copy's."""
+    import pickle
+
+    from shardkit import ShardLoader, transforms
+    from shardkit.loader.run.epoch_run import EpochRun
+
+    def registered(loader: ShardLoader) -> bool:
+        return any(isinstance(h, EpochRun) and h.route is loader.route for h in forks._holders)
+
+    with ShardLoader(str(packed), batch_size=8, transform=transforms.imagenet_train(32), num_workers=1) as loader:
+        next(iter(loader))
+        assert registered(loader)
+        loader.close()  # a loader pickles with its workers stopped
+        copy = pickle.loads(pickle.dumps(loader))
+        try:
+            assert registered(copy)
+        finally:
+            copy.close()
