@@ -8,8 +8,9 @@ Nothing ``index.json`` or an offsets file claims is trusted before it is checked
 files of a local dataset must be able to hold the samples the manifest claims (checked when the
 reader is made, before the loader plans an epoch); every span of an offsets file must be
 block-aligned, in order, non-overlapping, inside the shard's ``num_bytes`` and at most
-:data:`MAX_SAMPLE_BYTES` (checked when the shard is opened, before anything is read); and the
-sample read must carry the key the offsets file gives it.
+:data:`~shardkit.loader.read.claims.MAX_SAMPLE_BYTES` (checked when the shard is opened, before
+anything is read); and the sample read must carry the key the offsets file gives it. The checks
+themselves are in :mod:`~shardkit.loader.read.claims`.
 
 One reader may span several datasets (:meth:`ShardReader.joined`, for a mix): their shards are
 numbered one after another, dataset by dataset, and each is read from its own store.
@@ -18,97 +19,23 @@ numbered one after another, dataset by dataset, and each is read from its own st
 from __future__ import annotations
 
 import bisect
-import hashlib
 import os
-import stat
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from shardkit.errors import FormatError, LoaderError, StorageError
 from shardkit.format.crc import crc32
 from shardkit.format.offsets import REPAIR, load_offsets
 from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, offsets_name
-from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES, parse_span, scan_spans
+from shardkit.format.tarread import parse_span, scan_spans
 from shardkit.format.tarspan import plain_members
 from shardkit.index.shards import ShardEntry, ShardTable
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, ShardCache, default_cache_dir
+from shardkit.loader.read.claims import check_claims, check_hash, check_spans
 from shardkit.storage import Store
-from shardkit.storage.local import file_kind, open_regular
-
-#: The largest sample span read (all of a sample's members with their headers): one member of the
-#: largest size a shard may hold (``MAX_MEMBER_BYTES``) and a little room for the small ones.
-MAX_SAMPLE_BYTES = MAX_MEMBER_BYTES + (1 << 20)
-
-
-def check_spans(spans: list[tuple[str, int, int]], num_bytes: int, *, where: str) -> None:
-    """Refuse spans no shard of ``num_bytes`` bytes written as a tar can have.
-
-    Each ``(key, offset, size)`` must start on a 512-byte block, cover whole blocks (at least
-    one), start at or after the previous span's end, end inside ``num_bytes`` and be at most
-    :data:`MAX_SAMPLE_BYTES`. Raises ``LoaderError`` naming ``where`` and the line of the offsets
-    file (span ``i`` is line ``i + 2``).
-    """
-    end = 0
-    for i, (key, offset, size) in enumerate(spans):
-        line = f"line {i + 2}: sample {key!r}"
-        if offset % BLOCK or size % BLOCK or size < BLOCK:
-            raise LoaderError(f"{line} has offset {offset} and size {size}, not a multiple of {BLOCK} "
-                              "(the offsets file is damaged)", where=where)
-        if offset < end:
-            raise LoaderError(f"{line} starts at byte {offset}, which overlaps the previous sample (ends at "
-                              f"{end}; the offsets file is damaged)", where=where)
-        if size > MAX_SAMPLE_BYTES:
-            raise LoaderError(f"{line} spans {size} bytes, more than the {MAX_SAMPLE_BYTES} a sample may have",
-                              where=where)
-        end = offset + size
-        if end > num_bytes:
-            raise LoaderError(f"{line} ends at byte {end}, past the shard's {num_bytes} bytes "
-                              "(the offsets file is damaged)", where=where)
-
-
-#: Shards whose files are compared with their claims when a reader is made: those claiming the
-#: most samples. A ``stat`` costs 15-25 us on a busy 2-core VM (8-12 s for 5e5 shards), so every
-#: other shard is checked when it is opened (its sample count against its offsets file, its size
-#: on every read), which is also where a missing or non-regular file is named.
-CHECKED_UP_FRONT = 64
-
-
-def _check_claims(store: Store, shards: ShardTable) -> None:
-    """Refuse a local dataset whose largest shards (by claimed samples, :data:`CHECKED_UP_FRONT`
-    of them) cannot hold the samples ``index.json`` claims for them, before the loader plans an
-    epoch of them: every sample takes at least one 512-byte block, so files of ``B`` bytes hold
-    at most ``B / 512`` samples. Their sum is compared (not each shard), so a truncated shard is
-    still read up to its damage."""
-    if store.remote or not len(shards):
-        return  # a remote shard's size is checked when it is fetched
-    n = len(shards)
-    top = np.arange(n) if n <= CHECKED_UP_FRONT else np.argpartition(-shards.num_samples, CHECKED_UP_FRONT)[
-        :CHECKED_UP_FRONT]
-    top = np.sort(top)
-    held = np.zeros(len(top), dtype=np.int64)
-    for j, i in enumerate(top.tolist()):
-        path = store.path(shards.urls[i])
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue  # missing: reported by name when it is opened
-        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the first read for ever
-            raise LoaderError(f"not a regular file ({file_kind(st.st_mode)})", where=path)
-        held[j] = st.st_size
-    claims = shards.num_samples[top]
-    if int(claims.sum()) * BLOCK > int(held.sum()):
-        j = int(np.argmax(claims * BLOCK - held))
-        i = int(top[j])
-        which = f"the {len(top)} shards claiming the most" if n > len(top) else f"its {n} shards"
-        raise LoaderError(
-            f"index.json claims {int(claims.sum())} samples in {which}, "
-            f"but their files hold {int(held.sum())} bytes in all, too few for that many (each sample takes at least "
-            f"{BLOCK} bytes); e.g. this shard has {held[j]} bytes, index.json says {claims[j]} samples in "
-            f"{shards.num_bytes[i]} bytes", where=store.path(shards.urls[i]))
+from shardkit.storage.local import open_regular
 
 
 class CorruptSample(LoaderError):
@@ -119,17 +46,6 @@ class CorruptSample(LoaderError):
     A shard file shorter than its samples need is not one bad sample but a lost tail (an
     interrupted copy or download): that is a plain :class:`LoaderError` naming the shard, never
     replaced silently."""
-
-
-def _check_hash(fd: int, entry: ShardEntry, where: str) -> None:
-    digest, offset = hashlib.sha256(), 0
-    while chunk := os.pread(fd, 8 << 20, offset):
-        digest.update(chunk)
-        offset += len(chunk)
-    if offset != entry.num_bytes or digest.hexdigest() != entry.sha256:
-        raise LoaderError(f"shard's bytes differ from index.json ({offset} bytes with sha256 {digest.hexdigest()}, "
-                          f"index.json says {entry.num_bytes} bytes with {entry.sha256}): damaged or replaced",
-                          where=where)
 
 
 class _OpenShard:
@@ -182,7 +98,7 @@ class ShardReader:
     def __init__(self, store: Store, shards: ShardTable | Sequence[ShardEntry], *, cache_dir: str | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_open: int = 16, verify_hashes: bool = False) -> None:
         shards = ShardTable.from_entries(shards)
-        _check_claims(store, shards)
+        check_claims(store, shards)
         #: The (first) dataset's store; a joined reader reads shard ``i`` from :meth:`store_of`.
         self.store = store
         self.shards = shards
@@ -210,7 +126,7 @@ class ShardReader:
         reader = cls(parts[0].store, parts[0].shards, cache_dir=cache_dir, cache_bytes=cache_bytes,
                      max_open=max_open, verify_hashes=verify_hashes)
         for part in parts[1:]:
-            _check_claims(part.store, part.shards)
+            check_claims(part.store, part.shards)
         reader._parts = tuple(parts)
         reader._firsts = [0]
         for part in parts[:-1]:
@@ -271,7 +187,7 @@ class ShardReader:
         try:
             fd = self._open_fd(store, entry)
             if self.verify_hashes and i not in self._verified:
-                _check_hash(fd, entry, where)
+                check_hash(fd, entry, where)
                 self._verified.add(i)
             idx = offsets_name(entry.url)
             raw = store.read_optional(idx)
@@ -423,4 +339,4 @@ class ShardReader:
             self._open.popitem()[1].close()
 
 
-__all__ = ["MAX_SAMPLE_BYTES", "CorruptSample", "ReaderPart", "ShardReader", "check_spans"]
+__all__ = ["CorruptSample", "ReaderPart", "ShardReader"]

@@ -155,7 +155,7 @@ def _manifest_shards(ds: Path) -> Sequence[ShardEntry]:
 def test_of_many_shards_those_claiming_the_most_are_checked_before_planning(packed: Path, tmp_path: Path) -> None:
     """Past CHECKED_UP_FRONT shards, a stat per shard would cost seconds (5e5 shards): the shards
     claiming the most samples are the ones compared with their files up front."""
-    from shardkit.loader.read.reader import CHECKED_UP_FRONT
+    from shardkit.loader.read.claims import CHECKED_UP_FRONT
 
     ds = tmp_path / "ds"
     shutil.copytree(packed, ds)
