@@ -47,6 +47,7 @@ static void seed_by_array(Twister *t, const uint32_t *key, int key_length) {
        1,247 dependent steps) and key[j] + j added off that chain */
     uint32_t *mt = t->mt;
     memcpy(mt, genrand_start, sizeof genrand_start);
+    /* key_length is 1 or 2: the key is a 64-bit seed (random_resized_crop_flip below) */
     uint32_t add[2] = {key[0], key_length > 1 ? key[1] + 1U : 0U};
     uint32_t prev = mt[0];
     int i = 1, j = 0;
