@@ -24,7 +24,9 @@ estimates the speed ratio two CPU-bound loaders would show on the same cores whe
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -134,10 +136,20 @@ def build_report(config: Mapping[str, Any], conditions: Mapping[str, Any],
 
 
 def write_json(report: Mapping[str, Any], path: str) -> None:
-    """Write ``report`` as indented JSON to ``path``."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2, sort_keys=False)
-        f.write("\n")
+    """Write ``report`` as indented JSON to ``path``, whole or not at all: a sibling
+    ``<path>.tmp-<pid>`` is written, then renamed over ``path``, so that a bench stopped while it
+    saves (a second Ctrl-C) leaves the file it found, never half a report."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as err:  # named as the file asked for, not its temporary sibling
+        raise OSError(err.errno, err.strerror, path) from err
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
 
 
 def format_table(report: Mapping[str, Any], width: int | None = None) -> str:

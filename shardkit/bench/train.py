@@ -14,7 +14,9 @@ the step. For every contender and repetition, on one freshly built loader:
 Every run is a process of its own (:mod:`shardkit.bench.isolate`; ``isolate=False`` keeps them
 in this one, for tests): its own compiled step and loader, nothing of another contender alive
 beside it, as in a job that trains with one loader. The parent process touches no GPU until the
-runs are over.
+runs are over. A bench stopped part-way (Ctrl-C, SIGTERM) stops the run in progress and keeps
+those it finished: :func:`run_train_bench` raises :class:`~shardkit.bench.finished.Interrupted`
+with their report.
 
 ``share = fed / synthetic``, the synthetic rate taken over both synthetic runs (images over
 seconds), so drift of the machine during a run hits both sides alike. Contenders run in
@@ -86,6 +88,7 @@ import torch
 
 from shardkit.bench import baselines, conditions, dali
 from shardkit.bench.checks import check_train_shards
+from shardkit.bench.finished import FinishedRuns
 from shardkit.bench.harness import alternating_order, settled, steady
 from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted, created
@@ -349,31 +352,40 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
 
     Raises:
         ValueError: invalid settings, or a dataset too small for the steps asked for.
+        Interrupted: the bench was stopped part-way (Ctrl-C, SIGTERM); it carries the report of
+            the runs it finished (:mod:`shardkit.bench.finished`).
     """
     cfg.validate()
     data = conditions.describe_imagefolder(cfg.imagefolder)
     check_train_shards(cfg.shards, data, cfg.batch_size)
     contenders = _contenders(cfg)
-    if cfg.isolate:
-        runs: dict[str, list[TrainRun]] = {name: [] for name in contenders}
-        for rep, names in enumerate(alternating_order(list(contenders), cfg.repeats)):
-            for name in names:
-                run = in_fresh_process(run_one, cfg, name, data["classes"], what=f"the run of {name}")
-                runs[name].append(run)
-                if after_run is not None:
-                    after_run(name, rep, run)
-    else:
-        step = TrainStep(cfg.model, data["classes"], torch.device(cfg.device), compile=cfg.compile)
-        runs = run_contenders({name: (step, build) for name, (_label, build) in contenders.items()},
-                              steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats,
-                              settle_s=cfg.settle_s, after_run=after_run)
+    finished = FinishedRuns(contenders, cfg.repeats, after_run)
+    with finished.kept(lambda runs, mark: _report(cfg, data, contenders, runs, mark)):
+        if cfg.isolate:
+            for rep, names in enumerate(alternating_order(list(contenders), cfg.repeats)):
+                for name in names:
+                    finished.add(name, rep, in_fresh_process(run_one, cfg, name, data["classes"],
+                                                             what=f"the run of {name}"))
+            runs = finished.runs
+        else:
+            step = TrainStep(cfg.model, data["classes"], torch.device(cfg.device), compile=cfg.compile)
+            runs = run_contenders({name: (step, build) for name, (_label, build) in contenders.items()},
+                                  steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats,
+                                  settle_s=cfg.settle_s, after_run=finished.add)
+    return _report(cfg, data, contenders, runs, None)
+
+
+def _report(cfg: TrainBenchConfig, data: dict[str, Any], contenders: Mapping[str, tuple[str, Callable[[], Any]]],
+            runs: Mapping[str, list[TrainRun]], interrupted: dict[str, Any] | None) -> dict[str, Any]:
+    """The report of ``runs``: a row per contender that finished a run; ``interrupted``: the mark
+    of a bench stopped part-way (None: it ran to its end)."""
     results = [{"name": name, "label": with_feeders(label, runs[name]), **summarise(runs[name])}
-               for name, (label, _build) in contenders.items()]
+               for name, (label, _build) in contenders.items() if runs.get(name)]
     against_best_dali(results, DALI_CONTENDERS)
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
     return {"schema": "shardkit.bench.train/1", "created": created(), "config": asdict(cfg), "conditions": conds,
-            "results": results}
+            "interrupted": interrupted, "results": results}
 
 
 def format_train_table(report: dict[str, Any], width: int | None = None) -> str:
@@ -383,4 +395,4 @@ def format_train_table(report: dict[str, Any], width: int | None = None) -> str:
     title = (f"training step: {cfg['model']} @{cfg['size']} px, batch {cfg['batch_size']}, bf16 autocast, "
              f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
              f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}")
-    return train_table(title, report["results"], cfg["batch_size"], width)
+    return train_table(title, report["results"], cfg["batch_size"], width, report.get("interrupted"))

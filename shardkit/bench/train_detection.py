@@ -5,7 +5,8 @@ rate on batches already on the device (*synthetic*), then on the loader's batche
 ``share = fed / synthetic``, contenders in alternating order, ``host_wait`` and ``loader_gpu_ms``
 as there. A detection batch's cost follows its images' sizes (the model pads a batch to its
 largest height and width: portrait and landscape images together cost more), so the synthetic
-run cycles over the loader's first ``fixed_batches`` (8) rather than repeating one.
+run cycles over the loader's first ``fixed_batches`` (8) rather than repeating one. A bench
+stopped part-way keeps the runs it finished, as there (:mod:`shardkit.bench.finished`).
 
 Every contender delivers the steps of ``transforms.detection_train(size, max_size)`` (IoU crop,
 shortest side ``size``, longer at most ``max_size``, flip, sanitize) on the images that have
@@ -44,6 +45,7 @@ import torch
 
 from shardkit.bench import baselines, conditions, runner
 from shardkit.bench.checks import check_same_data
+from shardkit.bench.finished import FinishedRuns
 from shardkit.bench.report import created
 from shardkit.bench.train import SETTLE_S, TrainRun, counted, run_contenders, summarise
 from shardkit.bench.train_report import train_table
@@ -201,6 +203,8 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
         ValueError: invalid settings, ``shards`` not a pack of the COCO source (other images or
             categories), or too few images for one batch.
         SourceError: ``images``/``annotations`` are not a COCO source.
+        Interrupted: the bench was stopped part-way (Ctrl-C, SIGTERM); it carries the report of
+            the runs it finished (:mod:`shardkit.bench.finished`).
     """
     from shardkit.index.manifest_io import locate_dataset, read_manifest
     from shardkit.loader.routes.coco.target import contiguous_label_map
@@ -215,13 +219,25 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
     step = DetectionStep(cfg.model, len(label_map) + 1, torch.device(cfg.device), min_size=cfg.size,
                          max_size=cfg.max_size, compile=cfg.compile)
     contenders = _contenders(cfg, step, label_map)
-    runs = run_contenders({name: (s, build) for name, (_label, s, build) in contenders.items()}, steps=cfg.steps,
-                          warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats,
-                          fixed_batches=cfg.fixed_batches, settle_s=cfg.settle_s, after_run=after_run)
-    results = [{"name": name, "label": label, **summarise(runs[name])} for name, (label, _s, _b) in contenders.items()]
+    labels = {name: label for name, (label, _s, _b) in contenders.items()}
+    finished = FinishedRuns(contenders, cfg.repeats, after_run)
+    with finished.kept(lambda runs, mark: _report(cfg, data, labels, runs, mark)):
+        runs = run_contenders({name: (s, build) for name, (_label, s, build) in contenders.items()},
+                              steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size, repeats=cfg.repeats,
+                              fixed_batches=cfg.fixed_batches, settle_s=cfg.settle_s, after_run=finished.add)
+    return _report(cfg, data, labels, runs, None)
+
+
+def _report(cfg: DetectionBenchConfig, data: dict[str, Any], labels: Mapping[str, str],
+            runs: Mapping[str, list[TrainRun]], interrupted: dict[str, Any] | None) -> dict[str, Any]:
+    """The report of ``runs``: a row per contender (``labels``: name -> label) that finished a run;
+    ``interrupted``: the mark of a bench stopped part-way (None: it ran to its end)."""
+    results = [{"name": name, "label": label, **summarise(runs[name])} for name, label in labels.items()
+               if runs.get(name)]
     conds = {"machine": conditions.machine(), "versions": conditions.versions(), "gpu": conditions.gpu(cfg.device),
              "data": data}
-    return {"schema": SCHEMA, "created": created(), "config": asdict(cfg), "conditions": conds, "results": results}
+    return {"schema": SCHEMA, "created": created(), "config": asdict(cfg), "conditions": conds,
+            "interrupted": interrupted, "results": results}
 
 
 def format_detection_table(report: dict[str, Any], width: int | None = None) -> str:
@@ -235,4 +251,4 @@ def format_detection_table(report: dict[str, Any], width: int | None = None) -> 
              f"{'torch.compile (backbone)' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
              f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}; "
              f"synthetic: {counted(cfg['fixed_batches'], 'fixed batch', 'fixed batches')}")
-    return train_table(title, report["results"], cfg["batch_size"], width)
+    return train_table(title, report["results"], cfg["batch_size"], width, report.get("interrupted"))

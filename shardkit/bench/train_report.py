@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +14,8 @@ from shardkit.bench.report import counted, spread
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
 
-__all__ = ["HOST_BOUND", "against_best_dali", "rate", "summarise", "train_table", "trial_note", "with_feeders"]
+__all__ = ["HOST_BOUND", "against_best_dali", "interrupted_note", "rate", "summarise", "train_table", "trial_note",
+           "with_feeders"]
 
 #: A step whose GPU time is under this share of its wall time is called host-bound in the table.
 HOST_BOUND = 0.8
@@ -30,12 +31,14 @@ def rate(images_per_second: float) -> str:
     return f"{images_per_second:,.0f}" if images_per_second >= 100 else f"{images_per_second:.1f}"
 
 
-def train_table(title: str, results: list[dict[str, Any]], batch_size: int, width: int | None = None) -> str:
+def train_table(title: str, results: list[dict[str, Any]], batch_size: int, width: int | None = None,
+                interrupted: Mapping[str, Any] | None = None) -> str:
     """``title`` over one row per contender of ``results`` (a report's): median (min–max) of each
     figure over the repetitions (the value alone after one). ``step ms``: the synthetic step's
     wall time, with its GPU time in brackets where measured (CUDA; much less: host-bound).
-    In ``width`` columns (a terminal's), each contender as a block of short lines instead when the
-    table is wider, the notes wrapped."""
+    ``interrupted``: the report's mark of a bench stopped part-way, said under the title
+    (:func:`interrupted_note`). In ``width`` columns (a terminal's), each contender as a block of
+    short lines instead when the table is wider, the notes wrapped."""
 
     def cell(s: dict[str, Any], fmt: Callable[[float], str]) -> str:
         return fmt(s["median"]) if len(s["runs"]) == 1 else f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"
@@ -78,23 +81,42 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
     lines = [f"{'pipeline':<{name}} {'fed img/s':>22} {'synthetic img/s':>22} {'share':>20} {'host wait':>10} "
              f"{'step ms':>14} {'loader GPU ms/batch':>19}"]
     lines += [f"{a:<{name}} {b:>22} {c:>22} {d:>20} {e:>10} {f:>14} {g:>19}" for a, b, c, d, e, f, g in rows]
+    stopped = [] if interrupted is None else [interrupted_note(interrupted)]
     if width is None or max(map(len, lines)) <= width:
-        return "\n".join([title, *lines, *notes])
+        return "\n".join([title, *stopped, *lines, *notes])
     blocks = []
     for label, fed, synthetic, share_, wait, step, loader in rows:
         blocks += [label, f"    fed {fed} img/s   synthetic {synthetic} img/s",
                    f"    share {share_}   host wait {wait}",
                    f"    step {step} ms" + ("" if loader == "—" else f"   loader GPU {loader} ms/batch")]
     wrap = textwrap.TextWrapper(width=max(width, 40), subsequent_indent="  ", break_on_hyphens=False)
-    return "\n".join([wrap.fill(title), *blocks, *(wrap.fill(n) for n in notes)])
+    return "\n".join([wrap.fill(title), *(wrap.fill(n) for n in stopped), *blocks, *(wrap.fill(n) for n in notes)])
+
+
+def interrupted_note(mark: Mapping[str, Any]) -> str:
+    """The line under the title of a bench stopped part-way (``mark``: its report's ``interrupted``,
+    see :mod:`shardkit.bench.finished`), naming the contenders it left without a row.
+
+    Example:
+        >>> interrupted_note({"runs_finished": 5, "runs_planned": 6, "not_run": []})
+        'interrupted after 5 of 6 runs: the table holds the finished runs'
+        >>> interrupted_note({"runs_finished": 1, "runs_planned": 6, "not_run": ["dali", "imagefolder"]})
+        'interrupted after 1 of 6 runs: the table holds the finished runs (not run: dali, imagefolder)'
+    """
+    not_run = f" (not run: {', '.join(mark['not_run'])})" if mark.get("not_run") else ""
+    return (f"interrupted after {mark['runs_finished']} of {mark['runs_planned']} runs: the table holds the "
+            f"finished runs{not_run}")
 
 
 def against_best_dali(results: list[dict[str, Any]], dali: tuple[str, ...]) -> None:
     """Give each contender of ``results`` that is not DALI ``fed_over_best_dali``: in each
     repetition, its fed rate over the fastest DALI row's (``dali``: the DALI contenders' names, a
     thread count after an ``@`` allowed) in the same repetition, as a spread; nothing where no DALI
-    row ran, and nothing for a row whose number of runs differs from the DALI rows' (no pairing
-    by repetition then). The ratio a user comparing the two loaders on one machine would take.
+    row ran. The ratio a user comparing the two loaders on one machine would take.
+
+    A row's i-th run is repetition i's (every contender runs once a repetition, so a bench stopped
+    part-way leaves each row the first ones): the pairs are taken over the repetitions that every
+    DALI row and the contender finished, and a row with none gets no ratio.
 
     Example:
         >>> rows = [{"name": "shardloader", "fed_images_per_second": {"runs": [12.0, 11.0]}},
@@ -103,15 +125,18 @@ def against_best_dali(results: list[dict[str, Any]], dali: tuple[str, ...]) -> N
         >>> against_best_dali(rows, ("dali", "dali_files"))
         >>> rows[0]["fed_over_best_dali"]["runs"], "fed_over_best_dali" in rows[1]
         ([1.2, 1.1], False)
+        >>> stopped = [{"name": "shardloader", "fed_images_per_second": {"runs": [12.0, 11.0]}},
+        ...            {"name": "dali", "fed_images_per_second": {"runs": [10.0]}}]
+        >>> against_best_dali(stopped, ("dali",))
+        >>> stopped[0]["fed_over_best_dali"]["runs"]
+        [1.2]
     """
     refs = [r["fed_images_per_second"]["runs"] for r in results if r["name"].split("@")[0] in dali]
-    if not refs or len({len(runs) for runs in refs}) != 1:
-        return
-    best = [max(column) for column in zip(*refs, strict=True)]
+    best = [max(column) for column in zip(*refs, strict=False)]  # the repetitions every DALI row finished
     for r in results:
-        runs = r["fed_images_per_second"]["runs"]
-        if r["name"].split("@")[0] not in dali and len(runs) == len(best):
-            r["fed_over_best_dali"] = spread([a / b for a, b in zip(runs, best, strict=True)])
+        pairs = list(zip(r["fed_images_per_second"]["runs"], best, strict=False))
+        if r["name"].split("@")[0] not in dali and pairs:
+            r["fed_over_best_dali"] = spread([a / b for a, b in pairs])
 
 
 def with_feeders(label: str, runs: list[TrainRun]) -> str:
@@ -157,8 +182,14 @@ def trial_note(result: dict[str, Any]) -> str | None:
 
 
 def summarise(runs: list[TrainRun]) -> dict[str, Any]:
-    """One contender's runs as report figures: spreads of the rates, share and host wait, the median
-    step and loader GPU times (None off CUDA), and every run."""
+    """One contender's runs (one at least) as report figures: spreads of the rates, share and host
+    wait, the median step and loader GPU times (None off CUDA), and every run.
+
+    Raises:
+        ValueError: no run (a contender a stopped bench never ran has no row).
+    """
+    if not runs:
+        raise ValueError("no run to summarise")
     gpu = [r.loader_gpu_ms_per_batch for r in runs if r.loader_gpu_ms_per_batch is not None]
     step_gpu = [r.step_gpu_ms for r in runs if r.step_gpu_ms is not None]
     return {

@@ -251,7 +251,9 @@ def _save(report: dict[str, Any], out: str | None, plot: str | None,
 def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[str, Any]],
                    table: Callable[[dict[str, Any], int | None], str], *, repeats: int, out: str | None,
                    quiet: bool) -> None:
-    """``run(after_run)`` (a training bench), one line per run unless ``quiet``; then the table."""
+    """``run(after_run)`` (a training bench), one line per run unless ``quiet``; then the table.
+    Stopped part-way (Ctrl-C, SIGTERM), the table and ``out`` of the runs it finished, then the
+    exit of any interrupted command (130, 143 for SIGTERM)."""
     from shardkit.bench.train_report import rate
 
     width = max(map(len, CONTENDERS))
@@ -262,12 +264,20 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
                        f"synthetic {rate(result.synthetic_images_per_second)} img/s, share {share(result.share)}",
                        err=True)
 
+    from shardkit.bench.finished import Interrupted
     from shardkit.bench.isolate import RunLost
 
     try:
         report = run(after_run)
     except (ValueError, RunLost) as err:
         raise BenchError(str(err)) from err
+    except Interrupted as stopped:
+        if stopped.report is None:
+            click.echo("no run had finished: nothing was measured, no report written", err=True)
+        else:
+            click.echo(table(stopped.report, _terminal_width()))
+            _save(stopped.report, out, None)
+        raise stopped.interrupt from None  # said and exited as any interrupted command
     click.echo(table(report, _terminal_width()))
     _save(report, out, None)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,29 @@ def test_report_schema_and_paired_ratios(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     write_json(report, str(path))
     assert json.loads(path.read_text()) == json.loads(json.dumps(report))
+
+
+def test_a_report_stopped_while_it_is_written_leaves_the_file_it_found(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second Ctrl-C while a stopped bench saves its report: the file is whole or as it was,
+    never half a report, and no temporary file is left beside it."""
+    path = tmp_path / "r.json"
+    path.write_text('{"earlier": true}\n')
+
+    def stopped(report: object, f: Any, **_kwargs: object) -> None:
+        f.write('{"schema": ')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(json, "dump", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        write_json({"schema": SCHEMA}, str(path))
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"earlier": True} and sorted(tmp_path.iterdir()) == [path]
+    write_json({"schema": SCHEMA}, str(path))
+    assert json.loads(path.read_text()) == {"schema": SCHEMA} and sorted(tmp_path.iterdir()) == [path]
+    with pytest.raises(IsADirectoryError) as caught:  # an error names the file asked for
+        write_json({"schema": SCHEMA}, str(tmp_path))
+    assert caught.value.filename == str(tmp_path)
 
 
 def test_table_text() -> None:

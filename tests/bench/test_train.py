@@ -12,6 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from shardkit.bench import train
+from shardkit.bench.finished import Interrupted
 from shardkit.bench.train import (
     TrainBenchConfig,
     TrainStep,
@@ -47,6 +48,30 @@ def test_report_has_every_run_and_share_is_fed_over_synthetic(tiny_tree: Path, p
     table = format_train_table(report)
     assert "resnet18 @32 px" in table and "shardkit ShardLoader" in table and "share" in table
     json.dumps(report)  # JSON-able
+
+
+def test_a_bench_stopped_in_a_run_reports_the_runs_it_finished(tiny_tree: Path, packed: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process runs (run_contenders): Ctrl-C in the fourth of four runs (imagefolder's second)
+    leaves three measured, each row its finished repetitions."""
+    measured = train.measure
+    calls: list[int] = []
+
+    def stopped_in_the_fourth(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # as Ctrl-C, its loader built
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(train, "measure", stopped_in_the_fourth)
+    with pytest.raises(Interrupted) as caught:
+        run_train_bench(_cfg(tiny_tree, packed))
+    report = caught.value.report
+    assert report is not None and report["interrupted"] == {"runs_finished": 3, "runs_planned": 4, "not_run": []}
+    check_runs({**report, "results": report["results"][1:]}, ["shardloader"], repeats=2)
+    check_runs({**report, "results": report["results"][:1]}, ["imagefolder"], repeats=1)
+    assert format_train_table(report).splitlines()[1] == ("interrupted after 3 of 4 runs: the table holds the "
+                                                          "finished runs")
 
 
 def test_the_fed_run_takes_the_loaders_batches_across_epochs(tiny_tree: Path) -> None:

@@ -64,6 +64,33 @@ def test_report_has_every_run_of_every_contender_and_share_is_fed_over_synthetic
     json.dumps(report)  # JSON-able
 
 
+def test_a_bench_stopped_in_a_run_reports_the_runs_it_finished(packed_coco: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the second of four runs: the report of the first (cocodetection's), no row for
+    shardloader, which finished none."""
+    from shardkit.bench import train
+    from shardkit.bench.finished import Interrupted
+
+    measured = train.measure
+    calls: list[int] = []
+
+    def stopped_in_the_second(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as Ctrl-C, its loader built
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(train, "measure", stopped_in_the_second)
+    with pytest.raises(Interrupted) as caught:
+        run_detection_train_bench(_cfg(packed_coco, repeats=2))
+    report = caught.value.report
+    assert report is not None and report["schema"] == train_detection.SCHEMA
+    assert report["interrupted"] == {"runs_finished": 1, "runs_planned": 4, "not_run": ["shardloader"]}
+    check_runs(report, ["cocodetection"], repeats=1)
+    assert format_detection_table(report).splitlines()[1] == (
+        "interrupted after 1 of 4 runs: the table holds the finished runs (not run: shardloader)")
+
+
 def test_every_contender_gives_the_model_labels_1_to_k(packed_coco: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CocoDetection yields COCO category ids (up to 101 here): the step maps them to ShardLoader's 1..15.
     The step only records what the model would get."""

@@ -50,13 +50,14 @@ def _env() -> dict[str, str]:
 
 def run_in_pty(argv: list[str], *, columns: int = 0, rows: int = 24, timeout: float = 120.0,
                interrupt_after: bytes | None = None, interrupts: int = 1,
-               interrupt_with: int = signal.SIGINT) -> Seen:
+               interrupt_with: int = signal.SIGINT, interrupt_delay: float = 0.0) -> Seen:
     """Run ``argv`` on a fresh pty sized ``columns`` x ``rows`` (columns 0: unsized, 0x0, like
     ``script`` in CI; rows 0 with columns: only the width set, as some CI runners do).
 
     ``interrupt_after``: once this text has appeared, send SIGINT to the process group, as
     Ctrl-C does (``interrupts`` times, 0.2 s apart: an impatient user; ``interrupt_with``: another
-    signal, e.g. SIGTERM as a scheduler sends it). Raises ``TimeoutError``
+    signal, e.g. SIGTERM as a scheduler sends it; ``interrupt_delay``: seconds to wait first, as a
+    person reads before pressing it). Raises ``TimeoutError``
     (after killing the process) if it runs past ``timeout``: a hang is a failure.
     """
     master, slave = os.openpty()
@@ -85,6 +86,7 @@ def run_in_pty(argv: list[str], *, columns: int = 0, rows: int = 24, timeout: fl
                     break
                 chunks.append(data)
                 if interrupt_after is not None and interrupt_after in b"".join(chunks):
+                    time.sleep(interrupt_delay)
                     for i in range(interrupts):
                         if i:
                             time.sleep(0.2)

@@ -6,6 +6,7 @@ without a total raises TypeError) while every CliRunner test, which is never a t
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -262,6 +263,30 @@ def test_bench_in_a_terminal(tree: Path, packed: Path) -> None:
     code, out, err = run_piped(shardkit_argv(*args, "-q"), timeout=300)
     assert code == 0 and err == "", err
     assert "ShardLoader" in out
+
+
+@pytest.mark.parametrize(("signum", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                      (signal.SIGTERM, 143, "terminated")])
+def test_a_training_bench_stopped_after_a_run_prints_and_saves_that_run(tree: Path, packed: Path, tmp_path: Path,
+                                                                       signum: int, code: int, said: str) -> None:
+    """Ctrl-C, or SIGTERM to the process group as ``timeout`` sends it, once the first of four
+    isolated runs is over: its table and --out report, marked, then the exit of any interrupted
+    command. The bench printed nothing and saved nothing, whatever it had measured."""
+    out = tmp_path / "train.json"
+    argv = shardkit_argv("bench", str(tree), "--shards", str(packed), "--train", "resnet18", "--size", "32",
+                         "--batch-size", "4", "--workers", "0", "--steps", "1", "--warmup", "0", "--repeats", "2",
+                         "--contender", "imagefolder", "--contender", "shardloader", "--out", str(out))
+    # a second later: the next run's process is started, the bench waits for it
+    seen = run_in_pty(argv, columns=100, interrupt_after=b"run 1/2", interrupt_with=signum, interrupt_delay=1.0,
+                      timeout=300)
+    _clean(seen, code=code)
+    screen = [line for line in seen.lines if line.strip()]
+    assert "interrupted after 1 of 4 runs: the table holds the finished runs (not run: shardloader)" in screen
+    assert "torchvision ImageFolder + DataLoader" in screen and not any("shardkit ShardLoader" in s for s in screen)
+    assert screen[-2:] == [f"report: {out}", said]
+    report = json.loads(out.read_text())
+    assert report["interrupted"] == {"runs_finished": 1, "runs_planned": 4, "not_run": ["shardloader"]}
+    assert [(r["name"], len(r["runs"])) for r in report["results"]] == [("imagefolder", 1)]
 
 
 def test_another_ctrl_c_in_the_interpreters_last_instants_keeps_the_exit_code() -> None:

@@ -1,0 +1,92 @@
+"""The runs a training bench has finished, kept when it is stopped part-way.
+
+A training bench runs every contender ``repeats`` times, one run after another, often for many
+minutes; Ctrl-C or a SIGTERM (``timeout``, a scheduler preempting the job) stops it in the
+middle. The runs it finished by then are measurements like those of a bench that ran to its
+end, and the ones that cost the time: :class:`FinishedRuns` records each as it ends, and when
+the bench is interrupted raises :class:`Interrupted`, which carries the report of those runs,
+marked ``interrupted``, for the caller to print and save.
+
+Every contender runs once a repetition, repetitions one after another, so however the bench
+stops, a contender's i-th run is repetition i's: the ratios taken "in the same repetition"
+pair runs by position, over the repetitions both sides finished
+(:func:`~shardkit.bench.train_report.against_best_dali`). A contender with no finished run has
+no row; the mark names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardkit.bench.train import TrainRun
+
+__all__ = ["FinishedRuns", "Interrupted"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """A training bench stopped part-way by ``interrupt`` (the KeyboardInterrupt that Ctrl-C or a
+    SIGTERM raised), its run in progress stopped and dropped. ``report``: the report of the runs
+    it finished (its ``interrupted`` entry says how many of how many), or None where it finished
+    none. A KeyboardInterrupt still, for a caller that does not look for the report."""
+
+    def __init__(self, interrupt: KeyboardInterrupt, report: dict[str, Any] | None) -> None:
+        super().__init__(interrupt, report)  # both: it pickles
+        self.interrupt = interrupt
+        self.report = report
+
+    def __str__(self) -> str:
+        if self.report is None:
+            return "stopped before a run finished"
+        mark = self.report["interrupted"]
+        return f"stopped after {mark['runs_finished']} of {mark['runs_planned']} runs"
+
+
+class FinishedRuns:
+    """Each contender's runs in the order they finish, for a bench of ``repeats`` repetitions of
+    the contenders ``names``; ``after_run(name, repetition, run)`` follows each, once it is kept.
+
+    Example::
+
+        finished = FinishedRuns(contenders, cfg.repeats, after_run)
+        with finished.kept(lambda runs, mark: report(runs, mark)):
+            for rep, names in enumerate(alternating_order(list(contenders), cfg.repeats)):
+                for name in names:
+                    finished.add(name, rep, run(name))
+        return report(finished.runs, None)
+    """
+
+    def __init__(self, names: Iterable[str], repeats: int,
+                 after_run: Callable[[str, int, TrainRun], None] | None = None) -> None:
+        self.runs: dict[str, list[TrainRun]] = {name: [] for name in names}
+        self.planned = len(self.runs) * repeats
+        self._after_run = after_run
+
+    def add(self, name: str, rep: int, run: TrainRun) -> None:
+        """Keep ``run``, repetition ``rep`` of contender ``name``, then call ``after_run``."""
+        self.runs[name].append(run)
+        if self._after_run is not None:
+            self._after_run(name, rep, run)
+
+    def mark(self) -> dict[str, Any]:
+        """The report's ``interrupted`` entry: runs finished, runs planned, and the contenders that
+        finished none (left out of the rows)."""
+        return {"runs_finished": sum(map(len, self.runs.values())), "runs_planned": self.planned,
+                "not_run": [name for name, runs in self.runs.items() if not runs]}
+
+    @contextlib.contextmanager
+    def kept(self, report: Callable[[dict[str, list[TrainRun]], dict[str, Any]], dict[str, Any]]
+             ) -> Iterator[None]:
+        """The block runs the bench: a KeyboardInterrupt in it becomes :class:`Interrupted`, with
+        ``report(runs, mark)`` of the runs finished by then (the contenders without one left out of
+        ``runs``), or no report where none finished."""
+        try:
+            yield
+        except Interrupted:
+            raise
+        except KeyboardInterrupt as interrupt:
+            mark = self.mark()
+            done = {name: runs for name, runs in self.runs.items() if runs}
+            raise Interrupted(interrupt, report(done, mark) if done else None) from interrupt
