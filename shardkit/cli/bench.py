@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -272,6 +273,8 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
     except (ValueError, RunLost) as err:
         raise BenchError(str(err)) from err
     except Interrupted as stopped:
+        if sys.stderr.isatty():  # off the line the terminal echoed ^C on
+            click.echo(err=True)
         if stopped.report is None:
             click.echo("no run had finished: nothing was measured, no report written", err=True)
         else:
