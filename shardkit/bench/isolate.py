@@ -56,7 +56,7 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
                               name="shardkit-bench-run")
     try:
         try:
-            with _sigint_ignored():  # inherited: a Ctrl-C while the run imports torch is no traceback there
+            with _sigint_held():  # inherited: a Ctrl-C while the run imports torch is no traceback there
                 process.start()
         finally:
             answer.close()
@@ -91,18 +91,21 @@ class RunLost(RuntimeError):
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored meanwhile, in the main thread (elsewhere, or where a handler that is not
-    Python's is installed, nothing changes)."""
+def _sigint_held() -> Iterator[None]:
+    """SIGINT held (blocked) meanwhile, in the main thread, and so in a process started here, which
+    inherits the mask: a Ctrl-C meanwhile is not lost (ignoring it would drop it), it is raised here
+    once the block ends, and the run takes its own copy where it holds SIGINT anyway
+    (:func:`_arm`). Elsewhere than in the main thread, where a handler that is not Python's is
+    installed, or where SIGINT is ignored (inherited as such), nothing changes."""
     before = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or before is None:
+    if threading.current_thread() is not threading.main_thread() or before in (None, signal.SIG_IGN):
         yield
         return
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class _Stopped(Exception):
@@ -209,7 +212,7 @@ def _arm(lifeline: Connection, sigint_ignored: bool) -> None:
     """Stop the run on its first SIGTERM or SIGINT (unless the bench ignored SIGINT, as a job
     started in the background does), and when the bench's end of ``lifeline`` closes.
 
-    The run starts with SIGINT ignored (from the bench), then holds it (blocked) in the threads
+    The run starts with SIGINT held (from the bench), then holds it in the threads
     and the processes it starts from here on (a DataLoader's workers): a terminal's Ctrl-C
     reaches the whole process group, and those would print tracebacks from wherever it caught
     them, mid-import or mid-batch. One thread takes SIGINT (``sigwait``) and stops the run as

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.context
 import os
 import signal
 import subprocess
@@ -165,3 +166,26 @@ def test_a_run_whose_bench_was_killed_stops_itself(tmp_path: Path) -> None:
     bench.kill()  # no chance to stop the run: the run's lifeline closes
     bench.communicate(timeout=30)
     assert _gone_within(run, GRACE_S)
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_while_the_run_starts_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that reaches the bench while it starts the run's process: SIGINT was ignored
+    meanwhile (so that the run, which inherits it, does not print a traceback mid-import), and the
+    Ctrl-C was dropped; the bench then went on. It is held instead, and raised once the run started."""
+    real = multiprocessing.context.SpawnProcess.start
+
+    def start(self: multiprocessing.context.SpawnProcess) -> None:
+        real(self)
+        os.kill(os.getpid(), signal.SIGINT)  # inside the start, as a Ctrl-C at that moment
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        in_fresh_process(_sleep, 15.0)
+    assert time.monotonic() - t0 < 10  # stopped, not awaited
+
