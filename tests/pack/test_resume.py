@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -46,9 +48,55 @@ def reference(many_images, tmp_path_factory):
     return {p.name: p.read_bytes() for p in dst.iterdir()}
 
 
+def _arguments(src, dst, *extra):
+    return ["pack", str(src), str(dst), "--max-count", str(MAX_COUNT), "--workers", "2", "--quiet", *extra]
+
+
 def _command(src, dst, *extra):
-    return [sys.executable, "-m", "shardkit", "pack", str(src), str(dst), "--max-count",
-            str(MAX_COUNT), "--workers", "2", "--quiet", *extra]
+    return [sys.executable, "-m", "shardkit", *_arguments(src, dst, *extra)]
+
+
+# The pack's CLI with its POSIX semaphores named "<prefix>-<random>" instead of multiprocessing's
+# "/mp-<random>" (``semprefix``, a CPython detail, checked here so that a Python without it fails
+# loudly instead of leaving the names unfound).
+_PACK_WITH_PREFIX = (
+    "import sys, multiprocessing.process as p, multiprocessing.synchronize as s;"
+    "p.current_process()._config['semprefix'] = prefix = sys.argv.pop(1);"
+    "assert s.SemLock._make_name().startswith(prefix + '-'), 'semprefix is not used any more';"
+    "from shardkit.cli import main; main()"
+)
+
+
+class _Semaphores:
+    """The semaphore names in /dev/shm of the packs a test starts, told from any other process's by
+    a prefix of the test's own. A ``kill -9`` of the whole process group while the pool's workers
+    start leaves them there for good: the resource tracker, which would remove them, dies with the
+    group, and the pack removes them only once every worker has opened them (``pack/pool.py``)."""
+
+    def __init__(self) -> None:
+        self.prefix = f"/shardkit-test-{uuid.uuid4().hex[:12]}"
+
+    def command(self, src, dst, *extra) -> list[str]:
+        return [sys.executable, "-c", _PACK_WITH_PREFIX, self.prefix, *_arguments(src, dst, *extra)]
+
+    def left(self) -> list[str]:
+        shm, start = Path("/dev/shm"), f"sem.{self.prefix[1:]}-"
+        return sorted(p.name for p in shm.iterdir() if p.name.startswith(start)) if shm.is_dir() else []
+
+    def remove(self) -> list[str]:
+        left = self.left()
+        for name in left:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/{name}")
+        return left
+
+
+@pytest.fixture
+def pack_semaphores() -> Iterator[_Semaphores]:
+    """What the test's packs leave in /dev/shm is removed after it, whatever happened."""
+    own = _Semaphores()
+    yield own
+    own.remove()
 
 
 def _visible(dst: Path) -> dict[str, bytes]:
@@ -66,14 +114,14 @@ def _check_only_complete_files(dst: Path, reference: dict[str, bytes]) -> int:
     return sum(name.endswith(".tar") for name in visible)
 
 
-def test_kill_at_random_points_then_resume(many_images, reference, tmp_path):
+def test_kill_at_random_points_then_resume(many_images, reference, tmp_path, pack_semaphores):
     dst = tmp_path / "out"
     rng = random.Random(1234)
     num_shards = sum(name.endswith(".tar") for name in reference)
     kills = 0
     for _ in range(4):
         target = rng.randrange(1, num_shards)
-        proc = subprocess.Popen(_command(many_images, dst), start_new_session=True,
+        proc = subprocess.Popen(pack_semaphores.command(many_images, dst), start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
@@ -86,14 +134,44 @@ def test_kill_at_random_points_then_resume(many_images, reference, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             kills += 1
         proc.wait()
+        pack_semaphores.remove()  # names of a pool killed while its workers started
         assert "index.json" not in _visible(dst) or proc.returncode == 0
         _check_only_complete_files(dst, reference)
     assert kills >= 2  # the test really interrupted the pack
-    finished = subprocess.run(_command(many_images, dst), capture_output=True, text=True,
+    finished = subprocess.run(pack_semaphores.command(many_images, dst), capture_output=True, text=True,
                               timeout=120)
     assert finished.returncode == 0, finished.stderr
     assert _visible(dst) == reference
     assert sorted(p.name for p in dst.iterdir()) == sorted(reference)  # state and temporaries gone
+    assert not pack_semaphores.left()
+
+
+def test_kill_9_of_the_whole_group_while_workers_start_then_resume(many_images, reference, tmp_path, pack_semaphores):
+    """The one kill that leaves the pool's semaphore names in /dev/shm (see :class:`_Semaphores`):
+    the test removes them, and the re-run finishes the pack and leaves none."""
+    dst = tmp_path / "out"
+    proc = subprocess.Popen(pack_semaphores.command(many_images, dst), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(proc.pid)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(psutil.Error, OSError):
+                if any("spawn_main" in " ".join(c.cmdline()) for c in parent.children()):
+                    break
+            time.sleep(0.002)
+        assert proc.poll() is None, "the pack ended before its workers started"
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    pack_semaphores.remove()
+    _check_only_complete_files(dst, reference)
+    finished = subprocess.run(pack_semaphores.command(many_images, dst), capture_output=True, text=True,
+                              timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert _visible(dst) == reference
+    assert not pack_semaphores.left()
 
 
 def test_different_command_into_unfinished_destination(many_images, reference, tmp_path):
@@ -261,11 +339,11 @@ def _semaphores(pid: int, deleted: bool = False) -> set[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
-def test_kill_9_of_the_whole_group_leaves_no_semaphore(many_images, tmp_path):
+def test_kill_9_of_the_whole_group_leaves_no_semaphore(many_images, tmp_path, pack_semaphores):
     """``kill -9`` of the process group kills the resource tracker too, so it cannot remove the
     pool's semaphores: the pack removes their names itself once every worker has opened them."""
     dst = tmp_path / "out"
-    proc = subprocess.Popen(_command(many_images, dst, "--max-count", "1"), start_new_session=True,
+    proc = subprocess.Popen(pack_semaphores.command(many_images, dst, "--max-count", "1"), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parent = psutil.Process(proc.pid)
     try:
@@ -287,6 +365,7 @@ def test_kill_9_of_the_whole_group_leaves_no_semaphore(many_images, tmp_path):
         proc.wait()
         time.sleep(0.2)
         assert not [s for s in unnamed if os.path.exists(s)]
+        assert not pack_semaphores.left()
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -294,11 +373,11 @@ def test_kill_9_of_the_whole_group_leaves_no_semaphore(many_images, tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
-def test_kill_9_of_the_parent_leaves_no_process_or_semaphore(many_images, tmp_path):
+def test_kill_9_of_the_parent_leaves_no_process_or_semaphore(many_images, tmp_path, pack_semaphores):
     """``kill -9`` of the pack process alone (not its group): its workers and the resource
     tracker exit, and the tracker removes the pool's semaphores from /dev/shm."""
     dst = tmp_path / "out"
-    proc = subprocess.Popen(_command(many_images, dst, "--max-count", "1"), start_new_session=True,
+    proc = subprocess.Popen(pack_semaphores.command(many_images, dst, "--max-count", "1"), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parent = psutil.Process(proc.pid)
     children: list[psutil.Process] = []
@@ -321,9 +400,9 @@ def test_kill_9_of_the_parent_leaves_no_process_or_semaphore(many_images, tmp_pa
         _gone, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"still running after the parent was killed: {alive}"
         deadline = time.monotonic() + 30
-        while any(os.path.exists(s) for s in semaphores) and time.monotonic() < deadline:
+        while pack_semaphores.left() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not [s for s in semaphores if os.path.exists(s)]
+        assert not [s for s in semaphores if os.path.exists(s)] and not pack_semaphores.left()
     finally:  # whatever happened, leave no process of this test behind
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
