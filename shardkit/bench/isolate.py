@@ -37,12 +37,15 @@ T = TypeVar("T")
 GRACE_S = 10.0
 
 
-def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run") -> T:
+def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run",
+                     answered: Callable[[T], object] | None = None) -> T:
     """``work(*args)`` in a newly spawned process that exits when it returns; its result (or its
     exception, with the run's traceback as its ``__cause__``) comes back pickled. ``work`` must be
     importable by name (a module-level function). An interruption of the caller
     (``KeyboardInterrupt`` or any other ``BaseException`` while it waits) stops the process, then
-    propagates; a second one while the process unwinds kills it at once.
+    propagates; a second one while the process unwinds kills it at once. ``answered(result)``, where
+    given, is called as soon as the result is in, before the process has ended (its end can take
+    seconds: a CUDA context, compile workers), so that an interruption meanwhile loses no result.
 
     Raises:
         RunLost: the process died or was stopped without an answer (killed, out of memory, a
@@ -69,6 +72,8 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
     finally:
         answers.close()
         held.close()
+    if reply is not None and reply[0] and answered is not None:
+        answered(reply[1])
     process.join(GRACE_S)  # it has answered (or died): it ends on its own, its lifeline closed
     if process.is_alive():
         process.kill()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import statistics
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -136,20 +137,34 @@ def build_report(config: Mapping[str, Any], conditions: Mapping[str, Any],
 
 
 def write_json(report: Mapping[str, Any], path: str) -> None:
-    """Write ``report`` as indented JSON to ``path``, whole or not at all: a sibling
-    ``<path>.tmp-<pid>`` is written, then renamed over ``path``, so that a bench stopped while it
-    saves (a second Ctrl-C) leaves the file it found, never half a report."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    """Write ``report`` as indented JSON to ``path``, whole or not at all: a sibling of the file
+    (``<file>.tmp-<pid>``, the file a symlink names) is written, given an existing file's mode, then
+    renamed over it, so that a bench stopped while it saves (a second Ctrl-C) leaves the file it
+    found, never half a report. A path that is not a regular file (``/dev/stdout``, a FIFO) is
+    written through, as ``open`` would."""
+    text = json.dumps(report, indent=2, sort_keys=False) + "\n"
+    target = os.path.realpath(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
+        found = os.stat(target)
+    except FileNotFoundError:
+        found = None
+    try:
+        if found is not None and not stat.S_ISREG(found.st_mode):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return
+        tmp = f"{target}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            if found is not None:
+                os.chmod(tmp, stat.S_IMODE(found.st_mode))
+            os.replace(tmp, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
     except OSError as err:  # named as the file asked for, not its temporary sibling
         raise OSError(err.errno, err.strerror, path) from err
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
 
 
 def format_table(report: Mapping[str, Any], width: int | None = None) -> str:

@@ -78,6 +78,7 @@ uint8, which the step normalises on the device, as a careful user of it would.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -301,9 +302,9 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
         with _built(build) as loader:
             run = measure(step, loader, steps=steps, warmup=warmup, batch_size=batch_size,
                           fixed_batches=fixed_batches, settle_s=settle_s, profile_batches=0)
-        runs[name].append(run)
-        if after_run is not None:
-            after_run(name, rep, run)
+            runs[name].append(run)  # kept before the loader closes: a stop while it closes loses no run
+            if after_run is not None:
+                after_run(name, rep, run)
     if profile_batches:  # every timed run is over: the profiler can no longer slow one
         for name, (step, build) in contenders.items():
             if step.device.type != "cuda":  # GPU times are CUDA's only: no loader built for none
@@ -363,9 +364,9 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
     with finished.kept(lambda runs, mark: _report(cfg, data, contenders, runs, mark)):
         if cfg.isolate:
             for rep, names in enumerate(alternating_order(list(contenders), cfg.repeats)):
-                for name in names:
-                    finished.add(name, rep, in_fresh_process(run_one, cfg, name, data["classes"],
-                                                             what=f"the run of {name}"))
+                for name in names:  # kept once it answers, before its process has ended
+                    in_fresh_process(run_one, cfg, name, data["classes"], what=f"the run of {name}",
+                                     answered=functools.partial(finished.add, name, rep))
             runs = finished.runs
         else:
             step = TrainStep(cfg.model, data["classes"], torch.device(cfg.device), compile=cfg.compile)

@@ -102,7 +102,12 @@ def interrupted_note(mark: Mapping[str, Any]) -> str:
         'interrupted after 5 of 6 runs: the table holds the finished runs'
         >>> interrupted_note({"runs_finished": 1, "runs_planned": 6, "not_run": ["dali", "imagefolder"]})
         'interrupted after 1 of 6 runs: the table holds the finished runs (not run: dali, imagefolder)'
+        >>> interrupted_note({"runs_finished": 4, "runs_planned": 4, "not_run": []})
+        'interrupted after all 4 runs, while their GPU times were taken: the table holds every run, without GPU times'
     """
+    if mark["runs_finished"] >= mark["runs_planned"]:  # stopped in what follows the runs: their GPU times
+        return (f"interrupted after all {mark['runs_planned']} runs, while their GPU times were taken: the table "
+                "holds every run, without GPU times")
     not_run = f" (not run: {', '.join(mark['not_run'])})" if mark.get("not_run") else ""
     return (f"interrupted after {mark['runs_finished']} of {mark['runs_planned']} runs: the table holds the "
             f"finished runs{not_run}")

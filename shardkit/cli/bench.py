@@ -267,13 +267,14 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
 
     from shardkit.bench.finished import Interrupted
     from shardkit.bench.isolate import RunLost
+    from shardkit.cli import Terminated
 
     try:
         report = run(after_run)
     except (ValueError, RunLost) as err:
         raise BenchError(str(err)) from err
     except Interrupted as stopped:
-        if sys.stderr.isatty():  # off the line the terminal echoed ^C on
+        if sys.stderr.isatty() and not isinstance(stopped.interrupt, Terminated):  # off the line a ^C echoed on
             click.echo(err=True)
         if stopped.report is None:
             click.echo("no run had finished: nothing was measured, no report written", err=True)

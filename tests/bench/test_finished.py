@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +27,24 @@ def packed(tiny_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _stopped_after(runs: int, monkeypatch: pytest.MonkeyPatch,
-                   interrupt: KeyboardInterrupt | None = None) -> list[str]:
+                   interrupt: KeyboardInterrupt | None = None, *, answered_first: bool = False) -> list[str]:
     """Each isolated run answers at once, its fed rate 10 x its place in the order (10, 20, ...),
-    until the one after ``runs``, which is interrupted while the bench waits for it; returns the
-    names of the runs asked for."""
+    until the one after ``runs``, which is interrupted while the bench waits for it (or, with
+    ``answered_first``, once it has answered, while its process ends); returns the names of the
+    runs asked for."""
     asked: list[str] = []
     rates: Iterator[float] = iter(range(10, 1000, 10))
 
-    def in_fresh_process(_work: Any, _cfg: Any, name: str, _classes: int, *, what: str) -> TrainRun:
+    def in_fresh_process(_work: Any, _cfg: Any, name: str, _classes: int, *, what: str,
+                         answered: Callable[[TrainRun], object]) -> TrainRun:
         asked.append(name)
+        if len(asked) > runs and not answered_first:
+            raise interrupt or KeyboardInterrupt()
+        run = TrainRun(100.0, float(next(rates)), 0.25, None)
+        answered(run)
         if len(asked) > runs:
             raise interrupt or KeyboardInterrupt()
-        return TrainRun(100.0, float(next(rates)), 0.25, None)
+        return run
 
     monkeypatch.setattr(train, "in_fresh_process", in_fresh_process)
     return asked
@@ -95,6 +101,17 @@ def test_a_contender_that_never_ran_has_no_row_and_is_named(tiny_tree: Path, pac
     assert not any("fed_over_best_dali" in r for r in report["results"])
     assert ("interrupted after 2 of 6 runs: the table holds the finished runs (not run: dali)"
             in format_train_table(report))
+
+
+def test_a_run_that_answered_is_kept_when_the_stop_comes_while_its_process_ends(
+        tiny_tree: Path, packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's process takes seconds to end after its answer (its CUDA context, compile workers): a
+    Ctrl-C then used to drop a result already in hand."""
+    _stopped_after(1, monkeypatch, answered_first=True)
+    with pytest.raises(Interrupted) as caught:
+        run_train_bench(_cfg(tiny_tree, packed, monkeypatch))
+    report = caught.value.report
+    assert report is not None and report["interrupted"]["runs_finished"] == 2
 
 
 def test_a_bench_stopped_in_its_first_run_has_no_report(tiny_tree: Path, packed: Path,

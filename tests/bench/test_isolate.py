@@ -68,6 +68,20 @@ def test_each_call_is_a_new_process_that_is_gone_after_it() -> None:
         os.kill(first, 0)
 
 
+def test_the_answer_is_handed_over_before_the_process_has_ended() -> None:
+    got: list[int] = []
+
+    def answered(pid: int) -> None:
+        os.kill(pid, 0)  # not reaped yet (at most a zombie): the answer came first
+        got.append(pid)
+
+    pid = in_fresh_process(_pid, answered=answered)
+    assert got == [pid]
+    with pytest.raises(ValueError):
+        in_fresh_process(_refuse, "answer", answered=got.append)
+    assert got == [pid]  # an error is no answer
+
+
 def test_an_exception_comes_back_as_itself_and_a_death_is_named() -> None:
     with pytest.raises(ValueError, match="no batch"):
         in_fresh_process(_refuse, "batch")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -75,11 +77,11 @@ def test_a_report_stopped_while_it_is_written_leaves_the_file_it_found(tmp_path:
     path = tmp_path / "r.json"
     path.write_text('{"earlier": true}\n')
 
-    def stopped(report: object, f: Any, **_kwargs: object) -> None:
-        f.write('{"schema": ')
+    def stopped(src: str, dst: str) -> None:  # the temporary file written, not yet in place
+        assert json.loads(Path(src).read_text()) == {"schema": SCHEMA}
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(json, "dump", stopped)
+    monkeypatch.setattr(os, "replace", stopped)
     with pytest.raises(KeyboardInterrupt):
         write_json({"schema": SCHEMA}, str(path))
     monkeypatch.undo()
@@ -89,6 +91,33 @@ def test_a_report_stopped_while_it_is_written_leaves_the_file_it_found(tmp_path:
     with pytest.raises(IsADirectoryError) as caught:  # an error names the file asked for
         write_json({"schema": SCHEMA}, str(tmp_path))
     assert caught.value.filename == str(tmp_path)
+
+
+def test_a_report_written_through_a_symlink_keeps_the_link_and_the_files_mode(tmp_path: Path) -> None:
+    """``--out`` a symlink (a results folder linked elsewhere): the file it names gets the report,
+    the link stays a link, and an existing file keeps its mode (a rename of a new file would give
+    it the default one)."""
+    target, link = tmp_path / "kept" / "r.json", tmp_path / "r.json"
+    target.parent.mkdir()
+    target.write_text("{}")
+    target.chmod(0o600)
+    link.symlink_to(target)
+    write_json({"schema": SCHEMA}, str(link))
+    assert link.is_symlink() and json.loads(target.read_text()) == {"schema": SCHEMA}
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(p.name for p in target.parent.iterdir()) == ["r.json"]
+
+
+def test_a_report_to_a_path_that_is_not_a_file_is_written_through_it(tmp_path: Path) -> None:
+    """``--out /dev/stdout`` or a FIFO: written to, not replaced by a regular file."""
+    fifo = tmp_path / "report"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    write_json({"schema": SCHEMA}, str(fifo))
+    reader.join(10)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and json.loads(got[0]) == {"schema": SCHEMA}
 
 
 def test_table_text() -> None:
