@@ -281,7 +281,8 @@ def test_a_training_bench_stopped_after_a_run_prints_and_saves_that_run(tree: Pa
                       timeout=300)
     _clean(seen, code=code)
     screen = [line for line in seen.lines if line.strip()]
-    assert "interrupted after 1 of 4 runs: the table holds the finished runs (not run: shardloader)" in screen
+    text = " ".join(line.strip() for line in screen)  # a note wrapped to the terminal, in one piece
+    assert "interrupted after 1 of 4 runs: the table holds the finished runs (not run: shardloader)" in text
     assert "torchvision ImageFolder + DataLoader" in screen and not any("shardkit ShardLoader" in s for s in screen)
     assert screen[-2:] == [f"report: {out}", said]
     report = json.loads(out.read_text())
