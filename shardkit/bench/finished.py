@@ -20,6 +20,8 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from shardkit.bench.isolate import RunLost
+
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
 
@@ -76,17 +78,26 @@ class FinishedRuns:
         return {"runs_finished": sum(map(len, self.runs.values())), "runs_planned": self.planned,
                 "not_run": [name for name, runs in self.runs.items() if not runs]}
 
+    def finished(self) -> dict[str, list[TrainRun]]:
+        """The contenders that finished a run, with their runs."""
+        return {name: runs for name, runs in self.runs.items() if runs}
+
     @contextlib.contextmanager
     def kept(self, report: Callable[[dict[str, list[TrainRun]], dict[str, Any]], dict[str, Any]]
              ) -> Iterator[None]:
         """The block runs the bench: a KeyboardInterrupt in it becomes :class:`Interrupted`, with
         ``report(runs, mark)`` of the runs finished by then (the contenders without one left out of
-        ``runs``), or no report where none finished."""
+        ``runs``), or no report where none finished. A run lost on the way
+        (:class:`~shardkit.bench.isolate.RunLost`) ends the bench all the same, its ``report`` that
+        of the runs before it, its mark saying which run was lost and how (``lost``)."""
         try:
             yield
         except Interrupted:
             raise
         except KeyboardInterrupt as interrupt:
-            mark = self.mark()
-            done = {name: runs for name, runs in self.runs.items() if runs}
-            raise Interrupted(interrupt, report(done, mark) if done else None) from interrupt
+            finished = self.finished()
+            raise Interrupted(interrupt, report(finished, self.mark()) if finished else None) from interrupt
+        except RunLost as lost:  # the bench ends with it, and keeps what it measured before
+            finished = self.finished()
+            lost.report = report(finished, {**self.mark(), "lost": str(lost)}) if finished else None
+            raise

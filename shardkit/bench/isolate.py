@@ -92,7 +92,10 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
 
 class RunLost(RuntimeError):
     """A run's process ended without its answer: killed (out of memory, say), stopped by a signal
-    sent to it alone, or crashed in native code; the message says which run and how."""
+    sent to it alone, or crashed in native code; the message says which run and how. ``report``:
+    where a training bench raised it, the report of the runs it had finished (or None)."""
+
+    report: dict[str, Any] | None = None
 
 
 @contextlib.contextmanager

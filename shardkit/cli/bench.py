@@ -271,7 +271,12 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
 
     try:
         report = run(after_run)
-    except (ValueError, RunLost) as err:
+    except RunLost as lost:  # the bench ends; what it measured before is kept
+        if lost.report is not None:
+            click.echo(table(lost.report, _terminal_width()))
+            _save(lost.report, out, None)
+        raise BenchError(str(lost)) from lost
+    except ValueError as err:
         raise BenchError(str(err)) from err
     except Interrupted as stopped:
         if sys.stderr.isatty() and not isinstance(stopped.interrupt, Terminated):  # off the line a ^C echoed on

@@ -27,7 +27,7 @@ def packed(tiny_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _stopped_after(runs: int, monkeypatch: pytest.MonkeyPatch,
-                   interrupt: KeyboardInterrupt | None = None, *, answered_first: bool = False) -> list[str]:
+                   interrupt: BaseException | None = None, *, answered_first: bool = False) -> list[str]:
     """Each isolated run answers at once, its fed rate 10 x its place in the order (10, 20, ...),
     until the one after ``runs``, which is interrupted while the bench waits for it (or, with
     ``answered_first``, once it has answered, while its process ends); returns the names of the
@@ -173,3 +173,26 @@ def test_the_cli_prints_and_saves_what_a_stopped_bench_finished_and_exits_as_int
     result = CliRunner().invoke(cli, [*base, "--out", str(out), "-q"])
     assert result.exit_code == 130 and result.stdout == "" and not out.exists()
     assert result.stderr == "no run had finished: nothing was measured, no report written\ninterrupted\n"
+
+
+def test_a_run_lost_ends_the_bench_with_its_error_and_keeps_the_runs_before_it(
+        tiny_tree: Path, packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose process dies (out of memory, a crash in native code) ends the bench with an error
+    naming it, as before; the runs finished before it are printed and saved, not lost with it."""
+    from shardkit.bench.isolate import RunLost
+    from shardkit.cli import cli
+
+    why = "the run of shardloader died in its process without an answer (killed by SIGKILL: out of memory?)"
+    _stopped_after(1, monkeypatch, RunLost(why))
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["bench", str(tiny_tree), "--shards", str(packed), "--train", "resnet18",
+                                      "--size", "32", "--batch-size", "4", "--workers", "0", "--repeats", "2",
+                                      "--contender", "imagefolder", "--contender", "shardloader", "--out", str(out)])
+    assert result.exit_code == 1 and why in result.stderr, result.output
+    lines = result.stdout.splitlines()
+    assert lines[1] == ("stopped by a lost run after 1 of 4 runs: the table holds the finished runs "
+                        "(not run: shardloader)")
+    report = json.loads(out.read_text())
+    assert report["interrupted"] == {"runs_finished": 1, "runs_planned": 4, "not_run": ["shardloader"], "lost": why}
+    assert [len(r["runs"]) for r in report["results"]] == [1]
+
