@@ -18,8 +18,11 @@ the two around each epoch boundary (the last batch's interval holds the time bet
 the loop's own; the first batch comes from a delivery opened anew). Each side's intervals are
 pooled over its timed phases; once both sides have half a window, the feeders stay only if
 their median is at least :data:`MARGIN` shorter (on a tie the route stays here: fewer
-processes, less CPU). Where that never comes (a loop that takes one batch per iteration has no
-interval to time), the feeders stay after :data:`PHASES` timed phases.
+processes, less CPU). Where the two medians fall within :data:`BAND` of that margin, one phase of
+each is not enough to tell them apart from a machine's noise, and one more phase of each is
+timed first: the decision then rests on the pooled medians. Where that never comes (a loop that
+takes one batch per iteration has no interval to time), the feeders stay after :data:`PHASES`
+timed phases.
 
 **Which clock.** On a CUDA device each request is stamped on the device's timeline
 (:class:`DeviceStamp`: an event on the current stream, reached once the steps queued before it
@@ -34,9 +37,9 @@ gets: its kernels, and its waits for each batch.
 **Ranks.** Phases are fixed by batch number, not by when the feeders came up: while every rank's
 feeders are up and no rank has decided, ranks that step together (DDP) are fed from the same
 side at every batch, so a rank does not time one side while another, which its step waits for,
-is fed from the other. A rank whose feeders came up late joins at its next phase, and times it
-while an earlier rank may already have decided, and each rank decides on what it timed: ranks
-can keep different sides (the batches are the same either way).
+is fed from the other. A rank whose feeders came up late, or whose first two phases fell within
+the band, times phases while an earlier rank may already have decided, and each rank decides on
+what it timed: ranks can keep different sides (the batches are the same either way).
 
 The batches are the same either way; only where they are made changes.
 """
@@ -49,7 +52,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["MARGIN", "PHASES", "SKIP", "WINDOW", "DeviceStamp", "PaceTrial", "Place", "Stamp"]
+__all__ = ["BAND", "MARGIN", "PHASES", "SKIP", "WINDOW", "DeviceStamp", "PaceTrial", "Place", "Stamp"]
 
 #: Batches after a switch whose intervals are not timed (the new side filling its pipeline).
 SKIP = 8
@@ -62,6 +65,11 @@ WINDOW = 24
 #: process up to 12% longer; why is not known); on an H200 at batch 256, timed 21–22% shorter,
 #: they were a real 1.29x.
 MARGIN = 0.15
+#: How near the margin the first phase of each side may put the feeders' gain (the share by which
+#: their median is shorter) before one more phase of each is timed. On one H100 host six trials of
+#: the same ResNet-18 step (batch 128) timed the feeders 21–27% shorter in five and 14.2% in the
+#: sixth, which then kept the route, 0.92x the feeders in use (docs/performance.md).
+BAND = 0.05
 #: Phases timed (feeders up) after which a trial that still lacks a side ends keeping the feeders
 #: (a loop that takes one batch per iteration leaves no interval to time).
 PHASES = 6
@@ -110,12 +118,14 @@ class PaceTrial:
     skip: int = SKIP
     window: int = WINDOW
     margin: float = MARGIN
+    band: float = BAND
     phases: int = PHASES
     paces: dict[str, float] = field(default_factory=dict)
     decided: Place | None = None
     _phase: int = -1  # the phase of the last batch asked for
     _timed: bool = False  # whether that phase is timed (the feeders were up at its first batch)
     _timed_phases: int = 0
+    _extended_at: int | None = None  # the timed phases when the first medians fell within the band
     _intervals: list[tuple[Stamp, Stamp]] = field(default_factory=list)  # the phase's, as (from, to)
     _pooled: dict[str, list[float]] = field(default_factory=dict)  # each side's, over its timed phases
     _last: Stamp | None = None  # when the loop last asked for a batch, in this iteration
@@ -170,7 +180,8 @@ class PaceTrial:
 
     def _judge(self) -> None:
         """The timed phase just ended: its intervals join its side's; a side with half a window
-        of them has a median; the decision once both have, or after :attr:`phases` timed phases."""
+        of them has a median; the decision once both have (two phases later where their medians
+        fall within :attr:`band` of the margin), or after :attr:`phases` timed phases."""
         self._timed_phases += 1
         side = self._side_of(self._phase)
         pooled = self._pooled.setdefault(side, [])
@@ -179,7 +190,10 @@ class PaceTrial:
             self.paces[side] = statistics.median(pooled)
         feeders, here = self.paces.get("feeders"), self.paces.get("here")
         if feeders is not None and here is not None:
-            self.decided = "feeders" if feeders <= here * (1 - self.margin) else "here"
+            if self._extended_at is None and abs((1 - feeders / here) - self.margin) < self.band:
+                self._extended_at = self._timed_phases  # too near to tell: one more phase of each
+            elif self._extended_at is None or self._timed_phases >= self._extended_at + 2:
+                self.decided = "feeders" if feeders <= here * (1 - self.margin) else "here"
         elif self._timed_phases >= self.phases:
             self.decided = "feeders"
         if self.decided is not None:
