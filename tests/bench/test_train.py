@@ -22,7 +22,7 @@ from shardkit.bench.train import (
 )
 from shardkit.cli import cli
 from shardkit.pack import PackOptions, pack
-from tests.bench.train_checks import check_runs
+from tests.bench.train_checks import check_runs, stop_in_run
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +54,7 @@ def test_a_bench_stopped_in_a_run_reports_the_runs_it_finished(tiny_tree: Path, 
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process runs (run_contenders): Ctrl-C in the fourth of four runs (imagefolder's second)
     leaves three measured, each row its finished repetitions."""
-    measured = train.measure
-    calls: list[int] = []
-
-    def stopped_in_the_fourth(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt  # as Ctrl-C, its loader built
-        return measured(*args, **kwargs)
-
-    monkeypatch.setattr(train, "measure", stopped_in_the_fourth)
+    stop_in_run(monkeypatch, 4)
     with pytest.raises(Interrupted) as caught:
         run_train_bench(_cfg(tiny_tree, packed))
     report = caught.value.report

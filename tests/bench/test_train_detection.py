@@ -21,7 +21,7 @@ from shardkit.bench.train_detection import (
 )
 from shardkit.cli import cli
 from shardkit.pack import PackOptions, pack, pack_coco
-from tests.bench.train_checks import check_runs
+from tests.bench.train_checks import check_runs, stop_in_run
 
 COCO = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
 MODEL = "fasterrcnn_mobilenet_v3_large_fpn"
@@ -68,19 +68,9 @@ def test_a_bench_stopped_in_a_run_reports_the_runs_it_finished(packed_coco: Path
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C in the second of four runs: the report of the first (cocodetection's), no row for
     shardloader, which finished none."""
-    from shardkit.bench import train
     from shardkit.bench.finished import Interrupted
 
-    measured = train.measure
-    calls: list[int] = []
-
-    def stopped_in_the_second(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt  # as Ctrl-C, its loader built
-        return measured(*args, **kwargs)
-
-    monkeypatch.setattr(train, "measure", stopped_in_the_second)
+    stop_in_run(monkeypatch, 2)
     with pytest.raises(Interrupted) as caught:
         run_detection_train_bench(_cfg(packed_coco, repeats=2))
     report = caught.value.report
