@@ -25,6 +25,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any, TypeVar
@@ -59,6 +60,7 @@ def in_fresh_process(work: Callable[..., T], *args: object, what: str = "the run
                               name="shardkit-bench-run")
     try:
         try:
+            resource_tracker.ensure_running()  # started now, as it unblocks SIGINT while it starts
             with _sigint_held():  # inherited: a Ctrl-C while the run imports torch is no traceback there
                 process.start()
         finally:
@@ -109,8 +111,9 @@ def _sigint_held() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or before in (None, signal.SIG_IGN):
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, set())  # the mask as it is, to restore
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
@@ -259,7 +262,8 @@ def _arm(lifeline: Connection, sigint_ignored: bool) -> None:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(_WAKE, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # held all the same (the mask is inherited)
+        if not sigint_ignored:  # held all the same (the mask is inherited); ignored, it stays so
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.unraisablehook = hook
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 

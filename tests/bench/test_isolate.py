@@ -68,11 +68,11 @@ def test_each_call_is_a_new_process_that_is_gone_after_it() -> None:
         os.kill(first, 0)
 
 
-def test_the_answer_is_handed_over_before_the_process_has_ended() -> None:
+def test_the_answer_is_handed_over_before_the_process_is_waited_for() -> None:
     got: list[int] = []
 
     def answered(pid: int) -> None:
-        os.kill(pid, 0)  # not reaped yet (at most a zombie): the answer came first
+        os.kill(pid, 0)  # not reaped yet (running, or a zombie): the answer came before the join
         got.append(pid)
 
     pid = in_fresh_process(_pid, answered=answered)
@@ -202,4 +202,17 @@ def test_a_ctrl_c_while_the_run_starts_is_not_lost(monkeypatch: pytest.MonkeyPat
     with pytest.raises(KeyboardInterrupt):
         in_fresh_process(_sleep, 15.0)
     assert time.monotonic() - t0 < 10  # stopped, not awaited
+
+
+@pytest.mark.timeout(120)
+def test_the_first_run_of_a_fresh_bench_starts_with_sigint_held_too() -> None:
+    """A bench's first run starts multiprocessing's resource tracker, whose start unblocks SIGINT:
+    that run's process imported torch with a Ctrl-C able to print a traceback there. In a fresh
+    interpreter (no tracker yet), the run's process holds SIGINT from its first import on."""
+    script = ("from shardkit.bench.isolate import in_fresh_process\n"
+              "from tests.bench.mask_at_import import sigint_held_at_import\n"
+              "print(in_fresh_process(sigint_held_at_import), in_fresh_process(sigint_held_at_import))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[2], capture_output=True,
+                          text=True, timeout=100)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done.stderr[-2000:]
 
