@@ -25,6 +25,7 @@ estimates the speed ratio two CPU-bound loaders would show on the same cores whe
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -140,23 +141,30 @@ def write_json(report: Mapping[str, Any], path: str) -> None:
     """Write ``report`` as indented JSON to ``path``, whole or not at all: a sibling of the file
     (``<file>.tmp-<pid>``, the file a symlink names) is written, given an existing file's mode, then
     renamed over it, so that a bench stopped while it saves (a second Ctrl-C) leaves the file it
-    found, never half a report. A path that is not a regular file (``/dev/stdout``, a FIFO) is
-    written through, as ``open`` would."""
+    found, never half a report. Written in place, as ``open`` would: a path that is not a regular
+    file or is one of the system's (``/dev/stdout``, a FIFO, ``/proc/self/fd/1``: a shell's
+    redirection would lose a file replaced under it), and a file whose folder takes no new one."""
     text = json.dumps(report, indent=2, sort_keys=False) + "\n"
-    target = os.path.realpath(path)
     try:
-        found = os.stat(target)
-    except FileNotFoundError:
-        found = None
-    try:
-        if found is not None and not stat.S_ISREG(found.st_mode):
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
+        try:
+            found = os.stat(path)  # through a symlink
+        except FileNotFoundError:
+            found = None
+        target = os.path.realpath(path)
+        if (found is not None and not stat.S_ISREG(found.st_mode)) or \
+                any(p.startswith(("/dev/", "/proc/")) for p in (os.path.abspath(path), target)):
+            _write_in_place(path, text)
             return
         tmp = f"{target}.tmp-{os.getpid()}"
         try:
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(text)
+        except OSError as err:
+            if found is None or err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            _write_in_place(path, text)  # a writable file in a folder that takes no new one
+            return
+        try:
             if found is not None:
                 os.chmod(tmp, stat.S_IMODE(found.st_mode))
             os.replace(tmp, target)
@@ -165,6 +173,11 @@ def write_json(report: Mapping[str, Any], path: str) -> None:
                 os.remove(tmp)
     except OSError as err:  # named as the file asked for, not its temporary sibling
         raise OSError(err.errno, err.strerror, path) from err
+
+
+def _write_in_place(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def format_table(report: Mapping[str, Any], width: int | None = None) -> str:

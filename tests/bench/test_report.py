@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,6 +122,32 @@ def test_a_report_to_a_path_that_is_not_a_file_is_written_through_it(tmp_path: P
     write_json({"schema": SCHEMA}, str(fifo))
     reader.join(10)
     assert stat.S_ISFIFO(fifo.stat().st_mode) and json.loads(got[0]) == {"schema": SCHEMA}
+
+
+def test_a_report_to_standard_output_reaches_the_pipe_it_is() -> None:
+    """``--out /dev/stdout`` piped on (``| jq``): its link names a pipe with no path of its own."""
+    script = "from shardkit.bench import write_json; write_json({'schema': 'x'}, '/dev/stdout')"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout) == {"schema": "x"}, done.stderr
+
+
+def test_a_writable_file_in_a_folder_that_takes_no_new_file_is_written_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temporary sibling cannot be made (a folder the user may not write, a file they may):
+    the report goes into the file, as before there was a temporary file."""
+    path = tmp_path / "r.json"
+    path.write_text("{}")
+    real_open = open
+
+    def refusing(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if ".tmp-" in str(file):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", refusing)
+    write_json({"schema": SCHEMA}, str(path))
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"schema": SCHEMA} and sorted(tmp_path.iterdir()) == [path]
 
 
 def test_table_text() -> None:
