@@ -274,7 +274,7 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
     except RunLost as lost:  # the bench ends; what it measured before is kept
         if lost.report is not None:
             click.echo(table(lost.report, _terminal_width()))
-            _save(lost.report, out, None)
+            _save_before_stopping(lost.report, out)
         raise BenchError(str(lost)) from lost
     except ValueError as err:
         raise BenchError(str(err)) from err
@@ -285,10 +285,20 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
             click.echo("no run had finished: nothing was measured, no report written", err=True)
         else:
             click.echo(table(stopped.report, _terminal_width()))
-            _save(stopped.report, out, None)
+            _save_before_stopping(stopped.report, out)
         raise stopped.interrupt from None  # said and exited as any interrupted command
     click.echo(table(report, _terminal_width()))
     _save(report, out, None)
+
+
+def _save_before_stopping(report: dict[str, Any], out: str | None) -> None:
+    """:func:`_save` for a bench that stops (interrupted, or a run lost): a failed write is said in
+    its ``error:`` line (where the report was kept instead) and the bench stops for its own reason,
+    with its own exit status."""
+    try:
+        _save(report, out, None)
+    except BenchError as err:
+        click.secho(f"error: {err}", fg="red", err=True)
 
 
 def share(value: float) -> str:

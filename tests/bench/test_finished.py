@@ -196,3 +196,35 @@ def test_a_run_lost_ends_the_bench_with_its_error_and_keeps_the_runs_before_it(
     assert report["interrupted"] == {"runs_finished": 1, "runs_planned": 4, "not_run": ["shardloader"], "lost": why}
     assert [len(r["runs"]) for r in report["results"]] == [1]
 
+
+@pytest.mark.parametrize("stop", ["interrupt", "lost run"])
+def test_a_report_that_cannot_be_saved_at_a_stop_is_said_and_the_stop_keeps_its_exit(
+        tiny_tree: Path, packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str) -> None:
+    """The --out write fails at the stop (its disk filled meanwhile): its error line says where the
+    report was kept, and the bench still ends as interrupted (130) or with the lost run's error."""
+    import shardkit.bench
+    import shardkit.cli
+    from shardkit.bench.isolate import RunLost
+    from shardkit.cli import cli
+
+    monkeypatch.setattr(shardkit.cli, "_exit_at_once_on_another", lambda code: None)  # this process's handlers
+    why = "the run of shardloader died in its process without an answer (killed by SIGKILL: out of memory?)"
+    _stopped_after(1, monkeypatch, KeyboardInterrupt() if stop == "interrupt" else RunLost(why))
+    out = tmp_path / "r.json"
+    real = shardkit.bench.write_json
+
+    def full_disk(report: Any, path: str) -> None:
+        if path == str(out):
+            raise OSError(28, "No space left on device", path)
+        real(report, path)
+
+    monkeypatch.setattr(shardkit.bench, "write_json", full_disk)
+    result = CliRunner().invoke(cli, ["bench", str(tiny_tree), "--shards", str(packed), "--train", "resnet18",
+                                      "--size", "32", "--batch-size", "4", "--workers", "0", "--repeats", "2",
+                                      "--contender", "imagefolder", "--contender", "shardloader", "--out", str(out)])
+    assert "No space left on device); the report is kept in" in result.stderr, result.output
+    if stop == "interrupt":
+        assert result.exit_code == 130 and result.stderr.endswith("\ninterrupted\n")
+    else:
+        assert result.exit_code == 1 and result.stderr.rstrip().endswith(why)
+
