@@ -125,7 +125,7 @@ class PaceTrial:
     _phase: int = -1  # the phase of the last batch asked for
     _timed: bool = False  # whether that phase is timed (the feeders were up at its first batch)
     _timed_phases: int = 0
-    _extended_at: int | None = None  # the timed phases when the first medians fell within the band
+    _again: list[str] | None = None  # once the medians fell within the band: the sides timed again since
     _intervals: list[tuple[Stamp, Stamp]] = field(default_factory=list)  # the phase's, as (from, to)
     _pooled: dict[str, list[float]] = field(default_factory=dict)  # each side's, over its timed phases
     _last: Stamp | None = None  # when the loop last asked for a batch, in this iteration
@@ -180,22 +180,28 @@ class PaceTrial:
 
     def _judge(self) -> None:
         """The timed phase just ended: its intervals join its side's; a side with half a window
-        of them has a median; the decision once both have (two phases later where their medians
-        fall within :attr:`band` of the margin), or after :attr:`phases` timed phases."""
+        of them has a median; the decision once both have, where their medians fall within
+        :attr:`band` of the margin once each side has added a timed phase more, or after
+        :attr:`phases` timed phases."""
         self._timed_phases += 1
         side = self._side_of(self._phase)
         pooled = self._pooled.setdefault(side, [])
-        pooled += [_seconds(start, end) for start, end in self._intervals]
+        added = [_seconds(start, end) for start, end in self._intervals]
+        pooled += added
         if len(pooled) >= max(1, self.window // 2):
             self.paces[side] = statistics.median(pooled)
         feeders, here = self.paces.get("feeders"), self.paces.get("here")
-        if feeders is not None and here is not None:
-            if self._extended_at is None and abs((1 - feeders / here) - self.margin) < self.band:
-                self._extended_at = self._timed_phases  # too near to tell: one more phase of each
-            elif self._extended_at is None or self._timed_phases >= self._extended_at + 2:
+        if feeders is None or here is None:
+            if self._timed_phases >= self.phases:
+                self.decided = "feeders"
+        else:
+            if self._again is None:
+                if abs(here * (1 - self.margin) - feeders) < self.band * here:
+                    self._again = []  # too near to tell: a phase more of each side first
+            elif added and side not in self._again:
+                self._again.append(side)
+            if self._again is None or len(self._again) == 2 or self._timed_phases >= self.phases:
                 self.decided = "feeders" if feeders <= here * (1 - self.margin) else "here"
-        elif self._timed_phases >= self.phases:
-            self.decided = "feeders"
         if self.decided is not None:
             self._last, self._counts = None, False  # nothing more is timed
 

@@ -145,6 +145,24 @@ def test_a_gain_near_the_margin_is_timed_again_and_decided_on_both_phases_of_eac
     assert without.decided == "here"
 
 
+def test_the_phases_timed_again_are_one_of_each_side_even_where_one_was_not_timed() -> None:
+    """Within the band after phases 0 and 1; phase 3 (this process's) begins with the feeders down
+    (not timed): the trial waits for phase 5, this process's next, rather than deciding on two more
+    phases of the feeders."""
+    trial = PaceTrial(skip=1, window=3)  # phases of 4
+    sides = _run(trial, _steady(0.0100, 0.012), 32, up=lambda n: n != 12)
+    assert sides[16:20] == ["feeders"] * 4 and sides[20:24] == ["here"] * 4
+    assert trial.decided == "feeders" and set(sides[24:]) == {"feeders"}
+
+
+def test_a_loop_with_no_time_between_batches_on_either_side_keeps_the_feeders() -> None:
+    """Both medians 0 (on the device's timeline, a loop that queues nothing between its batches):
+    no division by a zero pace; the feeders stay, as on a tie before the band."""
+    trial = PaceTrial(skip=1, window=3)
+    _run(trial, _steady(0.0, 0.0), 20)
+    assert trial.decided == "feeders"
+
+
 @pytest.mark.parametrize(("here_ms", "feeders_ms", "kept"), [
     (9.34, 8.58, "here"), (9.08, 8.69, "here"), (8.50, 8.60, "here"), (11.04, 9.43, "here"),  # H100, batch 128
     (20.9, 16.6, "feeders"), (18.7, 14.6, "feeders"),  # H200, batch 256
