@@ -84,14 +84,15 @@ def check_source(imagefolder_dir: str, annotations: str | None, *, captions: boo
 
 
 def writable(path: str, option: str) -> str:
-    """``path`` for a report written after the run, checked before it: its folder is created as pack
-    creates its destination, and must take a new file; ``path`` must not be a directory."""
+    """``path`` for a report written after the run, checked before it: its folder (that of the file
+    a symlink names) is created as pack creates its destination, and must take a new file;
+    ``path`` must not be a directory."""
     if os.path.isdir(path):
         raise BenchError("is a directory; name the file to write (e.g. DIR/report.json)", where=f"{option} {path}")
     if path.endswith(("/", os.sep)):
         raise BenchError("names a folder (it ends in /); name the file to write (e.g. DIR/report.json)",
                          where=f"{option} {path}")
-    parent = os.path.dirname(os.path.abspath(path))
+    parent = os.path.dirname(os.path.realpath(path))
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as err:

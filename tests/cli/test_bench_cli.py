@@ -137,6 +137,7 @@ def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path
     """Each bad path is one ``error:`` line and exit 1, as pack, info and verify say it, before
     anything is timed (a report lost after the run was the alternative)."""
     (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "link.json").symlink_to(tmp_path / "notes.txt" / "r.json")  # a link into a file: no folder
     cases = {
         (str(tmp_path / "nope"),): f"error: {tmp_path / 'nope'}: does not exist",
         (str(tmp_path / "notes.txt"),): f"error: {tmp_path / 'notes.txt'}: is a file, not a directory of images",
@@ -144,6 +145,8 @@ def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path
                                                                   "does not exist",
         (str(tree), "--out", str(tmp_path / "notes.txt" / "r.json")): f"error: --out {tmp_path / 'notes.txt'}"
                                                                        "/r.json: cannot create its folder",
+        (str(tree), "--out", str(tmp_path / "link.json")): f"error: --out {tmp_path / 'link.json'}: cannot create "
+                                                             f"its folder {tmp_path / 'notes.txt'}",
         (str(tree), "--plot", str(tmp_path / "notes.txt" / "p.png")): "error: --plot ",
         (str(tree), "--out", f"{tmp_path / 'new'}/"): f"error: --out {tmp_path / 'new'}/: names a folder (it ends "
                                                        "in /); name the file",
