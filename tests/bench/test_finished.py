@@ -223,6 +223,9 @@ def test_a_report_that_cannot_be_saved_at_a_stop_is_said_and_the_stop_keeps_its_
                                       "--size", "32", "--batch-size", "4", "--workers", "0", "--repeats", "2",
                                       "--contender", "imagefolder", "--contender", "shardloader", "--out", str(out)])
     assert "No space left on device); the report is kept in" in result.stderr, result.output
+    kept = Path(result.stderr.split("the report is kept in ", 1)[1].split()[0])
+    assert json.loads(kept.read_text())["interrupted"]["runs_finished"] == 1
+    kept.unlink()
     if stop == "interrupt":
         assert result.exit_code == 130 and result.stderr.endswith("\ninterrupted\n")
     else:
