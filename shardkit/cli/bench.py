@@ -83,7 +83,7 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 @click.option("--plot", "plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart here.")
 @click.option("--train", "train_model", type=click.Choice([*CLASSIFIERS, *DETECTORS]), default=None,
               metavar="MODEL",
-              help="Measure the images/s of a compiled bf16 training step of this model fed by each loader, "
+              help="Measure the images/s of a bf16 training step of this model (compiled on cuda) fed by each loader, "
                    "and its share of the same step fed batches already on the device (needs --shards). A "
                    f"classifier ({', '.join(CLASSIFIERS)}) on an ImageFolder tree, or an untrained torchvision "
                    f"detector ({', '.join(DETECTORS)}) on a COCO source (with --annotations; --shards: its pack "

@@ -112,8 +112,11 @@ def needs_shards(shards: str | None, what: str) -> str:
     """``--shards`` for ``--train``: a packed dataset (checked before torch is loaded)."""
     from shardkit.index.manifest_io import locate_dataset
 
-    if shards is None or not locate_dataset(shards).exists("index.json"):
+    if shards is None:
         raise click.UsageError(f"--train needs --shards naming a packed dataset of {what}")
+    if not locate_dataset(shards).exists("index.json"):
+        wrong = "holds no index.json" if os.path.exists(shards) or "://" in shards else "does not exist"
+        raise BenchError(f"{wrong}; --train needs a packed dataset of {what}", where=f"--shards {shards}")
     return shards
 
 

@@ -157,6 +157,15 @@ def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path
         assert result.output.startswith(message) and result.output.count("\n") == 1, result.output
 
 
+def test_train_names_shards_that_are_missing_or_no_pack(tree: Path, tmp_path: Path) -> None:
+    """--shards given but wrong: said as such in one line (it read as if --shards had been left out)."""
+    for shards, wrong in ((tmp_path / "nope", "does not exist"), (tmp_path, "holds no index.json")):
+        result = CliRunner().invoke(cli, ["bench", str(tree), "--train", "resnet18", "--shards", str(shards)])
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert result.output.startswith(f"error: --shards {shards}: {wrong}; --train needs a packed dataset of "
+                                        "IMAGEFOLDER_DIR"), result.output
+
+
 def test_a_report_that_cannot_be_written_is_kept_elsewhere(tmp_path: Path) -> None:
     (tmp_path / "gone").write_text("a file where a folder was")
     with pytest.raises(BenchError, match=r"cannot write it \(.*\); the report is kept in (\S+)") as caught:
