@@ -221,8 +221,21 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
         raise BenchError(str(err)) from err
     finally:
         bar.close()
-    click.echo(format_table(report, width=_terminal_width()))
+    click.echo(format_table(report, width=_terminal_width()), err=_is_stdout(out))
     _save(report, out, plot, plot_report)
+
+
+def _is_stdout(path: str | None) -> bool:
+    """Whether ``path`` is this process's standard output (``--out /dev/stdout``, piped or
+    redirected): the table and the ``report:`` line then go to standard error, leaving the JSON
+    alone on standard output."""
+    if not path:
+        return False
+    try:
+        named, stdout = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no such file, or an output without a descriptor
+        return False
+    return (named.st_dev, named.st_ino) == (stdout.st_dev, stdout.st_ino)
 
 
 def _save(report: dict[str, Any], out: str | None, plot: str | None,
@@ -235,8 +248,13 @@ def _save(report: dict[str, Any], out: str | None, plot: str | None,
 
     try:
         if out:
-            write_json(report, out)
-            click.echo(f"report: {out}")
+            try:
+                write_json(report, out)
+            except BrokenPipeError:
+                if not _is_stdout(out):
+                    raise
+                return  # the reader of this output took what it wanted (``| head``), as with ``cat``
+            click.echo(f"report: {out}", err=_is_stdout(out))
         if plot and plot_report is not None:
             plot_report(report, plot)
             click.echo(f"plot:   {plot}")
@@ -273,7 +291,7 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
         report = run(after_run)
     except RunLost as lost:  # the bench ends; what it measured before is kept
         if lost.report is not None:
-            click.echo(table(lost.report, _terminal_width()))
+            click.echo(table(lost.report, _terminal_width()), err=_is_stdout(out))
             _save_before_stopping(lost.report, out)
         raise BenchError(str(lost)) from lost
     except ValueError as err:
@@ -284,10 +302,10 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
         if stopped.report is None:
             click.echo("no run had finished: nothing was measured, no report written", err=True)
         else:
-            click.echo(table(stopped.report, _terminal_width()))
+            click.echo(table(stopped.report, _terminal_width()), err=_is_stdout(out))
             _save_before_stopping(stopped.report, out)
         raise stopped.interrupt from None  # said and exited as any interrupted command
-    click.echo(table(report, _terminal_width()))
+    click.echo(table(report, _terminal_width()), err=_is_stdout(out))
     _save(report, out, None)
 
 

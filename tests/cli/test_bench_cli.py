@@ -46,6 +46,19 @@ def test_bench_end_to_end(tree: Path, tmp_path: Path) -> None:
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_report_to_standard_output_is_all_that_goes_there(tree: Path) -> None:
+    """``--out /dev/stdout`` piped on: the JSON alone on stdout (the table and ``report:`` line went
+    there too, into the middle of it), and a reader that stops early (``| head``) is no error."""
+    argv = [sys.executable, "-m", "shardkit", "bench", str(tree), "--workers", "1", "--batch-size", "4", "--size",
+            "32", "--repeats", "1", "--epochs", "1", "--warmup", "1", "--no-webdataset", "-q", "--out", "/dev/stdout"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["schema"] == SCHEMA
+    assert "ShardLoader" in done.stderr and done.stderr.rstrip().endswith("report: /dev/stdout")
+    head = subprocess.run(f"{' '.join(argv)} | head -c 11", shell=True, capture_output=True, text=True, timeout=240)
+    assert head.stdout == '{\n  "schema' and "error" not in head.stderr, head.stderr
+
+
 def test_bench_reuses_given_shards(tree: Path, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     args = ["bench", str(tree), "--shards", str(shards), "--workers", "0", "--batch-size", "6",
