@@ -61,7 +61,8 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
         rows.append((r["label"], cell(r["fed_images_per_second"], rate), cell(r["synthetic_images_per_second"], rate),
                      cell(r["share"], share), f"{r['host_wait_fraction']['median']:.1%}", step,
                      ms(r["loader_gpu_ms_per_batch"])))
-    notes = []
+    notes = ["share: the fed rate over the synthetic one (the step on a batch already on the device); host wait: "
+             "the part of the fed run the loop spent waiting for its next batch."]
     if any(r.get("step_gpu_ms") is not None for r in results):
         notes.append("step ms: the synthetic step's wall time (GPU time in brackets); loader GPU ms: device "
                      "time of one batch of the loader alone (torch.profiler; — for a loader with feeder processes, "

@@ -21,6 +21,7 @@ def test_the_table_calls_a_step_host_bound_when_its_device_time_is_well_under_it
     assert "host-bound" not in train_table("t", [row(12800.0, 9.5)], batch_size=128)
     on_cpu = train_table("t", [row(12800.0, None)], batch_size=128)
     assert "host-bound" not in on_cpu and "brackets" not in on_cpu
+    assert "host wait: the part of the fed run the loop spent waiting for its next batch" in on_cpu  # said always
 
 
 def test_profile_gil_summarises_py_spy_samples_by_thread() -> None:
