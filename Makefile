@@ -72,7 +72,7 @@ $(DOCS_STAMP): $(STAMP)
 
 demo: setup
 	rm -rf $(DEMO)
-	$(BIN)/shardkit pack sample_data/imagefolder $(DEMO)/imagefolder --max-count 64 --seed 0
+	$(BIN)/shardkit pack sample_data/imagefolder $(DEMO)/imagefolder --max-count 64 --seed 0 --uniform-names
 	$(BIN)/shardkit verify $(DEMO)/imagefolder --decode
 	$(BIN)/shardkit info $(DEMO)/imagefolder
 	$(BIN)/shardkit pack sample_data/coco/images --annotations sample_data/coco/instances.json $(DEMO)/coco --max-count 8

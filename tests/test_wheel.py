@@ -86,8 +86,8 @@ def test_the_wheel_runs_doctor_and_the_demo_outside_the_checkout(clean_env: Path
         assert any(line.startswith("ok") and ext in line and str(clean_env) in line
                    for line in doctor.splitlines()), doctor
     shardkit = [str(bin_dir / "shardkit")]
-    _run([*shardkit, "pack", str(SAMPLE / "imagefolder"), "ifo", "--max-count", "64", "--seed", "0", "-q"],
-         tmp_path, env)
+    _run([*shardkit, "pack", str(SAMPLE / "imagefolder"), "ifo", "--max-count", "64", "--seed", "0", "--uniform-names",
+          "-q"], tmp_path, env)
     _run([*shardkit, "verify", "ifo", "--decode"], tmp_path, env)
     assert "samples" in _run([*shardkit, "info", "ifo"], tmp_path, env)
     _run([*shardkit, "pack", str(SAMPLE / "coco" / "images"), "--annotations", str(SAMPLE / "coco" / "instances.json"),
