@@ -16,10 +16,10 @@ A ``kill -9`` of the whole process group kills the resource tracker too, which w
 unlink the queues' named semaphores: each worker reports once it has opened them, and when all
 have, the parent removes the names (the semaphores live on unnamed until the last process
 holding them exits), so such a kill leaves nothing in /dev/shm either, once the last worker has
-started (a kill while workers are still starting leaves the names, as before). Ctrl-C removes them
-too, once it has stopped the workers: a second Ctrl-C ends the process at once (``shardkit.cli``),
-before the queues' own clean-up, and the resource tracker then warned of leaked semaphores below
-"interrupted" whenever the first had come before every worker was ready.
+started (a kill while workers are still starting leaves the names). Ctrl-C removes them too, once
+it has stopped the workers: a second Ctrl-C ends the process at once (``shardkit.cli``), before
+the queues' own clean-up, and the resource tracker would otherwise warn of leaked semaphores
+below "interrupted" whenever the first came before every worker was ready.
 
 Ctrl-C: a terminal signals the whole process group. Workers start with SIGINT blocked, so only
 the parent sees it; it cancels the shards not started and terminates the workers (a shard being
