@@ -3,9 +3,10 @@ doctor, serve).
 
 Library errors become one-line messages and exit code 1; usage errors exit 2 (click's).
 Ctrl-C exits 130 and SIGTERM (a scheduler preempting the job) 143, each after one line; the work
-stops as on Ctrl-C (a pack stops its workers and resumes when re-run); another while it exits ends
-it at once, with the same code (once the worker processes are joined, it is ignored). Heavy imports (torch)
-happen inside the commands that need them, so ``--help`` is fast.
+stops as on Ctrl-C (a pack stops its workers and resumes when re-run); another while the
+``shardkit`` process exits ends it at once, with the same code (once the worker processes are
+joined, it is ignored). Heavy imports (torch) happen inside the commands that need them, so
+``--help`` is fast.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ class _Group(click.Group):
         except KeyboardInterrupt as err:  # also one re-raised from a wrapper above
             terminated = isinstance(err, Terminated)
             code = 143 if terminated else 130
-            _exit_at_once_on_another(code)
             _clear_line()
             # Only pack resumes; saying so after verify or bench would send people looking for it.
             resumes = ctx.invoked_subcommand == "pack"
@@ -112,9 +112,16 @@ def _register() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. The process's signal handlers are set here, not in the group:
+    the group also runs inside other programs (click's ``CliRunner``, a notebook, a test process),
+    whose handlers an interrupted command must leave as they were."""
     signal.signal(signal.SIGTERM, _terminate)
-    cli(prog_name="shardkit")
+    try:
+        cli(prog_name="shardkit")
+    except SystemExit as done:
+        if done.code in (130, 143):  # interrupted: the process is exiting
+            _exit_at_once_on_another(done.code)
+        raise
 
 
 _register()

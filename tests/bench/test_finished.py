@@ -150,10 +150,8 @@ def test_the_cli_prints_and_saves_what_a_stopped_bench_finished_and_exits_as_int
         code: int) -> None:
     """Ctrl-C (130) or SIGTERM (143, a scheduler's stop) after one run: the table of that run, the
     report in --out marked, then the one line and exit status of any interrupted command."""
-    import shardkit.cli
     from shardkit.cli import Terminated, cli
 
-    monkeypatch.setattr(shardkit.cli, "_exit_at_once_on_another", lambda code: None)  # this process's handlers
     _stopped_after(1, monkeypatch, Terminated() if signal_name == "SIGTERM" else KeyboardInterrupt())
     out = tmp_path / "r.json"
     base = ["bench", str(tiny_tree), "--shards", str(packed), "--train", "resnet18", "--size", "32", "--batch-size",
@@ -207,7 +205,6 @@ def test_a_report_that_cannot_be_saved_at_a_stop_is_said_and_the_stop_keeps_its_
     from shardkit.bench.isolate import RunLost
     from shardkit.cli import cli
 
-    monkeypatch.setattr(shardkit.cli, "_exit_at_once_on_another", lambda code: None)  # this process's handlers
     why = "the run of shardloader died in its process without an answer (killed by SIGKILL: out of memory?)"
     _stopped_after(1, monkeypatch, KeyboardInterrupt() if stop == "interrupt" else RunLost(why))
     out = tmp_path / "r.json"

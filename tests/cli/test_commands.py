@@ -198,3 +198,20 @@ def test_ctrl_c_delivered_wrapped_is_an_interrupt_not_a_traceback(runner, tmp_pa
     monkeypatch.setattr(info, "locate_dataset", wrapped)
     result = runner.invoke(cli, ["info", str(tmp_path)])
     assert result.exit_code == 130 and result.output == "interrupted\n", result.output
+
+
+def test_an_interrupted_command_run_in_process_leaves_the_signal_handlers_alone(runner, tmp_path, monkeypatch):
+    """The handlers that end an exiting ``shardkit`` at a second Ctrl-C are the process's business
+    (its entry point's): run in another program (a notebook, a test), an interrupted command left
+    them behind, and that program's next Ctrl-C ended it at once, without a word."""
+    import signal
+
+    import shardkit.cli.info as info
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(info, "locate_dataset", interrupted)
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    assert runner.invoke(cli, ["info", str(tmp_path)]).exit_code == 130
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
