@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from tests.scheduling import pytest_xdist_make_scheduler  # noqa: F401  (a hook: the suite's --dist loadfile)
+
 # One compute thread per test process, and for every process a test starts (torchrun ranks,
 # feeders, CLIs inherit the environment). The suite runs a pytest-xdist worker per core, so a
 # second OpenMP thread per process only oversubscribes the cores: each of torch's parallel
@@ -29,6 +31,27 @@ if "torch" in sys.modules:  # imported already (by a plugin): its thread pool ma
 # never stops.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+#: Handlers a test must leave as it found them in its process (the pytest-xdist worker).
+_PROCESS_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_left_as_found() -> Iterator[None]:
+    """A test that leaves the handler of SIGINT or SIGTERM changed fails, and the handler is put
+    back: a later test of the same worker that sends itself the signal would meet it instead (an
+    interrupted command run in-process once left one that ends the process at once, and a test
+    files later killed its worker, in some orders of the files only)."""
+    before = {sig: signal.getsignal(sig) for sig in _PROCESS_SIGNALS}
+    yield
+    changed = [sig for sig, handler in before.items() if signal.getsignal(sig) != handler]
+    for sig in changed:
+        if before[sig] is not None:  # None: set outside Python, cannot be put back
+            signal.signal(sig, before[sig])
+    if changed:
+        pytest.fail("the test left the handler of " + " and ".join(signal.Signals(s).name for s in changed)
+                    + " changed in its process", pytrace=False)
 
 
 def encode_image(size: tuple[int, int] = (12, 9), mode: str = "RGB", fmt: str = "JPEG",

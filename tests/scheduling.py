@@ -1,0 +1,40 @@
+"""pytest-xdist's ``--dist loadfile`` scheduler, with its handling of a crashed worker corrected.
+
+When a worker dies (a segfault, a test that kills its own process), pytest-xdist 3.8 reports the
+test it was running as failed and starts a replacement worker, but it puts back on the queue every
+file the dead worker had been given, finished ones included, and the test that crashed as not run.
+The finished files become empty work units; a worker sent one never asks for more, and once the
+other workers have nothing left to finish, the session waits for ever at the end of the run (see
+pytest-xdist's issues 1323 and 1378, fixed on its main branch after 3.8.0). The crashed test went
+to the replacement, which it could crash again. Here, only the tests not run yet go back, the
+crashed one counted as done (it is reported as failed already): a crash costs one failure, and
+the run ends with every other test run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from xdist.remote import Producer
+from xdist.scheduler import LoadFileScheduling
+from xdist.workermanage import WorkerController
+
+
+class CrashSafeLoadFileScheduling(LoadFileScheduling):
+    def remove_node(self, node: WorkerController) -> str | None:
+        workload = self.assigned_work.pop(node)
+        pending = [unit for unit in workload.values() if not all(unit.values())]
+        if not pending:
+            return None
+        crashed = next(nodeid for nodeid, done in pending[0].items() if not done)
+        pending[0][crashed] = True  # the worker runs its units in order: it died in this test
+        self.workqueue.update((scope, unit) for scope, unit in workload.items() if not all(unit.values()))
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashed
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFileScheduling | None:
+    if config.getvalue("dist") == "loadfile":
+        return CrashSafeLoadFileScheduling(config, log)
+    return None  # pytest-xdist's own
