@@ -437,6 +437,13 @@ class ShardLoader:
         pos.ended()
         return {**self.__dict__, "_active": 0, "_pos": pos}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # the [epoch, start] tensor that the workers read came in private memory, as any tensor
+        # unpickled or deep-copied: back in shared memory, or the workers of the copy would not
+        # see an epoch set after they started (the stream and the epoch run hold this same tensor)
+        self._control.share_memory_()
+
     @property
     def _open(self) -> bool:
         """An iteration is open: its generator started, and neither a newer one nor close() ended it."""

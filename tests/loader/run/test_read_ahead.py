@@ -260,3 +260,33 @@ def test_epoch_after_epoch_does_not_nest_deliveries(packed: Path, workers: int, 
             assert loader._supply.run is not None and loader._supply.run._kept is not None  # read ahead throughout
         else:
             assert loader.feeders == 1
+
+
+def _epochs_left_early(loader: Any) -> list[list[str]]:
+    """Keys of epochs 0-3, epochs 0 and 2 left after 3 batches."""
+    got = []
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        for i, (_, _, keys) in enumerate(loader):
+            got.append(list(keys))
+            if epoch % 2 == 0 and i == 2:
+                break
+    return got
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_copy_with_workers_gives_the_epochs_asked_for(packed: Path, how: str) -> None:
+    """A copy of a loader (pickled, as a launcher that spawns its processes does, or deep-copied)
+    gives the batches of the original, epochs left early included: its workers read where each
+    epoch starts from memory they share with it. A copy once kept that in private memory, and an
+    epoch opened while its workers ran gave the epoch they had started."""
+    import copy
+    import pickle
+
+    with _loader(packed) as original:
+        want = _epochs_left_early(original)
+    fresh = _loader(packed)
+    twin = pickle.loads(pickle.dumps(fresh)) if how == "pickle" else copy.deepcopy(fresh)
+    fresh.close()
+    with twin:
+        assert _epochs_left_early(twin) == want
