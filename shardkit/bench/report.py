@@ -30,6 +30,7 @@ import json
 import os
 import stat
 import statistics
+import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -143,16 +144,14 @@ def write_json(report: Mapping[str, Any], path: str) -> None:
     renamed over it, so that a bench stopped while it saves (a second Ctrl-C) leaves the file it
     found, never half a report. Written in place, as ``open`` would: a path that is not a regular
     file or is one of the system's (``/dev/stdout``, a FIFO, ``/proc/self/fd/1``: a shell's
-    redirection would lose a file replaced under it), and a file whose folder takes no new one."""
+    redirection would lose a file replaced under it), a file with other hard links (a rename
+    would leave them the old report), and a file whose folder takes no new one. A file replaced
+    keeps its owner and group where this process may give them (root saving into a user's
+    file); where it may not, the file is written in place."""
     text = json.dumps(report, indent=2, sort_keys=False) + "\n"
     try:
-        try:
-            found = os.stat(path)  # through a symlink
-        except FileNotFoundError:
-            found = None
-        target = os.path.realpath(path)
-        if (found is not None and not stat.S_ISREG(found.st_mode)) or \
-                any(p.startswith(("/dev/", "/proc/")) for p in (os.path.abspath(path), target)):
+        found, target = _stat(path), os.path.realpath(path)
+        if _in_place(path, found, target):
             _write_in_place(path, text)
             return
         tmp = f"{target}.tmp-{os.getpid()}"
@@ -167,12 +166,63 @@ def write_json(report: Mapping[str, Any], path: str) -> None:
         try:
             if found is not None:
                 os.chmod(tmp, stat.S_IMODE(found.st_mode))
+                if (found.st_uid, found.st_gid) != (os.geteuid(), os.getegid()):
+                    try:
+                        os.chown(tmp, found.st_uid, found.st_gid)  # root saving into a user's file
+                    except PermissionError:
+                        _write_in_place(path, text)
+                        return
             os.replace(tmp, target)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
     except OSError as err:  # named as the file asked for, not its temporary sibling
         raise OSError(err.errno, err.strerror, path) from err
+
+
+def check_writable(path: str) -> None:
+    """Raise the OSError that :func:`write_json` would meet at ``path``, before a long run rather
+    than after it: what it would write, tried without writing (a temporary sibling created and
+    removed, or the file opened for writing without truncating it). A FIFO with no reader yet
+    passes (one may open it while the bench runs)."""
+    try:
+        found, target = _stat(path), os.path.realpath(path)
+        if not _in_place(path, found, target):
+            try:
+                fd, probe = tempfile.mkstemp(prefix=f"{os.path.basename(target)}.tmp-", dir=os.path.dirname(target))
+            except OSError as err:
+                if found is None or err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+            else:
+                os.close(fd)
+                os.remove(probe)
+                return
+        if found is None:  # created in place: create it, then remove it
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+            os.remove(path)
+            return
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError as err:
+            if err.errno != errno.ENXIO:  # ENXIO: a FIFO nobody reads yet
+                raise
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, path) from err
+
+
+def _stat(path: str) -> os.stat_result | None:
+    """``path``'s status through a symlink; None where nothing is there yet."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _in_place(path: str, found: os.stat_result | None, target: str) -> bool:
+    """Whether ``path`` is written in place rather than through a temporary sibling: it is not a
+    regular file, it has other hard links, or it is one of the system's (under /dev or /proc)."""
+    return (found is not None and (not stat.S_ISREG(found.st_mode) or found.st_nlink > 1)) or \
+        any(p.startswith(("/dev/", "/proc/")) for p in (os.path.abspath(path), target))
 
 
 def _write_in_place(path: str, text: str) -> None:

@@ -9,6 +9,7 @@ import os
 import click
 from click.core import ParameterSource
 
+from shardkit.bench.report import check_writable
 from shardkit.errors import ShardkitError
 
 __all__ = ["CLASSIFIER_SHARDS", "DETECTOR_SHARDS", "BenchError", "check_source", "dali_threads_option",
@@ -85,8 +86,9 @@ def check_source(imagefolder_dir: str, annotations: str | None, *, captions: boo
 
 def writable(path: str, option: str) -> str:
     """``path`` for a report written after the run, checked before it: its folder (that of the file
-    a symlink names) is created as pack creates its destination, and must take a new file;
-    ``path`` must not be a directory."""
+    a symlink names) is created as pack creates its destination, then it is written as the report
+    will be, without writing (:func:`~shardkit.bench.report.check_writable`); ``path`` must not be
+    a directory."""
     if os.path.isdir(path):
         raise BenchError("is a directory; name the file to write (e.g. DIR/report.json)", where=f"{option} {path}")
     if path.endswith(("/", os.sep)):
@@ -98,8 +100,10 @@ def writable(path: str, option: str) -> str:
     except OSError as err:
         raise BenchError(f"cannot create its folder {parent} ({err.strerror or err})",
                          where=f"{option} {path}") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise BenchError(f"cannot write in {parent} (permission denied)", where=f"{option} {path}")
+    try:
+        check_writable(path)
+    except OSError as err:
+        raise BenchError(f"cannot be written ({err.strerror or err})", where=f"{option} {path}") from None
     return path
 
 

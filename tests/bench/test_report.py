@@ -23,7 +23,7 @@ from shardkit.bench import (
     plot_report,
     write_json,
 )
-from shardkit.bench.report import spread
+from shardkit.bench.report import check_writable, spread
 
 
 def _run(ips: float, pss: int | None = 300 * 2**20) -> RunResult:
@@ -212,3 +212,47 @@ def test_the_benchs_notes_are_under_the_table() -> None:
     report = _report()
     report["conditions"]["notes"] = ["webdataset splits whole shards between its workers"]
     assert "\nnote: webdataset splits whole shards between its workers" in format_table(report)
+
+
+def test_where_a_report_cannot_go_is_known_before_the_run_and_nothing_is_left_there(tmp_path: Path) -> None:
+    """``check_writable`` meets what ``write_json`` would, without writing: under /proc no file can
+    be made, even by root (whom a check of permissions alone let through); the paths it passes are
+    left as found."""
+    with pytest.raises(OSError) as caught:
+        check_writable("/proc/shardkit-report.json")
+    assert caught.value.filename == "/proc/shardkit-report.json"
+    new, old, fifo = tmp_path / "new.json", tmp_path / "old.json", tmp_path / "fifo"
+    old.write_text("{}")
+    os.mkfifo(fifo)
+    for good in (new, old, fifo):  # a FIFO nobody reads yet: one may while the bench runs
+        check_writable(str(good))
+    assert sorted(tmp_path.iterdir()) == [fifo, old] and old.read_text() == "{}"
+
+
+def test_a_replaced_report_keeps_its_hard_links_and_its_owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """A report file with another hard link is written in place (a rename would leave the link the
+    old report); one of another owner keeps its owner and group (root saving into a user's file),
+    written in place where the owner cannot be given (anyone else)."""
+    path, other = tmp_path / "r.json", tmp_path / "also.json"
+    path.write_text("{}")
+    os.link(path, other)
+    write_json({"schema": SCHEMA}, str(path))
+    assert json.loads(other.read_text()) == {"schema": SCHEMA} and path.stat().st_ino == other.stat().st_ino
+    if os.geteuid() != 0:
+        return  # giving a file away takes root
+    theirs = tmp_path / "theirs.json"
+    theirs.write_text("{}")
+    os.chown(theirs, 1234, 5678)
+    write_json({"schema": SCHEMA}, str(theirs))
+    assert (theirs.stat().st_uid, theirs.stat().st_gid) == (1234, 5678)
+    assert json.loads(theirs.read_text()) == {"schema": SCHEMA}
+
+    def refused(*_args: Any) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chown", refused)
+    inode = theirs.stat().st_ino
+    write_json({"schema": "again"}, str(theirs))
+    assert theirs.stat().st_ino == inode and json.loads(theirs.read_text()) == {"schema": "again"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["also.json", "r.json", "theirs.json"]

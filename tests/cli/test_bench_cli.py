@@ -163,6 +163,7 @@ def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path
         (str(tree), "--plot", str(tmp_path / "notes.txt" / "p.png")): "error: --plot ",
         (str(tree), "--out", f"{tmp_path / 'new'}/"): f"error: --out {tmp_path / 'new'}/: names a folder (it ends "
                                                        "in /); name the file",
+        (str(tree), "--out", "/proc/r.json"): "error: --out /proc/r.json: cannot be written (",
     }
     for args, message in cases.items():
         result = CliRunner().invoke(cli, ["bench", *args, "-q"])
