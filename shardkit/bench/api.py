@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from shardkit.bench import baselines, conditions, runner
-from shardkit.bench.checks import check_same_data, check_timed_batches, drop_private
+from shardkit.bench.checks import check_same_data, check_shards_intact, check_timed_batches, drop_private
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report, counted
 from shardkit.errors import PackError
@@ -273,6 +273,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         pack_info = None if store.exists("index.json") else _pack(cfg, shards, data["images"], sink)
         manifest = read_manifest(store)
         check_same_data(manifest, data, shards, cfg.jpeg_restart)
+        check_shards_intact(store, manifest, shards)
         drop_private(data)
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]

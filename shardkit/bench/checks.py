@@ -11,8 +11,10 @@ from shardkit.bench.report import counted
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
 from shardkit.loader.routes.coco.target import contiguous_label_map
+from shardkit.storage import Store
 
-__all__ = ["AHEAD_PER_WORKER", "check_same_data", "check_timed_batches", "check_train_shards", "drop_private"]
+__all__ = ["AHEAD_PER_WORKER", "check_same_data", "check_shards_intact", "check_timed_batches",
+           "check_train_shards", "drop_private"]
 
 
 def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_restart: int | None, *,
@@ -128,16 +130,42 @@ def check_timed_batches(images: int, *, batch_size: int, epochs: int, warmup: in
                          "lower --warmup or --batch-size")
 
 
+def check_shards_intact(store: Store, manifest: Manifest, shards: str) -> None:
+    """Every shard ``index.json`` names is there, of the size it records: a loader or baseline
+    would otherwise stop on it partway through the runs (a baseline with its own traceback).
+    ``shardkit verify`` checks the contents; this costs one listing.
+
+    Raises:
+        ValueError: naming the first damaged shards, and the command that tells more.
+    """
+    flat = all("/" not in shard.url for shard in manifest.shards)
+    sizes = store.file_sizes() if flat else {s.url: store.size(s.url) for s in manifest.shards if store.exists(s.url)}
+    damaged = []
+    for shard in manifest.shards:
+        size = sizes.get(shard.url)
+        if size is None:
+            damaged.append(f"{shard.url} is missing")
+        elif size != shard.num_bytes:
+            damaged.append(f"{shard.url} has {size:,} bytes, index.json says {shard.num_bytes:,}")
+    if damaged:
+        more = f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else ""
+        raise ValueError(f"--shards {shards} is damaged: {'; '.join(damaged[:3])}{more}; shardkit verify {shards} "
+                         "tells more")
+
+
 def check_train_shards(shards: str, data: dict[str, Any], batch_size: int) -> None:
-    """The training bench's checks: ``shards`` a pack of the ImageFolder tree ``data`` describes
-    (the loaders compared on the same images), with a full batch per epoch for every loader.
+    """The training bench's checks: ``shards`` an intact pack of the ImageFolder tree ``data``
+    describes (the loaders compared on the same images), with a full batch per epoch for every
+    loader.
     Leaves what only the checks use out of ``data`` (the report's).
 
     Raises:
-        ValueError: another dataset, or too few images for one batch.
+        ValueError: another dataset, a damaged one, or too few images for one batch.
     """
-    manifest = read_manifest(locate_dataset(shards))
+    store = locate_dataset(shards)
+    manifest = read_manifest(store)
     check_same_data(manifest, data, shards, None, can_omit=False)
+    check_shards_intact(store, manifest, shards)
     drop_private(data)
     fewest = min(manifest.num_samples, data["images"])
     if fewest < batch_size:

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from shardkit.bench import baselines, conditions, runner
-from shardkit.bench.checks import check_same_data
+from shardkit.bench.checks import check_same_data, check_shards_intact
 from shardkit.bench.finished import FinishedRuns
 from shardkit.bench.report import created
 from shardkit.bench.train import SETTLE_S, TrainRun, counted, run_contenders, summarise
@@ -211,8 +211,10 @@ def run_detection_train_bench(cfg: DetectionBenchConfig, *,
 
     cfg.validate()
     data = conditions.describe_coco(cfg.images, cfg.annotations)
-    manifest = read_manifest(locate_dataset(cfg.shards))
+    store = locate_dataset(cfg.shards)
+    manifest = read_manifest(store)
     check_same_data(manifest, data, cfg.shards, None, can_omit=False)
+    check_shards_intact(store, manifest, cfg.shards)
     if data["images"] < cfg.batch_size:
         raise ValueError(f"{data['images']} annotated images make no full batch of {cfg.batch_size}")
     label_map = contiguous_label_map(manifest.categories)  # what ShardLoader's contiguous_labels uses

@@ -248,3 +248,22 @@ def test_workers_take_auto_as_the_loader_does() -> None:
     for bad in ("lots", "-1", "1.5"):
         with pytest.raises(click.BadParameter):
             WORKERS.convert(bad, None, None)
+
+
+def test_bench_refuses_damaged_shards_before_it_runs(tree: Path, tmp_path: Path) -> None:
+    """A shard missing or cut short: one error line naming it, before any run (the page-cache
+    warm-up died on the missing one with a traceback, and the webdataset baseline on the short one)."""
+    shards = tmp_path / "shards"
+    pack(str(tree), str(shards), options=PackOptions(max_count=8, seed=0), workers=1)
+    names = sorted(p.name for p in shards.glob("*.tar"))
+    short = shards / names[1]
+    short.write_bytes(short.read_bytes()[:1000])
+    (shards / names[2]).unlink()
+    base = ["bench", str(tree), "--shards", str(shards), "--workers", "1", "--batch-size", "4", "--size", "32",
+            "--repeats", "1", "-q"]
+    for extra in (["--epochs", "1", "--warmup", "1"], ["--train", "resnet18", "--steps", "2"]):
+        result = CliRunner().invoke(cli, [*base, *extra])
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert result.output.startswith(f"error: --shards {shards} is damaged: {names[1]} has 1,000 bytes, "
+                                        "index.json says "), result.output
+        assert f"; {names[2]} is missing; shardkit verify {shards} tells more" in result.output, result.output
