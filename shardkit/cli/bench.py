@@ -22,6 +22,7 @@ from shardkit.cli.bench_args import (
     refuse_other_modes_options,
     writable,
 )
+from shardkit.cli.location import LOCATION
 from shardkit.cli.progress import BenchBar, bars_enabled
 from shardkit.cli.report import fit
 from shardkit.cli.workers import WORKERS
@@ -40,7 +41,7 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 
 
 @click.command("bench")
-@click.argument("imagefolder_dir")
+@click.argument("imagefolder_dir", type=LOCATION)
 @click.option("--annotations", default=None,
               help="COCO instances JSON: IMAGEFOLDER_DIR is then the images directory, and torchvision "
                    "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size): "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from shardkit.cli.location import LOCATION
 from shardkit.cli.report import counted
 from shardkit.cli.storage import storage_option_flag, storage_options
 
@@ -23,7 +24,7 @@ def _class_names(path: str | None) -> list[str] | None:
 
 
 @click.command("index")
-@click.argument("dataset")
+@click.argument("dataset", type=LOCATION)
 @click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False),
               default=None,
               help="Text file of class names, one per line, in label order (line 1 is label 0).")

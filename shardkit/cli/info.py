@@ -6,6 +6,7 @@ import json
 
 import click
 
+from shardkit.cli.location import LOCATION
 from shardkit.cli.report import fit, human_bytes, print_annotations, print_drop_empty
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import locate_dataset, read_manifest
@@ -13,7 +14,7 @@ from shardkit.pack.skips import describe_reasons
 
 
 @click.command("info")
-@click.argument("dataset")
+@click.argument("dataset", type=LOCATION)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
 @storage_option_flag
 def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -> None:

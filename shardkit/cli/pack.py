@@ -7,6 +7,7 @@ import os
 
 import click
 
+from shardkit.cli.location import LOCATION
 from shardkit.cli.progress import PackBar, bars_enabled
 from shardkit.cli.report import print_pack_summary, print_skipped
 from shardkit.cli.storage import storage_option_flag, storage_options
@@ -43,8 +44,8 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 
 
 @click.command("pack")
-@click.argument("src")
-@click.argument("dst")
+@click.argument("src", type=LOCATION)
+@click.argument("dst", type=LOCATION)
 @click.option("--format", "fmt", type=click.Choice(["auto", "imagefolder", "coco", "captions"]), default="auto",
               show_default=True,
               help="Input layout; auto: coco when --annotations is given, captions when SRC is a table "

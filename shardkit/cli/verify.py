@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from shardkit.cli.location import LOCATION
 from shardkit.cli.progress import Bar, bars_enabled
 from shardkit.cli.report import counted
 from shardkit.cli.storage import storage_option_flag, storage_options
@@ -13,7 +14,7 @@ from shardkit.index import ShardEntry, locate_dataset, read_manifest, verify_dat
 
 
 @click.command("verify")
-@click.argument("dataset")
+@click.argument("dataset", type=LOCATION)
 @click.option("--decode", is_flag=True, help="Also decode every image.")
 @click.option("--quiet", "-q", is_flag=True, help="Print problems only (no progress bar).")
 @storage_option_flag

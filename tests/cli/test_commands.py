@@ -215,3 +215,14 @@ def test_an_interrupted_command_run_in_process_leaves_the_signal_handlers_alone(
     before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     assert runner.invoke(cli, ["info", str(tmp_path)]).exit_code == 130
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
+
+
+def test_an_empty_path_argument_is_a_usage_error_naming_it(runner):
+    """``shardkit pack "$SRC" "$DST"`` with a variable unset: said as such, not taken for the
+    current folder (info, verify) nor a message about a directory with no name (pack)."""
+    cases = {("pack", "sample_data/imagefolder", ""): "DST", ("pack", "", "out"): "SRC", ("info", ""): "DATASET",
+             ("verify", " "): "DATASET", ("index", ""): "DATASET", ("bench", ""): "IMAGEFOLDER_DIR"}
+    for args, name in cases.items():
+        result = runner.invoke(cli, list(args))
+        assert result.exit_code == 2, (args, result.output)
+        assert f"Error: Invalid value for '{name}': is empty: name a folder or a URL" in result.output, result.output
