@@ -48,6 +48,11 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
         click.secho(f"WARN malformed segmentation in {counted(len(report.flagged), 'annotation')}: {first}; a loader "
                     "with masks=True replaces those images with others (the pack flagged them and kept them)",
                     fg="yellow", err=True)
+    if report.unlisted:
+        first = report.unlisted[0] + (f" and {len(report.unlisted) - 1:,} more" if len(report.unlisted) > 1 else "")
+        click.secho(f"WARN {counted(len(report.unlisted), 'tar file')} beside the shards not in index.json: {first}; "
+                    "no loader reads them (shardkit index adopts shards made elsewhere into a dataset of their own)",
+                    fg="yellow", err=True)
     if not report.ok:
         click.echo(f"{len(report.problems)} problem(s) in {store.url}", err=True)
         sys.exit(1)

@@ -36,6 +36,9 @@ class VerifyReport:
     #: COCO samples with a malformed segmentation, flagged by the pack and kept (allowed: a
     #: loader with ``masks=True`` replaces those images with others, one without reads them).
     flagged: list[str] = field(default_factory=list)
+    #: Tar files beside the shards that ``index.json`` does not name (allowed: no loader reads
+    #: them; a shard copied in, or left from another pack, that the user may have meant to add).
+    unlisted: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -305,7 +308,8 @@ def verify_dataset(
     against the class list (COCO: records and category ids in ``json``), offsets files, DALI
     index files (``<shard>.dali.idx``, when present), the shard table (``index.table`` and
     ``index.hashes``, when ``index.json`` names them) against ``index.json``, and
-    with ``decode=True`` that every image decodes.
+    with ``decode=True`` that every image decodes; lists the tar files beside the shards that
+    ``index.json`` does not name.
     Problems are collected, not raised, so one run lists them all.
 
     Raises:
@@ -324,4 +328,6 @@ def verify_dataset(
         report.shards_checked += 1
         if progress:
             progress(entry)
+    named = {entry.url for entry in manifest.shards}
+    report.unlisted = [store.path(name) for name in store.listdir() if name.endswith(".tar") and name not in named]
     return report

@@ -168,3 +168,19 @@ def test_a_hash_mismatch_names_the_samples_whose_bytes_changed(packed):
     assert problems[:2] == [f"{shard}: sha256 differs from the manifest",
                             f"{shard}:{spans[1].key}: its bytes changed after packing (crc32 differs from the "
                             "offsets file)"]
+
+
+def test_tar_files_the_index_does_not_name_are_listed_not_failed(packed):
+    """A shard copied into the folder, or left from another pack: no loader reads it, so the
+    dataset still verifies, but the files are named (and the CLI warns) instead of passing unseen."""
+    from click.testing import CliRunner
+
+    from shardkit.cli import cli
+
+    extra = packed / "shard-999999.tar"
+    extra.write_bytes((packed / read_manifest(Store(str(packed))).shards[0].url).read_bytes())
+    report = verify_dataset(str(packed))
+    assert report.ok and report.unlisted == [str(extra)]
+    result = CliRunner().invoke(cli, ["verify", str(packed), "-q"])
+    assert result.exit_code == 0 and result.stderr.startswith(
+        f"WARN 1 tar file beside the shards not in index.json: {extra}; no loader reads them"), result.output
