@@ -198,6 +198,9 @@ class ShardLoader:
     A worker process that dies (e.g. killed by the out-of-memory killer) ends the iteration with
     a :class:`LoaderError` naming its pid and signal (torch's error as ``__cause__``).
     :meth:`close` (or leaving a ``with`` block) stops the workers and closes open shards.
+    A loader pickles and deep-copies at any time (a launcher that spawns its processes copies
+    it): the copy starts worker and feeder processes of its own when it first iterates, from the
+    epoch after one the original had open; the original's go on.
 
     Example::
 

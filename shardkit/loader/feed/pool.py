@@ -116,6 +116,11 @@ class FeederPool:
         self._active: Generator[tuple[torch.Tensor, torch.Tensor, list[str]], None, None] | None = None
         keep_in_forked_children(self)  # the rings it opens: a forked child must not free them
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (a pickled or deep-copied loader) starts feeders of its own on its first epoch;
+        # the running ones, their rings and the epoch they deliver stay the original's
+        return {**self.__dict__, "_handles": [], "_finalizer": None, "_launched": None, "_active": None}
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         keep_in_forked_children(self)  # a copy's rings, as the original's

@@ -180,6 +180,11 @@ class WatchedLoader(DataLoader[Any]):
 
     _deaths_seen = 0
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (a pickled or deep-copied loader) starts workers of its own when it first
+        # iterates; the running ones and their iterator stay the original's
+        return {**self.__dict__, "_iterator": None}
+
     def _raise_deferred(self) -> None:
         if self._deaths_seen != _deferred[0]:
             self._deaths_seen = _deferred[0]

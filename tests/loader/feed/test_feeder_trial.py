@@ -121,8 +121,8 @@ def test_after_the_trial_keeps_the_route_here_the_workers_read_ahead_from_the_ep
 
 
 def test_a_loader_pickles_during_and_after_the_trial(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A closed loader with feeders="auto" pickles (as one with feeders=0 does: live workers do
-    not) mid-trial (an epoch left early, the phase's intervals not carried) and once the trial
+    """A closed loader with feeders="auto" pickles (as one with feeders=0 does; a live one too:
+    test_feeders.py) mid-trial (an epoch left early, the phase's intervals not carried) and once the trial
     kept the route here (its delivery kept for read-ahead not carried); each copy gives the
     next epoch's batches."""
     import pickle

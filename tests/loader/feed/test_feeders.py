@@ -368,3 +368,29 @@ def test_feeders_decode_with_the_library_chosen_when_the_loader_was_built(packed
         assert [spec.decoder for spec in specs] == ["pil", "pil"]
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("feeders", [0, 1])
+def test_a_loader_copied_while_its_processes_run_starts_its_own(packed: Path, feeders: int) -> None:
+    """Pickled or deep-copied mid-epoch, its workers (and feeders) running: the copy starts
+    processes of its own and gives the next epoch; the original goes on with its epoch, untouched.
+    The copy failed with torch's "cannot be pickled" (a worker iterator) or "Pickling an
+    AuthenticationString object is disallowed" (a feeder process)."""
+    import copy
+    import pickle
+
+    with _loader(packed, feeders=0) as plain:
+        want = _epochs(plain, epochs=2)
+    with _loader(packed, feeders=feeders) as loader:
+        loader.set_epoch(0)
+        it = iter(loader)
+        got = [next(it), next(it)]
+        for twin in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+            with twin:
+                _same(want[9:], _epoch_of(twin))
+        got += list(it)
+    _same(want[:9], got)
+
+
+def _epoch_of(loader: ShardLoader) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    return list(loader)
