@@ -9,12 +9,13 @@ import click
 
 from shardkit.cli.location import LOCATION
 from shardkit.cli.progress import PackBar, bars_enabled
-from shardkit.cli.report import print_pack_summary, print_skipped
+from shardkit.cli.report import human_bytes, print_pack_summary, print_skipped
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.format.spec import IMAGE_EXTENSIONS
 from shardkit.pack import (
     Executor,
     PackOptions,
+    PackResult,
     SkipBudget,
     SkipBudgetError,
     pack,
@@ -199,6 +200,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         for message in warnings.messages:
             click.echo(message, err=True)
         print_pack_summary(result, dst)
+        _note_one_sample_shards(result, options)
         if annotations is None and not captions:
             _note_loose_images(src)
 
@@ -215,6 +217,17 @@ class _Warnings(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def _note_one_sample_shards(result: PackResult, options: PackOptions) -> None:
+    """Say so when --max-size left one sample in every shard (it is below the samples' size): a
+    dataset of many tiny files, which is what shards are for avoiding."""
+    m = result.manifest
+    if options.max_count > 1 and 1 < m.num_samples <= len(m.shards):
+        average = human_bytes(m.num_bytes / m.num_samples)
+        click.echo(f"note: every shard holds at most one sample: --max-size ({options.max_size:,} bytes) is below the "
+                   f"size of a sample ({average} each in the shards, on average); loaders read shards of tens to "
+                   "hundreds of MB best (the default is 256MB)")
 
 
 def _note_loose_images(src: str) -> None:

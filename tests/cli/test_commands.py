@@ -226,3 +226,15 @@ def test_an_empty_path_argument_is_a_usage_error_naming_it(runner):
         result = runner.invoke(cli, list(args))
         assert result.exit_code == 2, (args, result.output)
         assert f"Error: Invalid value for '{name}': is empty: name a folder or a URL" in result.output, result.output
+
+
+def test_a_max_size_below_every_sample_is_noted(runner, small_tree, tmp_path):
+    """--max-size 1KB on images of a few KB: a shard per image, which a loader reads slowly; said
+    after the summary (a --max-count of 1, asked for as such, is not)."""
+    tiny = _pack(runner, small_tree, tmp_path / "tiny", "--max-size", "100")
+    assert tiny.exit_code == 0, tiny.output
+    assert "note: every shard holds at most one sample: --max-size (100 bytes) is below the size of a sample (" \
+        in tiny.output, tiny.output
+    for dst, extra in (("plain", ()), ("one", ("--max-count", "1"))):
+        result = _pack(runner, small_tree, tmp_path / dst, *extra)
+        assert result.exit_code == 0 and "note:" not in result.output, result.output
