@@ -41,6 +41,7 @@ __all__ = [
     "live_finalizers",
     "pool_manager_thread",
     "persistent_iterator",
+    "state_without_iterator",
     "pool_processes",
     "pool_queues",
     "reset_queue_after_fork",
@@ -62,6 +63,12 @@ def persistent_iterator(loader: DataLoader[Any]) -> Any:
     """The iterator a ``persistent_workers`` DataLoader keeps while its workers live
     (``_iterator``, stable since torch 1.7), or None."""
     return getattr(loader, "_iterator", None)
+
+
+def state_without_iterator(loader: DataLoader[Any]) -> dict[str, Any]:
+    """``loader``'s ``__dict__`` for a copy, without the iterator of its running persistent workers
+    (``_iterator``, stable since torch 1.7; it cannot be pickled): the copy starts its own."""
+    return {**loader.__dict__, "_iterator": None}
 
 
 def stop_persistent_workers(loader: DataLoader[Any]) -> None:

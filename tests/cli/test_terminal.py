@@ -218,10 +218,13 @@ def test_ctrl_c_again_as_the_pack_exits_leaves_no_warning_below_the_message(tmp_
     script = (
         "import os, signal, sys\n"
         "import shardkit.cli as cli\n"
-        "first = cli._exit_at_once_on_another\n"
-        "def exiting(code):\n"  # once the message is out
-        "    first(code)\n"
+        "first, exit = cli._exit_at_once_on_another, sys.exit\n"
+        "def again(status):\n"  # once the message is out
         "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    exit(status)\n"
+        "def exiting(code):\n"
+        "    first(code)\n"
+        "    sys.exit = again\n"
         "cli._exit_at_once_on_another = exiting\n"
         "cli.main()\n"
     )

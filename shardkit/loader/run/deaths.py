@@ -33,7 +33,12 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from shardkit._compat import dataloader_next_code, dataloader_workers, install_torch_sigchld_handler
+from shardkit._compat import (
+    dataloader_next_code,
+    dataloader_workers,
+    install_torch_sigchld_handler,
+    state_without_iterator,
+)
 from shardkit.errors import LoaderError
 from shardkit.loader.routes.base import Route
 
@@ -183,7 +188,7 @@ class WatchedLoader(DataLoader[Any]):
     def __getstate__(self) -> dict[str, Any]:
         # a copy (a pickled or deep-copied loader) starts workers of its own when it first
         # iterates; the running ones and their iterator stay the original's
-        return {**self.__dict__, "_iterator": None}
+        return state_without_iterator(self)
 
     def _raise_deferred(self) -> None:
         if self._deaths_seen != _deferred[0]:
