@@ -9,9 +9,18 @@ pytest-xdist's issues 1323 and 1378, fixed on its main branch after 3.8.0). The 
 to the replacement, which it could crash again. Here, only the tests not run yet go back, the
 crashed one counted as done (it is reported as failed already): a crash costs one failure, and
 the run ends with every other test run.
+
+Two more ways such a run hung or broke: a worker runs a test only once it holds the next one or
+has been told to stop, and a replacement given a file of one test, with more files queued, was
+sent neither (issue 1327): a worker is now given files until it holds three tests, and told to stop
+once none is left. And a file sent to a worker that had died a moment before ended the session
+with an INTERNALERROR ("cannot send"): the file is recorded against that worker before the send,
+so its death, reported next, puts it back on the queue.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 from xdist.remote import Producer
@@ -31,6 +40,18 @@ class CrashSafeLoadFileScheduling(LoadFileScheduling):
         for other in self.assigned_work:
             self._reschedule(other)
         return crashed
+
+    def _reschedule(self, node: WorkerController) -> None:
+        if node.shutting_down:
+            return
+        while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+            self._assign_work_unit(node)
+        if not self.workqueue:
+            node.shutdown()  # it runs what it holds, its last test included, then stops
+
+    def _assign_work_unit(self, node: WorkerController) -> None:
+        with contextlib.suppress(OSError):  # the worker died a moment ago: remove_node puts this file back
+            super()._assign_work_unit(node)
 
 
 @pytest.hookimpl(optionalhook=True)
