@@ -147,7 +147,7 @@ def write_json(report: Mapping[str, Any], path: str) -> None:
     redirection would lose a file replaced under it), a file with other hard links (a rename
     would leave them the old report), and a file whose folder takes no new one. A file replaced
     keeps its owner and group where this process may give them (root saving into a user's
-    file); where it may not, the file is written in place."""
+    file); where it may not and the file is writable, it is written in place."""
     text = json.dumps(report, indent=2, sort_keys=False) + "\n"
     try:
         found, target = _stat(path), os.path.realpath(path)
@@ -166,12 +166,9 @@ def write_json(report: Mapping[str, Any], path: str) -> None:
         try:
             if found is not None:
                 os.chmod(tmp, stat.S_IMODE(found.st_mode))
-                if (found.st_uid, found.st_gid) != (os.geteuid(), os.getegid()):
-                    try:
-                        os.chown(tmp, found.st_uid, found.st_gid)  # root saving into a user's file
-                    except PermissionError:
-                        _write_in_place(path, text)
-                        return
+                if not _same_owner(tmp, found) and os.access(path, os.W_OK):
+                    _write_in_place(path, text)  # its owner kept; where not writable, replaced as before
+                    return
             os.replace(tmp, target)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -183,8 +180,8 @@ def write_json(report: Mapping[str, Any], path: str) -> None:
 def check_writable(path: str) -> None:
     """Raise the OSError that :func:`write_json` would meet at ``path``, before a long run rather
     than after it: what it would write, tried without writing (a temporary sibling created and
-    removed, or the file opened for writing without truncating it). A FIFO with no reader yet
-    passes (one may open it while the bench runs)."""
+    removed, or the file opened for writing without truncating it; a FIFO, socket or device is
+    checked for permission only, not opened)."""
     try:
         found, target = _stat(path), os.path.realpath(path)
         if not _in_place(path, found, target):
@@ -200,14 +197,25 @@ def check_writable(path: str) -> None:
         if found is None:  # created in place: create it, then remove it
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
             os.remove(path)
-            return
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError as err:
-            if err.errno != errno.ENXIO:  # ENXIO: a FIFO nobody reads yet
-                raise
+        elif not stat.S_ISREG(found.st_mode):  # opened and closed, a FIFO's reader would see its end
+            if not os.access(path, os.W_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        else:
+            os.close(os.open(path, os.O_WRONLY))
     except OSError as err:
         raise OSError(err.errno, err.strerror, path) from err
+
+
+def _same_owner(tmp: str, found: os.stat_result) -> bool:
+    """Give ``tmp`` the owner and group of the file it replaces; whether it has them now (root
+    may give any; others their own groups only)."""
+    if (found.st_uid, found.st_gid) == (os.geteuid(), os.getegid()):
+        return True
+    try:
+        os.chown(tmp, found.st_uid, found.st_gid)
+    except OSError:
+        return False
+    return True
 
 
 def _stat(path: str) -> os.stat_result | None:

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -227,13 +228,24 @@ def test_where_a_report_cannot_go_is_known_before_the_run_and_nothing_is_left_th
     for good in (new, old, fifo):  # a FIFO nobody reads yet: one may while the bench runs
         check_writable(str(good))
     assert sorted(tmp_path.iterdir()) == [fifo, old] and old.read_text() == "{}"
+    cat = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)  # `cat fifo > report &`
+    try:
+        time.sleep(0.3)  # cat waits in its open() for a writer
+        check_writable(str(fifo))  # opened and closed, it would give cat its end of input
+        time.sleep(0.3)
+        assert cat.poll() is None, "the check ended the reader's input"
+        write_json({"schema": SCHEMA}, str(fifo))
+        assert json.loads(cat.communicate(timeout=10)[0]) == {"schema": SCHEMA}
+    finally:
+        cat.kill()
 
 
 def test_a_replaced_report_keeps_its_hard_links_and_its_owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                               ) -> None:
     """A report file with another hard link is written in place (a rename would leave the link the
     old report); one of another owner keeps its owner and group (root saving into a user's file),
-    written in place where the owner cannot be given (anyone else)."""
+    written in place where the owner cannot be given (anyone else) and the file may be written,
+    replaced as before where it may not."""
     path, other = tmp_path / "r.json", tmp_path / "also.json"
     path.write_text("{}")
     os.link(path, other)
@@ -256,3 +268,6 @@ def test_a_replaced_report_keeps_its_hard_links_and_its_owner(tmp_path: Path, mo
     write_json({"schema": "again"}, str(theirs))
     assert theirs.stat().st_ino == inode and json.loads(theirs.read_text()) == {"schema": "again"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["also.json", "r.json", "theirs.json"]
+    monkeypatch.setattr(os, "access", lambda *_args, **_kwargs: False)  # nor may it write the file: replaced
+    write_json({"schema": "third"}, str(theirs))
+    assert theirs.stat().st_ino != inode and json.loads(theirs.read_text()) == {"schema": "third"}
