@@ -49,6 +49,8 @@ class _Group(click.Group):
         except KeyboardInterrupt as err:  # also one re-raised from a wrapper above
             terminated = isinstance(err, Terminated)
             code = 143 if terminated else 130
+            if _process_entry:  # the shardkit process itself: it is exiting
+                _exit_at_once_on_another(code)
             _clear_line()
             # Only pack resumes; saying so after verify or bench would send people looking for it.
             resumes = ctx.invoked_subcommand == "pack"
@@ -111,17 +113,18 @@ def _register() -> None:
     cli.add_command(serve.serve_command)
 
 
+#: Whether this process is the ``shardkit`` command (:func:`main`), whose signal handlers are its
+#: own to set: the group also runs inside other programs (click's ``CliRunner``, a notebook, a test
+#: process), whose handlers an interrupted command must leave as they were.
+_process_entry = False
+
+
 def main() -> None:
-    """Console-script entry point. The process's signal handlers are set here, not in the group:
-    the group also runs inside other programs (click's ``CliRunner``, a notebook, a test process),
-    whose handlers an interrupted command must leave as they were."""
+    """Console-script entry point."""
+    global _process_entry
+    _process_entry = True
     signal.signal(signal.SIGTERM, _terminate)
-    try:
-        cli(prog_name="shardkit")
-    except SystemExit as done:
-        if done.code in (130, 143):  # interrupted: the process is exiting
-            _exit_at_once_on_another(done.code)
-        raise
+    cli(prog_name="shardkit")
 
 
 _register()

@@ -219,13 +219,19 @@ def test_an_interrupted_command_run_in_process_leaves_the_signal_handlers_alone(
 
 def test_an_empty_path_argument_is_a_usage_error_naming_it(runner):
     """``shardkit pack "$SRC" "$DST"`` with a variable unset: said as such, not taken for the
-    current folder (info, verify) nor a message about a directory with no name (pack)."""
-    cases = {("pack", "sample_data/imagefolder", ""): "DST", ("pack", "", "out"): "SRC", ("info", ""): "DATASET",
-             ("verify", " "): "DATASET", ("index", ""): "DATASET", ("bench", ""): "IMAGEFOLDER_DIR"}
-    for args, name in cases.items():
+    current folder (info, verify), no report at all (bench --out), nor a message about a
+    directory with no name (pack)."""
+    cases = {("pack", "sample_data/imagefolder", ""): ("DST", "a folder or a URL"),
+             ("pack", "", "out"): ("SRC", "a folder or a URL"), ("info", ""): ("DATASET", "a folder or a URL"),
+             ("verify", " "): ("DATASET", "a folder or a URL"), ("index", ""): ("DATASET", "a folder or a URL"),
+             ("bench", ""): ("IMAGEFOLDER_DIR", "a folder"),
+             ("bench", "sample_data/imagefolder", "--shards", ""): ("--shards", "a folder or a URL"),
+             ("bench", "sample_data/imagefolder", "--out", ""): ("--out", "a file"),
+             ("pack", "sample_data/imagefolder", "out", "--annotations", ""): ("--annotations", "a file or a URL")}
+    for args, (name, what) in cases.items():
         result = runner.invoke(cli, list(args))
         assert result.exit_code == 2, (args, result.output)
-        assert f"Error: Invalid value for '{name}': is empty: name a folder or a URL" in result.output, result.output
+        assert f"Error: Invalid value for '{name}': is empty: name {what} (an unset" in result.output, result.output
 
 
 def test_a_max_size_below_every_sample_is_noted(runner, small_tree, tmp_path):
@@ -238,3 +244,26 @@ def test_a_max_size_below_every_sample_is_noted(runner, small_tree, tmp_path):
     for dst, extra in (("plain", ()), ("one", ("--max-count", "1"))):
         result = _pack(runner, small_tree, tmp_path / dst, *extra)
         assert result.exit_code == 0 and "note:" not in result.output, result.output
+
+
+def test_a_second_ctrl_c_while_the_shardkit_process_says_interrupted_keeps_130(tmp_path):
+    """In the ``shardkit`` process itself (``main``), a Ctrl-C that comes while the first one's
+    message is printed ends it at once with 130: the handlers are set before the message, as the
+    process's own, not by the command run in-process (previous test)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import os, signal\n"
+        "import shardkit.cli as cli, shardkit.cli.info as info\n"
+        "def interrupted(*args, **kwargs):\n"
+        "    raise KeyboardInterrupt\n"
+        "info.locate_dataset = interrupted\n"
+        "cli._clear_line = lambda: os.kill(os.getpid(), signal.SIGINT)\n"
+        f"import sys; sys.argv = ['shardkit', 'info', {str(tmp_path)!r}]\n"
+        "cli.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 130 and "Aborted" not in done.stderr and "Traceback" not in done.stderr, done
