@@ -22,7 +22,7 @@ from shardkit.cli.bench_args import (
     refuse_other_modes_options,
     writable,
 )
-from shardkit.cli.location import LOCATION
+from shardkit.cli.location import FILE, FILE_OR_URL, FOLDER, LOCATION
 from shardkit.cli.progress import BenchBar, bars_enabled
 from shardkit.cli.report import fit
 from shardkit.cli.workers import WORKERS
@@ -41,8 +41,8 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 
 
 @click.command("bench")
-@click.argument("imagefolder_dir", type=LOCATION)
-@click.option("--annotations", default=None,
+@click.argument("imagefolder_dir", type=FOLDER)
+@click.option("--annotations", default=None, type=FILE_OR_URL,
               help="COCO instances JSON: IMAGEFOLDER_DIR is then the images directory, and torchvision "
                    "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size): "
                    "its COCO route, and with --device cuda its COCO GPU route too. With --train DETECTOR: they "
@@ -55,7 +55,7 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "ShardLoader, the same crop, each batch's captions tokenized in the workers.")
 @click.option("--context-length", default=77, show_default=True, type=click.IntRange(min=1),
               help="--captions: tokens per caption (UTF-8 bytes).")
-@click.option("--shards", default=None,
+@click.option("--shards", default=None, type=LOCATION,
               help="Packed dataset of IMAGEFOLDER_DIR (packed into it if it holds none) "
               "[default: pack into a temporary directory].")
 @click.option("--workers", default="2", show_default=True, type=WORKERS,
@@ -80,8 +80,8 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 @click.option("--jpeg-restart", type=click.IntRange(min=1), default=None, metavar="N",
               help="Pack with restart-indexed JPEGs (shardkit pack --jpeg-restart N); existing --shards must "
                    "have been packed with the same N.")
-@click.option("--out", "out", default=None, type=click.Path(dir_okay=False), help="Write the JSON report here.")
-@click.option("--plot", "plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart here.")
+@click.option("--out", "out", default=None, type=FILE, help="Write the JSON report here.")
+@click.option("--plot", "plot", default=None, type=FILE, help="Write a PNG bar chart here.")
 @click.option("--train", "train_model", type=click.Choice([*CLASSIFIERS, *DETECTORS]), default=None,
               metavar="MODEL",
               help="Measure the images/s of a bf16 training step of this model (compiled on cuda) fed by each loader, "

@@ -1,4 +1,5 @@
-"""A command's folder or URL argument (``pack SRC DST``, ``info DATASET``...): not empty."""
+"""A command's folder, file or URL argument (``pack SRC DST``, ``info DATASET``, ``--out``...):
+not empty."""
 
 from __future__ import annotations
 
@@ -6,21 +7,29 @@ from typing import Any
 
 import click
 
-__all__ = ["LOCATION"]
+__all__ = ["FILE", "FILE_OR_URL", "FOLDER", "LOCATION"]
 
 
 class _Location(click.ParamType):
-    """A local path or an fsspec URL, as given; an empty one (``""``, an unset shell variable) is
-    a usage error instead of the current folder or a message about no name at all."""
+    """A local path (or, where ``what`` says so, an fsspec URL), as given; an empty one (``""``,
+    an unset shell variable) is a usage error instead of the current folder, no report at all, or
+    a message about no name at all."""
 
-    name = "PATH|URL"
+    def __init__(self, name: str, what: str) -> None:
+        self.name, self.what = name, what
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value)
         if not text.strip():
-            self.fail("is empty: name a folder or a URL (an unset shell variable?)", param, ctx)
+            self.fail(f"is empty: name {self.what} (an unset shell variable?)", param, ctx)
         return text
 
 
 #: The ``type=`` of a folder or URL argument.
-LOCATION = _Location()
+LOCATION = _Location("PATH|URL", "a folder or a URL")
+#: The ``type=`` of a file or URL to read (``--annotations``).
+FILE_OR_URL = _Location("FILE|URL", "a file or a URL")
+#: The ``type=`` of a local folder argument.
+FOLDER = _Location("DIR", "a folder")
+#: The ``type=`` of a file to write.
+FILE = _Location("FILE", "a file")

@@ -7,7 +7,7 @@ import os
 
 import click
 
-from shardkit.cli.location import LOCATION
+from shardkit.cli.location import FILE_OR_URL, LOCATION
 from shardkit.cli.progress import PackBar, bars_enabled
 from shardkit.cli.report import human_bytes, print_pack_summary, print_skipped
 from shardkit.cli.storage import storage_option_flag, storage_options
@@ -52,7 +52,7 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="Input layout; auto: coco when --annotations is given, captions when SRC is a table "
                    "(.csv, .tsv, .jsonl, .parquet) or a caption option is given, else imagefolder. captions: a "
                    "folder of images with .txt (and .json) sidecars, or a table of image paths/URLs and captions.")
-@click.option("--annotations", default=None, metavar="FILE|URL",
+@click.option("--annotations", default=None, type=FILE_OR_URL,
               help="COCO instances JSON, a path or URL (SRC is then the images folder).")
 @click.option("--drop-empty", is_flag=True, help="COCO: leave out images without annotations.")
 @click.option("--image-column", default=None, metavar="NAME",
@@ -61,7 +61,7 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="Caption table: the caption column [default: caption, text or txt].")
 @click.option("--extra-columns", default=None, metavar="A,B,...",
               help="Caption table: columns kept in each sample's json (empty: none) [default: all others].")
-@click.option("--images-root", default=None, metavar="DIR|URL",
+@click.option("--images-root", default=None, metavar="DIR|URL", type=LOCATION,
               help="Caption table: where relative image paths start [default: the table's folder].")
 @click.option("--split", default=None, metavar="NAME",
               help="Captions from a HF DatasetDict saved with save_to_disk: the split to pack.")
