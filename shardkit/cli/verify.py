@@ -50,8 +50,9 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
                     fg="yellow", err=True)
     if report.unlisted:
         first = report.unlisted[0] + (f" and {len(report.unlisted) - 1:,} more" if len(report.unlisted) > 1 else "")
+        them = "it" if len(report.unlisted) == 1 else "them"
         click.secho(f"WARN {counted(len(report.unlisted), 'tar file')} beside the shards not in index.json: {first}; "
-                    "no loader reads them (shardkit index adopts shards made elsewhere into a dataset of their own)",
+                    f"no loader reads {them} (shardkit index adopts shards made elsewhere into a dataset of their own)",
                     fg="yellow", err=True)
     if not report.ok:
         click.echo(f"{len(report.problems)} problem(s) in {store.url}", err=True)

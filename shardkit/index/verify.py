@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import posixpath
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -328,6 +329,18 @@ def verify_dataset(
         report.shards_checked += 1
         if progress:
             progress(entry)
-    named = {entry.url for entry in manifest.shards}
-    report.unlisted = [store.path(name) for name in store.listdir() if name.endswith(".tar") and name not in named]
+    report.unlisted = _unlisted(store, manifest)
     return report
+
+
+def _unlisted(store: Store, manifest: Manifest) -> list[str]:
+    """The ``.tar`` files directly in the dataset's folder that ``index.json`` does not name
+    (hidden ones, such as macOS's ``._`` files, left out, as ``shardkit index`` leaves them);
+    none where the folder cannot be listed (a bucket read without the right to list it)."""
+    named = {posixpath.normpath(entry.url) for entry in manifest.shards}
+    try:
+        names = store.listdir()
+    except ShardkitError:
+        return []
+    return [store.path(name) for name in names
+            if name.endswith(".tar") and not name.startswith(".") and name not in named]

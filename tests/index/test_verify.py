@@ -179,8 +179,22 @@ def test_tar_files_the_index_does_not_name_are_listed_not_failed(packed):
 
     extra = packed / "shard-999999.tar"
     extra.write_bytes((packed / read_manifest(Store(str(packed))).shards[0].url).read_bytes())
+    (packed / "._shard-999999.tar").write_bytes(b"macOS metadata")  # hidden: left out, as index does
     report = verify_dataset(str(packed))
     assert report.ok and report.unlisted == [str(extra)]
     result = CliRunner().invoke(cli, ["verify", str(packed), "-q"])
     assert result.exit_code == 0 and result.stderr.startswith(
-        f"WARN 1 tar file beside the shards not in index.json: {extra}; no loader reads them"), result.output
+        f"WARN 1 tar file beside the shards not in index.json: {extra}; no loader reads it"), result.output
+
+
+def test_a_folder_that_cannot_be_listed_still_verifies(packed, monkeypatch):
+    """Shards readable by name in a folder that cannot be listed (mode 0711, a bucket read without
+    the right to list it): every shard is checked, only the look for unlisted files is given up."""
+    import os
+
+    def refused(_path):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "listdir", refused)
+    report = verify_dataset(str(packed))
+    assert report.ok and report.shards_checked == 3 and report.unlisted == []
