@@ -214,3 +214,43 @@ def test_a_detection_transform_that_returns_none_is_refused_naming_the_sample(co
           pytest.raises(LoaderError, match=r"the transform returned None \(a function without a return\?\)") as info):
         next(iter(loader))
     assert ".tar:" in info.value.where
+
+
+def test_a_loader_copied_after_its_first_epoch_stages_into_slots_of_its_own(
+        coco: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pickled or deep-copied once it has run (its staging slots made, on a CUDA device each with
+    the CUDA event its last batch left, which cannot be pickled; _EventStandIn plays it here):
+    the copy makes its own slots and gives the original's next epoch. The route's slots, made in
+    its constructor, also travelled with every copy (about 170 MB on a GPU)."""
+    import copy
+    import pickle
+
+    gpu_route_on_cpu(monkeypatch)
+    kw: dict[str, Any] = {"batch_size": 4, "transform": TRANSFORMS["train"](), "keys": True, "seed": 13,
+                          "gpu": GpuOptions(compile=False)}
+    with ShardLoader(str(coco["sample"]), **kw) as fresh:
+        assert fresh.route._slots == []  # type: ignore[attr-defined]  # none before the first iteration
+    with ShardLoader(str(coco["sample"]), **kw) as loader:
+        list(loader)
+        route = loader.route
+        assert isinstance(route, CocoGpuRoute) and route._slots
+        route._slots[0].event = _EventStandIn()  # type: ignore[assignment]
+        twins = [pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)]
+        loader.set_epoch(1)
+        want = [keys for _, _, keys in loader]
+    for twin in twins:
+        with twin:
+            twin.set_epoch(1)
+            assert [keys for _, _, keys in twin] == want
+
+
+class _EventStandIn:
+    """What a slot's ``torch.cuda.Event`` is to pickling (refused) and to staging (waited on)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()  # cannot be pickled, as a CUDA event cannot
+
+    def synchronize(self) -> None:
+        pass

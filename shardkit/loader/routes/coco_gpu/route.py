@@ -51,11 +51,24 @@ class CocoGpuRoute(Route[RawDetectionBatch, DetectionDeviceBatch]):
                                                                 label_map=self.label_map, buffer_cycle=cycle,
                                                                 gray=gpu_decodes_gray(device))
         self.pipeline = DetectionPipeline(device, pad=int(pad), compile=options.compile, on_error=on_error)
-        cuda = device.type == "cuda"
-        self._slots = [PinnedSlot(batch_size, (0, 0), len(GEOMETRY_COLUMNS), pin=cuda)
-                       for _ in range(staging_slots(options.device_prefetch) if cuda else 1)]
+        self._batch_size = batch_size
+        self._slots: list[PinnedSlot] = []  # made on the first iteration
         self._keep_alive = num_workers * (cycle + 1)
         self._prefetcher: DevicePrefetcher[RawDetectionBatch, DetectionDeviceBatch] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (a pickled loader) stages into slots of its own, made on its first iteration, and
+        # runs a prefetcher of its own: these hold CUDA events, streams and threads
+        return {**self.__dict__, "_slots": [], "_prefetcher": None}
+
+    def _staging(self) -> list[PinnedSlot]:
+        """The staging slots, made on first use: pinned, as many as ``device_prefetch`` keeps in
+        flight, on a CUDA device; one, not pinned, where the stages run in the calling thread."""
+        if not self._slots:
+            cuda = self.device.type == "cuda"
+            self._slots = [PinnedSlot(self._batch_size, (0, 0), len(GEOMETRY_COLUMNS), pin=cuda)
+                           for _ in range(staging_slots(self.options.device_prefetch) if cuda else 1)]
+        return self._slots
 
     def workers_started(self) -> None:
         """Compile the resize kernel while the workers read the first batch (as the
@@ -69,12 +82,12 @@ class CocoGpuRoute(Route[RawDetectionBatch, DetectionDeviceBatch]):
         self.close()
         if self.device.type != "cuda":
             return self._in_this_thread(batches)
-        self._prefetcher = DevicePrefetcher(batches, self.pipeline, self.device, self._slots, stats,
+        self._prefetcher = DevicePrefetcher(batches, self.pipeline, self.device, self._staging(), stats,
                                             self.options.device_prefetch, keep_alive=self._keep_alive)
         return iter(self._prefetcher)
 
     def _in_this_thread(self, batches: Iterator[RawDetectionBatch]) -> Iterator[DetectionDeviceBatch]:
-        slot = self._slots[0]
+        slot = self._staging()[0]
         for batch in batches:
             slot.stage(batch)
             yield self.pipeline(batch, slot)

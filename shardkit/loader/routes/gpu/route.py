@@ -53,6 +53,11 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         self._keep_alive = num_workers * (cycle + 1)
         self._prefetcher: DevicePrefetcher[RawBatch, DeviceBatch] | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (a pickled loader) stages into slots of its own, made on its first iteration, and
+        # runs a prefetcher of its own: these hold CUDA events, streams and threads
+        return {**self.__dict__, "_slots": [], "_prefetcher": None}
+
     def workers_started(self) -> None:
         """Compile the crop-resize kernel while the workers read the first batch (a job's first
         compile takes about 2 s, which the first batch would otherwise wait for)."""
