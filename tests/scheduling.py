@@ -15,7 +15,8 @@ has been told to stop, and a replacement given a file of one test, with more fil
 sent neither (issue 1327): a worker is now given files until it holds three tests, and told to stop
 once none is left. And a file sent to a worker that had died a moment before ended the session
 with an INTERNALERROR ("cannot send"): the file is recorded against that worker before the send,
-so its death, reported next, puts it back on the queue.
+so its death, reported next, puts it back on the queue. A replacement that has not collected
+yet (a second crash meanwhile) is given nothing until it has: its files could not be named.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class CrashSafeLoadFileScheduling(LoadFileScheduling):
         return crashed
 
     def _reschedule(self, node: WorkerController) -> None:
-        if node.shutting_down:
-            return
+        if node.shutting_down or node not in self.registered_collections:
+            return  # a replacement still collecting: schedule() supplies it once it has
         while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
             self._assign_work_unit(node)
         if not self.workqueue:
