@@ -197,6 +197,8 @@ def check_writable(path: str) -> None:
         if found is None:  # created in place: create it, then remove it
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
             os.remove(path)
+        elif stat.S_ISSOCK(found.st_mode):  # open() refuses a socket
+            raise OSError(errno.ENXIO, os.strerror(errno.ENXIO), path)
         elif not stat.S_ISREG(found.st_mode):  # opened and closed, a FIFO's reader would see its end
             if not os.access(path, os.W_OK):
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)

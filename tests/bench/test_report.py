@@ -222,6 +222,13 @@ def test_where_a_report_cannot_go_is_known_before_the_run_and_nothing_is_left_th
     with pytest.raises(OSError) as caught:
         check_writable("/proc/shardkit-report.json")
     assert caught.value.filename == "/proc/shardkit-report.json"
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as server:  # open() refuses a socket: said before, not after
+        server.bind(str(tmp_path / "sock"))
+        with pytest.raises(OSError, match="No such device or address"):
+            check_writable(str(tmp_path / "sock"))
+    (tmp_path / "sock").unlink()
     new, old, fifo = tmp_path / "new.json", tmp_path / "old.json", tmp_path / "fifo"
     old.write_text("{}")
     os.mkfifo(fifo)
