@@ -322,3 +322,29 @@ def test_a_script_that_ends_mid_epoch_without_closing_exits_cleanly(inet: Path) 
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
         assert "terminate called" not in done.stderr
+
+
+@pytest.mark.parametrize("feeders", [0, 1])
+def test_a_loader_copied_mid_epoch_on_the_gpu_gives_the_next_epoch(inet: Path, feeders: int) -> None:
+    """Pickled and deep-copied after its first batches (its staging slots hold CUDA events, its
+    prefetcher threads and streams; feeders running with ``feeders=1``): each copy makes its own
+    and gives the next epoch's samples; the original ends its epoch as if never copied."""
+    import copy
+    import pickle
+
+    kw = {"batch_size": 8, "transform": transforms.imagenet_train(64), "num_workers": 2, "keys": True, "seed": 3,
+          "device": "cuda", "feeders": feeders}
+    with ShardLoader(str(inet), **kw) as plain:  # type: ignore[arg-type]
+        plain.set_epoch(0)
+        first = [k for _, _, k in plain]
+        plain.set_epoch(1)
+        second = [k for _, _, k in plain]
+    with ShardLoader(str(inet), **kw) as loader:  # type: ignore[arg-type]
+        loader.set_epoch(0)
+        it = iter(loader)
+        got = [next(it)[2], next(it)[2]]
+        for twin in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+            with twin:
+                assert [k for _, _, k in twin] == second
+        got += [k for _, _, k in it]
+    assert got == first
