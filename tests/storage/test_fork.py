@@ -11,6 +11,7 @@ these tests talk to it through a keep-alive proxy (tests/keepalive.py).
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
@@ -41,6 +42,9 @@ def kept_alive(s3_server: dict[str, Any]) -> Any:
 def _in_child(body: Callable[[], str]) -> tuple[int, str, str]:
     """Run ``body`` in a forked child; its exit status, what it returned, and what it wrote to fd 2."""
     with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
+        # the garbage earlier tests of this process left (their loaders, pools, clusters) freed here,
+        # not in the child below, which unfreezes and collects what it inherited
+        gc.collect()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
             code = 1
@@ -53,6 +57,7 @@ def _in_child(body: Callable[[], str]) -> tuple[int, str, str]:
                 # through logging's last resort (pytest's capture and log handlers are not there)
                 os.dup2(err.fileno(), 2)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+                faulthandler.enable(sys.stderr)  # a crash says where, in what the test shows
                 logging.root.handlers.clear()
                 out.write(body().encode())
                 out.flush()
