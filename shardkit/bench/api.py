@@ -9,11 +9,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from shardkit.bench import baselines, conditions, runner
-from shardkit.bench.checks import check_same_data, check_shards_intact, check_timed_batches, drop_private
+from shardkit.bench.checks import (
+    check_same_data,
+    check_shards_intact,
+    check_timed_batches,
+    drop_private,
+    epochs_for,
+)
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report, counted
 from shardkit.errors import PackError
@@ -45,7 +51,9 @@ class BenchConfig:
     ``shards``: a packed dataset of ``imagefolder``; None packs one into a temporary directory
     (removed afterwards); a path without ``index.json`` is packed into. ``transform``: ``train``
     (RandomResizedCrop + flip) or ``val`` (resize + centre crop), at ``size`` px, uint8 out.
-    Each run iterates ``epochs`` epochs; its first ``warmup`` batches are not timed. Every
+    Each run iterates ``epochs`` epochs (None: 2, or more on a small data set,
+    :func:`~shardkit.bench.checks.epochs_for`; the report gives the count run); its first
+    ``warmup`` batches are not timed. Every
     contender runs ``repeats`` times, in alternating order. ``drop_caches``: drop the page cache
     before every run (cold cache) where permitted; otherwise all files are read once first (warm).
     ``jpeg_restart``: pack with :attr:`PackOptions.jpeg_restart <shardkit.pack.PackOptions>`; given
@@ -71,7 +79,7 @@ class BenchConfig:
     device: str = "cpu"
     transform: str = "train"
     size: int = 224
-    epochs: int = 2
+    epochs: int | None = None
     repeats: int = 3
     warmup: int = 5
     drop_caches: bool = False
@@ -88,8 +96,8 @@ class BenchConfig:
         """Raise ValueError on settings that cannot be benchmarked."""
         if self.transform not in ("train", "val"):
             raise ValueError(f"transform must be 'train' or 'val', got {self.transform!r}")
-        if (min(self.batch_size, self.size, self.epochs, self.repeats) < 1 or self.workers < 0
-            or self.warmup < 0):
+        if (min(self.batch_size, self.size, self.repeats) < 1 or (self.epochs is not None and self.epochs < 1)
+                or self.workers < 0 or self.warmup < 0):
             raise ValueError("batch_size, size, epochs and repeats must be >= 1; workers and "
                              "warmup >= 0")
         if self.jpeg_restart is not None and self.jpeg_restart < 1:
@@ -264,6 +272,11 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
     else:
         data = conditions.describe_imagefolder(cfg.imagefolder)
     source_files = data.pop("paths") if cfg.captions else None
+    chosen = cfg.epochs is None
+    if chosen:
+        cfg = replace(cfg, epochs=epochs_for(data["images"], batch_size=cfg.batch_size, warmup=cfg.warmup,
+                                             workers=cfg.workers))
+    assert cfg.epochs is not None
     check_timed_batches(data["images"], batch_size=cfg.batch_size, epochs=cfg.epochs, warmup=cfg.warmup,
                         workers=cfg.workers)
     tmp = tempfile.mkdtemp(prefix="shardkit-bench-") if cfg.shards is None else None
@@ -278,7 +291,16 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
         skipped = frozenset(s["source"] for s in manifest.skipped)
+        if chosen:  # fewer readable images than source files: as many epochs as they need
+            cfg = replace(cfg, epochs=max(cfg.epochs, epochs_for(manifest.num_samples, batch_size=cfg.batch_size,
+                                                                   warmup=cfg.warmup, workers=cfg.workers)))
+        assert cfg.epochs is not None
         notes = _notes(cfg, manifest, shard_paths is not None)
+        if chosen and cfg.epochs > 2:
+            batches = counted(manifest.num_samples // cfg.batch_size, "batch", "batches")
+            notes.insert(0, f"{cfg.epochs} epochs a run: {counted(manifest.num_samples, 'image')} make {batches} of "
+                            f"{cfg.batch_size} an epoch, and a run times at least three times what "
+                            f"{counted(cfg.workers, 'worker')} prepare ahead (--epochs to choose)")
         for text in notes:
             if note is not None:
                 note(text)
@@ -348,6 +370,7 @@ def _run(cfg: BenchConfig, contenders: list[Contender], warmup: int, per_epoch: 
         if sink is not None:
             sink.advance(n)
 
+    assert cfg.epochs is not None  # chosen by run_bench where not given
     if sink is not None:
         sink.begin("timing", cfg.repeats * len(contenders) * cfg.epochs * per_epoch)
     return run_alternating(contenders, repeats=cfg.repeats, epochs=cfg.epochs, warmup=warmup,

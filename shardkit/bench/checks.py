@@ -16,7 +16,7 @@ from shardkit.loader.routes.coco.target import contiguous_label_map
 from shardkit.storage import Store
 
 __all__ = ["AHEAD_PER_WORKER", "check_same_data", "check_shards_intact", "check_timed_batches",
-           "check_train_shards", "drop_private"]
+           "check_train_shards", "drop_private", "epochs_for"]
 
 
 def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_restart: int | None, *,
@@ -105,6 +105,17 @@ def drop_private(data: dict[str, Any]) -> dict[str, Any]:
 
 #: Batches each worker of a loader prepares ahead (DataLoader's ``prefetch_factor``, ShardLoader's ``prefetch``).
 AHEAD_PER_WORKER = 2
+
+
+def epochs_for(images: int, *, batch_size: int, warmup: int, workers: int) -> int:
+    """The epochs a run takes when none is asked for: 2, or more where the data set is small, the
+    fewest whose timed batches (those after ``warmup``) number at least three times what
+    ``workers`` prepare ahead, so that a run times the loaders, not a queue filled before it."""
+    per_epoch = images // batch_size
+    if per_epoch < 1:
+        return 2  # no batch at all: check_timed_batches says so
+    needed = warmup + 3 * max(workers * AHEAD_PER_WORKER, 1)
+    return max(2, -(-needed // per_epoch))
 
 
 def check_timed_batches(images: int, *, batch_size: int, epochs: int, warmup: int, workers: int,

@@ -68,8 +68,9 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
               help="train: RandomResizedCrop + flip; val: resize + centre crop (uint8 out).")
 @click.option("--size", default=None, type=click.IntRange(min=1),
               help="Output side in pixels [default: 224; with --annotations: the shorter side, 800].")
-@click.option("--epochs", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Epochs per timed run.")
+@click.option("--epochs", default=None, type=click.IntRange(min=1),
+              help="Epochs per timed run [default: 2, more on a small data set: enough to time at least three "
+                   "times the batches the workers prepare ahead].")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
               help="Runs per loader, alternating order.")
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0),
@@ -123,7 +124,8 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, captions: bool, context_length: int,
                   shards: str | None, workers: int,
-                  batch_size: int | None, device: str, transform: str, size: int | None, epochs: int, repeats: int,
+                  batch_size: int | None, device: str, transform: str, size: int | None, epochs: int | None,
+                  repeats: int,
                   warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
                   plot: str | None, train_model: str | None, steps: int, contenders: tuple[str, ...],
                   feeders: str, dali_threads: str | None, dali_hw_load: float | None, dali_prefetch: int,

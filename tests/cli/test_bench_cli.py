@@ -267,3 +267,24 @@ def test_bench_refuses_damaged_shards_before_it_runs(tree: Path, tmp_path: Path)
         assert result.output.startswith(f"error: --shards {shards} is damaged: {names[1]} has 1,000 bytes, "
                                         "index.json says "), result.output
         assert f"; {names[2]} is missing; shardkit verify {shards} tells more" in result.output, result.output
+
+
+def test_without_epochs_a_small_data_set_gets_as_many_as_it_needs(tree: Path, tmp_path: Path) -> None:
+    """24 images at batch 8 make 3 batches an epoch: two epochs left 1 to time after the 5 of warm-up,
+    and the bench refused to run unless --epochs was raised by hand. It now takes the fewest epochs
+    that time at least three times what the workers prepare ahead (4 here: 7 timed batches), says
+    so, and records them; --epochs given is kept, and 2 stays the count for a larger set."""
+    from shardkit.bench.checks import epochs_for
+
+    assert epochs_for(24, batch_size=8, warmup=5, workers=1) == 4
+    assert epochs_for(10_000, batch_size=64, warmup=5, workers=8) == 2
+    assert epochs_for(3, batch_size=8, warmup=5, workers=1) == 2  # no batch: the check says so
+    out = tmp_path / "r.json"
+    base = ["bench", str(tree), "--workers", "1", "--batch-size", "8", "--size", "32", "--repeats", "1",
+            "--no-webdataset", "-q"]
+    result = CliRunner().invoke(cli, [*base, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "note: 4 epochs a run: 24 images make 3 batches of 8 an epoch" in result.output, result.output
+    assert json.loads(out.read_text())["config"]["epochs"] == 4
+    asked = CliRunner().invoke(cli, [*base, "--epochs", "2"])
+    assert asked.exit_code == 1 and "raise --epochs" in asked.output, asked.output
