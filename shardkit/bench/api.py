@@ -291,9 +291,9 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
         skipped = frozenset(s["source"] for s in manifest.skipped)
-        if chosen:  # fewer readable images than source files: as many epochs as they need
-            cfg = replace(cfg, epochs=max(cfg.epochs, epochs_for(manifest.num_samples, batch_size=cfg.batch_size,
-                                                                   warmup=cfg.warmup, workers=cfg.workers)))
+        if chosen:  # again for the readable images, which may be fewer than the source files
+            cfg = replace(cfg, epochs=epochs_for(manifest.num_samples, batch_size=cfg.batch_size, warmup=cfg.warmup,
+                                                 workers=cfg.workers))
         assert cfg.epochs is not None
         notes = _notes(cfg, manifest, shard_paths is not None)
         if chosen and cfg.epochs > 2:
