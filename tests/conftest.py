@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import signal
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tests.scheduling import pytest_xdist_make_scheduler  # noqa: F401  (a hook: the suite's --dist loadfile)
+if importlib.util.find_spec("xdist") is not None:  # `pytest` runs without pytest-xdist too
+    from tests.scheduling import pytest_xdist_make_scheduler  # noqa: F401  (a hook: the suite's --dist loadfile)
 
 # One compute thread per test process, and for every process a test starts (torchrun ranks,
 # feeders, CLIs inherit the environment). The suite runs a pytest-xdist worker per core, so a
