@@ -144,12 +144,31 @@ def test_corrupt_image_is_replaced_and_counted_or_raises(packed: Path, tmp_path:
         _run(_loader(ds, shuffle=False, on_error="raise"))
 
 
-def test_truncated_shard_raises_naming_it(packed: Path, tmp_path: Path) -> None:
+def test_a_shard_cut_short_or_missing_is_named_when_the_loader_is_built(packed: Path, tmp_path: Path) -> None:
+    ds = _copy(packed, tmp_path)
+    shard = ds / "shard-000001.tar"
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[:2000])
+    with pytest.raises(LoaderError) as err:
+        _loader(ds, shuffle=False, num_workers=2)  # before any worker starts or any batch is read
+    assert str(err.value) == (f"{shard}: shard has 2,000 bytes, index.json says {size:,} (cut short, or replaced "
+                              "without packing again) (shardkit verify checks every shard)")
+    shard.unlink()
+    (ds / "shard-000000.tar").unlink()
+    with pytest.raises(LoaderError, match=r"^.*shard-000000\.tar: shard is missing \(index.json lists it, [0-9,]+ "
+                                          r"bytes\); 1 more of the \d+ shards are damaged too"):
+        _loader(ds)
+
+
+def test_a_shard_cut_short_in_a_dataset_too_large_to_check_up_front_is_named_when_read(
+        packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shardkit.loader.read.claims.CHECKED_WHOLE", 1)  # each shard a stat: checked as opened
     ds = _copy(packed, tmp_path)
     shard = ds / "shard-000001.tar"
     shard.write_bytes(shard.read_bytes()[:2000])
+    loader = _loader(ds, shuffle=False, num_workers=2)
     with pytest.raises(LoaderError, match="shard-000001.tar"):
-        _run(_loader(ds, shuffle=False, num_workers=2))
+        _run(loader)
 
 
 def test_missing_offsets_file_falls_back_to_scanning(packed: Path, tmp_path: Path,

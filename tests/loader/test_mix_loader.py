@@ -252,9 +252,16 @@ def test_a_damaged_shard_of_the_second_dataset_is_named(packed: Path, other: str
     copy = tmp_path / "b"
     shutil.copytree(other, copy)
     shard = sorted(copy.glob("*.tar"))[1]
-    shard.write_bytes(shard.read_bytes()[:1024])  # cut short: its later samples are lost
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[:1024])  # cut short: its later samples are lost
+    with pytest.raises(LoaderError) as err:
+        _loader([str(packed), str(copy)], weights=[1, 1], disjoint_labels=True, on_error="raise",
+                even_batches=False)
+    assert err.value.where == str(shard) and "index.json says" in err.value.message
+    shard.write_bytes(whole)
     loader = _loader([str(packed), str(copy)], weights=[1, 1], disjoint_labels=True, on_error="raise",
                      even_batches=False)
+    shard.write_bytes(whole[:1024])  # cut short once the loader has checked its files: named when read
     with loader, pytest.raises(LoaderError) as err:
         for _ in loader:
             pass

@@ -19,7 +19,7 @@ from shardkit.index.shards import ShardEntry, ShardTable
 from shardkit.storage import Store
 from shardkit.storage.local import file_kind
 
-__all__ = ["CHECKED_UP_FRONT", "MAX_SAMPLE_BYTES", "check_claims", "check_hash", "check_spans"]
+__all__ = ["CHECKED_UP_FRONT", "CHECKED_WHOLE", "MAX_SAMPLE_BYTES", "check_claims", "check_hash", "check_spans"]
 
 #: The largest sample span read (all of a sample's members with their headers): one member of the
 #: largest size a shard may hold (``MAX_MEMBER_BYTES``) and a little room for the small ones.
@@ -53,21 +53,34 @@ def check_spans(spans: list[tuple[str, int, int]], num_bytes: int, *, where: str
 
 
 #: Shards whose files are compared with their claims when a reader is made: those claiming the
-#: most samples. A ``stat`` costs 15-25 us on a busy 2-core VM (8-12 s for 5e5 shards), so every
-#: other shard is checked when it is opened (its sample count against its offsets file, its size
-#: on every read), which is also where a missing or non-regular file is named.
+#: most samples. A ``stat`` costs 15-25 us on a busy 2-core VM (8-12 s for 5e5 shards), so in a
+#: dataset of more than :data:`CHECKED_WHOLE` shards every other shard is checked when it is
+#: opened (its sample count against its offsets file, its size on every read), which is also where
+#: a missing or non-regular file is named.
 CHECKED_UP_FRONT = 64
+#: A local dataset of at most this many shards has every shard's file checked when a reader is
+#: made (there, missing, not a regular file, or not of the size ``index.json`` gives), so that a
+#: damaged shard stops the loader before an epoch starts rather than partway through it: at most
+#: 0.25 s on that VM, a few ms on a usual machine.
+CHECKED_WHOLE = 10_000
 
 
 def check_claims(store: Store, shards: ShardTable) -> None:
-    """Refuse a local dataset whose largest shards (by claimed samples, :data:`CHECKED_UP_FRONT`
-    of them) cannot hold the samples ``index.json`` claims for them, before the loader plans an
-    epoch of them: every sample takes at least one 512-byte block, so files of ``B`` bytes hold
-    at most ``B / 512`` samples. Their sum is compared (not each shard), so a truncated shard is
-    still read up to its damage."""
+    """Refuse a local dataset whose files do not match ``index.json`` before the loader plans an
+    epoch of them.
+
+    Up to :data:`CHECKED_WHOLE` shards, each shard's file must be there, a regular file, and of
+    the size ``index.json`` gives (the error names the first shard found otherwise and counts the
+    rest). In a larger dataset, its largest shards (by claimed samples, :data:`CHECKED_UP_FRONT`
+    of them) must hold the samples ``index.json`` claims for them: every sample takes at least one
+    512-byte block, so files of ``B`` bytes hold at most ``B / 512`` samples. Their sum is
+    compared (not each shard); the others are checked as they are opened."""
     if store.remote or not len(shards):
         return  # a remote shard's size is checked when it is fetched
     n = len(shards)
+    if n <= CHECKED_WHOLE:
+        _check_files(store, shards)
+        return
     top = np.arange(n) if n <= CHECKED_UP_FRONT else np.argpartition(-shards.num_samples, CHECKED_UP_FRONT)[
         :CHECKED_UP_FRONT]
     top = np.sort(top)
@@ -91,6 +104,29 @@ def check_claims(store: Store, shards: ShardTable) -> None:
             f"but their files hold {int(held.sum())} bytes in all, too few for that many (each sample takes at least "
             f"{BLOCK} bytes); e.g. this shard has {held[j]} bytes, index.json says {claims[j]} samples in "
             f"{shards.num_bytes[i]} bytes", where=store.path(shards.urls[i]))
+
+
+def _check_files(store: Store, shards: ShardTable) -> None:
+    damaged: list[tuple[str, str]] = []
+    for i, size in enumerate(shards.num_bytes.tolist()):
+        path = store.path(shards.urls[i])
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            damaged.append((path, f"shard is missing (index.json lists it, {size:,} bytes)"))
+            continue
+        except OSError as err:
+            damaged.append((path, f"cannot read shard ({err.strerror})"))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            damaged.append((path, f"not a regular file ({file_kind(st.st_mode)})"))
+        elif st.st_size != size:
+            damaged.append((path, f"shard has {st.st_size:,} bytes, index.json says {size:,} "
+                                  "(cut short, or replaced without packing again)"))
+    if damaged:
+        path, what = damaged[0]
+        more = f"; {len(damaged) - 1} more of the {len(shards)} shards are damaged too" if len(damaged) > 1 else ""
+        raise LoaderError(f"{what}{more} (shardkit verify checks every shard)", where=path)
 
 
 def check_hash(fd: int, entry: ShardEntry, where: str) -> None:

@@ -93,6 +93,21 @@ def test_a_local_shard_whose_size_differs_from_the_manifest_is_refused_before_pl
     doc["num_samples"] = sum(s["num_samples"] for s in doc["shards"])
     del doc["table"]  # an index.json naming no table (an older shardkit's): the loader reads its shards
     (ds / "index.json").write_text(json.dumps(doc))
+    with pytest.raises(LoaderError, match=r"shard has [0-9,]+ bytes, index.json says 102,400,000,000") as err:
+        _loader(str(ds), tmp_path / "cache")
+    assert err.value.where.endswith(doc["shards"][0]["url"])
+
+
+def test_in_a_dataset_too_large_to_stat_each_shard_the_claims_are_checked_before_planning(
+        packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shardkit.loader.read.claims.CHECKED_WHOLE", 1)
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    doc = json.loads((ds / "index.json").read_text())
+    doc["shards"][0].update(num_samples=2 * 10**8, num_bytes=2 * 10**8 * 512)
+    doc["num_samples"] = sum(s["num_samples"] for s in doc["shards"])
+    del doc["table"]
+    (ds / "index.json").write_text(json.dumps(doc))
     claims = r"claims 200000\d\d\d samples in its 7 shards, but their files hold \d+ bytes"
     with pytest.raises(LoaderError, match=claims) as err:
         _loader(str(ds), tmp_path / "cache")
@@ -152,10 +167,13 @@ def _manifest_shards(ds: Path) -> Sequence[ShardEntry]:
     return read_manifest(Store(str(ds))).shards
 
 
-def test_of_many_shards_those_claiming_the_most_are_checked_before_planning(packed: Path, tmp_path: Path) -> None:
-    """Past CHECKED_UP_FRONT shards, a stat per shard would cost seconds (5e5 shards): the shards
+def test_of_many_shards_those_claiming_the_most_are_checked_before_planning(
+        packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past CHECKED_WHOLE shards, a stat per shard would cost seconds (5e5 shards): the shards
     claiming the most samples are the ones compared with their files up front."""
     from shardkit.loader.read.claims import CHECKED_UP_FRONT
+
+    monkeypatch.setattr("shardkit.loader.read.claims.CHECKED_WHOLE", CHECKED_UP_FRONT)
 
     ds = tmp_path / "ds"
     shutil.copytree(packed, ds)

@@ -175,9 +175,10 @@ def test_worker_errors_keep_type_message_and_where(packed: Path, tmp_path: Path)
     ds = tmp_path / "ds"
     shutil.copytree(packed, ds)
     shard = ds / "shard-000001.tar"
-    shard.write_bytes(shard.read_bytes()[:2000])
+    loader = _loader(ds, shuffle=False, num_workers=2)
+    shard.write_bytes(shard.read_bytes()[:2000])  # cut short once the loader has checked its files
     with pytest.raises(LoaderError) as info:
-        _keys(_loader(ds, shuffle=False, num_workers=2))
+        _keys(loader)
     err = info.value
     assert "shard-000001.tar" in err.where and "Traceback" not in str(err) and "truncated" in err.message
     assert isinstance(err.__cause__, WorkerTraceback) and "Traceback" in str(err.__cause__)

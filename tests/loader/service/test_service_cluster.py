@@ -104,11 +104,13 @@ def test_a_dataset_the_nodes_cannot_read_is_named_before_any_batch(cluster: Clus
                                                                    tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(packed, broken)
-    first = sorted(broken.glob("*.tar"))[0]
-    first.unlink()
+    # The training process checks the shards' files; their offsets files are read where the
+    # samples are (the nodes'), so a damaged one is what only the nodes can find.
+    first = sorted(broken.glob("*.idx"))[0]
+    first.write_text("not an offsets file\n")
     got = _drive(cluster, tmp_path, broken)
     assert got["error"].startswith("the service worker on node "), got
-    assert f"cannot read the dataset here: {first}: cannot read shard" in got["error"]
+    assert f"cannot read the dataset here: {first}: " in got["error"], got
 
 
 @pytest.mark.timeout(300)
