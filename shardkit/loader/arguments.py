@@ -64,6 +64,12 @@ _DATALOADER_ONLY = {
     "batch_sampler": "batches come from batch_size=, drop_last=, shuffle=, seed= and the ranks",
     "generator": "the order and every sample's augmentation come from seed=",
     "worker_init_fn": "there is no such hook: make per-worker state lazily, in the transform",
+    "timeout": "a worker that raises or dies ends the iteration with its error; one that hangs (a transform "
+               "that never returns) waits, as DataLoader's default timeout=0 does",
+    "in_order": "batches always come in the epoch's order (the order state_dict() resumes)",
+    "multiprocessing_context": "workers start by the process's default method (multiprocessing.set_start_method); "
+                               "feeders from a forkserver",
+    "pin_memory_device": "pass device='cuda[:i]': batches then arrive on that GPU",
 }
 
 

@@ -91,7 +91,9 @@ class ShardLoader:
             ``"auto"``: this process's share of the host's cores less one for the training loop,
             1 to 32 (:func:`shardkit.machine.auto_workers`); ``loader.num_workers`` says how many.
         device: where batches are delivered (``"cpu"`` or ``"cuda[:i]"``).
-        shuffle, seed: epoch order is a pure function of ``(seed, epoch, manifest)``.
+        shuffle, seed: epoch order is a pure function of ``(seed, epoch, manifest)``. ``shuffle``
+            defaults to True (``DataLoader``'s to False): pass False for evaluation. Unshuffled, the
+            order is the shards' own, which ``shardkit pack`` shuffles unless ``--no-shuffle``.
         drop_last: True: every sample at most once per epoch; False: at least once. At one rank
             (``world_size=1``) the last batch is then short, as with ``DataLoader``; over several
             ranks with ``even_batches=True`` it is padded with repeats of the epoch's first
@@ -193,6 +195,9 @@ class ShardLoader:
     training step. Images nvJPEG cannot take are decoded on the CPU and joined to the batch.
     Without CUDA or nvJPEG, one warning is logged and the CPU route (:mod:`shardkit.loader.routes.cpu`)
     is used (delivering on the CPU when CUDA is missing altogether).
+
+    One iteration runs at a time: a newer ``iter(loader)`` ends an older one, whose next
+    ``next()`` raises a :class:`LoaderError` saying so (``zip(loader, loader)`` is refused that way).
 
     Errors raised in worker processes reach the caller with their type, message and ``where``.
     A worker process that dies (e.g. killed by the out-of-memory killer) ends the iteration with
@@ -350,6 +355,16 @@ class ShardLoader:
         order (torchvision's detection-model convention); otherwise None (COCO labels are the
         category ids: see :attr:`categories`; adopted shards without names)."""
         return self.route.classes
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (per rank), as ``DataLoader.batch_size``."""
+        return self.config.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether an epoch's last partial batch is dropped, as ``DataLoader.drop_last``."""
+        return self.config.drop_last
 
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank unless

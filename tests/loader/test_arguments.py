@@ -247,6 +247,10 @@ def test_numpy_integers_are_taken_as_a_dataloader_takes_them(packed: Path) -> No
     ({"prefetch_factor": 4}, "it is prefetch= here"),
     ({"collate_fn": list}, "the loader joins each batch"),
     ({"sampler": None}, "the order comes from shuffle=, seed= and the ranks"),
+    ({"timeout": 5}, "as DataLoader's default timeout=0 does"),
+    ({"in_order": False}, "batches always come in the epoch's order"),
+    ({"multiprocessing_context": "spawn"}, "multiprocessing.set_start_method"),
+    ({"pin_memory_device": "cuda"}, "pass device='cuda[:i]'"),
     ({"num_worker": 2}, "unexpected keyword argument 'num_worker' (did you mean 'num_workers'?)"),
     ({"batchsize": 2}, "unexpected keyword argument 'batchsize' (did you mean 'batch_size'?)"),
 ])
@@ -254,6 +258,19 @@ def test_dataloader_habits_are_told_what_to_write(packed: Path, given: dict[str,
     with pytest.raises(TypeError) as info:
         ShardLoader(str(packed), batch_size=4, **given)
     assert str(info.value).startswith("ShardLoader() got ") and hint in str(info.value)
+
+
+def test_batch_size_and_drop_last_read_as_a_dataloader_s(packed: Path) -> None:
+    loader = ShardLoader(str(packed), batch_size=7, drop_last=True)
+    assert (loader.batch_size, loader.drop_last) == (7, True)
+    assert (ShardLoader(str(packed), batch_size=3).batch_size, ShardLoader(str(packed), batch_size=3).drop_last) == (
+        3, False)
+
+
+@pytest.mark.parametrize("dataset", ["", [""], ["x", ""]])
+def test_an_empty_dataset_path_is_refused_as_such(dataset: Any) -> None:
+    with pytest.raises(LoaderError, match="^dataset is an empty path: name a packed dataset's directory"):
+        ShardLoader(dataset, batch_size=4)
 
 
 def test_options_by_position_are_told_to_go_by_keyword(packed: Path) -> None:

@@ -54,12 +54,14 @@ class Datasets:
 
 def _urls(dataset: object) -> tuple[str, ...]:
     if isinstance(dataset, (str, os.PathLike)):
-        return (os.fspath(dataset),)
-    if not isinstance(dataset, Sequence) or not dataset:
+        dataset = (dataset,)
+    elif not isinstance(dataset, Sequence) or not dataset:
         raise LoaderError(f"dataset must be a path or URL, or a non-empty list of them, got {dataset!r}"[:200])
     for item in dataset:
         if not isinstance(item, (str, os.PathLike)):
             raise LoaderError(f"each dataset must be a path or URL, got {item!r}"[:200])
+        if not os.fspath(item):
+            raise LoaderError("dataset is an empty path: name a packed dataset's directory, index.json or URL")
     return tuple(os.fspath(d) for d in dataset)
 
 
