@@ -8,7 +8,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -178,14 +178,14 @@ def _coco_contenders(cfg: BenchConfig, shards: str, skipped: frozenset[str] = fr
 
 
 def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None, skipped: frozenset[str],
-                webdataset_workers: int) -> list[Contender]:
+                plan: WebdatasetPlan) -> list[Contender]:
     """The loaders to time. ``skipped``: source files (relative to the tree) the pack left out as
-    unreadable, which the torchvision baselines leave out too; ``webdataset_workers``: the plain
-    webdataset baseline's workers (see :func:`webdataset_workers`)."""
+    unreadable, which the torchvision baselines leave out too; ``plan``: the plain webdataset
+    baseline's workers and batching (see :func:`webdataset_plan`)."""
     if cfg.annotations is not None:
         return _coco_contenders(cfg, shards, skipped)
     if cfg.captions:
-        return _caption_contenders(cfg, shards, shard_paths, webdataset_workers)
+        return _caption_contenders(cfg, shards, shard_paths, plan)
     common: dict[str, Any] = {"size": cfg.size, "train": cfg.transform == "train",
                               "batch_size": cfg.batch_size,
               "workers": cfg.workers, "device": cfg.device}
@@ -195,9 +195,8 @@ def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None, sk
                      lambda: baselines.imagefolder_loader(cfg.imagefolder, skip=skipped, **common),
                      baseline=True)]
     if "webdataset" in cfg.contenders and shard_paths is not None:
-        fewer = "" if webdataset_workers == cfg.workers else f", {counted(webdataset_workers, 'worker')}"
-        wds_common = {**common, "workers": webdataset_workers}
-        out.append(Contender("webdataset", f"webdataset + WebLoader (PIL{fewer})",
+        wds_common = {**common, "workers": plan.workers, "rebatch": plan.rebatch}
+        out.append(Contender("webdataset", f"webdataset + WebLoader (PIL{_how(cfg, plan)})",
                              lambda: baselines.webdataset_loader(shard_paths, **wds_common)))
     if "shardloader" in cfg.contenders:
         out.append(Contender("shardloader", f"shardkit ShardLoader ({where})",
@@ -208,16 +207,15 @@ def _contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None, sk
 
 
 def _caption_contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | None,
-                        webdataset_workers: int) -> list[Contender]:
+                        plan: WebdatasetPlan) -> list[Contender]:
     """Plain webdataset (the baseline) and ShardLoader over the same captioned shards, the same crop
     and tokenizer."""
     if shard_paths is None:
         raise ValueError("the captioned bench reads local shards (its webdataset baseline opens the tar files)")
     common: dict[str, Any] = {"size": cfg.size, "train": cfg.transform == "train", "batch_size": cfg.batch_size,
                               "workers": cfg.workers, "device": cfg.device, "context_length": cfg.context_length}
-    fewer = "" if webdataset_workers == cfg.workers else f", {counted(webdataset_workers, 'worker')}"
-    wds_common = {**common, "workers": webdataset_workers}
-    out = [Contender("webdataset", f"webdataset + WebLoader (PIL, to_tuple jpg txt{fewer})",
+    wds_common = {**common, "workers": plan.workers, "rebatch": plan.rebatch}
+    out = [Contender("webdataset", f"webdataset + WebLoader (PIL, to_tuple jpg txt{_how(cfg, plan)})",
                      lambda: baselines.webdataset_caption_loader(shard_paths, **wds_common), baseline=True)]
     if "shardloader" in cfg.contenders:
         where = "CPU decode" if cfg.device == "cpu" else f"{cfg.device} path"
@@ -225,6 +223,56 @@ def _caption_contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | 
                              lambda: runner.caption_shardloader(shards, storage_options=cfg.storage_options, **common),
                              stages=runner.shardloader_stages))
     return out
+
+
+@dataclass(frozen=True)
+class WebdatasetPlan:
+    """How the plain webdataset baseline batches. Its workers split whole shards (worker ``i`` reads
+    shards ``i``, ``i + workers``, …: webdataset's ``split_by_worker``) and batch what they read;
+    ``shares``: the images each worker reads an epoch (one share without workers).
+
+    Where every share holds a full batch, each worker batches its own images and drops its last
+    partial batch (``batched(B, partial=False)``); otherwise a worker with less than a batch would
+    deliver nothing, and the baseline rebatches (``rebatch``) as webdataset's documentation
+    advises: the workers keep their partial batches and the ``WebLoader`` regroups the images into
+    full batches (``.unbatched().batched(B, partial=False)``), as many an epoch as the other loaders.
+
+    Example:
+        >>> plan = webdataset_plan([30] * 10, workers=8, batch_size=256)
+        >>> plan.workers, plan.shares[:3], plan.rebatch, plan.batches_per_epoch
+        (8, (60, 60, 30), True, 1)
+        >>> webdataset_plan([5, 5, 5, 5, 4], workers=2, batch_size=8).batches_per_epoch  # 14 and 10 images
+        2
+    """
+
+    workers: int
+    shares: tuple[int, ...]
+    batch_size: int
+
+    @property
+    def rebatch(self) -> bool:
+        return min(self.shares) < self.batch_size
+
+    @property
+    def batches_per_epoch(self) -> int:
+        if self.rebatch:
+            return sum(self.shares) // self.batch_size
+        return sum(share // self.batch_size for share in self.shares)
+
+
+def _how(cfg: BenchConfig, plan: WebdatasetPlan) -> str:
+    """What a webdataset row's label adds: fewer workers than asked for, rebatched."""
+    fewer = "" if plan.workers == cfg.workers else f", {counted(plan.workers, 'worker')}"
+    return fewer + (", rebatched" if plan.rebatch else "")
+
+
+def webdataset_plan(shard_samples: Sequence[int], *, workers: int, batch_size: int) -> WebdatasetPlan:
+    """The :class:`WebdatasetPlan` for shards of ``shard_samples`` images each (in index order),
+    with ``workers`` asked for (:func:`webdataset_workers` lowers them to the shard count)."""
+    count = webdataset_workers(workers, len(shard_samples))
+    split = max(count, 1)
+    shares = tuple(sum(shard_samples[i::split]) for i in range(split))
+    return WebdatasetPlan(count, shares, batch_size)
 
 
 def webdataset_workers(workers: int, shards: int) -> int:
@@ -291,22 +339,33 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         remote = is_remote(shards)
         shard_paths = None if remote else [store.path(s.url) for s in manifest.shards]
         skipped = frozenset(s["source"] for s in manifest.skipped)
+        plan = webdataset_plan(manifest.table.num_samples.tolist(), workers=cfg.workers, batch_size=cfg.batch_size)
+        per_epoch = manifest.num_samples // cfg.batch_size
+        wds_per_epoch = (plan.batches_per_epoch if shard_paths is not None and "webdataset" in cfg.contenders
+                         and cfg.annotations is None else per_epoch)
         if chosen:  # again for the readable images, which may be fewer than the source files
             cfg = replace(cfg, epochs=epochs_for(manifest.num_samples, batch_size=cfg.batch_size, warmup=cfg.warmup,
-                                                 workers=cfg.workers))
+                                                 workers=cfg.workers, per_epoch=min(per_epoch, wds_per_epoch)))
         assert cfg.epochs is not None
-        notes = _notes(cfg, manifest, shard_paths is not None)
+        notes = _notes(cfg, manifest, shard_paths is not None, plan)
         if chosen and cfg.epochs > 2:
-            batches = counted(manifest.num_samples // cfg.batch_size, "batch", "batches")
+            batches = counted(per_epoch, "batch", "batches")
+            fewer = ("" if wds_per_epoch >= per_epoch else
+                     f" (webdataset's workers, each batching its own shards, {wds_per_epoch})")
             notes.insert(0, f"{cfg.epochs} epochs a run: {counted(manifest.num_samples, 'image')} make {batches} of "
-                            f"{cfg.batch_size} an epoch, and a run times at least three times what "
+                            f"{cfg.batch_size} an epoch{fewer}, and a run times at least three times what "
                             f"{counted(cfg.workers, 'worker')} prepare ahead (--epochs to choose)")
         for text in notes:
             if note is not None:
                 note(text)
         check_timed_batches(manifest.num_samples, batch_size=cfg.batch_size, epochs=cfg.epochs, warmup=cfg.warmup,
                             workers=cfg.workers, kind="readable ")
-        warmup, per_epoch = cfg.warmup, manifest.num_samples // cfg.batch_size
+        if wds_per_epoch < per_epoch:  # each worker batches its own shards and drops its last partial batch
+            check_timed_batches(manifest.num_samples, batch_size=cfg.batch_size, epochs=cfg.epochs, warmup=cfg.warmup,
+                                workers=plan.workers, kind="readable ", per_epoch=wds_per_epoch,
+                                whose=f"webdataset's {counted(plan.workers, 'worker')}, each batching its own "
+                                      f"shards ({_shares(plan)}), make")
+        warmup = cfg.warmup
         cache = "warm (every file read once before the runs)"
         drop: Callable[[Contender], None] | None = None
         if cfg.drop_caches:
@@ -325,9 +384,9 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
                             "bytes": manifest.num_bytes, "temporary": tmp is not None,
                             "jpeg_restart": manifest.options.get("jpeg_restart")},
                  "notes": notes}
-        contenders = _contenders(cfg, shards, shard_paths, skipped,
-                                 webdataset_workers(cfg.workers, len(manifest.shards)))
-        runs = _run(cfg, contenders, warmup, per_epoch, drop, sink, after_run)
+        contenders = _contenders(cfg, shards, shard_paths, skipped, plan)
+        epoch_batches = {c.name: wds_per_epoch if c.name == "webdataset" else per_epoch for c in contenders}
+        runs = _run(cfg, contenders, warmup, epoch_batches, drop, sink, after_run)
         config = {**asdict(cfg), "warmup": warmup, "storage_options": None,
                   "contenders": [c.name for c in contenders]}
         return build_report(config, conds, pack_info, contenders, runs)
@@ -336,7 +395,15 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool) -> list[str]:
+def _shares(plan: WebdatasetPlan) -> str:
+    """The images webdataset's workers read an epoch: ``14 and 10 images``, ``30 to 60 images each``."""
+    low, high = min(plan.shares), max(plan.shares)
+    if len(plan.shares) == 2:
+        return f"{plan.shares[0]} and {counted(plan.shares[1], 'image')}"
+    return counted(high, "image") + " each" if low == high else f"{low} to {high} images each"
+
+
+def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: WebdatasetPlan) -> list[str]:
     """What :func:`run_bench` tells before timing (see its ``note``)."""
     notes = []
     if manifest.skipped:
@@ -351,10 +418,15 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool) -> list[str]:
         notes.append(f"webdataset splits whole shards between its workers, and {counted(shards, 'shard')} "
                      f"cannot feed {cfg.workers} workers: its baseline runs with {counted(shards, 'worker')} "
                      f"({others} all; pack with a lower --max-count for more shards)")
+    if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and plan.rebatch:
+        notes.append(f"webdataset's {counted(plan.workers, 'worker')} read {_shares(plan)} from their shards, "
+                     f"less than a batch of {cfg.batch_size} for some: "
+                     "its baseline keeps each worker's partial batches and rebatches them in the WebLoader "
+                     f"(.unbatched().batched({cfg.batch_size}), as webdataset's documentation advises)")
     return notes
 
 
-def _run(cfg: BenchConfig, contenders: list[Contender], warmup: int, per_epoch: int,
+def _run(cfg: BenchConfig, contenders: list[Contender], warmup: int, per_epoch: dict[str, int],
          drop: Callable[[Contender], None] | None, sink: ProgressSink | None,
          after_run: Callable[[str, int, RunResult], None] | None) -> dict[str, list[RunResult]]:
     current = {"count": 0}
@@ -372,7 +444,7 @@ def _run(cfg: BenchConfig, contenders: list[Contender], warmup: int, per_epoch: 
 
     assert cfg.epochs is not None  # chosen by run_bench where not given
     if sink is not None:
-        sink.begin("timing", cfg.repeats * len(contenders) * cfg.epochs * per_epoch)
+        sink.begin("timing", cfg.repeats * cfg.epochs * sum(per_epoch.values()))
     return run_alternating(contenders, repeats=cfg.repeats, epochs=cfg.epochs, warmup=warmup,
                            device=cfg.device, progress=progress, before_run=before,
                            after_run=after_run)

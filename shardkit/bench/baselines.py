@@ -5,7 +5,9 @@
   ``pin_memory`` on CUDA, shuffled, ``drop_last=True``.
 * plain ``webdataset`` on the same shards: ``WebDataset(urls, shardshuffle=False)``, PIL
   decode to RGB, the same v2 transform, ``batched(B, partial=False)`` and a ``WebLoader`` with
-  the same worker settings.
+  the same worker settings. Where a worker's shards hold fewer than ``B`` images (``rebatch``),
+  as webdataset's documentation advises: ``batched(B)`` in the workers, partial batches kept, and
+  ``.unbatched().batched(B, partial=False)`` on the ``WebLoader``.
 
 Both produce uint8 ``[B,3,S,S]`` batches and int64 labels, like ShardLoader with
 ``imagenet_train(S)`` / ``imagenet_val(S)``. Everything handed to workers is picklable.
@@ -96,11 +98,15 @@ def imagefolder_loader(root: str, *, size: int, train: bool, batch_size: int, wo
 
 
 def webdataset_loader(urls: Sequence[str], *, size: int, train: bool, batch_size: int, workers: int,
-                      device: str = "cpu") -> Any:
+                      device: str = "cpu", rebatch: bool = False) -> Any:
     """Plain webdataset over local shard paths ``urls``, batched in the workers.
 
     Each worker reads whole shards (webdataset's ``split_by_worker``) and drops its last partial
     batch, so with shards split evenly the batch count matches ``drop_last=True`` elsewhere.
+    ``rebatch``: the workers keep their partial batches and the ``WebLoader`` regroups the images
+    into full ones (``.unbatched().batched(batch_size, partial=False)``, as webdataset's
+    documentation does), so that workers whose shards hold less than a batch still deliver: every
+    epoch then has ``images // batch_size`` batches.
     """
     import webdataset as wds
 
@@ -109,9 +115,18 @@ def webdataset_loader(urls: Sequence[str], *, size: int, train: bool, batch_size
         .decode("pil")  # "pil" converts to RGB, like ImageFolder's loader
         .to_tuple(IMAGE_KEYS, "cls")
         .map_tuple(torchvision_transform(size, train), int)
-        .batched(batch_size, partial=False)
+        .batched(batch_size, partial=rebatch)
     )
-    return wds.WebLoader(dataset, batch_size=None, **_loader_kwargs(workers, device))
+    return _web_loader(dataset, batch_size, workers, device, rebatch)
+
+
+def _web_loader(dataset: Any, batch_size: int, workers: int, device: str, rebatch: bool) -> Any:
+    """A ``WebLoader`` over ``dataset`` (batched in the workers); ``rebatch``: regrouped into full
+    batches of ``batch_size`` in this process."""
+    import webdataset as wds
+
+    loader = wds.WebLoader(dataset, batch_size=None, **_loader_kwargs(workers, device))
+    return loader.unbatched().batched(batch_size, partial=False) if rebatch else loader
 
 
 def _identity(value: Any) -> Any:
@@ -119,12 +134,12 @@ def _identity(value: Any) -> Any:
 
 
 def webdataset_caption_loader(urls: Sequence[str], *, size: int, train: bool, batch_size: int, workers: int,
-                              device: str = "cpu", context_length: int = 77) -> Any:
+                              device: str = "cpu", context_length: int = 77, rebatch: bool = False) -> Any:
     """Plain webdataset over captioned shards, as its users write it:
     ``WebDataset(urls).decode("pil").to_tuple("jpg", "txt")`` (any image extension, as
     :func:`webdataset_loader`), the torchvision crop on each image, ``batched`` in the workers and
     the captions of each batch tokenized there (:class:`~shardkit.transforms.ByteTokenizer`);
-    a ``WebLoader``.
+    a ``WebLoader`` (``rebatch``: as :func:`webdataset_loader`'s).
     Batches are ``(uint8 [B,3,S,S], int64 [B, context_length])``."""
     import webdataset as wds
 
@@ -133,10 +148,10 @@ def webdataset_caption_loader(urls: Sequence[str], *, size: int, train: bool, ba
         .decode("pil")
         .to_tuple(IMAGE_KEYS, "txt")
         .map_tuple(torchvision_transform(size, train), _identity)
-        .batched(batch_size, partial=False)
+        .batched(batch_size, partial=rebatch)
         .map_tuple(_identity, ByteTokenizer(context_length))
     )
-    return wds.WebLoader(dataset, batch_size=None, **_loader_kwargs(workers, device))
+    return _web_loader(dataset, batch_size, workers, device, rebatch)
 
 
 def collate_lists(batch: Sequence[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:

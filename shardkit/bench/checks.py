@@ -107,11 +107,13 @@ def drop_private(data: dict[str, Any]) -> dict[str, Any]:
 AHEAD_PER_WORKER = 2
 
 
-def epochs_for(images: int, *, batch_size: int, warmup: int, workers: int) -> int:
+def epochs_for(images: int, *, batch_size: int, warmup: int, workers: int, per_epoch: int | None = None) -> int:
     """The epochs a run takes when none is asked for: 2, or more where the data set is small, the
     fewest whose timed batches (those after ``warmup``) number at least three times what
-    ``workers`` prepare ahead, so that a run times the loaders, not a queue filled before it."""
-    per_epoch = images // batch_size
+    ``workers`` prepare ahead, so that a run times the loaders, not a queue filled before it.
+    ``per_epoch``: the batches of an epoch where a loader makes fewer than ``images // batch_size``
+    (webdataset's workers, each batching its own shards)."""
+    per_epoch = images // batch_size if per_epoch is None else per_epoch
     if per_epoch < 1:
         return 2  # no batch at all: check_timed_batches says so
     needed = warmup + 3 * max(workers * AHEAD_PER_WORKER, 1)
@@ -119,15 +121,18 @@ def epochs_for(images: int, *, batch_size: int, warmup: int, workers: int) -> in
 
 
 def check_timed_batches(images: int, *, batch_size: int, epochs: int, warmup: int, workers: int,
-                        kind: str = "") -> None:
+                        kind: str = "", per_epoch: int | None = None, whose: str = "") -> None:
     """Refuse a plan whose timed batches would not measure the loaders: none left after the
     warm-up, or no more than the workers prepare ahead (a timed part that only empties a full
     queue gives any rate at all, and CPU figures over seconds of work done before it).
+    ``per_epoch``: the batches of an epoch of one loader that makes fewer than
+    ``images // batch_size``, which ``whose`` (the start of the message) names.
 
     Raises:
         ValueError: saying which counts and what to change.
     """
-    per_epoch = images // batch_size
+    if per_epoch is None:
+        per_epoch = images // batch_size
     if per_epoch < 1:
         raise ValueError(f"{images} {kind}images make no full batch of {batch_size}: lower --batch-size")
     total = per_epoch * epochs
@@ -138,8 +143,9 @@ def check_timed_batches(images: int, *, batch_size: int, epochs: int, warmup: in
         left = (f"leave none to time after --warmup {warmup}" if timed < 1 else
                 f"leave {batches} to time after --warmup {warmup}, no more than the {ahead} that "
                 f"{counted(workers, 'worker')} prepare ahead: the rates would time a full queue, not the loaders")
-        raise ValueError(f"{counted(total, 'batch', 'batches')} of {batch_size} in "
-                         f"{counted(epochs, 'epoch')} of {images} {kind}images {left}; raise --epochs, or "
+        which = ", which" if whose else ""
+        raise ValueError(f"{whose}{' ' if whose else ''}{counted(total, 'batch', 'batches')} of {batch_size} in "
+                         f"{counted(epochs, 'epoch')} of {images} {kind}images{which} {left}; raise --epochs, or "
                          "lower --warmup or --batch-size")
 
 

@@ -64,3 +64,23 @@ def test_class_names_are_compared_unless_adopted_shards_know_only_their_labels()
     api.check_same_data(Manifest("imagefolder", shards, classes=("0", "1"), adopted=True), data, "shards", None)
     with pytest.raises(ValueError, match="names its classes otherwise"):  # packed so: a name like any other
         api.check_same_data(Manifest("imagefolder", shards, classes=("0", "1")), data, "shards", None)
+
+
+def test_webdataset_plan_rebatches_where_a_worker_reads_less_than_a_batch() -> None:
+    """webdataset's workers split whole shards and batch what they read: 300 images in 10 shards for
+    8 workers are 30 to 60 images each, no batch of 256 for any, and the bench timed 0 batches. The
+    plan rebatches there (as many batches as the other loaders); where every worker has a batch it
+    batches in the workers, and the checks count the batches each worker makes."""
+    plan = api.webdataset_plan([30] * 10, workers=8, batch_size=256)
+    assert (plan.workers, plan.rebatch, plan.batches_per_epoch) == (8, True, 1)
+    assert sorted(set(plan.shares)) == [30, 60]
+    own = api.webdataset_plan([5, 5, 5, 5, 4], workers=2, batch_size=8)
+    assert (own.shares, own.rebatch, own.batches_per_epoch) == ((14, 10), False, 2)  # 24 // 8 would be 3
+    assert api.webdataset_plan([13, 11], workers=3, batch_size=4).workers == 2
+    assert api.webdataset_plan([24], workers=0, batch_size=8).batches_per_epoch == 3
+    assert api.epochs_for(24, batch_size=8, warmup=5, workers=1, per_epoch=2) == 6
+    with pytest.raises(ValueError, match=r"^webdataset's 2 workers, each batching its own shards \(14 and 10 images\), "
+                                         r"make 4 batches of 8 in 2 epochs of 24 images, which leave 4 batches to "
+                                         r"time after --warmup 0, no more than the 4 that 2 workers prepare ahead"):
+        api.check_timed_batches(24, batch_size=8, epochs=2, warmup=0, workers=2, per_epoch=2,
+                                whose="webdataset's 2 workers, each batching its own shards (14 and 10 images), make")

@@ -35,3 +35,19 @@ def test_webdataset_loader_reads_our_shards(tiny_tree: Path, tmp_path: Path) -> 
 def test_val_transform_matches_preset_sizes() -> None:
     t = baselines.torchvision_transform(224, train=False)
     assert [type(s).__name__ for s in t.transforms] == ["Resize", "CenterCrop", "PILToTensor"]
+
+
+def test_webdataset_loader_rebatches_what_workers_with_less_than_a_batch_read(tiny_tree: Path, tmp_path: Path) -> None:
+    """12 shards of 2 images for 4 workers: each reads 6, less than a batch of 8, and batching in
+    the workers alone gave no batch at all (the bench then failed after timing the others). With
+    ``rebatch`` the WebLoader regroups the workers' partial batches: 24 // 8 full batches."""
+    result = pack(str(tiny_tree), str(tmp_path / "ds"), options=PackOptions(max_count=2), workers=1)
+    urls = [str(tmp_path / "ds" / s.url) for s in result.manifest.shards]
+    common = {"size": 16, "train": False, "batch_size": 8, "workers": 4}
+    assert list(baselines.webdataset_loader(urls, **common)) == []
+    loader = baselines.webdataset_loader(urls, rebatch=True, **common)
+    for _epoch in range(2):
+        batches = list(loader)
+        assert [tuple(b[0].shape) for b in batches] == [(8, 3, 16, 16)] * 3
+        assert all(b[1].dtype == torch.int64 for b in batches)
+        assert sorted(torch.cat([b[1] for b in batches]).tolist()) == [0] * 12 + [1] * 12

@@ -288,3 +288,40 @@ def test_without_epochs_a_small_data_set_gets_as_many_as_it_needs(tree: Path, tm
     assert json.loads(out.read_text())["config"]["epochs"] == 4
     asked = CliRunner().invoke(cli, [*base, "--epochs", "2"])
     assert asked.exit_code == 1 and "raise --epochs" in asked.output, asked.output
+
+
+def test_bench_runs_webdataset_whose_workers_read_less_than_a_batch(tree: Path, tmp_path: Path) -> None:
+    """The bench packs 12 shards of 2 images for 4 workers: each webdataset worker read 6 images,
+    no batch of 8, and after timing ImageFolder the bench ended in "webdataset: 0 batches in 3
+    epoch(s) leave none to time". Its baseline now rebatches in the WebLoader, said before the
+    timing, and times as many images as the others."""
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["bench", str(tree), "--workers", "4", "--batch-size", "8", "--size", "16",
+                                      "--repeats", "1", "--epochs", "3", "--warmup", "0", "--transform", "val",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert ("note: webdataset's 4 workers read 6 images each from their shards, less than a batch of 8 for some: "
+            "its baseline keeps each worker's partial batches and rebatches them in the WebLoader") in result.output
+    assert "webdataset + WebLoader (PIL, rebatched)" in result.output
+    report = json.loads(out.read_text())
+    assert {r["name"]: r["batch_shape"] for r in report["results"]}["webdataset"] == [8, 3, 16, 16]
+
+
+def test_bench_counts_the_batches_each_webdataset_worker_makes_before_it_runs(tree: Path, tmp_path: Path) -> None:
+    """Shards of 5, 5, 5, 5 and 4 images: webdataset's 2 workers read 14 and 10 and make one batch
+    of 8 each an epoch, not the 3 the other loaders make. The check counted 3 and let a run through
+    whose webdataset part timed no more than its workers prepare ahead; it now says so first."""
+    shards = tmp_path / "shards"
+    pack(str(tree), str(shards), options=PackOptions(max_count=5), workers=1)
+    base = ["bench", str(tree), "--shards", str(shards), "--workers", "2", "--batch-size", "8", "--size", "16",
+            "--repeats", "1", "--warmup", "0", "--transform", "val"]
+    result = CliRunner().invoke(cli, [*base, "--epochs", "2", "-q"])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith("error: webdataset's 2 workers, each batching its own shards (14 and 10 images), "
+                                    "make 4 batches of 8 in 2 epochs of 24 readable images, which leave 4 batches "
+                                    "to time after --warmup 0, no more than the 4 that 2 workers prepare ahead"), \
+        result.output
+    chosen = CliRunner().invoke(cli, base)  # without --epochs: enough for webdataset's batches too
+    assert chosen.exit_code == 0, chosen.output
+    assert ("note: 6 epochs a run: 24 images make 3 batches of 8 an epoch (webdataset's workers, each batching its "
+            "own shards, 2)") in chosen.output
