@@ -25,6 +25,7 @@ from shardkit.bench.report import build_report, counted
 from shardkit.errors import PackError
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
+from shardkit.machine import usable_cores
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")
@@ -412,6 +413,10 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: Webdata
         notes.append(f"{counted(len(manifest.skipped), 'unreadable source file')} left out by every loader, as "
                      f"pack skipped {'them' if more else 'it'}: {first['source']}: {first['reason']}"
                      + (f" (and {more} more, listed in index.json)" if more else ""))
+    cores = usable_cores()
+    if cfg.workers > cores:
+        notes.append(f"{counted(cfg.workers, 'worker')} a loader on {counted(cores, 'usable core')}: the workers "
+                     "take turns on the cores (as asked; --workers auto picks a count for this machine)")
     shards = len(manifest.shards)
     if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and shards < cfg.workers:
         others = "ShardLoader keeps" if cfg.captions else "ShardLoader and ImageFolder keep"

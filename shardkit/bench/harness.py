@@ -11,10 +11,12 @@ other repetition (A B C, C B A, …) so slow drift of the machine hits all of th
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,6 +167,16 @@ def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "c
                      load_average=_load())
 
 
+@contextlib.contextmanager
+def quiet_worker_count() -> Iterator[None]:
+    """Without torch's warning that a ``DataLoader`` starts more workers than the usable cores (it
+    comes on building one and again on its first ``iter()``): the bench runs the worker count it is
+    given on purpose, and says so once in its own words where that matters."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        yield
+
+
 def _load() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -200,8 +212,9 @@ def run_alternating(contenders: Sequence[Contender], *, repeats: int, epochs: in
         for name in order:
             if before_run is not None:
                 before_run(by_name[name])
-            result = run_once(by_name[name], epochs=epochs, warmup=warmup, device=device,
-                              progress=progress)
+            with quiet_worker_count():
+                result = run_once(by_name[name], epochs=epochs, warmup=warmup, device=device,
+                                  progress=progress)
             results[name].append(result)
             if after_run is not None:
                 after_run(name, rep, result)

@@ -90,7 +90,7 @@ import torch
 from shardkit.bench import baselines, conditions, dali
 from shardkit.bench.checks import check_train_shards
 from shardkit.bench.finished import FinishedRuns
-from shardkit.bench.harness import alternating_order, settled, steady
+from shardkit.bench.harness import alternating_order, quiet_worker_count, settled, steady
 from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted, created
 from shardkit.bench.step_timing import Step, gpu_times, run_steps
@@ -320,15 +320,17 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
 
 @contextlib.contextmanager
 def _built(build: Callable[[], Any]) -> Iterator[Any]:
-    """A loader from ``build``, closed (where it can be) and dropped after the block."""
-    loader = build()
-    try:
-        yield loader
-    finally:
-        close = getattr(loader, "close", None)
-        if close is not None:
-            close()
-        del loader
+    """A loader from ``build``, closed (where it can be) and dropped after the block; torch's
+    warning of more workers than cores is not printed while it is built and used."""
+    with quiet_worker_count():
+        loader = build()
+        try:
+            yield loader
+        finally:
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+            del loader
 
 
 def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -325,3 +326,18 @@ def test_bench_counts_the_batches_each_webdataset_worker_makes_before_it_runs(tr
     assert chosen.exit_code == 0, chosen.output
     assert ("note: 6 epochs a run: 24 images make 3 batches of 8 an epoch (webdataset's workers, each batching its "
             "own shards, 2)") in chosen.output
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity (Linux)")
+def test_more_workers_than_cores_is_said_once_without_torchs_warning(tree: Path) -> None:
+    """On one usable core, 2 workers: torch's DataLoader printed its UserWarning (with the source
+    line it came from) on building each baseline loader and on its first epoch; the bench says it
+    once in a note instead."""
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "from shardkit.cli import cli\n"
+            f"cli(['bench', {str(tree)!r}, '--workers', '2', '--batch-size', '8', '--size', '16', '--repeats', '1',"
+            " '--epochs', '3', '--warmup', '0', '--transform', 'val'], prog_name='shardkit')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "UserWarning" not in done.stderr and "This DataLoader" not in done.stderr, done.stderr
+    assert done.stderr.count("note: 2 workers a loader on 1 usable core: the workers take turns") == 1, done.stderr
