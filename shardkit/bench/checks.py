@@ -34,22 +34,20 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
     omit = ", or omit --shards" if can_omit else ""
     if data.get("kind") == "captions":
         if manifest.kind != "captions" or packed != data["images"]:
-            raise ValueError(f"--shards {shards} holds {manifest.kind} data of {packed} source images, but "
+            raise ValueError(f"--shards {shards} holds {_held(manifest, packed)}, but "
                              f"{data['path']} has {data['images']} captioned images: the comparison would not be on "
                              f"the same data (pack it with shardkit pack --format captions{omit})")
     elif data.get("kind") == "coco":  # packed with drop_empty: the images that have annotations
         ids = list(contiguous_label_map(manifest.categories)) if manifest.kind == "coco" else None
         if manifest.kind != "coco" or packed != data["images"] or ids != data["category_ids"]:
             raise ValueError(
-                f"--shards {shards} holds {manifest.kind} data of {packed} source images"
-                f"{'' if ids is None else f' and {len(ids)} categories'}, but {data['path']} has COCO annotations "
+                f"--shards {shards} holds {_held(manifest, packed)}, but {data['path']} has COCO annotations "
                 f"for {data['images']} images and {len(data['category_ids'])} categories: the comparison would not "
                 f"be on the same data (pack its annotated images: shardkit pack --annotations --drop-empty{omit})")
     elif (manifest.kind != "imagefolder" or len(manifest.classes or ()) != data["classes"]
           or packed != data["images"]):
         raise ValueError(
-            f"--shards {shards} holds {manifest.kind} data of {len(manifest.classes or ())} "
-            f"classes and {packed} source images, but {data['path']} has {data['classes']} classes "
+            f"--shards {shards} holds {_held(manifest, packed)}, but {data['path']} has {data['classes']} classes "
             f"and {data['images']} images: the comparison would not be on the same data (pack it "
             f"with shardkit pack{omit})"
         )
@@ -74,6 +72,18 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
             f"repack it with shardkit pack --jpeg-restart {jpeg_restart} --overwrite, or omit "
             "--jpeg-restart to use it as it is"
         )
+
+
+def _held(manifest: Manifest, packed: int) -> str:
+    """What ``manifest``'s shards hold, by what its kind counts: ``imagefolder data of 2 classes and
+    24 source images``, ``coco data of 24 source images and 15 categories``, ``captions data of 24
+    source images``."""
+    images = counted(packed, "source image")
+    if manifest.kind == "imagefolder":
+        return f"imagefolder data of {counted(len(manifest.classes or ()), 'class', 'classes')} and {images}"
+    if manifest.kind == "coco":
+        return f"coco data of {images} and {counted(len(manifest.categories or ()), 'category', 'categories')}"
+    return f"{manifest.kind} data of {images}"
 
 
 def _unnamed(manifest: Manifest) -> bool:

@@ -84,3 +84,22 @@ def test_webdataset_plan_rebatches_where_a_worker_reads_less_than_a_batch() -> N
                                          r"time after --warmup 0, no more than the 4 that 2 workers prepare ahead"):
         api.check_timed_batches(24, batch_size=8, epochs=2, warmup=0, workers=2, per_epoch=2,
                                 whose="webdataset's 2 workers, each batching its own shards (14 and 10 images), make")
+
+
+def test_shards_of_another_kind_are_described_by_what_they_hold() -> None:
+    """COCO shards given to an ImageFolder bench were said to hold "coco data of 0 classes" (COCO
+    has categories, not classes): each kind is described by its own counts."""
+    from shardkit.index.manifest import Manifest, ShardEntry
+
+    shards = (ShardEntry("s-000000.tar", 3, 100, "0" * 64),)
+    folder = {"path": "tree", "images": 4, "classes": 2}
+    coco = Manifest("coco", shards, categories=tuple({"id": i} for i in range(1, 16)))
+    with pytest.raises(ValueError, match=r"^--shards shards holds coco data of 3 source images and 15 categories, "
+                                         r"but tree has 2 classes and 4 images"):
+        api.check_same_data(coco, folder, "shards", None)
+    with pytest.raises(ValueError, match=r"^--shards shards holds captions data of 3 source images, but tree has"):
+        api.check_same_data(Manifest("captions", shards), folder, "shards", None)
+    with pytest.raises(ValueError, match=r"^--shards shards holds imagefolder data of 1 class and 3 source images, "
+                                         r"but images has COCO annotations"):
+        api.check_same_data(Manifest("imagefolder", shards, classes=("cat",)),
+                            {"kind": "coco", "path": "images", "images": 3, "category_ids": [1]}, "shards", None)
