@@ -25,7 +25,7 @@ from shardkit.bench.report import build_report, counted
 from shardkit.errors import PackError
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
-from shardkit.machine import usable_cores
+from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")
@@ -413,10 +413,11 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: Webdata
         notes.append(f"{counted(len(manifest.skipped), 'unreadable source file')} left out by every loader, as "
                      f"pack skipped {'them' if more else 'it'}: {first['source']}: {first['reason']}"
                      + (f" (and {more} more, listed in index.json)" if more else ""))
-    cores = usable_cores()
+    cores = cores_of_this_process()
     if cfg.workers > cores:
-        notes.append(f"{counted(cfg.workers, 'worker')} a loader on {counted(cores, 'usable core')}: the workers "
-                     "take turns on the cores (as asked; --workers auto picks a count for this machine)")
+        notes.append(f"{counted(cfg.workers, 'worker')} a loader, more than the {counted(cores, 'core')} that "
+                     f"{'is' if cores == 1 else 'are'} this process's share: the workers take turns on them "
+                     f"(--workers auto picks {auto_workers()})")
     shards = len(manifest.shards)
     if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and shards < cfg.workers:
         others = "ShardLoader keeps" if cfg.captions else "ShardLoader and ImageFolder keep"

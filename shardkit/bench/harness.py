@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import time
 import warnings
@@ -167,14 +168,26 @@ def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "c
                      load_average=_load())
 
 
+def _not_too_many(record: logging.LogRecord) -> bool:
+    from shardkit.loader.arguments import TOO_MANY_WORKERS
+
+    return record.msg is not TOO_MANY_WORKERS
+
+
 @contextlib.contextmanager
 def quiet_worker_count() -> Iterator[None]:
-    """Without torch's warning that a ``DataLoader`` starts more workers than the usable cores (it
-    comes on building one and again on its first ``iter()``): the bench runs the worker count it is
-    given on purpose, and says so once in its own words where that matters."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-        yield
+    """Without the warnings that a loader starts more workers than the cores: torch's
+    ``DataLoader``'s (on building one and again on its first ``iter()``) and ShardLoader's (on
+    building one). The bench runs the worker count it is given on purpose, a fresh loader each run,
+    and says so once in its own words where that matters."""
+    loader_log = logging.getLogger("shardkit.loader")
+    loader_log.addFilter(_not_too_many)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+            yield
+    finally:
+        loader_log.removeFilter(_not_too_many)
 
 
 def _load() -> float | None:

@@ -177,8 +177,13 @@ def _say_if_too_many(num_workers: int) -> None:
     except LoaderError:
         return
     if num_workers > cores:
-        log.warning("shardkit: num_workers=%d is more than the %d cores that are this process's share: the workers "
-                    "take turns on them (num_workers='auto' picks %d)", num_workers, cores, auto)
+        log.warning(TOO_MANY_WORKERS, num_workers, cores, auto)
+
+
+#: The warning of a ``num_workers`` above this process's share of the cores (``shardkit bench``,
+#: which builds a loader a run, says it once of its own and leaves this one out).
+TOO_MANY_WORKERS = ("shardkit: num_workers=%d is more than the %d cores that are this process's share: the workers "
+                    "take turns on them (num_workers='auto' picks %d)")
 
 
 def auto_reason() -> str:
