@@ -426,7 +426,8 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: Webdata
                      f"({others} all; pack with a lower --max-count for more shards)")
     if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and plan.rebatch:
         notes.append(f"webdataset's {counted(plan.workers, 'worker')} read {_shares(plan)} from their shards, "
-                     f"less than a batch of {cfg.batch_size} for some: "
+                     f"{'less than a batch' if max(plan.shares) < cfg.batch_size else 'for some less than a batch'} "
+                     f"of {cfg.batch_size}: "
                      "its baseline keeps each worker's partial batches and rebatches them in the WebLoader "
                      f"(.unbatched().batched({cfg.batch_size}), as webdataset's documentation advises)")
     return notes

@@ -301,7 +301,7 @@ def test_bench_runs_webdataset_whose_workers_read_less_than_a_batch(tree: Path, 
                                       "--repeats", "1", "--epochs", "3", "--warmup", "0", "--transform", "val",
                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert ("note: webdataset's 4 workers read 6 images each from their shards, less than a batch of 8 for some: "
+    assert ("note: webdataset's 4 workers read 6 images each from their shards, less than a batch of 8: "
             "its baseline keeps each worker's partial batches and rebatches them in the WebLoader") in result.output
     assert "webdataset + WebLoader (PIL, rebatched)" in result.output
     report = json.loads(out.read_text())
