@@ -45,8 +45,7 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     if m.categories is not None:
         names = [str(c.get("name", c.get("id"))) for c in m.categories]
         click.echo(fit(f"categories {len(m.categories)}: {_names(names)}", 11))
-    least, most = min(sizes, default=0), max(sizes, default=0)
-    click.echo(f"shards    {len(m.shards)}  ({least if least == most else f'{least}–{most}'} samples each)")
+    click.echo(f"shards    {len(m.shards)}{_per_shard(sizes)}")
     click.echo(f"bytes     {human_bytes(m.num_bytes)}")
     grouped = describe_reasons(m.skipped)
     click.echo(f"skipped   {len(m.skipped)}" + (f": {grouped}" if grouped else ""))
@@ -78,3 +77,14 @@ def _names(names: list[str]) -> str:
     if len(names) <= LISTED:
         return ", ".join(names)
     return ", ".join(names[:LISTED]) + f" … and {len(names) - LISTED:,} more (info --json lists them all)"
+
+
+def _per_shard(sizes: list[int]) -> str:
+    """The samples of each shard for the ``shards`` line: ``  (300 samples)`` for one shard,
+    ``  (5 samples each)`` or ``  (4–5 samples each)`` for more, nothing for none."""
+    if not sizes:
+        return ""
+    least, most = min(sizes), max(sizes)
+    if len(sizes) == 1:
+        return f"  ({most:,} sample{'' if most == 1 else 's'})"
+    return f"  ({least:,} samples each)" if least == most else f"  ({least:,}–{most:,} samples each)"

@@ -267,3 +267,14 @@ def test_a_second_ctrl_c_while_the_shardkit_process_says_interrupted_keeps_130(t
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).parents[2])
     assert done.returncode == 130 and "Aborted" not in done.stderr and "Traceback" not in done.stderr, done
+
+
+def test_info_says_a_single_shards_samples_without_each(runner, small_tree, tmp_path):
+    """One shard read "1  (12 samples each)"."""
+    one = runner.invoke(cli, ["pack", str(small_tree), str(tmp_path / "one"), "--workers", "1"])
+    assert one.exit_code == 0, one.output
+    info = runner.invoke(cli, ["info", str(tmp_path / "one")])
+    assert info.exit_code == 0 and "shards    1  (12 samples)\n" in info.output, info.output
+    assert _pack(runner, small_tree, tmp_path / "three").exit_code == 0
+    info = runner.invoke(cli, ["info", str(tmp_path / "three")])
+    assert "shards    3  (2–5 samples each)\n" in info.output, info.output
