@@ -113,12 +113,15 @@ class Bar:
 class PackBar:
     """:class:`shardkit.pack.PackProgress` drawn as a bar of input bytes with an image count,
     after a ``listing SRC …`` line while the source is listed (a bucket or a network file
-    system can take a while, and a silent terminal looks hung)."""
+    system can take a while, and a silent terminal looks hung). A source whose samples have no
+    file size to go by (a caption table's rows, a saved Hugging Face dataset: 0 input bytes) gets
+    a bar of images instead, with the image count as its total."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.bar = Bar(False, desc="", total=None)
         self.total = self.done = 0
+        self.in_bytes = True
         self._status = False
 
     def listing(self, src: str) -> None:
@@ -138,14 +141,21 @@ class PackBar:
     def start(self, samples: int, nbytes: int) -> None:
         self.clear_status()
         self.bar.close()
-        self.bar = Bar(self.enabled, desc="packing", total=nbytes, unit="B")
+        self.in_bytes = nbytes > 0 or samples == 0
         self.total, self.done = samples, 0
-        self.bar.note(f"0/{samples:,} images")
+        if self.in_bytes:
+            self.bar = Bar(self.enabled, desc="packing", total=nbytes, unit="B")
+            self.bar.note(f"0/{samples:,} images")
+        else:
+            self.bar = Bar(self.enabled, desc="packing", total=samples, unit="img")
 
     def advance(self, samples: int, nbytes: int) -> None:
         self.done += samples
-        self.bar.note(f"{self.done:,}/{self.total:,} images")
-        self.bar.update(nbytes)
+        if self.in_bytes:
+            self.bar.note(f"{self.done:,}/{self.total:,} images")
+            self.bar.update(nbytes)
+        else:
+            self.bar.update(samples)
 
     def close(self) -> None:
         self.clear_status()

@@ -55,6 +55,21 @@ def test_pack_in_a_terminal_shows_progress_and_summary(tree: Path, tmp_path: Pat
     assert (tmp_path / "out" / "index.json").exists()
 
 
+def test_pack_of_a_caption_table_in_a_terminal_counts_images_to_a_total(tree: Path, tmp_path: Path) -> None:
+    """A table's rows have no file size to go by: the bar read "packing: | 0 B/0 B" with no total
+    and no ETA. It counts the images, out of the table's rows."""
+    images = sorted(p for p in tree.rglob("*") if p.is_file())
+    table = tmp_path / "pairs.csv"
+    table.write_text("image,caption\n" + "".join(f"{p},picture {i}\n" for i, p in enumerate(images)))
+    seen = run_in_pty(shardkit_argv("pack", str(table), str(tmp_path / "out"), "--max-count", "5",
+                                    "--workers", "1"), columns=100)
+    _clean(seen)
+    bars = [line for line in seen.text.replace("\r", "\n").split("\n") if "packing:" in line]
+    assert bars and all("0 B/0 B" not in line for line in bars), bars
+    assert any(f"/{len(images)} [" in line and "%" in line for line in bars), bars
+    assert "samples   24" in seen.text
+
+
 def test_pack_quiet_in_a_terminal_prints_nothing(tree: Path, tmp_path: Path) -> None:
     seen = run_in_pty(shardkit_argv("pack", str(tree), str(tmp_path / "out"), "--workers", "1",
                                     "-q"))
