@@ -43,9 +43,8 @@ def test_webdataset_loader_rebatches_what_workers_with_less_than_a_batch_read(ti
     ``rebatch`` the WebLoader regroups the workers' partial batches: 24 // 8 full batches."""
     result = pack(str(tiny_tree), str(tmp_path / "ds"), options=PackOptions(max_count=2), workers=1)
     urls = [str(tmp_path / "ds" / s.url) for s in result.manifest.shards]
-    common = {"size": 16, "train": False, "batch_size": 8, "workers": 4}
-    assert list(baselines.webdataset_loader(urls, **common)) == []
-    loader = baselines.webdataset_loader(urls, rebatch=True, **common)
+    assert list(baselines.webdataset_loader(urls, size=16, train=False, batch_size=8, workers=4)) == []
+    loader = baselines.webdataset_loader(urls, size=16, train=False, batch_size=8, workers=4, rebatch=True)
     for _epoch in range(2):
         batches = list(loader)
         assert [tuple(b[0].shape) for b in batches] == [(8, 3, 16, 16)] * 3
