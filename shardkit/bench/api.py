@@ -19,13 +19,13 @@ from shardkit.bench.checks import (
     check_timed_batches,
     drop_private,
     epochs_for,
+    too_many_workers,
 )
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report, counted
 from shardkit.errors import PackError
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
-from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.storage.store import is_remote
 
 CONTENDERS = ("imagefolder", "webdataset", "shardloader")
@@ -352,7 +352,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         if chosen and cfg.epochs > 2:
             batches = counted(per_epoch, "batch", "batches")
             fewer = ("" if wds_per_epoch >= per_epoch else
-                     f" (webdataset's workers, each batching its own shards, {wds_per_epoch})")
+                     f" (webdataset's workers, each batching its own shards: {wds_per_epoch})")
             notes.insert(0, f"{cfg.epochs} epochs a run: {counted(manifest.num_samples, 'image')} make {batches} of "
                             f"{cfg.batch_size} an epoch{fewer}, and a run times at least three times what "
                             f"{counted(cfg.workers, 'worker')} prepare ahead (--epochs to choose)")
@@ -413,11 +413,8 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: Webdata
         notes.append(f"{counted(len(manifest.skipped), 'unreadable source file')} left out by every loader, as "
                      f"pack skipped {'them' if more else 'it'}: {first['source']}: {first['reason']}"
                      + (f" (and {more} more, listed in index.json)" if more else ""))
-    cores = cores_of_this_process()
-    if cfg.workers > cores:
-        notes.append(f"{counted(cfg.workers, 'worker')} a loader, more than the {counted(cores, 'core')} that "
-                     f"{'is' if cores == 1 else 'are'} this process's share: the workers take turns on them "
-                     f"(--workers auto picks {auto_workers()})")
+    if (crowded := too_many_workers(cfg.workers)) is not None:
+        notes.append(crowded)
     shards = len(manifest.shards)
     if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and shards < cfg.workers:
         others = "ShardLoader keeps" if cfg.captions else "ShardLoader and ImageFolder keep"

@@ -16,7 +16,7 @@ from shardkit.loader.routes.coco.target import contiguous_label_map
 from shardkit.storage import Store
 
 __all__ = ["AHEAD_PER_WORKER", "check_same_data", "check_shards_intact", "check_timed_batches",
-           "check_train_shards", "drop_private", "epochs_for"]
+           "check_train_shards", "drop_private", "epochs_for", "too_many_workers"]
 
 
 def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_restart: int | None, *,
@@ -207,3 +207,21 @@ def check_train_shards(shards: str, data: dict[str, Any], batch_size: int) -> No
     fewest = min(manifest.num_samples, data["images"])
     if fewest < batch_size:
         raise ValueError(f"{fewest} images make no full batch of {batch_size}: lower --batch-size")
+
+
+def too_many_workers(workers: int) -> str | None:
+    """The bench's one note that ``workers`` are more than this process's share of the cores
+    (None: they are not, or the share cannot be told), said in place of the loaders' warnings
+    that :func:`~shardkit.bench.harness.quiet_worker_count` leaves out."""
+    from shardkit.errors import LoaderError
+    from shardkit.machine import auto_workers, cores_of_this_process
+
+    try:
+        cores, auto = cores_of_this_process(), auto_workers()
+    except LoaderError:  # a launcher's malformed LOCAL_WORLD_SIZE: the loaders say so where it matters
+        return None
+    if workers <= cores:
+        return None
+    return (f"{counted(workers, 'worker')} a loader, more than the {counted(cores, 'core')} that "
+            f"{'is' if cores == 1 else 'are'} this process's share: the workers take turns on them "
+            f"(--workers auto picks {auto})")

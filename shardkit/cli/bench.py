@@ -349,8 +349,18 @@ def _train(imagefolder_dir: str, shards: str, model: str, *, workers: int, batch
                            device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)),
                            feeders=feeders, dali_threads=dali_threads, dali_hw_decoder_load=dali_hw_load,
                            dali_prefetch=dali_prefetch, isolate=isolate, sleep_waits=sleep_waits)
+    _say_too_many_workers(workers)
     _measure_train(lambda after_run: run_train_bench(cfg, after_run=after_run), format_train_table,
                    repeats=repeats, out=out, quiet=quiet)
+
+
+def _say_too_many_workers(workers: int) -> None:
+    """The one note a training bench gives of more workers than cores (its loaders' own warnings,
+    one a run, are left out)."""
+    from shardkit.bench.checks import too_many_workers
+
+    if (crowded := too_many_workers(workers)) is not None:
+        click.echo(fit(f"note: {crowded}", 2), err=True)
 
 
 def _train_detector(images: str, annotations: str, shards: str, model: str, *, workers: int,
@@ -364,6 +374,7 @@ def _train_detector(images: str, annotations: str, shards: str, model: str, *, w
                                max_size=max_size, batch_size=batch_size, workers=workers, steps=steps, warmup=warmup,
                                repeats=repeats, device=device,  # eager: see shardkit.bench.train_detection
                                contenders=tuple(dict.fromkeys(contenders)))
+    _say_too_many_workers(workers)
     _measure_train(lambda after_run: run_detection_train_bench(cfg, after_run=after_run), format_detection_table,
                    repeats=repeats, out=out, quiet=quiet)
 

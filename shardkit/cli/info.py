@@ -87,4 +87,6 @@ def _per_shard(sizes: list[int]) -> str:
     least, most = min(sizes), max(sizes)
     if len(sizes) == 1:
         return f"  ({most:,} sample{'' if most == 1 else 's'})"
-    return f"  ({least:,} samples each)" if least == most else f"  ({least:,}–{most:,} samples each)"
+    if least == most:
+        return f"  ({most:,} sample{'' if most == 1 else 's'} each)"
+    return f"  ({least:,}–{most:,} samples each)"

@@ -103,3 +103,17 @@ def test_shards_of_another_kind_are_described_by_what_they_hold() -> None:
                                          r"but images has COCO annotations"):
         api.check_same_data(Manifest("imagefolder", shards, classes=("cat",)),
                             {"kind": "coco", "path": "images", "images": 3, "category_ids": [1]}, "shards", None)
+
+
+def test_more_workers_than_cores_is_one_note_and_a_malformed_launcher_variable_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardkit.bench.checks import too_many_workers
+
+    monkeypatch.setattr("shardkit.machine.cores_of_this_process", lambda: 2)
+    monkeypatch.setattr("shardkit.machine.auto_workers", lambda: 1)
+    assert too_many_workers(2) is None
+    assert too_many_workers(3) == ("3 workers a loader, more than the 2 cores that are this process's share: the "
+                                   "workers take turns on them (--workers auto picks 1)")
+    monkeypatch.undo()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")  # the bench runs on; the loaders name the variable where it matters
+    assert too_many_workers(1_000_000) is None

@@ -328,6 +328,24 @@ def test_bench_counts_the_batches_each_webdataset_worker_makes_before_it_runs(tr
             "own shards, 2)") in chosen.output
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux's sched_setaffinity")
+def test_a_training_bench_says_more_workers_than_cores_once(tree: Path, tmp_path: Path) -> None:
+    """``--train`` leaves the loaders' warnings out as the loader bench does, and says it in one
+    note too (it had said nothing)."""
+    shards = tmp_path / "ds"
+    pack(str(tree), str(shards), workers=1)
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "from shardkit.cli import cli\n"
+            f"cli(['bench', {str(tree)!r}, '--shards', {str(shards)!r}, '--train', 'resnet18', '--workers', '2', "
+            "'--batch-size', '4', '--size', '32', '--steps', '2', '--warmup', '1', '--repeats', '1', "
+            "'--contender', 'shardloader'], prog_name='shardkit')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "UserWarning" not in done.stderr and "num_workers=2 is more than" not in done.stderr, done.stderr
+    assert done.stderr.count("note: 2 workers a loader, more than the 1 core that is this process's share") == 1, \
+        done.stderr
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity (Linux)")
 def test_more_workers_than_cores_is_said_once_without_torchs_warning(tree: Path) -> None:
     """On one usable core, 2 workers: torch's DataLoader printed its UserWarning (with the source

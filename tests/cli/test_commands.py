@@ -278,3 +278,7 @@ def test_info_says_a_single_shards_samples_without_each(runner, small_tree, tmp_
     assert _pack(runner, small_tree, tmp_path / "three").exit_code == 0
     info = runner.invoke(cli, ["info", str(tmp_path / "three")])
     assert "shards    3  (2–5 samples each)\n" in info.output, info.output
+    singles = runner.invoke(cli, ["pack", str(small_tree), str(tmp_path / "singles"), "--max-count", "1"])
+    assert singles.exit_code == 0, singles.output
+    info = runner.invoke(cli, ["info", str(tmp_path / "singles")])
+    assert "shards    12  (1 sample each)\n" in info.output, info.output

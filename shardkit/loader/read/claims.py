@@ -113,7 +113,7 @@ def _check_files(store: Store, shards: ShardTable) -> None:
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            damaged.append((path, f"shard is missing (index.json lists it, {size:,} bytes)"))
+            damaged.append((path, f"shard is missing (index.json lists it with {size:,} bytes)"))
             continue
         except OSError as err:
             damaged.append((path, f"cannot read shard ({err.strerror})"))
@@ -125,8 +125,9 @@ def _check_files(store: Store, shards: ShardTable) -> None:
                                   "(cut short, or replaced without packing again)"))
     if damaged:
         path, what = damaged[0]
-        more = f"; {len(damaged) - 1} more of the {len(shards)} shards are damaged too" if len(damaged) > 1 else ""
-        raise LoaderError(f"{what}{more} (shardkit verify checks every shard)", where=path)
+        others = len(damaged) - 1
+        more = f"; {others} more of the {len(shards)} shards {'is' if others == 1 else 'are'} damaged too" if others else ""
+        raise LoaderError(f"{what}{more}; shardkit verify checks every shard", where=path)
 
 
 def check_hash(fd: int, entry: ShardEntry, where: str) -> None:
