@@ -160,9 +160,13 @@ def test_a_shard_cut_short_or_missing_is_named_when_the_loader_is_built(packed: 
         _loader(ds)
 
 
-def test_a_shard_cut_short_in_a_dataset_too_large_to_check_up_front_is_named_when_read(
-        packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shardkit.loader.read.claims.CHECKED_WHOLE", 1)  # each shard a stat: checked as opened
+@pytest.mark.parametrize("layout", ["large", "a node's second rank"])
+def test_a_shard_cut_short_where_not_every_file_is_checked_up_front_is_named_when_read(
+        packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    if layout == "large":  # a stat per shard would cost seconds: checked as opened
+        monkeypatch.setattr("shardkit.loader.read.claims.CHECKED_WHOLE", 1)
+    else:  # the node's first rank checks every file (one stat per shard and node on a shared file system)
+        monkeypatch.setenv("LOCAL_RANK", "1")
     ds = _copy(packed, tmp_path)
     shard = ds / "shard-000001.tar"
     shard.write_bytes(shard.read_bytes()[:2000])

@@ -19,7 +19,8 @@ from shardkit.index.shards import ShardEntry, ShardTable
 from shardkit.storage import Store
 from shardkit.storage.local import file_kind
 
-__all__ = ["CHECKED_UP_FRONT", "CHECKED_WHOLE", "MAX_SAMPLE_BYTES", "check_claims", "check_hash", "check_spans"]
+__all__ = ["CHECKED_UP_FRONT", "CHECKED_WHOLE", "MAX_SAMPLE_BYTES", "check_claims", "check_hash", "check_spans",
+           "checks_every_file"]
 
 #: The largest sample span read (all of a sample's members with their headers): one member of the
 #: largest size a shard may hold (``MAX_MEMBER_BYTES``) and a little room for the small ones.
@@ -61,24 +62,33 @@ CHECKED_UP_FRONT = 64
 #: A local dataset of at most this many shards has every shard's file checked when a reader is
 #: made (there, missing, not a regular file, or not of the size ``index.json`` gives), so that a
 #: damaged shard stops the loader before an epoch starts rather than partway through it: at most
-#: 0.25 s on that VM, a few ms on a usual machine.
+#: 0.25 s on that VM, a few ms on a usual machine. On a network file system a ``stat`` may cost a
+#: millisecond, so only the node's first process checks them all (``LOCAL_RANK`` unset or 0,
+#: :func:`checks_every_file`); the node's other ranks check the largest, as a larger dataset does.
 CHECKED_WHOLE = 10_000
+
+
+def checks_every_file(shards: int) -> bool:
+    """Whether a reader made here of a local dataset of ``shards`` shards checks every shard's
+    file (see :data:`CHECKED_WHOLE`)."""
+    return shards <= CHECKED_WHOLE and os.environ.get("LOCAL_RANK", "0").strip() in ("", "0")
 
 
 def check_claims(store: Store, shards: ShardTable) -> None:
     """Refuse a local dataset whose files do not match ``index.json`` before the loader plans an
     epoch of them.
 
-    Up to :data:`CHECKED_WHOLE` shards, each shard's file must be there, a regular file, and of
-    the size ``index.json`` gives (the error names the first shard found otherwise and counts the
-    rest). In a larger dataset, its largest shards (by claimed samples, :data:`CHECKED_UP_FRONT`
-    of them) must hold the samples ``index.json`` claims for them: every sample takes at least one
-    512-byte block, so files of ``B`` bytes hold at most ``B / 512`` samples. Their sum is
-    compared (not each shard); the others are checked as they are opened."""
+    Up to :data:`CHECKED_WHOLE` shards, in a node's first process, each shard's file must be
+    there, a regular file, and of the size ``index.json`` gives (the error names the first shard
+    found otherwise and counts the rest). Elsewhere, the dataset's largest shards (by claimed
+    samples, :data:`CHECKED_UP_FRONT` of them) must hold the samples ``index.json`` claims for
+    them: every sample takes at least one 512-byte block, so files of ``B`` bytes hold at most
+    ``B / 512`` samples. Their sum is compared (not each shard); the others are checked as they
+    are opened."""
     if store.remote or not len(shards):
         return  # a remote shard's size is checked when it is fetched
     n = len(shards)
-    if n <= CHECKED_WHOLE:
+    if checks_every_file(n):
         _check_files(store, shards)
         return
     top = np.arange(n) if n <= CHECKED_UP_FRONT else np.argpartition(-shards.num_samples, CHECKED_UP_FRONT)[
@@ -126,7 +136,8 @@ def _check_files(store: Store, shards: ShardTable) -> None:
     if damaged:
         path, what = damaged[0]
         others = len(damaged) - 1
-        more = f"; {others} more of the {len(shards)} shards {'is' if others == 1 else 'are'} damaged too" if others else ""
+        verb = "is" if others == 1 else "are"
+        more = f"; {others} more of the {len(shards)} shards {verb} damaged too" if others else ""
         raise LoaderError(f"{what}{more}; shardkit verify checks every shard", where=path)
 
 
