@@ -1,7 +1,8 @@
 """ShardLoader under HF accelerate: gradient accumulation that steps at each epoch's end, and an
 evaluation that gathers per batch and counts every sample once (docs/guides/accelerate.md).
 
-Run under ``accelerate launch`` or ``torchrun --nproc_per_node 2``::
+Run under ``accelerate launch`` (on GPUs) or ``torchrun --nproc_per_node 2`` (on GPUs or the
+CPU; ``accelerate launch --cpu --num_processes 2`` starts one process, without a word)::
 
     torchrun --nproc_per_node 2 pipelines/accelerate_recipe.py shards/train shards/val result.json
 
