@@ -83,7 +83,8 @@ class ShardLoader:
         transform: an :class:`~shardkit.transforms.ImageTransform` such as
             ``transforms.imagenet_train(224)`` (images come as one uint8 ``[B,3,H,W]`` tensor,
             finalised on ``device``), any callable on uint8 ``[3,H,W]`` tensors (a batch of
-            tensors, or of numpy arrays, of one shape is one stacked tensor, else a list), or
+            tensors, or of numpy arrays, of one shape is one stacked tensor; tuples, lists and
+            dicts of them are joined as ``default_collate`` joins them; else a list), or
             ``None`` (a list of decoded images). COCO datasets: a detection transform
             (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
             are ``(images, targets)``, see :mod:`shardkit.loader.routes.coco`.

@@ -191,10 +191,11 @@ def test_a_transform_that_returns_none_is_refused_naming_the_sample(packed: Path
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_numpy_outputs_are_stacked_and_other_outputs_listed(packed: Path, workers: int) -> None:
+def test_outputs_are_joined_as_default_collate_joins_them_or_listed(packed: Path, workers: int) -> None:
     import itertools
 
     import torch
+    from torch.utils.data import default_collate
 
     def crop(image: Any) -> Any:
         return image[:, :4, :4]
@@ -206,13 +207,23 @@ def test_numpy_outputs_are_stacked_and_other_outputs_listed(packed: Path, worker
     images = first(crop)  # tensors of one shape: stacked
     as_numpy = first(lambda image: crop(image).numpy())  # numpy arrays of one shape: stacked too, as default_collate
     assert isinstance(as_numpy, torch.Tensor) and torch.equal(as_numpy, images)
-    pairs = first(lambda image: (crop(image), 1))  # anything else: the list, sample by sample
-    assert isinstance(pairs, list) and len(pairs) == 4
-    assert all(torch.equal(p[0], i) for p, i in zip(pairs, images, strict=True))
-    assert first(lambda image: {"n": image.shape[-1]}) == [{"n": int(i.shape[-1])} for i in first(lambda im: im)]
+    views = first(lambda image: (crop(image), image[:, :2, :2], 1))  # two views and a number: a list (as DataLoader)
+    assert isinstance(views, list) and len(views) == 3
+    assert torch.equal(views[0], images) and views[1].shape == (4, 3, 2, 2) and views[2].tolist() == [1] * 4
+    widths = [int(i.shape[-1]) for i in first(lambda im: im)]
+    fields = first(lambda image: {"image": crop(image), "n": image.shape[-1], "name": "x"})
+    assert torch.equal(fields["image"], images) and fields["n"].tolist() == widths and fields["name"] == ["x"] * 4
+    expected = default_collate([{"n": w} for w in widths])
+    assert torch.equal(first(lambda image: {"n": image.shape[-1]})["n"], expected["n"])
     calls = itertools.count()
     shapes = first(lambda image: image[:, : 2 + next(calls)].numpy())  # arrays of several shapes: the list
     assert isinstance(shapes, list) and all(type(a).__name__ == "ndarray" for a in shapes)
+    calls = itertools.count()
+    ragged = first(lambda image: (image[:, : 2 + next(calls)], 1))  # pairs that do not join: the list of them
+    assert len(ragged) == 4 and all(isinstance(p, tuple) and p[1] == 1 for p in ragged)
+    calls = itertools.count()
+    keys = first(lambda image: {f"k{next(calls) % 2}": 1})  # dicts of other keys: the list of them
+    assert keys == [{"k0": 1}, {"k1": 1}, {"k0": 1}, {"k1": 1}]
 
 
 @pytest.mark.parametrize("epoch", [1.5, "1", None, -1, True, 1 << 63])

@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
+from torch.utils.data import default_collate, get_worker_info
 
 from shardkit.codec.decode import DecodeStats, decode_rgb
 from shardkit.errors import DecodeError, LoaderError
@@ -33,7 +33,8 @@ __all__ = ["CpuBatch", "CpuBatchBuilder"]
 @dataclass
 class CpuBatch:
     """A classification batch: ``images`` uint8 ``[B,3,H,W]`` (an :class:`ImageTransform` or a
-    callable with same-size outputs) or a list of tensors (no transform, or mixed sizes),
+    callable with same-size outputs), a callable's dicts, tuples or lists joined as
+    ``default_collate`` joins them, or a list of tensors (no transform, or mixed sizes),
     ``labels`` int64 ``[B]`` (captioned images: the batch's text, see
     :class:`~shardkit.loader.read.captions.CaptionTargets`), sample ``keys`` and the worker's ``stats``.
 
@@ -43,7 +44,7 @@ class CpuBatch:
     would move into a new shared-memory segment for every batch.
     """
 
-    images: torch.Tensor | list[torch.Tensor]
+    images: torch.Tensor | list[torch.Tensor] | Any
     labels: torch.Tensor | Any
     keys: list[str]
     stats: StageStats
@@ -65,17 +66,20 @@ class CpuBatch:
     def pin_memory(self) -> CpuBatch:
         """This batch with its tensors in page-locked memory (DataLoader's pin-memory thread
         calls this when the loader delivers CPU-decoded batches to CUDA)."""
-        images = self.images
-        images = images.pin_memory() if isinstance(images, torch.Tensor) else [im.pin_memory() for im in images]
-        return replace(self, images=images, labels=_pinned(self.labels))
+        return replace(self, images=_pinned(self.images), labels=_pinned(self.labels))
 
 
 def _pinned(value: Any) -> Any:
-    """``value`` with the tensors in it (a tensor, or a caption batch's dict or list) page-locked."""
+    """``value`` with the tensors in it (a tensor, or inside dicts, lists and tuples: a caption
+    batch's text, a transform's collated dicts or pairs) page-locked."""
     if isinstance(value, torch.Tensor):
         return value.pin_memory()
     if isinstance(value, dict):
         return {k: _pinned(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_pinned(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_pinned(v) for v in value)
     return value
 
 
@@ -123,7 +127,8 @@ class CpuBatchBuilder:
 
     ``transform``: an :class:`ImageTransform` (fast path: writes straight into one uint8 batch
     tensor), any other callable ``uint8 [3,H,W] -> Tensor`` (run under a forked torch RNG seeded
-    per sample, so the caller's global RNG is untouched; outputs stacked), or ``None`` (a list of
+    per sample, so the caller's global RNG is untouched; outputs stacked, or joined as
+    ``default_collate`` joins them), or ``None`` (a list of
     decoded images). ``on_error="replace"`` replaces a corrupt sample deterministically and counts
     it (see :mod:`shardkit.loader.read.bad_samples`); ``"raise"`` raises :class:`LoaderError` naming
     shard and key; a label at or above ``num_classes`` is a bad sample. ``pool``: reusable shared
@@ -220,10 +225,17 @@ class CpuBatchBuilder:
         return CpuBatch(results, labels, got.keys, stats)
 
 
-def _collated(results: list[Any]) -> torch.Tensor | None:
-    """A transform's numpy arrays, all of one shape and dtype, as one stacked tensor (as a
-    DataLoader's ``default_collate`` joins them); None for anything else, which stays a list."""
+def _collated(results: list[Any]) -> Any:
+    """A transform's outputs joined as a DataLoader's ``default_collate`` joins them: numpy arrays
+    of one shape and dtype as one stacked tensor; dicts, tuples and lists (two views of an image,
+    an image and its mask) as one of the same kind, each field stacked. None where they do not
+    join (sizes, dtypes or keys that differ; other types): the batch is then the list of them."""
     first = results[0]
+    if isinstance(first, (Mapping, tuple, list)):
+        try:
+            return default_collate(results)
+        except (RuntimeError, TypeError, ValueError, KeyError, IndexError):
+            return None
     if not isinstance(first, np.ndarray) or first.dtype.hasobject:
         return None
     if any(not isinstance(r, np.ndarray) or r.shape != first.shape or r.dtype != first.dtype for r in results):
