@@ -325,7 +325,7 @@ def test_bench_counts_the_batches_each_webdataset_worker_makes_before_it_runs(tr
     chosen = CliRunner().invoke(cli, base)  # without --epochs: enough for webdataset's batches too
     assert chosen.exit_code == 0, chosen.output
     assert ("note: 6 epochs a run: 24 images make 3 batches of 8 an epoch (webdataset's workers, each batching its "
-            "own shards, 2)") in chosen.output
+            "own shards: 2)") in chosen.output
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux's sched_setaffinity")

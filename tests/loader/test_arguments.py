@@ -224,6 +224,25 @@ def test_outputs_are_joined_as_default_collate_joins_them_or_listed(packed: Path
     calls = itertools.count()
     keys = first(lambda image: {f"k{next(calls) % 2}": 1})  # dicts of other keys: the list of them
     assert keys == [{"k0": 1}, {"k1": 1}, {"k0": 1}, {"k1": 1}]
+    calls = itertools.count()
+    more = first(lambda image: {"a": 1, **({"b": 2} if next(calls) % 2 else {})})  # a key only some have: not lost
+    assert more == [{"a": 1}, {"a": 1, "b": 2}, {"a": 1}, {"a": 1, "b": 2}]
+    calls = itertools.count()
+    dtypes = first(lambda image: (crop(image).float() if next(calls) % 2 else crop(image),))  # not converted
+    assert [d[0].dtype for d in dtypes] == [torch.uint8, torch.float32] * 2
+
+
+def test_a_transform_output_of_a_type_a_worker_cannot_send_is_refused_not_waited_for(packed: Path) -> None:
+    from collections import namedtuple
+
+    Local = namedtuple("Local", "image label")  # defined here: a worker cannot pickle it
+
+    with (ShardLoader(str(packed), batch_size=4, num_workers=2, transform=lambda im: Local(im[:, :4, :4], 1)) as loader,
+          pytest.raises(LoaderError, match="the transform returned a Local, which cannot be sent from a worker")):
+        next(iter(loader))
+    with ShardLoader(str(packed), batch_size=4, transform=lambda im: Local(im[:, :4, :4], 1)) as loader:
+        batch = next(iter(loader))[0]  # in this process: joined, of its own type
+    assert type(batch) is Local and batch.image.shape == (4, 3, 4, 4) and batch.label.tolist() == [1] * 4
 
 
 @pytest.mark.parametrize("epoch", [1.5, "1", None, -1, True, 1 << 63])

@@ -59,7 +59,9 @@ def _out(value: Any) -> Any:
         return {k: _out(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_out(v) for v in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_out(v) for v in value))
+    if isinstance(value, tuple):
         return tuple(_out(v) for v in value)
     return value
 
@@ -76,6 +78,8 @@ def _in(value: Any, writable: bool) -> Any:
         return {k: _in(v, writable) for k, v in value.items()}
     if isinstance(value, list):
         return [_in(v, writable) for v in value]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_in(v, writable) for v in value))
     if isinstance(value, tuple):
         return tuple(_in(v, writable) for v in value)
     return value

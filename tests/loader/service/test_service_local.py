@@ -6,6 +6,7 @@ No test here connects Ray in this process: every address refused is refused befo
 
 from __future__ import annotations
 
+import collections
 import shlex
 import shutil
 import socket
@@ -187,6 +188,21 @@ def test_stats_travel_as_numbers() -> None:
     payload = to_payload(CpuBatch(torch.zeros(1, 3, 2, 2, dtype=torch.uint8), {"text": torch.ones(1, 4)}, ["k"],
                                   StageStats(samples=1, decode_s=0.5)))
     assert payload.stats["decode_s"] == 0.5 and type(payload.labels["text"]).__name__ == "Array"
+
+
+Views = collections.namedtuple("Views", "first second")  # a transform's output
+
+
+def test_a_transforms_joined_named_tuples_travel_as_such() -> None:
+    from shardkit.loader.routes.cpu.worker import CpuBatch
+    from shardkit.loader.service.payload import to_payload
+
+    views = Views(torch.zeros(2, 3, 2, 2, dtype=torch.uint8), [torch.ones(2), (torch.ones(2),)])
+    payload = to_payload(CpuBatch(views, torch.tensor([0, 1]), ["a", "b"], StageStats()))
+    assert type(payload.images.first).__name__ == "Array"  # carried as an array, not pickled with the tuple
+    got = from_payload(payload, writable=True)
+    assert type(got.images) is Views and torch.equal(got.images.first, views.first)
+    assert isinstance(got.images.second, list) and isinstance(got.images.second[1], tuple)
 
 
 def test_serve_prints_the_ray_start_command() -> None:

@@ -99,6 +99,25 @@ def _batch_buffer(shape: tuple[int, ...],
     return own.images, own
 
 
+def _layout(value: Any) -> Any:
+    """What must be equal across a batch's outputs for ``default_collate`` to join them without
+    loss or silent conversion: the container types, keys and lengths all the way down, each
+    tensor's and array's dtype and shape, each leaf's type. None: something it does not join."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape))
+    if isinstance(value, np.ndarray):
+        return None if value.dtype.hasobject else ("array", value.dtype.str, value.shape)
+    if isinstance(value, Mapping):
+        parts = [(repr(k), _layout(v)) for k, v in value.items()]
+        return None if any(p is None for _, p in parts) else (type(value), tuple(sorted(parts, key=lambda p: p[0])))
+    if isinstance(value, (tuple, list)):
+        parts = [_layout(v) for v in value]
+        return None if any(p is None for p in parts) else (type(value), tuple(parts))
+    if isinstance(value, (bool, int, float, str, bytes)):
+        return type(value)
+    return None
+
+
 _SENDABLE: set[tuple[int, type]] = set()  # (process, type of a transform's output) found to pickle
 
 
@@ -218,10 +237,10 @@ class CpuBatchBuilder:
         if self.transform is not None and same_size and isinstance(results[0], torch.Tensor):
             return CpuBatch(torch.stack(results), labels, got.keys, stats)
         if self.transform is not None and results and not isinstance(results[0], torch.Tensor):
+            _check_sendable(results[0], f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
             batch = _collated(results)
             if batch is not None:
                 return CpuBatch(batch, labels, got.keys, stats)
-            _check_sendable(results[0], f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
         return CpuBatch(results, labels, got.keys, stats)
 
 
@@ -232,6 +251,9 @@ def _collated(results: list[Any]) -> Any:
     join (sizes, dtypes or keys that differ; other types): the batch is then the list of them."""
     first = results[0]
     if isinstance(first, (Mapping, tuple, list)):
+        layout = _layout(first)
+        if layout is None or any(_layout(r) != layout for r in results[1:]):
+            return None
         try:
             return default_collate(results)
         except (RuntimeError, TypeError, ValueError, KeyError, IndexError):
