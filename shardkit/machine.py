@@ -7,7 +7,8 @@ import os
 
 from shardkit.errors import LoaderError
 
-__all__ = ["MAX_AUTO_WORKERS", "auto_workers", "cores_of_this_process", "local_processes", "usable_cores"]
+__all__ = ["LOCAL_RANK_VARIABLES", "MAX_AUTO_WORKERS", "auto_workers", "cores_of_this_process", "first_on_host",
+           "local_processes", "usable_cores"]
 
 #: The most workers ``"auto"`` picks: past it, more processes add memory and switching; the
 #: measured machines (2 and 16 cores) are far below it.
@@ -39,6 +40,25 @@ def local_processes() -> int:
     if count < 1:
         raise LoaderError(f"LOCAL_WORLD_SIZE={text!r} from the launcher is not a positive integer")
     return count
+
+
+#: Where launchers put a process's rank on its host: torchrun (and Lightning, accelerate,
+#: DeepSpeed), Slurm's ``srun``, Open MPI's ``mpirun``; the first one set is taken.
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+
+
+def first_on_host() -> bool:
+    """Whether this is its job's first process on this host: the first of
+    :data:`LOCAL_RANK_VARIABLES` set is 0, or none is set (a value that is not an integer counts
+    as first, so that work done once per host is done rather than skipped)."""
+    for name in LOCAL_RANK_VARIABLES:
+        text = os.environ.get(name)
+        if text is not None and text.strip():
+            try:
+                return int(text) <= 0
+            except ValueError:
+                return True
+    return True
 
 
 def cores_of_this_process() -> int:

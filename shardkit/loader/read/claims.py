@@ -16,6 +16,7 @@ import numpy as np
 from shardkit.errors import LoaderError
 from shardkit.format.tarread import BLOCK, MAX_MEMBER_BYTES
 from shardkit.index.shards import ShardEntry, ShardTable
+from shardkit.machine import first_on_host
 from shardkit.storage import Store
 from shardkit.storage.local import file_kind
 
@@ -63,15 +64,17 @@ CHECKED_UP_FRONT = 64
 #: made (there, missing, not a regular file, or not of the size ``index.json`` gives), so that a
 #: damaged shard stops the loader before an epoch starts rather than partway through it: at most
 #: 0.25 s on that VM, a few ms on a usual machine. On a network file system a ``stat`` may cost a
-#: millisecond, so only the node's first process checks them all (``LOCAL_RANK`` unset or 0,
-#: :func:`checks_every_file`); the node's other ranks check the largest, as a larger dataset does.
+#: millisecond, so only the node's first process checks them all
+#: (:func:`~shardkit.machine.first_on_host`: ``LOCAL_RANK``, ``SLURM_LOCALID`` or
+#: ``OMPI_COMM_WORLD_LOCAL_RANK`` 0, or none set); the node's other ranks check the largest, as a
+#: larger dataset does.
 CHECKED_WHOLE = 10_000
 
 
 def checks_every_file(shards: int) -> bool:
     """Whether a reader made here of a local dataset of ``shards`` shards checks every shard's
     file (see :data:`CHECKED_WHOLE`)."""
-    return shards <= CHECKED_WHOLE and os.environ.get("LOCAL_RANK", "0").strip() in ("", "0")
+    return shards <= CHECKED_WHOLE and first_on_host()
 
 
 def check_claims(store: Store, shards: ShardTable) -> None:
