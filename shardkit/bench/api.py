@@ -4,6 +4,7 @@ side."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import shutil
@@ -135,6 +136,8 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
         sink.begin("packing", n_images)
     options = PackOptions(max_count=per_shard, jpeg_restart=cfg.jpeg_restart)
     progress = sink.advance if sink else None
+    pack_log = logging.getLogger("shardkit.pack")
+    pack_log.addFilter(_not_mixed_formats)  # the bench's loaders read every member: pack's advice is not for them
     try:
         if cfg.captions:
             result = pack_captions(cfg.imagefolder, dst, options=options, workers=workers,
@@ -148,9 +151,17 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
     except DestinationInUse as err:  # pack's remedy names its --overwrite, which bench does not have
         raise PackError(f"{err.what}; give --shards an empty or new folder (bench packs SRC there) or the folder of "
                         "a finished pack of SRC", where=err.where) from None
+    finally:
+        pack_log.removeFilter(_not_mixed_formats)
     return {"images": result.manifest.num_samples, "seconds": result.seconds,
             "images_per_second": result.images_per_second, "shards": len(result.manifest.shards),
             "workers": workers, "max_count": per_shard, "reused": result.already_complete}
+
+
+def _not_mixed_formats(record: logging.LogRecord) -> bool:
+    from shardkit.pack.api import MIXED_FORMATS
+
+    return record.msg is not MIXED_FORMATS
 
 
 def _coco_contenders(cfg: BenchConfig, shards: str, skipped: frozenset[str] = frozenset()) -> list[Contender]:

@@ -110,10 +110,14 @@ def _warn_mixed_formats(listing: SourceListing, options: PackOptions) -> None:
         return
     (common, _), *rest = counts.most_common()
     minority = ", ".join(f"{n:,} {ext}" for ext, n in rest)
-    log.warning("shardkit: %s images are %s and %s: HF datasets' webdataset loader and webdataset's "
-                "to_tuple(%r) give those samples no image (None, or a skipped sample); pack with "
-                "--uniform-names (PackOptions(uniform_names=True)) to name every image member .%s",
-                f"{sum(counts.values()):,}", f"{counts[common]:,} {common}", minority, common, "jpg")
+    log.warning(MIXED_FORMATS, f"{sum(counts.values()):,}", f"{counts[common]:,} {common}", minority, common, "jpg")
+
+
+#: The warning of a mixed-format set packed without uniform names (``shardkit bench``, whose own
+#: loaders read every member, leaves it out of the packs it makes for them).
+MIXED_FORMATS = ("shardkit: %s images are %s and %s: HF datasets' webdataset loader and webdataset's "
+                 "to_tuple(%r) give those samples no image (None, or a skipped sample); pack with "
+                 "--uniform-names (PackOptions(uniform_names=True)) to name every image member .%s")
 
 
 def pack_listing(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -361,3 +362,24 @@ def test_more_workers_than_cores_is_said_once_without_torchs_warning(tree: Path)
     assert "num_workers=2 is more than" not in done.stderr, done.stderr  # ShardLoader's, once a run
     assert done.stderr.count("note: 2 workers a loader, more than the 1 core that is this process's share: the "
                              "workers take turns on them (--workers auto picks 1)") == 1, done.stderr
+
+
+def test_the_packs_bench_makes_for_its_loaders_leave_out_packs_advice_on_mixed_formats(
+        tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Its loaders read every image member, whatever its extension: pack's advice to pack with
+    --uniform-names (an option bench does not have) was printed mid-bench; packed by hand it stays."""
+    from PIL import Image
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(tree, mixed)
+    first = sorted(mixed.rglob("*.JPEG"))[0]
+    Image.open(first).save(first.with_suffix(".png"))
+    first.unlink()
+    with caplog.at_level(logging.WARNING, logger="shardkit.pack"):
+        result = CliRunner().invoke(cli, ["bench", str(mixed), "--workers", "1", "--batch-size", "8", "--size", "16",
+                                          "--repeats", "1", "--epochs", "2", "--warmup", "0", "--transform", "val",
+                                          "--no-webdataset", "-q"])
+        assert result.exit_code == 0, result.output
+        assert "--uniform-names" not in caplog.text + result.output
+        pack(str(mixed), str(tmp_path / "by-hand"), workers=1)
+    assert "pack with --uniform-names" in caplog.text
