@@ -5,14 +5,15 @@ runs before any timing and raises ``ValueError`` with the counts and what to cha
 
 from __future__ import annotations
 
-import os
-import stat
 from typing import Any
 
 from shardkit.bench.report import counted
+from shardkit.errors import LoaderError
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
+from shardkit.loader.read.claims import file_faults
 from shardkit.loader.routes.coco.target import contiguous_label_map
+from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.storage import Store
 
 __all__ = ["AHEAD_PER_WORKER", "check_same_data", "check_shards_intact", "check_timed_batches",
@@ -170,20 +171,11 @@ def check_shards_intact(store: Store, manifest: Manifest, shards: str) -> None:
     """
     if store.remote:
         return
-    damaged = []
-    for shard in manifest.shards:
-        try:
-            found = os.stat(store.path(shard.url))
-        except FileNotFoundError:
-            damaged.append(f"{shard.url} is missing")
-            continue
-        except OSError as err:
-            damaged.append(f"{shard.url} cannot be read ({err.strerror})")
-            continue
-        if not stat.S_ISREG(found.st_mode):
-            damaged.append(f"{shard.url} is not a file")
-        elif found.st_size != shard.num_bytes:
-            damaged.append(f"{shard.url} has {found.st_size:,} bytes, index.json says {shard.num_bytes:,}")
+    said = {"missing": "is missing", "unreadable": "cannot be read ({})", "not regular": "is not a file",
+            "size": "has {:,} bytes, index.json says {:,}"}
+    table = manifest.table
+    damaged = [f"{table.urls[f.shard]} " + said[f.what].format(f.detail, int(table.num_bytes[f.shard]))
+               for f in file_faults(store, table)]
     if damaged:
         more = f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else ""
         raise ValueError(f"--shards {shards} is damaged: {'; '.join(damaged[:3])}{more}; shardkit verify {shards} "
@@ -213,9 +205,6 @@ def too_many_workers(workers: int) -> str | None:
     """The bench's one note that ``workers`` are more than this process's share of the cores
     (None: they are not, or the share cannot be told), said in place of the loaders' warnings
     that :func:`~shardkit.bench.harness.quiet_worker_count` leaves out."""
-    from shardkit.errors import LoaderError
-    from shardkit.machine import auto_workers, cores_of_this_process
-
     try:
         cores, auto = cores_of_this_process(), auto_workers()
     except LoaderError:  # a launcher's malformed LOCAL_WORLD_SIZE: the loaders say so where it matters

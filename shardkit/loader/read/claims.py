@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from shardkit.storage import Store
 from shardkit.storage.local import file_kind
 
 __all__ = ["CHECKED_UP_FRONT", "CHECKED_WHOLE", "MAX_SAMPLE_BYTES", "check_claims", "check_hash", "check_spans",
-           "checks_every_file"]
+           "checks_every_file", "FileFault", "file_faults"]
 
 #: The largest sample span read (all of a sample's members with their headers): one member of the
 #: largest size a shard may hold (``MAX_MEMBER_BYTES``) and a little room for the small ones.
@@ -119,29 +120,52 @@ def check_claims(store: Store, shards: ShardTable) -> None:
             f"{shards.num_bytes[i]} bytes", where=store.path(shards.urls[i]))
 
 
-def _check_files(store: Store, shards: ShardTable) -> None:
-    damaged: list[tuple[str, str]] = []
+class FileFault(NamedTuple):
+    """A local shard whose file does not match ``index.json`` (:func:`file_faults`): ``what`` is
+    ``"missing"``, ``"unreadable"`` (``detail``: the error), ``"not regular"`` (``detail``: what
+    it is, e.g. ``"a FIFO"``) or ``"size"`` (``detail``: the file's size in bytes)."""
+
+    shard: int
+    path: str
+    what: str
+    detail: str | int | None = None
+
+
+def file_faults(store: Store, shards: ShardTable) -> list[FileFault]:
+    """A ``stat`` of every shard's file in local ``store``: those missing, unreadable, not regular
+    files, or of another size than ``index.json`` gives, in shard order."""
+    faults = []
     for i, size in enumerate(shards.num_bytes.tolist()):
         path = store.path(shards.urls[i])
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            damaged.append((path, f"shard is missing (index.json lists it with {size:,} bytes)"))
+            faults.append(FileFault(i, path, "missing"))
             continue
         except OSError as err:
-            damaged.append((path, f"cannot read shard ({err.strerror})"))
+            faults.append(FileFault(i, path, "unreadable", err.strerror))
             continue
         if not stat.S_ISREG(st.st_mode):
-            damaged.append((path, f"not a regular file ({file_kind(st.st_mode)})"))
+            faults.append(FileFault(i, path, "not regular", file_kind(st.st_mode)))
         elif st.st_size != size:
-            damaged.append((path, f"shard has {st.st_size:,} bytes, index.json says {size:,} "
-                                  "(cut short, or replaced without packing again)"))
-    if damaged:
-        path, what = damaged[0]
-        others = len(damaged) - 1
-        verb = "is" if others == 1 else "are"
-        more = f"; {others} more of the {len(shards)} shards {verb} damaged too" if others else ""
-        raise LoaderError(f"{what}{more}; shardkit verify checks every shard", where=path)
+            faults.append(FileFault(i, path, "size", st.st_size))
+    return faults
+
+
+def _check_files(store: Store, shards: ShardTable) -> None:
+    faults = file_faults(store, shards)
+    if not faults:
+        return
+    first, size = faults[0], int(shards.num_bytes[faults[0].shard])
+    what = {"missing": "shard is missing (index.json lists it with {size:,} bytes)",
+            "unreadable": "cannot read shard ({detail})",
+            "not regular": "not a regular file ({detail})",
+            "size": "shard has {detail:,} bytes, index.json says {size:,} "
+                    "(cut short, or replaced without packing again)"}[first.what].format(detail=first.detail, size=size)
+    others = len(faults) - 1
+    verb = "is" if others == 1 else "are"
+    more = f"; {others} more of the {len(shards)} shards {verb} damaged too" if others else ""
+    raise LoaderError(f"{what}{more}; shardkit verify checks every shard", where=first.path)
 
 
 def check_hash(fd: int, entry: ShardEntry, where: str) -> None:
