@@ -9,7 +9,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ from shardkit.bench.checks import (
 )
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report, counted
+from shardkit.bench.webdataset_plan import WebdatasetPlan, webdataset_plan
 from shardkit.errors import PackError
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
@@ -237,68 +238,10 @@ def _caption_contenders(cfg: BenchConfig, shards: str, shard_paths: list[str] | 
     return out
 
 
-@dataclass(frozen=True)
-class WebdatasetPlan:
-    """How the plain webdataset baseline batches. Its workers split whole shards (worker ``i`` reads
-    shards ``i``, ``i + workers``, …: webdataset's ``split_by_worker``) and batch what they read;
-    ``shares``: the images each worker reads an epoch (one share without workers).
-
-    Where every share holds a full batch, each worker batches its own images and drops its last
-    partial batch (``batched(B, partial=False)``); otherwise a worker with less than a batch would
-    deliver nothing, and the baseline rebatches (``rebatch``) as webdataset's documentation
-    advises: the workers keep their partial batches and the ``WebLoader`` regroups the images into
-    full batches (``.unbatched().batched(B, partial=False)``), as many an epoch as the other loaders.
-
-    Example:
-        >>> plan = webdataset_plan([30] * 10, workers=8, batch_size=256)
-        >>> plan.workers, plan.shares[:3], plan.rebatch, plan.batches_per_epoch
-        (8, (60, 60, 30), True, 1)
-        >>> webdataset_plan([5, 5, 5, 5, 4], workers=2, batch_size=8).batches_per_epoch  # 14 and 10 images
-        2
-    """
-
-    workers: int
-    shares: tuple[int, ...]
-    batch_size: int
-
-    @property
-    def rebatch(self) -> bool:
-        return min(self.shares) < self.batch_size
-
-    @property
-    def batches_per_epoch(self) -> int:
-        if self.rebatch:
-            return sum(self.shares) // self.batch_size
-        return sum(share // self.batch_size for share in self.shares)
-
-
 def _how(cfg: BenchConfig, plan: WebdatasetPlan) -> str:
     """What a webdataset row's label adds: fewer workers than asked for, rebatched."""
     fewer = "" if plan.workers == cfg.workers else f", {counted(plan.workers, 'worker')}"
     return fewer + (", rebatched" if plan.rebatch else "")
-
-
-def webdataset_plan(shard_samples: Sequence[int], *, workers: int, batch_size: int) -> WebdatasetPlan:
-    """The :class:`WebdatasetPlan` for shards of ``shard_samples`` images each (in index order),
-    with ``workers`` asked for (:func:`webdataset_workers` lowers them to the shard count)."""
-    count = webdataset_workers(workers, len(shard_samples))
-    split = max(count, 1)
-    shares = tuple(sum(shard_samples[i::split]) for i in range(split))
-    return WebdatasetPlan(count, shares, batch_size)
-
-
-def webdataset_workers(workers: int, shards: int) -> int:
-    """The plain webdataset baseline's workers: ``workers``, but no more than ``shards``.
-
-    Its workers split whole shards between them (``split_by_worker``), and a worker left without a
-    shard fails the run ("No samples found in dataset"); ShardLoader splits samples, so it keeps
-    every worker.
-
-    Example:
-        >>> webdataset_workers(8, 5), webdataset_workers(2, 5), webdataset_workers(0, 1)
-        (5, 2, 0)
-    """
-    return min(workers, shards)
 
 
 def _drop(_contender: Contender) -> None:
@@ -376,7 +319,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
             check_timed_batches(manifest.num_samples, batch_size=cfg.batch_size, epochs=cfg.epochs, warmup=cfg.warmup,
                                 workers=plan.workers, kind="readable ", per_epoch=wds_per_epoch,
                                 whose=f"webdataset's {counted(plan.workers, 'worker')}, each batching its own "
-                                      f"shards ({_shares(plan)}), make")
+                                      f"shards ({plan.described()}), make")
         warmup = cfg.warmup
         cache = "warm (every file read once before the runs)"
         drop: Callable[[Contender], None] | None = None
@@ -407,14 +350,6 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _shares(plan: WebdatasetPlan) -> str:
-    """The images webdataset's workers read an epoch: ``14 and 10 images``, ``30 to 60 images each``."""
-    low, high = min(plan.shares), max(plan.shares)
-    if len(plan.shares) == 2:
-        return f"{plan.shares[0]} and {counted(plan.shares[1], 'image')}"
-    return counted(high, "image") + " each" if low == high else f"{low} to {high} images each"
-
-
 def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: WebdatasetPlan) -> list[str]:
     """What :func:`run_bench` tells before timing (see its ``note``)."""
     notes = []
@@ -433,7 +368,7 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: Webdata
                      f"cannot feed {cfg.workers} workers: its baseline runs with {counted(shards, 'worker')} "
                      f"({others} all; pack with a lower --max-count for more shards)")
     if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and plan.rebatch:
-        notes.append(f"webdataset's {counted(plan.workers, 'worker')} read {_shares(plan)} from their shards, "
+        notes.append(f"webdataset's {counted(plan.workers, 'worker')} read {plan.described()} from their shards, "
                      f"{'less than a batch' if max(plan.shares) < cfg.batch_size else 'for some less than a batch'} "
                      f"of {cfg.batch_size}: "
                      "its baseline keeps each worker's partial batches and rebatches them in the WebLoader "
