@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -34,7 +34,7 @@ import torch
 from shardkit.loader.routes.batch import Builder, WorkerBatch
 from shardkit.loader.stats import StageStats
 
-__all__ = ["DirectRoute", "Route", "to_device"]
+__all__ = ["DirectRoute", "Route", "map_tensors", "to_device"]
 
 W = TypeVar("W", bound=WorkerBatch)  # what the worker half ships
 R = TypeVar("R", bound=WorkerBatch)  # what the host pipeline hands to finish()
@@ -120,14 +120,20 @@ class DirectRoute(Route[W, W]):
         return batches
 
 
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it, inside lists, tuples (named too) and
+    dicts; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(map_tensors(v, fn) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    return value
+
+
 def to_device(value: Any, device: torch.device) -> Any:
     """Move every tensor inside lists, tuples (named too) and dicts to ``device``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, dict):
-        return {k: to_device(v, device) for k, v in value.items()}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(to_device(v, device) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_device(v, device) for v in value)
-    return value
+    return map_tensors(value, lambda t: t.to(device, non_blocking=True))

@@ -23,6 +23,7 @@ from shardkit.loader.read.captions import CaptionTargets
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.read.samples import Sample, SampleSource, decode_for
 from shardkit.loader.read.user_errors import blame
+from shardkit.loader.routes.base import map_tensors
 from shardkit.loader.routes.cpu.shared_pool import FdImages, SharedBatchPool, SlotImages
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
@@ -66,21 +67,9 @@ class CpuBatch:
     def pin_memory(self) -> CpuBatch:
         """This batch with its tensors in page-locked memory (DataLoader's pin-memory thread
         calls this when the loader delivers CPU-decoded batches to CUDA)."""
-        return replace(self, images=_pinned(self.images), labels=_pinned(self.labels))
-
-
-def _pinned(value: Any) -> Any:
-    """``value`` with the tensors in it (a tensor, or inside dicts, lists and tuples: a caption
-    batch's text, a transform's collated dicts or pairs) page-locked."""
-    if isinstance(value, torch.Tensor):
-        return value.pin_memory()
-    if isinstance(value, dict):
-        return {k: _pinned(v) for k, v in value.items()}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_pinned(v) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_pinned(v) for v in value)
-    return value
+        # the tensors inside too: a caption batch's text, a transform's collated dicts or pairs
+        return replace(self, images=map_tensors(self.images, torch.Tensor.pin_memory),
+                       labels=map_tensors(self.labels, torch.Tensor.pin_memory))
 
 
 def _batch_buffer(shape: tuple[int, ...],
