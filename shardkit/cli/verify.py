@@ -23,7 +23,8 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
     """Check the packed DATASET against its index.json; exit 1 on any mismatch."""
     options = storage_options(storage_option, dataset)
     store = locate_dataset(dataset, options)
-    shards = read_manifest(store).shards  # for the bar's totals (verify_dataset reads it again)
+    # the bar's totals; verify_dataset reads it again, and judges the table
+    shards = read_manifest(store, table=False).shards
     done = 0
     with Bar(bars_enabled(quiet), desc="verifying" + (" + decoding" if decode else ""),
              total=sum(s.num_bytes for s in shards), unit="B") as bar:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 from typing import Any
@@ -21,6 +22,8 @@ from shardkit.index.manifest import MAX_MANIFEST_BYTES, Manifest
 from shardkit.index.table import decode_table, encode_table
 from shardkit.storage import Store
 from shardkit.storage.copies import cached_copy
+
+log = logging.getLogger("shardkit.index")
 
 
 def locate_dataset(url: str, storage_options: dict[str, Any] | None = None) -> Store:
@@ -36,26 +39,35 @@ _TABLE_REF = re.compile(rb'\A\{\s*"format":\s*"shardkit",\s*"version":\s*(\d{1,9
                         rb'\s*"num_samples":\s*(\d{1,20}),\s*"table":\s*')
 
 
-def read_manifest(store: Store, *, cache_dir: str | None = None, table: bool = True) -> Manifest:
+def read_manifest(store: Store, *, cache_dir: str | None = None, table: bool = True,
+                  strict_table: bool = False) -> Manifest:
     """Read and validate the manifest of the dataset in ``store``.
 
     When ``index.json`` names an ``index.table`` (docs/concepts/format.md §10), only its first
     bytes are read and the manifest comes from the table, which must have the sha256 that
     ``index.json`` gives it (its shards' hashes are read by block when asked for); else, or with
-    ``table=False``, from ``index.json`` in full. ``cache_dir``: a remote dataset's table is
-    fetched once into this directory and shared by the node's processes
-    (:func:`~shardkit.storage.copies.cached_copy`).
+    ``table=False``, from ``index.json`` in full. A table that is missing or stale (written with
+    another ``index.json``: one edited by a JSON tool since, or another dataset's) is passed over
+    with a warning naming it, once per process, and ``index.json`` is read in full, as it is
+    what the table stands for; ``strict_table=True`` raises instead (``shardkit verify``).
+    ``cache_dir``: a remote dataset's table is fetched once into this directory and shared by the
+    node's processes (:func:`~shardkit.storage.copies.cached_copy`).
 
     Raises:
         ManifestError: no index (not a packed dataset, or a pack that did not finish), an
-            invalid one, or a table that is missing, stale (another sha256 than ``index.json``
-            names) or invalid, naming the file.
+            invalid one, a table that is invalid, or with ``strict_table`` one that is missing
+            or stale, naming the file.
     """
     where = store.path(INDEX_NAME)
     head = _read_head(store) if table else None
     ref = _table_ref(head, where) if head is not None else None
     if ref is not None:
-        return _read_table(store, ref, cache_dir)
+        try:
+            return _read_table(store, ref, cache_dir)
+        except StaleTable as err:
+            if strict_table:
+                raise
+            _warn_once(err)
     if head is not None and len(head) < _HEAD_BYTES:  # the whole file
         return Manifest.from_json(head, where=where)
     if not store.exists(INDEX_NAME):
@@ -119,12 +131,12 @@ def _read_table(store: Store, ref: dict[str, Any], cache_dir: str | None) -> Man
             data = store.read_bytes(TABLE_NAME, limit=ref["num_bytes"] + 1)
         except StorageError as err:
             if isinstance(err.__cause__, FileNotFoundError):
-                raise ManifestError(f"missing, though {INDEX_NAME} names it (copy it with the dataset, or write it "
+                raise StaleTable(f"missing, though {INDEX_NAME} names it (copy it with the dataset, or write it "
                                     f"again: `shardkit index --table {store.url}`)", where=where) from err
             raise
         digest = hashlib.sha256(data).hexdigest()
         if len(data) != ref["num_bytes"] or digest != ref["sha256"]:
-            raise ManifestError(f"stale or damaged: {len(data)}{'+' if len(data) > ref['num_bytes'] else ''} bytes "
+            raise StaleTable(f"stale or damaged: {len(data)}{'+' if len(data) > ref['num_bytes'] else ''} bytes "
                                 f"with sha256 {digest[:16]}…, {INDEX_NAME} names {ref['num_bytes']} bytes with "
                                 f"{ref['sha256'][:16]}… (write it again: `shardkit index --table {store.url}`)",
                                 where=where)
@@ -143,10 +155,24 @@ def _read_table(store: Store, ref: dict[str, Any], cache_dir: str | None) -> Man
                 Manifest.from_json(store.read_bytes(INDEX_NAME, limit=MAX_MANIFEST_BYTES + 1),
                                    where=store.path(INDEX_NAME))
             what = key.replace("_", " ")
-            raise ManifestError(f"stale: it was written with a {INDEX_NAME} whose {what} is {value!r}, this one's is "
+            raise StaleTable(f"stale: it was written with an {INDEX_NAME} whose {what} is {value!r}, this one's is "
                                 f"{ref[key]!r} (write it again: `shardkit index --table {store.url}`)",
                                 where=where)
     return Manifest.from_head(doc, shards, where=where)
+
+
+class StaleTable(ManifestError):
+    """``index.table`` is missing, or was written with another ``index.json`` than the one beside it."""
+
+
+#: The tables already warned about in this process (a loader's ranks and rebuilds read them again).
+_warned: set[str] = set()
+
+
+def _warn_once(err: StaleTable) -> None:
+    if err.where not in _warned:
+        _warned.add(err.where)
+        log.warning("shardkit: %s; read %s in full instead (slower to open for a large dataset)", err, INDEX_NAME)
 
 
 def _what_instead(store: Store) -> str:

@@ -286,7 +286,7 @@ def _check_table(store: Store, manifest: Manifest, report: VerifyReport) -> None
     if not names_table(store):
         return
     try:
-        table = read_manifest(store)
+        table = read_manifest(store, strict_table=True)
         table.table.hashes()  # every block of index.hashes, each checked against the table
     except ShardkitError as err:
         report.problems.append(str(err))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -92,31 +93,48 @@ def test_a_dataset_without_a_table_loads_and_gets_one(tmp_path: Path) -> None:
     assert read_manifest(Store(str(tmp_path))) == m
 
 
-def test_a_stale_or_missing_table_is_refused_naming_it(tmp_path: Path) -> None:
+def test_a_stale_or_missing_table_is_passed_over_for_index_json_with_a_warning_naming_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """index.json is what the table stands for: a table written with another index.json (one a
+    JSON tool rewrote since, another dataset's) or missing is named in a warning, once, and
+    index.json is read in full; verify (strict_table) still refuses it, naming the file."""
+    from shardkit.index import manifest_io
+
     store = Store(str(tmp_path))
     write_manifest(store, _manifest())
     doc = json.loads((tmp_path / "index.json").read_bytes())
     doc["shards"][0]["num_samples"] += 1  # edited by a JSON tool that kept the table's reference
     doc["num_samples"] += 1
     (tmp_path / "index.json").write_text(json.dumps(doc))
+    manifest_io._warned.clear()
+    with caplog.at_level("WARNING", logger="shardkit.index"):
+        edited = read_manifest(store)
+        assert read_manifest(store) == edited  # warned once
+    assert edited.num_samples == 10 and edited.shards[0].num_samples == doc["shards"][0]["num_samples"]
+    [record] = [r.getMessage() for r in caplog.records]
+    assert re.search(r"index.table: stale: .* an index.json whose num samples is 9, this one's is 10 \(write it "
+                     r"again: `shardkit index --table .*`\); read index.json in full instead", record), record
     with pytest.raises(ManifestError, match=r"index.table: stale: .* index.json whose num samples is 9, this one's "
                                             r"is 10 \(write it again: `shardkit index --table"):
-        read_manifest(store)
+        read_manifest(store, strict_table=True)
     doc["shards"][0]["num_samples"] -= 1
     doc["num_samples"] -= 1
-    (tmp_path / "index.json").write_text(json.dumps(doc))
+    (tmp_path / "index.json").write_text(json.dumps(doc, indent=1))  # the same fields, laid out anew
+    assert read_manifest(store) == _manifest()
     with pytest.raises(ManifestError, match=r"index.table: stale: .* index bytes is \d+, this one's is \d+"):
-        read_manifest(store)
+        read_manifest(store, strict_table=True)
     write_manifest(store, _manifest())
     table = (tmp_path / "index.table").read_bytes()
     write_manifest(store, _manifest(4))
     (tmp_path / "index.table").write_bytes(table)  # another dataset's table
+    assert len(read_manifest(store).shards) == 4
     with pytest.raises(ManifestError, match=r"index.table: stale or damaged: \d+ bytes with sha256 [0-9a-f]{16}…, "
                                             r"index.json names \d+ bytes with"):
-        read_manifest(store)
+        read_manifest(store, strict_table=True)
     (tmp_path / "index.table").unlink()
+    assert len(read_manifest(store).shards) == 4
     with pytest.raises(ManifestError, match="index.table: missing, though index.json names it"):
-        read_manifest(store)
+        read_manifest(store, strict_table=True)
     assert len(read_manifest(store, table=False).shards) == 4
 
 
@@ -202,6 +220,11 @@ def test_verify_compares_the_table_with_index_json(tmp_path: Path) -> None:
     (tmp_path / "index.json").write_text(text.replace(first, first[:-1] + ("0" if first[-1] != "0" else "1")))
     problems = verify_dataset(str(tmp_path)).problems  # the shard files are missing too: named apart
     assert f"{tmp_path}/index.table: holds other shards or fields than index.json (write it again" in problems[0]
+    write_manifest(store, _manifest())
+    doc = json.loads((tmp_path / "index.json").read_bytes())
+    (tmp_path / "index.json").write_text(json.dumps(doc))  # rewritten by a JSON tool: the table is stale
+    assert "index.table: stale: it was written with an index.json whose index bytes" in \
+        verify_dataset(str(tmp_path)).problems[0]
     write_manifest(store, _manifest())
     (tmp_path / "index.hashes").write_bytes(b"\0" * 96)
     assert "index.hashes: block 0 (shards 0 to 2)" in verify_dataset(str(tmp_path)).problems[0]
