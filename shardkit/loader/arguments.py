@@ -10,6 +10,8 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from shardkit.errors import LoaderError
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.feed.labels import SlotLabels, probe_text
@@ -21,7 +23,7 @@ from shardkit.loader.routes.gpu import GpuOptions, GpuRoute
 from shardkit.machine import auto_workers, cores_of_this_process
 from shardkit.transforms.base import ImageTransform
 
-__all__ = ["as_int", "caption_targets", "check_arguments", "check_call", "check_service", "feeder_count",
+__all__ = ["as_device", "as_int", "caption_targets", "check_arguments", "check_call", "check_service", "feeder_count",
            "feeder_slots", "init_signature", "plain_int", "say_if_no_batch", "worker_count"]
 
 log = logging.getLogger("shardkit.loader")
@@ -52,6 +54,26 @@ def as_int(name: str, value: object, least: int = 0, below: int | None = None) -
         top = f"2**{below.bit_length() - 1}" if below & (below - 1) == 0 else str(below)
         raise LoaderError(f"{name} must be an int below {top}, got {value!r}")
     return number
+
+
+def as_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device`.
+
+    Example:
+        >>> as_device("cuda:1")
+        device(type='cuda', index=1)
+        >>> as_device("bogus")
+        Traceback (most recent call last):
+        ...
+        shardkit.errors.LoaderError: device='bogus' is not a device torch knows (cpu, cuda, cuda:1, ...)
+
+    Raises:
+        LoaderError: torch makes no device of ``device`` (an unknown name, a malformed index, None).
+    """
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise LoaderError(f"device={device!r:.80} is not a device torch knows (cpu, cuda, cuda:1, ...)") from None
 
 
 #: DataLoader's arguments ShardLoader does without, and what to write instead.

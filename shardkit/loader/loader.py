@@ -14,6 +14,7 @@ import torch
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
 from shardkit.loader.arguments import (
+    as_device,
     as_int,
     caption_targets,
     check_arguments,
@@ -274,6 +275,7 @@ class ShardLoader:
         batch_size, window, prefetch = (as_int(name, value, 1) for name, value in
                                         (("batch_size", batch_size), ("window", window), ("prefetch", prefetch)))
         seed = as_int("seed", seed, 0, 1 << 64)
+        where = as_device(device)
         rank, world_size = plain_int(rank), plain_int(world_size)
         check_arguments(batch_size=batch_size, window=window, prefetch=prefetch,
                          on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
@@ -309,7 +311,7 @@ class ShardLoader:
         self.num_workers = workers
         self.reader = ShardReader.joined(datasets.parts, cache_dir=cache, cache_bytes=cache_bytes,
                                          verify_hashes=verify_hashes)
-        spec = RouteSpec(transform, torch.device(device), batch_size, on_error=on_error, num_workers=workers,
+        spec = RouteSpec(transform, where, batch_size, on_error=on_error, num_workers=workers,
                          prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
                          contiguous_labels=contiguous_labels, captions=caption_targets(text_transform, fields),
                          service=service is not None)

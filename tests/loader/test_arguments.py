@@ -43,6 +43,14 @@ def test_window_zero_with_a_worker_is_refused_before_any_worker_starts(packed: P
         ShardLoader(str(packed), batch_size=4, num_workers=1, window=0)
 
 
+@pytest.mark.parametrize("device", ["bogus", "CUDA", "cuda:x", "cuda:-1", "", None, 1.5])
+def test_a_device_torch_does_not_know_is_refused_naming_it(packed: Path, device: Any) -> None:
+    # torch's own error came through as it was: a RuntimeError listing every device type it has.
+    with pytest.raises(LoaderError) as caught:
+        ShardLoader(str(packed), batch_size=4, device=device)
+    assert str(caught.value) == f"device={device!r} is not a device torch knows (cpu, cuda, cuda:1, ...)"
+
+
 def test_good_edge_values_construct(packed: Path) -> None:
     loader = ShardLoader(str(packed), batch_size=1, num_workers=0, window=1, prefetch=1,
                          gpu=GpuOptions(device_prefetch=2),
