@@ -7,7 +7,8 @@
   accelerate), so the last micro-batches of an epoch do not roll into the next one.
 - ``skip_first_batches`` (accelerate) and ``DataLoader``/``StatefulDataLoader`` wrapping expect a
   dataset inside the loader; a ShardLoader has none, and its own :meth:`state_dict` does their
-  job. :data:`NO_DATASET` and :data:`NOT_A_DATASET` say so in one line.
+  job. :data:`NO_DATASET` and :data:`NOT_A_DATASET` say so in one line (the first also where the
+  sample count is, which ``len(loader.dataset)`` gives a DataLoader).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from shardkit import _compat
 
 __all__ = ["NOT_A_DATASET", "NO_DATASET", "seen_by_accelerate"]
 
-#: Why ``loader.dataset`` fails (what ``skip_first_batches`` reads first).
-NO_DATASET = ("ShardLoader has no .dataset (skip_first_batches cannot skip in it): resume mid-epoch with "
+#: Why ``loader.dataset`` fails (what ``skip_first_batches`` reads first, and ``len(loader.dataset)``
+#: counts with a DataLoader).
+NO_DATASET = ("ShardLoader has no .dataset (skip_first_batches cannot skip in it): its samples are counted by "
+              "loader.manifest.num_samples, its batches by len(loader), and it resumes mid-epoch with "
               "loader.load_state_dict(state), state from loader.state_dict()")
 
 #: Why ``loader[i]`` fails (what a ``DataLoader`` or ``StatefulDataLoader`` wrapped around it does).

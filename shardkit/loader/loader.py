@@ -198,6 +198,10 @@ class ShardLoader:
     Without CUDA or nvJPEG, one warning is logged and the CPU route (:mod:`shardkit.loader.routes.cpu`)
     is used (delivering on the CPU when CUDA is missing altogether).
 
+    Counts: ``len(loader)`` is this rank's batches in an epoch and :attr:`remaining` those still to
+    come; the samples are ``loader.manifest.num_samples`` (for a mix, all datasets' together), what
+    ``len(loader.dataset)`` gives with a DataLoader: a ShardLoader has no ``dataset``.
+
     One iteration runs at a time: a newer ``iter(loader)`` ends an older one, whose next
     ``next()`` raises a :class:`LoaderError` saying so (``zip(loader, loader)`` is refused that way).
 
@@ -288,6 +292,7 @@ class ShardLoader:
                                  storage_options=storage_options, cache_dir=cache, absolute=service is not None)
         #: The dataset's ``index.json``; for a mix, a joined view (kind, classes, categories and
         #: every shard in the loader's order, each ``url`` relative to its own dataset).
+        #: ``manifest.num_samples`` counts the samples (a DataLoader's ``len(loader.dataset)``).
         self.manifest = datasets.manifest
         #: Each dataset's ``index.json`` (one for a single dataset).
         self.manifests = datasets.manifests
@@ -371,8 +376,9 @@ class ShardLoader:
 
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank unless
-        ``even_batches=False``), as ``len(DataLoader)``. An epoch resumed mid-way yields only those
-        not yet delivered: :attr:`remaining` counts them (e.g. ``tqdm(total=loader.remaining)``)."""
+        ``even_batches=False``), as ``len(DataLoader)``; the samples are ``loader.manifest.num_samples``.
+        An epoch resumed mid-way yields only those not yet delivered: :attr:`remaining` counts them
+        (e.g. ``tqdm(total=loader.remaining)``)."""
         self._follow_world()
         return self._num_batches
 
@@ -423,7 +429,8 @@ class ShardLoader:
     @property
     def dataset(self) -> Any:
         """Not there: a ShardLoader reads its shards itself (``skip_first_batches`` and other
-        wrappers look for a dataset; :meth:`state_dict` does their job).
+        wrappers look for a dataset; :meth:`state_dict` does their job). The samples are counted by
+        ``loader.manifest.num_samples``.
 
         Raises:
             AttributeError: always, naming what to do instead (``hasattr`` stays False).

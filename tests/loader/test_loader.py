@@ -80,6 +80,20 @@ def test_len_and_exact_epoch(packed: Path, drop_last: bool) -> None:
         assert sorted(keys) == [f"{i:08d}" for i in range(69)]
 
 
+def test_len_of_dataset_points_to_the_sample_count(packed: Path) -> None:
+    # A DataLoader's len(loader.dataset) counts samples; a ShardLoader has no dataset (frameworks read
+    # hasattr as False), and its error spoke of skip_first_batches alone.
+    loader = _loader(packed, num_workers=0)
+    with pytest.raises(AttributeError) as caught:
+        len(loader.dataset)
+    said = str(caught.value)
+    assert "loader.manifest.num_samples" in said and "len(loader)" in said and "load_state_dict" in said
+    assert "\n" not in said and said.count(". ") == 0
+    assert not hasattr(loader, "dataset")
+    assert loader.manifest.num_samples == 69 == len({k for *_, ks in _run(loader) for k in ks})
+    assert "manifest.num_samples" in (ShardLoader.__doc__ or "")
+
+
 def test_resume_at_random_steps_equals_uninterrupted_run(packed: Path) -> None:
     loader = _loader(packed, num_workers=2, seed=5)
     loader.set_epoch(1)
