@@ -8,6 +8,7 @@ import os
 import posixpath
 import time
 from collections import Counter
+from collections.abc import Iterable
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,24 +90,38 @@ def _check_outside_source(src: str, dst: str) -> None:
 log = logging.getLogger("shardkit.pack")
 
 
-def mixed_image_formats(listing: SourceListing) -> Counter[str]:
-    """Image members per extension when ``listing`` holds more than one kind (else empty): such a
-    pack without ``uniform_names`` names its members ``.jpg``, ``.png``, ... per sample.
+def mixed_image_formats(listing: SourceListing, skipped: Iterable[str] = ()) -> Counter[str]:
+    """Image members per extension when the samples of ``listing`` packed hold more than one kind
+    (else empty): such a pack without ``uniform_names`` names its members ``.jpg``, ``.png``, ...
+    per sample. ``skipped``: the ``source`` of each sample the writers skipped (one entry per
+    sample: a caption table may list one file twice).
 
     >>> from shardkit.sources.sample import SourceSample
-    >>> mixed_image_formats(SourceListing("imagefolder", "/d", [SourceSample("a.JPEG", "a.JPEG", 1),
-    ...                                                          SourceSample("b.png", "b.png", 1)]))
+    >>> listing = SourceListing("imagefolder", "/d", [SourceSample("a.JPEG", "a.JPEG", 1),
+    ...                                               SourceSample("b.png", "b.png", 1)])
+    >>> mixed_image_formats(listing)
     Counter({'jpg': 1, 'png': 1})
+    >>> mixed_image_formats(listing, skipped=["b.png"])
+    Counter()
     """
-    counts = Counter(normalize_extension(posixpath.splitext(s.rel)[1]) for s in listing.samples)
+    left_out = Counter(skipped)
+    counts: Counter[str] = Counter()
+    for s in listing.samples:
+        if left_out[s.rel] > 0:
+            left_out[s.rel] -= 1
+        else:
+            counts[normalize_extension(posixpath.splitext(s.rel)[1])] += 1
     return counts if len(counts) > 1 else Counter()
 
 
-def _warn_mixed_formats(listing: SourceListing, options: PackOptions) -> None:
-    """Say, before packing, that a mixed-format set packed without uniform names loses samples in
-    readers that take their columns from the first samples (HF datasets gives ``None`` images)."""
-    counts = mixed_image_formats(listing)
-    if not counts or options.uniform_names:
+def _warn_mixed_formats(listing: SourceListing, options: PackOptions, skipped: Iterable[str]) -> None:
+    """Say, once a pack is done, that a mixed-format set packed without uniform names loses samples
+    in readers that take their columns from the first samples (HF datasets gives ``None`` images),
+    counting the images packed (``skipped``: as for :func:`mixed_image_formats`)."""
+    if options.uniform_names:
+        return
+    counts = mixed_image_formats(listing, skipped)
+    if not counts:
         return
     (common, _), *rest = counts.most_common()
     minority = ", ".join(f"{n:,} {ext}" for ext, n in rest)
@@ -192,7 +207,6 @@ def pack_listing(
         if state.complete is not None:
             return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
                               True)
-        _warn_mixed_formats(listing, options)  # once DST is known to take the pack: an error comes alone
         width = key_width(len(listing.samples))
         tasks = [
             ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes,
@@ -255,6 +269,8 @@ def pack_listing(
                 with contextlib.suppress(OSError):  # the directory this pack made, left empty
                     os.rmdir(store.path(""))
         check_budget(skipped, total, max_skipped, where=dst, finished=True)
+        # once the pack has passed its checks (an error comes alone), of the images it packed
+        _warn_mixed_formats(listing, options, (s["source"] for r in receipts for s in r.skipped))
         extra = dict(listing.extra)
         if listing.kind == "coco":
             extra[ANNOTATION_REPORT] = annotation_report(listing, skipped)

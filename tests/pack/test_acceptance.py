@@ -119,3 +119,29 @@ def test_packed_if_and_only_if_the_loader_decodes(tree: Path, tmp_path: Path,
     if decode_check:
         assert skipped["a/broken_scan.jpg"].startswith("corrupt image data (")
         assert verify_dataset(str(dst), decode=True).ok
+
+
+def _format_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "--uniform-names" in r.getMessage()]
+
+
+def test_the_mixed_formats_warning_counts_the_images_packed_not_those_skipped(
+        tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # 7 files (4 .jpg, 3 .png), of which truncated.jpg and damaged.png are skipped: the warning
+    # said "7 images are 4 jpg and 3 png" above a summary of 5 samples.
+    with caplog.at_level("WARNING", logger="shardkit.pack"):
+        result = pack(str(tree), str(tmp_path / "out"), workers=1, options=PackOptions(max_count=4))
+    assert result.manifest.num_samples == 5 and len(result.manifest.skipped) == 2
+    said = _format_warnings(caplog)
+    assert len(said) == 1 and said[0].startswith("shardkit: 5 images are 3 jpg and 2 png: "), said
+
+
+def test_no_mixed_formats_warning_where_every_image_of_the_other_format_is_skipped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write_tree(tmp_path / "src", {"a/one.jpg": _encode(_pattern(30, 20), "JPEG"),
+                                  "a/two.jpg": _encode(_pattern(20, 30), "JPEG"),
+                                  "a/damaged.png": _png_damaged_pixels()})
+    with caplog.at_level("WARNING", logger="shardkit.pack"):
+        result = pack(str(tmp_path / "src"), str(tmp_path / "out"), workers=1)
+    assert result.manifest.num_samples == 2 and [s["source"] for s in result.manifest.skipped] == ["a/damaged.png"]
+    assert _format_warnings(caplog) == []
