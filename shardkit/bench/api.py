@@ -130,8 +130,7 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
     from shardkit.pack import PackOptions, pack, pack_captions, pack_coco
     from shardkit.pack.resume import DestinationInUse
 
-    # Enough shards that every worker of the webdataset baseline gets several whole shards.
-    per_shard = max(1, min(1000, math.ceil(n_images / (4 * max(cfg.workers, 1)))))
+    per_shard = _per_shard(n_images, cfg.workers)
     workers = cfg.pack_workers or os.cpu_count() or 1
     if sink is not None:
         sink.begin("packing", n_images)
@@ -157,6 +156,24 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
     return {"images": result.manifest.num_samples, "seconds": result.seconds,
             "images_per_second": result.images_per_second, "shards": len(result.manifest.shards),
             "workers": workers, "max_count": per_shard, "reused": result.already_complete}
+
+
+def _per_shard(n_images: int, workers: int) -> int:
+    """Images a shard of the bench's own pack: enough shards that every worker of the webdataset
+    baseline gets several whole shards."""
+    return max(1, min(1000, math.ceil(n_images / (4 * max(workers, 1)))))
+
+
+def _planned_webdataset(cfg: BenchConfig, n_images: int) -> list[tuple[int, int]]:
+    """``(batches an epoch, workers)`` of the webdataset baseline over the shards the bench would pack
+    of ``n_images`` (all readable), for the values the check before the pack names (the check after
+    it counts the shards read); none where the baseline reads no local shards."""
+    if "webdataset" not in cfg.contenders or cfg.annotations is not None or is_remote(cfg.shards or ""):
+        return []
+    per_shard = _per_shard(n_images, cfg.workers)
+    sizes = [per_shard] * (n_images // per_shard) + [n_images % per_shard] * (n_images % per_shard > 0)
+    plan = webdataset_plan(sizes, workers=cfg.workers, batch_size=cfg.batch_size)
+    return [(plan.batches_per_epoch, plan.workers)]
 
 
 def _not_mixed_formats(record: logging.LogRecord) -> bool:
@@ -281,7 +298,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
                                              workers=cfg.workers))
     assert cfg.epochs is not None
     check_timed_batches(data["images"], batch_size=cfg.batch_size, epochs=cfg.epochs, warmup=cfg.warmup,
-                        workers=cfg.workers)
+                        workers=cfg.workers, others=_planned_webdataset(cfg, data["images"]))
     tmp = tempfile.mkdtemp(prefix="shardkit-bench-") if cfg.shards is None else None
     shards = cfg.shards or os.path.join(tmp or "", "shards")
     try:
@@ -313,13 +330,14 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         for text in notes:
             if note is not None:
                 note(text)
+        wds_fewer = [(wds_per_epoch, plan.workers)] if wds_per_epoch < per_epoch else []
         check_timed_batches(manifest.num_samples, batch_size=cfg.batch_size, epochs=cfg.epochs, warmup=cfg.warmup,
-                            workers=cfg.workers, kind="readable ")
-        if wds_per_epoch < per_epoch:  # each worker batches its own shards and drops its last partial batch
+                            workers=cfg.workers, kind="readable ", others=wds_fewer)
+        if wds_fewer:  # each worker batches its own shards and drops its last partial batch
             check_timed_batches(manifest.num_samples, batch_size=cfg.batch_size, epochs=cfg.epochs, warmup=cfg.warmup,
                                 workers=plan.workers, kind="readable ", per_epoch=wds_per_epoch,
                                 whose=f"webdataset's {counted(plan.workers, 'worker')}, each batching its own "
-                                      f"shards ({plan.described()}), make")
+                                      f"shards ({plan.described()}), make", others=[(per_epoch, cfg.workers)])
         warmup = cfg.warmup
         cache = "warm (every file read once before the runs)"
         drop: Callable[[Contender], None] | None = None

@@ -5,6 +5,7 @@ runs before any timing and raises ``ValueError`` with the counts and what to cha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from shardkit.bench.report import counted
@@ -132,15 +133,18 @@ def epochs_for(images: int, *, batch_size: int, warmup: int, workers: int, per_e
 
 
 def check_timed_batches(images: int, *, batch_size: int, epochs: int, warmup: int, workers: int,
-                        kind: str = "", per_epoch: int | None = None, whose: str = "") -> None:
+                        kind: str = "", per_epoch: int | None = None, whose: str = "",
+                        others: Sequence[tuple[int, int]] = ()) -> None:
     """Refuse a plan whose timed batches would not measure the loaders: none left after the
     warm-up, or no more than the workers prepare ahead (a timed part that only empties a full
     queue gives any rate at all, and CPU figures over seconds of work done before it).
     ``per_epoch``: the batches of an epoch of one loader that makes fewer than
     ``images // batch_size``, which ``whose`` (the start of the message) names.
+    ``others``: ``(batches an epoch, workers)`` of the bench's other loaders where they differ: the
+    ``--epochs`` and ``--warmup`` the error names pass every loader's check, so that one retry runs.
 
     Raises:
-        ValueError: saying which counts and what to change.
+        ValueError: saying which counts, and the values of ``--epochs`` and of ``--warmup`` that pass.
     """
     if per_epoch is None:
         per_epoch = images // batch_size
@@ -155,9 +159,25 @@ def check_timed_batches(images: int, *, batch_size: int, epochs: int, warmup: in
                 f"leave {batches} to time after --warmup {warmup}, no more than the {ahead} that "
                 f"{counted(workers, 'worker')} prepare ahead: the rates would time a full queue, not the loaders")
         which = ", which" if whose else ""
+        fixes = _what_works([(per_epoch, workers), *(o for o in others if o[0] >= 1)], epochs=epochs, warmup=warmup)
         raise ValueError(f"{whose}{' ' if whose else ''}{counted(total, 'batch', 'batches')} of {batch_size} in "
-                         f"{counted(epochs, 'epoch')} of {images} {kind}images{which} {left}; raise --epochs, or "
-                         "lower --warmup or --batch-size")
+                         f"{counted(epochs, 'epoch')} of {images} {kind}images{which} {left}; {fixes}")
+
+
+def _what_works(loaders: Sequence[tuple[int, int]], *, epochs: int, warmup: int) -> str:
+    """What to change, with the value that passes :func:`check_timed_batches` for each of
+    ``loaders`` (``(batches an epoch, workers)``), the others as given: the fewest ``--epochs``
+    and, where any leaves enough to time, the most ``--warmup``.
+
+    >>> _what_works([(4, 2)], epochs=1, warmup=5)
+    'raise --epochs to 3'
+    >>> _what_works([(4, 2), (3, 2)], epochs=4, warmup=8)
+    'raise --epochs to 5, or lower --warmup to 7'
+    """
+    fewest_epochs = max((warmup + workers * AHEAD_PER_WORKER) // per_epoch + 1 for per_epoch, workers in loaders)
+    most_warmup = min(per_epoch * epochs - workers * AHEAD_PER_WORKER - 1 for per_epoch, workers in loaders)
+    fix = f"raise --epochs to {fewest_epochs}"
+    return fix if most_warmup < 0 else f"{fix}, or lower --warmup to {most_warmup}"
 
 
 def check_shards_intact(store: Store, manifest: Manifest, shards: str) -> None:

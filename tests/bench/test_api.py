@@ -86,6 +86,42 @@ def test_webdataset_plan_rebatches_where_a_worker_reads_less_than_a_batch() -> N
                                 whose="webdataset's 2 workers, each batching its own shards (14 and 10 images), make")
 
 
+def test_a_refused_plan_names_the_fewest_epochs_and_the_most_warmup_that_pass() -> None:
+    """The error said "raise --epochs, or lower --warmup or --batch-size" without a value: --epochs 1
+    on 300 images at batch 64 was refused, then --warmup 0 was refused again. Its values now pass
+    the check of every loader named (this one and ``others``), and one less (more) would not."""
+    import itertools
+    import re
+
+    with pytest.raises(ValueError, match=r"leave none to time after --warmup 5; raise --epochs to 3$"):
+        api.check_timed_batches(300, batch_size=64, epochs=1, warmup=5, workers=2)
+
+    def passes(per_epoch: int, workers: int, epochs: int, warmup: int) -> bool:
+        try:
+            api.check_timed_batches(per_epoch * 8, batch_size=8, epochs=epochs, warmup=warmup, workers=workers)
+        except ValueError:
+            return False
+        return True
+
+    for per_epoch, other, workers, epochs, warmup in itertools.product((1, 3, 4, 9), (1, 2, 4), (0, 1, 3),
+                                                                       (1, 2, 3), (0, 2, 5, 11)):
+        loaders = [(per_epoch, workers), (other, max(workers - 1, 0))]
+        try:
+            api.check_timed_batches(per_epoch * 8, batch_size=8, epochs=epochs, warmup=warmup, workers=workers,
+                                    others=loaders[1:])
+        except ValueError as err:
+            said = re.search(r"; raise --epochs to (\d+)(?:, or lower --warmup to (\d+))?$", str(err))
+            assert said is not None, err
+            fewest = int(said[1])
+            assert all(passes(p, w, fewest, warmup) for p, w in loaders), err
+            assert not all(passes(p, w, fewest - 1, warmup) for p, w in loaders), err
+            assert (said[2] is None) == (not all(passes(p, w, epochs, 0) for p, w in loaders)), err
+            if said[2] is not None:
+                most = int(said[2])
+                assert all(passes(p, w, epochs, most) for p, w in loaders), err
+                assert not all(passes(p, w, epochs, most + 1) for p, w in loaders), err
+
+
 def test_shards_of_another_kind_are_described_by_what_they_hold() -> None:
     """COCO shards given to an ImageFolder bench were said to hold "coco data of 0 classes" (COCO
     has categories, not classes): each kind is described by its own counts."""

@@ -85,14 +85,29 @@ def test_bench_refuses_a_timed_part_that_would_only_empty_the_queue(tree: Path) 
     """A warm-up taking every batch was cut to leave one without a word, and a timed part no
     longer than the batches the workers prepare ahead printed rates of a full queue (143k img/s
     and 36 CPU cores on a 2-core machine)."""
-    for args, left in [(["--batch-size", "8", "--epochs", "1", "--warmup", "3", "--workers", "0"],
-                        "3 batches of 8 in 1 epoch of 24 images leave none to time after --warmup 3; "),
-                       (["--batch-size", "8", "--epochs", "1", "--warmup", "0", "--workers", "2"],
-                        "3 batches of 8 in 1 epoch of 24 images leave 3 batches to time after --warmup 0, no more "
-                        "than the 4 that 2 workers prepare ahead")]:
+    for args, left, fixes in [(["--batch-size", "8", "--epochs", "1", "--warmup", "3", "--workers", "0"],
+                               "3 batches of 8 in 1 epoch of 24 images leave none to time after --warmup 3; ",
+                               "raise --epochs to 2, or lower --warmup to 2"),
+                              (["--batch-size", "8", "--epochs", "1", "--warmup", "0", "--workers", "2"],
+                               "3 batches of 8 in 1 epoch of 24 images leave 3 batches to time after --warmup 0, no "
+                               "more than the 4 that 2 workers prepare ahead",
+                               "raise --epochs to 3")]:
         result = CliRunner().invoke(cli, ["bench", str(tree), *args, "-q"])
         assert result.exit_code == 1 and result.output.startswith(f"error: {left}"), result.output
-        assert result.output.count("\n") == 1
+        assert result.output.count("\n") == 1 and result.output.endswith(f"; {fixes}\n"), result.output
+
+
+def test_a_refused_plan_names_values_that_run_at_the_first_retry(tree: Path) -> None:
+    """--epochs 1 was refused with "raise --epochs, or lower --warmup or --batch-size", and --warmup 0
+    then refused again. The error names the --epochs that passes every loader's check: 2 would
+    pass ImageFolder's (6 batches after --warmup 0), not webdataset's, whose 2 workers each read 12
+    images of the 3-image shards the bench packs and make 2 batches of 8 an epoch, not 3."""
+    base = ["bench", str(tree), "--batch-size", "8", "--workers", "2", "--warmup", "0", "--size", "16",
+            "--repeats", "1", "-q"]
+    refused = CliRunner().invoke(cli, [*base, "--epochs", "1"])
+    assert refused.exit_code == 1 and refused.output.endswith("; raise --epochs to 3\n"), refused.output
+    again = CliRunner().invoke(cli, [*base, "--epochs", "3"])
+    assert again.exit_code == 0, again.output
 
 
 def test_bench_refuses_shards_of_other_data(tree: Path, tmp_path: Path) -> None:
