@@ -98,6 +98,10 @@ def writable(path: str, option: str) -> str:
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as err:
+        in_the_way = _not_a_folder(parent)
+        if in_the_way is not None:
+            what = "is a file, not a folder" if os.path.isfile(in_the_way) else "is not a folder"
+            raise BenchError(f"{in_the_way} {what}", where=f"{option} {path}") from None
         raise BenchError(f"cannot create its folder {parent} ({err.strerror or err})",
                          where=f"{option} {path}") from None
     try:
@@ -105,6 +109,22 @@ def writable(path: str, option: str) -> str:
     except OSError as err:
         raise BenchError(f"cannot be written ({err.strerror or err})", where=f"{option} {path}") from None
     return path
+
+
+def _not_a_folder(folder: str) -> str | None:
+    """The path on the way to ``folder`` (``folder`` included) that is there but no directory (a
+    file where a folder would be created), or None.
+
+    >>> _not_a_folder("/dev/null/reports"), _not_a_folder("/no/such/folder")
+    ('/dev/null', None)
+    """
+    here = folder
+    while not os.path.exists(here):
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+    return None if os.path.isdir(here) else here
 
 
 CLASSIFIER_SHARDS = "IMAGEFOLDER_DIR (shardkit pack IMAGEFOLDER_DIR SHARDS)"

@@ -174,10 +174,16 @@ def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path
         (str(tree), "--annotations", str(tmp_path / "no.json")): f"error: --annotations {tmp_path / 'no.json'}: "
                                                                   "does not exist",
         (str(tree), "--out", str(tmp_path / "notes.txt" / "r.json")): f"error: --out {tmp_path / 'notes.txt'}"
-                                                                       "/r.json: cannot create its folder",
-        (str(tree), "--out", str(tmp_path / "link.json")): f"error: --out {tmp_path / 'link.json'}: cannot create "
-                                                             f"its folder {tmp_path / 'notes.txt'}",
-        (str(tree), "--plot", str(tmp_path / "notes.txt" / "p.png")): "error: --plot ",
+                                                                       f"/r.json: {tmp_path / 'notes.txt'} is a file, "
+                                                                       "not a folder\n",
+        (str(tree), "--out", str(tmp_path / "notes.txt" / "sub" / "r.json")): f"error: --out {tmp_path / 'notes.txt'}"
+                                                                              f"/sub/r.json: {tmp_path / 'notes.txt'} "
+                                                                              "is a file, not a folder\n",
+        (str(tree), "--out", str(tmp_path / "link.json")): f"error: --out {tmp_path / 'link.json'}: "
+                                                             f"{tmp_path / 'notes.txt'} is a file, not a folder\n",
+        (str(tree), "--plot", str(tmp_path / "notes.txt" / "p.png")): f"error: --plot {tmp_path / 'notes.txt'}/p.png: "
+                                                                        f"{tmp_path / 'notes.txt'} is a file, not a "
+                                                                        "folder\n",
         (str(tree), "--out", f"{tmp_path / 'new'}/"): f"error: --out {tmp_path / 'new'}/: names a folder (it ends "
                                                        "in /); name the file",
         (str(tree), "--out", "/proc/r.json"): "error: --out /proc/r.json: cannot be written (",
