@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
@@ -397,12 +398,12 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: Webdata
 def _run(cfg: BenchConfig, contenders: list[Contender], warmup: int, per_epoch: dict[str, int],
          drop: Callable[[Contender], None] | None, sink: ProgressSink | None,
          after_run: Callable[[str, int, RunResult], None] | None) -> dict[str, list[RunResult]]:
-    current = {"count": 0}
+    runs: Counter[str] = Counter()
 
     def before(c: Contender) -> None:
-        current["count"] += 1
-        if sink is not None:
-            sink.describe(f"{c.name} {current['count']}/{cfg.repeats * len(contenders)}")
+        runs[c.name] += 1
+        if sink is not None:  # counted per loader, as the lines printed without a bar count them
+            sink.describe(f"{c.name} run {runs[c.name]}/{cfg.repeats}")
         if drop is not None:
             drop(c)
 

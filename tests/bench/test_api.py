@@ -153,3 +153,30 @@ def test_more_workers_than_cores_is_one_note_and_a_malformed_launcher_variable_n
     monkeypatch.undo()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")  # the bench runs on; the loaders name the variable where it matters
     assert too_many_workers(1_000_000) is None
+
+
+def test_the_timing_bars_label_counts_each_loaders_runs_as_the_printed_lines_do() -> None:
+    """With --repeats 2 the bar read "webdataset 2/6" (runs of every loader together) where the
+    lines printed without a bar say "webdataset run 1/2"."""
+    import torch
+
+    from shardkit.bench import Contender
+
+    class Sink:
+        def __init__(self) -> None:
+            self.labels: list[str] = []
+
+        def begin(self, what: str, total: int | None) -> None: ...
+        def advance(self, n: int) -> None: ...
+
+        def describe(self, text: str) -> None:
+            self.labels.append(text)
+
+    epoch = [(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64))] * 3
+    contenders = [Contender(name, name, lambda: epoch, baseline=name == "imagefolder")
+                  for name in ("imagefolder", "webdataset", "shardloader")]
+    sink = Sink()
+    api._run(BenchConfig("tree", epochs=1, repeats=2), contenders, 0, {c.name: 3 for c in contenders}, None, sink,
+             None)
+    assert sink.labels == ["imagefolder run 1/2", "webdataset run 1/2", "shardloader run 1/2",
+                           "shardloader run 2/2", "webdataset run 2/2", "imagefolder run 2/2"]
