@@ -36,7 +36,7 @@ def locate_dataset(url: str, storage_options: dict[str, Any] | None = None) -> S
 #: Bytes read first from ``index.json``: enough for the fields before ``table`` as shardkit writes them.
 _HEAD_BYTES = 4096
 _TABLE_REF = re.compile(rb'\A\{\s*"format":\s*"shardkit",\s*"version":\s*(\d{1,9}),\s*"kind":\s*"([a-z]{1,32})",'
-                        rb'\s*"num_samples":\s*(\d{1,20}),\s*"table":\s*')
+                        rb'(?:\s*"kind_version":\s*(\d{1,9}),)?\s*"num_samples":\s*(\d{1,20}),\s*"table":\s*')
 
 
 def read_manifest(store: Store, *, cache_dir: str | None = None, table: bool = True,
@@ -68,6 +68,8 @@ def read_manifest(store: Store, *, cache_dir: str | None = None, table: bool = T
             if strict_table:
                 raise
             _warn_once(err)
+            if err.index is not None:  # read in full already, to tell a rewritten index.json from a damaged one
+                return err.index
     if head is not None and len(head) < _HEAD_BYTES:  # the whole file
         return Manifest.from_json(head, where=where)
     if not store.exists(INDEX_NAME):
@@ -118,8 +120,11 @@ def _table_ref(head: bytes, where: str) -> dict[str, Any] | None:
             or not 0 < ref["num_bytes"] <= MAX_MANIFEST_BYTES):
         raise ManifestError(f"field 'table' must be {{\"url\": \"{TABLE_NAME}\", \"num_bytes\": <at most "
                             f"{MAX_MANIFEST_BYTES}>, \"sha256\": <64 hex digits>}}", where=where)
-    version, kind, num_samples = int(found[1]), found[2].decode(), int(found[3])
-    Manifest._check_format({"format": FORMAT_NAME, "version": version, "kind": kind}, where)
+    version, kind, num_samples = int(found[1]), found[2].decode(), int(found[4])
+    head_fields: dict[str, Any] = {"format": FORMAT_NAME, "version": version, "kind": kind}
+    if found[3] is not None:  # captions write theirs between kind and num_samples
+        head_fields["kind_version"] = int(found[3])
+    Manifest._check_format(head_fields, where)
     return {**ref, "version": version, "kind": kind, "num_samples": num_samples}
 
 
@@ -151,18 +156,24 @@ def _read_table(store: Store, ref: dict[str, Any], cache_dir: str | None) -> Man
     ref = {**ref, "index_bytes": store.size(INDEX_NAME)}  # an index.json rewritten (e.g. by a JSON tool) changes size
     for key, value in found.items():
         if value != ref[key]:
+            whole = None
             if key == "index_bytes":  # rewritten, or cut short / damaged: say the latter where it is so
-                Manifest.from_json(store.read_bytes(INDEX_NAME, limit=MAX_MANIFEST_BYTES + 1),
-                                   where=store.path(INDEX_NAME))
+                whole = Manifest.from_json(store.read_bytes(INDEX_NAME, limit=MAX_MANIFEST_BYTES + 1),
+                                           where=store.path(INDEX_NAME))
             what = key.replace("_", " ")
             raise StaleTable(f"stale: it was written with an {INDEX_NAME} whose {what} is {value!r}, this one's is "
-                                f"{ref[key]!r} (write it again: `shardkit index --table {store.url}`)",
-                                where=where)
+                             f"{ref[key]!r} (write it again: `shardkit index --table {store.url}`)",
+                             where=where, index=whole)
     return Manifest.from_head(doc, shards, where=where)
 
 
 class StaleTable(ManifestError):
-    """``index.table`` is missing, or was written with another ``index.json`` than the one beside it."""
+    """``index.table`` is missing, or was written with another ``index.json`` than the one beside it;
+    ``index``: that ``index.json``'s manifest where it was read in full to tell."""
+
+    def __init__(self, message: str, *, where: str = "", index: Manifest | None = None) -> None:
+        super().__init__(message, where=where)
+        self.index = index
 
 
 #: The tables already warned about in this process (a loader's ranks and rebuilds read them again).

@@ -16,6 +16,8 @@ from click.testing import CliRunner
 from shardkit.cli import cli
 from shardkit.errors import ManifestError
 from shardkit.index import Manifest, ShardEntry, ShardTable, read_manifest, write_manifest
+from shardkit.index.manifest import MAX_MANIFEST_BYTES
+from shardkit.index.manifest_io import names_table
 from shardkit.index.shards import HASH_BLOCK
 from shardkit.index.table import decode_table, encode_table
 from shardkit.loader.epochs.state import dataset_identity
@@ -242,3 +244,32 @@ def test_a_missing_hashes_file_says_how_to_write_it_again(tmp_path: Path) -> Non
     result = CliRunner().invoke(cli, ["index", "--table", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert read_manifest(store).shards[0].sha256 == _manifest().shards[0].sha256
+
+
+def test_a_captioned_datasets_table_is_read_and_checked_as_any_other(tmp_path: Path) -> None:
+    """Captions write kind_version between kind and num_samples: their index.json names the
+    table all the same, it is read from the first bytes, and a kind_version this shardkit does not
+    read is refused there as in the full read."""
+    store = CountingStore(str(tmp_path))
+    m = _manifest(kind="captions", classes=None)
+    write_manifest(store, m)
+    assert names_table(store)
+    assert read_manifest(store) == m
+    assert ("index.table", None) not in store.reads and any(n == "index.table" for n, _ in store.reads)
+    assert ("index.json", MAX_MANIFEST_BYTES + 1) not in store.reads  # not read in full
+    (tmp_path / "index.table").unlink()
+    with pytest.raises(ManifestError, match="index.table: missing, though index.json names it"):
+        read_manifest(store, strict_table=True)
+    data = (tmp_path / "index.json").read_bytes()
+    (tmp_path / "index.json").write_bytes(data.replace(b'"kind_version": 1', b'"kind_version": 7', 1))
+    with pytest.raises(ManifestError, match="captions samples of kind_version 7 are not supported"):
+        read_manifest(store)
+
+
+def test_an_index_json_rewritten_is_read_once_when_its_table_is_passed_over(tmp_path: Path) -> None:
+    store = CountingStore(str(tmp_path))
+    write_manifest(store, _manifest())
+    (tmp_path / "index.json").write_text(json.dumps(json.loads((tmp_path / "index.json").read_bytes()), indent=3))
+    store.reads.clear()
+    assert read_manifest(store) == _manifest()
+    assert [n for n, limit in store.reads if n == "index.json" and limit == MAX_MANIFEST_BYTES + 1] == ["index.json"]
