@@ -26,7 +26,7 @@ from shardkit.bench.checks import (
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report, counted
 from shardkit.bench.webdataset_plan import WebdatasetPlan, webdataset_plan
-from shardkit.errors import PackError
+from shardkit.errors import PackError, ShardkitError
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
 from shardkit.storage.store import is_remote
@@ -166,15 +166,29 @@ def _per_shard(n_images: int, workers: int) -> int:
 
 
 def _planned_webdataset(cfg: BenchConfig, n_images: int) -> list[tuple[int, int]]:
-    """``(batches an epoch, workers)`` of the webdataset baseline over the shards the bench would pack
-    of ``n_images`` (all readable), for the values the check before the pack names (the check after
-    it counts the shards read); none where the baseline reads no local shards."""
+    """``(batches an epoch, workers)`` of the webdataset baseline over the shards of ``--shards``
+    where they are packed already, else over those the bench would pack of ``n_images`` (all
+    readable), for the values the check before the pack names (the check after it counts the shards
+    read); none where the baseline reads no local shards."""
     if "webdataset" not in cfg.contenders or cfg.annotations is not None or is_remote(cfg.shards or ""):
         return []
-    per_shard = _per_shard(n_images, cfg.workers)
-    sizes = [per_shard] * (n_images // per_shard) + [n_images % per_shard] * (n_images % per_shard > 0)
+    sizes = _packed_sizes(cfg.shards)
+    if sizes is None:
+        per_shard = _per_shard(n_images, cfg.workers)
+        sizes = [per_shard] * (n_images // per_shard) + [n_images % per_shard] * (n_images % per_shard > 0)
     plan = webdataset_plan(sizes, workers=cfg.workers, batch_size=cfg.batch_size)
     return [(plan.batches_per_epoch, plan.workers)]
+
+
+def _packed_sizes(shards: str | None) -> list[int] | None:
+    """The samples of each shard of the local pack at ``shards``, or None where there is none yet
+    (or one the checks after refuse, with their own message)."""
+    if shards is None or not os.path.isfile(os.path.join(shards, "index.json")):
+        return None
+    try:
+        return [int(n) for n in read_manifest(locate_dataset(shards)).table.num_samples.tolist()]
+    except ShardkitError:
+        return None
 
 
 def _not_mixed_formats(record: logging.LogRecord) -> bool:

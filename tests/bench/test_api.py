@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shardkit.bench import api
 from shardkit.bench.api import BenchConfig
+from shardkit.pack.options import PackOptions
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "imagefolder"
 
 
 def test_coco_rows_cpu_route_on_the_cpu_and_the_gpu_route_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,3 +185,20 @@ def test_the_timing_bars_label_counts_each_loaders_runs_as_the_printed_lines_do(
              None)
     assert sink.labels == ["imagefolder run 1/2", "webdataset run 1/2", "shardloader run 1/2",
                            "shardloader run 2/2", "webdataset run 2/2", "imagefolder run 2/2"]
+
+
+def test_the_check_before_packing_plans_webdataset_over_the_shards_already_packed(tmp_path: Path) -> None:
+    """With --shards holding a pack, the values the first check names come from that pack's shards,
+    not from those the bench would pack: 300 images packed 100 a shard, batch 64, 4 workers, warm-up
+    20 named --epochs 8, which the check after it refused again (webdataset's workers make fewer
+    batches of those shards)."""
+    from shardkit.bench.webdataset_plan import webdataset_plan
+    from shardkit.pack import pack
+
+    shards = tmp_path / "s"
+    pack(str(SAMPLE), str(shards), options=PackOptions(max_count=100))
+    cfg = api.BenchConfig(str(SAMPLE), shards=str(shards), workers=4, batch_size=64, warmup=20, epochs=1)
+    plan = webdataset_plan([100, 100, 100], workers=4, batch_size=64)
+    assert api._planned_webdataset(cfg, 300) == [(plan.batches_per_epoch, plan.workers)]
+    assert api._planned_webdataset(replace(cfg, shards=str(tmp_path / "none")), 300) != \
+        [(plan.batches_per_epoch, plan.workers)]
