@@ -71,7 +71,7 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
             for r in results if "fed_over_best_dali" in r]
     if over:
         notes.append("Fed rate over the fastest DALI row's in the same repetition: " + "; ".join(over) + ".")
-    notes += [note for r in results if (note := trial_note(r)) is not None]
+    notes += [note for r in results if (note := trial_note(r, batch_size)) is not None]
     if host_bound:
         notes.append("The step is host-bound (its GPU time is well under its wall time): its Python and kernel "
                      "launches set its pace, and a loader costs it host time (the GIL, CPU) more than GPU time.")
@@ -167,16 +167,19 @@ def with_feeders(label: str, runs: list[TrainRun]) -> str:
     return f"{label}, feeders by run {'/'.join(str(r.feeders or 0) for r in runs)}"
 
 
-def trial_note(result: dict[str, Any]) -> str | None:
+def trial_note(result: dict[str, Any], batch_size: int | None = None) -> str | None:
     """What ``feeders="auto"``'s trial timed in each run of one contender (``result``, a report's)
-    and which side it kept, or None where no run has a trial.
+    and which side it kept, or None where no run has a trial; with ``batch_size``, also the time
+    per batch the timed run then fed the step at (the pace the side kept delivered).
 
     Example:
         >>> print(trial_note({"label": "ShardLoader", "runs": [
-        ...     {"feeders": 3, "trial_ms": {"feeders": 8.58, "here": 9.34}},
-        ...     {"feeders": 0, "trial_ms": {"feeders": 8.6, "here": 8.5}}]}))  # doctest: +NORMALIZE_WHITESPACE
+        ...     {"feeders": 3, "trial_ms": {"feeders": 8.58, "here": 9.34}, "fed_images_per_second": 12800},
+        ...     {"feeders": 0, "trial_ms": {"feeders": 8.6, "here": 8.5}, "fed_images_per_second": 10000}]},
+        ...     batch_size=128))  # doctest: +NORMALIZE_WHITESPACE
         ShardLoader, feeders='auto' timed a batch fed by its feeders / from the training process:
-        run 1 8.58 / 9.34 ms, kept 3 feeders; run 2 8.60 / 8.50 ms, kept none.
+        run 1 8.58 / 9.34 ms, kept 3 feeders, then fed one every 10.00 ms; run 2 8.60 / 8.50 ms, kept
+        none, then fed one every 12.80 ms.
     """
     runs = result.get("runs", [])
     if not any(r.get("trial_ms") for r in runs):
@@ -186,7 +189,9 @@ def trial_note(result: dict[str, Any]) -> str | None:
         paces = r.get("trial_ms") or {}
         timed = " / ".join(f"{paces[side]:.2f}" if side in paces else "—" for side in ("feeders", "here"))
         kept = counted(r["feeders"], "feeder") if r.get("feeders") else "none"
-        parts.append(f"run {i} {timed} ms, kept {kept}")
+        fed = r.get("fed_images_per_second")
+        then = f", then fed one every {1e3 * batch_size / fed:.2f} ms" if batch_size and fed and paces else ""
+        parts.append(f"run {i} {timed} ms, kept {kept}{then}")
     return (f"{result['label']}, feeders='auto' timed a batch fed by its feeders / from the training process: "
             + "; ".join(parts) + ".")
 

@@ -90,10 +90,12 @@ def test_the_table_says_what_the_feeders_trial_timed_and_kept() -> None:
     base = {"fed_images_per_second": one, "share": one, "host_wait_fraction": one,
             "synthetic_images_per_second": {**one, "median": 12800.0}, "step_gpu_ms": None,
             "loader_gpu_ms_per_batch": None}
-    auto = {**base, "label": "auto", "runs": [{"feeders": 3, "trial_ms": {"feeders": 8.58, "here": 9.34}},
+    auto = {**base, "label": "auto", "runs": [{"feeders": 3, "trial_ms": {"feeders": 8.58, "here": 9.34},
+                                               "fed_images_per_second": 11008.0},
                                               {"feeders": 0, "trial_ms": {"feeders": 8.6, "here": 8.5}}]}
     fixed = {**base, "label": "fixed", "runs": [{"feeders": 3, "trial_ms": None}]}
     text = train_table("t", [auto, fixed], batch_size=128)
+    # the pace the kept side then fed the step at, beside what the trial timed (where the run has it)
     assert ("auto, feeders='auto' timed a batch fed by its feeders / from the training process: run 1 8.58 / 9.34 ms, "
-            "kept 3 feeders; run 2 8.60 / 8.50 ms, kept none.") in text
+            "kept 3 feeders, then fed one every 11.63 ms; run 2 8.60 / 8.50 ms, kept none.") in text
     assert "fixed, feeders='auto'" not in text
