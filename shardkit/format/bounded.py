@@ -31,15 +31,22 @@ def json_depth_over(data: bytes, limit: int) -> bool:
     then strings (no bracket inside one counts); then one level of innermost brackets per pass.
     Every step runs in C, so the check costs a few linear passes and never recurses.
 
+    Text whose brackets do not pair up (``{not json``) is not over the limit: it is no JSON at
+    all, and ``json.loads`` says where.
+
     >>> json_depth_over(rb'{"a": [[1], "]]]\\"]"]}', 3), json_depth_over(b'[[[[]]]]', 3)
     (False, True)
+    >>> json_depth_over(b'{not json', 3)
+    False
     """
     plain = data.replace(b"\\\\", b"").replace(b'\\"', b"")
     skeleton = _STRINGS.sub(b"", plain.translate(None, _NOT_STRUCTURE))
     for _ in range(limit):
         if not skeleton:
             return False
-        skeleton = _INNERMOST.sub(b"", skeleton)
+        skeleton, removed = _INNERMOST.subn(b"", skeleton)
+        if not removed:  # unbalanced brackets or an open string: not JSON, which the parser says better
+            return False
     return bool(skeleton)
 
 

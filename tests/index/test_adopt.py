@@ -114,6 +114,8 @@ def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
          "label 2 differs from 'cls' 1"),
         ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"{")], FormatError,
          "'json' member is not valid JSON"),
+        ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"{not json")], FormatError,
+         r"'json' member is not valid JSON \(Expecting property name enclosed in double quotes: line 1 column 2"),
         ([("a.cls", b"1"), ("a.jpg", b"x"), ("b.cls", b"1"), ("a.png", b"x")], FormatError,
          "split"),
         # `tar -cf x.tar -C dir .`: every key starts "./", and the members come in directory order
