@@ -101,6 +101,27 @@ def _json_object(fields: dict[str, bytes], here: str) -> dict[str, Any]:
     return meta
 
 
+def _not_one_image(key: str, fields: dict[str, bytes]) -> str:
+    """Why a sample does not have exactly one image member. Its members may be several samples
+    whose keys hold a dot: a key is a member's name up to its first dot (docs/guides/interop.md,
+    the keys rule), so webdataset's ShardWriter writes key ``img.3`` as ``img.3.jpg``, which
+    reads as key ``img`` with extension ``3.jpg``."""
+    dotted = sorted(ext for ext in fields if "." in ext)
+    if not any(ext in IMAGE_MEMBER_EXTENSIONS for ext in fields) and any(
+            ext.rsplit(".", 1)[1] in IMAGE_MEMBER_EXTENSIONS for ext in dotted):
+        first = dotted[0].split(".", 1)[0]
+        named = [ext for ext in dotted if ext.split(".", 1)[0] == first]
+        more = len(fields) - len(named)
+        return (f"members {', '.join(repr(f'{key}.{ext}') for ext in named)}"
+                + (f" (and {more:,} more members like them)" if more else "")
+                + ": a key must not contain a dot (webdataset splits a member's name at the first dot, so these "
+                f"read as key {key!r} with extensions {', '.join(repr(ext) for ext in named)}); write the keys "
+                "without dots")
+    found = sorted(fields)
+    message = f"expected one image member ({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}), found {found}"
+    return message
+
+
 def _kind_of(fields: dict[str, bytes]) -> str:
     """The kind the first sample says the shards hold: captioned with a ``txt`` member and no ``cls``,
     else labelled (a sample without ``cls`` is then refused as such)."""
@@ -137,9 +158,7 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
         keys.add(span.key)
         images = sorted(ext for ext in fields if ext in IMAGE_MEMBER_EXTENSIONS)
         if len(images) != 1:
-            raise FormatError("expected one image member "
-                              f"({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}), found "
-                              f"{sorted(fields)}", where=f"{where}:{span.key}")
+            raise FormatError(_not_one_image(span.key, fields), where=f"{where}:{span.key}")
         if kind[0] == "auto":
             kind[0] = _kind_of(fields)
         if kind[0] == "captions":

@@ -225,3 +225,16 @@ def test_class_name_file_errors(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(latin)])
     assert result.exit_code == 2 and "as UTF-8 text" in result.output
     assert not (root / "index.json").exists()
+
+
+def test_keys_with_a_dot_are_named_as_such(tmp_path: Path) -> None:
+    root = tmp_path / "dotted"
+    root.mkdir()
+    with wds.ShardWriter(str(root / "shard-%06d.tar"), maxcount=10) as sink:
+        for i in range(4):
+            sink.write({"__key__": f"img.{i}", "jpg": encode_image((8, 8)), "cls": b"0"})
+    result = CliRunner().invoke(cli, ["index", str(root)])
+    assert result.exit_code == 1, result.output
+    assert ("shard-000000.tar:img: members 'img.0.cls', 'img.0.jpg' (and 6 more members like them): a key must "
+            "not contain a dot (webdataset splits a member's name at the first dot, so these read as key 'img' "
+            "with extensions '0.cls', '0.jpg')") in result.output
