@@ -119,6 +119,12 @@ def _not_one_image(key: str, fields: dict[str, bytes]) -> str:
                 "without dots")
     found = sorted(fields)
     message = f"expected one image member ({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}), found {found}"
+    other_case = [ext for ext in found if ext not in IMAGE_MEMBER_EXTENSIONS
+                  and ext.lower() in IMAGE_MEMBER_EXTENSIONS]
+    if other_case and not any(ext in IMAGE_MEMBER_EXTENSIONS for ext in found):
+        ext = other_case[0]
+        message += (f"; extensions are case-sensitive in shards: {ext} is not {ext.lower()}; rename the members "
+                    "or repack")
     return message
 
 

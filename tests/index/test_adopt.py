@@ -106,6 +106,9 @@ def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
     [
         ([("a.jpg", b"x")], FormatError, r"x-000000.tar:a: sample has no 'cls' member"),
         ([("a.cls", b"1")], FormatError, r"x-000000.tar:a: expected one image member"),
+        ([("a.JPG", b"x"), ("a.cls", b"1")], FormatError,
+         r"found \['JPG', 'cls'\]; extensions are case-sensitive in shards: JPG is not jpg; rename the members or "
+         "repack"),
         ([("a.cls", b"one"), ("a.jpg", b"x")], FormatError, r"'cls' member is b'one'"),
         ([("a b.cls", b"1"), ("a b.jpg", b"x")], FormatError, "invalid sample key"),
         ([("a.cls", b"1"), ("a.jpg", b"x"), ("a.json", b"[1]")], FormatError,
