@@ -38,6 +38,11 @@ from shardkit.storage import Store
 #: largest one (a shard claiming label 100000000 must not make it build a list of 10**8 names).
 MAX_INFERRED_CLASSES = 1 << 20
 
+#: Compressed tar files: shards that must be decompressed before they are indexed (a shard is read in
+#: place, by byte offset, so it must be a plain tar).
+COMPRESSED_SHARD_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
+                             ".tar.zstd", ".tzst", ".tar.lz4", ".tar.lz", ".tar.lzma", ".tar.br")
+
 log = logging.getLogger("shardkit.index")
 
 
@@ -250,12 +255,17 @@ def adopt_shards(
     if store.exists(INDEX_NAME) and not overwrite:
         raise ManifestError("already has index.json (pass --overwrite to index the shards again)",
                             where=store.path(INDEX_NAME))
-    urls = [n for n in store.listdir() if n.endswith(SHARD_SUFFIX) and not n.startswith(".")]
+    names = [n for n in store.listdir() if not n.startswith(".")]
+    urls = [n for n in names if n.endswith(SHARD_SUFFIX)]
     if not urls and not store.remote and not os.path.isdir(store.path("")):
         what = "is a file, not a directory of .tar shards" if os.path.exists(store.path("")) else "does not exist"
         raise ManifestError(what, where=store.url)
     if not urls:
-        raise ManifestError("no .tar shards here to index", where=store.url)
+        packed = [n for n in names if n.lower().endswith(COMPRESSED_SHARD_SUFFIXES)]
+        named = f"{', '.join(packed[:2])}{', ...' if len(packed) > 2 else ''}"
+        hint = (f" (found {len(packed):,} compressed {'shard' if len(packed) == 1 else 'shards'}, {named}: "
+                "decompress them first)" if packed else "")
+        raise ManifestError(f"no .tar shards here to index{hint}", where=store.url)
     for name in urls:
         _check_offsets_slot(store, name, overwrite)
     if kind not in ("auto", "imagefolder", "captions"):

@@ -241,3 +241,15 @@ def test_keys_with_a_dot_are_named_as_such(tmp_path: Path) -> None:
     assert ("shard-000000.tar:img: members 'img.0.cls', 'img.0.jpg' (and 6 more members like them): a key must "
             "not contain a dot (webdataset splits a member's name at the first dot, so these read as key 'img' "
             "with extensions '0.cls', '0.jpg')") in result.output
+
+
+def test_compressed_shards_are_named_when_there_is_no_tar(tmp_path: Path) -> None:
+    (tmp_path / "shard-000000.tar.gz").write_bytes(b"\x1f\x8b")
+    with pytest.raises(ManifestError, match=r"no .tar shards here to index \(found 1 compressed shard, "
+                                            r"shard-000000.tar.gz: decompress them first\)"):
+        adopt_shards(str(tmp_path))
+    for name in ("shard-000001.tgz", "shard-000002.tar.zst"):
+        (tmp_path / name).write_bytes(b"x")
+    result = CliRunner().invoke(cli, ["index", str(tmp_path)])
+    assert result.exit_code == 1 and ("(found 3 compressed shards, shard-000000.tar.gz, shard-000001.tgz, ...: "
+                                      "decompress them first)") in result.output, result.output
