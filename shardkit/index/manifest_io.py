@@ -88,11 +88,19 @@ def names_table(store: Store) -> bool:
     return _table_ref(_read_head(store), store.path(INDEX_NAME)) is not None
 
 
+#: A webdataset shard pattern: a brace range (``shard-{000000..000099}.tar``) or glob characters.
+_SHARD_PATTERN = re.compile(r"\{[^{}]*\.\.[^{}]*\}|[*?\[]")
+
+
 def _no_index(store: Store) -> None:
+    path = store.url.split("?", 1)[0] if store.url.startswith(("http://", "https://")) else store.url  # no query
+    pattern = ("; a dataset is given as its folder, not a webdataset shard pattern: pass the folder (run "
+               "`shardkit index FOLDER` first if it has no index.json)" if _SHARD_PATTERN.search(path) else "")
     if not store.remote and not os.path.isdir(store.path("")):
         what = "is a file, not a dataset directory" if os.path.exists(store.path("")) else "does not exist"
-        raise ManifestError(f"{what} (a packed dataset is a directory holding index.json)", where=store.url)
-    raise ManifestError(f"no index.json: not a shardkit dataset ({_what_instead(store)})", where=store.url)
+        raise ManifestError(f"{what} (a packed dataset is a directory holding index.json){pattern}", where=store.url)
+    instead = pattern if store.remote and pattern else f" ({_what_instead(store)})"  # a folder here is no pattern
+    raise ManifestError(f"no index.json: not a shardkit dataset{instead}", where=store.url)
 
 
 def _read_head(store: Store) -> bytes:

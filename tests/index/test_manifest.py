@@ -173,3 +173,23 @@ def test_captioned_manifests_carry_a_kind_version_readers_check():
     labelled = json.loads(_manifest().to_json())
     with pytest.raises(ManifestError, match="kind 'imagefolder' has no kind_version"):
         Manifest.from_json(json.dumps({**labelled, "kind_version": 1}).encode(), where="x")
+
+
+@pytest.mark.parametrize("pattern", ["raw/shard-{000000..000002}.tar", "raw/*.tar", "raw/shard-00000?.tar",
+                                     "raw/shard-[0-9].tar"])
+def test_a_webdataset_shard_pattern_is_told_to_pass_the_folder(tmp_path, pattern):
+    from shardkit import ShardLoader
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "shard-000000.tar").write_bytes(b"")
+    url = str(tmp_path / pattern)
+    with pytest.raises(ManifestError, match=r"does not exist \(a packed dataset is a directory holding index.json\); "
+                                            "a dataset is given as its folder, not a webdataset shard pattern: pass "
+                                            r"the folder \(run `shardkit index FOLDER` first if it has no "
+                                            r"index.json\)"):
+        ShardLoader(url, batch_size=2)
+    with pytest.raises(ManifestError, match="not a webdataset shard pattern"):
+        read_manifest(Store("memory://no-such-bucket/" + pattern))
+    with pytest.raises(ManifestError) as err:
+        read_manifest(Store(str(tmp_path / "raw" / "missing")))
+    assert "pattern" not in str(err.value)
