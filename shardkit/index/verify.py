@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import posixpath
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -47,17 +48,25 @@ class VerifyReport:
 
 
 def _decodes(data: bytes) -> str | None:
-    from PIL import Image
+    """Why ``data`` does not decode as an image, or None. PIL's words for bytes that are no image
+    (``cannot identify image file <_io.BytesIO object at 0x7f…>``) become what the bytes start with."""
+    from PIL import Image, UnidentifiedImageError
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as img:
                 img.convert("RGB")
+    except UnidentifiedImageError:
+        return f"not an image file PIL can identify; its first bytes are {data[:12]!r}"
     except Exception as err:  # any decoder failure is a finding, not a crash
         reraise_interrupt(err)  # unless it is Ctrl-C, wrapped
-        return f"{type(err).__name__}: {err}"
+        return f"{type(err).__name__}: {_OBJECT_REPR.sub('', str(err))}"
     return None
+
+
+#: An object's default repr (``<_io.BytesIO object at 0x7f…>``), which some of PIL's errors name.
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* object at 0x[0-9a-f]+>")
 
 
 def _samples_with_spans(f: io.BufferedReader, where: str,

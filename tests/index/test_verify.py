@@ -198,3 +198,19 @@ def test_a_folder_that_cannot_be_listed_still_verifies(packed, monkeypatch):
     monkeypatch.setattr(os, "listdir", refused)
     report = verify_dataset(str(packed))
     assert report.ok and report.shards_checked == 3 and report.unlisted == []
+
+
+def test_an_image_member_that_is_no_image_is_said_so_without_an_object_address(tmp_path):
+    import tarfile
+
+    from shardkit.index.adopt import adopt_shards
+
+    with tarfile.open(tmp_path / "shard-000000.tar", "w") as tar:
+        for name, data in (("a.jpg", b"garbage bytes here"), ("a.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    adopt_shards(str(tmp_path))
+    problems = verify_dataset(str(tmp_path), decode=True).problems
+    assert problems == [f"{tmp_path / 'shard-000000.tar'}:a.jpg: does not decode (not an image file PIL can "
+                        "identify; its first bytes are b'garbage byte')"]
