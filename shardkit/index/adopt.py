@@ -43,6 +43,11 @@ MAX_INFERRED_CLASSES = 1 << 20
 COMPRESSED_SHARD_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
                              ".tar.zstd", ".tzst", ".tar.lz4", ".tar.lz", ".tar.lzma", ".tar.br")
 
+#: ``shardkit index`` refuses labels that leave at least this many unused in one run, more than half
+#: the class list and more than :data:`UNUSED_RUN_PER_LABEL` times the labels in use (a mistyped label).
+UNUSED_RUN_LEAST = 10_000
+UNUSED_RUN_PER_LABEL = 100
+
 log = logging.getLogger("shardkit.index")
 
 
@@ -140,7 +145,7 @@ def _kind_of(fields: dict[str, bytes]) -> str:
 
 
 def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None], limit: int,
-                kind: list[str], not_text: list[Any]) -> _Shard:
+                kind: list[str], not_text: list[Any], first_at: dict[int, str]) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
         reader = HashingReader(f)
@@ -183,8 +188,30 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
                               "elsewhere",
                               where=f"{where}:{span.key}")
         labels[label] = name if name is not None else labels.get(label)
+        first_at.setdefault(label, f"{where}:{span.key}")
     return _Shard(ShardEntry(url, len(spans), reader.count, reader.hash.hexdigest()), spans,
                   entries)
+
+
+def _check_unused_run(labels: dict[int, str | None], first_at: dict[int, str]) -> None:
+    """Refuse labels that leave most of the class list they imply unused in one run, as one mistyped
+    label does (``999999`` among 0 and 1 makes a list of a million classes for two in use): a run
+    of at least :data:`UNUSED_RUN_LEAST` unused labels, more than half the list and more than
+    :data:`UNUSED_RUN_PER_LABEL` times the labels in use. Real label spaces pass, classes without
+    samples included: labels below ImageNet-21k's 21,841 are refused only when fewer than 219 are in
+    use and more than half of the list lies unused in one run. Not called when the class names are
+    given (``--classes``), which is how such labels are accepted."""
+    used = sorted(labels)
+    if not used:
+        return
+    size = used[-1] + 1
+    below, above = max(zip([-1, *used], used, strict=False), key=lambda pair: pair[1] - pair[0])
+    run = above - below - 1
+    if run >= UNUSED_RUN_LEAST and 2 * run > size and run > UNUSED_RUN_PER_LABEL * len(used):
+        raise FormatError(f"label {above} leaves labels {below + 1} to {above - 1} unused: {run:,} of the {size:,} "
+                          f"classes its class list would hold, for {len(used):,} "
+                          f"{'label' if len(used) == 1 else 'labels'} in use (a mistyped label?); if it is meant, "
+                          "pass --classes FILE naming the classes in label order", where=first_at[above])
 
 
 def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
@@ -274,10 +301,11 @@ def adopt_shards(
         raise ValueError("classes apply to labelled images, not to captioned ones")
     keys: set[str] = set()
     labels: dict[int, str | None] = {}
+    first_at: dict[int, str] = {}  # label -> the first sample with it
     limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
     found = [kind if kind != "auto" or classes is None else "imagefolder"]
     not_text: list[Any] = [0, ""]  # captions that are not UTF-8 text: how many, and the first
-    shards = [_read_shard(store, name, keys, labels, limit, found, not_text) for name in urls]
+    shards = [_read_shard(store, name, keys, labels, limit, found, not_text, first_at) for name in urls]
     if not_text[0]:
         count = not_text[0]
         log.warning("shardkit: %s %s not UTF-8 text (%s%s); indexed all the same: the loader replaces such samples "
@@ -286,6 +314,8 @@ def adopt_shards(
                     f", and {count - 1:,} more" if count > 1 else "")
     if found[0] == "auto":
         raise ManifestError("the .tar shards here hold no sample to index", where=store.url)
+    if found[0] == "imagefolder" and classes is None:
+        _check_unused_run(labels, first_at)
     class_names = _classes(labels, classes, store.url) if found[0] == "imagefolder" else None
     for shard in shards:
         if shard.spans:

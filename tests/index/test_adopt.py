@@ -253,3 +253,35 @@ def test_compressed_shards_are_named_when_there_is_no_tar(tmp_path: Path) -> Non
     result = CliRunner().invoke(cli, ["index", str(tmp_path)])
     assert result.exit_code == 1 and ("(found 3 compressed shards, shard-000000.tar.gz, shard-000001.tgz, ...: "
                                       "decompress them first)") in result.output, result.output
+
+
+def _labelled(root: Path, labels: list[int]) -> Path:
+    root.mkdir()
+    _tar(root / "x-000000.tar", [m for i, label in enumerate(labels)
+                                 for m in ((f"s{i}.jpg", b"x"), (f"s{i}.cls", str(label).encode()))])
+    return root
+
+
+def test_a_mistyped_label_that_leaves_most_classes_unused_is_refused(tmp_path: Path) -> None:
+    root = _labelled(tmp_path / "typo", [0, 1, 19999, 0])
+    result = CliRunner().invoke(cli, ["index", str(root)])
+    assert result.exit_code == 1 and result.output == (
+        f"error: {root / 'x-000000.tar'}:s2: label 19999 leaves labels 2 to 19998 unused: 19,997 of the 20,000 "
+        "classes its class list would hold, for 3 labels in use (a mistyped label?); if it is meant, pass "
+        "--classes FILE naming the classes in label order\n")
+    assert not (root / "index.json").exists()
+    names = tmp_path / "classes.txt"
+    names.write_text("".join(f"c{i}\n" for i in range(20000)))
+    result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(names)])
+    assert result.exit_code == 0 and "20,000 classes" in result.output, result.output
+
+
+@pytest.mark.parametrize("labels", [
+    list(range(0, 21841, 99)),  # a sparse subset of ImageNet-21k's classes
+    [*range(250), 21840],  # 250 classes and the last one
+    list(range(15000, 21841, 10)),  # the upper classes only
+    [0, 9999],  # a run of 9,998 unused: below the least refused
+], ids=["sparse", "last", "upper", "short-run"])
+def test_real_label_spaces_with_unused_classes_are_indexed(tmp_path: Path, labels: list[int]) -> None:
+    manifest = adopt_shards(str(_labelled(tmp_path / "ds", labels)))
+    assert manifest.classes is not None and len(manifest.classes) == max(labels) + 1
