@@ -193,6 +193,21 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
                   entries)
 
 
+#: Shards with a problem after which ``shardkit index`` stops reading and lists them.
+MAX_LISTED_PROBLEMS = 20
+
+
+def _refusal(problems: list[FormatError], *, read: int, total: int, where: str) -> FormatError:
+    """One shard's problem as it is; several as one error listing each shard's first, so that a
+    user fixes them all before the next run (reading stopped at :data:`MAX_LISTED_PROBLEMS`)."""
+    if len(problems) == 1:
+        return problems[0]
+    stopped = f"; stopped reading after {read:,} of the {total:,} shards" if read < total else ""
+    listed = "".join(f"\n  - {err}" for err in problems)
+    return FormatError(f"{len(problems):,} of the {read:,} shards read cannot be indexed as they are (the first "
+                       f"problem of each){stopped}:{listed}", where=where)
+
+
 def _check_unused_run(labels: dict[int, str | None], first_at: dict[int, str]) -> None:
     """Refuse labels that leave most of the class list they imply unused in one run, as one mistyped
     label does (``999999`` among 0 and 1 makes a list of a million classes for two in use): a run
@@ -305,7 +320,17 @@ def adopt_shards(
     limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
     found = [kind if kind != "auto" or classes is None else "imagefolder"]
     not_text: list[Any] = [0, ""]  # captions that are not UTF-8 text: how many, and the first
-    shards = [_read_shard(store, name, keys, labels, limit, found, not_text, first_at) for name in urls]
+    shards: list[_Shard] = []
+    problems: list[FormatError] = []  # the first of each shard's, so that one run lists them all
+    for name in urls:
+        try:
+            shards.append(_read_shard(store, name, keys, labels, limit, found, not_text, first_at))
+        except FormatError as err:
+            problems.append(err)
+            if len(problems) == MAX_LISTED_PROBLEMS:
+                break
+    if problems:
+        raise _refusal(problems, read=len(shards) + len(problems), total=len(urls), where=store.url)
     if not_text[0]:
         count = not_text[0]
         log.warning("shardkit: %s %s not UTF-8 text (%s%s); indexed all the same: the loader replaces such samples "

@@ -285,3 +285,32 @@ def test_a_mistyped_label_that_leaves_most_classes_unused_is_refused(tmp_path: P
 def test_real_label_spaces_with_unused_classes_are_indexed(tmp_path: Path, labels: list[int]) -> None:
     manifest = adopt_shards(str(_labelled(tmp_path / "ds", labels)))
     assert manifest.classes is not None and len(manifest.classes) == max(labels) + 1
+
+
+def test_every_shard_with_a_problem_is_listed_in_one_run(tmp_path: Path) -> None:
+    """One run names the first problem of every shard that has one, not only the first shard's:
+    a set with bad samples in two of three shards needed a run per fix. No index is written."""
+    _tar(tmp_path / "a-000000.tar", [("k0.cls", b"1"), ("k0.jpg", b"x"), ("k1.jpg", b"x")])
+    _tar(tmp_path / "a-000001.tar", [("k2.cls", b"1"), ("k2.jpg", b"x")])
+    _tar(tmp_path / "a-000002.tar", [("k3.cls", b"x1"), ("k3.jpg", b"x")])
+    with pytest.raises(FormatError) as refused:
+        adopt_shards(str(tmp_path))
+    lines = str(refused.value).splitlines()
+    assert lines[0] == (f"{tmp_path}: 2 of the 3 shards read cannot be indexed as they are (the first problem "
+                        "of each):")
+    assert lines[1].startswith(f"  - {tmp_path}/a-000000.tar:k1: sample has no 'cls' member")
+    assert lines[2].startswith(f"  - {tmp_path}/a-000002.tar:k3: 'cls' member")
+    assert len(lines) == 3 and not (tmp_path / "index.json").exists()
+    result = CliRunner().invoke(cli, ["index", str(tmp_path)])
+    assert result.exit_code == 1 and "a-000000.tar:k1" in result.output and "a-000002.tar:k3" in result.output
+
+
+def test_listing_stops_after_so_many_shards_with_a_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardkit.index import adopt
+
+    monkeypatch.setattr(adopt, "MAX_LISTED_PROBLEMS", 2)
+    for i in range(4):
+        _tar(tmp_path / f"a-{i:06d}.tar", [(f"k{i}.jpg", b"x")])
+    with pytest.raises(FormatError, match=r"2 of the 2 shards read cannot be indexed as they are \(the first problem "
+                                          r"of each\); stopped reading after 2 of the 4 shards:"):
+        adopt_shards(str(tmp_path))
