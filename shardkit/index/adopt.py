@@ -51,6 +51,39 @@ UNUSED_RUN_PER_LABEL = 100
 log = logging.getLogger("shardkit.index")
 
 
+class _Oddities:
+    """What is indexed all the same but said once at the end: captions that are not UTF-8 text, and
+    image members that are empty or whose first bytes are not what their extension says (each: how
+    many, and the first)."""
+
+    def __init__(self) -> None:
+        self.not_text, self.first_not_text = 0, ""
+        self.not_images, self.first_not_image = 0, ""
+
+
+#: The first bytes of each image member extension's format, for the cheap check while indexing.
+_SIGNATURES: dict[str, tuple[bytes, ...]] = {
+    "jpg": (b"\xff\xd8\xff",), "jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",),
+    "bmp": (b"BM",), "tif": (b"II*\x00", b"MM\x00*"), "tiff": (b"II*\x00", b"MM\x00*"),
+    "ppm": (b"P6", b"P3"), "pgm": (b"P5", b"P2"),
+}
+
+
+def _not_an_image(ext: str, data: bytes) -> str | None:
+    r"""Why an image member with extension ``ext`` and bytes ``data`` is not one, or None.
+
+    >>> _not_an_image("jpg", b"\xff\xd8\xff\xe0"), _not_an_image("jpg", b""), _not_an_image("png", b"not a png")
+    (None, 'empty (0 bytes)', "its first bytes are b'not a pn', not a png's")
+    """
+    if not data:
+        return "empty (0 bytes)"
+    if ext == "webp":
+        ok = data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+    else:
+        ok = data.startswith(_SIGNATURES.get(ext, (b"",)))
+    return None if ok else f"its first bytes are {data[:8]!r}, not a {ext}'s"
+
+
 @dataclass
 class _Shard:
     entry: ShardEntry
@@ -145,7 +178,7 @@ def _kind_of(fields: dict[str, bytes]) -> str:
 
 
 def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None], limit: int,
-                kind: list[str], not_text: list[Any], first_at: dict[int, str]) -> _Shard:
+                kind: list[str], odd: _Oddities, first_at: dict[int, str]) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
         reader = HashingReader(f)
@@ -159,6 +192,9 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             fields = samples.setdefault(key, {})
             if ext in fields:
                 raise FormatError(f"sample {key!r} has field {ext!r} twice", where=where)
+            if ext in IMAGE_MEMBER_EXTENSIONS and (why := _not_an_image(ext, e.data or b"")) is not None:
+                odd.not_images += 1
+                odd.first_not_image = odd.first_not_image or f"{where}:{key}.{ext}: {why}"
             # keep labels, not images
             fields[ext] = (e.data or b"") if ext in ("cls", "json", "txt") else b""
             entries.append(e._replace(data=None))
@@ -179,8 +215,8 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             kind[0] = _kind_of(fields)
         if kind[0] == "captions":
             if (problem := _caption(span.key, fields, where)) is not None:
-                not_text[0] += 1  # [count, the first]
-                not_text[1] = not_text[1] or problem
+                odd.not_text += 1
+                odd.first_not_text = odd.first_not_text or problem
             continue
         label, name = _label(span.key, fields, where, limit)
         if name is not None and labels.get(label) not in (None, name):
@@ -319,23 +355,30 @@ def adopt_shards(
     first_at: dict[int, str] = {}  # label -> the first sample with it
     limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
     found = [kind if kind != "auto" or classes is None else "imagefolder"]
-    not_text: list[Any] = [0, ""]  # captions that are not UTF-8 text: how many, and the first
+    odd = _Oddities()
     shards: list[_Shard] = []
     problems: list[FormatError] = []  # the first of each shard's, so that one run lists them all
     for name in urls:
         try:
-            shards.append(_read_shard(store, name, keys, labels, limit, found, not_text, first_at))
+            shards.append(_read_shard(store, name, keys, labels, limit, found, odd, first_at))
         except FormatError as err:
             problems.append(err)
             if len(problems) == MAX_LISTED_PROBLEMS:
                 break
     if problems:
         raise _refusal(problems, read=len(shards) + len(problems), total=len(urls), where=store.url)
-    if not_text[0]:
-        count = not_text[0]
+    if odd.not_text:
+        count = odd.not_text
         log.warning("shardkit: %s %s not UTF-8 text (%s%s); indexed all the same: the loader replaces such samples "
                     "with others (on_error='replace'), and shardkit verify reports them as problems", f"{count:,}",
-                    "caption is" if count == 1 else "captions are", not_text[1],
+                    "caption is" if count == 1 else "captions are", odd.first_not_text,
+                    f", and {count - 1:,} more" if count > 1 else "")
+    if odd.not_images:
+        count = odd.not_images
+        log.warning("shardkit: %s %s no image of the kind %s extension says (%s%s); indexed all the same: the "
+                    "loader replaces such samples with others (on_error='replace'), and shardkit verify --decode "
+                    "reports them as problems", f"{count:,}", "image member is" if count == 1 else "image members are",
+                    "its" if count == 1 else "their", odd.first_not_image,
                     f", and {count - 1:,} more" if count > 1 else "")
     if found[0] == "auto":
         raise ManifestError("the .tar shards here hold no sample to index", where=store.url)

@@ -314,3 +314,23 @@ def test_listing_stops_after_so_many_shards_with_a_problem(tmp_path: Path, monke
     with pytest.raises(FormatError, match=r"2 of the 2 shards read cannot be indexed as they are \(the first problem "
                                           r"of each\); stopped reading after 2 of the 4 shards:"):
         adopt_shards(str(tmp_path))
+
+
+def test_image_members_that_are_no_image_of_their_kind_are_said_once(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A 0-byte jpg and text named .jpg were indexed with "indexed ..." and nothing more (verify
+    without --decode said OK): they are indexed all the same (the loader replaces them), and one
+    warning counts them and names the first."""
+    import logging
+
+    jpeg = b"\xff\xd8\xff\xe0" + b"\0" * 16
+    _tar(tmp_path / "a-000000.tar", [("k0.cls", b"0"), ("k0.jpg", jpeg), ("k1.cls", b"1"), ("k1.jpg", b""),
+                                     ("k2.cls", b"1"), ("k2.jpg", b"not a jpeg"), ("k3.cls", b"0"),
+                                     ("k3.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 8)])
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        manifest = adopt_shards(str(tmp_path))
+    assert manifest.num_samples == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        f"shardkit: 2 image members are no image of the kind their extension says ({tmp_path}/a-000000.tar:k1.jpg: "
+        "empty (0 bytes), and 1 more); indexed all the same: the loader replaces such samples with others "
+        "(on_error='replace'), and shardkit verify --decode reports them as problems"]
