@@ -172,11 +172,15 @@ def _read_table(store: Store, ref: dict[str, Any], cache_dir: str | None) -> Man
             raise StaleTable(f"stale: it was written with an {INDEX_NAME} whose {what} is {value!r}, this one's is "
                              f"{ref[key]!r} (write it again: `shardkit index --table {store.url}`)",
                              where=where, index=whole)
+    if not store.remote and not store.exists(HASHES_NAME):  # a stat here; remote: found missing when read
+        raise StaleTable(f"missing, though {TABLE_NAME} names it (copy it with the dataset, or write it again: "
+                         f"`shardkit index --table {store.url}`)", where=store.path(HASHES_NAME))
     return Manifest.from_head(doc, shards, where=where)
 
 
 class StaleTable(ManifestError):
-    """``index.table`` is missing, or was written with another ``index.json`` than the one beside it;
+    """``index.table`` is missing or was written with another ``index.json`` than the one beside it,
+    or a local dataset's ``index.hashes`` is missing;
     ``index``: that ``index.json``'s manifest where it was read in full to tell."""
 
     def __init__(self, message: str, *, where: str = "", index: Manifest | None = None) -> None:

@@ -233,13 +233,22 @@ def test_verify_compares_the_table_with_index_json(tmp_path: Path) -> None:
 
 
 def test_a_missing_hashes_file_says_how_to_write_it_again(tmp_path: Path) -> None:
+    """A local dataset without its index.hashes is read from index.json (with the warning of a stale
+    table) instead of failing at its first shard; verify names the file; where the file goes missing
+    after the manifest was read (or on a remote store, where it is not looked for up front), the
+    first shard whose hash is needed names it."""
     store = Store(str(tmp_path))
     write_manifest(store, _manifest())
     (tmp_path / "index.hashes").unlink()
+    assert read_manifest(store).shards[0].sha256 == _manifest().shards[0].sha256
+    missing = (rf"^{tmp_path}/index.hashes: missing, though index.table names it \(copy it with the dataset, or "
+               rf"write it again: `shardkit index --table {tmp_path}`")
+    with pytest.raises(ManifestError, match=missing):
+        read_manifest(store, strict_table=True)
+    write_manifest(store, _manifest())
     manifest = read_manifest(store)  # the hashes are read when asked for
-    with pytest.raises(ManifestError, match=rf"^{tmp_path}/index.hashes: missing, though index.table names it "
-                                            rf"\(copy it with the dataset, or write it again: `shardkit index "
-                                            rf"--table {tmp_path}`"):
+    (tmp_path / "index.hashes").unlink()
+    with pytest.raises(ManifestError, match=missing):
         _ = manifest.shards[0].sha256
     result = CliRunner().invoke(cli, ["index", "--table", str(tmp_path)])
     assert result.exit_code == 0, result.output
