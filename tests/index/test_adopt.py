@@ -263,17 +263,17 @@ def _labelled(root: Path, labels: list[int]) -> Path:
 
 
 def test_a_mistyped_label_that_leaves_most_classes_unused_is_refused(tmp_path: Path) -> None:
-    root = _labelled(tmp_path / "typo", [0, 1, 19999, 0])
+    root = _labelled(tmp_path / "typo", [0, 1, 149999, 0])
     result = CliRunner().invoke(cli, ["index", str(root)])
     assert result.exit_code == 1 and result.output == (
-        f"error: {root / 'x-000000.tar'}:s2: label 19999 leaves labels 2 to 19998 unused: 19,997 of the 20,000 "
+        f"error: {root / 'x-000000.tar'}:s2: label 149999 leaves labels 2 to 149998 unused: 149,997 of the 150,000 "
         "classes its class list would hold, for 3 labels in use (a mistyped label?); if it is meant, pass "
         "--classes FILE naming the classes in label order\n")
     assert not (root / "index.json").exists()
     names = tmp_path / "classes.txt"
-    names.write_text("".join(f"c{i}\n" for i in range(20000)))
+    names.write_text("".join(f"c{i}\n" for i in range(150000)))
     result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(names)])
-    assert result.exit_code == 0 and "20,000 classes" in result.output, result.output
+    assert result.exit_code == 0 and "150,000 classes" in result.output, result.output
 
 
 @pytest.mark.parametrize("labels", [
@@ -281,7 +281,11 @@ def test_a_mistyped_label_that_leaves_most_classes_unused_is_refused(tmp_path: P
     [*range(250), 21840],  # 250 classes and the last one
     list(range(15000, 21841, 10)),  # the upper classes only
     [0, 9999],  # a run of 9,998 unused: below the least refused
-], ids=["sparse", "last", "upper", "short-run"])
+    [12345],  # one class of a large label space
+    [*range(10), *range(50000, 50010)],  # two ends of a label space of 50,010
+    list(range(15000, 15005)),  # one shard of ImageNet-21k sorted by class
+    [*range(150), 21840],  # 150 classes and ImageNet-21k's last
+], ids=["sparse", "last", "upper", "short-run", "one-large", "two-ends", "sorted-shard", "few-and-last"])
 def test_real_label_spaces_with_unused_classes_are_indexed(tmp_path: Path, labels: list[int]) -> None:
     manifest = adopt_shards(str(_labelled(tmp_path / "ds", labels)))
     assert manifest.classes is not None and len(manifest.classes) == max(labels) + 1
@@ -331,6 +335,57 @@ def test_image_members_that_are_no_image_of_their_kind_are_said_once(tmp_path: P
         manifest = adopt_shards(str(tmp_path))
     assert manifest.num_samples == 4
     assert [r.getMessage() for r in caplog.records] == [
-        f"shardkit: 2 image members are no image of the kind their extension says ({tmp_path}/a-000000.tar:k1.jpg: "
-        "empty (0 bytes), and 1 more); indexed all the same: the loader replaces such samples with others "
-        "(on_error='replace'), and shardkit verify --decode reports them as problems"]
+        f"shardkit: 2 image members are no image ({tmp_path}/a-000000.tar:k1.jpg: empty (0 bytes), and 1 more); "
+        "indexed all the same: the loader replaces such samples with others (on_error='replace'), and shardkit "
+        "verify --decode reports them as problems"]
+
+
+def test_real_images_of_every_member_kind_read_as_what_they_are(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Images PIL writes in each mode, under the extension shardkit pack gives them (a grayscale
+    image becomes a .ppm starting P5, a bilevel one P4), BigTIFF included, index without a warning;
+    a PNG named .jpg is said to be one, as decodable, apart from members that are no image."""
+    import logging
+
+    from PIL import Image
+
+    def encoded(mode: str, fmt: str, **kw: object) -> bytes:
+        out = io.BytesIO()
+        Image.new(mode, (12, 10), 1 if mode == "1" else 90).save(out, fmt, **kw)
+        return out.getvalue()
+
+    members = [("jpg", encoded("RGB", "JPEG")), ("jpg", encoded("CMYK", "JPEG")),
+               ("jpg", encoded("RGB", "JPEG", progressive=True)), ("png", encoded("LA", "PNG")),
+               ("webp", encoded("RGB", "WEBP", lossless=True)), ("bmp", encoded("P", "BMP")),
+               ("tif", encoded("RGB", "TIFF")), ("tiff", encoded("I;16B", "TIFF")),
+               ("tif", encoded("RGB", "TIFF", big_tiff=True)), ("ppm", encoded("L", "PPM")),
+               ("ppm", encoded("1", "PPM")), ("pgm", encoded("RGB", "PPM"))]
+    _tar(tmp_path / "a-000000.tar", [m for i, (ext, data) in enumerate(members)
+                                     for m in ((f"k{i}.cls", b"0"), (f"k{i}.{ext}", data))])
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        assert adopt_shards(str(tmp_path)).num_samples == len(members)
+    assert caplog.records == []
+    caplog.clear()
+    other = tmp_path / "other"
+    other.mkdir()
+    _tar(other / "a-000000.tar", [("k0.cls", b"0"), ("k0.jpg", encoded("RGB", "PNG")),
+                                  ("k1.cls", b"0"), ("k1.jpg", b"")])
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        adopt_shards(str(other))
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"shardkit: 1 image member is no image ({other}/a-000000.tar:k1.jpg: empty (0 bytes))")
+    assert said[1].startswith(f"shardkit: 1 image is of another format than its extension says ({other}/"
+                              "a-000000.tar:k0.jpg: a png named .jpg); indexed as it is: shardkit decodes images by "
+                              "their content")
+
+
+def test_a_refused_shard_leaves_its_keys_out_of_the_others_checks(tmp_path: Path) -> None:
+    """Keys with a dot in three shards: each shard is named for its dotted keys, not the second and
+    third for 'img' appearing in more than one shard (the first's refusal had kept its keys)."""
+    for i in range(3):
+        _tar(tmp_path / f"a-{i:06d}.tar", [(f"img.{2 * i}.cls", b"0"), (f"img.{2 * i}.jpg", b"x"),
+                                           (f"img.{2 * i + 1}.cls", b"0"), (f"img.{2 * i + 1}.jpg", b"x")])
+    with pytest.raises(FormatError) as refused:
+        adopt_shards(str(tmp_path))
+    assert "appears in more than one shard" not in str(refused.value)
+    assert str(refused.value).count("must not contain a dot") == 3, refused.value
