@@ -36,8 +36,8 @@ def json_depth_over(data: bytes, limit: int) -> bool:
 
     >>> json_depth_over(rb'{"a": [[1], "]]]\\"]"]}', 3), json_depth_over(b'[[[[]]]]', 3)
     (False, True)
-    >>> json_depth_over(b'{not json', 3)
-    False
+    >>> json_depth_over(b'{not json', 3), json_depth_over(b'[' * 5, 3)
+    (False, True)
     """
     plain = data.replace(b"\\\\", b"").replace(b'\\"', b"")
     skeleton = _STRINGS.sub(b"", plain.translate(None, _NOT_STRUCTURE))
@@ -45,8 +45,9 @@ def json_depth_over(data: bytes, limit: int) -> bool:
         if not skeleton:
             return False
         skeleton, removed = _INNERMOST.subn(b"", skeleton)
-        if not removed:  # unbalanced brackets or an open string: not JSON, which the parser says better
-            return False
+        if not removed:  # unbalanced brackets or an open string: no JSON, which the parser says better,
+            # unless so many open in a row that it would recurse that deep to say it
+            return re.search(rb"[\[{]{%d}" % (limit + 1), skeleton) is not None
     return bool(skeleton)
 
 
