@@ -88,8 +88,9 @@ def names_table(store: Store) -> bool:
     return _table_ref(_read_head(store), store.path(INDEX_NAME)) is not None
 
 
-#: A webdataset shard pattern: a brace range (``shard-{000000..000099}.tar``) or glob characters.
-_SHARD_PATTERN = re.compile(r"\{[^{}]*\.\.[^{}]*\}|[*?\[]")
+#: A webdataset shard pattern: a brace range anywhere, or a glob in the last part of a path to .tar
+#: files (``/data/exp[1]/ds`` is a folder's name, not one).
+_SHARD_PATTERN = re.compile(r"\{[^{}]*\.\.[^{}]*\}|\*|[?\[][^/]*\.tar$")
 
 
 def _no_index(store: Store) -> None:

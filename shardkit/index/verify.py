@@ -58,7 +58,10 @@ def _decodes(data: bytes) -> str | None:
             with Image.open(io.BytesIO(data)) as img:
                 img.convert("RGB")
     except UnidentifiedImageError:
-        return f"not an image file PIL can identify; its first bytes are {data[:12]!r}"
+        if not data:
+            return "empty (0 bytes)"
+        return f"not an image file PIL can identify (no image format's, or a damaged header); its first bytes are " \
+               f"{data[:12]!r}"
     except Exception as err:  # any decoder failure is a finding, not a crash
         reraise_interrupt(err)  # unless it is Ctrl-C, wrapped
         return f"{type(err).__name__}: {_OBJECT_REPR.sub('', str(err))}"

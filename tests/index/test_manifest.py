@@ -190,6 +190,7 @@ def test_a_webdataset_shard_pattern_is_told_to_pass_the_folder(tmp_path, pattern
         ShardLoader(url, batch_size=2)
     with pytest.raises(ManifestError, match="not a webdataset shard pattern"):
         read_manifest(Store("memory://no-such-bucket/" + pattern))
-    with pytest.raises(ManifestError) as err:
-        read_manifest(Store(str(tmp_path / "raw" / "missing")))
-    assert "pattern" not in str(err.value)
+    for plain in ("missing", "exp[1]/ds", "what?"):  # folder names, not patterns
+        with pytest.raises(ManifestError) as err:
+            read_manifest(Store(str(tmp_path / "raw" / plain)))
+        assert "pattern" not in str(err.value)

@@ -213,4 +213,12 @@ def test_an_image_member_that_is_no_image_is_said_so_without_an_object_address(t
     adopt_shards(str(tmp_path))
     problems = verify_dataset(str(tmp_path), decode=True).problems
     assert problems == [f"{tmp_path / 'shard-000000.tar'}:a.jpg: does not decode (not an image file PIL can "
-                        "identify; its first bytes are b'garbage byte')"]
+                        "identify (no image format's, or a damaged header); its first bytes are b'garbage byte')"]
+    with tarfile.open(tmp_path / "shard-000000.tar", "w") as tar:
+        for name, data in (("a.jpg", b""), ("a.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    adopt_shards(str(tmp_path), overwrite=True)
+    assert verify_dataset(str(tmp_path), decode=True).problems == [
+        f"{tmp_path / 'shard-000000.tar'}:a.jpg: does not decode (empty (0 bytes))"]
