@@ -113,13 +113,25 @@ def _safe_rel(name: Any) -> bool:
     return bool(name) and not name.startswith("/") and ".." not in parts and ":" not in parts[0]
 
 
-def _bbox_problem(box: Any, width: Any, height: Any) -> str | None:
-    """``"malformed"`` (none is one: the loader needs a box), ``"outside"`` (by more than
-    BOX_TOLERANCE) or None; hot loop, so EAFP."""
-    if box is None:
-        return "malformed"
+def _unreadable(ann: dict[str, Any]) -> bool:
+    """Whether the loader cannot read ``ann``'s box, area or crowd flag as numbers (it would then
+    replace the whole image, every epoch): such an annotation is dropped when packed."""
     try:
-        x, y, w, h = box
+        if len([float(v) for v in ann["bbox"]]) != 4:
+            return True
+        if "area" in ann:
+            float(ann["area"])
+        int(ann.get("iscrowd", 0))
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return True
+    return False
+
+
+def _bbox_problem(box: Any, width: Any, height: Any) -> str | None:
+    """``"malformed"`` (a negative width or height, a NaN), ``"outside"`` (by more than
+    BOX_TOLERANCE) or None, for a box the loader reads (:func:`_unreadable` is not); hot loop, so EAFP."""
+    try:
+        x, y, w, h = (float(v) for v in box)
         if not (w >= 0 and h >= 0 and x == x and y == y):  # x == x: not NaN
             return "malformed"
         if not isinstance(width, (int, float)) or not isinstance(height, (int, float)):
@@ -204,6 +216,7 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     of_refused: list[Any] = []
     unknown_category: dict[Any, list[Any]] = defaultdict(list)
     bad_boxes: dict[Any, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+    unreadable: list[Any] = []
     for i, ann in enumerate(doc["annotations"]):
         try:  # fast path for the ~1M annotations of COCO train; _record explains any failure
             ann_id, image_id, category_id = ann["id"], ann["image_id"], ann["category_id"]
@@ -216,6 +229,8 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             (of_refused if image_id in refused else unknown_image).append(ann_id)
         elif not known_category:
             unknown_category[category_id].append(ann_id)
+        elif _unreadable(ann):
+            unreadable.append(ann_id)
         else:
             by_image[image_id].append(ann)
             problem = _bbox_problem(ann.get("bbox"), owner.get("width"), owner.get("height"))
@@ -234,6 +249,12 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                              "reason": f"{len(of_refused)} annotation(s) belong to image records not packed "
                                        f"(skipped above); dropped (annotation ids {_ids(of_refused)})",
                              "annotations": len(of_refused), "dropped": True})
+    if unreadable:
+        ann_problems.append({"source": name,
+                             "reason": f"{len(unreadable)} annotation(s) have a bbox that is not 4 numbers, or an "
+                                       "area or iscrowd that is not a number; dropped (a loader would replace their "
+                                       f"image) (annotation ids {_ids(unreadable)})",
+                             "annotations": len(unreadable), "dropped": True})
     for cid, ann_ids in unknown_category.items():
         ann_problems.append({"source": name,
                              "reason": f"{len(ann_ids)} annotation(s) have unknown category_id "
@@ -243,7 +264,7 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
         image = images[image_id]
         for problem, ann_ids in sorted(problems.items()):
             what = {"outside": f"bbox(es) extend outside the {image.get('width')}x{image.get('height')} image",
-                    "malformed": "bbox(es) are malformed (need [x, y, w, h], w, h >= 0)",
+                    "malformed": "bbox(es) have a negative width or height, or NaN (need [x, y, w, h], w, h >= 0)",
                     "segmentation": "segmentation(s) are malformed (need polygons whose first has more than 4 "
                                     "coordinates, or an RLE of the image's size), so a loader with masks=True "
                                     "replaces the image"}[problem]

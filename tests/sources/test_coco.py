@@ -117,7 +117,7 @@ def test_bad_references_and_boxes_are_warned_with_counts(
         {"id": 3, "image_id": 100, "category_id": 2, "bbox": [0, 0, 1, 1], **base},
         {"id": 4, "image_id": 100, "category_id": 3, "bbox": [-5, 0, 10, 10], **base},
         {"id": 5, "image_id": 100, "category_id": 3, "bbox": [0, 0, 10_000, 10], **base},
-        {"id": 6, "image_id": 100, "category_id": 3, "bbox": [0, 0, -1], **base},
+        {"id": 6, "image_id": 100, "category_id": 3, "bbox": [0, 0, -1, 5], **base},
     ]
     doc["images"].append({**doc["images"][0], "file_name": "dup.jpg"})  # repeats an id
     doc["images"].append({"id": 5000, "file_name": "../escape.jpg"})
@@ -141,7 +141,7 @@ def test_bad_references_and_boxes_are_warned_with_counts(
             f"{doc['images'][-3]['width']}x{doc['images'][-3]['height']} image; kept as is "
             "(annotation ids 4, 5)",
             2, False) in problems
-    assert any(s == "img_0000.jpg" and r.startswith("1 annotation bbox(es) are malformed")
+    assert any(s == "img_0000.jpg" and r.startswith("1 annotation bbox(es) have a negative width or height")
                and (n, d) == (1, False)
                for s, r, n, d in problems)
     assert len(listing.annotation_problems) == 4
@@ -237,18 +237,38 @@ def test_malformed_segmentations_are_flagged_and_verify_warns(coco: tuple[Path, 
     assert "annotations" not in edited.output and "samples" in edited.output
 
 
-def test_verify_fails_a_bbox_the_loader_cannot_read(coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_an_annotation_the_loader_cannot_read_is_dropped_when_packed(coco: tuple[Path, Path, dict[str, Any]],
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bbox that is not 4 numbers ("oops", 3 numbers, none) or a non-numeric area was kept as is:
+    the loader then replaced its whole image every epoch, and verify failed the pack. It is dropped
+    with its reason, and the image loads; verify still fails a pack that kept one (packed before)."""
     from click.testing import CliRunner
 
+    from shardkit import ShardLoader
     from shardkit.cli import cli
     from shardkit.pack import pack_coco
+    from shardkit.sources import coco as coco_source
 
     images_dir, ann, doc = coco
-    doc["annotations"][0]["bbox"] = [1, 2, 3]  # flagged by the pack, kept as is
-    pack_coco(str(images_dir), str(_write(ann, doc)), str(tmp_path / "out"), workers=1)
-    result = CliRunner().invoke(cli, ["verify", str(tmp_path / "out")])
+    bad = doc["annotations"][:4]
+    bad[0]["bbox"], bad[1]["bbox"], bad[3]["area"] = "oops", [1, 2, 3], "big"
+    del bad[2]["bbox"]
+    ids = ", ".join(str(a["id"]) for a in bad)
+    listing = scan_coco(str(images_dir), str(_write(ann, doc)))
+    assert {"source": ann.name, "reason": "4 annotation(s) have a bbox that is not 4 numbers, or an area or iscrowd "
+            f"that is not a number; dropped (a loader would replace their image) (annotation ids {ids})",
+            "annotations": 4, "dropped": True} in listing.annotation_problems
+    pack_coco(str(images_dir), str(ann), str(tmp_path / "out"), workers=1)
+    assert CliRunner().invoke(cli, ["verify", str(tmp_path / "out")]).exit_code == 0
+    loader = ShardLoader(str(tmp_path / "out"), batch_size=2, num_workers=0, on_error="raise", shuffle=False)
+    assert sum(len(images) for images, _ in loader) == len(doc["images"])
+
+    monkeypatch.setattr(coco_source, "_unreadable", lambda _ann: False)  # as packs made before kept them
+    pack_coco(str(images_dir), str(ann), str(tmp_path / "kept"), workers=1)
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path / "kept")])
     assert result.exit_code == 1
-    assert (f"annotation {doc['annotations'][0]['id']!r}: bbox is not 4 numbers ([1, 2, 3]): the loader replaces "
+    assert (f"annotation {bad[1]['id']!r}: bbox is not 4 numbers ([1, 2, 3]): the loader replaces "
             "this image with another") in result.output
 
 
