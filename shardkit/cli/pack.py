@@ -146,7 +146,9 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     if coco and annotations is None:
         raise click.UsageError("--format coco needs --annotations INSTANCES.json")
     if not coco and (annotations is not None or drop_empty):
-        raise click.UsageError("--annotations and --drop-empty apply to --format coco only")
+        named = " and ".join(n for n, v in (("--annotations", annotations is not None), ("--drop-empty", drop_empty))
+                             if v)
+        raise click.UsageError(f"{named} {'apply' if ' and ' in named else 'applies'} to --format coco only")
     if coco and resize_max is not None:
         raise click.UsageError("--resize-max is not supported for COCO (it would invalidate the "
                                "boxes)")

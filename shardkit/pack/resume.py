@@ -165,14 +165,14 @@ def _difference(before: dict[str, Any], now: dict[str, Any] | None) -> str:
         >>> _difference({"max_count": 64, "seed": 0, "fingerprint": "a"}, {"max_count": 1000, "seed": 0})
         'packed with max_count=64, now 1000'
         >>> _difference({"max_count": 64, "fingerprint": "a"}, {"max_count": 64})
-        'same options, other input: source files, annotations or their order differ'
+        'same options, other input: source files, annotations, their order or --drop-empty differ'
     """
     if now is None:
         return "other input or options"
     changed = [f"{k}={before.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(before) | set(now))
                if k != "fingerprint" and before.get(k) != now.get(k)]
     if not changed:
-        return "same options, other input: source files, annotations or their order differ"
+        return "same options, other input: source files, annotations, their order or --drop-empty differ"
     return "packed with " + "; ".join(changed)
 
 

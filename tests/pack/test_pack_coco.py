@@ -178,8 +178,10 @@ def test_cli_auto_detects_coco(coco: tuple[Path, Path, dict[str, Any]], tmp_path
     ("args", "message"),
     [
         (["--format", "coco"], "needs --annotations"),
-        (["--format", "imagefolder", "--annotations", "x.json"], "apply to --format coco only"),
-        (["--drop-empty"], "apply to --format coco only"),
+        (["--format", "imagefolder", "--annotations", "x.json"], "--annotations applies to --format coco only"),
+        (["--drop-empty"], "--drop-empty applies to --format coco only"),  # names only what was given
+        (["--format", "imagefolder", "--annotations", "x.json", "--drop-empty"],
+         "--annotations and --drop-empty apply to --format coco only"),
         (["--annotations", "x.json", "--resize-max", "64"], "--resize-max is not supported"),
     ],
 )
