@@ -19,7 +19,8 @@ _MARK = {"ok": ("ok", "green"), "note": ("note", "yellow"), "problem": ("PROBLEM
 @click.option("--workers", type=WORKERS, default=None,
               help="Loader workers you plan to use [default: what num_workers='auto' picks: this "
                    "process's share of the usable cores - 1, 1 to 32].")
-@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Images per batch you plan to use.")
 @click.option("--size", default=224, show_default=True, type=click.IntRange(min=1),
               help="Output side in pixels.")
 @click.option("--prefetch", default=2, show_default=True, type=click.IntRange(min=1),

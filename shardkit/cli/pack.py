@@ -69,8 +69,8 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="Samples per shard at most.")
 @click.option("--max-size", default="256MB", show_default=True, callback=_size,
               help="Bytes per shard at most (e.g. 256MB, 1GiB).")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Writer processes [default: all cores].")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N", show_default="all cores",
+              help="Writer processes.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
               metavar="[ADDRESS]",
               help="Write shards as Ray tasks: on a new local cluster of --workers CPUs (no "

@@ -17,7 +17,7 @@ from shardkit.serve import DEFAULT_PORT, SERVICE_RESOURCE, start_command
 @click.option("--head", is_flag=True, help="Start a cluster: this node is its head.")
 @click.option("--address", metavar="HOST:PORT", default=None, help="Join the cluster whose head is at HOST:PORT.")
 @click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="The head's GCS port (--head).")
-@click.option("--num-cpus", type=int, default=None, help="CPUs this node offers (default: all its cores).")
+@click.option("--num-cpus", type=int, default=None, help="CPUs this node offers [default: all its cores].")
 @click.option("--dry-run", is_flag=True, help="Print the `ray start` command instead of running it.")
 @click.argument("ray_options", nargs=-1, type=click.UNPROCESSED)
 def serve_command(head: bool, address: str | None, port: int, num_cpus: int | None, dry_run: bool,
