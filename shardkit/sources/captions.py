@@ -41,12 +41,14 @@ def caption_text(raw: bytes) -> str:
     'a dog on a beach'
 
     Raises:
-        SkipSample: the bytes are not UTF-8.
+        SkipSample: the bytes are not UTF-8, or hold no text (empty, or only white space).
     """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise SkipSample(f"caption is not UTF-8 text ({err.reason} at byte {err.start})") from err
+    if not text.strip():
+        raise SkipSample("empty caption (no text, or only white space)")
     return text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
 
 

@@ -198,6 +198,10 @@ def scan_hf_dataset(
         if not isinstance(text, str):
             raise SourceError(f"row {i + 1}: the caption column {caption_column!r} holds {type(text).__name__} "
                               f"{text!r:.40}, not text", where=where)
+        if not text.strip():
+            warnings.append({"source": rel, "reason": f"row {i + 1}: no caption (the caption column is empty, "
+                                                      "or only white space)"})
+            continue
         meta = {name: json_value(v[i], i + 1, name, where) for name, v in values.items()}
         samples.append(SourceSample(f"{root}#{i}", rel, 0, meta=meta, version=version, caption=text))
     return SourceListing(kind=CAPTIONS_KIND, root=root, samples=samples, warnings=warnings,

@@ -210,8 +210,9 @@ def scan_caption_table(
         if not path:
             warnings.append({"source": f"row {row}", "reason": "no image (the image column is empty)"})
             continue
-        if text is None:
-            warnings.append({"source": path, "reason": f"row {row}: no caption (the caption column is null)"})
+        if text is None or not text.strip():
+            empty = "null" if text is None else "empty, or only white space"
+            warnings.append({"source": path, "reason": f"row {row}: no caption (the caption column is {empty})"})
             continue
         meta = {name: json_value(values[i], row, name, table) for name, values in extra_values.items()}
         rows.append((row, path, resolve(path, base), text, meta))

@@ -297,3 +297,26 @@ def test_rows_that_repeat_an_earlier_row_are_said_and_still_packed(folder: tuple
     assert (f"shardkit: {table}: 1 row repeats the image and caption of an earlier row (row 3 repeats row 1); each is "
             "packed as a sample of its own") in result.output  # the second row is another caption: no repeat
     assert "samples   3" in result.output
+
+
+def test_empty_captions_are_skipped_with_their_reason(folder: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """An empty .txt, one of white space only, and an empty table cell were packed as captions ("" and
+    "   "), unlike a missing one: they are skipped inputs, with the reason."""
+    root, captions = folder
+    for name, text in (("empty", b""), ("blank", b"  \n")):
+        (root / "brick" / f"{name}.jpg").write_bytes((root / "brick" / "brick_000.jpg").read_bytes())
+        (root / "brick" / f"{name}.txt").write_bytes(text)
+    result = pack_captions(str(root), str(tmp_path / "out"), options=OPTIONS, workers=1)
+    assert result.manifest.num_samples == len(captions)
+    assert sorted((s["source"].rsplit("/", 1)[-1], s["reason"]) for s in result.manifest.skipped) == [
+        ("blank.jpg", "empty caption (no text, or only white space)"),
+        ("empty.jpg", "empty caption (no text, or only white space)")]
+    image = next(root.rglob("*.jpg")).relative_to(root)
+    rows = [{"image": str(image), "caption": "a brick"}, {"image": str(image), "caption": "   "},
+            {"image": str(image), "caption": ""}]
+    table = _write("csv", root / "pairs.csv", rows)
+    packed = pack_captions(str(table), str(tmp_path / "table"), options=OPTIONS, workers=1).manifest
+    assert packed.num_samples == 1
+    assert [s["reason"] for s in packed.skipped] == [
+        "row 2: no caption (the caption column is empty, or only white space)",
+        "row 3: no caption (the caption column is empty, or only white space)"]
