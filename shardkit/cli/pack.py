@@ -118,8 +118,9 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
                  jpeg_restart: int | None, uniform_names: bool, dali_index: bool,
                  decode_check: bool, overwrite: bool, max_skipped: SkipBudget | None, quiet: bool,
                  storage_option: tuple[str, ...], source_option: tuple[str, ...]) -> None:
-    """Pack the ImageFolder tree SRC into WebDataset tar shards under DST. Each may be a path or
-    an fsspec URL (s3://bucket/train); a tree gives the same output from disk or a bucket.
+    """Pack SRC (an ImageFolder tree, a COCO images folder, captioned images) into WebDataset tar
+    shards under DST. Each may be a path or an fsspec URL (s3://bucket/train); a tree gives the
+    same output from disk or a bucket.
 
     With --annotations instances.json, SRC is a COCO images folder: one sample per image
     record, its annotation records kept exactly in the sample's json member.
