@@ -32,6 +32,7 @@ from shardkit.format.tarwrite import SampleSpan
 from shardkit.index._hashing import HashingReader
 from shardkit.index.manifest import Manifest, ShardEntry
 from shardkit.index.manifest_io import write_manifest
+from shardkit.index.member_checks import Oddities, check_unused_run, not_as_named
 from shardkit.storage import Store
 
 #: The largest label ``shardkit index`` accepts: the class list it writes holds every label up to the
@@ -43,70 +44,7 @@ MAX_INFERRED_CLASSES = 1 << 20
 COMPRESSED_SHARD_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
                              ".tar.zstd", ".tzst", ".tar.lz4", ".tar.lz", ".tar.lzma", ".tar.br")
 
-#: ``shardkit index`` refuses labels that imply a class list longer than :data:`UNUSED_RUN_CLASSES`
-#: (well past the largest label spaces in use: ImageNet-21k's 21,841, Open Images' ~20k) and leave at
-#: least :data:`UNUSED_RUN_LEAST` unused in one run, more than half the list and more than
-#: :data:`UNUSED_RUN_PER_LABEL` times the labels in use (a mistyped label).
-UNUSED_RUN_CLASSES = 100_000
-UNUSED_RUN_LEAST = 10_000
-UNUSED_RUN_PER_LABEL = 100
-
 log = logging.getLogger("shardkit.index")
-
-
-class _Oddities:
-    """What is indexed all the same but said once at the end: captions that are not UTF-8 text, image
-    members that are empty or no image format's, and images of another format than their extension
-    says (each: how many, and the first)."""
-
-    def __init__(self) -> None:
-        self.not_text, self.first_not_text = 0, ""
-        self.not_images, self.first_not_image = 0, ""
-        self.misnamed, self.first_misnamed = 0, ""
-
-
-#: TIFF and BigTIFF, both byte orders; the Netpbm headers PIL writes under either name by the mode.
-_TIFF = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
-_NETPBM = (b"P1", b"P2", b"P3", b"P4", b"P5", b"P6")
-#: The first bytes of each image member extension's format, for the cheap check while indexing.
-_SIGNATURES: dict[str, tuple[bytes, ...]] = {
-    "jpg": (b"\xff\xd8\xff",), "jpeg": (b"\xff\xd8\xff",), "png": (b"\x89PNG\r\n\x1a\n",),
-    "bmp": (b"BM",), "tif": _TIFF, "tiff": _TIFF, "ppm": _NETPBM, "pgm": _NETPBM,
-}
-
-
-def _format_of(data: bytes) -> str | None:
-    r"""The image format ``data`` starts as (a member extension, or ``gif``), or None.
-
-    >>> _format_of(b"\x89PNG\r\n\x1a\n..."), _format_of(b"RIFF\0\0\0\0WEBPVP8 "), _format_of(b"text")
-    ('png', 'webp', None)
-    """
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    if data.startswith((b"GIF87a", b"GIF89a")):
-        return "gif"
-    return next((ext for ext in ("jpg", "png", "bmp", "tif", "ppm") if data.startswith(_SIGNATURES[ext])), None)
-
-
-def _not_as_named(ext: str, data: bytes) -> tuple[bool, str] | None:
-    r"""``(decodes, why)`` where an image member with extension ``ext`` and bytes ``data`` is not the
-    image its extension says: ``decodes`` when it is one of another format (a PNG named ``.jpg``,
-    which the loader decodes by its content), not when it is empty or no image format's; else None.
-
-    >>> _not_as_named("jpg", b"\xff\xd8\xff\xe0"), _not_as_named("jpg", b"")
-    (None, (False, 'empty (0 bytes)'))
-    >>> _not_as_named("png", b"not a png"), _not_as_named("jpg", b"\x89PNG\r\n\x1a\n")
-    ((False, "its first bytes are b'not a pn', no image format's"), (True, 'a png named .jpg'))
-    """
-    if not data:
-        return False, "empty (0 bytes)"
-    found = _format_of(data)
-    same = {"jpeg": "jpg", "tiff": "tif", "pgm": "ppm"}
-    if found == same.get(ext, ext):
-        return None
-    if found is None:
-        return False, f"its first bytes are {data[:8]!r}, no image format's"
-    return True, f"a {found} named .{ext}"
 
 
 @dataclass
@@ -203,7 +141,7 @@ def _kind_of(fields: dict[str, bytes]) -> str:
 
 
 def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None], limit: int,
-                kind: list[str], odd: _Oddities, first_at: dict[int, str]) -> _Shard:
+                kind: list[str], odd: Oddities, first_at: dict[int, str]) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
         reader = HashingReader(f)
@@ -217,14 +155,9 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             fields = samples.setdefault(key, {})
             if ext in fields:
                 raise FormatError(f"sample {key!r} has field {ext!r} twice", where=where)
-            if ext in IMAGE_MEMBER_EXTENSIONS and (odd_one := _not_as_named(ext, e.data or b"")) is not None:
+            if ext in IMAGE_MEMBER_EXTENSIONS and (odd_one := not_as_named(ext, e.data or b"")) is not None:
                 decodes, why = odd_one
-                if decodes:
-                    odd.misnamed += 1
-                    odd.first_misnamed = odd.first_misnamed or f"{where}:{key}.{ext}: {why}"
-                else:
-                    odd.not_images += 1
-                    odd.first_not_image = odd.first_not_image or f"{where}:{key}.{ext}: {why}"
+                odd.add("misnamed" if decodes else "not_image", f"{where}:{key}.{ext}: {why}")
             # keep labels, not images
             fields[ext] = (e.data or b"") if ext in ("cls", "json", "txt") else b""
             entries.append(e._replace(data=None))
@@ -246,8 +179,7 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             kind[0] = _kind_of(fields)
         if kind[0] == "captions":
             if (problem := _caption(span.key, fields, where)) is not None:
-                odd.not_text += 1
-                odd.first_not_text = odd.first_not_text or problem
+                odd.add("not_text", problem)
             continue
         label, name = _label(span.key, fields, where, limit)
         if name is not None and labels.get(label) not in (None, name):
@@ -274,28 +206,6 @@ def _refusal(problems: list[FormatError], *, read: int, total: int, where: str) 
     listed = "".join(f"\n  - {err}" for err in problems)
     return FormatError(f"{len(problems):,} of the {read:,} shards read cannot be indexed as they are (the first "
                        f"problem of each){stopped}:{listed}", where=where)
-
-
-def _check_unused_run(labels: dict[int, str | None], first_at: dict[int, str]) -> None:
-    """Refuse labels that leave most of the class list they imply unused in one run, as one mistyped
-    label does (``999999`` among 0 and 1 makes a list of a million classes for two in use): a list
-    longer than :data:`UNUSED_RUN_CLASSES`, a run of at least :data:`UNUSED_RUN_LEAST` unused
-    labels, more than half the list and more than :data:`UNUSED_RUN_PER_LABEL` times the labels in
-    use. Real label spaces pass whatever part of them a set of shards holds (a label space up to
-    100,000 classes always does). Not called when the class names are given (``--classes``), which
-    is how such labels are accepted."""
-    used = sorted(labels)
-    if not used:
-        return
-    size = used[-1] + 1
-    below, above = max(zip([-1, *used], used, strict=False), key=lambda pair: pair[1] - pair[0])
-    run = above - below - 1
-    if (size > UNUSED_RUN_CLASSES and run >= UNUSED_RUN_LEAST and 2 * run > size
-            and run > UNUSED_RUN_PER_LABEL * len(used)):
-        raise FormatError(f"label {above} leaves labels {below + 1} to {above - 1} unused: {run:,} of the {size:,} "
-                          f"classes its class list would hold, for {len(used):,} "
-                          f"{'label' if len(used) == 1 else 'labels'} in use (a mistyped label?); if it is meant, "
-                          "pass --classes FILE naming the classes in label order", where=first_at[above])
 
 
 def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
@@ -388,7 +298,7 @@ def adopt_shards(
     first_at: dict[int, str] = {}  # label -> the first sample with it
     limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
     found = [kind if kind != "auto" or classes is None else "imagefolder"]
-    odd = _Oddities()
+    odd = Oddities()
     shards: list[_Shard] = []
     problems: list[FormatError] = []  # the first of each shard's, so that one run lists them all
     for name in urls:
@@ -400,29 +310,11 @@ def adopt_shards(
                 break
     if problems:
         raise _refusal(problems, read=len(shards) + len(problems), total=len(urls), where=store.url)
-    if odd.not_text:
-        count = odd.not_text
-        log.warning("shardkit: %s %s not UTF-8 text (%s%s); indexed all the same: the loader replaces such samples "
-                    "with others (on_error='replace'), and shardkit verify reports them as problems", f"{count:,}",
-                    "caption is" if count == 1 else "captions are", odd.first_not_text,
-                    f", and {count - 1:,} more" if count > 1 else "")
-    if odd.not_images:
-        count = odd.not_images
-        log.warning("shardkit: %s %s no image (%s%s); indexed all the same: the loader replaces such samples with "
-                    "others (on_error='replace'), and shardkit verify --decode reports them as problems",
-                    f"{count:,}", "image member is" if count == 1 else "image members are", odd.first_not_image,
-                    f", and {count - 1:,} more" if count > 1 else "")
-    if odd.misnamed:
-        count = odd.misnamed
-        log.warning("shardkit: %s %s of another format than %s extension says (%s%s); indexed as %s: shardkit "
-                    "decodes images by their content, but readers that go by the extension (HF datasets, "
-                    "webdataset's decoders) may not", f"{count:,}", "image is" if count == 1 else "images are",
-                    "its" if count == 1 else "their", odd.first_misnamed,
-                    f", and {count - 1:,} more" if count > 1 else "", "it is" if count == 1 else "they are")
+    odd.say()
     if found[0] == "auto":
         raise ManifestError("the .tar shards here hold no sample to index", where=store.url)
     if found[0] == "imagefolder" and classes is None:
-        _check_unused_run(labels, first_at)
+        check_unused_run(labels, first_at)
     class_names = _classes(labels, classes, store.url) if found[0] == "imagefolder" else None
     for shard in shards:
         if shard.spans:
