@@ -10,7 +10,6 @@ themselves are never modified, so other tools keep reading them as before.
 from __future__ import annotations
 
 import io
-import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,8 +42,6 @@ MAX_INFERRED_CLASSES = 1 << 20
 #: place, by byte offset, so it must be a plain tar).
 COMPRESSED_SHARD_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
                              ".tar.zstd", ".tzst", ".tar.lz4", ".tar.lz", ".tar.lzma", ".tar.br")
-
-log = logging.getLogger("shardkit.index")
 
 
 @dataclass
