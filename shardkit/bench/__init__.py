@@ -15,7 +15,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardkit.bench.api import CONTENDERS, BenchConfig, ProgressSink, run_bench
+    from shardkit.bench.api import run_bench
+    from shardkit.bench.config import CONTENDERS, BenchConfig, ProgressSink
     from shardkit.bench.harness import (
         Contender,
         RunResult,
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 #: submodule (each isolated run of ``bench --train`` imports its own) does not pay for the
 #: baselines' torchvision (about 2 s of CPU).
 _HOME = {
-    **dict.fromkeys(("CONTENDERS", "BenchConfig", "ProgressSink", "run_bench"), "api"),
+    **dict.fromkeys(("CONTENDERS", "BenchConfig", "ProgressSink"), "config"),
+    "run_bench": "api",
     **dict.fromkeys(("Contender", "RunResult", "alternating_order", "run_alternating", "run_once"), "harness"),
     "plot_report": "plot",
     **dict.fromkeys(("SCHEMA", "build_report", "format_conditions", "format_table", "write_json"), "report"),
