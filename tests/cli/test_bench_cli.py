@@ -13,18 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from sample_data.generate import make_imagenet_like
 from shardkit.bench import SCHEMA
 from shardkit.cli import cli
 from shardkit.cli.bench import BenchError, _save, share
 from shardkit.pack import PackOptions, pack
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("benchcli") / "tree"
-    make_imagenet_like(root, classes=2, per_class=12, seed=0, size=(80, 60))
-    return root
 
 
 def test_bench_end_to_end(tree: Path, tmp_path: Path) -> None:
@@ -74,54 +66,6 @@ def test_bench_reuses_given_shards(tree: Path, tmp_path: Path) -> None:
     assert "\npack: " not in second.output and "WebLoader" not in second.output
 
 
-def test_bench_rejects_too_large_batch(tree: Path) -> None:
-    result = CliRunner().invoke(cli, ["bench", str(tree), "--batch-size", "100", "--workers", "0", "-q"])
-    assert result.exit_code == 1
-    assert result.output.startswith("error: 24 images make no full batch of 100")
-    assert result.output.count("\n") == 1
-
-
-def test_bench_refuses_a_timed_part_that_would_only_empty_the_queue(tree: Path) -> None:
-    """A warm-up taking every batch was cut to leave one without a word, and a timed part no
-    longer than the batches the workers prepare ahead printed rates of a full queue (143k img/s
-    and 36 CPU cores on a 2-core machine)."""
-    for args, left, fixes in [(["--batch-size", "8", "--epochs", "1", "--warmup", "3", "--workers", "0"],
-                               "3 batches of 8 in 1 epoch of 24 images leave none to time after --warmup 3; ",
-                               "raise --epochs to 2, or lower --warmup to 2"),
-                              (["--batch-size", "8", "--epochs", "1", "--warmup", "0", "--workers", "2"],
-                               "3 batches of 8 in 1 epoch of 24 images leave 3 batches to time after --warmup 0, no "
-                               "more than the 4 that 2 workers prepare ahead",
-                               "raise --epochs to 3")]:
-        result = CliRunner().invoke(cli, ["bench", str(tree), *args, "-q"])
-        assert result.exit_code == 1 and result.output.startswith(f"error: {left}"), result.output
-        assert result.output.count("\n") == 1 and result.output.endswith(f"; {fixes}\n"), result.output
-
-
-def test_a_refused_plan_names_values_that_run_at_the_first_retry(tree: Path) -> None:
-    """--epochs 1 was refused with "raise --epochs, or lower --warmup or --batch-size", and --warmup 0
-    then refused again. The error names the --epochs that passes every loader's check: 2 would
-    pass ImageFolder's (6 batches after --warmup 0), not webdataset's, whose 2 workers each read 12
-    images of the 3-image shards the bench packs and make 2 batches of 8 an epoch, not 3."""
-    base = ["bench", str(tree), "--batch-size", "8", "--workers", "2", "--warmup", "0", "--size", "16",
-            "--repeats", "1", "-q"]
-    refused = CliRunner().invoke(cli, [*base, "--epochs", "1"])
-    assert refused.exit_code == 1 and refused.output.endswith("; raise --epochs to 3\n"), refused.output
-    again = CliRunner().invoke(cli, [*base, "--epochs", "3"])
-    assert again.exit_code == 0, again.output
-
-
-def test_bench_refuses_shards_of_other_data(tree: Path, tmp_path: Path) -> None:
-    other = tmp_path / "other" / "only"
-    other.mkdir(parents=True)
-    shutil.copy(next(p for p in sorted(tree.rglob("*")) if p.is_file()), other / "x.jpg")
-    shards = tmp_path / "shards"
-    pack(str(other.parent), str(shards), workers=1)
-    result = CliRunner().invoke(cli, ["bench", str(tree), "--shards", str(shards), "--workers", "0",
-                                      "--batch-size", "2", "--repeats", "1", "--epochs", "1",
-                                      "--warmup", "0"])
-    assert result.exit_code != 0 and "not be on the same data" in result.output
-
-
 COCO = Path(__file__).resolve().parents[2] / "sample_data" / "coco"
 
 
@@ -161,46 +105,6 @@ def test_the_train_choices_are_the_librarys_models_and_contenders() -> None:
     assert choices["contenders"] == tuple(dict.fromkeys(TRAIN_CONTENDERS + DETECTION_CONTENDERS))
     assert (bench.CLASSIFIER_CONTENDERS, bench.DETECTOR_CONTENDERS) == (TRAIN_CONTENDERS, DETECTION_CONTENDERS)
     assert choices["train_model"] == MODELS + DETECTION_MODELS
-
-
-def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path: Path) -> None:
-    """Each bad path is one ``error:`` line and exit 1, as pack, info and verify say it, before
-    anything is timed (a report lost after the run was the alternative)."""
-    (tmp_path / "notes.txt").write_text("x")
-    (tmp_path / "link.json").symlink_to(tmp_path / "notes.txt" / "r.json")  # a link into a file: no folder
-    cases = {
-        (str(tmp_path / "nope"),): f"error: {tmp_path / 'nope'}: does not exist",
-        (str(tmp_path / "notes.txt"),): f"error: {tmp_path / 'notes.txt'}: is a file, not a directory of images",
-        (str(tree), "--annotations", str(tmp_path / "no.json")): f"error: --annotations {tmp_path / 'no.json'}: "
-                                                                  "does not exist",
-        (str(tree), "--out", str(tmp_path / "notes.txt" / "r.json")): f"error: --out {tmp_path / 'notes.txt'}"
-                                                                       f"/r.json: {tmp_path / 'notes.txt'} is a file, "
-                                                                       "not a folder\n",
-        (str(tree), "--out", str(tmp_path / "notes.txt" / "sub" / "r.json")): f"error: --out {tmp_path / 'notes.txt'}"
-                                                                              f"/sub/r.json: {tmp_path / 'notes.txt'} "
-                                                                              "is a file, not a folder\n",
-        (str(tree), "--out", str(tmp_path / "link.json")): f"error: --out {tmp_path / 'link.json'}: "
-                                                             f"{tmp_path / 'notes.txt'} is a file, not a folder\n",
-        (str(tree), "--plot", str(tmp_path / "notes.txt" / "p.png")): f"error: --plot {tmp_path / 'notes.txt'}/p.png: "
-                                                                        f"{tmp_path / 'notes.txt'} is a file, not a "
-                                                                        "folder\n",
-        (str(tree), "--out", f"{tmp_path / 'new'}/"): f"error: --out {tmp_path / 'new'}/: names a folder (it ends "
-                                                       "in /); name the file",
-        (str(tree), "--out", "/proc/r.json"): "error: --out /proc/r.json: cannot be written (",
-    }
-    for args, message in cases.items():
-        result = CliRunner().invoke(cli, ["bench", *args, "-q"])
-        assert result.exit_code == 1, (args, result.output)
-        assert result.output.startswith(message) and result.output.count("\n") == 1, result.output
-
-
-def test_train_names_shards_that_are_missing_or_no_pack(tree: Path, tmp_path: Path) -> None:
-    """--shards given but wrong: said as such in one line (it read as if --shards had been left out)."""
-    for shards, wrong in ((tmp_path / "nope", "does not exist"), (tmp_path, "holds no index.json")):
-        result = CliRunner().invoke(cli, ["bench", str(tree), "--train", "resnet18", "--shards", str(shards)])
-        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
-        assert result.output.startswith(f"error: --shards {shards}: {wrong}; --train needs a packed dataset of "
-                                        "IMAGEFOLDER_DIR"), result.output
 
 
 def test_a_report_that_cannot_be_written_is_kept_elsewhere(tmp_path: Path) -> None:
@@ -249,17 +153,6 @@ def test_a_share_over_one_is_not_printed_as_a_percentage() -> None:
     assert "%" not in share(1.68)
 
 
-def test_bench_into_a_folder_that_is_no_pack_says_what_bench_takes(tree: Path, tmp_path: Path) -> None:
-    (tmp_path / "used").mkdir()
-    (tmp_path / "used" / "notes.txt").write_text("x")
-    result = CliRunner().invoke(cli, ["bench", str(tree), "--shards", str(tmp_path / "used"), "--workers", "0",
-                                      "--batch-size", "4", "-q"])
-    assert result.exit_code == 1
-    assert result.output == (f"error: {tmp_path / 'used'}: is not empty (1 entry, e.g. 'notes.txt'); give --shards an "
-                             "empty or new folder (bench packs SRC there) or the folder of a finished pack of SRC\n")
-    assert "--overwrite" not in result.output  # pack's option, which bench does not have
-
-
 def test_workers_take_auto_as_the_loader_does() -> None:
     import click
 
@@ -271,25 +164,6 @@ def test_workers_take_auto_as_the_loader_does() -> None:
     for bad in ("lots", "-1", "1.5"):
         with pytest.raises(click.BadParameter):
             WORKERS.convert(bad, None, None)
-
-
-def test_bench_refuses_damaged_shards_before_it_runs(tree: Path, tmp_path: Path) -> None:
-    """A shard missing or cut short: one error line naming it, before any run (the page-cache
-    warm-up died on the missing one with a traceback, and the webdataset baseline on the short one)."""
-    shards = tmp_path / "shards"
-    pack(str(tree), str(shards), options=PackOptions(max_count=8, seed=0), workers=1)
-    names = sorted(p.name for p in shards.glob("*.tar"))
-    short = shards / names[1]
-    short.write_bytes(short.read_bytes()[:1000])
-    (shards / names[2]).unlink()
-    base = ["bench", str(tree), "--shards", str(shards), "--workers", "1", "--batch-size", "4", "--size", "32",
-            "--repeats", "1", "-q"]
-    for extra in (["--epochs", "1", "--warmup", "1"], ["--train", "resnet18", "--steps", "2"]):
-        result = CliRunner().invoke(cli, [*base, *extra])
-        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
-        assert result.output.startswith(f"error: --shards {shards} is damaged: {names[1]} has 1,000 bytes, "
-                                        "index.json says "), result.output
-        assert f"; {names[2]} is missing; shardkit verify {shards} tells more" in result.output, result.output
 
 
 def test_without_epochs_a_small_data_set_gets_as_many_as_it_needs(tree: Path, tmp_path: Path) -> None:
