@@ -11,6 +11,7 @@ from shardkit.cli.progress import Bar, bars_enabled
 from shardkit.cli.report import counted
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import ShardEntry, locate_dataset, read_manifest, verify_dataset
+from shardkit.index.manifest_io import StaleTable
 
 
 @click.command("verify")
@@ -23,8 +24,10 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
     """Check the packed DATASET against its index.json; exit 1 on any mismatch."""
     options = storage_options(storage_option, dataset)
     store = locate_dataset(dataset, options)
-    # the bar's totals; verify_dataset reads it again, and judges the table
-    shards = read_manifest(store, table=False).shards
+    try:  # the bar's totals, from the table where it holds (verify_dataset judges it, and says so)
+        shards = read_manifest(store, strict_table=True).shards
+    except StaleTable:
+        shards = read_manifest(store, table=False).shards
     done = 0
     with Bar(bars_enabled(quiet), desc="verifying" + (" + decoding" if decode else ""),
              total=sum(s.num_bytes for s in shards), unit="B") as bar:
