@@ -1,4 +1,4 @@
-"""``shardkit bench IMAGEFOLDER_DIR``: ShardLoader vs ImageFolder+DataLoader vs webdataset."""
+"""``shardkit bench SRC``: ShardLoader vs ImageFolder+DataLoader vs webdataset."""
 
 from __future__ import annotations
 
@@ -41,22 +41,22 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 
 
 @click.command("bench")
-@click.argument("imagefolder_dir", type=FOLDER)
+@click.argument("src", type=FOLDER)
 @click.option("--annotations", default=None, type=FILE_OR_URL,
-              help="COCO instances JSON: IMAGEFOLDER_DIR is then the images directory, and torchvision "
+              help="COCO instances JSON: SRC is then the images directory, and torchvision "
                    "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size): "
                    "its COCO route, and with --device cuda its COCO GPU route too. With --train DETECTOR: they "
                    "feed a detection training step.")
 @click.option("--max-size", default=1333, show_default=True, type=click.IntRange(min=1),
               help="--annotations: the longer side's limit after resizing.")
 @click.option("--captions", is_flag=True,
-              help="IMAGEFOLDER_DIR is a captioned source (a folder of images with .txt sidecars, a caption table "
+              help="SRC is a captioned source (a folder of images with .txt sidecars, a caption table "
                    "or a saved HF dataset): plain webdataset (decode('pil').to_tuple('jpg', 'txt')) against "
                    "ShardLoader, the same crop, each batch's captions tokenized in the workers.")
 @click.option("--context-length", default=77, show_default=True, type=click.IntRange(min=1),
               help="--captions: tokens per caption (UTF-8 bytes).")
 @click.option("--shards", default=None, type=LOCATION,
-              help="Packed dataset of IMAGEFOLDER_DIR (packed into it if it holds none) "
+              help="Packed dataset of SRC (packed into it if it holds none) "
               "[default: pack into a temporary directory].")
 @click.option("--workers", default="2", show_default=True, type=WORKERS,
               help="Loader workers (all loaders); auto: what ShardLoader's num_workers='auto' picks here.")
@@ -101,7 +101,7 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "shardloader_tc: TorchCodec's GPU decoder from 4 threads "
                    "(GpuOptions(decode_threads=4)); "
                    "dali: DALI's webdataset reader on --shards (with their .dali.idx files if present); "
-                   "dali_files: DALI's file reader on IMAGEFOLDER_DIR. Detector [default: cocodetection, "
+                   "dali_files: DALI's file reader on SRC. Detector [default: cocodetection, "
                    "shardloader, and on cuda shardloader_cpu]: shardloader on --device (on cuda the COCO GPU "
                    "route), shardloader_cpu: ShardLoader on the CPU, its batches copied to the device.")
 @click.option("--feeders", default="auto", show_default=True, metavar="auto|N",
@@ -122,7 +122,7 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
               help="--train with a classifier on cuda: every run's waits on the device block instead of spinning a "
                    "core (the step's, ShardLoader's and DALI's alike), as ShardLoader's feeders always do.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
-def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, captions: bool, context_length: int,
+def bench_command(src: str, annotations: str | None, max_size: int, captions: bool, context_length: int,
                   shards: str | None, workers: int,
                   batch_size: int | None, device: str, transform: str, size: int | None, epochs: int | None,
                   repeats: int,
@@ -131,7 +131,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
                   feeders: str, dali_threads: str | None, dali_hw_load: float | None, dali_prefetch: int,
                   isolate: bool, sleep_waits: bool, quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
-    webdataset on IMAGEFOLDER_DIR, side by side, with the same transform, batch size and workers.
+    webdataset on SRC, side by side, with the same transform, batch size and workers.
 
     Packs the tree first unless --shards names a packed dataset (pack speed is reported
     separately). Prints a table; --out writes JSON, --plot a PNG.
@@ -145,7 +145,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     """
     if captions and (annotations is not None or train_model is not None):
         raise click.UsageError("--captions times the loaders alone: leave out --annotations and --train")
-    check_source(imagefolder_dir, annotations, captions=captions)
+    check_source(src, annotations, captions=captions)
     size = size or (800 if annotations is not None else 224)
     detector = train_model in DETECTORS
     batch_size = batch_size or (16 if detector else 64)
@@ -154,7 +154,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
                                f"--annotations, or train a detector (--train {DETECTORS[0]}, ...)")
     if detector and annotations is None:
         raise click.UsageError(f"--train {train_model} is a detector: it needs --annotations, the COCO instances "
-                               "JSON (IMAGEFOLDER_DIR is then its images directory)")
+                               "JSON (SRC is then its images directory)")
     if sleep_waits and (train_model is None or detector or not device.startswith("cuda")):
         raise click.UsageError("--sleep-waits is for --train with a classifier on --device cuda")
     feeder_count = feeders_option(feeders, workers, train_model is not None and not detector, contenders)
@@ -176,7 +176,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     elif contenders:
         raise click.UsageError("--contender chooses --train loaders; without --train use --no-webdataset")
     if not quiet:  # the cheap checks passed; torch and the data take seconds: say what is happening now
-        click.echo(f"bench: {imagefolder_dir}: loading torch and reading the data…", err=True)
+        click.echo(f"bench: {src}: loading torch and reading the data…", err=True)
     from shardkit.bench import BenchConfig, format_table, plot_report, run_bench
 
     if device == "cuda":
@@ -187,11 +187,11 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     if train_model is not None:
         assert shards is not None  # needs_shards above
         if annotations is not None:  # a detector (a classifier was refused above)
-            _train_detector(imagefolder_dir, annotations, shards, train_model, workers=workers,
+            _train_detector(src, annotations, shards, train_model, workers=workers,
                             batch_size=batch_size, device=device, size=size, max_size=max_size, steps=steps,
                             warmup=warmup, repeats=repeats, out=out, quiet=quiet, contenders=contenders)
             return
-        _train(imagefolder_dir, shards, train_model, workers=workers, batch_size=batch_size, device=device,
+        _train(src, shards, train_model, workers=workers, batch_size=batch_size, device=device,
                size=size, steps=steps, warmup=warmup, repeats=repeats, out=out, quiet=quiet,
                contenders=contenders, feeders=feeder_count, dali_threads=dali_counts, dali_hw_load=dali_hw_load,
                dali_prefetch=dali_prefetch, isolate=isolate, sleep_waits=sleep_waits)
@@ -201,7 +201,7 @@ def bench_command(imagefolder_dir: str, annotations: str | None, max_size: int, 
     contenders = (("webdataset", "shardloader") if captions
                   else tuple(c for c in ("imagefolder", "webdataset", "shardloader")
                              if not (no_webdataset and c == "webdataset")))
-    cfg = BenchConfig(imagefolder=imagefolder_dir, shards=shards, workers=workers, batch_size=batch_size,
+    cfg = BenchConfig(imagefolder=src, shards=shards, workers=workers, batch_size=batch_size,
                       device=device, transform=transform, size=size, epochs=epochs, repeats=repeats,
                       warmup=warmup, drop_caches=drop_caches, contenders=contenders,
                       jpeg_restart=jpeg_restart, annotations=annotations, max_size=max_size, captions=captions,
@@ -334,7 +334,7 @@ def share(value: float) -> str:
     return f"{value:.0%}" if value <= 1.005 else "— (fed outran synthetic: noise)"
 
 
-def _train(imagefolder_dir: str, shards: str, model: str, *, workers: int, batch_size: int, device: str,
+def _train(src: str, shards: str, model: str, *, workers: int, batch_size: int, device: str,
            size: int, steps: int, warmup: int, repeats: int, out: str | None, quiet: bool,
            contenders: tuple[str, ...], feeders: int | str, dali_threads: tuple[int, ...] = (),
            dali_hw_load: float | None = None, dali_prefetch: int = 2, isolate: bool = True,
@@ -344,7 +344,7 @@ def _train(imagefolder_dir: str, shards: str, model: str, *, workers: int, batch
 
     if not contenders:
         contenders = ("imagefolder", "shardloader", *(("dali",) if dali_available() else ()))
-    cfg = TrainBenchConfig(imagefolder=imagefolder_dir, shards=shards, model=model, size=size,
+    cfg = TrainBenchConfig(imagefolder=src, shards=shards, model=model, size=size,
                            batch_size=batch_size, workers=workers, steps=steps, warmup=warmup, repeats=repeats,
                            device=device, compile=device == "cuda", contenders=tuple(dict.fromkeys(contenders)),
                            feeders=feeders, dali_threads=dali_threads, dali_hw_decoder_load=dali_hw_load,

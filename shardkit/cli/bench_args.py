@@ -65,20 +65,20 @@ class BenchError(ShardkitError):
     before any timing starts."""
 
 
-def check_source(imagefolder_dir: str, annotations: str | None, *, captions: bool = False) -> None:
-    """IMAGEFOLDER_DIR a directory (with --captions: or a caption table) and --annotations a file,
+def check_source(src: str, annotations: str | None, *, captions: bool = False) -> None:
+    """SRC a directory (with --captions: or a caption table) and --annotations a file,
     said in one line as pack says it."""
-    if not os.path.exists(imagefolder_dir):
-        raise BenchError("does not exist", where=imagefolder_dir)
-    if captions and os.path.isfile(imagefolder_dir):
+    if not os.path.exists(src):
+        raise BenchError("does not exist", where=src)
+    if captions and os.path.isfile(src):
         from shardkit.sources.table import is_table
 
-        if not is_table(imagefolder_dir):
+        if not is_table(src):
             raise BenchError("is a file, not a caption table (.csv, .tsv, .jsonl, .parquet) or a folder",
-                             where=imagefolder_dir)
+                             where=src)
         return
-    if not os.path.isdir(imagefolder_dir):
-        raise BenchError("is a file, not a directory of images", where=imagefolder_dir)
+    if not os.path.isdir(src):
+        raise BenchError("is a file, not a directory of images", where=src)
     if annotations is not None and not os.path.isfile(annotations):
         what = "is a directory, not a COCO instances JSON file" if os.path.isdir(annotations) else "does not exist"
         raise BenchError(what, where=f"--annotations {annotations}")
@@ -127,8 +127,8 @@ def _not_a_folder(folder: str) -> str | None:
     return None if os.path.isdir(here) else here
 
 
-CLASSIFIER_SHARDS = "IMAGEFOLDER_DIR (shardkit pack IMAGEFOLDER_DIR SHARDS)"
-DETECTOR_SHARDS = ("the COCO source's annotated images (shardkit pack IMAGEFOLDER_DIR SHARDS --annotations "
+CLASSIFIER_SHARDS = "SRC (shardkit pack SRC SHARDS)"
+DETECTOR_SHARDS = ("the COCO source's annotated images (shardkit pack SRC SHARDS --annotations "
                     "ANNOTATIONS --drop-empty)")
 
 

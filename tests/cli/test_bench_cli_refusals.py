@@ -97,7 +97,7 @@ def test_train_names_shards_that_are_missing_or_no_pack(tree: Path, tmp_path: Pa
         result = CliRunner().invoke(cli, ["bench", str(tree), "--train", "resnet18", "--shards", str(shards)])
         assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
         assert result.output.startswith(f"error: --shards {shards}: {wrong}; --train needs a packed dataset of "
-                                        "IMAGEFOLDER_DIR"), result.output
+                                        "SRC"), result.output
 
 
 def test_bench_into_a_folder_that_is_no_pack_says_what_bench_takes(tree: Path, tmp_path: Path) -> None:

@@ -224,7 +224,7 @@ def test_an_empty_path_argument_is_a_usage_error_naming_it(runner):
     cases = {("pack", "sample_data/imagefolder", ""): ("DST", "a folder or a URL"),
              ("pack", "", "out"): ("SRC", "a folder or a URL"), ("info", ""): ("DATASET", "a folder or a URL"),
              ("verify", " "): ("DATASET", "a folder or a URL"), ("index", ""): ("DATASET", "a folder or a URL"),
-             ("bench", ""): ("IMAGEFOLDER_DIR", "a folder"),
+             ("bench", ""): ("SRC", "a folder"),
              ("bench", "sample_data/imagefolder", "--shards", ""): ("--shards", "a folder or a URL"),
              ("bench", "sample_data/imagefolder", "--out", ""): ("--out", "a file"),
              ("pack", "sample_data/imagefolder", "out", "--annotations", ""): ("--annotations", "a file or a URL")}
