@@ -8,14 +8,15 @@ soon as it allocates, so an inherited cycle that holds such memory is freed in t
 that collects it, whoever forked the worker: this loader, another ShardLoader, or a plain
 ``DataLoader`` forking its workers beside a GPU loader whose threads are running.
 
-:func:`freeze_forked_children` registers fork hooks, once per process: right before each
-``fork()`` the collector's objects are frozen (``gc.freeze``); the parent unfreezes them right
-after, and the child keeps them frozen: it collects only what it allocates itself. Fork hooks
-registered before these (logging's) run after them and may wait for a lock (so may the fork, for
-the import lock), letting other threads run and make objects after the freeze; so the collector
-is also off from the freeze until the child has frozen again in its own hook, and those objects
-are frozen there too. Forks from several threads at once count as one: the first freezes, the
-last to return in the parent unfreezes.
+:func:`freeze_forked_children` registers fork hooks, once per process. Right before each
+``fork()`` the collector is switched off (the parent switches it back on right after, if it was
+on); the child, in its own hook, freezes every object it inherited (``gc.freeze``) and only then
+switches its collector on: it collects only what it allocates itself. Fork hooks registered before
+these (logging's) run after them and may wait for a lock (so may the fork, for the import lock),
+letting other threads make objects in the parent after the collector went off; the child freezes
+those too. Forks from several threads at once count as one: the first switches the collector off,
+the last to return in the parent switches it on again. The parent freezes and unfreezes nothing,
+so a program that froze objects itself keeps its freeze, and its children are protected as well.
 
 Frozen objects are never collected, but one can still be freed by its reference count: a cycle
 the child makes and collects may hold the last reference left to an inherited object. So the
@@ -23,10 +24,6 @@ holders of such memory (a loader's epoch runner, with its route's staging slots,
 decoded images and its pinned batches; its feeder pool, with the rings it opened) register with
 :func:`keep_in_forked_children`, and a child keeps each one alive to its end: a reference each,
 taken in the child's fork hook, nothing copied and nothing walked but the registered holders.
-
-A program that froze objects itself is left alone: nothing is frozen, unfrozen or switched off for
-it, so the freeze does not protect it (nor a grandchild, forked by a child that keeps the freeze);
-its children still keep the registered holders.
 """
 
 from __future__ import annotations
@@ -42,11 +39,11 @@ __all__ = ["freeze_forked_children", "keep_in_forked_children"]
 _install_lock = threading.Lock()
 _installed = False
 # The forks in progress in this process (their before-hook has run, their after-hook not yet), and
-# what the first of them decided; changed only under _state, which is never held across a fork.
+# whether the collector was on before the first of them; changed only under _state, which is never
+# held across a fork.
 _state = threading.Lock()
 _forking = 0
-_ours = False  # the forks in progress froze the objects and switched the collector off
-_was_enabled = True  # the collector was on before they did
+_was_enabled = True
 #: What a forked child keeps alive to its end: the holders registered while this process lived.
 _holders: weakref.WeakSet[Any] = weakref.WeakSet()
 #: In a forked child: the references to them that keep them alive.
@@ -73,37 +70,29 @@ def keep_in_forked_children(holder: Any) -> None:
 
 
 def _before_fork() -> None:
-    global _forking, _ours, _was_enabled
+    global _forking, _was_enabled
     with _state:
         if _forking == 0:
             _was_enabled = gc.isenabled()
-            _ours = gc.get_freeze_count() == 0  # a program's own freeze: leave it alone
-            if _ours:
-                gc.disable()  # until the child has frozen what other threads make while the fork waits
-        if _ours:
-            gc.freeze()  # another fork in progress froze before: this adds what was made since
+            gc.disable()  # until the child has frozen what it inherited
         _forking += 1
 
 
 def _after_fork_in_parent() -> None:
-    global _forking, _ours
+    global _forking
     with _state:
         _forking -= 1
-        if _forking == 0 and _ours:
-            _ours = False
-            gc.unfreeze()
-            if _was_enabled:
-                gc.enable()
+        if _forking == 0 and _was_enabled:
+            gc.enable()
 
 
 def _after_fork_in_child() -> None:
-    global _state, _install_lock, _forking, _ours
+    global _state, _install_lock, _forking
     _state, _install_lock = threading.Lock(), threading.Lock()  # another thread may have held them at the fork
     try:
         _inherited.extend(_holders)
     finally:
-        if _ours:
-            gc.freeze()  # what other threads made after the parent's freeze, while the fork waited
-            if _was_enabled:
-                gc.enable()
-        _forking, _ours = 0, False
+        gc.freeze()  # everything inherited, whether or not the program froze some of it itself
+        if _was_enabled:
+            gc.enable()
+        _forking = 0
