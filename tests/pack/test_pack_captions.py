@@ -320,3 +320,13 @@ def test_empty_captions_are_skipped_with_their_reason(folder: tuple[Path, dict[s
     assert [s["reason"] for s in packed.skipped] == [
         "row 2: no caption (the caption column is empty, or only white space)",
         "row 3: no caption (the caption column is empty, or only white space)"]
+
+
+def test_cli_names_the_line_of_a_csv_that_is_not_utf8(tmp_path: Path) -> None:
+    """A table saved as Latin-1: the line and the byte, not pyarrow's 0-based column number."""
+    (tmp_path / "pairs.csv").write_bytes("image,caption\na.jpg,ok\nb.jpg,café\n".encode("latin-1"))
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "pairs.csv"), str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (f"error: {tmp_path / 'pairs.csv'}: cannot parse the csv table (not UTF-8 text: "
+                                     "line 3 has the byte 0xe9; save the table as UTF-8)"), result.output
+    assert not (tmp_path / "out").exists()
