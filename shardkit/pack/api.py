@@ -203,7 +203,7 @@ def pack_listing(
         )
         made_here = not store.remote and not os.path.exists(store.path(""))  # removed again if nothing is packed
         state = prepare_destination(store, fp, plans, overwrite=overwrite, options=recorded,
-                                    versions=input_versions(listing))
+                                    versions=input_versions(listing), listing=listing)
         if state.complete is not None:
             return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
                               True)

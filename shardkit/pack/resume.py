@@ -14,6 +14,7 @@ from shardkit.index.manifest_io import read_manifest
 from shardkit.pack.plan import ShardPlan
 from shardkit.pack.write import STATE_DIR, ShardReceipt, receipt_name
 from shardkit.sources.base import SourceListing
+from shardkit.sources.coco import DROP_EMPTY
 from shardkit.storage import Store
 
 _PLAN_NAME = "plan.json"
@@ -104,10 +105,12 @@ def _reusable(store: Store, plans: list[ShardPlan]) -> dict[int, ShardReceipt]:
 
 
 def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwrite: bool,
-                        versions: str, options: dict[str, Any] | None = None) -> DestinationState:
+                        versions: str, options: dict[str, Any] | None = None,
+                        listing: SourceListing | None = None) -> DestinationState:
     """Decide what to do with DST and leave it ready for writing. ``fp``: the
     :func:`fingerprint`; ``versions``: the :func:`input_versions`; ``options``: the pack's
-    recorded options (what a refusal names when DST holds a pack made with others).
+    recorded options, and ``listing`` its source (what a refusal names when DST holds a pack
+    made with others).
 
     Raises:
         PackError: DST holds something else (another dataset, another unfinished pack, the
@@ -126,7 +129,9 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
             # Killed after index.json was written but before the clean-up: finish it now.
             _drop_leftovers(store, entries)
             return DestinationState(manifest, {})
-        raise DestinationInUse(f"holds a different packed dataset ({_difference(manifest.options, options)})",
+        packed = (manifest.kind, DROP_EMPTY in manifest.extra)
+        source = None if listing is None else (listing.kind, DROP_EMPTY in listing.extra)
+        raise DestinationInUse(f"holds a different packed dataset ({_difference(manifest.options, options, packed, source)})",
                                "pass --overwrite to replace it", where=store.url)
     if STATE_DIR in entries:
         state = store.child(STATE_DIR)
@@ -158,22 +163,36 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
     return DestinationState(None, {})
 
 
-def _difference(before: dict[str, Any], now: dict[str, Any] | None) -> str:
-    """What differs between a finished pack's recorded options and this one's, for a refusal.
+def _difference(before: dict[str, Any], now: dict[str, Any] | None, packed: tuple[str, bool] = ("", False),
+                source: tuple[str, bool] | None = None) -> str:
+    """What differs between a finished pack's recorded options and this one's, for a refusal;
+    ``packed`` and ``source``: the pack's and this source's kind, and whether each left out
+    COCO images without annotations (``--drop-empty``).
 
     Example:
         >>> _difference({"max_count": 64, "seed": 0, "fingerprint": "a"}, {"max_count": 1000, "seed": 0})
         'packed with max_count=64, now 1000'
-        >>> _difference({"max_count": 64, "fingerprint": "a"}, {"max_count": 64})
-        'same options, other input: source files, annotations, their order or --drop-empty differ'
+        >>> _difference({"max_count": 64, "fingerprint": "a"}, {"max_count": 64}, ("imagefolder", False),
+        ...             ("imagefolder", False))
+        'same options, other input: its files or their order differ'
+        >>> _difference({"max_count": 64, "fingerprint": "a"}, {"max_count": 64}, ("coco", True), ("coco", False))
+        'packed with --drop-empty, now without'
     """
     if now is None:
         return "other input or options"
     changed = [f"{k}={before.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(before) | set(now))
                if k != "fingerprint" and before.get(k) != now.get(k)]
-    if not changed:
+    said = ["packed with " + "; ".join(changed)] if changed else []
+    if source is not None and packed[0] == source[0] == "coco" and packed[1] != source[1]:
+        said.append("packed with --drop-empty, now without" if packed[1] else "packed without --drop-empty, now with")
+    if said:
+        return "; ".join(said)
+    if source is None:
         return "same options, other input: source files, annotations, their order or --drop-empty differ"
-    return "packed with " + "; ".join(changed)
+    if source[0] != packed[0]:
+        return f"same options, other input: the pack there is of kind {packed[0]!r}, this source of kind {source[0]!r}"
+    what = "its files, annotations or their order" if source[0] == "coco" else "its files or their order"
+    return f"same options, other input: {what} differ"
 
 
 def _check_shards(store: Store, manifest: Manifest, entries: list[str]) -> None:

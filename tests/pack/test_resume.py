@@ -39,11 +39,28 @@ def test_complete_destination_is_kept_or_refused(small_tree, tmp_path):
     with pytest.raises(PackError, match=r"different packed dataset \(packed with seed=0, now 5\)"):
         pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1)
     (small_tree / "class0" / "extra.jpg").write_bytes((small_tree / "class0" / "img0.jpg").read_bytes())
-    with pytest.raises(PackError, match=r"\(same options, other input: source files"):
+    with pytest.raises(PackError, match=r"\(same options, other input: its files or their order differ\)"):
         pack(str(small_tree), dst, workers=1)
     (small_tree / "class0" / "extra.jpg").unlink()
     redone = pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1, overwrite=True)
     assert redone.manifest.options["seed"] == 5
+
+
+def test_a_coco_pack_refused_over_drop_empty_says_so(tmp_path):
+    """Packed with --drop-empty, packed again without (or the other way): the refusal says which,
+    not that some input may differ."""
+    from shardkit.pack import pack_coco
+
+    coco = os.path.join(os.path.dirname(__file__), "..", "..", "sample_data", "coco")
+    images, annotations = os.path.join(coco, "images"), os.path.join(coco, "instances.json")
+    dst = str(tmp_path / "out")
+    pack_coco(images, annotations, dst, drop_empty=True, workers=1)
+    with pytest.raises(PackError, match=r"different packed dataset \(packed with --drop-empty, now without\)"):
+        pack_coco(images, annotations, dst, workers=1)
+    other = str(tmp_path / "other")
+    pack_coco(images, annotations, other, workers=1)
+    with pytest.raises(PackError, match=r"\(packed with seed=0, now 3; packed without --drop-empty, now with\)"):
+        pack_coco(images, annotations, other, drop_empty=True, options=PackOptions(seed=3), workers=1)
 
 
 def test_a_damaged_finished_pack_is_not_called_complete(small_tree, tmp_path):
