@@ -131,8 +131,9 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
             return DestinationState(manifest, {})
         packed = (manifest.kind, DROP_EMPTY in manifest.extra)
         source = None if listing is None else (listing.kind, DROP_EMPTY in listing.extra)
-        raise DestinationInUse(f"holds a different packed dataset ({_difference(manifest.options, options, packed, source)})",
-                               "pass --overwrite to replace it", where=store.url)
+        differs = _difference(manifest.options, options, packed, source)
+        raise DestinationInUse(f"holds a different packed dataset ({differs})", "pass --overwrite to replace it",
+                               where=store.url)
     if STATE_DIR in entries:
         state = store.child(STATE_DIR)
         # No plan: killed before it was recorded, so before any shard was written. Take it over.
