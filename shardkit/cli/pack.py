@@ -11,6 +11,7 @@ from shardkit.cli.location import FILE_OR_URL, LOCATION
 from shardkit.cli.progress import PackBar, bars_enabled
 from shardkit.cli.report import human_bytes, print_pack_summary, print_skipped
 from shardkit.cli.storage import storage_option_flag, storage_options
+from shardkit.cli.workers import WRITERS
 from shardkit.format.spec import IMAGE_EXTENSIONS
 from shardkit.pack import (
     Executor,
@@ -69,7 +70,7 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="Samples per shard at most.")
 @click.option("--max-size", default="256MB", show_default=True, callback=_size,
               help="Bytes per shard at most (e.g. 256MB, 1GiB).")
-@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N", show_default="all cores",
+@click.option("--workers", type=WRITERS, default="auto", show_default="auto: the cores this process may use",
               help="Writer processes.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
               metavar="[ADDRESS]",
@@ -166,7 +167,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     executor: Executor = "processes" if ray_address is None else "ray"
     address = None if ray_address in (None, "local") else ray_address
     bar = PackBar(bars_enabled(quiet))
-    procs = workers or os.cpu_count()
+    procs = workers
     bar.listing(src)
     warnings = _Warnings()
     pack_log = logging.getLogger("shardkit.pack")

@@ -282,3 +282,19 @@ def test_info_says_a_single_shards_samples_without_each(runner, small_tree, tmp_
     assert singles.exit_code == 0, singles.output
     info = runner.invoke(cli, ["info", str(tmp_path / "singles")])
     assert "shards    12  (1 sample each)\n" in info.output, info.output
+
+
+def test_pack_takes_workers_auto_as_the_loaders_commands_do(runner, small_tree, tmp_path):
+    """``--workers auto`` was refused by pack alone ("'auto' is not a valid integer range"); it is
+    the default, the cores this process may use, and gives the same bytes as one writer."""
+    from shardkit.cli.workers import WRITERS
+    from shardkit.machine import usable_cores
+
+    assert WRITERS.convert("auto", None, None) == usable_cores() and WRITERS.convert("2", None, None) == 2
+    auto = runner.invoke(cli, ["pack", str(small_tree), str(tmp_path / "auto"), "--workers", "auto"])
+    one = runner.invoke(cli, ["pack", str(small_tree), str(tmp_path / "one"), "--workers", "1"])
+    assert auto.exit_code == 0 and one.exit_code == 0, (auto.output, one.output)
+    assert ({p.name: p.read_bytes() for p in (tmp_path / "auto").iterdir()}
+            == {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()})
+    zero = runner.invoke(cli, ["pack", str(small_tree), str(tmp_path / "zero"), "--workers", "0"])
+    assert zero.exit_code == 2 and "0 is below 1" in zero.output, zero.output
