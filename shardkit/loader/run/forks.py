@@ -10,13 +10,20 @@ that collects it, whoever forked the worker: this loader, another ShardLoader, o
 
 :func:`freeze_forked_children` registers fork hooks, once per process. Right before each
 ``fork()`` the collector is switched off (the parent switches it back on right after, if it was
-on); the child, in its own hook, freezes every object it inherited (``gc.freeze``) and only then
-switches its collector on: it collects only what it allocates itself. Fork hooks registered before
-these (logging's) run after them and may wait for a lock (so may the fork, for the import lock),
-letting other threads make objects in the parent after the collector went off; the child freezes
-those too. Forks from several threads at once count as one: the first switches the collector off,
-the last to return in the parent switches it on again. The parent freezes and unfreezes nothing,
-so a program that froze objects itself keeps its freeze, and its children are protected as well.
+on); the child, in its own hook, freezes every object it has (``gc.freeze``): what it inherited,
+what other threads made in the parent while the fork waited (fork hooks registered before these,
+logging's, run after them and may wait for a lock, as the fork may for the import lock), and what
+earlier child hooks made. Only then does it switch its collector on, if it was on in the parent
+when the first of the forks in progress began: it collects only what it allocates itself. Forks
+from several threads at once count as one: the first switches the collector off, the last to
+return in the parent switches it on again. The parent freezes and unfreezes nothing, so a
+program's own freeze stays as it left it, and its children are protected as well. (Python 3.12
+starts with a few hundred objects frozen: a design that stood aside for a program's own freeze
+protected nothing there.)
+
+What the hooks cannot cover: a child hook registered before these that collects (``gc.collect()``)
+or switches the collector on, and another thread of the parent that switches the collector on
+while a fork is in progress, let a collection run before the child has frozen what it has.
 
 Frozen objects are never collected, but one can still be freed by its reference count: a cycle
 the child makes and collects may hold the last reference left to an inherited object. So the
@@ -74,13 +81,15 @@ def _before_fork() -> None:
     with _state:
         if _forking == 0:
             _was_enabled = gc.isenabled()
-            gc.disable()  # until the child has frozen what it inherited
         _forking += 1
+        gc.disable()  # until the child has frozen what it inherited
 
 
 def _after_fork_in_parent() -> None:
     global _forking
     with _state:
+        if _forking == 0:  # its before-hook was interrupted before it counted this fork
+            return
         _forking -= 1
         if _forking == 0 and _was_enabled:
             gc.enable()
