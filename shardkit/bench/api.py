@@ -29,6 +29,7 @@ from shardkit.bench.webdataset_plan import WebdatasetPlan, webdataset_plan
 from shardkit.errors import PackError, ShardkitError
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
+from shardkit.machine import usable_cores
 from shardkit.storage.store import is_remote
 
 
@@ -37,7 +38,7 @@ def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) 
     from shardkit.pack.resume import DestinationInUse
 
     per_shard = _per_shard(n_images, cfg.workers)
-    workers = cfg.pack_workers or os.cpu_count() or 1
+    workers = cfg.pack_workers or usable_cores()
     if sink is not None:
         sink.begin("packing", n_images)
     options = PackOptions(max_count=per_shard, jpeg_restart=cfg.jpeg_restart)

@@ -70,8 +70,8 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="Samples per shard at most.")
 @click.option("--max-size", default="256MB", show_default=True, callback=_size,
               help="Bytes per shard at most (e.g. 256MB, 1GiB).")
-@click.option("--workers", type=WRITERS, default="auto", show_default="auto: the cores this process may use",
-              help="Writer processes.")
+@click.option("--workers", type=WRITERS, default="auto", show_default=True,
+              help="Writer processes; auto: the cores this process may use.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
               metavar="[ADDRESS]",
               help="Write shards as Ray tasks: on a new local cluster of --workers CPUs (no "
@@ -114,7 +114,7 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool,
                  image_column: str | None, caption_column: str | None, extra_columns: str | None,
                  images_root: str | None, split: str | None, max_count: int, max_size: int,
-                 workers: int | None, ray_address: str | None,
+                 workers: int, ray_address: str | None,
                  shuffle: bool, seed: int, prefix: str, resize_max: int | None, quality: int,
                  jpeg_restart: int | None, uniform_names: bool, dali_index: bool,
                  decode_check: bool, overwrite: bool, max_skipped: SkipBudget | None, quiet: bool,
@@ -167,7 +167,6 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     executor: Executor = "processes" if ray_address is None else "ray"
     address = None if ray_address in (None, "local") else ray_address
     bar = PackBar(bars_enabled(quiet))
-    procs = workers
     bar.listing(src)
     warnings = _Warnings()
     pack_log = logging.getLogger("shardkit.pack")
@@ -178,18 +177,18 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
             try:
                 result = pack_captions(src, dst, image_column=image_column, caption_column=caption_column,
                                        extra_columns=columns, images_root=images_root, split=split, options=options,
-                                       workers=procs, overwrite=overwrite, storage_options=remote,
+                                       workers=workers, overwrite=overwrite, storage_options=remote,
                                        source_options=from_src, progress=bar, executor=executor,
                                        ray_address=address, max_skipped=max_skipped)
             except ValueError as err:  # an option that does not fit this SRC
                 raise click.UsageError(str(err)) from err
         elif annotations is not None:  # checked above: given exactly when packing COCO
             result = pack_coco(src, annotations, dst, drop_empty=drop_empty, options=options,
-                               workers=procs, overwrite=overwrite, storage_options=remote,
+                               workers=workers, overwrite=overwrite, storage_options=remote,
                                source_options=from_src, progress=bar, executor=executor,
                                ray_address=address, max_skipped=max_skipped)
         else:
-            result = pack(src, dst, options=options, workers=procs, overwrite=overwrite,
+            result = pack(src, dst, options=options, workers=workers, overwrite=overwrite,
                           storage_options=remote, source_options=from_src, progress=bar,
                           executor=executor, ray_address=address, max_skipped=max_skipped)
     except SkipBudgetError as err:

@@ -39,7 +39,8 @@ def pack(
             shards and ``index.json`` from either.
         dst: output directory or fsspec URL (``s3://bucket/prefix``, ``memory://x``).
         options: shard sizes, shuffling, re-encoding (:class:`PackOptions`).
-        workers: writer processes (default: all cores). Output does not depend on it.
+        workers: writer processes (default: the cores this process may use, its CPU affinity).
+            Output does not depend on it.
         overwrite: replace whatever shardkit files DST holds.
         storage_options: passed to fsspec for ``dst`` (credentials, endpoint).
         source_options: passed to fsspec for a URL ``src`` (default: ``storage_options``).

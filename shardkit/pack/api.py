@@ -18,6 +18,7 @@ from shardkit.errors import PackError, ShardkitError, SourceError, StorageError
 from shardkit.format.spec import key_width, normalize_extension
 from shardkit.index.manifest import Manifest, ShardEntry
 from shardkit.index.manifest_io import write_manifest
+from shardkit.machine import usable_cores
 from shardkit.pack import ray_exec
 from shardkit.pack.annotations import ANNOTATION_REPORT, annotation_report
 from shardkit.pack.lock import destination_lock
@@ -239,7 +240,7 @@ def pack_listing(
             # memory:// lives in this process only: shards written by worker processes would vanish,
             # and they would find no source files there.
             local_only = store.process_local or listing.files.process_local
-            procs = 1 if local_only else workers or os.cpu_count() or 1
+            procs = 1 if local_only else workers or usable_cores()
             if executor == "ray":
                 fresh, ray_nodes = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address,
                                                          on_done=shard_progress)

@@ -168,7 +168,8 @@ def _difference(before: dict[str, Any], now: dict[str, Any] | None, packed: tupl
                 source: tuple[str, bool] | None = None) -> str:
     """What differs between a finished pack's recorded options and this one's, for a refusal;
     ``packed`` and ``source``: the pack's and this source's kind, and whether each left out
-    COCO images without annotations (``--drop-empty``).
+    COCO images without annotations (``--drop-empty``, which a pack records in ``index.json``;
+    packs made before it was recorded have no record, so a missing one is not said as "without").
 
     Example:
         >>> _difference({"max_count": 64, "seed": 0, "fingerprint": "a"}, {"max_count": 1000, "seed": 0})
@@ -176,23 +177,27 @@ def _difference(before: dict[str, Any], now: dict[str, Any] | None, packed: tupl
         >>> _difference({"max_count": 64, "fingerprint": "a"}, {"max_count": 64}, ("imagefolder", False),
         ...             ("imagefolder", False))
         'same options, other input: its files or their order differ'
-        >>> _difference({"max_count": 64, "fingerprint": "a"}, {"max_count": 64}, ("coco", True), ("coco", False))
-        'packed with --drop-empty, now without'
+        >>> _difference({"seed": 0, "fingerprint": "a"}, {"seed": 3}, ("coco", True), ("coco", False))
+        'packed with seed=0, now 3; --drop-empty, now without'
     """
     if now is None:
         return "other input or options"
     changed = [f"{k}={before.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(before) | set(now))
                if k != "fingerprint" and before.get(k) != now.get(k)]
-    said = ["packed with " + "; ".join(changed)] if changed else []
     if source is not None and packed[0] == source[0] == "coco" and packed[1] != source[1]:
-        said.append("packed with --drop-empty, now without" if packed[1] else "packed without --drop-empty, now with")
-    if said:
-        return "; ".join(said)
+        if packed[1]:
+            changed.append("--drop-empty, now without")
+        else:
+            unrecorded = "this run has --drop-empty, which the pack there does not record"
+            return "packed with " + "; ".join(changed) + "; " + unrecorded if changed else unrecorded
+    if changed:
+        return "packed with " + "; ".join(changed)
     if source is None:
         return "same options, other input: source files, annotations, their order or --drop-empty differ"
     if source[0] != packed[0]:
-        return f"same options, other input: the pack there is of kind {packed[0]!r}, this source of kind {source[0]!r}"
-    what = "its files, annotations or their order" if source[0] == "coco" else "its files or their order"
+        return f"same options, other input: the pack there is of kind {packed[0]}, this source of kind {source[0]}"
+    what = {"coco": "its files, annotations or their order",
+            "captions": "its files, captions or their order"}.get(source[0], "its files or their order")
     return f"same options, other input: {what} differ"
 
 

@@ -116,7 +116,7 @@ def read_table(path: str, storage_options: dict[str, Any] | None = None) -> Any:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if fmt == "jsonl":  # pyarrow's rows count from 0, and a cut line reads as a type change
             first = _jsonl_problem(raw) or first
-        elif fmt in ("csv", "tsv"):  # pyarrow names a 0-based column and no row
+        elif fmt in ("csv", "tsv") and (raw[:2] in UTF16_BOMS or "UTF8" in first):  # a 0-based column, no row
             first = _not_utf8(raw) or first
         raise SourceError(f"cannot parse the {fmt} table ({first})", where=path) from err
     return table
@@ -253,6 +253,10 @@ def _parent(table: str) -> str:
     return os.path.dirname(os.path.abspath(table.removeprefix("file://")))
 
 
+#: The byte-order marks a UTF-16 file starts with (little and big endian).
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
 def _not_utf8(raw: bytes) -> str | None:
     """Where a CSV or TSV table is not UTF-8 text, said by its line (the header is line 1; a quoted
     cell may span lines), or None.
@@ -260,11 +264,16 @@ def _not_utf8(raw: bytes) -> str | None:
     Example:
         >>> _not_utf8("image,caption\\na.jpg,ok\\nb.jpg,caf\\xe9\\n".encode("latin-1"))
         'not UTF-8 text: line 3 has the byte 0xe9; save the table as UTF-8'
+        >>> _not_utf8("image,caption\\n".encode("utf-16"))
+        'UTF-16 text; save the table as UTF-8'
     """
+    if raw[:2] in UTF16_BOMS:
+        return "UTF-16 text; save the table as UTF-8"
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
+        newline = b"\n" if b"\n" in raw else b"\r"  # old Mac files end lines with CR alone
+        line = raw.count(newline, 0, err.start) + 1
         return f"not UTF-8 text: line {line} has the byte 0x{raw[err.start]:02x}; save the table as UTF-8"
     return None
 

@@ -322,11 +322,24 @@ def test_empty_captions_are_skipped_with_their_reason(folder: tuple[Path, dict[s
         "row 3: no caption (the caption column is empty, or only white space)"]
 
 
-def test_cli_names_the_line_of_a_csv_that_is_not_utf8(tmp_path: Path) -> None:
-    """A table saved as Latin-1: the line and the byte, not pyarrow's 0-based column number."""
-    (tmp_path / "pairs.csv").write_bytes("image,caption\na.jpg,ok\nb.jpg,café\n".encode("latin-1"))
+@pytest.mark.parametrize(("text", "encoding", "problem"), [
+    ("image,caption\na.jpg,ok\nb.jpg,café\n", "latin-1", "not UTF-8 text: line 3 has the byte 0xe9"),
+    ("image,caption\ra.jpg,ok\rb.jpg,café\r", "latin-1", "not UTF-8 text: line 3 has the byte 0xe9"),
+    ("image,caption\na.jpg,café\n", "utf-16", "UTF-16 text"),
+])
+def test_cli_names_the_line_of_a_csv_that_is_not_utf8(tmp_path: Path, text: str, encoding: str, problem: str) -> None:
+    """A table saved as Latin-1 (lines ended by LF or by CR alone) or UTF-16: where it stops being
+    UTF-8, not pyarrow's 0-based column number or a column count."""
+    (tmp_path / "pairs.csv").write_bytes(text.encode(encoding))
     result = CliRunner().invoke(cli, ["pack", str(tmp_path / "pairs.csv"), str(tmp_path / "out")])
     assert result.exit_code == 1, result.output
-    assert result.output.strip() == (f"error: {tmp_path / 'pairs.csv'}: cannot parse the csv table (not UTF-8 text: "
-                                     "line 3 has the byte 0xe9; save the table as UTF-8)"), result.output
+    assert result.output.strip() == (f"error: {tmp_path / 'pairs.csv'}: cannot parse the csv table ({problem}; "
+                                     "save the table as UTF-8)"), result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_csv_that_is_not_utf8_keeps_a_parse_error_of_its_own(tmp_path: Path) -> None:
+    """A Latin-1 table whose line 2 has a column too many: that is what the refusal says first."""
+    (tmp_path / "pairs.csv").write_bytes("image,caption\na.jpg,a,extra\nb.jpg,café\n".encode("latin-1"))
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "pairs.csv"), str(tmp_path / "out")])
+    assert result.exit_code == 1 and "Expected 2 columns, got 3: a.jpg,a,extra" in result.output, result.output

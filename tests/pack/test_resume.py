@@ -59,7 +59,8 @@ def test_a_coco_pack_refused_over_drop_empty_says_so(tmp_path):
         pack_coco(images, annotations, dst, workers=1)
     other = str(tmp_path / "other")
     pack_coco(images, annotations, other, workers=1)
-    with pytest.raises(PackError, match=r"\(packed with seed=0, now 3; packed without --drop-empty, now with\)"):
+    with pytest.raises(PackError, match=r"\(packed with seed=0, now 3; this run has --drop-empty, which the pack "
+                                        r"there does not record\)"):
         pack_coco(images, annotations, other, drop_empty=True, options=PackOptions(seed=3), workers=1)
 
 
