@@ -3,6 +3,7 @@ pack's writer count."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -13,52 +14,33 @@ from shardkit.machine import auto_workers, usable_cores
 __all__ = ["WORKERS", "WRITERS"]
 
 
-class _Workers(click.ParamType):
-    """An int >= 0, or ``auto``: what ``num_workers="auto"`` picks on this machine."""
+class _Count(click.ParamType):
+    """An int >= ``minimum``, or ``auto``: what ``auto()`` picks on this machine."""
 
     name = "N|auto"
+
+    def __init__(self, minimum: int, auto: Callable[[], int], what: str) -> None:
+        self.minimum, self.auto, self.what = minimum, auto, what
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             count = value
         elif str(value).strip().lower() == "auto":
             try:
-                return auto_workers()
+                return self.auto()
             except LoaderError as err:
                 self.fail(f"auto: {err.message}", param, ctx)
         else:
             try:
                 count = int(str(value))
             except ValueError:
-                self.fail(f"{value!r} is neither a count of workers nor 'auto'", param, ctx)
-        if count < 0:
-            self.fail(f"{count} is below 0", param, ctx)
+                self.fail(f"{value!r} is neither a count of {self.what} nor 'auto'", param, ctx)
+        if count < self.minimum:
+            self.fail(f"{count} is below {self.minimum}", param, ctx)
         return count
 
 
-#: The ``type=`` of a ``--workers`` option of the loader.
-WORKERS = _Workers()
-
-
-class _Writers(click.ParamType):
-    """An int >= 1, or ``auto``: the cores this process may run on (``pack --workers``)."""
-
-    name = "N|auto"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            count = value
-        elif str(value).strip().lower() == "auto":
-            return usable_cores()
-        else:
-            try:
-                count = int(str(value))
-            except ValueError:
-                self.fail(f"{value!r} is neither a count of writers nor 'auto'", param, ctx)
-        if count < 1:
-            self.fail(f"{count} is below 1", param, ctx)
-        return count
-
-
-#: The ``type=`` of ``shardkit pack --workers``.
-WRITERS = _Writers()
+#: The ``type=`` of a ``--workers`` option of the loader: ``num_workers="auto"``'s count.
+WORKERS = _Count(0, auto_workers, "workers")
+#: The ``type=`` of ``shardkit pack --workers``: auto is the cores this process may run on.
+WRITERS = _Count(1, usable_cores, "writers")
