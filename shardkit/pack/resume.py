@@ -179,6 +179,8 @@ def _difference(before: dict[str, Any], now: dict[str, Any] | None, packed: tupl
         'same options, other input: its files or their order differ'
         >>> _difference({"seed": 0, "fingerprint": "a"}, {"seed": 3}, ("coco", True), ("coco", False))
         'packed with seed=0, now 3; --drop-empty, now without'
+        >>> _difference({"seed": 0, "fingerprint": "a"}, {"seed": 3}, ("coco", False), ("imagefolder", False))
+        'packed with seed=0, now 3; the pack there is of kind coco, this source of kind imagefolder'
     """
     if now is None:
         return "other input or options"
@@ -190,12 +192,14 @@ def _difference(before: dict[str, Any], now: dict[str, Any] | None, packed: tupl
         else:
             unrecorded = "this run has --drop-empty, which the pack there does not record"
             return "packed with " + "; ".join(changed) + "; " + unrecorded if changed else unrecorded
+    other_kind = (f"the pack there is of kind {packed[0]}, this source of kind {source[0]}"
+                  if source is not None and source[0] != packed[0] else "")
     if changed:
-        return "packed with " + "; ".join(changed)
+        return "packed with " + "; ".join(changed) + (f"; {other_kind}" if other_kind else "")
     if source is None:
         return "same options, other input: source files, annotations, their order or --drop-empty differ"
-    if source[0] != packed[0]:
-        return f"same options, other input: the pack there is of kind {packed[0]}, this source of kind {source[0]}"
+    if other_kind:
+        return f"same options, other input: {other_kind}"
     what = {"coco": "its files, annotations or their order",
             "captions": "its files, captions or their order"}.get(source[0], "its files or their order")
     return f"same options, other input: {what} differ"
