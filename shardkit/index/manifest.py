@@ -143,8 +143,8 @@ class Manifest:
             )
         kind = doc.get("kind")
         if kind not in KINDS:
-            raise ManifestError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})",
-                                where=where)
+            what = "no \"kind\"" if kind is None else f"unknown kind {kind!r}"
+            raise ManifestError(f"{what} (expected one of {', '.join(KINDS)})", where=where)
         if kind in KIND_VERSIONS or "kind_version" in doc:
             _check_kind_version(kind, doc.get("kind_version"), where)
 
