@@ -13,6 +13,7 @@ import click
 from shardkit.cli.bench_args import (
     CLASSIFIER_SHARDS,
     DETECTOR_SHARDS,
+    PIXELS,
     BenchError,
     check_source,
     dali_threads_option,
@@ -47,8 +48,8 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "CocoDetection is measured against ShardLoader with detection_train(--size, --max-size): "
                    "its COCO route, and with --device cuda its COCO GPU route too. With --train DETECTOR: they "
                    "feed a detection training step.")
-@click.option("--max-size", default=1333, show_default=True, type=click.IntRange(min=1),
-              help="--annotations: the longer side's limit after resizing.")
+@click.option("--max-size", default=1333, show_default=True, type=PIXELS,
+              help="--annotations: the longer side's limit after resizing, in pixels.")
 @click.option("--captions", is_flag=True,
               help="SRC is a captioned source (a folder of images with .txt sidecars, a caption table "
                    "or a saved HF dataset): plain webdataset (decode('pil').to_tuple('jpg', 'txt')) against "

@@ -1,10 +1,11 @@
 """The checks ``shardkit bench`` makes of its command line before any work: its paths, the
-options that fit the bench it runs, and the values of ``--feeders`` and ``--dali-threads``; each
-bad one is one line (a usage error, or a :class:`BenchError`)."""
+options that fit the bench it runs, and the values of ``--feeders``, ``--dali-threads`` and
+``--max-size``; each bad one is one line (a usage error, or a :class:`BenchError`)."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -82,6 +83,29 @@ def check_source(src: str, annotations: str | None, *, captions: bool = False) -
     if annotations is not None and not os.path.isfile(annotations):
         what = "is a directory, not a COCO instances JSON file" if os.path.isdir(annotations) else "does not exist"
         raise BenchError(what, where=f"--annotations {annotations}")
+
+
+class _Pixels(click.ParamType):
+    """A side length in pixels, >= 1. A byte size (``256MB``, what ``pack --max-size`` takes) is
+    told apart from a typo."""
+
+    name = "PIXELS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            pixels = int(str(value))
+        except ValueError:
+            if str(value).strip()[-1:].lower() == "b":
+                self.fail(f"{value!r}: here it is the longer image side in pixels (pack's --max-size is bytes "
+                          "per shard)", param, ctx)
+            self.fail(f"{value!r} is not a number of pixels", param, ctx)
+        if pixels < 1:
+            self.fail(f"{pixels} is below 1", param, ctx)
+        return pixels
+
+
+#: The ``type=`` of bench's ``--max-size``.
+PIXELS = _Pixels()
 
 
 def writable(path: str, option: str) -> str:

@@ -128,3 +128,12 @@ def test_bench_refuses_damaged_shards_before_it_runs(tree: Path, tmp_path: Path)
         assert result.output.startswith(f"error: --shards {shards} is damaged: {names[1]} has 1,000 bytes, "
                                         "index.json says "), result.output
         assert f"; {names[2]} is missing; shardkit verify {shards} tells more" in result.output, result.output
+
+
+def test_max_size_given_as_bytes_is_told_apart_from_pixels(tree: Path) -> None:
+    """``--max-size 256MB`` is pack's meaning (bytes per shard); bench's is the longer image side in
+    pixels: the refusal says which (it read "'256MB' is not a valid integer range")."""
+    bytes_said = "'256MB': here it is the longer image side in pixels (pack's --max-size is bytes per shard)"
+    for value, said in (("256MB", bytes_said), ("big", "'big' is not a number of pixels"), ("0", "0 is below 1")):
+        result = CliRunner().invoke(cli, ["bench", str(tree), "--max-size", value])
+        assert result.exit_code == 2 and said in result.output, result.output
