@@ -12,6 +12,7 @@ from click.core import ParameterSource
 
 from shardkit.bench.report import check_writable
 from shardkit.errors import ShardkitError
+from shardkit.pack.options import parse_size
 
 __all__ = ["CLASSIFIER_SHARDS", "DETECTOR_SHARDS", "BenchError", "check_source", "dali_threads_option",
            "feeders_option", "needs_shards", "png_path", "refuse_other_modes_options", "writable"]
@@ -95,13 +96,22 @@ class _Pixels(click.ParamType):
         try:
             pixels = int(str(value))
         except ValueError:
-            if str(value).strip()[-1:].lower() == "b":
-                self.fail(f"{value!r}: here it is the longer image side in pixels (pack's --max-size is bytes "
-                          "per shard)", param, ctx)
-            self.fail(f"{value!r} is not a number of pixels", param, ctx)
+            if _is_byte_size(str(value)):
+                self.fail(f"{value!r} is a byte size: bench's --max-size is the longer image side in pixels "
+                          "(pack's is bytes per shard)", param, ctx)
+            self.fail(f"{value!r} is not a whole number of pixels", param, ctx)
         if pixels < 1:
             self.fail(f"{pixels} is below 1", param, ctx)
         return pixels
+
+
+def _is_byte_size(text: str) -> bool:
+    """Whether ``text`` is a size with a unit, as ``pack --max-size`` takes it (``256MB``, ``1G``)."""
+    try:
+        parse_size(text)
+    except ValueError:
+        return False
+    return any(c.isalpha() for c in text)
 
 
 #: The ``type=`` of bench's ``--max-size``.

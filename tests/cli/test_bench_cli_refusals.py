@@ -133,7 +133,9 @@ def test_bench_refuses_damaged_shards_before_it_runs(tree: Path, tmp_path: Path)
 def test_max_size_given_as_bytes_is_told_apart_from_pixels(tree: Path) -> None:
     """``--max-size 256MB`` is pack's meaning (bytes per shard); bench's is the longer image side in
     pixels: the refusal says which (it read "'256MB' is not a valid integer range")."""
-    bytes_said = "'256MB': here it is the longer image side in pixels (pack's --max-size is bytes per shard)"
-    for value, said in (("256MB", bytes_said), ("big", "'big' is not a number of pixels"), ("0", "0 is below 1")):
+    bytes_said = "is a byte size: bench's --max-size is the longer image side in pixels (pack's is bytes per shard)"
+    for value, said in (("256MB", f"'256MB' {bytes_said}"), ("1G", f"'1G' {bytes_said}"),
+                        ("thumb", "'thumb' is not a whole number of pixels"),
+                        ("1.5", "'1.5' is not a whole number of pixels"), ("0", "0 is below 1")):
         result = CliRunner().invoke(cli, ["bench", str(tree), "--max-size", value])
         assert result.exit_code == 2 and said in result.output, result.output
