@@ -79,12 +79,14 @@ def scan_caption_folder(root: str, *, storage_options: dict[str, Any] | None = N
     if not files.is_dir():
         raise SourceError("source directory does not exist or is not a directory", where=files.root)
     [entries] = files.walk([""])
+    warnings: list[dict[str, str]] = [{"source": source_name(e.rel), "reason": e.problem}
+                                      for e in entries if e.problem]
+    entries = [e for e in entries if not e.problem]
     by_rel = {e.rel: e for e in entries}
     images = [e for e in entries if e.rel.lower().endswith(_SUFFIXES)]
     if not images:
         raise SourceError("no image files here: a captioned folder holds images (jpg, png, ...) with a .txt "
                           "caption beside each", where=files.root)
-    warnings: list[dict[str, str]] = []
     wanted: list[tuple[FileEntry, FileEntry, FileEntry | None]] = []
     for image in images:
         stem = posixpath.splitext(image.rel)[0]

@@ -45,6 +45,9 @@ class FileEntry:
     rel: str
     size: int
     version: str
+    #: Set on a folder that was not walked, and why (it cannot be read, or a link leads back to
+    #: a folder above it): not a file, but a skipped input to report.
+    problem: str = ""
 
 
 class Files(ABC):
@@ -76,7 +79,8 @@ class Files(ABC):
     @abstractmethod
     def walk(self, dirs: Sequence[str]) -> list[list[FileEntry]]:
         """For each of ``dirs`` (relative to ``root``), every file under it, recursively (links
-        followed), in the order of ``sorted(os.walk(...))``: by directory, then by name."""
+        followed), in the order of ``sorted(os.walk(...))``: by directory, then by name. A
+        folder that could not be walked comes as an entry with :attr:`FileEntry.problem` set."""
 
     @abstractmethod
     def stat(self, rels: Sequence[str]) -> list[FileEntry]:

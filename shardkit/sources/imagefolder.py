@@ -2,7 +2,10 @@
 
 Classes are the sorted sub-directories of the root (``os.scandir``, following links); samples
 are the files under each class directory (``os.walk`` with ``followlinks=True``, sorted) whose
-lower-cased name ends with one of torchvision's image extensions. The root may be an fsspec URL
+lower-cased name ends with one of torchvision's image extensions. Two departures, both reported as
+skipped inputs: a folder that cannot be read (``os.walk`` passes over it without a word), and a link
+back to a folder above it, which is not followed (``os.walk`` follows it until the path is too
+long: each image found dozens of times, or a walk that never ends). The root may be an fsspec URL
 (``s3://bucket/train``): the same rules over the object listing (a class is a prefix holding
 objects) give the same samples, order and labels as the same tree on disk.
 """
@@ -51,9 +54,14 @@ def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None
     files = open_files(root, storage_options)
     classes = find_classes(files)
     samples: list[SourceSample] = []
+    warnings: list[dict[str, str]] = []
     empty: list[str] = []
     for label, (name, entries) in enumerate(zip(classes, files.walk(classes), strict=True)):
-        images = [e for e in entries if e.rel.lower().endswith(_SUFFIXES)]
+        for e in entries:
+            if e.problem and e.rel == name:  # the class folder itself
+                raise SourceError(f"class folder {name}: {e.problem}", where=files.root)
+        warnings.extend({"source": source_name(e.rel), "reason": e.problem} for e in entries if e.problem)
+        images = [e for e in entries if not e.problem and e.rel.lower().endswith(_SUFFIXES)]
         samples.extend(SourceSample(e.path, source_name(e.rel), e.size, label, version=e.version)
                        for e in images)
         if not images:
@@ -61,4 +69,4 @@ def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None
     if empty:
         raise SourceError(f"no image files in class folder(s): {', '.join(empty)}", where=files.root)
     return SourceListing(kind="imagefolder", root=files.root, samples=samples, classes=classes,
-                         files=files)
+                         warnings=warnings, files=files)

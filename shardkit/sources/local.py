@@ -54,6 +54,56 @@ def read_local(path: str) -> bytes:
     return b"".join(chunks)
 
 
+def walk_following_links(top: str) -> tuple[list[tuple[str, list[str]]], list[tuple[str, str]]]:
+    """What ``sorted(os.walk(top, followlinks=True))`` gives, as ``(dirpath, filenames)``, and the
+    folders it would have passed over or followed for ever, as ``(path, why)``.
+
+    ``os.walk`` drops a folder it cannot list without a word, and follows a link that leads back
+    to a folder above it (``self -> .``) until the path is too long to resolve: one image found
+    dozens of times, or, with two such links, a walk that never ends. Here such a link is not
+    followed and such a folder is reported; every other link is followed, as ``os.walk`` does
+    (two links to one folder list its files twice, as torchvision's ImageFolder does).
+    """
+    found: list[tuple[str, list[str]]] = []
+    problems: list[tuple[str, str]] = []
+    try:
+        st = os.stat(top)
+    except OSError as err:
+        return found, [(top, f"unreadable folder ({err.strerror or err})")]
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(top, frozenset([(st.st_dev, st.st_ino)]))]
+    while stack:
+        path, above = stack.pop()
+        try:
+            with os.scandir(path) as listing:
+                entries = list(listing)
+        except OSError as err:
+            problems.append((path, f"unreadable folder ({err.strerror or err})"))
+            continue
+        files = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                files.append(entry.name)
+                continue
+            try:
+                st = os.stat(entry.path)
+            except OSError as err:
+                problems.append((entry.path, f"unreadable folder ({err.strerror or err})"))
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in above:
+                problems.append((entry.path, "leads back to a folder above it (a loop of links): not followed"))
+                continue
+            stack.append((entry.path, above | {key}))
+        found.append((path, files))
+    found.sort(key=lambda item: item[0])
+    problems.sort()
+    return found, problems
+
+
 def _entry(path: str, rel: str) -> FileEntry:
     try:
         st = os.stat(path)
@@ -98,13 +148,17 @@ class LocalFiles(Files):
     def walk(self, dirs: Sequence[str]) -> list[list[FileEntry]]:
         out = []
         for d in dirs:
-            entries = []
-            for dirpath, _, fnames in sorted(os.walk(os.path.join(self.root, d), followlinks=True)):
+            found, problems = walk_following_links(os.path.join(self.root, d))
+            entries = [FileEntry(path, self._rel(path), -1, "", problem) for path, problem in problems]
+            for dirpath, fnames in found:
                 for fname in sorted(fnames):
                     path = os.path.join(dirpath, fname)
-                    entries.append(_entry(path, os.path.relpath(path, self.root).replace(os.sep, "/")))
+                    entries.append(_entry(path, self._rel(path)))
             out.append(entries)
         return out
+
+    def _rel(self, path: str) -> str:
+        return os.path.relpath(path, self.root).replace(os.sep, "/")
 
     def stat(self, rels: Sequence[str]) -> list[FileEntry]:
         return [_entry(os.path.join(self.root, *rel.split("/")), rel) for rel in rels]

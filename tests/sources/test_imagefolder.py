@@ -53,3 +53,78 @@ def test_class_folder_without_images(tmp_path):
                {"cat/a.jpg": encode_image(), "dog/readme.txt": b"x", "emu/sub/b.txt": b"y"})
     with pytest.raises(SourceError, match="no image files in class folder\\(s\\): dog, emu"):
         scan_imagefolder(str(tmp_path))
+
+
+def test_a_link_back_to_a_folder_above_is_not_followed_and_is_reported(tmp_path):
+    """``os.walk`` follows ``self -> .`` until the path is too long (each image listed dozens of
+    times), and ``up -> ..`` beside it makes a walk that never ends: neither link is followed,
+    and each is a skipped input with its reason. Other links are followed, as ImageFolder does."""
+    write_tree(tmp_path, {"a/x.jpg": encode_image(), "b/y.jpg": encode_image()})
+    os.symlink(".", tmp_path / "a" / "self")
+    os.symlink("..", tmp_path / "a" / "up")
+    listing = scan_imagefolder(str(tmp_path))
+    assert [(s.rel, s.label) for s in listing.samples] == [("a/x.jpg", 0), ("a/up/b/y.jpg", 0), ("b/y.jpg", 1)]
+    assert listing.warnings == [
+        {"source": "a/self", "reason": "leads back to a folder above it (a loop of links): not followed"},
+        {"source": "a/up/a", "reason": "leads back to a folder above it (a loop of links): not followed"}]
+
+
+def test_the_walk_gives_os_walks_order_where_there_is_no_loop(tmp_path):
+    from shardkit.sources.local import walk_following_links
+
+    root = make_tricky_tree(tmp_path)
+    found, problems = walk_following_links(str(root))
+    assert problems == []
+    assert [(d, sorted(f)) for d, f in found] == [(d, sorted(f)) for d, _, f in sorted(os.walk(root, followlinks=True))]
+
+
+_SCAN = """
+import json, sys
+from shardkit.errors import SourceError
+from shardkit.sources import scan_imagefolder
+try:
+    listing = scan_imagefolder(sys.argv[1])
+except SourceError as err:
+    print(json.dumps({"error": str(err)}))
+else:
+    print(json.dumps({"samples": [s.rel for s in listing.samples], "warnings": listing.warnings}))
+"""
+
+
+def _scan_without_root_override(root):
+    """scan_imagefolder(root) in a process that file permissions apply to (as root: without the
+    capabilities that override them)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", _SCAN, str(root)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: file permissions cannot apply")
+        drop = "-dac_override,-dac_read_search"
+        command = ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}", *command]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_an_unreadable_folder_is_a_skipped_input_and_an_unreadable_class_an_error(tmp_path):
+    """``os.walk`` passes over a folder it cannot list without a word: its images would be
+    missing from the pack with nothing said."""
+    write_tree(tmp_path, {"a/x.jpg": encode_image(), "a/sub/y.jpg": encode_image(), "b/z.jpg": encode_image()})
+    (tmp_path / "a" / "sub").chmod(0)
+    try:
+        got = _scan_without_root_override(tmp_path)
+        assert got == {"samples": ["a/x.jpg", "b/z.jpg"],
+                       "warnings": [{"source": "a/sub", "reason": "unreadable folder (Permission denied)"}]}
+    finally:
+        (tmp_path / "a" / "sub").chmod(0o755)
+    (tmp_path / "b").chmod(0)
+    try:
+        got = _scan_without_root_override(tmp_path)
+        assert got["error"].endswith("class folder b: unreadable folder (Permission denied)"), got
+    finally:
+        (tmp_path / "b").chmod(0o755)
