@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from shardkit.cli.bench_args import (
     CLASSIFIER_SHARDS,
@@ -146,6 +147,11 @@ def bench_command(src: str, annotations: str | None, max_size: int, captions: bo
     """
     if captions and (annotations is not None or train_model is not None):
         raise click.UsageError("--captions times the loaders alone: leave out --annotations and --train")
+    given = click.get_current_context().get_parameter_source
+    if annotations is None and given("max_size") is ParameterSource.COMMANDLINE:
+        raise click.UsageError("--max-size applies with --annotations (a COCO bench's longer-side limit)")
+    if not captions and given("context_length") is ParameterSource.COMMANDLINE:
+        raise click.UsageError("--context-length applies with --captions (tokens per caption)")
     check_source(src, annotations, captions=captions)
     size = size or (800 if annotations is not None else 224)
     detector = train_model in DETECTORS

@@ -129,6 +129,14 @@ def writable(path: str, option: str) -> str:
         raise BenchError("names a folder (it ends in /); name the file to write (e.g. DIR/report.json)",
                          where=f"{option} {path}")
     parent = os.path.dirname(os.path.realpath(path))
+    missing = []
+    folder = parent
+    while folder and not os.path.lexists(folder) and folder != os.path.dirname(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    ctx = click.get_current_context(silent=True)
+    if missing and ctx is not None:  # a bench refused or stopped before its report leaves none behind
+        ctx.call_on_close(lambda: _remove_if_empty(missing))
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as err:
@@ -143,6 +151,15 @@ def writable(path: str, option: str) -> str:
     except OSError as err:
         raise BenchError(f"cannot be written ({err.strerror or err})", where=f"{option} {path}") from None
     return path
+
+
+def _remove_if_empty(folders: list[str]) -> None:
+    """Remove ``folders`` (deepest first) that :func:`writable` created, where nothing was written."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:  # something was written there (or it is gone): keep the rest as well
+            return
 
 
 def _not_a_folder(folder: str) -> str | None:

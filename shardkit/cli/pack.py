@@ -31,6 +31,27 @@ from shardkit.storage import is_remote
 IMAGE_SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
 
 
+def _refuse_options_without_effect(src: str, dst: str, annotations: str | None, images_root: str | None,
+                                   captions: bool, resize_max: int | None, shuffle: bool,
+                                   storage_option: tuple[str, ...], source_option: tuple[str, ...]) -> None:
+    """An option given that this pack would not use is an error, not a silent no-op: a pack
+    records its options, so one that did nothing would still refuse a later re-run without it."""
+    given = click.get_current_context().get_parameter_source
+    if resize_max is None and given("quality") is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--quality applies with --resize-max only (the quality of the images it "
+                               "re-encodes); other images are packed as they are")
+    if not shuffle and given("seed") is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--seed applies with --shuffle only (it seeds the shuffle); --no-shuffle "
+                               "packs in the source's order")
+    # a caption table may list image URLs, whatever the table's own location
+    urls_inside = captions and is_table(src)
+    sources = [u for u in (src, annotations, images_root) if u is not None]
+    if source_option and not urls_inside and not any(is_remote(u) for u in sources):
+        raise click.UsageError(f"--source-option applies to a URL SRC (or --annotations URL); {src} is a local path")
+    if storage_option and not urls_inside and not any(is_remote(u) for u in (*sources, dst)):
+        raise click.UsageError(f"--storage-option applies to URLs; {src} and {dst} are local paths")
+
+
 def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
     try:
         return parse_size(value)
@@ -154,6 +175,8 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     if coco and resize_max is not None:
         raise click.UsageError("--resize-max is not supported for COCO (it would invalidate the "
                                "boxes)")
+    _refuse_options_without_effect(src, dst, annotations, images_root, captions, resize_max, shuffle,
+                                   storage_option, source_option)
     try:
         options = PackOptions(max_count=max_count, max_size=max_size, shuffle=shuffle, seed=seed,
                               prefix=prefix, resize_max=resize_max, quality=quality,

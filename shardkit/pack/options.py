@@ -82,6 +82,13 @@ class PackOptions:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         if self.resize_max is not None and self.resize_max < 1:
             raise ValueError(f"resize_max must be >= 1 pixel, got {self.resize_max}")
+        # an option that would change nothing is refused: recorded, it would refuse a re-run without it
+        if self.resize_max is None and self.quality != 90:
+            raise ValueError(f"quality={self.quality} applies with resize_max only (the quality of the images it "
+                             "re-encodes); other images are packed as they are")
+        if not self.shuffle and self.seed != 0:
+            raise ValueError(f"seed={self.seed} applies with shuffle=True only; shuffle=False packs in the "
+                             "source's order")
         if self.jpeg_restart is not None:
             if self.jpeg_restart < 1:
                 raise ValueError(f"jpeg_restart must be >= 1 MCU, got {self.jpeg_restart}")

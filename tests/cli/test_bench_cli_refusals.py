@@ -139,3 +139,16 @@ def test_max_size_given_as_bytes_is_told_apart_from_pixels(tree: Path) -> None:
                         ("1.5", "'1.5' is not a whole number of pixels"), ("0", "0 is below 1")):
         result = CliRunner().invoke(cli, ["bench", str(tree), "--max-size", value])
         assert result.exit_code == 2 and said in result.output, result.output
+
+
+def test_an_option_of_another_source_kind_is_refused_and_a_refused_bench_leaves_no_out_folder(
+        tree: Path, tmp_path: Path) -> None:
+    for args, says in [(["--max-size", "500"], "--max-size applies with --annotations"),
+                       (["--context-length", "10"], "--context-length applies with --captions")]:
+        result = CliRunner().invoke(cli, ["bench", str(tree), *args, "-q"])
+        assert result.exit_code == 2 and f"Error: {says}" in result.output, result.output
+    out = tmp_path / "new" / "deeper" / "report.json"
+    refused = CliRunner().invoke(cli, ["bench", str(tree), "--out", str(out), "--batch-size", "8", "--epochs", "1",
+                                       "--warmup", "3", "--workers", "0", "-q"])
+    assert refused.exit_code == 1 and refused.output.startswith("error: "), refused.output
+    assert not (tmp_path / "new").exists()

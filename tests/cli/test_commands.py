@@ -298,3 +298,16 @@ def test_pack_takes_workers_auto_as_the_loaders_commands_do(runner, small_tree, 
             == {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()})
     zero = runner.invoke(cli, ["pack", str(small_tree), str(tmp_path / "zero"), "--workers", "0"])
     assert zero.exit_code == 2 and "0 is below 1" in zero.output, zero.output
+
+
+def test_an_option_this_pack_would_not_use_is_refused(runner, small_tree, tmp_path):
+    """A pack records its options: one that did nothing (--quality without --resize-max, --seed
+    with --no-shuffle, fsspec options where every path is local) still refused a re-run without it."""
+    for args, says in [(["--quality", "50"], "--quality applies with --resize-max only"),
+                       (["--no-shuffle", "--seed", "5"], "--seed applies with --shuffle only"),
+                       (["--source-option", "anon=true"], "--source-option applies to a URL SRC"),
+                       (["-o", "anon=true"], "--storage-option applies to URLs")]:
+        result = _pack(runner, small_tree, tmp_path / "o", *args)
+        assert result.exit_code == 2 and f"Error: {says}" in result.output, (args, result.output)
+        assert not (tmp_path / "o").exists()
+    assert _pack(runner, small_tree, tmp_path / "o", "--resize-max", "16", "--quality", "50").exit_code == 0

@@ -43,3 +43,13 @@ def test_sample_order_is_a_seeded_permutation():
     assert (order == sample_order(1000, shuffle=True, seed=1)
             != sample_order(1000, shuffle=True, seed=2))
     assert plan_shards([], max_count=1, max_size=1, shuffle=True, seed=0, prefix="p") == []
+
+
+def test_options_that_would_change_nothing_are_refused():
+    """Recorded in index.json, an option without effect would refuse a later re-run without it."""
+    with pytest.raises(ValueError, match="quality=50 applies with resize_max only"):
+        PackOptions(quality=50)
+    with pytest.raises(ValueError, match="seed=5 applies with shuffle=True only"):
+        PackOptions(shuffle=False, seed=5)
+    assert PackOptions(resize_max=64, quality=50).quality == 50
+    assert PackOptions(shuffle=False).seed == 0
