@@ -84,8 +84,8 @@ class ShardLoader:
         transform: an :class:`~shardkit.transforms.ImageTransform` such as
             ``transforms.imagenet_train(224)`` (images come as one uint8 ``[B,3,H,W]`` tensor,
             finalised on ``device``), any callable on uint8 ``[3,H,W]`` tensors (a batch of
-            tensors, or of numpy arrays, of one shape is one stacked tensor; tuples, lists and
-            dicts of them are joined as ``default_collate`` joins them; else a list), or
+            tensors, or of numpy arrays, of one shape is one stacked tensor; numbers, and tuples,
+            lists and dicts of these, are joined as ``default_collate`` joins them; else a list), or
             ``None`` (a list of decoded images). COCO datasets: a detection transform
             (``transforms.detection_train(...)``/``detection_val(...)``) or ``None``; batches
             are ``(images, targets)``, see :mod:`shardkit.loader.routes.coco`.
@@ -560,7 +560,7 @@ class ShardLoader:
             delivered = self.route.deliver(served, self._stats)
         else:
             delivered, local = self._supply.open(epoch, start, count, rest)
-        whole = False
+        whole = died = False
         self.end_of_dataloader = False
         try:
             with seen_by_accelerate(self):
@@ -571,6 +571,7 @@ class ShardLoader:
             death = worker_death(dataloader) if dataloader is not None else None
             if death is None:
                 raise
+            died = True
             raise death from err
         finally:
             if self._active == mine:  # an older iteration closed late leaves the newer one's flag alone
@@ -590,6 +591,8 @@ class ShardLoader:
                 self._active = 0
             if not whole and self._iterations == mine:
                 self._pos.ended()  # left mid-epoch: an epoch set meanwhile is the next iteration's
+            if died and run is not None:  # as a DataLoader's: the next iteration starts new workers
+                run.stop_workers()
         if self._iterations == mine:  # an older iteration ending late leaves the newer one's place alone
             self._pos.finished(epoch)
 

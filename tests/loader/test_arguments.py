@@ -238,6 +238,13 @@ def test_outputs_are_joined_as_default_collate_joins_them_or_listed(packed: Path
     calls = itertools.count()
     dtypes = first(lambda image: (crop(image).float() if next(calls) % 2 else crop(image),))  # not converted
     assert [d[0].dtype for d in dtypes] == [torch.uint8, torch.float32] * 2
+    import numpy as np
+
+    for number in (3, 0.5, True, np.float32(0.5), np.int16(7)):  # numbers alone, as default_collate joins them
+        got, want = first(lambda image, n=number: n), default_collate([number] * 4)
+        assert isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want), number
+    ratio = first(lambda image: (crop(image), np.float32(image.shape[1] / image.shape[2])))  # a numpy scalar in a pair
+    assert isinstance(ratio, list) and torch.equal(ratio[0], images) and ratio[1].dtype == torch.float32
 
 
 def test_a_transform_output_of_a_type_a_worker_cannot_send_is_refused_not_waited_for(packed: Path) -> None:

@@ -162,3 +162,21 @@ def test_the_workers_done_event_has_no_lock(packed: Path) -> None:
         assert isinstance(loader._supply.dataloader._iterator._workers_done_event, deaths.FlagEvent)  # type: ignore[union-attr]
     finally:
         loader.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_next_iteration_after_a_worker_death_runs_on_new_workers(packed: Path) -> None:
+    """As a DataLoader's does: the iteration a death ended raises, the next one runs whole, at
+    once (it waited 5 s on the dead worker and raised its death again, until close())."""
+    loader = _loader(packed)
+    batches = iter(loader)
+    next(batches)
+    pid = _kill(loader)
+    with pytest.raises(LoaderError):
+        for _ in batches:
+            pass
+    began = time.monotonic()
+    assert sum(1 for _ in loader) == len(loader)
+    assert time.monotonic() - began < 4
+    assert pid not in [w.pid for w in loader._supply.dataloader._iterator._workers]  # type: ignore[union-attr]
+    loader.close()

@@ -96,6 +96,8 @@ def _layout(value: Any) -> Any:
         return ("tensor", value.dtype, tuple(value.shape))
     if isinstance(value, np.ndarray):
         return None if value.dtype.hasobject else ("array", value.dtype.str, value.shape)
+    if isinstance(value, np.generic):  # a numpy scalar: np.float32(0.5), np.int64(3)
+        return None if value.dtype.hasobject else ("scalar", value.dtype.str)
     if isinstance(value, Mapping):
         parts = [(repr(k), _layout(v)) for k, v in value.items()]
         return None if any(p is None for _, p in parts) else (type(value), tuple(sorted(parts, key=lambda p: p[0])))
@@ -235,11 +237,12 @@ class CpuBatchBuilder:
 
 def _collated(results: list[Any]) -> Any:
     """A transform's outputs joined as a DataLoader's ``default_collate`` joins them: numpy arrays
-    of one shape and dtype as one stacked tensor; dicts, tuples and lists (two views of an image,
-    an image and its mask) as one of the same kind, each field stacked. None where they do not
-    join (sizes, dtypes or keys that differ; other types): the batch is then the list of them."""
+    of one shape and dtype as one stacked tensor; numbers (Python's or numpy's, of one type) as
+    one tensor; dicts, tuples and lists (two views of an image, an image and its mask) as one of
+    the same kind, each field stacked. None where they do not join (sizes, dtypes or keys that
+    differ; other types): the batch is then the list of them."""
     first = results[0]
-    if isinstance(first, (Mapping, tuple, list)):
+    if isinstance(first, (Mapping, tuple, list, bool, int, float, np.generic)):
         layout = _layout(first)
         if layout is None or any(_layout(r) != layout for r in results[1:]):
             return None
