@@ -53,14 +53,23 @@ class BatchFormat:
                 raise ValueError(f"normalised output needs a floating dtype, got {self.dtype}")
 
     @classmethod
-    def make(cls, normalize: bool | tuple[Sequence[float], Sequence[float]], dtype: torch.dtype,
+    def make(cls, normalize: bool | tuple[Sequence[float], Sequence[float]], dtype: torch.dtype | None,
              channels_last: bool) -> BatchFormat:
         """From preset arguments: ``normalize`` is False, True (ImageNet stats) or
-        ``(mean, std)``."""
+        ``(mean, std)``; ``dtype`` the normalised batches' (None: float32), refused without
+        ``normalize`` (batches stay uint8 then: a dtype would change nothing, without a word).
+
+        >>> BatchFormat.make(False, torch.float32, False)
+        Traceback (most recent call last):
+        ValueError: dtype=torch.float32 applies with normalize (True, or (mean, std)): without it batches stay uint8
+        """
         if normalize is False:
-            return cls(channels_last=channels_last)
+            if dtype is not None and dtype != torch.uint8:
+                raise ValueError(f"dtype={dtype} applies with normalize (True, or (mean, std)): without it batches "
+                                 "stay uint8")
+            return cls(dtype=torch.uint8, channels_last=channels_last)
         mean, std = (IMAGENET_MEAN, IMAGENET_STD) if normalize is True else normalize
-        return cls(tuple(map(float, mean)), tuple(map(float, std)), dtype, channels_last)
+        return cls(tuple(map(float, mean)), tuple(map(float, std)), dtype or torch.float32, channels_last)
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
         """Finalise a uint8 ``[B, 3, H, W]`` (or ``[3, H, W]``) tensor on its own device."""

@@ -22,14 +22,15 @@ def imagenet_train(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     flip_p: float = 0.5,
     normalize: Normalize = False,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     channels_last: bool = False,
     interpolation: str = "bilinear",
 ) -> RandomResizedCropFlip:
     """``RandomResizedCrop(size, scale, ratio, interpolation)`` + ``RandomHorizontalFlip(flip_p)``, uint8 out.
 
     ``normalize``: False (batches stay uint8), True (ImageNet mean/std) or ``(mean, std)`` on a
-    0–1 scale, applied by ``finalize`` on the device and returned as ``dtype``.
+    0–1 scale, applied by ``finalize`` on the device and returned as ``dtype`` (default float32;
+    bfloat16 or float16 too). ``dtype`` without ``normalize`` is refused: batches stay uint8.
     ``channels_last``: ``finalize`` returns channels-last memory. ``interpolation``:
     ``"bilinear"`` (torchvision's default) or ``"bicubic"`` (what most timm pretrained
     configurations name), antialiased either way; bicubic resizes on the CPU route only (a CUDA
@@ -49,13 +50,14 @@ def imagenet_val(
     *,
     crop_fraction: float = 0.875,
     normalize: Normalize = False,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     channels_last: bool = False,
     interpolation: str = "bilinear",
 ) -> ResizeCenterCrop:
     """``Resize(int(size / crop_fraction), interpolation)`` + ``CenterCrop(size)``, uint8 out (crop
     first). timm's evaluation of a model is ``imagenet_val(size, crop_fraction=crop_pct,
     interpolation=...)`` with the model's ``pretrained_cfg`` values (often ``"bicubic"``).
+    ``normalize``, ``dtype`` and ``channels_last`` as :func:`imagenet_train`'s.
 
     Example:
         >>> imagenet_val(224).resize_to

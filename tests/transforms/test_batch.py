@@ -79,3 +79,16 @@ def test_pickle_round_trip(t, batch: torch.Tensor) -> None:
     img = make_photo(120, 150)
     assert torch.equal(u(img, random.Random(3)), t(img, random.Random(3)))
     assert torch.equal(u.finalize(batch), t.finalize(batch))
+
+
+def test_a_dtype_without_normalize_is_refused_and_the_default_is_what_comes_out() -> None:
+    """``dtype=`` did nothing without ``normalize`` (batches stayed uint8, the format said float32)."""
+    from shardkit import transforms
+
+    with pytest.raises(ValueError, match="dtype=torch.float32 applies with normalize"):
+        transforms.imagenet_val(32, dtype=torch.float32)
+    batch = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
+    plain = transforms.imagenet_train(32)
+    assert plain.batch_format.dtype == torch.uint8 and plain.batch_format(batch).dtype == torch.uint8
+    assert transforms.imagenet_val(32, normalize=True).batch_format(batch).dtype == torch.float32
+    assert transforms.imagenet_val(32, normalize=True, dtype=torch.bfloat16).batch_format(batch).dtype == torch.bfloat16
