@@ -13,7 +13,24 @@ from shardkit.transforms.gpu import Window, window_geometry
 from shardkit.transforms.ops import crop_resize_flip
 from shardkit.transforms.params import CropFlip
 
-__all__ = ["ImageTransform"]
+__all__ = ["ImageTransform", "size_pair"]
+
+
+def size_pair(size: object) -> tuple[int, int]:
+    """``output_size`` as ``(height, width)``: an int ``n`` is ``(n, n)``, as torchvision's
+    transforms take it.
+
+    >>> size_pair(32), size_pair([24, 32])
+    ((32, 32), (24, 32))
+    >>> size_pair("32")
+    Traceback (most recent call last):
+    ValueError: output_size must be a positive int or (height, width), got '32'
+    """
+    pair = (size, size) if isinstance(size, int) and not isinstance(size, bool) else size
+    if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pair)):
+        raise ValueError(f"output_size must be a positive int or (height, width), got {size!r}")
+    return int(pair[0]), int(pair[1])
 
 
 class ImageTransform(abc.ABC):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.base import ImageTransform, size_pair
 from shardkit.transforms.batch import BatchFormat
 from shardkit.transforms.gpu import Window
 from shardkit.transforms.ops import INTERPOLATIONS, crop_resize_flip, resize_uint8
@@ -73,8 +73,7 @@ class ResizeCenterCrop(ImageTransform):
     def __post_init__(self) -> None:
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
-        if len(self.output_size) != 2 or min(self.output_size) <= 0:
-            raise ValueError(f"output_size must be two positive ints, got {self.output_size}")
+        object.__setattr__(self, "output_size", size_pair(self.output_size))  # an int n: (n, n)
         if self.resize_to < max(self.output_size):
             raise ValueError(f"resize_to ({self.resize_to}) must be >= the crop {self.output_size}")
 

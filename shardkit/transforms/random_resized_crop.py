@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.base import ImageTransform, size_pair
 from shardkit.transforms.batch import BatchFormat
 from shardkit.transforms.ops import INTERPOLATIONS
 from shardkit.transforms.params import CropFlip
@@ -90,8 +90,7 @@ class RandomResizedCropFlip(ImageTransform):
     def __post_init__(self) -> None:
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
-        if min(self.output_size) <= 0 or len(self.output_size) != 2:
-            raise ValueError(f"output_size must be two positive ints, got {self.output_size}")
+        object.__setattr__(self, "output_size", size_pair(self.output_size))  # an int n: (n, n)
         if not 0 < self.scale[0] <= self.scale[1]:
             raise ValueError(f"scale must be (lo, hi) with 0 < lo <= hi, got {self.scale}")
         if not 0 < self.ratio[0] <= self.ratio[1]:

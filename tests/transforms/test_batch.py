@@ -92,3 +92,15 @@ def test_a_dtype_without_normalize_is_refused_and_the_default_is_what_comes_out(
     assert plain.batch_format.dtype == torch.uint8 and plain.batch_format(batch).dtype == torch.uint8
     assert transforms.imagenet_val(32, normalize=True).batch_format(batch).dtype == torch.float32
     assert transforms.imagenet_val(32, normalize=True, dtype=torch.bfloat16).batch_format(batch).dtype == torch.bfloat16
+
+
+def test_the_transform_classes_take_an_int_size_as_torchvision_does() -> None:
+    from shardkit.transforms import RandomResizedCropFlip, ResizeCenterCrop
+
+    class Mine(RandomResizedCropFlip):
+        pass
+
+    assert Mine(32).output_size == RandomResizedCropFlip((32, 32)).output_size == (32, 32)
+    assert ResizeCenterCrop(24, 32).output_size == (24, 24)
+    with pytest.raises(ValueError, match="output_size must be a positive int or \\(height, width\\), got 0"):
+        RandomResizedCropFlip(0)
