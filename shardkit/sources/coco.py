@@ -89,6 +89,11 @@ def load_instances(path: str, storage_options: dict[str, Any] | None = None) -> 
                               'annotations, categories)', where=path)
         if not isinstance(doc[key], list):
             raise SourceError(f'"{key}" must be a list, not {type(doc[key]).__name__}', where=path)
+    if not doc["images"]:
+        raise SourceError('"images" is empty: the file lists no image to pack', where=path)
+    if not doc["categories"] and doc["annotations"]:
+        raise SourceError(f'"categories" is empty, so each of the {len(doc["annotations"]):,} annotations names an '
+                          "unknown category", where=path)
     return doc, digest
 
 
@@ -198,6 +203,11 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     refused: set[Any] = set()  # ids of image records not packed
     for i in range(len(doc["images"])):
         image = _record(doc, "images", i, ("id", "file_name"), annotations_json)
+        for side in ("width", "height"):
+            value = image.get(side, 1)  # COCO has both; a file without them is taken as it is
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise SourceError(f'images[{i}]: "{side}" must be a positive number of pixels, not {value!r}',
+                                  where=annotations_json)
         if not isinstance(image["file_name"], str) or not _safe_rel(image["file_name"]):
             warnings.append({"source": str(image["file_name"]),
                              "reason": f"images[{i}]: file_name is not a path inside the images "

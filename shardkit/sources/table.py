@@ -197,6 +197,9 @@ def scan_caption_table(
     if len(set(extras)) != len(extras):
         raise SourceError(f"an extra column is named twice ({', '.join(extras)})", where=table)
     base = images_root if images_root is not None else _parent(table)
+    if images_root is not None and not is_remote(images_root) and not os.path.isdir(images_root.removeprefix("file://")):
+        what = "is not a directory" if os.path.exists(images_root.removeprefix("file://")) else "does not exist"
+        raise SourceError(f"{what}: it is where the table's relative image paths start", where=images_root)
     paths = data.column(image).to_pylist()
     texts = data.column(caption).to_pylist()
     extra_values = {name: data.column(name).to_pylist() for name in extras}
@@ -221,6 +224,11 @@ def scan_caption_table(
     _say_repeats(table, rows)
     files = LinkedFiles(table, [full for _, _, full, _, _ in rows], storage_options)
     entries = files.stat([full for _, _, full, _, _ in rows])
+    if entries and all(e.size < 0 for e in entries):  # the wrong root, not a few lost files
+        where = "" if images_root is None else f" under {images_root}"
+        raise SourceError(f"none of the {len(entries):,} images the table names exists{where} (e.g. {rows[0][2]!r}): "
+                          "relative paths start at the table's folder, unless an images root is given (--images-root)",
+                          where=table)
     # Size 0: rows are planned by count (a URL's size is not known before it is read), so a table
     # gives the same shards whether its images are files or URLs; the version still guards a resume.
     samples = [SourceSample(full, rel, 0, meta=meta, version=entry.version, caption=text)

@@ -21,6 +21,7 @@ from shardkit.index.manifest_io import read_manifest
 from shardkit.index.verify import verify_dataset
 from shardkit.pack import PackOptions, SkipBudget, SkipBudgetError, pack_captions
 from shardkit.storage import Store
+from tests.conftest import encode_image
 from tests.trees import make_caption_folder
 
 OPTIONS = PackOptions(max_count=2, seed=3)
@@ -235,6 +236,7 @@ def test_scan_refuses_values_json_cannot_hold(tmp_path: Path) -> None:
     from shardkit.sources import scan_caption_table
 
     pq.write_table(pa.table({"image": ["a.jpg"], "caption": ["x"], "blob": [b"\x00"]}), tmp_path / "t.parquet")
+    (tmp_path / "a.jpg").write_bytes(encode_image())
     with pytest.raises(SourceError, match=r"row 1: column 'blob' holds bytes b'\\x00', not written as JSON"):
         scan_caption_table(str(tmp_path / "t.parquet"))
     assert len(scan_caption_table(str(tmp_path / "t.parquet"), extra_columns=[]).samples) == 1
@@ -343,3 +345,17 @@ def test_a_csv_that_is_not_utf8_keeps_a_parse_error_of_its_own(tmp_path: Path) -
     (tmp_path / "pairs.csv").write_bytes("image,caption\na.jpg,a,extra\nb.jpg,café\n".encode("latin-1"))
     result = CliRunner().invoke(cli, ["pack", str(tmp_path / "pairs.csv"), str(tmp_path / "out")])
     assert result.exit_code == 1 and "Expected 2 columns, got 3: a.jpg,a,extra" in result.output, result.output
+
+
+def test_an_images_root_that_is_no_folder_or_holds_none_of_the_images_is_refused_before_packing(
+        tmp_path: Path) -> None:
+    """Each row was a skipped input ("unreadable file"), then "packed no sample"."""
+    from shardkit.sources import scan_caption_table
+
+    table = tmp_path / "t.csv"
+    table.write_text("image,caption\na.jpg,x\nb.jpg,y\n", encoding="utf-8")
+    with pytest.raises(SourceError, match="nowhere: does not exist: it is where the table.s relative image paths"):
+        scan_caption_table(str(table), images_root=str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match=r"none of the 2 images the table names exists under .*empty \(e.g. "):
+        scan_caption_table(str(table), images_root=str(tmp_path / "empty"))

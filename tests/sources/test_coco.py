@@ -92,6 +92,12 @@ def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
         (lambda d: d["annotations"][2].update(image_id=[1]),
          r'annotations\[2\]: "image_id" must be an integer'),
         (lambda d: d["categories"][1].pop("id"), r'categories\[1\]: missing "id"'),
+        (lambda d: d.update(images=[]), '"images" is empty: the file lists no image to pack'),
+        (lambda d: d.update(categories=[]), '"categories" is empty, so each of the [0-9,]+ annotations names an '
+                                            "unknown category"),
+        (lambda d: d["images"][0].update(width="wide"),
+         r'images\[0\]: "width" must be a positive number of pixels, not \'wide\''),
+        (lambda d: d["images"][4].update(height=None), r'images\[4\]: "height" must be a positive number'),
     ],
 )
 def test_missing_required_keys_name_the_place(coco: tuple[Path, Path, dict[str, Any]], mutate: Any,
