@@ -10,6 +10,7 @@ themselves are never modified, so other tools keep reading them as before.
 from __future__ import annotations
 
 import io
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from shardkit.index.manifest import Manifest, ShardEntry
 from shardkit.index.manifest_io import write_manifest
 from shardkit.index.member_checks import Oddities, check_unused_run, not_as_named
 from shardkit.storage import Store
+
+log = logging.getLogger("shardkit.index")
 
 #: The largest label ``shardkit index`` accepts: the class list it writes holds every label up to the
 #: largest one (a shard claiming label 100000000 must not make it build a list of 10**8 names).
@@ -235,6 +238,28 @@ def _check_offsets_slot(store: Store, url: str, overwrite: bool) -> None:
                             where=store.path(idx)) from err
 
 
+def _before_replacing_a_pack(store: Store) -> None:
+    """Refuse to index a COCO pack again (its samples have no label this indexes), and say what
+    indexing a pack again replaces: ``shardkit pack``'s record of its options and skipped inputs.
+
+    Raises:
+        ManifestError: the ``index.json`` there is a COCO pack's.
+    """
+    try:
+        doc = parse_json(store.read_bytes(INDEX_NAME))
+    except Exception:  # an unreadable index.json is what --overwrite replaces
+        return
+    if not isinstance(doc, dict) or not isinstance(doc.get("options"), dict) or "fingerprint" not in doc["options"]:
+        return
+    if doc.get("kind") == "coco":
+        raise ManifestError("holds a COCO pack made by shardkit pack: shardkit index takes labelled or captioned "
+                            "shards, not COCO's (`shardkit verify` checks this pack; `shardkit pack ... --overwrite` "
+                            "makes it again)", where=store.path(INDEX_NAME))
+    log.warning("shardkit: %s was written by shardkit pack: indexing again replaces its record of the pack's options "
+                "and skipped inputs, and the pack command that made it will then refuse this folder",
+                store.path(INDEX_NAME))
+
+
 def adopt_shards(
     url: str,
     *,
@@ -270,9 +295,11 @@ def adopt_shards(
             an invalid or duplicate key (names shard and sample).
     """
     store = Store(url, storage_options)
-    if store.exists(INDEX_NAME) and not overwrite:
-        raise ManifestError("already has index.json (pass --overwrite to index the shards again)",
-                            where=store.path(INDEX_NAME))
+    if store.exists(INDEX_NAME):
+        if not overwrite:
+            raise ManifestError("already has index.json (pass --overwrite to index the shards again)",
+                                where=store.path(INDEX_NAME))
+        _before_replacing_a_pack(store)
     names = [n for n in store.listdir() if not n.startswith(".")]
     urls = [n for n in names if n.endswith(SHARD_SUFFIX)]
     if not urls and not store.remote and not os.path.isdir(store.path("")):

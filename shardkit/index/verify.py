@@ -15,11 +15,12 @@ from shardkit.format.coco import bbox_malformed, segmentation_malformed
 from shardkit.format.crc import crc32
 from shardkit.format.dali_index import dali_index_name, dump_dali_index, load_dali_index
 from shardkit.format.offsets import REPAIR, load_offsets
-from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, TABLE_NAME, check_key, offsets_name
+from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, INDEX_NAME, TABLE_NAME, check_key, offsets_name
 from shardkit.format.tarread import TarEntry, iter_entries, sample_key
 from shardkit.index._hashing import HashingReader
 from shardkit.index.manifest import Manifest, ShardEntry
 from shardkit.index.manifest_io import names_table, read_manifest
+from shardkit.index.member_checks import not_as_named
 from shardkit.storage import Store
 
 
@@ -140,6 +141,8 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
             images = [e for e in fields if e in IMAGE_MEMBER_EXTENSIONS]
             if len(images) != 1:
                 report.problems.append(f"{here}: expected one image member, found {sorted(fields)}")
+            elif not decode and (odd := not_as_named(images[0], fields[images[0]])) is not None and not odd[0]:
+                report.problems.append(f"{here}.{images[0]}: {odd[1]}: no image the loader decodes")
             elif decode:
                 error = _decodes(fields[images[0]])
                 report.images_decoded += error is None
@@ -331,6 +334,8 @@ def verify_dataset(
     store = Store(url, storage_options)
     manifest = read_manifest(store, table=False)
     report = VerifyReport(manifest)
+    if not manifest.shards or not manifest.num_samples:
+        report.problems.append(f"{store.path(INDEX_NAME)}: lists no sample: a dataset with nothing to load")
     _check_table(store, manifest, report)
     keys: set[str] = set()
     for entry in manifest.shards:

@@ -222,3 +222,26 @@ def test_an_image_member_that_is_no_image_is_said_so_without_an_object_address(t
     adopt_shards(str(tmp_path), overwrite=True)
     assert verify_dataset(str(tmp_path), decode=True).problems == [
         f"{tmp_path / 'shard-000000.tar'}:a.jpg: does not decode (empty (0 bytes))"]
+    # without decode, the first bytes still tell an empty member or one of no image format
+    assert verify_dataset(str(tmp_path)).problems == [
+        f"{tmp_path / 'shard-000000.tar'}:a.jpg: empty (0 bytes): no image the loader decodes"]
+
+
+def test_a_dataset_of_no_sample_is_a_problem(tmp_path):
+    """verify passed an index.json emptied by hand ("OK: 0 shards, 0 samples"); pack refuses to make one."""
+    import json
+
+    from shardkit.pack import PackOptions, pack
+    from tests.conftest import encode_image, write_tree
+
+    write_tree(tmp_path / "src", {"a/x.jpg": encode_image()})
+    pack(str(tmp_path / "src"), str(tmp_path / "ds"), options=PackOptions(), workers=1)
+    index = tmp_path / "ds" / "index.json"
+    doc = json.loads(index.read_text())
+    for shard in doc["shards"]:
+        (tmp_path / "ds" / shard["url"]).unlink()
+    doc.update(shards=[], num_samples=0)
+    doc.pop("table", None)
+    index.write_text(json.dumps(doc))
+    problems = verify_dataset(str(tmp_path / "ds")).problems
+    assert f"{index}: lists no sample: a dataset with nothing to load" in problems
