@@ -26,7 +26,9 @@ from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import plan_shards
 from shardkit.pack.pool import run_local
 from shardkit.pack.progress import PackProgress, Progress, as_pack_progress, input_bytes
+from shardkit.pack.replace import discard_replacement, publish_replacement, replacement_stage
 from shardkit.pack.resume import (
+    DestinationInUse,
     clear_destination,
     fingerprint,
     finish_destination,
@@ -203,14 +205,24 @@ def pack_listing(
             prefix=options.prefix,
         )
         made_here = not store.remote and not os.path.exists(store.path(""))  # removed again if nothing is packed
-        state = prepare_destination(store, fp, plans, overwrite=overwrite, options=recorded,
-                                    versions=input_versions(listing), listing=listing)
+        # --overwrite on a local DST holding a pack: the old one stays until the new one replaces it
+        stage = replacement_stage(store) if overwrite else None
+        work = store if stage is None else stage
+        versions = input_versions(listing)
+        try:
+            state = prepare_destination(work, fp, plans, overwrite=overwrite and stage is None, options=recorded,
+                                        versions=versions, listing=listing)
+        except DestinationInUse:
+            if stage is None:
+                raise
+            discard_replacement(stage)  # a replacement of other input or options, begun earlier
+            state = prepare_destination(stage, fp, plans, overwrite=False, versions=versions)
         if state.complete is not None:
             return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
                               True)
         width = key_width(len(listing.samples))
         tasks = [
-            ShardTask(store, plan, [listing.samples[i] for i in plan.members], width, listing.classes,
+            ShardTask(work, plan, [listing.samples[i] for i in plan.members], width, listing.classes,
                       options, listing.files)
             for plan in plans
             if plan.index not in state.receipts
@@ -239,7 +251,7 @@ def pack_listing(
         try:
             # memory:// lives in this process only: shards written by worker processes would vanish,
             # and they would find no source files there.
-            local_only = store.process_local or listing.files.process_local
+            local_only = work.process_local or listing.files.process_local
             procs = 1 if local_only else workers or usable_cores()
             if executor == "ray":
                 fresh, ray_nodes = ray_exec.write_on_ray(tasks, workers=procs, address=ray_address,
@@ -264,7 +276,9 @@ def pack_listing(
         skipped = sorted(({"source": s["source"], "reason": s["reason"]}
                           for s in [*listing.warnings, *(s for r in receipts for s in r.skipped)]),
                          key=lambda s: (s["source"], s["reason"]))
-        if total and len(skipped) >= total:  # nothing packed: no state worth resuming, and it would
+        if total and len(skipped) >= total and stage is not None:  # nothing packed: the old pack stays
+            discard_replacement(stage)
+        elif total and len(skipped) >= total:  # nothing packed: no state worth resuming, and it would
             clear_destination(store)          # refuse the corrected input as "an unfinished pack of other input"
             if made_here:
                 with contextlib.suppress(OSError):  # the directory this pack made, left empty
@@ -285,9 +299,12 @@ def pack_listing(
             created_by=f"shardkit {_version()}",
             extra=extra,
         )
-        _check_shards_in_place(store, receipts)
-        write_manifest(store, manifest)
-        finish_destination(store)
+        _check_shards_in_place(work, receipts)
+        if stage is not None:
+            publish_replacement(store, stage, manifest)
+        else:
+            write_manifest(store, manifest)
+            finish_destination(store)
         return PackResult(store.url, manifest, time.perf_counter() - started, len(state.receipts),
                           False, ray_nodes, sum(r.num_samples for r in state.receipts.values()))
 

@@ -73,21 +73,21 @@ class DestinationState:
     receipts: dict[int, ShardReceipt]
 
 
-def _is_temporary(name: str) -> bool:
+def is_temporary(name: str) -> bool:
     return name.startswith(".") and ".tmp-" in name
 
 
-def _ours(name: str) -> bool:
+def is_ours(name: str) -> bool:
     return name in (INDEX_NAME, TABLE_NAME, HASHES_NAME, STATE_DIR) or is_shard_name(name) or (
         name.endswith(OFFSETS_SUFFIX) and is_shard_name(name[: -len(OFFSETS_SUFFIX)] + ".tar")
-    ) or _is_temporary(name)
+    ) or is_temporary(name)
 
 
 def clear_destination(store: Store) -> None:
     """Remove a previous pack's files (index first, so DST stops being a dataset at once)."""
     store.remove(INDEX_NAME)
     for name in store.listdir():
-        if _ours(name):
+        if is_ours(name):
             store.remove(name)
 
 
@@ -117,11 +117,14 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
             same pack begun on input files that changed since, or unrelated files) and
             ``overwrite`` is false. Nothing is touched then.
     """
-    plan = json.dumps({"fingerprint": fp, "versions": versions}).encode()
+    source = None if listing is None else (listing.kind, DROP_EMPTY in listing.extra)
+    # what a later refusal names when another command finds this pack unfinished
+    plan = json.dumps({"fingerprint": fp, "versions": versions, "options": options,
+                       "kind": None if source is None else list(source)}).encode()
     entries = store.listdir()
     if overwrite and entries:
         clear_destination(store)
-        entries = [e for e in store.listdir() if _ours(e)]  # unrelated files may stay
+        entries = [e for e in store.listdir() if is_ours(e)]  # unrelated files may stay
     if INDEX_NAME in entries:
         manifest = read_manifest(store)
         if manifest.options.get("fingerprint") == fp:
@@ -130,7 +133,6 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
             _drop_leftovers(store, entries)
             return DestinationState(manifest, {})
         packed = (manifest.kind, DROP_EMPTY in manifest.extra)
-        source = None if listing is None else (listing.kind, DROP_EMPTY in listing.extra)
         differs = _difference(manifest.options, options, packed, source)
         raise DestinationInUse(f"holds a different packed dataset ({differs})", "pass --overwrite to replace it",
                                where=store.url)
@@ -140,7 +142,11 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         previous = (json.loads(state.read_bytes(_PLAN_NAME)) if state.exists(_PLAN_NAME)
                     else {"fingerprint": fp, "versions": versions})
         if previous.get("fingerprint") != fp:
-            raise DestinationInUse("holds an unfinished pack of different input or options",
+            before, kind = previous.get("options"), previous.get("kind")
+            differs = ("different input or options" if not isinstance(before, dict) or not isinstance(kind, list)
+                       else _difference(before, options, (kind[0], bool(kind[1])), source))
+            raise DestinationInUse(f"holds an unfinished pack of {differs}" if differs.startswith("different")
+                                   else f"holds an unfinished pack ({differs.replace('packed with', 'begun with', 1)})",
                                    "re-run that command to resume it, or pass --overwrite to start over",
                                    where=store.url)
         if previous.get("versions") != versions:
@@ -148,7 +154,7 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
                                    "began (modification times or ETags differ)", "pass --overwrite to start over",
                                    where=store.url)
         for name in entries:
-            if _is_temporary(name):  # left by a killed writer; its shard is rewritten below
+            if is_temporary(name):  # left by a killed writer; its shard is rewritten below
                 store.remove(name)
         if not state.exists(_PLAN_NAME):
             state.write_bytes(_PLAN_NAME, plan)
@@ -228,7 +234,7 @@ def _check_shards(store: Store, manifest: Manifest, entries: list[str]) -> None:
 def _drop_leftovers(store: Store, entries: list[str]) -> None:
     """Remove the pack state and writers' temporaries from a finished DST (``entries``)."""
     for name in entries:
-        if name == STATE_DIR or _is_temporary(name):
+        if name == STATE_DIR or is_temporary(name):
             store.remove(name)
 
 

@@ -191,3 +191,71 @@ def test_a_destination_inside_the_source_is_refused(small_tree, tmp_path, inside
         pack(str(src), str(dst), workers=1)
     assert sorted(p.name for p in small_tree.rglob("*")) == before  # nothing written into the tree
     pack(str(src), str(tmp_path / "next-to-it"), workers=1)  # beside it is fine
+
+
+def _dataset_files(dst):
+    return {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()}
+
+
+def test_overwrite_keeps_the_old_pack_until_the_new_one_is_complete(small_tree, tmp_path):
+    """--overwrite removed the old pack before writing the new one: a replacement refused on the
+    way (a skip budget exceeded) left neither. Now the old pack stays whole until the new one
+    takes its place, and the result is what packing into an empty folder gives."""
+    from shardkit.index import verify_dataset
+    from shardkit.pack import SkipBudget, SkipBudgetError
+    from shardkit.pack.replace import REPLACEMENT_DIR
+
+    dst = tmp_path / "out"
+    pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1)
+    old = _dataset_files(dst)
+    (small_tree / "class0" / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    with pytest.raises(SkipBudgetError):
+        pack(str(small_tree), str(dst), options=PackOptions(max_count=3), workers=1, overwrite=True,
+             max_skipped=SkipBudget(count=0))
+    assert _dataset_files(dst) == old and verify_dataset(str(dst)).ok  # the old pack, untouched
+    assert (dst / REPLACEMENT_DIR).is_dir()  # what the replacement wrote: a re-run resumes it
+    done = pack(str(small_tree), str(dst), options=PackOptions(max_count=3), workers=1, overwrite=True)
+    assert done.manifest.options["max_count"] == 3 and done.manifest.num_samples > 0
+    fresh = tmp_path / "fresh"
+    pack(str(small_tree), str(fresh), options=PackOptions(max_count=3), workers=1)
+    assert _dataset_files(dst) == _dataset_files(fresh)
+    assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in fresh.iterdir())  # no folder left
+    assert verify_dataset(str(dst)).ok
+
+
+def test_a_replacement_interrupted_while_it_takes_the_old_packs_place_is_finished_by_a_re_run(
+        small_tree, tmp_path, monkeypatch):
+    import shardkit.pack.replace as replace
+
+    dst = tmp_path / "out"
+    pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1)
+    moves, real = [], replace._move
+
+    def interrupted(src, target):
+        if len(moves) == 2:  # two files moved, the rest not
+            raise KeyboardInterrupt
+        moves.append(target)
+        real(src, target)
+
+    monkeypatch.setattr(replace, "_move", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pack(str(small_tree), str(dst), options=PackOptions(max_count=3), workers=1, overwrite=True)
+    assert not (dst / "index.json").exists()  # no dataset while it changes
+    monkeypatch.setattr(replace, "_move", real)
+    pack(str(small_tree), str(dst), options=PackOptions(max_count=3), workers=1, overwrite=True)
+    fresh = tmp_path / "fresh"
+    pack(str(small_tree), str(fresh), options=PackOptions(max_count=3), workers=1)
+    assert _dataset_files(dst) == _dataset_files(fresh)
+
+
+def test_an_unfinished_pack_refused_to_another_command_says_what_differs(small_tree, tmp_path):
+    """It said "different input or options", where a finished pack's refusal names them."""
+    from shardkit.pack import SkipBudget, SkipBudgetError
+
+    (small_tree / "class0" / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    dst = str(tmp_path / "out")
+    with pytest.raises(SkipBudgetError):  # stops unfinished, its state kept for a re-run
+        pack(str(small_tree), dst, options=PackOptions(max_count=2), workers=1, max_skipped=SkipBudget(count=0))
+    with pytest.raises(PackError, match=r"holds an unfinished pack \(begun with max_count=2, now 3\); re-run that "
+                                        r"command to resume it, or pass --overwrite"):
+        pack(str(small_tree), dst, options=PackOptions(max_count=3), workers=1)

@@ -1,0 +1,78 @@
+"""``--overwrite`` on a local DST: the new pack is made beside the old one, which stays whole and
+readable until the new one is complete, then takes its place.
+
+The new shards are written to a hidden folder in DST (:data:`REPLACEMENT_DIR`), which is a pack
+destination of its own: an interrupted or refused replacement (a skip budget exceeded, a writer
+killed) leaves the old dataset as it was, and re-running the same command resumes the
+replacement. Once every shard is written, :func:`publish_replacement` removes the old
+``index.json`` (DST stops being a dataset), renames each new file into DST (a rename on one file
+system: no byte is copied), removes the old pack's files the new one does not reuse, writes the
+new ``index.json`` and removes the folder. Interrupted in that step, a re-run finds the
+replacement's state in the folder and rewrites the shards already moved out of it.
+
+An object store has no rename (a move copies every byte), so there ``--overwrite`` removes the old
+pack before the new one is written, as it always did.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from shardkit.format.dali_index import DALI_INDEX_SUFFIX
+from shardkit.format.spec import INDEX_NAME, SHARD_SUFFIX, is_shard_name
+from shardkit.index.manifest import Manifest
+from shardkit.index.manifest_io import write_manifest
+from shardkit.pack.resume import is_ours, is_temporary
+from shardkit.pack.write import STATE_DIR
+from shardkit.storage import Store
+
+__all__ = ["REPLACEMENT_DIR", "discard_replacement", "publish_replacement", "replacement_stage"]
+
+#: Where a local DST's replacement is written, inside DST.
+REPLACEMENT_DIR = ".shardkit-replacement"
+
+
+def _replaced(name: str) -> bool:
+    """Whether DST's entry ``name`` belongs to the pack being replaced (its DALI indexes too)."""
+    if name.endswith(DALI_INDEX_SUFFIX):
+        return is_shard_name(name[: -len(DALI_INDEX_SUFFIX)] + SHARD_SUFFIX)
+    return is_ours(name)
+
+
+def replacement_stage(store: Store) -> Store | None:
+    """The folder a pack with ``--overwrite`` writes into: for a local DST holding a pack (finished
+    or not), or a replacement begun earlier, :data:`REPLACEMENT_DIR` inside it; else None (write
+    into DST itself: there is nothing to keep, or DST is an object store)."""
+    if store.remote or store.process_local or not os.path.isdir(store.path("")):
+        return None
+    names = store.listdir()
+    if REPLACEMENT_DIR in names or any(_replaced(name) for name in names):
+        return store.child(REPLACEMENT_DIR)
+    return None
+
+
+def publish_replacement(store: Store, stage: Store, manifest: Manifest) -> None:
+    """Put the pack written in ``stage`` in the place of the one in ``store`` and publish
+    ``manifest`` there (see the module doc)."""
+    store.remove(INDEX_NAME)  # first: DST is no dataset while its files change
+    moved = set()
+    for name in sorted(stage.listdir()):
+        if name == STATE_DIR or is_temporary(name):
+            continue
+        _move(stage.path(name), store.path(name))
+        moved.add(name)
+    for name in store.listdir():
+        if name not in moved and name != REPLACEMENT_DIR and _replaced(name):
+            store.remove(name)
+    write_manifest(store, manifest)
+    discard_replacement(stage)
+
+
+def _move(src: str, target: str) -> None:
+    os.replace(src, target)  # one file system: DST's folder and the one inside it
+
+
+def discard_replacement(stage: Store) -> None:
+    """Remove the replacement folder and whatever it holds."""
+    shutil.rmtree(stage.path(""), ignore_errors=True)
