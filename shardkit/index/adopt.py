@@ -209,16 +209,18 @@ def _refusal(problems: list[FormatError], *, read: int, total: int, where: str) 
 
 
 def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
-             where: str) -> tuple[str, ...]:
+             where: str, first_at: dict[int, str]) -> tuple[str, ...]:
+    """The class names: ``names`` as given (checked against the labels found, an error naming the
+    first sample with the label at fault, ``SHARD:KEY``), or those the shards' json gave."""
     top = max(labels, default=-1)
     if names is not None:
         if top >= len(names):
-            raise FormatError(f"label {top} is out of range for the {len(names)} class names given",
-                              where=where)
+            raise FormatError(f"label {top} is out of range for the {len(names)} class names given (labels run "
+                              f"from 0 to {len(names) - 1})", where=first_at.get(top, where))
         for label, name in labels.items():
             if name is not None and names[label] != name:
                 raise FormatError(f"label {label} is {name!r} in the shards' json but "
-                                  f"{names[label]!r} in the class names given", where=where)
+                                  f"{names[label]!r} in the class names given", where=first_at.get(label, where))
         return tuple(names)
     return tuple(labels.get(i) or str(i) for i in range(top + 1))
 
@@ -339,7 +341,7 @@ def adopt_shards(
         raise ManifestError("the .tar shards here hold no sample to index", where=store.url)
     if found[0] == "imagefolder" and classes is None:
         check_unused_run(labels, first_at)
-    class_names = _classes(labels, classes, store.url) if found[0] == "imagefolder" else None
+    class_names = _classes(labels, classes, store.url, first_at) if found[0] == "imagefolder" else None
     for shard in shards:
         if shard.spans:
             store.write_bytes(offsets_name(shard.entry.url), dump_offsets(shard.spans))

@@ -218,7 +218,8 @@ def test_class_name_file_errors(tmp_path: Path) -> None:
     short.write_text("cat\ndog\n")
     result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(short)])
     assert (result.exit_code == 1
-            and "label 2 is out of range for the 2 class names given" in result.output)
+            and "label 2 is out of range for the 2 class names given (labels run from 0 to 1)" in result.output)
+    assert ".tar:" in result.output.split(": label 2")[0], result.output  # names the first sample with it
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
     result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(empty)])
