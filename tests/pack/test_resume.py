@@ -229,7 +229,8 @@ def test_a_replacement_interrupted_while_it_takes_the_old_packs_place_is_finishe
 
     dst = tmp_path / "out"
     pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1)
-    moves, real = [], replace._move
+    moves: list[str] = []
+    real = replace._move
 
     def interrupted(src, target):
         if len(moves) == 2:  # two files moved, the rest not
