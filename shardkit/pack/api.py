@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import posixpath
@@ -36,7 +37,7 @@ from shardkit.pack.resume import (
     prepare_destination,
 )
 from shardkit.pack.skips import SkipBudget, check_budget
-from shardkit.pack.write import ShardReceipt, ShardTask
+from shardkit.pack.write import REPLACEMENT_DIR, ShardReceipt, ShardTask
 from shardkit.sources.base import SourceListing
 from shardkit.storage import Store, is_remote
 
@@ -218,6 +219,10 @@ def pack_listing(
             discard_replacement(stage)  # a replacement of other input or options, begun earlier
             state = prepare_destination(stage, fp, plans, overwrite=False, versions=versions)
         if state.complete is not None:
+            if stage is None and store.exists(REPLACEMENT_DIR):  # a replacement by another command, abandoned
+                log.warning("shardkit: %s: removed the unfinished replacement an earlier --overwrite with other "
+                            "input or options had begun (%s/)", store.url, REPLACEMENT_DIR)
+                discard_replacement(store.child(REPLACEMENT_DIR))
             return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
                               True)
         width = key_width(len(listing.samples))
@@ -268,7 +273,9 @@ def pack_listing(
                 where=dst,
             ) from err
         except OSError as err:
-            raise PackError(f"writing shards failed ({err}); re-run the same command to resume",
+            room = (f"; --overwrite keeps the old pack until the new one is complete, so both need room: free "
+                    f"some, or remove {dst} first" if stage is not None and err.errno == errno.ENOSPC else "")
+            raise PackError(f"writing shards failed ({err}){room}; re-run the same command to resume",
                             where=dst) from err
         receipts = sorted([*state.receipts.values(), *fresh], key=lambda r: r.index)
         # Rebuilt in one key order: receipts of a resumed run come back from JSON with sorted keys,

@@ -10,8 +10,9 @@ system: no byte is copied), removes the old pack's files the new one does not re
 new ``index.json`` and removes the folder. Interrupted in that step, a re-run finds the
 replacement's state in the folder and rewrites the shards already moved out of it.
 
-An object store has no rename (a move copies every byte), so there ``--overwrite`` removes the old
-pack before the new one is written, as it always did.
+The price is room for both packs until the new one is complete. An object store has no rename (a
+move copies every byte), so there ``--overwrite`` removes the old pack before the new one is
+written, as it always did; so does a local DST holding only an unfinished pack (no dataset to keep).
 """
 
 from __future__ import annotations
@@ -19,19 +20,15 @@ from __future__ import annotations
 import os
 import shutil
 
-from shardkit.format.dali_index import DALI_INDEX_SUFFIX
-from shardkit.format.spec import INDEX_NAME, SHARD_SUFFIX, is_shard_name
+from shardkit.format.dali_index import DALI_INDEX_SUFFIX, dali_index_name
+from shardkit.format.spec import INDEX_NAME, SHARD_SUFFIX, is_shard_name, offsets_name
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import write_manifest
 from shardkit.pack.resume import is_ours, is_temporary
-from shardkit.pack.write import STATE_DIR
+from shardkit.pack.write import REPLACEMENT_DIR, STATE_DIR
 from shardkit.storage import Store
 
 __all__ = ["REPLACEMENT_DIR", "discard_replacement", "publish_replacement", "replacement_stage"]
-
-#: Where a local DST's replacement is written, inside DST.
-REPLACEMENT_DIR = ".shardkit-replacement"
-
 
 def _replaced(name: str) -> bool:
     """Whether DST's entry ``name`` belongs to the pack being replaced (its DALI indexes too)."""
@@ -41,29 +38,30 @@ def _replaced(name: str) -> bool:
 
 
 def replacement_stage(store: Store) -> Store | None:
-    """The folder a pack with ``--overwrite`` writes into: for a local DST holding a pack (finished
-    or not), or a replacement begun earlier, :data:`REPLACEMENT_DIR` inside it; else None (write
-    into DST itself: there is nothing to keep, or DST is an object store)."""
+    """The folder a pack with ``--overwrite`` writes into: for a local DST holding a finished pack
+    (a dataset to keep readable), or a replacement begun earlier, :data:`REPLACEMENT_DIR` inside
+    it; else None (write into DST itself: there is no dataset to keep, or DST is an object store,
+    and an unfinished pack there is removed first, taking no room beside the new one)."""
     if store.remote or store.process_local or not os.path.isdir(store.path("")):
         return None
     names = store.listdir()
-    if REPLACEMENT_DIR in names or any(_replaced(name) for name in names):
+    if REPLACEMENT_DIR in names or INDEX_NAME in names:
         return store.child(REPLACEMENT_DIR)
     return None
 
 
 def publish_replacement(store: Store, stage: Store, manifest: Manifest) -> None:
     """Put the pack written in ``stage`` in the place of the one in ``store`` and publish
-    ``manifest`` there (see the module doc)."""
+    ``manifest`` there (see the module doc). Each shard is moved before the files beside it, and no
+    file the new pack names is removed: a re-run after an interruption here finishes the job."""
     store.remove(INDEX_NAME)  # first: DST is no dataset while its files change
-    moved = set()
-    for name in sorted(stage.listdir()):
-        if name == STATE_DIR or is_temporary(name):
-            continue
-        _move(stage.path(name), store.path(name))
-        moved.add(name)
+    for name in sorted(stage.listdir(), key=lambda n: (not n.endswith(SHARD_SUFFIX), n)):
+        if name != STATE_DIR and not is_temporary(name):
+            _move(stage.path(name), store.path(name))
+    kept = {name for shard in manifest.shards
+            for name in (shard.url, offsets_name(shard.url), dali_index_name(shard.url))}
     for name in store.listdir():
-        if name not in moved and name != REPLACEMENT_DIR and _replaced(name):
+        if name not in kept and name != REPLACEMENT_DIR and _replaced(name):
             store.remove(name)
     write_manifest(store, manifest)
     discard_replacement(stage)

@@ -12,7 +12,7 @@ from shardkit.format.spec import HASHES_NAME, INDEX_NAME, OFFSETS_SUFFIX, TABLE_
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import read_manifest
 from shardkit.pack.plan import ShardPlan
-from shardkit.pack.write import STATE_DIR, ShardReceipt, receipt_name
+from shardkit.pack.write import REPLACEMENT_DIR, STATE_DIR, ShardReceipt, receipt_name
 from shardkit.sources.base import SourceListing
 from shardkit.sources.coco import DROP_EMPTY
 from shardkit.storage import Store
@@ -135,6 +135,10 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         packed = (manifest.kind, DROP_EMPTY in manifest.extra)
         differs = _difference(manifest.options, options, packed, source)
         raise DestinationInUse(f"holds a different packed dataset ({differs})", "pass --overwrite to replace it",
+                               where=store.url)
+    if REPLACEMENT_DIR in entries:
+        raise DestinationInUse("holds a pack replacement (--overwrite) that was interrupted as it took the old "
+                               "pack's place", "re-run the command that began it, with --overwrite, to finish it",
                                where=store.url)
     if STATE_DIR in entries:
         state = store.child(STATE_DIR)

@@ -20,6 +20,8 @@ from shardkit.sources.local import LocalFiles
 from shardkit.storage import Store
 
 STATE_DIR = ".shardkit-pack"
+#: Where ``--overwrite`` writes a local DST's new pack while the old one stays (:mod:`shardkit.pack.replace`).
+REPLACEMENT_DIR = ".shardkit-replacement"
 
 
 @dataclass(frozen=True)

@@ -223,30 +223,56 @@ def test_overwrite_keeps_the_old_pack_until_the_new_one_is_complete(small_tree, 
     assert verify_dataset(str(dst)).ok
 
 
+@pytest.mark.parametrize("after", [1, 2, 5])
 def test_a_replacement_interrupted_while_it_takes_the_old_packs_place_is_finished_by_a_re_run(
-        small_tree, tmp_path, monkeypatch):
+        small_tree, tmp_path, monkeypatch, after):
+    """Interrupted after some of its files were moved into DST (a shard, or a shard and the files
+    beside it), a replacement re-run gives what packing into an empty folder gives; re-run without
+    --overwrite, it is refused saying so."""
     import shardkit.pack.replace as replace
 
     dst = tmp_path / "out"
     pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1)
+    new = PackOptions(max_count=3, dali_index=True)
     moves: list[str] = []
     real = replace._move
 
     def interrupted(src, target):
-        if len(moves) == 2:  # two files moved, the rest not
+        if len(moves) == after:
             raise KeyboardInterrupt
         moves.append(target)
         real(src, target)
 
     monkeypatch.setattr(replace, "_move", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        pack(str(small_tree), str(dst), options=PackOptions(max_count=3), workers=1, overwrite=True)
+        pack(str(small_tree), str(dst), options=new, workers=1, overwrite=True)
     assert not (dst / "index.json").exists()  # no dataset while it changes
     monkeypatch.setattr(replace, "_move", real)
-    pack(str(small_tree), str(dst), options=PackOptions(max_count=3), workers=1, overwrite=True)
+    with pytest.raises(PackError, match="holds a pack replacement .--overwrite. that was interrupted as it took"):
+        pack(str(small_tree), str(dst), options=new, workers=1)
+    pack(str(small_tree), str(dst), options=new, workers=1, overwrite=True)
     fresh = tmp_path / "fresh"
-    pack(str(small_tree), str(fresh), options=PackOptions(max_count=3), workers=1)
+    pack(str(small_tree), str(fresh), options=new, workers=1)
     assert _dataset_files(dst) == _dataset_files(fresh)
+    assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in fresh.iterdir())
+
+
+def test_a_replacement_abandoned_for_the_old_command_is_removed(small_tree, tmp_path, caplog):
+    from shardkit.pack import SkipBudget, SkipBudgetError
+    from shardkit.pack.replace import REPLACEMENT_DIR
+
+    dst = tmp_path / "out"
+    pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1)
+    (small_tree / "class0" / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    with pytest.raises(SkipBudgetError):
+        pack(str(small_tree), str(dst), options=PackOptions(max_count=3), workers=1, overwrite=True,
+             max_skipped=SkipBudget(count=0))
+    (small_tree / "class0" / "broken.jpg").unlink()
+    assert (dst / REPLACEMENT_DIR).is_dir()
+    with caplog.at_level("WARNING", logger="shardkit.pack"):
+        again = pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1)
+    assert again.already_complete and not (dst / REPLACEMENT_DIR).exists()
+    assert "removed the unfinished replacement" in caplog.text
 
 
 def test_an_unfinished_pack_refused_to_another_command_says_what_differs(small_tree, tmp_path):
