@@ -79,6 +79,9 @@ def scan_caption_folder(root: str, *, storage_options: dict[str, Any] | None = N
     if not files.is_dir():
         raise SourceError("source directory does not exist or is not a directory", where=files.root)
     [entries] = files.walk([""])
+    for e in entries:
+        if e.problem and e.rel in ("", "."):  # the folder itself
+            raise SourceError(e.problem, where=files.root)
     warnings: list[dict[str, str]] = [{"source": source_name(e.rel), "reason": e.problem}
                                       for e in entries if e.problem]
     entries = [e for e in entries if not e.problem]

@@ -203,12 +203,16 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     refused: set[Any] = set()  # ids of image records not packed
     for i in range(len(doc["images"])):
         image = _record(doc, "images", i, ("id", "file_name"), annotations_json)
-        for side in ("width", "height"):
-            value = image.get(side, 1)  # COCO has both; a file without them is taken as it is
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise SourceError(f'images[{i}]: "{side}" must be a positive number of pixels, not {value!r}',
-                                  where=annotations_json)
-        if not isinstance(image["file_name"], str) or not _safe_rel(image["file_name"]):
+        sizes = [(side, image.get(side, 1)) for side in ("width", "height")]  # a file without them: as it is
+        bad = next(((side, v) for side, v in sizes
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0), None)
+        if bad is not None:
+            warnings.append({"source": str(image["file_name"]),
+                             "reason": f'images[{i}]: "{bad[0]}" must be a positive number of pixels, not '
+                                       f"{bad[1]!r}; not packed"})
+            with contextlib.suppress(TypeError):
+                refused.add(image["id"])
+        elif not isinstance(image["file_name"], str) or not _safe_rel(image["file_name"]):
             warnings.append({"source": str(image["file_name"]),
                              "reason": f"images[{i}]: file_name is not a path inside the images "
                                        "folder; not packed"})

@@ -59,18 +59,19 @@ def walk_following_links(top: str) -> tuple[list[tuple[str, list[str]]], list[tu
     folders it would have passed over or followed for ever, as ``(path, why)``.
 
     ``os.walk`` drops a folder it cannot list without a word, and follows a link that leads back
-    to a folder above it (``self -> .``) until the path is too long to resolve: one image found
-    dozens of times, or, with two such links, a walk that never ends. Here such a link is not
-    followed and such a folder is reported; every other link is followed, as ``os.walk`` does
-    (two links to one folder list its files twice, as torchvision's ImageFolder does).
+    to a folder above it (``self -> .``, ``up -> ..``) until the path is too long to resolve: one
+    image found dozens of times, or, with two such links, a walk that never ends. Here such a link
+    (to ``top``, a folder inside the walk above it, or one above ``top``) is not followed and such
+    a folder is reported; every other link is followed, as ``os.walk`` does (two links to one
+    folder list its files twice, as torchvision's ImageFolder does).
     """
     found: list[tuple[str, list[str]]] = []
     problems: list[tuple[str, str]] = []
     try:
-        st = os.stat(top)
+        os.stat(top)
     except OSError as err:
         return found, [(top, f"unreadable folder ({err.strerror or err})")]
-    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(top, frozenset([(st.st_dev, st.st_ino)]))]
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(top, _folders_above(top))]
     while stack:
         path, above = stack.pop()
         try:
@@ -102,6 +103,24 @@ def walk_following_links(top: str) -> tuple[list[tuple[str, list[str]]], list[tu
     found.sort(key=lambda item: item[0])
     problems.sort()
     return found, problems
+
+
+def _folders_above(top: str) -> frozenset[tuple[int, int]]:
+    """``top`` and every folder above its real path, up to ``/``, as ``(device, inode)``: a link
+    to any of them leads back into ``top`` (``a/up -> ..`` from a class folder ``a``)."""
+    keys = set()
+    folder = os.path.realpath(top)
+    while True:
+        try:
+            st = os.stat(folder)
+        except OSError:
+            break
+        keys.add((st.st_dev, st.st_ino))
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return frozenset(keys)
 
 
 def _entry(path: str, rel: str) -> FileEntry:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import abc
+import operator
 import random
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -26,11 +28,24 @@ def size_pair(size: object) -> tuple[int, int]:
     Traceback (most recent call last):
     ValueError: output_size must be a positive int or (height, width), got '32'
     """
-    pair = (size, size) if isinstance(size, int) and not isinstance(size, bool) else size
-    if (not isinstance(pair, (tuple, list)) or len(pair) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pair)):
+    def whole(value: object) -> int | None:  # an int, numpy's too (not a bool, a float or a str)
+        if isinstance(value, (bool, str, bytes)):
+            return None
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+
+    one = whole(size)
+    if one is not None:
+        pair: list[int | None] = [one, one]
+    elif isinstance(size, Sequence) and not isinstance(size, (str, bytes)) and len(size) == 2:
+        pair = [whole(v) for v in size]
+    else:
+        pair = [None]
+    if len(pair) != 2 or not all(v is not None and v > 0 for v in pair):
         raise ValueError(f"output_size must be a positive int or (height, width), got {size!r}")
-    return int(pair[0]), int(pair[1])
+    return int(pair[0]), int(pair[1])  # type: ignore[arg-type]
 
 
 class ImageTransform(abc.ABC):

@@ -95,9 +95,6 @@ def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
         (lambda d: d.update(images=[]), '"images" is empty: the file lists no image to pack'),
         (lambda d: d.update(categories=[]), '"categories" is empty, so each of the [0-9,]+ annotations names an '
                                             "unknown category"),
-        (lambda d: d["images"][0].update(width="wide"),
-         r'images\[0\]: "width" must be a positive number of pixels, not \'wide\''),
-        (lambda d: d["images"][4].update(height=None), r'images\[4\]: "height" must be a positive number'),
     ],
 )
 def test_missing_required_keys_name_the_place(coco: tuple[Path, Path, dict[str, Any]], mutate: Any,
@@ -298,3 +295,18 @@ def test_repeated_image_ids_are_one_kind_of_skip(coco: tuple[Path, Path, dict[st
     doc["images"] += [{**doc["images"][0], "file_name": "dup1.jpg"}, {**doc["images"][1], "file_name": "dup2.jpg"}]
     listing = scan_coco(str(images_dir), str(_write(ann, doc)))
     assert describe_reasons(listing.warnings) == "2 repeated image ids"  # one kind, whatever the ids
+
+
+def test_an_image_record_without_a_positive_width_or_height_is_not_packed(
+        coco: tuple[Path, Path, dict[str, Any]]) -> None:
+    """Its "wide" was copied into the pack; it is a skipped input now, as a bad file_name is."""
+    images_dir, ann, doc = coco
+    doc["images"][0]["width"] = "wide"
+    doc["images"][4]["height"] = None
+    listing = scan_coco(str(images_dir), str(_write(ann, doc)))
+    reasons = {w["source"]: w["reason"] for w in listing.warnings}
+    assert reasons[doc["images"][0]["file_name"]] == ('images[0]: "width" must be a positive number of pixels, not '
+                                                      "'wide'; not packed")
+    assert reasons[doc["images"][4]["file_name"]].startswith('images[4]: "height" must be a positive number')
+    packed = {s.rel for s in listing.samples}
+    assert doc["images"][0]["file_name"] not in packed and doc["images"][4]["file_name"] not in packed

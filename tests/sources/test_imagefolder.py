@@ -63,10 +63,10 @@ def test_a_link_back_to_a_folder_above_is_not_followed_and_is_reported(tmp_path)
     os.symlink(".", tmp_path / "a" / "self")
     os.symlink("..", tmp_path / "a" / "up")
     listing = scan_imagefolder(str(tmp_path))
-    assert [(s.rel, s.label) for s in listing.samples] == [("a/x.jpg", 0), ("a/up/b/y.jpg", 0), ("b/y.jpg", 1)]
+    assert [(s.rel, s.label) for s in listing.samples] == [("a/x.jpg", 0), ("b/y.jpg", 1)]
     assert listing.warnings == [
         {"source": "a/self", "reason": "leads back to a folder above it (a loop of links): not followed"},
-        {"source": "a/up/a", "reason": "leads back to a folder above it (a loop of links): not followed"}]
+        {"source": "a/up", "reason": "leads back to a folder above it (a loop of links): not followed"}]
 
 
 def test_the_walk_gives_os_walks_order_where_there_is_no_loop(tmp_path):
@@ -81,9 +81,9 @@ def test_the_walk_gives_os_walks_order_where_there_is_no_loop(tmp_path):
 _SCAN = """
 import json, sys
 from shardkit.errors import SourceError
-from shardkit.sources import scan_imagefolder
+from shardkit import sources
 try:
-    listing = scan_imagefolder(sys.argv[1])
+    listing = getattr(sources, sys.argv[2])(sys.argv[1])
 except SourceError as err:
     print(json.dumps({"error": str(err)}))
 else:
@@ -91,15 +91,15 @@ else:
 """
 
 
-def _scan_without_root_override(root):
-    """scan_imagefolder(root) in a process that file permissions apply to (as root: without the
+def _scan_without_root_override(root, scan="scan_imagefolder"):
+    """``scan(root)`` in a process that file permissions apply to (as root: without the
     capabilities that override them)."""
     import json
     import shutil
     import subprocess
     import sys
 
-    command = [sys.executable, "-c", _SCAN, str(root)]
+    command = [sys.executable, "-c", _SCAN, str(root), scan]
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
             pytest.skip("running as root without setpriv: file permissions cannot apply")
@@ -126,5 +126,11 @@ def test_an_unreadable_folder_is_a_skipped_input_and_an_unreadable_class_an_erro
     try:
         got = _scan_without_root_override(tmp_path)
         assert got["error"].endswith("class folder b: unreadable folder (Permission denied)"), got
+    finally:
+        (tmp_path / "b").chmod(0o755)
+    (tmp_path / "b").chmod(0)
+    try:  # a captioned folder that cannot be read: said so, not "no image files here"
+        got = _scan_without_root_override(tmp_path / "b", "scan_caption_folder")
+        assert got["error"].endswith("b: unreadable folder (Permission denied)"), got
     finally:
         (tmp_path / "b").chmod(0o755)

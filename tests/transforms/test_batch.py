@@ -103,5 +103,10 @@ def test_the_transform_classes_take_an_int_size_as_torchvision_does() -> None:
     # typed (height, width), the form they keep; an int is taken at run time, as torchvision's
     assert Mine(32).output_size == RandomResizedCropFlip((32, 32)).output_size == (32, 32)  # type: ignore[arg-type]
     assert ResizeCenterCrop(24, 32).output_size == (24, 24)  # type: ignore[arg-type]
+    import numpy as np
+
+    from shardkit.transforms import imagenet_train
+
+    assert imagenet_train(np.int64(64)).output_size == (64, 64)  # type: ignore[arg-type]  # numpy's ints too
     with pytest.raises(ValueError, match="output_size must be a positive int or \\(height, width\\), got 0"):
         RandomResizedCropFlip(0)  # type: ignore[arg-type]
