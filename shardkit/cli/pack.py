@@ -32,15 +32,14 @@ IMAGE_SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
 
 
 def _refuse_options_without_effect(src: str, dst: str, annotations: str | None, images_root: str | None,
-                                   captions: bool, resize_max: int | None, shuffle: bool,
+                                   captions: bool, resize_max: int | None, quality: int, shuffle: bool, seed: int,
                                    storage_option: tuple[str, ...], source_option: tuple[str, ...]) -> None:
-    """An option given that this pack would not use is an error, not a silent no-op: a pack
+    """An option value that this pack would not use is an error, not a silent no-op: a pack
     records its options, so one that did nothing would still refuse a later re-run without it."""
-    given = click.get_current_context().get_parameter_source
-    if resize_max is None and given("quality") is click.core.ParameterSource.COMMANDLINE:
+    if resize_max is None and quality != 90:
         raise click.UsageError("--quality applies with --resize-max only (the quality of the images it "
                                "re-encodes); other images are packed as they are")
-    if not shuffle and given("seed") is click.core.ParameterSource.COMMANDLINE:
+    if not shuffle and seed != 0:
         raise click.UsageError("--seed applies with --shuffle only (it seeds the shuffle); --no-shuffle "
                                "packs in the source's order")
     # a caption table may list image URLs, whatever the table's own location
@@ -175,7 +174,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     if coco and resize_max is not None:
         raise click.UsageError("--resize-max is not supported for COCO (it would invalidate the "
                                "boxes)")
-    _refuse_options_without_effect(src, dst, annotations, images_root, captions, resize_max, shuffle,
+    _refuse_options_without_effect(src, dst, annotations, images_root, captions, resize_max, quality, shuffle, seed,
                                    storage_option, source_option)
     try:
         options = PackOptions(max_count=max_count, max_size=max_size, shuffle=shuffle, seed=seed,

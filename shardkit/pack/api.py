@@ -35,6 +35,7 @@ from shardkit.pack.resume import (
     finish_destination,
     input_versions,
     prepare_destination,
+    with_recorded_inert_options,
 )
 from shardkit.pack.skips import SkipBudget, check_budget
 from shardkit.pack.write import REPLACEMENT_DIR, ShardReceipt, ShardTask
@@ -195,7 +196,7 @@ def pack_listing(
             ray_exec.check_ray_destination(store)
             ray_exec.check_ray_source(listing.files)
             ray_exec.import_ray()  # fail before touching DST
-        recorded = options.to_dict()
+        recorded = with_recorded_inert_options(options.to_dict(), store)
         fp = fingerprint(listing, recorded)
         plans = plan_shards(
             [s.size for s in listing.samples],

@@ -56,6 +56,34 @@ def fingerprint(listing: SourceListing, recorded_options: dict[str, Any]) -> str
     return h.hexdigest()
 
 
+#: Options that change no byte where their condition holds: ``quality`` without ``resize_max``
+#: (nothing is re-encoded), ``seed`` without ``shuffle``. A pack records them all the same.
+_INERT = {"quality": lambda o: o.get("resize_max") is None, "seed": lambda o: o.get("shuffle") is False}
+
+
+def with_recorded_inert_options(recorded: dict[str, Any], store: Store) -> dict[str, Any]:
+    """``recorded`` with the inert options (see :data:`_INERT`) of the pack already in ``store``
+    (finished, or unfinished with its options recorded): a pack made when such a value was taken
+    (``--quality 50`` without ``--resize-max``) is resumed and found complete by the same command
+    without it, since those options change nothing."""
+    before: Any = None
+    for name in (INDEX_NAME, f"{STATE_DIR}/{_PLAN_NAME}"):
+        try:
+            raw = store.read_optional(name)
+            before = json.loads(raw).get("options") if raw is not None else None
+        except (ValueError, AttributeError, OSError, PackError):
+            before = None
+        if isinstance(before, dict):
+            break
+    if not isinstance(before, dict):
+        return recorded
+    out = dict(recorded)
+    for key, inert in _INERT.items():
+        if key in before and inert(recorded) and inert(before):
+            out[key] = before[key]
+    return out
+
+
 def input_versions(listing: SourceListing) -> str:
     """A hash of the input files' versions (modification times, ETags), recorded in the pack
     state only: an unfinished pack does not resume over files changed since it began."""
