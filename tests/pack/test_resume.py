@@ -291,13 +291,15 @@ def test_an_unfinished_pack_refused_to_another_command_says_what_differs(small_t
 def test_a_pack_made_with_an_option_that_changed_nothing_is_the_same_pack_without_it(small_tree, tmp_path):
     """Packs made before such options were refused (--quality 50 without --resize-max, a seed with
     --no-shuffle) are found complete, and resumed, by the same command without the option."""
-    for field, value, kept in [("quality", 50, {}), ("seed", 7, {"shuffle": False})]:
-        made = PackOptions(max_count=2, **kept)
+    cases: list[tuple[str, int, dict[str, bool]]] = [("quality", 50, {}), ("seed", 7, {"shuffle": False})]
+    for field, value, kept in cases:
+        shuffle = kept.get("shuffle", True)
+        made = PackOptions(max_count=2, shuffle=shuffle)
         object.__setattr__(made, field, value)  # as an earlier version took it
         dst = str(tmp_path / field)
         first = pack(str(small_tree), dst, options=made, workers=1)
-        again = pack(str(small_tree), dst, options=PackOptions(max_count=2, **kept), workers=1)
+        again = pack(str(small_tree), dst, options=PackOptions(max_count=2, shuffle=shuffle), workers=1)
         assert again.already_complete and again.manifest == first.manifest
         assert again.manifest.options[field] == value
         with pytest.raises(PackError, match="different packed dataset"):  # an option that does change bytes
-            pack(str(small_tree), dst, options=PackOptions(max_count=3, **kept), workers=1)
+            pack(str(small_tree), dst, options=PackOptions(max_count=3, shuffle=shuffle), workers=1)
