@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from shardkit.format.dali_index import DALI_INDEX_SUFFIX, dali_index_name
-from shardkit.format.spec import INDEX_NAME, SHARD_SUFFIX, is_shard_name, offsets_name
+from shardkit.format.dali_index import dali_index_name
+from shardkit.format.spec import INDEX_NAME, SHARD_SUFFIX, offsets_name
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import write_manifest
 from shardkit.pack.resume import is_ours, is_temporary
@@ -29,13 +29,6 @@ from shardkit.pack.write import REPLACEMENT_DIR, STATE_DIR
 from shardkit.storage import Store
 
 __all__ = ["REPLACEMENT_DIR", "discard_replacement", "publish_replacement", "replacement_stage"]
-
-def _replaced(name: str) -> bool:
-    """Whether DST's entry ``name`` belongs to the pack being replaced (its DALI indexes too)."""
-    if name.endswith(DALI_INDEX_SUFFIX):
-        return is_shard_name(name[: -len(DALI_INDEX_SUFFIX)] + SHARD_SUFFIX)
-    return is_ours(name)
-
 
 def replacement_stage(store: Store) -> Store | None:
     """The folder a pack with ``--overwrite`` writes into: for a local DST holding a finished pack
@@ -61,7 +54,7 @@ def publish_replacement(store: Store, stage: Store, manifest: Manifest) -> None:
     kept = {name for shard in manifest.shards
             for name in (shard.url, offsets_name(shard.url), dali_index_name(shard.url))}
     for name in store.listdir():
-        if name not in kept and name != REPLACEMENT_DIR and _replaced(name):
+        if name not in kept and name != REPLACEMENT_DIR and is_ours(name):
             store.remove(name)
     write_manifest(store, manifest)
     discard_replacement(stage)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import PackError
+from shardkit.format.dali_index import DALI_INDEX_SUFFIX
 from shardkit.format.spec import HASHES_NAME, INDEX_NAME, OFFSETS_SUFFIX, TABLE_NAME, is_shard_name
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import read_manifest
@@ -106,6 +107,10 @@ def is_temporary(name: str) -> bool:
 
 
 def is_ours(name: str) -> bool:
+    """Whether DST's entry ``name`` is a pack's: its index files, state, shards, the offsets and
+    DALI index files beside them, or a writer's temporary."""
+    if name.endswith(DALI_INDEX_SUFFIX):
+        return is_shard_name(name[: -len(DALI_INDEX_SUFFIX)] + ".tar")
     return name in (INDEX_NAME, TABLE_NAME, HASHES_NAME, STATE_DIR) or is_shard_name(name) or (
         name.endswith(OFFSETS_SUFFIX) and is_shard_name(name[: -len(OFFSETS_SUFFIX)] + ".tar")
     ) or is_temporary(name)

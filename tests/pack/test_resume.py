@@ -303,3 +303,17 @@ def test_a_pack_made_with_an_option_that_changed_nothing_is_the_same_pack_withou
         assert again.manifest.options[field] == value
         with pytest.raises(PackError, match="different packed dataset"):  # an option that does change bytes
             pack(str(small_tree), dst, options=PackOptions(max_count=3, shuffle=shuffle), workers=1)
+
+
+def test_clearing_a_destination_removes_the_dali_indexes_beside_its_shards(small_tree, tmp_path):
+    """--overwrite on an object store (or over an unfinished pack) clears DST first: DALI index
+    files of shards the new pack no longer has were left behind."""
+    from shardkit.pack.resume import clear_destination
+    from shardkit.storage import Store
+
+    dst = tmp_path / "out"
+    pack(str(small_tree), str(dst), options=PackOptions(max_count=2, dali_index=True), workers=1)
+    (dst / "notes.txt").write_text("mine")
+    assert any(p.name.endswith(".dali.idx") for p in dst.iterdir())
+    clear_destination(Store(str(dst)))
+    assert [p.name for p in dst.iterdir()] == ["notes.txt"]
