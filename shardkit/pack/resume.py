@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from shardkit.errors import PackError
+from shardkit.errors import PackError, ShardkitError
 from shardkit.format.dali_index import DALI_INDEX_SUFFIX
 from shardkit.format.spec import HASHES_NAME, INDEX_NAME, OFFSETS_SUFFIX, TABLE_NAME, is_shard_name
 from shardkit.index.manifest import Manifest
@@ -72,7 +72,7 @@ def with_recorded_inert_options(recorded: dict[str, Any], store: Store) -> dict[
         try:
             raw = store.read_optional(name)
             before = json.loads(raw).get("options") if raw is not None else None
-        except (ValueError, AttributeError, OSError, PackError):
+        except (ValueError, AttributeError, OSError, ShardkitError):  # DST's own problems are said where it is prepared
             before = None
         if isinstance(before, dict):
             break
