@@ -196,7 +196,8 @@ def pack_listing(
             ray_exec.check_ray_destination(store)
             ray_exec.check_ray_source(listing.files)
             ray_exec.import_ray()  # fail before touching DST
-        recorded = with_recorded_inert_options(options.to_dict(), store)
+        # --overwrite makes a new pack: it records what an empty DST would, nothing of the old one's
+        recorded = options.to_dict() if overwrite else with_recorded_inert_options(options.to_dict(), store)
         fp = fingerprint(listing, recorded)
         plans = plan_shards(
             [s.size for s in listing.samples],
