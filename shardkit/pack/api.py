@@ -27,7 +27,12 @@ from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import plan_shards
 from shardkit.pack.pool import run_local
 from shardkit.pack.progress import PackProgress, Progress, as_pack_progress, input_bytes
-from shardkit.pack.replace import discard_replacement, publish_replacement, replacement_stage
+from shardkit.pack.replace import (
+    discard_replacement,
+    publish_replacement,
+    replacement_fingerprint,
+    replacement_stage,
+)
 from shardkit.pack.resume import (
     DestinationInUse,
     clear_destination,
@@ -219,12 +224,15 @@ def pack_listing(
             if stage is None:
                 raise
             discard_replacement(stage)  # a replacement of other input or options, begun earlier
-            state = prepare_destination(stage, fp, plans, overwrite=False, versions=versions)
+            state = prepare_destination(stage, fp, plans, overwrite=False, options=recorded, versions=versions,
+                                        listing=listing)
         if state.complete is not None:
-            if stage is None and store.exists(REPLACEMENT_DIR):  # a replacement by another command, abandoned
-                log.warning("shardkit: %s: removed the unfinished replacement an earlier --overwrite with other "
-                            "input or options had begun (%s/)", store.url, REPLACEMENT_DIR)
-                discard_replacement(store.child(REPLACEMENT_DIR))
+            if stage is None and store.exists(REPLACEMENT_DIR):
+                left = store.child(REPLACEMENT_DIR)
+                if replacement_fingerprint(left) != fp:  # another command's, abandoned (else this pack's, published)
+                    log.warning("shardkit: %s: removed the unfinished replacement an earlier --overwrite with other "
+                                "input or options had begun (%s/)", store.url, REPLACEMENT_DIR)
+                discard_replacement(left)
             return PackResult(store.url, state.complete, time.perf_counter() - started, len(plans),
                               True)
         width = key_width(len(listing.samples))

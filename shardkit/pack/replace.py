@@ -17,9 +17,11 @@ written, as it always did; so does a local DST holding only an unfinished pack (
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
+from shardkit.errors import ShardkitError
 from shardkit.format.dali_index import dali_index_name
 from shardkit.format.spec import INDEX_NAME, SHARD_SUFFIX, offsets_name
 from shardkit.index.manifest import Manifest
@@ -28,7 +30,8 @@ from shardkit.pack.resume import is_ours, is_temporary
 from shardkit.pack.write import REPLACEMENT_DIR, STATE_DIR
 from shardkit.storage import Store
 
-__all__ = ["REPLACEMENT_DIR", "discard_replacement", "publish_replacement", "replacement_stage"]
+__all__ = ["REPLACEMENT_DIR", "discard_replacement", "publish_replacement", "replacement_fingerprint",
+           "replacement_stage"]
 
 def replacement_stage(store: Store) -> Store | None:
     """The folder a pack with ``--overwrite`` writes into: for a local DST holding a finished pack
@@ -51,8 +54,8 @@ def publish_replacement(store: Store, stage: Store, manifest: Manifest) -> None:
     for name in sorted(stage.listdir(), key=lambda n: (not n.endswith(SHARD_SUFFIX), n)):
         if name != STATE_DIR and not is_temporary(name):
             _move(stage.path(name), store.path(name))
-    kept = {name for shard in manifest.shards
-            for name in (shard.url, offsets_name(shard.url), dali_index_name(shard.url))}
+    beside = (offsets_name, dali_index_name) if manifest.options.get("dali_index") else (offsets_name,)
+    kept = {name for shard in manifest.shards for name in (shard.url, *(f(shard.url) for f in beside))}
     for name in store.listdir():
         if name not in kept and name != REPLACEMENT_DIR and is_ours(name):
             store.remove(name)
@@ -62,6 +65,16 @@ def publish_replacement(store: Store, stage: Store, manifest: Manifest) -> None:
 
 def _move(src: str, target: str) -> None:
     os.replace(src, target)  # one file system: DST's folder and the one inside it
+
+
+def replacement_fingerprint(stage: Store) -> str | None:
+    """The fingerprint of the pack a replacement folder holds (its recorded plan), or None."""
+    try:
+        raw = stage.read_optional(f"{STATE_DIR}/plan.json")
+        value = json.loads(raw).get("fingerprint") if raw is not None else None
+    except (ValueError, AttributeError, OSError, ShardkitError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def discard_replacement(stage: Store) -> None:

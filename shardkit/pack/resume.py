@@ -66,16 +66,17 @@ def with_recorded_inert_options(recorded: dict[str, Any], store: Store) -> dict[
     """``recorded`` with the inert options (see :data:`_INERT`) of the pack already in ``store``
     (finished, or unfinished with its options recorded): a pack made when such a value was taken
     (``--quality 50`` without ``--resize-max``) is resumed and found complete by the same command
-    without it, since those options change nothing."""
+    without it, since those options change nothing. DST's own problems are said where it is
+    prepared, not here."""
     before: Any = None
-    for name in (INDEX_NAME, f"{STATE_DIR}/{_PLAN_NAME}"):
-        try:
-            raw = store.read_optional(name)
-            before = json.loads(raw).get("options") if raw is not None else None
-        except (ValueError, AttributeError, OSError, ShardkitError):  # DST's own problems are said where it is prepared
-            before = None
-        if isinstance(before, dict):
-            break
+    try:
+        if store.exists(INDEX_NAME):
+            before = read_manifest(store).options  # bounded, as the check of DST reads it
+        else:
+            raw = store.read_optional(f"{STATE_DIR}/{_PLAN_NAME}")
+            before = json.loads(raw).get("options") if raw is not None and len(raw) < 1 << 20 else None
+    except (ValueError, AttributeError, OSError, ShardkitError):
+        before = None
     if not isinstance(before, dict):
         return recorded
     out = dict(recorded)

@@ -106,20 +106,22 @@ def walk_following_links(top: str) -> tuple[list[tuple[str, list[str]]], list[tu
 
 
 def _folders_above(top: str) -> frozenset[tuple[int, int]]:
-    """``top`` and every folder above its real path, up to ``/``, as ``(device, inode)``: a link
-    to any of them leads back into ``top`` (``a/up -> ..`` from a class folder ``a``)."""
+    """``top`` and every folder above it, up to ``/``, by its real path and by the path it was
+    named by, as ``(device, inode)``: a link to any of them leads back into ``top`` (``a/up -> ..``
+    from a class folder ``a``)."""
     keys = set()
-    folder = os.path.realpath(top)
-    while True:
-        try:
-            st = os.stat(folder)
-        except OSError:
-            break
-        keys.add((st.st_dev, st.st_ino))
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
+    for start in (os.path.realpath(top), os.path.abspath(top)):  # above it as resolved, and as named
+        folder = start
+        while True:
+            try:
+                st = os.stat(folder)
+            except OSError:
+                break
+            keys.add((st.st_dev, st.st_ino))
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                break
+            folder = parent
     return frozenset(keys)
 
 

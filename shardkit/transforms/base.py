@@ -5,7 +5,6 @@ from __future__ import annotations
 import abc
 import operator
 import random
-from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -19,17 +18,19 @@ __all__ = ["ImageTransform", "size_pair"]
 
 
 def size_pair(size: object) -> tuple[int, int]:
-    """``output_size`` as ``(height, width)``: an int ``n`` is ``(n, n)``, as torchvision's
-    transforms take it.
+    """``output_size`` as ``(height, width)``: an int ``n`` (numpy's, a 0-d tensor) or ``[n]`` is
+    ``(n, n)``, and any two whole numbers (a tuple, list, array or tensor) are ``(h, w)``, as
+    torchvision's transforms take them.
 
-    >>> size_pair(32), size_pair([24, 32])
-    ((32, 32), (24, 32))
+    >>> size_pair(32), size_pair([24, 32]), size_pair([16])
+    ((32, 32), (24, 32), (16, 16))
     >>> size_pair("32")
     Traceback (most recent call last):
     ValueError: output_size must be a positive int or (height, width), got '32'
     """
-    def whole(value: object) -> int | None:  # an int, numpy's too (not a bool, a float or a str)
-        if isinstance(value, (bool, str, bytes)):
+
+    def whole(value: object) -> int | None:  # an int (numpy's, a 0-d tensor's), not a bool, a float or text
+        if isinstance(value, (bool, str, bytes, bytearray)) or "bool" in str(getattr(value, "dtype", "")):
             return None
         try:
             return operator.index(value)  # type: ignore[arg-type]
@@ -37,15 +38,17 @@ def size_pair(size: object) -> tuple[int, int]:
             return None
 
     one = whole(size)
-    if one is not None:
-        pair: list[int | None] = [one, one]
-    elif isinstance(size, Sequence) and not isinstance(size, (str, bytes)) and len(size) == 2:
-        pair = [whole(v) for v in size]
-    else:
-        pair = [None]
-    if len(pair) != 2 or not all(v is not None and v > 0 for v in pair):
+    parts: list[int | None] = [one, one] if one is not None else [None]
+    if one is None and not isinstance(size, (str, bytes, bytearray)):
+        try:
+            items = list(size)  # type: ignore[call-overload]
+        except TypeError:
+            items = []
+        if len(items) in (1, 2):
+            parts = [whole(v) for v in items] * (3 - len(items))
+    if len(parts) != 2 or not all(v is not None and v > 0 for v in parts):
         raise ValueError(f"output_size must be a positive int or (height, width), got {size!r}")
-    return int(pair[0]), int(pair[1])  # type: ignore[arg-type]
+    return int(parts[0]), int(parts[1])  # type: ignore[arg-type]
 
 
 class ImageTransform(abc.ABC):

@@ -317,3 +317,37 @@ def test_clearing_a_destination_removes_the_dali_indexes_beside_its_shards(small
     assert any(p.name.endswith(".dali.idx") for p in dst.iterdir())
     clear_destination(Store(str(dst)))
     assert [p.name for p in dst.iterdir()] == ["notes.txt"]
+
+
+def test_a_replacement_without_dali_indexes_leaves_none_of_the_old_packs(small_tree, tmp_path):
+    """The old pack's .dali.idx files kept their names and no longer matched the new shards."""
+    from shardkit.index import verify_dataset
+
+    dst, fresh = tmp_path / "out", tmp_path / "fresh"
+    pack(str(small_tree), str(dst), options=PackOptions(max_count=2, dali_index=True), workers=1)
+    pack(str(small_tree), str(dst), options=PackOptions(max_count=2, seed=5), workers=1, overwrite=True)
+    pack(str(small_tree), str(fresh), options=PackOptions(max_count=2, seed=5), workers=1)
+    assert _dataset_files(dst) == _dataset_files(fresh) and verify_dataset(str(dst)).ok
+
+
+def test_a_replacement_killed_after_it_was_published_is_cleared_by_a_re_run(small_tree, tmp_path, monkeypatch,
+                                                                             caplog):
+    import shardkit.pack.replace as replace
+    from shardkit.pack.replace import REPLACEMENT_DIR
+
+    dst = tmp_path / "out"
+    pack(str(small_tree), str(dst), options=PackOptions(max_count=2), workers=1)
+    real = replace.discard_replacement
+
+    def killed(stage):
+        raise KeyboardInterrupt  # after index.json, before the folder is removed
+
+    monkeypatch.setattr(replace, "discard_replacement", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pack(str(small_tree), str(dst), options=PackOptions(max_count=3), workers=1, overwrite=True)
+    monkeypatch.setattr(replace, "discard_replacement", real)
+    assert (dst / REPLACEMENT_DIR).is_dir() and (dst / "index.json").exists()
+    with caplog.at_level("WARNING", logger="shardkit.pack"):
+        again = pack(str(small_tree), str(dst), options=PackOptions(max_count=3), workers=1)
+    assert again.already_complete and not (dst / REPLACEMENT_DIR).exists()
+    assert "removed the unfinished replacement" not in caplog.text  # its own, published: nothing to say

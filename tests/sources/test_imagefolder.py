@@ -69,6 +69,17 @@ def test_a_link_back_to_a_folder_above_is_not_followed_and_is_reported(tmp_path)
         {"source": "a/up", "reason": "leads back to a folder above it (a loop of links): not followed"}]
 
 
+def test_a_link_to_a_folder_above_the_top_by_the_path_it_was_named_by_is_a_loop(tmp_path):
+    from shardkit.sources.local import walk_following_links
+
+    write_tree(tmp_path, {"real/imgs/a/1.jpg": b"x", "data/other/x.jpg": b"y"})
+    os.symlink("../real/imgs", tmp_path / "data" / "imgs")
+    os.symlink(str(tmp_path / "data"), tmp_path / "real" / "imgs" / "a" / "up")
+    found, problems = walk_following_links(str(tmp_path / "data" / "imgs"))
+    assert [f for _, files in found for f in files] == ["1.jpg"]
+    assert [os.path.basename(p) for p, _ in problems] == ["up"]
+
+
 def test_the_walk_gives_os_walks_order_where_there_is_no_loop(tmp_path):
     from shardkit.sources.local import walk_following_links
 
