@@ -17,16 +17,14 @@ written, as it always did; so does a local DST holding only an unfinished pack (
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
-from shardkit.errors import ShardkitError
 from shardkit.format.dali_index import dali_index_name
 from shardkit.format.spec import INDEX_NAME, SHARD_SUFFIX, offsets_name
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import write_manifest
-from shardkit.pack.resume import is_ours, is_temporary
+from shardkit.pack.resume import is_ours, is_temporary, recorded_plan
 from shardkit.pack.write import REPLACEMENT_DIR, STATE_DIR
 from shardkit.storage import Store
 
@@ -69,11 +67,7 @@ def _move(src: str, target: str) -> None:
 
 def replacement_fingerprint(stage: Store) -> str | None:
     """The fingerprint of the pack a replacement folder holds (its recorded plan), or None."""
-    try:
-        raw = stage.read_optional(f"{STATE_DIR}/plan.json")
-        value = json.loads(raw).get("fingerprint") if raw is not None else None
-    except (ValueError, AttributeError, OSError, ShardkitError):
-        return None
+    value = (recorded_plan(stage) or {}).get("fingerprint")
     return value if isinstance(value, str) else None
 
 

@@ -62,6 +62,17 @@ def fingerprint(listing: SourceListing, recorded_options: dict[str, Any]) -> str
 _INERT = {"quality": lambda o: o.get("resize_max") is None, "seed": lambda o: o.get("shuffle") is False}
 
 
+def recorded_plan(store: Store) -> dict[str, Any] | None:
+    """What the unfinished pack in ``store`` recorded when it began (``fingerprint``, ``versions``,
+    ``options``, ``kind``), or None: none recorded, or not readable as such."""
+    try:
+        raw = store.read_optional(f"{STATE_DIR}/{_PLAN_NAME}")
+        plan = json.loads(raw) if raw is not None and len(raw) < 1 << 20 else None
+    except (ValueError, OSError, ShardkitError):
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
 def with_recorded_inert_options(recorded: dict[str, Any], store: Store) -> dict[str, Any]:
     """``recorded`` with the inert options (see :data:`_INERT`) of the pack already in ``store``
     (finished, or unfinished with its options recorded): a pack made when such a value was taken
@@ -73,9 +84,8 @@ def with_recorded_inert_options(recorded: dict[str, Any], store: Store) -> dict[
         if store.exists(INDEX_NAME):
             before = read_manifest(store).options  # bounded, as the check of DST reads it
         else:
-            raw = store.read_optional(f"{STATE_DIR}/{_PLAN_NAME}")
-            before = json.loads(raw).get("options") if raw is not None and len(raw) < 1 << 20 else None
-    except (ValueError, AttributeError, OSError, ShardkitError):
+            before = (recorded_plan(store) or {}).get("options")
+    except (ValueError, OSError, ShardkitError):
         before = None
     if not isinstance(before, dict):
         return recorded
