@@ -1,0 +1,123 @@
+"""How long the training loop's host takes to issue one step, on batches already on the device
+and fed by ShardLoader: whether a loader slows the step through the host (GIL, cores) or the GPU.
+
+A compiled step is *device-bound* while the host issues its kernels faster than the GPU runs
+them; the host then runs ahead and a loader's host work costs the step nothing. Once the time
+to issue a step (the host time inside the step's call) reaches its device time, every
+millisecond the loader's threads take from the training thread (the GIL, a core) is a
+millisecond of the step's wall time. This script times, in one process and in alternating
+rounds, the step on one fixed batch (*synthetic*) and fed by ShardLoader at each ``--workers``
+count: wall time per step, host time inside the step's call (*issue*), time in ``next``
+(*wait*), and the device time of the step alone (CUDA events around a synchronised step).
+
+Usage (from the repository root)::
+
+    python -m benchmarks.experiments.gil.host_issue /tmp/shards --model resnet50 --size 224 \\
+        --workers 16,8 --feeders 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from benchmarks.experiments.gil.profile_gil import forever
+from shardkit import ShardLoader, transforms
+from shardkit.bench.train import TrainStep
+
+
+def timed(step: TrainStep, batches: Iterator[Any], n: int) -> tuple[float, float, float]:
+    """Wall, issue and wait milliseconds per step over ``n`` steps (synchronised at both ends)."""
+    step.sync()
+    issue = wait = 0.0
+    t0 = time.perf_counter()
+    for _ in range(n):
+        w = time.perf_counter()
+        images, labels = next(batches)
+        s = time.perf_counter()
+        step(images, labels)
+        issue += time.perf_counter() - s
+        wait += s - w
+    step.sync()
+    wall = time.perf_counter() - t0
+    return 1e3 * wall / n, 1e3 * issue / n, 1e3 * wait / n
+
+
+def device_ms(step: TrainStep, batch: tuple[torch.Tensor, torch.Tensor], n: int = 10) -> float:
+    """Device time of one step with the host waiting between steps (nothing queued behind it)."""
+    times = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        step.sync()
+        a.record()
+        step(*batch)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.experiments.gil.host_issue",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shards", help="a packed ImageFolder dataset")
+    parser.add_argument("--model", default="resnet50", choices=["resnet18", "resnet50"])
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--workers", default="16,8", help="worker counts, comma-separated")
+    parser.add_argument("--feeders", default="0", help="auto or a count")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    step = TrainStep(args.model, 1000, device)
+    transform = transforms.imagenet_train(args.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
+    feeders: int | str = args.feeders if args.feeders == "auto" else int(args.feeders)
+    counts = [int(w) for w in args.workers.split(",")]
+
+    def loader_of(workers: int) -> ShardLoader:
+        loader = ShardLoader(args.shards, batch_size=args.batch_size, transform=transform, num_workers=workers,
+                             device=device, drop_last=True, feeders=feeders)
+        loader.wait_for_feeders()
+        return loader
+
+    first = loader_of(counts[0])  # the fixed batch: the loader's own first one
+    fixed = step.clone(step.to_device(next(iter(first))))
+    first.close()
+
+    def repeat() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield fixed
+
+    rows: dict[str, list[tuple[float, float, float]]] = {"synthetic": [], **{f"fed, {w} workers": [] for w in counts}}
+    for r in range(args.rounds):
+        for name in (list(rows) if r % 2 == 0 else list(rows)[::-1]):
+            if name == "synthetic":
+                timed(step, repeat(), args.steps // 3)
+                rows[name].append(timed(step, repeat(), args.steps))
+                continue
+            loader = loader_of(int(name.split(", ")[1].split()[0]))
+            fed = map(step.to_device, forever(loader))
+            timed(step, fed, args.steps + 12)  # the lead-in: compiles, drains what the loader buffered
+            while not loader.settled:
+                timed(step, fed, 1)
+            rows[name].append(timed(step, fed, args.steps))
+            loader.close()
+    print(f"{args.model} @{args.size}, batch {args.batch_size}, feeders {args.feeders}, "
+          f"{torch.cuda.get_device_name(0)}; the step alone on the device: {device_ms(step, fixed):.1f} ms")
+    print(f"{'':<20} {'wall ms':>16} {'issue ms':>16} {'wait ms':>14} {'img/s':>8}")
+    for name, runs in rows.items():
+        cols = []
+        for i in range(3):
+            values = [run[i] for run in runs]
+            cols.append(f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})")
+        rate = args.batch_size * 1e3 / statistics.median(run[0] for run in runs)
+        print(f"{name:<20} {cols[0]:>16} {cols[1]:>16} {cols[2]:>14} {rate:8,.0f}")
+
+if __name__ == "__main__":
+    main()
