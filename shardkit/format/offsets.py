@@ -11,7 +11,7 @@ the end of its last member's padding, so reading ``size`` bytes at ``offset`` an
 them with :func:`shardkit.format.tarread.parse_span` gives the whole sample. ``crc32`` (version
 2) is the CRC-32 of those bytes (``zlib.crc32``), 8 lower-case hex digits: the loader checks it
 on every read, so bytes flipped after packing (a disk, a copy) are a corrupt sample, not decoded
-garbage. Version 1 lines have no ``crc32`` (packs of shardkit 0.1, adopted shards); both are read.
+garbage. Version 1 lines have no ``crc32`` (packs and adopted shards of shardkit 0.1); both are read.
 """
 
 from __future__ import annotations

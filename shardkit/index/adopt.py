@@ -2,7 +2,8 @@
 
 ``adopt_shards`` reads every ``*.tar`` under a directory or URL prefix once (hashing it on the
 way), groups members into samples, takes each sample's label from its ``cls`` member, and writes
-what ``shardkit pack`` would have written beside the shards: an offsets file per shard and
+what ``shardkit pack`` would have written beside the shards: an offsets file per shard (with each
+sample's CRC-32, from the same pass) and
 ``index.json`` last (flagged ``adopted``, docs/concepts/format.md §8), optionally DALI index files. The shards
 themselves are never modified, so other tools keep reading them as before.
 """
@@ -144,12 +145,22 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
                 kind: list[str], odd: Oddities, first_at: dict[int, str]) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
-        reader = HashingReader(f)
+        reader = HashingReader(f, keep=True)
         stream = io.BufferedReader(reader, 1 << 20)
         entries: list[TarEntry] = []
         samples: dict[str, dict[str, bytes]] = {}
+        crcs: dict[int, int] = {}  # each run of members with one key: its CRC-32, by its offset
+        run: list[int] = []  # the current run's key, first offset and end
+        current: str | None = None
         for e in iter_entries(stream, where=where):
             key, ext = sample_key(e.name, where=where)
+            if key != current:  # the previous run ended where this member starts
+                if current is not None:
+                    crcs[run[0]] = reader.crc32(run[0], run[1])
+                    reader.release(run[1])
+                current, run = key, [e.offset, e.end]
+            else:
+                run[1] = e.end
             if key not in samples:  # before the order is judged: `tar -C dir .` names every member ./...
                 check_key(key, where=f"{where}:{key}")
             fields = samples.setdefault(key, {})
@@ -161,9 +172,12 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
             # keep labels, not images
             fields[ext] = (e.data or b"") if ext in ("cls", "json", "txt") else b""
             entries.append(e._replace(data=None))
+        if current is not None:
+            crcs[run[0]] = reader.crc32(run[0], run[1])
+            reader.release(run[1])
         while stream.read(1 << 20):  # hash the trailing padding too
-            pass
-    spans = [SampleSpan(k, o, n) for k, o, n in group_spans(iter(entries), where=where)]
+            reader.release(reader.count)
+    spans = [SampleSpan(k, o, n, crcs[o]) for k, o, n in group_spans(iter(entries), where=where)]
     mine: set[str] = set()  # joins ``keys`` once the shard reads, so that a refused one names no other
     for span in spans:
         fields = samples[span.key]

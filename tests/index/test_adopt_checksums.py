@@ -1,0 +1,80 @@
+"""``shardkit index`` records each adopted sample's CRC-32 (offsets file version 2), read in the
+same pass as the shard's sha256: bytes changed after indexing are a corrupt sample the loader
+replaces or names, as in a pack, not a wrong label delivered without a word."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from shardkit import ShardLoader
+from shardkit.cli import cli
+from shardkit.errors import LoaderError
+from shardkit.format.offsets import load_offsets
+from shardkit.format.spec import offsets_name
+from shardkit.index import read_manifest
+from shardkit.index.adopt import adopt_shards
+from shardkit.storage import Store
+from tests.conftest import encode_image
+
+wds = pytest.importorskip("webdataset")
+
+
+def _shardwriter(root: Path, n: int = 12, image_bytes: int = 0) -> Path:
+    root.mkdir(parents=True)
+    with wds.ShardWriter(str(root / "w-%06d.tar"), maxcount=5) as sink:
+        for i in range(n):
+            image = encode_image((16, 16)) + bytes(image_bytes)  # trailing bytes: a member over a read's chunk
+            sink.write({"__key__": f"k{i:03d}", "jpg": image, "cls": str(i % 2).encode()})
+    return root
+
+
+@pytest.mark.parametrize("image_bytes", [0, 3 << 20], ids=["small", "members-past-a-read"])
+def test_each_adopted_sample_gets_the_crc32_of_its_span(tmp_path: Path, image_bytes: int) -> None:
+    root = _shardwriter(tmp_path / "w", n=12 if not image_bytes else 3, image_bytes=image_bytes)
+    adopt_shards(str(root))
+    for shard in sorted(root.glob("*.tar")):
+        raw = (root / offsets_name(shard.name)).read_bytes()
+        assert raw.startswith(b"shardkit-offsets 2 ")
+        data = shard.read_bytes()
+        for span in load_offsets(raw, where=shard.name):
+            assert span.crc32 == zlib.crc32(data[span.offset:span.offset + span.size])
+
+
+def test_a_label_changed_after_indexing_is_a_corrupt_sample_not_a_wrong_label(tmp_path: Path) -> None:
+    root = _shardwriter(tmp_path / "w")
+    adopt_shards(str(root))
+    shard = root / "w-000000.tar"
+    data = bytearray(shard.read_bytes())
+    at = data.index(b"k000.cls")  # the member's header; its data (the label "0") starts one block on
+    start = at - at % 512 + 512
+    data_at = data.index(b"0", start)
+    data[data_at:data_at + 1] = b"1"
+    shard.write_bytes(bytes(data))
+
+    with ShardLoader(str(root), batch_size=4, shuffle=False, drop_last=False, keys=True) as loader:
+        seen = {key: int(label) for _, labels, keys in loader for label, key in zip(labels, keys, strict=True)}
+        assert loader.stats.replaced == 1
+    assert seen.get("k000") is None or seen["k000"] == 0  # replaced by a neighbour, never delivered as label 1
+    with ShardLoader(str(root), batch_size=4, shuffle=False, on_error="raise") as loader, \
+            pytest.raises(LoaderError, match="k000"):
+        list(loader)
+    result = CliRunner().invoke(cli, ["verify", str(root)])
+    assert result.exit_code == 1 and "k000" in result.output, result.output
+
+
+def test_indexing_a_pack_again_keeps_its_checksums(tmp_path: Path) -> None:
+    """An index --overwrite over a pack wrote version-1 offsets files, dropping every CRC-32."""
+    from shardkit.pack import PackOptions, pack
+    from tests.conftest import write_tree
+
+    write_tree(tmp_path / "src", {"a/x.jpg": encode_image(), "b/y.jpg": encode_image(), "b/z.jpg": encode_image()})
+    pack(str(tmp_path / "src"), str(tmp_path / "p"), options=PackOptions(), workers=1)
+    shards = read_manifest(Store(str(tmp_path / "p"))).shards
+    before = {s.url: (tmp_path / "p" / offsets_name(s.url)).read_bytes() for s in shards}
+    adopt_shards(str(tmp_path / "p"), overwrite=True)
+    after = {s.url: (tmp_path / "p" / offsets_name(s.url)).read_bytes() for s in shards}
+    assert after == before
