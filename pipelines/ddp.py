@@ -64,6 +64,56 @@ def class_difference(saved: Any, classes: tuple[str, ...] | list[str] | None, da
     return f"it has {len(saved)} classes, {dataset} has {len(names)}"
 
 
+def load_checkpoint(path: str, *, device: torch.device, needs: tuple[str, ...], written_by: str) -> dict[str, Any]:
+    """``torch.load`` a recipe's checkpoint, refused in one line naming ``path`` when it cannot be read
+    (damaged, not a ``torch.save`` file) or lacks one of ``needs`` (a bare ``state_dict``, another
+    recipe's checkpoint): ``written_by`` says which recipe writes the right kind.
+
+    Raises:
+        ShardkitError: as above.
+    """
+    try:
+        ckpt = torch.load(path, map_location=device)
+    except Exception as err:  # noqa: BLE001 - torch raises a different type for each way a file is not one
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ShardkitError(f"cannot be read as a checkpoint ({first[:160]})", where=path) from err
+    if not isinstance(ckpt, dict):
+        raise ShardkitError(f"is not a checkpoint of {written_by} (it holds a {type(ckpt).__name__})", where=path)
+    missing = [key for key in needs if key not in ckpt]
+    if missing:
+        held = ", ".join(repr(k) for k in list(ckpt)[:4]) + (", ..." if len(ckpt) > 4 else "")
+        tensors = bool(ckpt) and all(isinstance(v, torch.Tensor) for v in ckpt.values())
+        bare = " (a model's bare state_dict?)" if tensors else ""
+        raise ShardkitError(f"is not a checkpoint of {written_by}: it has no {', '.join(repr(k) for k in missing)} "
+                            f"(it holds {held or 'nothing'}){bare}", where=path)
+    return ckpt
+
+
+def load_model_state(model: torch.nn.Module, ckpt: dict[str, Any], path: str) -> None:
+    """``model.load_state_dict(ckpt["model"])``, a mismatch (another architecture or class count)
+    refused in one line naming ``path``."""
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0]
+        raise ShardkitError(f"its model does not fit this one ({first[:200]})", where=path) from err
+
+
+def require_batches(loader: shardkit.ShardLoader, batch_size: int, world: int, shards: list[str]) -> None:
+    """Refuse a training run whose epoch holds no full batch (``drop_last``): it would train nothing
+    and still save a checkpoint at a later epoch.
+
+    Raises:
+        ShardkitError: ``len(loader) == 0``.
+    """
+    if len(loader) == 0:
+        samples = sum(m.num_samples for m in loader.manifests)
+        raise ShardkitError(f"the {samples:,} samples of the training data make no full batch of --batch-size "
+                            f"{batch_size}"
+                            + (f" on each of {world} ranks" if world > 1 else "")
+                            + ": lower --batch-size", where=", ".join(shards))
+
+
 def resume(path: str | None, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
            loader: shardkit.ShardLoader, device: torch.device, rank: int) -> int:
     """Load ``path`` (when it exists) into model, optimizer and loader; return the step it holds
@@ -75,13 +125,14 @@ def resume(path: str | None, *, model: torch.nn.Module, optimizer: torch.optim.O
     """
     if not path or not os.path.exists(path):
         return 0
-    ckpt = torch.load(path, map_location=device)
+    ckpt = load_checkpoint(path, device=device, needs=("model", "optimizer", "loader", "step"),
+                           written_by="this training recipe")
     if "classes" in ckpt and loader.classes is not None:
         why = class_difference(ckpt["classes"], loader.classes, "the training data")
         if why is not None:
             raise ShardkitError(f"cannot resume from it: {why} (another --checkpoint, or the same datasets)",
                                 where=path)
-    model.load_state_dict(ckpt["model"])
+    load_model_state(model, ckpt, path)
     optimizer.load_state_dict(ckpt["optimizer"])
     loader.load_state_dict(ckpt["loader"])
     step = int(ckpt["step"])

@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with val_loader(args.shards, batch_size=args.batch_size, size=args.size, workers=args.workers,
                         device=device, keys=keys_log is not None) as loader:
             arch, classes = args.arch, len(loader.manifest.classes or ())
-            ckpt = torch.load(args.checkpoint, map_location=device) if args.checkpoint else None
+            ckpt = ddp.load_checkpoint(args.checkpoint, device=device, needs=("model", "arch", "num_classes"),
+                                       written_by="train_classifier.py") if args.checkpoint else None
             if ckpt is not None:
                 why = ddp.class_difference(ckpt.get("classes", ckpt["num_classes"]), loader.classes, args.shards)
                 if why is not None:  # a top-1 against labels that mean other classes would be a number, not a score
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 arch, classes = ckpt["arch"], ckpt["num_classes"]
             model = make_model(arch, classes).to(device)
             if ckpt is not None:
-                model.load_state_dict(ckpt["model"])
+                ddp.load_model_state(model, ckpt, args.checkpoint)
             if device.type == "cuda":
                 model = model.to(memory_format=torch.channels_last)
             correct, total = evaluate(model, loader, keys_log=keys_log)

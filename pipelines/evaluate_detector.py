@@ -198,7 +198,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with val_loader(args.shards, batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
                         workers=args.workers, device=device, keys=keys_log is not None) as loader:
             arch, num_classes = args.arch, len(loader.label_map or {}) + 1
-            ckpt = torch.load(args.checkpoint, map_location=device) if args.checkpoint else None
+            ckpt = ddp.load_checkpoint(args.checkpoint, device=device,
+                                       needs=("model", "arch", "num_classes", "label_map"),
+                                       written_by="train_detector.py") if args.checkpoint else None
             if ckpt is not None:
                 if ckpt["label_map"] != loader.label_map:
                     raise SystemExit(f"{args.shards}: its categories differ from those {args.checkpoint} was "
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 arch, num_classes = ckpt["arch"], ckpt["num_classes"]
             model = make_model(arch, num_classes, args.min_size, args.max_size).to(device)
             if ckpt is not None:
-                model.load_state_dict(ckpt["model"])
+                ddp.load_model_state(model, ckpt, args.checkpoint)
             if device.type == "cuda":
                 model = model.to(memory_format=torch.channels_last)
             result = evaluate(model, loader, keys_log=keys_log)

@@ -121,6 +121,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )
     model = Clip(args.arch, args.dim).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    ddp.require_batches(loader, args.batch_size, world, args.shards)
     step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
