@@ -14,13 +14,24 @@ def _class_names(path: str | None) -> list[str] | None:
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            names = [line.strip() for line in f if line.strip()]
+            lines = [line.strip() for line in f]
     except (OSError, UnicodeDecodeError) as err:
         raise click.BadParameter(f"cannot read {path} as UTF-8 text ({err})",
                                  param_hint="--classes") from err
-    if not names:
+    while lines and not lines[-1]:  # blank lines at the end name no label
+        lines.pop()
+    if not lines:
         raise click.BadParameter(f"{path} lists no class names", param_hint="--classes")
-    return names
+    first: dict[str, int] = {}
+    for number, name in enumerate(lines, start=1):
+        if not name:
+            raise click.BadParameter(f"{path}: line {number} is blank; line N names label N-1, so a blank line "
+                                     "would move every label after it", param_hint="--classes")
+        if name in first:
+            raise click.BadParameter(f"{path}: {name!r} is on lines {first[name]} and {number}; class names "
+                                     "must differ", param_hint="--classes")
+        first[name] = number
+    return lines
 
 
 @click.command("index")

@@ -28,8 +28,8 @@ _VERSIONS = ("1", "2")
 
 def dump_offsets(spans: Sequence[SampleSpan]) -> bytes:
     """Serialise spans to the offsets file format: version 2 (with each sample's CRC-32) when
-    every span has one, else version 1."""
-    if spans and all(s.crc32 is not None for s in spans):
+    every span has one (an empty shard's too), else version 1."""
+    if all(s.crc32 is not None for s in spans):
         lines = [f"{_MAGIC} 2 {len(spans)}", *(f"{s.key} {s.offset} {s.size} {s.crc32:08x}" for s in spans)]
     else:
         lines = [f"{_MAGIC} 1 {len(spans)}", *(f"{s.key} {s.offset} {s.size}" for s in spans)]

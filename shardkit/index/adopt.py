@@ -141,7 +141,7 @@ def _kind_of(fields: dict[str, bytes]) -> str:
     return "captions" if "txt" in fields and "cls" not in fields else "imagefolder"
 
 
-def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | None], limit: int,
+def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, str | None], limit: int,
                 kind: list[str], odd: Oddities, first_at: dict[int, str]) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
@@ -182,9 +182,13 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
     for span in spans:
         fields = samples[span.key]
         check_key(span.key, where=f"{where}:{span.key}")
-        if span.key in keys or span.key in mine:
-            raise FormatError(f"sample key {span.key!r} appears in more than one shard",
-                              where=where)
+        if span.key in mine:
+            raise FormatError(f"sample key {span.key!r} appears twice in the shard", where=where)
+        if span.key in keys:
+            raise FormatError(f"sample key {span.key!r} is also a sample of {keys[span.key]}: keys must be unique "
+                              "in a dataset (shards written by two runs that each numbered keys from 0?); write them "
+                              "with distinct keys, or index each run's shards in a folder of its own and mix the "
+                              "datasets (ShardLoader([a, b]))", where=where)
         mine.add(span.key)
         images = sorted(ext for ext in fields if ext in IMAGE_MEMBER_EXTENSIONS)
         if len(images) != 1:
@@ -202,7 +206,7 @@ def _read_shard(store: Store, url: str, keys: set[str], labels: dict[int, str | 
                               where=f"{where}:{span.key}")
         labels[label] = name if name is not None else labels.get(label)
         first_at.setdefault(label, f"{where}:{span.key}")
-    keys |= mine
+    keys.update(dict.fromkeys(mine, where))
     return _Shard(ShardEntry(url, len(spans), reader.count, reader.hash.hexdigest()), spans,
                   entries)
 
@@ -237,6 +241,18 @@ def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
                                   f"{names[label]!r} in the class names given", where=first_at.get(label, where))
         return tuple(names)
     return tuple(labels.get(i) or str(i) for i in range(top + 1))
+
+
+def _check_class_names(classes: Sequence[str]) -> None:
+    """Class names as labels need them: each a non-empty string, no two alike (label = index)."""
+    seen: dict[str, int] = {}
+    for label, name in enumerate(classes):
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"class name of label {label} is {name!r}: each label needs a non-empty name")
+        if name in seen:
+            raise ValueError(f"class {name!r} is named for labels {seen[name]} and {label}: class names must "
+                             "differ (a label's class is its name)")
+        seen[name] = label
 
 
 def _check_offsets_slot(store: Store, url: str, overwrite: bool) -> None:
@@ -333,7 +349,9 @@ def adopt_shards(
         raise ValueError(f"kind must be 'auto', 'imagefolder' or 'captions', not {kind!r}")
     if kind == "captions" and classes is not None:
         raise ValueError("classes apply to labelled images, not to captioned ones")
-    keys: set[str] = set()
+    if classes is not None:
+        _check_class_names(classes)
+    keys: dict[str, str] = {}  # every key read so far -> its shard
     labels: dict[int, str | None] = {}
     first_at: dict[int, str] = {}  # label -> the first sample with it
     limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
@@ -357,8 +375,7 @@ def adopt_shards(
         check_unused_run(labels, first_at)
     class_names = _classes(labels, classes, store.url, first_at) if found[0] == "imagefolder" else None
     for shard in shards:
-        if shard.spans:
-            store.write_bytes(offsets_name(shard.entry.url), dump_offsets(shard.spans))
+        store.write_bytes(offsets_name(shard.entry.url), dump_offsets(shard.spans))  # an empty shard's too
         if dali_index:
             store.write_bytes(dali_index_name(shard.entry.url),
                               dump_dali_index(shard.entries, where=store.path(shard.entry.url)))

@@ -78,3 +78,18 @@ def test_indexing_a_pack_again_keeps_its_checksums(tmp_path: Path) -> None:
     adopt_shards(str(tmp_path / "p"), overwrite=True)
     after = {s.url: (tmp_path / "p" / offsets_name(s.url)).read_bytes() for s in shards}
     assert after == before
+
+
+def test_an_empty_shard_gets_its_offsets_file_and_verify_says_nothing_of_it(tmp_path: Path) -> None:
+    """An empty tar was adopted without an offsets file, and verify then warned of a missing .idx."""
+    import tarfile
+
+    root = _shardwriter(tmp_path / "w", n=3)
+    with tarfile.open(root / "w-000009.tar", "w"):
+        pass
+    adopt_shards(str(root))
+    assert (root / offsets_name("w-000009.tar")).read_bytes() == b"shardkit-offsets 2 0\n"
+    result = CliRunner().invoke(cli, ["verify", str(root)])
+    assert result.exit_code == 0 and "WARN" not in result.output, result.output
+    with ShardLoader(str(root), batch_size=1, shuffle=False) as loader:
+        assert len(list(loader)) == 3
