@@ -69,7 +69,11 @@ def default_shards(root: str) -> str:
     return os.path.join(tempfile.gettempdir(), "shardkit-throughput", f"{os.path.basename(path)}-{digest}")
 
 
-def images_per_second(make: Callable[[], Iterable], epochs: int, warmup: int = 5) -> float:
+#: Batches of each run skipped before the clock starts (workers starting, caches filling).
+WARMUP = 5
+
+
+def images_per_second(make: Callable[[], Iterable], epochs: int, warmup: int = WARMUP) -> float:
     """Build a fresh loader, skip ``warmup`` batches, time the rest of ``epochs`` epochs."""
     loader = make()
     images, t0, seen = 0, 0.0, 0
@@ -82,6 +86,9 @@ def images_per_second(make: Callable[[], Iterable], epochs: int, warmup: int = 5
                 images += len(labels)
     seconds = time.perf_counter() - t0
     del loader  # persistent workers exit before the next loader starts
+    if not images:  # main() checks the batches first; a loader that delivered fewer says so here
+        raise SystemExit(f"a loader delivered {seen} batches in {epochs} epochs: none left to time after the "
+                         f"{warmup} warm-up batches")
     return images / seconds
 
 
@@ -92,13 +99,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--shards", default=None,
                     help="where DIR is packed (reused when it holds a pack) [default: a folder of the temporary "
                          "directory named after DIR]")
-    ap.add_argument("--workers", type=int, default=2, help="workers of every loader [default: 2]")
-    ap.add_argument("--batch-size", type=int, default=64, help="[default: 64]")
-    ap.add_argument("--epochs", type=int, default=2, help="epochs per timed run [default: 2]")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per loader [default: 3]")
+    ap.add_argument("--workers", type=at_least(0), default=2, help="workers of every loader [default: 2]")
+    ap.add_argument("--batch-size", type=at_least(1), default=64, help="[default: 64]")
+    ap.add_argument("--epochs", type=at_least(1), default=2, help="epochs per timed run [default: 2]")
+    ap.add_argument("--repeats", type=at_least(1), default=3, help="runs per loader [default: 3]")
     args = ap.parse_args(argv)
+    if not os.path.isdir(args.dir):
+        ap.error(f"{args.dir}: no such directory (an ImageFolder tree: one folder of images per class)")
+    try:
+        images = len(ImageFolder(args.dir))
+    except (FileNotFoundError, RuntimeError) as err:  # no class folder, or no image in them
+        ap.error(f"{args.dir}: not an ImageFolder tree ({err})")
+    batches = args.epochs * (images // args.batch_size)
+    if batches <= WARMUP:
+        ap.error(f"{args.dir}: {images:,} images make {images // args.batch_size} full batches of "
+                 f"{args.batch_size} per epoch, {batches} in {args.epochs} epochs: none left to time after the "
+                 f"{WARMUP} warm-up batches; lower --batch-size or raise --epochs")
     args.shards = args.shards or default_shards(args.dir)
     return args
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an int >= ``low``."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -69,3 +69,23 @@ def test_a_batch_larger_than_an_epoch_is_refused_before_training(
     assert f"{packed_sample}: the {samples:,} samples of the training data make no full batch of --batch-size " \
            f"{samples + 1}: lower --batch-size" in err
     assert not ckpt.exists()
+
+
+def test_throughput_refuses_runs_with_nothing_to_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On a small tree it printed 0 img/s for each loader, then a ZeroDivisionError; --repeats 0 a
+    StatisticsError."""
+    from pipelines import throughput
+
+    samples = sum(1 for d in SAMPLE.iterdir() for _ in d.iterdir())
+    for argv, expected in (
+            ([str(SAMPLE), "--batch-size", str(samples // 2), "--epochs", "1"],
+             f"{samples:,} images make 2 full batches of {samples // 2} per epoch, 2 in 1 epochs: none left to "
+             "time after the 5 warm-up batches; lower --batch-size or raise --epochs"),
+            ([str(SAMPLE), "--repeats", "0"], "--repeats: must be at least 1, not 0"),
+            ([str(tmp_path)], "not an ImageFolder tree"),
+            ([str(tmp_path / "nothing")], "no such directory")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            throughput.parse_args(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and expected in err, err

@@ -143,3 +143,23 @@ def test_the_augment_recipe_runs_on_loader_batches(tmp_path: Path) -> None:
     assert len(batches) == 4
     images, targets = batches[0]
     assert images.dtype == torch.float32 and images.shape == (4, 3, 16, 16) and targets.shape == (4, 2)
+
+
+def test_the_augment_recipe_takes_the_datasets_classes_and_refuses_what_cannot_run(tmp_path: Path) -> None:
+    """It built [256, 1000] targets for 2 classes, ran a raw timm error at --classes 1, and did
+    nothing on a data set smaller than a batch."""
+    pytest.importorskip("timm")
+    from pipelines.augment_recipe import augmented_batches
+    from sample_data.generate import make_indexed_imagefolder
+    from shardkit.pack import PackOptions, pack
+
+    make_indexed_imagefolder(tmp_path / "src", classes=3, per_class=4, size=(40, 32))
+    pack(str(tmp_path / "src"), str(tmp_path / "ds"), options=PackOptions(max_count=8), workers=1)
+    ds = str(tmp_path / "ds")
+    _, targets = next(augmented_batches(ds, size=16, batch_size=4))
+    assert targets.shape == (4, 3)
+    for kwargs, message in (({"batch_size": 3}, "batch size 3 is odd"),
+                            ({"batch_size": 4, "num_classes": 2}, "has 3 classes, more than the 2 given"),
+                            ({"batch_size": 14}, "make no full batch of 14")):
+        with pytest.raises(ValueError, match=message):
+            next(augmented_batches(ds, size=16, **kwargs))
