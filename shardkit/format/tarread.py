@@ -227,8 +227,11 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
         if start == 0 and not eof_ends and block != _ZERO_BLOCK and not _is_header(block):
             raise FormatError(_not_tar(block), where=where)
         if len(block) < BLOCK:
-            detail = "ends inside a header" if block else "has no end-of-archive marker"
-            raise FormatError(f"tar file is truncated (it {detail} at byte {start})", where=where)
+            if block:
+                raise FormatError(f"tar file is truncated (it ends inside a header at byte {start})", where=where)
+            raise FormatError(f"tar file is truncated (it has no end-of-archive marker at byte {start}: its writer "
+                              "stopped before closing it, or it was cut at a member's end; if every sample is there, "
+                              "append the marker, 1,024 zero bytes: head -c 1024 /dev/zero >> SHARD)", where=where)
         if block == _ZERO_BLOCK:
             if pending or first >= 0:
                 raise FormatError(f"extension header at byte {first} is not followed by a member",

@@ -93,3 +93,20 @@ def test_an_empty_shard_gets_its_offsets_file_and_verify_says_nothing_of_it(tmp_
     assert result.exit_code == 0 and "WARN" not in result.output, result.output
     with ShardLoader(str(root), batch_size=1, shuffle=False) as loader:
         assert len(list(loader)) == 3
+
+
+def test_a_shard_without_its_end_of_archive_marker_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """GNU tar and webdataset read such a file; the refusal said 'truncated' and nothing more."""
+    from shardkit.errors import FormatError
+
+    root = _shardwriter(tmp_path / "w", n=3)
+    shard = root / "w-000000.tar"
+    data = shard.read_bytes()
+    end = len(data.rstrip(b"\0"))
+    end += -end % 512
+    shard.write_bytes(data[:end])  # the last member's padding kept, every zero block after it cut
+    with pytest.raises(FormatError, match="if every sample is there, append the marker, 1,024 zero bytes"):
+        adopt_shards(str(root))
+    with shard.open("ab") as f:
+        f.write(bytes(1024))
+    assert adopt_shards(str(root)).num_samples == 3
