@@ -52,13 +52,21 @@ def _is_detection(transform: object) -> bool:
     return detection is not None and isinstance(transform, detection.DetectionTransform)
 
 
+def _needs_coco(masks: bool, pad: int, contiguous_labels: bool, kind: str) -> LoaderError:
+    """The error for detection-only arguments on a dataset that is not COCO, naming those given."""
+    given = [f"{name}={value!r}" for name, value in (("masks", masks), ("pad", pad),
+                                                      ("contiguous_labels", contiguous_labels)) if value]
+    return LoaderError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} a COCO dataset (packed with "
+                       f"shardkit pack --annotations); this one is {kind!r}")
+
+
 def _captions_route(reader: ShardReader, spec: RouteSpec) -> Route[Any, Any]:
     """The route of a captioned dataset: the GPU or CPU route as for ImageFolder (same choice, same
     fallbacks), with the batch's text in place of labels."""
     transform, device = spec.transform, spec.device
     captions = spec.captions or CaptionTargets()
     if spec.masks or spec.pad or spec.contiguous_labels:
-        raise LoaderError("masks, pad and contiguous_labels need a COCO dataset; this one is 'captions'")
+        raise _needs_coco(spec.masks, spec.pad, spec.contiguous_labels, "captions")
     if _is_detection(transform):
         raise LoaderError("transforms.detection_train/detection_val need a COCO dataset; this one is 'captions': use "
                           "transforms.imagenet_train/imagenet_val (or any callable on images)")
@@ -179,7 +187,7 @@ def choose_route(manifest: Manifest, reader: ShardReader, spec: RouteSpec) -> Ro
         return CocoRoute(manifest, reader, transform, device=device, on_error=on_error, masks=masks, pad=pad,
                          contiguous_labels=contiguous_labels)
     if masks or pad or contiguous_labels:
-        raise LoaderError(f"masks, pad and contiguous_labels need a COCO dataset; this one is {manifest.kind!r}")
+        raise _needs_coco(masks, pad, contiguous_labels, manifest.kind)
     if _is_detection(transform):
         raise LoaderError(f"transforms.detection_train/detection_val need a COCO dataset; this one is "
                           f"{manifest.kind!r}: use transforms.imagenet_train/imagenet_val (or any callable on images)")

@@ -181,8 +181,11 @@ def test_padded_batches(sources: dict[str, tuple[Path, Path, Path]]) -> None:
 def test_options_refused_where_they_do_not_apply(sources: dict[str, tuple[Path, Path, Path]], packed: Path) -> None:
     with pytest.raises(LoaderError, match="detection transform"):
         ShardLoader(str(sources["sample"][2]), batch_size=2, transform=transforms.imagenet_train(32))
-    with pytest.raises(LoaderError, match="COCO"):
+    with pytest.raises(LoaderError, match=r"^masks=True needs a COCO dataset \(packed with shardkit pack "
+                                          r"--annotations\); this one is 'imagefolder'$"):
         ShardLoader(str(packed), batch_size=2, masks=True)
+    with pytest.raises(LoaderError, match=r"^pad=32 and contiguous_labels=True need a COCO dataset"):
+        ShardLoader(str(packed), batch_size=2, pad=32, contiguous_labels=True)
     for detection in (transforms.detection_train(), transforms.detection_val(800, 1333)):
         with pytest.raises(LoaderError, match="detection_train/detection_val need a COCO dataset; this one is "
                                               "'imagefolder': use transforms.imagenet_train"):
