@@ -10,6 +10,7 @@ themselves are never modified, so other tools keep reading them as before.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -243,6 +244,30 @@ def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
     return tuple(labels.get(i) or str(i) for i in range(top + 1))
 
 
+def _why_no_shards(store: Store, names: list[str]) -> str:
+    """What a folder with no ``*.tar`` directly in it holds instead, for the refusal: compressed
+    shards, shards named ``.TAR``, or (on a local disk) shards one folder down."""
+    def some(found: list[str]) -> str:
+        return f"{', '.join(found[:2])}{', ...' if len(found) > 2 else ''}"
+
+    packed = [n for n in names if n.lower().endswith(COMPRESSED_SHARD_SUFFIXES)]
+    if packed:
+        return (f" (found {len(packed):,} compressed {'shard' if len(packed) == 1 else 'shards'}, {some(packed)}: "
+                "decompress them first)")
+    cased = [n for n in names if n.lower().endswith(SHARD_SUFFIX)]
+    if cased:
+        return f" (found {some(cased)}: shard names end in {SHARD_SUFFIX}, in lower case; rename them)"
+    if not store.remote:
+        below: list[str] = []
+        for folder in names:
+            with contextlib.suppress(OSError):  # not a folder, or one this user cannot list
+                below += [f"{folder}/{f}" for f in sorted(os.listdir(store.path(folder))) if f.endswith(SHARD_SUFFIX)]
+        if below:
+            return (f" (found {some(below)} one folder down: index the folder that holds the shards; only the "
+                    "files directly in it are read)")
+    return ""
+
+
 def _check_class_names(classes: Sequence[str]) -> None:
     """Class names as labels need them: each a non-empty string, no two alike (label = index)."""
     seen: dict[str, int] = {}
@@ -338,11 +363,9 @@ def adopt_shards(
         what = "is a file, not a directory of .tar shards" if os.path.exists(store.path("")) else "does not exist"
         raise ManifestError(what, where=store.url)
     if not urls:
-        packed = [n for n in names if n.lower().endswith(COMPRESSED_SHARD_SUFFIXES)]
-        named = f"{', '.join(packed[:2])}{', ...' if len(packed) > 2 else ''}"
-        hint = (f" (found {len(packed):,} compressed {'shard' if len(packed) == 1 else 'shards'}, {named}: "
-                "decompress them first)" if packed else "")
-        raise ManifestError(f"no .tar shards here to index{hint}", where=store.url)
+        if store.remote and not store.exists(""):
+            raise ManifestError("does not exist", where=store.url)
+        raise ManifestError(f"no .tar shards here to index{_why_no_shards(store, names)}", where=store.url)
     for name in urls:
         _check_offsets_slot(store, name, overwrite)
     if kind not in ("auto", "imagefolder", "captions"):

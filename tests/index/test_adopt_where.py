@@ -1,0 +1,29 @@
+"""``shardkit index`` on a folder with no ``*.tar`` directly in it says what it found instead."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shardkit.errors import ManifestError
+from shardkit.index.adopt import adopt_shards
+from tests.index.test_adopt import _write_wds
+
+
+def test_shards_one_folder_down_or_named_in_capitals_are_pointed_at(tmp_path: Path) -> None:
+    shards = _write_wds(tmp_path / "top" / "train")
+    with pytest.raises(ManifestError, match=r"no .tar shards here to index \(found train/train-000000.tar, "
+                                            r"train/train-000001.tar, ... one folder down: index the folder"):
+        adopt_shards(str(tmp_path / "top"))
+    upper = tmp_path / "upper"
+    upper.mkdir()
+    shutil.copy(shards / "train-000000.tar", upper / "A.TAR")
+    with pytest.raises(ManifestError, match=r"\(found A.TAR: shard names end in .tar, in lower case; rename them\)"):
+        adopt_shards(str(upper))
+
+
+def test_a_remote_location_that_does_not_exist_is_said_to_be_missing() -> None:
+    with pytest.raises(ManifestError, match=r"memory://no-such-folder\S*: does not exist"):
+        adopt_shards("memory://no-such-folder/x")
