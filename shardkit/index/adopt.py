@@ -156,6 +156,10 @@ def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, 
         for e in iter_entries(stream, where=where):
             key, ext = sample_key(e.name, where=where)
             if key != current:  # the previous run ended where this member starts
+                if key in samples:
+                    raise FormatError(f"sample {key!r} is split across the shard (a member of it at byte "
+                                      f"{e.offset} follows other samples; a sample's members must be consecutive)",
+                                      where=where)
                 if current is not None:
                     crcs[run[0]] = reader.crc32(run[0], run[1])
                     reader.release(run[1])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.errors import ManifestError
+from shardkit.errors import FormatError, ManifestError
 from shardkit.index.adopt import adopt_shards
 from tests.index.test_adopt import _write_wds
 
@@ -27,3 +27,13 @@ def test_shards_one_folder_down_or_named_in_capitals_are_pointed_at(tmp_path: Pa
 def test_a_remote_location_that_does_not_exist_is_said_to_be_missing() -> None:
     with pytest.raises(ManifestError, match=r"memory://no-such-folder\S*: does not exist"):
         adopt_shards("memory://no-such-folder/x")
+
+
+def test_a_sample_whose_members_are_apart_is_said_to_be_split(tmp_path: Path) -> None:
+    """It was 'sample 'k0' has field 'cls' twice', about a sample that has each field once."""
+    from tests.index.test_adopt import _tar
+
+    _tar(tmp_path / "a-000000.tar", [("k0.jpg", b"x"), ("k1.jpg", b"x"), ("k1.cls", b"1"), ("k0.cls", b"0")])
+    with pytest.raises(FormatError, match=r"a-000000.tar: sample 'k0' is split across the shard \(a member of it "
+                                          r"at byte \d+ follows other samples"):
+        adopt_shards(str(tmp_path))
