@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import shardkit
 from shardkit import transforms
+from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/train_classifier.py): its directory is on the path
     import ddp
@@ -78,6 +79,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    captioned = [url for url, m in zip(args.shards, loader.manifests, strict=True) if m.kind == "captions"]
+    if captioned:  # its batches carry text where this recipe needs class labels
+        raise ShardkitError("is a captioned dataset (images with text, no class labels): train_classifier.py "
+                            "trains on labelled images; pipelines/train_contrastive.py trains on captions",
+                            where=captioned[0])
     ddp.require_batches(loader, args.batch_size, world, args.shards)
     step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
     net: torch.nn.Module = model

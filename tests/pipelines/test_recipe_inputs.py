@@ -89,3 +89,16 @@ def test_throughput_refuses_runs_with_nothing_to_time(tmp_path: Path, capsys: py
             throughput.parse_args(argv)
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and expected in err, err
+
+
+def test_the_classifier_recipe_refuses_a_captioned_dataset(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """It trained until cross_entropy raised a TypeError about a list of captions."""
+    from shardkit.pack import pack_captions
+    from tests.trees import make_caption_folder
+
+    make_caption_folder(tmp_path / "src", classes=2, per_class=2)
+    pack_captions(str(tmp_path / "src"), str(tmp_path / "ds"), options=PackOptions(max_count=5), workers=1)
+    err = _refused(train_classifier.main, [str(tmp_path / "ds"), "--batch-size", "2", "--steps", "1", *CPU], capsys)
+    assert f"{tmp_path / 'ds'}: is a captioned dataset (images with text, no class labels)" in err
+    assert "pipelines/train_contrastive.py trains on captions" in err
