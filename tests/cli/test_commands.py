@@ -217,6 +217,21 @@ def test_an_interrupted_command_run_in_process_leaves_the_signal_handlers_alone(
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
 
 
+def test_a_url_with_one_slash_is_a_usage_error_with_the_url_meant(runner, tmp_path, monkeypatch):
+    """``s3:/bucket/x`` was read as a local folder and said not to exist, without a word of the scheme."""
+    for args, name in ((["info", "s3:/bucket/x"], "DATASET"), (["pack", "sample_data/imagefolder", "gs:/b/out"], "DST"),
+                       (["index", "memory:/d"], "DATASET")):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        url = args[-1].replace(":/", "://")
+        assert f"Invalid value for '{name}': {args[-1]!r} is a local path as written; a URL needs two slashes: {url}" \
+            in result.output, result.output
+    (tmp_path / "s3:" / "x").mkdir(parents=True)  # a folder that is really named so is taken as it is
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(cli, ["info", "s3:/x"])
+    assert "two slashes" not in result.output and "index.json" in result.output, result.output
+
+
 def test_an_empty_path_argument_is_a_usage_error_naming_it(runner):
     """``shardkit pack "$SRC" "$DST"`` with a variable unset: said as such, not taken for the
     current folder (info, verify), no report at all (bench --out), nor a message about a
