@@ -11,37 +11,28 @@ import torch
 
 from pipelines import evaluate_classifier, evaluate_detector, train_classifier
 from shardkit.pack import PackOptions, pack_coco
-from tests.pipelines.conftest import SAMPLE
+from tests.pipelines.conftest import SAMPLE, refused
 
 COCO = SAMPLE.parent / "coco"
 
 CPU = ["--device", "cpu", "--workers", "0", "--size", "16"]
 
 
-def _refused(main: object, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)  # type: ignore[operator]
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
-
-
 def test_checkpoints_a_recipe_cannot_use_are_refused_in_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
     bare = tmp_path / "bare.pt"
     torch.save(torch.nn.Linear(2, 2).state_dict(), bare)
-    err = _refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(bare), *CPU], capsys)
+    err = refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(bare), *CPU], capsys)
     assert f"{bare}: is not a checkpoint of train_classifier.py: it has no 'model', 'arch', 'num_classes'" in err
     assert "bare state_dict" in err
-    err = _refused(train_classifier.main, [str(packed_sample), "--checkpoint", str(bare), "--batch-size", "4",
+    err = refused(train_classifier.main, [str(packed_sample), "--checkpoint", str(bare), "--batch-size", "4",
                                            "--steps", "1", *CPU], capsys)
     assert (f"{bare}: is not a checkpoint of this training recipe: it has no 'model', 'optimizer', 'loader', "
             "'step'") in err
 
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes(b"not a torch file at all")
-    err = _refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(damaged), *CPU], capsys)
+    err = refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(damaged), *CPU], capsys)
     assert f"{damaged}: cannot be read as a checkpoint (" in err
 
     ckpt = tmp_path / "ck.pt"
@@ -49,14 +40,14 @@ def test_checkpoints_a_recipe_cannot_use_are_refused_in_one_line(
     coco = tmp_path / "coco"
     pack_coco(str(COCO / "images"), str(COCO / "instances.json"), str(coco), options=PackOptions(max_count=8),
               workers=1)
-    err = _refused(evaluate_detector.main, [str(coco), "--checkpoint", str(ckpt), "--device", "cpu",
+    err = refused(evaluate_detector.main, [str(coco), "--checkpoint", str(ckpt), "--device", "cpu",
                                             "--workers", "0"], capsys)
     assert f"{ckpt}: is not a checkpoint of train_detector.py: it has no 'label_map'" in err
 
     state = torch.load(ckpt)
     state["model"] = torch.nn.Linear(2, 2).state_dict()  # another model's weights under the right keys
     torch.save(state, ckpt)
-    err = _refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(ckpt), *CPU], capsys)
+    err = refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(ckpt), *CPU], capsys)
     assert f"{ckpt}: its model does not fit this one (" in err
 
 
@@ -64,7 +55,7 @@ def test_a_batch_larger_than_an_epoch_is_refused_before_training(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
     samples = sum(1 for d in SAMPLE.iterdir() for _ in d.iterdir())
     ckpt = tmp_path / "ck.pt"
-    err = _refused(train_classifier.main, [str(packed_sample), "--batch-size", str(samples + 1), "--epochs", "1",
+    err = refused(train_classifier.main, [str(packed_sample), "--batch-size", str(samples + 1), "--epochs", "1",
                                            "--checkpoint", str(ckpt), *CPU], capsys)
     assert f"{packed_sample}: the {samples:,} samples of the training data make no full batch of --batch-size " \
            f"{samples + 1}: lower --batch-size" in err
@@ -99,6 +90,6 @@ def test_the_classifier_recipe_refuses_a_captioned_dataset(tmp_path: Path,
 
     make_caption_folder(tmp_path / "src", classes=2, per_class=2)
     pack_captions(str(tmp_path / "src"), str(tmp_path / "ds"), options=PackOptions(max_count=5), workers=1)
-    err = _refused(train_classifier.main, [str(tmp_path / "ds"), "--batch-size", "2", "--steps", "1", *CPU], capsys)
+    err = refused(train_classifier.main, [str(tmp_path / "ds"), "--batch-size", "2", "--steps", "1", *CPU], capsys)
     assert f"{tmp_path / 'ds'}: is a captioned dataset (images with text, no class labels)" in err
     assert "pipelines/train_contrastive.py trains on captions" in err

@@ -11,7 +11,7 @@ import torch
 
 from pipelines import evaluate_classifier, train_classifier
 from shardkit.pack import pack
-from tests.pipelines.conftest import SAMPLE
+from tests.pipelines.conftest import SAMPLE, refused
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +30,6 @@ def _train(*args: str) -> dict[str, object]:
     return train_classifier.main([*args, "--batch-size", "4", "--size", "16", "--workers", "0", "--device", "cpu"])
 
 
-def _refused(main: object, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)  # type: ignore[operator]
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
-
-
 def test_the_checkpoint_names_its_classes_and_evaluation_refuses_other_ones(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_sample: Path, two_classes: Path) -> None:
     ckpt = tmp_path / "ck.pt"
@@ -45,17 +37,17 @@ def test_the_checkpoint_names_its_classes_and_evaluation_refuses_other_ones(
     classes = sorted(p.name for p in SAMPLE.iterdir())
     assert torch.load(ckpt)["classes"] == classes
     capsys.readouterr()
-    err = _refused(evaluate_classifier.main, [str(two_classes), "--checkpoint", str(ckpt), "--device", "cpu",
+    err = refused(evaluate_classifier.main, [str(two_classes), "--checkpoint", str(ckpt), "--device", "cpu",
                                               "--workers", "0", "--size", "16"], capsys)
     assert f"--checkpoint {ckpt} was not trained on the classes of {two_classes}: it has 10 classes, " \
            f"{two_classes} has 2" in err
     state = torch.load(ckpt)
     state["classes"] = ["a" + c for c in classes]  # as many classes, other names
     torch.save(state, ckpt)
-    err = _refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(ckpt), "--device", "cpu",
+    err = refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(ckpt), "--device", "cpu",
                                               "--workers", "0", "--size", "16"], capsys)
     assert f"at label 0: 'a{classes[0]}' in the checkpoint, '{classes[0]}' in the dataset" in err
-    err = _refused(train_classifier.main, [str(packed_sample), "--checkpoint", str(ckpt), "--device", "cpu",
+    err = refused(train_classifier.main, [str(packed_sample), "--checkpoint", str(ckpt), "--device", "cpu",
                                            "--workers", "0", "--steps", "2"], capsys)
     assert f"{ckpt}: cannot resume from it: its classes differ from the training data's at label 0" in err
 
@@ -77,7 +69,7 @@ def test_progress_is_printed_from_the_first_step(capsys: pytest.CaptureFixture[s
 
 def test_a_mix_of_other_classes_advises_the_recipes_option_which_trains_it(
         capsys: pytest.CaptureFixture[str], packed_sample: Path, two_classes: Path) -> None:
-    err = _refused(train_classifier.main, [str(packed_sample), str(two_classes), "--device", "cpu", "--workers",
+    err = refused(train_classifier.main, [str(packed_sample), str(two_classes), "--device", "cpu", "--workers",
                                            "0", "--steps", "1"], capsys)
     assert "class lists differ" in err and "pass --disjoint-labels" in err and "disjoint_labels=True" not in err
     _train(str(packed_sample), str(two_classes), "--disjoint-labels", "--steps", "1")
@@ -86,7 +78,7 @@ def test_a_mix_of_other_classes_advises_the_recipes_option_which_trains_it(
 
 def test_resume_is_not_an_option_and_says_how_to_resume(capsys: pytest.CaptureFixture[str],
                                                          packed_sample: Path) -> None:
-    err = _refused(train_classifier.main, [str(packed_sample), "--resume"], capsys)
+    err = refused(train_classifier.main, [str(packed_sample), "--resume"], capsys)
     assert "the same command with --checkpoint FILE resumes from it" in err
 
 
