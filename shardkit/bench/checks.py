@@ -67,6 +67,13 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
             f"number of images, other names or sizes: another tree, or this one changed since): the comparison "
             f"would not be on the same data (pack it again with shardkit pack{omit})"
         )
+    resized = manifest.options.get("resize_max")
+    if resized is not None:
+        raise ValueError(
+            f"--shards {shards} was packed with resize_max={resized} (its images re-encoded at that shorter side), "
+            f"but the other loaders read {data['path']}'s originals: the comparison would not be on the same images "
+            f"(pack it without --resize-max{omit})"
+        )
     packed_with = manifest.options.get("jpeg_restart")
     if jpeg_restart is not None and packed_with != jpeg_restart:
         raise ValueError(

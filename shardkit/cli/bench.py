@@ -19,6 +19,7 @@ from shardkit.cli.bench_args import (
     check_source,
     dali_threads_option,
     feeders_option,
+    inside,
     needs_shards,
     png_path,
     refuse_other_modes_options,
@@ -172,6 +173,10 @@ def bench_command(src: str, annotations: str | None, max_size: int, captions: bo
         wrong = ", ".join(c for c in contenders if c not in fitting)
         raise click.UsageError(f"--contender {wrong} does not feed --train {train_model}; its loaders: "
                                f"{', '.join(fitting)}")
+    for option, path in (("--out", out), ("--plot", plot)):
+        if path is not None and shards is not None and inside(path, shards):
+            raise click.UsageError(f"{option} {path} is inside --shards {shards}: the report would be written among "
+                                   "the pack's files (over them, where it has their names); write it elsewhere")
     if out is not None:
         out = writable(out, "--out")
     if plot is not None:

@@ -60,6 +60,27 @@ def test_bench_refuses_shards_of_other_data(tree: Path, tmp_path: Path) -> None:
     assert result.exit_code != 0 and "not be on the same data" in result.output
 
 
+def test_bench_refuses_shards_whose_images_were_resized_and_a_report_into_the_pack(tree: Path,
+                                                                                   tmp_path: Path) -> None:
+    """Shards packed with --resize-max were compared with the originals they came from (13x
+    "faster"), and --out into the pack overwrote its index.json."""
+    shards = tmp_path / "small"
+    pack(str(tree), str(shards), options=PackOptions(resize_max=16), workers=1)
+    args = ["bench", str(tree), "--workers", "0", "--batch-size", "2", "--repeats", "1", "--epochs", "1",
+            "--warmup", "0", "-q"]
+    result = CliRunner().invoke(cli, [*args, "--shards", str(shards)])
+    assert result.exit_code == 1 and f"--shards {shards} was packed with resize_max=16" in result.output
+    assert "the comparison would not be on the same images (pack it without --resize-max, or omit --shards)" \
+        in result.output
+    full = tmp_path / "full"
+    pack(str(tree), str(full), workers=1)
+    before = (full / "index.json").read_bytes()
+    for where in (full / "index.json", full / "report.json"):
+        result = CliRunner().invoke(cli, [*args, "--shards", str(full), "--out", str(where)])
+        assert result.exit_code == 2 and f"is inside --shards {full}" in result.output, result.output
+    assert (full / "index.json").read_bytes() == before and not (full / "report.json").exists()
+
+
 def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path: Path) -> None:
     """Each bad path is one ``error:`` line and exit 1, as pack, info and verify say it, before
     anything is timed (a report lost after the run was the alternative)."""
