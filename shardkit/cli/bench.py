@@ -269,10 +269,10 @@ def _save(report: dict[str, Any], out: str | None, plot: str | None,
                 if not _is_stdout(out):
                     raise
                 return  # the reader of this output took what it wanted (``| head``), as with ``cat``
-            click.echo(f"report: {out}", err=_is_stdout(out))
+            _say(f"report: {out}", err=_is_stdout(out))
         if plot and plot_report is not None:
             plot_report(report, plot)
-            click.echo(f"plot:   {plot}")
+            _say(f"plot:   {plot}")
     except OSError as err:
         fd, kept = tempfile.mkstemp(prefix="shardkit-bench-", suffix=".json")
         os.close(fd)
@@ -322,6 +322,17 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
         raise stopped.interrupt from None  # said and exited as any interrupted command
     click.echo(table(report, _terminal_width()), err=_is_stdout(out))
     _save(report, out, None)
+
+
+def _say(line: str, *, err: bool = False) -> None:
+    """Echo ``line``; a reader gone from a pipe (``| head``) is no failure of the report already
+    written: the rest of the output is dropped, as ``cat`` would."""
+    try:
+        click.echo(line, err=err)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, (sys.stderr if err else sys.stdout).fileno())  # no second error at exit's flush
+        os.close(devnull)
 
 
 def _save_before_stopping(report: dict[str, Any], out: str | None) -> None:

@@ -53,6 +53,18 @@ def test_a_report_to_standard_output_is_all_that_goes_there(tree: Path) -> None:
     assert head.stdout == '{\n  "schema' and "error" not in head.stderr, head.stderr
 
 
+def test_a_table_piped_into_head_with_a_report_file_is_no_error(tree: Path, tmp_path: Path) -> None:
+    """``bench ... --out r.json | head -1``: r.json was written, then the ``report:`` line met the
+    closed pipe and the bench said it could not write r.json, kept a copy in /tmp, and exited 1."""
+    out = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "shardkit", "bench", str(tree), "--workers", "1", "--batch-size", "4", "--size",
+            "32", "--repeats", "1", "--epochs", "1", "--warmup", "1", "--no-webdataset", "-q", "--out", str(out)]
+    done = subprocess.run(f"set -o pipefail; {' '.join(argv)} | head -1", shell=True, executable="/bin/bash",
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and "error" not in done.stderr, done.stderr
+    assert json.loads(out.read_text())["schema"] == SCHEMA
+
+
 def test_bench_reuses_given_shards(tree: Path, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     args = ["bench", str(tree), "--shards", str(shards), "--workers", "0", "--batch-size", "6",
