@@ -17,7 +17,7 @@ no row; the mark names it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shardkit.bench.isolate import RunLost
@@ -25,7 +25,7 @@ from shardkit.bench.isolate import RunLost
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
 
-__all__ = ["FinishedRuns", "Interrupted"]
+__all__ = ["FinishedRuns", "Interrupted", "interrupted_note"]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -101,3 +101,27 @@ class FinishedRuns:
             finished = self.finished()
             lost.report = report(finished, {**self.mark(), "lost": str(lost)}) if finished else None
             raise
+
+
+def interrupted_note(mark: Mapping[str, Any]) -> str:
+    """The line under the title of a bench stopped part-way, interrupted or by a lost run (``mark``:
+    its report's ``interrupted``, see :mod:`shardkit.bench.finished`), naming the contenders it left
+    without a row.
+
+    Example:
+        >>> interrupted_note({"runs_finished": 5, "runs_planned": 6, "not_run": []})
+        'interrupted after 5 of 6 runs: the table holds the finished runs'
+        >>> interrupted_note({"runs_finished": 1, "runs_planned": 6, "not_run": ["dali", "imagefolder"]})
+        'interrupted after 1 of 6 runs: the table holds the finished runs (not run: dali, imagefolder)'
+        >>> interrupted_note({"runs_finished": 2, "runs_planned": 6, "not_run": [], "lost": "the run of dali died"})
+        'stopped by a lost run after 2 of 6 runs: the table holds the finished runs'
+        >>> interrupted_note({"runs_finished": 4, "runs_planned": 4, "not_run": []})
+        'interrupted after all 4 runs, while their GPU times were taken: the table holds every run, without GPU times'
+    """
+    if mark["runs_finished"] >= mark["runs_planned"] and not mark.get("lost"):  # in what follows: GPU times
+        return (f"interrupted after all {mark['runs_planned']} runs, while their GPU times were taken: the table "
+                "holds every run, without GPU times")
+    not_run = f" (not run: {', '.join(mark['not_run'])})" if mark.get("not_run") else ""
+    how = "stopped by a lost run" if mark.get("lost") else "interrupted"
+    return (f"{how} after {mark['runs_finished']} of {mark['runs_planned']} runs: the table holds the "
+            f"finished runs{not_run}")

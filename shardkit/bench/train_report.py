@@ -9,12 +9,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from shardkit.bench.finished import interrupted_note
 from shardkit.bench.report import counted, spread
 
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
 
-__all__ = ["HOST_BOUND", "against_best_dali", "interrupted_note", "rate", "summarise", "train_table", "trial_note",
+__all__ = ["HOST_BOUND", "against_best_dali", "rate", "summarise", "train_table", "trial_note",
            "with_feeders"]
 
 #: A step whose GPU time is under this share of its wall time is called host-bound in the table.
@@ -92,30 +93,6 @@ def train_table(title: str, results: list[dict[str, Any]], batch_size: int, widt
                    f"    step {step} ms" + ("" if loader == "—" else f"   loader GPU {loader} ms/batch")]
     wrap = textwrap.TextWrapper(width=max(width, 40), subsequent_indent="  ", break_on_hyphens=False)
     return "\n".join([wrap.fill(title), *(wrap.fill(n) for n in stopped), *blocks, *(wrap.fill(n) for n in notes)])
-
-
-def interrupted_note(mark: Mapping[str, Any]) -> str:
-    """The line under the title of a bench stopped part-way, interrupted or by a lost run (``mark``:
-    its report's ``interrupted``, see :mod:`shardkit.bench.finished`), naming the contenders it left
-    without a row.
-
-    Example:
-        >>> interrupted_note({"runs_finished": 5, "runs_planned": 6, "not_run": []})
-        'interrupted after 5 of 6 runs: the table holds the finished runs'
-        >>> interrupted_note({"runs_finished": 1, "runs_planned": 6, "not_run": ["dali", "imagefolder"]})
-        'interrupted after 1 of 6 runs: the table holds the finished runs (not run: dali, imagefolder)'
-        >>> interrupted_note({"runs_finished": 2, "runs_planned": 6, "not_run": [], "lost": "the run of dali died"})
-        'stopped by a lost run after 2 of 6 runs: the table holds the finished runs'
-        >>> interrupted_note({"runs_finished": 4, "runs_planned": 4, "not_run": []})
-        'interrupted after all 4 runs, while their GPU times were taken: the table holds every run, without GPU times'
-    """
-    if mark["runs_finished"] >= mark["runs_planned"] and not mark.get("lost"):  # in what follows: GPU times
-        return (f"interrupted after all {mark['runs_planned']} runs, while their GPU times were taken: the table "
-                "holds every run, without GPU times")
-    not_run = f" (not run: {', '.join(mark['not_run'])})" if mark.get("not_run") else ""
-    how = "stopped by a lost run" if mark.get("lost") else "interrupted"
-    return (f"{how} after {mark['runs_finished']} of {mark['runs_planned']} runs: the table holds the "
-            f"finished runs{not_run}")
 
 
 def against_best_dali(results: list[dict[str, Any]], dali: tuple[str, ...]) -> None:
