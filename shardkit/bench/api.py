@@ -23,6 +23,7 @@ from shardkit.bench.checks import (
     too_many_workers,
 )
 from shardkit.bench.config import BenchConfig, ProgressSink
+from shardkit.bench.finished import Interrupted
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report, counted
 from shardkit.bench.webdataset_plan import WebdatasetPlan, webdataset_plan
@@ -199,6 +200,8 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
     Raises:
         ValueError: invalid settings or too few images for one batch after warm-up.
         ShardkitError: packing or reading the shards failed.
+        Interrupted: the bench was stopped part-way (Ctrl-C, SIGTERM); it carries the report of
+            the runs it finished (marked ``interrupted``), or None where none finished.
 
     Example::
 
@@ -280,9 +283,26 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
                  "notes": notes}
         contenders = _contenders(cfg, shards, shard_paths, skipped, plan)
         epoch_batches = {c.name: wds_per_epoch if c.name == "webdataset" else per_epoch for c in contenders}
-        runs = _run(cfg, contenders, warmup, epoch_batches, drop, sink, after_run)
         config = {**asdict(cfg), "warmup": warmup, "storage_options": None,
                   "contenders": [c.name for c in contenders]}
+        finished: dict[str, list[RunResult]] = {c.name: [] for c in contenders}
+
+        def kept(name: str, rep: int, result: RunResult) -> None:
+            finished[name].append(result)
+            if after_run is not None:
+                after_run(name, rep, result)
+
+        try:
+            runs = _run(cfg, contenders, warmup, epoch_batches, drop, sink, kept)
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM: the runs finished are kept
+            done = [c for c in contenders if finished[c.name]]
+            if not done:
+                raise Interrupted(interrupt, None) from interrupt
+            report = build_report(config, conds, pack_info, done, finished)
+            report["interrupted"] = {"runs_finished": sum(map(len, finished.values())),
+                                     "runs_planned": len(contenders) * cfg.repeats,
+                                     "not_run": [c.name for c in contenders if not finished[c.name]]}
+            raise Interrupted(interrupt, report) from interrupt
         return build_report(config, conds, pack_info, contenders, runs)
     finally:
         if tmp is not None:

@@ -29,7 +29,7 @@ __all__ = ["FinishedRuns", "Interrupted", "interrupted_note"]
 
 
 class Interrupted(KeyboardInterrupt):
-    """A training bench stopped part-way by ``interrupt`` (the KeyboardInterrupt that Ctrl-C or a
+    """A bench stopped part-way by ``interrupt`` (the KeyboardInterrupt that Ctrl-C or a
     SIGTERM raised), its run in progress stopped and dropped. ``report``: the report of the runs
     it finished (its ``interrupted`` entry says how many of how many), or None where it finished
     none. A KeyboardInterrupt still, for a caller that does not look for the report."""

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from shardkit.bench.finished import interrupted_note
 from shardkit.bench.harness import Contender, RunResult
 
 SCHEMA = "shardkit.bench/1"
@@ -89,7 +90,7 @@ def summarize(contender: Contender, runs: Sequence[RunResult],
     rates = [r.images_per_second for r in runs]
     ratio = cpu_ratio = None
     if baseline_runs is not None:
-        pairs = list(zip(runs, baseline_runs, strict=True))
+        pairs = list(zip(runs, baseline_runs, strict=False))  # by repetition: a stopped bench's may differ by one
         ratio = _paired([r.images_per_second / b.images_per_second for r, b in pairs])
         if all(r.cpu_seconds > 0 for r in runs):
             cpu_ratio = _paired([(b.cpu_seconds / b.images) / (r.cpu_seconds / r.images)
@@ -275,6 +276,8 @@ def format_table(report: Mapping[str, Any], width: int | None = None) -> str:
              "process tree per wall second; CPU ms/img and × by CPU: CPU cost per image and the baseline's "
              "over it (robust to other load)")
     conditions = format_conditions(report)
+    if report.get("interrupted"):
+        conditions = f"{interrupted_note(report['interrupted'])}\n{conditions}"
     if width is None or max(map(len, lines)) <= width:
         return "\n".join([*lines, "", notes, conditions])
     blocks = []

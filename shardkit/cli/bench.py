@@ -6,7 +6,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from click.core import ParameterSource
@@ -31,6 +31,7 @@ from shardkit.cli.report import fit
 from shardkit.cli.workers import WORKERS
 
 if TYPE_CHECKING:
+    from shardkit.bench.finished import Interrupted
     from shardkit.bench.train import TrainRun
 
 # Spelled out, not imported: `shardkit --help` must not import torch (tests check they match the library's).
@@ -230,10 +231,15 @@ def bench_command(src: str, annotations: str | None, max_size: int, captions: bo
         bar.close()  # the note on its own line, not under a bar being drawn
         click.echo(fit(f"note: {text}", 2), err=True)
 
+    from shardkit.bench.finished import Interrupted
+
     try:
         report = run_bench(cfg, sink=bar, after_run=after_run, note=note)
     except ValueError as err:
         raise BenchError(str(err)) from err
+    except Interrupted as stopped:  # the runs finished are measurements: shown and saved, then the exit of ^C
+        bar.close()
+        _stopped(stopped, lambda r, width: format_table(r, width=width), out, plot, plot_report)
     finally:
         bar.close()
     click.echo(format_table(report, width=_terminal_width()), err=_is_stdout(out))
@@ -300,7 +306,6 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
 
     from shardkit.bench.finished import Interrupted
     from shardkit.bench.isolate import RunLost
-    from shardkit.cli import Terminated
 
     try:
         report = run(after_run)
@@ -312,16 +317,26 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
     except ValueError as err:
         raise BenchError(str(err)) from err
     except Interrupted as stopped:
-        if sys.stderr.isatty() and not isinstance(stopped.interrupt, Terminated):  # off the line a ^C echoed on
-            click.echo(err=True)
-        if stopped.report is None:
-            click.echo("no run had finished: nothing was measured, no report written", err=True)
-        else:
-            click.echo(table(stopped.report, _terminal_width()), err=_is_stdout(out))
-            _save_before_stopping(stopped.report, out)
-        raise stopped.interrupt from None  # said and exited as any interrupted command
+        _stopped(stopped, table, out)
     click.echo(table(report, _terminal_width()), err=_is_stdout(out))
     _save(report, out, None)
+
+
+def _stopped(stopped: Interrupted, table: Callable[[dict[str, Any], int | None], str], out: str | None,
+             plot: str | None = None,
+             plot_report: Callable[[dict[str, Any], str], None] | None = None) -> NoReturn:
+    """A bench stopped part-way (Ctrl-C, SIGTERM): the table and ``out`` (and ``plot``) of the runs
+    it finished, then the exit of any interrupted command (130, 143 for SIGTERM)."""
+    from shardkit.cli import Terminated
+
+    if sys.stderr.isatty() and not isinstance(stopped.interrupt, Terminated):  # off the line a ^C echoed on
+        click.echo(err=True)
+    if stopped.report is None:
+        click.echo("no run had finished: nothing was measured, no report written", err=True)
+    else:
+        click.echo(table(stopped.report, _terminal_width()), err=_is_stdout(out))
+        _save_before_stopping(stopped.report, out, plot, plot_report)
+    raise stopped.interrupt from None  # said and exited as any interrupted command
 
 
 def _say(line: str, *, err: bool = False) -> None:
@@ -335,12 +350,13 @@ def _say(line: str, *, err: bool = False) -> None:
         os.close(devnull)
 
 
-def _save_before_stopping(report: dict[str, Any], out: str | None) -> None:
+def _save_before_stopping(report: dict[str, Any], out: str | None, plot: str | None = None,
+                          plot_report: Callable[[dict[str, Any], str], None] | None = None) -> None:
     """:func:`_save` for a bench that stops (interrupted, or a run lost): a failed write is said in
     its ``error:`` line (where the report was kept instead) and the bench stops for its own reason,
     with its own exit status."""
     try:
-        _save(report, out, None)
+        _save(report, out, plot, plot_report)
     except BenchError as err:
         click.secho(f"error: {err}", fg="red", err=True)
 

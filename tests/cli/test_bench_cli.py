@@ -290,3 +290,32 @@ def test_the_packs_bench_makes_for_its_loaders_leave_out_packs_advice_on_mixed_f
         assert "--uniform-names" not in caplog.text + result.output
         pack(str(mixed), str(tmp_path / "by-hand"), workers=1)
     assert "pack with --uniform-names" in caplog.text
+
+
+def test_a_bench_stopped_part_way_prints_and_saves_the_runs_it_finished(tree: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the third of four runs: the table and --out of the two finished, marked, then exit
+    130. The loader bench printed 'interrupted' and nothing else, whatever it had measured."""
+    from shardkit.bench import harness
+
+    real, calls = harness.run_once, []
+
+    def stopped_in_the_third(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(harness, "run_once", stopped_in_the_third)
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["bench", str(tree), "--workers", "0", "--batch-size", "4", "--size", "16",
+                                      "--repeats", "2", "--epochs", "2", "--warmup", "1", "--no-webdataset", "-q",
+                                      "--out", str(out)])
+    assert result.exit_code == 130, result.output
+    assert "interrupted after 2 of 4 runs: the table holds the finished runs" in result.output
+    assert result.output.rstrip().endswith(f"report: {out}\ninterrupted"), result.output
+    report = json.loads(out.read_text())
+    assert report["interrupted"] == {"runs_finished": 2, "runs_planned": 4, "not_run": []}
+    assert [(r["name"], len(r["images_per_second"]["runs"])) for r in report["results"]] == [
+        ("imagefolder", 1), ("shardloader", 1)]
+    assert report["results"][1]["ratio_to_baseline"] is not None
