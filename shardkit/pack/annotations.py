@@ -12,7 +12,8 @@ ANNOTATION_REPORT = "annotation_report"
 
 
 def annotation_report(listing: SourceListing, skipped: Sequence[dict[str, str]]) -> dict[str, Any]:
-    """Count the annotations of a COCO pack apart from its images.
+    """Count the annotations of a COCO pack apart from its images; ``skipped``: the samples of
+    ``listing`` the writers skipped (by ``source``), not the records the scan refused.
 
     Returns ``{"packed", "dropped", "kept_with_problems", "in_skipped_images", "problems"}``:
     annotations written into samples; dropped by the source scan (unknown image or category);

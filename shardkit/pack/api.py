@@ -305,7 +305,9 @@ def pack_listing(
         _warn_mixed_formats(listing, options, (s["source"] for r in receipts for s in r.skipped))
         extra = dict(listing.extra)
         if listing.kind == "coco":
-            extra[ANNOTATION_REPORT] = annotation_report(listing, skipped)
+            # the samples the writers skipped: the scan's own refusals (a repeated image id, say) are
+            # records that never became samples, and may name the file of one that was packed
+            extra[ANNOTATION_REPORT] = annotation_report(listing, [s for r in receipts for s in r.skipped])
         manifest = Manifest(
             kind=listing.kind,
             shards=tuple(ShardEntry(r.name, r.num_samples, r.num_bytes, r.sha256) for r in receipts),

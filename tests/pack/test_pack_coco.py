@@ -130,6 +130,19 @@ def test_bad_input_is_reported_and_the_rest_packed(coco: tuple[Path, Path, dict[
     assert read_manifest(Store(str(tmp_path / "out"))).extra["annotation_report"] == report
 
 
+def test_a_repeated_image_record_leaves_the_packed_ones_annotations_counted_as_packed(
+        coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+    """The refused repeat named the packed record's file, and that image's annotations were counted
+    'in skipped images' while they were packed."""
+    images_dir, ann, doc = coco
+    doc["images"].append(dict(doc["images"][0]))  # the same record again: id and file_name
+    ann.write_text(json.dumps(doc), encoding="utf-8")
+    result = pack_coco(str(images_dir), str(ann), str(tmp_path / "out"), options=OPTIONS, workers=1)
+    assert [s["reason"].split(":")[1].strip()[:19] for s in result.manifest.skipped] == ["repeated image id ("]
+    report = result.manifest.extra["annotation_report"]
+    assert report["packed"] == len(doc["annotations"]) and report["in_skipped_images"] == 0
+
+
 def test_drop_empty_and_resize_refused(coco: tuple[Path, Path, dict[str, Any]],
                                        tmp_path: Path) -> None:
     images_dir, ann, doc = coco
