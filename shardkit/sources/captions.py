@@ -17,6 +17,7 @@ fingerprint.
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 from typing import Any
 
@@ -32,6 +33,8 @@ __all__ = ["CAPTIONS_KIND", "caption_text", "check_extra", "scan_caption_folder"
 #: The sample kind of captioned images in ``index.json`` (docs/concepts/format.md §5).
 CAPTIONS_KIND = "captions"
 _SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
+
+log = logging.getLogger("shardkit.pack.sources")
 
 
 def caption_text(raw: bytes) -> str:
@@ -90,6 +93,12 @@ def scan_caption_folder(root: str, *, storage_options: dict[str, Any] | None = N
     if not images:
         raise SourceError("no image files here: a captioned folder holds images (jpg, png, ...) with a .txt "
                           "caption beside each", where=files.root)
+    stems = {posixpath.splitext(image.rel)[0] for image in images}
+    orphans = sorted(e.rel for e in entries if e.rel.endswith(".txt") and e.rel[:-4] not in stems)
+    if orphans:  # an image of a format not packed (.gif, .avif), or removed: said, as nothing of it is packed
+        log.warning("shardkit: %d caption%s with no image beside %s, not packed: %s%s", len(orphans),
+                    "s" if len(orphans) > 1 else "", "them" if len(orphans) > 1 else "it",
+                    ", ".join(source_name(r) for r in orphans[:3]), ", ..." if len(orphans) > 3 else "")
     wanted: list[tuple[FileEntry, FileEntry, FileEntry | None]] = []
     for image in images:
         stem = posixpath.splitext(image.rel)[0]

@@ -359,3 +359,15 @@ def test_an_images_root_that_is_no_folder_or_holds_none_of_the_images_is_refused
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match=r"none of the 2 images the table names exists under .*empty \(e.g. "):
         scan_caption_table(str(table), images_root=str(tmp_path / "empty"))
+
+
+def test_captions_with_no_image_are_said(folder: tuple[Path, dict[str, str]], tmp_path: Path,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A .txt whose image is of a format not packed (or gone) was left out without a word."""
+    root, captions = folder
+    (root / "brick" / "moving.gif").write_bytes(b"GIF89a")
+    (root / "brick" / "moving.txt").write_text("a moving brick")
+    with caplog.at_level("WARNING", logger="shardkit.pack.sources"):
+        result = pack_captions(str(root), str(tmp_path / "out"), options=OPTIONS, workers=1)
+    assert result.manifest.num_samples == len(captions)
+    assert "1 caption with no image beside it, not packed: brick/moving.txt" in caplog.text
