@@ -162,7 +162,7 @@ def scan_hf_dataset(
     if image_column is None:
         if len(images) != 1:
             raise SourceError(f"{len(images)} Image columns ({', '.join(images) or 'none'}): name one with "
-                              "--image-column", where=where)
+                              "--image-column (image_column= in Python)", where=where)
         image_column = images[0]
     elif features.get(image_column) != "Image":
         raise SourceError(f"no Image column {image_column!r} (Image columns: {', '.join(images) or 'none'})",
@@ -171,7 +171,8 @@ def scan_hf_dataset(
         caption_column = next((c for c in ("caption", "text", "txt") if c in features), None)
         if caption_column is None:
             raise SourceError(f"no caption column: none of caption, text, txt is there (columns: "
-                              f"{', '.join(features)}); name it with --caption-column", where=where)
+                              f"{', '.join(features)}); name it with --caption-column (caption_column= in Python)",
+                              where=where)
     elif caption_column not in features:
         raise SourceError(f"no caption column {caption_column!r} (columns: {', '.join(features)})", where=where)
     if extra_columns is None:

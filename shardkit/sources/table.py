@@ -132,7 +132,7 @@ def _pick(columns: Sequence[str], given: str | None, defaults: Sequence[str], wh
         if name in columns:
             return name
     raise SourceError(f"no {what} column: none of {', '.join(defaults)} is there (columns: {', '.join(columns)}); "
-                      f"name it with {option}", where=where)
+                      f"name it with {option} ({option[2:].replace('-', '_')}= in Python)", where=where)
 
 
 def json_value(value: Any, row: int, column: str, where: str) -> Any:

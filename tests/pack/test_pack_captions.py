@@ -197,7 +197,7 @@ def test_skip_budget_stop_then_resume_gives_the_same_bytes(
      "pairs.jsonl: no image column 'url' (columns: path, caption)"),
     (b'{"image": "a.jpg", "alt": "x"}\n', [],
      "pairs.jsonl: no caption column: none of caption, text, txt is there (columns: image, alt); name it with "
-     "--caption-column"),
+     "--caption-column (caption_column= in Python)"),
     (b'{"image": "a.jpg", "caption": 3}\n', [],
      "pairs.jsonl: row 1: the caption column 'caption' holds int 3, not text"),
     (b'{"image": "a.jpg", "caption": "x", "k": 1}\n', ["--extra-columns", "k,q"],
