@@ -315,7 +315,8 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: Webdata
     if manifest.skipped:
         first = sorted(manifest.skipped, key=lambda s: s["source"])[0]
         more = len(manifest.skipped) - 1
-        notes.append(f"{counted(len(manifest.skipped), 'unreadable source file')} left out by every loader, as "
+        what = "source input" if cfg.captions else "unreadable source file"  # a caption's skip: its text, say
+        notes.append(f"{counted(len(manifest.skipped), what)} left out by every loader, as "
                      f"pack skipped {'them' if more else 'it'}: {first['source']}: {first['reason']}"
                      + (f" (and {more} more, listed in index.json)" if more else ""))
     if (crowded := too_many_workers(cfg.workers)) is not None:

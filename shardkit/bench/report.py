@@ -309,7 +309,9 @@ def format_conditions(report: Mapping[str, Any]) -> str:
                 f"{data.get('mean_kpix', '?')} kpix")
     else:
         transform = f"{cfg.get('transform')} transform at {cfg.get('size')} px"
-        what = (f"data: {data.get('images', '?'):,} images, {data.get('classes', '?')} classes, mean "
+        kinds = ("captioned images" if data.get("kind") == "captions"
+                 else f"images, {data.get('classes', '?')} classes")
+        what = (f"data: {data.get('images', '?'):,} {kinds}, mean "
                 f"{data.get('mean_kb', '?')} KB, {data.get('mean_kpix', '?')} kpix")
     lines = [
         f"settings: {transform}, uint8 out, batch "

@@ -54,5 +54,6 @@ def test_cli_times_webdataset_against_shardloader(pairs: tuple[Path, Path, dict[
     assert set(rows) == {"webdataset", "shardloader"} and report["baseline"] == "webdataset"
     timed = [(r["images_per_run"], r["batch_shape"]) for r in rows.values()]
     assert timed == [(4, [4, 3, 24, 24])] * 2  # of 2 batches, the first is not timed
+    assert f"data: {report['conditions']['data']['images']} captioned images, mean" in result.output  # not "0 classes"
     refused = CliRunner().invoke(cli, ["bench", str(src), "--captions", "--no-webdataset"])
     assert refused.exit_code == 2 and "leave out --no-webdataset" in refused.output
