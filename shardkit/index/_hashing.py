@@ -39,15 +39,15 @@ class HashingReader(io.RawIOBase):
         self.count += n
         return n
 
-    def crc32(self, start: int, end: int) -> int:
-        """The CRC-32 of bytes ``[start, end)`` of the stream (``keep=True``; read, not released).
+    def crc32(self, start: int, end: int, value: int = 0) -> int:
+        """The CRC-32 of bytes ``[start, end)`` of the stream (``keep=True``; read, not released),
+        continuing ``value`` (the CRC-32 of the bytes before them, as ``zlib.crc32``'s second argument).
 
         Raises:
             ValueError: part of the span was released or not read yet.
         """
         if not self._keep or end > self.count or (start < end and (not self._chunks or start < self._chunks[0][0])):
             raise ValueError(f"bytes {start}..{end} are not kept (read {self.count:,})")
-        value = 0
         for offset, data in self._chunks:
             if offset >= end:
                 break

@@ -150,22 +150,23 @@ def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, 
         stream = io.BufferedReader(reader, 1 << 20)
         entries: list[TarEntry] = []
         samples: dict[str, dict[str, bytes]] = {}
-        crcs: dict[int, int] = {}  # each run of members with one key: its CRC-32, by its offset
-        run: list[int] = []  # the current run's key, first offset and end
+        crcs: dict[int, int] = {}  # each run of members with one key: its CRC-32, by its first offset
+        start = folded = 0  # the current run's first offset (its CRC-32 so far: crcs[start]), and how far it goes
         current: str | None = None
         for e in iter_entries(stream, where=where):
             key, ext = sample_key(e.name, where=where)
-            if key != current:  # the previous run ended where this member starts
+            if key != current:  # a run starts where the previous one ended
                 if key in samples:
                     raise FormatError(f"sample {key!r} is split across the shard (a member of it at byte "
                                       f"{e.offset} follows other samples; a sample's members must be consecutive)",
                                       where=where)
-                if current is not None:
-                    crcs[run[0]] = reader.crc32(run[0], run[1])
-                    reader.release(run[1])
-                current, run = key, [e.offset, e.end]
-            else:
-                run[1] = e.end
+                current, start, folded, crcs[e.offset] = key, e.offset, e.offset, 0
+            # a run's span is every byte from its first member's headers to its last one's padding (a
+            # global header or folder entry between its members too): folded in member by member, so
+            # nothing read before is kept
+            crcs[start] = reader.crc32(folded, e.end, crcs[start])
+            folded = e.end
+            reader.release(folded)
             if key not in samples:  # before the order is judged: `tar -C dir .` names every member ./...
                 check_key(key, where=f"{where}:{key}")
             fields = samples.setdefault(key, {})
@@ -177,9 +178,6 @@ def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, 
             # keep labels, not images
             fields[ext] = (e.data or b"") if ext in ("cls", "json", "txt") else b""
             entries.append(e._replace(data=None))
-        if current is not None:
-            crcs[run[0]] = reader.crc32(run[0], run[1])
-            reader.release(run[1])
         while stream.read(1 << 20):  # hash the trailing padding too
             reader.release(reader.count)
     spans = [SampleSpan(k, o, n, crcs[o]) for k, o, n in group_spans(iter(entries), where=where)]

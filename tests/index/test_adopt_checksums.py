@@ -110,3 +110,42 @@ def test_a_shard_without_its_end_of_archive_marker_is_refused_with_the_fix(tmp_p
     with shard.open("ab") as f:
         f.write(bytes(1024))
     assert adopt_shards(str(root)).num_samples == 3
+
+
+def test_a_samples_span_is_checksummed_whole_and_read_member_by_member(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A global header between a sample's members is in its span (the CRC-32 covers it), and a sample
+    of large members is not held in memory whole while it is checksummed."""
+    import io
+    import tarfile
+
+    from shardkit.index import _hashing
+
+    members = [("k0.jpg", encode_image((16, 16))), ("k0.bin", bytes(4 << 20)), ("k0.npy", bytes(4 << 20)),
+               ("k0.cls", b"1"), ("k1.jpg", encode_image((16, 16))), ("k1.cls", b"0")]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = buf.getvalue()
+    glob = tarfile.TarInfo("pax_global_header")
+    glob.type, glob.pax_headers = tarfile.XGLTYPE, {"comment": "between two members of k0"}
+    at = raw.index(b"k0.cls") // 512 * 512
+    (tmp_path / "a-000000.tar").write_bytes(raw[:at] + glob.tobuf(tarfile.PAX_FORMAT) + raw[at:])
+
+    most = [0]
+    real = _hashing.HashingReader.release
+
+    def release(self: _hashing.HashingReader, upto: int) -> None:
+        most[0] = max(most[0], sum(len(d) for _, d in self._chunks))
+        real(self, upto)
+
+    monkeypatch.setattr(_hashing.HashingReader, "release", release)
+    adopt_shards(str(tmp_path))
+    data = (tmp_path / "a-000000.tar").read_bytes()
+    spans = load_offsets((tmp_path / "a-000000.idx").read_bytes(), where="a")
+    assert [s.key for s in spans] == ["k0", "k1"]
+    assert all(s.crc32 == zlib.crc32(data[s.offset:s.offset + s.size]) for s in spans)
+    assert most[0] < (4 << 20) + (3 << 20)  # one member and the read-ahead, not the sample's 8 MiB
