@@ -39,10 +39,8 @@ def check_same_data(manifest: Manifest, data: dict[str, Any], shards: str, jpeg_
             raise ValueError(f"--shards {shards} holds {_held(manifest, packed)}, but "
                              f"{data['path']} has {data['images']} captioned images: the comparison would not be on "
                              f"the same data (pack it with shardkit pack --format captions{omit})")
-        if _other_files(manifest, data):
-            raise ValueError(f"--shards {shards} was packed from other pairs than {data['path']} holds (as many, "
-                             f"other files or captions: another source, or this one changed since): the comparison "
-                             f"would not be on the same data (pack it again with shardkit pack{omit})")
+        # no fingerprint check: a pack's column choices (extra_columns, ...) are in its fingerprint but not
+        # recorded, so the source cannot be listed again as it was packed
     elif data.get("kind") == "coco":  # packed with drop_empty: the images that have annotations
         ids = list(contiguous_label_map(manifest.categories)) if manifest.kind == "coco" else None
         if manifest.kind != "coco" or packed != data["images"] or ids != data["category_ids"]:

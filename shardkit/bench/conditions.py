@@ -138,8 +138,7 @@ def describe_captions(source: str, *, sample: int = 200, seed: int = 0) -> dict[
     files = _describe_files([s.path for s in local], [os.path.getsize(s.path) for s in local], sample=sample,
                             seed=seed)
     return {"path": os.path.abspath(source), "kind": "captions", "classes": 0, **files,
-            "images": len(listing.samples) + len(listing.warnings), "paths": [s.path for s in local],
-            "listing": listing}
+            "images": len(listing.samples) + len(listing.warnings), "paths": [s.path for s in local]}
 
 
 def describe_coco(images: str, annotations: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:

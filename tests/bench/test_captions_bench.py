@@ -58,18 +58,3 @@ def test_cli_times_webdataset_against_shardloader(pairs: tuple[Path, Path, dict[
     refused = CliRunner().invoke(cli, ["bench", str(src), "--captions", "--no-webdataset"])
     assert refused.exit_code == 2 and "leave out --no-webdataset" in refused.output
 
-
-def test_shards_of_other_pairs_as_many_as_the_source_are_refused(pairs: tuple[Path, Path, dict[str, str]],
-                                                                 tmp_path: Path) -> None:
-    """A pack of other pairs with the same count was timed as the source's."""
-    import shutil
-
-    src, ds, _ = pairs
-    other = tmp_path / "other"
-    shutil.copytree(src, other)
-    caption = next(other.rglob("*.txt"))
-    caption.write_text(caption.read_text() + " and more")
-    result = CliRunner().invoke(cli, ["bench", str(other), "--captions", "--shards", str(ds), "--workers", "0",
-                                      "--batch-size", "4", "--size", "24", "--epochs", "1", "--repeats", "1",
-                                      "--warmup", "0", "-q"])
-    assert result.exit_code == 1 and f"--shards {ds} was packed from other pairs than" in result.output, result.output
