@@ -126,6 +126,7 @@ def at_least(low: int) -> Callable[[str], int]:
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
         return value
+    parse.__name__ = "int"  # argparse names a value that is no number by its type's name: "invalid int value"
     return parse
 
 

@@ -71,6 +71,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         keys=log_dir is not None,
         feeders=args.feeders,
     )  # rank and world size: from the process group
+    captioned = [url for url, m in zip(args.shards, loader.manifests, strict=True) if m.kind == "captions"]
+    if captioned:  # its batches carry text where this recipe needs class labels
+        raise ShardkitError("is a captioned dataset (images with text, no class labels): train_classifier.py "
+                            "trains on labelled images; pipelines/train_contrastive.py trains on captions",
+                            where=captioned[0])
     val = (val_loader(args.val, batch_size=args.batch_size, size=args.size, workers=args.workers, device=device)
            if args.val else None)
     classes = list(loader.classes or ())  # a mix with --disjoint-labels: each dataset's, one after another
@@ -79,11 +84,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    captioned = [url for url, m in zip(args.shards, loader.manifests, strict=True) if m.kind == "captions"]
-    if captioned:  # its batches carry text where this recipe needs class labels
-        raise ShardkitError("is a captioned dataset (images with text, no class labels): train_classifier.py "
-                            "trains on labelled images; pipelines/train_contrastive.py trains on captions",
-                            where=captioned[0])
     ddp.require_batches(loader, args.batch_size, world, args.shards)
     step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
     net: torch.nn.Module = model

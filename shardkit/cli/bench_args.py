@@ -120,6 +120,7 @@ PIXELS = _Pixels()
 
 def inside(path: str, folder: str) -> bool:
     """Whether the local file ``path`` is ``folder`` or under it (symlinks resolved); never for a URL."""
+    folder, path = (p.removeprefix("file://") for p in (folder, path))  # local too, as the store reads it
     if "://" in folder or "://" in path:
         return False
     top = os.path.realpath(folder)

@@ -229,6 +229,8 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
         if len(block) < BLOCK:
             if block:
                 raise FormatError(f"tar file is truncated (it ends inside a header at byte {start})", where=where)
+            if eof_ends:  # a span, read by its offsets, ends after extension headers: no hint of zero bytes
+                raise FormatError(f"extension header at byte {first} is not followed by a member", where=where)
             raise FormatError(f"tar file is truncated (it has no end-of-archive marker at byte {start}: its writer "
                               "stopped before closing it, or it was cut at a member's end; if every sample is there, "
                               "append the marker, 1,024 zero bytes: head -c 1024 /dev/zero >> SHARD)", where=where)

@@ -94,11 +94,14 @@ def scan_caption_folder(root: str, *, storage_options: dict[str, Any] | None = N
         raise SourceError("no image files here: a captioned folder holds images (jpg, png, ...) with a .txt "
                           "caption beside each", where=files.root)
     stems = {posixpath.splitext(image.rel)[0] for image in images}
-    orphans = sorted(e.rel for e in entries if e.rel.endswith(".txt") and e.rel[:-4] not in stems)
-    if orphans:  # an image of a format not packed (.gif, .avif), or removed: said, as nothing of it is packed
-        log.warning("shardkit: %d caption%s with no image beside %s, not packed: %s%s", len(orphans),
-                    "s" if len(orphans) > 1 else "", "them" if len(orphans) > 1 else "it",
-                    ", ".join(source_name(r) for r in orphans[:3]), ", ..." if len(orphans) > 3 else "")
+    folders = {posixpath.dirname(image.rel) for image in images}
+    orphans = sorted(e.rel for e in entries if e.rel.endswith(".txt") and e.rel[:-4] not in stems
+                     and posixpath.dirname(e.rel) in folders and e.rel[:-4] + ".json" in by_rel)
+    if orphans:  # a sample's text and json with its image of a format not packed (.gif, .avif), or gone
+        log.warning("shardkit: %d caption%s with no image beside %s (a .txt and a .json, no image of a format "
+                    "packed), not packed: %s%s", len(orphans), "s" if len(orphans) > 1 else "",
+                    "them" if len(orphans) > 1 else "it", ", ".join(source_name(r) for r in orphans[:3]),
+                    ", ..." if len(orphans) > 3 else "")
     wanted: list[tuple[FileEntry, FileEntry, FileEntry | None]] = []
     for image in images:
         stem = posixpath.splitext(image.rel)[0]

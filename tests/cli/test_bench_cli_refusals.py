@@ -79,6 +79,8 @@ def test_bench_refuses_shards_whose_images_were_resized_and_a_report_into_the_pa
         result = CliRunner().invoke(cli, [*args, "--shards", str(full), "--out", str(where)])
         assert result.exit_code == 2 and f"is inside --shards {full}" in result.output, result.output
     assert (full / "index.json").read_bytes() == before and not (full / "report.json").exists()
+    result = CliRunner().invoke(cli, [*args, "--shards", f"file://{full}", "--out", str(full / "index.json")])
+    assert result.exit_code == 2 and "is inside --shards file://" in result.output, result.output
 
 
 def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path: Path) -> None:

@@ -96,3 +96,17 @@ def test_split_samples_and_duplicate_fields_are_refused():
         list(iter_samples(io.BytesIO(_tar(_info("a.cls"), _info("a.cls"))), where="s"))
     with pytest.raises(FormatError, match="<key>.<ext>"):
         list(iter_samples(io.BytesIO(_tar(_info("noext"))), where="s"))
+
+
+def test_a_span_ending_after_an_extension_header_is_said_so_without_the_zero_bytes_hint():
+    """A span read by stale offsets that stops after a PAX header was told to append zero bytes to
+    the shard, which cannot help."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("k.jpg")
+        info.pax_headers = {"comment": "x"}
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"abc"))
+    pax_only = buf.getvalue()[:1024]  # the extended header and its data block, not the member's header
+    with pytest.raises(FormatError, match=r"^s: extension header at byte 0 is not followed by a member$"):
+        parse_span(pax_only, where="s")

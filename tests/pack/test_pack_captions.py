@@ -367,7 +367,12 @@ def test_captions_with_no_image_are_said(folder: tuple[Path, dict[str, str]], tm
     root, captions = folder
     (root / "brick" / "moving.gif").write_bytes(b"GIF89a")
     (root / "brick" / "moving.txt").write_text("a moving brick")
+    (root / "brick" / "moving.json").write_text("{}")
+    (root / "brick" / "NOTES.txt").write_text("not a caption: no json beside it")
+    (root / "README.txt").write_text("nor this: no image in its folder")
     with caplog.at_level("WARNING", logger="shardkit.pack.sources"):
         result = pack_captions(str(root), str(tmp_path / "out"), options=OPTIONS, workers=1)
     assert result.manifest.num_samples == len(captions)
-    assert "1 caption with no image beside it, not packed: brick/moving.txt" in caplog.text
+    assert ("1 caption with no image beside it (a .txt and a .json, no image of a format packed), not packed: "
+            "brick/moving.txt") in caplog.text
+    assert "NOTES" not in caplog.text and "README" not in caplog.text

@@ -73,6 +73,7 @@ def test_throughput_refuses_runs_with_nothing_to_time(tmp_path: Path, capsys: py
              f"{samples:,} images make 2 full batches of {samples // 2} per epoch, 2 in 1 epochs: none left to "
              "time after the 5 warm-up batches; lower --batch-size or raise --epochs"),
             ([str(SAMPLE), "--repeats", "0"], "--repeats: must be at least 1, not 0"),
+            ([str(SAMPLE), "--workers", "two"], "--workers: invalid int value: 'two'"),
             ([str(tmp_path)], "not an ImageFolder tree"),
             ([str(tmp_path / "nothing")], "no such directory")):
         capsys.readouterr()
