@@ -365,7 +365,7 @@ def adopt_shards(
         what = "is a file, not a directory of .tar shards" if os.path.exists(store.path("")) else "does not exist"
         raise ManifestError(what, where=store.url)
     if not urls:
-        if store.remote and not store.exists(""):
+        if store.remote and not names and not store.exists(""):  # an empty listing: nothing there, or no folder
             raise ManifestError("does not exist", where=store.url)
         raise ManifestError(f"no .tar shards here to index{_why_no_shards(store, names)}", where=store.url)
     for name in urls:
