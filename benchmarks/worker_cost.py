@@ -38,6 +38,7 @@ import json
 import statistics
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -192,13 +193,14 @@ def _stage(builder: RawBatchBuilder, pairs: list[tuple[int, int]], count: int, b
 class _NothingDrawn:
     """A transform whose :meth:`draw` gives the whole image unflipped (nothing drawn); all else is ``inner``'s."""
 
-    def __init__(self, inner: ImageTransform) -> None:
-        self.inner = inner
+    def __init__(self, inner: ImageTransform, calls: Counter[str]) -> None:
+        self.inner, self.calls = inner, calls
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
     def draw(self, height: int, width: int, seed: int) -> CropFlip:
+        self.calls["draw"] += 1
         return CropFlip(0, 0, height, width, False)
 
 
@@ -219,12 +221,16 @@ def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[i
     frames = {(len(data), bytes(data[-16:])): frame_of(data, gray=True)
               for *_, images in samples.values() for data in images.values()}
 
+    calls: Counter[str] = Counter()  # each stand-in's calls: one the worker no longer makes would time nothing
+
     def looked_up(data: bytes | memoryview, gray: bool = False) -> object:
+        calls["frame"] += 1
         return frames[len(data), bytes(data[-16:])]
 
     def not_read(shard: int, index: int, reserve: Callable[[int], tuple[int, memoryview] | None]) -> Any:
         """What read_sample returns, only the image's headers written into the room ``reserve``
         gives (no read, CRC or parse)."""
+        calls["read"] += 1
         key, fields, placed, where, labels, size, images = samples[shard, index]
         room = reserve(size)
         if room is None:
@@ -240,7 +246,7 @@ def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[i
         if step == "read":
             reader.read_sample = not_read  # type: ignore[method-assign,assignment]
         elif step == "draw":
-            builder.transform = _NothingDrawn(transform)  # type: ignore[assignment]
+            builder.transform = _NothingDrawn(transform, calls)  # type: ignore[assignment]
         elif step == "frame":
             worker_module.nvjpeg_frame = looked_up  # type: ignore[assignment]
 
@@ -258,7 +264,8 @@ def _ablate(builder: RawBatchBuilder, reader: ShardReader, members: list[tuple[i
         each = statistics.median(ms[step])
         print(json.dumps({"nvjpeg_step_replaced": step, "us_per_image_median": round(each * 1e3, 2),
                           "min": round(min(ms[step]) * 1e3, 2), "max": round(max(ms[step]) * 1e3, 2),
-                          "step_costs_us": round((base - each) * 1e3, 2) if step != "none" else None}))
+                          "step_costs_us": round((base - each) * 1e3, 2) if step != "none" else None,
+                          "stand_in_calls": calls[step] if step != "none" else None}))
 
 
 if __name__ == "__main__":

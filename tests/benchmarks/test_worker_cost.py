@@ -24,5 +24,5 @@ def test_worker_cost_runs_every_option(tmp_path: Path) -> None:
     assert len(passes) == 2 and all(r["cpu_ms_per_image_median"] > 0 for r in passes)
     assert {r["kind"] for r in rows if "kind" in r} >= {"nvjpeg", "png", "jpeg-cmyk"}
     assert set(steps) == {"none", "read", "draw", "frame"}
-    assert steps["read"]["us_per_image_median"] < steps["none"]["us_per_image_median"]  # the read is stood in for
+    assert all(steps[step]["stand_in_calls"] > 0 for step in ("read", "draw", "frame"))  # each stood in for
     assert len(stage) == 1 and stage[0]["bytes_per_image"] > 0 and stage[0]["cpu_ms_per_image_median"] > 0
