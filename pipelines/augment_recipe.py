@@ -35,17 +35,18 @@ def augmented_batches(dataset: str, *, size: int, batch_size: int, num_classes: 
     """
     if batch_size % 2:
         raise ValueError(f"batch size {batch_size} is odd: Mixup and CutMix pair each image with another")
-    loader = ShardLoader(dataset, batch_size=batch_size, transform=transforms.imagenet_train(size), drop_last=True)
-    classes = len(loader.classes or ())
-    if num_classes is not None and num_classes < classes:
-        raise ValueError(f"{dataset} has {classes} classes, more than the {num_classes} given")
-    if len(loader) == 0:
-        raise ValueError(f"{dataset}: its samples make no full batch of {batch_size}; use a smaller batch size")
-    mixup = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=num_classes or classes)
-    generator = torch.Generator().manual_seed(seed)
-    for images, labels in loader:  # uint8 [B, 3, size, size] on the loader's device
-        images = ERASE(JITTER(images, generator), generator)
-        yield mixup(NORMALIZE(images), labels.to(images.device))
+    with ShardLoader(dataset, batch_size=batch_size, transform=transforms.imagenet_train(size),
+                     drop_last=True) as loader:
+        classes = len(loader.classes or ())
+        if num_classes is not None and num_classes < classes:
+            raise ValueError(f"{dataset} has {classes} classes, more than the {num_classes} given")
+        if len(loader) == 0:
+            raise ValueError(f"{dataset}: its samples make no full batch of {batch_size}; use a smaller batch size")
+        mixup = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=num_classes or classes)
+        generator = torch.Generator().manual_seed(seed)
+        for images, labels in loader:  # uint8 [B, 3, size, size] on the loader's device
+            images = ERASE(JITTER(images, generator), generator)
+            yield mixup(NORMALIZE(images), labels.to(images.device))
 
 
 def main() -> None:
