@@ -1,6 +1,6 @@
-"""Hostile or foreign resume states are refused in well under a second, in one line: numbers
-past int64, a world size of millions, and a state saved on another dataset whose shards have
-the same sizes (the state is bound to the shards' hashes, not their sizes)."""
+"""Hostile or foreign resume states are refused at once (no work in proportion to them), in one
+line: numbers past int64, a world size of millions, and a state saved on another dataset whose
+shards have the same sizes (the state is bound to the shards' hashes, not their sizes)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ def _state(**changes: object) -> dict[str, object]:
     return {**_plan().state(3, 2).to_dict(), **changes}
 
 
+
+#: What "at once" allows: far under what work in proportion to a number past its range (a loop to
+#: 2**63, a world of 10**7 ranks) takes, far over a loaded CI box's time for the checks themselves.
+QUICK_S = 5.0
+
 @pytest.mark.parametrize(("key", "value"), [
     ("epoch", 2**63), ("epoch", 2**63 - 1), ("batches_consumed", 10**5000), ("num_samples", 2**64),
     ("seed", 2**64), ("world_size", 10**7),
@@ -37,14 +42,14 @@ def test_numbers_past_their_range_are_refused_at_once(key: str, value: int) -> N
     t0 = time.perf_counter()
     with pytest.raises(LoaderError, match=f"loader state: {key} must be below"):
         _plan().resume(_state(**{key: value}))
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < QUICK_S
 
 
 def test_an_elastic_resume_from_the_most_ranks_a_state_may_name_is_quick() -> None:
     state = _state(world_size=MAX_WORLD_SIZE, batches_consumed=0, epoch=0)
     t0 = time.perf_counter()
     assert _plan().resume(state)[:2] == (0, 0)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < QUICK_S
 
 
 def test_a_state_of_another_dataset_with_equal_shard_sizes_is_refused() -> None:
