@@ -210,7 +210,7 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
     """
     cfg.validate()
     if cfg.captions:
-        data = conditions.describe_captions(cfg.imagefolder)
+        data = conditions.describe_captions(cfg.imagefolder, quiet=cfg.shards is None)  # the pack says them
     elif cfg.annotations is not None:
         data = conditions.describe_coco(cfg.imagefolder, cfg.annotations)
     else:

@@ -6,6 +6,7 @@ Numbers without conditions mislead; every report carries what this module collec
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import platform
 import random
@@ -115,10 +116,11 @@ def describe_imagefolder(root: str, *, sample: int = 200, seed: int = 0) -> dict
             "class_names": list(listing.classes or ()), "listing": listing}
 
 
-def describe_captions(source: str, *, sample: int = 200, seed: int = 0) -> dict[str, Any]:
+def describe_captions(source: str, *, sample: int = 200, seed: int = 0, quiet: bool = False) -> dict[str, Any]:
     """Count the images of a captioned source (a folder of sidecars, a table or a saved HF dataset,
     as ``pack_captions`` reads it; ``images`` includes those it would skip) and their bytes; mean
-    pixel count of a sample of the local ones (``kind``: ``"captions"``).
+    pixel count of a sample of the local ones (``kind``: ``"captions"``). ``quiet``: without the
+    scan's warnings about the source (a pack that scans it next says them).
 
     Raises:
         SourceError: not a captioned source (see :func:`shardkit.pack.pack_captions`).
@@ -128,12 +130,19 @@ def describe_captions(source: str, *, sample: int = 200, seed: int = 0) -> dict[
     from shardkit.sources.table import is_table
     from shardkit.storage import is_remote
 
-    if is_table(source):
-        listing = scan_caption_table(source)
-    elif is_hf_dataset(source):
-        listing = scan_hf_dataset(source)
-    else:
-        listing = scan_caption_folder(source)
+    said = logging.getLogger("shardkit.pack.sources")
+    level = said.level
+    if quiet:
+        said.setLevel(logging.ERROR)
+    try:
+        if is_table(source):
+            listing = scan_caption_table(source)
+        elif is_hf_dataset(source):
+            listing = scan_hf_dataset(source)
+        else:
+            listing = scan_caption_folder(source)
+    finally:
+        said.setLevel(level)
     local = [s for s in listing.samples if not is_remote(s.path) and os.path.isfile(s.path)]
     files = _describe_files([s.path for s in local], [os.path.getsize(s.path) for s in local], sample=sample,
                             seed=seed)

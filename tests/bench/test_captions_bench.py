@@ -58,3 +58,21 @@ def test_cli_times_webdataset_against_shardloader(pairs: tuple[Path, Path, dict[
     refused = CliRunner().invoke(cli, ["bench", str(src), "--captions", "--no-webdataset"])
     assert refused.exit_code == 2 and "leave out --no-webdataset" in refused.output
 
+
+
+def test_what_the_source_scan_says_is_said_once(pairs: tuple[Path, Path, dict[str, str]], tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The bench's look at the source and its pack of it each said the captions with no image."""
+    import shutil
+
+    src, _, _ = pairs
+    folder = tmp_path / "src"
+    shutil.copytree(src, folder)
+    sub = next(p for p in folder.iterdir() if p.is_dir())
+    (sub / "gone.txt").write_text("an image that is gone")
+    (sub / "gone.json").write_text("{}")
+    with caplog.at_level("WARNING", logger="shardkit.pack.sources"):
+        result = CliRunner().invoke(cli, ["bench", str(folder), "--captions", "--workers", "0", "--batch-size", "4",
+                                          "--size", "24", "--epochs", "1", "--repeats", "1", "--warmup", "0", "-q"])
+    assert result.exit_code == 0, result.output
+    assert sum("with no image beside it" in r.getMessage() for r in caplog.records) == 1, caplog.text
