@@ -1,18 +1,18 @@
-"""How long the training loop's host takes to issue one step, on batches already on the device
+"""How long the training loop's host takes to launch one step, on batches already on the device
 and fed by ShardLoader: whether a loader slows the step through the host (GIL, cores) or the GPU.
 
-A compiled step is *device-bound* while the host issues its kernels faster than the GPU runs
+A compiled step is *device-bound* while the host launches its kernels faster than the GPU runs
 them; the host then runs ahead and a loader's host work costs the step nothing. Once the time
-to issue a step (the host time inside the step's call) reaches its device time, every
+to launch a step (the host time inside the step's call) reaches its device time, every
 millisecond the loader's threads take from the training thread (the GIL, a core) is a
 millisecond of the step's wall time. This script times, in one process and in alternating
 rounds, the step on one fixed batch (*synthetic*) and fed by ShardLoader at each ``--workers``
-count: wall time per step, host time inside the step's call (*issue*), time in ``next``
+count: wall time per step, host time inside the step's call (*launch*), time in ``next``
 (*wait*), and the device time of the step alone (CUDA events around a synchronised step).
 
 Usage (from the repository root)::
 
-    python -m benchmarks.experiments.gil.host_issue /tmp/shards --model resnet50 --size 224 \\
+    python -m benchmarks.experiments.gil.host_launch /tmp/shards --model resnet50 --size 224 \\
         --workers 16,8 --feeders 0
 """
 
@@ -32,20 +32,20 @@ from shardkit.bench.train import TrainStep
 
 
 def timed(step: TrainStep, batches: Iterator[Any], n: int) -> tuple[float, float, float]:
-    """Wall, issue and wait milliseconds per step over ``n`` steps (synchronised at both ends)."""
+    """Wall, launch and wait milliseconds per step over ``n`` steps (synchronised at both ends)."""
     step.sync()
-    issue = wait = 0.0
+    launch = wait = 0.0
     t0 = time.perf_counter()
     for _ in range(n):
         w = time.perf_counter()
         images, labels = next(batches)
         s = time.perf_counter()
         step(images, labels)
-        issue += time.perf_counter() - s
+        launch += time.perf_counter() - s
         wait += s - w
     step.sync()
     wall = time.perf_counter() - t0
-    return 1e3 * wall / n, 1e3 * issue / n, 1e3 * wait / n
+    return 1e3 * wall / n, 1e3 * launch / n, 1e3 * wait / n
 
 
 def device_ms(step: TrainStep, batch: tuple[torch.Tensor, torch.Tensor], n: int = 10) -> float:
@@ -63,7 +63,7 @@ def device_ms(step: TrainStep, batch: tuple[torch.Tensor, torch.Tensor], n: int 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.experiments.gil.host_issue",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.experiments.gil.host_launch",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shards", help="a packed ImageFolder dataset")
     parser.add_argument("--model", default="resnet50", choices=["resnet18", "resnet50"])
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
             loader.close()
     print(f"{args.model} @{args.size}, batch {args.batch_size}, feeders {args.feeders}, "
           f"{torch.cuda.get_device_name(0)}; the step alone on the device: {device_ms(step, fixed):.1f} ms")
-    print(f"{'':<20} {'wall ms':>16} {'issue ms':>16} {'wait ms':>14} {'img/s':>8}")
+    print(f"{'':<20} {'wall ms':>16} {'launch ms':>16} {'wait ms':>14} {'img/s':>8}")
     for name, runs in rows.items():
         cols = []
         for i in range(3):
