@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import FormatError, ManifestError
-from shardkit.format.bounded import parse_json, parse_label
+from shardkit.format.bounded import parse_json
 from shardkit.format.dali_index import dali_index_name, dump_dali_index
 from shardkit.format.offsets import dump_offsets, load_offsets
 from shardkit.format.spec import (
@@ -35,6 +35,7 @@ from shardkit.index._hashing import HashingReader
 from shardkit.index.manifest import Manifest, ShardEntry
 from shardkit.index.manifest_io import write_manifest
 from shardkit.index.member_checks import Oddities, check_unused_run, not_as_named
+from shardkit.index.sample_fields import caption_problem, kind_of, label_of, not_one_image
 from shardkit.storage import Store
 
 log = logging.getLogger("shardkit.index")
@@ -54,92 +55,6 @@ class _Shard:
     entry: ShardEntry
     spans: list[SampleSpan]
     entries: list[TarEntry]
-
-
-def _label(key: str, fields: dict[str, bytes], where: str, limit: int) -> tuple[int, str | None]:
-    """``(label, class name from json or None)`` of one sample; the label must be below ``limit``
-    (checked here, before a class list up to it is built)."""
-    here = f"{where}:{key}"
-    if "cls" not in fields:
-        raise FormatError(f"sample has no 'cls' member (has {sorted(fields)}); shardkit index "
-                          "needs a class label per sample", where=here)
-    try:
-        label = parse_label(fields["cls"])
-    except ValueError as err:
-        raise FormatError(f"'cls' member {err}", where=here) from err
-    if label >= limit:
-        raise FormatError(f"label {label} is too large: shardkit index lists every class up to the largest "
-                          f"label, at most {limit}", where=here)
-    name = None
-    if "json" in fields:
-        meta = _json_object(fields, here)
-        if "label" in meta and meta["label"] != label:
-            raise FormatError(f"'json' label {meta['label']!r:.40} differs from 'cls' {label}",
-                              where=here)
-        if isinstance(meta.get("class"), str):
-            name = meta["class"]
-    return label, name
-
-
-def _caption(key: str, fields: dict[str, bytes], where: str) -> str | None:
-    """Check one captioned sample: a ``txt`` member, a ``json`` object if any. A caption that is
-    not UTF-8 text is returned (``SHARD:KEY (why)``), not refused: the loader replaces such a
-    sample as it does any damaged one, and one of them should not stop a whole dataset."""
-    here = f"{where}:{key}"
-    if "txt" not in fields:
-        raise FormatError(f"sample has no 'txt' member (has {sorted(fields)}); a captioned dataset needs a caption "
-                          "per sample", where=here)
-    if "json" in fields:
-        _json_object(fields, here)
-    try:
-        fields["txt"].decode("utf-8")
-    except UnicodeDecodeError as err:
-        return f"{here}: {err.reason} at byte {err.start}"
-    return None
-
-
-def _json_object(fields: dict[str, bytes], here: str) -> dict[str, Any]:
-    """The sample's ``json`` member, which must be a JSON object."""
-    try:
-        meta = parse_json(fields["json"])
-    except ValueError as err:
-        raise FormatError(f"'json' member is not valid JSON ({err})", where=here) from err
-    if not isinstance(meta, dict):
-        raise FormatError(f"'json' member must be a JSON object, not {type(meta).__name__}", where=here)
-    return meta
-
-
-def _not_one_image(key: str, fields: dict[str, bytes]) -> str:
-    """Why a sample does not have exactly one image member. Its members may be several samples
-    whose keys hold a dot: a key is a member's name up to its first dot (docs/guides/interop.md,
-    the keys rule), so webdataset's ShardWriter writes key ``img.3`` as ``img.3.jpg``, which
-    reads as key ``img`` with extension ``3.jpg``."""
-    dotted = sorted(ext for ext in fields if "." in ext)
-    if not any(ext in IMAGE_MEMBER_EXTENSIONS for ext in fields) and any(
-            ext.rsplit(".", 1)[1] in IMAGE_MEMBER_EXTENSIONS for ext in dotted):
-        first = dotted[0].split(".", 1)[0]
-        named = [ext for ext in dotted if ext.split(".", 1)[0] == first]
-        more = len(fields) - len(named)
-        return (f"members {', '.join(repr(f'{key}.{ext}') for ext in named)}"
-                + (f" (and {more:,} more members like them)" if more else "")
-                + ": a key must not contain a dot (webdataset splits a member's name at the first dot, so these "
-                f"read as key {key!r} with extensions {', '.join(repr(ext) for ext in named)}); write the keys "
-                "without dots")
-    found = sorted(fields)
-    message = f"expected one image member ({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}), found {found}"
-    other_case = [ext for ext in found if ext not in IMAGE_MEMBER_EXTENSIONS
-                  and ext.lower() in IMAGE_MEMBER_EXTENSIONS]
-    if other_case and not any(ext in IMAGE_MEMBER_EXTENSIONS for ext in found):
-        ext = other_case[0]
-        message += (f"; extensions are case-sensitive in shards: {ext} is not {ext.lower()}; rename the members "
-                    "or repack")
-    return message
-
-
-def _kind_of(fields: dict[str, bytes]) -> str:
-    """The kind the first sample says the shards hold: captioned with a ``txt`` member and no ``cls``,
-    else labelled (a sample without ``cls`` is then refused as such)."""
-    return "captions" if "txt" in fields and "cls" not in fields else "imagefolder"
 
 
 def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, str | None], limit: int,
@@ -195,14 +110,14 @@ def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, 
         mine.add(span.key)
         images = sorted(ext for ext in fields if ext in IMAGE_MEMBER_EXTENSIONS)
         if len(images) != 1:
-            raise FormatError(_not_one_image(span.key, fields), where=f"{where}:{span.key}")
+            raise FormatError(not_one_image(span.key, fields), where=f"{where}:{span.key}")
         if kind[0] == "auto":
-            kind[0] = _kind_of(fields)
+            kind[0] = kind_of(fields)
         if kind[0] == "captions":
-            if (problem := _caption(span.key, fields, where)) is not None:
+            if (problem := caption_problem(span.key, fields, where)) is not None:
                 odd.add("not_text", problem)
             continue
-        label, name = _label(span.key, fields, where, limit)
+        label, name = label_of(span.key, fields, where, limit)
         if name is not None and labels.get(label) not in (None, name):
             raise FormatError(f"label {label} is class {name!r} here but {labels[label]!r} "
                               "elsewhere",
