@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -25,13 +23,13 @@ from shardkit.cli.bench_args import (
     refuse_other_modes_options,
     writable,
 )
+from shardkit.cli.bench_output import is_stdout, report_stopped, save, save_before_stopping, terminal_width
 from shardkit.cli.location import FILE, FILE_OR_URL, FOLDER, LOCATION
 from shardkit.cli.progress import BenchBar, bars_enabled
 from shardkit.cli.report import fit
 from shardkit.cli.workers import WORKERS
 
 if TYPE_CHECKING:
-    from shardkit.bench.finished import Interrupted
     from shardkit.bench.train import TrainRun
 
 # Spelled out, not imported: `shardkit --help` must not import torch (tests check they match the library's).
@@ -239,53 +237,11 @@ def bench_command(src: str, annotations: str | None, max_size: int, captions: bo
         raise BenchError(str(err)) from err
     except Interrupted as stopped:  # the runs finished are measurements: shown and saved, then the exit of ^C
         bar.close()
-        _stopped(stopped, lambda r, width: format_table(r, width=width), out, plot, plot_report)
+        report_stopped(stopped, lambda r, width: format_table(r, width=width), out, plot, plot_report)
     finally:
         bar.close()
-    click.echo(format_table(report, width=_terminal_width()), err=_is_stdout(out))
-    _save(report, out, plot, plot_report)
-
-
-def _is_stdout(path: str | None) -> bool:
-    """Whether ``path`` is this process's standard output (``--out /dev/stdout``, piped or
-    redirected): the table and the ``report:`` line then go to standard error, leaving the JSON
-    alone on standard output."""
-    if not path:
-        return False
-    try:
-        named, stdout = os.stat(path), os.fstat(sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # no such file, or an output without a descriptor
-        return False
-    return (named.st_dev, named.st_ino) == (stdout.st_dev, stdout.st_ino)
-
-
-def _save(report: dict[str, Any], out: str | None, plot: str | None,
-          plot_report: Callable[[dict[str, Any], str], None] | None = None) -> None:
-    """Write the JSON report and the plot. Their paths were checked before the run; should a write
-    still fail, the report goes to a temporary file, named in the error: a run is never lost."""
-    import tempfile
-
-    from shardkit.bench import write_json
-
-    try:
-        if out:
-            try:
-                write_json(report, out)
-            except BrokenPipeError:
-                if not _is_stdout(out):
-                    raise
-                return  # the reader of this output took what it wanted (``| head``), as with ``cat``
-            _say(f"report: {out}", err=_is_stdout(out))
-        if plot and plot_report is not None:
-            plot_report(report, plot)
-            _say(f"plot:   {plot}")
-    except OSError as err:
-        fd, kept = tempfile.mkstemp(prefix="shardkit-bench-", suffix=".json")
-        os.close(fd)
-        write_json(report, kept)
-        where = err.filename or out or plot
-        raise BenchError(f"cannot write it ({err.strerror or err}); the report is kept in {kept}",
-                         where=str(where)) from None
+    click.echo(format_table(report, width=terminal_width()), err=is_stdout(out))
+    save(report, out, plot, plot_report)
 
 
 def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[str, Any]],
@@ -311,54 +267,15 @@ def _measure_train(run: Callable[[Callable[[str, int, TrainRun], None]], dict[st
         report = run(after_run)
     except RunLost as lost:  # the bench ends; what it measured before is kept
         if lost.report is not None:
-            click.echo(table(lost.report, _terminal_width()), err=_is_stdout(out))
-            _save_before_stopping(lost.report, out)
+            click.echo(table(lost.report, terminal_width()), err=is_stdout(out))
+            save_before_stopping(lost.report, out)
         raise BenchError(str(lost)) from lost
     except ValueError as err:
         raise BenchError(str(err)) from err
     except Interrupted as stopped:
-        _stopped(stopped, table, out)
-    click.echo(table(report, _terminal_width()), err=_is_stdout(out))
-    _save(report, out, None)
-
-
-def _stopped(stopped: Interrupted, table: Callable[[dict[str, Any], int | None], str], out: str | None,
-             plot: str | None = None,
-             plot_report: Callable[[dict[str, Any], str], None] | None = None) -> NoReturn:
-    """A bench stopped part-way (Ctrl-C, SIGTERM): the table and ``out`` (and ``plot``) of the runs
-    it finished, then the exit of any interrupted command (130, 143 for SIGTERM)."""
-    from shardkit.cli import Terminated
-
-    if sys.stderr.isatty() and not isinstance(stopped.interrupt, Terminated):  # off the line a ^C echoed on
-        click.echo(err=True)
-    if stopped.report is None:
-        click.echo("no run had finished: nothing was measured, no report written", err=True)
-    else:
-        click.echo(table(stopped.report, _terminal_width()), err=_is_stdout(out))
-        _save_before_stopping(stopped.report, out, plot, plot_report)
-    raise stopped.interrupt from None  # said and exited as any interrupted command
-
-
-def _say(line: str, *, err: bool = False) -> None:
-    """Echo ``line``; a reader gone from a pipe (``| head``) is no failure of the report already
-    written: the rest of the output is dropped, as ``cat`` would."""
-    try:
-        click.echo(line, err=err)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, (sys.stderr if err else sys.stdout).fileno())  # no second error at exit's flush
-        os.close(devnull)
-
-
-def _save_before_stopping(report: dict[str, Any], out: str | None, plot: str | None = None,
-                          plot_report: Callable[[dict[str, Any], str], None] | None = None) -> None:
-    """:func:`_save` for a bench that stops (interrupted, or a run lost): a failed write is said in
-    its ``error:`` line (where the report was kept instead) and the bench stops for its own reason,
-    with its own exit status."""
-    try:
-        _save(report, out, plot, plot_report)
-    except BenchError as err:
-        click.secho(f"error: {err}", fg="red", err=True)
+        report_stopped(stopped, table, out)
+    click.echo(table(report, terminal_width()), err=is_stdout(out))
+    save(report, out, None)
 
 
 def share(value: float) -> str:
@@ -416,12 +333,3 @@ def _train_detector(images: str, annotations: str, shards: str, model: str, *, w
     _say_too_many_workers(workers)
     _measure_train(lambda after_run: run_detection_train_bench(cfg, after_run=after_run), format_detection_table,
                    repeats=repeats, out=out, quiet=quiet)
-
-
-def _terminal_width() -> int | None:
-    """The terminal's columns when stdout is one (the table then fits them), else None."""
-    import shutil
-    import sys
-
-    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from shardkit.bench import SCHEMA
 from shardkit.cli import cli
-from shardkit.cli.bench import BenchError, _save, share
+from shardkit.cli.bench import BenchError, share
+from shardkit.cli.bench_output import save as _save
 from shardkit.pack import PackOptions, pack
 
 
