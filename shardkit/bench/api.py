@@ -23,7 +23,7 @@ from shardkit.bench.checks import (
     too_many_workers,
 )
 from shardkit.bench.config import BenchConfig, ProgressSink
-from shardkit.bench.finished import Interrupted
+from shardkit.bench.finished import FinishedRuns
 from shardkit.bench.harness import Contender, RunResult, run_alternating
 from shardkit.bench.report import build_report, counted
 from shardkit.bench.webdataset_plan import WebdatasetPlan, webdataset_plan
@@ -285,24 +285,14 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
         epoch_batches = {c.name: wds_per_epoch if c.name == "webdataset" else per_epoch for c in contenders}
         config = {**asdict(cfg), "warmup": warmup, "storage_options": None,
                   "contenders": [c.name for c in contenders]}
-        finished: dict[str, list[RunResult]] = {c.name: [] for c in contenders}
+        finished: FinishedRuns[RunResult] = FinishedRuns([c.name for c in contenders], cfg.repeats, after_run)
 
-        def kept(name: str, rep: int, result: RunResult) -> None:
-            finished[name].append(result)
-            if after_run is not None:
-                after_run(name, rep, result)
+        def report(runs: dict[str, list[RunResult]], mark: dict[str, Any]) -> dict[str, Any]:
+            done = [c for c in contenders if c.name in runs]
+            return {**build_report(config, conds, pack_info, done, runs), "interrupted": mark}
 
-        try:
-            runs = _run(cfg, contenders, warmup, epoch_batches, drop, sink, kept)
-        except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM: the runs finished are kept
-            done = [c for c in contenders if finished[c.name]]
-            if not done:
-                raise Interrupted(interrupt, None) from interrupt
-            report = build_report(config, conds, pack_info, done, finished)
-            report["interrupted"] = {"runs_finished": sum(map(len, finished.values())),
-                                     "runs_planned": len(contenders) * cfg.repeats,
-                                     "not_run": [c.name for c in contenders if not finished[c.name]]}
-            raise Interrupted(interrupt, report) from interrupt
+        with finished.kept(report):  # Ctrl-C, SIGTERM: Interrupted, with the report of the runs finished
+            runs = _run(cfg, contenders, warmup, epoch_batches, drop, sink, finished.add)
         return build_report(config, conds, pack_info, contenders, runs)
     finally:
         if tmp is not None:

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 from shardkit.bench.isolate import RunLost
-
-if TYPE_CHECKING:
-    from shardkit.bench.train import TrainRun
 
 __all__ = ["FinishedRuns", "Interrupted", "interrupted_note"]
 
@@ -46,7 +43,11 @@ class Interrupted(KeyboardInterrupt):
         return f"stopped after {mark['runs_finished']} of {mark['runs_planned']} runs"
 
 
-class FinishedRuns:
+#: A run's result: a training bench's ``TrainRun``, a loader bench's ``RunResult``.
+R = TypeVar("R")
+
+
+class FinishedRuns(Generic[R]):
     """Each contender's runs in the order they finish, for a bench of ``repeats`` repetitions of
     the contenders ``names``; ``after_run(name, repetition, run)`` follows each, once it is kept.
 
@@ -61,12 +62,12 @@ class FinishedRuns:
     """
 
     def __init__(self, names: Iterable[str], repeats: int,
-                 after_run: Callable[[str, int, TrainRun], None] | None = None) -> None:
-        self.runs: dict[str, list[TrainRun]] = {name: [] for name in names}
+                 after_run: Callable[[str, int, R], None] | None = None) -> None:
+        self.runs: dict[str, list[R]] = {name: [] for name in names}
         self.planned = len(self.runs) * repeats
         self._after_run = after_run
 
-    def add(self, name: str, rep: int, run: TrainRun) -> None:
+    def add(self, name: str, rep: int, run: R) -> None:
         """Keep ``run``, repetition ``rep`` of contender ``name``, then call ``after_run``."""
         self.runs[name].append(run)
         if self._after_run is not None:
@@ -78,12 +79,12 @@ class FinishedRuns:
         return {"runs_finished": sum(map(len, self.runs.values())), "runs_planned": self.planned,
                 "not_run": [name for name, runs in self.runs.items() if not runs]}
 
-    def finished(self) -> dict[str, list[TrainRun]]:
+    def finished(self) -> dict[str, list[R]]:
         """The contenders that finished a run, with their runs."""
         return {name: runs for name, runs in self.runs.items() if runs}
 
     @contextlib.contextmanager
-    def kept(self, report: Callable[[dict[str, list[TrainRun]], dict[str, Any]], dict[str, Any]]
+    def kept(self, report: Callable[[dict[str, list[R]], dict[str, Any]], dict[str, Any]]
              ) -> Iterator[None]:
         """The block runs the bench: a KeyboardInterrupt in it becomes :class:`Interrupted`, with
         ``report(runs, mark)`` of the runs finished by then (the contenders without one left out of
