@@ -17,7 +17,6 @@ from shardkit.cli.bench_args import (
     check_source,
     dali_threads_option,
     feeders_option,
-    inside,
     needs_shards,
     png_path,
     refuse_other_modes_options,
@@ -28,6 +27,7 @@ from shardkit.cli.location import FILE, FILE_OR_URL, FOLDER, LOCATION
 from shardkit.cli.progress import BenchBar, bars_enabled
 from shardkit.cli.report import fit
 from shardkit.cli.workers import WORKERS
+from shardkit.storage import within
 
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
@@ -173,7 +173,7 @@ def bench_command(src: str, annotations: str | None, max_size: int, captions: bo
         raise click.UsageError(f"--contender {wrong} does not feed --train {train_model}; its loaders: "
                                f"{', '.join(fitting)}")
     for option, path in (("--out", out), ("--plot", plot)):
-        if path is not None and shards is not None and inside(path, shards):
+        if path is not None and shards is not None and within(path, shards):
             raise click.UsageError(f"{option} {path} is inside --shards {shards}: the report would be written among "
                                    "the pack's files (over them, where it has their names); write it elsewhere")
     if out is not None:

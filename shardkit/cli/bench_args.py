@@ -118,15 +118,6 @@ def _is_byte_size(text: str) -> bool:
 PIXELS = _Pixels()
 
 
-def inside(path: str, folder: str) -> bool:
-    """Whether the local file ``path`` is ``folder`` or under it (symlinks resolved); never for a URL."""
-    folder, path = (p.removeprefix("file://") for p in (folder, path))  # local too, as the store reads it
-    if "://" in folder or "://" in path:
-        return False
-    top = os.path.realpath(folder)
-    return os.path.realpath(path) == top or os.path.realpath(path).startswith(top.rstrip(os.sep) + os.sep)
-
-
 def writable(path: str, option: str) -> str:
     """``path`` for a report written after the run, checked before it: its folder (that of the file
     a symlink names) is created as pack creates its destination, then it is written as the report

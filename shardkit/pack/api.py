@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from shardkit.errors import PackError, ShardkitError, SourceError, StorageError
@@ -45,7 +44,7 @@ from shardkit.pack.resume import (
 from shardkit.pack.skips import SkipBudget, check_budget
 from shardkit.pack.write import REPLACEMENT_DIR, ShardReceipt, ShardTask
 from shardkit.sources.base import SourceListing
-from shardkit.storage import Store, is_remote
+from shardkit.storage import Store, within
 
 Executor = Literal["processes", "ray"]
 """Where shards are written: a local process pool, or Ray tasks (see
@@ -73,18 +72,6 @@ class PackResult:
         return written / self.seconds if self.seconds > 0 else 0.0
 
 
-def _within(path: str, root: str) -> bool:
-    """Whether ``path`` is ``root`` or below it (local paths resolved, URLs compared as written)."""
-    if is_remote(path) != is_remote(root):
-        return False
-    if is_remote(path):
-        a, b = path.rstrip("/"), root.rstrip("/")
-        return a == b or a.startswith(b + "/")
-    a_path = Path(path.removeprefix("file://")).resolve()
-    b_path = Path(root.removeprefix("file://")).resolve()
-    return a_path == b_path or b_path in a_path.parents
-
-
 def _check_outside_source(src: str, dst: str) -> None:
     """Refuse a DST at or below SRC: the shards would join the tree they are packed from (and
     the next pack of it would find a class folder of shards).
@@ -92,7 +79,7 @@ def _check_outside_source(src: str, dst: str) -> None:
     Raises:
         PackError: naming both.
     """
-    if _within(dst, src):
+    if within(dst, src):
         raise PackError(f"is inside the source {src}: the shards would become part of the tree they are "
                         "packed from; pack into a directory outside it", where=dst)
 

@@ -1,5 +1,5 @@
 """Storage: local paths and fsspec URLs behind one small, picklable ``Store``."""
 
-from shardkit.storage.store import Store, is_remote
+from shardkit.storage.store import Store, is_remote, within
 
-__all__ = ["Store", "is_remote"]
+__all__ = ["Store", "is_remote", "within"]

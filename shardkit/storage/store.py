@@ -34,6 +34,23 @@ def is_remote(url: str) -> bool:
     return "://" in url and not url.startswith("file://")
 
 
+def within(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or below it (local paths resolved, symlinks too; URLs compared as
+    written; a URL is never within a local path, nor the other way round).
+
+    >>> within("file:///tmp/a/b", "/tmp/a"), within("s3://b/x/y", "s3://b/x"), within("s3://b/xy", "s3://b/x")
+    (True, True, False)
+    """
+    if is_remote(path) != is_remote(root):
+        return False
+    if is_remote(path):
+        a, b = path.rstrip("/"), root.rstrip("/")
+        return a == b or a.startswith(b + "/")
+    a_path = pathlib.Path(_local_path(path)).resolve()
+    b_path = pathlib.Path(_local_path(root)).resolve()
+    return a_path == b_path or b_path in a_path.parents
+
+
 def _local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
 
