@@ -3,15 +3,11 @@ not empty."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
 
-#: URL schemes of object stores and web servers: ``s3:/bucket`` (one slash) is a typo of ``s3://bucket``,
-#: not a local folder named ``s3:``.
-_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "memory",
-                      "oci", "r2"})
+from shardkit.storage import url_typo
 
 __all__ = ["FILE", "FILE_OR_URL", "FOLDER", "LOCATION"]
 
@@ -28,11 +24,8 @@ class _Location(click.ParamType):
         text = str(value)
         if not text.strip():
             self.fail(f"is empty: name {self.what} (an unset shell variable?)", param, ctx)
-        scheme, colon, rest = text.partition(":")
-        if (colon and "URL" in self.name and scheme.lower() in _SCHEMES and not rest.startswith("//")
-                and not os.path.exists(text)):
-            self.fail(f"{text!r} is a local path as written; a URL needs two slashes: "
-                      f"{scheme}://{rest.lstrip('/')}", param, ctx)
+        if "URL" in self.name and (typo := url_typo(text)):
+            self.fail(typo, param, ctx)
         return text
 
 

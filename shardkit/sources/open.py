@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardkit.errors import SourceError
 from shardkit.sources.files import Files
 from shardkit.sources.local import LocalFiles
 from shardkit.sources.remote import RemoteFiles
-from shardkit.storage import is_remote
+from shardkit.storage import is_remote, url_typo
 
 __all__ = ["open_files"]
 
@@ -18,7 +19,12 @@ def open_files(root: str, storage_options: dict[str, Any] | None = None) -> File
 
     >>> open_files("/data/train").remote, open_files("memory://bucket/train").remote
     (False, True)
+
+    Raises:
+        SourceError: ``root`` is a URL with one slash after its scheme (``s3:/bucket``).
     """
+    if typo := url_typo(root):
+        raise SourceError(typo)
     if is_remote(root):
         return RemoteFiles(root, storage_options)
     return LocalFiles(root)

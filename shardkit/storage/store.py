@@ -34,6 +34,28 @@ def is_remote(url: str) -> bool:
     return "://" in url and not url.startswith("file://")
 
 
+#: URL schemes of object stores and web servers: ``s3:/bucket`` (one slash) is a typo of ``s3://bucket``,
+#: not a local folder named ``s3:``.
+_URL_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "memory",
+                          "oci", "r2"})
+
+
+def url_typo(url: str) -> str | None:
+    """What is wrong with ``url`` if it is a URL with one slash after its scheme (``s3:/bucket``),
+    which a local path would take as a folder named ``s3:``; None for anything else, and for a
+    local path of that name that exists.
+
+    >>> url_typo("s3:/bucket/train")
+    "'s3:/bucket/train' is a local path as written; a URL needs two slashes: s3://bucket/train"
+    >>> url_typo("s3://bucket/train") is None, url_typo("data/s3:/x") is None
+    (True, True)
+    """
+    scheme, colon, rest = url.partition(":")
+    if not colon or scheme.lower() not in _URL_SCHEMES or rest.startswith("//") or os.path.exists(url):
+        return None
+    return f"{url!r} is a local path as written; a URL needs two slashes: {scheme}://{rest.lstrip('/')}"
+
+
 def within(path: str, root: str) -> bool:
     """Whether ``path`` is ``root`` or below it (local paths resolved, symlinks too; URLs compared as
     written; a URL is never within a local path, nor the other way round).
@@ -55,10 +77,10 @@ def _local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
 
 
-
 def _leaf(name: str) -> str:
     """The last component of an object-store path (``bucket/a/b/`` -> ``b``)."""
     return name.rstrip("/").rsplit("/", 1)[-1]
+
 
 class Store:
     """Files under ``url`` (a local directory or an fsspec URL prefix).
@@ -75,6 +97,8 @@ class Store:
         self.url = url.rstrip("/") if url not in ("/", "") else url
         self.storage_options = dict(storage_options or {})
         self.remote = is_remote(url)
+        if not self.remote and (typo := url_typo(url)):
+            raise StorageError(typo)
         if self.remote and (problem := _remote.check_options(url.split("://", 1)[0], self.storage_options)):
             raise StorageError(problem, where=self.url)
         self._fs: Any = None

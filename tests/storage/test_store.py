@@ -141,3 +141,26 @@ def test_a_local_write_error_is_said_in_words(tmp_path, monkeypatch, code, said)
         Store(str(target)).makedirs()
     assert str(err.value) == f"{target}: {said} ({target})"
     assert "Errno" not in str(err.value) and "OSError" not in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["s3:/bucket/train", "S3:bucket/train", "gs:/b/x", "memory:/x"])
+def test_a_url_with_one_slash_is_refused_by_the_python_api_too(url, tmp_path):
+    from shardkit import ShardLoader
+    from shardkit.errors import SourceError
+    from shardkit.pack import pack
+
+    fixed = f"{url.split(':')[0]}://{url.split(':', 1)[1].lstrip('/')}"
+    with pytest.raises(StorageError, match=f"a URL needs two slashes: {fixed}$"):
+        Store(url)
+    with pytest.raises(StorageError, match="a URL needs two slashes"):
+        ShardLoader(url, batch_size=2)
+    with pytest.raises(SourceError, match="a URL needs two slashes"):
+        pack(url, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_local_folder_named_like_a_scheme_is_still_a_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s3:" / "data").mkdir(parents=True)
+    Store("s3:/data").write_bytes("x", b"1")
+    assert (tmp_path / "s3:" / "data" / "x").read_bytes() == b"1"
