@@ -92,8 +92,9 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
     """The summary a person reads after ``shardkit pack``."""
     m = result.manifest
     if result.already_complete:
-        click.echo(f"{dst}: already packed with these inputs and options; nothing to do (its shards were "
-                   f"not re-read: `shardkit verify {dst}` checks their bytes).")
+        click.echo(f"{dst}: already packed from files of these names and sizes, with these options; nothing to "
+                   f"do. Neither was re-read: `shardkit verify {dst}` checks the shards' bytes, and a file edited "
+                   f"in place to the same size is packed again with --overwrite.")
     groups = (f"{len(m.categories)} categories" if m.categories is not None
               else "captioned images" if m.kind == "captions" else f"{len(m.classes or ())} classes")
     click.echo(f"samples   {m.num_samples:,}  ({groups})")

@@ -25,6 +25,9 @@ HASHES_NAME = "index.hashes"
 #: Versions of ``index.table`` this shardkit reads (and the one it writes, the last).
 TABLE_VERSIONS = (1,)
 SHARD_SUFFIX = ".tar"
+#: The folder in DST where an unfinished ``shardkit pack`` keeps its plan; gone once ``index.json``
+#: is written. Shards beside it are part of a pack, not a dataset.
+PACK_STATE_DIR = ".shardkit-pack"
 OFFSETS_SUFFIX = ".idx"
 
 #: torchvision's ``IMG_EXTENSIONS`` (what ``ImageFolder`` accepts), lower case, without dot.

@@ -25,6 +25,7 @@ from shardkit.format.offsets import dump_offsets, load_offsets
 from shardkit.format.spec import (
     IMAGE_MEMBER_EXTENSIONS,
     INDEX_NAME,
+    PACK_STATE_DIR,
     SHARD_SUFFIX,
     check_key,
     offsets_name,
@@ -33,7 +34,7 @@ from shardkit.format.tarread import TarEntry, group_spans, iter_entries, sample_
 from shardkit.format.tarwrite import SampleSpan
 from shardkit.index._hashing import HashingReader
 from shardkit.index.manifest import Manifest, ShardEntry
-from shardkit.index.manifest_io import write_manifest
+from shardkit.index.manifest_io import unfinished_pack, write_manifest
 from shardkit.index.member_checks import Oddities, check_unused_run, not_as_named
 from shardkit.index.sample_fields import caption_problem, kind_of, label_of, not_one_image
 from shardkit.storage import Store
@@ -264,7 +265,8 @@ def adopt_shards(
 
     Raises:
         ManifestError: ``url`` already holds ``index.json`` (unless ``overwrite``), an ``.idx``
-            beside a shard is not ours (unless ``overwrite``), or there are no ``.tar`` files.
+            beside a shard is not ours (unless ``overwrite``), there are no ``.tar`` files, or
+            they are those of a ``shardkit pack`` that did not finish.
         FormatError: a shard is not a readable tar file, or a sample lacks an image or label, has
             an invalid or duplicate key (names shard and sample).
     """
@@ -274,8 +276,13 @@ def adopt_shards(
             raise ManifestError("already has index.json (pass --overwrite to index the shards again)",
                                 where=store.path(INDEX_NAME))
         _before_replacing_a_pack(store)
-    names = [n for n in store.listdir() if not n.startswith(".")]
+    listed = store.listdir()
+    names = [n for n in listed if not n.startswith(".")]
     urls = [n for n in names if n.endswith(SHARD_SUFFIX)]
+    if PACK_STATE_DIR in listed:  # its shards are part of the source: index them and the rest is lost
+        raise ManifestError(f"holds {unfinished_pack(len(urls))}; indexed now, it would be a dataset of that part of "
+                            f"its source only (to index these shards as they are, remove {PACK_STATE_DIR}/ first)",
+                            where=store.url)
     if not urls and not store.remote and not os.path.isdir(store.path("")):
         what = "is a file, not a directory of .tar shards" if os.path.exists(store.path("")) else "does not exist"
         raise ManifestError(what, where=store.url)

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from shardkit.errors import ManifestError, StorageError
-from shardkit.format.spec import FORMAT_NAME, HASHES_NAME, INDEX_NAME, TABLE_NAME
+from shardkit.format.spec import FORMAT_NAME, HASHES_NAME, INDEX_NAME, PACK_STATE_DIR, TABLE_NAME
 from shardkit.index._shard_list import SHA256_RE
 from shardkit.index.manifest import MAX_MANIFEST_BYTES, Manifest
 from shardkit.index.table import decode_table, encode_table
@@ -199,6 +199,12 @@ def _warn_once(err: StaleTable) -> None:
         log.warning("shardkit: %s; read %s in full instead (slower to open for a large dataset)", err, INDEX_NAME)
 
 
+def unfinished_pack(shards: int) -> str:
+    """What a folder holding an unfinished ``shardkit pack`` (its :data:`PACK_STATE_DIR`) is, and what to do."""
+    return (f"a `shardkit pack` that did not finish, {shards:,} {'shard' if shards == 1 else 'shards'} written so "
+            f"far ({PACK_STATE_DIR}/ holds its state): re-run the command that began it to resume")
+
+
 def _what_instead(store: Store) -> str:
     """What to do with a directory that holds no ``index.json``, by what it does hold: tar shards
     are indexed in place, an ImageFolder tree (class folders) is packed; a bucket is not looked into."""
@@ -211,6 +217,8 @@ def _what_instead(store: Store) -> str:
         entries = [e for e in os.scandir(store.path("")) if not e.name.startswith(".")]
     except OSError:
         return f"{pack}; {index}"
+    if os.path.isdir(store.path(PACK_STATE_DIR)):
+        return f"it is {unfinished_pack(sum(e.name.endswith('.tar') for e in entries))}"
     if any(e.name.endswith(".tar") and e.is_file() for e in entries):
         return f"it holds .tar files: {index}; or, if they are a pack that did not finish, re-run it to resume"
     if any(e.is_dir() for e in entries):

@@ -21,11 +21,11 @@ import os
 import shutil
 
 from shardkit.format.dali_index import dali_index_name
-from shardkit.format.spec import INDEX_NAME, SHARD_SUFFIX, offsets_name
+from shardkit.format.spec import INDEX_NAME, PACK_STATE_DIR, SHARD_SUFFIX, offsets_name
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import write_manifest
 from shardkit.pack.resume import is_ours, is_temporary, recorded_plan
-from shardkit.pack.write import REPLACEMENT_DIR, STATE_DIR
+from shardkit.pack.write import REPLACEMENT_DIR
 from shardkit.storage import Store
 
 __all__ = ["REPLACEMENT_DIR", "discard_replacement", "publish_replacement", "replacement_fingerprint",
@@ -50,7 +50,7 @@ def publish_replacement(store: Store, stage: Store, manifest: Manifest) -> None:
     file the new pack names is removed: a re-run after an interruption here finishes the job."""
     store.remove(INDEX_NAME)  # first: DST is no dataset while its files change
     for name in sorted(stage.listdir(), key=lambda n: (not n.endswith(SHARD_SUFFIX), n)):
-        if name != STATE_DIR and not is_temporary(name):
+        if name != PACK_STATE_DIR and not is_temporary(name):
             _move(stage.path(name), store.path(name))
     beside = (offsets_name, dali_index_name) if manifest.options.get("dali_index") else (offsets_name,)
     kept = {name for shard in manifest.shards for name in (shard.url, *(f(shard.url) for f in beside))}

@@ -9,11 +9,11 @@ from typing import Any
 
 from shardkit.errors import PackError, ShardkitError
 from shardkit.format.dali_index import DALI_INDEX_SUFFIX
-from shardkit.format.spec import HASHES_NAME, INDEX_NAME, OFFSETS_SUFFIX, TABLE_NAME, is_shard_name
+from shardkit.format.spec import HASHES_NAME, INDEX_NAME, OFFSETS_SUFFIX, PACK_STATE_DIR, TABLE_NAME, is_shard_name
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import read_manifest
 from shardkit.pack.plan import ShardPlan
-from shardkit.pack.write import REPLACEMENT_DIR, STATE_DIR, ShardReceipt, receipt_name
+from shardkit.pack.write import REPLACEMENT_DIR, ShardReceipt, receipt_name
 from shardkit.sources.base import SourceListing
 from shardkit.sources.coco import DROP_EMPTY
 from shardkit.storage import Store
@@ -66,7 +66,7 @@ def recorded_plan(store: Store) -> dict[str, Any] | None:
     """What the unfinished pack in ``store`` recorded when it began (``fingerprint``, ``versions``,
     ``options``, ``kind``), or None: none recorded, or not readable as such."""
     try:
-        raw = store.read_optional(f"{STATE_DIR}/{_PLAN_NAME}")
+        raw = store.read_optional(f"{PACK_STATE_DIR}/{_PLAN_NAME}")
         plan = json.loads(raw) if raw is not None and len(raw) < 1 << 20 else None
     except (ValueError, OSError, ShardkitError):
         return None
@@ -122,7 +122,7 @@ def is_ours(name: str) -> bool:
     DALI index files beside them, or a writer's temporary."""
     if name.endswith(DALI_INDEX_SUFFIX):
         return is_shard_name(name[: -len(DALI_INDEX_SUFFIX)] + ".tar")
-    return name in (INDEX_NAME, TABLE_NAME, HASHES_NAME, STATE_DIR) or is_shard_name(name) or (
+    return name in (INDEX_NAME, TABLE_NAME, HASHES_NAME, PACK_STATE_DIR) or is_shard_name(name) or (
         name.endswith(OFFSETS_SUFFIX) and is_shard_name(name[: -len(OFFSETS_SUFFIX)] + ".tar")
     ) or is_temporary(name)
 
@@ -136,7 +136,7 @@ def clear_destination(store: Store) -> None:
 
 
 def _reusable(store: Store, plans: list[ShardPlan]) -> dict[int, ShardReceipt]:
-    state = store.child(STATE_DIR)
+    state = store.child(PACK_STATE_DIR)
     done = set(state.listdir())
     sizes = store.file_sizes()  # one listing, not a request per shard
     receipts = {}
@@ -184,8 +184,8 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         raise DestinationInUse("holds a pack replacement (--overwrite) that was interrupted as it took the old "
                                "pack's place", "re-run the command that began it, with --overwrite, to finish it",
                                where=store.url)
-    if STATE_DIR in entries:
-        state = store.child(STATE_DIR)
+    if PACK_STATE_DIR in entries:
+        state = store.child(PACK_STATE_DIR)
         # No plan: killed before it was recorded, so before any shard was written. Take it over.
         previous = (json.loads(state.read_bytes(_PLAN_NAME)) if state.exists(_PLAN_NAME)
                     else {"fingerprint": fp, "versions": versions})
@@ -212,7 +212,7 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         raise DestinationInUse(f"is not empty ({count}, e.g. {entries[0]!r})",
                                "pack into an empty or new directory, or pass --overwrite", where=store.url)
     store.makedirs()
-    state = store.child(STATE_DIR)
+    state = store.child(PACK_STATE_DIR)
     state.makedirs()
     state.write_bytes(_PLAN_NAME, plan)
     return DestinationState(None, {})
@@ -282,7 +282,7 @@ def _check_shards(store: Store, manifest: Manifest, entries: list[str]) -> None:
 def _drop_leftovers(store: Store, entries: list[str]) -> None:
     """Remove the pack state and writers' temporaries from a finished DST (``entries``)."""
     for name in entries:
-        if name == STATE_DIR or is_temporary(name):
+        if name == PACK_STATE_DIR or is_temporary(name):
             store.remove(name)
 
 

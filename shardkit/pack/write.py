@@ -8,7 +8,7 @@ from contextlib import closing
 from dataclasses import asdict, dataclass, field
 
 from shardkit.format.offsets import dump_offsets
-from shardkit.format.spec import make_key, offsets_name, uniform_member_names
+from shardkit.format.spec import PACK_STATE_DIR, make_key, offsets_name, uniform_member_names
 from shardkit.format.tarwrite import TarShardWriter
 from shardkit.index.dali import write_dali_index
 from shardkit.pack.encode import SkipSample, encode_sample
@@ -19,7 +19,6 @@ from shardkit.sources.files import Files
 from shardkit.sources.local import LocalFiles
 from shardkit.storage import Store
 
-STATE_DIR = ".shardkit-pack"
 #: Where ``--overwrite`` writes a local DST's new pack while the old one stays (:mod:`shardkit.pack.replace`).
 REPLACEMENT_DIR = ".shardkit-replacement"
 
@@ -96,6 +95,6 @@ def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None)
         write_dali_index(store, plan.name)
     receipt = ShardReceipt(plan.index, plan.name, summary.num_samples, summary.num_bytes,
                            summary.sha256, skipped)
-    store.child(STATE_DIR).write_bytes(receipt_name(plan), receipt.to_json())
+    store.child(PACK_STATE_DIR).write_bytes(receipt_name(plan), receipt.to_json())
     return receipt
 

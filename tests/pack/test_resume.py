@@ -125,6 +125,34 @@ def test_an_unfinished_pack_does_not_resume_over_changed_files(small_tree, tmp_p
     assert again.already_complete
 
 
+def test_an_unfinished_pack_is_named_as_one_and_not_indexed_in_place(small_tree, tmp_path):
+    from shardkit import ShardLoader
+    from shardkit.errors import ManifestError
+    from shardkit.index.adopt import adopt_shards
+
+    dst = str(tmp_path / "out")
+
+    done = []
+
+    def stop(n: int) -> None:  # after the second shard's samples
+        done.append(n)
+        if sum(done) >= 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack(str(small_tree), dst, options=PackOptions(max_count=2), workers=1, progress=stop)
+    written = len([n for n in os.listdir(dst) if n.endswith(".tar")])
+    assert written >= 1
+    told = (f"a `shardkit pack` that did not finish, {written} shard{'s' * (written != 1)} written so far "
+            r"\(.shardkit-pack/ holds its state\): re-run the command that began it to resume")
+    with pytest.raises(ManifestError, match=f"no index.json: not a shardkit dataset \\(it is {told}\\)"):
+        ShardLoader(dst, batch_size=2)
+    with pytest.raises(ManifestError, match=f"holds {told}; indexed now, it would be a dataset of that part"):
+        adopt_shards(dst)
+    assert "index.json" not in os.listdir(dst)
+    assert not pack(str(small_tree), dst, options=PackOptions(max_count=2), workers=1).already_complete
+
+
 def test_non_empty_unrelated_destination_is_refused(small_tree, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "precious.txt").write_text("mine")
