@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Generator
 from contextlib import contextmanager
 from typing import Any
@@ -47,7 +48,10 @@ def seen_by_accelerate(loader: Any) -> Generator[None, None, None]:
         yield
         return
     _compat.accelerate_track(state, loader)
+    # bound now: an iterator still open at interpreter exit is closed after modules are torn down
+    untrack, finalizing = _compat.accelerate_untrack, sys.is_finalizing
     try:
         yield
     finally:
-        _compat.accelerate_untrack(state, loader)
+        if not finalizing():  # at exit there is no epoch left to end, and accelerate is half gone
+            untrack(state, loader)

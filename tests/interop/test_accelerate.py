@@ -29,3 +29,21 @@ def test_accelerate_accumulates_to_the_epoch_end_and_gathers_each_sample_once(fr
     # 42 samples, 21 per class: 48 gathered slots of which the 6 padding ones are dropped
     assert out["per_batch"] == {"total": 42, "per_class": [21, 21]}
     assert out["once"] == {"total": 42, "per_class": [21, 21]}
+
+
+def test_an_iterator_left_open_at_exit_under_an_accelerator_ends_without_a_word(frames: dict[str, Path]) -> None:
+    """A script that peeks at one batch (``next(iter(loader))``) and ends: the open iteration is
+    closed after modules are torn down, and must not print "Exception ignored" from accelerate's
+    bookkeeping then."""
+    script = ("from accelerate import Accelerator\n"
+              "from shardkit import ShardLoader, transforms\n"
+              "acc = Accelerator(cpu=True)\n"
+              f"loader = ShardLoader({str(frames['train'])!r}, batch_size=4, "
+              "transform=transforms.imagenet_val(32, crop_fraction=1.0))\n"
+              "batches = iter(loader)\n"
+              "images, labels = next(batches)\n"
+              "print(tuple(images.shape))\n")
+    done = run_script("-c", script)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip() == "(4, 3, 32, 32)"
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-4000:]
