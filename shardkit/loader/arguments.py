@@ -94,6 +94,11 @@ _DATALOADER_ONLY = {
     "pin_memory_device": "pass device='cuda[:i]': batches then arrive on that GPU",
 }
 
+#: Options of the transform presets (``transforms.imagenet_train``/``imagenet_val``) a loader call
+#: may be given by mistake: said as the transform's, not matched to a loader argument by spelling.
+_TRANSFORM_OPTIONS = frozenset({"size", "scale", "ratio", "flip_p", "normalize", "dtype", "channels_last",
+                                "interpolation", "crop_fraction", "mean", "std"})
+
 
 def check_call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Refuse a call of ``cls`` its signature does not take with Python's own ``TypeError``,
@@ -132,6 +137,9 @@ def _why(name: str, signature: inspect.Signature, args: tuple[Any, ...], kwargs:
         if key not in params:
             if key in _DATALOADER_ONLY:
                 return f"{name}() got DataLoader's argument {key!r}, which it does without: {_DATALOADER_ONLY[key]}"
+            if key in _TRANSFORM_OPTIONS and "transform" in params:
+                return (f"{name}() got {key!r}, an option of the transform, not of the loader: pass it to the "
+                        f"preset, e.g. transform=transforms.imagenet_train(224, {key}=...)")
             close = difflib.get_close_matches(key, list(params), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             return f"{name}() got an unexpected keyword argument {key!r}{hint}"
