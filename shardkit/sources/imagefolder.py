@@ -34,6 +34,10 @@ def find_classes(files: Files) -> list[str]:
     return classes
 
 
+#: Class folders named in a refusal, before "and N more".
+_NAMED = 5
+
+
 def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None) -> SourceListing:
     """List an ImageFolder tree: same samples, order and labels as torchvision's ImageFolder.
 
@@ -67,6 +71,10 @@ def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None
         if not images:
             empty.append(name)
     if empty:
-        raise SourceError(f"no image files in class folder(s): {', '.join(empty)}", where=files.root)
+        shown = ", ".join(empty[:_NAMED]) + (f" and {len(empty) - _NAMED:,} more" if len(empty) > _NAMED else "")
+        if len(empty) == len(classes) > 1:
+            raise SourceError(f"none of its {len(classes):,} folders holds an image file ({shown}): an ImageFolder "
+                              "tree is a folder of class folders of images", where=files.root)
+        raise SourceError(f"no image files in class folder{'s' * (len(empty) > 1)} {shown}", where=files.root)
     return SourceListing(kind="imagefolder", root=files.root, samples=samples, classes=classes,
                          warnings=warnings, files=files)

@@ -92,7 +92,7 @@ def test_source_errors_are_one_line(runner, tmp_path):
     (tmp_path / "empty").mkdir()
     cases = {"missing": "does not exist", "file.jpg": "not a directory",
              "empty": "no class folders", "notree": "no class folders",
-             "emptyclass": "no image files in class folder(s): b"}
+             "emptyclass": "no image files in class folder b"}
     for name, message in cases.items():
         result = _pack(runner, tmp_path / name, tmp_path / f"out-{name}")
         _one_line_error(result, str(tmp_path / name), message)

@@ -51,7 +51,20 @@ def test_empty_source_and_no_class_folders(tmp_path):
 def test_class_folder_without_images(tmp_path):
     write_tree(tmp_path,
                {"cat/a.jpg": encode_image(), "dog/readme.txt": b"x", "emu/sub/b.txt": b"y"})
-    with pytest.raises(SourceError, match="no image files in class folder\\(s\\): dog, emu"):
+    with pytest.raises(SourceError, match="no image files in class folders dog, emu$"):
+        scan_imagefolder(str(tmp_path))
+
+
+def test_a_folder_of_many_folders_without_images_is_said_not_to_be_an_imagefolder_tree_in_one_short_line(tmp_path):
+    write_tree(tmp_path, {f"doc{i:03d}/README": b"x" for i in range(600)})
+    with pytest.raises(SourceError) as info:
+        scan_imagefolder(str(tmp_path))
+    assert str(info.value).endswith(
+        "none of its 600 folders holds an image file (doc000, doc001, doc002, doc003, doc004 and 595 more): "
+        "an ImageFolder tree is a folder of class folders of images")
+    write_tree(tmp_path, {f"doc{i:03d}/a.jpg": encode_image() for i in range(590)})
+    with pytest.raises(SourceError, match="no image files in class folders doc590, doc591, doc592, doc593, doc594 "
+                                          "and 5 more$"):
         scan_imagefolder(str(tmp_path))
 
 
