@@ -92,6 +92,8 @@ class CaptionTargets:
                 raise BadSample(f"{sample.where}: json member malformed ({err})") from err
             if not isinstance(meta, dict):
                 raise BadSample(f"{sample.where}: json member is not a JSON object")
+            if len(_keys_seen) < _KEYS_KEPT and any(_absent.get(name, 0) >= 0 for name in self.fields):
+                _keys_seen.update(list(meta)[:_KEYS_KEPT])  # what a missing field's warning offers instead
         return text, tuple(meta.get(name, ABSENT) for name in self.fields)
 
     @staticmethod
@@ -155,6 +157,10 @@ def _check_rows(out: Any, n: int, where: str, name: str = "") -> None:
 _absent: dict[str, int] = {}
 #: Samples without a field, none with it, before it is said to be missing.
 ABSENT_SAID_AFTER = 64
+#: The json field names read in this process while a field asked for was not yet found (at most
+#: :data:`_KEYS_KEPT`): the warning about a missing field names them.
+_keys_seen: set[str] = set()
+_KEYS_KEPT = 40
 
 
 def _say_if_absent(fields: Sequence[str], items: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
@@ -171,5 +177,7 @@ def _say_if_absent(fields: Sequence[str], items: Sequence[tuple[str, tuple[Any, 
         _absent[name] = count + len(items)
         if _absent[name] >= ABSENT_SAID_AFTER:
             _absent[name] = -1
-            log.warning("shardkit: none of %d samples has the field %r in its json (misspelt?); its values are None",
-                        count + len(items), name)
+            there = sorted(_keys_seen)
+            log.warning("shardkit: none of %d samples has the field %r in its json (misspelt? %s); its values are None",
+                        count + len(items), name,
+                        f"their json has {', '.join(map(repr, there))}" if there else "they have no json member")
