@@ -23,6 +23,7 @@ from shardkit.format.bounded import parse_json
 from shardkit.format.dali_index import dali_index_name, dump_dali_index
 from shardkit.format.offsets import dump_offsets, load_offsets
 from shardkit.format.spec import (
+    IMAGE_EXTENSIONS,
     IMAGE_MEMBER_EXTENSIONS,
     INDEX_NAME,
     PACK_STATE_DIR,
@@ -183,7 +184,24 @@ def _why_no_shards(store: Store, names: list[str]) -> str:
         if below:
             return (f" (found {some(below)} one folder down: index the folder that holds the shards; only the "
                     "files directly in it are read)")
+        if any(_holds_images(store.path(folder)) for folder in names[:_FOLDERS_LOOKED_INTO]):
+            return (" (it holds folders of images, as an ImageFolder tree does: `shardkit pack DIR SHARDS` packs it "
+                    "into shards)")
     return ""
+
+
+_IMAGE_SUFFIXES = tuple(f".{x}" for x in IMAGE_EXTENSIONS)
+#: Folders :func:`_why_no_shards` looks into for images (a tree with thousands of classes is told by its first).
+_FOLDERS_LOOKED_INTO = 8
+
+
+def _holds_images(folder: str) -> bool:
+    """Whether local ``folder`` has an image file directly in it (any it cannot list: no)."""
+    try:
+        with os.scandir(folder) as entries:
+            return any(e.name.lower().endswith(_IMAGE_SUFFIXES) and e.is_file() for e in entries)
+    except OSError:
+        return False
 
 
 def _check_class_names(classes: Sequence[str]) -> None:

@@ -24,6 +24,18 @@ def test_shards_one_folder_down_or_named_in_capitals_are_pointed_at(tmp_path: Pa
         adopt_shards(str(upper))
 
 
+def test_an_imagefolder_tree_is_pointed_at_pack(tmp_path: Path) -> None:
+    (tmp_path / "tree" / "cat").mkdir(parents=True)
+    (tmp_path / "tree" / "cat" / "a.JPEG").write_bytes(b"x")
+    told = (r"\(it holds folders of images, as an ImageFolder tree does: `shardkit pack DIR SHARDS` packs it into "
+            r"shards\)")
+    with pytest.raises(ManifestError, match=rf"no .tar shards here to index {told}$"):
+        adopt_shards(str(tmp_path / "tree"))
+    (tmp_path / "none" / "cat").mkdir(parents=True)
+    with pytest.raises(ManifestError, match=r"no .tar shards here to index$"):
+        adopt_shards(str(tmp_path / "none"))
+
+
 def test_a_remote_location_that_does_not_exist_is_said_to_be_missing() -> None:
     with pytest.raises(ManifestError, match=r"memory://no-such-folder\S*: does not exist"):
         adopt_shards("memory://no-such-folder/x")
