@@ -48,17 +48,28 @@ class LoaderError(ShardkitError):
     """The loader was misconfigured or hit data it cannot recover from."""
 
 
+def interrupt_behind(err: BaseException) -> KeyboardInterrupt | SystemExit | None:
+    """The KeyboardInterrupt (Ctrl-C, or a SIGTERM raised as one) or SystemExit that ``err`` is or
+    that it was raised while handling (its chain of causes and contexts), or None."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (KeyboardInterrupt, SystemExit)):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def reraise_interrupt(err: BaseException) -> None:
     """Raise the KeyboardInterrupt (Ctrl-C) or SystemExit behind ``err``, if there is one.
 
     Python wraps what a class body or ``__set_name__`` raises: Ctrl-C landing while a decoder
     plugin is imported lazily (PIL's GIF plugin on the first GIF) arrives as a RuntimeError,
-    which a ``except Exception`` around a decode would report as a corrupt image.
+    which a ``except Exception`` around a decode would report as a corrupt image. And an
+    interruption that stops a DataLoader's workers may come back as torch's RuntimeError about
+    them, raised while the interruption unwound.
     """
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, (KeyboardInterrupt, SystemExit)):
-            raise cause from None
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
+    interrupt = interrupt_behind(err)
+    if interrupt is not None:
+        raise interrupt from None

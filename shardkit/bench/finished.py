@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 from shardkit.bench.isolate import RunLost
+from shardkit.errors import interrupt_behind
 
 __all__ = ["FinishedRuns", "Interrupted", "interrupted_note"]
 
@@ -102,6 +103,14 @@ class FinishedRuns(Generic[R]):
             finished = self.finished()
             lost.report = report(finished, {**self.mark(), "lost": str(lost)}) if finished else None
             raise
+        except Exception as err:
+            # raised while an interruption unwound: torch's "DataLoader worker ... is killed by signal",
+            # a SIGTERM sent to the whole process group having stopped the run's workers too
+            behind = interrupt_behind(err)
+            if not isinstance(behind, KeyboardInterrupt):
+                raise
+            finished = self.finished()
+            raise Interrupted(behind, report(finished, self.mark()) if finished else None) from behind
 
 
 def interrupted_note(mark: Mapping[str, Any]) -> str:

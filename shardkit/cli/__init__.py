@@ -47,7 +47,7 @@ class _Group(click.Group):
             click.secho(f"error: {err}", fg="red", err=True)
             sys.exit(1)
         except KeyboardInterrupt as err:  # also one re-raised from a wrapper above
-            terminated = isinstance(err, Terminated)
+            terminated = isinstance(getattr(err, "interrupt", err), Terminated)  # a bench's Interrupted wraps it
             code = 143 if terminated else 130
             if _process_entry:  # the shardkit process itself: it is exiting
                 _exit_at_once_on_another(code)

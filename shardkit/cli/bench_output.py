@@ -6,7 +6,9 @@ plot, kept in a temporary file when a write fails, so that a run is never lost.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -69,6 +71,11 @@ def report_stopped(stopped: Interrupted, table: Callable[[dict[str, Any], int | 
     it finished, then the exit of any interrupted command (130, 143 for SIGTERM)."""
     from shardkit.cli import Terminated
 
+    if threading.current_thread() is threading.main_thread():
+        # Torch's handler raises in this thread when a stopped run's DataLoader workers end (a
+        # signal sent to the whole process group reaches them too), which would cut the report
+        # short; the runs are over, and the command exits once it is written.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if sys.stderr.isatty() and not isinstance(stopped.interrupt, Terminated):  # off the line a ^C echoed on
         click.echo(err=True)
     if stopped.report is None:
@@ -90,15 +97,28 @@ def say(line: str, *, err: bool = False) -> None:
         os.close(devnull)
 
 
+def _clear_line_of_caret() -> None:
+    """Off the line a terminal's ``^C`` echo was left on."""
+    if sys.stderr.isatty():
+        click.echo(err=True)
+
+
 def save_before_stopping(report: dict[str, Any], out: str | None, plot: str | None = None,
                          plot_report: Callable[[dict[str, Any], str], None] | None = None) -> None:
     """:func:`save` for a bench that stops (interrupted, or a run lost): a failed write is said in
     its ``error:`` line (where the report was kept instead) and the bench stops for its own reason,
     with its own exit status."""
+    left = [what for what, path in (("report", out), ("plot", plot)) if path]
     try:
-        save(report, out, plot, plot_report)
+        save(report, out, None)
+        left = left[1:] if out else left
+        save(report, None, plot, plot_report)
     except BenchError as err:
         click.secho(f"error: {err}", fg="red", err=True)
+    except KeyboardInterrupt:  # stopped again while writing: say what is not written, and stop at once
+        _clear_line_of_caret()
+        click.echo(f"stopped again: {' and '.join(left)} not written", err=True)
+        raise
 
 
 def terminal_width() -> int | None:

@@ -228,3 +228,23 @@ def test_a_report_that_cannot_be_saved_at_a_stop_is_said_and_the_stop_keeps_its_
     else:
         assert result.exit_code == 1 and result.stderr.rstrip().endswith(why)
 
+
+
+def test_an_error_raised_while_an_interruption_unwinds_is_that_interruption() -> None:
+    """A SIGTERM sent to the process group stops a DataLoader's workers too; torch's handler then
+    raises its RuntimeError about them while the SIGTERM unwinds the run. The bench is stopped,
+    with its finished runs, not failed with that error; an error with no interruption behind it
+    still propagates."""
+    from shardkit.cli import Terminated
+
+    finished: FinishedRuns[TrainRun] = FinishedRuns(["a", "b"], 1)
+    with pytest.raises(Interrupted) as caught, finished.kept(lambda runs, mark: {"runs": runs, "interrupted": mark}):
+        finished.add("a", 0, TrainRun(1.0, 1.0, 0.0, None))
+        try:
+            raise Terminated()
+        except KeyboardInterrupt:
+            raise RuntimeError("DataLoader worker (pid 1234) is killed by signal: Terminated.") from None
+    assert isinstance(caught.value.interrupt, Terminated)
+    assert caught.value.report is not None and list(caught.value.report["runs"]) == ["a"]
+    with pytest.raises(RuntimeError, match="a bug"), finished.kept(lambda runs, mark: {}):
+        raise RuntimeError("a bug")

@@ -325,3 +325,27 @@ def test_another_ctrl_c_in_the_interpreters_last_instants_keeps_the_exit_code() 
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).parents[2])
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "interrupts", "code", "said"), [(signal.SIGTERM, 1, 143, "terminated"),
+                                                                    (signal.SIGINT, 2, 130, "interrupted")])
+def test_a_loader_bench_stopped_in_a_dataloaders_run_keeps_its_report_and_says_what_it_did_not_write(
+        tree: Path, packed: Path, tmp_path: Path, signum: int, interrupts: int, code: int, said: str) -> None:
+    """SIGTERM to the process group (``timeout``, a scheduler) while webdataset's DataLoader runs:
+    its workers end by it too, and torch's handler then raised in the bench as it saved its report:
+    no plot, exit 130. Ctrl-C pressed twice: the second lands while the report is written, and
+    what it left unwritten is said."""
+    out, plot = tmp_path / "r.json", tmp_path / "r.png"
+    argv = shardkit_argv("bench", str(tree), "--shards", str(packed), "--workers", "2", "--batch-size", "4",
+                         "--size", "16", "--repeats", "2", "--epochs", "40", "--warmup", "1",
+                         "--out", str(out), "--plot", str(plot))
+    # a third of a second into webdataset's first run (its progress bar's label)
+    seen = run_in_pty(argv, columns=100, interrupt_after=b"webdataset run 1/2", interrupt_with=signum,
+                      interrupts=interrupts, interrupt_delay=0.3, timeout=300)
+    _clean(seen, code=code)
+    screen = [line for line in seen.lines if line.strip()]
+    assert screen[-1] == said and f"report: {out}" in screen, seen.text
+    assert json.loads(out.read_text())["interrupted"]["runs_finished"] >= 1
+    assert plot.exists() == (f"plot:   {plot}" in screen)
+    assert plot.exists() or screen[-2] == "stopped again: plot not written", seen.text
