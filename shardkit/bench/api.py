@@ -312,6 +312,9 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: Webdata
     if (crowded := too_many_workers(cfg.workers)) is not None:
         notes.append(crowded)
     shards = len(manifest.shards)
+    if not webdataset and "webdataset" in cfg.contenders and cfg.annotations is None:
+        notes.append("no webdataset row: its baseline opens local tar files, and --shards is a URL (pack to a "
+                     "local folder for it)")
     if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and shards < cfg.workers:
         others = "ShardLoader keeps" if cfg.captions else "ShardLoader and ImageFolder keep"
         notes.append(f"webdataset splits whole shards between its workers, and {counted(shards, 'shard')} "

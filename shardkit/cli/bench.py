@@ -26,8 +26,9 @@ from shardkit.cli.bench_output import is_stdout, report_stopped, save, save_befo
 from shardkit.cli.location import FILE, FILE_OR_URL, FOLDER, LOCATION
 from shardkit.cli.progress import BenchBar, bars_enabled
 from shardkit.cli.report import fit
+from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.cli.workers import WORKERS
-from shardkit.storage import within
+from shardkit.storage import is_remote, within
 
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
@@ -123,6 +124,7 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 @click.option("--sleep-waits", is_flag=True,
               help="--train with a classifier on cuda: every run's waits on the device block instead of spinning a "
                    "core (the step's, ShardLoader's and DALI's alike), as ShardLoader's feeders always do.")
+@storage_option_flag
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or per-run lines; just the table.")
 def bench_command(src: str, annotations: str | None, max_size: int, captions: bool, context_length: int,
                   shards: str | None, workers: int,
@@ -131,7 +133,7 @@ def bench_command(src: str, annotations: str | None, max_size: int, captions: bo
                   warmup: int, drop_caches: bool, no_webdataset: bool, jpeg_restart: int | None, out: str | None,
                   plot: str | None, train_model: str | None, steps: int, contenders: tuple[str, ...],
                   feeders: str, dali_threads: str | None, dali_hw_load: float | None, dali_prefetch: int,
-                  isolate: bool, sleep_waits: bool, quiet: bool) -> None:
+                  isolate: bool, sleep_waits: bool, storage_option: tuple[str, ...], quiet: bool) -> None:
     """Measure images/s of ShardLoader against torchvision ImageFolder + DataLoader and plain
     webdataset on SRC, side by side, with the same transform, batch size and workers.
 
@@ -182,6 +184,8 @@ def bench_command(src: str, annotations: str | None, max_size: int, captions: bo
         plot = writable(png_path(writable(plot, "--plot"), out), "--plot")
         if importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install 'shardkit[bench]' (or leave out --plot)")
+    if storage_option and (shards is None or not is_remote(shards)):
+        raise click.UsageError("--storage-option (-o) applies to a --shards URL (s3://..., gs://...)")
     if train_model is not None:
         shards = needs_shards(shards, DETECTOR_SHARDS if detector else CLASSIFIER_SHARDS)
     elif contenders:
@@ -216,7 +220,8 @@ def bench_command(src: str, annotations: str | None, max_size: int, captions: bo
                       device=device, transform=transform, size=size, epochs=epochs, repeats=repeats,
                       warmup=warmup, drop_caches=drop_caches, contenders=contenders,
                       jpeg_restart=jpeg_restart, annotations=annotations, max_size=max_size, captions=captions,
-                      context_length=context_length)
+                      context_length=context_length,
+                      storage_options=storage_options(storage_option, shards) if shards is not None else None)
     bar = BenchBar(bars_enabled(quiet))
     name_width = max(len(c) for c in (*contenders, "shardloader-gpu"))
 

@@ -22,7 +22,7 @@ __all__ = ["CLASSIFIER_SHARDS", "DETECTOR_SHARDS", "BenchError", "check_source",
 _TRAIN_ONLY = ("steps", "dali_threads", "dali_hw_load", "dali_prefetch", "isolate")
 #: Options of the classifier training bench that a detector's does not take.
 _CLASSIFIER_ONLY = ("dali_threads", "dali_hw_load", "dali_prefetch", "isolate")
-_LOADERS_ONLY = ("epochs", "drop_caches", "no_webdataset", "jpeg_restart", "plot", "transform")
+_LOADERS_ONLY = ("epochs", "drop_caches", "no_webdataset", "jpeg_restart", "plot", "transform", "storage_option")
 
 
 def refuse_other_modes_options(ctx: click.Context, *, train: bool, detector: bool = False) -> None:

@@ -41,7 +41,8 @@ _TRANSIENT_CODES = frozenset({"InternalError", "ServiceUnavailable", "SlowDown",
 _NO_CREDENTIALS = (
     "no AWS credentials found (searched the standard AWS credential chain: AWS_ACCESS_KEY_ID/"
     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE and ~/.aws/credentials, instance metadata); "
-    "pass -o key=… -o secret=… (or -o anon=true for a public bucket)"
+    "give the storage options key and secret (commands: -o key=… -o secret=…; Python: "
+    "storage_options={'key': …, 'secret': …}), or anon=true for a public bucket"
 )
 
 
@@ -286,8 +287,9 @@ def _unreachable(host: str, cause: object, *, s3: bool = True) -> str:
         reason = str(cause)
     if not s3:
         return f"network error: cannot connect to {host} ({reason}); check the URL's host and that it is reachable"
-    return (f"network error: cannot connect to {host} ({reason}); check the endpoint URL "
-            "(-o client_kwargs.endpoint_url=…, AWS_ENDPOINT_URL) and that it is reachable")
+    return (f"network error: cannot connect to {host} ({reason}); check the endpoint URL (storage option "
+            "client_kwargs.endpoint_url: -o client_kwargs.endpoint_url=… in commands; or AWS_ENDPOINT_URL) and that "
+            "it is reachable")
 
 
 def describe(err: BaseException) -> str | None:

@@ -135,6 +135,24 @@ def test_s3_through_the_cli(runner, small_tree, s3_server, s3_bucket, monkeypatc
     assert json.loads(info.output)["num_samples"] == 12
 
 
+def test_bench_reads_shards_from_s3_with_storage_options(runner, small_tree, s3_server, s3_bucket):
+    """bench --shards s3://... -o ...: the options reach ShardLoader; the webdataset baseline,
+    which opens local tar files, is left out with a note instead of without a word."""
+    url = f"{s3_bucket}/bench"
+    endpoint = s3_server["client_kwargs"]["endpoint_url"]
+    options = ["-o", f"client_kwargs.endpoint_url={endpoint}", "-o", "key=test", "-o", "secret=test",
+               "-o", "skip_instance_cache=true"]
+    assert _pack(runner, small_tree, url, *options).exit_code == 0
+    result = runner.invoke(cli, ["bench", str(small_tree), "--shards", url, *options, "--workers", "0",
+                                 "--batch-size", "4", "--size", "16", "--repeats", "1", "--epochs", "1",
+                                 "--warmup", "0", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "note: no webdataset row: its baseline opens local tar files, and --shards is a URL" in result.output
+    assert "shardkit ShardLoader" in result.output and "webdataset + WebLoader" not in result.output
+    local = runner.invoke(cli, ["bench", str(small_tree), "--shards", str(small_tree), "-o", "anon=true"])
+    assert local.exit_code == 2 and "--storage-option (-o) applies to a --shards URL" in local.output
+
+
 def test_console_entry_point_runs(small_tree, tmp_path):
     done = subprocess.run([sys.executable, "-m", "shardkit", "pack", str(small_tree),
                            str(tmp_path / "o"), "--workers", "1", "-q", "--uniform-names"], capture_output=True,
