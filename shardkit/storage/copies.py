@@ -17,9 +17,27 @@ import hashlib
 import os
 from collections.abc import Callable
 
+from shardkit.errors import StorageError
 from shardkit.storage.locks import locked
 
-__all__ = ["cached_copy"]
+__all__ = ["cached_copy", "make_cache_dir"]
+
+
+def make_cache_dir(directory: str) -> None:
+    """Create the cache ``directory`` (mode ``0700``) unless it exists.
+
+    Raises:
+        StorageError: it cannot be made (a file of that name is in the way, no permission, a
+            read-only file system), naming it: the loader's ``cache_dir``, or the default one.
+    """
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as err:
+        why = ("a file of that name is in the way" if isinstance(err, FileExistsError)
+               else "a file on its path is in the way" if isinstance(err, NotADirectoryError)
+               else err.strerror or str(err))
+        raise StorageError(f"cannot make the shard cache directory here ({why}); pass cache_dir= a directory "
+                           "you can write", where=directory) from err
 
 
 def cached_copy(directory: str, name: str, sha256: str, fetch: Callable[[], bytes]) -> bytes:
@@ -29,9 +47,10 @@ def cached_copy(directory: str, name: str, sha256: str, fetch: Callable[[], byte
 
     Raises:
         ValueError: ``fetch()`` returned other bytes.
-        OSError: the directory cannot be created or written.
+        StorageError: the directory cannot be created.
+        OSError: the directory cannot be written.
     """
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    make_cache_dir(directory)
     path = os.path.join(directory, name)
     with locked(f"{path}.lock"):
         with contextlib.suppress(FileNotFoundError):

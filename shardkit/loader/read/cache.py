@@ -40,6 +40,7 @@ from shardkit.errors import LoaderError
 from shardkit.index._shard_list import SHA256_RE
 from shardkit.index.manifest import ShardEntry
 from shardkit.storage import Store
+from shardkit.storage.copies import make_cache_dir
 from shardkit.storage.locks import locked
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ShardCache", "default_cache_dir"]
@@ -70,8 +71,9 @@ def default_cache_dir() -> str:
 
 def private_dir(path: str) -> None:
     """Create ``path`` (mode ``0700``) unless it exists; refuse one that another user owns or that
-    others may write to (``LoaderError`` naming it and what is wrong)."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    others may write to (``LoaderError`` naming it and what is wrong; ``StorageError`` where it
+    cannot be made)."""
+    make_cache_dir(path)
     st = os.stat(path)
     if st.st_uid != os.getuid():
         raise LoaderError(f"the shard cache directory belongs to user id {st.st_uid}, not to you "
@@ -153,7 +155,7 @@ class ShardCache:
         if self.private:
             private_dir(self.directory)
         else:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            make_cache_dir(self.directory)
         with _locked(path):
             fd = self._open_verified(store, entry, path)
             os.utime(path)  # most recently used

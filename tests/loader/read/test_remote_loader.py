@@ -109,3 +109,20 @@ def test_a_mix_over_s3_streams_and_resumes_like_the_local_mix(indexed_tree: Path
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got, local, strict=True))
     tables = sorted(p.name for p in (tmp_path / "cache").glob("*.table"))
     assert len(tables) == 2  # each dataset's index.table, fetched for the node and kept beside its shards
+
+
+def test_a_cache_dir_that_cannot_be_made_is_named(indexed_tree: Path, s3_server: dict[str, Any], s3_bucket: str,
+                                                  tmp_path: Path) -> None:
+    """It was the raw ``FileExistsError`` of ``os.makedirs``, naming neither the option nor why."""
+    import pytest
+
+    from shardkit.errors import StorageError
+
+    url = f"{s3_bucket}/ds"
+    pack(str(indexed_tree), url, options=PackOptions(max_count=10), workers=1, storage_options=s3_server)
+    (tmp_path / "a-file").write_text("x")
+    for cache, why in ((tmp_path / "a-file", "a file of that name is in the way"),
+                       (tmp_path / "a-file" / "sub", "a file on its path is in the way")):
+        with pytest.raises(StorageError, match=f"^{cache}: cannot make the shard cache directory here "
+                                               rf"\({why}\); pass cache_dir= a directory you can write$"):
+            next(iter(ShardLoader(url, batch_size=4, storage_options=s3_server, cache_dir=str(cache))))
