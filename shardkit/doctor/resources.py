@@ -29,7 +29,8 @@ def check_shm(plan: LoaderPlan, free: int | None) -> Finding:
              f"{plan.prefetch + 3} batches of {plan.batch_size}x3x{plan.size}x{plan.size} uint8)"
     if need > free:
         return Finding(SHM, "problem", detail + ": workers will die with a bus error (SIGBUS)",
-                       fix=f"give /dev/shm at least {_gib(need * 1.25)}: docker run --shm-size="
+                       fix=f"give /dev/shm at least {_gib(need * 1.25)} (that need and a quarter more, for "
+                           "the other processes that use it): docker run --shm-size="
                            f"{max(1, -(-need * 5 // 4 // 2**30))}g …; Kubernetes: an emptyDir with "
                            "medium: Memory mounted at /dev/shm; or fewer --workers / a smaller "
                            "--batch-size")
