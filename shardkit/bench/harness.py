@@ -107,6 +107,29 @@ def settled(loader: Any) -> bool:
     return bool(getattr(loader, "settled", True))
 
 
+def _stop_now(it: Any, loader: Any) -> None:
+    """A run stopped part-way: shut its loader's worker processes down now, not whenever the
+    traceback that holds the loader is dropped. A signal sent to the whole process group (``timeout``,
+    a scheduler) ends a DataLoader's workers too, and torch's SIGCHLD handler then raises "DataLoader
+    worker ... is killed by signal" in whatever this process runs next, the report of the finished
+    runs included, for as long as the iterator keeps them registered; so SIGCHLD is set aside
+    meanwhile, where this is the main thread."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGCHLD, signal.SIG_DFL) if main else None
+    try:
+        for target, method in ((it, "_shutdown_workers"), (loader, "close")):
+            stop = getattr(target, method, None)
+            if callable(stop):
+                with contextlib.suppress(Exception):  # a worker the same signal ended: it is gone either way
+                    stop()
+    finally:
+        if main:
+            signal.signal(signal.SIGCHLD, before)
+
+
 def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "cpu",
              progress: Progress | None = None) -> RunResult:
     """Build ``contender``'s loader, iterate ``epochs`` epochs and time all but ``warmup`` batches.
@@ -125,29 +148,34 @@ def run_once(contender: Contender, *, epochs: int, warmup: int, device: str = "c
     shape: tuple[int, ...] = ()
     sampler: TreeSampler | None = None
     t_start = 0.0
-    for _epoch in range(epochs):
-        it = iter(loader)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            batch_images = _to_device(batch[0], device)
-            _sync(device)
-            t1 = time.perf_counter()
-            seen += 1
-            if first_batch_s < 0:
-                first_batch_s, shape = t1 - t_build, _shape(batch_images)
-                steady(loader)
-            if sampler is not None:
-                images += len(batch[1])  # labels, or one target per image
-                wait += t1 - t0
-            elif seen >= warmup and settled(loader):  # the warm-up ends; the timed part starts now
-                sampler, t_start = TreeSampler().start(), time.perf_counter()
-            if progress is not None:
-                progress(contender.name, 1)
-        del it
+    it: Any = None
+    try:
+        for _epoch in range(epochs):
+            it = iter(loader)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                batch_images = _to_device(batch[0], device)
+                _sync(device)
+                t1 = time.perf_counter()
+                seen += 1
+                if first_batch_s < 0:
+                    first_batch_s, shape = t1 - t_build, _shape(batch_images)
+                    steady(loader)
+                if sampler is not None:
+                    images += len(batch[1])  # labels, or one target per image
+                    wait += t1 - t0
+                elif seen >= warmup and settled(loader):  # the warm-up ends; the timed part starts now
+                    sampler, t_start = TreeSampler().start(), time.perf_counter()
+                if progress is not None:
+                    progress(contender.name, 1)
+            it = None
+    except BaseException:  # stopped (Ctrl-C, SIGTERM), or failed: its workers go now
+        _stop_now(it, loader)
+        raise
     _sync(device)
     t_end = time.perf_counter()
     if sampler is None or images == 0:

@@ -119,6 +119,13 @@ def _register() -> None:
 _process_entry = False
 
 
+def exits_after_command() -> bool:
+    """Whether this process is the ``shardkit`` command, which exits once its command ends: its
+    process-wide state (signal handlers) is its own to change, unlike a program running the group
+    in process (a test's ``CliRunner``, a notebook)."""
+    return _process_entry
+
+
 def main() -> None:
     """Console-script entry point."""
     global _process_entry

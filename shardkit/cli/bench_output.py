@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from shardkit.cli.bench_args import BenchError
+from shardkit.errors import interrupt_behind
 
 if TYPE_CHECKING:
     from shardkit.bench.finished import Interrupted
@@ -69,14 +70,14 @@ def report_stopped(stopped: Interrupted, table: Callable[[dict[str, Any], int | 
                    plot_report: Callable[[dict[str, Any], str], None] | None = None) -> NoReturn:
     """A bench stopped part-way (Ctrl-C, SIGTERM): the table and ``out`` (and ``plot``) of the runs
     it finished, then the exit of any interrupted command (130, 143 for SIGTERM)."""
-    from shardkit.cli import Terminated
+    from shardkit import cli
 
-    if threading.current_thread() is threading.main_thread():
+    if cli.exits_after_command() and threading.current_thread() is threading.main_thread():
         # Torch's handler raises in this thread when a stopped run's DataLoader workers end (a
         # signal sent to the whole process group reaches them too), which would cut the report
-        # short; the runs are over, and the command exits once it is written.
+        # short; the runs are over, and the shardkit process exits once it is written.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    if sys.stderr.isatty() and not isinstance(stopped.interrupt, Terminated):  # off the line a ^C echoed on
+    if sys.stderr.isatty() and not isinstance(stopped.interrupt, cli.Terminated):  # off the line a ^C echoed on
         click.echo(err=True)
     if stopped.report is None:
         click.echo("no run had finished: nothing was measured, no report written", err=True)
@@ -115,10 +116,15 @@ def save_before_stopping(report: dict[str, Any], out: str | None, plot: str | No
         save(report, None, plot, plot_report)
     except BenchError as err:
         click.secho(f"error: {err}", fg="red", err=True)
-    except KeyboardInterrupt:  # stopped again while writing: say what is not written, and stop at once
+    except (KeyboardInterrupt, Exception) as err:
+        # stopped again while writing (a Ctrl-C may come wrapped, from a lazy import's class body):
+        # say what is not written, and stop at once
+        again = interrupt_behind(err)
+        if again is None:
+            raise
         _clear_line_of_caret()
         click.echo(f"stopped again: {' and '.join(left)} not written", err=True)
-        raise
+        raise again from None
 
 
 def terminal_width() -> int | None:

@@ -248,3 +248,25 @@ def test_an_error_raised_while_an_interruption_unwinds_is_that_interruption() ->
     assert caught.value.report is not None and list(caught.value.report["runs"]) == ["a"]
     with pytest.raises(RuntimeError, match="a bug"), finished.kept(lambda runs, mark: {}):
         raise RuntimeError("a bug")
+
+
+@pytest.mark.parametrize("again", [KeyboardInterrupt(), RuntimeError("Error calling __set_name__ on 'DviFont'")])
+def test_a_stop_while_the_report_is_written_says_what_it_left_unwritten(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], again: BaseException) -> None:
+    """Ctrl-C pressed twice: the second lands while the plot is drawn (matplotlib imported then; a
+    Ctrl-C in a class body comes wrapped). The report is written, the plot is said not to be, and
+    the stop goes on as the interruption it is; it was skipped without a word."""
+    from shardkit.cli.bench_output import save_before_stopping
+
+    interrupt = KeyboardInterrupt()
+    if isinstance(again, RuntimeError):
+        again.__context__ = interrupt
+
+    def plot_report(report: dict[str, Any], path: str) -> None:
+        raise again
+
+    out, plot = tmp_path / "r.json", tmp_path / "r.png"
+    with pytest.raises(KeyboardInterrupt):
+        save_before_stopping({"results": []}, str(out), str(plot), plot_report)
+    assert json.loads(out.read_text()) == {"results": []} and not plot.exists()
+    assert capsys.readouterr().err.splitlines()[-1] == "stopped again: plot not written"
