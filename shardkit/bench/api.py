@@ -312,7 +312,7 @@ def _notes(cfg: BenchConfig, manifest: Manifest, webdataset: bool, plan: Webdata
     if (crowded := too_many_workers(cfg.workers)) is not None:
         notes.append(crowded)
     shards = len(manifest.shards)
-    if not webdataset and "webdataset" in cfg.contenders and cfg.annotations is None:
+    if not webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and not cfg.captions:
         notes.append("no webdataset row: its baseline opens local tar files, and --shards is a URL (pack to a "
                      "local folder for it)")
     if webdataset and "webdataset" in cfg.contenders and cfg.annotations is None and shards < cfg.workers:

@@ -93,8 +93,8 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
     m = result.manifest
     if result.already_complete:
         click.echo(f"{dst}: already packed from files of these names and sizes, with these options; nothing to "
-                   f"do. Neither was re-read: `shardkit verify {dst}` checks the shards' bytes, and a file edited "
-                   f"in place to the same size is packed again with --overwrite.")
+                   f"do. No file was re-read: `shardkit verify {dst}` checks the shards' bytes, and --overwrite packs "
+                   f"again a source file edited in place to the same size.")
     groups = (f"{len(m.categories)} categories" if m.categories is not None
               else "captioned images" if m.kind == "captions" else f"{len(m.classes or ())} classes")
     click.echo(f"samples   {m.num_samples:,}  ({groups})")

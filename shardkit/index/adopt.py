@@ -297,7 +297,7 @@ def adopt_shards(
     listed = store.listdir()
     names = [n for n in listed if not n.startswith(".")]
     urls = [n for n in names if n.endswith(SHARD_SUFFIX)]
-    if PACK_STATE_DIR in listed:  # its shards are part of the source: index them and the rest is lost
+    if PACK_STATE_DIR in listed and INDEX_NAME not in listed:  # its shards are part of the source only
         raise ManifestError(f"holds {unfinished_pack(len(urls))}; indexed now, it would be a dataset of that part of "
                             f"its source only (to index these shards as they are, remove {PACK_STATE_DIR}/ first)",
                             where=store.url)

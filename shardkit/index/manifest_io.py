@@ -201,8 +201,9 @@ def _warn_once(err: StaleTable) -> None:
 
 def unfinished_pack(shards: int) -> str:
     """What a folder holding an unfinished ``shardkit pack`` (its :data:`PACK_STATE_DIR`) is, and what to do."""
-    return (f"a `shardkit pack` that did not finish, {shards:,} {'shard' if shards == 1 else 'shards'} written so "
-            f"far ({PACK_STATE_DIR}/ holds its state): re-run the command that began it to resume")
+    return (f"a `shardkit pack` not finished (running, or stopped), {shards:,} {'shard' if shards == 1 else 'shards'} "
+            f"written so far ({PACK_STATE_DIR}/ holds its state): a stopped one resumes when the command that began "
+            "it is run again")
 
 
 def _what_instead(store: Store) -> str:

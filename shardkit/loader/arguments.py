@@ -94,10 +94,21 @@ _DATALOADER_ONLY = {
     "pin_memory_device": "pass device='cuda[:i]': batches then arrive on that GPU",
 }
 
-#: Options of the transform presets (``transforms.imagenet_train``/``imagenet_val``) a loader call
-#: may be given by mistake: said as the transform's, not matched to a loader argument by spelling.
-_TRANSFORM_OPTIONS = frozenset({"size", "scale", "ratio", "flip_p", "normalize", "dtype", "channels_last",
-                                "interpolation", "crop_fraction", "mean", "std"})
+#: Options of the transform presets a loader call may be given by mistake, with where each goes:
+#: said as the transform's, not matched to a loader argument by spelling.
+_TRANSFORM_OPTIONS = {
+    "size": "the preset's first argument: transform=transforms.imagenet_train(224)",
+    "scale": "transform=transforms.imagenet_train(224, scale=...)",
+    "ratio": "transform=transforms.imagenet_train(224, ratio=...)",
+    "flip_p": "transform=transforms.imagenet_train(224, flip_p=...)",
+    "crop_fraction": "transform=transforms.imagenet_val(224, crop_fraction=...)",
+    "normalize": "transform=transforms.imagenet_train(224, normalize=...) (or imagenet_val)",
+    "mean": "transform=transforms.imagenet_train(224, normalize=(mean, std)) (or imagenet_val)",
+    "std": "transform=transforms.imagenet_train(224, normalize=(mean, std)) (or imagenet_val)",
+    "dtype": "transform=transforms.imagenet_train(224, dtype=...) (or imagenet_val)",
+    "channels_last": "transform=transforms.imagenet_train(224, channels_last=True) (or imagenet_val)",
+    "interpolation": "transform=transforms.imagenet_train(224, interpolation=...) (or imagenet_val)",
+}
 
 
 def check_call(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -138,8 +149,7 @@ def _why(name: str, signature: inspect.Signature, args: tuple[Any, ...], kwargs:
             if key in _DATALOADER_ONLY:
                 return f"{name}() got DataLoader's argument {key!r}, which it does without: {_DATALOADER_ONLY[key]}"
             if key in _TRANSFORM_OPTIONS and "transform" in params:
-                return (f"{name}() got {key!r}, an option of the transform, not of the loader: pass it to the "
-                        f"preset, e.g. transform=transforms.imagenet_train(224, {key}=...)")
+                return f"{name}() got {key!r}, an option of the transform, not of the loader: {_TRANSFORM_OPTIONS[key]}"
             close = difflib.get_close_matches(key, list(params), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             return f"{name}() got an unexpected keyword argument {key!r}{hint}"

@@ -36,8 +36,9 @@ def make_cache_dir(directory: str) -> None:
         why = ("a file of that name is in the way" if isinstance(err, FileExistsError)
                else "a file on its path is in the way" if isinstance(err, NotADirectoryError)
                else err.strerror or str(err))
-        raise StorageError(f"cannot make the shard cache directory here ({why}); pass cache_dir= a directory "
-                           "you can write", where=directory) from err
+        raise StorageError(f"cannot make the shard cache directory here ({why}); choose a directory you can "
+                           "write: ShardLoader(cache_dir=...), or XDG_CACHE_HOME for the default one",
+                           where=directory) from err
 
 
 def cached_copy(directory: str, name: str, sha256: str, fetch: Callable[[], bytes]) -> bytes:

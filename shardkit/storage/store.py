@@ -42,8 +42,8 @@ _URL_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"
 
 def url_typo(url: str) -> str | None:
     """What is wrong with ``url`` if it is a URL with one slash after its scheme (``s3:/bucket``),
-    which a local path would take as a folder named ``s3:``; None for anything else, and for a
-    local path of that name that exists.
+    which a local path would take as a folder named ``s3:``; None for anything else, and where a
+    local folder of that name (``s3:``) exists, for any path in it.
 
     >>> url_typo("s3:/bucket/train")
     "'s3:/bucket/train' is a local path as written; a URL needs two slashes: s3://bucket/train"
@@ -51,7 +51,9 @@ def url_typo(url: str) -> str | None:
     (True, True)
     """
     scheme, colon, rest = url.partition(":")
-    if not colon or scheme.lower() not in _URL_SCHEMES or rest.startswith("//") or os.path.exists(url):
+    if not colon or scheme.lower() not in _URL_SCHEMES or rest.startswith("//"):
+        return None
+    if os.path.isdir(f"{scheme}:") or os.path.exists(url):  # a local folder of that name, and paths in it
         return None
     return f"{url!r} is a local path as written; a URL needs two slashes: {scheme}://{rest.lstrip('/')}"
 

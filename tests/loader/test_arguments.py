@@ -298,9 +298,11 @@ def test_numpy_integers_are_taken_as_a_dataloader_takes_them(packed: Path) -> No
     ({"pin_memory_device": "cuda"}, "pass device='cuda[:i]'"),
     ({"num_worker": 2}, "unexpected keyword argument 'num_worker' (did you mean 'num_workers'?)"),
     ({"batchsize": 2}, "unexpected keyword argument 'batchsize' (did you mean 'batch_size'?)"),
-    ({"normalize": False}, "'normalize', an option of the transform, not of the loader: pass it to the preset, "
-                           "e.g. transform=transforms.imagenet_train(224, normalize=...)"),
-    ({"crop_fraction": 1.0}, "'crop_fraction', an option of the transform"),
+    ({"normalize": False}, "'normalize', an option of the transform, not of the loader: "
+                           "transform=transforms.imagenet_train(224, normalize=...) (or imagenet_val)"),
+    ({"crop_fraction": 1.0}, "'crop_fraction', an option of the transform, not of the loader: "
+                             "transform=transforms.imagenet_val(224, crop_fraction=...)"),
+    ({"mean": (0.5,) * 3}, "transform=transforms.imagenet_train(224, normalize=(mean, std))"),
 ])
 def test_dataloader_habits_are_told_what_to_write(packed: Path, given: dict[str, Any], hint: str) -> None:
     with pytest.raises(TypeError) as info:

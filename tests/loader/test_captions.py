@@ -254,7 +254,6 @@ def test_a_field_no_sample_has_is_said_once_and_a_sparse_one_not_at_all(both: di
     from shardkit.loader.read import captions
 
     monkeypatch.setattr(captions, "_absent", {})
-    monkeypatch.setattr(captions, "_keys_seen", set())
     monkeypatch.setattr(captions, "ABSENT_SAID_AFTER", 8)  # of the 24 samples
     _, captioned = both["a"]
     with caplog.at_level(logging.WARNING, logger="shardkit"):
@@ -268,3 +267,32 @@ def test_a_field_no_sample_has_is_said_once_and_a_sparse_one_not_at_all(both: di
     assert len(said) == 1 and said[0].startswith("shardkit: none of 8 samples has the field 'similarty' in its json "
                                                  "(misspelt? their json has ")
     assert "'similarity'" in said[0] and said[0].endswith("); its values are None")
+
+
+def test_the_missing_field_warning_names_the_fields_of_its_own_loaders_samples(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two loaders in one process: the second's warning named the first one's json fields too."""
+    import logging
+
+    from shardkit.loader.read import captions
+    from shardkit.loader.read.captions import CaptionTargets
+    from shardkit.loader.read.samples import Sample
+
+    monkeypatch.setattr(captions, "_absent", {})
+    monkeypatch.setattr(captions, "ABSENT_SAID_AFTER", 2)
+    first, second = CaptionTargets(fields=("nope",)), CaptionTargets(fields=("simlarity",))
+    a = first.read(Sample("a", {"txt": b"x", "json": b'{"url": "u", "width": 3}'}, "s.tar:a"))
+    b = second.read(Sample("b", {"txt": b"y", "json": b'{"similarity": 0.3}'}, "s.tar:b"))
+    empty = CaptionTargets(fields=("other",))
+    c = empty.read(Sample("c", {"txt": b"z", "json": b"{}"}, "s.tar:c"))
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        first.collate([a, a])
+        second.collate([b, b])
+        empty.collate([c, c])
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["shardkit: none of 2 samples has the field 'nope' in its json (misspelt? their json has 'url', "
+                    "'width'); its values are None",
+                    "shardkit: none of 2 samples has the field 'simlarity' in its json (misspelt? their json has "
+                    "'similarity'); its values are None",
+                    "shardkit: none of 2 samples has the field 'other' in its json (misspelt? their json has no "
+                    "fields); its values are None"]

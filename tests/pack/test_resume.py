@@ -143,8 +143,9 @@ def test_an_unfinished_pack_is_named_as_one_and_not_indexed_in_place(small_tree,
         pack(str(small_tree), dst, options=PackOptions(max_count=2), workers=1, progress=stop)
     written = len([n for n in os.listdir(dst) if n.endswith(".tar")])
     assert written >= 1
-    told = (f"a `shardkit pack` that did not finish, {written} shard{'s' * (written != 1)} written so far "
-            r"\(.shardkit-pack/ holds its state\): re-run the command that began it to resume")
+    told = (f"a `shardkit pack` not finished \\(running, or stopped\\), {written} shard{'s' * (written != 1)} "
+            r"written so far \(.shardkit-pack/ holds its state\): a stopped one resumes when the command that began "
+            "it is run again")
     with pytest.raises(ManifestError, match=f"no index.json: not a shardkit dataset \\(it is {told}\\)"):
         ShardLoader(dst, batch_size=2)
     with pytest.raises(ManifestError, match=f"holds {told}; indexed now, it would be a dataset of that part"):

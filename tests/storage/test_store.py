@@ -164,3 +164,8 @@ def test_a_local_folder_named_like_a_scheme_is_still_a_folder(tmp_path, monkeypa
     (tmp_path / "s3:" / "data").mkdir(parents=True)
     Store("s3:/data").write_bytes("x", b"1")
     assert (tmp_path / "s3:" / "data" / "x").read_bytes() == b"1"
+    sub = Store("s3:/data").child("sub")  # a path in it that does not exist yet
+    sub.makedirs()
+    sub.write_bytes("y", b"2")
+    Store("s3:/new").makedirs()
+    assert (tmp_path / "s3:" / "data" / "sub" / "y").read_bytes() == b"2" and (tmp_path / "s3:" / "new").is_dir()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit.errors import LoaderError
@@ -59,6 +59,10 @@ class CaptionTargets:
 
     fields: tuple[str, ...] = ()
     text_transform: TextTransform | None = None
+    #: json field names read by this process while a field asked for was not yet found (at most
+    #: :data:`_KEYS_KEPT`; ``None`` among them: a sample with a json member): the warning about a
+    #: missing field names them.
+    _seen: set[str | None] = field(default_factory=set, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if TEXT in self.fields:
@@ -92,8 +96,8 @@ class CaptionTargets:
                 raise BadSample(f"{sample.where}: json member malformed ({err})") from err
             if not isinstance(meta, dict):
                 raise BadSample(f"{sample.where}: json member is not a JSON object")
-            if len(_keys_seen) < _KEYS_KEPT and any(_absent.get(name, 0) >= 0 for name in self.fields):
-                _keys_seen.update(list(meta)[:_KEYS_KEPT])  # what a missing field's warning offers instead
+            if len(self._seen) <= _KEYS_KEPT and any(_absent.get(name, 0) >= 0 for name in self.fields):
+                self._seen.update([None, *list(meta)[:_KEYS_KEPT + 1 - len(self._seen)]])
         return text, tuple(meta.get(name, ABSENT) for name in self.fields)
 
     @staticmethod
@@ -136,7 +140,7 @@ class CaptionTargets:
             _check_rows(out, len(texts), where)
         if not self.fields:
             return out
-        _say_if_absent(self.fields, items)
+        _say_if_absent(self.fields, items, self._seen)
         return {TEXT: out, **{name: [None if values[i] is ABSENT else values[i] for _, values in items]
                               for i, name in enumerate(self.fields)}}
 
@@ -157,13 +161,12 @@ def _check_rows(out: Any, n: int, where: str, name: str = "") -> None:
 _absent: dict[str, int] = {}
 #: Samples without a field, none with it, before it is said to be missing.
 ABSENT_SAID_AFTER = 64
-#: The json field names read in this process while a field asked for was not yet found (at most
-#: :data:`_KEYS_KEPT`): the warning about a missing field names them.
-_keys_seen: set[str] = set()
+#: The json field names a missing field's warning names, at most.
 _KEYS_KEPT = 40
 
 
-def _say_if_absent(fields: Sequence[str], items: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+def _say_if_absent(fields: Sequence[str], items: Sequence[tuple[str, tuple[Any, ...]]],
+                   seen: set[str | None]) -> None:
     """Warn once per process of a field that none of the first :data:`ABSENT_SAID_AFTER` samples
     has in its json at all (a misspelt name, most likely; a field whose value is null is there,
     and a sparse one shows up among them)."""
@@ -177,7 +180,8 @@ def _say_if_absent(fields: Sequence[str], items: Sequence[tuple[str, tuple[Any, 
         _absent[name] = count + len(items)
         if _absent[name] >= ABSENT_SAID_AFTER:
             _absent[name] = -1
-            there = sorted(_keys_seen)
+            there = sorted(k for k in seen if k is not None)[:_KEYS_KEPT]
             log.warning("shardkit: none of %d samples has the field %r in its json (misspelt? %s); its values are None",
                         count + len(items), name,
-                        f"their json has {', '.join(map(repr, there))}" if there else "they have no json member")
+                        f"their json has {', '.join(map(repr, there))}" if there
+                        else "their json has no fields" if None in seen else "they have no json member")

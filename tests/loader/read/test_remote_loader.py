@@ -124,5 +124,5 @@ def test_a_cache_dir_that_cannot_be_made_is_named(indexed_tree: Path, s3_server:
     for cache, why in ((tmp_path / "a-file", "a file of that name is in the way"),
                        (tmp_path / "a-file" / "sub", "a file on its path is in the way")):
         with pytest.raises(StorageError, match=f"^{cache}: cannot make the shard cache directory here "
-                                               rf"\({why}\); pass cache_dir= a directory you can write$"):
+                                               rf"\({why}\); choose a directory you can write"):
             next(iter(ShardLoader(url, batch_size=4, storage_options=s3_server, cache_dir=str(cache))))
