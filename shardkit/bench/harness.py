@@ -120,7 +120,8 @@ def _stop_now(it: Any, loader: Any) -> None:
     main = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGCHLD, signal.SIG_DFL) if main else None
     try:
-        for target, method in ((it, "_shutdown_workers"), (loader, "close")):
+        # a DataLoader's iterator; a generator over one (webdataset's WebLoader), closed; the loader
+        for target, method in ((it, "_shutdown_workers"), (it, "close"), (loader, "close")):
             stop = getattr(target, method, None)
             if callable(stop):
                 with contextlib.suppress(Exception):  # a worker the same signal ended: it is gone either way
