@@ -83,6 +83,14 @@ def stop_persistent_workers(loader: DataLoader[Any]) -> None:
     loader._iterator = None
 
 
+def shut_down_iterator(iterator: Any) -> None:
+    """Stop a DataLoader iterator's worker processes now, and take them off the list torch's SIGCHLD
+    handler checks (``_shutdown_workers``, stable since torch 1.7); anything else: nothing."""
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if callable(stop):
+        stop()
+
+
 def dataloader_next_code() -> types.CodeType:
     """The code object of every DataLoader iterator's ``__next__`` (``_BaseDataLoaderIter``, a
     private class stable since torch 1.0): a frame running it is inside an iteration."""

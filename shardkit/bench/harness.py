@@ -12,6 +12,7 @@ other repetition (A B C, C B A, …) so slow drift of the machine hits all of th
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shardkit import _compat
 from shardkit.bench.proctree import TreeSampler, descendants, wait_for_exit
 
 Progress = Callable[[str, int], None]
@@ -121,11 +123,11 @@ def _stop_now(it: Any, loader: Any) -> None:
     before = signal.signal(signal.SIGCHLD, signal.SIG_DFL) if main else None
     try:
         # a DataLoader's iterator; a generator over one (webdataset's WebLoader), closed; the loader
-        for target, method in ((it, "_shutdown_workers"), (it, "close"), (loader, "close")):
-            stop = getattr(target, method, None)
-            if callable(stop):
-                with contextlib.suppress(Exception):  # a worker the same signal ended: it is gone either way
-                    stop()
+        stops = [functools.partial(_compat.shut_down_iterator, it),
+                 *(stop for stop in (getattr(it, "close", None), getattr(loader, "close", None)) if callable(stop))]
+        for stop in stops:
+            with contextlib.suppress(Exception):  # a worker the same signal ended: it is gone either way
+                stop()
     finally:
         if main:
             signal.signal(signal.SIGCHLD, before)
