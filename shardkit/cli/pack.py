@@ -95,7 +95,8 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
               metavar="[ADDRESS]",
               help="Write shards as Ray tasks: on a new local cluster of --workers CPUs (no "
-                   "ADDRESS, or local), or on the cluster at ADDRESS (auto, ray://host:port). Put "
+                   "ADDRESS, or local), or on the cluster at ADDRESS (auto, host:port; ray://host:port needs "
+                   "ray[client]). Put "
                    "it after SRC DST or write --ray=ADDRESS. A local DST needs a one-node cluster.")
 @click.option("--shuffle/--no-shuffle", default=True, show_default=True,
               help="Shuffle samples across shards.")
