@@ -182,6 +182,9 @@ def pack_listing(
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     _check_outside_source(listing.root, dst)
     started = time.perf_counter()
+    if executor == "ray" and ray_address is not None:  # a cluster that does not answer: refused before DST is made
+        ray_exec.import_ray()
+        ray_exec.check_address(ray_address)
     store = Store(dst, storage_options)
     with destination_lock(store):  # held until the last file: two packs into DST cannot interleave
         if executor == "ray":

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from shardkit._ray_reach import reach_cluster
 from shardkit.errors import PackError, ShardkitError
 from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
 from shardkit.sources.files import Files
@@ -23,6 +24,21 @@ INSTALL_HINT = "pip install 'shardkit[ray]'"
 #: while results come back, without submitting (and pickling) 100k shards up front.
 IN_FLIGHT_PER_CPU = 2
 _CANCEL_WAIT_S = 10.0
+#: Seconds the cluster at ``--ray ADDRESS`` has to answer before ``ray.init`` is tried.
+REACH_TIMEOUT_S = 10.0
+
+
+def check_address(address: str) -> str:
+    """``address`` (``"auto"`` resolved), once a cluster answers there: ``ray.init`` waits minutes,
+    retrying, where none does.
+
+    Raises:
+        PackError: not an address, or no cluster answers there within :data:`REACH_TIMEOUT_S`.
+    """
+    try:
+        return reach_cluster(address, REACH_TIMEOUT_S)
+    except (ValueError, ConnectionError) as unreachable:
+        raise PackError(str(unreachable), where=address) from None
 
 
 def import_ray() -> Any:
@@ -82,6 +98,7 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
                 ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                          logging_level=logging.WARNING)
         else:
+            address = check_address(address)
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as err:
         if address is None and "existing cluster" in str(err):  # Ray joins a local cluster it finds, with no num_cpus

@@ -197,3 +197,27 @@ def test_a_local_cluster_already_running_is_named_with_the_way_to_use_it(src, tm
     said = r"local: a Ray cluster is already running \(on this machine, or at RAY_ADDRESS\): use it with --ray auto"
     with pytest.raises(PackError, match=said):
         pack(str(src), str(tmp_path / "out"), executor="ray")
+
+
+def test_an_address_where_no_cluster_answers_is_refused_in_seconds(src, tmp_path):
+    """``ray.init`` retried for minutes, printing Ray's warnings, where nothing answered at the
+    address (a wrong port, or ``auto`` after the cluster died). Run in a process of its own: this
+    module's Ray is connected in the test process."""
+    pytest.importorskip("ray")
+    from tests.ranks import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    script = ("import sys\n"
+              "from shardkit.errors import PackError\n"
+              "from shardkit.pack import pack\n"
+              "try:\n"
+              f"    pack({str(src)!r}, {str(tmp_path / 'out')!r}, executor='ray', ray_address={address!r})\n"
+              "except PackError as err:\n"
+              "    print(err)\n"
+              "    sys.exit(3)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert done.stdout.startswith(f"{address}: cannot reach the Ray cluster at {address} within 10 s "
+                                  "(ConnectionRefusedError"), done.stdout
+    assert not (tmp_path / "out").exists()

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from shardkit._compat import ray_bootstrap_address
+from shardkit import _ray_reach
 from shardkit.errors import LoaderError
 
 __all__ = ["INSTALL_HINT", "cluster_gone", "connect", "disconnect", "import_ray", "split_address"]
@@ -50,51 +50,10 @@ def split_address(address: str) -> tuple[str, int]:
         >>> split_address("ray://10.0.0.5:10001"), split_address("[::1]:6379")
         (('10.0.0.5', 10001), ('::1', 6379))
     """
-    rest = address.removeprefix("ray://")
-    host, sep, port = rest.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise LoaderError(f"a Ray address is 'auto', 'HOST:PORT' or 'ray://HOST:PORT', got {address!r}")
-    return host.strip("[]"), int(port)
-
-
-def _resolve(ray: Any, address: str) -> str:
-    """``address`` with ``"auto"`` replaced by the cluster this node belongs to."""
-    if address != "auto":
-        return address
     try:
-        found = ray_bootstrap_address("auto")
-    except ConnectionError:
-        found = None
-    if not found:
-        raise LoaderError("no Ray cluster runs on this node (address='auto'): start one (`ray start --head`, or "
-                          "`shardkit serve --head`) or join one (`ray start --address HEAD:6379`), or pass "
-                          "RayService(address='HEAD:6379')")
-    return str(found)
-
-
-#: An HTTP/2 client's greeting: the connection preface and an empty SETTINGS frame.
-_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-_SETTINGS = 4
-
-
-def _reach(host: str, port: int, timeout: float, address: str) -> None:
-    """Refuse an address whose port is closed, or open but not a gRPC server (which answers an
-    HTTP/2 greeting with its SETTINGS frame), within ``timeout`` seconds."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as conn:
-            conn.sendall(_HTTP2_HELLO)
-            head = b""
-            while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
-                head += chunk
-    except TimeoutError:
-        head = b""
-    except OSError as err:
-        raise LoaderError(f"cannot reach the Ray cluster at {address} within {timeout:g} s "
-                          f"({type(err).__name__}: {err}); is its head node running (`ray status`)?") from None
-    if len(head) < 9 or head[3] != _SETTINGS:
-        raise LoaderError(f"{address} accepts connections but did not answer as a Ray cluster within {timeout:g} s "
-                          f"(the GCS port of the head node, 6379 by default, or a ray:// client port, 10001, "
-                          f"is expected)")
+        return _ray_reach.split_address(address)
+    except ValueError as err:
+        raise LoaderError(str(err)) from None
 
 
 def connect(address: str, *, timeout: float) -> Any:
@@ -110,9 +69,11 @@ def connect(address: str, *, timeout: float) -> Any:
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    resolved = _resolve(ray, address)
-    host, port = split_address(resolved)
-    _reach(host, port, timeout, resolved)
+    try:
+        resolved = _ray_reach.reach_cluster(address, timeout)
+    except (ValueError, ConnectionError) as unreachable:
+        raise LoaderError(str(unreachable).replace("give the head's address, HEAD:6379",
+                                                   "pass RayService(address='HEAD:6379')")) from None
     outcome: list[BaseException | None] = []
 
     def init() -> None:
