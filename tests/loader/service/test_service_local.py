@@ -30,7 +30,6 @@ from shardkit.loader.read.reader import ReaderPart
 from shardkit.loader.routes.choose import choose_route
 from shardkit.loader.routes.cpu.worker import CpuBatchBuilder
 from shardkit.loader.routes.spec import RouteSpec
-from shardkit.loader.service import connect
 from shardkit.loader.service.actor import BatchActor, DatasetCheck
 from shardkit.loader.service.client import dataset_checks
 from shardkit.loader.service.payload import Failure, from_payload, raise_failure
@@ -109,7 +108,9 @@ def test_auto_without_a_cluster_on_this_node_says_how_to_start_one(packed: Path,
     def none(address: str) -> str:
         raise ConnectionError("Could not find any running Ray instance.")
 
-    monkeypatch.setattr(connect, "ray_bootstrap_address", none)
+    from shardkit import _ray_reach
+
+    monkeypatch.setattr(_ray_reach, "ray_bootstrap_address", none)
     with pytest.raises(LoaderError) as err:
         _loader(packed, service=RayService("auto", connect_timeout_s=1.0))
     assert str(err.value).startswith("no Ray cluster runs on this node (address='auto'): start one (`ray start "
