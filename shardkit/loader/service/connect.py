@@ -19,7 +19,7 @@ from typing import Any
 from shardkit import _ray_reach
 from shardkit.errors import LoaderError
 
-__all__ = ["INSTALL_HINT", "cluster_gone", "connect", "disconnect", "import_ray", "split_address"]
+__all__ = ["INSTALL_HINT", "cluster_gone", "connect", "disconnect", "import_ray"]
 
 INSTALL_HINT = "pip install 'shardkit[ray]'"
 #: Seconds ``ray.init`` may take once the address answered (it starts a local core worker).
@@ -38,22 +38,6 @@ def import_ray() -> Any:
         raise LoaderError(f"service= needs Ray in this environment and on the cluster's nodes: {INSTALL_HINT} "
                           f"({err})") from None
     return ray
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``(host, port)`` of ``"HOST:PORT"`` or ``"ray://HOST:PORT"``.
-
-    Raises:
-        LoaderError: no port, or not a number.
-
-    Example:
-        >>> split_address("ray://10.0.0.5:10001"), split_address("[::1]:6379")
-        (('10.0.0.5', 10001), ('::1', 6379))
-    """
-    try:
-        return _ray_reach.split_address(address)
-    except ValueError as err:
-        raise LoaderError(str(err)) from None
 
 
 def connect(address: str, *, timeout: float) -> Any:
@@ -115,7 +99,7 @@ def cluster_gone(ray: Any, timeout: float = 2.0, tries: int = 3, pause: float = 
         if client.is_connected():
             return None
         address = str(ray.get_runtime_context().gcs_address)
-        host, port = split_address(address)
+        host, port = _ray_reach.split_address(address)
     except Exception:  # not connected, or an address of another form: nothing to ask
         return None
     for attempt in range(tries):
