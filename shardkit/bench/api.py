@@ -31,7 +31,7 @@ from shardkit.errors import PackError, ShardkitError
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
 from shardkit.machine import usable_cores
-from shardkit.storage.store import is_remote
+from shardkit.storage.urls import is_remote
 
 
 def _pack(cfg: BenchConfig, dst: str, n_images: int, sink: ProgressSink | None) -> dict[str, Any]:

@@ -12,10 +12,11 @@ other repetition (A B C, C B A, …) so slow drift of the machine hits all of th
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import logging
 import os
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -116,18 +117,15 @@ def _stop_now(it: Any, loader: Any) -> None:
     worker ... is killed by signal" in whatever this process runs next, the report of the finished
     runs included, for as long as the iterator keeps them registered; so SIGCHLD is set aside
     meanwhile, where this is the main thread."""
-    import signal
-    import threading
-
     main = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGCHLD, signal.SIG_DFL) if main else None
     try:
         # a DataLoader's iterator; a generator over one (webdataset's WebLoader), closed; the loader
-        stops = [functools.partial(_compat.shut_down_iterator, it),
-                 *(stop for stop in (getattr(it, "close", None), getattr(loader, "close", None)) if callable(stop))]
+        stops = (lambda: _compat.shut_down_iterator(it), getattr(it, "close", None), getattr(loader, "close", None))
         for stop in stops:
-            with contextlib.suppress(Exception):  # a worker the same signal ended: it is gone either way
-                stop()
+            if callable(stop):
+                with contextlib.suppress(Exception):  # a worker the same signal ended: it is gone either way
+                    stop()
     finally:
         if main:
             signal.signal(signal.SIGCHLD, before)
