@@ -497,10 +497,16 @@ class ShardLoader:
             for epoch in range(loader.epoch, epochs):
                 loader.set_epoch(epoch)  # continues where the checkpoint stopped
                 for batch in loader: ...
+
+        ``set_epoch`` of another epoch there drops the resume point, with a warning.
         """
         epoch = as_int("epoch", epoch, 0, MAX_INT)  # it travels to the workers in an int64 tensor
         midway = self._open and self._pos.batch < self.config.epoch_batches(self._pos.remainder)
-        self._pos.set_epoch(epoch, iterating=self._open, midway=midway)
+        dropped = self._pos.set_epoch(epoch, iterating=self._open, midway=midway)
+        if dropped is not None:
+            log.warning("shardkit: set_epoch(%d) right after load_state_dict drops its resume point (epoch %d, "
+                        "batch %d): epoch %d runs from its start; set_epoch(loader.epoch) resumes where the "
+                        "state stopped", epoch, *dropped, epoch)
 
     def wait_for_feeders(self, timeout: float | None = None) -> bool:
         """With ``feeders="auto"`` the first batches come from this process while the feeder

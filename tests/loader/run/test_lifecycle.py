@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import shutil
 from pathlib import Path
@@ -23,7 +24,7 @@ def _keys(loader: ShardLoader) -> list[list[str]]:
     return [list(k) for *_, k in loader]
 
 
-def test_set_epoch_after_load_state_dict_keeps_the_resume_point(packed: Path) -> None:
+def test_set_epoch_after_load_state_dict_keeps_the_resume_point(packed: Path, caplog: pytest.LogCaptureFixture) -> None:
     reference = _loader(packed)
     reference.set_epoch(1)
     full = _keys(reference)
@@ -42,14 +43,28 @@ def test_set_epoch_after_load_state_dict_keeps_the_resume_point(packed: Path) ->
     assert got == full[3:]
     other = _loader(packed)
     other.load_state_dict(state)
-    other.set_epoch(0)  # another epoch: starts it from the beginning
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        other.set_epoch(0)  # another epoch: starts it from the beginning, said
     assert other.state_dict()["epoch"] == 0 and other.state_dict()["batches_consumed"] == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "shardkit: set_epoch(0) right after load_state_dict drops its resume point (epoch 1, batch 3): epoch 0 "
+        "runs from its start; set_epoch(loader.epoch) resumes where the state stopped"]
+    caplog.clear()
+    other.set_epoch(1)  # nothing loaded is dropped any more
+    within = _loader(packed)
+    it = iter(within)
+    next(it)
+    within.load_state_dict(state)  # loaded while an iteration is open: the next one resumes it
+    within.set_epoch(2)
+    assert "drops its resume point (epoch 1, batch 3)" in caplog.text
+    caplog.clear()
     again = _loader(packed)
     again.load_state_dict(state)
     again.set_epoch(1)
     next(iter(again))
     again.set_epoch(1)  # after iterating, set_epoch restarts the epoch as always
     assert again.state_dict()["batches_consumed"] == 0
+    assert caplog.text == ""
 
 
 def test_set_epoch_during_an_iteration_is_the_next_ones(packed: Path) -> None:
