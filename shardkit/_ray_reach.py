@@ -1,16 +1,23 @@
-"""Where a Ray cluster is, and whether it answers there, within a time limit: ``ray.init`` waits
-minutes on an address where no cluster answers, so :func:`reach_cluster` resolves the address
-first, then its port must answer an HTTP/2 greeting as a gRPC server (Ray's GCS and its client
-server) does. Used by the preprocessing service and by ``shardkit pack --ray``; each raises its
-own error with these messages."""
+"""Reaching a Ray cluster within a time limit: ``ray.init`` waits minutes on an address where no
+cluster answers, so :func:`reach_cluster` resolves the address first, then its port must answer
+an HTTP/2 greeting as a gRPC server (Ray's GCS and its client server) does; :func:`join_cluster`
+then runs ``ray.init`` under a longer limit as a backstop, and says in a line why it failed (with
+the fix where the cluster wants a token). Used by the preprocessing service and by
+``shardkit pack --ray``; each raises its own error with these messages."""
 
 from __future__ import annotations
 
+import logging
 import socket
+import threading
+from typing import Any
 
 from shardkit._compat import ray_bootstrap_address
 
-__all__ = ["reach_cluster", "split_address"]
+__all__ = ["INIT_TIMEOUT_S", "join_cluster", "reach_cluster", "split_address", "why_not_joined"]
+
+#: Seconds ``ray.init`` may take once the address answered (it starts a local core worker).
+INIT_TIMEOUT_S = 60.0
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -82,3 +89,70 @@ def reach_cluster(address: str, timeout: float) -> str:
     host, port = split_address(resolved)
     _reach(host, port, timeout, resolved)
     return resolved
+
+
+def join_cluster(ray: Any, address: str, timeout: float) -> str:
+    """Connect ``ray`` as a driver to the cluster at ``address``: :func:`reach_cluster` within
+    ``timeout`` seconds, then ``ray.init`` within ``max(INIT_TIMEOUT_S, timeout)``. Returns the
+    address connected to.
+
+    Raises:
+        ValueError: not an address.
+        ConnectionError: as :func:`reach_cluster`, or ``ray.init`` failed or did not return in time.
+    """
+    resolved = reach_cluster(address, timeout)
+    outcome: list[BaseException | None] = []
+
+    def init() -> None:
+        quiet = _NotMainThread()
+        logger = logging.getLogger("ray._private.worker")
+        logger.addFilter(quiet)
+        try:
+            ray.init(address=resolved, log_to_driver=False, logging_level=logging.WARNING)
+            outcome.append(None)
+        except BaseException as err:  # handed to the caller's thread
+            outcome.append(err)
+        finally:
+            logger.removeFilter(quiet)
+
+    # ray.init retries for minutes where a gRPC server answers but no cluster does: it runs in a
+    # thread the caller stops waiting for (the thread ends with ray's own retries).
+    thread = threading.Thread(target=init, name="shardkit-ray-connect", daemon=True)
+    thread.start()
+    limit = max(INIT_TIMEOUT_S, timeout)
+    thread.join(limit)
+    if not outcome:
+        raise ConnectionError(f"{resolved} answers as a gRPC server but Ray did not connect to it within {limit:g} s "
+                              f"(is it the head node's GCS port, 6379 by default?)")
+    err = outcome[0]
+    if err is not None:
+        raise ConnectionError(f"cannot connect to the Ray cluster at {resolved} ({why_not_joined(err)})") from err
+    return resolved
+
+
+def why_not_joined(err: BaseException) -> str:
+    """What went wrong connecting, in a line: the innermost cause, with the fix for a missing token."""
+    cause = err
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    text = str(cause)
+    if type(cause).__name__ == "AuthenticationError" or any(sign in text for sign in _AUTH_REFUSED):
+        # Ray 2.60 raises it as such, or as "Failed to connect to GCS" with the refusal in a traceback's text
+        return ("the cluster uses token authentication and refused this process: set RAY_AUTH_MODE=token and make "
+                "the cluster's token readable here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)")
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if lines and lines[0].endswith("Traceback (most recent call last):"):  # a traceback as text: its last line says
+        lines = [lines[0].removesuffix("Traceback (most recent call last):").rstrip(" :") + ": " + lines[-1]]
+    return f"{type(cause).__name__}: {lines[0][:300]}" if lines else type(cause).__name__
+
+
+#: What a GCS refusal for a missing or wrong token says somewhere in Ray's error text.
+_AUTH_REFUSED = ("InvalidAuthToken", "UNAUTHENTICATED", "AuthenticationError", "Invalid authentication token")
+
+
+class _NotMainThread(logging.Filter):
+    """Drops Ray's warning that a driver connected outside the main thread sets no SIGTERM handler
+    (the connection is made in a thread the caller can stop waiting for; its own handlers stay)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "current thread is not the main thread" not in record.getMessage()

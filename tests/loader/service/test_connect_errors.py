@@ -3,7 +3,7 @@ the cluster wants a token (Ray 2.60 gives the refusal as text inside "Failed to 
 
 from __future__ import annotations
 
-from shardkit.loader.service.connect import _why
+from shardkit._ray_reach import why_not_joined as _why
 
 
 def _chained(outer: BaseException, inner: BaseException) -> BaseException:
