@@ -182,11 +182,12 @@ def pack_listing(
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     _check_outside_source(listing.root, dst)
     started = time.perf_counter()
-    if executor == "ray" and ray_address is not None:  # a cluster that does not answer: refused before DST is made
-        ray_exec.import_ray()
-        ray_exec.check_address(ray_address)
-    store = Store(dst, storage_options)
-    with destination_lock(store):  # held until the last file: two packs into DST cannot interleave
+    with contextlib.ExitStack() as held:
+        if executor == "ray" and ray_address is not None:  # a cluster that does not answer or refuses this
+            ray_exec.import_ray()                          # process is said before DST is made
+            held.enter_context(ray_exec.ray_cluster(ray_address, num_cpus=1))
+        store = Store(dst, storage_options)
+        held.enter_context(destination_lock(store))  # to the last file: two packs into DST cannot interleave
         if executor == "ray":
             ray_exec.check_ray_destination(store)
             ray_exec.check_ray_source(listing.files)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shardkit._ray_reach import reach_cluster
+from shardkit._ray_reach import join_cluster
 from shardkit.errors import PackError, ShardkitError
 from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
 from shardkit.sources.files import Files
@@ -26,19 +26,6 @@ IN_FLIGHT_PER_CPU = 2
 _CANCEL_WAIT_S = 10.0
 #: Seconds the cluster at ``--ray ADDRESS`` has to answer before ``ray.init`` is tried.
 REACH_TIMEOUT_S = 10.0
-
-
-def check_address(address: str) -> str:
-    """``address`` (``"auto"`` resolved), once a cluster answers there: ``ray.init`` waits minutes,
-    retrying, where none does.
-
-    Raises:
-        PackError: not an address, or no cluster answers there within :data:`REACH_TIMEOUT_S`.
-    """
-    try:
-        return reach_cluster(address, REACH_TIMEOUT_S)
-    except (ValueError, ConnectionError) as unreachable:
-        raise PackError(str(unreachable), where=address) from None
 
 
 def import_ray() -> Any:
@@ -86,27 +73,30 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
     ``num_cpus`` CPUs is started; either is shut down (disconnected) on exit.
 
     Raises:
-        PackError: Ray is missing or the cluster cannot be reached.
+        PackError: Ray is missing, the cluster at ``address`` does not answer within
+            :data:`REACH_TIMEOUT_S` or refuses this process (why, in a line), or a local one
+            cannot start.
     """
     ray = import_ray()
     if ray.is_initialized():
         yield ray
         return
-    try:
-        if address is None:
+    if address is not None:
+        try:
+            join_cluster(ray, address, REACH_TIMEOUT_S)
+        except (ValueError, ConnectionError) as refused:
+            raise PackError(str(refused), where=address) from None
+    else:
+        try:
             with _quiet_token_notice():
                 ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                          logging_level=logging.WARNING)
-        else:
-            address = check_address(address)
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        if address is None and "existing cluster" in str(err):  # Ray joins a local cluster it finds, with no num_cpus
-            raise PackError("a Ray cluster is already running (on this machine, or at RAY_ADDRESS): use it with "
-                            "--ray auto (executor='ray', ray_address='auto'), or stop it (ray stop) for a cluster of "
-                            "the pack's own", where="local") from err
-        raise PackError(f"cannot start or reach a Ray cluster ({err})",
-                        where=address or "local") from err
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            if "existing cluster" in str(err):  # Ray joins a local cluster it finds, with no num_cpus
+                raise PackError("a Ray cluster is already running (on this machine, or at RAY_ADDRESS): use it "
+                                "with --ray auto (executor='ray', ray_address='auto'), or stop it (ray stop) for a "
+                                "cluster of the pack's own", where="local") from err
+            raise PackError(f"cannot start a Ray cluster ({err})", where="local") from err
     try:
         yield ray
     finally:

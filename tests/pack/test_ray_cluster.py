@@ -88,3 +88,20 @@ def test_a_local_source_is_refused_on_two_nodes(cluster: Cluster, small_tree: Pa
         "workers on other nodes would not find its files; pack from a shared URL (s3://, gs://, …) "
         "or use a single-node cluster")
     assert not [n for n in Store(f"{s3_bucket}/refused", s3_server).listdir() if not n.startswith(".")]
+
+
+@pytest.mark.timeout(120)
+def test_a_cluster_that_wants_a_token_is_said_so_before_dst_is_made(cluster: Cluster, small_tree: Path,
+                                                                   tmp_path: Path) -> None:
+    """A driver without the cluster's token: one line saying what to set, and no DST (Ray's
+    GCS client retries for about 20 s first)."""
+    env = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH")}
+    dst = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "shardkit", "pack", str(small_tree), str(dst),
+                           f"--ray={cluster.address}"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {cluster.address}: cannot connect to the Ray cluster at {cluster.address} (the cluster uses token "
+        "authentication and refused this process: set RAY_AUTH_MODE=token and make the cluster's token readable "
+        "here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN))")
+    assert not dst.exists()
