@@ -19,15 +19,13 @@ from typing import BinaryIO, NamedTuple
 
 from shardkit.errors import FormatError
 from shardkit.format.spec import check_member_name, split_member
+from shardkit.format.tarheader import BLOCK, header, is_header, not_tar, pax_records, pax_size, text_field
 from shardkit.format.tarspan import plain_sample
 
-BLOCK = 512
 #: Members larger than this are refused (a corrupt size field must not make us allocate GBs).
 MAX_MEMBER_BYTES = 1 << 30
 #: PAX and GNU long-name headers larger than this are refused (real ones are a few hundred bytes).
 MAX_EXTENSION_BYTES = 1 << 20
-#: Digits in a PAX ``size`` record beyond which it is refused unread (any real size has fewer).
-_MAX_SIZE_DIGITS = 20
 
 _ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = (b"0", b"\0", b"7")  # 7: contiguous file, a regular file to every reader
@@ -107,113 +105,6 @@ class _ViewReader(_Reader):
         return done
 
 
-def _number(field: bytes) -> int:
-    """A numeric header field: octal text, or GNU base-256 (high bit of the first byte set)."""
-    if field[:1] in (b"\x80", b"\xff"):
-        value = int.from_bytes(field[1:], "big")
-        return value if field[:1] == b"\x80" else value - (1 << (8 * (len(field) - 1)))
-    text = field.rstrip(b" \0").lstrip(b" ")  # strict: nothing but NUL/space around the digits
-    if not text:
-        return 0
-    if text.translate(None, b"01234567"):  # anything but octal digits left
-        raise ValueError(text)
-    return int(text, 8)
-
-
-def _text(field: bytes, what: str, where: str) -> str:
-    try:
-        return field.split(b"\0", 1)[0].decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise FormatError(f"{what} is not valid UTF-8 ({err.reason} at byte {err.start})",
-                          where=where) from err
-
-
-def _pax_records(data: bytes, where: str) -> dict[str, str]:
-    """Parse PAX extended header records ``"<len> <key>=<value>\\n"``."""
-    records: dict[str, str] = {}
-    pos = 0
-    while pos < len(data) and data[pos:pos + 1] != b"\0":
-        space = data.find(b" ", pos)
-        try:
-            length = int(data[pos:space]) if space > pos else 0
-        except ValueError:
-            length = 0
-        record = data[pos:pos + length]
-        if length <= 0 or len(record) != length or not record.endswith(b"\n") or b"=" not in record:
-            raise FormatError(f"malformed PAX record at byte {pos} of the extended header",
-                              where=where)
-        key, _, value = record[space - pos + 1:-1].partition(b"=")
-        try:
-            records[key.decode("utf-8")] = value.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise FormatError(f"PAX record {key!r} is not valid UTF-8", where=where) from err
-        pos += length
-    return records
-
-
-def _pax_size(text: str, name: str, where: str) -> int:
-    """A PAX ``size`` record: ASCII decimal digits only (``str.isdigit`` also takes ``'²'``), and
-    few enough of them to be a size at all (a 5,000-digit number is not, and ``int`` refuses it)."""
-    if not text.isascii() or not text.isdigit() or len(text) > _MAX_SIZE_DIGITS:
-        shown = repr(text[:20]) + ("..." if len(text) > 20 else "")
-        raise FormatError(f"member {name!r} has a malformed PAX size {shown} ({len(text)} characters)",
-                          where=where)
-    return int(text)
-
-
-def _is_header(block: bytes) -> bool:
-    """Whether ``block`` (the first of a file, perhaps cut short) looks like a tar header: the
-    ustar magic (then however damaged its other fields), or a right checksum (old-style headers
-    have no magic). What tells a tar file that went wrong from a file that is no tar at all."""
-    if block[257:262] == b"ustar":
-        return True
-    if len(block) < BLOCK:
-        return False
-    try:
-        stored = _number(block[148:156])
-    except ValueError:
-        return False
-    return stored == _checksum(block)
-
-
-def _checksum(block: bytes) -> int:
-    """A header's checksum as it should be: its bytes summed, the checksum field as spaces."""
-    return sum(block) - sum(block[148:156]) + 8 * 32
-
-
-def _not_tar(block: bytes) -> str:
-    """Why a file whose first block is no tar header is not a tar file, in words."""
-    if block[:2] == b"\x1f\x8b":
-        return "not a tar file: gzip-compressed (decompress it; shards are plain tar files)"
-    if len(block) < BLOCK:
-        return f"not a tar file ({len(block)} bytes, less than one 512-byte tar header)"
-    return "not a tar file (its first 512 bytes are no tar header)"
-
-
-def _header(block: bytes, where: str) -> tuple[str, int, bytes]:
-    """Validate one 512-byte header; return ``(name, size, type)``. ``where`` names the offset."""
-    try:
-        stored = _number(block[148:156])
-    except ValueError as err:
-        raise FormatError("corrupt tar header (checksum field is not a number)",
-                          where=where) from err
-    computed = _checksum(block)
-    if stored != computed:
-        raise FormatError(f"corrupt tar header (checksum {stored} != computed {computed})",
-                          where=where)
-    name = _text(block[:100], "member name", where)
-    if block[257:262] == b"ustar":
-        prefix = _text(block[345:500], "member name prefix", where)
-        name = f"{prefix}/{name}" if prefix else name
-    try:
-        size = _number(block[124:136])
-    except ValueError as err:
-        raise FormatError(f"member {name!r} has a corrupt size field", where=where) from err
-    if size < 0:
-        raise FormatError(f"member {name!r} has a negative size", where=where)
-    return name, size, block[156:157]
-
-
 def _walk(reader: _Reader, *, where: str, read_data: bool,
           eof_ends: bool = False) -> Iterator[TarEntry]:
     global_pax: dict[str, str] = {}
@@ -224,8 +115,8 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
         block = reader.read(BLOCK)
         if not block and eof_ends and first < 0:
             return
-        if start == 0 and not eof_ends and block != _ZERO_BLOCK and not _is_header(block):
-            raise FormatError(_not_tar(block), where=where)
+        if start == 0 and not eof_ends and block != _ZERO_BLOCK and not is_header(block):
+            raise FormatError(not_tar(block), where=where)
         if len(block) < BLOCK:
             if block:
                 raise FormatError(f"tar file is truncated (it ends inside a header at byte {start})", where=where)
@@ -240,7 +131,7 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
                                   where=where)
             return
         here = f"{where}: byte {start}"
-        raw_name, size, kind = _header(block, here)
+        raw_name, size, kind = header(block, here)
         first = start if first < 0 else first
         if kind in (_PAX, _PAX_GLOBAL, _GNU_LONGNAME):
             if size > MAX_EXTENSION_BYTES:
@@ -250,18 +141,18 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
                 raise FormatError("tar file is truncated (inside an extension header)", where=here)
             reader.skip(-size % BLOCK)
             if kind == _PAX:
-                pending.update(_pax_records(extension, here))
+                pending.update(pax_records(extension, here))
             elif kind == _PAX_GLOBAL:
-                global_pax.update(_pax_records(extension, here))
+                global_pax.update(pax_records(extension, here))
                 first = -1
             else:
-                pending["path"] = _text(extension, "GNU long name", here)
+                pending["path"] = text_field(extension, "GNU long name", here)
             continue
         fields = {**global_pax, **pending}
         pending = {}
         name = fields.get("path", raw_name)
         if "size" in fields:
-            size = _pax_size(fields["size"], name, here)
+            size = pax_size(fields["size"], name, here)
         offset, first = first, -1
         check_member_name(name, where=here)
         if kind == _DIRECTORY:
