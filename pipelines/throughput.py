@@ -130,16 +130,39 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def other_data(root: str, shard_dir: str) -> str | None:
+    """How the pack in ``shard_dir`` differs from the tree at ``root`` (its classes, its number of
+    images), or None where it matches: the three loaders must read the same images."""
+    tree = ImageFolder(root)
+    shards = ShardLoader(shard_dir, batch_size=1)
+    packed, classes = len(shards), list(shards.classes or ())  # batches of one at one rank: its samples
+    if packed != len(tree) or len(classes) != len(tree.classes):
+        return (f"{shard_dir} holds {packed:,} images of {len(classes)} classes, {root} "
+                f"{len(tree):,} of {len(tree.classes)}")
+    if classes != tree.classes:
+        ours, theirs = next((a, b) for a, b in zip(classes, tree.classes, strict=True) if a != b)
+        return f"{shard_dir} names its classes otherwise than {root} ({ours!r} packed, {theirs!r} in the folder)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     shard_dir = args.shards
-    if not os.path.exists(os.path.join(shard_dir, "index.json")):
+    packed = os.path.exists(os.path.join(shard_dir, "index.json"))
+    differs = other_data(args.dir, shard_dir) if packed else None
+    if differs and shard_dir != default_shards(args.dir):
+        raise SystemExit(f"throughput.py: error: {differs}: the loaders would not read the same data (pack "
+                         f"{args.dir} into another --shards folder, or omit --shards)")
+    if not packed or differs:  # none yet, or the default folder's pack of an earlier state of the tree
+        if differs:
+            print(f"{differs}: packing it again")
         # Several shards per worker: plain webdataset hands each worker whole shards.
         per_shard = max(1, min(1000, len(ImageFolder(args.dir)) // (4 * max(args.workers, 1))))
+        started = time.perf_counter()
         result = pack(args.dir, shard_dir, options=PackOptions(max_count=per_shard),
-                      workers=os.cpu_count())
-        print(f"packed {result.manifest.num_samples} images into {shard_dir}: "
-              f"{result.images_per_second:,.0f} img/s")
+                      workers=os.cpu_count(), overwrite=bool(differs))
+        print(f"packed {result.manifest.num_samples} images into {shard_dir} in "
+              f"{time.perf_counter() - started:.1f} s")
 
     loaders = {
         "torchvision ImageFolder + DataLoader":

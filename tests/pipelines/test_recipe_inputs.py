@@ -4,13 +4,14 @@ train: a run that trains nothing must not save a checkpoint that later runs resu
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipelines import evaluate_classifier, evaluate_detector, train_classifier
-from shardkit.pack import PackOptions, pack_coco
+from shardkit.pack import PackOptions, pack, pack_coco
 from tests.pipelines.conftest import SAMPLE, refused
 
 COCO = SAMPLE.parent / "coco"
@@ -94,3 +95,28 @@ def test_the_classifier_recipe_refuses_a_captioned_dataset(tmp_path: Path,
     err = refused(train_classifier.main, [str(tmp_path / "ds"), "--batch-size", "2", "--steps", "1", *CPU], capsys)
     assert f"{tmp_path / 'ds'}: is a captioned dataset (images with text, no class labels)" in err
     assert "pipelines/train_contrastive.py trains on captions" in err
+
+
+def test_throughput_times_the_same_data_on_every_side(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--shards of another tree was timed against DIR without a word, and the default folder's pack
+    of an earlier state of the tree was reused."""
+    from pipelines import throughput
+
+    tree = tmp_path / "tree"
+    shutil.copytree(SAMPLE, tree)
+    other = tmp_path / "other"
+    pack(str(tree), str(other), workers=1)
+    first = sorted(tree.iterdir())[0]
+    shutil.rmtree(first)
+    with pytest.raises(SystemExit) as exit_:
+        throughput.main([str(tree), "--shards", str(other), "--batch-size", "2"])
+    assert str(exit_.value).startswith(f"throughput.py: error: {other} holds ")
+    assert "the loaders would not read the same data" in str(exit_.value)
+
+    monkeypatch.setattr(throughput, "default_shards", lambda root: str(other))  # the default folder, stale
+    monkeypatch.setattr(throughput, "images_per_second", lambda make, epochs: 1.0)
+    throughput.main([str(tree), "--batch-size", "2", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert f"{other} holds " in out and ": packing it again" in out
+    assert throughput.other_data(str(tree), str(other)) is None
