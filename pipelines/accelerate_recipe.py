@@ -21,7 +21,12 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from shardkit import ShardLoader, transforms
+from shardkit import ShardkitError, ShardLoader, transforms
+
+try:  # run as a script: its directory is on the path
+    from ddp import at_least
+except ImportError:  # imported as pipelines.accelerate_recipe
+    from pipelines.ddp import at_least
 
 TRANSFORM = transforms.imagenet_val(32, crop_fraction=1.0, normalize=True)  # float batches of 32x32
 
@@ -30,7 +35,7 @@ def train(accelerator: Accelerator, dataset: str, *, epochs: int, batch_size: in
     """Train a tiny classifier with accumulation; return, per epoch, the batches it stepped at."""
     loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM)
     if not loader.classes:
-        raise SystemExit(f"{dataset}: not a dataset of labelled images (it names no classes)")
+        raise SystemExit(f"{sys.argv[0]}: error: {dataset}: not a dataset of labelled images (it names no classes)")
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(len(loader.classes)))
     model(torch.zeros(1, 3, 32, 32))  # materialise the lazy layer before DDP wraps it
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -80,19 +85,25 @@ def evaluate_once(accelerator: Accelerator, dataset: str, *, batch_size: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("train")
-    parser.add_argument("val")
-    parser.add_argument("result")
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("train", help="packed ImageFolder dataset to train on (directory, index.json or URL)")
+    parser.add_argument("val", help="packed ImageFolder dataset to evaluate on")
+    parser.add_argument("result", help="JSON file the result is written to")
+    parser.add_argument("--batch-size", type=at_least(1), default=4, help="samples per batch per rank [default: 4]")
     args = parser.parse_args()
+    folder = os.path.dirname(os.path.abspath(args.result))
+    if not os.path.isdir(folder):  # said before training, not after it
+        parser.error(f"{args.result}: no folder {folder} to write it in")
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
-    result = {
-        "stepped": train(accelerator, args.train, epochs=2, batch_size=args.batch_size),
-        "per_batch": evaluate_per_batch(accelerator, args.val, batch_size=args.batch_size),
-        "once": evaluate_once(accelerator, args.val, batch_size=args.batch_size),
-        "world": accelerator.num_processes,
-    }
+    try:
+        result = {
+            "stepped": train(accelerator, args.train, epochs=2, batch_size=args.batch_size),
+            "per_batch": evaluate_per_batch(accelerator, args.val, batch_size=args.batch_size),
+            "once": evaluate_once(accelerator, args.val, batch_size=args.batch_size),
+            "world": accelerator.num_processes,
+        }
+    except ShardkitError as err:  # not there, not a dataset, not images with labels
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     if accelerator.is_main_process:
         with open(args.result, "w") as f:
             json.dump(result, f)

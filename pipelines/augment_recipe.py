@@ -19,6 +19,11 @@ from timm.data import Mixup
 from shardkit import ShardLoader, transforms
 from shardkit.errors import ShardkitError
 
+try:  # run as a script: its directory is on the path
+    from ddp import at_least
+except ImportError:  # imported as pipelines.augment_recipe
+    from pipelines.ddp import at_least
+
 JITTER = transforms.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4)
 ERASE = transforms.RandomErasing(p=0.25, value="random")  # timm's re_prob=0.25, re_mode="pixel"
 NORMALIZE = transforms.BatchFormat.make(True, torch.float32, channels_last=False)  # ImageNet mean/std
@@ -52,9 +57,10 @@ def augmented_batches(dataset: str, *, size: int, batch_size: int, num_classes: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("train", help="a packed ImageFolder dataset")
-    parser.add_argument("--batch-size", type=int, default=256, help="an even number [default: 256]")
-    parser.add_argument("--size", type=int, default=224, help="side of the training crops [default: 224]")
-    parser.add_argument("--classes", type=int, default=None, help="the model's classes [default: the dataset's]")
+    parser.add_argument("--batch-size", type=at_least(1), default=256, help="an even number [default: 256]")
+    parser.add_argument("--size", type=at_least(1), default=224, help="side of the training crops [default: 224]")
+    parser.add_argument("--classes", type=at_least(1), default=None,
+                        help="the model's classes [default: the dataset's]")
     args = parser.parse_args()
     try:
         for images, targets in augmented_batches(args.train, size=args.size, batch_size=args.batch_size,

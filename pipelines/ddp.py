@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -151,6 +151,34 @@ def finish(*loaders: shardkit.ShardLoader | None) -> None:
         dist.destroy_process_group()
 
 
+#: What each kind of packed dataset is, and the recipes that train and evaluate on it.
+RECIPES_BY_KIND = {
+    "imagefolder": ("labelled images", "train_classifier.py", "evaluate_classifier.py"),
+    "coco": ("a COCO detection dataset", "train_detector.py", "evaluate_detector.py"),
+    "captions": ("captioned images", "train_contrastive.py", None),
+}
+
+
+def check_kind(datasets: Sequence[str], kind: str, recipe: str) -> None:
+    """Refuse a dataset of another kind than ``kind`` (``imagefolder``, ``coco``, ``captions``),
+    naming the recipe that takes it, before a loader is built (whose error would name the
+    library's options, not this recipe's way out).
+
+    Raises:
+        ShardkitError: a dataset of another kind (``where``: its path), or one that is not there.
+    """
+    from shardkit.index import locate_dataset, read_manifest
+
+    wanted = RECIPES_BY_KIND[kind][0]
+    for url in datasets:
+        found = read_manifest(locate_dataset(url)).kind
+        if found != kind and found in RECIPES_BY_KIND:
+            what, trains, evaluates = RECIPES_BY_KIND[found]
+            takes = evaluates if recipe.startswith("evaluate") and evaluates else trains
+            raise ShardkitError(f"holds {what}; {recipe} takes {wanted}: pipelines/{takes} takes this dataset",
+                                where=url)
+
+
 def add_dataset_arguments(parser: argparse.ArgumentParser, what: str, *, disjoint: bool = False) -> None:
     """The training data: one packed dataset, or several mixed (``ShardLoader``'s ``weights``);
     ``disjoint``: also ``--disjoint-labels`` (ImageFolder datasets with different class lists)."""
@@ -184,6 +212,14 @@ def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
     args = parser.parse_args(argv)
     args.dataset = dataset_arguments(args, parser)
     check_device(args.device, parser)
+    if args.checkpoint:  # a checkpoint that cannot be saved is said now, not after the first steps
+        folder = os.path.dirname(os.path.abspath(args.checkpoint))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as err:
+            parser.error(f"--checkpoint {args.checkpoint}: cannot make its folder {folder} ({err.strerror})")
+        if not os.access(folder, os.W_OK):
+            parser.error(f"--checkpoint {args.checkpoint}: its folder {folder} is not writable")
     try:
         return train(args)
     except ShardkitError as err:
@@ -254,6 +290,20 @@ class RecipeParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    """An option's type: a whole number >= ``low`` (a crop side of 0 or a batch of -5 is refused as
+    a usage error, not met later as a traceback)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {value}")
+        return value
+    return parse
+
+
 def count_or_auto(text: str) -> int | str:
     """An option's value: ``auto`` or a whole number >= 0."""
     if text == "auto":
@@ -318,19 +368,25 @@ class ProgressClock:
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, log_every: int) -> None:
     """The options every training recipe takes: length, loader, device, checkpoints, logging."""
-    parser.add_argument("--epochs", type=int, default=1, help="epochs to train in total")
-    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps in total (0: no limit)")
+    parser.add_argument("--epochs", type=at_least(1), default=1, help="epochs to train in total")
+    parser.add_argument("--steps", type=at_least(0), default=0,
+                        help="stop after this many steps in total (0: no limit)")
     parser.add_argument("--workers", type=count_or_auto, default="auto", help=WORKERS_HELP)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu or cuda (under torchrun each rank takes GPU LOCAL_RANK)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the loader's order and augmentation")
     parser.add_argument("--checkpoint", default=None, help="checkpoint file: resume from it if present, save to it")
-    parser.add_argument("--checkpoint-every", type=int, default=100,
+    parser.add_argument("--checkpoint-every", type=at_least(0), default=100,
                         help="save every N steps (a preempted job loses at most N); 0: only at the end")
-    parser.add_argument("--log-every", type=int, default=log_every,
+    parser.add_argument("--log-every", type=at_least(0), default=log_every,
                         help="print loss and throughput every N steps, and on the first step and at least every "
                              f"{LOG_AT_LEAST_EVERY_S:.0f} s (a slow run on the CPU); 0: never")
     parser.add_argument("--log-keys", default=None, metavar="DIR",
                         help="append each step's sample keys to DIR/train-rank<R>.txt (to audit epochs)")
-    parser.add_argument("--stop-after-steps", type=int, default=0,
+    parser.add_argument("--stop-after-steps", type=at_least(0), default=0,
                         help="testing: SIGKILL every rank after this step, as a preemption would (0: never)")
+
+
+if __name__ == "__main__":  # a part of the recipes, not one of them
+    raise SystemExit("pipelines/ddp.py is a module the training recipes import, not a recipe to run: "
+                     "see docs/guides/recipes.md (pipelines/train_classifier.py --help, ...)")

@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="train_classifier.py checkpoint to evaluate (default: an untrained model)")
     parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",
                         help="torchvision model when there is no checkpoint")
-    parser.add_argument("--batch-size", type=int, default=64, help="samples per batch per rank")
-    parser.add_argument("--size", type=int, default=224, help="side of the centre crop")
+    parser.add_argument("--batch-size", type=ddp.at_least(1), default=64, help="samples per batch per rank")
+    parser.add_argument("--size", type=ddp.at_least(1), default=None,
+                        help="side of the centre crop [default: the checkpoint's training --size, else 224]")
     ddp.add_eval_arguments(parser)
     args = parser.parse_args(argv)
     if args.checkpoint and not os.path.exists(args.checkpoint):
@@ -99,11 +100,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rank, world, device = ddp.setup_distributed(args.device)
     try:
         keys_log = ddp.eval_keys_log(args.log_keys, rank)
-        with val_loader(args.shards, batch_size=args.batch_size, size=args.size, workers=args.workers,
+        ddp.check_kind([args.shards], "imagefolder", "evaluate_classifier.py")
+        ckpt = ddp.load_checkpoint(args.checkpoint, device=device, needs=("model", "arch", "num_classes"),
+                                   written_by="train_classifier.py") if args.checkpoint else None
+        size = args.size or (ckpt or {}).get("size", 224)  # a model scores at the size it was trained at
+        with val_loader(args.shards, batch_size=args.batch_size, size=size, workers=args.workers,
                         device=device, keys=keys_log is not None) as loader:
             arch, classes = args.arch, len(loader.manifest.classes or ())
-            ckpt = ddp.load_checkpoint(args.checkpoint, device=device, needs=("model", "arch", "num_classes"),
-                                       written_by="train_classifier.py") if args.checkpoint else None
             if ckpt is not None:
                 why = ddp.class_difference(ckpt.get("classes", ckpt["num_classes"]), loader.classes, args.shards)
                 if why is not None:  # a top-1 against labels that mean other classes would be a number, not a score
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             batches = len(loader)
         if rank == 0:
             print(f"top-1 {correct / max(total, 1):.4f} ({correct}/{total} samples over {world} "
-                  f"rank{'s' if world > 1 else ''}; {batches} batches on rank 0)", flush=True)
+                  f"rank{'s' if world > 1 else ''}; {batches} batches on rank 0; {size}x{size} crops)", flush=True)
         return {"correct": correct, "total": total}
     except ShardkitError as err:  # shards that are not this task's, a dataset that is not there, ...
         parser.exit(2, f"{parser.prog}: error: {err}\n")

@@ -183,9 +183,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="train_detector.py checkpoint to evaluate (default: an untrained model)")
     parser.add_argument("--arch", type=ddp.model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model when there is no checkpoint")
-    parser.add_argument("--batch-size", type=int, default=8, help="images per batch per rank")
-    parser.add_argument("--min-size", type=int, default=320, help="shorter side the images are resized to")
-    parser.add_argument("--max-size", type=int, default=640, help="longer side at most (after the resize)")
+    parser.add_argument("--batch-size", type=ddp.at_least(1), default=8, help="images per batch per rank")
+    parser.add_argument("--min-size", type=ddp.at_least(1), default=None,
+                        help="shorter side the images are resized to [default: the checkpoint's, else 320]")
+    parser.add_argument("--max-size", type=ddp.at_least(1), default=None,
+                        help="longer side at most, after the resize [default: the checkpoint's, else 640]")
     ddp.add_eval_arguments(parser)
     args = parser.parse_args(argv)
     if args.checkpoint and not os.path.exists(args.checkpoint):
@@ -195,18 +197,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rank, world, device = ddp.setup_distributed(args.device)
     try:
         keys_log = ddp.eval_keys_log(args.log_keys, rank)
-        with val_loader(args.shards, batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
+        ddp.check_kind([args.shards], "coco", "evaluate_detector.py")
+        ckpt = ddp.load_checkpoint(args.checkpoint, device=device, needs=("model", "arch", "num_classes", "label_map"),
+                                   written_by="train_detector.py") if args.checkpoint else None
+        min_size = args.min_size or (ckpt or {}).get("min_size", 320)  # the sizes the model was trained at
+        max_size = args.max_size or (ckpt or {}).get("max_size", 640)
+        with val_loader(args.shards, batch_size=args.batch_size, min_size=min_size, max_size=max_size,
                         workers=args.workers, device=device, keys=keys_log is not None) as loader:
             arch, num_classes = args.arch, len(loader.label_map or {}) + 1
-            ckpt = ddp.load_checkpoint(args.checkpoint, device=device,
-                                       needs=("model", "arch", "num_classes", "label_map"),
-                                       written_by="train_detector.py") if args.checkpoint else None
             if ckpt is not None:
                 if ckpt["label_map"] != loader.label_map:
                     raise SystemExit(f"{args.shards}: its categories differ from those {args.checkpoint} was "
                                      "trained on (label maps differ)")
                 arch, num_classes = ckpt["arch"], ckpt["num_classes"]
-            model = make_model(arch, num_classes, args.min_size, args.max_size).to(device)
+            model = make_model(arch, num_classes, min_size, max_size).to(device)
             if ckpt is not None:
                 ddp.load_model_state(model, ckpt, args.checkpoint)
             if device.type == "cuda":

@@ -21,7 +21,12 @@ from typing import Any, cast
 import lightning as L
 import torch
 
-from shardkit import ShardLoader, transforms
+from shardkit import ShardkitError, ShardLoader, transforms
+
+try:  # run as a script: its directory is on the path
+    from ddp import at_least
+except ImportError:  # imported as pipelines.lightning_recipe
+    from pipelines.ddp import at_least
 
 
 class Classifier(L.LightningModule):
@@ -59,18 +64,21 @@ class Classifier(L.LightningModule):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("train")
-    parser.add_argument("val")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("train", help="packed ImageFolder dataset to train on (directory, index.json or URL)")
+    parser.add_argument("val", help="packed ImageFolder dataset to validate on")
+    parser.add_argument("out", type=Path, help="folder for rank<r>.txt and val_total.txt (made if missing)")
+    parser.add_argument("--batch-size", type=at_least(1), default=4, help="samples per batch per rank [default: 4]")
     args = parser.parse_args()
     transform = transforms.imagenet_val(32, crop_fraction=1.0, normalize=True)
-    loader = ShardLoader(args.train, batch_size=args.batch_size, keys=True,  # before fit: no process group yet
-                         transform=transform)
-    val = ShardLoader(args.val, batch_size=args.batch_size, keys=True, transform=transform, shuffle=False)
+    try:
+        loader = ShardLoader(args.train, batch_size=args.batch_size, keys=True,  # before fit: no process group yet
+                             transform=transform)
+        val = ShardLoader(args.val, batch_size=args.batch_size, keys=True, transform=transform, shuffle=False)
+    except ShardkitError as err:  # not there, not a dataset, not images with labels
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     if not loader.classes:
-        raise SystemExit(f"{args.train}: not a dataset of labelled images (it names no classes)")
+        parser.exit(2, f"{parser.prog}: error: {args.train}: not a dataset of labelled images (it names no classes)\n")
     args.out.mkdir(parents=True, exist_ok=True)  # before training, not after it
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

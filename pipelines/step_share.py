@@ -21,11 +21,16 @@ from typing import Any
 
 import torch
 
+try:  # run as a script: its directory is on the path
+    from ddp import at_least
+except ImportError:  # imported as pipelines.step_share
+    from pipelines.ddp import at_least
+
 __all__ = ["StepClock", "add_share_argument", "clone_batch", "describe_share", "measure_share", "report_share"]
 
 
 def add_share_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--share-steps", type=int, default=0, metavar="N",
+    parser.add_argument("--share-steps", type=at_least(0), default=0, metavar="N",
                         help="after training, report the fed-step share: the images/s of the last N steps over "
                              "that of N steps on the last batch, already on the device (0: off)")
 
@@ -106,3 +111,8 @@ def report_share(step: Callable[..., float], clock: StepClock, images_per_step: 
         print(describe_share(share, clock.steps), flush=True)
     return share
 
+
+
+if __name__ == "__main__":  # a part of the recipes, not one of them
+    raise SystemExit("pipelines/step_share.py is a module the training recipes import, not a recipe to run: "
+                     "see docs/guides/recipes.md (pipelines/train_classifier.py --help, ...)")

@@ -42,7 +42,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 import shardkit
 from shardkit import transforms
-from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/train_classifier.py): its directory is on the path
     import ddp
@@ -60,6 +59,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = Path(args.log_keys) if args.log_keys else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
+    ddp.check_kind([*args.shards, *([args.val] if args.val else [])], "imagefolder", "train_classifier.py")
     loader = shardkit.ShardLoader(
         **args.dataset,
         batch_size=args.batch_size,
@@ -71,11 +71,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         keys=log_dir is not None,
         feeders=args.feeders,
     )  # rank and world size: from the process group
-    captioned = [url for url, m in zip(args.shards, loader.manifests, strict=True) if m.kind == "captions"]
-    if captioned:  # its batches carry text where this recipe needs class labels
-        raise ShardkitError("is a captioned dataset (images with text, no class labels): train_classifier.py "
-                            "trains on labelled images; pipelines/train_contrastive.py trains on captions",
-                            where=captioned[0])
     val = (val_loader(args.val, batch_size=args.batch_size, size=args.size, workers=args.workers, device=device)
            if args.val else None)
     classes = list(loader.classes or ())  # a mix with --disjoint-labels: each dataset's, one after another
@@ -99,6 +94,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict(),
                 "step": step, "arch": args.arch, "num_classes": num_classes,
                 "classes": classes,  # evaluate_classifier.py refuses data of other classes
+                "size": args.size,  # and evaluates at this size unless told otherwise
             })
 
     def train_step(images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -168,8 +164,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--val", default=None, help="packed validation dataset: top-1 after each epoch")
     parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",
                         help="torchvision classification model")
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per batch per rank")
-    parser.add_argument("--size", type=int, default=224, help="side of the training crops")
+    parser.add_argument("--batch-size", type=ddp.at_least(1), default=32, help="samples per batch per rank")
+    parser.add_argument("--size", type=ddp.at_least(1), default=224, help="side of the training crops")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--feeders", type=ddp.count_or_auto, default="auto",

@@ -108,6 +108,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train for ``args.epochs`` epochs (or until ``args.steps`` steps); return the last figures."""
     rank, world, device = ddp.setup_distributed(args.device)
     cuda = device.type == "cuda"
+    ddp.check_kind(args.shards, "captions", "train_contrastive.py")
     loader = shardkit.ShardLoader(
         **args.dataset,
         batch_size=args.batch_size,
@@ -185,10 +186,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ddp.add_dataset_arguments(parser, "captioned dataset")
     parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",
                         help="torchvision image model (its head becomes the projection)")
-    parser.add_argument("--dim", type=int, default=256, help="embedding size")
-    parser.add_argument("--context-length", type=int, default=77, help="tokens per caption (bytes)")
-    parser.add_argument("--batch-size", type=int, default=64, help="pairs per batch per rank")
-    parser.add_argument("--size", type=int, default=224, help="side of the training crops")
+    parser.add_argument("--dim", type=ddp.at_least(1), default=256, help="embedding size")
+    parser.add_argument("--context-length", type=ddp.at_least(1), default=77, help="tokens per caption (bytes)")
+    parser.add_argument("--batch-size", type=ddp.at_least(1), default=64, help="pairs per batch per rank")
+    parser.add_argument("--size", type=ddp.at_least(1), default=224, help="side of the training crops")
     parser.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--feeders", type=ddp.count_or_auto, default="auto",

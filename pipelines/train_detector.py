@@ -60,6 +60,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = Path(args.log_keys) if args.log_keys else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
+    ddp.check_kind([*args.shards, *([args.val] if args.val else [])], "coco", "train_detector.py")
     loader = shardkit.ShardLoader(
         **args.dataset,
         batch_size=args.batch_size,
@@ -173,10 +174,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--val", default=None, help="packed COCO validation dataset: box mAP after each epoch")
     parser.add_argument("--arch", type=ddp.model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model taking min_size/max_size (Faster R-CNN, RetinaNet, FCOS)")
-    parser.add_argument("--batch-size", type=int, default=8, help="images per batch per rank")
-    parser.add_argument("--min-size", type=int, default=320,
+    parser.add_argument("--batch-size", type=ddp.at_least(1), default=8, help="images per batch per rank")
+    parser.add_argument("--min-size", type=ddp.at_least(1), default=320,
                         help="shorter side of the training and evaluation images (the model's min_size)")
-    parser.add_argument("--max-size", type=int, default=640, help="longer side at most (the model's max_size)")
+    parser.add_argument("--max-size", type=ddp.at_least(1), default=640,
+                        help="longer side at most (the model's max_size)")
     parser.add_argument("--no-iou-crop", dest="iou_crop", action="store_false",
                         help="train without RandomIoUCrop (default: with it)")
     parser.add_argument("--lr", type=float, default=0.02, help="SGD learning rate")

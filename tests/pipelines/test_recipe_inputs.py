@@ -84,17 +84,37 @@ def test_throughput_refuses_runs_with_nothing_to_time(tmp_path: Path, capsys: py
         assert exit_.value.code == 2 and expected in err, err
 
 
-def test_the_classifier_recipe_refuses_a_captioned_dataset(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """It trained until cross_entropy raised a TypeError about a list of captions."""
+def test_each_recipe_refuses_another_kind_of_dataset_naming_the_recipe_that_takes_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
+    """The classifier trained on captions until cross_entropy raised a TypeError; on COCO, and the
+    detector on labelled images, the loader's error named its transform options, not the recipe."""
+    from pipelines import train_contrastive, train_detector
     from shardkit.pack import pack_captions
     from tests.trees import make_caption_folder
 
     make_caption_folder(tmp_path / "src", classes=2, per_class=2)
-    pack_captions(str(tmp_path / "src"), str(tmp_path / "ds"), options=PackOptions(max_count=5), workers=1)
-    err = refused(train_classifier.main, [str(tmp_path / "ds"), "--batch-size", "2", "--steps", "1", *CPU], capsys)
-    assert f"{tmp_path / 'ds'}: is a captioned dataset (images with text, no class labels)" in err
-    assert "pipelines/train_contrastive.py trains on captions" in err
+    captions = tmp_path / "captions"
+    pack_captions(str(tmp_path / "src"), str(captions), options=PackOptions(max_count=5), workers=1)
+    coco = tmp_path / "coco"
+    pack_coco(str(COCO / "images"), str(COCO / "instances.json"), str(coco), options=PackOptions(max_count=8),
+              workers=1)
+    for main, data, said in (
+            (train_classifier.main, captions, "holds captioned images; train_classifier.py takes labelled images: "
+                                              "pipelines/train_contrastive.py takes this dataset"),
+            (train_classifier.main, coco, "holds a COCO detection dataset; train_classifier.py takes labelled "
+                                          "images: pipelines/train_detector.py takes this dataset"),
+            (evaluate_classifier.main, coco, "holds a COCO detection dataset; evaluate_classifier.py takes "
+                                             "labelled images: pipelines/evaluate_detector.py takes this dataset"),
+            (train_detector.main, packed_sample, "holds labelled images; train_detector.py takes a COCO detection "
+                                                 "dataset: pipelines/train_classifier.py takes this dataset"),
+            (evaluate_detector.main, packed_sample, "holds labelled images; evaluate_detector.py takes a COCO "
+                                                    "detection dataset: pipelines/evaluate_classifier.py takes this "
+                                                    "dataset"),
+            (train_contrastive.main, packed_sample, "holds labelled images; train_contrastive.py takes captioned "
+                                                    "images: pipelines/train_classifier.py takes this dataset")):
+        argv = [str(data), "--batch-size", "2", "--device", "cpu", "--workers", "0"]
+        err = refused(main, argv, capsys)
+        assert f"{data}: {said}" in err, err
 
 
 def test_throughput_times_the_same_data_on_every_side(tmp_path: Path, capsys: pytest.CaptureFixture[str],

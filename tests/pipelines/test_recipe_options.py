@@ -53,11 +53,12 @@ def test_the_checkpoint_names_its_classes_and_evaluation_refuses_other_ones(
 
 
 def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
-    for main in (train_classifier.main, evaluate_classifier.main):
+    for main, size in ((train_classifier.main, "[default: 224]"),
+                       (evaluate_classifier.main, "[default: the checkpoint's training --size, else 224]")):
         with pytest.raises(SystemExit):
             main(["--help"])
         text = " ".join(capsys.readouterr().out.split())
-        assert "[default: 224]" in text and "[default: auto]" in text
+        assert size in text and "[default: auto]" in text
 
 
 def test_progress_is_printed_from_the_first_step(capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:

@@ -104,3 +104,42 @@ def test_ctrl_c_ends_the_run_with_one_line(capsys, packed_sample: Path, monkeypa
     with pytest.raises(SystemExit) as exit_:
         ddp.run_training(parser, [str(packed_sample), "--device", "cpu"], interrupted)
     assert exit_.value.code == 130 and capsys.readouterr().err == "train: interrupted\n"
+
+
+def test_the_evaluation_recipe_scores_at_the_checkpoints_training_size(tmp_path: Path, capsys,
+                                                                        packed_sample: Path) -> None:
+    """It evaluated at 224 whatever --size the model was trained at (0.20 top-1 against 0.44)."""
+    from pipelines import evaluate_classifier
+
+    ckpt = tmp_path / "s32.pt"
+    main([str(packed_sample), "--batch-size", "8", "--size", "32", "--workers", "0", "--device", "cpu",
+          "--checkpoint", str(ckpt), "--steps", "2"])
+    capsys.readouterr()
+    common = [str(packed_sample), "--checkpoint", str(ckpt), "--device", "cpu", "--workers", "0"]
+    at_trained = evaluate_classifier.main(common)
+    assert "; 32x32 crops)" in capsys.readouterr().out
+    assert evaluate_classifier.main([*common, "--size", "32"]) == at_trained
+    evaluate_classifier.main([*common, "--size", "40"])  # told otherwise: as told
+    assert "; 40x40 crops)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("option", "value", "low"), [
+    ("--size", "0", 1), ("--batch-size", "-5", 1), ("--epochs", "0", 1), ("--steps", "-3", 0),
+    ("--checkpoint-every", "-5", 0), ("--log-every", "-1", 0), ("--share-steps", "-1", 0)])
+def test_numbers_out_of_range_are_usage_errors(option: str, value: str, low: int, capsys,
+                                                packed_sample: Path) -> None:
+    from tests.pipelines.conftest import refused
+
+    err = refused(main, [str(packed_sample), "--device", "cpu", "--workers", "0", option, value], capsys)
+    assert f"{option}: expected a whole number >= {low}, got {value}" in err
+
+
+def test_a_checkpoint_that_cannot_be_saved_is_said_before_training(tmp_path: Path, capsys,
+                                                                    packed_sample: Path) -> None:
+    """It trained, then met a FileNotFoundError traceback saving the first checkpoint."""
+    from tests.pipelines.conftest import refused
+
+    (tmp_path / "file").write_text("")
+    err = refused(main, [str(packed_sample), "--device", "cpu", "--workers", "0", "--size", "16",
+                         "--checkpoint", str(tmp_path / "file" / "c.pt")], capsys)
+    assert f"--checkpoint {tmp_path / 'file' / 'c.pt'}: cannot make its folder {tmp_path / 'file'} (" in err
