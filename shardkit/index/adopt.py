@@ -85,7 +85,7 @@ def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, 
             folded = e.end
             reader.release(folded)
             if key not in samples:  # before the order is judged: `tar -C dir .` names every member ./...
-                check_key(key, where=f"{where}:{key}")
+                _check_key(key, where=f"{where}:{key}")
             fields = samples.setdefault(key, {})
             if ext in fields:
                 raise FormatError(f"sample {key!r} has field {ext!r} twice", where=where)
@@ -101,7 +101,7 @@ def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, 
     mine: set[str] = set()  # joins ``keys`` once the shard reads, so that a refused one names no other
     for span in spans:
         fields = samples[span.key]
-        check_key(span.key, where=f"{where}:{span.key}")
+        _check_key(span.key, where=f"{where}:{span.key}")
         if span.key in mine:
             raise FormatError(f"sample key {span.key!r} appears twice in the shard", where=where)
         if span.key in keys:
@@ -356,3 +356,16 @@ def adopt_shards(
     )
     write_manifest(store, manifest)
     return manifest
+
+
+def _check_key(key: str, *, where: str) -> None:
+    """:func:`~shardkit.format.spec.check_key`, saying how to tar files so that their names are
+    keys where a member lies in a folder (``tar -C DIR .`` names every one ``./...``)."""
+    try:
+        check_key(key, where=where)
+    except FormatError as err:
+        if "/" not in key:
+            raise
+        raise FormatError(f"{err.message}: its members lie in a folder; tar the files from inside it "
+                          "as docs/guides/interop.md says: (cd DIR && ls | LC_ALL=C sort | tar -cf "
+                          "../shard-000000.tar -T -)", where=where) from None
