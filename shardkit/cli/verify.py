@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
+from collections.abc import Iterator
 
 import click
 
@@ -40,7 +42,7 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
 
         report = verify_dataset(store.url, decode=decode, storage_options=options,
                                 progress=progress)
-    for problem in report.problems:
+    for problem in _grouped(report.problems):
         click.secho(f"FAIL {problem}", fg="red", err=True)
     if report.unindexed:
         first = report.unindexed[0] + (f" and {len(report.unindexed) - 1:,} more" if len(report.unindexed) > 1 else "")
@@ -65,3 +67,22 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
         decoded = f", {counted(report.images_decoded, 'image')} decoded" if decode else ""
         click.echo(f"OK {store.url}: {counted(report.shards_checked, 'shard')}, "
                    f"{counted(report.samples_checked, 'sample')}{decoded}")
+
+
+#: Problems with the same words printed in full before the rest are counted: a fault of the whole
+#: dataset (an index.json edited by hand) would otherwise print a line for every sample.
+SHOWN_PER_PROBLEM = 5
+
+
+def _grouped(problems: list[str]) -> Iterator[str]:
+    """``problems`` (``"<where>: <what>"``) in order, at most :data:`SHOWN_PER_PROBLEM` of each
+    ``what``, then one line per ``what`` counting those left out."""
+    seen: Counter[str] = Counter()
+    for problem in problems:
+        _where, sep, what = problem.partition(": ")
+        seen[what if sep else problem] += 1
+        if seen[what if sep else problem] <= SHOWN_PER_PROBLEM:
+            yield problem
+    for what, count in seen.items():
+        if count > SHOWN_PER_PROBLEM:
+            yield f"{count - SHOWN_PER_PROBLEM:,} more samples or shards: {what}"

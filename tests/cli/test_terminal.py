@@ -147,6 +147,25 @@ def test_verify_failure_in_a_terminal(packed: Path, tmp_path: Path) -> None:
     assert f"problem(s) in {broken}" in seen.text
 
 
+def test_verify_counts_a_problem_every_sample_has_after_five(packed: Path, tmp_path: Path) -> None:
+    """An index.json whose kind was edited printed one FAIL line per sample (300 alike)."""
+    import shutil
+
+    broken = tmp_path / "kind"
+    shutil.copytree(packed, broken)
+    index = json.loads((broken / "index.json").read_text())
+    index["kind"] = "coco"
+    index.pop("table", None)
+    (broken / "index.json").write_text(json.dumps(index))
+    code, _out, err = run_piped(shardkit_argv("verify", str(broken), "-q"))
+    lines = err.splitlines()
+    alike = [line for line in lines if line.endswith(": json is not {image, annotations, source} of one COCO image "
+                                                     "(or a cls member is present)")]
+    assert code == 1 and len(alike) == 6, err
+    assert alike[-1].startswith("FAIL 19 more samples or shards: json is not")
+    assert lines[-1] == f"24 problem(s) in {broken}"
+
+
 def test_info_in_a_terminal_and_piped(packed: Path) -> None:
     seen = run_in_pty(shardkit_argv("info", str(packed)))
     _clean(seen)
