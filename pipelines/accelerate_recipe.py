@@ -35,7 +35,7 @@ def train(accelerator: Accelerator, dataset: str, *, epochs: int, batch_size: in
     """Train a tiny classifier with accumulation; return, per epoch, the batches it stepped at."""
     loader = ShardLoader(dataset, batch_size=batch_size, transform=TRANSFORM)
     if not loader.classes:
-        raise SystemExit(f"{sys.argv[0]}: error: {dataset}: not a dataset of labelled images (it names no classes)")
+        raise ShardkitError("not a dataset of labelled images (it names no classes)", where=dataset)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(len(loader.classes)))
     model(torch.zeros(1, 3, 32, 32))  # materialise the lazy layer before DDP wraps it
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -79,7 +79,10 @@ def main() -> None:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     if not loader.classes:
         parser.exit(2, f"{parser.prog}: error: {args.train}: not a dataset of labelled images (it names no classes)\n")
-    args.out.mkdir(parents=True, exist_ok=True)  # before training, not after it
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)  # before training, not after it
+    except OSError as err:
+        parser.exit(2, f"{parser.prog}: error: {args.out}: cannot make this folder ({err.strerror})\n")
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0)

@@ -135,7 +135,9 @@ def other_data(root: str, shard_dir: str) -> str | None:
     images), or None where it matches: the three loaders must read the same images."""
     tree = ImageFolder(root)
     shards = ShardLoader(shard_dir, batch_size=1)
-    packed, classes = len(shards), list(shards.classes or ())  # batches of one at one rank: its samples
+    classes = list(shards.classes or ())
+    # batches of one at one rank: its samples; and the files the pack skipped, which ImageFolder lists
+    packed = len(shards) + sum(len(m.skipped) for m in shards.manifests)
     if packed != len(tree) or len(classes) != len(tree.classes):
         return (f"{shard_dir} holds {packed:,} images of {len(classes)} classes, {root} "
                 f"{len(tree):,} of {len(tree.classes)}")

@@ -102,6 +102,7 @@ def join_cluster(ray: Any, address: str, timeout: float) -> str:
     """
     resolved = reach_cluster(address, timeout)
     outcome: list[BaseException | None] = []
+    given_up = threading.Event()
 
     def init() -> None:
         quiet = _NotMainThread()
@@ -110,6 +111,8 @@ def join_cluster(ray: Any, address: str, timeout: float) -> str:
         try:
             ray.init(address=resolved, log_to_driver=False, logging_level=logging.WARNING)
             outcome.append(None)
+            if given_up.is_set():  # connected after the caller stopped waiting: nobody would disconnect
+                ray.shutdown()
         except BaseException as err:  # handed to the caller's thread
             outcome.append(err)
         finally:
@@ -122,6 +125,7 @@ def join_cluster(ray: Any, address: str, timeout: float) -> str:
     limit = max(INIT_TIMEOUT_S, timeout)
     thread.join(limit)
     if not outcome:
+        given_up.set()
         raise ConnectionError(f"{resolved} answers as a gRPC server but Ray did not connect to it within {limit:g} s "
                               f"(is it the head node's GCS port, 6379 by default?)")
     err = outcome[0]

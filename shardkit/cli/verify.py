@@ -69,20 +69,24 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
                    f"{counted(report.samples_checked, 'sample')}{decoded}")
 
 
-#: Problems with the same words printed in full before the rest are counted: a fault of the whole
+#: Samples with the same problem printed in full before the rest are counted: a fault of the whole
 #: dataset (an index.json edited by hand) would otherwise print a line for every sample.
 SHOWN_PER_PROBLEM = 5
 
 
 def _grouped(problems: list[str]) -> Iterator[str]:
-    """``problems`` (``"<where>: <what>"``) in order, at most :data:`SHOWN_PER_PROBLEM` of each
-    ``what``, then one line per ``what`` counting those left out."""
+    """``problems`` (``"<where>: <what>"``) in order, at most :data:`SHOWN_PER_PROBLEM` samples
+    (``where`` is ``shard.tar:key``) of each ``what``, then one line per ``what`` counting the
+    samples left out. A shard's own problem is always printed: each one names a file to mend."""
     seen: Counter[str] = Counter()
     for problem in problems:
-        _where, sep, what = problem.partition(": ")
-        seen[what if sep else problem] += 1
-        if seen[what if sep else problem] <= SHOWN_PER_PROBLEM:
+        where, _sep, what = problem.partition(": ")
+        if ".tar:" not in where:
+            yield problem
+            continue
+        seen[what] += 1
+        if seen[what] <= SHOWN_PER_PROBLEM:
             yield problem
     for what, count in seen.items():
         if count > SHOWN_PER_PROBLEM:
-            yield f"{count - SHOWN_PER_PROBLEM:,} more samples or shards: {what}"
+            yield f"{count - SHOWN_PER_PROBLEM:,} more samples: {what}"

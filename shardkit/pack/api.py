@@ -182,16 +182,15 @@ def pack_listing(
     check_budget(list(listing.warnings), total, max_skipped, where=dst, finished=False)
     _check_outside_source(listing.root, dst)
     started = time.perf_counter()
+    store = Store(dst, storage_options)
+    if executor == "ray":  # refused before DST is touched
+        ray_exec.check_ray_destination(store)
+        ray_exec.check_ray_source(listing.files)
+        ray_exec.import_ray()
     with contextlib.ExitStack() as held:
-        if executor == "ray" and ray_address is not None:  # a cluster that does not answer or refuses this
-            ray_exec.import_ray()                          # process is said before DST is made
-            held.enter_context(ray_exec.ray_cluster(ray_address, num_cpus=1))
-        store = Store(dst, storage_options)
+        if executor == "ray" and ray_address is not None:  # a cluster that does not answer, or refuses this
+            held.enter_context(ray_exec.ray_cluster(ray_address, num_cpus=1))  # process, is said before DST is made
         held.enter_context(destination_lock(store))  # to the last file: two packs into DST cannot interleave
-        if executor == "ray":
-            ray_exec.check_ray_destination(store)
-            ray_exec.check_ray_source(listing.files)
-            ray_exec.import_ray()  # fail before touching DST
         # --overwrite makes a new pack: it records what an empty DST would, nothing of the old one's
         recorded = options.to_dict() if overwrite else with_recorded_inert_options(options.to_dict(), store)
         fp = fingerprint(listing, recorded)

@@ -85,7 +85,7 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
         try:
             join_cluster(ray, address, REACH_TIMEOUT_S)
         except (ValueError, ConnectionError) as refused:
-            raise PackError(str(refused), where=address) from None
+            raise PackError(str(refused), where="" if address in str(refused) else address) from None
     else:
         try:
             with _quiet_token_notice():

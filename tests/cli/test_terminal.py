@@ -162,8 +162,12 @@ def test_verify_counts_a_problem_every_sample_has_after_five(packed: Path, tmp_p
     alike = [line for line in lines if line.endswith(": json is not {image, annotations, source} of one COCO image "
                                                      "(or a cls member is present)")]
     assert code == 1 and len(alike) == 6, err
-    assert alike[-1].startswith("FAIL 19 more samples or shards: json is not")
+    assert alike[-1].startswith("FAIL 19 more samples: json is not")
     assert lines[-1] == f"24 problem(s) in {broken}"
+    for shard in broken.glob("*.tar"):  # a problem of each shard: every one named, each a file to mend
+        shard.write_bytes(shard.read_bytes()[:-1] + b"x")
+    code, _out, err = run_piped(shardkit_argv("verify", str(broken), "-q"))
+    assert sum(line.endswith(": sha256 differs from the manifest") for line in err.splitlines()) == 5, err
 
 
 def test_info_in_a_terminal_and_piped(packed: Path) -> None:

@@ -101,7 +101,7 @@ def test_a_cluster_that_wants_a_token_is_said_so_before_dst_is_made(cluster: Clu
                            f"--ray={cluster.address}"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=100)
     assert done.returncode == 1, done.stdout
     assert done.stderr.strip().splitlines()[-1] == (
-        f"error: {cluster.address}: cannot connect to the Ray cluster at {cluster.address} (the cluster uses token "
+        f"error: cannot connect to the Ray cluster at {cluster.address} (the cluster uses token "
         "authentication and refused this process: set RAY_AUTH_MODE=token and make the cluster's token readable "
         "here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN))")
     assert not dst.exists()

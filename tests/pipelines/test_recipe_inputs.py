@@ -140,3 +140,6 @@ def test_throughput_times_the_same_data_on_every_side(tmp_path: Path, capsys: py
     out = capsys.readouterr().out
     assert f"{other} holds " in out and ": packing it again" in out
     assert throughput.other_data(str(tree), str(other)) is None
+    (sorted(tree.iterdir())[0] / "empty.jpg").write_bytes(b"")  # ImageFolder lists it, the pack skips it
+    pack(str(tree), str(other), workers=1, overwrite=True)
+    assert throughput.other_data(str(tree), str(other)) is None  # the same data: not packed again each run
