@@ -28,6 +28,7 @@ from torchvision.transforms import v2
 
 from shardkit.errors import LoaderError
 from shardkit.transforms.iou_crop import IoUCrop
+from shardkit.transforms.rng import seeded
 
 __all__ = ["DetectionTransform", "detection_train", "detection_val", "run_detection_transform", "seeded_call"]
 
@@ -170,13 +171,11 @@ def run_detection_transform(transform: Callable[..., Any], image: torch.Tensor,
 
 
 def seeded_call(transform: Callable[..., Any], image: Any, target: dict[str, Any], seed: int) -> tuple[Any, Any]:
-    """``transform(image, target)`` with torch's CPU generator seeded by ``seed`` (restored
-    afterwards); unseeded when the transform says it is not ``random``. The one place both
-    routes draw a sample's detection augmentation (see the module doc)."""
+    """``transform(image, target)`` with the global generators seeded by ``seed`` (restored
+    afterwards: :func:`~shardkit.transforms.rng.seeded`); unseeded when the transform says it is
+    not ``random``. The one place both routes draw a sample's detection augmentation (see the
+    module doc)."""
     if not getattr(transform, "random", True):
         return transform(image, target)
-    with torch.random.fork_rng(devices=[]):
-        # the CPU generator only: torch.manual_seed would also queue a lazy CUDA seeding, which
-        # records a stack trace per call (about 1 ms) when CUDA is not initialised (workers)
-        torch.default_generator.manual_seed(seed)
+    with seeded(seed):
         return transform(image, target)

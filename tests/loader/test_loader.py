@@ -66,6 +66,37 @@ def test_output_does_not_depend_on_worker_count(packed: Path, num_workers: int) 
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, reference, strict=True))
 
 
+def _draws(image: torch.Tensor) -> torch.Tensor:
+    """A transform drawing from every global generator a library may use."""
+    import numpy as np
+
+    return torch.tensor([random.randrange(1 << 30), int(np.random.randint(1 << 30)), int(torch.randint(1 << 30, ()))])
+
+
+def test_a_transforms_random_and_numpy_draws_resume_and_ignore_the_worker_count(packed: Path) -> None:
+    """Only torch's generator was seeded per sample: a transform drawing from random or numpy
+    (albumentations, your own) drew other numbers on resume and with another worker count."""
+    def loader(workers: int) -> ShardLoader:
+        return ShardLoader(str(packed), batch_size=4, transform=_draws, num_workers=workers, seed=3)
+
+    draws = [images for images, _labels in loader(0)]
+    assert torch.equal(torch.cat(draws), torch.cat([images for images, _labels in loader(2)]))
+    first = loader(2)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = first.state_dict()
+    first.close()
+    resumed = loader(1)
+    resumed.load_state_dict(state)
+    assert torch.equal(torch.cat([images for images, _labels in resumed]), torch.cat(draws[3:]))
+    rows = torch.cat(draws)
+    assert len({tuple(row.tolist()) for row in rows}) == len(rows)  # each sample its own numbers
+    before = random.getstate()
+    list(loader(0))  # the caller's own generators are left as they were
+    assert random.getstate() == before
+
+
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_len_and_exact_epoch(packed: Path, drop_last: bool) -> None:
     loader = _loader(packed, drop_last=drop_last)

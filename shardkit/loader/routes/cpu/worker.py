@@ -27,6 +27,7 @@ from shardkit.loader.routes.base import map_tensors
 from shardkit.loader.routes.cpu.shared_pool import FdImages, SharedBatchPool, SlotImages
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
+from shardkit.transforms.rng import seeded
 
 __all__ = ["CpuBatch", "CpuBatchBuilder"]
 
@@ -173,8 +174,7 @@ class CpuBatchBuilder:
         if isinstance(transform, ImageTransform):
             result: Any = transform.apply(image, params, out=out)
         elif transform is not None:
-            with torch.random.fork_rng(devices=[]):  # the caller's global RNG stays as it was
-                torch.manual_seed(seed)
+            with seeded(seed):  # torch's, random's and numpy's; the caller's RNG states stay as they were
                 try:
                     result = transform(image)
                 except Exception as err:
