@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
@@ -44,6 +44,7 @@ from shardkit.loader.routes.cpu.worker import CpuBatchBuilder
 from shardkit.loader.routes.device.options import GpuOptions
 from shardkit.loader.routes.spec import RouteSpec
 from shardkit.loader.run.epoch_run import Delivery
+from shardkit.loader.run.iteration import Iteration
 from shardkit.loader.run.stream import BatchStream
 from shardkit.loader.run.workers import rank_and_world, worker_death
 from shardkit.loader.service.client import ServiceClient, dataset_checks
@@ -202,8 +203,11 @@ class ShardLoader:
     come; the samples are ``loader.manifest.num_samples`` (for a mix, all datasets' together), what
     ``len(loader.dataset)`` gives with a DataLoader: a ShardLoader has no ``dataset``.
 
-    One iteration runs at a time: a newer ``iter(loader)`` ends an older one, whose next
-    ``next()`` raises a :class:`LoaderError` saying so (``zip(loader, loader)`` is refused that way).
+    One iteration runs at a time: an iteration begins at its first ``next()`` and ends an older
+    one, whose next ``next()`` raises a :class:`LoaderError` saying so (``zip(loader, loader)`` is
+    refused that way). An iteration that an error ended (a transform's, a Ctrl-C) raises a
+    :class:`LoaderError` saying so at its next ``next()``, where a ``DataLoader``'s iterator goes
+    on: ``iter(loader)`` begins another.
 
     Errors raised in worker processes reach the caller with their type, message and ``where``.
     A worker process that dies (e.g. killed by the out-of-memory killer) ends the iteration with
@@ -551,7 +555,11 @@ class ShardLoader:
         """Counters and per-stage times accumulated since the loader was created."""
         return self._stats
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iteration:
+        return Iteration(self._iterate(), len(self))
+
+    def _iterate(self) -> Generator[Any, None, None]:
+        """The batches of one iteration (see :class:`~shardkit.loader.run.iteration.Iteration`)."""
         self._follow_world()
         epoch, start, rest = self._pos.begin()
         count = self.config.epoch_batches(rest)

@@ -288,3 +288,25 @@ def test_the_route_hears_when_the_workers_run_before_the_first_batch(packed: Pat
         assert delivered
     finally:
         loader.close()
+
+
+def test_an_iteration_an_error_ended_says_so_instead_of_ending_the_epoch(packed: Path) -> None:
+    """After a transform's error the same iterator raised StopIteration: the epoch looked done
+    after one batch of nine. DataLoader's iterator goes on; this one names the error it ended with."""
+    calls = {"n": 0}
+
+    def flaky(image: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 12:
+            raise ValueError("flaky")
+        return image[:, :2, :2].clone()
+
+    loader = ShardLoader(str(packed), batch_size=8, transform=flaky)
+    it = iter(loader)
+    assert len(it) == len(loader)  # as a DataLoader iterator's
+    next(it)
+    with pytest.raises(ValueError, match="flaky"):
+        next(it)
+    with pytest.raises(LoaderError, match=r"this iteration already ended with an error \(ValueError: flaky"):
+        next(it)
+    assert len(list(loader)) == len(loader)  # a new iteration: a whole epoch
