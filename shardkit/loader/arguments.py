@@ -94,6 +94,14 @@ _DATALOADER_ONLY = {
     "pin_memory_device": "pass device='cuda[:i]': batches then arrive on that GPU",
 }
 
+#: torchvision ``ImageFolder``'s own arguments, which a loader call may be given by habit.
+_IMAGEFOLDER_ONLY = {
+    "target_transform": "labels come as an int64 tensor in each batch: map them in your loop",
+    "loader": "images are decoded by the loader (see transform=, which gets each as a uint8 [3, H, W] tensor)",
+    "is_valid_file": "the files are chosen when packing (shardkit pack), not when loading",
+    "allow_empty": "empty class folders are chosen when packing (shardkit pack), not when loading",
+}
+
 #: Options of the transform presets a loader call may be given by mistake, with where each goes:
 #: said as the transform's, not matched to a loader argument by spelling.
 _TRANSFORM_OPTIONS = {
@@ -148,6 +156,8 @@ def _why(name: str, signature: inspect.Signature, args: tuple[Any, ...], kwargs:
         if key not in params:
             if key in _DATALOADER_ONLY:
                 return f"{name}() got DataLoader's argument {key!r}, which it does without: {_DATALOADER_ONLY[key]}"
+            if key in _IMAGEFOLDER_ONLY:
+                return f"{name}() got ImageFolder's argument {key!r}, which it does without: {_IMAGEFOLDER_ONLY[key]}"
             if key in _TRANSFORM_OPTIONS and "transform" in params:
                 return f"{name}() got {key!r}, an option of the transform, not of the loader: {_TRANSFORM_OPTIONS[key]}"
             close = difflib.get_close_matches(key, list(params), n=1)

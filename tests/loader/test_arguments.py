@@ -303,6 +303,8 @@ def test_numpy_integers_are_taken_as_a_dataloader_takes_them(packed: Path) -> No
     ({"crop_fraction": 1.0}, "'crop_fraction', an option of the transform, not of the loader: "
                              "transform=transforms.imagenet_val(224, crop_fraction=...)"),
     ({"mean": (0.5,) * 3}, "transform=transforms.imagenet_train(224, normalize=(mean, std))"),
+    ({"target_transform": int}, "ImageFolder's argument 'target_transform', which it does without: labels come as "
+                                "an int64 tensor in each batch"),  # was "did you mean 'text_transform'?"
 ])
 def test_dataloader_habits_are_told_what_to_write(packed: Path, given: dict[str, Any], hint: str) -> None:
     with pytest.raises(TypeError) as info:
