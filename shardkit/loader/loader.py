@@ -556,7 +556,7 @@ class ShardLoader:
         return self._stats
 
     def __iter__(self) -> Iteration:
-        return Iteration(self._iterate(), len(self))
+        return Iteration(self._iterate(), self.__len__)  # asked when len() is: iter() itself does nothing yet
 
     def _iterate(self) -> Generator[Any, None, None]:
         """The batches of one iteration (see :class:`~shardkit.loader.run.iteration.Iteration`)."""

@@ -75,7 +75,7 @@ def _draws(image: torch.Tensor) -> torch.Tensor:
 
 def test_a_transforms_random_and_numpy_draws_resume_and_ignore_the_worker_count(packed: Path) -> None:
     """Only torch's generator was seeded per sample: a transform drawing from random or numpy
-    (albumentations, your own) drew other numbers on resume and with another worker count."""
+    (your own) drew other numbers on resume and with another worker count."""
     def loader(workers: int) -> ShardLoader:
         return ShardLoader(str(packed), batch_size=4, transform=_draws, num_workers=workers, seed=3)
 

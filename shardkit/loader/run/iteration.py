@@ -4,7 +4,8 @@ of a ``StopIteration`` that would look like the end of the epoch."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+import inspect
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from shardkit.errors import LoaderError
@@ -14,7 +15,8 @@ __all__ = ["Iteration"]
 
 class Iteration(Iterator[Any]):
     """The batches of ``batches`` (the loader's generator for one epoch); ``length``: what
-    ``len()`` says (the loader's batches per epoch, as ``len(iter(dataloader))``).
+    ``len()`` says (the loader's batches per epoch, as ``len(iter(dataloader))``), or a function
+    giving it when asked.
 
     Example:
         >>> def broken():
@@ -33,7 +35,7 @@ class Iteration(Iterator[Any]):
         shardkit.errors.LoaderError: this iteration already ended with an error (ValueError: a transform broke); ...
     """
 
-    def __init__(self, batches: Generator[Any, None, None], length: int) -> None:
+    def __init__(self, batches: Generator[Any, None, None], length: int | Callable[[], int]) -> None:
         self._batches, self._length = batches, length
         self._ended_by: str | None = None
 
@@ -48,13 +50,16 @@ class Iteration(Iterator[Any]):
             return next(self._batches)
         except StopIteration:
             raise
-        except BaseException as err:  # KeyboardInterrupt too: the generator is closed by it
-            text = " ".join(str(err).split())
-            self._ended_by = f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
+        except BaseException as err:  # KeyboardInterrupt too
+            # only where it ended the generator: not a Ctrl-C after its yield, nor a second
+            # thread's "generator already executing"
+            if inspect.getgeneratorstate(self._batches) == inspect.GEN_CLOSED:
+                text = " ".join(str(err).split())
+                self._ended_by = f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
             raise
 
     def __len__(self) -> int:
-        return self._length
+        return self._length if isinstance(self._length, int) else self._length()
 
     def close(self) -> None:
         """End the iteration now (its workers stay for the next one, as after a ``break``)."""
