@@ -21,10 +21,12 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import random
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import SupportsIndex
 
 import numpy as np
 import torch
@@ -33,12 +35,12 @@ __all__ = ["seeded"]
 
 
 @contextmanager
-def seeded(seed: int) -> Iterator[None]:
+def seeded(seed: SupportsIndex) -> Iterator[None]:
     """Seed torch's CPU generator, and on the main thread ``random`` and ``numpy.random``, from
     ``seed`` (a 64-bit sample seed) for the block, and restore their states after it. About 0.1 ms
     a call; ``torch.manual_seed`` is not used: where CUDA is not initialised it records a stack
     trace for a CUDA seeding on every call."""
-    seed = int(seed)  # numpy's integers too
+    seed = operator.index(seed)  # numpy's integers too
     generator = torch.default_generator
     state = generator.get_state()
     generator.manual_seed(seed)
