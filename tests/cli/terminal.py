@@ -76,8 +76,7 @@ def run_in_pty(argv: list[str], *, columns: int = 0, rows: int = 24, timeout: fl
                 proc.wait()
                 raise TimeoutError(f"{argv} ran past {timeout} s; output so far: "
                                    f"{b''.join(chunks)!r}")
-            ready, _, _ = select.select([master], [], [], min(left, 0.5))
-            if ready:
+            if _readable(master, min(left, 0.5)):
                 try:
                     data = os.read(master, 65536)
                 except OSError:  # EIO: every holder of the slave side closed it
@@ -101,9 +100,16 @@ def run_in_pty(argv: list[str], *, columns: int = 0, rows: int = 24, timeout: fl
     return Seen(code, b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n"))
 
 
+def _readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` has output within ``timeout`` seconds: ``poll``, which takes any descriptor,
+    where ``select`` refuses one above 1023 (a test process that has opened many)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
+
+
 def _pending(fd: int) -> bool:
-    ready, _, _ = select.select([fd], [], [], 0)
-    return bool(ready)
+    return _readable(fd, 0)
 
 
 def run_piped(argv: list[str], *, timeout: float = 120.0) -> tuple[int, str, str]:
