@@ -64,9 +64,9 @@ thread count differs by machine and model, and a bench must show the competitor 
 DALI shuffles through a buffer, so its epochs are approximate (a sample can slip into the next
 one); the step counts batches, not epochs.
 
-The measurement (:func:`measure`, :func:`run_contenders`, :func:`summarise`, :func:`train_table`)
-takes any :class:`Step`, which owns bringing a loader's batch to the device and copying the fixed
-one; :mod:`shardkit.bench.train_detection` drives a detector with it.
+The measurement (:func:`measure`, :func:`run_contenders`, :func:`summarise`,
+:func:`~shardkit.bench.train_report.train_table`) takes any :class:`Step`, which owns bringing a
+loader's batch to the device and copying the fixed one; :mod:`shardkit.bench.train_detection` drives a detector with it.
 
 The step (:class:`~shardkit.bench.train_step.TrainStep`): a torchvision classifier
 (``resnet18``/``resnet50``), ``channels_last``, bf16 autocast, SGD with momentum, ``torch.compile``
@@ -94,7 +94,7 @@ from shardkit.bench.harness import alternating_order, quiet_worker_count, settle
 from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted, created
 from shardkit.bench.step_timing import Step, gpu_times, run_steps
-from shardkit.bench.train_report import against_best_dali, summarise, train_table, with_feeders
+from shardkit.bench.train_report import against_best_dali, format_train_table, summarise, with_feeders
 from shardkit.bench.train_step import TrainStep
 from shardkit.loader.feed.cuda_sync import sleep_while_waiting
 from shardkit.loader.run.forks import freeze_forked_children
@@ -389,13 +389,3 @@ def _report(cfg: TrainBenchConfig, data: dict[str, Any], contenders: Mapping[str
              "data": data}
     return {"schema": "shardkit.bench.train/1", "created": created(), "config": asdict(cfg), "conditions": conds,
             "interrupted": interrupted, "results": results}
-
-
-def format_train_table(report: dict[str, Any], width: int | None = None) -> str:
-    """The report as a text table: median (min–max) of each figure over the repetitions (in
-    ``width`` columns, see :func:`train_table`)."""
-    cfg = report["config"]
-    title = (f"training step: {cfg['model']} @{cfg['size']} px, batch {cfg['batch_size']}, bf16 autocast, "
-             f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
-             f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}")
-    return train_table(title, report["results"], cfg["batch_size"], width, report.get("interrupted"))

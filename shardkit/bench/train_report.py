@@ -15,8 +15,8 @@ from shardkit.bench.report import counted, spread
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
 
-__all__ = ["HOST_BOUND", "against_best_dali", "rate", "summarise", "train_table", "trial_note",
-           "with_feeders"]
+__all__ = ["HOST_BOUND", "against_best_dali", "format_train_table", "rate", "summarise", "train_table",
+           "trial_note", "with_feeders"]
 
 #: A step whose GPU time is under this share of its wall time is called host-bound in the table.
 HOST_BOUND = 0.8
@@ -193,3 +193,13 @@ def summarise(runs: list[TrainRun]) -> dict[str, Any]:
         "loader_gpu_ms_per_batch": statistics.median(gpu) if gpu else None,
         "runs": [asdict(r) for r in runs],
     }
+
+
+def format_train_table(report: dict[str, Any], width: int | None = None) -> str:
+    """The report as a text table: median (min–max) of each figure over the repetitions (in
+    ``width`` columns, see :func:`train_table`)."""
+    cfg = report["config"]
+    title = (f"training step: {cfg['model']} @{cfg['size']} px, batch {cfg['batch_size']}, bf16 autocast, "
+             f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
+             f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}")
+    return train_table(title, report["results"], cfg["batch_size"], width, report.get("interrupted"))
