@@ -7,18 +7,20 @@ import weakref
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
 from shardkit.loader.arguments import (
+    DataLoaderArgs,
     as_device,
     as_int,
     caption_targets,
     check_arguments,
     check_call,
+    check_dataloader_args,
     check_service,
     feeder_count,
     init_signature,
@@ -172,6 +174,14 @@ class ShardLoader:
             CUDA ``device`` batches are copied there and finalised (the GPU route is not served).
             :attr:`service` is the running service (its workers, batches per node). See
             docs/guides/service.md.
+        dataloader_args: DataLoader's own arguments, taken where a DataLoader would do with them
+            what this loader does anyway, so that a DataLoader call converts by its name:
+            ``persistent_workers`` (either: the workers persist), ``pin_memory=False`` (True with
+            a CUDA ``device``: batches arrive through pinned memory), ``collate_fn``, ``sampler``,
+            ``batch_sampler``, ``generator``, ``worker_init_fn`` and ``multiprocessing_context``
+            at None, ``timeout=0``, ``in_order=True``, ``prefetch_factor`` None or ``prefetch``'s
+            value. Any other value is refused (``TypeError``) with what to write instead
+            (:class:`~shardkit.loader.arguments.DataLoaderArgs`).
 
     Mixing (:mod:`shardkit.loader.epochs.mix`): an epoch has ``L`` samples, the datasets' total, of which
     dataset ``i`` supplies ``L * w_i / sum(w)`` (largest-remainder rounding, so they sum to ``L``):
@@ -276,7 +286,9 @@ class ShardLoader:
         text_transform: TextTransform | None = None,
         fields: Sequence[str] = (),
         service: RayService | None = None,
+        **dataloader_args: Unpack[DataLoaderArgs],
     ) -> None:
+        check_dataloader_args(type(self), dataloader_args, {"device": device, "prefetch": prefetch})
         if service is not None:
             check_service(service, num_workers=num_workers, feeders=feeders, gpu=gpu)
         workers = worker_count(num_workers)

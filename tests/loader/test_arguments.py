@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.loader import GpuOptions
@@ -286,13 +287,15 @@ def test_numpy_integers_are_taken_as_a_dataloader_takes_them(packed: Path) -> No
 
 
 @pytest.mark.parametrize(("given", "hint"), [
-    ({"persistent_workers": True}, "DataLoader's argument 'persistent_workers', which it does without: its workers "
-                                   "already stay up"),
-    ({"pin_memory": True}, "pass device='cuda'"),
+    ({"persistent_workers": "yes"}, "DataLoader's argument persistent_workers='yes', which it does without: its "
+                                    "workers stay up from one epoch to the next"),
+    ({"pin_memory": True}, "DataLoader's argument pin_memory=True, which it does without: pass device='cuda'"),
     ({"prefetch_factor": 4}, "it is prefetch= here"),
+    ({"prefetch_factor": 2, "prefetch": 3}, "prefetch_factor=2, which it does without: it is prefetch= here"),
     ({"collate_fn": list}, "the loader joins each batch"),
-    ({"sampler": None}, "the order comes from shuffle=, seed= and the ranks"),
+    ({"sampler": [0, 1]}, "the order comes from shuffle=, seed= and the ranks"),
     ({"timeout": 5}, "as DataLoader's default timeout=0 does"),
+    ({"timeout": False}, "timeout=False, which it does without"),
     ({"in_order": False}, "batches always come in the epoch's order"),
     ({"multiprocessing_context": "spawn"}, "multiprocessing.set_start_method"),
     ({"pin_memory_device": "cuda"}, "pass device='cuda[:i]'"),
@@ -310,6 +313,32 @@ def test_dataloader_habits_are_told_what_to_write(packed: Path, given: dict[str,
     with pytest.raises(TypeError) as info:
         ShardLoader(str(packed), batch_size=4, **given)
     assert str(info.value).startswith("ShardLoader() got ") and hint in str(info.value)
+
+
+def test_dataloader_arguments_that_change_nothing_are_taken(packed: Path) -> None:
+    """A DataLoader call converts by its name: its arguments at values where a DataLoader does what
+    the loader does anyway are taken, and the batches are those of the call without them."""
+    habits: dict[str, Any] = {"persistent_workers": True, "pin_memory": False, "pin_memory_device": "",
+                              "prefetch_factor": 2, "collate_fn": None, "sampler": None, "batch_sampler": None,
+                              "generator": None, "worker_init_fn": None, "timeout": 0, "in_order": True,
+                              "multiprocessing_context": None}
+    with ShardLoader(str(packed), batch_size=4, keys=True, **habits) as loader, \
+            ShardLoader(str(packed), batch_size=4, keys=True) as plain:
+        assert [keys for *_, keys in loader] == [keys for *_, keys in plain]
+    ShardLoader(str(packed), batch_size=4, persistent_workers=False, prefetch=3, prefetch_factor=3,
+                timeout=0.0).close()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 0)])
+def test_pin_memory_is_taken_with_a_cuda_device(packed: Path, device: Any) -> None:
+    """pin_memory=True is what device='cuda' does: refused on the CPU (above), taken beside a CUDA
+    device (checked before any CUDA work: the arguments are read before the route is chosen)."""
+    from shardkit.loader.arguments import check_dataloader_args
+
+    check_dataloader_args(ShardLoader, {"pin_memory": True, "pin_memory_device": str(device)},
+                          {"device": device, "prefetch": 2})
+    with pytest.raises(TypeError, match=r"pin_memory_device='cuda:1', which it does without"):
+        check_dataloader_args(ShardLoader, {"pin_memory_device": "cuda:1"}, {"device": "cuda:0", "prefetch": 2})
 
 
 def test_batch_size_and_drop_last_read_as_a_dataloader_s(packed: Path) -> None:
