@@ -7,7 +7,7 @@ import json
 import click
 
 from shardkit.cli.location import LOCATION
-from shardkit.cli.report import fit, human_bytes, print_annotations, print_drop_empty
+from shardkit.cli.report import fit, human_bytes, label_width, print_annotations, print_drop_empty
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import locate_dataset, read_manifest
 from shardkit.pack.skips import describe_reasons
@@ -38,23 +38,24 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     if as_json:
         click.echo(json.dumps(summary, indent=1))
         return
-    click.echo(f"dataset   {store.url}  ({m.kind}, {m.created_by})")
-    click.echo(f"samples   {m.num_samples:,}")
+    w = label_width(m.categories)
+    click.echo(f"{'dataset':<{w}}{store.url}  ({m.kind}, {m.created_by})")
+    click.echo(f"{'samples':<{w}}{m.num_samples:,}")
     if m.classes is not None:
-        click.echo(fit(f"classes   {len(m.classes)}: {_names(list(m.classes))}", 10))
+        click.echo(fit(f"{'classes':<{w}}{len(m.classes)}: {_names(list(m.classes))}", w))
     if m.categories is not None:
         names = [str(c.get("name", c.get("id"))) for c in m.categories]
-        click.echo(fit(f"categories {len(m.categories)}: {_names(names)}", 11))
-    click.echo(f"shards    {len(m.shards)}{_per_shard(sizes)}")
-    click.echo(f"bytes     {human_bytes(m.num_bytes)}")
+        click.echo(fit(f"{'categories':<{w}}{len(m.categories)}: {_names(names)}", w))
+    click.echo(f"{'shards':<{w}}{len(m.shards)}{_per_shard(sizes)}")
+    click.echo(f"{'bytes':<{w}}{human_bytes(m.num_bytes)}")
     grouped = describe_reasons(m.skipped)
-    click.echo(f"skipped   {len(m.skipped)}" + (f": {grouped}" if grouped else ""))
-    print_drop_empty(m.extra)
+    click.echo(f"{'skipped':<{w}}{len(m.skipped)}" + (f": {grouped}" if grouped else ""))
+    print_drop_empty(m.extra, w)
     report = m.extra.get("annotation_report")
     if isinstance(report, dict) and _annotation_report(report):  # what the pack said (left out when malformed)
-        print_annotations(report)
+        print_annotations(report, w)
     opts = {k: v for k, v in m.options.items() if k != "fingerprint"}
-    click.echo(fit("options   " + ", ".join(f"{k}={v}" for k, v in opts.items()), 10))
+    click.echo(fit(f"{'options':<{w}}" + ", ".join(f"{k}={v}" for k, v in opts.items()), w))
 
 
 def _annotation_report(report: object) -> bool:

@@ -53,11 +53,22 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def print_skipped(skipped: Sequence[Mapping[str, str]], *, err: bool = False) -> None:
+#: The width of a summary line's label column: wide enough for ``annotations`` where a COCO pack
+#: has that line (:func:`label_width`).
+LABEL = 10
+
+
+def label_width(categories: object) -> int:
+    """The label column's width for a summary: 12 for a COCO pack (its ``categories`` and
+    ``annotations`` lines), else :data:`LABEL`."""
+    return LABEL if categories is None else 12
+
+
+def print_skipped(skipped: Sequence[Mapping[str, str]], *, err: bool = False, width: int = LABEL) -> None:
     """``skipped   N: <count> <kind>, …`` then the first :data:`SHOWN` entries by source (the
     same list whatever order parallel workers found them in)."""
     grouped = describe_reasons(skipped)
-    click.echo(f"skipped   {len(skipped):,}" + (f": {grouped}" if grouped else ""), err=err)
+    click.echo(f"{'skipped':<{width}}{len(skipped):,}" + (f": {grouped}" if grouped else ""), err=err)
     for s in sorted(skipped, key=lambda s: _natural((s["source"], s["reason"])))[:SHOWN]:
         click.echo(f"  - {s['source']}: {s['reason']}", err=err)
     if len(skipped) > SHOWN:
@@ -65,14 +76,14 @@ def print_skipped(skipped: Sequence[Mapping[str, str]], *, err: bool = False) ->
                    err=err)
 
 
-def print_annotations(report: Mapping[str, Any]) -> None:
+def print_annotations(report: Mapping[str, Any], width: int = LABEL) -> None:
     """The COCO annotation line: packed, dropped, flagged but kept, lost with skipped images."""
     parts = [f"{report['dropped']:,} dropped"]
     if report["kept_with_problems"]:
         parts.append(f"{report['kept_with_problems']:,} kept, flagged")
     if report["in_skipped_images"]:
         parts.append(f"{report['in_skipped_images']:,} in skipped images")
-    click.echo(f"annotations {report['packed']:,} packed; " + ", ".join(parts))
+    click.echo(f"{'annotations':<{width}}{report['packed']:,} packed; " + ", ".join(parts))
     problems = report["problems"]
     for p in problems[:SHOWN]:
         click.echo(f"  - {p['source']}: {p['reason']}")
@@ -80,12 +91,12 @@ def print_annotations(report: Mapping[str, Any]) -> None:
         click.echo(f"  … {len(problems) - SHOWN:,} more in index.json ({ANNOTATION_REPORT})")
 
 
-def print_drop_empty(extra: Mapping[str, Any]) -> None:
+def print_drop_empty(extra: Mapping[str, Any], width: int = LABEL) -> None:
     """The line saying how many COCO images ``--drop-empty`` left out (nothing for other packs)."""
     dropped = extra.get("drop_empty")
     if isinstance(dropped, Mapping) and isinstance(dropped.get("images"), int):
         n = dropped["images"]
-        click.echo(f"dropped   {n:,} image{'s' * (n != 1)} without annotations (--drop-empty)")
+        click.echo(f"{'dropped':<{width}}{n:,} image{'s' * (n != 1)} without annotations (--drop-empty)")
 
 
 def print_pack_summary(result: PackResult, dst: str) -> None:
@@ -97,25 +108,26 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
                    f"again a source file edited in place to the same size.")
     groups = (f"{len(m.categories)} categories" if m.categories is not None
               else "captioned images" if m.kind == "captions" else f"{len(m.classes or ())} classes")
-    click.echo(f"samples   {m.num_samples:,}  ({groups})")
+    w = label_width(m.categories)
+    click.echo(f"{'samples':<{w}}{m.num_samples:,}  ({groups})")
     reused = result.reused_shards and not result.already_complete
-    click.echo(f"shards    {len(m.shards):,}  in {result.url}"
+    click.echo(f"{'shards':<{w}}{len(m.shards):,}  in {result.url}"
                + (f"  ({result.reused_shards} reused from an interrupted run)" if reused else ""))
-    click.echo(f"bytes     {human_bytes(m.num_bytes)}")
+    click.echo(f"{'bytes':<{w}}{human_bytes(m.num_bytes)}")
     if result.ray_nodes:  # where the shards were written: did the cluster's nodes all take part?
         written = sum(result.ray_nodes.values())
         nodes = len(result.ray_nodes)
         per_node = ", ".join(f"{n:,} on {node[:8]}" for node, n in result.ray_nodes.items())
-        click.echo(f"ray       {written:,} shard{'s' * (written != 1)} written on {nodes} "
+        click.echo(f"{'ray':<{w}}{written:,} shard{'s' * (written != 1)} written on {nodes} "
                    f"node{'s' * (nodes != 1)} ({per_node})")
-    print_skipped(m.skipped)
-    print_drop_empty(m.extra)
+    print_skipped(m.skipped, width=w)
+    print_drop_empty(m.extra, w)
     report = m.extra.get(ANNOTATION_REPORT)
     if isinstance(report, Mapping):
-        print_annotations(report)
+        print_annotations(report, w)
     if not result.already_complete:
         fresh = f", {m.num_samples - result.reused_samples:,} packed by this run" if reused else ""
-        click.echo(f"speed     {result.images_per_second:,.0f} images/s  ({result.seconds:.1f} s{fresh})")
+        click.echo(f"{'speed':<{w}}{result.images_per_second:,.0f} images/s  ({result.seconds:.1f} s{fresh})")
 
 
 def _natural(texts: tuple[str, ...]) -> tuple[list[Any], ...]:

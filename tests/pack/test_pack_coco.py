@@ -156,7 +156,7 @@ def test_drop_empty_and_resize_refused(coco: tuple[Path, Path, dict[str, Any]],
                   "--workers", "1"], ["info", str(tmp_path / "out")]):
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 0, res.output
-        line = f"dropped   {dropped:,} image{'s' * (dropped != 1)} without annotations (--drop-empty)"
+        line = f"dropped     {dropped:,} image{'s' * (dropped != 1)} without annotations (--drop-empty)"
         assert line in res.output.splitlines(), res.output
     plain = pack_coco(str(images_dir), str(ann), str(tmp_path / "all"), workers=1)
     assert "drop_empty" not in plain.manifest.extra
@@ -174,9 +174,9 @@ def test_cli_auto_detects_coco(coco: tuple[Path, Path, dict[str, Any]], tmp_path
     res = runner.invoke(cli, ["pack", str(images_dir), str(dst), "--annotations", str(ann),
                               "--workers", "1"])
     assert res.exit_code == 0, res.output
-    assert f"samples   {len(doc['images'])}  (4 categories)" in res.output
+    assert f"samples     {len(doc['images'])}  (4 categories)" in res.output
     # The dropped annotation is an annotation, not a skipped image.
-    assert "skipped   0\n" in res.output
+    assert "skipped     0\n" in res.output
     assert f"annotations {len(doc['annotations']) - 1} packed; 1 dropped\n" in res.output
     assert ("  - instances.json: 1 annotation(s) reference unknown image ids; dropped "
             "(annotation ids 77)" in res.output)

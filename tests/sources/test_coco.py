@@ -228,6 +228,8 @@ def test_malformed_segmentations_are_flagged_and_verify_warns(coco: tuple[Path, 
     info = CliRunner().invoke(cli, ["info", str(tmp_path / "out")])  # says what the pack said of them
     assert info.exit_code == 0 and "annotations 5 packed; 0 dropped, 3 kept, flagged" in info.output
     assert "3 annotation segmentation(s) are malformed" in info.output
+    labelled = [line for line in info.output.splitlines() if not line.startswith(" ")]
+    assert {line[12:13] != " " and line[11] == " " for line in labelled} == {True}, info.output  # one value column
     as_json = CliRunner().invoke(cli, ["info", str(tmp_path / "out"), "--json"])
     assert json.loads(as_json.output)["annotation_report"]["kept_with_problems"] == 3
     index = tmp_path / "out" / "index.json"
