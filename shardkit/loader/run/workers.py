@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from typing import Any
 
 import torch
@@ -21,6 +22,10 @@ log = logging.getLogger("shardkit.loader")
 
 
 def _init_worker(worker_id: int) -> None:
+    # Ctrl-C in a terminal signals the whole process group: the training process gets its
+    # KeyboardInterrupt, and the workers carry on, so a loop that catches it (to save a
+    # checkpoint, to run another epoch) still has them; they stop with the loader or its process.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # one core per worker; decode and resize are single-threaded anyway
     name_this_thread(f"sk-worker{worker_id}")  # what top and ps show for it (not its parent's name)
 

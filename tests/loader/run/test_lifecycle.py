@@ -310,3 +310,31 @@ def test_an_iteration_an_error_ended_says_so_instead_of_ending_the_epoch(packed:
     with pytest.raises(LoaderError, match=r"this iteration already ended with an error \(ValueError: flaky"):
         next(it)
     assert len(list(loader)) == len(loader)  # a new iteration: a whole epoch
+
+
+_CTRL_C = """
+import os, signal, sys
+from shardkit import ShardLoader, transforms
+loader = ShardLoader(sys.argv[1], batch_size=4, num_workers=2, transform=transforms.imagenet_train(16))
+try:
+    for i, _ in enumerate(loader):
+        if i == 2:
+            os.killpg(os.getpgrp(), signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
+except KeyboardInterrupt:
+    print("interrupted at", loader.state_dict()["batches_consumed"], flush=True)
+print("next epoch", sum(1 for _ in loader), "of", len(loader), flush=True)
+"""
+
+
+def test_ctrl_c_in_a_terminal_leaves_the_workers_for_the_next_loop(packed: Path) -> None:
+    """Ctrl-C signals the terminal's whole process group: the workers died of it, and a loop that
+    caught the KeyboardInterrupt (to save, or to go on) failed at its next epoch with a traceback
+    from torch's queue. The workers ignore it; the training process still gets it."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _CTRL_C, str(packed)], capture_output=True, text=True, timeout=120,
+                         start_new_session=True)  # a process group of its own, as a terminal's job
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert lines[0] == "interrupted at 3" and lines[1] == f"next epoch {lines[1].split()[-1]} of {lines[1].split()[-1]}"
