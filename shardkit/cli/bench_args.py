@@ -81,6 +81,9 @@ def check_source(src: str, annotations: str | None, *, captions: bool = False) -
         return
     if not os.path.isdir(src):
         raise BenchError("is a file, not a directory of images", where=src)
+    if os.path.isfile(os.path.join(src, "index.json")):
+        raise BenchError("is a packed dataset (it holds index.json); bench takes the image folder it was packed "
+                         f"from as SRC and the pack as --shards: shardkit bench IMAGES --shards {src}", where=src)
     if annotations is not None and not os.path.isfile(annotations):
         what = "is a directory, not a COCO instances JSON file" if os.path.isdir(annotations) else "does not exist"
         raise BenchError(what, where=f"--annotations {annotations}")

@@ -94,14 +94,17 @@ _SHARD_PATTERN = re.compile(r"\{[^{}]*\.\.[^{}]*\}|\*|[?\[][^/]*\.tar$")
 
 
 def _no_index(store: Store) -> None:
+    """Raise what a folder without ``index.json`` is and what to do, alone: not chained to the
+    read that found it missing (a traceback of two errors for one missing file)."""
     path = store.url.split("?", 1)[0] if store.url.startswith(("http://", "https://")) else store.url  # no query
     pattern = ("; a dataset is given as its folder, not a webdataset shard pattern: pass the folder (run "
                "`shardkit index FOLDER` first if it has no index.json)" if _SHARD_PATTERN.search(path) else "")
     if not store.remote and not os.path.isdir(store.path("")):
         what = "is a file, not a dataset directory" if os.path.exists(store.path("")) else "does not exist"
-        raise ManifestError(f"{what} (a packed dataset is a directory holding index.json){pattern}", where=store.url)
+        raise ManifestError(f"{what} (a packed dataset is a directory holding index.json){pattern}",
+                            where=store.url) from None
     instead = pattern if store.remote and pattern else f" ({_what_instead(store)})"  # a folder here is no pattern
-    raise ManifestError(f"no index.json: not a shardkit dataset{instead}", where=store.url)
+    raise ManifestError(f"no index.json: not a shardkit dataset{instead}", where=store.url) from None
 
 
 def _read_head(store: Store) -> bytes:

@@ -87,10 +87,15 @@ def test_bench_checks_its_inputs_and_outputs_before_running(tree: Path, tmp_path
     """Each bad path is one ``error:`` line and exit 1, as pack, info and verify say it, before
     anything is timed (a report lost after the run was the alternative)."""
     (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "packed").mkdir()
+    (tmp_path / "packed" / "index.json").write_text("{}")
     (tmp_path / "link.json").symlink_to(tmp_path / "notes.txt" / "r.json")  # a link into a file: no folder
     cases = {
         (str(tmp_path / "nope"),): f"error: {tmp_path / 'nope'}: does not exist",
         (str(tmp_path / "notes.txt"),): f"error: {tmp_path / 'notes.txt'}: is a file, not a directory of images",
+        (str(tmp_path / "packed"),): f"error: {tmp_path / 'packed'}: is a packed dataset (it holds index.json); bench "
+                                     f"takes the image folder it was packed from as SRC and the pack as --shards: "
+                                     f"shardkit bench IMAGES --shards {tmp_path / 'packed'}",
         (str(tree), "--annotations", str(tmp_path / "no.json")): f"error: --annotations {tmp_path / 'no.json'}: "
                                                                   "does not exist",
         (str(tree), "--out", str(tmp_path / "notes.txt" / "r.json")): f"error: --out {tmp_path / 'notes.txt'}"
