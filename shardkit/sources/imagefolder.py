@@ -12,6 +12,8 @@ objects) give the same samples, order and labels as the same tree on disk.
 
 from __future__ import annotations
 
+import logging
+import posixpath
 from typing import Any
 
 from shardkit.errors import SourceError
@@ -21,6 +23,8 @@ from shardkit.sources.files import Files
 from shardkit.sources.open import open_files
 
 _SUFFIXES = tuple("." + e for e in IMAGE_EXTENSIONS)
+
+log = logging.getLogger("shardkit.pack.sources")
 
 
 def find_classes(files: Files) -> list[str]:
@@ -60,6 +64,7 @@ def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None
     samples: list[SourceSample] = []
     warnings: list[dict[str, str]] = []
     empty: list[str] = []
+    captioned = 0
     for label, (name, entries) in enumerate(zip(classes, files.walk(classes), strict=True)):
         for e in entries:
             if e.problem and e.rel == name:  # the class folder itself
@@ -68,6 +73,8 @@ def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None
         images = [e for e in entries if not e.problem and e.rel.lower().endswith(_SUFFIXES)]
         samples.extend(SourceSample(e.path, source_name(e.rel), e.size, label, version=e.version)
                        for e in images)
+        captions = {e.rel[:-4] for e in entries if not e.problem and e.rel.endswith(".txt")}
+        captioned += sum(posixpath.splitext(e.rel)[0] in captions for e in images)
         if not images:
             empty.append(name)
     if empty:
@@ -76,5 +83,9 @@ def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None
             raise SourceError(f"none of its {len(classes):,} folders holds an image file ({shown}): an ImageFolder "
                               "tree is a folder of class folders of images", where=files.root)
         raise SourceError(f"no image files in class folder{'s' * (len(empty) > 1)} {shown}", where=files.root)
+    if captioned * 2 >= len(samples):  # img2dataset's layout read as classes: its captions would be lost
+        log.warning("shardkit: %s: %s of %s images have a .txt caption beside them, which an ImageFolder pack "
+                    "leaves out (each folder is a class); pack with --format captions to keep them",
+                    files.root, f"{captioned:,}", f"{len(samples):,}")
     return SourceListing(kind="imagefolder", root=files.root, samples=samples, classes=classes,
                          warnings=warnings, files=files)

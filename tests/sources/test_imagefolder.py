@@ -158,3 +158,23 @@ def test_an_unreadable_folder_is_a_skipped_input_and_an_unreadable_class_an_erro
         assert got["error"].endswith("b: unreadable folder (Permission denied)"), got
     finally:
         (tmp_path / "b").chmod(0o755)
+
+
+def test_an_img2dataset_folder_read_as_classes_says_its_captions_are_left_out(tmp_path, caplog):
+    """Folders of images with .txt beside them (img2dataset's layout) packed without --format
+    captions became one class per folder and lost every caption without a word."""
+    files = {f"00000/{i:04d}.jpg": encode_image((8, 8)) for i in range(4)}
+    files.update({f"00000/{i:04d}.txt": b"a caption" for i in range(3)})
+    write_tree(tmp_path / "pairs", files)
+    with caplog.at_level("WARNING", logger="shardkit.pack.sources"):
+        listing = scan_imagefolder(str(tmp_path / "pairs"))
+    assert listing.classes == ["00000"] and len(listing.samples) == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        f"shardkit: {tmp_path / 'pairs'}: 3 of 4 images have a .txt caption beside them, which an ImageFolder pack "
+        "leaves out (each folder is a class); pack with --format captions to keep them"]
+    caplog.clear()
+    (tmp_path / "pairs" / "00000" / "0000.txt").unlink()
+    (tmp_path / "pairs" / "00000" / "0001.txt").unlink()  # a few notes beside images: an ImageFolder all the same
+    with caplog.at_level("WARNING", logger="shardkit.pack.sources"):
+        scan_imagefolder(str(tmp_path / "pairs"))
+    assert caplog.records == []
