@@ -168,10 +168,11 @@ def check_kind(datasets: Sequence[str], kind: str, recipe: str) -> None:
         ShardkitError: a dataset of another kind (``where``: its path), or one that is not there.
     """
     from shardkit.index import locate_dataset, read_manifest
+    from shardkit.loader.read.cache import default_cache_dir
 
     wanted = RECIPES_BY_KIND[kind][0]
-    for url in datasets:
-        found = read_manifest(locate_dataset(url)).kind
+    for url in datasets:  # a remote table lands in the loader's cache, which then reads it from there
+        found = read_manifest(locate_dataset(url), cache_dir=default_cache_dir()).kind
         if found != kind and found in RECIPES_BY_KIND:
             what, trains, evaluates = RECIPES_BY_KIND[found]
             takes = evaluates if recipe.startswith("evaluate") and evaluates else trains
