@@ -19,6 +19,7 @@ numbered one after another, dataset by dataset, and each is read from its own st
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -52,9 +53,9 @@ class _OpenShard:
     def __init__(self, fd: int, offsets: list[tuple[int, int]], keys: list[str],
                  crcs: list[int | None] | None = None, where: str = "", scanned: bool = False,
                  labels: tuple[int, int | None] = (0, None)) -> None:
-        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        self.fd = fd  # only once taken: a constructor that raised leaves the caller to close it
         self.where = where  # the shard's path or URL, to name it in errors
-        self.size = os.fstat(self.fd).st_size
         self.offsets = offsets
         self.keys = keys
         self.crcs = crcs  # each sample's CRC-32 from an offsets file of version 2, else None
@@ -62,7 +63,16 @@ class _OpenShard:
         self.labels = labels  # (label offset, own class count or None) of its dataset, as ShardReader.labels_of
 
     def close(self) -> None:
-        os.close(self.fd)
+        fd, self.fd = self.fd, -1  # closed once: a second close() or __del__ must not close a reused number
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        # a reader dropped without close() (a ShardLoader left to the garbage collector) closes its
+        # shard files with it, as a file object does; a raw descriptor would stay open for good
+        if getattr(self, "fd", -1) >= 0:
+            with contextlib.suppress(OSError):
+                self.close()
 
 
 @dataclass(frozen=True)

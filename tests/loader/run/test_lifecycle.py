@@ -249,6 +249,37 @@ def test_a_loader_dropped_without_close_stops_its_processes_at_once(packed: Path
     assert left == []
 
 
+def test_a_loader_dropped_without_close_closes_its_shard_files(packed: Path) -> None:
+    """A loader reading in this process (num_workers=0) holds its shards' descriptors; dropped
+    without close(), they close with it (they stayed open for the life of the process, and a
+    process that left loaders to the garbage collector ran out of descriptors)."""
+    import contextlib
+    import gc
+    import os
+
+    def shards_open() -> list[str]:
+        names = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
+                names.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return [n for n in names if n.startswith(os.path.realpath(packed)) and n.endswith(".tar")]
+
+    assert shards_open() == []
+    gc.disable()  # only reference counting may free the loader here
+    try:
+        for whole in (True, False):
+            loader = _loader(packed)
+            batches = iter(loader)
+            next(batches)
+            assert shards_open()
+            if whole:
+                list(batches)
+            del batches, loader
+            assert shards_open() == []
+    finally:
+        gc.enable()
+
+
 class _Unsendable:
     """What a transform might return that cannot be pickled (a lambda inside)."""
 
