@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import os
 import signal
 import sys
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,6 +56,40 @@ def _signal_handlers_left_as_found() -> Iterator[None]:
     if changed:
         pytest.fail("the test left the handler of " + " and ".join(signal.Signals(s).name for s in changed)
                     + " changed in its process", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _loaders_closed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every ShardLoader a test built (or unpickled) and that is still alive when the test ends is
+    closed then, as a training script's ``with ShardLoader(...)`` would: its worker processes,
+    pipes, shared memory and open shard files would otherwise last until the garbage collector
+    found it (much later where an exception's traceback holds it), and a pytest-xdist worker
+    running a few hundred such tests once held more than 1023 open descriptors. Held weakly: a
+    test that drops a loader still sees what dropping it does. Only where the test process has
+    imported the loader already (a test of imports must not see it imported here)."""
+    module = sys.modules.get("shardkit.loader.loader")
+    if module is None:
+        yield
+        return
+    cls = module.ShardLoader
+    built: weakref.WeakSet[Any] = weakref.WeakSet()
+    init, setstate = cls.__init__, cls.__setstate__
+
+    @functools.wraps(init)  # a subclass made in a test takes its signature from it
+    def tracked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        built.add(self)
+
+    @functools.wraps(setstate)
+    def tracked_setstate(self: Any, state: dict[str, Any]) -> None:
+        setstate(self, state)
+        built.add(self)
+
+    monkeypatch.setattr(cls, "__init__", tracked_init)
+    monkeypatch.setattr(cls, "__setstate__", tracked_setstate)
+    yield
+    for loader in list(built):
+        loader.close()
 
 
 def encode_image(size: tuple[int, int] = (12, 9), mode: str = "RGB", fmt: str = "JPEG",
