@@ -167,8 +167,13 @@ class ShardCache:
         (the first time this process uses it) its sha256 match, else a fresh fetch."""
         if _size(path) == entry.num_bytes:
             fd = os.open(path, os.O_RDONLY)
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) in _VERIFIED or _hash_fd(fd) == (entry.num_bytes, entry.sha256):
+            try:
+                st = os.fstat(fd)
+                same = (st.st_dev, st.st_ino) in _VERIFIED or _hash_fd(fd) == (entry.num_bytes, entry.sha256)
+            except BaseException:  # a read error (or Ctrl-C) while hashing: not left open
+                os.close(fd)
+                raise
+            if same:
                 _VERIFIED.add((st.st_dev, st.st_ino))
                 return fd
             os.close(fd)  # same size, other bytes: replaced in the cache; fetch it again
