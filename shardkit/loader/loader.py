@@ -649,10 +649,13 @@ class ShardLoader:
 
     def _follow_world(self) -> None:
         """Take the live rank and world (``rank``/``world_size`` left to detection): a loader built
-        before the process group existed is laid out for it before its first iteration.
+        before the process group existed is laid out for it before its first iteration, or before
+        the next one where it iterated alone so far (a look at a batch before Lightning's
+        ``trainer.fit``: its workers stop, and the next iteration starts them for this rank).
 
         Raises:
-            LoaderError: the world changed after this loader began iterating.
+            LoaderError: the world changed during an iteration, or after this loader iterated as
+                one rank of several.
         """
         if None not in self._given_layout:
             return
@@ -660,10 +663,18 @@ class ShardLoader:
         built = (self.config.rank, self.config.world_size)
         if live == built:
             return
+        left = None
         if self._iterations:
-            raise LoaderError(f"this loader iterated as rank {built[0]} of {built[1]}, but this process is now rank "
-                              f"{live[0]} of {live[1]}: build the loader after init_process_group, or pass "
-                              f"rank= and world_size=")
+            if self._open or built[1] > 1:
+                raise LoaderError(f"this loader iterated as rank {built[0]} of {built[1]}, but this process is now "
+                                  f"rank {live[0]} of {live[1]}"
+                                  + (" while an iteration was open: end it (or let it go) before the process group "
+                                     "starts" if self._open else
+                                     ": build the loader after init_process_group, or pass rank= and world_size="))
+            # iterated alone, before the group: its workers were laid out for one rank
+            self._supply.close()
+            if self._left_mid_epoch:  # where it broke off, for a state_dict() taken before the next iteration
+                left = self.config.state(*self._pos.place[:2], remainder=self._pos.place[2]).to_dict()
         log.info("shardkit: rank %d of %d (the loader was built as rank %d of %d, before the process group)",
                  *live, *built)
         self.config = replace(self.config, rank=live[0], world_size=live[1],
@@ -674,6 +685,8 @@ class ShardLoader:
         self._supply.relayout()
         if self._pos.loaded and self._loaded_state is not None:
             self._pos.resumed(*self.config.resume(self._loaded_state))
+        elif left is not None:  # the rest of the broken-off epoch at this layout; the next iteration runs the next
+            self._pos.epoch, self._pos.batch, self._pos.remainder = self.config.resume(left)
 
     def _feeder_pool(self, parts: int) -> FeederPool:
         """``parts`` feeder processes (not started yet) for this loader's plan and route."""

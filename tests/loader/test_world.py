@@ -4,7 +4,9 @@
   several ranks equal batches);
 - a loader built before the process group (Lightning's ``trainer.fit`` pattern: rank 1 sees
   ``WORLD_SIZE=2, LOCAL_RANK=1`` and no ``RANK``) reads its rank's share from its first iteration;
-- a world that changes after iteration began is an error naming both, never duplication.
+- a loader that iterated alone before the group (a look at a batch) is laid out anew at its next
+  iteration; a world that changes during an iteration, or after one as a rank of several, is an
+  error naming both, never duplication.
 """
 
 from __future__ import annotations
@@ -80,13 +82,65 @@ def test_a_state_loaded_before_the_world_is_known_resumes_for_the_live_rank(pack
     assert rest == whole[2:]
 
 
-def test_a_world_that_changes_after_iteration_began_is_an_error(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    loader = ShardLoader(str(packed), batch_size=8)
-    list(loader)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_look_at_a_batch_before_the_process_group_then_reads_the_ranks_share(
+        packed: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
+    """``next(iter(loader))`` before Lightning's ``trainer.fit`` (a look at the shapes) iterated as
+    rank 0 of 1, and fit then failed on every rank ("iterated as rank 0 of 1, but this process is
+    now rank 0 of 2"). The next iteration is laid out for the live world, as a first one is: the
+    next epoch, this rank's share, its workers started anew."""
+    loader = ShardLoader(str(packed), batch_size=8, keys=True, seed=5, num_workers=workers)
+    peek = next(iter(loader))[2]  # the iterator dropped: ended, left mid-epoch
+    assert len(peek) == 8
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert len(loader) == 5 and loader.epoch == 1
+    want = ShardLoader(str(packed), batch_size=8, keys=True, seed=5, rank=1, world_size=2)
+    want.set_epoch(1)
+    assert _keys(loader) == _keys(want) and (loader.config.rank, loader.config.world_size) == (1, 2)
+
+
+def test_a_state_taken_after_the_look_resumes_the_rest_of_its_epoch_over_the_ranks(
+        packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = ShardLoader(str(packed), batch_size=8, keys=True, seed=5)
+    peek = list(next(iter(loader))[2])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert len(loader) == 5  # laid out anew (as by Lightning's len() before its loop)
+    state = loader.state_dict()  # what epoch 0 had left after the look, at 2 ranks
+    assert state["world_size"] == 2 and state["epoch"] == 0
+    rest = []
+    for rank in range(2):
+        resumed = ShardLoader(str(packed), batch_size=8, keys=True, seed=5, rank=rank, world_size=2,
+                              even_batches=False)
+        resumed.load_state_dict(state)
+        rest += [k for batch in _keys(resumed) for k in batch]
+    whole = ShardLoader(str(packed), batch_size=8, keys=True, seed=5, rank=0, world_size=1)
+    assert sorted(peek + rest) == sorted(k for batch in _keys(whole) for k in batch)  # each sample once
+
+
+def test_a_world_that_changes_after_iterating_as_one_rank_of_several_is_an_error(
+        packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    with pytest.raises(LoaderError, match=r"iterated as rank 0 of 1, but this process is now rank 1 of 2"):
+    loader = ShardLoader(str(packed), batch_size=8)
+    list(loader)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(LoaderError, match=r"iterated as rank 1 of 2, but this process is now rank 1 of 3: build the "
+                                          r"loader after init_process_group, or pass rank= and world_size="):
         list(loader)
+
+
+def test_a_world_that_changes_during_an_iteration_is_an_error(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = ShardLoader(str(packed), batch_size=8)
+    it = iter(loader)
+    next(it)  # still open: its batches are rank 0 of 1's
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(LoaderError, match=r"iterated as rank 0 of 1, but this process is now rank 1 of 2 while an "
+                                          r"iteration was open"):
+        len(loader)
+    del it
 
 
 def test_explicit_rank_and_world_are_kept(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
