@@ -24,3 +24,52 @@ def test_lightning_ddp_with_a_loader_built_before_fit_trains_and_validates_each_
     assert [len(keys) for keys in ranks] == [24, 24]  # 48 samples, 6 batches of 4 per rank
     assert not set(ranks[0]) & set(ranks[1]) and len(set(ranks[0] + ranks[1])) == 48
     assert (out / "val_total.txt").read_text().split() == ["42"]  # 48 slots at 2 ranks x 6 x 4, 6 padding
+
+
+_LOOK_THEN_FIT = """
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from shardkit import ShardLoader
+
+train_dir, out = sys.argv[1], Path(sys.argv[2])
+loader = ShardLoader(train_dir, batch_size=4, keys=True, num_workers=1, shuffle=True, seed=1)
+images, labels, keys = next(iter(loader))  # a look at the shapes before fit, at rank 0 of 1
+
+
+class Model(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[str] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen += list(batch[2])
+        return self.layer(torch.ones(1, 1)).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def on_train_end(self) -> None:
+        (out / f"rank{self.global_rank}.txt").write_text(" ".join(self.seen))
+
+
+out.mkdir(exist_ok=True)
+L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False, enable_checkpointing=False,
+          enable_progress_bar=False, enable_model_summary=False).fit(Model(), loader)
+"""
+
+
+@pytest.mark.slow
+def test_a_look_at_a_batch_before_fit_leaves_each_rank_its_own_share(frames: dict[str, Path], tmp_path: Path) -> None:
+    """``next(iter(loader))`` before ``trainer.fit`` iterated the loader as rank 0 of 1, and fit
+    then failed on both ranks (the world had changed after iteration began)."""
+    script = tmp_path / "look_then_fit.py"
+    script.write_text(_LOOK_THEN_FIT)
+    done = run_script(str(script), str(frames["train"]), str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [(tmp_path / "out" / f"rank{r}.txt").read_text().split() for r in range(2)]
+    assert [len(keys) for keys in ranks] == [24, 24] and len(set(ranks[0] + ranks[1])) == 48
