@@ -310,6 +310,16 @@ def accelerate_gradient_state() -> Any | None:
     return cls()
 
 
+def accelerate_processes() -> int | None:
+    """The processes accelerate runs this one among (``PartialState.num_processes``) where an
+    ``Accelerator`` or ``PartialState`` exists in this process, else None (its shared state, set
+    up by the first one made, as :func:`accelerate_gradient_state` reads it)."""
+    module = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(module, "PartialState", None), "_shared_state", None)
+    count = shared.get("num_processes") if isinstance(shared, dict) else None
+    return count if isinstance(count, int) else None
+
+
 def accelerate_track(state: Any, loader: Any) -> None:
     """Make ``loader`` the active dataloader of accelerate's ``state``, as accelerate's own
     ``DataLoaderShard.begin`` does (``GradientState._add_dataloader``: no public equivalent)."""

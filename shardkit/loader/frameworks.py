@@ -9,6 +9,10 @@
   dataset inside the loader; a ShardLoader has none, and its own :meth:`state_dict` does their
   job. :data:`NO_DATASET` and :data:`NOT_A_DATASET` say so in one line (the first also where the
   sample count is, which ``len(loader.dataset)`` gives a DataLoader).
+- An ``Accelerator`` that runs its process alone while the launcher started several (a plain
+  ``Accelerator()`` under ``torchrun`` on a machine without a GPU) trains a model per process,
+  each on the share of the data the launcher's variables give it: :func:`check_accelerate_world`
+  refuses that in one line instead.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from shardkit import _compat
+from shardkit.errors import LoaderError
 
-__all__ = ["NOT_A_DATASET", "NO_DATASET", "seen_by_accelerate"]
+__all__ = ["NOT_A_DATASET", "NO_DATASET", "check_accelerate_world", "seen_by_accelerate"]
 
 #: Why ``loader.dataset`` fails (what ``skip_first_batches`` reads first, and ``len(loader.dataset)``
 #: counts with a DataLoader).
@@ -55,3 +60,21 @@ def seen_by_accelerate(loader: Any) -> Generator[None, None, None]:
     finally:
         if not finalizing():  # at exit there is no epoch left to end, and accelerate is half gone
             untrack(state, loader)
+
+
+def check_accelerate_world(rank: int, world_size: int) -> None:
+    """Refuse a loader that found itself ``rank`` of ``world_size`` (from the process group or the
+    launcher's variables) in a process whose ``Accelerator`` runs it alone: each process would
+    train a model of its own on part of the data, with no gradient shared and no word said. (A
+    plain ``Accelerator()`` under ``torchrun`` without a GPU makes a gloo group of the launcher's
+    processes and still counts one.)
+
+    Raises:
+        LoaderError: an ``Accelerator`` in this process counts 1 process, ``world_size > 1``.
+    """
+    if world_size > 1 and _compat.accelerate_processes() == 1:
+        raise LoaderError(f"this process is rank {rank} of {world_size}, but accelerate runs it alone "
+                          "(Accelerator().num_processes is 1): each process would train its own model on part of the "
+                          "data, no gradient shared. On the CPU build Accelerator(cpu=True) (or launch with "
+                          "`accelerate launch --cpu`); to lay the loader out anyway pass rank= and world_size= "
+                          "(rank=0, world_size=1: all the data in each process)")

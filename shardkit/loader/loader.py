@@ -35,7 +35,7 @@ from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
 from shardkit.loader.feed.supply import Batches, Supply
 from shardkit.loader.feed.trial import PaceTrial
-from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, seen_by_accelerate
+from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, check_accelerate_world, seen_by_accelerate
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
 from shardkit.loader.read.captions import TextTransform
 from shardkit.loader.read.datasets import open_datasets
@@ -660,6 +660,7 @@ class ShardLoader:
         if None not in self._given_layout:
             return
         live = rank_and_world(*self._given_layout)
+        check_accelerate_world(*live)
         built = (self.config.rank, self.config.world_size)
         if live == built:
             return

@@ -5,6 +5,7 @@ an evaluation that gathers per batch counts each sample once."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,20 @@ def test_an_iterator_left_open_at_exit_under_an_accelerator_ends_without_a_word(
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip() == "(4, 3, 32, 32)"
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_an_accelerator_that_runs_its_process_alone_under_torchrun_is_refused(frames: dict[str, Path]) -> None:
+    """A plain ``Accelerator()`` under ``torchrun`` without a GPU makes a gloo group of the two
+    processes and still counts one: each trained its own model on half the data, no gradient
+    shared, no word said. The loader refuses, saying what to build instead."""
+    script = ("from accelerate import Accelerator\n"
+              "from shardkit import ShardLoader\n"
+              "acc = Accelerator()\n"
+              f"loader = ShardLoader({str(frames['train'])!r}, batch_size=4)\n"
+              "print(acc.num_processes, len(loader))\n")
+    done = run_script("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max_restarts", "0",
+                      "--no-python", sys.executable, "-c", script)
+    assert done.returncode != 0
+    assert "but accelerate runs it alone (Accelerator().num_processes is 1)" in done.stderr
+    assert "Accelerator(cpu=True)" in done.stderr
