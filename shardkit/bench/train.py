@@ -80,6 +80,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -197,12 +198,14 @@ class TrainRun:
 
 
 def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch_size: int,
-            fixed_batches: int = 1, profile_batches: int = 10, settle_s: float = SETTLE_S) -> TrainRun:
+            fixed_batches: int = 1, profile_batches: int = 10, settle_s: float = SETTLE_S,
+            paced: Callable[[float], None] | None = None) -> TrainRun:
     """Synthetic, fed, then synthetic again: the rates of ``step`` with ``loader`` (see the module
     doc); the synthetic runs cycle over the loader's first ``fixed_batches``, through
     ``step.to_device`` and ``step.clone``, each after ``settle_s`` seconds in which the loader
     fills its buffers. On CUDA the step's and the loader's GPU time follow, over
-    ``profile_batches`` each, after the timed runs."""
+    ``profile_batches`` each, after the timed runs. ``paced(seconds)``: told the least this run
+    takes, once the first synthetic run has timed the step."""
     fed = map(step.to_device, _forever(loader))
     fixed = [step.clone(next(fed)) for _ in range(fixed_batches)]
     steady(loader)  # feeders="auto" starts its feeders behind the first batches: time them in place
@@ -214,6 +217,8 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
         return run_steps(step, batches, steps)[0]
 
     before = synthetic_seconds()
+    if paced is not None:  # two synthetic runs, the lead-in and the fed run, each step at least this long
+        paced(before / steps * (3 * (warmup + steps) + steps))
     run_steps(step, fed, warmup + steps)  # the lead-in: uses up what the loader buffered meanwhile
     while not settled(loader):  # feeders="auto" still timing the loop both ways
         run_steps(step, fed, 1)
@@ -346,7 +351,35 @@ def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:
     _label, build = _contenders(cfg)[name]
     with _built(build) as loader:  # its one run is the process's last: the GPU times follow it on its loader
         return measure(step, loader, steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size,
-                       settle_s=cfg.settle_s)
+                       settle_s=cfg.settle_s, paced=functools.partial(say_if_long, cfg, name))
+
+
+#: A run projected to take longer than this is said before it goes on (a CPU step, a large model).
+LONG_RUN_S = 60.0
+
+
+def say_if_long(cfg: TrainBenchConfig, name: str, seconds: float) -> None:
+    """Say on stderr, where one run of ``name`` takes at least ``seconds`` (over
+    :data:`LONG_RUN_S`), how long it and the whole bench will take and what sets that: a bench of
+    a step on the CPU ran for hours without a word."""
+    if seconds <= LONG_RUN_S:
+        return
+    runs = len(cfg.contenders) * cfg.repeats
+    bench = f", the bench's {runs} runs at least {_duration(seconds * runs)}" if runs > 1 else ""
+    print(f"bench: {name}: the step alone takes {seconds / (3 * (cfg.warmup + cfg.steps) + cfg.steps):.2f} s on "
+          f"{cfg.device}: this run takes at least {_duration(seconds)}{bench} (--steps, --warmup, --size and "
+          "--batch-size set it)", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a person says it: ``45 s``, ``12 min``, ``2.5 h``.
+
+    >>> _duration(45), _duration(720), _duration(9000)
+    ('45 s', '12 min', '2.5 h')
+    """
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, TrainRun], None] | None = None

@@ -177,3 +177,39 @@ def test_gpu_times_are_taken_after_every_timed_run(monkeypatch: pytest.MonkeyPat
                                 repeats=2, settle_s=0, after_run=lambda name, rep, run: events.append("run"))
     assert events[:4] == ["run"] * 4 and set(events[4:]) == {"profile"} and len(events) == 8
     assert all(r.step_gpu_ms == 2.5 and r.loader_gpu_ms_per_batch == 2.5 for rs in runs.values() for r in rs)
+
+
+def test_a_long_run_is_said_with_its_and_the_bench_s_length(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A step on the CPU at the defaults ran for hours without a word: once the first synthetic
+    run has timed the step, the least the run takes goes to ``paced``, and the bench says it (and
+    its runs' total) when it is over a minute."""
+    now = [0.0]
+
+    class Clock:
+        @staticmethod
+        def perf_counter() -> float:
+            return now[0]
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            now[0] += seconds
+
+    class Slow(_Recording):
+        def __call__(self, images: torch.Tensor, labels: Any, /) -> None:
+            now[0] += 2.0  # two seconds a step, as ResNet-18 at 224 on two cores
+
+    monkeypatch.setattr(train, "time", Clock)
+    monkeypatch.setattr(step_timing, "time", Clock)
+    told: list[float] = []
+    measure(Slow(), [(torch.tensor([i]), None) for i in range(30)], steps=5, warmup=1, batch_size=1, settle_s=0,
+            paced=told.append)
+    assert told == [pytest.approx(2.0 * (3 * (1 + 5) + 5))]  # two synthetic runs, the lead-in, the fed run
+    cfg = train.TrainBenchConfig(imagefolder="x", shards="y", contenders=("imagefolder", "shardloader"), repeats=3,
+                                 steps=100, warmup=10, device="cpu")
+    train.say_if_long(cfg, "shardloader", 2.0 * (3 * 110 + 100))
+    assert capsys.readouterr().err == ("bench: shardloader: the step alone takes 2.00 s on cpu: this run takes at "
+                                       "least 14 min, the bench's 6 runs at least 86 min (--steps, --warmup, --size "
+                                       "and --batch-size set it)\n")
+    train.say_if_long(cfg, "shardloader", 59.0)
+    assert capsys.readouterr().err == ""
