@@ -204,3 +204,20 @@ def test_coco_evaluation_sees_each_image_once(tmp_path: Path) -> None:
     assert len(image_ids()) == 32  # the default pads with repeats: mAP would count 7 images twice
     assert sorted(image_ids(even_batches=False)) == ids
     assert sorted(image_ids(even_batches=False, num_workers=2)) == ids
+
+
+def test_uneven_ranks_under_accelerate_are_said_once(packed: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """accelerate's gather_for_metrics per batch waits on a rank with no batch left (gloo fails,
+    NCCL hangs) where even_batches=False gives ranks different counts: said once, and only then."""
+    from shardkit.loader.frameworks import _say_if_uneven
+
+    uneven = ShardLoader(str(packed), batch_size=8, rank=1, world_size=2, even_batches=False)  # 69: 9 batches
+    with caplog.at_level("WARNING", logger="shardkit.loader"):
+        _say_if_uneven(uneven)
+        _say_if_uneven(uneven)
+        _say_if_uneven(ShardLoader(str(packed), batch_size=8, rank=1, world_size=2))  # even: equal counts
+        _say_if_uneven(ShardLoader(str(packed), batch_size=23, rank=1, world_size=3, even_batches=False))  # 3 x 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "shardkit: with even_batches=False the ranks get 4 or 5 batches an epoch (this one 5): a gather_for_metrics "
+        "(or any collective) per batch waits on a rank with none left; count per rank and gather once after the "
+        "loop (docs: evaluation)"]
