@@ -348,3 +348,26 @@ def test_a_loader_copied_mid_epoch_on_the_gpu_gives_the_next_epoch(inet: Path, f
                 assert [k for _, _, k in twin] == second
         got += [k for _, _, k in it]
     assert got == first
+
+
+@pytest.mark.parametrize("feeders", [0, "auto"])
+def test_a_look_before_the_process_group_then_reads_the_ranks_share(inet: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      feeders: object) -> None:
+    """The GPU route (and its feeders) after ``next(iter(loader))`` at rank 0 of 1 and a world
+    that then appears (Lightning's fit): the next epoch is this rank's share, from workers and
+    feeders started anew."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    t = transforms.imagenet_train(64)
+    with ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", num_workers=2, keys=True, seed=2,
+                     feeders=feeders) as loader:  # type: ignore[arg-type]
+        next(iter(loader))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", "1")
+        got = [(list(keys), labels.cpu()) for _images, labels, keys in loader]
+    with ShardLoader(str(inet), batch_size=16, transform=t, device="cuda", num_workers=2, keys=True, seed=2,
+                     rank=1, world_size=2, feeders=0) as want:
+        want.set_epoch(1)
+        expected = [(list(keys), labels.cpu()) for _images, labels, keys in want]
+    assert [k for k, _ in got] == [k for k, _ in expected]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, expected, strict=True))
