@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import replace
@@ -367,6 +368,7 @@ class ShardLoader:
         # Iterations started so far; an older iterator finds the count moved on and ends
         # (_ended_by says why) rather than taking the newer one's batches.
         self._iterations, self._ended_by = 0, ""
+        self._pid = os.getpid()  # the process whose workers, feeders and threads this loader's are
         self._active = 0  # the iteration whose generator is open (0: none)
         self._told_unchecked = False  # whether the log said that samples went unchecked (stats.unchecked)
         self._last: tuple[int, Any] | None = None  # (batch index, remainder) of the batch last yielded
@@ -483,6 +485,7 @@ class ShardLoader:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._pid = os.getpid()  # a copy starts processes of its own
         # the [epoch, start] tensor that the workers read came in private memory, as any tensor
         # unpickled or deep-copied: back in shared memory, or the workers of the copy would not
         # see an epoch set after they started (the stream and the epoch run hold this same tensor)
@@ -666,11 +669,14 @@ class ShardLoader:
             return
         left = None
         if self._iterations:
-            if self._open or built[1] > 1:
+            forked = self._pid != os.getpid()  # its workers are another process's (a rank forked after the look)
+            if self._open or built[1] > 1 or forked:
                 raise LoaderError(f"this loader iterated as rank {built[0]} of {built[1]}, but this process is now "
                                   f"rank {live[0]} of {live[1]}"
                                   + (" while an iteration was open: end it (or let it go) before the process group "
                                      "starts" if self._open else
+                                     f", forked from process {self._pid} whose workers it has: build the loader "
+                                     "after the ranks start, or do not iterate it before" if forked else
                                      ": build the loader after init_process_group, or pass rank= and world_size="))
             # iterated alone, before the group: its workers were laid out for one rank
             self._supply.close()
@@ -687,7 +693,11 @@ class ShardLoader:
         if self._pos.loaded and self._loaded_state is not None:
             self._pos.resumed(*self.config.resume(self._loaded_state))
         elif left is not None:  # the rest of the broken-off epoch at this layout; the next iteration runs the next
-            self._pos.epoch, self._pos.batch, self._pos.remainder = self.config.resume(left)
+            epoch, batch, remainder = self.config.resume(left)
+            if epoch != left["epoch"]:  # every batch of it was out (its iterator not run to the end)
+                self._pos.finished(left["epoch"])
+            else:
+                self._pos.epoch, self._pos.batch, self._pos.remainder = epoch, batch, remainder
 
     def _feeder_pool(self, parts: int) -> FeederPool:
         """``parts`` feeder processes (not started yet) for this loader's plan and route."""

@@ -179,3 +179,57 @@ def test_remaining_counts_the_batches_still_to_come(packed: Path) -> None:
     elastic = ShardLoader(str(packed), batch_size=5, keys=True)
     elastic.load_state_dict(state)  # 45 samples left, in batches of 5
     assert elastic.remaining == 9 and len(list(elastic)) == 9 and len(elastic) == 14
+
+
+def test_a_look_at_every_batch_then_a_world_runs_the_next_epoch(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch of epoch 0 out but its iterator not run to its end (``islice``): the next
+    iteration at the new world runs epoch 1, not 2."""
+    import itertools
+
+    loader = ShardLoader(str(packed), batch_size=8, keys=True, seed=5)
+    list(itertools.islice(loader, len(loader)))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    want = ShardLoader(str(packed), batch_size=8, keys=True, seed=5, rank=1, world_size=2)
+    want.set_epoch(1)
+    assert loader.epoch == 1 and _keys(loader) == _keys(want) and loader.epoch == 2
+
+
+_FORKED_RANK = """
+import multiprocessing as mp, os, sys
+from shardkit import LoaderError, ShardLoader
+
+def rank(loader, queue):
+    os.environ.update(WORLD_SIZE="2", RANK="1")
+    try:
+        queue.put(f"rank 1 took {sum(1 for _ in loader)} batches")
+    except LoaderError as err:
+        queue.put(f"LoaderError: {err}")
+
+loader = ShardLoader(sys.argv[1], batch_size=8, num_workers=2)
+next(iter(loader))  # a look, with workers, before the ranks are forked (Lightning's ddp_fork)
+ctx = mp.get_context("fork")
+queue = ctx.Queue()
+child = ctx.Process(target=rank, args=(loader, queue))
+child.start()
+print(queue.get(timeout=60))
+child.join(60)
+print("parent took", sum(1 for _ in loader), "of", len(loader))
+"""
+
+
+def test_a_rank_forked_after_a_look_with_workers_is_refused_and_leaves_the_parent_whole(packed: Path) -> None:
+    """A rank forked from the process that looked has that process's workers: laying it out anew
+    shut them down from the child ("can only join a child process") and broke the parent's next
+    loop. The child is refused in one line; the parent goes on."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k not in LAUNCHER}
+    run = subprocess.run([sys.executable, "-c", _FORKED_RANK, str(packed)], capture_output=True, text=True,
+                         timeout=180, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    first, second = run.stdout.splitlines()
+    assert first.startswith("LoaderError: this loader iterated as rank 0 of 1, but this process is now rank 1 of 2, "
+                            "forked from process "), first
+    assert second == "parent took 9 of 9"
