@@ -10,6 +10,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
+import numpy as np
 import torch
 
 from shardkit.errors import LoaderError
@@ -140,15 +141,22 @@ def _same_device(value: Any, kwargs: Mapping[str, Any]) -> bool:
     return pin.type == device.type == "cuda" and None in (pin.index, device.index) or pin == device
 
 
+def _flag(value: Any) -> bool | None:
+    """``value`` as a bool where it is one (numpy's too, as DataLoader takes them), else None."""
+    return bool(value) if isinstance(value, (bool, np.bool_)) else None
+
+
 #: For each of DataLoader's arguments, whether a value changes nothing here, given the call's others.
 _CHANGES_NOTHING: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
-    "persistent_workers": lambda value, kwargs: isinstance(value, bool),
-    "pin_memory": lambda value, kwargs: value is False or (value is True and _on_cuda(kwargs)),
-    "pin_memory_device": _same_device,
+    "persistent_workers": lambda value, kwargs: _flag(value) is not None,
+    "pin_memory": lambda value, kwargs: _flag(value) is False or (_flag(value) is True and _on_cuda(kwargs)),
+    # unused without pin_memory, as DataLoader leaves it
+    "pin_memory_device": lambda value, kwargs: (isinstance(value, str) and not _flag(kwargs.get("pin_memory", False))
+                                                or _same_device(value, kwargs)),
     "prefetch_factor": lambda value, kwargs: value is None or (
-        not isinstance(value, bool) and value == kwargs.get("prefetch", 2)),
-    "timeout": lambda value, kwargs: not isinstance(value, bool) and value == 0,
-    "in_order": lambda value, kwargs: value is True,
+        _flag(value) is None and value == kwargs.get("prefetch", 2)),
+    "timeout": lambda value, kwargs: _flag(value) is None and value == 0,
+    "in_order": lambda value, kwargs: _flag(value) is True,
 }
 
 
@@ -231,8 +239,9 @@ def check_dataloader_args(cls: type, extra: Mapping[str, Any], given: Mapping[st
         ...
         TypeError: Loader() got an unexpected keyword argument 'batchsize' (did you mean 'batch_size'?)
     """
-    params = [key for key, param in init_signature(cls).parameters.items()
-              if param.kind != inspect.Parameter.VAR_KEYWORD]
+    params = list(dict.fromkeys(  # a subclass's own, then those it passes on (ShardLoader's), for the hints
+        key for c in cls.__mro__ if c is not object for key, param in init_signature(c).parameters.items()
+        if param.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)))
     for key in extra:
         why = _unknown_key(cls.__name__, params, key, {**given, **extra})
         if why is not None:

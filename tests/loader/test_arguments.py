@@ -298,7 +298,7 @@ def test_numpy_integers_are_taken_as_a_dataloader_takes_them(packed: Path) -> No
     ({"timeout": False}, "timeout=False, which it does without"),
     ({"in_order": False}, "batches always come in the epoch's order"),
     ({"multiprocessing_context": "spawn"}, "multiprocessing.set_start_method"),
-    ({"pin_memory_device": "cuda"}, "pass device='cuda[:i]'"),
+    ({"pin_memory_device": "cuda:1", "pin_memory": True, "device": "cuda:0"}, "pass device='cuda[:i]'"),
     ({"num_worker": 2}, "unexpected keyword argument 'num_worker' (did you mean 'num_workers'?)"),
     ({"batchsize": 2}, "unexpected keyword argument 'batchsize' (did you mean 'batch_size'?)"),
     ({"normalize": False}, "'normalize', an option of the transform, not of the loader: "
@@ -338,7 +338,8 @@ def test_pin_memory_is_taken_with_a_cuda_device(packed: Path, device: Any) -> No
     check_dataloader_args(ShardLoader, {"pin_memory": True, "pin_memory_device": str(device)},
                           {"device": device, "prefetch": 2})
     with pytest.raises(TypeError, match=r"pin_memory_device='cuda:1', which it does without"):
-        check_dataloader_args(ShardLoader, {"pin_memory_device": "cuda:1"}, {"device": "cuda:0", "prefetch": 2})
+        check_dataloader_args(ShardLoader, {"pin_memory_device": "cuda:1", "pin_memory": True},
+                              {"device": "cuda:0", "prefetch": 2})
 
 
 def test_batch_size_and_drop_last_read_as_a_dataloader_s(packed: Path) -> None:
@@ -417,3 +418,23 @@ def test_a_transforms_error_arrives_whole(packed: Path, workers: int) -> None:
     assert info.value.__notes__[0] == "while loading the lookup table" and ".tar:" in info.value.__notes__[1]
     if workers:
         assert "_raise_with_details" in str(info.value.__cause__)  # the worker's traceback, as text
+
+
+def test_dataloader_arguments_as_numpy_bools_and_a_pin_device_without_pinning_are_taken(packed: Path) -> None:
+    import numpy as np
+
+    numpy_bools: dict[str, Any] = {"persistent_workers": np.True_, "pin_memory": np.False_, "in_order": np.True_}
+    ShardLoader(str(packed), batch_size=4, pin_memory_device="cuda", **numpy_bools).close()  # unused unpinned
+    with pytest.raises(TypeError, match=r"in_order=np.False_, which it does without"):
+        ShardLoader(str(packed), batch_size=4, in_order=np.False_)  # type: ignore[arg-type]
+
+
+def test_a_subclass_passing_its_keywords_on_still_gets_the_loader_s_hints(packed: Path) -> None:
+    class Folder(ShardLoader):
+        def __init__(self, path: str, **kwargs: Any) -> None:
+            super().__init__(path, batch_size=4, **kwargs)
+
+    with pytest.raises(TypeError, match=r"^Folder\(\) got an unexpected keyword argument 'num_worker' \(did you mean "
+                                        r"'num_workers'\?\)$"):
+        Folder(str(packed), num_worker=2)
+    Folder(str(packed), num_workers=0, persistent_workers=False).close()
