@@ -302,11 +302,12 @@ def run_contenders(contenders: Mapping[str, tuple[Step, Callable[[], Any]]], *, 
     runs: dict[str, list[TrainRun]] = {name: [] for name in contenders}
     order = [(rep, name) for rep, names in enumerate(alternating_order(list(contenders), repeats))
              for name in names]
-    for rep, name in order:
+    for i, (rep, name) in enumerate(order):
         step, build = contenders[name]
         with _built(build) as loader:
             run = measure(step, loader, steps=steps, warmup=warmup, batch_size=batch_size,
-                          fixed_batches=fixed_batches, settle_s=settle_s, profile_batches=0)
+                          fixed_batches=fixed_batches, settle_s=settle_s, profile_batches=0,
+                          paced=functools.partial(say_if_long, len(order)) if i == 0 else None)
             runs[name].append(run)  # kept before the loader closes: a stop while it closes loses no run
             if after_run is not None:
                 after_run(name, rep, run)
@@ -338,12 +339,14 @@ def _built(build: Callable[[], Any]) -> Iterator[Any]:
             del loader
 
 
-def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:
+def run_one(cfg: TrainBenchConfig, name: str, classes: int, first: bool = False) -> TrainRun:
     """One run of contender ``name`` (a row of the report) with a step and a loader of its own: what
     each fresh process of an isolated bench does. With ``sleep_waits`` the process's host waits on
     the device (the step's synchronisations, the loaders' CUDA waits: torchvision's nvJPEG call
     waits for its stream) block instead of spinning a core, set before its CUDA context exists
-    (:func:`~shardkit.loader.feed.cuda_sync.sleep_while_waiting`, what each feeder does)."""
+    (:func:`~shardkit.loader.feed.cuda_sync.sleep_while_waiting`, what each feeder does).
+    ``first``: the bench's first run, which says how long the bench takes where that is long
+    (:func:`say_if_long`)."""
     device = torch.device(cfg.device)
     if cfg.sleep_waits and not sleep_while_waiting(device.index or 0):
         raise RuntimeError("sleep_waits: the CUDA driver refused to make this process's waits block")
@@ -351,24 +354,22 @@ def run_one(cfg: TrainBenchConfig, name: str, classes: int) -> TrainRun:
     _label, build = _contenders(cfg)[name]
     with _built(build) as loader:  # its one run is the process's last: the GPU times follow it on its loader
         return measure(step, loader, steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size,
-                       settle_s=cfg.settle_s, paced=functools.partial(say_if_long, cfg, name))
+                       settle_s=cfg.settle_s,
+                       paced=functools.partial(say_if_long, len(cfg.contenders) * cfg.repeats) if first else None)
 
 
 #: A run projected to take longer than this is said before it goes on (a CPU step, a large model).
 LONG_RUN_S = 60.0
 
 
-def say_if_long(cfg: TrainBenchConfig, name: str, seconds: float) -> None:
-    """Say on stderr, where one run of ``name`` takes at least ``seconds`` (over
-    :data:`LONG_RUN_S`), how long it and the whole bench will take and what sets that: a bench of
-    a step on the CPU ran for hours without a word."""
-    if seconds <= LONG_RUN_S:
-        return
-    runs = len(cfg.contenders) * cfg.repeats
-    bench = f", the bench's {runs} runs at least {_duration(seconds * runs)}" if runs > 1 else ""
-    print(f"bench: {name}: the step alone takes {seconds / (3 * (cfg.warmup + cfg.steps) + cfg.steps):.2f} s on "
-          f"{cfg.device}: this run takes at least {_duration(seconds)}{bench} (--steps, --warmup, --size and "
-          "--batch-size set it)", file=sys.stderr, flush=True)
+def say_if_long(runs: int, seconds: float) -> None:
+    """Say on stderr, where the bench's first run takes at least ``seconds`` (over
+    :data:`LONG_RUN_S`), how long its ``runs`` runs take and what sets that: a bench of a step on
+    the CPU ran for hours without a word."""
+    if seconds > LONG_RUN_S:
+        each = f", each at least {_duration(seconds)}" if runs > 1 else ""
+        print(f"bench: its {runs} run{'s' * (runs > 1)} take at least {_duration(seconds * runs)}{each} (--steps, "
+              "--warmup, --repeats, --model, --size and --batch-size set it)", file=sys.stderr, flush=True)
 
 
 def _duration(seconds: float) -> str:
@@ -398,10 +399,11 @@ def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, Tra
     finished = FinishedRuns(contenders, cfg.repeats, after_run)
     with finished.kept(lambda runs, mark: _report(cfg, data, contenders, runs, mark)):
         if cfg.isolate:
-            for rep, names in enumerate(alternating_order(list(contenders), cfg.repeats)):
-                for name in names:  # kept once it answers, before its process has ended
-                    in_fresh_process(run_one, cfg, name, data["classes"], what=f"the run of {name}",
-                                     answered=functools.partial(finished.add, name, rep))
+            order = [(rep, name) for rep, names in enumerate(alternating_order(list(contenders), cfg.repeats))
+                     for name in names]
+            for i, (rep, name) in enumerate(order):  # kept once it answers, before its process has ended
+                in_fresh_process(run_one, cfg, name, data["classes"], i == 0, what=f"the run of {name}",
+                                 answered=functools.partial(finished.add, name, rep))
             runs = finished.runs
         else:
             step = TrainStep(cfg.model, data["classes"], torch.device(cfg.device), compile=cfg.compile)

@@ -205,11 +205,8 @@ def test_a_long_run_is_said_with_its_and_the_bench_s_length(monkeypatch: pytest.
     measure(Slow(), [(torch.tensor([i]), None) for i in range(30)], steps=5, warmup=1, batch_size=1, settle_s=0,
             paced=told.append)
     assert told == [pytest.approx(2.0 * (3 * (1 + 5) + 5))]  # two synthetic runs, the lead-in, the fed run
-    cfg = train.TrainBenchConfig(imagefolder="x", shards="y", contenders=("imagefolder", "shardloader"), repeats=3,
-                                 steps=100, warmup=10, device="cpu")
-    train.say_if_long(cfg, "shardloader", 2.0 * (3 * 110 + 100))
-    assert capsys.readouterr().err == ("bench: shardloader: the step alone takes 2.00 s on cpu: this run takes at "
-                                       "least 14 min, the bench's 6 runs at least 86 min (--steps, --warmup, --size "
-                                       "and --batch-size set it)\n")
-    train.say_if_long(cfg, "shardloader", 59.0)
+    train.say_if_long(6, 2.0 * (3 * 110 + 100))
+    assert capsys.readouterr().err == ("bench: its 6 runs take at least 86 min, each at least 14 min (--steps, "
+                                       "--warmup, --repeats, --model, --size and --batch-size set it)\n")
+    train.say_if_long(6, 59.0)
     assert capsys.readouterr().err == ""
