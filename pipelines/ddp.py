@@ -99,15 +99,15 @@ def load_model_state(model: torch.nn.Module, ckpt: dict[str, Any], path: str) ->
         raise ShardkitError(f"its model does not fit this one ({first[:200]})", where=path) from err
 
 
-def require_batches(loader: shardkit.ShardLoader, batch_size: int, world: int, shards: list[str]) -> None:
-    """Refuse a training run whose epoch holds no full batch (``drop_last``): it would train nothing
-    and still save a checkpoint at a later epoch.
+def require_batches(samples: int, batch_size: int, world: int, shards: list[str]) -> None:
+    """Refuse, before the loader is built, a training run whose epoch of ``samples`` holds no full
+    batch per rank (``drop_last``): it would train nothing and still save a checkpoint at a later
+    epoch (and the loader would warn of it first, naming options the recipe sets itself).
 
     Raises:
-        ShardkitError: ``len(loader) == 0``.
+        ShardkitError: ``samples < batch_size * world``.
     """
-    if len(loader) == 0:
-        samples = sum(m.num_samples for m in loader.manifests)
+    if samples < batch_size * world:
         raise ShardkitError(f"the {samples:,} samples of the training data make no full batch of --batch-size "
                             f"{batch_size}"
                             + (f" on each of {world} ranks" if world > 1 else "")
@@ -159,10 +159,10 @@ RECIPES_BY_KIND = {
 }
 
 
-def check_kind(datasets: Sequence[str], kind: str, recipe: str) -> None:
+def check_kind(datasets: Sequence[str], kind: str, recipe: str) -> dict[str, int]:
     """Refuse a dataset of another kind than ``kind`` (``imagefolder``, ``coco``, ``captions``),
     naming the recipe that takes it, before a loader is built (whose error would name the
-    library's options, not this recipe's way out).
+    library's options, not this recipe's way out). Returns each dataset's sample count.
 
     Raises:
         ShardkitError: a dataset of another kind (``where``: its path), or one that is not there.
@@ -171,13 +171,17 @@ def check_kind(datasets: Sequence[str], kind: str, recipe: str) -> None:
     from shardkit.loader.read.cache import default_cache_dir
 
     wanted = RECIPES_BY_KIND[kind][0]
+    samples = {}
     for url in datasets:  # a remote table lands in the loader's cache, which then reads it from there
-        found = read_manifest(locate_dataset(url), cache_dir=default_cache_dir()).kind
+        manifest = read_manifest(locate_dataset(url), cache_dir=default_cache_dir())
+        found = manifest.kind
         if found != kind and found in RECIPES_BY_KIND:
             what, trains, evaluates = RECIPES_BY_KIND[found]
             takes = evaluates if recipe.startswith("evaluate") and evaluates else trains
             raise ShardkitError(f"holds {what}; {recipe} takes {wanted}: pipelines/{takes} takes this dataset",
                                 where=url)
+        samples[url] = manifest.num_samples
+    return samples
 
 
 def add_dataset_arguments(parser: argparse.ArgumentParser, what: str, *, disjoint: bool = False) -> None:

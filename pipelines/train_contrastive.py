@@ -108,7 +108,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train for ``args.epochs`` epochs (or until ``args.steps`` steps); return the last figures."""
     rank, world, device = ddp.setup_distributed(args.device)
     cuda = device.type == "cuda"
-    ddp.check_kind(args.shards, "captions", "train_contrastive.py")
+    samples = ddp.check_kind(args.shards, "captions", "train_contrastive.py")
+    ddp.require_batches(sum(samples[url] for url in args.shards), args.batch_size, world, args.shards)
     loader = shardkit.ShardLoader(
         **args.dataset,
         batch_size=args.batch_size,
@@ -122,7 +123,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )
     model = Clip(args.arch, args.dim).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    ddp.require_batches(loader, args.batch_size, world, args.shards)
     step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
     if cuda:
         model = model.to(memory_format=torch.channels_last)

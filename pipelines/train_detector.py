@@ -60,7 +60,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = Path(args.log_keys) if args.log_keys else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    ddp.check_kind([*args.shards, *([args.val] if args.val else [])], "coco", "train_detector.py")
+    samples = ddp.check_kind([*args.shards, *([args.val] if args.val else [])], "coco", "train_detector.py")
+    ddp.require_batches(sum(samples[url] for url in args.shards), args.batch_size, world, args.shards)
     loader = shardkit.ShardLoader(
         **args.dataset,
         batch_size=args.batch_size,
@@ -83,7 +84,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         model = model.to(memory_format=torch.channels_last)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    ddp.require_batches(loader, args.batch_size, world, args.shards)
     step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
     net: torch.nn.Module = model
     if world > 1:

@@ -53,13 +53,15 @@ def test_checkpoints_a_recipe_cannot_use_are_refused_in_one_line(
 
 
 def test_a_batch_larger_than_an_epoch_is_refused_before_training(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+        packed_sample: Path) -> None:
     samples = sum(1 for d in SAMPLE.iterdir() for _ in d.iterdir())
     ckpt = tmp_path / "ck.pt"
     err = refused(train_classifier.main, [str(packed_sample), "--batch-size", str(samples + 1), "--epochs", "1",
                                            "--checkpoint", str(ckpt), *CPU], capsys)
     assert f"{packed_sample}: the {samples:,} samples of the training data make no full batch of --batch-size " \
            f"{samples + 1}: lower --batch-size" in err
+    assert not [r for r in caplog.records if "no batch" in r.getMessage()]  # said once: the recipe's, before a loader
     assert not ckpt.exists()
 
 
