@@ -199,7 +199,15 @@ class WatchedLoader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._raise_deferred()
-        return _Watched(super().__iter__(), self)
+        # workers started now inherit SIGINT blocked (through fork and exec) until they ignore it
+        # (shardkit.loader.run.workers): a terminal's Ctrl-C, sent to the whole process group, as
+        # they start killed them; one meant for this process arrives when it is unblocked here
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            batches = super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        return _Watched(batches, self)
 
     def check_worker_number_rationality(self) -> None:
         """Say nothing: torch's warning about more workers than cores names a DataLoader the

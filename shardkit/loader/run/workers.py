@@ -26,6 +26,7 @@ def _init_worker(worker_id: int) -> None:
     # KeyboardInterrupt, and the workers carry on, so a loop that catches it (to save a
     # checkpoint, to run another epoch) still has them; they stop with the loader or its process.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started (WatchedLoader)
     torch.set_num_threads(1)  # one core per worker; decode and resize are single-threaded anyway
     name_this_thread(f"sk-worker{worker_id}")  # what top and ps show for it (not its parent's name)
 
