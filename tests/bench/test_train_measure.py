@@ -39,6 +39,20 @@ class _Recording:
         pass
 
 
+class _Clock:
+    """A stand-in for the ``time`` module whose clock is a counter the fake steps advance (a busy
+    machine cannot move it); ``sleep`` advances it too."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_the_synthetic_runs_cycle_over_the_first_fixed_batches() -> None:
     """fixed_batches=3: each synthetic run takes clones of batches 0, 1, 2, 0, 1, …; the fed run
     goes on from 3: a lead-in of warmup + steps, then the timed steps."""
@@ -53,28 +67,19 @@ def test_the_synthetic_rate_is_taken_over_both_synthetic_runs(monkeypatch: pytes
     their images over their seconds (20 / 0.22 s, about 91/s), neither run's alone (500/s or
     50/s). The bench's clock is a counter the step advances, so a busy machine cannot move it."""
     fixed_calls = 0
-    now = [0.0]
-
-    class Clock:
-        @staticmethod
-        def perf_counter() -> float:
-            return now[0]
-
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            now[0] += seconds
+    clock = _Clock()
 
     class Slowing(_Recording):
         def __call__(self, images: torch.Tensor, labels: Any, /) -> None:
             nonlocal fixed_calls
             if int(images[0]) == 0:  # the fixed batch: a synthetic step
                 fixed_calls += 1
-                now[0] += 0.002 if fixed_calls <= 10 else 0.020
+                clock.now += 0.002 if fixed_calls <= 10 else 0.020
             else:  # a fed step
-                now[0] += 0.001
+                clock.now += 0.001
 
-    monkeypatch.setattr(train, "time", Clock)  # its settling pause
-    monkeypatch.setattr(step_timing, "time", Clock)  # the steps' clock
+    monkeypatch.setattr(train, "time", clock)  # its settling pause
+    monkeypatch.setattr(step_timing, "time", clock)  # the steps' clock
     loader = [(torch.tensor([i]), None) for i in range(40)]
     run = measure(Slowing(), loader, steps=10, warmup=0, batch_size=1, settle_s=0)
     assert fixed_calls == 20
@@ -184,23 +189,14 @@ def test_a_long_run_is_said_with_its_and_the_bench_s_length(monkeypatch: pytest.
     """A step on the CPU at the defaults ran for hours without a word: once the first synthetic
     run has timed the step, the least the run takes goes to ``paced``, and the bench says it (and
     its runs' total) when it is over a minute."""
-    now = [0.0]
-
-    class Clock:
-        @staticmethod
-        def perf_counter() -> float:
-            return now[0]
-
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            now[0] += seconds
+    clock = _Clock()
 
     class Slow(_Recording):
         def __call__(self, images: torch.Tensor, labels: Any, /) -> None:
-            now[0] += 2.0  # two seconds a step, as ResNet-18 at 224 on two cores
+            clock.now += 2.0  # two seconds a step, as ResNet-18 at 224 on two cores
 
-    monkeypatch.setattr(train, "time", Clock)
-    monkeypatch.setattr(step_timing, "time", Clock)
+    monkeypatch.setattr(train, "time", clock)
+    monkeypatch.setattr(step_timing, "time", clock)
     told: list[float] = []
     measure(Slow(), [(torch.tensor([i]), None) for i in range(30)], steps=5, warmup=1, batch_size=1, settle_s=0,
             paced=told.append)
