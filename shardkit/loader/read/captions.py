@@ -147,14 +147,32 @@ class CaptionTargets:
 
 def _check_rows(out: Any, n: int, where: str, name: str = "") -> None:
     """Refuse a ``text_transform`` result given as a list (or a mapping of lists) whose items are
-    not one per caption. Tensors, arrays and tuples are left alone: their layout is the
-    transform's own (sequence-first, offsets, a pair of parts)."""
+    not one per caption, and a tensor or array (or a mapping of them) of which no dimension is
+    one per caption, which cannot line up with the batch's images (a tokenizer's output cut to one
+    row: ``zeros(1, L)`` for 4 captions). Otherwise a tensor's layout is the transform's own
+    (batch-first, sequence-first, flat tokens beside offsets of ``n`` or ``n + 1``), and tuples
+    are left alone (a pair of parts)."""
     if isinstance(out, Mapping):
         for key, value in out.items():
             _check_rows(value, n, where, f"[{key!r}]")
+        shapes = [tuple(v.shape) for v in out.values() if _is_array(v)]
+        if shapes and n > 1 and not any(n in shape or n + 1 in shape for shape in shapes):
+            inside = f" in {name}" if name else ""
+            raise LoaderError(f"text_transform returned arrays of shapes {', '.join(map(str, shapes))}{inside} for a "
+                              f"batch of {n} captions: none has a dimension of one per caption", where=where)
     elif isinstance(out, list) and len(out) != n:
         raise LoaderError(f"text_transform returned a list of {len(out)}{' in ' + name if name else ''} for a batch "
                           f"of {n} captions: a list must give one item per caption, in order", where=where)
+    elif not name and _is_array(out) and n > 1 and n not in tuple(out.shape):
+        raise LoaderError(f"text_transform returned a tensor of shape {tuple(out.shape)} for a batch of {n} "
+                          f"captions: no dimension is one per caption (batch-first [{n}, L] or sequence-first "
+                          f"[L, {n}] lines up with the images)", where=where)
+
+
+def _is_array(value: Any) -> bool:
+    """A tensor or an array (anything with a ``shape`` tuple of ints and ``dtype``)."""
+    shape = getattr(value, "shape", None)
+    return hasattr(value, "dtype") and isinstance(shape, tuple)  # torch.Size is a tuple
 
 
 #: Per field asked for, in this process: samples read without it, or -1 once one had it or it was said.
