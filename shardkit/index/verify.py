@@ -342,12 +342,28 @@ def verify_dataset(
         try:
             _check_shard(store, entry, manifest, keys, report, decode)
         except ShardkitError as err:
-            report.problems.append(str(err))
+            report.problems.append(_unreadable(store, entry, err))
         report.shards_checked += 1
         if progress:
             progress(entry)
     report.unlisted = _unlisted(store, manifest)
     return report
+
+
+def _unreadable(store: Store, entry: ShardEntry, err: ShardkitError) -> str:
+    """Why ``entry``'s shard could not be read through: a tar that ended early in a shard shorter
+    than the manifest says is said as cut short (the tar's own hint, to append an end marker,
+    would make a damaged shard look whole), anything else as ``err`` says it."""
+    if not isinstance(err, FormatError):
+        return str(err)  # not a tar's fault: a FIFO, a device, a read error
+    try:
+        size = store.size(entry.url)
+    except ShardkitError:
+        return str(err)
+    if size >= entry.num_bytes:
+        return str(err)
+    return (f"{store.path(entry.url)}: {size:,} bytes, {INDEX_NAME} says {entry.num_bytes:,} (cut short): copy it "
+            "again from where it was packed, or pack the dataset again")
 
 
 def _unlisted(store: Store, manifest: Manifest) -> list[str]:

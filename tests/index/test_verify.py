@@ -24,12 +24,16 @@ def test_clean_dataset_verifies(packed):
     assert (report.shards_checked, report.samples_checked, report.images_decoded) == (3, 12, 12)
 
 
-def test_truncated_shard_is_named(packed):
+@pytest.mark.parametrize("cut", [1500, 1536])  # mid-header; at a block's end, as a copy stopped between blocks
+def test_truncated_shard_is_named_by_its_size_not_as_a_tar_to_mend(packed, cut):
+    """A shard cut short read as a tar without its end marker, and the hint to append one made a
+    damaged shard look whole: its size against the manifest's is said instead."""
     shard = packed / "shard-000001.tar"
-    shard.write_bytes(shard.read_bytes()[:1500])
+    whole = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[:cut])
     report = verify_dataset(str(packed))
-    assert not report.ok
-    assert any(str(shard) in p and "truncated" in p for p in report.problems), report.problems
+    assert report.problems == [f"{shard}: {cut:,} bytes, index.json says {whole:,} (cut short): copy it again from "
+                               "where it was packed, or pack the dataset again"]
 
 
 def test_tampered_bytes_give_a_hash_mismatch(packed):
