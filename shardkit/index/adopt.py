@@ -117,7 +117,7 @@ def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, 
             kind[0] = kind_of(fields)
         if kind[0] == "captions":
             if (problem := caption_problem(span.key, fields, where)) is not None:
-                odd.add("not_text", problem)
+                odd.add(*problem)
             continue
         label, name = label_of(span.key, fields, where, limit)
         if name is not None and labels.get(label) not in (None, name):

@@ -33,7 +33,7 @@ class Oddities:
     first named."""
 
     def __init__(self) -> None:
-        self.count: dict[str, int] = {"not_text": 0, "not_image": 0, "misnamed": 0}
+        self.count: dict[str, int] = {"not_text": 0, "empty_text": 0, "not_image": 0, "misnamed": 0}
         self.first: dict[str, str] = {}
 
     def add(self, kind: str, what: str) -> None:
@@ -51,6 +51,11 @@ class Oddities:
             log.warning("shardkit: %s %s not UTF-8 text (%s%s); indexed all the same: the loader replaces such "
                         "samples with others (on_error='replace'), and shardkit verify reports them as problems",
                         f"{n:,}", "caption is" if n == 1 else "captions are", self.first["not_text"], more(n))
+        n = self.count["empty_text"]
+        if n:
+            log.warning("shardkit: %s %s empty (%s%s); indexed all the same: the loader delivers %s as '' (shardkit "
+                        "pack skips an input without a caption)", f"{n:,}", "caption is" if n == 1 else "captions are",
+                        self.first["empty_text"], more(n), "it" if n == 1 else "them")
         n = self.count["not_image"]
         if n:
             log.warning("shardkit: %s %s no image (%s%s); indexed all the same: the loader replaces such samples "

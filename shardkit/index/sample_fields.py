@@ -39,10 +39,11 @@ def label_of(key: str, fields: dict[str, bytes], where: str, limit: int) -> tupl
     return label, name
 
 
-def caption_problem(key: str, fields: dict[str, bytes], where: str) -> str | None:
+def caption_problem(key: str, fields: dict[str, bytes], where: str) -> tuple[str, str] | None:
     """Check one captioned sample: a ``txt`` member, a ``json`` object if any. A caption that is
-    not UTF-8 text is returned (``SHARD:KEY (why)``), not refused: the loader replaces such a
-    sample as it does any damaged one, and one of them should not stop a whole dataset."""
+    not UTF-8 text (``"not_text"``) or holds none (``"empty_text"``: nothing, or only white
+    space, which ``shardkit pack`` skips) is returned with its place (``SHARD:KEY (why)``), not
+    refused: one of them should not stop a whole dataset."""
     here = f"{where}:{key}"
     if "txt" not in fields:
         raise FormatError(f"sample has no 'txt' member (has {sorted(fields)}); a captioned dataset needs a caption "
@@ -50,10 +51,10 @@ def caption_problem(key: str, fields: dict[str, bytes], where: str) -> str | Non
     if "json" in fields:
         json_object(fields, here)
     try:
-        fields["txt"].decode("utf-8")
+        text = fields["txt"].decode("utf-8")
     except UnicodeDecodeError as err:
-        return f"{here}: {err.reason} at byte {err.start}"
-    return None
+        return "not_text", f"{here}: {err.reason} at byte {err.start}"
+    return ("empty_text", here) if not text.strip() else None
 
 
 def json_object(fields: dict[str, bytes], here: str) -> dict[str, Any]:

@@ -79,3 +79,23 @@ def test_a_caption_that_is_not_utf8_is_indexed_said_and_replaced_by_the_loader(
     with ShardLoader(str(tmp_path / "wds"), batch_size=4, keys=True, shuffle=False) as loader:
         [(_images, texts, keys)] = list(loader)
     assert "000010000" not in keys and len(texts) == 4 and loader.stats.replaced == 1
+
+
+def test_an_empty_caption_is_indexed_and_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An adopted sample whose txt holds nothing (or only white space) was indexed and delivered
+    as '' without a word, where pack skips such an input."""
+    import logging
+
+    img2dataset_shards(tmp_path / "wds", shards=1)
+    with tarfile.open(tmp_path / "wds" / "00001.tar", "w") as tar:
+        for key, caption in (("000010000", b" \n"), ("000010001", b""), ("000010002", b"a dog")):
+            for name, data in ((f"{key}.jpg", encode_image()), (f"{key}.txt", caption)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        manifest = adopt_shards(str(tmp_path / "wds"))
+    assert manifest.num_samples == 6
+    assert [r.getMessage() for r in caplog.records] == [
+        f"shardkit: 2 captions are empty ({tmp_path / 'wds'}/00001.tar:000010000, and 1 more); indexed all the same: "
+        "the loader delivers them as '' (shardkit pack skips an input without a caption)"]
