@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from shardkit.errors import SourceError
@@ -27,4 +28,4 @@ def open_files(root: str, storage_options: dict[str, Any] | None = None) -> File
         raise SourceError(typo)
     if is_remote(root):
         return RemoteFiles(root, storage_options)
-    return LocalFiles(root)
+    return LocalFiles(os.path.expanduser(root))  # "~/data", as torchvision's ImageFolder takes it

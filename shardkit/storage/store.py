@@ -47,9 +47,11 @@ class Store:
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.remote = is_remote(url)
+        if not self.remote:
+            url = os.path.expanduser(url)  # "~/data", as torchvision's datasets take a root
         self.url = url.rstrip("/") if url not in ("/", "") else url
         self.storage_options = dict(storage_options or {})
-        self.remote = is_remote(url)
         if not self.remote and (typo := url_typo(url)):
             raise StorageError(typo)
         if self.remote and (problem := _remote.check_options(url.split("://", 1)[0], self.storage_options)):

@@ -438,3 +438,22 @@ def test_a_subclass_passing_its_keywords_on_still_gets_the_loader_s_hints(packed
                                         r"'num_workers'\?\)$"):
         Folder(str(packed), num_worker=2)
     Folder(str(packed), num_workers=0, persistent_workers=False).close()
+
+
+def test_a_path_under_the_home_folder_is_taken_as_torchvision_takes_it(packed: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ShardLoader("~/data")`` (a path from a config file, or quoted) said "does not exist"."""
+    import shutil
+
+    from shardkit.pack import pack
+    from tests.conftest import encode_image
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(packed, tmp_path / "ds")
+    with ShardLoader("~/ds", batch_size=8) as loader:
+        assert len(loader) == 9 and loader.manifests[0].num_samples == 69
+    source = tmp_path / "tree" / "a"
+    source.mkdir(parents=True)
+    (source / "x.jpg").write_bytes(encode_image())
+    assert pack("~/tree", "~/packed", workers=1).manifest.num_samples == 1
+    assert (tmp_path / "packed" / "index.json").exists()
