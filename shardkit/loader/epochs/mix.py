@@ -57,6 +57,9 @@ def check_weights(weights: Iterable[object], count: int, names: Sequence[str]) -
         raise LoaderError(f"weights has {len(weights)} entries for {count} datasets; give one per dataset")
     out = []
     for name, w in zip(names, weights, strict=True):
+        item = getattr(w, "item", None)
+        if getattr(w, "ndim", None) == 0 and callable(item):
+            w = item()  # an element of a tensor or array of weights (torch.tensor([0.7, 0.3]))
         weight = _weight(w)
         if weight is None:
             shown = f"an integer of {int(w).bit_length()} bits" if isinstance(w, Integral) and abs(int(w)) >> 64 else w

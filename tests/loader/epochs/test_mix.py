@@ -288,3 +288,15 @@ def test_the_state_records_the_mix_and_validates_it():
             LoaderState.from_dict({**state, "mix": bad})
     check_compatible(LoaderState.from_dict(state), seed=SEED, num_samples=20, shards_digest=state["shards_digest"],
                      shuffle=True, window=3, mix=m.record())
+
+
+def test_weights_given_as_a_tensor_or_an_array_are_their_numbers():
+    """``weights=torch.tensor([0.7, 0.3])`` was refused as "must be a positive finite number, got
+    tensor(0.7000)", a positive finite number."""
+    import numpy as np
+    import torch
+
+    want = epoch_quotas([10, 10], [3, 1])
+    assert epoch_quotas([10, 10], torch.tensor([3.0, 1.0])) == epoch_quotas([10, 10], np.array([3, 1])) == want
+    with pytest.raises(LoaderError, match=r"weight of dataset 1 must be a positive finite number, got -1.0"):
+        epoch_quotas([10, 10], torch.tensor([1.0, -1.0]))
