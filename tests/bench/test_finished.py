@@ -35,8 +35,9 @@ def _stopped_after(runs: int, monkeypatch: pytest.MonkeyPatch,
     asked: list[str] = []
     rates: Iterator[float] = iter(range(10, 1000, 10))
 
-    def in_fresh_process(_work: Any, _cfg: Any, name: str, _classes: int, *, what: str,
+    def in_fresh_process(_work: Any, _cfg: Any, name: str, _classes: int, first: bool, *, what: str,
                          answered: Callable[[TrainRun], object]) -> TrainRun:
+        assert first == (not asked)  # the bench's first run says how long it will take
         asked.append(name)
         if len(asked) > runs and not answered_first:
             raise interrupt or KeyboardInterrupt()
