@@ -37,6 +37,7 @@ from shardkit._compat import (
     dataloader_next_code,
     dataloader_workers,
     install_torch_sigchld_handler,
+    persistent_iterator,
     state_without_iterator,
 )
 from shardkit.errors import LoaderError
@@ -199,6 +200,8 @@ class WatchedLoader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._raise_deferred()
+        if persistent_iterator(self) is not None:  # its workers run: no start to guard, and Ctrl-C
+            return _Watched(super().__iter__(), self)  # must reach a wait for them at once
         # workers started now inherit SIGINT blocked (through fork and exec) until they ignore it
         # (shardkit.loader.run.workers): a terminal's Ctrl-C, sent to the whole process group, as
         # they start killed them; one meant for this process arrives when it is unblocked here
