@@ -669,7 +669,8 @@ class ShardLoader:
             return
         left = None
         if self._iterations:
-            forked = self._pid != os.getpid()  # its workers are another process's (a rank forked after the look)
+            # its workers or feeders are another process's (a rank forked after the look)
+            forked = self._pid != os.getpid() and (self.num_workers > 0 or self._supply.feeders > 0)
             if self._open or built[1] > 1 or forked:
                 raise LoaderError(f"this loader iterated as rank {built[0]} of {built[1]}, but this process is now "
                                   f"rank {live[0]} of {live[1]}"

@@ -452,6 +452,11 @@ def test_a_path_under_the_home_folder_is_taken_as_torchvision_takes_it(packed: P
     shutil.copytree(packed, tmp_path / "ds")
     with ShardLoader("~/ds", batch_size=8) as loader:
         assert len(loader) == 9 and loader.manifests[0].num_samples == 69
+    from shardkit.loader.read.datasets import open_datasets
+
+    served = open_datasets("~/ds", absolute=True, weights=None, disjoint_labels=False, storage_options=None,
+                           cache_dir=str(tmp_path / "cache"))  # as ShardLoader(service=...) opens it
+    assert served.parts[0].store.url == str(tmp_path / "ds")
     source = tmp_path / "tree" / "a"
     source.mkdir(parents=True)
     (source / "x.jpg").write_bytes(encode_image())

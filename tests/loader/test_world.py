@@ -206,7 +206,7 @@ def rank(loader, queue):
     except LoaderError as err:
         queue.put(f"LoaderError: {err}")
 
-loader = ShardLoader(sys.argv[1], batch_size=8, num_workers=2)
+loader = ShardLoader(sys.argv[1], batch_size=8, num_workers=int(sys.argv[2]))
 next(iter(loader))  # a look, with workers, before the ranks are forked (Lightning's ddp_fork)
 ctx = mp.get_context("fork")
 queue = ctx.Queue()
@@ -218,18 +218,24 @@ print("parent took", sum(1 for _ in loader), "of", len(loader))
 """
 
 
-def test_a_rank_forked_after_a_look_with_workers_is_refused_and_leaves_the_parent_whole(packed: Path) -> None:
+@pytest.mark.parametrize("workers", [2, 0])
+def test_a_rank_forked_after_a_look_with_workers_is_refused_and_leaves_the_parent_whole(packed: Path,
+                                                                                        workers: int) -> None:
     """A rank forked from the process that looked has that process's workers: laying it out anew
     shut them down from the child ("can only join a child process") and broke the parent's next
-    loop. The child is refused in one line; the parent goes on."""
+    loop. The child is refused in one line; the parent goes on. Without workers there is nothing
+    to share: the child reads its rank's share."""
     import subprocess
     import sys
 
     env = {k: v for k, v in __import__("os").environ.items() if k not in LAUNCHER}
-    run = subprocess.run([sys.executable, "-c", _FORKED_RANK, str(packed)], capture_output=True, text=True,
-                         timeout=180, env=env)
+    run = subprocess.run([sys.executable, "-c", _FORKED_RANK, str(packed), str(workers)], capture_output=True,
+                         text=True, timeout=180, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     first, second = run.stdout.splitlines()
-    assert first.startswith("LoaderError: this loader iterated as rank 0 of 1, but this process is now rank 1 of 2, "
-                            "forked from process "), first
+    if workers:
+        assert first.startswith("LoaderError: this loader iterated as rank 0 of 1, but this process is now rank 1 "
+                                "of 2, forked from process "), first
+    else:
+        assert first == "rank 1 took 5 batches"
     assert second == "parent took 9 of 9"

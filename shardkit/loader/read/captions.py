@@ -147,19 +147,15 @@ class CaptionTargets:
 
 def _check_rows(out: Any, n: int, where: str, name: str = "") -> None:
     """Refuse a ``text_transform`` result given as a list (or a mapping of lists) whose items are
-    not one per caption, and a tensor or array (or a mapping of them) of which no dimension is
-    one per caption, which cannot line up with the batch's images (a tokenizer's output cut to one
-    row: ``zeros(1, L)`` for 4 captions). Otherwise a tensor's layout is the transform's own
-    (batch-first, sequence-first, flat tokens beside offsets of ``n`` or ``n + 1``), and tuples
-    are left alone (a pair of parts)."""
+    not one per caption, and a tensor or array returned alone of which no dimension is one per
+    caption, which cannot line up with the batch's images (a tokenizer's output cut to one row:
+    ``zeros(1, L)`` for 4 captions). Otherwise a tensor's layout is the transform's own
+    (batch-first or sequence-first; in a mapping, also flat tokens beside offsets, or a
+    tokenizer's overflow rows beside their mapping to captions), and tuples are left alone (a
+    pair of parts)."""
     if isinstance(out, Mapping):
         for key, value in out.items():
             _check_rows(value, n, where, f"[{key!r}]")
-        shapes = [tuple(v.shape) for v in out.values() if _is_array(v)]
-        if shapes and n > 1 and not any(n in shape or n + 1 in shape for shape in shapes):
-            inside = f" in {name}" if name else ""
-            raise LoaderError(f"text_transform returned arrays of shapes {', '.join(map(str, shapes))}{inside} for a "
-                              f"batch of {n} captions: none has a dimension of one per caption", where=where)
     elif isinstance(out, list) and len(out) != n:
         raise LoaderError(f"text_transform returned a list of {len(out)}{' in ' + name if name else ''} for a batch "
                           f"of {n} captions: a list must give one item per caption, in order", where=where)

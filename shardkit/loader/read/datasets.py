@@ -84,7 +84,7 @@ def open_datasets(dataset: str | Sequence[str], *, weights: Iterable[object] | N
     """
     urls = _urls(dataset)
     if absolute:
-        urls = tuple(url if "://" in url else os.path.abspath(url) for url in urls)
+        urls = tuple(url if "://" in url else os.path.abspath(os.path.expanduser(url)) for url in urls)
     stores = [locate_dataset(url, storage_options) for url in urls]
     manifests = tuple(read_manifest(store, cache_dir=cache_dir) for store in stores)
     if len(urls) == 1:
