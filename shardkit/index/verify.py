@@ -342,7 +342,7 @@ def verify_dataset(
         try:
             _check_shard(store, entry, manifest, keys, report, decode)
         except ShardkitError as err:
-            report.problems.append(_unreadable(store, entry, err))
+            report.problems.append(_unreadable(store, entry, err, adopted=manifest.adopted))
         report.shards_checked += 1
         if progress:
             progress(entry)
@@ -350,7 +350,7 @@ def verify_dataset(
     return report
 
 
-def _unreadable(store: Store, entry: ShardEntry, err: ShardkitError) -> str:
+def _unreadable(store: Store, entry: ShardEntry, err: ShardkitError, *, adopted: bool = False) -> str:
     """Why ``entry``'s shard could not be read through: a tar that ended early in a shard shorter
     than the manifest says is said as cut short (the tar's own hint, to append an end marker,
     would make a damaged shard look whole), anything else as ``err`` says it."""
@@ -362,8 +362,9 @@ def _unreadable(store: Store, entry: ShardEntry, err: ShardkitError) -> str:
         return str(err)
     if size >= entry.num_bytes:
         return str(err)
+    where_from = "it was written" if adopted else "it was packed"
     return (f"{store.path(entry.url)}: {size:,} bytes, {INDEX_NAME} says {entry.num_bytes:,} (cut short): copy it "
-            "again from where it was packed, or pack the dataset again")
+            f"again from where {where_from}, or {'index' if adopted else 'pack'} the dataset again")
 
 
 def _unlisted(store: Store, manifest: Manifest) -> list[str]:
