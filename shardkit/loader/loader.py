@@ -671,14 +671,18 @@ class ShardLoader:
         if self._iterations:
             # its workers or feeders are another process's (a rank forked after the look)
             forked = self._pid != os.getpid() and (self.num_workers > 0 or self._supply.feeders > 0)
-            if self._open or built[1] > 1 or forked:
+            if self._open:
+                why = " while an iteration was open: end it (or let it go) before the process group starts"
+            elif forked:
+                why = (f", forked from process {self._pid} whose workers it has: build the loader after the ranks "
+                       "start, or do not iterate it before")
+            elif built[1] > 1:
+                why = ": build the loader after init_process_group, or pass rank= and world_size="
+            else:
+                why = ""  # iterated alone, in this process: laid out anew below
+            if why:
                 raise LoaderError(f"this loader iterated as rank {built[0]} of {built[1]}, but this process is now "
-                                  f"rank {live[0]} of {live[1]}"
-                                  + (" while an iteration was open: end it (or let it go) before the process group "
-                                     "starts" if self._open else
-                                     f", forked from process {self._pid} whose workers it has: build the loader "
-                                     "after the ranks start, or do not iterate it before" if forked else
-                                     ": build the loader after init_process_group, or pass rank= and world_size="))
+                                  f"rank {live[0]} of {live[1]}{why}")
             # iterated alone, before the group: its workers were laid out for one rank
             self._supply.close()
             if self._left_mid_epoch:  # where it broke off, for a state_dict() taken before the next iteration
