@@ -80,7 +80,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -95,7 +94,7 @@ from shardkit.bench.harness import alternating_order, quiet_worker_count, settle
 from shardkit.bench.isolate import in_fresh_process
 from shardkit.bench.report import counted, created
 from shardkit.bench.step_timing import Step, gpu_times, run_steps
-from shardkit.bench.train_report import against_best_dali, format_train_table, summarise, with_feeders
+from shardkit.bench.train_report import against_best_dali, format_train_table, say_if_long, summarise, with_feeders
 from shardkit.bench.train_step import TrainStep
 from shardkit.loader.feed.cuda_sync import sleep_while_waiting
 from shardkit.loader.run.forks import freeze_forked_children
@@ -356,31 +355,6 @@ def run_one(cfg: TrainBenchConfig, name: str, classes: int, first: bool = False)
         return measure(step, loader, steps=cfg.steps, warmup=cfg.warmup, batch_size=cfg.batch_size,
                        settle_s=cfg.settle_s,
                        paced=functools.partial(say_if_long, len(cfg.contenders) * cfg.repeats) if first else None)
-
-
-#: A run projected to take longer than this is said before it goes on (a CPU step, a large model).
-LONG_RUN_S = 60.0
-
-
-def say_if_long(runs: int, seconds: float) -> None:
-    """Say on stderr, where the bench's first run takes at least ``seconds`` (over
-    :data:`LONG_RUN_S`), how long its ``runs`` runs take and what sets that: a bench of a step on
-    the CPU ran for hours without a word."""
-    if seconds > LONG_RUN_S:
-        each = f", each at least {_duration(seconds)}" if runs > 1 else ""
-        print(f"bench: its {runs} run{'s' * (runs > 1)} take at least {_duration(seconds * runs)}{each} (--steps, "
-              "--warmup, --repeats, --model, --size and --batch-size set it)", file=sys.stderr, flush=True)
-
-
-def _duration(seconds: float) -> str:
-    """``seconds`` as a person says it: ``45 s``, ``12 min``, ``2.5 h``.
-
-    >>> _duration(45), _duration(720), _duration(9000)
-    ('45 s', '12 min', '2.5 h')
-    """
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def run_train_bench(cfg: TrainBenchConfig, *, after_run: Callable[[str, int, TrainRun], None] | None = None

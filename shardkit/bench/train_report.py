@@ -4,6 +4,7 @@ one row per loader, median (min–max) over the repetitions, in a terminal's wid
 from __future__ import annotations
 
 import statistics
+import sys
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
@@ -15,7 +16,7 @@ from shardkit.bench.report import counted, spread
 if TYPE_CHECKING:
     from shardkit.bench.train import TrainRun
 
-__all__ = ["HOST_BOUND", "against_best_dali", "format_train_table", "rate", "summarise", "train_table",
+__all__ = ["HOST_BOUND", "against_best_dali", "format_train_table", "rate", "say_if_long", "summarise", "train_table",
            "trial_note", "with_feeders"]
 
 #: A step whose GPU time is under this share of its wall time is called host-bound in the table.
@@ -203,3 +204,28 @@ def format_train_table(report: dict[str, Any], width: int | None = None) -> str:
              f"channels_last, {'torch.compile' if cfg['compile'] else 'eager'}, {counted(cfg['workers'], 'worker')}, "
              f"{counted(cfg['steps'], 'timed step')} x {counted(cfg['repeats'], 'run')} on {cfg['device']}")
     return train_table(title, report["results"], cfg["batch_size"], width, report.get("interrupted"))
+
+
+#: A run projected to take longer than this is said before it goes on (a CPU step, a large model).
+LONG_RUN_S = 60.0
+
+
+def say_if_long(runs: int, seconds: float) -> None:
+    """Say on stderr, where the bench's first run takes at least ``seconds`` (over
+    :data:`LONG_RUN_S`), how long its ``runs`` runs take and what sets that: a bench of a step on
+    the CPU ran for hours without a word."""
+    if seconds > LONG_RUN_S:
+        each = f", each at least {_duration(seconds)}" if runs > 1 else ""
+        print(f"bench: its {runs} run{'s' * (runs > 1)} take at least {_duration(seconds * runs)}{each} (--steps, "
+              "--warmup, --repeats, --model, --size and --batch-size set it)", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a person says it: ``45 s``, ``12 min``, ``2.5 h``.
+
+    >>> _duration(45), _duration(720), _duration(9000)
+    ('45 s', '12 min', '2.5 h')
+    """
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

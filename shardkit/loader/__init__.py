@@ -3,7 +3,8 @@
 Layout (dependencies point one way, downwards):
 
 - :mod:`~shardkit.loader.loader`: :class:`ShardLoader`, the epoch, its position and state
-  (:mod:`~shardkit.loader.arguments`: its arguments checked);
+  (:mod:`~shardkit.loader.arguments`: its arguments checked; :mod:`~shardkit.loader.habits`:
+  other libraries' arguments taken or refused);
 - :mod:`~shardkit.loader.feed.pool`: the route's host half in processes of its own (``feeders``),
   handing batches over through shared device memory (:mod:`~shardkit.loader.feed.process`: a
   feeder's side);

@@ -15,16 +15,12 @@ import torch
 from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
 from shardkit.loader.arguments import (
-    DataLoaderArgs,
     as_device,
     as_int,
     caption_targets,
     check_arguments,
-    check_call,
-    check_dataloader_args,
     check_service,
     feeder_count,
-    init_signature,
     plain_int,
     say_if_no_batch,
     worker_count,
@@ -37,6 +33,7 @@ from shardkit.loader.feed.pool import FeederPool, FeederSpec
 from shardkit.loader.feed.supply import Batches, Supply
 from shardkit.loader.feed.trial import PaceTrial
 from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, check_accelerate_world, seen_by_accelerate
+from shardkit.loader.habits import DataLoaderArgs, check_call, check_dataloader_args, init_signature
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
 from shardkit.loader.read.captions import TextTransform
 from shardkit.loader.read.datasets import open_datasets
@@ -182,7 +179,7 @@ class ShardLoader:
             ``batch_sampler``, ``generator``, ``worker_init_fn`` and ``multiprocessing_context``
             at None, ``timeout=0``, ``in_order=True``, ``prefetch_factor`` None or ``prefetch``'s
             value. Any other value is refused (``TypeError``) with what to write instead
-            (:class:`~shardkit.loader.arguments.DataLoaderArgs`).
+            (:class:`~shardkit.loader.habits.DataLoaderArgs`).
 
     Mixing (:mod:`shardkit.loader.epochs.mix`): an epoch has ``L`` samples, the datasets' total, of which
     dataset ``i`` supplies ``L * w_i / sum(w)`` (largest-remainder rounding, so they sum to ``L``):

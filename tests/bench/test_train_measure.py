@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from shardkit.bench import step_timing, train
+from shardkit.bench import step_timing, train, train_report
 from shardkit.bench.train import TrainStep, measure
 
 
@@ -201,8 +201,8 @@ def test_a_long_run_is_said_with_its_and_the_bench_s_length(monkeypatch: pytest.
     measure(Slow(), [(torch.tensor([i]), None) for i in range(30)], steps=5, warmup=1, batch_size=1, settle_s=0,
             paced=told.append)
     assert told == [pytest.approx(2.0 * (3 * (1 + 5) + 5))]  # two synthetic runs, the lead-in, the fed run
-    train.say_if_long(6, 2.0 * (3 * 110 + 100))
+    train_report.say_if_long(6, 2.0 * (3 * 110 + 100))
     assert capsys.readouterr().err == ("bench: its 6 runs take at least 86 min, each at least 14 min (--steps, "
                                        "--warmup, --repeats, --model, --size and --batch-size set it)\n")
-    train.say_if_long(6, 59.0)
+    train_report.say_if_long(6, 59.0)
     assert capsys.readouterr().err == ""
