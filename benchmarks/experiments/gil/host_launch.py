@@ -9,17 +9,23 @@ millisecond of the step's wall time. This script times, in one process and in al
 rounds, the step on one fixed batch (*synthetic*) and fed by ShardLoader at each ``--workers``
 count: wall time per step, host time inside the step's call (*launch*), time in ``next``
 (*wait*), and the device time of the step alone (CUDA events around a synchronised step).
+``--switch-intervals`` repeats each fed row under other values of ``sys.setswitchinterval``
+(how long a thread that wants the GIL waits before it asks the holder to drop it; Python's
+default is 5 ms), set while that row's loader runs.
 
 Usage (from the repository root)::
 
     python -m benchmarks.experiments.gil.host_launch /tmp/shards --model resnet50 --size 224 \\
         --workers 16,8 --feeders 0
+    python -m benchmarks.experiments.gil.host_launch /tmp/shards --model resnet18 --size 176 \\
+        --workers 16 --feeders 0,3,4 --switch-intervals 0.0005 --steps 150 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -70,23 +76,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", default="16,8", help="worker counts, comma-separated")
-    parser.add_argument("--feeders", default="0", help="auto or a count")
+    parser.add_argument("--feeders", default="0", help="auto or counts, comma-separated: each a fed row")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--switch-intervals", default="",
+                        help="seconds, comma-separated: each fed row again under each (e.g. 0.0005,0.0001)")
     args = parser.parse_args(argv)
+    default_interval = sys.getswitchinterval()
+    intervals = [default_interval] + [float(x) for x in args.switch_intervals.split(",") if x]
     device = torch.device("cuda")
     step = TrainStep(args.model, 1000, device)
     transform = transforms.imagenet_train(args.size, normalize=True, dtype=torch.bfloat16, channels_last=True)
-    feeders: int | str = args.feeders if args.feeders == "auto" else int(args.feeders)
+    feeder_counts: list[int | str] = [f if f == "auto" else int(f) for f in args.feeders.split(",")]
     counts = [int(w) for w in args.workers.split(",")]
 
-    def loader_of(workers: int) -> ShardLoader:
+    def loader_of(workers: int, feeders: int | str) -> ShardLoader:
         loader = ShardLoader(args.shards, batch_size=args.batch_size, transform=transform, num_workers=workers,
                              device=device, drop_last=True, feeders=feeders)
         loader.wait_for_feeders()
         return loader
 
-    first = loader_of(counts[0])  # the fixed batch: the loader's own first one
+    first = loader_of(counts[0], feeder_counts[0])  # the fixed batch: the loader's own first one
     fixed = step.clone(step.to_device(next(iter(first))))
     first.close()
 
@@ -94,30 +104,40 @@ def main(argv: list[str] | None = None) -> None:
         while True:
             yield fixed
 
-    rows: dict[str, list[tuple[float, float, float]]] = {"synthetic": [], **{f"fed, {w} workers": [] for w in counts}}
+    def label(workers: int, feeders: int | str, interval: float) -> str:
+        return (f"fed, {workers} workers" + ("" if len(feeder_counts) == 1 else f", {feeders} feeders")
+                + ("" if interval == default_interval else f", {interval * 1e3:g} ms"))
+
+    fed_rows = {label(w, f, i): (w, f, i) for w in counts for f in feeder_counts for i in intervals}
+    rows: dict[str, list[tuple[float, float, float]]] = {"synthetic": [], **{name: [] for name in fed_rows}}
     for r in range(args.rounds):
         for name in (list(rows) if r % 2 == 0 else list(rows)[::-1]):
             if name == "synthetic":
                 timed(step, repeat(), args.steps // 3)
                 rows[name].append(timed(step, repeat(), args.steps))
                 continue
-            loader = loader_of(int(name.split(", ")[1].split()[0]))
-            fed = map(step.to_device, forever(loader))
-            timed(step, fed, args.steps + 12)  # the lead-in: compiles, drains what the loader buffered
-            while not loader.settled:
-                timed(step, fed, 1)
-            rows[name].append(timed(step, fed, args.steps))
-            loader.close()
+            workers, feeders, interval = fed_rows[name]
+            sys.setswitchinterval(interval)
+            try:
+                loader = loader_of(workers, feeders)
+                fed = map(step.to_device, forever(loader))
+                timed(step, fed, args.steps + 12)  # the lead-in: compiles, drains what the loader buffered
+                while not loader.settled:
+                    timed(step, fed, 1)
+                rows[name].append(timed(step, fed, args.steps))
+                loader.close()
+            finally:
+                sys.setswitchinterval(default_interval)
     print(f"{args.model} @{args.size}, batch {args.batch_size}, feeders {args.feeders}, "
           f"{torch.cuda.get_device_name(0)}; the step alone on the device: {device_ms(step, fixed):.1f} ms")
-    print(f"{'':<20} {'wall ms':>16} {'launch ms':>16} {'wait ms':>14} {'img/s':>8}")
+    print(f"{'':<36} {'wall ms':>16} {'launch ms':>16} {'wait ms':>14} {'img/s':>8}")
     for name, runs in rows.items():
         cols = []
         for i in range(3):
             values = [run[i] for run in runs]
             cols.append(f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})")
         rate = args.batch_size * 1e3 / statistics.median(run[0] for run in runs)
-        print(f"{name:<20} {cols[0]:>16} {cols[1]:>16} {cols[2]:>14} {rate:8,.0f}")
+        print(f"{name:<36} {cols[0]:>16} {cols[1]:>16} {cols[2]:>14} {rate:8,.0f}")
 
 if __name__ == "__main__":
     main()
