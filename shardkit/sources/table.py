@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import posixpath
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,12 +107,18 @@ def read_table(path: str, storage_options: dict[str, Any] | None = None) -> Any:
             table = pa_json.read_json(io.BytesIO(raw))
         else:  # every CSV column read as text: a caption "1984" stays a caption, a path stays a path
             delimiter = "\t" if fmt == "tsv" else ","
-            with pa_csv.open_csv(io.BytesIO(raw), parse_options=pa_csv.ParseOptions(delimiter=delimiter)) as head:
+            # a quoted caption may span lines: without newlines_in_values pyarrow cuts its blocks
+            # (1 MB) at any newline, and a row cut inside such a caption fails to parse or, if the
+            # parts look like rows, is read as two wrong rows
+            parse = pa_csv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+            with pa_csv.open_csv(io.BytesIO(raw), parse_options=parse) as head:
                 names = head.schema.names
             table = pa_csv.read_csv(
-                io.BytesIO(raw), parse_options=pa_csv.ParseOptions(delimiter=delimiter),
+                io.BytesIO(raw), parse_options=parse,
                 convert_options=pa_csv.ConvertOptions(column_types={n: pa.string() for n in names},
                                                       strings_can_be_null=False))
+            if table.num_rows and (unclosed := _unclosed_quote(raw, delimiter, table)):
+                raise SourceError(f"cannot parse the {fmt} table ({unclosed})", where=path)
     except (pa.ArrowInvalid, OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if fmt == "jsonl":  # pyarrow's rows count from 0, and a cut line reads as a type change
@@ -283,6 +290,47 @@ def _not_utf8(raw: bytes) -> str | None:
         newline = b"\n" if b"\n" in raw else b"\r"  # old Mac files end lines with CR alone
         line = raw.count(newline, 0, err.start) + 1
         return f"not UTF-8 text: line {line} has the byte 0x{raw[err.start]:02x}; save the table as UTF-8"
+    return None
+
+
+def _unclosed_quote(raw: bytes, delimiter: str, table: Any) -> str | None:
+    """Where a quoted cell of a CSV or TSV table opens and never closes, or None.
+
+    pyarrow, like Python's ``csv``, reads such a cell to the end of the file: the rows after it
+    become one caption. A cell can only run to the end of the file in the last row, so the file
+    is scanned only when a cell of that row spans lines.
+
+    Example:
+        >>> _unclosed_quote(b'image,caption\\na.jpg,"a cat\\nb.jpg,a dog\\n', ",", None)
+        'line 2: a quoted cell opens and never closes (a stray " ?); the lines after it would be read as its text'
+        >>> _unclosed_quote(b'image,caption\\na.jpg,"two\\nlines"\\nb.jpg,a ""dog""\\n', ",", None) is None
+        True
+    """
+    if table is not None:
+        last = table.slice(table.num_rows - 1).to_pylist()[0]
+        if not any(isinstance(v, str) and ("\n" in v or "\r" in v) for v in last.values()):
+            return None
+    text = raw.decode("utf-8", errors="replace")
+    ends = re.compile(f"[{re.escape(delimiter)}\r\n]")
+    i, n = 0, len(text)
+    while i < n:  # i is at the start of a cell
+        if text[i] == '"':
+            j = i + 1
+            while True:
+                j = text.find('"', j)
+                if j < 0:
+                    line = text.count("\n" if "\n" in text else "\r", 0, i) + 1  # lines may end in CR alone
+                    return (f'line {line}: a quoted cell opens and never closes (a stray " ?); '
+                            "the lines after it would be read as its text")
+                if text.startswith('"', j + 1):  # "" inside a quoted cell
+                    j += 2
+                    continue
+                break
+            i = j + 1
+        end = ends.search(text, i)
+        if end is None:
+            return None
+        i = end.end()
     return None
 
 

@@ -347,6 +347,39 @@ def test_a_csv_that_is_not_utf8_keeps_a_parse_error_of_its_own(tmp_path: Path) -
     assert result.exit_code == 1 and "Expected 2 columns, got 3: a.jpg,a,extra" in result.output, result.output
 
 
+def test_captions_that_span_lines_are_read_whole_in_a_table_of_many_blocks(tmp_path: Path) -> None:
+    """pyarrow reads a CSV in 1 MB blocks cut at newlines unless told that values hold newlines:
+    a 6 MB table of two-line captions failed to parse ("Expected 2 columns, got 1")."""
+    from shardkit.sources import scan_caption_table
+
+    (tmp_path / "a.jpg").write_bytes(encode_image((8, 8)))
+    rows = [{"image": "a.jpg", "caption": f"caption {i} of many words\nits second line, with a comma {i}"}
+            for i in range(120_000)]
+    table = _write("csv", tmp_path / "pairs.csv", rows)
+    assert table.stat().st_size > 6 * 2**20
+    listing = scan_caption_table(str(table))
+    assert len(listing.samples) == len(rows)
+    assert listing.samples[77_777].caption == rows[77_777]["caption"]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_a_quote_that_never_closes_is_refused_with_its_line(tmp_path: Path, newline: str) -> None:
+    """The rows after a stray quote were packed as one caption, without a word."""
+    (tmp_path / "a.jpg").write_bytes(encode_image((8, 8)))
+    lines = ["image,caption", 'a.jpg,"a ""quoted"" word"', 'a.jpg,"a cat', "a.jpg,a dog", "a.jpg,a bird", ""]
+    (tmp_path / "pairs.csv").write_text(newline.join(lines), encoding="utf-8", newline="")
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "pairs.csv"), str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (f"error: {tmp_path / 'pairs.csv'}: cannot parse the csv table (line 3: a quoted "
+                                     'cell opens and never closes (a stray " ?); the lines after it would be read '
+                                     "as its text)"), result.output
+    assert not (tmp_path / "out").exists()
+    lines[2] += '"'  # closed: three rows, the last caption spanning no line
+    (tmp_path / "pairs.csv").write_text(newline.join(lines), encoding="utf-8", newline="")
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "pairs.csv"), str(tmp_path / "out")])
+    assert result.exit_code == 0 and "samples   4" in result.output, result.output
+
+
 def test_an_images_root_that_is_no_folder_or_holds_none_of_the_images_is_refused_before_packing(
         tmp_path: Path) -> None:
     """Each row was a skipped input ("unreadable file"), then "packed no sample"."""
