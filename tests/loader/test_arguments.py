@@ -138,10 +138,29 @@ def test_a_pil_only_transform_is_told_what_it_is_given(packed: Path, workers: in
     import torchvision.transforms as tvt
 
     pil_only = tvt.Compose([tvt.RandomResizedCrop(32), tvt.ToTensor()])
+    said = r"it has ToTensor\), and shardkit gives it each image as a uint8 \[3, H, W\] tensor: put torchvision"
     with (ShardLoader(str(packed), batch_size=4, num_workers=workers, transform=pil_only) as loader,
-          pytest.raises(LoaderError, match=r"uint8 \[3, H, W\] tensor: use torchvision.transforms.v2") as info):
+          pytest.raises(LoaderError, match=said + r".transforms.v2.ToPILImage\(\) first") as info):
         next(iter(loader))
     assert ".tar:" in info.value.where and "Traceback" not in str(info.value)
+
+
+def test_timms_create_transform_is_told_to_take_a_pil_image_first(packed: Path) -> None:
+    """timm's pipeline passes a tensor through its MaybeToTensor, and torchvision's Normalize
+    refused the uint8 tensor ("Input tensor should be a float tensor") with no word of PIL; put
+    ToPILImage first, as the error says, and it runs."""
+    timm_data = pytest.importorskip("timm.data")
+    from torchvision.transforms import v2
+
+    timm_train = timm_data.create_transform(32, is_training=True)
+    with (ShardLoader(str(packed), batch_size=4, num_workers=0, transform=timm_train) as loader,
+          pytest.raises(LoaderError, match=r"takes PIL images \(it has MaybeToTensor\).*ToPILImage\(\) first "
+                                           r"\(timm's create_transform too\).*float tensor")):
+        next(iter(loader))
+    with ShardLoader(str(packed), batch_size=4, num_workers=0,
+                     transform=v2.Compose([v2.ToPILImage(), timm_train])) as loader:
+        images, _ = next(iter(loader))
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
 
 
 def _raise_on_wide(image: Any) -> Any:

@@ -32,6 +32,29 @@ from shardkit.transforms.rng import seeded
 __all__ = ["CpuBatch", "CpuBatchBuilder"]
 
 
+#: Steps of a transform pipeline written for PIL images: torchvision's ``ToTensor`` and
+#: ``PILToTensor``, timm's ``MaybeToTensor`` and ``MaybePILToTensor`` (which pass a tensor through
+#: as it is, so a uint8 tensor reaches a ``Normalize`` that wants floats).
+PIL_STEPS = frozenset({"ToTensor", "PILToTensor", "MaybeToTensor", "MaybePILToTensor"})
+
+
+def pil_step(transform: Any) -> str | None:
+    """The name of the first step of ``transform`` (a ``Compose``, nested ones too) written for
+    PIL images (:data:`PIL_STEPS`), or None.
+
+    Example:
+        >>> from torchvision import transforms as T
+        >>> pil_step(T.Compose([T.Resize(8), T.Compose([T.ToTensor()])])), pil_step(T.Resize(8))
+        ('ToTensor', None)
+    """
+    if type(transform).__name__ in PIL_STEPS:
+        return type(transform).__name__
+    for step in getattr(transform, "transforms", None) or ():
+        if (found := pil_step(step)) is not None:
+            return found
+    return None
+
+
 @dataclass
 class CpuBatch:
     """A classification batch: ``images`` uint8 ``[B,3,H,W]`` (an :class:`ImageTransform` or a
@@ -178,11 +201,14 @@ class CpuBatchBuilder:
                 try:
                     result = transform(image)
                 except Exception as err:
-                    if not (isinstance(err, TypeError) and "PIL" in str(err)):
+                    step = pil_step(transform)
+                    if not (isinstance(err, TypeError) and "PIL" in str(err)) and step is None:
                         blame(err, sample.where)
                         raise
-                    raise LoaderError(f"the transform takes PIL images, and shardkit gives it each image as a uint8 "
-                                      "[3, H, W] tensor: use torchvision.transforms.v2, which takes tensors "
+                    raise LoaderError(f"the transform takes PIL images{f' (it has {step})' if step else ''}, and "
+                                      "shardkit gives it each image as a uint8 [3, H, W] tensor: put "
+                                      "torchvision.transforms.v2.ToPILImage() first (timm's create_transform "
+                                      "too), or use torchvision.transforms.v2, which takes tensors "
                                       f"(v2.ToDtype(torch.float32, scale=True) for ToTensor) ({err})",
                                       where=sample.where) from None
             if result is None:
