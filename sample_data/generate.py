@@ -11,7 +11,9 @@ the number of worker processes:
   from a decoded image even after JPEG, crop, resize and flip. For checking sample order in loader
   tests.
 
-This module is their command line and re-exports their public names.
+This module is their command line and re-exports their public names. COCO detection sets come
+from ``python -m sample_data.coco_gen`` (small, the format's awkward cases) and
+``python -m sample_data.coco_like`` (benchmark scale).
 
 CLI, from the repository root::
 

@@ -12,6 +12,7 @@ from shardkit.cli.progress import PackBar, bars_enabled
 from shardkit.cli.report import human_bytes, print_pack_summary, print_skipped
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.cli.workers import WRITERS
+from shardkit.errors import StorageError
 from shardkit.format.spec import IMAGE_EXTENSIONS
 from shardkit.pack import (
     Executor,
@@ -219,6 +220,12 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         if not quiet:
             print_skipped(err.skipped, err=True)
         raise
+    except StorageError as err:
+        if source_option and err.where and not err.where.startswith(dst.rstrip("/")) and _O_HINT in err.message:
+            # the source read --source-option's options, not -o's
+            raise StorageError(err.message.replace(_O_HINT, "--source-option client_kwargs.endpoint_url=…"),
+                               where=err.where) from err.__cause__
+        raise
     finally:
         pack_log.removeHandler(warnings)
         bar.close()
@@ -229,6 +236,10 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         _note_one_sample_shards(result, options)
         if annotations is None and not captions:
             _note_loose_images(src)
+
+
+#: How an unreachable S3 endpoint's message says to set it in a command (shardkit.storage).
+_O_HINT = "-o client_kwargs.endpoint_url=…"
 
 
 class _Warnings(logging.Handler):

@@ -111,6 +111,23 @@ def test_pack_to_a_refused_endpoint_is_a_network_error(small_tree: Path) -> None
         pack(str(small_tree), "s3://bucket", workers=1, storage_options=options)
 
 
+@pytest.mark.timeout(60)
+def test_a_source_read_with_source_options_is_told_to_set_its_endpoint_there(tmp_path: Path) -> None:
+    """With --source-option, the source ignores -o: its refused endpoint's message named
+    ``-o client_kwargs.endpoint_url=…``, which the user had given."""
+    port = _refusing_port()
+    fast = [o.replace("-o", "--source-option") for o in _FAST]
+    result = CliRunner().invoke(cli, ["pack", "s3://bucket/train", str(tmp_path / "out"), "--source-option",
+                                      f"client_kwargs.endpoint_url=http://127.0.0.1:{port}", "--source-option",
+                                      "key=k", "--source-option", "secret=s", *fast,
+                                      "-o", "client_kwargs.endpoint_url=http://127.0.0.1:1"])
+    assert result.exit_code == 1, result.output
+    assert f"cannot connect to 127.0.0.1:{port} (Connection refused)" in result.output, result.output
+    assert "(storage option client_kwargs.endpoint_url: --source-option client_kwargs.endpoint_url=… in " \
+           "commands" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
 def test_an_endpoint_that_is_no_s3_server_is_named_as_such(tmp_path: Path) -> None:
     """A web server that answers 404 for everything is not a missing bucket (a wrong port, a proxy)."""
     import functools
