@@ -131,7 +131,14 @@ def main() -> None:
     global _process_entry
     _process_entry = True
     signal.signal(signal.SIGTERM, _terminate)
-    cli(prog_name="shardkit")
+    try:
+        cli(prog_name="shardkit")
+    finally:
+        # CPython marks a KeyboardInterrupt that ends a string exec/eval (a namedtuple or dataclass
+        # that a lazy import builds, e.g. PIL's plugins) as unhandled even when we catch it, and
+        # under ``python -m shardkit`` then ends the process by SIGINT (-2) instead of our 130.
+        # A string exec clears that mark; one that does reach the top still sets it again.
+        exec("")
 
 
 _register()

@@ -7,6 +7,7 @@ without a total raises TypeError) while every CliRunner test, which is never a t
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -348,6 +349,24 @@ def test_another_ctrl_c_in_the_interpreters_last_instants_keeps_the_exit_code() 
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).parents[2])
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+
+
+def test_ctrl_c_out_of_a_string_exec_still_exits_130_under_python_m(tmp_path: Path) -> None:
+    """A KeyboardInterrupt that ends a string exec/eval (a namedtuple a lazy import builds: PIL's
+    plugins during verify --decode) is marked unhandled by CPython even once caught, and
+    ``python -m`` then ended the process by SIGINT (-2) after printing "interrupted"."""
+    (tmp_path / "ctrl_c_in_exec.py").write_text(
+        "import sys\n"
+        "from shardkit.cli import cli, main\n"
+        "@cli.command('boom')\n"
+        "def boom() -> None:\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "sys.argv = ['shardkit', 'boom']\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-m", "ctrl_c_in_exec"], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[2], env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert (done.returncode, done.stderr.strip()) == (130, "interrupted"), done.stderr[-2000:]
 
 
 @pytest.mark.slow
