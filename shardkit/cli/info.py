@@ -7,7 +7,14 @@ import json
 import click
 
 from shardkit.cli.location import LOCATION
-from shardkit.cli.report import fit, human_bytes, label_width, print_annotations, print_drop_empty
+from shardkit.cli.report import (
+    category_count,
+    fit,
+    human_bytes,
+    label_width,
+    print_annotations,
+    print_drop_empty,
+)
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.index import locate_dataset, read_manifest
 from shardkit.pack.skips import describe_reasons
@@ -25,7 +32,7 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     summary = {
         "url": store.url, "kind": m.kind, "num_samples": m.num_samples, "num_shards": len(m.shards),
         "num_bytes": m.num_bytes, "num_classes": len(m.classes) if m.classes is not None else None,
-        "num_categories": len(m.categories) if m.categories is not None else None,
+        "num_categories": category_count(m.categories) if m.categories is not None else None,
         "skipped": len(m.skipped), "options": m.options, "created_by": m.created_by,
         "classes": list(m.classes) if m.classes is not None else None,  # label k is classes[k]
         "categories": ([{"id": c.get("id"), "name": c.get("name")} for c in m.categories]
@@ -44,8 +51,9 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
     if m.classes is not None:
         click.echo(fit(f"{'classes':<{w}}{len(m.classes)}: {_names(list(m.classes))}", w))
     if m.categories is not None:
-        names = [str(c.get("name", c.get("id"))) for c in m.categories]
-        click.echo(fit(f"{'categories':<{w}}{len(m.categories)}: {_names(names)}", w))
+        by_id = {repr(c.get("id")): str(c.get("name", c.get("id"))) for c in m.categories}  # the last of an id
+        names = list(by_id.values())
+        click.echo(fit(f"{'categories':<{w}}{len(names)}: {_names(names)}", w))
     click.echo(f"{'shards':<{w}}{len(m.shards)}{_per_shard(sizes)}")
     click.echo(f"{'bytes':<{w}}{human_bytes(m.num_bytes)}")
     grouped = describe_reasons(m.skipped)

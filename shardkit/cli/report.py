@@ -64,6 +64,20 @@ def label_width(categories: object) -> int:
     return LABEL if categories is None else 12
 
 
+def category_count(categories: Sequence[Any]) -> int:
+    """How many categories ``categories`` (COCO records) define: their distinct ids (records that
+    repeat an id are one category, as pycocotools and the loader's labels take them).
+
+    >>> category_count([{"id": 1}, {"id": 3}, {"id": 3}])
+    2
+    """
+    ids = set()
+    for c in categories:
+        cid = c.get("id") if isinstance(c, Mapping) else None
+        ids.add(cid if isinstance(cid, (int, str)) else repr(cid))
+    return len(ids)
+
+
 def print_skipped(skipped: Sequence[Mapping[str, str]], *, err: bool = False, width: int = LABEL) -> None:
     """``skipped   N: <count> <kind>, …`` then the first :data:`SHOWN` entries by source (the
     same list whatever order parallel workers found them in)."""
@@ -106,7 +120,7 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
         click.echo(f"{dst}: already packed from files of these names and sizes, with these options; nothing to "
                    f"do. No file was re-read: `shardkit verify {dst}` checks the shards' bytes, and --overwrite packs "
                    f"again a source file edited in place to the same size.")
-    groups = (f"{len(m.categories)} categories" if m.categories is not None
+    groups = (counted(category_count(m.categories), "category", "categories") if m.categories is not None
               else "captioned images" if m.kind == "captions" else f"{len(m.classes or ())} classes")
     w = label_width(m.categories)
     click.echo(f"{'samples':<{w}}{m.num_samples:,}  ({groups})")

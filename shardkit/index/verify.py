@@ -265,13 +265,34 @@ def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str,
         report.problems.append(f"{here}: an annotation belongs to another image or to an unknown "
                                "category")
         return
+    size: list[object] = []  # the image's (width, height), read from its header once needed
     for ann in anns:
         if bbox_malformed(ann.get("bbox")):
             report.problems.append(f"{here}: annotation {ann.get('id')!r}: bbox is not 4 numbers "
                                    f"({ann.get('bbox')!r:.60}): the loader replaces this image with another")
         elif "segmentation" in ann and segmentation_malformed(ann["segmentation"], image.get("width"),
                                                                 image.get("height")):
-            report.flagged.append(f"{here}: annotation {ann.get('id')!r}")
+            # an RLE is made for the image the loader decodes, whatever size the record says
+            if not size:
+                size.extend(_image_size(fields))
+            if segmentation_malformed(ann["segmentation"], *size):
+                report.flagged.append(f"{here}: annotation {ann.get('id')!r}")
+
+
+def _image_size(fields: dict[str, bytes]) -> tuple[object, object]:
+    """``(width, height)`` of the sample's image member from its header; ``(None, None)`` when
+    there is no one image member or its header cannot be read (the checks that need it are left out)."""
+    from PIL import Image
+
+    images = [e for e in fields if e in IMAGE_MEMBER_EXTENSIONS]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(fields[images[0]])) as img:
+                return img.size
+    except Exception as err:  # a member that is no image is reported by the image checks
+        reraise_interrupt(err)
+        return None, None
 
 
 def _check_caption(fields: dict[str, bytes], manifest: Manifest, here: str, report: VerifyReport) -> None:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardkit.sources.base import SourceListing
+from shardkit.sources.coco import with_image_sizes
 
 #: The ``index.json`` field holding :func:`annotation_report` (COCO packs only).
 ANNOTATION_REPORT = "annotation_report"
 
 
-def annotation_report(listing: SourceListing, skipped: Sequence[dict[str, str]]) -> dict[str, Any]:
+def annotation_report(listing: SourceListing, skipped: Sequence[dict[str, str]],
+                      sizes: Mapping[int, tuple[int, int]] | None = None) -> dict[str, Any]:
     """Count the annotations of a COCO pack apart from its images; ``skipped``: the samples of
-    ``listing`` the writers skipped (by ``source``), not the records the scan refused.
+    ``listing`` the writers skipped (by ``source``), not the records the scan refused; ``sizes``:
+    ``(width, height)`` of the images packed whose record says another size, by sample index
+    (their annotations are flagged at their size, and the record's said: see
+    :func:`shardkit.sources.coco.with_image_sizes`).
 
     Returns ``{"packed", "dropped", "kept_with_problems", "in_skipped_images", "problems"}``:
     annotations written into samples; dropped by the source scan (unknown image or category);
@@ -37,7 +42,7 @@ def annotation_report(listing: SourceListing, skipped: Sequence[dict[str, str]])
             in_skipped += n
         else:
             packed += n
-    problems = listing.annotation_problems
+    problems = with_image_sizes(listing.annotation_problems, listing.samples, dict(sizes or {}))
     return {
         "packed": packed,
         "dropped": sum(p["annotations"] for p in problems if p["dropped"]),

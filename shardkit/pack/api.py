@@ -297,7 +297,9 @@ def pack_listing(
         if listing.kind == "coco":
             # the samples the writers skipped: the scan's own refusals (a repeated image id, say) are
             # records that never became samples, and may name the file of one that was packed
-            extra[ANNOTATION_REPORT] = annotation_report(listing, [s for r in receipts for s in r.skipped])
+            # and the images whose record gives another size than theirs: their flags are made at theirs
+            sizes = {int(k): (v[0], v[1]) for r in receipts for k, v in r.image_sizes.items()}
+            extra[ANNOTATION_REPORT] = annotation_report(listing, [s for r in receipts for s in r.skipped], sizes)
         manifest = Manifest(
             kind=listing.kind,
             shards=tuple(ShardEntry(r.name, r.num_samples, r.num_bytes, r.sha256) for r in receipts),

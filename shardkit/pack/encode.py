@@ -7,6 +7,7 @@ import io
 import json
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from PIL import Image, UnidentifiedImageError
@@ -101,7 +102,8 @@ def _restart_indexed(data: bytes, max_interval: int, where: str) -> bytes:
 
 
 def encode_sample(
-    sample: SourceSample, data: bytes, *, classes: list[str] | None, options: PackOptions
+    sample: SourceSample, data: bytes, *, classes: list[str] | None, options: PackOptions,
+    on_size: Callable[[int, int], None] | None = None,
 ) -> list[tuple[str, bytes]]:
     """The ``(ext, bytes)`` fields of ``sample``'s shard entry (image, ``cls`` or ``txt``, ``json``).
 
@@ -115,16 +117,21 @@ def encode_sample(
 
     PIL's warnings about damaged metadata (``Corrupt EXIF data`` …) are silenced: they concern
     no pixel the loader delivers, and would otherwise reach the terminal of ``pack -q``.
+
+    ``on_size`` is called with the image's width and height as read from its header (before any
+    re-encoding), once the header is read.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _encode(sample, data, classes=classes, options=options)
+        return _encode(sample, data, classes=classes, options=options, on_size=on_size)
 
 
 def _encode(sample: SourceSample, data: bytes, *, classes: list[str] | None,
-            options: PackOptions) -> list[tuple[str, bytes]]:
+            options: PackOptions, on_size: Callable[[int, int], None] | None) -> list[tuple[str, bytes]]:
     img = _open(data)
     width, height = img.size
+    if on_size is not None:
+        on_size(width, height)
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and width * height > limit:
         raise SkipSample(f"decompression bomb refused ({width}x{height} pixels > PIL's limit)")

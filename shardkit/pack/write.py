@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 from shardkit.format.offsets import dump_offsets
 from shardkit.format.spec import PACK_STATE_DIR, make_key, offsets_name, uniform_member_names
@@ -47,6 +48,9 @@ class ShardReceipt:
     num_bytes: int
     sha256: str
     skipped: list[dict[str, str]] = field(default_factory=list)
+    #: COCO: ``{source index: [width, height]}`` of the images packed whose record gives another
+    #: size (or none): the pack's annotation report checks their annotations at that size.
+    image_sizes: dict[str, list[int]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -65,6 +69,16 @@ def receipt_name(plan: ShardPlan) -> str:
     return f"{plan.name}.done.json"
 
 
+def _keep_size(into: list[int], width: int, height: int) -> None:
+    into[:] = [width, height]
+
+
+def _record_size_differs(sample: SourceSample, size: list[int]) -> bool:
+    """Whether ``sample`` is a COCO image whose record's ``width``/``height`` are not ``size``."""
+    image = sample.meta.get("image") if sample.meta and sample.caption is None and sample.label is None else None
+    return isinstance(image, dict) and [image.get("width"), image.get("height")] != size
+
+
 def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None) -> ShardReceipt:
     """Encode and write one shard (and its offsets file); record a receipt in the pack state.
 
@@ -74,19 +88,24 @@ def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None)
     """
     plan, store = task.plan, task.store
     skipped: list[dict[str, str]] = []
+    image_sizes: dict[str, list[int]] = {}
     with store.write_atomic(plan.name) as f, closing(task.files.read_each(task.samples)) as read:
         writer = TarShardWriter(f)
         for source_index, sample, data in zip(plan.members, task.samples, read, strict=True):
+            size: list[int] = []  # the image's width and height, once its header is read
             try:
                 if isinstance(data, SkipSample):
                     raise data
-                fields = encode_sample(sample, data, classes=task.classes, options=task.options)
+                fields = encode_sample(sample, data, classes=task.classes, options=task.options,
+                                       on_size=partial(_keep_size, size))
             except SkipSample as skip:
                 skipped.append({"source": sample.rel, "reason": skip.reason})
             else:
                 if task.options.uniform_names:
                     fields = uniform_member_names(fields)
                 writer.add(make_key(source_index, task.key_width), fields)
+                if size and _record_size_differs(sample, size):
+                    image_sizes[str(source_index)] = size
             if on_sample is not None:
                 on_sample(max(sample.size, 0))
         summary = writer.close()
@@ -94,7 +113,7 @@ def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None)
     if task.options.dali_index:
         write_dali_index(store, plan.name)
     receipt = ShardReceipt(plan.index, plan.name, summary.num_samples, summary.num_bytes,
-                           summary.sha256, skipped)
+                           summary.sha256, skipped, image_sizes)
     store.child(PACK_STATE_DIR).write_bytes(receipt_name(plan), receipt.to_json())
     return receipt
 

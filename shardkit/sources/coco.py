@@ -14,10 +14,19 @@ skipped images:
 
 * annotations of unknown image ids or unknown categories: dropped, counted per kind;
 * boxes outside the image (more than :data:`BOX_TOLERANCE` px) or malformed: kept, counted
-  per image; categories repeating an id: kept (``annotations: 0``);
-* image records repeating an image id, and ``file_name``s escaping the images folder: not
-  packed (``warnings``);
+  per image; categories repeating an id, or without a ``name``: kept (``annotations: 0``);
+* annotation records sharing an id: each kept as written, in its own image's sample, and
+  flagged: ``CocoDetection`` (pycocotools keys annotations by id) gives the last record of the
+  id in the place of each;
+* image records repeating an image id: the last one is packed, as pycocotools (``imgs[id] =
+  img``) and so ``CocoDetection`` keep it; the earlier ones are not (``warnings``), nor are
+  ``file_name``s escaping the images folder;
 * files missing on disk: kept with ``size=-1``; the packer skips them with a reason.
+
+The size checks take an image's size from its record; the pack reads each image's size from its
+header and, where the record says another, flags it and makes that image's checks again at the
+image's size (:func:`with_image_sizes`), the size the loader takes, as torchvision's
+``CocoDetection`` wrapped for transforms v2 does.
 
 The images folder and the annotations file may each be an fsspec URL (``s3://…``); the images
 are then looked up in one listing of the folder, not one request each.
@@ -108,8 +117,8 @@ def _record(doc: dict[str, Any], section: str, i: int, keys: tuple[str, ...],
             raise SourceError(f'{section}[{i}]: missing "{key}"', where=path)
         value = record[key]
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise SourceError(f'{section}[{i}]: "{key}" must be an integer or string, not '
-                              f'{value!r}', where=path)
+            what = "a string (a path inside the images folder)" if key == "file_name" else "an integer or string"
+            raise SourceError(f'{section}[{i}]: "{key}" must be {what}, not {value!r}', where=path)
     return record
 
 
@@ -147,6 +156,116 @@ def _bbox_problem(box: Any, width: Any, height: Any) -> str | None:
     except (TypeError, ValueError):
         return "malformed"
     return None
+
+
+def _annotation_problems(ann: dict[str, Any], width: Any, height: Any) -> tuple[str, ...]:
+    """What is flagged of ``ann`` (kept: the loader reads it) on an image of ``width`` x ``height``
+    (either may be missing: no check that needs it): ``"outside"``, ``"malformed"`` (its box),
+    ``"segmentation"``."""
+    problem = _bbox_problem(ann.get("bbox"), width, height)
+    if "segmentation" in ann and segmentation_malformed(ann["segmentation"], width, height):
+        return ("segmentation",) if problem is None else (problem, "segmentation")
+    return () if problem is None else (problem,)
+
+
+def _image_flags(image: dict[str, Any], problems: dict[str, list[Any]], width: Any,
+                 height: Any) -> list[dict[str, Any]]:
+    """The ``annotation_problems`` entries of one image: ``problems`` (kind -> annotation ids, as
+    :func:`_annotation_problems` names them) found on an image of ``width`` x ``height``."""
+    flags = []
+    for problem, ann_ids in sorted(problems.items()):
+        if not ann_ids:
+            continue
+        what = {"outside": f"bbox(es) extend outside the {width}x{height} image",
+                "malformed": "bbox(es) have a negative width or height, or NaN (need [x, y, w, h], w, h >= 0)",
+                "segmentation": "segmentation(s) are malformed (need polygons whose first has more than 4 "
+                                "coordinates, or an RLE of the image's size), so a loader with masks=True "
+                                "replaces the image"}[problem]
+        flags.append({"source": image["file_name"],
+                      "reason": f"{len(ann_ids)} annotation {what}; kept as is (annotation ids {_ids(ann_ids)})",
+                      "annotations": len(ann_ids), "dropped": False})
+    return flags
+
+
+def _flags_at(image: dict[str, Any], anns: list[dict[str, Any]], width: Any, height: Any) -> list[dict[str, Any]]:
+    problems: dict[str, list[Any]] = defaultdict(list)
+    for ann in anns:
+        for problem in _annotation_problems(ann, width, height):
+            problems[problem].append(ann["id"])
+    return _image_flags(image, problems, width, height)
+
+
+def size_flag(image: dict[str, Any], width: int, height: int) -> dict[str, Any] | None:
+    """The ``annotation_problems`` entry of an image record whose ``width``/``height`` differ from
+    the image's (``width`` x ``height``, as decoded), or None: they agree, or the record gives none."""
+    said = image.get("width"), image.get("height")
+    if None in said or said == (width, height):
+        return None
+    return {"source": image["file_name"],
+            "reason": f"the record of image id {image['id']!r} says {said[0]}x{said[1]}, the image is "
+                      f"{width}x{height}; packed as is: the loader takes the image's size (masks are made at "
+                      f"{width}x{height}, as torchvision's CocoDetection wrapped for transforms v2 makes them; "
+                      "pycocotools' annToMask would take the record's), and its annotations are checked "
+                      "against it",
+            "annotations": 0, "dropped": False}
+
+
+def with_image_sizes(problems: list[dict[str, Any]], samples: list[SourceSample],
+                     sizes: dict[int, tuple[int, int]]) -> list[dict[str, Any]]:
+    """``problems`` (a COCO listing's ``annotation_problems``, whose box and segmentation checks
+    took each image's size from its record) with the images whose real size differs made right:
+    ``sizes`` maps the index of such a sample in ``samples`` to its image's ``(width, height)``,
+    as the pack found it. Each such image's flags are made again at that size, after a
+    :func:`size_flag` saying how the record differs, in the place of its old ones (at the end when
+    it had none); the rest is kept as it is.
+
+    >>> image = {"id": 1, "file_name": "a.jpg", "width": 20, "height": 20}
+    >>> ann = {"id": 7, "bbox": [0, 0, 50, 50]}
+    >>> old = _flags_at(image, [ann], 20, 20)
+    >>> [p["reason"].split(";")[0] for p in old]
+    ['1 annotation bbox(es) extend outside the 20x20 image']
+    >>> sample = SourceSample("a.jpg", "a.jpg", 1, meta={"image": image, "annotations": [ann]})
+    >>> [p["reason"].split(";")[0] for p in with_image_sizes(old, [sample], {0: (79, 83)})]
+    ['the record of image id 1 says 20x20, the image is 79x83']
+    """
+    if not sizes:
+        return list(problems)
+    slots: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for pos, p in enumerate(problems):
+        slots[(str(p["source"]), str(p["reason"]))].append(pos)
+    placed: dict[int, list[dict[str, Any]]] = {}
+    gone: set[int] = set()
+    tail: list[dict[str, Any]] = []
+    for index in sorted(sizes):
+        meta = samples[index].meta or {}
+        image, anns = meta["image"], meta["annotations"]
+        width, height = sizes[index]
+        old = _flags_at(image, anns, image.get("width"), image.get("height"))
+        new = [p for p in (size_flag(image, width, height),) if p is not None]
+        new += _flags_at(image, anns, width, height)
+        at = [slots[(str(p["source"]), p["reason"])].pop(0) for p in old
+              if slots.get((str(p["source"]), p["reason"]))]
+        if at:
+            gone.update(at)
+            placed[min(at)] = new
+        else:
+            tail += new
+    out: list[dict[str, Any]] = []
+    for pos, p in enumerate(problems):
+        if pos in placed:
+            out += placed[pos]
+        elif pos not in gone:
+            out.append(p)
+    return out + tail
+
+
+def _categories(n: int, one: str = "", more: str = "") -> str:
+    """``n`` categories, then the verb that agrees (``one`` or ``more``), if any.
+
+    >>> _categories(1, "repeats", "repeat"), _categories(2, "repeats", "repeat"), _categories(1)
+    ('1 category repeats', '2 categories repeat', '1 category')
+    """
+    return f"{n} {'category' if n == 1 else 'categories'} {one if n == 1 else more}".rstrip()
 
 
 def _ids(values: list[Any]) -> str:
@@ -195,14 +314,35 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                   for i in range(len(doc["categories"]))]
     category_ids = {c["id"] for c in categories}
     if len(category_ids) != len(categories):
-        ann_problems.append({"source": name, "reason": f"{len(categories) - len(category_ids)} "
-                                                       "categories repeat an id",
-                         "annotations": 0, "dropped": False})
+        seen_ids: set[Any] = set()
+        repeats: list[Any] = []
+        for c in categories:
+            if c["id"] in seen_ids:
+                repeats.append(c["id"])
+            seen_ids.add(c["id"])
+        ann_problems.append({"source": name,
+                             "reason": f"{_categories(len(repeats), 'repeats', 'repeat')} an id; kept as "
+                                       f"{_categories(len(category_ids))}, each named by the last record of its id, "
+                                       f"as pycocotools keeps it (category ids {_ids(list(dict.fromkeys(repeats)))})",
+                             "annotations": 0, "dropped": False})
+    unnamed = [c["id"] for c in categories if "name" not in c]
+    if unnamed:
+        ann_problems.append({"source": name,
+                             "reason": f"{_categories(len(unnamed), 'has', 'have')} no \"name\"; the loader's classes "
+                                       f"use the id as the name (category ids {_ids(unnamed)})",
+                             "annotations": 0, "dropped": False})
 
     images: dict[Any, dict[str, Any]] = {}
     refused: set[Any] = set()  # ids of image records not packed
-    for i in range(len(doc["images"])):
-        image = _record(doc, "images", i, ("id", "file_name"), annotations_json)
+    records = [_record(doc, "images", i, ("id", "file_name"), annotations_json) for i in range(len(doc["images"]))]
+    last = {image["id"]: i for i, image in enumerate(records)}  # pycocotools' imgs[id] = img: the last one
+    for i, image in enumerate(records):
+        if last[image["id"]] != i:
+            warnings.append({"source": str(image["file_name"]),
+                             "reason": f"images[{i}]: repeated image id (id {image['id']!r}: the last record of "
+                                       f"it, images[{last[image['id']]}], is packed, as pycocotools and so "
+                                       "CocoDetection keep it)"})
+            continue
         sizes = [(side, image.get(side, 1)) for side in ("width", "height")]  # a file without them: as it is
         bad = next(((side, v) for side, v in sizes
                     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0), None)
@@ -218,10 +358,6 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                                        "folder; not packed"})
             with contextlib.suppress(TypeError):  # an id that is no key is no image's either
                 refused.add(image["id"])
-        elif image["id"] in images:
-            warnings.append({"source": image["file_name"],
-                             "reason": f"images[{i}]: repeated image id (id {image['id']!r}: only the "
-                                       "first record is packed)"})
         else:
             images[image["id"]] = image
 
@@ -231,11 +367,17 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     unknown_category: dict[Any, list[Any]] = defaultdict(list)
     bad_boxes: dict[Any, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
     unreadable: list[Any] = []
+    seen_ann_ids: set[Any] = set()
+    shared: dict[Any, None] = {}  # annotation ids more than one record has, in file order
     for i, ann in enumerate(doc["annotations"]):
         try:  # fast path for the ~1M annotations of COCO train; _record explains any failure
             ann_id, image_id, category_id = ann["id"], ann["image_id"], ann["category_id"]
             owner = images.get(image_id)
             known_category = category_id in category_ids
+            if ann_id in seen_ann_ids:
+                shared[ann_id] = None
+            else:
+                seen_ann_ids.add(ann_id)
         except (KeyError, TypeError, IndexError):
             _record(doc, "annotations", i, ("id", "image_id", "category_id"), annotations_json)
             raise
@@ -247,12 +389,8 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             unreadable.append(ann_id)
         else:
             by_image[image_id].append(ann)
-            problem = _bbox_problem(ann.get("bbox"), owner.get("width"), owner.get("height"))
-            if problem:
+            for problem in _annotation_problems(ann, owner.get("width"), owner.get("height")):
                 bad_boxes[image_id][problem].append(ann_id)
-            if "segmentation" in ann and segmentation_malformed(ann["segmentation"], owner.get("width"),
-                                                                owner.get("height")):
-                bad_boxes[image_id]["segmentation"].append(ann_id)
     if unknown_image:
         ann_problems.append({"source": name,
                              "reason": f"{len(unknown_image)} annotation(s) reference unknown "
@@ -274,18 +412,19 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                              "reason": f"{len(ann_ids)} annotation(s) have unknown category_id "
                                        f"{cid!r}; dropped (annotation ids {_ids(ann_ids)})",
                              "annotations": len(ann_ids), "dropped": True})
+    if shared:
+        kept_shared = [a["id"] for anns in by_image.values() for a in anns if a["id"] in shared]
+        if kept_shared:
+            ann_problems.append({"source": name,
+                                 "reason": f"{len(kept_shared)} annotation(s) share their id with another record; "
+                                           "kept as written, each record once in its own image's sample, where "
+                                           "CocoDetection (pycocotools keys annotations by id) gives the last "
+                                           "record of an id once per record of it "
+                                           f"(annotation ids {_ids(list(dict.fromkeys(kept_shared)))})",
+                                 "annotations": len(kept_shared), "dropped": False})
     for image_id, problems in bad_boxes.items():
         image = images[image_id]
-        for problem, ann_ids in sorted(problems.items()):
-            what = {"outside": f"bbox(es) extend outside the {image.get('width')}x{image.get('height')} image",
-                    "malformed": "bbox(es) have a negative width or height, or NaN (need [x, y, w, h], w, h >= 0)",
-                    "segmentation": "segmentation(s) are malformed (need polygons whose first has more than 4 "
-                                    "coordinates, or an RLE of the image's size), so a loader with masks=True "
-                                    "replaces the image"}[problem]
-            ann_problems.append({"source": image["file_name"],
-                             "reason": f"{len(ann_ids)} annotation {what}; kept as is "
-                                       f"(annotation ids {_ids(ann_ids)})",
-                             "annotations": len(ann_ids), "dropped": False})
+        ann_problems += _image_flags(image, problems, image.get("width"), image.get("height"))
 
     kept = []
     for image_id in sorted(images, key=lambda k: (isinstance(k, str), k)):

@@ -143,6 +143,108 @@ def test_a_repeated_image_record_leaves_the_packed_ones_annotations_counted_as_p
     assert report["packed"] == len(doc["annotations"]) and report["in_skipped_images"] == 0
 
 
+def test_a_repeated_image_id_packs_the_last_record_as_coco_detection(coco: tuple[Path, Path, dict[str, Any]],
+                                                                     tmp_path: Path) -> None:
+    """The first record of a repeated image id was packed; pycocotools keeps the last, so
+    CocoDetection gave another picture with the same boxes. The last is packed now."""
+    from torchvision.datasets import CocoDetection
+
+    images_dir, ann, doc = coco
+    image_id = doc["images"][5]["id"]
+    doc["images"][4]["id"] = image_id
+    ann.write_text(json.dumps(doc), encoding="utf-8")
+    dst = tmp_path / "out"
+    result = pack_coco(str(images_dir), str(ann), str(dst), options=OPTIONS, workers=1)
+    assert [(s["source"], s["reason"]) for s in result.manifest.skipped] == [
+        (doc["images"][4]["file_name"], f"images[4]: repeated image id (id {image_id}: the last record of it, "
+                                        "images[5], is packed, as pycocotools and so CocoDetection keep it)")]
+    reference = CocoDetection(str(images_dir), str(ann))
+    samples = _read_webdataset(dst)
+    assert len(samples) == len(reference) == len(doc["images"]) - 1
+    for index, ref_id in enumerate(reference.ids):
+        sample = samples[f"{index:08d}"]
+        record = reference.coco.loadImgs(ref_id)[0]
+        assert json.loads(sample["json"]) == {"image": record, "annotations": reference._load_target(ref_id),
+                                              "source": record["file_name"]}
+        assert sample.get("jpg", sample.get("png")) == (images_dir / record["file_name"]).read_bytes()
+    assert record is not None and reference.coco.imgs[image_id] is not None
+    assert reference.coco.imgs[image_id]["file_name"] == doc["images"][5]["file_name"]
+
+
+def test_an_image_record_of_another_size_is_said_and_its_annotations_checked_at_the_image_size(
+        coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+    """A record saying 20x20 of a larger image had its boxes flagged as outside and its RLE as
+    malformed, both false (the loader, as torchvision's v2 wrapper, makes masks at the decoded size),
+    and verify warned; a record larger than its image was not reported at all."""
+    from shardkit import ShardLoader
+    from shardkit.sources import scan_coco
+
+    images_dir, ann, doc = coco
+    small = next(im for im in doc["images"] if im["id"] == 100)  # has a crowd RLE of its real size
+    big = next(im for im in doc["images"] if im["id"] == 107)
+    (w, h), (bw, bh) = (small["width"], small["height"]), (big["width"], big["height"])
+    small["width"] = small["height"] = 20
+    big["width"], big["height"] = 3 * bw, 3 * bh
+    category = doc["categories"][0]["id"]
+    doc["annotations"].append({"id": 9001, "image_id": 107, "category_id": category, "bbox": [0, 0, bw + 10, 5],
+                               "area": 5.0, "iscrowd": 0,  # inside the record, outside the image
+                               "segmentation": [[0, 0, bw + 10, 0, bw + 10, 5, 0, 5]]})
+    ann.write_text(json.dumps(doc), encoding="utf-8")
+    scanned = [p["reason"] for p in scan_coco(str(images_dir), str(ann)).annotation_problems]
+    assert any("outside the 20x20 image" in r for r in scanned) and any("segmentation" in r for r in scanned)
+
+    dst = tmp_path / "out"
+    result = pack_coco(str(images_dir), str(ann), str(dst), options=OPTIONS, workers=2)
+    report = result.manifest.extra["annotation_report"]
+    said = {}
+    for p in report["problems"]:
+        said.setdefault(p["source"], []).append(p["reason"])
+    loader_does = ("; packed as is: the loader takes the image's size (masks are made at {}, as torchvision's "
+                   "CocoDetection wrapped for transforms v2 makes them; pycocotools' annToMask would take the "
+                   "record's), and its annotations are checked against it")
+    assert said == {
+        small["file_name"]: [f"the record of image id 100 says 20x20, the image is {w}x{h}"
+                             + loader_does.format(f"{w}x{h}")],
+        big["file_name"]: [f"the record of image id 107 says {3 * bw}x{3 * bh}, the image is {bw}x{bh}"
+                           + loader_does.format(f"{bw}x{bh}"),
+                           f"1 annotation bbox(es) extend outside the {bw}x{bh} image; kept as is "
+                           "(annotation ids 9001)"]}
+    assert (report["kept_with_problems"], report["dropped"]) == (1, 0)
+    again = pack_coco(str(images_dir), str(ann), str(tmp_path / "w1"), options=OPTIONS, workers=1)
+    assert again.manifest.extra == result.manifest.extra  # whichever worker found the sizes
+
+    checked = CliRunner().invoke(cli, ["verify", str(dst)])
+    assert checked.exit_code == 0 and "WARN" not in checked.output, checked.output
+    loader = ShardLoader(str(dst), batch_size=4, num_workers=0, on_error="raise", shuffle=False, masks=True)
+    shapes = {t["image_id"]: tuple(t["masks"].shape[1:]) for _, targets in loader for t in targets}
+    assert len(shapes) == len(doc["images"]) and shapes[100] == (h, w)
+
+
+def test_categories_repeating_an_id_count_once_and_nameless_ones_are_flagged(
+        coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+    """The summary counted category records (5 beside "1 categories repeat an id" for 4 classes),
+    and a category without a name was named after its id without a word."""
+    from shardkit import ShardLoader
+
+    images_dir, ann, doc = coco
+    doc["categories"].append({**doc["categories"][1], "name": "auto"})  # id 3 again: the last record names it
+    del doc["categories"][0]["name"]
+    ann.write_text(json.dumps(doc), encoding="utf-8")
+    dst = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["pack", str(images_dir), str(dst), "--annotations", str(ann), "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert f"samples     {len(doc['images'])}  (4 categories)" in res.output
+    assert (f"  - {ann.name}: 1 category repeats an id; kept as 4 categories, each named by the last record of its "
+            "id, as pycocotools keeps it (category ids 3)") in res.output
+    assert (f'  - {ann.name}: 1 category has no "name"; the loader\'s classes use the id as the name '
+            "(category ids 1)") in res.output
+    info = CliRunner().invoke(cli, ["info", str(dst)])
+    assert "categories  4: 1, auto, dog, toothbrush" in info.output, info.output
+    assert json.loads(CliRunner().invoke(cli, ["info", str(dst), "--json"]).output)["num_categories"] == 4
+    loader = ShardLoader(str(dst), batch_size=2, num_workers=0, contiguous_labels=True)
+    assert loader.classes == ("__background__", "1", "auto", "dog", "toothbrush")
+
+
 def test_drop_empty_and_resize_refused(coco: tuple[Path, Path, dict[str, Any]],
                                        tmp_path: Path) -> None:
     images_dir, ann, doc = coco

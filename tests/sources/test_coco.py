@@ -84,6 +84,8 @@ def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
         (lambda d: d.update(annotations={}), '"annotations" must be a list'),
         (lambda d: d["images"][3].pop("id"), r'images\[3\]: missing "id"'),
         (lambda d: d["images"][0].pop("file_name"), r'images\[0\]: missing "file_name"'),
+        (lambda d: d["images"][1].update(file_name=None),  # said "an integer or string", and an integer is no path
+         r'images\[1\]: "file_name" must be a string \(a path inside the images folder\), not None'),
         (lambda d: d["images"].__setitem__(2, "x.jpg"), r"images\[2\]: must be an object"),
         (lambda d: d["annotations"][5].pop("image_id"), r'annotations\[5\]: missing "image_id"'),
         (lambda d: d["annotations"][1].pop("category_id"),
@@ -122,7 +124,7 @@ def test_bad_references_and_boxes_are_warned_with_counts(
         {"id": 5, "image_id": 100, "category_id": 3, "bbox": [0, 0, 10_000, 10], **base},
         {"id": 6, "image_id": 100, "category_id": 3, "bbox": [0, 0, -1, 5], **base},
     ]
-    doc["images"].append({**doc["images"][0], "file_name": "dup.jpg"})  # repeats an id
+    doc["images"].insert(0, {**doc["images"][0], "file_name": "dup.jpg"})  # repeats an id: the later record packs
     doc["images"].append({"id": 5000, "file_name": "../escape.jpg"})
     listing = scan_coco(str(images_dir), str(_write(ann, doc)))
     # Image records that cannot be packed are skipped inputs ...
@@ -141,7 +143,7 @@ def test_bad_references_and_boxes_are_warned_with_counts(
             "1 annotation(s) have unknown category_id 2; dropped (annotation ids 3)", 1,
             True) in problems
     assert ("img_0000.jpg", "2 annotation bbox(es) extend outside the "
-            f"{doc['images'][-3]['width']}x{doc['images'][-3]['height']} image; kept as is "
+            f"{doc['images'][-2]['width']}x{doc['images'][-2]['height']} image; kept as is "
             "(annotation ids 4, 5)",
             2, False) in problems
     assert any(s == "img_0000.jpg" and r.startswith("1 annotation bbox(es) have a negative width or height")
@@ -312,3 +314,25 @@ def test_an_image_record_without_a_positive_width_or_height_is_not_packed(
     assert reasons[doc["images"][4]["file_name"]].startswith('images[4]: "height" must be a positive number')
     packed = {s.rel for s in listing.samples}
     assert doc["images"][0]["file_name"] not in packed and doc["images"][4]["file_name"] not in packed
+
+
+def test_annotation_ids_shared_by_records_are_flagged_and_every_record_kept(
+        coco: tuple[Path, Path, dict[str, Any]]) -> None:
+    """Two records with one id were packed without a word. Each is still packed as written, in its
+    own image's sample; the flag says that CocoDetection gives the last record of the id instead."""
+    from torchvision.datasets import CocoDetection
+
+    images_dir, ann, doc = coco
+    first, second = doc["annotations"][:2]
+    assert first["image_id"] == second["image_id"] and first["bbox"] != second["bbox"]
+    first["id"] = second["id"]
+    listing = scan_coco(str(images_dir), str(_write(ann, doc)))
+    assert {"source": ann.name,
+            "reason": "2 annotation(s) share their id with another record; kept as written, each record once in its "
+                      "own image's sample, where CocoDetection (pycocotools keys annotations by id) gives the last "
+                      f"record of an id once per record of it (annotation ids {second['id']})",
+            "annotations": 2, "dropped": False} in listing.annotation_problems
+    sample = next(s for s in listing.samples if s.meta and s.meta["image"]["id"] == first["image_id"])
+    assert sample.meta is not None and sample.meta["annotations"][:2] == [first, second]
+    reference = CocoDetection(str(images_dir), str(ann))
+    assert reference._load_target(first["image_id"])[:2] == [second, second]  # the difference the flag names
