@@ -221,7 +221,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
             print_skipped(err.skipped, err=True)
         raise
     except StorageError as err:
-        if source_option and err.where and not err.where.startswith(dst.rstrip("/")) and _O_HINT in err.message:
+        if source_option and _O_HINT in err.message and _under(err.where, src, annotations):
             # the source read --source-option's options, not -o's
             raise StorageError(err.message.replace(_O_HINT, "--source-option client_kwargs.endpoint_url=…"),
                                where=err.where) from err.__cause__
@@ -240,6 +240,15 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
 
 #: How an unreachable S3 endpoint's message says to set it in a command (shardkit.storage).
 _O_HINT = "-o client_kwargs.endpoint_url=…"
+
+
+def _under(where: str, *urls: str | None) -> bool:
+    """Whether ``where`` is one of ``urls`` or inside one (at a ``/``).
+
+    >>> _under("s3://b/train-raw/x.jpg", "s3://b/train-raw/"), _under("s3://b/train-raw", "s3://b/train")
+    (True, False)
+    """
+    return any(u and (where == u.rstrip("/") or where.startswith(u.rstrip("/") + "/")) for u in urls)
 
 
 class _Warnings(logging.Handler):

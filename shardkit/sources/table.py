@@ -113,20 +113,31 @@ def read_table(path: str, storage_options: dict[str, Any] | None = None) -> Any:
             parse = pa_csv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
             with pa_csv.open_csv(io.BytesIO(raw), parse_options=parse) as head:
                 names = head.schema.names
+            # a last row of our own: a quote that never closes takes it into its cell (pyarrow,
+            # as Python's csv, reads such a cell to the end of the file)
+            ended = raw if raw.endswith((b"\n", b"\r")) else raw + b"\n"
             table = pa_csv.read_csv(
-                io.BytesIO(raw), parse_options=parse,
+                io.BytesIO(ended + (_END_ROW + delimiter * (len(names) - 1) + "\n").encode()), parse_options=parse,
                 convert_options=pa_csv.ConvertOptions(column_types={n: pa.string() for n in names},
                                                       strings_can_be_null=False))
-            if table.num_rows and (unclosed := _unclosed_quote(raw, delimiter, table)):
+            if table.num_rows == 0 or table.column(0)[-1].as_py() != _END_ROW:
+                unclosed = _unclosed_quote(raw, delimiter) or 'a quoted cell opens and never closes (a stray " ?)'
                 raise SourceError(f"cannot parse the {fmt} table ({unclosed})", where=path)
+            table = table.slice(0, table.num_rows - 1)
     except (pa.ArrowInvalid, OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if fmt == "jsonl":  # pyarrow's rows count from 0, and a cut line reads as a type change
             first = _jsonl_problem(raw) or first
         elif fmt in ("csv", "tsv") and (raw[:2] in UTF16_BOMS or "UTF8" in first):  # a 0-based column, no row
             first = _not_utf8(raw) or first
+        elif fmt in ("csv", "tsv"):  # a row of too few cells may be one a stray quote ran into
+            first = _unclosed_quote(raw, "\t" if fmt == "tsv" else ",") or first
         raise SourceError(f"cannot parse the {fmt} table ({first})", where=path) from err
     return table
+
+
+#: The first cell of the row :func:`read_table` adds after a CSV or TSV table's own.
+_END_ROW = "shardkit: the end of the table"
 
 
 def _pick(columns: Sequence[str], given: str | None, defaults: Sequence[str], what: str, option: str,
@@ -293,24 +304,15 @@ def _not_utf8(raw: bytes) -> str | None:
     return None
 
 
-def _unclosed_quote(raw: bytes, delimiter: str, table: Any) -> str | None:
-    """Where a quoted cell of a CSV or TSV table opens and never closes, or None.
-
-    pyarrow, like Python's ``csv``, reads such a cell to the end of the file: the rows after it
-    become one caption. A cell can only run to the end of the file in the last row, so the file
-    is scanned only when a cell of that row spans lines.
+def _unclosed_quote(raw: bytes, delimiter: str) -> str | None:
+    """Where a quoted cell of a CSV or TSV table opens and never closes, by line from 1 (a line
+    ends at CR LF, LF or CR alone), or None.
 
     Example:
-        >>> _unclosed_quote(b'image,caption\\na.jpg,"a cat\\nb.jpg,a dog\\n', ",", None)
+        >>> _unclosed_quote(b'image,caption\\na.jpg,"a cat\\nb.jpg,a dog\\n', ",")
         'line 2: a quoted cell opens and never closes (a stray " ?); the lines after it would be read as its text'
-        >>> _unclosed_quote(b'image,caption\\na.jpg,"two\\nlines"\\nb.jpg,a ""dog""\\n', ",", None) is None
-        True
     """
-    if table is not None:
-        last = table.slice(table.num_rows - 1).to_pylist()[0]
-        if not any(isinstance(v, str) and ("\n" in v or "\r" in v) for v in last.values()):
-            return None
-    text = raw.decode("utf-8", errors="replace")
+    text = raw.decode("utf-8", errors="replace").removeprefix("\ufeff")  # pyarrow skips a BOM
     ends = re.compile(f"[{re.escape(delimiter)}\r\n]")
     i, n = 0, len(text)
     while i < n:  # i is at the start of a cell
@@ -319,7 +321,7 @@ def _unclosed_quote(raw: bytes, delimiter: str, table: Any) -> str | None:
             while True:
                 j = text.find('"', j)
                 if j < 0:
-                    line = text.count("\n" if "\n" in text else "\r", 0, i) + 1  # lines may end in CR alone
+                    line = len(re.findall(r"\r\n|\r|\n", text[:i])) + 1
                     return (f'line {line}: a quoted cell opens and never closes (a stray " ?); '
                             "the lines after it would be read as its text")
                 if text.startswith('"', j + 1):  # "" inside a quoted cell
@@ -329,7 +331,7 @@ def _unclosed_quote(raw: bytes, delimiter: str, table: Any) -> str | None:
             i = j + 1
         end = ends.search(text, i)
         if end is None:
-            return None
+            break
         i = end.end()
     return None
 

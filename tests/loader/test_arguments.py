@@ -145,6 +145,32 @@ def test_a_pil_only_transform_is_told_what_it_is_given(packed: Path, workers: in
     assert ".tar:" in info.value.where and "Traceback" not in str(info.value)
 
 
+class _OddWrapper:
+    """A transform whose ``transforms`` attribute is no list of steps."""
+
+    transforms = staticmethod(lambda image: image)
+
+    def __call__(self, image: Any) -> Any:
+        return 1 / 0
+
+
+def test_an_error_past_to_pil_image_or_in_an_odd_pipeline_is_the_transforms_own(packed: Path) -> None:
+    """With ToPILImage first (the fix the hint gives), an error of the user's later step is theirs,
+    not "takes PIL images"; a pipeline that cannot be walked keeps its own error too."""
+    import torchvision.transforms as tvt
+    from torchvision.transforms import v2
+
+    def boom(x: Any) -> Any:
+        return 1 / 0
+
+    for transform in (tvt.Compose([v2.ToPILImage(), tvt.Resize(8), tvt.ToTensor(), tvt.Lambda(boom)]),
+                      _OddWrapper()):
+        with (ShardLoader(str(packed), batch_size=4, num_workers=0, transform=transform) as loader,
+              pytest.raises(ZeroDivisionError) as info):
+            next(iter(loader))
+        assert any("raised by the transform on sample" in n for n in info.value.__notes__)
+
+
 def test_timms_create_transform_is_told_to_take_a_pil_image_first(packed: Path) -> None:
     """timm's pipeline passes a tensor through its MaybeToTensor, and torchvision's Normalize
     refused the uint8 tensor ("Input tensor should be a float tensor") with no word of PIL; put

@@ -362,11 +362,13 @@ def test_captions_that_span_lines_are_read_whole_in_a_table_of_many_blocks(tmp_p
     assert listing.samples[77_777].caption == rows[77_777]["caption"]
 
 
-@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
-def test_a_quote_that_never_closes_is_refused_with_its_line(tmp_path: Path, newline: str) -> None:
-    """The rows after a stray quote were packed as one caption, without a word."""
+@pytest.mark.parametrize(("newline", "stray"), [("\n", 'a.jpg,"a cat'), ("\r\n", 'a.jpg,"a cat'),
+                                               ("\r", 'a.jpg,"a cat'), ("\n", '"a.jpg,a cat')])
+def test_a_quote_that_never_closes_is_refused_with_its_line(tmp_path: Path, newline: str, stray: str) -> None:
+    """The rows after a stray quote were packed as one caption, without a word (or, in the image
+    column, refused for a column count)."""
     (tmp_path / "a.jpg").write_bytes(encode_image((8, 8)))
-    lines = ["image,caption", 'a.jpg,"a ""quoted"" word"', 'a.jpg,"a cat', "a.jpg,a dog", "a.jpg,a bird", ""]
+    lines = ["image,caption", 'a.jpg,"a ""quoted"" word"', stray, "a.jpg,a dog", "a.jpg,a bird", ""]
     (tmp_path / "pairs.csv").write_text(newline.join(lines), encoding="utf-8", newline="")
     result = CliRunner().invoke(cli, ["pack", str(tmp_path / "pairs.csv"), str(tmp_path / "out")])
     assert result.exit_code == 1, result.output
@@ -374,7 +376,7 @@ def test_a_quote_that_never_closes_is_refused_with_its_line(tmp_path: Path, newl
                                      'cell opens and never closes (a stray " ?); the lines after it would be read '
                                      "as its text)"), result.output
     assert not (tmp_path / "out").exists()
-    lines[2] += '"'  # closed: three rows, the last caption spanning no line
+    lines[2] = 'a.jpg,"a cat"' if stray.startswith("a.jpg") else '"a.jpg",a cat'  # closed
     (tmp_path / "pairs.csv").write_text(newline.join(lines), encoding="utf-8", newline="")
     result = CliRunner().invoke(cli, ["pack", str(tmp_path / "pairs.csv"), str(tmp_path / "out")])
     assert result.exit_code == 0 and "samples   4" in result.output, result.output

@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds, comma-separated: each fed row again under each (e.g. 0.0005,0.0001)")
     args = parser.parse_args(argv)
     default_interval = sys.getswitchinterval()
-    intervals = [default_interval] + [float(x) for x in args.switch_intervals.split(",") if x]
+    intervals = [default_interval] + [x for x in map(float, filter(None, args.switch_intervals.split(",")))
+                                      if x != default_interval]
     device = torch.device("cuda")
     step = TrainStep(args.model, 1000, device)
     transform = transforms.imagenet_train(args.size, normalize=True, dtype=torch.bfloat16, channels_last=True)

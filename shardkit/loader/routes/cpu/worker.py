@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,23 +36,47 @@ __all__ = ["CpuBatch", "CpuBatchBuilder"]
 #: ``PILToTensor``, timm's ``MaybeToTensor`` and ``MaybePILToTensor`` (which pass a tensor through
 #: as it is, so a uint8 tensor reaches a ``Normalize`` that wants floats).
 PIL_STEPS = frozenset({"ToTensor", "PILToTensor", "MaybeToTensor", "MaybePILToTensor"})
+#: Steps that turn the loader's tensor into what a PIL step takes.
+TO_PIL_STEPS = frozenset({"ToPILImage"})
 
 
-def pil_step(transform: Any) -> str | None:
+def pil_step(transform: Any, *, tensor_refused: bool = False) -> str | None:
     """The name of the first step of ``transform`` (a ``Compose``, nested ones too) written for
-    PIL images (:data:`PIL_STEPS`), or None.
+    PIL images (:data:`PIL_STEPS`) that the loader's tensor reaches as a tensor (no
+    ``ToPILImage`` before it): ``""`` for ``transform`` itself taking PIL images (its TypeError
+    says so: ``tensor_refused``) with no ``ToPILImage`` in it; otherwise None, and None where the
+    pipeline cannot be walked.
 
     Example:
         >>> from torchvision import transforms as T
         >>> pil_step(T.Compose([T.Resize(8), T.Compose([T.ToTensor()])])), pil_step(T.Resize(8))
         ('ToTensor', None)
+        >>> pil_step(T.Compose([T.ToPILImage(), T.ToTensor()])) is None
+        True
+        >>> pil_step(T.Resize(8), tensor_refused=True)
+        ''
     """
-    if type(transform).__name__ in PIL_STEPS:
-        return type(transform).__name__
-    for step in getattr(transform, "transforms", None) or ():
-        if (found := pil_step(step)) is not None:
-            return found
-    return None
+    try:
+        for name in _step_names(transform, set()):
+            if name in TO_PIL_STEPS:
+                return None
+            if name in PIL_STEPS:
+                return name
+    except Exception:  # a pipeline of its own making: its error is told as it is
+        return None
+    return "" if tensor_refused else None
+
+
+def _step_names(transform: Any, seen: set[int]) -> Iterator[str]:
+    """The class names of ``transform`` and of its steps (``.transforms``, nested), in order."""
+    if id(transform) in seen:
+        return
+    seen.add(id(transform))
+    yield type(transform).__name__
+    inner = getattr(transform, "transforms", None)
+    if isinstance(inner, (list, tuple)):
+        for step in inner:
+            yield from _step_names(step, seen)
 
 
 @dataclass
@@ -201,8 +225,8 @@ class CpuBatchBuilder:
                 try:
                     result = transform(image)
                 except Exception as err:
-                    step = pil_step(transform)
-                    if not (isinstance(err, TypeError) and "PIL" in str(err)) and step is None:
+                    step = pil_step(transform, tensor_refused=isinstance(err, TypeError) and "PIL" in str(err))
+                    if step is None:
                         blame(err, sample.where)
                         raise
                     raise LoaderError(f"the transform takes PIL images{f' (it has {step})' if step else ''}, and "
