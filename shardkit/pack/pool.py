@@ -75,8 +75,8 @@ def _exit_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def _ctrl_c_deferred() -> Iterator[None]:
-    """Hold back Ctrl-C (and SIGTERM) meanwhile: one that arrives is raised when this ends.
+def ctrl_c_deferred(signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold back Ctrl-C (and SIGTERM, of ``signals``) meanwhile: one that arrives is raised when this ends.
 
     Two parts. Python raises KeyboardInterrupt in the main thread whichever thread the signal
     reached, so the handlers only record it here: an interrupt between starting a worker and
@@ -90,8 +90,7 @@ def _ctrl_c_deferred() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    handlers = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in signals}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:
         yield
@@ -134,7 +133,7 @@ def _stop_workers(pool: ProcessPoolExecutor, futures: Iterable[Future[ShardRecei
     the names of the queues' semaphores (no process opens them any more), a second Ctrl-C deferred
     meanwhile. The pool's own shutdown waits for running shards and, once interrupted, hung."""
     processes, manager, queues = pool_processes(pool), pool_manager_thread(pool), pool_queues(pool)
-    with _ctrl_c_deferred(), _cancelled_futures_quiet(manager):
+    with ctrl_c_deferred(), _cancelled_futures_quiet(manager):
         for future in futures:
             future.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -211,7 +210,7 @@ class _Names:
 
     def unlink(self) -> None:
         """Remove the names now; once: the tracker prints a traceback for a name withdrawn twice."""
-        with _ctrl_c_deferred():  # all or nothing: a name left half withdrawn makes the tracker warn at exit
+        with ctrl_c_deferred():  # all or nothing: a name left half withdrawn makes the tracker warn at exit
             if self.done:
                 return
             self.done = True
@@ -267,7 +266,7 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
     tally = _Tally(on_sample) if on_sample is not None else None
     receipts = []
     futures: dict[Future[ShardReceipt], ShardTask] = {}
-    with _ctrl_c_deferred():  # the workers start (on submit) with Ctrl-C blocked: see _ctrl_c_deferred
+    with ctrl_c_deferred():  # the workers start (on submit) with Ctrl-C blocked: see ctrl_c_deferred
         # made meanwhile too: a semaphore interrupted between its tracking and its clean-up made
         # the resource tracker warn of a leak at exit
         reports = context.Queue()
@@ -275,12 +274,12 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
                                    initargs=(reports, on_sample is not None))
         names = _Names(pool, reports)
     try:
-        with _ctrl_c_deferred():
+        with ctrl_c_deferred():
             for t in tasks:
                 futures[pool.submit(_write_reporting, t)] = t
         names.started()
         done: queue_module.SimpleQueue[Future[ShardReceipt]] = queue_module.SimpleQueue()
-        with _ctrl_c_deferred():  # each takes the future's lock, as wait() did (see the module doc)
+        with ctrl_c_deferred():  # each takes the future's lock, as wait() did (see the module doc)
             for future in futures:
                 future.add_done_callback(done.put)
         for _ in range(len(futures)):
@@ -296,7 +295,7 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
             _stop_workers(pool, futures, names)
             raise
         try:
-            with _ctrl_c_deferred():
+            with ctrl_c_deferred():
                 for future in futures:
                     future.cancel()  # shards not started
             pool.shutdown(wait=True)  # an error: running shards finish and are kept for a resume

@@ -3,11 +3,20 @@
 Ray is imported here only, and only when a Ray pack is asked for. Output bytes do not depend
 on the executor: the plan is made (purely) in the driver and every task writes one shard.
 Every node of the cluster needs shardkit installed (tasks run ``shardkit.pack.write.write_shard``).
+
+Stopping early never calls ``ray.cancel``: Ray (2.60) cancels a task whose result is arriving by
+failing it while its reply completes it, and the driver dies on an internal check ("Tried to complete
+task that was not pending", a C++ abort with no Python exception), a race no caller can avoid (it
+hit about one Ctrl-C in two). Ctrl-C ends the pack's own connection instead (a cluster it started
+is stopped; on one it joined, Ray kills a finished driver's tasks); an error, or Ctrl-C on a Ray
+the caller connected, lets the tasks in flight finish (their shards are kept for a resume).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +24,7 @@ from typing import Any
 
 from shardkit._ray_reach import join_cluster
 from shardkit.errors import PackError, ShardkitError
+from shardkit.pack.pool import ctrl_c_deferred
 from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
 from shardkit.sources.files import Files
 from shardkit.storage import Store
@@ -23,9 +33,12 @@ INSTALL_HINT = "pip install 'shardkit[ray]'"
 #: Tasks submitted but not finished, per CPU of the cluster: enough to keep every CPU busy
 #: while results come back, without submitting (and pickling) 100k shards up front.
 IN_FLIGHT_PER_CPU = 2
-_CANCEL_WAIT_S = 10.0
 #: Seconds the cluster at ``--ray ADDRESS`` has to answer before ``ray.init`` is tried.
 REACH_TIMEOUT_S = 10.0
+
+#: Whether this process's Ray connection is :func:`ray_cluster`'s, which ends it with the pack
+#: (else it is the caller's, and outlives the pack).
+_connected_here = False
 
 
 def import_ray() -> Any:
@@ -77,30 +90,36 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
             :data:`REACH_TIMEOUT_S` or refuses this process (why, in a line), or a local one
             cannot start.
     """
+    global _connected_here
     ray = import_ray()
     if ray.is_initialized():
         yield ray
         return
-    if address is not None:
-        try:
-            join_cluster(ray, address, REACH_TIMEOUT_S)
-        except (ValueError, ConnectionError) as refused:
-            raise PackError(str(refused), where="" if address in str(refused) else address) from None
-    else:
-        try:
-            with _quiet_token_notice():
-                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                         logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            if "existing cluster" in str(err):  # Ray joins a local cluster it finds, with no num_cpus
-                raise PackError("a Ray cluster is already running (on this machine, or at RAY_ADDRESS): use it "
-                                "with --ray auto (executor='ray', ray_address='auto'), or stop it (ray stop) for a "
-                                "cluster of the pack's own", where="local") from err
-            raise PackError(f"cannot start a Ray cluster ({err})", where="local") from err
     try:
+        if address is not None:
+            try:
+                join_cluster(ray, address, REACH_TIMEOUT_S)
+            except (ValueError, ConnectionError) as refused:
+                raise PackError(str(refused), where="" if address in str(refused) else address) from None
+        else:
+            # Ctrl-C is held until the local cluster is up (seconds): raised inside ray.init, it left
+            # Ray's agent processes running after the pack and the process died of SIGSEGV at exit.
+            with _quiet_token_notice(), ctrl_c_deferred((signal.SIGINT,)):
+                try:
+                    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                             logging_level=logging.WARNING)
+                except (ConnectionError, RuntimeError, ValueError) as err:
+                    if "existing cluster" in str(err):  # Ray joins a local cluster it finds, with no num_cpus
+                        raise PackError("a Ray cluster is already running (on this machine, or at RAY_ADDRESS): use "
+                                        "it with --ray auto (executor='ray', ray_address='auto'), or stop it (ray "
+                                        "stop) for a cluster of the pack's own", where="local") from err
+                    raise PackError(f"cannot start a Ray cluster ({err})", where="local") from err
+        _connected_here = True
         yield ray
     finally:
-        ray.shutdown()
+        _connected_here = False
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 class _TokenNotice(logging.Filter):
@@ -135,10 +154,14 @@ def write_on_ray(
         return run_ray(ray, tasks, on_done)
 
 
-def _write_where(task: ShardTask) -> tuple[ShardReceipt, str]:
-    """The Ray task: :func:`write_shard`, and the id of the node that ran it."""
+def _write_where(task: ShardTask, cwd: str) -> tuple[ShardReceipt, str]:
+    """The Ray task: :func:`write_shard`, and the id of the node that ran it. ``cwd``: the
+    driver's working directory, which relative local paths start from (a worker starts in the
+    one ``ray start`` ran in); local paths reach only a single-node cluster (:func:`_check_nodes`)."""
     import ray
 
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
     return write_shard(task), ray.get_runtime_context().get_node_id()
 
 
@@ -167,8 +190,9 @@ def run_ray(
 
     At most ``max_in_flight`` tasks (default: ``IN_FLIGHT_PER_CPU`` per cluster CPU) are
     submitted at a time. ``on_done`` gets each finished shard's task and receipt (it may raise to
-    stop the pack). On any error or interrupt the outstanding tasks are cancelled; what finished
-    stays, so a re-run resumes.
+    stop the pack). What finished stays, so a re-run resumes. Tasks are never cancelled (see the
+    module doc): on Ctrl-C, when :func:`ray_cluster` made the connection, it is ended at once (and
+    with it the tasks in flight); otherwise those finish before the error or interrupt is raised.
 
     Raises:
         PackError: a shard failed (named, with the worker's error as cause), or DST is a local
@@ -192,18 +216,18 @@ def run_ray(
 
     try:
         for task in tasks:
-            running[remote_write.remote(task)] = task
+            running[remote_write.remote(task, os.getcwd())] = task
             if len(running) >= limit:
                 collect()
         while running:
             collect()
-    except BaseException:
-        for ref in running:
-            ray.cancel(ref)
-        # Let the cancellations land, so that a re-run started right away (on a cluster that
-        # outlives this call) does not race with tasks still writing this pack's state.
-        if running:
-            ray.wait(list(running), num_returns=len(running), timeout=_CANCEL_WAIT_S)
+    except BaseException as stop:
+        if running and _connected_here and not isinstance(stop, Exception):
+            ray.shutdown()  # Ctrl-C: the pack's own driver ends, and Ray stops its tasks
+        elif running:
+            # Nothing may write this pack's state once this returns (a re-run could be writing it);
+            # a second Ctrl-C stops waiting.
+            ray.wait(list(running), num_returns=len(running))
         raise
     return receipts, dict(sorted(nodes.items()))
 

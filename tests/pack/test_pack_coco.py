@@ -196,7 +196,7 @@ def test_an_image_record_of_another_size_is_said_and_its_annotations_checked_at_
     dst = tmp_path / "out"
     result = pack_coco(str(images_dir), str(ann), str(dst), options=OPTIONS, workers=2)
     report = result.manifest.extra["annotation_report"]
-    said = {}
+    said: dict[str, list[str]] = {}
     for p in report["problems"]:
         said.setdefault(p["source"], []).append(p["reason"])
     loader_does = ("; packed as is: the loader takes the image's size (masks are made at {}, as torchvision's "
