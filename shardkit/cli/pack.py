@@ -221,8 +221,8 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
             print_skipped(err.skipped, err=True)
         raise
     except StorageError as err:
-        if source_option and _O_HINT in err.message and _under(err.where, src, annotations):
-            # the source read --source-option's options, not -o's
+        if source_option and _O_HINT in err.message and err.where and not _under(err.where, dst):
+            # the source (SRC, the annotations, a table's image URLs) read --source-option's options, not -o's
             raise StorageError(err.message.replace(_O_HINT, "--source-option client_kwargs.endpoint_url=…"),
                                where=err.where) from err.__cause__
         raise

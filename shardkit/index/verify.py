@@ -270,12 +270,11 @@ def _check_coco(fields: dict[str, bytes], manifest: Manifest, here: str,
         if bbox_malformed(ann.get("bbox")):
             report.problems.append(f"{here}: annotation {ann.get('id')!r}: bbox is not 4 numbers "
                                    f"({ann.get('bbox')!r:.60}): the loader replaces this image with another")
-        elif "segmentation" in ann and segmentation_malformed(ann["segmentation"], image.get("width"),
-                                                                image.get("height")):
-            # an RLE is made for the image the loader decodes, whatever size the record says
-            if not size:
-                size.extend(_image_size(fields))
-            if segmentation_malformed(ann["segmentation"], *size):
+        elif "segmentation" in ann:
+            seg = ann["segmentation"]
+            if isinstance(seg, dict) and not size:  # an RLE is checked against the image the loader
+                size.extend(_image_size(fields))    # decodes, whatever size the record says
+            if segmentation_malformed(seg, *(size if isinstance(seg, dict) else (None, None))):
                 report.flagged.append(f"{here}: annotation {ann.get('id')!r}")
 
 

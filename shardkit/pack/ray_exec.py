@@ -160,9 +160,15 @@ def _write_where(task: ShardTask, cwd: str) -> tuple[ShardReceipt, str]:
     one ``ray start`` ran in); local paths reach only a single-node cluster (:func:`_check_nodes`)."""
     import ray
 
-    if os.path.isdir(cwd):
+    try:
+        before = os.getcwd()
         os.chdir(cwd)
-    return write_shard(task), ray.get_runtime_context().get_node_id()
+    except OSError:  # not this worker's to enter (another user's home): absolute paths and URLs need it not
+        return write_shard(task), ray.get_runtime_context().get_node_id()
+    try:
+        return write_shard(task), ray.get_runtime_context().get_node_id()
+    finally:
+        os.chdir(before)  # the worker runs the job's other tasks where it was
 
 
 def _check_nodes(ray: Any, task: ShardTask) -> None:

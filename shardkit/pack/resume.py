@@ -135,14 +135,20 @@ def clear_destination(store: Store) -> None:
             store.remove(name)
 
 
-def _reusable(store: Store, plans: list[ShardPlan]) -> dict[int, ShardReceipt]:
+def _reusable(store: Store, plans: list[ShardPlan], *, coco: bool = False) -> dict[int, ShardReceipt]:
+    """The receipts of the shards of ``plans`` already written whole. ``coco``: a COCO pack, whose
+    receipts must record its images' sizes (receipts of an earlier shardkit do not: their shards
+    are written again, so that the annotation report is made at the images' sizes)."""
     state = store.child(PACK_STATE_DIR)
     done = set(state.listdir())
     sizes = store.file_sizes()  # one listing, not a request per shard
     receipts = {}
     for plan in plans:
         if receipt_name(plan) in done and plan.name in sizes:
-            receipt = ShardReceipt.from_json(state.read_bytes(receipt_name(plan)))
+            raw = state.read_bytes(receipt_name(plan))
+            if coco and b'"image_sizes"' not in raw:
+                continue
+            receipt = ShardReceipt.from_json(raw)
             if receipt.name == plan.name and sizes[plan.name] == receipt.num_bytes:
                 receipts[plan.index] = receipt
     return receipts
@@ -206,7 +212,7 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
                 store.remove(name)
         if not state.exists(_PLAN_NAME):
             state.write_bytes(_PLAN_NAME, plan)
-        return DestinationState(None, _reusable(store, plans))
+        return DestinationState(None, _reusable(store, plans, coco=source is not None and source[0] == "coco"))
     if entries:
         count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
         raise DestinationInUse(f"is not empty ({count}, e.g. {entries[0]!r})",

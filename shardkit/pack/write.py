@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 
 from shardkit.format.offsets import dump_offsets
@@ -57,7 +57,8 @@ class ShardReceipt:
 
     @classmethod
     def from_json(cls, data: bytes) -> ShardReceipt:
-        return cls(**json.loads(data))
+        known = {f.name for f in fields(cls)}  # a field a later shardkit added is left out
+        return cls(**{k: v for k, v in json.loads(data).items() if k in known})
 
 
 ShardDone = Callable[[ShardTask, ShardReceipt], None]

@@ -18,8 +18,9 @@ skipped images:
 * annotation records sharing an id: each kept as written, in its own image's sample, and
   flagged: ``CocoDetection`` (pycocotools keys annotations by id) gives the last record of the
   id in the place of each;
-* image records repeating an image id: the last one is packed, as pycocotools (``imgs[id] =
-  img``) and so ``CocoDetection`` keep it; the earlier ones are not (``warnings``), nor are
+* image records repeating an image id: the last one stands for the id, as pycocotools (``imgs[id] =
+  img``) and so ``CocoDetection`` keep it (packed unless refused on its own); the earlier ones
+  are not packed (``warnings``), nor are
   ``file_name``s escaping the images folder;
 * files missing on disk: kept with ``size=-1``; the packer skips them with a reason.
 
@@ -339,9 +340,9 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     for i, image in enumerate(records):
         if last[image["id"]] != i:
             warnings.append({"source": str(image["file_name"]),
-                             "reason": f"images[{i}]: repeated image id (id {image['id']!r}: the last record of "
-                                       f"it, images[{last[image['id']]}], is packed, as pycocotools and so "
-                                       "CocoDetection keep it)"})
+                             "reason": f"images[{i}]: repeated image id (id {image['id']!r}: its last record, "
+                                       f"images[{last[image['id']]}], stands for it, as pycocotools and so "
+                                       "CocoDetection keep the last)"})
             continue
         sizes = [(side, image.get(side, 1)) for side in ("width", "height")]  # a file without them: as it is
         bad = next(((side, v) for side, v in sizes

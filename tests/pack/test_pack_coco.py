@@ -156,8 +156,8 @@ def test_a_repeated_image_id_packs_the_last_record_as_coco_detection(coco: tuple
     dst = tmp_path / "out"
     result = pack_coco(str(images_dir), str(ann), str(dst), options=OPTIONS, workers=1)
     assert [(s["source"], s["reason"]) for s in result.manifest.skipped] == [
-        (doc["images"][4]["file_name"], f"images[4]: repeated image id (id {image_id}: the last record of it, "
-                                        "images[5], is packed, as pycocotools and so CocoDetection keep it)")]
+        (doc["images"][4]["file_name"], f"images[4]: repeated image id (id {image_id}: its last record, "
+                                        "images[5], stands for it, as pycocotools and so CocoDetection keep the last)")]
     reference = CocoDetection(str(images_dir), str(ann))
     samples = _read_webdataset(dst)
     assert len(samples) == len(reference) == len(doc["images"]) - 1
@@ -169,6 +169,50 @@ def test_a_repeated_image_id_packs_the_last_record_as_coco_detection(coco: tuple
         assert sample.get("jpg", sample.get("png")) == (images_dir / record["file_name"]).read_bytes()
     assert record is not None and reference.coco.imgs[image_id] is not None
     assert reference.coco.imgs[image_id]["file_name"] == doc["images"][5]["file_name"]
+
+
+def test_verify_checks_an_rle_against_the_image_even_where_it_fits_a_wrong_record(
+        coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+    """An RLE of the record's wrong size fit the record, so verify said OK where the loader with
+    masks=True refuses the image."""
+    images_dir, ann, doc = coco
+    image = next(im for im in doc["images"] if im["id"] == 100)
+    image.update(width=20, height=20)
+    rle = next(a for a in doc["annotations"] if a["image_id"] == 100 and isinstance(a.get("segmentation"), dict))
+    rle["segmentation"] = {"size": [20, 20], "counts": [0, 400]}
+    ann.write_text(json.dumps(doc), encoding="utf-8")
+    pack_coco(str(images_dir), str(ann), str(tmp_path / "out"), options=OPTIONS, workers=1)
+    report = verify_dataset(str(tmp_path / "out"))
+    assert [f.rsplit(": ", 1)[1] for f in report.flagged] == [f"annotation {rle['id']!r}"], report.flagged
+
+
+def test_a_coco_pack_begun_by_an_earlier_shardkit_writes_its_shards_again_for_the_image_sizes(
+        coco: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+    """Receipts of an earlier shardkit record no image sizes: resumed from them, the report kept
+    the flags made at a wrong record's size and left out the record's own."""
+    images_dir, ann, doc = coco
+    next(im for im in doc["images"] if im["id"] == 100).update(width=20, height=20)
+    ann.write_text(json.dumps(doc), encoding="utf-8")
+    fresh = pack_coco(str(images_dir), str(ann), str(tmp_path / "fresh"), options=OPTIONS, workers=1)
+    dst, seen = tmp_path / "out", []
+
+    def stop(n: int) -> None:
+        seen.append(n)
+        if len(seen) == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack_coco(str(images_dir), str(ann), str(dst), options=OPTIONS, workers=1, progress=stop)
+    receipts = list((dst / ".shardkit-pack").glob("*.done.json"))
+    assert receipts
+    for receipt in receipts:  # as an earlier shardkit wrote them
+        fields = json.loads(receipt.read_text(encoding="utf-8"))
+        del fields["image_sizes"]
+        receipt.write_text(json.dumps(fields), encoding="utf-8")
+    resumed = pack_coco(str(images_dir), str(ann), str(dst), options=OPTIONS, workers=1)
+    assert resumed.reused_shards == 0
+    assert resumed.manifest.extra == fresh.manifest.extra
+    assert "the record of image id 100 says 20x20" in json.dumps(resumed.manifest.extra)
 
 
 def test_an_image_record_of_another_size_is_said_and_its_annotations_checked_at_the_image_size(
