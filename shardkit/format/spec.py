@@ -25,6 +25,10 @@ HASHES_NAME = "index.hashes"
 #: Versions of ``index.table`` this shardkit reads (and the one it writes, the last).
 TABLE_VERSIONS = (1,)
 SHARD_SUFFIX = ".tar"
+#: Compressed tar files: shards that must be decompressed before they are indexed (a shard is read in
+#: place, by byte offset, so it must be a plain tar).
+COMPRESSED_SHARD_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
+                             ".tar.zstd", ".tzst", ".tar.lz4", ".tar.lz", ".tar.lzma", ".tar.br")
 #: The folder in DST where an unfinished ``shardkit pack`` keeps its plan; gone once ``index.json``
 #: is written. Shards beside it are part of a pack, not a dataset.
 PACK_STATE_DIR = ".shardkit-pack"

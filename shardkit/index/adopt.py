@@ -23,6 +23,7 @@ from shardkit.format.bounded import parse_json
 from shardkit.format.dali_index import dali_index_name, dump_dali_index
 from shardkit.format.offsets import dump_offsets, load_offsets
 from shardkit.format.spec import (
+    COMPRESSED_SHARD_SUFFIXES,
     IMAGE_EXTENSIONS,
     IMAGE_MEMBER_EXTENSIONS,
     INDEX_NAME,
@@ -45,11 +46,6 @@ log = logging.getLogger("shardkit.index")
 #: The largest label ``shardkit index`` accepts: the class list it writes holds every label up to the
 #: largest one (a shard claiming label 100000000 must not make it build a list of 10**8 names).
 MAX_INFERRED_CLASSES = 1 << 20
-
-#: Compressed tar files: shards that must be decompressed before they are indexed (a shard is read in
-#: place, by byte offset, so it must be a plain tar).
-COMPRESSED_SHARD_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
-                             ".tar.zstd", ".tzst", ".tar.lz4", ".tar.lz", ".tar.lzma", ".tar.br")
 
 
 @dataclass
@@ -161,6 +157,33 @@ def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
                                   f"{names[label]!r} in the class names given", where=first_at.get(label, where))
         return tuple(names)
     return tuple(labels.get(i) or str(i) for i in range(top + 1))
+
+
+def _shards_left_out(names: list[str], urls: list[str]) -> str | None:
+    """What a refusal says of shards beside the ``.tar`` ones that indexing would leave out
+    (compressed, or named ``.TAR``): shards of the same set, most likely, whose samples an index
+    of the others would lose without a word; None if there are none.
+
+    >>> _shards_left_out(["a.tar", "b.tgz"], ["a.tar"])[:66]
+    'holds 1 .tar shard and beside it 1 compressed shard (b.tgz: decomp'
+    """
+    packed = [n for n in names if n.lower().endswith(COMPRESSED_SHARD_SUFFIXES)]
+    cased = [n for n in names if n not in urls and n not in packed and n.lower().endswith(SHARD_SUFFIX)]
+    if not packed and not cased:
+        return None
+
+    def some(found: list[str]) -> str:
+        return f"{', '.join(found[:2])}{', ...' if len(found) > 2 else ''}"
+
+    def it(found: list[str]) -> str:
+        return "it" if len(found) == 1 else "them"
+
+    what = ([f"{len(packed):,} compressed {'shard' if len(packed) == 1 else 'shards'} ({some(packed)}: "
+             f"decompress {it(packed)})"] if packed else [])
+    what += [f"{some(cased)} (shard names end in {SHARD_SUFFIX}, in lower case: rename {it(cased)})"] if cased else []
+    return (f"holds {len(urls):,} {SHARD_SUFFIX} {'shard' if len(urls) == 1 else 'shards'} and beside "
+            f"{'it' if len(urls) == 1 else 'them'} {' and '.join(what)}, which an index would leave out; or move "
+            f"{it(packed + cased)} aside")
 
 
 def _why_no_shards(store: Store, names: list[str]) -> str:
@@ -308,6 +331,8 @@ def adopt_shards(
         if store.remote and not names and not store.exists(""):  # an empty listing: nothing there, or no folder
             raise ManifestError("does not exist", where=store.url)
         raise ManifestError(f"no .tar shards here to index{_why_no_shards(store, names)}", where=store.url)
+    if urls and (beside := _shards_left_out(names, urls)):
+        raise ManifestError(beside, where=store.url)
     for name in urls:
         _check_offsets_slot(store, name, overwrite)
     if kind not in ("auto", "imagefolder", "captions"):

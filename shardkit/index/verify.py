@@ -15,7 +15,15 @@ from shardkit.format.coco import bbox_malformed, segmentation_malformed
 from shardkit.format.crc import crc32
 from shardkit.format.dali_index import dali_index_name, dump_dali_index, load_dali_index
 from shardkit.format.offsets import REPAIR, load_offsets
-from shardkit.format.spec import IMAGE_MEMBER_EXTENSIONS, INDEX_NAME, TABLE_NAME, check_key, offsets_name
+from shardkit.format.spec import (
+    COMPRESSED_SHARD_SUFFIXES,
+    IMAGE_MEMBER_EXTENSIONS,
+    INDEX_NAME,
+    SHARD_SUFFIX,
+    TABLE_NAME,
+    check_key,
+    offsets_name,
+)
 from shardkit.format.tarread import TarEntry, iter_entries, sample_key
 from shardkit.index._hashing import HashingReader
 from shardkit.index.manifest import Manifest, ShardEntry
@@ -388,13 +396,15 @@ def _unreadable(store: Store, entry: ShardEntry, err: ShardkitError, *, adopted:
 
 
 def _unlisted(store: Store, manifest: Manifest) -> list[str]:
-    """The ``.tar`` files directly in the dataset's folder that ``index.json`` does not name
-    (hidden ones, such as macOS's ``._`` files, left out, as ``shardkit index`` leaves them);
-    none where the folder cannot be listed (a bucket read without the right to list it)."""
+    """The ``.tar`` files directly in the dataset's folder that ``index.json`` does not name, and
+    compressed or ``.TAR`` ones (hidden ones, such as macOS's ``._`` files, left out, as ``shardkit
+    index`` leaves them); none where the folder cannot be listed (a bucket read without the right
+    to list it)."""
     named = {posixpath.normpath(entry.url) for entry in manifest.shards}
     try:
         names = store.listdir()
     except ShardkitError:
         return []
     return [store.path(name) for name in names
-            if name.endswith(".tar") and not name.startswith(".") and name not in named]
+            if name.lower().endswith((SHARD_SUFFIX, *COMPRESSED_SHARD_SUFFIXES)) and not name.startswith(".")
+            and name not in named]

@@ -259,6 +259,29 @@ def test_compressed_shards_are_named_when_there_is_no_tar(tmp_path: Path) -> Non
                                       "decompress them first)") in result.output, result.output
 
 
+def test_compressed_or_upper_case_shards_beside_tar_ones_are_refused_not_left_out(tmp_path: Path) -> None:
+    """A .tar.gz or .TAR beside .tar shards was left out of the index, its samples lost, and
+    verify said OK."""
+    root = tmp_path / "mixed"
+    root.mkdir()
+    _tar(root / "shard-000000.tar", [("a.jpg", encode_image((8, 8))), ("a.cls", b"0")])
+    (root / "shard-000001.tar.gz").write_bytes(b"\x1f\x8b")
+    (root / "shard-000002.TAR").write_bytes(b"x")
+    result = CliRunner().invoke(cli, ["index", str(root)])
+    assert result.exit_code == 1
+    assert result.output == (f"error: {root}: holds 1 .tar shard and beside it 1 compressed shard "
+                             "(shard-000001.tar.gz: decompress it) and shard-000002.TAR (shard names end in .tar, in "
+                             "lower case: rename it), which an index would leave out; or move them aside\n")
+    assert not (root / "index.json").exists()
+    (root / "shard-000001.tar.gz").unlink()
+    (root / "shard-000002.TAR").rename(root / "elsewhere.TAR.bak")
+    assert CliRunner().invoke(cli, ["index", str(root)]).exit_code == 0
+    (root / "shard-000003.tgz").write_bytes(b"x")  # one that came later: verify names it
+    result = CliRunner().invoke(cli, ["verify", str(root)])
+    assert "1 tar file beside the shards not in index.json" in result.output, result.output
+    assert str(root / "shard-000003.tgz") in result.output
+
+
 def _labelled(root: Path, labels: list[int]) -> Path:
     root.mkdir()
     _tar(root / "x-000000.tar", [m for i, label in enumerate(labels)
