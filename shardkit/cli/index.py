@@ -13,7 +13,7 @@ def _class_names(path: str | None) -> list[str] | None:
     if path is None:
         return None
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a BOM (Notepad's UTF-8) is no part of a name
             lines = [line.strip() for line in f]
     except (OSError, UnicodeDecodeError) as err:
         raise click.BadParameter(f"cannot read {path} as UTF-8 text ({err})",

@@ -156,7 +156,15 @@ def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
                 raise FormatError(f"label {label} is {name!r} in the shards' json but "
                                   f"{names[label]!r} in the class names given", where=first_at.get(label, where))
         return tuple(names)
-    return tuple(labels.get(i) or str(i) for i in range(top + 1))
+    inferred = tuple(labels.get(i) or str(i) for i in range(top + 1))
+    named: dict[str, int] = {}
+    for label, name in enumerate(inferred):
+        if name in named:  # as --classes refuses a name twice: a label's class is its name
+            raise FormatError(f"labels {named[name]} and {label} are both {name!r} in the shards' json (at "
+                              f"{first_at.get(named[name], '?')} and here): class names must differ; pass --classes "
+                              "FILE naming the classes in label order", where=first_at.get(label, where))
+        named[name] = label
+    return inferred
 
 
 def _shards_left_out(names: list[str], urls: list[str]) -> str | None:

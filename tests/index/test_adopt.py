@@ -47,7 +47,7 @@ def test_shardwriter_shards_become_a_dataset(tmp_path: Path) -> None:
     root = _write_wds(tmp_path / "wds")
     assert b"PaxHeader" in (root / "train-000000.tar").read_bytes()
     classes = tmp_path / "classes.txt"
-    classes.write_text("\n".join(CLASSES) + "\n")
+    classes.write_text("\n".join(CLASSES) + "\n", encoding="utf-8-sig")  # with a BOM: no part of the first name
     result = CliRunner().invoke(cli, ["index", str(root), "--classes", str(classes)])
     assert result.exit_code == 0, result.output
     assert "3 shards, 24 samples, 3 classes" in result.output
@@ -280,6 +280,21 @@ def test_compressed_or_upper_case_shards_beside_tar_ones_are_refused_not_left_ou
     result = CliRunner().invoke(cli, ["verify", str(root)])
     assert "1 tar file beside the shards not in index.json" in result.output, result.output
     assert str(root / "shard-000003.tgz") in result.output
+
+
+def test_two_labels_of_one_class_name_in_the_json_are_refused_as_classes_are(tmp_path: Path) -> None:
+    """Labels 0 and 1 both named "cat" in the samples' json were indexed as classes "cat, cat",
+    where a --classes file naming "cat" twice is refused."""
+    root = tmp_path / "dup"
+    root.mkdir()
+    _tar(root / "x-000000.tar", [("a.jpg", encode_image((8, 8))), ("a.cls", b"0"), ("a.json", b'{"class": "cat"}'),
+                                 ("b.jpg", encode_image((8, 8))), ("b.cls", b"1"), ("b.json", b'{"class": "cat"}')])
+    result = CliRunner().invoke(cli, ["index", str(root)])
+    assert result.exit_code == 1
+    assert result.output == (f"error: {root / 'x-000000.tar'}:b: labels 0 and 1 are both 'cat' in the shards' json "
+                             f"(at {root / 'x-000000.tar'}:a and here): class names must differ; pass --classes FILE "
+                             "naming the classes in label order\n"), result.output
+    assert not (root / "index.json").exists()
 
 
 def _labelled(root: Path, labels: list[int]) -> Path:
