@@ -1,3 +1,3 @@
-from shardkit.cli import main
+from shardkit._entry import main
 
 main()

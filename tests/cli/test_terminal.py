@@ -351,6 +351,28 @@ def test_another_ctrl_c_in_the_interpreters_last_instants_keeps_the_exit_code() 
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
 
 
+_CTRL_C_WHILE_IMPORTING = """
+import runpy, sys
+
+class CtrlC:  # Ctrl-C landing while the command line's modules import
+    def find_spec(self, name, path, target=None):
+        if name == "shardkit.cli.pack":
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["shardkit", "info", "nowhere"]
+runpy.run_module("shardkit", run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_the_command_imports_says_interrupted_not_a_traceback() -> None:
+    """A Ctrl-C in the first few tenths of a second (``import shardkit.cli``, before any handler)
+    printed a KeyboardInterrupt traceback."""
+    done = subprocess.run([sys.executable, "-c", _CTRL_C_WHILE_IMPORTING], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parents[2])
+    assert (done.returncode, done.stderr) == (130, "interrupted\n"), done.stderr[-2000:]
+
+
 def test_ctrl_c_out_of_a_string_exec_still_exits_130_under_python_m(tmp_path: Path) -> None:
     """A KeyboardInterrupt that ends a string exec/eval (a namedtuple a lazy import builds: PIL's
     plugins during verify --decode) is marked unhandled by CPython even once caught, and
