@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posixpath
+
 import click
 
 from shardkit.cli.location import LOCATION
@@ -34,7 +36,21 @@ def _class_names(path: str | None) -> list[str] | None:
     return lines
 
 
-@click.command("index")
+class _IndexCommand(click.Command):
+    """``shardkit index``, telling ``shardkit index shards/*.tar`` (the shell's list of shards, which
+    click refuses as "unexpected extra arguments") to name their folder instead."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        tars = [a for a in args if a.lower().endswith(".tar") and not a.startswith("-")]
+        if len(tars) > 1:  # DATASET is one folder, and no option takes a .tar
+            folders = sorted({posixpath.dirname(a) or "." for a in tars})
+            raise click.UsageError(f"index takes the folder that holds the shards, not {len(tars)} shards: "
+                                   f"shardkit index {folders[0]}" + (" (one folder at a time)" if len(folders) > 1
+                                                                       else ""), ctx=ctx)
+        return super().parse_args(ctx, args)
+
+
+@click.command("index", cls=_IndexCommand)
 @click.argument("dataset", type=LOCATION)
 @click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False),
               default=None,

@@ -35,8 +35,8 @@ def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -
         "num_categories": category_count(m.categories) if m.categories is not None else None,
         "skipped": len(m.skipped), "options": m.options, "created_by": m.created_by,
         "classes": list(m.classes) if m.classes is not None else None,  # label k is classes[k]
-        "categories": ([{"id": c.get("id"), "name": c.get("name")} for c in m.categories]
-                       if m.categories is not None else None),
+        "categories": (list({repr(c.get("id")): {"id": c.get("id"), "name": c.get("name")}  # one per id: its last
+                             for c in m.categories}.values()) if m.categories is not None else None),
     }
     if "drop_empty" in m.extra:
         summary["drop_empty"] = m.extra["drop_empty"]

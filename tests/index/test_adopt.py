@@ -297,6 +297,15 @@ def test_two_labels_of_one_class_name_in_the_json_are_refused_as_classes_are(tmp
     assert not (root / "index.json").exists()
 
 
+def test_shards_listed_by_the_shell_are_told_to_name_their_folder(tmp_path: Path) -> None:
+    """``shardkit index shards/*.tar`` got click's "Got unexpected extra argument"."""
+    shards = [str(tmp_path / f"s-{i}.tar") for i in range(3)]
+    result = CliRunner().invoke(cli, ["index", *shards, "--kind", "auto"])
+    assert result.exit_code == 2
+    assert (f"Error: index takes the folder that holds the shards, not 3 shards: shardkit index {tmp_path}\n"
+            in result.output), result.output
+
+
 def _labelled(root: Path, labels: list[int]) -> Path:
     root.mkdir()
     _tar(root / "x-000000.tar", [m for i, label in enumerate(labels)

@@ -284,7 +284,9 @@ def test_categories_repeating_an_id_count_once_and_nameless_ones_are_flagged(
             "(category ids 1)") in res.output
     info = CliRunner().invoke(cli, ["info", str(dst)])
     assert "categories  4: 1, auto, dog, toothbrush" in info.output, info.output
-    assert json.loads(CliRunner().invoke(cli, ["info", str(dst), "--json"]).output)["num_categories"] == 4
+    as_json = json.loads(CliRunner().invoke(cli, ["info", str(dst), "--json"]).output)
+    assert as_json["num_categories"] == len(as_json["categories"]) == 4  # one entry per id, its last record's
+    assert [c["name"] for c in as_json["categories"]] == [None, "auto", "dog", "toothbrush"]
     loader = ShardLoader(str(dst), batch_size=2, num_workers=0, contiguous_labels=True)
     assert loader.classes == ("__background__", "1", "auto", "dog", "toothbrush")
 
