@@ -222,7 +222,7 @@ def _changed_samples(store: Store, entry: ShardEntry) -> list[str]:
             f.seek(span.offset)
             if crc32(f.read(span.size)) != span.crc32:
                 changed.append(span.key)
-    out = [f"{where}:{key}: its bytes changed after packing (crc32 differs from the offsets file)"
+    out = [f"{where}:{key}: its bytes changed after packing or indexing (crc32 differs from the offsets file)"
            for key in changed[:NAMED_CHANGES]]
     if len(changed) > NAMED_CHANGES:
         out.append(f"{where}: and {len(changed) - NAMED_CHANGES} more samples whose bytes changed")

@@ -161,7 +161,8 @@ def _check_files(store: Store, shards: ShardTable) -> None:
             "unreadable": "cannot read shard ({detail})",
             "not regular": "not a regular file ({detail})",
             "size": "shard has {detail:,} bytes, index.json says {size:,} "
-                    "(cut short, or replaced without packing again)"}[first.what].format(detail=first.detail, size=size)
+                    "(cut short, or replaced without packing or indexing again)"}[first.what]
+    what = what.format(detail=first.detail, size=size)
     others = len(faults) - 1
     verb = "is" if others == 1 else "are"
     more = f"; {others} more of the {len(shards)} shards {verb} damaged too" if others else ""

@@ -321,8 +321,9 @@ class ShardReader:
         """:class:`CorruptSample` where the offsets file's CRC-32 does not match ``data``."""
         expected = shard.crcs[sample_index] if shard.crcs is not None else None
         if expected is not None and (crc := crc32(data)) != expected:
-            raise CorruptSample(f"checksum mismatch: its bytes changed after packing (crc32 {crc:08x}, the offsets "
-                                f"file says {expected:08x})", where=f"{shard.where}:{shard.keys[sample_index]}")
+            where = f"{shard.where}:{shard.keys[sample_index]}"
+            raise CorruptSample(f"checksum mismatch: its bytes changed after packing or indexing (crc32 {crc:08x}, "
+                                f"the offsets file says {expected:08x})", where=where)
 
     def _parsed(self, shard: _OpenShard, sample_index: int, data: bytes | memoryview, *,
                 crc_checked: bool = False) -> tuple[str, dict[str, bytes]]:
