@@ -197,7 +197,7 @@ def test_a_shard_cut_short_or_missing_is_named_when_the_loader_is_built(packed: 
     with pytest.raises(LoaderError) as err:
         _loader(ds, shuffle=False, num_workers=2)  # before any worker starts or any batch is read
     assert str(err.value) == (f"{shard}: shard has 2,000 bytes, index.json says {size:,} (cut short, or replaced "
-                              "without packing again); shardkit verify checks every shard")
+                              "without packing or indexing again); shardkit verify checks every shard")
     shard.unlink()
     (ds / "shard-000000.tar").unlink()
     with pytest.raises(LoaderError, match=r"^.*shard-000000\.tar: shard is missing \(index.json lists it with [0-9,]+ "
