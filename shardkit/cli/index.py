@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import shlex
 
 import click
 
@@ -42,11 +43,11 @@ class _IndexCommand(click.Command):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         tars = [a for a in args if a.lower().endswith(".tar") and not a.startswith("-")]
-        if len(tars) > 1:  # DATASET is one folder, and no option takes a .tar
+        if len(tars) > 1 and "--help" not in args:  # DATASET is one folder, and no option takes a .tar
             folders = sorted({posixpath.dirname(a) or "." for a in tars})
+            several = " (one folder at a time)" if len(folders) > 1 else ""
             raise click.UsageError(f"index takes the folder that holds the shards, not {len(tars)} shards: "
-                                   f"shardkit index {folders[0]}" + (" (one folder at a time)" if len(folders) > 1
-                                                                       else ""), ctx=ctx)
+                                   f"shardkit index {shlex.quote(folders[0])}{several}", ctx=ctx)
         return super().parse_args(ctx, args)
 
 

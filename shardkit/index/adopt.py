@@ -14,6 +14,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -159,6 +160,8 @@ def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
     inferred = tuple(labels.get(i) or str(i) for i in range(top + 1))
     named: dict[str, int] = {}
     for label, name in enumerate(inferred):
+        if labels.get(label) is None:  # no json names it: its number stands in, as before
+            continue
         if name in named:  # as --classes refuses a name twice: a label's class is its name
             raise FormatError(f"labels {named[name]} and {label} are both {name!r} in the shards' json (at "
                               f"{first_at.get(named[name], '?')} and here): class names must differ; pass --classes "
@@ -167,18 +170,29 @@ def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
     return inferred
 
 
-def _shards_left_out(names: list[str], urls: list[str]) -> str | None:
-    """What a refusal says of shards beside the ``.tar`` ones that indexing would leave out
-    (compressed, or named ``.TAR``): shards of the same set, most likely, whose samples an index
-    of the others would lose without a word; None if there are none.
+def _shards_left_out(names: list[str], urls: list[str]) -> tuple[str | None, str | None]:
+    """What indexing says of tar archives beside the ``.tar`` shards that it would leave out
+    (compressed, or named ``.TAR``): ``(refusal, warning)``. Those named as the shards are (their
+    name, digits at the end aside: ``shard-000007.tar.gz`` beside ``shard-000000.tar``) are shards of
+    the set, most likely, whose samples an index would lose without a word: refused. Others
+    (``backup.tar.gz``) are said in a warning.
 
-    >>> _shards_left_out(["a.tar", "b.tgz"], ["a.tar"])[:66]
-    'holds 1 .tar shard and beside it 1 compressed shard (b.tgz: decomp'
+    >>> _shards_left_out(["a-0.tar", "a-1.tgz", "old.tgz"], ["a-0.tar"])[0][:77]
+    'holds 1 .tar shard and beside it 1 compressed shard (a-1.tgz: decompress it),'
+    >>> _shards_left_out(["a-0.tar", "old.tgz"], ["a-0.tar"])[1][:60]
+    'left out 1 tar archive beside the .tar shards, old.tgz: only'
     """
+    stems = {re.sub(r"\d+$", "", n[: -len(SHARD_SUFFIX)]) for n in urls}
+
+    def stem(name: str) -> str:
+        low = name.lower()
+        suffix = next((x for x in (*COMPRESSED_SHARD_SUFFIXES, SHARD_SUFFIX) if low.endswith(x)), "")
+        return re.sub(r"\d+$", "", name[: len(name) - len(suffix)])
+
     packed = [n for n in names if n.lower().endswith(COMPRESSED_SHARD_SUFFIXES)]
     cased = [n for n in names if n not in urls and n not in packed and n.lower().endswith(SHARD_SUFFIX)]
-    if not packed and not cased:
-        return None
+    like = [n for n in packed + cased if stem(n) in stems]
+    others = [n for n in packed + cased if n not in like]
 
     def some(found: list[str]) -> str:
         return f"{', '.join(found[:2])}{', ...' if len(found) > 2 else ''}"
@@ -186,12 +200,22 @@ def _shards_left_out(names: list[str], urls: list[str]) -> str | None:
     def it(found: list[str]) -> str:
         return "it" if len(found) == 1 else "them"
 
-    what = ([f"{len(packed):,} compressed {'shard' if len(packed) == 1 else 'shards'} ({some(packed)}: "
-             f"decompress {it(packed)})"] if packed else [])
-    what += [f"{some(cased)} (shard names end in {SHARD_SUFFIX}, in lower case: rename {it(cased)})"] if cased else []
-    return (f"holds {len(urls):,} {SHARD_SUFFIX} {'shard' if len(urls) == 1 else 'shards'} and beside "
-            f"{'it' if len(urls) == 1 else 'them'} {' and '.join(what)}, which an index would leave out; or move "
-            f"{it(packed + cased)} aside")
+    refusal = warning = None
+    if like:
+        zipped, upper = [n for n in like if n in packed], [n for n in like if n in cased]
+        what = ([f"{len(zipped):,} compressed {'shard' if len(zipped) == 1 else 'shards'} ({some(zipped)}: "
+                 f"decompress {it(zipped)})"] if zipped else [])
+        what += ([f"{some(upper)} (shard names end in {SHARD_SUFFIX}, in lower case: rename {it(upper)})"]
+                 if upper else [])
+        refusal = (f"holds {len(urls):,} {SHARD_SUFFIX} {'shard' if len(urls) == 1 else 'shards'} and beside "
+                   f"{'it' if len(urls) == 1 else 'them'} {' and '.join(what)}, which an index would leave out; or "
+                   f"move {it(like)} aside")
+    if others:
+        warning = (f"left out {len(others):,} tar {'archive' if len(others) == 1 else 'archives'} beside the "
+                   f"{SHARD_SUFFIX} shards, {some(others)}: only {SHARD_SUFFIX} files are indexed (decompress or "
+                   f"rename {it(others)} and index again if {'it holds' if len(others) == 1 else 'they hold'} "
+                   "samples of this set)")
+    return refusal, warning
 
 
 def _why_no_shards(store: Store, names: list[str]) -> str:
@@ -339,8 +363,13 @@ def adopt_shards(
         if store.remote and not names and not store.exists(""):  # an empty listing: nothing there, or no folder
             raise ManifestError("does not exist", where=store.url)
         raise ManifestError(f"no .tar shards here to index{_why_no_shards(store, names)}", where=store.url)
-    if urls and (beside := _shards_left_out(names, urls)):
-        raise ManifestError(beside, where=store.url)
+    if urls:
+        refusal, warning = _shards_left_out([n for n in names if store.remote or not os.path.isdir(store.path(n))],
+                                            urls)
+        if refusal is not None:
+            raise ManifestError(refusal, where=store.url)
+        if warning is not None:
+            log.warning("shardkit: %s: %s", store.url, warning)
     for name in urls:
         _check_offsets_slot(store, name, overwrite)
     if kind not in ("auto", "imagefolder", "captions"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import tarfile
 from pathlib import Path
 
@@ -295,6 +296,28 @@ def test_two_labels_of_one_class_name_in_the_json_are_refused_as_classes_are(tmp
                              f"(at {root / 'x-000000.tar'}:a and here): class names must differ; pass --classes FILE "
                              "naming the classes in label order\n"), result.output
     assert not (root / "index.json").exists()
+    other = tmp_path / "numbers"  # json names "2" for label 0; label 2 has none: no two names alike in the json
+    other.mkdir()
+    _tar(other / "x-000000.tar", [("a.jpg", encode_image((8, 8))), ("a.cls", b"0"), ("a.json", b'{"class": "2"}'),
+                                  ("c.jpg", encode_image((8, 8))), ("c.cls", b"2")])
+    result = CliRunner().invoke(cli, ["index", str(other)])
+    assert result.exit_code == 0, result.output
+
+
+def test_an_unrelated_archive_beside_the_shards_is_said_and_left_out(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A backup.tar.gz (not named as the shards are) blocked indexing, with no way past it."""
+    root = tmp_path / "set"
+    root.mkdir()
+    _tar(root / "shard-000000.tar", [("a.jpg", encode_image((8, 8))), ("a.cls", b"0")])
+    (root / "backup.tar.gz").write_bytes(b"x")
+    (root / "old-000001.tgz").mkdir()  # a folder so named is no archive
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        result = CliRunner().invoke(cli, ["index", str(root)])
+    assert result.exit_code == 0, result.output
+    assert [r.getMessage() for r in caplog.records] == [
+        f"shardkit: {root}: left out 1 tar archive beside the .tar shards, backup.tar.gz: only .tar files are indexed "
+        "(decompress or rename it and index again if it holds samples of this set)"]
 
 
 def test_shards_listed_by_the_shell_are_told_to_name_their_folder(tmp_path: Path) -> None:
