@@ -242,13 +242,13 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
 _O_HINT = "-o client_kwargs.endpoint_url=…"
 
 
-def _under(where: str, *urls: str | None) -> bool:
-    """Whether ``where`` is one of ``urls`` or inside one (at a ``/``).
+def _under(where: str, url: str) -> bool:
+    """Whether ``where`` is ``url`` or inside it (at a ``/``).
 
     >>> _under("s3://b/train-raw/x.jpg", "s3://b/train-raw/"), _under("s3://b/train-raw", "s3://b/train")
     (True, False)
     """
-    return any(u and (where == u.rstrip("/") or where.startswith(u.rstrip("/") + "/")) for u in urls)
+    return where == url.rstrip("/") or where.startswith(url.rstrip("/") + "/")
 
 
 class _Warnings(logging.Handler):

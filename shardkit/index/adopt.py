@@ -10,11 +10,9 @@ themselves are never modified, so other tools keep reading them as before.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +22,6 @@ from shardkit.format.bounded import parse_json
 from shardkit.format.dali_index import dali_index_name, dump_dali_index
 from shardkit.format.offsets import dump_offsets, load_offsets
 from shardkit.format.spec import (
-    COMPRESSED_SHARD_SUFFIXES,
-    IMAGE_EXTENSIONS,
     IMAGE_MEMBER_EXTENSIONS,
     INDEX_NAME,
     PACK_STATE_DIR,
@@ -36,6 +32,7 @@ from shardkit.format.spec import (
 from shardkit.format.tarread import TarEntry, group_spans, iter_entries, sample_key
 from shardkit.format.tarwrite import SampleSpan
 from shardkit.index._hashing import HashingReader
+from shardkit.index.folder import shards_left_out, why_no_shards
 from shardkit.index.manifest import Manifest, ShardEntry
 from shardkit.index.manifest_io import unfinished_pack, write_manifest
 from shardkit.index.member_checks import Oddities, check_unused_run, not_as_named
@@ -170,95 +167,6 @@ def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
     return inferred
 
 
-def _shards_left_out(names: list[str], urls: list[str]) -> tuple[str | None, str | None]:
-    """What indexing says of tar archives beside the ``.tar`` shards that it would leave out
-    (compressed, or named ``.TAR``): ``(refusal, warning)``. Those named as the shards are (their
-    name, digits at the end aside: ``shard-000007.tar.gz`` beside ``shard-000000.tar``) are shards of
-    the set, most likely, whose samples an index would lose without a word: refused. Others
-    (``backup.tar.gz``) are said in a warning.
-
-    >>> _shards_left_out(["a-0.tar", "a-1.tgz", "old.tgz"], ["a-0.tar"])[0][:77]
-    'holds 1 .tar shard and beside it 1 compressed shard (a-1.tgz: decompress it),'
-    >>> _shards_left_out(["a-0.tar", "old.tgz"], ["a-0.tar"])[1][:60]
-    'left out 1 tar archive beside the .tar shards, old.tgz: only'
-    """
-    stems = {re.sub(r"\d+$", "", n[: -len(SHARD_SUFFIX)]) for n in urls}
-
-    def stem(name: str) -> str:
-        low = name.lower()
-        suffix = next((x for x in (*COMPRESSED_SHARD_SUFFIXES, SHARD_SUFFIX) if low.endswith(x)), "")
-        return re.sub(r"\d+$", "", name[: len(name) - len(suffix)])
-
-    packed = [n for n in names if n.lower().endswith(COMPRESSED_SHARD_SUFFIXES)]
-    cased = [n for n in names if n not in urls and n not in packed and n.lower().endswith(SHARD_SUFFIX)]
-    like = [n for n in packed + cased if stem(n) in stems]
-    others = [n for n in packed + cased if n not in like]
-
-    def some(found: list[str]) -> str:
-        return f"{', '.join(found[:2])}{', ...' if len(found) > 2 else ''}"
-
-    def it(found: list[str]) -> str:
-        return "it" if len(found) == 1 else "them"
-
-    refusal = warning = None
-    if like:
-        zipped, upper = [n for n in like if n in packed], [n for n in like if n in cased]
-        what = ([f"{len(zipped):,} compressed {'shard' if len(zipped) == 1 else 'shards'} ({some(zipped)}: "
-                 f"decompress {it(zipped)})"] if zipped else [])
-        what += ([f"{some(upper)} (shard names end in {SHARD_SUFFIX}, in lower case: rename {it(upper)})"]
-                 if upper else [])
-        refusal = (f"holds {len(urls):,} {SHARD_SUFFIX} {'shard' if len(urls) == 1 else 'shards'} and beside "
-                   f"{'it' if len(urls) == 1 else 'them'} {' and '.join(what)}, which an index would leave out; or "
-                   f"move {it(like)} aside")
-    if others:
-        warning = (f"left out {len(others):,} tar {'archive' if len(others) == 1 else 'archives'} beside the "
-                   f"{SHARD_SUFFIX} shards, {some(others)}: only {SHARD_SUFFIX} files are indexed (decompress or "
-                   f"rename {it(others)} and index again if {'it holds' if len(others) == 1 else 'they hold'} "
-                   "samples of this set)")
-    return refusal, warning
-
-
-def _why_no_shards(store: Store, names: list[str]) -> str:
-    """What a folder with no ``*.tar`` directly in it holds instead, for the refusal: compressed
-    shards, shards named ``.TAR``, or (on a local disk) shards one folder down."""
-    def some(found: list[str]) -> str:
-        return f"{', '.join(found[:2])}{', ...' if len(found) > 2 else ''}"
-
-    packed = [n for n in names if n.lower().endswith(COMPRESSED_SHARD_SUFFIXES)]
-    if packed:
-        return (f" (found {len(packed):,} compressed {'shard' if len(packed) == 1 else 'shards'}, {some(packed)}: "
-                "decompress them first)")
-    cased = [n for n in names if n.lower().endswith(SHARD_SUFFIX)]
-    if cased:
-        return f" (found {some(cased)}: shard names end in {SHARD_SUFFIX}, in lower case; rename them)"
-    if not store.remote:
-        below: list[str] = []
-        for folder in names:
-            with contextlib.suppress(OSError):  # not a folder, or one this user cannot list
-                below += [f"{folder}/{f}" for f in sorted(os.listdir(store.path(folder))) if f.endswith(SHARD_SUFFIX)]
-        if below:
-            return (f" (found {some(below)} one folder down: index the folder that holds the shards; only the "
-                    "files directly in it are read)")
-        if any(_holds_images(store.path(folder)) for folder in names[:_FOLDERS_LOOKED_INTO]):
-            return (" (it holds folders of images, as an ImageFolder tree does: `shardkit pack DIR SHARDS` packs it "
-                    "into shards)")
-    return ""
-
-
-_IMAGE_SUFFIXES = tuple(f".{x}" for x in IMAGE_EXTENSIONS)
-#: Folders :func:`_why_no_shards` looks into for images (a tree with thousands of classes is told by its first).
-_FOLDERS_LOOKED_INTO = 8
-
-
-def _holds_images(folder: str) -> bool:
-    """Whether local ``folder`` has an image file directly in it (any it cannot list: no)."""
-    try:
-        with os.scandir(folder) as entries:
-            return any(e.name.lower().endswith(_IMAGE_SUFFIXES) and e.is_file() for e in entries)
-    except OSError:
-        return False
-
-
 def _check_class_names(classes: Sequence[str]) -> None:
     """Class names as labels need them: each a non-empty string, no two alike (label = index)."""
     seen: dict[str, int] = {}
@@ -362,9 +270,9 @@ def adopt_shards(
     if not urls:
         if store.remote and not names and not store.exists(""):  # an empty listing: nothing there, or no folder
             raise ManifestError("does not exist", where=store.url)
-        raise ManifestError(f"no .tar shards here to index{_why_no_shards(store, names)}", where=store.url)
+        raise ManifestError(f"no .tar shards here to index{why_no_shards(store, names)}", where=store.url)
     if urls:
-        refusal, warning = _shards_left_out([n for n in names if store.remote or not os.path.isdir(store.path(n))],
+        refusal, warning = shards_left_out([n for n in names if store.remote or not os.path.isdir(store.path(n))],
                                             urls)
         if refusal is not None:
             raise ManifestError(refusal, where=store.url)
