@@ -1,5 +1,6 @@
-"""What this host gives a process: the cores it may run on, how many processes of its job
-share the host, and the loader worker count chosen from them (``num_workers="auto"``)."""
+"""What this host gives a process: the cores it may run on, the memory it may still take, how
+many processes of its job share the host, and the loader worker count chosen from them
+(``num_workers="auto"``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import os
 
 from shardkit.errors import LoaderError
 
-__all__ = ["LOCAL_RANK_VARIABLES", "MAX_AUTO_WORKERS", "auto_workers", "cores_of_this_process", "first_on_host",
-           "local_processes", "usable_cores"]
+__all__ = ["LOCAL_RANK_VARIABLES", "MAX_AUTO_WORKERS", "auto_workers", "available_memory", "cores_of_this_process",
+           "first_on_host", "local_processes", "usable_cores"]
 
 #: The most workers ``"auto"`` picks: past it, more processes add memory and switching; the
 #: measured machines (2 and 16 cores) are far below it.
@@ -22,6 +23,30 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process may still take: the kernel's ``MemAvailable``, or less where
+    its cgroup (a container's ``--memory``) leaves less; None where neither can be read."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # cgroup v2: this process's group
+        with open("/proc/self/cgroup") as f:
+            group = next((line.strip().split(":", 2)[2] for line in f if line.startswith("0::")), None)
+        if group is not None:
+            base = "/sys/fs/cgroup" + group.rstrip("/")
+            with open(base + "/memory.max") as f:
+                limit = f.read().strip()
+            if limit != "max":
+                with open(base + "/memory.current") as f:
+                    found.append(max(0, int(limit) - int(f.read().strip())))
+    except (OSError, ValueError, IndexError):
+        pass
+    return min(found) if found else None
 
 
 def local_processes() -> int:

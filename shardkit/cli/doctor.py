@@ -29,7 +29,7 @@ _MARK = {"ok": ("ok", "green"), "note": ("note", "yellow"), "problem": ("PROBLEM
 def doctor_command(workers: int | None, batch_size: int, size: int, prefetch: int,
                    as_json: bool) -> None:
     """Check Python, torch, CUDA, GPUs, nvJPEG, Triton, the C extensions and their libjpeg,
-    /dev/shm, open-file limits and cores for a loader of --workers/--batch-size/--size, and
+    shared memory, open-file limits and cores for a loader of --workers/--batch-size/--size, and
     storage backends. Every problem comes with its fix.
 
     Exits 1 when something breaks or slows training; notes (e.g. no GPU, a storage backend

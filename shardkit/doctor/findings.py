@@ -45,6 +45,6 @@ class LoaderPlan:
 
     @property
     def shm_bytes(self) -> int:
-        """``/dev/shm`` the loader may hold: each worker keeps up to ``prefetch + 3`` uint8 batch
-        segments of ``batch_size x 3 x size x size`` bytes (README, "Shared memory")."""
+        """Shared memory the loader may hold: each worker keeps up to ``prefetch + 3`` uint8 batch
+        segments of ``batch_size x 3 x size x size`` bytes (docs/guides/stream.md, "Memory")."""
         return self.workers * (self.prefetch + 3) * self.batch_size * 3 * self.size * self.size

@@ -1,4 +1,4 @@
-"""Host resources against a loader plan: ``/dev/shm``, open-file limit, CPU cores."""
+"""Host resources against a loader plan: shared memory, open-file limit, CPU cores."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import shutil
 
 from shardkit.doctor.findings import Finding, LoaderPlan
-from shardkit.machine import usable_cores
+from shardkit.machine import available_memory, usable_cores
 
 SHM = "/dev/shm"
 #: Below this soft ``RLIMIT_NOFILE``, DataLoader workers hit "Too many open files" (torch shares
@@ -19,14 +19,30 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_shm(plan: LoaderPlan, free: int | None) -> Finding:
-    """``free`` bytes in ``/dev/shm`` (``None``: there is none) against what ``plan`` needs."""
+def check_shm(plan: LoaderPlan, free: int | None, *, memfd: bool = False,
+              available: int | None = None) -> Finding:
+    """The shared memory ``plan``'s batches take: with ``memfd`` (Linux) they are ``memfd_create``
+    segments, outside /dev/shm, and ``available`` bytes of memory are what bounds them; without,
+    ``free`` bytes in /dev/shm (``None``: there is none) do."""
     need = plan.shm_bytes
+    batches = f"{_workers(plan)} x {plan.prefetch + 3} batches of {plan.batch_size}x3x{plan.size}x{plan.size} uint8"
+    if memfd:
+        detail = f"up to {_gib(need)} ({batches}) in memfd segments, not in /dev/shm"
+        if available is None:
+            return Finding("shared memory", "ok", detail)
+        detail += f"; {_gib(available)} of memory available"
+        if need > available:
+            return Finding("shared memory", "problem", detail + ": workers will be killed for memory",
+                           fix="fewer --workers or a smaller --batch-size, or more memory for this process "
+                               "(docker run --memory=…)")
+        if need > available // 2:
+            return Finding("shared memory", "note", detail + ": more than half of it; training needs the rest",
+                           fix="fewer --workers or a smaller --batch-size if the training process runs short")
+        return Finding("shared memory", "ok", detail)
     if free is None:
         return Finding(SHM, "note",
                        f"not present; the loader needs {_gib(need)} of shared memory for this plan")
-    detail = f"{_gib(free)} free; the loader needs up to {_gib(need)} ({_workers(plan)} x " \
-             f"{plan.prefetch + 3} batches of {plan.batch_size}x3x{plan.size}x{plan.size} uint8)"
+    detail = f"{_gib(free)} free; the loader needs up to {_gib(need)} ({batches})"
     if need > free:
         return Finding(SHM, "problem", detail + ": workers will die with a bus error (SIGBUS)",
                        fix=f"give /dev/shm at least {_gib(need * 1.25)} (that need and a quarter more, for "
@@ -77,7 +93,7 @@ def check_cores(plan: LoaderPlan, cores: int) -> Finding:
 def check_resources(plan: LoaderPlan) -> list[Finding]:
     """:func:`check_shm`, :func:`check_open_files` and :func:`check_cores` on this machine."""
     free = shutil.disk_usage(SHM).free if os.path.isdir(SHM) else None
-    findings = [check_shm(plan, free)]
+    findings = [check_shm(plan, free, memfd=hasattr(os, "memfd_create"), available=available_memory())]
     try:
         import resource
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -18,6 +19,8 @@ from shardkit.doctor.resources import check_cores, check_open_files, check_shm
 from tests.cli.terminal import run_in_pty, shardkit_argv
 
 PLAN = LoaderPlan(workers=8, batch_size=256, size=224)
+MEMFD = hasattr(os, "memfd_create")
+SHARED = "shared memory" if MEMFD else "/dev/shm"  # where the loader's batches live (Linux: memfd segments)
 
 
 def test_shm_need_follows_the_loader_rule() -> None:
@@ -33,6 +36,19 @@ def test_shm() -> None:
     assert check_shm(PLAN, need * 3 // 2).status == "note"
     assert check_shm(PLAN, need * 4).status == "ok"
     assert check_shm(PLAN, None).status == "note"
+
+
+def test_shm_with_memfd_is_bounded_by_memory_not_by_dev_shm() -> None:
+    """On Linux the batches are memfd segments: Docker's 64 MiB /dev/shm is no limit, memory is."""
+    need = PLAN.shm_bytes
+    docker = check_shm(PLAN, 64 * 2**20, memfd=True, available=need * 4)
+    assert docker.check == "shared memory" and docker.status == "ok"
+    assert "in memfd segments, not in /dev/shm; " in docker.detail
+    short = check_shm(PLAN, 64 * 2**20, memfd=True, available=need // 2)
+    assert short.status == "problem" and "killed for memory" in short.detail
+    assert short.fix is not None and "fewer --workers" in short.fix and "--memory=" in short.fix
+    assert check_shm(PLAN, None, memfd=True, available=need * 3 // 2).status == "note"
+    assert check_shm(PLAN, None, memfd=True, available=None).status == "ok"
 
 
 def test_open_files() -> None:
@@ -126,7 +142,7 @@ def test_command_exit_code_follows_the_problems() -> None:
     assert doc["plan"] == {"workers": 1, "batch_size": 2, "size": 8, "prefetch": 2}
     checks = [f["check"] for f in doc["findings"]]
     for check in ("python", "torch", "torchvision", "CUDA", "_jpeg_region", "_jpeg_restart",
-                  "_planar", "/dev/shm", "ulimit -n", "cores", "s3fs"):
+                  "_planar", SHARED, "ulimit -n", "cores", "s3fs"):
         assert check in checks
 
 
@@ -135,8 +151,11 @@ def test_command_reports_too_many_workers_and_too_little_shm() -> None:
     assert result.exit_code == 1 and "Traceback" not in result.output
     lines = result.output.splitlines()
     assert any(line.startswith("PROBLEM  cores") for line in lines)
-    assert any(line.startswith("PROBLEM  /dev/shm") for line in lines)
-    assert any("fix: give /dev/shm at least" in line and "--shm-size=" in line for line in lines)
+    assert any(line.startswith(f"PROBLEM  {SHARED}") for line in lines)
+    if MEMFD:
+        assert any("fix: fewer --workers or a smaller --batch-size" in line for line in lines)
+    else:
+        assert any("fix: give /dev/shm at least" in line and "--shm-size=" in line for line in lines)
     assert "problem(s) that break or slow training: " in lines[-1] and "cores" in lines[-1]
 
 
@@ -160,7 +179,7 @@ def test_doctor_in_a_terminal() -> None:
 
 def test_diagnose_runs_every_concern() -> None:
     checks = {f.check for f in diagnose(LoaderPlan(1, 2, 8))}
-    assert {"python", "_planar", "/dev/shm", "s3fs"} <= checks
+    assert {"python", "_planar", SHARED, "s3fs"} <= checks
 
 
 def test_nvjpeg_finding_says_where_grayscale_jpegs_are_decoded(monkeypatch: pytest.MonkeyPatch) -> None:

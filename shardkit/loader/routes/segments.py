@@ -8,6 +8,12 @@ each segment after its maker and unlinks it only when every process that mapped 
 which a killed worker never does. The memory of a nameless segment is freed with its last mapping
 or descriptor, so no process death leaves it behind.
 
+On Linux a segment is a ``memfd_create(2)`` file, which never has a name anywhere and is not
+bounded by the size of /dev/shm (a container's is often 64 MiB; its memory counts as the process's
+shared memory, as a segment in /dev/shm does). Elsewhere it is torch's file-descriptor
+allocation, a file in /dev/shm unlinked once mapped: a process killed between the two leaves its
+name behind.
+
 The CPU route's batch pool (:mod:`~shardkit.loader.routes.cpu.shared_pool`) ships each of a
 worker's segments once and sends only a reference afterwards.
 """
@@ -26,10 +32,21 @@ __all__ = ["attach", "descriptor", "segment_view", "shared_segment"]
 
 
 def shared_segment(nbytes: int) -> torch.UntypedStorage:
-    """``nbytes`` (zeros) of shared memory with no name in /dev/shm: torch's file-descriptor
-    allocation, which unlinks the segment as soon as it is mapped. Ship it with
+    """``nbytes`` (zeros) of shared memory with no name in /dev/shm: a ``memfd_create`` file
+    where the system has one, else torch's file-descriptor allocation. Ship it with
     :func:`descriptor` (torch's own pickling would give it a name under ``file_system``)."""
-    return fd_storage(nbytes)
+    make = getattr(os, "memfd_create", None)
+    if make is None or nbytes == 0:  # not Linux; a zero-length file cannot be mapped
+        return fd_storage(nbytes)
+    try:
+        fd = make("shardkit-segment", os.MFD_CLOEXEC)
+    except OSError:  # a sandbox that forbids it (seccomp)
+        return fd_storage(nbytes)
+    try:
+        os.ftruncate(fd, nbytes)
+        return fd_storage_attach(fd, nbytes)
+    finally:
+        os.close(fd)
 
 
 def descriptor(segment: torch.UntypedStorage) -> tuple[Any, int]:

@@ -38,8 +38,9 @@ copy) must not share its flags, so the CPU route makes the copy a pool of its ow
 (:meth:`SharedBatchPool.owned`, :meth:`SharedBatchPool.fresh`) before it starts workers.
 
 Nothing in /dev/shm: slots, flags and the batches a worker makes when no slot is free
-(:class:`FdImages`) are segments without a name (:mod:`~shardkit.loader.routes.segments`),
-shipped as file descriptors, whatever ``torch.multiprocessing``'s sharing strategy. With the
+(:class:`FdImages`) are segments without a name (:mod:`~shardkit.loader.routes.segments`: on
+Linux memfd files, which the size of /dev/shm does not bound), shipped as file descriptors,
+whatever ``torch.multiprocessing``'s sharing strategy. With the
 ``file_system`` strategy torch names each segment after its maker (``/dev/shm/torch_<pid>_...``),
 and every worker start left its slots in /dev/shm until the main process exited.
 """

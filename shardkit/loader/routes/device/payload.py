@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from shardkit.loader.routes.segments import segment_view, shared_segment
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
@@ -154,7 +155,10 @@ class BufferCycle:
 
 
 def _shared(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+    """``nbytes`` of shared memory (torch ships it by descriptor; on Linux a memfd segment, which
+    the size of /dev/shm does not bound, except under the ``file_system`` strategy, where torch
+    moves it to a named file when it first ships it)."""
+    return segment_view(shared_segment(nbytes), (nbytes,))
 
 
 class WorkerBuffers:

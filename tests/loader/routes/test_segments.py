@@ -1,0 +1,76 @@
+"""The routes' shared-memory segments have no name in /dev/shm, not even while they are made, and on
+Linux its size does not bound them (a container's /dev/shm is often 64 MiB): a worker killed at any
+moment leaves nothing there, and a loader needs no ``--shm-size``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import reduce_storage
+
+from shardkit.loader.routes.device.payload import WorkerBuffers
+from shardkit.loader.routes.segments import segment_view, shared_segment
+from tests.cli.terminal import ROOT
+
+memfd = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd_create is Linux's")
+
+
+def _backing_file(storage: torch.UntypedStorage) -> str:
+    fd, _ = storage._share_fd_cpu_()
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+@memfd
+def test_a_segment_is_a_memfd_file_never_named_in_dev_shm() -> None:
+    segment = shared_segment(4096)
+    # torch's fd allocation is /dev/shm/torch_<pid>_..., named until it is mapped
+    assert _backing_file(segment).startswith("/memfd:")
+    view = segment_view(segment, (4, 1024))
+    assert view.sum().item() == 0 and view.is_shared()
+    assert shared_segment(0).nbytes() == 0
+
+
+@memfd
+def test_a_device_routes_worker_buffer_ships_as_its_memfd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU routes' JPEG buffers travel by torch's own pickling: under the default
+    ``file_descriptor`` strategy the receiving process maps the same memfd segment."""
+    monkeypatch.setattr("shardkit.loader.routes.device.payload.get_worker_info", lambda: object())
+    buffers = WorkerBuffers(cycle=2)
+    blob = buffers.take(1 << 16)
+    assert _backing_file(blob.untyped_storage()).startswith("/memfd:")
+    if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
+        rebuild, args = reduce_storage(blob.untyped_storage())
+        assert args[1].detach() >= 0  # its descriptor, DupFd as multiprocessing sends it
+
+
+_LOAD = """
+import sys, shutil
+from shardkit import ShardLoader, transforms
+free = shutil.disk_usage("/dev/shm").free
+loader = ShardLoader(sys.argv[1], batch_size=32, transform=transforms.imagenet_train(256), num_workers=2)
+seen = sum(len(labels) for _, labels in loader)
+print(free >> 20, seen)
+"""
+
+
+@memfd
+@pytest.mark.timeout(240)
+def test_a_loader_runs_where_dev_shm_is_smaller_than_its_batches(packed: Path) -> None:
+    """2 workers x up to 5 slots of 32 x 3 x 256 x 256 (6 MiB each) against a 4 MiB /dev/shm,
+    mounted in a mount namespace of the loading process's own (root, or skip)."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare -m (root, or a user namespace) to give the load a small /dev/shm")
+    script = f"mount -t tmpfs -o size=4m tmpfs /dev/shm && exec {sys.executable} -c \"$0\" \"$1\""
+    done = subprocess.run([unshare, "-m", "sh", "-c", script, _LOAD, str(packed)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=200)
+    if done.returncode != 0 and "mount:" in done.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["4", "69"]  # a 4 MiB /dev/shm; every sample of the dataset
