@@ -9,9 +9,11 @@
   dataset inside the loader; a ShardLoader has none, and its own :meth:`state_dict` does their
   job. :data:`NO_DATASET` and :data:`NOT_A_DATASET` say so in one line (the first also where the
   sample count is, which ``len(loader.dataset)`` gives a DataLoader).
-- With ``even_batches=False`` ranks may get one batch fewer than others, and accelerate's
-  ``gather_for_metrics`` called per batch then waits on a rank that has none left (gloo fails,
-  NCCL hangs): :func:`seen_by_accelerate` says so once, where the ranks' counts differ.
+- With ``even_batches=False`` ranks may get one batch fewer than others, and a DDP training
+  step (its gradient all-reduce), accelerate's ``gather_for_metrics`` or any collective called
+  per batch then waits on a rank that has none left (gloo fails, NCCL hangs): :func:`say_if_uneven`
+  says so once per loader where the ranks' counts differ, as it starts iterating with autograd
+  on (a training loop; an evaluation loop runs under ``torch.no_grad()``) or under accelerate.
 - An ``Accelerator`` that runs its process alone while the launcher started several (a plain
   ``Accelerator()`` under ``torchrun`` on a machine without a GPU) trains a model per process,
   each on the share of the data the launcher's variables give it: :func:`check_accelerate_world`
@@ -33,7 +35,7 @@ from shardkit.errors import LoaderError
 
 log = logging.getLogger("shardkit.loader")
 
-__all__ = ["NOT_A_DATASET", "NO_DATASET", "check_accelerate_world", "seen_by_accelerate"]
+__all__ = ["NOT_A_DATASET", "NO_DATASET", "check_accelerate_world", "say_if_uneven", "seen_by_accelerate"]
 
 #: Why ``loader.dataset`` fails (what ``skip_first_batches`` reads first, and ``len(loader.dataset)``
 #: counts with a DataLoader).
@@ -60,7 +62,7 @@ def seen_by_accelerate(loader: Any) -> Generator[None, None, None]:
     if state is None:
         yield
         return
-    _say_if_uneven(loader)
+    say_if_uneven(loader)
     _compat.accelerate_track(state, loader)
     # bound now: an iterator still open at interpreter exit is closed after modules are torn down
     untrack, finalizing = _compat.accelerate_untrack, sys.is_finalizing
@@ -89,13 +91,14 @@ def check_accelerate_world(rank: int, world_size: int) -> None:
                           "(rank=0, world_size=1: all the data in each process)")
 
 
-#: Loaders told that their ranks' batch counts differ under accelerate (once each).
+#: Loaders told that their ranks' batch counts differ (once each).
 _told_uneven: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _say_if_uneven(loader: Any) -> None:
-    """Warn, once per loader, where ``even_batches=False`` gives its ranks different batch counts
-    under accelerate: a ``gather_for_metrics`` per batch waits on a rank that has none left."""
+def say_if_uneven(loader: Any) -> None:
+    """Warn, once per loader, where ``even_batches=False`` gives its ranks different batch counts:
+    a DDP training step, a ``gather_for_metrics`` or any collective per batch waits on a rank that
+    has none left."""
     config = getattr(loader, "config", None)
     if config is None or config.even_batches or config.world_size < 2 or loader in _told_uneven:
         return
@@ -103,6 +106,6 @@ def _say_if_uneven(loader: Any) -> None:
     if len(counts) > 1:
         _told_uneven.add(loader)
         log.warning("shardkit: with even_batches=False the ranks get %d or %d batches an epoch (this one %d): a "
-                    "gather_for_metrics (or any collective) per batch waits on a rank with none left; count per "
-                    "rank and gather once after the loop (docs: evaluation)", min(counts), max(counts),
-                    config.num_batches)
+                    "DDP training step, a gather_for_metrics or any collective per batch waits forever on a rank "
+                    "with none left; train with even_batches=True, and in evaluation count per rank and gather "
+                    "once after the loop (docs: evaluation)", min(counts), max(counts), config.num_batches)

@@ -32,7 +32,13 @@ from shardkit.loader.feed.layout import feeder_workers
 from shardkit.loader.feed.pool import FeederPool, FeederSpec
 from shardkit.loader.feed.supply import Batches, Supply
 from shardkit.loader.feed.trial import PaceTrial
-from shardkit.loader.frameworks import NO_DATASET, NOT_A_DATASET, check_accelerate_world, seen_by_accelerate
+from shardkit.loader.frameworks import (
+    NO_DATASET,
+    NOT_A_DATASET,
+    check_accelerate_world,
+    say_if_uneven,
+    seen_by_accelerate,
+)
 from shardkit.loader.habits import DataLoaderArgs, check_call, check_dataloader_args, init_signature
 from shardkit.loader.read.cache import DEFAULT_CACHE_BYTES, default_cache_dir
 from shardkit.loader.read.captions import TextTransform
@@ -588,6 +594,8 @@ class ShardLoader:
             delivered, local = self._supply.open(epoch, start, count, rest)
         whole = died = False
         self.end_of_dataloader = False
+        if torch.is_grad_enabled():  # a training loop, where a rank with no batch left hangs the others
+            say_if_uneven(self)
         try:
             with seen_by_accelerate(self):
                 yield from self._deliver(delivered, epoch, start, count, rest, mine)

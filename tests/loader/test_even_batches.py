@@ -206,18 +206,22 @@ def test_coco_evaluation_sees_each_image_once(tmp_path: Path) -> None:
     assert sorted(image_ids(even_batches=False, num_workers=2)) == ids
 
 
-def test_uneven_ranks_under_accelerate_are_said_once(packed: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """accelerate's gather_for_metrics per batch waits on a rank with no batch left (gloo fails,
-    NCCL hangs) where even_batches=False gives ranks different counts: said once, and only then."""
-    from shardkit.loader.frameworks import _say_if_uneven
-
+def test_uneven_ranks_are_said_once_as_a_training_loop_iterates(packed: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A DDP training step (its all-reduce), accelerate's gather_for_metrics or any collective per
+    batch waits forever on a rank with no batch left (gloo fails, NCCL hangs) where
+    even_batches=False gives ranks different counts: said once per loader, and only then; not in
+    an evaluation loop (under no_grad), what even_batches=False is for."""
     uneven = ShardLoader(str(packed), batch_size=8, rank=1, world_size=2, even_batches=False)  # 69: 9 batches
+    even = ShardLoader(str(packed), batch_size=8, rank=1, world_size=2)  # equal counts
+    alike = ShardLoader(str(packed), batch_size=23, rank=1, world_size=3, even_batches=False)  # 3 x 1
     with caplog.at_level("WARNING", logger="shardkit.loader"):
-        _say_if_uneven(uneven)
-        _say_if_uneven(uneven)
-        _say_if_uneven(ShardLoader(str(packed), batch_size=8, rank=1, world_size=2))  # even: equal counts
-        _say_if_uneven(ShardLoader(str(packed), batch_size=23, rank=1, world_size=3, even_batches=False))  # 3 x 1
+        with torch.no_grad():
+            assert sum(1 for _ in uneven) == len(uneven)
+        assert caplog.records == []
+        for loader in (uneven, uneven, even, alike):
+            assert sum(1 for _ in loader) == len(loader)
     assert [r.getMessage() for r in caplog.records] == [
-        "shardkit: with even_batches=False the ranks get 4 or 5 batches an epoch (this one 5): a gather_for_metrics "
-        "(or any collective) per batch waits on a rank with none left; count per rank and gather once after the "
-        "loop (docs: evaluation)"]
+        "shardkit: with even_batches=False the ranks get 4 or 5 batches an epoch (this one 5): a DDP training step, "
+        "a gather_for_metrics or any collective per batch waits forever on a rank with none left; train with "
+        "even_batches=True, and in evaluation count per rank and gather once after the loop (docs: evaluation)"]
