@@ -16,7 +16,7 @@ import os
 import sys
 import types
 import weakref
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +97,20 @@ def dataloader_next_code() -> types.CodeType:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     return _BaseDataLoaderIter.__next__.__code__
+
+
+def collate_joining_tensors_with(batch: list[Any], join: Callable[[list[torch.Tensor]], torch.Tensor]) -> Any:
+    """``default_collate(batch)`` with ``join`` stacking its tensors (numpy arrays too, as tensors):
+    torch's ``collate`` with a ``collate_fn_map`` (``torch.utils.data._utils.collate``, the
+    extension point ``default_collate``'s docs show, since torch 2.0). ``default_collate`` itself
+    stacks into a new segment of /dev/shm in a DataLoader worker."""
+    import torch
+    from torch.utils.data._utils.collate import collate, default_collate_fn_map
+
+    def tensors(items: list[torch.Tensor], *, collate_fn_map: Any = None) -> torch.Tensor:
+        return join(items)
+
+    return collate(batch, collate_fn_map={**default_collate_fn_map, torch.Tensor: tensors})
 
 
 def install_torch_sigchld_handler() -> None:

@@ -9,7 +9,7 @@ import os
 from shardkit.errors import LoaderError
 
 __all__ = ["LOCAL_RANK_VARIABLES", "MAX_AUTO_WORKERS", "auto_workers", "available_memory", "cores_of_this_process",
-           "first_on_host", "local_processes", "usable_cores"]
+           "first_on_host", "local_processes", "memfd_available", "usable_cores"]
 
 #: The most workers ``"auto"`` picks: past it, more processes add memory and switching; the
 #: measured machines (2 and 16 cores) are far below it.
@@ -27,26 +27,74 @@ def usable_cores() -> int:
 
 def available_memory() -> int | None:
     """Bytes of memory this process may still take: the kernel's ``MemAvailable``, or less where
-    its cgroup (a container's ``--memory``) leaves less; None where neither can be read."""
-    found: list[int] = []
-    try:
-        with open("/proc/meminfo") as f:
-            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
-    except (OSError, ValueError, IndexError):
-        pass
-    try:  # cgroup v2: this process's group
-        with open("/proc/self/cgroup") as f:
-            group = next((line.strip().split(":", 2)[2] for line in f if line.startswith("0::")), None)
-        if group is not None:
-            base = "/sys/fs/cgroup" + group.rstrip("/")
-            with open(base + "/memory.max") as f:
-                limit = f.read().strip()
-            if limit != "max":
-                with open(base + "/memory.current") as f:
-                    found.append(max(0, int(limit) - int(f.read().strip())))
-    except (OSError, ValueError, IndexError):
-        pass
+    a memory cgroup above it (a container's ``--memory``; v2 or v1) leaves less, its reclaimable
+    page cache counted as free; None where none of them can be read."""
+    found = [n for n in (_meminfo_available(), *_cgroup_room()) if n is not None]
     return min(found) if found else None
+
+
+def memfd_available() -> bool:
+    """Whether this process can make ``memfd_create`` files (Linux, and no sandbox forbidding
+    it): the loader's shared memory then lies outside /dev/shm."""
+    make = getattr(os, "memfd_create", None)
+    if make is None:
+        return False
+    try:
+        os.close(make("shardkit-probe", os.MFD_CLOEXEC))
+    except OSError:
+        return False
+    return True
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _stat(text: str | None, key: str) -> int:
+    """The value of ``key`` in a cgroup ``memory.stat`` text (0 where absent)."""
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _meminfo_available() -> int | None:
+    for line in (_read("/proc/meminfo") or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _cgroup_room() -> list[int]:
+    """What each limited memory cgroup of this process, and each one above it, leaves: its limit
+    less its usage, less the inactive page cache in it (reclaimed before anything is killed)."""
+    room = []
+    for line in (_read("/proc/self/cgroup") or "").splitlines():
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and controllers == "":  # v2: one tree, walked up to its root
+            root, limit_file, usage_file, cache_key = "/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own tree
+            root, limit_file, usage_file, cache_key = ("/sys/fs/cgroup/memory", "memory.limit_in_bytes",
+                                                       "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        parts = [p for p in path.strip().split("/") if p]
+        # inside a container the group's own files are usually at the mount's root
+        for depth in range(len(parts), -1, -1):
+            folder = "/".join([root, *parts[:depth]])
+            limit, usage = _read(f"{folder}/{limit_file}"), _read(f"{folder}/{usage_file}")
+            if limit is None or usage is None or not limit.strip().isdigit() or not usage.strip().isdigit():
+                continue  # "max" (no limit), or not mounted here
+            if int(limit) >= 1 << 60:  # v1's "no limit"
+                continue
+            cache = _stat(_read(f"{folder}/memory.stat"), cache_key)
+            room.append(max(0, int(limit) - int(usage) + cache))
+    return room
 
 
 def local_processes() -> int:

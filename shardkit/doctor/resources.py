@@ -6,7 +6,7 @@ import os
 import shutil
 
 from shardkit.doctor.findings import Finding, LoaderPlan
-from shardkit.machine import available_memory, usable_cores
+from shardkit.machine import available_memory, memfd_available, usable_cores
 
 SHM = "/dev/shm"
 #: Below this soft ``RLIMIT_NOFILE``, DataLoader workers hit "Too many open files" (torch shares
@@ -93,7 +93,7 @@ def check_cores(plan: LoaderPlan, cores: int) -> Finding:
 def check_resources(plan: LoaderPlan) -> list[Finding]:
     """:func:`check_shm`, :func:`check_open_files` and :func:`check_cores` on this machine."""
     free = shutil.disk_usage(SHM).free if os.path.isdir(SHM) else None
-    findings = [check_shm(plan, free, memfd=hasattr(os, "memfd_create"), available=available_memory())]
+    findings = [check_shm(plan, free, memfd=memfd_available(), available=available_memory())]
     try:
         import resource
 

@@ -41,6 +41,7 @@ from shardkit.loader.feed.layout import part_batches
 from shardkit.loader.feed.logs import relay_to
 from shardkit.loader.read.reader import ShardReader
 from shardkit.loader.routes.choose import mark_warned
+from shardkit.loader.routes.segments import share_
 from shardkit.loader.routes.spec import RouteSpec
 from shardkit.loader.run.epoch_run import EpochRun
 from shardkit.loader.run.stream import BatchStream, WorkerFailure
@@ -189,7 +190,7 @@ class _Feeder:
         images = torch.empty((RING * b, 3, h, w), dtype=probe.dtype, device=self.device, memory_format=fmt)
         labels = self.spec.labels.empty(RING * b, self.device)
         if not self.cuda:
-            images, labels = images.share_memory_(), labels.share_memory_()
+            images, labels = share_(images), share_(labels)  # on Linux outside /dev/shm
         self.ring = [(images[k * b:(k + 1) * b], labels[k * b:(k + 1) * b]) for k in range(RING)]
         handles: list[bytes] = []
         if self.cuda:

@@ -28,7 +28,7 @@ import torch
 
 from shardkit._compat import fd_storage, fd_storage_attach, fd_storage_descriptor
 
-__all__ = ["attach", "descriptor", "segment_view", "shared_segment"]
+__all__ = ["attach", "descriptor", "in_segment", "segment_view", "share_", "shared_segment"]
 
 
 def shared_segment(nbytes: int) -> torch.UntypedStorage:
@@ -43,10 +43,40 @@ def shared_segment(nbytes: int) -> torch.UntypedStorage:
     except OSError:  # a sandbox that forbids it (seccomp)
         return fd_storage(nbytes)
     try:
-        os.ftruncate(fd, nbytes)
-        return fd_storage_attach(fd, nbytes)
+        # reserved now, as torch's allocation reserves it: no room is an error here, not a
+        # SIGBUS where a page is first written
+        os.posix_fallocate(fd, 0, nbytes)
+        return _private(fd_storage_attach(fd, nbytes))
     finally:
         os.close(fd)
+
+
+def _private(segment: torch.UntypedStorage) -> torch.UntypedStorage:
+    """``segment``, its descriptor closed on exec (torch's copy of it is inheritable: a program
+    this process starts would keep the memory alive)."""
+    os.set_inheritable(fd_storage_descriptor(segment)[0], False)
+    return segment
+
+
+def in_segment(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """``storage`` itself where it is shared memory already, on another device or empty; else a
+    copy of it in a :func:`shared_segment`: what torch's pickling would otherwise make of it under
+    the ``file_descriptor`` strategy, in /dev/shm."""
+    if storage.device.type != "cpu" or storage.is_shared() or storage.nbytes() == 0:
+        return storage
+    segment = shared_segment(storage.nbytes())
+    segment.copy_(storage)
+    return segment
+
+
+def share_(tensor: torch.Tensor) -> torch.Tensor:
+    """Move ``tensor``'s memory into shared memory in place, as ``tensor.share_memory_()`` does,
+    into a :func:`shared_segment` (its layout kept); under the ``file_system`` strategy, where
+    torch ships a tensor by name, ``share_memory_()`` itself."""
+    if torch.multiprocessing.get_sharing_strategy() == "file_system":
+        return tensor.share_memory_()
+    storage = in_segment(tensor.untyped_storage())
+    return tensor.set_(storage, tensor.storage_offset(), tensor.shape, tensor.stride())
 
 
 def descriptor(segment: torch.UntypedStorage) -> tuple[Any, int]:
@@ -60,7 +90,7 @@ def attach(shipped: tuple[Any, int]) -> torch.UntypedStorage:
     handle, nbytes = shipped
     fd = handle.detach()
     try:
-        return fd_storage_attach(fd, nbytes)
+        return _private(fd_storage_attach(fd, nbytes))
     finally:
         os.close(fd)
 

@@ -19,26 +19,35 @@ from the whole traceback text, losing ``where``); :func:`raise_failures` re-rais
 its type, message and ``where``, chained to the worker's traceback. So is an error a user's
 transform raised on a sample (:mod:`~shardkit.loader.read.user_errors`), re-raised with its type,
 its message and a note naming the sample, instead of torch's text of the whole traceback.
+
+In a worker process each batch is pickled where it was built (:class:`Shipped`), not in the
+thread that feeds torch's queue: that thread only prints what it fails to pickle (a transform's
+output that does not pickle, no room left for a tensor in /dev/shm) and drops the batch, and the
+training loop then waits for it forever. Here the failure is a :class:`LoaderError` naming the
+batch's samples.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, NoReturn, TypeVar
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Generic, NoReturn, TypeVar
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardkit.errors import ShardkitError
+from shardkit.errors import LoaderError, ShardkitError
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.epochs.plan import worker_batch_indices
 from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.epochs.seeds import sample_seeds
 from shardkit.loader.read.user_errors import picklable_kind, sample_of
 from shardkit.loader.routes.batch import Builder, WorkerBatch
+from shardkit.loader.routes.segments import in_segment
 from shardkit.loader.run.forks import freeze_forked_children
 from shardkit.transforms import gpu_ahead
 
@@ -65,6 +74,40 @@ class WorkerFailure:
 @dataclass(frozen=True)
 class EpochPadding:
     """Fills a read-ahead stream's epoch up to a whole round over the workers (see the module doc)."""
+
+
+class Shipped:
+    """A worker's batch already pickled, by its worker's own thread (see the module doc); it
+    unpickles as the batch, so the training process never sees this wrapper. Pickled as
+    ``multiprocessing`` pickles for its queues (torch's reductions: tensors by descriptor), except
+    that under the ``file_descriptor`` strategy a tensor's memory not yet shared is copied into a
+    nameless segment (:func:`~shardkit.loader.routes.segments.in_segment`: on Linux outside
+    /dev/shm, whose size then bounds no batch) where torch would copy it into /dev/shm."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, batch: Any) -> None:
+        buffer = io.BytesIO()
+        pickler = ForkingPickler(buffer)
+        if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
+            torch_reduce = pickler.dispatch_table[torch.UntypedStorage]  # this pickler's own copy of the table
+            pickler.dispatch_table[torch.UntypedStorage] = lambda storage: torch_reduce(in_segment(storage))
+        pickler.dump(batch)
+        self.data = buffer.getvalue()
+
+    def __reduce__(self) -> tuple[Callable[[bytes], Any], tuple[bytes]]:
+        return pickle.loads, (self.data,)
+
+
+def _unsendable(batch: WorkerBatch, err: Exception) -> LoaderError:
+    """The error for a ``batch`` that did not pickle (``err``), naming its samples."""
+    keys = batch.keys
+    samples = f"{len(keys)} samples, {keys[0]!r} to {keys[-1]!r}" if len(keys) > 1 else f"{keys!r}"
+    hint = ("/dev/shm has no room for its tensors: give it more (docker run --shm-size=…) or use fewer workers"
+            if "shared memory" in str(err) or "No space left" in str(err)
+            else "return tensors, numbers or other picklable objects from the transform, or use num_workers=0")
+    return LoaderError(f"a batch ({samples}) cannot be sent from its worker process to the training process "
+                       f"({type(err).__name__}: {err}); {hint}", where=keys[0] if keys else "")
 
 
 def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
@@ -192,7 +235,18 @@ class BatchStream(IterableDataset[W | WorkerFailure | EpochPadding], Generic[W])
                         raise  # in this process the error keeps its own traceback; torch wraps others
                     yield _failure(err, sample)
                     return
-                yield batch
+                if info is None:
+                    yield batch
+                    continue
+                try:
+                    shipped = Shipped(batch)
+                except Exception as err:  # pickling raises many types: TypeError, PicklingError, RuntimeError
+                    try:
+                        raise _unsendable(batch, err) from err
+                    except LoaderError as unsendable:
+                        yield _failure(unsendable)
+                    return
+                yield shipped  # type: ignore[misc]  # unpickles as the batch
             if not self.read_ahead or cfg.epoch_batches(None) == 0:
                 return
             rounds = -(-(count - start) // workers)  # this epoch's rounds over the workers

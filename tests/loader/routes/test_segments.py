@@ -15,7 +15,7 @@ import torch
 from torch.multiprocessing.reductions import reduce_storage
 
 from shardkit.loader.routes.device.payload import WorkerBuffers
-from shardkit.loader.routes.segments import segment_view, shared_segment
+from shardkit.loader.routes.segments import in_segment, segment_view, share_, shared_segment
 from tests.cli.terminal import ROOT
 
 memfd = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd_create is Linux's")
@@ -31,9 +31,21 @@ def test_a_segment_is_a_memfd_file_never_named_in_dev_shm() -> None:
     segment = shared_segment(4096)
     # torch's fd allocation is /dev/shm/torch_<pid>_..., named until it is mapped
     assert _backing_file(segment).startswith("/memfd:")
+    assert not os.get_inheritable(segment._share_fd_cpu_()[0])  # a program this process starts keeps none
     view = segment_view(segment, (4, 1024))
     assert view.sum().item() == 0 and view.is_shared()
     assert shared_segment(0).nbytes() == 0
+
+
+@memfd
+def test_tensors_move_into_segments_in_place_with_their_layout() -> None:
+    """What the feeders' ring and a worker's outgoing tensors go through (not torch's share_memory_)."""
+    private = torch.arange(24, dtype=torch.float32).reshape(1, 2, 3, 4).contiguous(memory_format=torch.channels_last)
+    expected, stride = private.clone(), private.stride()
+    assert share_(private) is private and private.stride() == stride and torch.equal(private, expected)
+    assert _backing_file(private.untyped_storage()).startswith("/memfd:")
+    copy = in_segment(torch.ones(3, dtype=torch.float64).untyped_storage())
+    assert _backing_file(copy).startswith("/memfd:") and in_segment(copy) is copy
 
 
 @memfd
@@ -46,16 +58,24 @@ def test_a_device_routes_worker_buffer_ships_as_its_memfd(monkeypatch: pytest.Mo
     assert _backing_file(blob.untyped_storage()).startswith("/memfd:")
     if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
         rebuild, args = reduce_storage(blob.untyped_storage())
-        assert args[1].detach() >= 0  # its descriptor, DupFd as multiprocessing sends it
+        fd = args[1].detach()  # its descriptor, DupFd as multiprocessing sends it
+        try:
+            assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")
+        finally:
+            os.close(fd)
 
 
 _LOAD = """
-import sys, shutil
+import sys, shutil, torch
 from shardkit import ShardLoader, transforms
 free = shutil.disk_usage("/dev/shm").free
 loader = ShardLoader(sys.argv[1], batch_size=32, transform=transforms.imagenet_train(256), num_workers=2)
 seen = sum(len(labels) for _, labels in loader)
-print(free >> 20, seen)
+def views(image):  # a transform of the user's own: two float views, which the worker joins as default_collate does
+    return {"a": image.float(), "b": torch.nn.functional.interpolate(image[None].float(), size=(256, 256))[0]}
+other = ShardLoader(sys.argv[1], batch_size=32, transform=views, num_workers=2)
+shapes = {tuple(images["b"].shape) for images, _ in other}
+print(free >> 20, seen, sorted(shapes))
 """
 
 
@@ -63,14 +83,16 @@ print(free >> 20, seen)
 @pytest.mark.timeout(240)
 def test_a_loader_runs_where_dev_shm_is_smaller_than_its_batches(packed: Path) -> None:
     """2 workers x up to 5 slots of 32 x 3 x 256 x 256 (6 MiB each) against a 4 MiB /dev/shm,
-    mounted in a mount namespace of the loading process's own (root, or skip)."""
+    mounted in a mount namespace of the loading process's own (root, or skip); then a transform
+    of the user's own, whose float batches (24 MiB) torch would ship through /dev/shm."""
     unshare = shutil.which("unshare")
     if unshare is None or subprocess.run([unshare, "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs unshare -m (root, or a user namespace) to give the load a small /dev/shm")
+        pytest.skip("needs unshare -m (root) to give the load a small /dev/shm")
     script = f"mount -t tmpfs -o size=4m tmpfs /dev/shm && exec {sys.executable} -c \"$0\" \"$1\""
     done = subprocess.run([unshare, "-m", "sh", "-c", script, _LOAD, str(packed)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": ROOT}, timeout=200)
     if done.returncode != 0 and "mount:" in done.stderr:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["4", "69"]  # a 4 MiB /dev/shm; every sample of the dataset
+    # a 4 MiB /dev/shm; every sample of the dataset; batches of 32 and the last of 5, joined
+    assert done.stdout.strip() == "4 69 [(5, 3, 256, 256), (32, 3, 256, 256)]"

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from sample_data.indexed import decode_index
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.loader.run.stream import WorkerTraceback
 
@@ -300,6 +302,31 @@ def test_a_transform_output_that_cannot_leave_a_worker_is_an_error_not_a_hang(pa
     assert "shard-" in info.value.where
     with _loader(packed, num_workers=0, transform=_unsendable) as here:  # nothing to send: it works
         assert isinstance(next(iter(here))[0][0], _Unsendable)
+
+
+class _SometimesUnsendable:
+    """Pickles, except where it holds the image of sample index 7 (pixels encode their index)."""
+
+    def __init__(self, image: torch.Tensor) -> None:
+        self.index = decode_index(image)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.index == 7:
+            raise TypeError("sample 7 does not pickle")
+        return _SometimesUnsendable.__new__, (_SometimesUnsendable,)
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_that_fails_to_pickle_past_the_first_is_an_error_not_a_hang(packed: Path) -> None:
+    """The worker checks a transform's output type once; a later output that fails to pickle (or
+    a tensor with no room in /dev/shm) failed in torch's queue thread, which prints it and drops
+    the batch: the loop waited forever. The batch is pickled where it was built instead."""
+    with (_loader(packed, num_workers=2, batch_size=4, transform=_SometimesUnsendable) as loader,
+          pytest.raises(LoaderError, match=r"a batch \(4 samples, '.*' to '.*'\) cannot be sent from its worker "
+                                           r"process to the training process \(TypeError: sample 7 does not pickle\); "
+                                           "return tensors, numbers") as info):
+        list(loader)
+    assert info.value.where
 
 
 def test_the_route_hears_when_the_workers_run_before_the_first_batch(packed: Path,

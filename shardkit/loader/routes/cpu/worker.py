@@ -5,6 +5,7 @@ A plain picklable object; no process or epoch logic here.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import time
@@ -14,8 +15,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import get_worker_info
 
+from shardkit._compat import collate_joining_tensors_with
 from shardkit.codec.decode import DecodeStats, decode_rgb
 from shardkit.errors import DecodeError, LoaderError
 from shardkit.loader.read.bad_samples import BadSample
@@ -25,6 +27,7 @@ from shardkit.loader.read.samples import Sample, SampleSource, decode_for
 from shardkit.loader.read.user_errors import blame
 from shardkit.loader.routes.base import map_tensors
 from shardkit.loader.routes.cpu.shared_pool import FdImages, SharedBatchPool, SlotImages
+from shardkit.loader.routes.segments import shared_segment
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.rng import seeded
@@ -276,13 +279,25 @@ class CpuBatchBuilder:
             return CpuBatch(out, labels, got.keys, stats, slot)
         same_size = len({tuple(r.shape) if isinstance(r, torch.Tensor) else None for r in results}) == 1
         if self.transform is not None and same_size and isinstance(results[0], torch.Tensor):
-            return CpuBatch(torch.stack(results), labels, got.keys, stats)
+            return CpuBatch(_stacked(results), labels, got.keys, stats)
         if self.transform is not None and results and not isinstance(results[0], torch.Tensor):
             _check_sendable(results[0], f"{self.samples.reader.where(int(shards[got.source(0)]))}:{got.keys[0]}")
             batch = _collated(results)
             if batch is not None:
                 return CpuBatch(batch, labels, got.keys, stats)
         return CpuBatch(results, labels, got.keys, stats)
+
+
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(tensors)``; in a worker process, into a nameless shared segment (not /dev/shm:
+    :mod:`~shardkit.loader.routes.segments`), which then travels by descriptor without a copy."""
+    first = tensors[0]
+    if get_worker_info() is None or first.device.type != "cpu":
+        return torch.stack(tensors)
+    shape = (len(tensors), *first.shape)
+    out = torch.empty(0, dtype=first.dtype).set_(  # type: ignore[call-overload]
+        shared_segment(math.prod(shape) * first.element_size()), 0, shape)
+    return torch.stack(tensors, out=out)
 
 
 def _collated(results: list[Any]) -> Any:
@@ -297,7 +312,7 @@ def _collated(results: list[Any]) -> Any:
         if layout is None or any(_layout(r) != layout for r in results[1:]):
             return None
         try:
-            return default_collate(results)
+            return collate_joining_tensors_with(results, _stacked)
         except (RuntimeError, TypeError, ValueError, KeyError, IndexError):
             return None
     if not isinstance(first, np.ndarray) or first.dtype.hasobject:

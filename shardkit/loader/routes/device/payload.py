@@ -155,9 +155,12 @@ class BufferCycle:
 
 
 def _shared(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of shared memory (torch ships it by descriptor; on Linux a memfd segment, which
-    the size of /dev/shm does not bound, except under the ``file_system`` strategy, where torch
-    moves it to a named file when it first ships it)."""
+    """``nbytes`` of shared memory that torch ships by descriptor: on Linux a memfd segment, which
+    the size of /dev/shm does not bound. Under the ``file_system`` strategy a named one in
+    /dev/shm from the start (torch would move a segment there as it first ships it, swapping the
+    memory under any view of it)."""
+    if torch.multiprocessing.get_sharing_strategy() == "file_system":
+        return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
     return segment_view(shared_segment(nbytes), (nbytes,))
 
 
