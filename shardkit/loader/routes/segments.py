@@ -65,7 +65,8 @@ def in_segment(storage: torch.UntypedStorage) -> torch.UntypedStorage:
     if storage.device.type != "cpu" or storage.is_shared() or storage.nbytes() == 0:
         return storage
     segment = shared_segment(storage.nbytes())
-    segment.copy_(storage)
+    # a tensor's copy_ lets go of the GIL (a storage's does not): the batch's worker goes on meanwhile
+    segment_view(segment, (storage.nbytes(),)).copy_(segment_view(storage, (storage.nbytes(),)))
     return segment
 
 

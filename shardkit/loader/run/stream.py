@@ -20,11 +20,12 @@ its type, message and ``where``, chained to the worker's traceback. So is an err
 transform raised on a sample (:mod:`~shardkit.loader.read.user_errors`), re-raised with its type,
 its message and a note naming the sample, instead of torch's text of the whole traceback.
 
-In a worker process each batch is pickled where it was built (:class:`Shipped`), not in the
-thread that feeds torch's queue: that thread only prints what it fails to pickle (a transform's
-output that does not pickle, no room left for a tensor in /dev/shm) and drops the batch, and the
-training loop then waits for it forever. Here the failure is a :class:`LoaderError` naming the
-batch's samples.
+In a worker process each batch goes out wrapped in a :class:`Shipped`: the thread that feeds
+torch's queue pickles it (overlapping the next batch's work, as before), but where the batch
+fails to pickle (a transform's output that does not pickle, no room left for a tensor in
+/dev/shm) it sends a :class:`WorkerFailure` naming the batch's samples in its place. That thread
+only prints what it fails to pickle and drops it, and the training loop then waited for the
+batch forever.
 """
 
 from __future__ import annotations
@@ -77,26 +78,37 @@ class EpochPadding:
 
 
 class Shipped:
-    """A worker's batch already pickled, by its worker's own thread (see the module doc); it
-    unpickles as the batch, so the training process never sees this wrapper. Pickled as
-    ``multiprocessing`` pickles for its queues (torch's reductions: tensors by descriptor), except
-    that under the ``file_descriptor`` strategy a tensor's memory not yet shared is copied into a
-    nameless segment (:func:`~shardkit.loader.routes.segments.in_segment`: on Linux outside
-    /dev/shm, whose size then bounds no batch) where torch would copy it into /dev/shm."""
+    """A worker's batch on its way to the training process (see the module doc): it unpickles as
+    the batch, or as a :class:`WorkerFailure` where the batch does not pickle, so the training
+    process never sees this wrapper. Pickled as ``multiprocessing`` pickles for its queues
+    (torch's reductions: tensors by descriptor), except that under the ``file_descriptor``
+    strategy a tensor's memory not yet shared is copied into a nameless segment
+    (:func:`~shardkit.loader.routes.segments.in_segment`: on Linux outside /dev/shm, whose size
+    then bounds no batch) where torch would copy it into /dev/shm."""
 
-    __slots__ = ("data",)
+    __slots__ = ("batch",)
 
-    def __init__(self, batch: Any) -> None:
+    def __init__(self, batch: WorkerBatch) -> None:
+        self.batch = batch
+
+    def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
         buffer = io.BytesIO()
         pickler = ForkingPickler(buffer)
         if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
             torch_reduce = pickler.dispatch_table[torch.UntypedStorage]  # this pickler's own copy of the table
             pickler.dispatch_table[torch.UntypedStorage] = lambda storage: torch_reduce(in_segment(storage))
-        pickler.dump(batch)
-        self.data = buffer.getvalue()
+        try:
+            pickler.dump(self.batch)
+        except Exception as err:  # pickling raises many types: TypeError, PicklingError, RuntimeError
+            try:
+                raise _unsendable(self.batch, err) from err
+            except LoaderError as unsendable:
+                return _same, (_failure(unsendable),)
+        return pickle.loads, (buffer.getvalue(),)
 
-    def __reduce__(self) -> tuple[Callable[[bytes], Any], tuple[bytes]]:
-        return pickle.loads, (self.data,)
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _unsendable(batch: WorkerBatch, err: Exception) -> LoaderError:
@@ -235,18 +247,7 @@ class BatchStream(IterableDataset[W | WorkerFailure | EpochPadding], Generic[W])
                         raise  # in this process the error keeps its own traceback; torch wraps others
                     yield _failure(err, sample)
                     return
-                if info is None:
-                    yield batch
-                    continue
-                try:
-                    shipped = Shipped(batch)
-                except Exception as err:  # pickling raises many types: TypeError, PicklingError, RuntimeError
-                    try:
-                        raise _unsendable(batch, err) from err
-                    except LoaderError as unsendable:
-                        yield _failure(unsendable)
-                    return
-                yield shipped  # type: ignore[misc]  # unpickles as the batch
+                yield batch if info is None else Shipped(batch)  # type: ignore[misc]  # unpickles as the batch
             if not self.read_ahead or cfg.epoch_batches(None) == 0:
                 return
             rounds = -(-(count - start) // workers)  # this epoch's rounds over the workers

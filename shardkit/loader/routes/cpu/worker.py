@@ -5,7 +5,6 @@ A plain picklable object; no process or epoch logic here.
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 import time
@@ -27,7 +26,6 @@ from shardkit.loader.read.samples import Sample, SampleSource, decode_for
 from shardkit.loader.read.user_errors import blame
 from shardkit.loader.routes.base import map_tensors
 from shardkit.loader.routes.cpu.shared_pool import FdImages, SharedBatchPool, SlotImages
-from shardkit.loader.routes.segments import shared_segment
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.base import ImageTransform
 from shardkit.transforms.rng import seeded
@@ -289,15 +287,11 @@ class CpuBatchBuilder:
 
 
 def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.stack(tensors)``; in a worker process, into a nameless shared segment (not /dev/shm:
-    :mod:`~shardkit.loader.routes.segments`), which then travels by descriptor without a copy."""
-    first = tensors[0]
-    if get_worker_info() is None or first.device.type != "cpu":
-        return torch.stack(tensors)
-    shape = (len(tensors), *first.shape)
-    out = torch.empty(0, dtype=first.dtype).set_(  # type: ignore[call-overload]
-        shared_segment(math.prod(shape) * first.element_size()), 0, shape)
-    return torch.stack(tensors, out=out)
+    """``torch.stack(tensors)`` in private memory, also in a worker process (where
+    ``default_collate`` stacks into a new segment of /dev/shm): the thread that sends the batch
+    copies it into a nameless segment (:class:`~shardkit.loader.run.stream.Shipped`) while this
+    one goes on to the next batch, and the memory here is reused by the next stack."""
+    return torch.stack(tensors)
 
 
 def _collated(results: list[Any]) -> Any:
