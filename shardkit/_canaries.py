@@ -154,6 +154,11 @@ CANARIES: tuple[Canary, ...] = (
            _has("torch.utils.data._utils.signal_handling", "_set_SIGCHLD_handler"),
            "the SIGCHLD guard wraps torch's handler; find torch's new installer and change "
            "_compat.install_torch_sigchld_handler (without it worker deaths surface up to 5 s late)"),
+    Canary("torch collate with a collate_fn_map",
+           lambda: all(_has("torch.utils.data._utils.collate", name)()
+                       for name in ("collate", "collate_tensor_fn", "default_collate_fn_map")),
+           "the CPU route joins a transform's outputs as default_collate does, its tensors stacked in private memory "
+           "(_compat.collate_joining_tensors_with); find torch's new extension point or call default_collate"),
     Canary("torch UntypedStorage._new_using_fd_cpu", _has("torch", "UntypedStorage", "_new_using_fd_cpu"),
            "the routes' worker segments (routes.segments) are nameless shared memory made with it; use torch's new "
            "fd allocator in _compat.fd_storage, or share_memory_() under the file_descriptor strategy"),

@@ -105,9 +105,11 @@ def collate_joining_tensors_with(batch: list[Any], join: Callable[[list[torch.Te
     extension point ``default_collate``'s docs show, since torch 2.0). ``default_collate`` itself
     stacks into a new segment of /dev/shm in a DataLoader worker."""
     import torch
-    from torch.utils.data._utils.collate import collate, default_collate_fn_map
+    from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
     def tensors(items: list[torch.Tensor], *, collate_fn_map: Any = None) -> torch.Tensor:
+        if items[0].is_nested or items[0].layout != torch.strided:  # torch's own refusals and layouts
+            return collate_tensor_fn(items, collate_fn_map=collate_fn_map)
         return join(items)
 
     return collate(batch, collate_fn_map={**default_collate_fn_map, torch.Tensor: tensors})

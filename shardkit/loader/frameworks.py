@@ -105,7 +105,8 @@ def say_if_uneven(loader: Any) -> None:
     counts = {replace(config, rank=rank).num_batches for rank in (0, config.world_size - 1)}
     if len(counts) > 1:
         _told_uneven.add(loader)
-        log.warning("shardkit: with even_batches=False the ranks get %d or %d batches an epoch (this one %d): a "
-                    "DDP training step, a gather_for_metrics or any collective per batch waits forever on a rank "
-                    "with none left; train with even_batches=True, and in evaluation count per rank and gather "
-                    "once after the loop (docs: evaluation)", min(counts), max(counts), config.num_batches)
+        log.warning("shardkit: with even_batches=False the ranks get %d or %d batches an epoch (this one %d): if "
+                    "this loop trains, a DDP step, a gather_for_metrics or any collective per batch waits forever "
+                    "on a rank with none left (train with even_batches=True, or under DDP's join()); an "
+                    "evaluation loop counts per rank and gathers once after it, under torch.no_grad(), which "
+                    "also keeps this quiet (docs: evaluation)", min(counts), max(counts), config.num_batches)

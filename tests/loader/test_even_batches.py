@@ -222,6 +222,7 @@ def test_uneven_ranks_are_said_once_as_a_training_loop_iterates(packed: Path,
         for loader in (uneven, uneven, even, alike):
             assert sum(1 for _ in loader) == len(loader)
     assert [r.getMessage() for r in caplog.records] == [
-        "shardkit: with even_batches=False the ranks get 4 or 5 batches an epoch (this one 5): a DDP training step, "
-        "a gather_for_metrics or any collective per batch waits forever on a rank with none left; train with "
-        "even_batches=True, and in evaluation count per rank and gather once after the loop (docs: evaluation)"]
+        "shardkit: with even_batches=False the ranks get 4 or 5 batches an epoch (this one 5): if this loop trains, "
+        "a DDP step, a gather_for_metrics or any collective per batch waits forever on a rank with none left (train "
+        "with even_batches=True, or under DDP's join()); an evaluation loop counts per rank and gathers once after "
+        "it, under torch.no_grad(), which also keeps this quiet (docs: evaluation)"]

@@ -77,6 +77,18 @@ class EpochPadding:
     """Fills a read-ahead stream's epoch up to a whole round over the workers (see the module doc)."""
 
 
+_SHIPS = False
+"""This process is a worker of a loader's own DataLoader (:func:`ship_from_this_worker`)."""
+
+
+def ship_from_this_worker() -> None:
+    """Mark this process as a worker of a loader's own DataLoader (its ``worker_init_fn`` calls
+    this): its batches go out as :class:`Shipped`. A loader iterated inside a worker of someone
+    else's DataLoader reads its stream in that process and yields its batches as they are."""
+    global _SHIPS
+    _SHIPS = True
+
+
 class Shipped:
     """A worker's batch on its way to the training process (see the module doc): it unpickles as
     the batch, or as a :class:`WorkerFailure` where the batch does not pickle, so the training
@@ -100,6 +112,9 @@ class Shipped:
         try:
             pickler.dump(self.batch)
         except Exception as err:  # pickling raises many types: TypeError, PicklingError, RuntimeError
+            unsent = getattr(getattr(self.batch, "slot", None), "unsent", None)
+            if unsent is not None:  # a pool slot pickled before the failure never arrives: free it here
+                unsent()
             try:
                 raise _unsendable(self.batch, err) from err
             except LoaderError as unsendable:
@@ -115,9 +130,13 @@ def _unsendable(batch: WorkerBatch, err: Exception) -> LoaderError:
     """The error for a ``batch`` that did not pickle (``err``), naming its samples."""
     keys = batch.keys
     samples = f"{len(keys)} samples, {keys[0]!r} to {keys[-1]!r}" if len(keys) > 1 else f"{keys!r}"
-    hint = ("/dev/shm has no room for its tensors: give it more (docker run --shm-size=…) or use fewer workers"
-            if "shared memory" in str(err) or "No space left" in str(err)
-            else "return tensors, numbers or other picklable objects from the transform, or use num_workers=0")
+    text = str(err)
+    if "shared memory" in text or "No space left" in text or "Cannot allocate memory" in text or "mmap" in text:
+        room = "/dev/shm" if "/torch_" in text else "memory"  # torch's named segments, or ours
+        hint = (f"no {room} left for its tensors: fewer workers or a smaller batch_size, or more {room} "
+                f"({'docker run --shm-size=…' if room == '/dev/shm' else 'docker run --memory=…'})")
+    else:
+        hint = "return tensors, numbers or other picklable objects from the transform, or use num_workers=0"
     return LoaderError(f"a batch ({samples}) cannot be sent from its worker process to the training process "
                        f"({type(err).__name__}: {err}); {hint}", where=keys[0] if keys else "")
 
@@ -136,6 +155,8 @@ def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],
     if started is not None:
         started()
     for item in items:
+        if isinstance(item, Shipped):  # read in the worker's own process (never pickled)
+            item = item.batch
         if isinstance(item, WorkerFailure):
             reraise(item)
         if not isinstance(item, EpochPadding):
@@ -247,7 +268,7 @@ class BatchStream(IterableDataset[W | WorkerFailure | EpochPadding], Generic[W])
                         raise  # in this process the error keeps its own traceback; torch wraps others
                     yield _failure(err, sample)
                     return
-                yield batch if info is None else Shipped(batch)  # type: ignore[misc]  # unpickles as the batch
+                yield Shipped(batch) if _SHIPS else batch  # type: ignore[misc]  # unpickles as the batch
             if not self.read_ahead or cfg.epoch_batches(None) == 0:
                 return
             rounds = -(-(count - start) // workers)  # this epoch's rounds over the workers

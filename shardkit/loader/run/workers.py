@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from shardkit._compat import persistent_iterator, stop_persistent_workers
 from shardkit.errors import LoaderError
 from shardkit.loader.run.deaths import DeathSafeContext, WatchedLoader, guard_sigchld, worker_death
-from shardkit.loader.run.stream import BatchStream
+from shardkit.loader.run.stream import BatchStream, ship_from_this_worker
 from shardkit.loader.threads import name_this_thread
 
 __all__ = ["rank_and_world", "shutdown_workers", "worker_death", "worker_loader", "workers_running"]
@@ -29,6 +29,7 @@ def _init_worker(worker_id: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started (WatchedLoader)
     torch.set_num_threads(1)  # one core per worker; decode and resize are single-threaded anyway
     name_this_thread(f"sk-worker{worker_id}")  # what top and ps show for it (not its parent's name)
+    ship_from_this_worker()
 
 
 def _launcher_rank_and_world() -> tuple[int, int] | None:

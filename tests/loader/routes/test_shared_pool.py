@@ -223,3 +223,24 @@ def test_the_pool_serves_again_after_every_slot_was_held(packed: Path, monkeypat
         through.update(slot=0, own=0)
         rest = sum(1 for _ in batches)
     assert rest > 5 and through["slot"] >= rest - 3, through
+
+
+class _Unpicklable:
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("no")
+
+
+def test_a_batch_that_fails_to_pickle_after_its_slot_frees_the_slot() -> None:
+    """The slot's segment was pickled before a later part of the batch failed: the main process
+    never gets it, so the worker frees the slot and sends its segment with its next batch."""
+    from shardkit.loader.run.stream import Shipped, WorkerFailure
+
+    pool = SharedBatchPool(num_workers=1, slots_per_worker=1, shape=(2, 3, 4, 4))
+    got = pool.acquire(0, 2)
+    assert got is not None
+    images, slot = got
+    batch = CpuBatch(images, _Unpicklable(), ["a", "b"], StageStats(), slot)  # type: ignore[arg-type]
+    failure = pickle.loads(_ship(Shipped(batch)))
+    assert isinstance(failure, WorkerFailure) and "cannot be sent" in failure.message
+    assert pool.busy[slot.slot] == 0 and slot.slot not in pool._shipped
+    assert pool.acquire(0, 2) is not None  # the worker has its slot again

@@ -425,3 +425,23 @@ def test_workers_start_with_ctrl_c_blocked_then_ignore_it_and_the_loop_s_mask_is
         next(iter(loader))
         assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
     assert sorted(path.read_text() for path in seen.iterdir()) == ["(True, False, True)"] * 2
+
+
+class _Nested(torch.utils.data.Dataset[int]):
+    """A dataset of the user's own that iterates a loader inside each of its DataLoader's workers."""
+
+    def __init__(self, ds: Path) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> int:
+        loader = ShardLoader(str(self.ds), batch_size=8, transform=transforms.imagenet_val(16), num_workers=0)
+        return sum(len(labels) for _, labels in loader)
+
+
+def test_a_loader_iterated_in_a_worker_of_another_dataloader_yields_its_batches(packed: Path) -> None:
+    """Only the workers of a loader's own DataLoader send their batches wrapped for the queue."""
+    outer = torch.utils.data.DataLoader(_Nested(packed), batch_size=None, num_workers=1)
+    assert list(outer) == [69]

@@ -201,6 +201,12 @@ class SlotImages:
         """Worker side: give the slot back unshipped (its batch failed)."""
         self.pool.busy[self.slot] = 0
 
+    def unsent(self) -> None:
+        """Worker side: the batch was being pickled and failed: the slot is free again, and its
+        segment goes with the next batch that fills it (the main process may not have it)."""
+        self.pool._shipped.discard(self.slot)
+        self.release()
+
 
 class FdImages:
     """A worker's batch in a segment of its own (no slot of the pool was free), on its way to the

@@ -287,11 +287,15 @@ class CpuBatchBuilder:
 
 
 def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.stack(tensors)`` in private memory, also in a worker process (where
-    ``default_collate`` stacks into a new segment of /dev/shm): the thread that sends the batch
-    copies it into a nameless segment (:class:`~shardkit.loader.run.stream.Shipped`) while this
-    one goes on to the next batch, and the memory here is reused by the next stack."""
-    return torch.stack(tensors)
+    """``torch.stack(tensors)``; in a worker process contiguous, as ``default_collate`` stacks
+    there, but in private memory (it stacks into a new segment of /dev/shm): the thread that
+    sends the batch copies it into a nameless segment (:class:`~shardkit.loader.run.stream.Shipped`)
+    while this one goes on to the next batch, and the memory here is reused by the next stack."""
+    if get_worker_info() is None:
+        return torch.stack(tensors)
+    first = tensors[0]
+    out = torch.empty((len(tensors), *first.shape), dtype=first.dtype, device=first.device)
+    return torch.stack(tensors, out=out)
 
 
 def _collated(results: list[Any]) -> Any:
