@@ -14,9 +14,14 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import reduce_storage
 
+from shardkit import ShardLoader, transforms
 from shardkit.loader.routes.device.payload import WorkerBuffers
+from shardkit.loader.routes.gpu.worker import RawBatchBuilder
 from shardkit.loader.routes.segments import in_segment, segment_view, share_, shared_segment
+from shardkit.loader.run.stream import BatchStream, raise_failures
+from shardkit.loader.run.workers import worker_loader
 from tests.cli.terminal import ROOT
+from tests.loader.gpu_helpers import make_packed_imagenet_like, staged
 
 memfd = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd_create is Linux's")
 
@@ -96,3 +101,31 @@ def test_a_loader_runs_where_dev_shm_is_smaller_than_its_batches(packed: Path) -
     assert done.returncode == 0, done.stderr[-2000:]
     # a 4 MiB /dev/shm; every sample of the dataset; batches of 32 and the last of 5, joined
     assert done.stdout.strip() == "4 69 [(5, 3, 256, 256), (32, 3, 256, 256)]"
+
+
+@pytest.mark.parametrize("strategy", ["file_descriptor", "file_system"])
+def test_the_gpu_routes_worker_half_sends_through_workers_what_it_builds_here(tmp_path: Path, strategy: str) -> None:
+    """The GPU route's batches (JPEG bytes in a cycle of shared buffers per worker, reused) reach
+    the training process as built, under either sharing strategy (no CUDA needed for this half)."""
+    ds = make_packed_imagenet_like(tmp_path)
+    transform = transforms.imagenet_train(64)
+    loader = ShardLoader(str(ds), batch_size=8, transform=transform, num_workers=0, shuffle=True)
+
+    def delivered(workers: int) -> list[tuple[list[str], list[bytes], bytes]]:
+        builder = RawBatchBuilder(loader.reader, transform, buffer_cycle=4 if workers else 0)
+        stream = BatchStream(loader.config, builder, torch.zeros(2, dtype=torch.int64).share_memory_())
+        source = worker_loader(stream, num_workers=workers, prefetch=2, pin_memory=False) if workers else stream
+        out = []
+        for batch in raise_failures(source):
+            raw = batch.images  # copied out of the shared buffer as the prefetcher copies it
+            out.append((list(batch.keys), [bytes(t.numpy()) for t in staged(batch).jpegs()],
+                        bytes(raw.blob.numpy()[raw.nbytes:])))
+        return out
+
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy(strategy)
+    try:
+        here, there = delivered(0), delivered(2)
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
+    assert len(here) == len(loader) and there == here

@@ -239,7 +239,7 @@ def test_a_batch_that_fails_to_pickle_after_its_slot_frees_the_slot() -> None:
     got = pool.acquire(0, 2)
     assert got is not None
     images, slot = got
-    batch = CpuBatch(images, _Unpicklable(), ["a", "b"], StageStats(), slot)  # type: ignore[arg-type]
+    batch = CpuBatch(images, _Unpicklable(), ["a", "b"], StageStats(), slot)
     failure = pickle.loads(_ship(Shipped(batch)))
     assert isinstance(failure, WorkerFailure) and "cannot be sent" in failure.message
     assert pool.busy[slot.slot] == 0 and slot.slot not in pool._shipped
