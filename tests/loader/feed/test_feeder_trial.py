@@ -21,12 +21,22 @@ from tests.ranks import free_port, gloo, write_gathered
 pytestmark = pytest.mark.timeout(240)
 
 
-def _auto(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+class _Clock:
+    """The time the trial reads (``Supply._stamp``): moved on only by :func:`_train`'s steps, so
+    which side was faster never depends on the machine's load (the tests run beside others)."""
+
+    now = 0.0
+
+
+def _auto(monkeypatch: pytest.MonkeyPatch, clock: _Clock | None = None) -> list[tuple[str, int, int]]:
     """feeders="auto" choosing one feeder on the CPU, with a short trial (1 batch skipped and 4
-    timed on each side); the returned list gets (side, epoch, batch) of every delivery the
-    loader opens while it has not settled."""
+    timed on each side), timed by ``clock`` where given; the returned list gets (side, epoch,
+    batch) of every delivery the loader opens while it has not settled."""
     from shardkit.loader import loader as loader_module
     from shardkit.loader.feed import supply
+
+    if clock is not None:
+        monkeypatch.setattr(supply.Supply, "_stamp", lambda self: clock.now)
 
     monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))
     monkeypatch.setattr(supply, "PaceTrial", functools.partial(PaceTrial, skip=1, window=4))
@@ -41,9 +51,10 @@ def _auto(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     return opens
 
 
-def _train(loader: Any, slower: str, epochs: int = 3, on_batch: Any = None) -> list[Any]:
-    """``epochs`` epochs of a loop that takes 40 ms more per batch when fed from ``slower``
-    (``"feeders"`` or ``"here"``); the batches. ``on_batch(loader, n)`` after the n-th."""
+def _train(loader: Any, slower: str, clock: _Clock, epochs: int = 3, on_batch: Any = None) -> list[Any]:
+    """``epochs`` epochs of a loop whose step takes 50 ms on ``clock`` when fed from ``slower``
+    (``"feeders"`` or ``"here"``), else 10 ms (and 10 ms of real time either way); the batches.
+    ``on_batch(loader, n)`` after the n-th."""
     got = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -52,7 +63,8 @@ def _train(loader: Any, slower: str, epochs: int = 3, on_batch: Any = None) -> l
             if on_batch is not None:
                 on_batch(loader, len(got))
             place = loader._supply._side if loader._supply.pool is not None else "here"  # the batch's side
-            time.sleep(0.05 if place == slower else 0.01)
+            clock.now += 0.05 if place == slower else 0.01
+            time.sleep(0.01)
     return got
 
 
@@ -65,13 +77,13 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
     with _loader(packed, feeders=0) as plain:
         want = _epochs(plain, epochs=3)
         assert plain.trial is None and plain.settled
-    opens = _auto(monkeypatch)
+    opens = _auto(monkeypatch, clock := _Clock())
     kept = "here" if slower == "feeders" else "feeders"
     with _loader(packed) as loader, caplog.at_level(logging.INFO, logger="shardkit.loader"):
         assert not loader.settled and loader.trial is not None and loader.trial.paces == {}
         assert isinstance(loader._supply._stamp(), float)  # on the CPU: the host's clock
         loader.wait_for_feeders()  # started now: the trial begins at the first batch
-        got = _train(loader, slower)
+        got = _train(loader, slower, clock)
         # phases of 5 batches, 9 batches an epoch: the feeders 0-4 (4 timed after the first),
         # here 5-8 and the first of the next epoch (2 timed: not 5, the first after the switch,
         # nor 8, the last before the epoch's end, nor 9, the first of an epoch); the side kept
@@ -79,8 +91,8 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
         assert opens == [("feeders", 0, 0), ("here", 0, 5), ("here", 1, 0)] + (
             [("feeders", 1, 1)] if kept == "feeders" else [])
         assert loader.trial is not None and loader.trial.decided == kept and loader.settled
-        paces = loader.trial.paces  # the loop sleeps 40 ms more per batch on the slower side
-        assert paces[slower] > paces[kept], paces  # by how much depends on the machine's load: not asserted
+        paces = loader.trial.paces  # the loop's step on the trial's clock: 50 ms on the slower side, 10 ms on the other
+        assert paces[slower] == pytest.approx(0.05) and paces[kept] == pytest.approx(0.01), paces
         if kept == "here":
             assert loader.feeders == 0 and loader._supply.pool is None and loader._supply.run is not None
         else:
@@ -99,7 +111,7 @@ def test_after_the_trial_keeps_the_route_here_the_workers_read_ahead_from_the_ep
 
     with _loader(packed, feeders=0) as plain:
         want = _epochs(plain, epochs=3)
-    _auto(monkeypatch)
+    _auto(monkeypatch, clock := _Clock())
     taken_over: list[int] = []
     real = epoch_run._TakenOver.__init__
 
@@ -111,7 +123,7 @@ def test_after_the_trial_keeps_the_route_here_the_workers_read_ahead_from_the_ep
     got: list[Any] = []
     with _loader(packed) as loader:
         loader.wait_for_feeders()
-        got += _train(loader, "feeders", epochs=2)
+        got += _train(loader, "feeders", clock, epochs=2)
         assert loader.trial is not None and loader.trial.decided == "here" and loader._supply.pool is None
         run = loader._supply.run
         assert run is not None and run._kept is not None and run._kept[0] == 2  # epoch 1's delivery, kept
@@ -129,7 +141,7 @@ def test_a_loader_pickles_during_and_after_the_trial(packed: Path, monkeypatch: 
 
     with _loader(packed, feeders=0) as plain:
         want = _epochs(plain, epochs=3)
-    _auto(monkeypatch)
+    _auto(monkeypatch, clock := _Clock())
     with _loader(packed) as loader:
         loader.wait_for_feeders()
         loader.set_epoch(0)
@@ -141,7 +153,7 @@ def test_a_loader_pickles_during_and_after_the_trial(packed: Path, monkeypatch: 
         mid = pickle.loads(pickle.dumps(loader))
     with _loader(packed) as loader:
         loader.wait_for_feeders()
-        _train(loader, "feeders", epochs=2)
+        _train(loader, "feeders", clock, epochs=2)
         run = loader._supply.run
         assert loader.trial is not None and loader.trial.decided == "here" and run is not None and run._kept is not None
         loader.close()
@@ -167,7 +179,7 @@ def test_the_trial_after_a_start_behind_the_first_batches_reuses_this_processs_w
 
     with _loader(packed, feeders=0) as plain:
         want = _epochs(plain, epochs=3)
-    opens = _auto(monkeypatch)
+    opens = _auto(monkeypatch, clock := _Clock())
     gate, _ = _gated(monkeypatch)
     kept = "here" if slower == "feeders" else "feeders"
     feeding: list[Any] = []
@@ -181,7 +193,7 @@ def test_the_trial_after_a_start_behind_the_first_batches_reuses_this_processs_w
             feeding.append(supply.dataloader is not None and workers_running(supply.dataloader))
 
     with _loader(packed) as loader:
-        got = _train(loader, slower, on_batch=on_batch)
+        got = _train(loader, slower, clock, on_batch=on_batch)
         # here while they start (0-2), the feeders for the rest of phase 0 (3-4, not timed: they
         # came up mid-phase), here for phase 1 (5-9, timed), the feeders for phase 2 (10-14,
         # timed), then the side kept
@@ -201,17 +213,17 @@ def test_feeders_kept_by_the_trial_and_closed_start_again_behind_the_first_batch
 
     with _loader(packed, feeders=0) as plain:
         want = _epochs(plain, epochs=3)
-    _auto(monkeypatch)
+    _auto(monkeypatch, clock := _Clock())
     with _loader(packed) as loader:
         loader.wait_for_feeders()
-        got = _train(loader, "here", epochs=2)
+        got = _train(loader, "here", clock, epochs=2)
         assert loader._supply.trial.decided == "feeders" and loader.settled
         loader.close()
         assert not loader.settled
         monkeypatch.setattr(feeders.FeederPool, "launch", lambda self: (_ for _ in ()).throw(
             feeders.LoaderError("no feeders today")))
         with caplog.at_level(logging.WARNING, logger="shardkit.loader"):
-            got += _train(loader, "here", epochs=3)[18:]  # the third epoch
+            got += _train(loader, "here", clock, epochs=3)[18:]  # the third epoch
         assert loader.feeders == 0 and loader._supply.pool is None and loader.trial is None and loader.settled
     _same(want, got)
     assert caplog.text.count("no feeders today") == 1
