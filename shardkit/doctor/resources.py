@@ -16,7 +16,8 @@ MIN_FILES, FILES_PER_WORKER = 1024, 64
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    """``n`` bytes in GiB, or in MiB below one GiB (0.0 GiB says nothing)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def check_shm(plan: LoaderPlan, free: int | None, *, memfd: bool = False,
@@ -28,8 +29,6 @@ def check_shm(plan: LoaderPlan, free: int | None, *, memfd: bool = False,
     batches = f"{_workers(plan)} x {plan.prefetch + 3} batches of {plan.batch_size}x3x{plan.size}x{plan.size} uint8"
     if memfd:
         detail = f"up to {_gib(need)} ({batches}) in memfd segments, not in /dev/shm"
-        if free is not None and need > free:  # what torch's file_system sharing strategy would put there
-            detail += f" ({_gib(free)} free there: too little under torch's file_system sharing strategy)"
         if available is None:
             return Finding("shared memory", "ok", detail)
         detail += f"; {_gib(available)} of memory available"

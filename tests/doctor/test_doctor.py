@@ -43,9 +43,7 @@ def test_shm_with_memfd_is_bounded_by_memory_not_by_dev_shm() -> None:
     need = PLAN.shm_bytes
     docker = check_shm(PLAN, 64 * 2**20, memfd=True, available=need * 4)
     assert docker.check == "shared memory" and docker.status == "ok"
-    assert "in memfd segments, not in /dev/shm (0.1 GiB free there: too little under torch's file_system " \
-           "sharing strategy); " in docker.detail
-    assert "free there" not in check_shm(PLAN, need * 2, memfd=True, available=need * 4).detail
+    assert "in memfd segments, not in /dev/shm; " in docker.detail
     short = check_shm(PLAN, 64 * 2**20, memfd=True, available=need // 2)
     assert short.status == "problem" and "killed for memory" in short.detail
     assert short.fix is not None and "fewer --workers" in short.fix and "--memory=" in short.fix

@@ -56,7 +56,7 @@ class Handle:
             except ValueError:
                 how = f"was killed by signal {-code}"
             if code == -signal.SIGKILL:
-                hint = ("; most likely the out-of-memory killer (`dmesg` says so): fewer workers or feeders, "
+                hint = ("; most likely the out-of-memory killer (check `dmesg`): fewer workers or feeders, "
                         "or feeders=0")
         else:
             how = f"exited with status {code}"

@@ -73,7 +73,7 @@ def worker_death(loader: DataLoader[Any]) -> LoaderError | None:
     if len(dead) > 1:
         what += f" (and {len(dead) - 1} more: pids {', '.join(str(d[1]) for d in dead[1:])})"
     if code == -signal.SIGKILL:
-        why = ("most likely the kernel's out-of-memory killer (`dmesg` says so): each worker holds "
+        why = ("most likely the kernel's out-of-memory killer (check `dmesg`): each worker holds "
                "prefetch batches of decoded images; use fewer workers (num_workers="
                f"{loader.num_workers} now) or a smaller prefetch (prefetch={loader.prefetch_factor} now), "
                "or a smaller batch_size")

@@ -127,18 +127,39 @@ def _same(value: Any) -> Any:
 
 
 def _unsendable(batch: WorkerBatch, err: Exception) -> LoaderError:
-    """The error for a ``batch`` that did not pickle (``err``), naming its samples."""
+    """The error for a ``batch`` that did not pickle (``err``), naming the sample whose output
+    does not pickle where it can be told (a batch of one output per sample), else its first."""
     keys = batch.keys
-    samples = f"{len(keys)} samples, {keys[0]!r} to {keys[-1]!r}" if len(keys) > 1 else f"{keys!r}"
+    culprit = _culprit(batch)
+    samples = f"{len(keys)} samples, first {keys[0]!r}, last {keys[-1]!r}" if len(keys) > 1 else f"{keys!r}"
+    if culprit is not None and len(keys) > 1:
+        samples += f"; sample {keys[culprit]!r} gave what does not pickle"
     text = str(err)
-    if "shared memory" in text or "No space left" in text or "Cannot allocate memory" in text or "mmap" in text:
+    if "/torch_" in text and torch.multiprocessing.get_sharing_strategy() == "file_system":
+        hint = ("torch.multiprocessing's sharing strategy is file_system, which ships tensors through /dev/shm: "
+                "give it room (docker run --shm-size=…), or keep the default file_descriptor strategy")
+    elif "shared memory" in text or "No space left" in text or "Cannot allocate memory" in text or "mmap" in text:
         room = "/dev/shm" if "/torch_" in text else "memory"  # torch's named segments, or ours
         hint = (f"no {room} left for its tensors: fewer workers or a smaller batch_size, or more {room} "
                 f"({'docker run --shm-size=…' if room == '/dev/shm' else 'docker run --memory=…'})")
     else:
         hint = "return tensors, numbers or other picklable objects from the transform, or use num_workers=0"
+    where = keys[culprit] if culprit is not None else keys[0] if keys else ""
     return LoaderError(f"a batch ({samples}) cannot be sent from its worker process to the training process "
-                       f"({type(err).__name__}: {err}); {hint}", where=keys[0] if keys else "")
+                       f"({type(err).__name__}: {err}); {hint}", where=where)
+
+
+def _culprit(batch: WorkerBatch) -> int | None:
+    """Where ``batch`` holds a list of one output per sample: the first that does not pickle."""
+    keys = batch.keys
+    for value in getattr(batch, "__dict__", {}).values():
+        if isinstance(value, list) and value is not keys and len(value) == len(keys) > 1:
+            for i, item in enumerate(value):
+                try:
+                    pickle.dumps(item)
+                except Exception:  # pickling raises many types
+                    return i
+    return None
 
 
 def raise_failures(source: Iterable[W | WorkerFailure | EpochPadding],

@@ -322,11 +322,15 @@ def test_a_batch_that_fails_to_pickle_past_the_first_is_an_error_not_a_hang(pack
     a tensor with no room in /dev/shm) failed in torch's queue thread, which prints it and drops
     the batch: the loop waited forever. The batch is pickled where it was built instead."""
     with (_loader(packed, num_workers=2, batch_size=4, transform=_SometimesUnsendable) as loader,
-          pytest.raises(LoaderError, match=r"a batch \(4 samples, '.*' to '.*'\) cannot be sent from its worker "
-                                           r"process to the training process \(TypeError: sample 7 does not pickle\); "
-                                           "return tensors, numbers") as info):
+          pytest.raises(LoaderError, match=r"a batch \(4 samples, first '.*', last '.*'; sample '.*' gave what does "
+                                           r"not pickle\) cannot be sent from its worker process to the training "
+                                           r"process \(TypeError: sample 7 does not pickle\); return tensors, "
+                                           "numbers") as info):
         list(loader)
-    assert info.value.where
+    assert f"sample {info.value.where!r} gave what does not pickle" in info.value.message
+    with _loader(packed, num_workers=0, batch_size=4, transform=_SometimesUnsendable) as here:
+        index_of = {key: out.index for outputs, _, keys in here for key, out in zip(keys, outputs, strict=True)}
+    assert index_of[info.value.where] == 7  # the sample named is the one whose output does not pickle
 
 
 def test_the_route_hears_when_the_workers_run_before_the_first_batch(packed: Path,
