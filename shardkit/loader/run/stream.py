@@ -129,16 +129,16 @@ def _same(value: Any) -> Any:
 def _unsendable(batch: WorkerBatch, err: Exception) -> LoaderError:
     """The error for a ``batch`` that did not pickle (``err``), naming the sample whose output
     does not pickle where it can be told (a batch of one output per sample), else its first."""
-    keys = batch.keys
-    culprit = _culprit(batch)
+    keys, text = batch.keys, str(err)
+    no_room = any(s in text for s in ("shared memory", "No space left", "Cannot allocate memory", "mmap"))
+    culprit = None if no_room else _culprit(batch)
     samples = f"{len(keys)} samples, first {keys[0]!r}, last {keys[-1]!r}" if len(keys) > 1 else f"{keys!r}"
     if culprit is not None and len(keys) > 1:
         samples += f"; sample {keys[culprit]!r} gave what does not pickle"
-    text = str(err)
-    if "/torch_" in text and torch.multiprocessing.get_sharing_strategy() == "file_system":
+    if no_room and "/torch_" in text and torch.multiprocessing.get_sharing_strategy() == "file_system":
         hint = ("torch.multiprocessing's sharing strategy is file_system, which ships tensors through /dev/shm: "
                 "give it room (docker run --shm-size=…), or keep the default file_descriptor strategy")
-    elif "shared memory" in text or "No space left" in text or "Cannot allocate memory" in text or "mmap" in text:
+    elif no_room:
         room = "/dev/shm" if "/torch_" in text else "memory"  # torch's named segments, or ours
         hint = (f"no {room} left for its tensors: fewer workers or a smaller batch_size, or more {room} "
                 f"({'docker run --shm-size=…' if room == '/dev/shm' else 'docker run --memory=…'})")
@@ -150,13 +150,16 @@ def _unsendable(batch: WorkerBatch, err: Exception) -> LoaderError:
 
 
 def _culprit(batch: WorkerBatch) -> int | None:
-    """Where ``batch`` holds a list of one output per sample: the first that does not pickle."""
+    """Where ``batch`` holds a list of one output per sample: the first that does not pickle, as
+    the queue pickles (tensors' memory left out: nothing is copied or shared to find it)."""
     keys = batch.keys
     for value in getattr(batch, "__dict__", {}).values():
         if isinstance(value, list) and value is not keys and len(value) == len(keys) > 1:
             for i, item in enumerate(value):
+                pickler = ForkingPickler(io.BytesIO())
+                pickler.dispatch_table[torch.UntypedStorage] = lambda storage: (bytearray, ())
                 try:
-                    pickle.dumps(item)
+                    pickler.dump(item)
                 except Exception:  # pickling raises many types
                     return i
     return None

@@ -81,7 +81,6 @@ def test_the_loader_keeps_the_side_that_fed_the_loop_faster_with_the_same_batche
     kept = "here" if slower == "feeders" else "feeders"
     with _loader(packed) as loader, caplog.at_level(logging.INFO, logger="shardkit.loader"):
         assert not loader.settled and loader.trial is not None and loader.trial.paces == {}
-        assert isinstance(loader._supply._stamp(), float)  # on the CPU: the host's clock
         loader.wait_for_feeders()  # started now: the trial begins at the first batch
         got = _train(loader, slower, clock)
         # phases of 5 batches, 9 batches an epoch: the feeders 0-4 (4 timed after the first),
@@ -337,3 +336,9 @@ def test_ddp_ranks_switch_together(packed: Path, tmp_path: Path) -> None:
     until = min(r["open"].index(False) if False in r["open"] else len(r["open"]) for r in ranks)
     assert both < until, (both, until)
     assert ranks[0]["sides"][both:until] == ranks[1]["sides"][both:until]
+
+
+def test_the_trial_times_a_loader_on_the_cpu_by_the_hosts_clock(packed: Path) -> None:
+    with _loader(packed, feeders=0) as loader:
+        before = time.monotonic()
+        assert before <= loader._supply._stamp() <= time.monotonic()
