@@ -340,5 +340,5 @@ def test_ddp_ranks_switch_together(packed: Path, tmp_path: Path) -> None:
 
 def test_the_trial_times_a_loader_on_the_cpu_by_the_hosts_clock(packed: Path) -> None:
     with _loader(packed, feeders=0) as loader:
-        before = time.monotonic()
-        assert before <= loader._supply._stamp() <= time.monotonic()
+        before, stamp = time.monotonic(), loader._supply._stamp()
+        assert isinstance(stamp, float) and before <= stamp <= time.monotonic()
