@@ -115,10 +115,7 @@ class Shipped:
             unsent = getattr(getattr(self.batch, "slot", None), "unsent", None)
             if unsent is not None:  # a pool slot pickled before the failure never arrives: free it here
                 unsent()
-            try:
-                raise _unsendable(self.batch, err) from err
-            except LoaderError as unsendable:
-                return _same, (_failure(unsendable),)
+            return _same, (_failure(_unsendable(self.batch, err)),)  # with the pickling error's traceback
         return pickle.loads, (buffer.getvalue(),)
 
 
