@@ -27,12 +27,12 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
     options = storage_options(storage_option, dataset)
     store = locate_dataset(dataset, options)
     try:  # the bar's totals, from the table where it holds (verify_dataset judges it, and says so)
-        shards = read_manifest(store, strict_table=True).shards
+        shards = read_manifest(store, strict_table=True).table
     except StaleTable:
-        shards = read_manifest(store, table=False).shards
-    done = 0
+        shards = read_manifest(store, table=False).table
+    done = 0  # the columns, not the entries: an entry's hash would read index.hashes, which verify judges
     with Bar(bars_enabled(quiet), desc="verifying" + (" + decoding" if decode else ""),
-             total=sum(s.num_bytes for s in shards), unit="B") as bar:
+             total=int(shards.num_bytes.sum()), unit="B") as bar:
 
         def progress(entry: ShardEntry) -> None:
             nonlocal done

@@ -19,6 +19,7 @@ from shardkit.errors import ManifestError, StorageError
 from shardkit.format.spec import FORMAT_NAME, HASHES_NAME, INDEX_NAME, PACK_STATE_DIR, TABLE_NAME
 from shardkit.index._shard_list import SHA256_RE
 from shardkit.index.manifest import MAX_MANIFEST_BYTES, Manifest
+from shardkit.index.shards import HASH_BYTES
 from shardkit.index.table import decode_table, encode_table
 from shardkit.storage import Store
 from shardkit.storage.copies import cached_copy
@@ -176,15 +177,27 @@ def _read_table(store: Store, ref: dict[str, Any], cache_dir: str | None) -> Man
             raise StaleTable(f"stale: it was written with an {INDEX_NAME} whose {what} is {value!r}, this one's is "
                              f"{ref[key]!r} (write it again: `shardkit index --table {store.url}`)",
                              where=where, index=whole)
-    if not store.remote and not store.exists(HASHES_NAME):  # a stat here; remote: found missing when read
-        raise StaleTable(f"missing, though {TABLE_NAME} names it (copy it with the dataset, or write it again: "
-                         f"`shardkit index --table {store.url}`)", where=store.path(HASHES_NAME))
+    if not store.remote:  # a stat here; remote: found missing or short when a block is read
+        _check_hashes_size(store, len(shards))
     return Manifest.from_head(doc, shards, where=where)
+
+
+def _check_hashes_size(store: Store, shards: int) -> None:
+    """A local ``index.hashes`` must be there and hold 32 bytes per shard (its content is checked
+    block by block when read); else StaleTable, naming the fix."""
+    where, fix = store.path(HASHES_NAME), f"`shardkit index --table {store.url}`"
+    if not store.exists(HASHES_NAME):
+        raise StaleTable(f"missing, though {TABLE_NAME} names it (copy it with the dataset, or write it again: "
+                         f"{fix})", where=where)
+    size, want = store.size(HASHES_NAME), shards * HASH_BYTES
+    if size != want:
+        raise StaleTable(f"damaged or stale: {size:,} bytes, where the {shards:,} shard{'s' if shards != 1 else ''} of {TABLE_NAME} need "
+                         f"{want:,} (write it again: {fix})", where=where)
 
 
 class StaleTable(ManifestError):
     """``index.table`` is missing or was written with another ``index.json`` than the one beside it,
-    or a local dataset's ``index.hashes`` is missing;
+    or a local dataset's ``index.hashes`` is missing or of the wrong size;
     ``index``: that ``index.json``'s manifest where it was read in full to tell."""
 
     def __init__(self, message: str, *, where: str = "", index: Manifest | None = None) -> None:

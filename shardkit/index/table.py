@@ -160,7 +160,7 @@ def decode_table(data: bytes, *, where: str, read_hashes: Callable[[int, int], b
         raise ManifestError(f"shard {i} claims {counts[i]} samples in {sizes[i]} bytes (each sample takes at least "
                             f"{_MIN_SAMPLE_BYTES})", where=where)
     urls = _urls(urls_spec, body[fixed:], n, where)
-    check: Callable[[int, bytes], None] = _BlockCheck(digests, hashes_where)
+    check: Callable[[int, bytes], None] = _BlockCheck(digests, hashes_where, n)
     hashes = BlockHashes(n, digests, HashFile(read_hashes, n, hashes_where), check)
     return head, index_bytes, ShardTable(urls, counts, sizes, hashes, digests)
 
@@ -204,19 +204,21 @@ def _urls(spec: dict[str, str] | None, blob: bytes, n: int, where: str) -> Named
 
 
 class _BlockCheck:
-    """Refuse a block of ``index.hashes`` whose digest differs from the table's (picklable)."""
+    """Refuse a block of ``index.hashes`` (at ``where``, for ``count`` shards) whose digest differs
+    from the table's (picklable)."""
 
-    def __init__(self, digests: bytes, where: str) -> None:
-        self.digests, self.where = digests, where
+    def __init__(self, digests: bytes, where: str, count: int) -> None:
+        self.digests, self.where, self.count = digests, where, count
 
     def __call__(self, b: int, data: bytes) -> None:
         want = self.digests[b * HASH_BYTES:(b + 1) * HASH_BYTES]
         if hashlib.sha256(data).digest() != want:
-            last = b * HASH_BLOCK + len(data) // HASH_BYTES - 1
+            first, last = b * HASH_BLOCK, min(self.count, (b + 1) * HASH_BLOCK) - 1
             got = hashlib.sha256(data).hexdigest()[:16]
-            raise ManifestError(f"block {b} (shards {b * HASH_BLOCK} to {last}) has {len(data)} bytes with sha256 "
-                                f"{got}…, the table says another: stale or damaged, it must be written with the table",
-                                where=self.where)
+            dataset = self.where.rsplit("/", 1)[0] if "/" in self.where else "."
+            raise ManifestError(f"damaged or stale: block {b} (the hashes of shards {first} to {last}) has "
+                                f"{len(data)} bytes with sha256 {got}…, the table says another (write it again: "
+                                f"`shardkit index --table {dataset}`)", where=self.where)
 
 
 __all__ = ["MAX_SHARDS", "HashFile", "decode_table", "encode_table"]

@@ -79,7 +79,8 @@ def test_hashes_are_read_by_block_and_checked(tmp_path: Path) -> None:
     hashes[5] ^= 1
     (tmp_path / "index.hashes").write_bytes(bytes(hashes))
     assert got.table.sha256(HASH_BLOCK + 2) == m.shards[HASH_BLOCK + 2].sha256  # its block was read before
-    damaged = rf"index.hashes: block 0 \(shards 0 to {HASH_BLOCK - 1}\) .* stale or damaged"
+    damaged = (rf"index.hashes: damaged or stale: block 0 \(the hashes of shards 0 to {HASH_BLOCK - 1}\) .* "
+               rf"\(write it again: `shardkit index --table {tmp_path}`\)$")
     with pytest.raises(ManifestError, match=damaged):
         read_manifest(Store(str(tmp_path))).shards[3]
 
@@ -229,7 +230,8 @@ def test_verify_compares_the_table_with_index_json(tmp_path: Path) -> None:
         verify_dataset(str(tmp_path)).problems[0]
     write_manifest(store, _manifest())
     (tmp_path / "index.hashes").write_bytes(b"\0" * 96)
-    assert "index.hashes: block 0 (shards 0 to 2)" in verify_dataset(str(tmp_path)).problems[0]
+    assert "index.hashes: damaged or stale: block 0 (the hashes of shards 0 to 2)" in \
+        verify_dataset(str(tmp_path)).problems[0]
 
 
 def test_a_missing_hashes_file_says_how_to_write_it_again(tmp_path: Path) -> None:
@@ -253,6 +255,28 @@ def test_a_missing_hashes_file_says_how_to_write_it_again(tmp_path: Path) -> Non
     result = CliRunner().invoke(cli, ["index", "--table", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert read_manifest(store).shards[0].sha256 == _manifest().shards[0].sha256
+
+
+@pytest.mark.parametrize("size", [0, 50, 32 * (HASH_BLOCK + 6)])
+def test_a_hashes_file_of_the_wrong_size_is_passed_over_as_a_missing_one(tmp_path: Path, size: int) -> None:
+    """An index.hashes emptied, cut short or grown (by a copy that failed, a sync tool) is found by
+    its size when the manifest is read: the loader reads index.json in full (with the warning of a
+    stale table), verify prints the problem with the fix, not a traceback, and the fix mends it."""
+    store = Store(str(tmp_path))
+    m = _manifest(HASH_BLOCK + 5)
+    write_manifest(store, m)
+    whole = (tmp_path / "index.hashes").read_bytes()
+    (tmp_path / "index.hashes").write_bytes((whole * 2)[:size])
+    assert read_manifest(store).shards[HASH_BLOCK + 4].sha256 == m.shards[HASH_BLOCK + 4].sha256
+    wrong = (rf"^{tmp_path}/index.hashes: damaged or stale: {size:,} bytes, where the {HASH_BLOCK + 5} shards of "
+             rf"index.table need {32 * (HASH_BLOCK + 5):,} \(write it again: `shardkit index --table {tmp_path}`\)$")
+    with pytest.raises(ManifestError, match=wrong):
+        read_manifest(store, strict_table=True)
+    result = CliRunner().invoke(cli, ["verify", "-q", str(tmp_path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert f"FAIL {tmp_path}/index.hashes: damaged or stale: {size:,} bytes" in result.output
+    assert CliRunner().invoke(cli, ["index", "--table", str(tmp_path)]).exit_code == 0
+    assert (tmp_path / "index.hashes").read_bytes() == whole
 
 
 def test_a_captioned_datasets_table_is_read_and_checked_as_any_other(tmp_path: Path) -> None:
