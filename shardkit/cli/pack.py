@@ -12,6 +12,7 @@ from shardkit.cli.progress import PackBar, bars_enabled
 from shardkit.cli.report import human_bytes, print_pack_summary, print_skipped
 from shardkit.cli.storage import storage_option_flag, storage_options
 from shardkit.cli.workers import WRITERS
+from shardkit.codec import jpeg_restart as jpeg_restart_codec
 from shardkit.errors import StorageError
 from shardkit.format.spec import IMAGE_EXTENSIONS
 from shardkit.pack import (
@@ -178,6 +179,9 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
                                "boxes)")
     _refuse_options_without_effect(src, dst, annotations, images_root, captions, resize_max, quality, shuffle, seed,
                                    storage_option, source_option)
+    if jpeg_restart is not None and not jpeg_restart_codec.available():  # an install's fault, not the command's
+        raise click.ClickException("--jpeg-restart needs shardkit's C extension shardkit.codec._jpeg_restart, "
+                                   "which is not built here (install the libjpeg headers, then reinstall shardkit)")
     try:
         options = PackOptions(max_count=max_count, max_size=max_size, shuffle=shuffle, seed=seed,
                               prefix=prefix, resize_max=resize_max, quality=quality,

@@ -81,8 +81,11 @@ def is_shard_name(name: str) -> bool:
 
 def check_prefix(prefix: str) -> str:
     """Return ``prefix`` if usable in shard names, else raise ``ValueError``."""
-    if not prefix or "/" in prefix or "\\" in prefix or prefix.startswith("."):
-        raise ValueError(f"invalid shard prefix {prefix!r}: use a plain name without slashes")
+    if not prefix:
+        raise ValueError("invalid shard prefix '': shards need a name to start with (the default is 'shard')")
+    if "/" in prefix or "\\" in prefix or prefix.startswith("."):
+        raise ValueError(f"invalid shard prefix {prefix!r}: use a plain name, without slashes and not starting "
+                         "with a dot")
     return prefix
 
 
