@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import stat
 from typing import Any
 
 from shardkit.errors import ManifestError, StorageError
@@ -183,16 +184,23 @@ def _read_table(store: Store, ref: dict[str, Any], cache_dir: str | None) -> Man
 
 
 def _check_hashes_size(store: Store, shards: int) -> None:
-    """A local ``index.hashes`` must be there and hold 32 bytes per shard (its content is checked
-    block by block when read); else StaleTable, naming the fix."""
+    """A local ``index.hashes`` must be a file of 32 bytes per shard (its content is checked block
+    by block when read); else StaleTable, naming the fix. One stat."""
     where, fix = store.path(HASHES_NAME), f"`shardkit index --table {store.url}`"
-    if not store.exists(HASHES_NAME):
+    try:
+        found = os.stat(where)
+    except FileNotFoundError:
         raise StaleTable(f"missing, though {TABLE_NAME} names it (copy it with the dataset, or write it again: "
+                         f"{fix})", where=where) from None
+    except OSError as err:
+        raise StaleTable(f"cannot be read ({err.strerror}) (write it again: {fix})", where=where) from err
+    want = shards * HASH_BYTES
+    if not stat.S_ISREG(found.st_mode):
+        raise StaleTable(f"not a file (write it again: {fix})", where=where)
+    if found.st_size != want:
+        raise StaleTable(f"damaged or stale: {found.st_size:,} bytes, where {TABLE_NAME}'s {shards:,} "
+                         f"{'shard needs' if shards == 1 else 'shards need'} {want:,} (32 each; write it again: "
                          f"{fix})", where=where)
-    size, want = store.size(HASHES_NAME), shards * HASH_BYTES
-    if size != want:
-        raise StaleTable(f"damaged or stale: {size:,} bytes, where the {shards:,} shard{'s' if shards != 1 else ''} of {TABLE_NAME} need "
-                         f"{want:,} (write it again: {fix})", where=where)
 
 
 class StaleTable(ManifestError):

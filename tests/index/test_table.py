@@ -268,8 +268,9 @@ def test_a_hashes_file_of_the_wrong_size_is_passed_over_as_a_missing_one(tmp_pat
     whole = (tmp_path / "index.hashes").read_bytes()
     (tmp_path / "index.hashes").write_bytes((whole * 2)[:size])
     assert read_manifest(store).shards[HASH_BLOCK + 4].sha256 == m.shards[HASH_BLOCK + 4].sha256
-    wrong = (rf"^{tmp_path}/index.hashes: damaged or stale: {size:,} bytes, where the {HASH_BLOCK + 5} shards of "
-             rf"index.table need {32 * (HASH_BLOCK + 5):,} \(write it again: `shardkit index --table {tmp_path}`\)$")
+    wrong = (rf"^{tmp_path}/index.hashes: damaged or stale: {size:,} bytes, where index.table's {HASH_BLOCK + 5} "
+             rf"shards need {32 * (HASH_BLOCK + 5):,} \(32 each; write it again: "
+             rf"`shardkit index --table {tmp_path}`\)$")
     with pytest.raises(ManifestError, match=wrong):
         read_manifest(store, strict_table=True)
     result = CliRunner().invoke(cli, ["verify", "-q", str(tmp_path)])
@@ -277,6 +278,25 @@ def test_a_hashes_file_of_the_wrong_size_is_passed_over_as_a_missing_one(tmp_pat
     assert f"FAIL {tmp_path}/index.hashes: damaged or stale: {size:,} bytes" in result.output
     assert CliRunner().invoke(cli, ["index", "--table", str(tmp_path)]).exit_code == 0
     assert (tmp_path / "index.hashes").read_bytes() == whole
+
+
+def test_verify_reports_a_damaged_hash_block_and_a_hashes_folder(tmp_path: Path) -> None:
+    """A hashes file of the right size with a damaged byte is found only when its block is read:
+    verify reports it as a problem with the fix (its progress bar's totals read no hash); a folder
+    in the file's place is refused when the manifest is read, whatever its size."""
+    store = Store(str(tmp_path))
+    write_manifest(store, _manifest(HASH_BLOCK + 5))
+    hashes = bytearray((tmp_path / "index.hashes").read_bytes())
+    hashes[32 * HASH_BLOCK + 3] ^= 1
+    (tmp_path / "index.hashes").write_bytes(bytes(hashes))
+    result = CliRunner().invoke(cli, ["verify", "-q", str(tmp_path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert (f"FAIL {tmp_path}/index.hashes: damaged or stale: block 1 (the hashes of shards {HASH_BLOCK} to "
+            f"{HASH_BLOCK + 4})") in result.output
+    (tmp_path / "index.hashes").unlink()
+    (tmp_path / "index.hashes").mkdir()
+    with pytest.raises(ManifestError, match=r"index.hashes: not a file \(write it again: `shardkit index --table"):
+        read_manifest(store, strict_table=True)
 
 
 def test_a_captioned_datasets_table_is_read_and_checked_as_any_other(tmp_path: Path) -> None:
