@@ -245,6 +245,10 @@ def test_a_text_transform_error_names_the_batch_and_a_wrong_row_count_is_refused
           pytest.raises(LoaderError, match=r"a tensor of shape \(1, 8\) for a batch of 4 captions: no dimension is "
                                            r"one per caption")):
         next(iter(loader))
+    with (ShardLoader(captioned, batch_size=4, num_workers=workers, text_transform=lambda texts: None) as loader,
+          pytest.raises(LoaderError, match=r"text_transform returned None for a batch of 4 captions \(a function "
+                                           r"without a return\?\)")):
+        next(iter(loader))
     for layout in (lambda texts: torch.zeros(5, len(texts)),  # sequence-first: the transform's own layout
                    lambda texts: (torch.zeros(len(texts), 2), torch.ones(len(texts), 2)),  # a pair of parts
                    lambda texts: {"tokens": torch.zeros(7), "offsets": torch.zeros(len(texts) + 1)},  # flat + offsets

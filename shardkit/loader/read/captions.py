@@ -125,8 +125,8 @@ class CaptionTargets:
         result with another number of rows than the batch has captions.
 
         Raises:
-            LoaderError: ``text_transform`` returned a list, tensor or array (or a dict of them)
-                whose rows are not one per caption.
+            LoaderError: ``text_transform`` returned None, or a list, tensor or array (or a dict of
+                them) whose rows are not one per caption.
         """
         texts = [text for text, _ in items]
         if self.text_transform is None:
@@ -146,13 +146,16 @@ class CaptionTargets:
 
 
 def _check_rows(out: Any, n: int, where: str, name: str = "") -> None:
-    """Refuse a ``text_transform`` result given as a list (or a mapping of lists) whose items are
-    not one per caption, and a tensor or array returned alone of which no dimension is one per
-    caption, which cannot line up with the batch's images (a tokenizer's output cut to one row:
-    ``zeros(1, L)`` for 4 captions). Otherwise a tensor's layout is the transform's own
-    (batch-first or sequence-first; in a mapping, also flat tokens beside offsets, or a
-    tokenizer's overflow rows beside their mapping to captions), and tuples are left alone (a
-    pair of parts)."""
+    """Refuse a ``text_transform`` result of None (a function that forgot its ``return``), one
+    given as a list (or a mapping of lists) whose items are not one per caption, and a tensor or
+    array returned alone of which no dimension is one per caption, which cannot line up with the
+    batch's images (a tokenizer's output cut to one row: ``zeros(1, L)`` for 4 captions).
+    Otherwise a tensor's layout is the transform's own (batch-first or sequence-first; in a
+    mapping, also flat tokens beside offsets, or a tokenizer's overflow rows beside their mapping
+    to captions), and tuples are left alone (a pair of parts)."""
+    if out is None and not name:
+        raise LoaderError(f"text_transform returned None for a batch of {n} captions (a function without a "
+                          "return?); it returns the batch's text: token ids, a dict of them, or a list", where=where)
     if isinstance(out, Mapping):
         for key, value in out.items():
             _check_rows(value, n, where, f"[{key!r}]")
