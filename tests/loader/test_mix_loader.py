@@ -4,6 +4,7 @@ datasets, weights or states that do not fit."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections import Counter
@@ -230,6 +231,23 @@ def test_coco_datasets_mix_and_resume(cocos: list[str], packed: Path) -> None:
         ShardLoader([cocos[0], str(packed)], batch_size=2)
     with pytest.raises(LoaderError, match="disjoint_labels is for ImageFolder datasets"):
         ShardLoader(cocos, batch_size=2, disjoint_labels=True)
+
+
+def test_coco_datasets_with_other_categories_are_refused_naming_the_fields(cocos: list[str], tmp_path: Path) -> None:
+    """A category that differs (here, keypoints and a skeleton as COCO's person has) is named by its
+    id and name and the fields that differ, not printed whole."""
+    src, ann = make_coco(tmp_path / "gen", images=5, seed=5)
+    doc = json.loads(Path(ann).read_text())
+    doc["categories"][0].update(keypoints=[f"point{i}" for i in range(17)], skeleton=[[i, i + 1] for i in range(16)])
+    Path(ann).write_text(json.dumps(doc))
+    pack_coco(str(src), str(ann), str(tmp_path / "ds"), options=PackOptions(max_count=4), workers=1)
+    first = doc["categories"][0]
+    with pytest.raises(LoaderError) as err:
+        ShardLoader([cocos[0], str(tmp_path / "ds")], batch_size=2)
+    assert str(err.value) == (
+        f"cannot mix COCO datasets with different categories: category 0 is "
+        f"{ {'id': first['id'], 'name': first['name']}!r} in {cocos[0]} and "
+        f"{ {'id': first['id'], 'name': first['name']}!r} in {tmp_path / 'ds'}, which differ in keypoints, skeleton")
 
 
 def test_a_joined_reader_reads_each_dataset_from_its_own_store(packed: Path, other: str) -> None:

@@ -9,7 +9,7 @@ the lists one after another; COCO datasets have equal categories (their labels a
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +145,17 @@ def _first_difference(a: str, xs: Sequence[Any] | None, b: str, ys: Sequence[Any
         return f"{a} has {'no' if xs is None else len(xs)} {what[1]}, {b} has {'no' if ys is None else len(ys)}"
     for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
         if x != y:
+            if isinstance(x, Mapping) and isinstance(y, Mapping):  # a COCO category: name the fields that differ
+                keys = sorted(str(k) for k in x.keys() | y.keys() if x.get(k) != y.get(k))
+                shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+                return f"{what[0]} {i} is {_brief(x)} in {a} and {_brief(y)} in {b}, which differ in {shown}"
             return f"{what[0]} {i} is {x!r} in {a} but {y!r} in {b}"
     longer, extra = (a, xs) if len(xs) > len(ys) else (b, ys)
-    return f"{a} has {len(xs)} {what[1]}, {b} has {len(ys)} ({longer} adds {extra[min(len(xs), len(ys))]!r})"
+    return f"{a} has {len(xs)} {what[1]}, {b} has {len(ys)} ({longer} adds {_brief(extra[min(len(xs), len(ys))])})"
+
+
+def _brief(entry: Any) -> str:
+    """A class name, or a COCO category by its id and name (not its keypoints and skeleton)."""
+    if isinstance(entry, Mapping):
+        return repr({k: entry[k] for k in ("id", "name") if k in entry})
+    return repr(entry)
