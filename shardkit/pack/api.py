@@ -171,7 +171,7 @@ def pack_listing(
     options = options or PackOptions()
     total = len(listing.samples) + len(listing.warnings)
     if not listing.samples:
-        first = listing.warnings[0] if listing.warnings else None
+        first = min(listing.warnings, key=lambda w: str(w["source"])) if listing.warnings else None  # in path order
         unpacked = (f" ({len(listing.warnings)} image record(s) not packable; the first, {first['source']}: "
                     f"{first['reason']})" if first is not None else "")
         dropped = (listing.extra.get("drop_empty") or {}).get("images", 0)

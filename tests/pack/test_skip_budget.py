@@ -136,6 +136,11 @@ def test_a_captioned_pack_of_a_tree_without_captions_says_why_nothing_is_packed(
     assert ("nothing to pack: the source lists no sample (2 image record(s) not packable; the first, cat/a.jpg: "
             "no caption (cat/a.txt does not exist))") in result.output
     assert not (tmp_path / "out").exists()
+    (tmp_path / "src" / "cat" / "a.txt").write_text("a cat")
+    (tmp_path / "src" / "cat" / "a.json").write_text("{oops")  # the first image, skipped for another reason
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--format", "captions"])
+    assert result.exit_code == 1
+    assert "(2 image record(s) not packable; the first, cat/a.jpg: sidecar .json is not valid JSON" in result.output
 
 
 def test_reasons_of_table_rows_are_grouped_by_kind_not_by_row() -> None:
