@@ -124,18 +124,6 @@ def test_usage_errors_exit_2(runner, small_tree, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_an_install_without_the_restart_codec_names_the_flag(runner, small_tree, tmp_path, monkeypatch):
-    """--jpeg-restart where the C extension is not built: an install's fault, said as one (exit 1,
-    no usage block) naming the flag as typed, before anything is written."""
-    from shardkit.codec import jpeg_restart
-
-    monkeypatch.setattr(jpeg_restart, "available", lambda: False)
-    result = _pack(runner, small_tree, tmp_path / "o", "--jpeg-restart", "1")
-    assert result.exit_code == 1 and "Usage:" not in result.output, result.output
-    assert result.output.startswith("Error: --jpeg-restart needs shardkit's C extension shardkit.codec._jpeg_restart,")
-    assert not (tmp_path / "o").exists()
-
-
 def test_s3_through_the_cli(runner, small_tree, s3_server, s3_bucket, monkeypatch):
     url = f"{s3_bucket}/cli"
     endpoint = s3_server["client_kwargs"]["endpoint_url"]
