@@ -23,12 +23,15 @@ CRC-32 and tar parse, only the JPEG's first :data:`HEADERS` bytes written there;
 whole image as the crop, nothing drawn from the sample's seed; ``frame``: the JPEG frame header
 looked up instead of parsed), in alternating order; what a step costs is the time its stand-in
 saves. ``--stage`` then times the receiving process's share of each batch: its staging into a slot
-(pinned memory where CUDA is available) and the split of its JPEGs.
+(pinned memory where CUDA is available) and the split of its JPEGs. ``--through-workers N`` then
+runs the same builder as a loader does: the shuffled epoch in N worker processes sending each batch
+here, their user and system CPU per image apart.
 
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray off,on
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray on --ablate
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray on --stage
+    python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray on --through-workers 2
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ def main() -> None:
     parser.add_argument("--ablate", action="store_true", help="also time the steps of a JPEG nvJPEG takes apart")
     parser.add_argument("--stage", action="store_true",
                         help="also time the receiving process's staging of the batches (pinned where CUDA is)")
+    parser.add_argument("--through-workers", type=int, default=0, metavar="N",
+                        help="also run the loader's stream (shuffled, as a loader reads) through N worker "
+                             "processes and give their user and system CPU per image")
     args = parser.parse_args()
     torch.set_num_threads(1)
     crcs = [c for c in args.crc.split(",") if c] or [""]
@@ -160,6 +166,45 @@ def main() -> None:
         _ablate(builder, reader, kinds.get("nvjpeg", []), one_pass, args.batch_size, args.rounds)
     if args.stage:
         _stage(builder, pairs, n, args.batch_size, args.size, args.rounds)
+    if args.through_workers:
+        _through_workers(args.shards, args.through_workers, args.batch_size, args.size, args.rounds, grays[-1] == "on")
+
+
+def _through_workers(shards: str, workers: int, batch_size: int, size: int, rounds: int, gray: bool) -> None:
+    """The same builder as a loader runs it: the epoch's shuffled stream in ``workers`` persistent
+    worker processes, each batch sent to this process; the workers' user and system CPU per image
+    over ``rounds`` epochs after an untimed one (``psutil``), and this process's."""
+    import psutil
+
+    from shardkit import ShardLoader
+    from shardkit.loader.run.stream import BatchStream, raise_failures
+    from shardkit.loader.run.workers import worker_loader
+
+    payload.get_worker_info = torch.utils.data.get_worker_info  # as the module has it (main() stood it in)
+    transform = imagenet_train(size)
+    loader = ShardLoader(shards, batch_size=batch_size, transform=transform, num_workers=0, drop_last=True)
+    builder = RawBatchBuilder(loader.reader, transform, buffer_cycle=4, gray=gray)
+    control = torch.zeros(2, dtype=torch.int64).share_memory_()
+    stream = BatchStream(loader.config, builder, control)
+    source = worker_loader(stream, num_workers=workers, prefetch=2, pin_memory=False)
+    me = psutil.Process()
+
+    def cpu() -> tuple[float, float, float]:
+        kids = [k.cpu_times() for k in me.children(recursive=True)]
+        own = me.cpu_times()
+        return sum(k.user for k in kids), sum(k.system for k in kids), own.user + own.system
+
+    for _ in raise_failures(source):  # starts the workers, warms the page cache
+        pass
+    before, images = cpu(), 0
+    for _ in range(rounds):
+        images += sum(len(batch.keys) for batch in raise_failures(source))
+    after = cpu()
+    user, system, here = ((a - b) / images * 1e3 for a, b in zip(after, before, strict=True))
+    print(json.dumps({"through_workers": workers, "images": images, "worker_user_ms_per_image": round(user, 4),
+                      "worker_system_ms_per_image": round(system, 4),
+                      "worker_cpu_ms_per_image": round(user + system, 4),
+                      "this_process_cpu_ms_per_image": round(here, 4)}))
 
 
 def _stage(builder: RawBatchBuilder, pairs: list[tuple[int, int]], count: int, batch_size: int, size: int,
