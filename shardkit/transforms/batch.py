@@ -33,6 +33,8 @@ class BatchFormat:
     float16). ``channels_last=True`` returns channels-last memory; ``False`` keeps the batch's.
 
     Example:
+        >>> import torch
+        >>> from shardkit.transforms import IMAGENET_MEAN, IMAGENET_STD, BatchFormat
         >>> fmt = BatchFormat(mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=torch.bfloat16)
         >>> fmt(torch.zeros(2, 3, 8, 8, dtype=torch.uint8)).dtype
         torch.bfloat16

@@ -61,6 +61,8 @@ class ResizeCenterCrop(ImageTransform):
     box goes through the generic crop-resize-flip. No randomness; ``rng`` is not drawn from.
 
     Example:
+        >>> import random
+        >>> from shardkit.transforms import ResizeCenterCrop
         >>> ResizeCenterCrop((224, 224), 256).sample_params(375, 500, random.Random(0))
         CropFlip(top=23, left=85, height=329, width=328, flip=False)
     """

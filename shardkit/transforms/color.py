@@ -88,6 +88,8 @@ class ColorJitter:
     when None); the ops run where the batch is.
 
     Example:
+        >>> import torch
+        >>> from shardkit.transforms import ColorJitter
         >>> x = torch.full((4, 3, 8, 8), 100, dtype=torch.uint8)
         >>> y = ColorJitter(brightness=0.4)(x, torch.Generator().manual_seed(0))
         >>> len(set(y[:, 0, 0, 0].tolist())) > 1  # each image its own brightness

@@ -48,6 +48,8 @@ class DetectionTransform:
     loader can skip seeding. Call it through :func:`run_detection_transform`.
 
     Example:
+        >>> from torchvision.transforms import v2
+        >>> from shardkit.transforms import DetectionTransform
         >>> DetectionTransform([v2.RandomHorizontalFlip(0.5)], random=True).random
         True
     """

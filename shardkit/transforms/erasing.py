@@ -59,6 +59,8 @@ class RandomErasing:
     values, meaningful only after normalisation).
 
     Example:
+        >>> import torch
+        >>> from shardkit.transforms import RandomErasing
         >>> x = torch.full((4, 3, 16, 16), 200, dtype=torch.uint8)
         >>> y = RandomErasing(p=1.0)(x, torch.Generator().manual_seed(0))
         >>> bool((y == 0).any()), y.dtype
