@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import posixpath
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -171,7 +172,7 @@ def pack_listing(
     options = options or PackOptions()
     total = len(listing.samples) + len(listing.warnings)
     if not listing.samples:
-        first = min(listing.warnings, key=lambda w: str(w["source"])) if listing.warnings else None  # in path order
+        first = min(listing.warnings, key=_natural) if listing.warnings else None  # paths in order, rows by number
         unpacked = (f" ({len(listing.warnings)} image record(s) not packable; the first, {first['source']}: "
                     f"{first['reason']})" if first is not None else "")
         dropped = (listing.extra.get("drop_empty") or {}).get("images", 0)
@@ -353,3 +354,10 @@ def _version() -> str:
     from shardkit._version import __version__
 
     return __version__
+
+
+def _natural(warning: dict[str, Any]) -> list[Any]:
+    """A skipped input's ``source`` as a sort key with its numbers compared as numbers (a table's
+    ``row 2`` before its ``row 10``; a folder's zero-padded names in their order either way)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(warning["source"]))]
+

@@ -143,6 +143,16 @@ def test_a_captioned_pack_of_a_tree_without_captions_says_why_nothing_is_packed(
     assert "(2 image record(s) not packable; the first, cat/a.jpg: sidecar .json is not valid JSON" in result.output
 
 
+
+def test_the_first_skipped_input_is_first_by_path_and_by_row_number() -> None:
+    from shardkit.pack.api import _natural
+
+    rows = [{"source": f"row {n}"} for n in (10, 2, 33)]
+    assert min(rows, key=_natural)["source"] == "row 2"  # a table's rows by number, not as text
+    paths = [{"source": p} for p in ("b/000010.jpg", "a/000002.jpg", "a/000001.png")]
+    assert min(paths, key=_natural)["source"] == "a/000001.png"
+
+
 def test_reasons_of_table_rows_are_grouped_by_kind_not_by_row() -> None:
     from shardkit.pack.skips import describe_reasons
 
