@@ -17,6 +17,7 @@ from sample_data.coco_gen import make_coco
 from sample_data.generate import decode_index, make_indexed_imagefolder
 from shardkit import LoaderError, ShardLoader
 from shardkit.index.manifest_io import locate_dataset, read_manifest
+from shardkit.loader.read.datasets import _first_difference
 from shardkit.loader.read.reader import ReaderPart, ShardReader
 from shardkit.pack import PackOptions, pack, pack_coco
 
@@ -248,6 +249,8 @@ def test_coco_datasets_with_other_categories_are_refused_naming_the_fields(cocos
         f"cannot mix COCO datasets with different categories: category 0 is "
         f"{ {'id': first['id'], 'name': first['name']}!r} in {cocos[0]} and "
         f"{ {'id': first['id'], 'name': first['name']}!r} in {tmp_path / 'ds'}, which differ in keypoints, skeleton")
+    assert _first_difference("a", [{"id": 1, "supercategory": None}], "b", [{"id": 1}], ("category", "categories")) \
+        == "category 0 is {'id': 1} in a and {'id': 1} in b, which differ in supercategory"
 
 
 def test_a_joined_reader_reads_each_dataset_from_its_own_store(packed: Path, other: str) -> None:

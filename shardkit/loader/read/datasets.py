@@ -146,12 +146,16 @@ def _first_difference(a: str, xs: Sequence[Any] | None, b: str, ys: Sequence[Any
     for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
         if x != y:
             if isinstance(x, Mapping) and isinstance(y, Mapping):  # a COCO category: name the fields that differ
-                keys = sorted(str(k) for k in x.keys() | y.keys() if x.get(k) != y.get(k))
+                keys = sorted(str(k) for k in x.keys() | y.keys() if x.get(k, _ABSENT) != y.get(k, _ABSENT))
                 shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
                 return f"{what[0]} {i} is {_brief(x)} in {a} and {_brief(y)} in {b}, which differ in {shown}"
             return f"{what[0]} {i} is {x!r} in {a} but {y!r} in {b}"
     longer, extra = (a, xs) if len(xs) > len(ys) else (b, ys)
     return f"{a} has {len(xs)} {what[1]}, {b} has {len(ys)} ({longer} adds {_brief(extra[min(len(xs), len(ys))])})"
+
+
+#: A field one category has and the other lacks (a field set to None is there).
+_ABSENT = object()
 
 
 def _brief(entry: Any) -> str:
