@@ -65,6 +65,7 @@ class ImageTransform(abc.ABC):
     pickle to worker processes.
 
     Example:
+        >>> import random  # doctest: +SKIP
         >>> t = imagenet_train(224)  # doctest: +SKIP
         >>> p = t.sample_params(375, 500, random.Random(0))  # doctest: +SKIP
         >>> t.apply(img, p, out=batch[i])  # doctest: +SKIP

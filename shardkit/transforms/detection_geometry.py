@@ -68,6 +68,8 @@ def gpu_unsupported(transform: Any) -> str | None:
     ``detection_val`` build such transforms.
 
     Example:
+        >>> from torchvision.transforms import v2
+        >>> from shardkit.transforms import DetectionTransform
         >>> from shardkit.transforms import detection_train
         >>> gpu_unsupported(detection_train()) is None
         True

@@ -23,6 +23,9 @@ device; the reference, used with ``compile=False`` and where Triton is missing) 
 kernel in :mod:`shardkit.transforms.gpu_kernel` (one launch).
 
 Example:
+    >>> import torch
+    >>> from shardkit.transforms import CropFlip
+    >>> from shardkit.transforms.gpu import crop_resize_flip_batch, geometry_rows
     >>> img = torch.arange(3 * 6 * 8, dtype=torch.uint8).reshape(3, 6, 8)
     >>> geom = geometry_rows([(6, 8)], [CropFlip(0, 0, 6, 8)], (3, 4))
     >>> flat, offsets = img.reshape(-1), torch.tensor([0])

@@ -79,6 +79,8 @@ def crop_resize_flip(
     Raises:
         ValueError: wrong dtype/shape, or a box outside the image.
     Example:
+        >>> import torch
+        >>> from shardkit.transforms import CropFlip, crop_resize_flip
         >>> img = torch.zeros(3, 300, 400, dtype=torch.uint8)
         >>> crop_resize_flip(img, CropFlip(0, 50, 300, 300, flip=True), (224, 224)).shape
         torch.Size([3, 224, 224])

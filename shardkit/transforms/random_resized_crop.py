@@ -42,6 +42,7 @@ def random_resized_crop_box(
     then a centre crop clamped to ``ratio``. Draws only from ``rng``.
 
     Example:
+        >>> import random
         >>> random_resized_crop_box(375, 500, (0.08, 1.0), (3 / 4, 4 / 3), random.Random(0))
         (3, 5, 372, 432)
     """
@@ -73,6 +74,8 @@ class RandomResizedCropFlip(ImageTransform):
     comes only from the ``random.Random`` passed in: a box, then one ``rng.random()`` for the flip.
 
     Example:
+        >>> import random
+        >>> from shardkit.transforms import RandomResizedCropFlip
         >>> t = RandomResizedCropFlip((224, 224))
         >>> t.sample_params(375, 500, random.Random(0)).height
         372
