@@ -24,8 +24,9 @@ whole image as the crop, nothing drawn from the sample's seed; ``frame``: the JP
 looked up instead of parsed), in alternating order; what a step costs is the time its stand-in
 saves. ``--stage`` then times the receiving process's share of each batch: its staging into a slot
 (pinned memory where CUDA is available) and the split of its JPEGs. ``--through-workers N`` then
-runs the same builder as a loader does: the shuffled epoch in N worker processes sending each batch
-here, their user and system CPU per image apart.
+runs the same builder in N persistent worker processes sending each batch here, over the
+loader's shuffled stream (epoch 0's order each time, no read-ahead), their user and system CPU per
+image apart.
 
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --crc zlib,zlib-ng --by-kind
     python -m benchmarks.worker_cost /tmp/shards --size 176 --rounds 6 --gray off,on
@@ -105,8 +106,8 @@ def main() -> None:
     parser.add_argument("--stage", action="store_true",
                         help="also time the receiving process's staging of the batches (pinned where CUDA is)")
     parser.add_argument("--through-workers", type=int, default=0, metavar="N",
-                        help="also run the loader's stream (shuffled, as a loader reads) through N worker "
-                             "processes and give their user and system CPU per image")
+                        help="also run the loader's shuffled stream through N worker processes and give "
+                             "their user and system CPU per image")
     args = parser.parse_args()
     torch.set_num_threads(1)
     crcs = [c for c in args.crc.split(",") if c] or [""]
@@ -171,9 +172,10 @@ def main() -> None:
 
 
 def _through_workers(shards: str, workers: int, batch_size: int, size: int, rounds: int, gray: bool) -> None:
-    """The same builder as a loader runs it: the epoch's shuffled stream in ``workers`` persistent
-    worker processes, each batch sent to this process; the workers' user and system CPU per image
-    over ``rounds`` epochs after an untimed one (``psutil``), and this process's."""
+    """The same builder in ``workers`` persistent worker processes, each batch sent to this
+    process, over the loader's shuffled stream (epoch 0's order every time; no read-ahead); the
+    workers' user and system CPU per image over ``rounds`` epochs after an untimed one
+    (``psutil``), and this process's."""
     import psutil
 
     from shardkit import ShardLoader
