@@ -7,6 +7,7 @@ Built only on torch and shardkit's public API, like the recipes that import it.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -217,6 +218,7 @@ def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
     args = parser.parse_args(argv)
     args.dataset = dataset_arguments(args, parser)
     check_device(args.device, parser)
+    writable_folder(parser, "--log-keys", args.log_keys)
     if args.checkpoint:  # a checkpoint that cannot be saved is said now, not after the first steps
         folder = os.path.dirname(os.path.abspath(args.checkpoint))
         try:
@@ -309,6 +311,31 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def positive_float(text: str) -> float:
+    """An option's type: a finite number > 0 (a learning rate of -1 or nan is refused as a usage
+    error, not met later as the optimizer's traceback or a run of nan losses)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def writable_folder(parser: argparse.ArgumentParser, option: str, folder: str | None) -> None:
+    """Make ``folder`` (an option's value) now, and refuse it as a usage error where it cannot be
+    made or written, before any step runs."""
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        parser.error(f"{option} {folder}: cannot make this folder ({err.strerror})")
+    if not os.access(folder, os.W_OK):
+        parser.error(f"{option} {folder}: the folder is not writable")
+
+
 def count_or_auto(text: str) -> int | str:
     """An option's value: ``auto`` or a whole number >= 0."""
     if text == "auto":
@@ -335,7 +362,12 @@ def eval_keys_log(log_keys: str | None, rank: int) -> Path | None:
     """Where rank ``rank`` writes the keys it evaluates (``--log-keys``), the folder created."""
     if not log_keys:
         return None
-    Path(log_keys).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(log_keys).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ShardkitError(f"--log-keys: cannot make this folder ({err.strerror})", where=log_keys) from err
+    if not os.access(log_keys, os.W_OK):
+        raise ShardkitError("--log-keys: the folder is not writable", where=log_keys)
     return Path(log_keys) / f"eval-rank{rank}.txt"
 
 

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 from shardkit import ShardLoader, transforms
+from shardkit.errors import ShardkitError
 from shardkit.pack import PackOptions, pack
 
 
@@ -149,6 +150,17 @@ def other_data(root: str, shard_dir: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    try:
+        compare(args)
+    except ShardkitError as err:  # a --shards folder that is no pack, is inside DIR, cannot be made, ...
+        raise SystemExit(f"throughput.py: error: {err}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("throughput.py: interrupted") from None
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Pack ``args.dir`` into ``args.shards`` where it holds no pack of it, then time the three
+    loaders on it, alternating, and print the table."""
     shard_dir = args.shards
     packed = os.path.exists(os.path.join(shard_dir, "index.json"))
     differs = other_data(args.dir, shard_dir) if packed else None

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="torchvision classification model")
     parser.add_argument("--batch-size", type=ddp.at_least(1), default=32, help="samples per batch per rank")
     parser.add_argument("--size", type=ddp.at_least(1), default=224, help="side of the training crops")
-    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    parser.add_argument("--lr", type=ddp.positive_float, default=0.05, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--feeders", type=ddp.count_or_auto, default="auto",
                         help="processes that decode and augment outside the training process on the GPU route, "

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -108,6 +111,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train for ``args.epochs`` epochs (or until ``args.steps`` steps); return the last figures."""
     rank, world, device = ddp.setup_distributed(args.device)
     cuda = device.type == "cuda"
+    log_dir = Path(args.log_keys) if args.log_keys else None
     samples = ddp.check_kind(args.shards, "captions", "train_contrastive.py")
     ddp.require_batches(sum(samples[url] for url in args.shards), args.batch_size, world, args.shards)
     loader = shardkit.ShardLoader(
@@ -120,6 +124,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         feeders=args.feeders,
         seed=args.seed,
         drop_last=True,  # full batches on every rank: the same number of steps everywhere
+        keys=log_dir is not None,
     )
     model = Clip(args.arch, args.dim).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
@@ -156,15 +161,21 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             break
         loader.set_epoch(epoch)  # right after load_state_dict: keeps the resume point
         net.train()
-        for images, ids in loader:
+        for batch in loader:
+            images, ids = batch[0], batch[1]
             step, seen, loss_value = step + 1, seen + len(ids), train_step(images, ids)
             clock.tick((images, ids) if args.share_steps else None)
+            if log_dir is not None:
+                with (log_dir / f"train-rank{rank}.txt").open("a") as f:
+                    f.write(f"{step} {' '.join(batch[2])}\n")
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 checkpoint()
             if progress.due(step) and rank == 0:
                 elapsed = time.perf_counter() - started
                 print(f"step {step}  epoch {epoch}  loss {loss_value:.3f}  {seen * world / elapsed:.0f} pairs/s  "
                       f"data wait {100 * loader.stats.wait_s / elapsed:.0f}%", flush=True)
+            if step == args.stop_after_steps:  # a preemption, for testing resume: no cleanup, no save
+                os.kill(os.getpid(), signal.SIGKILL)
             if args.steps and step >= args.steps:
                 done = True
                 break
@@ -190,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--context-length", type=ddp.at_least(1), default=77, help="tokens per caption (bytes)")
     parser.add_argument("--batch-size", type=ddp.at_least(1), default=64, help="pairs per batch per rank")
     parser.add_argument("--size", type=ddp.at_least(1), default=224, help="side of the training crops")
-    parser.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate")
+    parser.add_argument("--lr", type=ddp.positive_float, default=5e-4, help="AdamW learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--feeders", type=ddp.count_or_auto, default="auto",
                         help="processes that decode and augment outside the training process on the GPU route, "

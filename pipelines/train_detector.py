@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="longer side at most (the model's max_size)")
     parser.add_argument("--no-iou-crop", dest="iou_crop", action="store_false",
                         help="train without RandomIoUCrop (default: with it)")
-    parser.add_argument("--lr", type=float, default=0.02, help="SGD learning rate")
+    parser.add_argument("--lr", type=ddp.positive_float, default=0.02, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model's backbone")
     ddp.add_run_arguments(parser, log_every=20)
     step_share.add_share_argument(parser)

@@ -86,6 +86,19 @@ def test_throughput_refuses_runs_with_nothing_to_time(tmp_path: Path, capsys: py
         assert exit_.value.code == 2 and expected in err, err
 
 
+def test_throughput_says_a_shards_folder_it_cannot_use_in_one_line(tmp_path: Path) -> None:
+    """A --shards inside the tree, or a file: shardkit's error as one line, not its traceback."""
+    from pipelines import throughput
+
+    (tmp_path / "file.pt").write_bytes(b"")
+    for shards, expected in ((SAMPLE / "inside", "is inside the source"), (tmp_path / "file.pt", "is a file")):
+        with pytest.raises(SystemExit) as exit_:
+            throughput.main([str(SAMPLE), "--shards", str(shards)])
+        message = str(exit_.value.code)
+        assert message.startswith(f"throughput.py: error: {shards}: ") and expected in message, message
+    assert not (SAMPLE / "inside").exists()
+
+
 def test_each_recipe_refuses_another_kind_of_dataset_naming_the_recipe_that_takes_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
     """The classifier trained on captions until cross_entropy raised a TypeError; on COCO, and the

@@ -92,3 +92,24 @@ def test_throughput_packs_into_the_temporary_directory_not_beside_its_input(tmp_
     assert args.shards.startswith(tempfile.gettempdir()) and not args.shards.startswith(str(SAMPLE.parent))
     assert throughput.parse_args([str(SAMPLE)]).shards == args.shards  # the same tree: the pack is reused
     assert throughput.parse_args([str(SAMPLE), "--shards", str(tmp_path / "s")]).shards == str(tmp_path / "s")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "-1"], "argument --lr: expected a finite number > 0, got '-1'"),
+    (["--lr", "nan"], "argument --lr: expected a finite number > 0, got 'nan'"),
+    (["--log-keys", "/proc/nope"], "--log-keys /proc/nope: cannot make this folder"),
+])
+def test_a_learning_rate_or_keys_folder_that_cannot_work_is_a_usage_error(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
+    if argv[0] == "--log-keys" and not Path("/proc/self").exists():
+        pytest.skip("needs /proc, where no folder can be made")
+    assert message in refused(train_classifier.main, [str(packed_sample), *argv, "--device", "cpu"], capsys)
+
+
+def test_evaluation_names_a_keys_folder_it_cannot_make(capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
+    if not Path("/proc/self").exists():
+        pytest.skip("needs /proc, where no folder can be made")
+    err = refused(evaluate_classifier.main, [str(packed_sample), "--log-keys", "/proc/nope", "--device", "cpu",
+                                             "--workers", "0"], capsys)
+    assert "/proc/nope: --log-keys: cannot make this folder" in err
+

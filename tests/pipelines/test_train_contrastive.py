@@ -4,6 +4,9 @@ checkpoint at the right step; its loss rewards matching pairs."""
 from __future__ import annotations
 
 import math
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,22 @@ def test_train_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str], p
     share = resumed["step_share"]  # the last step's rate over one synthetic step's
     assert share["fed_images_per_second"] > 0 and share["share"] == pytest.approx(
         share["fed_images_per_second"] / share["synthetic_images_per_second"])
+
+
+def test_the_keys_log_and_the_preemption_option_are_taken(tmp_path: Path, pairs: Path) -> None:
+    """--log-keys writes each step's keys, and --stop-after-steps kills the run after that step
+    (both listed by --help, as in the other training recipes)."""
+    common = [str(pairs), "--batch-size", "2", "--size", "32", "--dim", "16", "--arch", "mobilenet_v3_small",
+              "--context-length", "12", "--workers", "0", "--device", "cpu", "--epochs", "1"]
+    main([*common, "--log-keys", str(tmp_path / "keys")])
+    lines = (tmp_path / "keys" / "train-rank0.txt").read_text().splitlines()
+    assert [line.split()[0] for line in lines] == ["1", "2"] and all(len(line.split()) == 3 for line in lines)
+    script = Path(__file__).resolve().parents[2] / "pipelines" / "train_contrastive.py"
+    killed = subprocess.run([sys.executable, str(script), *common, "--steps", "2", "--stop-after-steps", "1",
+                             "--checkpoint-every", "0", "--checkpoint", str(tmp_path / "c.pt")],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (tmp_path / "c.pt").exists()  # killed after step 1, before the end's checkpoint
 
 
 def test_the_loss_rewards_matching_pairs() -> None:
