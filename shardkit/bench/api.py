@@ -25,7 +25,7 @@ from shardkit.bench.checks import (
 from shardkit.bench.config import BenchConfig, ProgressSink
 from shardkit.bench.finished import FinishedRuns
 from shardkit.bench.harness import Contender, RunResult, run_alternating
-from shardkit.bench.report import build_report, counted
+from shardkit.bench.report import MIN_TIMED_BATCHES, build_report, counted
 from shardkit.bench.webdataset_plan import WebdatasetPlan, webdataset_plan
 from shardkit.errors import PackError, ShardkitError
 from shardkit.index.manifest import Manifest
@@ -250,7 +250,8 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
                      f" (webdataset's workers, each batching its own shards: {wds_per_epoch})")
             notes.insert(0, f"{cfg.epochs} epochs a run: {counted(manifest.num_samples, 'image')} make {batches} of "
                             f"{cfg.batch_size} an epoch{fewer}, and a run times at least three times what "
-                            f"{counted(cfg.workers, 'worker')} prepare ahead (--epochs to choose)")
+                            f"{counted(cfg.workers, 'worker')} prepare ahead, and at least {MIN_TIMED_BATCHES} "
+                            "batches for a ratio (--epochs to choose)")
         for text in notes:
             if note is not None:
                 note(text)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shardkit.bench.report import counted
+from shardkit.bench.report import MIN_TIMED_BATCHES, counted
 from shardkit.errors import LoaderError
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import locate_dataset, read_manifest
@@ -131,13 +131,18 @@ AHEAD_PER_WORKER = 2
 def epochs_for(images: int, *, batch_size: int, warmup: int, workers: int, per_epoch: int | None = None) -> int:
     """The epochs a run takes when none is asked for: 2, or more where the data set is small, the
     fewest whose timed batches (those after ``warmup``) number at least three times what
-    ``workers`` prepare ahead, so that a run times the loaders, not a queue filled before it.
+    ``workers`` prepare ahead, so that a run times the loaders, not a queue filled before it, and
+    at least the :data:`~shardkit.bench.report.MIN_TIMED_BATCHES` a ratio to the baseline needs.
     ``per_epoch``: the batches of an epoch where a loader makes fewer than ``images // batch_size``
-    (webdataset's workers, each batching its own shards)."""
+    (webdataset's workers, each batching its own shards).
+
+    >>> epochs_for(300, batch_size=64, warmup=5, workers=0)  # 4 batches an epoch: 3 epochs time 7
+    3
+    """
     per_epoch = images // batch_size if per_epoch is None else per_epoch
     if per_epoch < 1:
         return 2  # no batch at all: check_timed_batches says so
-    needed = warmup + 3 * max(workers * AHEAD_PER_WORKER, 1)
+    needed = warmup + max(3 * max(workers * AHEAD_PER_WORKER, 1), MIN_TIMED_BATCHES)
     return max(2, -(-needed // per_epoch))
 
 

@@ -198,25 +198,35 @@ class TrainRun:
 
 def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch_size: int,
             fixed_batches: int = 1, profile_batches: int = 10, settle_s: float = SETTLE_S,
-            paced: Callable[[float], None] | None = None) -> TrainRun:
+            paced: Callable[..., bool | None] | None = None) -> TrainRun:
     """Synthetic, fed, then synthetic again: the rates of ``step`` with ``loader`` (see the module
     doc); the synthetic runs cycle over the loader's first ``fixed_batches``, through
     ``step.to_device`` and ``step.clone``, each after ``settle_s`` seconds in which the loader
     fills its buffers. On CUDA the step's and the loader's GPU time follow, over
-    ``profile_batches`` each, after the timed runs. ``paced(seconds)``: told the least this run
-    takes, once the first synthetic run has timed the step."""
+    ``profile_batches`` each, after the timed runs. ``paced(seconds, early=...)``: told how long
+    this run takes, first (``early=True``) from the first synthetic run's warm-up steps after its
+    first (where ``warmup >= 2``; a step on the CPU can take seconds), then, unless that returned
+    True (said), the least it takes once that run has timed the step."""
     fed = map(step.to_device, _forever(loader))
     fixed = [step.clone(next(fed)) for _ in range(fixed_batches)]
     steady(loader)  # feeders="auto" starts its feeders behind the first batches: time them in place
 
-    def synthetic_seconds() -> float:
+    said = False
+
+    def synthetic_seconds(first: bool = False) -> float:
+        nonlocal said
         time.sleep(settle_s)
         batches = itertools.cycle(fixed)  # each run takes the same batches in the same order
-        run_steps(step, batches, warmup)
+        if first and paced is not None and warmup >= 2:  # the first warm-up step compiles: not counted
+            run_steps(step, batches, 1)
+            each = run_steps(step, batches, warmup - 1)[0] / (warmup - 1)
+            said = bool(paced(each * (3 * (warmup + steps) + steps), early=True))
+        else:
+            run_steps(step, batches, warmup)
         return run_steps(step, batches, steps)[0]
 
-    before = synthetic_seconds()
-    if paced is not None:  # two synthetic runs, the lead-in and the fed run, each step at least this long
+    before = synthetic_seconds(first=True)
+    if paced is not None and not said:  # two synthetic runs, the lead-in and the fed run, each step at least this long
         paced(before / steps * (3 * (warmup + steps) + steps))
     run_steps(step, fed, warmup + steps)  # the lead-in: uses up what the loader buffered meanwhile
     while not settled(loader):  # feeders="auto" still timing the loop both ways

@@ -210,14 +210,18 @@ def format_train_table(report: dict[str, Any], width: int | None = None) -> str:
 LONG_RUN_S = 60.0
 
 
-def say_if_long(runs: int, seconds: float) -> None:
+def say_if_long(runs: int, seconds: float, *, early: bool = False) -> bool:
     """Say on stderr, where the bench's first run takes at least ``seconds`` (over
     :data:`LONG_RUN_S`), how long its ``runs`` runs take and what sets that: a bench of a step on
-    the CPU ran for hours without a word."""
-    if seconds > LONG_RUN_S:
-        each = f", each at least {_duration(seconds)}" if runs > 1 else ""
-        print(f"bench: its {runs} run{'s' * (runs > 1)} take at least {_duration(seconds * runs)}{each} (--steps, "
-              "--warmup, --repeats, --model, --size and --batch-size set it)", file=sys.stderr, flush=True)
+    the CPU ran for hours without a word. ``early``: ``seconds`` is reckoned from the first run's
+    warm-up steps (said as "about"), before its first timed run. Whether it said it."""
+    if seconds <= LONG_RUN_S:
+        return False
+    least = "about" if early else "at least"
+    each = f", each {least} {_duration(seconds)}" if runs > 1 else ""
+    print(f"bench: its {runs} run{'s' * (runs > 1)} take {least} {_duration(seconds * runs)}{each} (--steps, "
+          "--warmup, --repeats, --model, --size and --batch-size set it)", file=sys.stderr, flush=True)
+    return True
 
 
 def _duration(seconds: float) -> str:

@@ -186,9 +186,10 @@ def test_gpu_times_are_taken_after_every_timed_run(monkeypatch: pytest.MonkeyPat
 
 def test_a_long_run_is_said_with_its_and_the_bench_s_length(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    """A step on the CPU at the defaults ran for hours without a word: once the first synthetic
-    run has timed the step, the least the run takes goes to ``paced``, and the bench says it (and
-    its runs' total) when it is over a minute."""
+    """A step on the CPU at the defaults ran for hours without a word: from the first synthetic
+    run's warm-up steps after its first (an estimate, "about"), and else once that run has timed
+    the step (the least), how long the run takes goes to ``paced``, and the bench says it (and its
+    runs' total) when it is over a minute, once."""
     clock = _Clock()
 
     class Slow(_Recording):
@@ -197,12 +198,29 @@ def test_a_long_run_is_said_with_its_and_the_bench_s_length(monkeypatch: pytest.
 
     monkeypatch.setattr(train, "time", clock)
     monkeypatch.setattr(step_timing, "time", clock)
-    told: list[float] = []
+    told: list[tuple[float, bool]] = []
+
+    def paced(seconds: float, early: bool = False) -> bool:
+        told.append((seconds, early))
+        return early and saying
+
+    saying = False
     measure(Slow(), [(torch.tensor([i]), None) for i in range(30)], steps=5, warmup=1, batch_size=1, settle_s=0,
-            paced=told.append)
-    assert told == [pytest.approx(2.0 * (3 * (1 + 5) + 5))]  # two synthetic runs, the lead-in, the fed run
-    train_report.say_if_long(6, 2.0 * (3 * 110 + 100))
+            paced=paced)
+    assert told == [(pytest.approx(2.0 * (3 * (1 + 5) + 5)), False)]  # two synthetic runs, the lead-in, the fed run
+    told.clear()  # with warm-up steps after the first: said from them, before the first timed step
+    measure(Slow(), [(torch.tensor([i]), None) for i in range(30)], steps=5, warmup=3, batch_size=1, settle_s=0,
+            paced=paced)
+    assert told == [(pytest.approx(2.0 * (3 * (3 + 5) + 5)), True), (pytest.approx(2.0 * (3 * (3 + 5) + 5)), False)]
+    told.clear()
+    saying = True  # said early: not again
+    measure(Slow(), [(torch.tensor([i]), None) for i in range(30)], steps=5, warmup=3, batch_size=1, settle_s=0,
+            paced=paced)
+    assert told == [(pytest.approx(2.0 * (3 * (3 + 5) + 5)), True)]
+    assert train_report.say_if_long(6, 2.0 * (3 * 110 + 100))
     assert capsys.readouterr().err == ("bench: its 6 runs take at least 86 min, each at least 14 min (--steps, "
                                        "--warmup, --repeats, --model, --size and --batch-size set it)\n")
-    train_report.say_if_long(6, 59.0)
+    assert train_report.say_if_long(6, 2.0 * (3 * 110 + 100), early=True)
+    assert capsys.readouterr().err.startswith("bench: its 6 runs take about 86 min, each about 14 min (--steps")
+    assert not train_report.say_if_long(6, 59.0)
     assert capsys.readouterr().err == ""

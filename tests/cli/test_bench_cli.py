@@ -189,12 +189,14 @@ def test_without_epochs_a_small_data_set_gets_as_many_as_it_needs(tree: Path, tm
     assert epochs_for(24, batch_size=8, warmup=5, workers=1) == 4
     assert epochs_for(10_000, batch_size=64, warmup=5, workers=8) == 2
     assert epochs_for(3, batch_size=8, warmup=5, workers=1) == 2  # no batch: the check says so
+    assert epochs_for(300, batch_size=64, warmup=5, workers=0) == 3  # 4 an epoch: 2 epochs timed 3, too few for a ratio
     out = tmp_path / "r.json"
     base = ["bench", str(tree), "--workers", "1", "--batch-size", "8", "--size", "32", "--repeats", "1",
             "--no-webdataset", "-q"]
     result = CliRunner().invoke(cli, [*base, "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "note: 4 epochs a run: 24 images make 3 batches of 8 an epoch" in result.output, result.output
+    assert "prepare ahead, and at least 5 batches for a ratio (--epochs to choose)" in result.output
     assert json.loads(out.read_text())["config"]["epochs"] == 4
     asked = CliRunner().invoke(cli, [*base, "--epochs", "2"])
     assert asked.exit_code == 1 and "raise --epochs" in asked.output, asked.output
