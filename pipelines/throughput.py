@@ -136,6 +136,8 @@ def other_data(root: str, shard_dir: str) -> str | None:
     images), or None where it matches: the three loaders must read the same images."""
     tree = ImageFolder(root)
     shards = ShardLoader(shard_dir, batch_size=1)
+    if shards.manifest.kind != "imagefolder":
+        return f"{shard_dir} holds a {shards.manifest.kind} pack, not one of an ImageFolder tree"
     classes = list(shards.classes or ())
     # batches of one at one rank: its samples; and the files the pack skipped, which ImageFolder lists
     packed = len(shards) + sum(len(m.skipped) for m in shards.manifests)

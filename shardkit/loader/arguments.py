@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -279,13 +279,18 @@ def feeder_slots(transform: object, kind: str, captions: CaptionTargets | None) 
     return probe_text(captions) if kind == "captions" else SlotLabels()
 
 
-def caption_targets(text_transform: TextTransform | None, fields: Sequence[str]) -> CaptionTargets | None:
+def caption_targets(text_transform: TextTransform | None, fields: Sequence[str] | None) -> CaptionTargets | None:
     """The text side asked for (None: nothing asked; a captioned dataset then gets the captions).
+    ``fields=None`` is no field, as ``()``.
 
     Raises:
         LoaderError: ``fields`` is not a sequence of names, or ``text_transform`` not callable.
     """
-    if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields):
+    fields = () if fields is None else fields
+    if isinstance(fields, str) or not isinstance(fields, Iterable):
+        raise LoaderError(f"fields must be a list of json field names, got {fields!r:.80}")
+    fields = tuple(fields)
+    if not all(isinstance(f, str) and f for f in fields):
         raise LoaderError(f"fields must be a list of json field names, got {fields!r:.80}")
     if text_transform is not None and not callable(text_transform):
         raise LoaderError(f"text_transform must be callable (list of str -> anything), got {text_transform!r:.80}")

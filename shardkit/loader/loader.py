@@ -288,7 +288,7 @@ class ShardLoader:
         feeders: int | str = "auto",
         read_ahead: bool = True,
         text_transform: TextTransform | None = None,
-        fields: Sequence[str] = (),
+        fields: Sequence[str] | None = (),
         service: RayService | None = None,
         **dataloader_args: Unpack[DataLoaderArgs],
     ) -> None:

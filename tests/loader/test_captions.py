@@ -136,6 +136,13 @@ def test_misuse_is_refused(both: dict[str, Any]) -> None:
         ShardLoader([captioned, both["b"][1]], batch_size=2, disjoint_labels=True)
     with pytest.raises(LoaderError, match="fields may not include 'text'"):
         ShardLoader(captioned, batch_size=2, fields=["text"])
+    for bad in (3, "url", ["url", 7]):
+        with pytest.raises(LoaderError, match="fields must be a list of json field names"):
+            ShardLoader(captioned, batch_size=2, fields=bad)  # type: ignore[arg-type]
+    with ShardLoader(captioned, batch_size=2, fields=None) as no_fields:  # as fields=(): the captions alone
+        assert isinstance(next(iter(no_fields))[1], list)
+    with ShardLoader(captioned, batch_size=2, fields=(f for f in ["url"])) as from_generator:  # type: ignore[arg-type]
+        assert set(next(iter(from_generator))[1]) == {"text", "url"}
     with pytest.raises(LoaderError, match="feeders hand over one tensor per batch .* needs a text_transform"):
         ShardLoader(captioned, batch_size=2, num_workers=2, feeders=1, transform=transforms.imagenet_val(8))
 

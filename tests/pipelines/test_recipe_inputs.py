@@ -97,6 +97,14 @@ def test_throughput_says_a_shards_folder_it_cannot_use_in_one_line(tmp_path: Pat
         message = str(exit_.value.code)
         assert message.startswith(f"throughput.py: error: {shards}: ") and expected in message, message
     assert not (SAMPLE / "inside").exists()
+    from sample_data.coco_gen import make_coco
+    from shardkit.pack import pack_coco
+
+    images, annotations = make_coco(tmp_path / "coco", images=5)
+    pack_coco(str(images), str(annotations), str(tmp_path / "cocopk"), workers=1)
+    with pytest.raises(SystemExit) as exit_:
+        throughput.main([str(SAMPLE), "--shards", str(tmp_path / "cocopk")])
+    assert f"{tmp_path / 'cocopk'} holds a coco pack, not one of an ImageFolder tree" in str(exit_.value.code)
 
 
 def test_each_recipe_refuses_another_kind_of_dataset_naming_the_recipe_that_takes_it(
