@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.checkpoint and not os.path.exists(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
     ddp.check_device(args.device, parser)
+    ddp.writable_folder(parser, "--log-keys", args.log_keys)
 
     rank, world, device = ddp.setup_distributed(args.device)
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
 
@@ -157,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     except ShardkitError as err:  # a --shards folder that is no pack, is inside DIR, cannot be made, ...
         raise SystemExit(f"throughput.py: error: {err}") from None
     except KeyboardInterrupt:
-        raise SystemExit("throughput.py: interrupted") from None
+        print("throughput.py: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def compare(args: argparse.Namespace) -> None:

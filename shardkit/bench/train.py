@@ -204,9 +204,9 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
     ``step.to_device`` and ``step.clone``, each after ``settle_s`` seconds in which the loader
     fills its buffers. On CUDA the step's and the loader's GPU time follow, over
     ``profile_batches`` each, after the timed runs. ``paced(seconds, early=...)``: told how long
-    this run takes, first (``early=True``) from the first synthetic run's warm-up steps after its
-    first (where ``warmup >= 2``; a step on the CPU can take seconds), then, unless that returned
-    True (said), the least it takes once that run has timed the step."""
+    this run takes, first (``early=True``) from the fastest of the first synthetic run's warm-up
+    steps after its first (where ``warmup >= 2``; a step on the CPU can take seconds), then, unless
+    that returned True (said), the least it takes once that run has timed the step."""
     fed = map(step.to_device, _forever(loader))
     fixed = [step.clone(next(fed)) for _ in range(fixed_batches)]
     steady(loader)  # feeders="auto" starts its feeders behind the first batches: time them in place
@@ -217,9 +217,9 @@ def measure(step: Step, loader: Iterable[Any], *, steps: int, warmup: int, batch
         nonlocal said
         time.sleep(settle_s)
         batches = itertools.cycle(fixed)  # each run takes the same batches in the same order
-        if first and paced is not None and warmup >= 2:  # the first warm-up step compiles: not counted
-            run_steps(step, batches, 1)
-            each = run_steps(step, batches, warmup - 1)[0] / (warmup - 1)
+        if first and paced is not None and warmup >= 2:  # the first warm-up step compiles: not counted,
+            run_steps(step, batches, 1)                     # nor the time of a step that compiles again
+            each = min(run_steps(step, batches, 1)[0] for _ in range(warmup - 1))
             said = bool(paced(each * (3 * (warmup + steps) + steps), early=True))
         else:
             run_steps(step, batches, warmup)

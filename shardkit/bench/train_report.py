@@ -214,7 +214,7 @@ def say_if_long(runs: int, seconds: float, *, early: bool = False) -> bool:
     """Say on stderr, where the bench's first run takes at least ``seconds`` (over
     :data:`LONG_RUN_S`), how long its ``runs`` runs take and what sets that: a bench of a step on
     the CPU ran for hours without a word. ``early``: ``seconds`` is reckoned from the first run's
-    warm-up steps (said as "about"), before its first timed run. Whether it said it."""
+    fastest warm-up step (said as "about"), before its first timed run. Whether it said it."""
     if seconds <= LONG_RUN_S:
         return False
     least = "about" if early else "at least"

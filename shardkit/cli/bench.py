@@ -73,7 +73,7 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
               help="Output side in pixels [default: 224; with --annotations: the shorter side, 800].")
 @click.option("--epochs", default=None, type=click.IntRange(min=1),
               help="Epochs per timed run [default: 2, more on a small data set: enough to time at least three "
-                   "times the batches the workers prepare ahead].")
+                   "times the batches the workers prepare ahead, and at least 5 batches].")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
               help="Runs per loader, alternating order.")
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0),

@@ -111,5 +111,5 @@ def test_evaluation_names_a_keys_folder_it_cannot_make(capsys: pytest.CaptureFix
         pytest.skip("needs /proc, where no folder can be made")
     err = refused(evaluate_classifier.main, [str(packed_sample), "--log-keys", "/proc/nope", "--device", "cpu",
                                              "--workers", "0"], capsys)
-    assert "/proc/nope: --log-keys: cannot make this folder" in err
+    assert "--log-keys /proc/nope: cannot make this folder" in err
 
