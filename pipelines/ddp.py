@@ -220,13 +220,7 @@ def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
     check_device(args.device, parser)
     writable_folder(parser, "--log-keys", args.log_keys)
     if args.checkpoint:  # a checkpoint that cannot be saved is said now, not after the first steps
-        folder = os.path.dirname(os.path.abspath(args.checkpoint))
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError as err:
-            parser.error(f"--checkpoint {args.checkpoint}: cannot make its folder {folder} ({err.strerror})")
-        if not os.access(folder, os.W_OK):
-            parser.error(f"--checkpoint {args.checkpoint}: its folder {folder} is not writable")
+        writable_folder(parser, "--checkpoint", os.path.dirname(os.path.abspath(args.checkpoint)), of=args.checkpoint)
     try:
         return train(args)
     except ShardkitError as err:
@@ -323,17 +317,19 @@ def positive_float(text: str) -> float:
     return value
 
 
-def writable_folder(parser: argparse.ArgumentParser, option: str, folder: str | None) -> None:
-    """Make ``folder`` (an option's value) now, and refuse it as a usage error where it cannot be
-    made or written, before any step runs."""
+def writable_folder(parser: argparse.ArgumentParser, option: str, folder: str | None, *, of: str | None = None
+                    ) -> None:
+    """Make ``folder`` (an option's value, or with ``of`` the folder of the file that value names)
+    now, and refuse it as a usage error where it cannot be made or written, before any step runs."""
     if not folder:
         return
+    name, which = (f"{option} {of}", f"its folder {folder}") if of else (f"{option} {folder}", "this folder")
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
-        parser.error(f"{option} {folder}: cannot make this folder ({err.strerror})")
+        parser.error(f"{name}: cannot make {which} ({err.strerror})")
     if not os.access(folder, os.W_OK):
-        parser.error(f"{option} {folder}: the folder is not writable")
+        parser.error(f"{name}: {which} is not writable")
 
 
 def count_or_auto(text: str) -> int | str:
