@@ -116,18 +116,22 @@ def require_batches(samples: int, batch_size: int, world: int, shards: list[str]
 
 
 def resume(path: str | None, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-           loader: shardkit.ShardLoader, device: torch.device, rank: int) -> int:
+           loader: shardkit.ShardLoader, device: torch.device, rank: int, arch: str | None = None) -> int:
     """Load ``path`` (when it exists) into model, optimizer and loader; return the step it holds
     (0 without a checkpoint). The checkpoint may come from another world size or batch size: the
     loader then resumes elastically (the rest of the epoch over this job's ranks).
 
     Raises:
-        ShardkitError: the checkpoint saved class names other than the loader's (another dataset).
+        ShardkitError: the checkpoint saved class names other than the loader's (another dataset),
+            or a model of another ``--arch`` than ``arch``.
     """
     if not path or not os.path.exists(path):
         return 0
     ckpt = load_checkpoint(path, device=device, needs=("model", "optimizer", "loader", "step"),
                            written_by="this training recipe")
+    if arch is not None and ckpt.get("arch", arch) != arch:
+        raise ShardkitError(f"cannot resume from it: it holds a {ckpt['arch']} model, and --arch is {arch} (the "
+                            f"same command with --arch {ckpt['arch']}, or another --checkpoint)", where=path)
     if "classes" in ckpt and loader.classes is not None:
         why = class_difference(ckpt["classes"], loader.classes, "the training data")
         if why is not None:

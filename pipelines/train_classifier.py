@@ -80,7 +80,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
+    step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank,
+                      arch=args.arch)
     net: torch.nn.Module = model
     if world > 1:
         net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)

@@ -128,7 +128,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )
     model = Clip(args.arch, args.dim).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
+    step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank,
+                      arch=args.arch)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     net: torch.nn.Module = DistributedDataParallel(model, device_ids=[device.index] if cuda else None) \

@@ -84,7 +84,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         model = model.to(memory_format=torch.channels_last)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank)
+    step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank,
+                      arch=args.arch)
     net: torch.nn.Module = model
     if world > 1:
         net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)

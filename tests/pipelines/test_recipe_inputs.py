@@ -38,6 +38,12 @@ def test_checkpoints_a_recipe_cannot_use_are_refused_in_one_line(
 
     ckpt = tmp_path / "ck.pt"
     train_classifier.main([str(packed_sample), "--steps", "1", "--checkpoint", str(ckpt), "--batch-size", "4", *CPU])
+    arch = torch.load(ckpt)["arch"]
+    other = "resnet50" if arch != "resnet50" else "resnet18"
+    err = refused(train_classifier.main, [str(packed_sample), "--steps", "2", "--checkpoint", str(ckpt),
+                                           "--batch-size", "4", "--arch", other, *CPU], capsys)
+    assert (f"{ckpt}: cannot resume from it: it holds a {arch} model, and --arch is {other} (the same command "
+            f"with --arch {arch}, or another --checkpoint)") in err
     coco = tmp_path / "coco"
     pack_coco(str(COCO / "images"), str(COCO / "instances.json"), str(coco), options=PackOptions(max_count=8),
               workers=1)
