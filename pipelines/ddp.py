@@ -76,8 +76,11 @@ def load_checkpoint(path: str, *, device: torch.device, needs: tuple[str, ...], 
     try:
         ckpt = torch.load(path, map_location=device)
     except Exception as err:  # noqa: BLE001 - torch raises a different type for each way a file is not one
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ShardkitError(f"cannot be read as a checkpoint ({first[:160]})", where=path) from err
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if len(first) > 160:  # torch's hints run long: cut at a word
+            first = first[:160].rsplit(" ", 1)[0] + " …"
+        raise ShardkitError(f"cannot be read as a checkpoint: not a file torch.save wrote, or a damaged one "
+                            f"({type(err).__name__}{': ' + first if first else ''})", where=path) from err
     if not isinstance(ckpt, dict):
         raise ShardkitError(f"is not a checkpoint of {written_by} (it holds a {type(ckpt).__name__})", where=path)
     missing = [key for key in needs if key not in ckpt]

@@ -34,7 +34,10 @@ def test_checkpoints_a_recipe_cannot_use_are_refused_in_one_line(
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes(b"not a torch file at all")
     err = refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(damaged), *CPU], capsys)
-    assert f"{damaged}: cannot be read as a checkpoint (" in err
+    assert f"{damaged}: cannot be read as a checkpoint: not a file torch.save wrote, or a damaged one (" in err
+    damaged.write_bytes(b"junk\n")  # torch's error is a bare KeyError(174812789): named with its type
+    err = refused(evaluate_classifier.main, [str(packed_sample), "--checkpoint", str(damaged), *CPU], capsys)
+    assert err.rstrip().endswith("or a damaged one (KeyError: 174812789)"), err
 
     ckpt = tmp_path / "ck.pt"
     train_classifier.main([str(packed_sample), "--steps", "1", "--checkpoint", str(ckpt), "--batch-size", "4", *CPU])
