@@ -54,7 +54,7 @@ class _Shard:
 
 
 def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, str | None], limit: int,
-                kind: list[str], odd: Oddities, first_at: dict[int, str]) -> _Shard:
+                kind: list[str], odd: Oddities, first_at: dict[int, str], *, with_classes: bool = False) -> _Shard:
     where = store.path(url)
     with store.open_read(url) as f:
         reader = HashingReader(f, keep=True)
@@ -109,6 +109,10 @@ def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, 
             raise FormatError(not_one_image(span.key, fields), where=f"{where}:{span.key}")
         if kind[0] == "auto":
             kind[0] = kind_of(fields)
+            if kind[0] == "captions" and with_classes:  # a class list given for captioned shards
+                raise FormatError("this first sample has a txt member and no cls: the shards hold captioned "
+                                  "images, which class names do not apply to (index them without a class list, "
+                                  "or give every sample a cls member)", where=f"{where}:{span.key}")
         if kind[0] == "captions":
             if (problem := caption_problem(span.key, fields, where)) is not None:
                 odd.add(*problem)
@@ -236,7 +240,7 @@ def adopt_shards(
     image member and a ``txt`` member (the caption, UTF-8: one that is not is indexed all the same,
     with one warning for them all, and the loader replaces such samples); ``json`` is optional and
     every other member is kept. ``"auto"`` (the default) takes the kind from the first sample: captioned when
-    it has ``txt`` and no ``cls``, else labelled.
+    it has ``txt`` and no ``cls`` (refused, naming that sample, where ``classes`` is given), else labelled.
     Writes ``<shard>.idx`` offsets files, with ``dali_index`` also ``<shard>.dali.idx``
     (:mod:`shardkit.format.dali_index`), and ``index.json`` last. Shards are not modified.
 
@@ -290,13 +294,14 @@ def adopt_shards(
     labels: dict[int, str | None] = {}
     first_at: dict[int, str] = {}  # label -> the first sample with it
     limit = max(MAX_INFERRED_CLASSES, len(classes or ()))
-    found = [kind if kind != "auto" or classes is None else "imagefolder"]
+    found = [kind]  # "auto": the first sample's kind
     odd = Oddities()
     shards: list[_Shard] = []
     problems: list[FormatError] = []  # the first of each shard's, so that one run lists them all
     for name in urls:
         try:
-            shards.append(_read_shard(store, name, keys, labels, limit, found, odd, first_at))
+            shards.append(_read_shard(store, name, keys, labels, limit, found, odd, first_at,
+                                      with_classes=classes is not None))
         except FormatError as err:
             problems.append(err)
             if len(problems) == MAX_LISTED_PROBLEMS:

@@ -42,6 +42,18 @@ def test_index_adopts_captioned_shards_keeping_every_member(tmp_path: Path) -> N
             assert fields == written[key]  # exif too
 
 
+def test_a_class_list_for_captioned_shards_is_refused_at_their_first_sample(tmp_path: Path) -> None:
+    """--classes with the kind left to auto: one line saying the shards are captioned (each sample
+    was refused for its missing cls before), and nothing written."""
+    img2dataset_shards(tmp_path / "wds")
+    (tmp_path / "cls.txt").write_text("cat\ndog\n")
+    result = CliRunner().invoke(cli, ["index", str(tmp_path / "wds"), "--classes", str(tmp_path / "cls.txt")])
+    assert result.exit_code == 1, result.output
+    assert "this first sample has a txt member and no cls: the shards hold captioned images" in result.output
+    assert result.output.count("no 'cls' member") == 0, result.output
+    assert not (tmp_path / "wds" / "index.json").exists()
+
+
 def test_a_sample_without_caption_is_named(tmp_path: Path) -> None:
     img2dataset_shards(tmp_path / "wds", shards=1)
     with tarfile.open(tmp_path / "wds" / "00001.tar", "w") as tar:
