@@ -24,9 +24,9 @@ from accelerate import Accelerator
 from shardkit import ShardkitError, ShardLoader, transforms
 
 try:  # run as a script: its directory is on the path
-    from ddp import at_least
+    from recipe_args import at_least
 except ImportError:  # imported as pipelines.accelerate_recipe
-    from pipelines.ddp import at_least
+    from pipelines.recipe_args import at_least
 
 TRANSFORM = transforms.imagenet_val(32, crop_fraction=1.0, normalize=True)  # float batches of 32x32
 

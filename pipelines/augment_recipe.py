@@ -20,9 +20,9 @@ from shardkit import ShardLoader, transforms
 from shardkit.errors import ShardkitError
 
 try:  # run as a script: its directory is on the path
-    from ddp import at_least
+    from recipe_args import at_least
 except ImportError:  # imported as pipelines.augment_recipe
-    from pipelines.ddp import at_least
+    from pipelines.recipe_args import at_least
 
 JITTER = transforms.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4)
 ERASE = transforms.RandomErasing(p=0.25, value="random")  # timm's re_prob=0.25, re_mode="pixel"

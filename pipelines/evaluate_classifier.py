@@ -31,8 +31,9 @@ from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
     import ddp
+    import recipe_args
 except ImportError:  # imported as pipelines.*
-    from pipelines import ddp
+    from pipelines import ddp, recipe_args
 
 
 def make_model(arch: str, num_classes: int) -> torch.nn.Module:
@@ -82,21 +83,21 @@ def evaluate(model: torch.nn.Module, loader: shardkit.ShardLoader, *, keys_log: 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser: argparse.ArgumentParser = ddp.RecipeParser(description=__doc__)
+    parser: argparse.ArgumentParser = recipe_args.RecipeParser(description=__doc__)
     parser.add_argument("shards", help="packed validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_classifier.py checkpoint to evaluate (default: an untrained model)")
-    parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",
+    parser.add_argument("--arch", type=recipe_args.model_name("classification"), default="resnet18",
                         help="torchvision model when there is no checkpoint")
-    parser.add_argument("--batch-size", type=ddp.at_least(1), default=64, help="samples per batch per rank")
-    parser.add_argument("--size", type=ddp.at_least(1), default=None,
+    parser.add_argument("--batch-size", type=recipe_args.at_least(1), default=64, help="samples per batch per rank")
+    parser.add_argument("--size", type=recipe_args.at_least(1), default=None,
                         help="side of the centre crop [default: the checkpoint's training --size, else 224]")
-    ddp.add_eval_arguments(parser)
+    recipe_args.add_eval_arguments(parser)
     args = parser.parse_args(argv)
     if args.checkpoint and not os.path.exists(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
-    ddp.check_device(args.device, parser)
-    ddp.writable_folder(parser, "--log-keys", args.log_keys)
+    recipe_args.check_device(args.device, parser)
+    recipe_args.writable_folder(parser, "--log-keys", args.log_keys)
 
     rank, world, device = ddp.setup_distributed(args.device)
     try:

@@ -38,8 +38,9 @@ from shardkit.errors import ShardkitError
 
 try:  # run as a script (python/torchrun pipelines/...): its directory is on the path
     import ddp
+    import recipe_args
 except ImportError:  # imported as pipelines.*
-    from pipelines import ddp
+    from pipelines import ddp, recipe_args
 
 #: COCOeval's ``stats`` in order (``summarize()``), for the returned dictionary.
 COCO_STATS = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large",
@@ -177,23 +178,24 @@ def describe(result: dict[str, Any], world: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser: argparse.ArgumentParser = ddp.RecipeParser(description=__doc__)
+    parser: argparse.ArgumentParser = recipe_args.RecipeParser(description=__doc__)
     parser.add_argument("shards", help="packed COCO validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_detector.py checkpoint to evaluate (default: an untrained model)")
-    parser.add_argument("--arch", type=ddp.model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",
+    parser.add_argument("--arch", type=recipe_args.model_name("detection"),
+                        default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model when there is no checkpoint")
-    parser.add_argument("--batch-size", type=ddp.at_least(1), default=8, help="images per batch per rank")
-    parser.add_argument("--min-size", type=ddp.at_least(1), default=None,
+    parser.add_argument("--batch-size", type=recipe_args.at_least(1), default=8, help="images per batch per rank")
+    parser.add_argument("--min-size", type=recipe_args.at_least(1), default=None,
                         help="shorter side the images are resized to [default: the checkpoint's, else 320]")
-    parser.add_argument("--max-size", type=ddp.at_least(1), default=None,
+    parser.add_argument("--max-size", type=recipe_args.at_least(1), default=None,
                         help="longer side at most, after the resize [default: the checkpoint's, else 640]")
-    ddp.add_eval_arguments(parser)
+    recipe_args.add_eval_arguments(parser)
     args = parser.parse_args(argv)
     if args.checkpoint and not os.path.exists(args.checkpoint):
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
-    ddp.check_device(args.device, parser)
-    ddp.writable_folder(parser, "--log-keys", args.log_keys)
+    recipe_args.check_device(args.device, parser)
+    recipe_args.writable_folder(parser, "--log-keys", args.log_keys)
 
     rank, world, device = ddp.setup_distributed(args.device)
     try:

@@ -24,9 +24,9 @@ import torch
 from shardkit import ShardkitError, ShardLoader, transforms
 
 try:  # run as a script: its directory is on the path
-    from ddp import at_least
+    from recipe_args import at_least
 except ImportError:  # imported as pipelines.lightning_recipe
-    from pipelines.ddp import at_least
+    from pipelines.recipe_args import at_least
 
 
 class Classifier(L.LightningModule):

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 try:  # run as a script: its directory is on the path
-    from ddp import at_least
+    from recipe_args import at_least
 except ImportError:  # imported as pipelines.step_share
-    from pipelines.ddp import at_least
+    from pipelines.recipe_args import at_least
 
 __all__ = ["StepClock", "add_share_argument", "clone_batch", "describe_share", "measure_share", "report_share"]
 

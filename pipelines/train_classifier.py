@@ -45,10 +45,11 @@ from shardkit import transforms
 
 try:  # run as a script (python/torchrun pipelines/train_classifier.py): its directory is on the path
     import ddp
+    import recipe_args
     import step_share
     from evaluate_classifier import evaluate, make_model, val_loader
 except ImportError:  # imported as pipelines.train_classifier
-    from pipelines import ddp, step_share
+    from pipelines import ddp, recipe_args, step_share
     from pipelines.evaluate_classifier import evaluate, make_model, val_loader
 
 
@@ -160,19 +161,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = ddp.RecipeParser(description=__doc__)
+    parser = recipe_args.RecipeParser(description=__doc__)
     ddp.add_dataset_arguments(parser, "training dataset", disjoint=True)
     parser.add_argument("--val", default=None, help="packed validation dataset: top-1 after each epoch")
-    parser.add_argument("--arch", type=ddp.model_name("classification"), default="resnet18",
+    parser.add_argument("--arch", type=recipe_args.model_name("classification"), default="resnet18",
                         help="torchvision classification model")
-    parser.add_argument("--batch-size", type=ddp.at_least(1), default=32, help="samples per batch per rank")
-    parser.add_argument("--size", type=ddp.at_least(1), default=224, help="side of the training crops")
-    parser.add_argument("--lr", type=ddp.positive_float, default=0.05, help="SGD learning rate")
+    parser.add_argument("--batch-size", type=recipe_args.at_least(1), default=32, help="samples per batch per rank")
+    parser.add_argument("--size", type=recipe_args.at_least(1), default=224, help="side of the training crops")
+    parser.add_argument("--lr", type=recipe_args.positive_float, default=0.05, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--feeders", type=ddp.count_or_auto, default="auto",
+    parser.add_argument("--feeders", type=recipe_args.count_or_auto, default="auto",
                         help="processes that decode and augment outside the training process on the GPU route, "
                              "sharing the workers ('auto': one per 5 workers; 0: none)")
-    ddp.add_run_arguments(parser, log_every=50)
+    recipe_args.add_run_arguments(parser, log_every=50)
     step_share.add_share_argument(parser)
     return ddp.run_training(parser, argv, train)
 

@@ -46,10 +46,11 @@ from shardkit import transforms
 
 try:  # run as a script (python/torchrun pipelines/train_detector.py): its directory is on the path
     import ddp
+    import recipe_args
     import step_share
     from evaluate_detector import describe, evaluate, make_model, val_loader
 except ImportError:  # imported as pipelines.train_detector
-    from pipelines import ddp, step_share
+    from pipelines import ddp, recipe_args, step_share
     from pipelines.evaluate_detector import describe, evaluate, make_model, val_loader
 
 
@@ -170,21 +171,22 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = ddp.RecipeParser(description=__doc__)
+    parser = recipe_args.RecipeParser(description=__doc__)
     ddp.add_dataset_arguments(parser, "COCO training dataset")
     parser.add_argument("--val", default=None, help="packed COCO validation dataset: box mAP after each epoch")
-    parser.add_argument("--arch", type=ddp.model_name("detection"), default="fasterrcnn_mobilenet_v3_large_320_fpn",
+    parser.add_argument("--arch", type=recipe_args.model_name("detection"),
+                        default="fasterrcnn_mobilenet_v3_large_320_fpn",
                         help="torchvision detection model taking min_size/max_size (Faster R-CNN, RetinaNet, FCOS)")
-    parser.add_argument("--batch-size", type=ddp.at_least(1), default=8, help="images per batch per rank")
-    parser.add_argument("--min-size", type=ddp.at_least(1), default=320,
+    parser.add_argument("--batch-size", type=recipe_args.at_least(1), default=8, help="images per batch per rank")
+    parser.add_argument("--min-size", type=recipe_args.at_least(1), default=320,
                         help="shorter side of the training and evaluation images (the model's min_size)")
-    parser.add_argument("--max-size", type=ddp.at_least(1), default=640,
+    parser.add_argument("--max-size", type=recipe_args.at_least(1), default=640,
                         help="longer side at most (the model's max_size)")
     parser.add_argument("--no-iou-crop", dest="iou_crop", action="store_false",
                         help="train without RandomIoUCrop (default: with it)")
-    parser.add_argument("--lr", type=ddp.positive_float, default=0.02, help="SGD learning rate")
+    parser.add_argument("--lr", type=recipe_args.positive_float, default=0.02, help="SGD learning rate")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model's backbone")
-    ddp.add_run_arguments(parser, log_every=20)
+    recipe_args.add_run_arguments(parser, log_every=20)
     step_share.add_share_argument(parser)
     return ddp.run_training(parser, argv, train)
 

@@ -93,14 +93,14 @@ def test_val_runs_when_steps_end_the_run_inside_an_epoch(capsys, packed_sample: 
 def test_ctrl_c_ends_the_run_with_one_line(capsys, packed_sample: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from pipelines import ddp
+    from pipelines import ddp, recipe_args
 
     def interrupted(_args: argparse.Namespace) -> dict[str, object]:
         raise KeyboardInterrupt
 
     parser = argparse.ArgumentParser(prog="train")
     ddp.add_dataset_arguments(parser, "dataset")
-    ddp.add_run_arguments(parser, log_every=1)
+    recipe_args.add_run_arguments(parser, log_every=1)
     with pytest.raises(SystemExit) as exit_:
         ddp.run_training(parser, [str(packed_sample), "--device", "cpu"], interrupted)
     assert exit_.value.code == 130 and capsys.readouterr().err == "train: interrupted\n"
