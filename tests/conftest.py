@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from tests.ports import free_port
+
 if importlib.util.find_spec("xdist") is not None:  # `pytest` runs without pytest-xdist too
     from tests.scheduling import pytest_xdist_make_scheduler  # noqa: F401  (a hook: the suite's --dist loadfile)
 
@@ -111,8 +113,6 @@ def image_bytes() -> Callable[..., bytes]:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[dict[str, Any]]:
     """A moto S3 server on 127.0.0.1; yields fsspec ``storage_options`` that reach it."""
-    from tests.ranks import free_port  # imports torch: after the thread settings above
-
     moto_server = pytest.importorskip("moto.server")
     port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)

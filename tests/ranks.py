@@ -1,22 +1,14 @@
-"""Real torch.distributed (gloo) ranks in tests: a free port, a rank's process group, and the
+"""Real torch.distributed (gloo) ranks in tests: a rank's process group, and the
 ranks' results gathered to a JSON file that the test reads."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch.distributed as dist
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ Test modules start one per module (a module-scoped fixture around :func:`ray_clu
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -22,9 +23,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command of this interpreter
@@ -42,10 +45,8 @@ print(json.dumps([[n["NodeID"], n["NodeManagerPort"], sorted(k for k in n["Resou
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: Tries to start a node: a port chosen free can still be bound by another process before the node binds it.
+_STARTS = 3
 
 
 def _ports(manager: int) -> list[str]:
@@ -57,26 +58,31 @@ def _ports(manager: int) -> list[str]:
             "--dashboard-agent-grpc-port", str(free_port())]
 
 
-def _wait_for_start(log: Path, proc: subprocess.Popen[bytes], *, timeout: float) -> None:
-    """Wait for a joining node to say it started: nodes started at once on a busy 2-core machine
-    time out registering with the head."""
+def _said_started(log: Path) -> bool:
+    """A joining node said it started: nodes started at once on a busy 2-core machine time out
+    registering with the head, so the next one waits for this."""
+    return "Ray runtime started" in log.read_text(errors="replace")
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _wait(ready: Callable[[Path], bool], proc: subprocess.Popen[bytes], log: Path, *, timeout: float) -> bool:
+    """Wait until ``ready(log)``; False where ``proc`` exited first. A node still starting at the
+    deadline is a failure of the cluster, not a retry."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if "Ray runtime started" in log.read_text(errors="replace"):
-            return
+    while proc.poll() is None:
+        if ready(log):
+            return True
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{log.stem}: no start in {timeout:.0f} s: {log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.2)
-    raise AssertionError(f"a node did not start (exit code {proc.poll()}): {log.read_text(errors='replace')[-2000:]}")
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes], *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"the head node did not open port {port} (exit code {proc.poll()})")
+    return False
 
 
 @dataclass
@@ -151,28 +157,43 @@ def ray_cluster(head: Sequence[str] = ("--num-cpus", "1"), workers: Sequence[Seq
                    RAY_USAGE_STATS_ENABLED="0", **(env or {}),
                    PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     environ.pop("RAY_ADDRESS", None)
-    port = free_port()
     common = ["--object-store-memory", str(80 << 20), "--temp-dir", temp]
     nodes: list[Node] = []
 
-    def start(command: list[str], log: str) -> Node:
-        manager = free_port()
-        with open(Path(temp) / log, "wb") as out:
-            proc = subprocess.Popen([*command, *common, *_ports(manager)], env=environ, cwd=ROOT, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        nodes.append(Node(proc, manager))
-        return nodes[-1]
+    def start(command: Callable[[], list[str]], name: str, ready: Callable[[Path], bool], timeout: float) -> None:
+        """Start a node and wait until ``ready(its log)``; a node that exits before (a port it was
+        given was taken meanwhile) is started again on other ports, its log kept beside."""
+        for attempt in range(1, _STARTS + 1):
+            manager, log = free_port(), Path(temp) / f"{name}.log"
+            with open(log, "wb") as out:
+                proc = subprocess.Popen([*command(), *common, *_ports(manager)], env=environ, cwd=ROOT, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            nodes.append(Node(proc, manager))
+            if _wait(ready, proc, log, timeout=timeout):
+                return
+            nodes.pop()
+            _stop([proc])
+            said = log.read_text(errors="replace")[-2000:]
+            log.rename(log.with_suffix(f".{attempt}"))
+        raise AssertionError(f"the {name} node exited {_STARTS} times before it started (exit code "
+                             f"{proc.returncode}); the last said: {said}")
+
+    port = 0
+
+    def head_command() -> list[str]:
+        nonlocal port
+        port = free_port()  # another at every start
+        return [*RAY, "start", "--block", "--disable-usage-stats", "--head", "--port", str(port),
+                "--include-dashboard", "false", *head]
 
     try:
-        head_node = start([*RAY, "start", "--block", "--disable-usage-stats", "--head", "--port", str(port),
-                           "--include-dashboard", "false", *head], log="head.log")
+        # a node started earlier backs off for long: the head's port is waited for up to 60 s
+        start(head_command, "head", lambda _: _listening(port), timeout=60)
         address = f"127.0.0.1:{port}"
-        _wait_for_port(port, head_node.proc, timeout=60)  # a node started earlier backs off for long
         for i, extra in enumerate(workers):
             command = ([*SERVE, "--address", address, *extra, "--"] if serve
                        else [*RAY, "start", "--block", "--disable-usage-stats", "--address", address, *extra])
-            node = start(command, log=f"worker{i}.log")
-            _wait_for_start(Path(temp) / f"worker{i}.log", node.proc, timeout=90)
+            start(functools.partial(list, command), f"worker{i}", _said_started, timeout=90)
         probe = subprocess.run([sys.executable, "-c", _PROBE, address, str(len(nodes))], env=environ, cwd=ROOT,
                                capture_output=True, text=True, timeout=90)
         logs = {p.name: p.read_text(errors="replace")[-2000:] for p in Path(temp).glob("*.log")}

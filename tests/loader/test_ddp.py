@@ -17,7 +17,8 @@ import torch.multiprocessing as mp
 
 from shardkit import ShardLoader, transforms
 from tests.conftest import upload_tree
-from tests.ranks import free_port, gloo, write_gathered
+from tests.ports import free_port
+from tests.ranks import gloo, write_gathered
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,8 @@ from sample_data.coco_gen import make_coco
 from sample_data.generate import decode_index, make_indexed_imagefolder
 from shardkit import ShardLoader, transforms
 from shardkit.pack import PackOptions, pack, pack_coco
-from tests.ranks import free_port, gloo, write_gathered
+from tests.ports import free_port
+from tests.ranks import gloo, write_gathered
 
 Delivered = list[tuple[str, int, int]]  # (key, label, index decoded from the pixels) per sample
 

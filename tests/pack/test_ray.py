@@ -219,7 +219,7 @@ def test_an_address_where_no_cluster_answers_is_refused_in_seconds(src, tmp_path
     address (a wrong port, or ``auto`` after the cluster died). Run in a process of its own: this
     module's Ray is connected in the test process."""
     pytest.importorskip("ray")
-    from tests.ranks import free_port
+    from tests.ports import free_port
 
     address = f"127.0.0.1:{free_port()}"
     script = ("import sys\n"

@@ -16,7 +16,8 @@ import pytest
 from shardkit.loader.feed.labels import SlotLabels
 from shardkit.loader.feed.trial import PaceTrial
 from tests.loader.feed.test_feeders import _epochs, _loader, _same
-from tests.ranks import free_port, gloo, write_gathered
+from tests.ports import free_port
+from tests.ranks import gloo, write_gathered
 
 pytestmark = pytest.mark.timeout(240)
 

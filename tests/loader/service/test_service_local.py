@@ -35,7 +35,7 @@ from shardkit.loader.service.client import dataset_checks
 from shardkit.loader.service.payload import Failure, from_payload, raise_failure
 from shardkit.loader.stats import StageStats
 from shardkit.serve import start_command
-from tests.raycluster import free_port
+from tests.ports import free_port
 
 
 def _loader(dataset: Path | str, **kwargs: object) -> ShardLoader:
