@@ -48,6 +48,7 @@ from shardkit.loader.epochs.remainder import Remainder
 from shardkit.loader.epochs.seeds import sample_seeds
 from shardkit.loader.read.user_errors import picklable_kind, sample_of
 from shardkit.loader.routes.batch import Builder, WorkerBatch
+from shardkit.loader.routes.reused import reduce_reused, unship
 from shardkit.loader.routes.segments import in_segment
 from shardkit.loader.run.forks import freeze_forked_children
 from shardkit.transforms import gpu_ahead
@@ -96,7 +97,9 @@ class Shipped:
     (torch's reductions: tensors by descriptor), except that under the ``file_descriptor``
     strategy a tensor's memory not yet shared is copied into a nameless segment
     (:func:`~shardkit.loader.routes.segments.in_segment`: on Linux outside /dev/shm, whose size
-    then bounds no batch) where torch would copy it into /dev/shm."""
+    then bounds no batch) where torch would copy it into /dev/shm, and a buffer the worker refills
+    batch after batch travels as its descriptor once, then as a key
+    (:mod:`~shardkit.loader.routes.reused`)."""
 
     __slots__ = ("batch",)
 
@@ -106,12 +109,18 @@ class Shipped:
     def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
         buffer = io.BytesIO()
         pickler = ForkingPickler(buffer)
+        sent: list[Any] = []  # reused segments whose descriptors this batch carries
         if torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
             torch_reduce = pickler.dispatch_table[torch.UntypedStorage]  # this pickler's own copy of the table
-            pickler.dispatch_table[torch.UntypedStorage] = lambda storage: torch_reduce(in_segment(storage))
+
+            def reduce(storage: torch.UntypedStorage) -> Any:
+                return reduce_reused(storage, sent) or torch_reduce(in_segment(storage))
+
+            pickler.dispatch_table[torch.UntypedStorage] = reduce
         try:
             pickler.dump(self.batch)
         except Exception as err:  # pickling raises many types: TypeError, PicklingError, RuntimeError
+            unship(sent)  # their descriptors never arrive: the next batches in them carry them
             unsent = getattr(getattr(self.batch, "slot", None), "unsent", None)
             if unsent is not None:  # a pool slot pickled before the failure never arrives: free it here
                 unsent()

@@ -2,8 +2,9 @@
 
 Shared-memory reuse, the *buffer cycle*: in a worker process the JPEG bytes of batch ``k`` go into
 buffer ``k % cycle`` of a small per-worker cycle of shared-memory tensors (:class:`BufferCycle`),
-so the main process (which keeps them mapped) copies from already-mapped pages instead of
-faulting in a fresh segment per batch. Why reuse is safe, for ``cycle >= prefetch + 1`` (we use
+so the receiving process, which maps each buffer once (it is shipped there once:
+:mod:`~shardkit.loader.routes.reused`), copies from already-mapped pages instead of faulting in a
+fresh segment per batch. Why reuse is safe, for ``cycle >= prefetch + 1`` (we use
 ``prefetch + 2``): torch's DataLoader sends a worker the task for its batch ``j`` only when the
 main process takes that worker's batch ``j - prefetch``; the prefetcher stages (copies out of
 shared memory) batches in order before taking the next, so by then batch ``j - prefetch - 1``
@@ -20,6 +21,7 @@ members) travel too (a few percent of the bytes).
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,11 +31,15 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from shardkit.loader.routes.segments import segment_view, shared_segment
+from shardkit.loader.routes.reused import forget_reused, received, reused_segment
+from shardkit.loader.routes.segments import segment_view
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
 
 __all__ = ["BatchArena", "BufferCycle", "RawImages", "StagedBatch", "WorkerBuffers"]
+
+
+_TOKENS = itertools.count()
 
 
 def _align(n: int) -> int:
@@ -131,56 +137,71 @@ class StagedBatch(Protocol):
 
 
 class BufferCycle:
-    """Per-process shared-memory byte buffers, reused round-robin (see the module doc)."""
+    """Per-process shared-memory byte buffers, reused round-robin (see the module doc), for the
+    loader ``token`` names: each is shipped to it once (:mod:`~shardkit.loader.routes.reused`)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, token: str) -> None:
         self.pid, self.bufs, self.next = os.getpid(), [torch.empty(0, dtype=torch.uint8)] * size, 0
+        self.token = token
 
     def take(self, nbytes: int) -> torch.Tensor:
         """The next buffer, whole (at least ``nbytes``; grown to 5/4 of a need it cannot hold)."""
         k = self.next % len(self.bufs)
         self.next += 1
         if self.bufs[k].numel() < nbytes:
-            self.bufs[k] = _shared(max(nbytes * 5 // 4, 1 << 20))
+            self._replace(k, max(nbytes * 5 // 4, 1 << 20))
         return self.bufs[k]
 
     def grow(self, nbytes: int, keep: int) -> torch.Tensor:
         """The buffer :meth:`take` last gave, replaced by one of at least ``nbytes`` holding its
         first ``keep`` bytes."""
         k = (self.next - 1) % len(self.bufs)
-        bigger = _shared(max(nbytes * 5 // 4, 1 << 20))
-        bigger[:keep].copy_(self.bufs[k][:keep])
-        self.bufs[k] = bigger
-        return bigger
+        old = self.bufs[k]
+        self._replace(k, max(nbytes * 5 // 4, 1 << 20))
+        self.bufs[k][:keep].copy_(old[:keep])
+        return self.bufs[k]
+
+    def _replace(self, k: int, nbytes: int) -> None:
+        if self.bufs[k].numel():
+            forget_reused(self.bufs[k].untyped_storage())
+        self.bufs[k] = _shared(nbytes, self.token)
 
 
-def _shared(nbytes: int) -> torch.Tensor:
+def _shared(nbytes: int, token: str) -> torch.Tensor:
     """``nbytes`` of shared memory that torch ships by descriptor: on Linux a memfd segment, which
-    the size of /dev/shm does not bound. Under the ``file_system`` strategy a named one in
-    /dev/shm from the start (torch would move a segment there as it first ships it, swapping the
-    memory under any view of it)."""
+    the size of /dev/shm does not bound, shipped to the loader ``token`` names once. Under the
+    ``file_system`` strategy a named one in /dev/shm from the start (torch would move a segment
+    there as it first ships it, swapping the memory under any view of it)."""
     if torch.multiprocessing.get_sharing_strategy() == "file_system":
         return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
-    return segment_view(shared_segment(nbytes), (nbytes,))
+    return segment_view(reused_segment(nbytes, token), (nbytes,))
 
 
 class WorkerBuffers:
     """Where a builder puts a batch's blob: in a worker process, the next buffer of that
     process's :class:`BufferCycle` of ``cycle`` buffers (made on first use); elsewhere, or with
-    ``cycle=0``, a fresh tensor. Pickles without its buffers (each process makes its own)."""
+    ``cycle=0``, a fresh tensor. Pickles without its buffers (each process makes its own). In the
+    process that receives the batches it holds their buffers' mappings
+    (:func:`~shardkit.loader.routes.reused.received`), as every copy of it does."""
 
     def __init__(self, cycle: int) -> None:
         self.cycle = cycle
+        self.token = f"{os.getpid()}-{next(_TOKENS)}"
         self._buffers: BufferCycle | None = None
+        self._received = received(self.token)
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_buffers": None}
+        return {**self.__dict__, "_buffers": None, "_received": None}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._received = received(self.token)
 
     def _cycle(self) -> BufferCycle | None:
         if self.cycle <= 0 or get_worker_info() is None:
             return None
         if self._buffers is None or self._buffers.pid != os.getpid():
-            self._buffers = BufferCycle(self.cycle)
+            self._buffers = BufferCycle(self.cycle, self.token)
         return self._buffers
 
     def take(self, nbytes: int) -> torch.Tensor:

@@ -1,0 +1,142 @@
+"""Segments a worker refills batch after batch, shipped to the receiving process once.
+
+A device route's worker writes each batch into one of a few shared-memory buffers of its own, in
+turn (:class:`~shardkit.loader.routes.device.payload.BufferCycle`). Shipped as torch ships a tensor,
+every batch would send its buffer's file descriptor again: a connection to the worker's
+``multiprocessing`` resource-sharer thread, two authentication challenges and the descriptor, in
+both processes (about 0.3 ms of the worker's CPU and 0.4 ms of the receiver's a batch on the 2-core
+box, docs/performance.md), and the receiver maps the segment again wherever nothing of it was
+still alive there (a fault per page read).
+
+Here a buffer travels as its descriptor the first time it is shipped and as a key afterwards; the
+receiving process keeps the mapping in a :class:`Received` that the loader's own copy of the
+builder holds (:func:`received`), so the mappings go with the loader, never outlive it. Only the
+loader's own worker processes ship this way (their batches go through
+:class:`~shardkit.loader.run.stream.Shipped`, whose pickler asks :func:`reduce_reused`); a batch
+pickled any other way carries its tensors as torch does.
+
+A key names the receiving loader (its token), the worker process and the buffer: a worker started
+later (another epoch's, a replacement) ships its own buffers under keys of its own, and the
+receiver drops the mappings of worker processes that have ended whenever a new buffer comes.
+Reusing a buffer is safe for the reasons the buffer cycle gives (the receiver has copied a batch
+out before the worker writes the buffer again): the receiver's mapping is the same memory the
+worker writes, as it was when torch mapped it anew for each batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from shardkit.errors import LoaderError
+from shardkit.loader.routes.segments import attach, descriptor, shared_segment
+
+__all__ = ["Received", "forget_reused", "received", "reduce_reused", "reused_segment", "unship"]
+
+#: (receiving loader's token, maker's pid, number): what names a reused segment between processes.
+Key = tuple[str, int, int]
+
+
+@dataclass
+class _Reused:
+    key: Key
+    shipped: bool = False
+
+
+_REUSED: dict[int, _Reused] = {}  # this process's reused segments, by the address of their memory
+_NUMBERS = itertools.count()
+
+
+def reused_segment(nbytes: int, token: str) -> torch.UntypedStorage:
+    """A :func:`~shardkit.loader.routes.segments.shared_segment` of ``nbytes`` that this process
+    refills batch after batch for the loader ``token`` names; :func:`forget_reused` it before
+    dropping it."""
+    segment = shared_segment(nbytes)
+    _REUSED[segment.data_ptr()] = _Reused((token, os.getpid(), next(_NUMBERS)))
+    return segment
+
+
+def forget_reused(segment: torch.UntypedStorage) -> None:
+    """``segment`` is no longer refilled here (a bigger one replaces it)."""
+    _REUSED.pop(segment.data_ptr(), None)
+
+
+def reduce_reused(storage: torch.UntypedStorage, sent: list[_Reused]) -> tuple[Any, ...] | None:
+    """How a pickler ships ``storage`` where it is one of this process's reused segments: its
+    descriptor the first time (recorded in ``sent``, for :func:`unship`), its key afterwards;
+    None for any other storage."""
+    reused = _REUSED.get(storage.data_ptr()) if storage.device.type == "cpu" else None
+    if reused is None or reused.key[1] != os.getpid():  # a forked child's copy of its parent's table
+        return None
+    shipped = None
+    if not reused.shipped:
+        reused.shipped = True
+        sent.append(reused)
+        shipped = descriptor(storage)
+    return _receive, (reused.key, storage.nbytes(), shipped)
+
+
+def unship(sent: list[_Reused]) -> None:
+    """The pickling that shipped ``sent`` failed: their descriptors go with their next batch."""
+    for reused in sent:
+        reused.shipped = False
+
+
+@dataclass
+class Received:
+    """The receiving process's mappings of the reused segments shipped to one loader."""
+
+    token: str
+    segments: dict[Key, torch.UntypedStorage] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, key: Key, nbytes: int, shipped: tuple[Any, int] | None) -> torch.UntypedStorage:
+        with self.lock:
+            if shipped is not None:
+                self._forget_ended()
+                self.segments[key] = attach(shipped)
+            segment = self.segments.get(key)
+        if segment is None or segment.nbytes() < nbytes:
+            raise LoaderError(f"worker process {key[1]} sent a batch in its shared buffer {key[2]} before the "
+                              "buffer itself: a batch that carried it was lost on the way")
+        return segment
+
+    def _forget_ended(self) -> None:
+        """Drop the mappings of worker processes that have ended (their memory goes with them)."""
+        for pid in {key[1] for key in self.segments}:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                for key in [k for k in self.segments if k[1] == pid]:
+                    del self.segments[key]
+            except OSError:  # alive, but not ours to signal
+                pass
+
+
+_RECEIVERS: weakref.WeakValueDictionary[str, Received] = weakref.WeakValueDictionary()
+_RECEIVERS_LOCK = threading.Lock()
+
+
+def received(token: str) -> Received:
+    """This process's :class:`Received` for the loader ``token`` names; it lives as long as a
+    holder keeps it (each copy of the loader's builder here holds it)."""
+    with _RECEIVERS_LOCK:
+        found = _RECEIVERS.get(token)
+        if found is None:
+            found = _RECEIVERS[token] = Received(token)
+        return found
+
+
+def _receive(key: Key, nbytes: int, shipped: tuple[Any, int] | None) -> torch.UntypedStorage:
+    receiver = _RECEIVERS.get(key[0])
+    if receiver is None:  # no copy of the loader here: a descriptor still maps, a key cannot
+        if shipped is None:
+            raise LoaderError(f"worker process {key[1]} sent a batch for a loader this process does not hold")
+        return attach(shipped)
+    return receiver.take(key, nbytes, shipped)
