@@ -38,6 +38,7 @@ image apart.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 import time
@@ -173,7 +174,8 @@ def main() -> None:
 
 def _through_workers(shards: str, workers: int, batch_size: int, size: int, rounds: int, gray: bool) -> None:
     """The same builder in ``workers`` persistent worker processes, each batch sent to this
-    process, over the loader's shuffled stream (epoch 0's order every time; no read-ahead); the
+    process, over the loader's shuffled stream (epoch 0's order every time; no read-ahead), the
+    last batches kept alive as the GPU route keeps them (their buffers stay mapped here); the
     workers' user and system CPU per image over ``rounds`` epochs after an untimed one
     (``psutil``), and this process's."""
     import psutil
@@ -196,11 +198,14 @@ def _through_workers(shards: str, workers: int, batch_size: int, size: int, roun
         own = me.cpu_times()
         return sum(k.user for k in kids), sum(k.system for k in kids), own.user + own.system
 
-    for _ in raise_failures(source):  # starts the workers, warms the page cache
-        pass
+    kept: collections.deque[Any] = collections.deque(maxlen=workers * (builder.buffer_cycle + 1))  # as GpuRoute keeps
+    for batch in raise_failures(source):  # starts the workers, warms the page cache
+        kept.append(batch)
     before, images = cpu(), 0
     for _ in range(rounds):
-        images += sum(len(batch.keys) for batch in raise_failures(source))
+        for batch in raise_failures(source):
+            images += len(batch.keys)
+            kept.append(batch)
     after = cpu()
     user, system, here = ((a - b) / images * 1e3 for a, b in zip(after, before, strict=True))
     print(json.dumps({"through_workers": workers, "images": images, "worker_user_ms_per_image": round(user, 4),
