@@ -223,11 +223,15 @@ def dataset_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 
 def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
-                 train: Callable[[argparse.Namespace], dict[str, Any]]) -> dict[str, Any]:
-    """Parse ``argv`` (the datasets of :func:`add_dataset_arguments` into ``args.dataset``) and
+                 train: Callable[[argparse.Namespace], dict[str, Any]],
+                 check: Callable[[argparse.Namespace], None] | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (the datasets of :func:`add_dataset_arguments` into ``args.dataset``), run
+    ``check`` on the options (a recipe's own usage errors, said with ``parser.error``) and
     ``train``: shardkit's errors about the data (a dataset that is not there, a mix that does not
     fit) end as one error line, exit 2, not a traceback."""
     args = parser.parse_args(argv)
+    if check is not None:
+        check(args)
     args.dataset = dataset_arguments(args, parser)
     check_device(args.device, parser)
     writable_folder(parser, "--log-keys", args.log_keys)

@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("shards", help="packed validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_classifier.py checkpoint to evaluate (default: an untrained model)")
-    parser.add_argument("--arch", type=recipe_args.model_name("classification"), default="resnet18",
-                        help="torchvision model when there is no checkpoint")
+    parser.add_argument("--arch", type=recipe_args.model_name("classification"), default=None,
+                        help="torchvision model [default: the checkpoint's, else resnet18]")
     parser.add_argument("--batch-size", type=recipe_args.at_least(1), default=64, help="samples per batch per rank")
     parser.add_argument("--size", type=recipe_args.at_least(1), default=None,
                         help="side of the centre crop [default: the checkpoint's training --size, else 224]")
@@ -106,9 +106,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ckpt = ddp.load_checkpoint(args.checkpoint, device=device, needs=("model", "arch", "num_classes"),
                                    written_by="train_classifier.py") if args.checkpoint else None
         size = args.size or (ckpt or {}).get("size", 224)  # a model scores at the size it was trained at
+        if ckpt is not None:
+            recipe_args.checkpoint_arch(parser, args.arch, args.checkpoint, ckpt["arch"])
         with val_loader(args.shards, batch_size=args.batch_size, size=size, workers=args.workers,
                         device=device, keys=keys_log is not None) as loader:
-            arch, classes = args.arch, len(loader.manifest.classes or ())
+            arch, classes = args.arch or "resnet18", len(loader.manifest.classes or ())
             if ckpt is not None:
                 why = ddp.class_difference(ckpt.get("classes", ckpt["num_classes"]), loader.classes, args.shards)
                 if why is not None:  # a top-1 against labels that mean other classes would be a number, not a score

@@ -182,9 +182,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("shards", help="packed COCO validation dataset (directory, index.json or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="train_detector.py checkpoint to evaluate (default: an untrained model)")
-    parser.add_argument("--arch", type=recipe_args.model_name("detection"),
-                        default="fasterrcnn_mobilenet_v3_large_320_fpn",
-                        help="torchvision detection model when there is no checkpoint")
+    parser.add_argument("--arch", type=recipe_args.model_name("detection"), default=None,
+                        help="torchvision detection model [default: the checkpoint's, else "
+                             "fasterrcnn_mobilenet_v3_large_320_fpn]")
     parser.add_argument("--batch-size", type=recipe_args.at_least(1), default=8, help="images per batch per rank")
     parser.add_argument("--min-size", type=recipe_args.at_least(1), default=None,
                         help="shorter side the images are resized to [default: the checkpoint's, else 320]")
@@ -205,9 +205,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                    written_by="train_detector.py") if args.checkpoint else None
         min_size = args.min_size or (ckpt or {}).get("min_size", 320)  # the sizes the model was trained at
         max_size = args.max_size or (ckpt or {}).get("max_size", 640)
+        recipe_args.check_sizes(parser, min_size, max_size, given=bool(args.min_size and args.max_size))
+        if ckpt is not None:
+            recipe_args.checkpoint_arch(parser, args.arch, args.checkpoint, ckpt["arch"])
         with val_loader(args.shards, batch_size=args.batch_size, min_size=min_size, max_size=max_size,
                         workers=args.workers, device=device, keys=keys_log is not None) as loader:
-            arch, num_classes = args.arch, len(loader.label_map or {}) + 1
+            arch, num_classes = args.arch or "fasterrcnn_mobilenet_v3_large_320_fpn", len(loader.label_map or {}) + 1
             if ckpt is not None:
                 if ckpt["label_map"] != loader.label_map:
                     raise SystemExit(f"{args.shards}: its categories differ from those {args.checkpoint} was "

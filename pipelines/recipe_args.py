@@ -116,6 +116,23 @@ def writable_folder(parser: argparse.ArgumentParser, option: str, folder: str | 
         parser.error(f"{name}: {which} is not writable")
 
 
+def check_sizes(parser: argparse.ArgumentParser, min_size: int, max_size: int, *, given: bool = True) -> None:
+    """Refuse a ``--max-size`` not above ``--min-size`` as a usage error (``given``: both came from
+    the command line, else from a checkpoint too), before any data is read: torchvision's resize
+    refuses it at the first evaluation, after the training ran."""
+    if max_size <= min_size:
+        source = "" if given else " (the checkpoint's sizes where not given)"
+        parser.error(f"--max-size {max_size} must be above --min-size {min_size}{source}")
+
+
+def checkpoint_arch(parser: argparse.ArgumentParser, given: str | None, checkpoint: str, held: str) -> str:
+    """The model to build for ``checkpoint``, which holds a ``held`` model: an ``--arch`` that names
+    another is refused (its weights would not load, or the score would not be the run's)."""
+    if given is not None and given != held:
+        parser.error(f"--arch {given}: --checkpoint {checkpoint} holds a {held} model (leave --arch out, or give {held})")
+    return held
+
+
 def count_or_auto(text: str) -> int | str:
     """An option's value: ``auto`` or a whole number >= 0."""
     if text == "auto":

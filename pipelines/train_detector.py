@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model's backbone")
     recipe_args.add_run_arguments(parser, log_every=20)
     step_share.add_share_argument(parser)
-    return ddp.run_training(parser, argv, train)
+    return ddp.run_training(parser, argv, train,
+                            check=lambda args: recipe_args.check_sizes(parser, args.min_size, args.max_size))
 
 
 if __name__ == "__main__":

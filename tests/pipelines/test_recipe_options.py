@@ -52,6 +52,17 @@ def test_the_checkpoint_names_its_classes_and_evaluation_refuses_other_ones(
     assert f"{ckpt}: cannot resume from it: its classes differ from the training data's at label 0" in err
 
 
+def test_evaluation_refuses_an_arch_other_than_the_checkpoints(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
+    """It built the checkpoint's model and said nothing: the score read as the --arch given."""
+    ckpt = tmp_path / "ck.pt"
+    _train(str(packed_sample), "--steps", "1", "--checkpoint", str(ckpt))
+    evaluate = [str(packed_sample), "--checkpoint", str(ckpt), "--device", "cpu", "--workers", "0", "--size", "16"]
+    err = refused(evaluate_classifier.main, [*evaluate, "--arch", "squeezenet1_1"], capsys)
+    assert f"--arch squeezenet1_1: --checkpoint {ckpt} holds a resnet18 model (leave --arch out, or give resnet18)" in err
+    assert evaluate_classifier.main([*evaluate, "--arch", "resnet18"])["total"] == 300
+
+
 def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     for main, size in ((train_classifier.main, "[default: 224]"),
                        (evaluate_classifier.main, "[default: the checkpoint's training --size, else 224]")):
