@@ -18,10 +18,10 @@ skipped images:
 * annotation records sharing an id: each kept as written, in its own image's sample, and
   flagged: ``CocoDetection`` (pycocotools keys annotations by id) gives the last record of the
   id in the place of each;
-* image records repeating an image id: the last one stands for the id, as pycocotools (``imgs[id] =
-  img``) and so ``CocoDetection`` keep it (packed unless refused on its own); the earlier ones
-  are not packed (``warnings``), nor are
-  ``file_name``s escaping the images folder;
+* image records repeating an image id: the last one stands for the id, as pycocotools
+  (``imgs[id] = img``) and so ``CocoDetection`` keep it (packed unless refused on its own); the
+  earlier ones are not packed (``warnings``), nor are ``file_name`` values escaping the images
+  folder;
 * files missing on disk: kept with ``size=-1``; the packer skips them with a reason.
 
 The size checks take an image's size from its record; the pack reads each image's size from its
