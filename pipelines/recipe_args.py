@@ -129,7 +129,8 @@ def checkpoint_arch(parser: argparse.ArgumentParser, given: str | None, checkpoi
     """The model to build for ``checkpoint``, which holds a ``held`` model: an ``--arch`` that names
     another is refused (its weights would not load, or the score would not be the run's)."""
     if given is not None and given != held:
-        parser.error(f"--arch {given}: --checkpoint {checkpoint} holds a {held} model (leave --arch out, or give {held})")
+        parser.error(f"--arch {given}: --checkpoint {checkpoint} holds a {held} model "
+                     f"(leave --arch out, or give {held})")
     return held
 
 

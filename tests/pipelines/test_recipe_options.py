@@ -59,7 +59,8 @@ def test_evaluation_refuses_an_arch_other_than_the_checkpoints(
     _train(str(packed_sample), "--steps", "1", "--checkpoint", str(ckpt))
     evaluate = [str(packed_sample), "--checkpoint", str(ckpt), "--device", "cpu", "--workers", "0", "--size", "16"]
     err = refused(evaluate_classifier.main, [*evaluate, "--arch", "squeezenet1_1"], capsys)
-    assert f"--arch squeezenet1_1: --checkpoint {ckpt} holds a resnet18 model (leave --arch out, or give resnet18)" in err
+    assert (f"--arch squeezenet1_1: --checkpoint {ckpt} holds a resnet18 model "
+            "(leave --arch out, or give resnet18)") in err
     assert evaluate_classifier.main([*evaluate, "--arch", "resnet18"])["total"] == 300
 
 

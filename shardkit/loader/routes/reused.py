@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from shardkit._compat import fd_storage_descriptor
 from shardkit.errors import LoaderError
 from shardkit.loader.routes.segments import attach, descriptor, shared_segment
 
@@ -46,7 +47,19 @@ Key = tuple[str, int, int]
 @dataclass
 class _Reused:
     key: Key
+    file: tuple[int, int]  # (st_dev, st_ino) of the segment's file: what tells it from memory at its old address
     shipped: bool = False
+
+
+def _file(storage: torch.UntypedStorage) -> tuple[int, int] | None:
+    """The identity of the shared-memory file behind ``storage``, or None where it has none."""
+    if not storage.is_shared():
+        return None
+    try:
+        st = os.fstat(fd_storage_descriptor(storage)[0])
+    except (RuntimeError, OSError):  # shared by name (the file_system strategy), or gone
+        return None
+    return st.st_dev, st.st_ino
 
 
 _REUSED: dict[int, _Reused] = {}  # this process's reused segments, by the address of their memory
@@ -58,7 +71,9 @@ def reused_segment(nbytes: int, token: str) -> torch.UntypedStorage:
     refills batch after batch for the loader ``token`` names; :func:`forget_reused` it before
     dropping it."""
     segment = shared_segment(nbytes)
-    _REUSED[segment.data_ptr()] = _Reused((token, os.getpid(), next(_NUMBERS)))
+    file = _file(segment)
+    if file is not None:  # else shipped as torch ships any tensor
+        _REUSED[segment.data_ptr()] = _Reused((token, os.getpid(), next(_NUMBERS)), file)
     return segment
 
 
@@ -73,6 +88,9 @@ def reduce_reused(storage: torch.UntypedStorage, sent: list[_Reused]) -> tuple[A
     None for any other storage."""
     reused = _REUSED.get(storage.data_ptr()) if storage.device.type == "cpu" else None
     if reused is None or reused.key[1] != os.getpid():  # a forked child's copy of its parent's table
+        return None
+    if _file(storage) != reused.file:  # other memory where a segment dropped unforgotten was
+        del _REUSED[storage.data_ptr()]
         return None
     shipped = None
     if not reused.shipped:

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from shardkit import LoaderError, ShardLoader, transforms
+from shardkit.loader.routes import reused as reused_module
 from shardkit.loader.routes.device.payload import BufferCycle, WorkerBuffers
 from shardkit.loader.routes.gpu.worker import RawBatchBuilder
 from shardkit.loader.routes.reused import received, reduce_reused, unship
-from shardkit.loader.routes.segments import segment_view
+from shardkit.loader.routes.segments import segment_view, shared_segment
 from shardkit.loader.run.stream import BatchStream, raise_failures
 from shardkit.loader.run.workers import shutdown_workers, worker_loader
 from tests.loader.gpu_helpers import make_packed_imagenet_like, staged
@@ -133,3 +134,17 @@ def test_a_key_without_its_buffer_is_a_loader_error() -> None:
     pickler.dump(blob)
     with pytest.raises(LoaderError, match=r"sent a batch in its shared buffer \d+ before the buffer itself"):
         pickle.loads(data.getvalue())
+
+
+def test_other_memory_where_a_dropped_buffer_was_ships_as_torch_ships_it() -> None:
+    """A buffer dropped without being forgotten (its cycle garbage collected) leaves its entry; a
+    tensor later placed at its address is not taken for it (the receiver would map the old buffer)."""
+    buffers = WorkerBuffers(cycle=2)
+    blob = BufferCycle(2, buffers.token).take(4096)
+    reduce_reused(blob.untyped_storage(), [])
+    address = blob.untyped_storage().data_ptr()
+    other = shared_segment(4096)
+    assert reduce_reused(other, []) is None  # not a reused segment at all
+    stale = reused_module._REUSED[address]
+    reused_module._REUSED[other.data_ptr()] = stale  # as if `other` had been mapped where the dropped one was
+    assert reduce_reused(other, []) is None and other.data_ptr() not in reused_module._REUSED
