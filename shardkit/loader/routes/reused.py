@@ -16,8 +16,11 @@ loader's own worker processes ship this way (their batches go through
 pickled any other way carries its tensors as torch does.
 
 A key names the receiving loader (its token), the worker process and the buffer: a worker started
-later (another epoch's, a replacement) ships its own buffers under keys of its own, and the
-receiver drops the mappings of worker processes that have ended whenever a new buffer comes.
+later (a replacement) ships its own buffers under keys of its own, and a bigger segment that
+replaces a buffer ships under the buffer's key, replacing the mapping. The receiver drops its
+mappings when the loader stops its workers and before it starts new ones (which would inherit
+them: a forked child drops what its parent received), and those of worker processes that have
+ended whenever a new buffer comes.
 Reusing a buffer is safe for the reasons the buffer cycle gives (the receiver has copied a batch
 out before the worker writes the buffer again): the receiver's mapping is the same memory the
 worker writes, as it was when torch mapped it anew for each batch.
@@ -38,10 +41,11 @@ from shardkit._compat import fd_storage_descriptor
 from shardkit.errors import LoaderError
 from shardkit.loader.routes.segments import attach, descriptor, shared_segment
 
-__all__ = ["Received", "forget_reused", "received", "reduce_reused", "reused_segment", "unship"]
+__all__ = ["Received", "cycle_number", "forget_reused", "received", "reduce_reused", "reused_segment", "unship"]
 
-#: (receiving loader's token, maker's pid, number): what names a reused segment between processes.
-Key = tuple[str, int, int]
+#: (receiving loader's token, maker's pid, its buffer cycle, the buffer's place in it): what names a
+#: reused segment between processes. A bigger segment that replaces a buffer takes over its key.
+Key = tuple[str, int, int, int]
 
 
 @dataclass
@@ -63,17 +67,23 @@ def _file(storage: torch.UntypedStorage) -> tuple[int, int] | None:
 
 
 _REUSED: dict[int, _Reused] = {}  # this process's reused segments, by the address of their memory
-_NUMBERS = itertools.count()
+_CYCLES = itertools.count()
 
 
-def reused_segment(nbytes: int, token: str) -> torch.UntypedStorage:
+def cycle_number() -> int:
+    """A number for a new buffer cycle of this process (its buffers' keys hold it)."""
+    return next(_CYCLES)
+
+
+def reused_segment(nbytes: int, token: str, cycle: int, index: int) -> torch.UntypedStorage:
     """A :func:`~shardkit.loader.routes.segments.shared_segment` of ``nbytes`` that this process
-    refills batch after batch for the loader ``token`` names; :func:`forget_reused` it before
-    dropping it."""
+    refills batch after batch for the loader ``token`` names, as buffer ``index`` of its buffer
+    cycle ``cycle`` (:func:`cycle_number`); :func:`forget_reused` it before dropping it. Shipped,
+    it replaces the buffer's earlier segment in the receiving process."""
     segment = shared_segment(nbytes)
     file = _file(segment)
     if file is not None:  # else shipped as torch ships any tensor
-        _REUSED[segment.data_ptr()] = _Reused((token, os.getpid(), next(_NUMBERS)), file)
+        _REUSED[segment.data_ptr()] = _Reused((token, os.getpid(), cycle, index), file)
     return segment
 
 
@@ -89,8 +99,7 @@ def reduce_reused(storage: torch.UntypedStorage, sent: list[_Reused]) -> tuple[A
     reused = _REUSED.get(storage.data_ptr()) if storage.device.type == "cpu" else None
     if reused is None or reused.key[1] != os.getpid():  # a forked child's copy of its parent's table
         return None
-    if _file(storage) != reused.file:  # other memory where a segment dropped unforgotten was
-        del _REUSED[storage.data_ptr()]
+    if _file(storage) != reused.file:  # other memory where a segment dropped unforgotten was, or at its start
         return None
     shipped = None
     if not reused.shipped:
@@ -114,6 +123,11 @@ class Received:
     segments: dict[Key, torch.UntypedStorage] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def clear(self) -> None:
+        """Drop every mapping (the workers stopped; new ones ship their buffers anew)."""
+        with self.lock:
+            self.segments = {}
+
     def take(self, key: Key, nbytes: int, shipped: tuple[Any, int] | None) -> torch.UntypedStorage:
         with self.lock:
             if shipped is not None:
@@ -121,7 +135,7 @@ class Received:
                 self.segments[key] = attach(shipped)
             segment = self.segments.get(key)
         if segment is None or segment.nbytes() < nbytes:
-            raise LoaderError(f"worker process {key[1]} sent a batch in its shared buffer {key[2]} before the "
+            raise LoaderError(f"worker process {key[1]} sent a batch in its shared buffer {key[3]} before the "
                               "buffer itself: a batch that carried it was lost on the way")
         return segment
 
@@ -149,6 +163,18 @@ def received(token: str) -> Received:
         if found is None:
             found = _RECEIVERS[token] = Received(token)
         return found
+
+
+def _forget_in_child() -> None:
+    """A forked child drops the mappings its parent received (a worker would hold them for its
+    whole life); its own loaders' workers ship their buffers to it anew. The locks are new too:
+    another thread of the parent may have held one at the fork."""
+    for receiver in list(_RECEIVERS.values()):
+        receiver.segments, receiver.lock = {}, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _receive(key: Key, nbytes: int, shipped: tuple[Any, int] | None) -> torch.UntypedStorage:

@@ -18,6 +18,8 @@ import torch
 from shardkit import LoaderError, ShardLoader, transforms
 from shardkit.loader.routes import reused as reused_module
 from shardkit.loader.routes.device.payload import BufferCycle, WorkerBuffers
+from shardkit.loader.routes.gpu import GpuOptions
+from shardkit.loader.routes.gpu.route import GpuRoute
 from shardkit.loader.routes.gpu.worker import RawBatchBuilder
 from shardkit.loader.routes.reused import received, reduce_reused, unship
 from shardkit.loader.routes.segments import segment_view, shared_segment
@@ -95,7 +97,7 @@ def test_the_mappings_of_ended_workers_go_and_those_of_the_loader_with_it(datase
     assert len(received(token).segments) == 0  # the loader's copy held the mappings: none left
 
 
-def test_a_buffer_whose_batch_did_not_pickle_carries_its_descriptor_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_buffer_whose_batch_did_not_pickle_carries_its_descriptor_again() -> None:
     buffers = WorkerBuffers(cycle=2)
     cycle = BufferCycle(2, buffers.token)
     blob = cycle.take(4096)
@@ -147,4 +149,56 @@ def test_other_memory_where_a_dropped_buffer_was_ships_as_torch_ships_it() -> No
     assert reduce_reused(other, []) is None  # not a reused segment at all
     stale = reused_module._REUSED[address]
     reused_module._REUSED[other.data_ptr()] = stale  # as if `other` had been mapped where the dropped one was
-    assert reduce_reused(other, []) is None and other.data_ptr() not in reused_module._REUSED
+    assert reduce_reused(other, []) is None
+
+
+def _round_trip(blob: torch.Tensor) -> torch.Tensor:
+    """``blob`` pickled as a worker's Shipped pickles it and unpickled here, as the receiver does."""
+    data = io.BytesIO()
+    pickler = ForkingPickler(data)
+    torch_reduce = pickler.dispatch_table[torch.UntypedStorage]
+
+    def reduce(storage: torch.UntypedStorage) -> Any:
+        return reduce_reused(storage, []) or torch_reduce(storage)
+
+    pickler.dispatch_table[torch.UntypedStorage] = reduce
+    pickler.dump(blob)
+    return pickle.loads(data.getvalue())
+
+
+def _child_sees(token: str, queue: Any) -> None:
+    queue.put(len(received(token).segments))
+
+
+def test_a_grown_buffer_replaces_its_mapping_and_a_forked_child_or_let_go_drops_them() -> None:
+    """Before, every size a buffer grew through stayed mapped in the receiver, and workers forked
+    later inherited the mappings of the ones before them."""
+    buffers = WorkerBuffers(cycle=1)
+    cycle = BufferCycle(1, buffers.token)
+    small = cycle.take(16)
+    small[:2] = torch.tensor([5, 6], dtype=torch.uint8)
+    assert _round_trip(small)[:2].tolist() == [5, 6]
+    big = cycle.take(4 << 20)  # beyond the first segment's 1 MiB: a bigger one replaces it
+    big[:2] = torch.tensor([7, 8], dtype=torch.uint8)
+    assert _round_trip(big)[:2].tolist() == [7, 8]
+    mapped = received(buffers.token).segments
+    assert len(mapped) == 1 and next(iter(mapped.values())).nbytes() == big.numel()
+    context = torch.multiprocessing.get_context("fork")
+    queue = context.SimpleQueue()
+    child = context.Process(target=_child_sees, args=(buffers.token, queue))
+    child.start()
+    child.join(30)
+    assert queue.get() == 0 and len(received(buffers.token).segments) == 1  # the child's copy only
+    buffers.let_go()  # the workers stopped
+    assert received(buffers.token).segments == {}
+
+
+def test_the_gpu_route_lets_the_buffers_go_when_its_workers_stop_and_before_new_ones_start(dataset: Path) -> None:
+    loader, transform = _loader(dataset)
+    route = GpuRoute(loader.reader, transform, device=torch.device("cpu"), on_error="replace", batch_size=8,
+                     num_workers=2, prefetch=2, options=GpuOptions())
+    mapped = received(route.builder.buffers.token)
+    for hook in (route.workers_stopped, route.before_workers):
+        mapped.segments[(route.builder.buffers.token, 1, 0, 0)] = shared_segment(16)
+        hook()
+        assert mapped.segments == {}

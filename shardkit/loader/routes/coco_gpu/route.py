@@ -70,6 +70,14 @@ class CocoGpuRoute(Route[RawDetectionBatch, DetectionDeviceBatch]):
                            for _ in range(staging_slots(self.options.device_prefetch) if cuda else 1)]
         return self._slots
 
+    def before_workers(self) -> None:
+        """The new workers must not inherit the mappings of the last ones' buffers."""
+        self.builder.buffers.let_go()
+
+    def workers_stopped(self) -> None:
+        """Their buffers' mappings go (those of batches still held live on in them)."""
+        self.builder.buffers.let_go()
+
     def workers_started(self) -> None:
         """Compile the resize kernel while the workers read the first batch (as the
         classification GPU route does)."""

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from shardkit.loader.routes.reused import forget_reused, received, reused_segment
+from shardkit.loader.routes.reused import cycle_number, forget_reused, received, reused_segment
 from shardkit.loader.routes.segments import segment_view
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
@@ -142,7 +142,7 @@ class BufferCycle:
 
     def __init__(self, size: int, token: str) -> None:
         self.pid, self.bufs, self.next = os.getpid(), [torch.empty(0, dtype=torch.uint8)] * size, 0
-        self.token = token
+        self.token, self.number = token, cycle_number()
 
     def take(self, nbytes: int) -> torch.Tensor:
         """The next buffer, whole (at least ``nbytes``; grown to 5/4 of a need it cannot hold)."""
@@ -164,17 +164,18 @@ class BufferCycle:
     def _replace(self, k: int, nbytes: int) -> None:
         if self.bufs[k].numel():
             forget_reused(self.bufs[k].untyped_storage())
-        self.bufs[k] = _shared(nbytes, self.token)
+        self.bufs[k] = _shared(nbytes, self.token, self.number, k)
 
 
-def _shared(nbytes: int, token: str) -> torch.Tensor:
+def _shared(nbytes: int, token: str, cycle: int, index: int) -> torch.Tensor:
     """``nbytes`` of shared memory that torch ships by descriptor: on Linux a memfd segment, which
-    the size of /dev/shm does not bound, shipped to the loader ``token`` names once. Under the
+    the size of /dev/shm does not bound, shipped to the loader ``token`` names once (buffer
+    ``index`` of this process's buffer cycle ``cycle``). Under the
     ``file_system`` strategy a named one in /dev/shm from the start (torch would move a segment
     there as it first ships it, swapping the memory under any view of it)."""
     if torch.multiprocessing.get_sharing_strategy() == "file_system":
         return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
-    return segment_view(reused_segment(nbytes, token), (nbytes,))
+    return segment_view(reused_segment(nbytes, token, cycle, index), (nbytes,))
 
 
 class WorkerBuffers:
@@ -196,6 +197,11 @@ class WorkerBuffers:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._received = received(self.token)
+
+    def let_go(self) -> None:
+        """Receiving side: drop the mappings of the buffers received so far (the workers stopped,
+        or new ones are about to start and would inherit them)."""
+        self._received.clear()
 
     def _cycle(self) -> BufferCycle | None:
         if self.cycle <= 0 or get_worker_info() is None:

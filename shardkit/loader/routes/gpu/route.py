@@ -58,6 +58,14 @@ class GpuRoute(Route[RawBatch, DeviceBatch]):
         # runs a prefetcher of its own: these hold CUDA events, streams and threads
         return {**self.__dict__, "_slots": [], "_prefetcher": None}
 
+    def before_workers(self) -> None:
+        """The new workers must not inherit the mappings of the last ones' buffers."""
+        self.builder.buffers.let_go()
+
+    def workers_stopped(self) -> None:
+        """Their buffers' mappings go (those of batches still held live on in them)."""
+        self.builder.buffers.let_go()
+
     def workers_started(self) -> None:
         """Compile the crop-resize kernel while the workers read the first batch (a job's first
         compile takes about 2 s, which the first batch would otherwise wait for)."""
