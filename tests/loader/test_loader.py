@@ -97,6 +97,23 @@ def test_a_transforms_random_and_numpy_draws_resume_and_ignore_the_worker_count(
     assert random.getstate() == before
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_training_loops_torch_random_numbers_are_those_it_would_draw_without_the_loader(
+        packed: Path, workers: int) -> None:
+    """With workers, the DataLoader inside drew their base seed from torch's global generator: a
+    loop seeded with torch.manual_seed drew other numbers (dropout, its own sampling) than with
+    num_workers=0 or no loader at all."""
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    with ShardLoader(str(packed), batch_size=4, num_workers=workers, seed=3) as loader:
+        for _ in loader:
+            pass
+        for _ in loader:  # a second epoch, the same persistent workers
+            pass
+    assert torch.equal(torch.rand(3), expected)
+
+
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_len_and_exact_epoch(packed: Path, drop_last: bool) -> None:
     loader = _loader(packed, drop_last=drop_last)

@@ -89,11 +89,16 @@ def worker_loader(stream: BatchStream, *, num_workers: int, prefetch: int, pin_m
     """A DataLoader running ``stream`` in ``num_workers`` persistent worker processes, whose
     worker deaths surface as :class:`LoaderError` wherever they happen (:mod:`shardkit.loader.run.deaths`).
     ``context``: the multiprocessing start method (None: the process's default); its ``done``
-    event has no lock a killed worker could hold (:class:`~shardkit.loader.run.deaths.DeathSafeContext`)."""
+    event has no lock a killed worker could hold (:class:`~shardkit.loader.run.deaths.DeathSafeContext`).
+    The workers' base seed comes from a generator of the DataLoader's own, seeded from the
+    stream's seed: a DataLoader draws it from torch's global generator otherwise, which moved the
+    training loop's random numbers by one draw as the workers started."""
     guard_sigchld()
+    generator = torch.Generator().manual_seed(stream.config.seed % (1 << 63))
     return WatchedLoader(stream, batch_size=None, num_workers=num_workers, persistent_workers=True,
                           prefetch_factor=prefetch, pin_memory=pin_memory, worker_init_fn=_init_worker,
-                          multiprocessing_context=DeathSafeContext(context) if num_workers > 0 else context)
+                          multiprocessing_context=DeathSafeContext(context) if num_workers > 0 else context,
+                          generator=generator)
 
 
 def shutdown_workers(loader: DataLoader[Any]) -> None:
