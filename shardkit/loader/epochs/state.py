@@ -217,7 +217,9 @@ class LoaderState:
         """
         if not isinstance(d, Mapping):
             raise LoaderError(f"expected a dict, got {type(d).__name__}", where=_WHERE)
-        if "version" not in d or d["version"] != STATE_VERSION:
+        if "version" not in d:
+            raise LoaderError(_not_a_state(d), where=_WHERE)
+        if d["version"] != STATE_VERSION:
             raise LoaderError(_version_message(d.get("version")), where=_WHERE)
         names = {f.name for f in dataclasses.fields(cls)}
         if missing := sorted(names - d.keys() - _OPTIONAL.keys()):
@@ -225,6 +227,18 @@ class LoaderState:
         if unknown := sorted(map(str, d.keys() - names)):
             raise LoaderError(f"unknown keys {unknown}", where=_WHERE)
         return cls(**d)
+
+
+def _not_a_state(d: Mapping[Any, Any]) -> str:
+    """What a mapping without a ``version`` is, for the error (a whole checkpoint, another library's state)."""
+    keys = sorted(map(str, d))
+    shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+    inner = [k for k, v in d.items() if isinstance(v, Mapping) and "version" in v and "batches_consumed" in v]
+    if inner:
+        return (f"not a loader's state but a mapping holding one under {inner[0]!r} (keys: {shown}): "
+                f"load_state_dict(checkpoint[{inner[0]!r}])")
+    return (f"not a ShardLoader state ({'keys: ' + shown if keys else 'an empty dict'}); "
+            "load_state_dict takes what ShardLoader.state_dict() returned")
 
 
 def _version_message(version: object) -> str:
@@ -282,9 +296,15 @@ def _mix_difference(saved: object, current: object) -> str:
         return f"a mix of {len(mix)} datasets" if isinstance(mix, list) else "one dataset"
     if not isinstance(saved, list) or not isinstance(current, list) or len(saved) != len(current):
         return f"state has {shown(saved)}, loader has {shown(current)}"
+    same_data = all(a.get(k) == b.get(k) for a, b in zip(saved, current, strict=True) for k in _MIX_KEYS
+                    if k != "quota")
     for i, (a, b) in enumerate(zip(saved, current, strict=True)):
         for key in _MIX_KEYS:
             if a.get(key) != b.get(key):
+                if key == "quota" and same_data:  # the same datasets: only the weights can make quotas differ
+                    return (f"the weights differ: dataset {i} takes {a.get(key)!r} samples an epoch in the state, "
+                            f"{b.get(key)!r} in this loader (resume with the weights the state was saved with; "
+                            "new weights can start at an epoch: set_epoch)")
                 return f"dataset {i}'s {key}: state has {a.get(key)!r}, loader has {b.get(key)!r}"
     return f"state has {saved!r}, loader has {current!r}"
 

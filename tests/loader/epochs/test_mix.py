@@ -256,7 +256,7 @@ def test_a_mix_resumes_exactly_and_elastically(mix, drop_last, epoch, layout, da
         assert set(positions) >= set(range(m.num_samples))
     other = _mix(mix[0], [7, *[1] * (len(mix[0]) - 1)])
     if state is not None and other is not None and other.quotas != m.quotas:
-        with pytest.raises(LoaderError, match="mix: dataset"):
+        with pytest.raises(LoaderError, match="mix: the weights differ: dataset"):
             _configs(other, 1, 1, drop_last, True)[0].resume(state)
 
 
