@@ -78,6 +78,9 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.option("--annotations", default=None, type=FILE_OR_URL,
               help="COCO instances JSON, a path or URL (SRC is then the images folder).")
 @click.option("--drop-empty", is_flag=True, help="COCO: leave out images without annotations.")
+@click.option("--allow-empty", is_flag=True,
+              help="ImageFolder: keep class folders without images as classes of no sample, as "
+                   "ImageFolder(allow_empty=True) (a subset of a dataset's classes then mixes with it as is).")
 @click.option("--image-column", default=None, metavar="NAME",
               help="Caption table: the column of image paths or URLs [default: image, url, path or file_name].")
 @click.option("--caption-column", default=None, metavar="NAME",
@@ -134,7 +137,7 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="fsspec option for a URL SRC (and --annotations), repeatable, as -o; when "
                    "given, SRC uses these instead of the -o options (e.g. anon=true for a public "
                    "bucket).")
-def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool,
+def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool, allow_empty: bool,
                  image_column: str | None, caption_column: str | None, extra_columns: str | None,
                  images_root: str | None, split: str | None, max_count: int, max_size: int,
                  workers: int, ray_address: str | None,
@@ -174,6 +177,9 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         named = " and ".join(n for n, v in (("--annotations", annotations is not None), ("--drop-empty", drop_empty))
                              if v)
         raise click.UsageError(f"{named} {'apply' if ' and ' in named else 'applies'} to --format coco only")
+    if allow_empty and (coco or captions):
+        which = "coco" if coco else "captions"
+        raise click.UsageError(f"--allow-empty applies to an ImageFolder tree, not to --format {which}")
     if coco and resize_max is not None:
         raise click.UsageError("--resize-max is not supported for COCO (it would invalidate the "
                                "boxes)")
@@ -218,7 +224,8 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         else:
             result = pack(src, dst, options=options, workers=workers, overwrite=overwrite,
                           storage_options=remote, source_options=from_src, progress=bar,
-                          executor=executor, ray_address=address, max_skipped=max_skipped)
+                          executor=executor, ray_address=address, max_skipped=max_skipped,
+                          allow_empty=allow_empty)
     except SkipBudgetError as err:
         bar.close()
         if not quiet:

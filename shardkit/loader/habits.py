@@ -119,7 +119,7 @@ _IMAGEFOLDER_ONLY = {
     "target_transform": "labels come as an int64 tensor in each batch: map them in your loop",
     "loader": "images are decoded by the loader (see transform=, which gets each as a uint8 [3, H, W] tensor)",
     "is_valid_file": "the files are chosen when packing (shardkit pack), not when loading",
-    "allow_empty": "empty class folders are chosen when packing (shardkit pack), not when loading",
+    "allow_empty": "empty class folders are kept when packing (shardkit pack --allow-empty), not when loading",
 }
 
 #: Options of the transform presets a loader call may be given by mistake, with where each goes:

@@ -30,6 +30,7 @@ def pack(
     executor: Executor = "processes",
     ray_address: str | None = None,
     max_skipped: SkipBudget | None = None,
+    allow_empty: bool = False,
 ) -> PackResult:
     """Pack the ImageFolder tree ``src`` into WebDataset-compatible shards under ``dst``.
 
@@ -53,6 +54,8 @@ def pack(
         max_skipped: fail (before publishing) when more inputs are skipped than this
             :class:`SkipBudget` allows (a count or a percentage). A pack that would publish no
             sample fails in any case.
+        allow_empty: keep class folders without an image file in the class list, as
+            ``ImageFolder(allow_empty=True)`` does (refused otherwise, as torchvision refuses them).
 
     Returns:
         A :class:`PackResult` with the manifest written.
@@ -72,7 +75,8 @@ def pack(
         result = pack("data/train", "shards/train", options=PackOptions(max_count=1000))
         print(result.manifest.num_samples, len(result.manifest.shards))
     """
-    listing = scan_imagefolder(src, storage_options=_source_options(source_options, storage_options))
+    listing = scan_imagefolder(src, storage_options=_source_options(source_options, storage_options),
+                               allow_empty=allow_empty)
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
         storage_options=storage_options, progress=progress, executor=executor,

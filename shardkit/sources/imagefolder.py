@@ -42,16 +42,21 @@ def find_classes(files: Files) -> list[str]:
 _NAMED = 5
 
 
-def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None) -> SourceListing:
+def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None,
+                     allow_empty: bool = False) -> SourceListing:
     """List an ImageFolder tree: same samples, order and labels as torchvision's ImageFolder.
 
     Args:
         root: a local directory, or an fsspec URL (``s3://bucket/train``, ``memory://…``).
         storage_options: fsspec options for a URL ``root`` (credentials, endpoint).
+        allow_empty: keep class folders without an image file as classes of no sample, as
+            ``ImageFolder(allow_empty=True)`` does (a subset of a dataset's classes, packed with
+            the whole class list, mixes with the whole dataset without renumbering).
 
     Raises:
         SourceError: ``root`` is missing, not a directory, has no class folders, or a class
-            folder holds no image file (torchvision refuses those too).
+            folder holds no image file without ``allow_empty`` (torchvision refuses those too),
+            or no class folder holds one.
         StorageError: a URL ``root`` cannot be listed (missing bucket, network, credentials).
 
     Example::
@@ -82,7 +87,12 @@ def scan_imagefolder(root: str, *, storage_options: dict[str, Any] | None = None
         if len(empty) == len(classes) > 1:
             raise SourceError(f"none of its {len(classes):,} folders holds an image file ({shown}): an ImageFolder "
                               "tree is a folder of class folders of images", where=files.root)
-        raise SourceError(f"no image files in class folder{'s' * (len(empty) > 1)} {shown}", where=files.root)
+        if not allow_empty or len(empty) == len(classes):
+            more = "" if allow_empty else " (pack --allow-empty, allow_empty=True, keeps them as classes of no sample)"
+            raise SourceError(f"no image files in class folder{'s' * (len(empty) > 1)} {shown}{more}",
+                              where=files.root)
+        log.info("shardkit: %s: class folder%s without an image file kept as classes of no sample: %s",
+                 files.root, "s" * (len(empty) > 1), shown)
     if captioned * 2 >= len(samples):  # img2dataset's layout read as classes: its captions would be lost
         log.warning("shardkit: %s: %s of %s images have a .txt caption beside them, which an ImageFolder pack "
                     "leaves out (each folder is a class); pack with --format captions to keep them",

@@ -86,6 +86,25 @@ def _one_line_error(result, *fragments):
         assert fragment in result.output
 
 
+def test_a_subset_of_the_classes_packs_with_allow_empty_and_mixes_with_the_whole_set(runner, tmp_path):
+    """Its class folders without images were refused, with no way to keep them: the subset got a class
+    list of its own and a mix with the whole set needed disjoint_labels, which split shared classes."""
+    from shardkit import ShardLoader
+
+    write_tree(tmp_path / "all", {f"{c}/{i}.jpg": encode_image() for c in ("ant", "bee", "cat") for i in range(2)})
+    write_tree(tmp_path / "sub", {"ant/9.jpg": encode_image(), "bee/.keep": b"", "cat/8.jpg": encode_image()})
+    assert _pack(runner, tmp_path / "all", tmp_path / "all-s").exit_code == 0
+    _one_line_error(_pack(runner, tmp_path / "sub", tmp_path / "sub-s"), "class folder bee (pack --allow-empty")
+    done = _pack(runner, tmp_path / "sub", tmp_path / "sub-s", "--allow-empty")
+    assert done.exit_code == 0, done.output
+    mix = ShardLoader([str(tmp_path / "all-s"), str(tmp_path / "sub-s")], batch_size=8, num_workers=0, shuffle=False)
+    assert mix.classes == ("ant", "bee", "cat")
+    assert sorted(int(label) for _, labels in mix for label in labels) == [0, 0, 0, 1, 1, 2, 2, 2]
+    coco = runner.invoke(cli, ["pack", str(tmp_path / "sub"), str(tmp_path / "c"), "--annotations",
+                               str(tmp_path / "x.json"), "--allow-empty"])
+    assert coco.exit_code == 2 and "--allow-empty applies to an ImageFolder tree, not to --format coco" in coco.output
+
+
 def test_source_errors_are_one_line(runner, tmp_path):
     write_tree(tmp_path, {"file.jpg": encode_image(), "notree/loose.jpg": encode_image(),
                           "emptyclass/a/x.jpg": encode_image(), "emptyclass/b/readme.txt": b"x"})

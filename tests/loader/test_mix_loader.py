@@ -185,9 +185,21 @@ def test_what_is_not_a_loader_state_is_said_so(packed: Path) -> None:
 def test_datasets_whose_labels_clash_are_refused(packed: Path, other: str, same_classes: str) -> None:
     a, b = re.escape(str(packed)), re.escape(other)
     with pytest.raises(LoaderError, match=rf"class lists differ: {a} has 3 classes, {b} has 2 \({a} adds 'c002'\)"
-                                          ".*disjoint_labels=True"):
+                                          r"; labels would mean different classes \(they share 2 class names "
+                                          r"\('c000'…\), which disjoint_labels=True would make classes of their "
+                                          r"own: .*shardkit pack --allow-empty"):
         ShardLoader([str(packed), other], batch_size=2)
     ShardLoader([str(packed), same_classes, str(packed)], batch_size=2).close()  # a dataset may come twice
+
+
+def test_disjoint_labels_over_shared_class_names_are_said(packed: Path, other: str,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="shardkit"):
+        loader = ShardLoader([str(packed), other], batch_size=2, disjoint_labels=True)
+    loader.close()
+    assert loader.classes == ("c000", "c001", "c002", "c000", "c001")
+    said = [r.getMessage() for r in caplog.records if "disjoint_labels" in r.getMessage()]
+    assert len(said) == 1 and "2 class names appear in more than one dataset ('c000', 'c001')" in said[0]
 
 
 @pytest.mark.parametrize(

@@ -51,8 +51,25 @@ def test_empty_source_and_no_class_folders(tmp_path):
 def test_class_folder_without_images(tmp_path):
     write_tree(tmp_path,
                {"cat/a.jpg": encode_image(), "dog/readme.txt": b"x", "emu/sub/b.txt": b"y"})
-    with pytest.raises(SourceError, match="no image files in class folders dog, emu$"):
+    with pytest.raises(SourceError, match=r"no image files in class folders dog, emu \(pack --allow-empty, "
+                                          r"allow_empty=True, keeps them as classes of no sample\)$"):
         scan_imagefolder(str(tmp_path))
+
+
+def test_class_folders_without_images_are_kept_as_imagefolder_keeps_them_with_allow_empty(tmp_path):
+    """torchvision's ImageFolder(allow_empty=True) keeps them in its class list; the pack refused
+    them with a hint at an option it did not have."""
+    from torchvision.datasets import ImageFolder
+
+    write_tree(tmp_path, {"cat/a.jpg": encode_image(), "dog/readme.txt": b"x", "emu/b.jpg": encode_image(),
+                          "fox/sub/c.txt": b"y"})
+    listing = scan_imagefolder(str(tmp_path), allow_empty=True)
+    reference = ImageFolder(str(tmp_path), allow_empty=True)
+    assert listing.classes == reference.classes == ["cat", "dog", "emu", "fox"]
+    assert [s.label for s in listing.samples] == reference.targets == [0, 2]
+    write_tree(tmp_path / "none", {"dog/readme.txt": b"x"})
+    with pytest.raises(SourceError, match="no image files in class folder dog$"):  # not a dataset at all
+        scan_imagefolder(str(tmp_path / "none"), allow_empty=True)
 
 
 def test_a_folder_of_many_folders_without_images_is_said_not_to_be_an_imagefolder_tree_in_one_short_line(tmp_path):
@@ -64,7 +81,7 @@ def test_a_folder_of_many_folders_without_images_is_said_not_to_be_an_imagefolde
         "an ImageFolder tree is a folder of class folders of images")
     write_tree(tmp_path, {f"doc{i:03d}/a.jpg": encode_image() for i in range(590)})
     with pytest.raises(SourceError, match="no image files in class folders doc590, doc591, doc592, doc593, doc594 "
-                                          "and 5 more$"):
+                                          r"and 5 more \(pack --allow-empty"):
         scan_imagefolder(str(tmp_path))
 
 

@@ -8,6 +8,7 @@ the lists one after another; COCO datasets have equal categories (their labels a
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from shardkit.index.shards import ShardTable
 from shardkit.loader.epochs.mix import Mix, check_weights
 from shardkit.loader.epochs.state import dataset_identity
 from shardkit.loader.read.reader import ReaderPart
+
+log = logging.getLogger("shardkit.loader")
 
 __all__ = ["Datasets", "open_datasets"]
 
@@ -124,9 +127,15 @@ def _labels(urls: Sequence[str], manifests: Sequence[Manifest],
     if not disjoint:
         for url, m in zip(urls[1:], manifests[1:], strict=True):
             if m.classes != first.classes:
+                shared = sorted(set(first.classes or ()) & set(m.classes or ()))
+                advice = (f"they share {len(shared)} class name{'s' * (len(shared) > 1)} ({shared[0]!r}…), which "
+                          "disjoint_labels=True would make classes of their own: to train each as one class, pack "
+                          "every dataset with the same class folders (shardkit pack --allow-empty keeps those "
+                          "without images)") if shared else (
+                          "pass disjoint_labels=True to give each dataset its own labels, offset by the classes "
+                          "of the datasets before it")
                 raise LoaderError(f"class lists differ: {_first_difference(name, first.classes, url, m.classes)}; "
-                                  "labels would mean different classes (pass disjoint_labels=True to give each "
-                                  "dataset its own labels, offset by the classes of the datasets before it)")
+                                  f"labels would mean different classes ({advice})")
         return [0] * len(manifests), first.classes
     offsets, total = [], 0
     for url, m in zip(urls, manifests, strict=True):
@@ -135,7 +144,14 @@ def _labels(urls: Sequence[str], manifests: Sequence[Manifest],
                               "(shards indexed without them)")
         offsets.append(total)
         total += len(m.classes)
-    return offsets, tuple(c for m in manifests for c in m.classes or ())
+    names = [c for m in manifests for c in m.classes or ()]
+    if len(set(names)) < len(names):
+        repeated = sorted({c for c in names if names.count(c) > 1})
+        log.warning("shardkit: disjoint_labels: %d class name%s appear%s in more than one dataset (%s), each time a "
+                    "class of its own label; to train them as one class, pack every dataset with the same class "
+                    "folders (shardkit pack --allow-empty) and mix without disjoint_labels", len(repeated),
+                    "s" * (len(repeated) > 1), "" if len(repeated) > 1 else "s", ", ".join(map(repr, repeated[:5])))
+    return offsets, tuple(names)
 
 
 def _first_difference(a: str, xs: Sequence[Any] | None, b: str, ys: Sequence[Any] | None,
