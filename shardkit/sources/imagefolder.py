@@ -13,6 +13,7 @@ objects) give the same samples, order and labels as the same tree on disk.
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 from typing import Any
 
@@ -32,10 +33,28 @@ def find_classes(files: Files) -> list[str]:
     classes = files.subdirs()
     if not classes:
         raise SourceError(
-            "no class folders found: an ImageFolder tree is ROOT/<class>/<image files>",
+            "no class folders found: an ImageFolder tree is ROOT/<class>/<image files>" + _loose_images(files),
             where=files.root,
         )
     return classes
+
+
+def _loose_images(files: Files) -> str:
+    """What to say of image files lying directly in a local ``files.root`` (none said for a URL)."""
+    if files.remote or not os.path.isdir(files.root):
+        return ""
+    try:
+        names = set(os.listdir(files.root))
+    except OSError:
+        return ""
+    images = [n for n in names if n.lower().endswith(_SUFFIXES)]
+    if not images:
+        return ""
+    captioned = sum(posixpath.splitext(n)[0] + ".txt" in names for n in images)
+    if captioned:
+        return (f"; {captioned:,} of its {len(images):,} images have a .txt caption beside them: pack captioned "
+                "images with --format captions")
+    return f"; its {len(images):,} images lie directly in it: put each class's images in a folder of its own"
 
 
 #: Class folders named in a refusal, before "and N more".
