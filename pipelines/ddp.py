@@ -242,7 +242,7 @@ def run_training(parser: argparse.ArgumentParser, argv: list[str] | None,
     except ShardkitError as err:
         message = str(err)
         if "disjoint_labels" in vars(args):  # the library's advice, in this recipe's words
-            message = message.replace("pass disjoint_labels=True", "pass --disjoint-labels")
+            message = message.replace("disjoint_labels=True", "--disjoint-labels")
         parser.exit(2, f"{parser.prog}: error: {message}\n")
     except KeyboardInterrupt:
         parser.exit(130, f"{parser.prog}: interrupted\n")

@@ -52,9 +52,10 @@ def _loose_images(files: Files) -> str:
         return ""
     captioned = sum(posixpath.splitext(n)[0] + ".txt" in names for n in images)
     if captioned:
-        return (f"; {captioned:,} of its {len(images):,} images have a .txt caption beside them: pack captioned "
-                "images with --format captions")
-    return f"; its {len(images):,} images lie directly in it: put each class's images in a folder of its own"
+        some = "its image has" if len(images) == 1 else f"{captioned:,} of its {len(images):,} images have"
+        return f"; {some} a .txt caption beside it: pack captioned images with --format captions"
+    some = "its image lies" if len(images) == 1 else f"its {len(images):,} images lie"
+    return f"; {some} directly in it: put each class's images in a folder of its own"
 
 
 #: Class folders named in a refusal, before "and N more".

@@ -165,7 +165,7 @@ def test_a_state_for_another_mix_is_refused_naming_it(packed: Path, other: str) 
         state = loader.state_dict()
     with _loader([str(packed), other], weights=[2, 1], disjoint_labels=True) as loader, \
             pytest.raises(LoaderError, match=r"mix: the weights differ: dataset 0 takes 45 samples an epoch in "
-                                             r"the state, 59 in this loader \(resume with the weights the state"):
+                                             r"the state, 59 in this loader \(resume with the datasets, in their"):
         loader.load_state_dict(state)
     with _loader([str(packed)]) as single, pytest.raises(LoaderError, match="mix: state has a mix of 2"):
         single.load_state_dict(state)
@@ -178,6 +178,8 @@ def test_what_is_not_a_loader_state_is_said_so(packed: Path) -> None:
         with pytest.raises(LoaderError, match=r"a mapping holding one under 'loader' \(keys: loader, model\): "
                                               r"load_state_dict\(checkpoint\['loader'\]\)"):
             loader.load_state_dict({"model": {}, "loader": state})
+        with pytest.raises(LoaderError, match=r"holding one under 'loader'"):  # a checkpoint's own version
+            loader.load_state_dict({"version": 1, "model": {}, "loader": state})
         with pytest.raises(LoaderError, match=r"not a ShardLoader state \(keys: _snapshot, steps\)"):
             loader.load_state_dict({"_snapshot": {}, "steps": 3})
 

@@ -44,11 +44,11 @@ def test_empty_source_and_no_class_folders(tmp_path):
     with pytest.raises(SourceError, match="no class folders"):
         scan_imagefolder(str(tmp_path))
     (tmp_path / "loose.jpg").write_bytes(encode_image())
-    with pytest.raises(SourceError, match="no class folders.*; its 1 images lie directly in it: put each class's "
+    with pytest.raises(SourceError, match="no class folders.*; its image lies directly in it: put each class's "
                                           "images in a folder of its own$"):
         scan_imagefolder(str(tmp_path))
     (tmp_path / "loose.txt").write_text("a caption")  # img2dataset's layout, flat: the captions format's
-    with pytest.raises(SourceError, match="; 1 of its 1 images have a .txt caption beside them: pack captioned "
+    with pytest.raises(SourceError, match="; its image has a .txt caption beside it: pack captioned "
                                           "images with --format captions$"):
         scan_imagefolder(str(tmp_path))
 

@@ -217,7 +217,7 @@ class LoaderState:
         """
         if not isinstance(d, Mapping):
             raise LoaderError(f"expected a dict, got {type(d).__name__}", where=_WHERE)
-        if "version" not in d:
+        if "version" not in d or "batches_consumed" not in d:  # a checkpoint may hold a "version" of its own
             raise LoaderError(_not_a_state(d), where=_WHERE)
         if d["version"] != STATE_VERSION:
             raise LoaderError(_version_message(d.get("version")), where=_WHERE)
@@ -301,10 +301,10 @@ def _mix_difference(saved: object, current: object) -> str:
     for i, (a, b) in enumerate(zip(saved, current, strict=True)):
         for key in _MIX_KEYS:
             if a.get(key) != b.get(key):
-                if key == "quota" and same_data:  # the same datasets: only the weights can make quotas differ
+                if key == "quota" and same_data:  # datasets of the same sizes: other weights, or another order
                     return (f"the weights differ: dataset {i} takes {a.get(key)!r} samples an epoch in the state, "
-                            f"{b.get(key)!r} in this loader (resume with the weights the state was saved with; "
-                            "new weights can start at an epoch: set_epoch)")
+                            f"{b.get(key)!r} in this loader (resume with the datasets, in their order, and the "
+                            "weights the state was saved with; new weights can start at an epoch: set_epoch)")
                 return f"dataset {i}'s {key}: state has {a.get(key)!r}, loader has {b.get(key)!r}"
     return f"state has {saved!r}, loader has {current!r}"
 

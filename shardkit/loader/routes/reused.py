@@ -169,6 +169,8 @@ def _forget_in_child() -> None:
     """A forked child drops the mappings its parent received (a worker would hold them for its
     whole life); its own loaders' workers ship their buffers to it anew. The locks are new too:
     another thread of the parent may have held one at the fork."""
+    global _RECEIVERS_LOCK
+    _RECEIVERS_LOCK = threading.Lock()
     for receiver in list(_RECEIVERS.values()):
         receiver.segments, receiver.lock = {}, threading.Lock()
 

@@ -184,11 +184,11 @@ def test_a_grown_buffer_replaces_its_mapping_and_a_forked_child_or_let_go_drops_
     mapped = received(buffers.token).segments
     assert len(mapped) == 1 and next(iter(mapped.values())).nbytes() == big.numel()
     context = torch.multiprocessing.get_context("fork")
-    queue = context.SimpleQueue()
+    queue = context.Queue()
     child = context.Process(target=_child_sees, args=(buffers.token, queue))
     child.start()
+    assert queue.get(timeout=60) == 0 and len(received(buffers.token).segments) == 1  # the child's copy only
     child.join(30)
-    assert queue.get() == 0 and len(received(buffers.token).segments) == 1  # the child's copy only
     buffers.let_go()  # the workers stopped
     assert received(buffers.token).segments == {}
 
