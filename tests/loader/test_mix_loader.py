@@ -194,6 +194,20 @@ def test_datasets_whose_labels_clash_are_refused(packed: Path, other: str, same_
     ShardLoader([str(packed), same_classes, str(packed)], batch_size=2).close()  # a dataset may come twice
 
 
+def test_mix_options_that_change_nothing_on_one_dataset_are_said(packed: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """weights=[0.5] on one dataset read as half an epoch and silently gave all of it."""
+    with caplog.at_level("WARNING", logger="shardkit"):
+        ShardLoader([str(packed)], batch_size=2, weights=[1]).close()  # generic code's weight: nothing to say
+        ShardLoader(str(packed), batch_size=2).close()
+    assert not [r for r in caplog.records if "change" in r.getMessage()]
+    with caplog.at_level("WARNING", logger="shardkit"):
+        ShardLoader(str(packed), batch_size=2, weights=[0.5], disjoint_labels=True).close()
+    said = [r.getMessage() for r in caplog.records]
+    assert any("weights on one dataset change nothing" in m for m in said)
+    assert any("disjoint_labels changes nothing on one dataset" in m for m in said)
+
+
 def test_disjoint_labels_over_shared_class_names_are_said(packed: Path, other: str,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="shardkit"):

@@ -91,8 +91,12 @@ def open_datasets(dataset: str | Sequence[str], *, weights: Iterable[object] | N
     stores = [locate_dataset(url, storage_options) for url in urls]
     manifests = tuple(read_manifest(store, cache_dir=cache_dir) for store in stores)
     if len(urls) == 1:
-        if weights is not None:
-            check_weights(weights, 1, urls)
+        if weights is not None and check_weights(weights, 1, urls) != [1]:
+            log.warning("shardkit: weights on one dataset change nothing: an epoch holds each of its samples "
+                        "once whatever its weight (weights set the datasets' shares of a mix)")
+        if disjoint_labels:
+            log.warning("shardkit: disjoint_labels changes nothing on one dataset (it offsets the labels of "
+                        "the datasets after the first in a mix)")
         return Datasets(urls, manifests[0], manifests, (ReaderPart(stores[0], manifests[0].table),), None)
     for url, m in zip(urls[1:], manifests[1:], strict=True):
         if m.kind != manifests[0].kind:
