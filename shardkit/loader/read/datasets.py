@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -150,8 +151,8 @@ def _labels(urls: Sequence[str], manifests: Sequence[Manifest],
         offsets.append(total)
         total += len(m.classes)
     names = [c for m in manifests for c in m.classes or ()]
-    if len(set(names)) < len(names):
-        repeated = sorted({c for c in names if names.count(c) > 1})
+    repeated = sorted(c for c, n in Counter(names).items() if n > 1)  # one pass: class lists run to 21k names
+    if repeated:
         log.warning("shardkit: disjoint_labels: %d class name%s appear%s in more than one dataset (%s), each time a "
                     "class of its own label; to train them as one class, pack every dataset with the same class "
                     "folders (shardkit pack --allow-empty) and mix without disjoint_labels", len(repeated),

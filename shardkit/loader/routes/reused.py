@@ -119,7 +119,6 @@ def unship(sent: list[_Reused]) -> None:
 class Received:
     """The receiving process's mappings of the reused segments shipped to one loader."""
 
-    token: str
     segments: dict[Key, torch.UntypedStorage] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -161,7 +160,7 @@ def received(token: str) -> Received:
     with _RECEIVERS_LOCK:
         found = _RECEIVERS.get(token)
         if found is None:
-            found = _RECEIVERS[token] = Received(token)
+            found = _RECEIVERS[token] = Received()
         return found
 
 
