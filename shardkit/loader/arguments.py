@@ -9,6 +9,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from shardkit.errors import LoaderError
@@ -145,9 +146,27 @@ def auto_reason() -> str:
     return f"{cores_of_this_process()} of the host's cores are this process's share, one left for training"
 
 
+def as_flags(**given: object) -> tuple[bool, ...]:
+    """The values of ``given`` as bools, in order (numpy's bools too, as a ``DataLoader`` takes
+    them from a config).
+
+    Example:
+        >>> import numpy as np
+        >>> as_flags(shuffle=np.False_, drop_last=True)
+        (False, True)
+
+    Raises:
+        LoaderError: a value is not a bool, naming its argument.
+    """
+    for name, flag in given.items():
+        if not isinstance(flag, (bool, np.bool_)):
+            raise LoaderError(f"{name} must be True or False, got {flag!r}")
+    return tuple(bool(flag) for flag in given.values())
+
+
 def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: str,
-                     rank: int | None, world_size: int | None, gpu: GpuOptions | None, even_batches: bool,
-                     flags: dict[str, object], pad: object, transform: object = None) -> None:
+                     rank: int | None, world_size: int | None, gpu: GpuOptions | None,
+                     pad: object, transform: object = None) -> None:
     """Refuse bad arguments when the loader is built, naming the argument, rather than later in
     a worker process (where torch would re-raise the error under its own type) or on one route only
     (``num_workers``: :func:`worker_count`).
@@ -166,9 +185,6 @@ def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: st
             raise LoaderError(f"{name} must be an int or None, got {given!r}")
     if gpu is not None and not isinstance(gpu, GpuOptions):
         raise LoaderError(f"gpu must be a GpuOptions or None, got {type(gpu).__name__}")
-    for name, flag in {"even_batches": even_batches, **flags}.items():
-        if not isinstance(flag, bool):
-            raise LoaderError(f"{name} must be True or False, got {flag!r}")
     if not isinstance(pad, int) or (not isinstance(pad, bool) and pad < 1):
         raise LoaderError(f"pad must be False, True or a positive int (sides rounded up to it), got {pad!r}")
     if transform is not None and not callable(transform):

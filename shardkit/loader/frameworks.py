@@ -14,6 +14,11 @@
   per batch then waits on a rank that has none left (gloo fails, NCCL hangs): :func:`say_if_uneven`
   says so once per loader where the ranks' counts differ, as it starts iterating with autograd
   on (a training loop; an evaluation loop runs under ``torch.no_grad()``) or under accelerate.
+- Lightning's fit loop gives each epoch's number to ``loader.sampler.set_epoch`` (as to a
+  ``DistributedSampler``; DDP scripts call it by hand too), and nothing else: a fit resumed from a
+  checkpoint taken at an epoch's end loads no loader state. :class:`EpochSampler`, a ShardLoader's
+  ``sampler``, passes the number to :meth:`ShardLoader.set_epoch`, so such a resume runs the next
+  epoch, not the loader's own first one again.
 - An ``Accelerator`` that runs its process alone while the launcher started several (a plain
   ``Accelerator()`` under ``torchrun`` on a machine without a GPU) trains a model per process,
   each on the share of the data the launcher's variables give it: :func:`check_accelerate_world`
@@ -25,7 +30,7 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -35,7 +40,8 @@ from shardkit.errors import LoaderError
 
 log = logging.getLogger("shardkit.loader")
 
-__all__ = ["NOT_A_DATASET", "NO_DATASET", "check_accelerate_world", "say_if_uneven", "seen_by_accelerate"]
+__all__ = ["NOT_A_DATASET", "NO_DATASET", "EpochSampler", "check_accelerate_world", "say_if_uneven",
+           "seen_by_accelerate"]
 
 #: Why ``loader.dataset`` fails (what ``skip_first_batches`` reads first, and ``len(loader.dataset)``
 #: counts with a DataLoader).
@@ -47,6 +53,39 @@ NO_DATASET = ("ShardLoader has no .dataset (skip_first_batches cannot skip in it
 NOT_A_DATASET = ("ShardLoader is a loader, not a dataset: iterate it directly instead of wrapping it in "
                  "DataLoader or StatefulDataLoader (it splits the epoch over ranks and workers itself, and "
                  "state_dict()/load_state_dict() resume it mid-epoch)")
+
+
+class EpochSampler:
+    """``loader.sampler``: what a ``DataLoader``'s sampler is asked for when its loader is a
+    ShardLoader, which draws its samples itself. ``set_epoch(epoch)`` is the loader's
+    :meth:`~shardkit.ShardLoader.set_epoch` (Lightning's fit loop calls it at each epoch's start,
+    and DDP scripts written for a ``DistributedSampler`` by hand); ``len()`` counts the samples
+    this rank yields in an epoch, padding included, as a ``DistributedSampler`` counts its own;
+    :attr:`epoch` is the loader's. It yields no indices.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the loader's next iteration run ``epoch`` (see :meth:`~shardkit.ShardLoader.set_epoch`)."""
+        self._loader.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The loader's :attr:`~shardkit.ShardLoader.epoch`."""
+        return int(self._loader.epoch)
+
+    def __len__(self) -> int:
+        return int(self._loader.config.rank_samples)
+
+    def __iter__(self) -> Iterator[int]:
+        raise TypeError("a ShardLoader's sampler yields no indices: the loader reads its shards in the epoch's "
+                        "order itself; iterate the loader, and give it the epoch with loader.set_epoch(epoch) "
+                        "(or loader.sampler.set_epoch(epoch))")
+
+    def __repr__(self) -> str:
+        return f"EpochSampler(epoch={self.epoch}, samples={len(self)})"
 
 
 @contextmanager

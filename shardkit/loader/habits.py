@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
 import numpy as np
 import torch
+
+log = logging.getLogger("shardkit.loader")
 
 __all__ = ["DataLoaderArgs", "check_call", "check_dataloader_args", "dataloader_arg_refused", "init_signature"]
 
@@ -23,7 +26,8 @@ class DataLoaderArgs(TypedDict, total=False):
 
     #: Either: the workers stay up from one epoch to the next whatever it says.
     persistent_workers: bool
-    #: False, or True with ``device="cuda"`` (batches reach the GPU through pinned memory).
+    #: False, or True with ``device="cuda"`` (batches reach the GPU through pinned memory), or True
+    #: on a machine with no CUDA device (nothing to pin for, as a DataLoader there; a warning says so).
     pin_memory: bool
     #: ``""``, or the ``device`` given.
     pin_memory_device: str
@@ -87,7 +91,9 @@ def _flag(value: Any) -> bool | None:
 #: For each of DataLoader's arguments, whether a value changes nothing here, given the call's others.
 _CHANGES_NOTHING: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     "persistent_workers": lambda value, kwargs: _flag(value) is not None,
-    "pin_memory": lambda value, kwargs: _flag(value) is False or (_flag(value) is True and _on_cuda(kwargs)),
+    # True beside a CUDA device, and where there is none to pin for (as DataLoader, said in a warning)
+    "pin_memory": lambda value, kwargs: _flag(value) is False or (_flag(value) is True and (
+        _on_cuda(kwargs) or not torch.cuda.is_available())),
     # unused without pin_memory, as DataLoader leaves it
     "pin_memory_device": lambda value, kwargs: (isinstance(value, str) and not _flag(kwargs.get("pin_memory", False))
                                                 or _same_device(value, kwargs)),
@@ -184,6 +190,9 @@ def check_dataloader_args(cls: type, extra: Mapping[str, Any], given: Mapping[st
         why = _unknown_key(cls.__name__, params, key, {**given, **extra})
         if why is not None:
             raise TypeError(why)
+    if _flag(extra.get("pin_memory", False)) and not _on_cuda({**given, **extra}):
+        log.warning("shardkit: pin_memory=True, but this machine has no CUDA device: nothing is pinned (as "
+                    "DataLoader does there); with a GPU, pass device='cuda' instead")
 
 
 def init_signature(cls: type) -> inspect.Signature:

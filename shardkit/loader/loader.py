@@ -16,6 +16,7 @@ from shardkit.codec.backend import preferred_decoder
 from shardkit.errors import LoaderError
 from shardkit.loader.arguments import (
     as_device,
+    as_flags,
     as_int,
     caption_targets,
     check_arguments,
@@ -35,6 +36,7 @@ from shardkit.loader.feed.trial import PaceTrial
 from shardkit.loader.frameworks import (
     NO_DATASET,
     NOT_A_DATASET,
+    EpochSampler,
     check_accelerate_world,
     say_if_uneven,
     seen_by_accelerate,
@@ -247,6 +249,9 @@ class ShardLoader:
     #: What accelerate's ``gather_for_metrics`` would cut from the last gathered batch: nothing
     #: (padding sits in the last ranks' last batches; drop it per batch with :meth:`real_samples`).
     remainder: int = 0
+    #: None, as a ``DataLoader``'s without automatic batching: the loader batches itself. Read by
+    #: code that looks for a sampler behind it (Lightning, next to :attr:`sampler`).
+    batch_sampler: None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> ShardLoader:
         if args or kwargs:  # a call, not an unpickling: DataLoader habits get a hint (check_call)
@@ -301,12 +306,12 @@ class ShardLoader:
         seed = as_int("seed", seed, 0, 1 << 64)
         where = as_device(device)
         rank, world_size = plain_int(rank), plain_int(world_size)
-        check_arguments(batch_size=batch_size, window=window, prefetch=prefetch,
-                         on_error=on_error, rank=rank, world_size=world_size, gpu=gpu, even_batches=even_batches,
-                         flags={"shuffle": shuffle, "drop_last": drop_last, "keys": keys, "masks": masks,
-                                "contiguous_labels": contiguous_labels, "verify_hashes": verify_hashes,
-                                "disjoint_labels": disjoint_labels, "read_ahead": read_ahead},
-                         pad=pad, transform=transform)
+        check_arguments(batch_size=batch_size, window=window, prefetch=prefetch, on_error=on_error, rank=rank,
+                        world_size=world_size, gpu=gpu, pad=pad, transform=transform)
+        shuffle, drop_last, even_batches, keys, masks, contiguous_labels, verify_hashes, disjoint_labels, read_ahead = (
+            as_flags(shuffle=shuffle, drop_last=drop_last, even_batches=even_batches, keys=keys, masks=masks,
+                     contiguous_labels=contiguous_labels, verify_hashes=verify_hashes,
+                     disjoint_labels=disjoint_labels, read_ahead=read_ahead))
         cache = cache_dir or default_cache_dir()
         datasets = open_datasets(dataset, weights=weights, disjoint_labels=disjoint_labels,
                                  storage_options=storage_options, cache_dir=cache, absolute=service is not None)
@@ -319,7 +324,7 @@ class ShardLoader:
         #: The mix (quotas, joined shard sizes), or None for a single dataset.
         self.mix = datasets.mix
         self._given_layout, self._even_batches = (rank, world_size), even_batches
-        rank, world_size = rank_and_world(rank, world_size)
+        rank, world_size = rank_and_world(rank, world_size, settled=False)  # the first iteration takes the live one
         self.config = PlanConfig(
             shard_sizes=datasets.shard_sizes, seed=seed, shuffle=shuffle,
             window=window, rank=rank, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
@@ -446,6 +451,15 @@ class ShardLoader:
         else:  # the epoch last yielded from (it may have ended already when a framework fetched ahead)
             rest = self._last[1] if self._last is not None else self._pos.remainder
         return self.config.real_samples(batch_index, rest)
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """What ``DataLoader.sampler`` is asked for: ``loader.sampler.set_epoch(epoch)`` (Lightning's
+        fit loop calls it at each epoch's start, DDP scripts by hand) is :meth:`set_epoch`, and
+        ``len(loader.sampler)`` counts the samples this rank yields in an epoch, padding included
+        (as a ``DistributedSampler``'s ``len``). It yields no indices: the loader draws the epoch's
+        order itself (:class:`~shardkit.loader.frameworks.EpochSampler`)."""
+        return EpochSampler(self)
 
     @property
     def dataset(self) -> Any:

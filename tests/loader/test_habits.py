@@ -9,13 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from shardkit import ShardLoader
+from shardkit import LoaderError, ShardLoader
 
 
 @pytest.mark.parametrize(("given", "hint"), [
     ({"persistent_workers": "yes"}, "DataLoader's argument persistent_workers='yes', which it does without: its "
                                     "workers stay up from one epoch to the next"),
-    ({"pin_memory": True}, "DataLoader's argument pin_memory=True, which it does without: pass device='cuda'"),
     ({"prefetch_factor": 4}, "it is prefetch= here"),
     ({"prefetch_factor": 2, "prefetch": 3}, "prefetch_factor=2, which it does without: it is prefetch= here"),
     ({"collate_fn": list}, "the loader joins each batch"),
@@ -86,3 +85,57 @@ def test_a_subclass_passing_its_keywords_on_still_gets_the_loader_s_hints(packed
                                         r"'num_workers'\?\)$"):
         Folder(str(packed), num_worker=2)
     Folder(str(packed), num_workers=0, persistent_workers=False).close()
+
+
+def test_pin_memory_on_the_cpu_is_refused_where_cuda_is_and_taken_with_a_warning_where_it_is_not(
+        packed: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """As a DataLoader on a machine without a GPU, ``pin_memory=True`` is taken there (a warning
+    says nothing is pinned), so code written for a GPU machine runs on a laptop; beside a GPU it
+    points at ``device='cuda'``, which is what it asks for."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(TypeError, match=r"pin_memory=True, which it does without: pass device='cuda'"):
+        ShardLoader(str(packed), batch_size=4, pin_memory=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level("WARNING", logger="shardkit"), \
+            ShardLoader(str(packed), batch_size=4, keys=True, pin_memory=True) as pinned, \
+            ShardLoader(str(packed), batch_size=4, keys=True) as plain:
+        assert [keys for *_, keys in pinned] == [keys for *_, keys in plain]
+    said = [r.getMessage() for r in caplog.records if "pin_memory" in r.getMessage()]
+    assert said == ["shardkit: pin_memory=True, but this machine has no CUDA device: nothing is pinned (as "
+                    "DataLoader does there); with a GPU, pass device='cuda' instead"]
+
+
+def test_the_loaders_own_flags_take_numpy_bools_and_refuse_other_values(packed: Path) -> None:
+    import numpy as np
+
+    numpy_flags: dict[str, Any] = {"shuffle": np.False_, "drop_last": np.True_}  # as a config gives them
+    with ShardLoader(str(packed), batch_size=4, keys=True, **numpy_flags) as loader, \
+            ShardLoader(str(packed), batch_size=4, keys=True, shuffle=False, drop_last=True) as plain:
+        assert loader.drop_last is True and len(loader) == len(plain) == 17  # 69 samples
+        assert [keys for *_, keys in loader] == [keys for *_, keys in plain]
+    for flag in ("shuffle", "drop_last", "even_batches", "keys", "read_ahead"):
+        with pytest.raises(LoaderError, match=rf"^{flag} must be True or False, got 1$"):
+            ShardLoader(str(packed), batch_size=4, **{flag: 1})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("rank", "world_size", "drop_last"), [(0, 1, False), (0, 1, True), (0, 2, False),
+                                                               (1, 2, False), (2, 3, False), (1, 3, True)])
+def test_the_sampler_counts_what_the_rank_yields_and_takes_set_epoch(packed: Path, rank: int, world_size: int,
+                                                                     drop_last: bool) -> None:
+    """``loader.sampler`` is what DDP scripts and Lightning call ``set_epoch`` on; its ``len`` is
+    the samples this rank yields in an epoch (padding included)."""
+    with ShardLoader(str(packed), batch_size=8, keys=True, rank=rank, world_size=world_size,
+                     drop_last=drop_last) as loader, \
+            ShardLoader(str(packed), batch_size=8, keys=True, rank=rank, world_size=world_size,
+                        drop_last=drop_last) as other:
+        loader.sampler.set_epoch(3)
+        other.set_epoch(3)
+        keys = [list(k) for *_, k in loader]
+        assert keys == [list(k) for *_, k in other] and loader.sampler.epoch == 4  # the next iteration runs 4
+        assert len(loader.sampler) == sum(len(k) for k in keys)
+
+
+def test_the_sampler_yields_no_indices(packed: Path) -> None:
+    with ShardLoader(str(packed), batch_size=8) as loader, \
+            pytest.raises(TypeError, match=r"^a ShardLoader's sampler yields no indices: the loader reads its shards"):
+        iter(loader.sampler)

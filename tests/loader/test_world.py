@@ -239,3 +239,22 @@ def test_a_rank_forked_after_a_look_with_workers_is_refused_and_leaves_the_paren
     else:
         assert first == "rank 1 took 5 batches"
     assert second == "parent took 9 of 9"
+
+
+def test_a_world_size_without_a_rank_or_a_world_to_take_it_from_is_an_error(packed: Path) -> None:
+    """A DistributedSampler given num_replicas without a rank raises where no process group says
+    it; the loader took rank 0 and read half the data without a word."""
+    loader = ShardLoader(str(packed), batch_size=8, world_size=2)  # a process group may start before it iterates
+    with pytest.raises(LoaderError, match=r"^world_size=2 without rank=, and neither a torch.distributed process "
+                                          r"group nor the launcher's RANK says which rank this process is"):
+        next(iter(loader))
+    ShardLoader(str(packed), batch_size=8, world_size=1).close()  # one rank: nothing to say
+
+
+def test_a_world_size_without_a_rank_takes_the_launchers_rank(packed: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with ShardLoader(str(packed), batch_size=8, keys=True, world_size=2, shuffle=False) as loader, \
+            ShardLoader(str(packed), batch_size=8, keys=True, rank=1, world_size=2, shuffle=False) as given:
+        assert _keys(loader) == _keys(given)

@@ -66,6 +66,18 @@ class PlanConfig:
         """This rank's batches in a whole epoch."""
         return self.epoch_batches(None)
 
+    @property
+    def rank_samples(self) -> int:
+        """This rank's samples in a whole epoch, the padding of ``even_batches`` included (what a
+        ``DistributedSampler``'s ``len`` counts)."""
+        batches = self.num_batches
+        if batches == 0:
+            return 0
+        last = stream_positions(self.num_samples, rank=self.rank, batch_index=batches - 1,
+                                world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
+                                even_batches=self.even_batches)
+        return (batches - 1) * self.batch_size + len(last)
+
     def epoch_batches(self, remainder: Remainder | None) -> int:
         """This rank's batches in an epoch, or in what ``remainder`` leaves of one."""
         n = self.num_samples if remainder is None else len(remainder)

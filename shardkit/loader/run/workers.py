@@ -55,27 +55,34 @@ def _launcher_rank_and_world() -> tuple[int, int] | None:
         raise LoaderError(f"RANK={rank!r} and WORLD_SIZE={world!r} from the launcher are not integers") from None
 
 
-def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def rank_and_world(rank: int | None, world_size: int | None, *, settled: bool = True) -> tuple[int, int]:
     """The given ``rank``/``world_size``; each None one from the initialised ``torch.distributed``
     group, else from the launcher's ``RANK``/``WORLD_SIZE`` (torchrun sets them before the
     training script initialises its process group), else 0 and 1.
 
     Without the launcher's variables a loader made before ``init_process_group`` under torchrun
     would read all data on every rank; with them each rank reads its share (logged once).
+    ``settled=False``: a layout taken for now (a loader's constructor; its first iteration takes
+    the live one), where ``world_size > 1`` without ``rank`` may wait for a process group.
 
     Raises:
-        LoaderError: not ``0 <= rank < world_size``, or malformed launcher variables.
+        LoaderError: not ``0 <= rank < world_size``, or malformed launcher variables; settled,
+            ``world_size > 1`` given without ``rank`` where neither a process group nor the
+            launcher says this process's rank.
     """
-    detected = (0, 1)
+    detected: tuple[int, int] | None = None
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         detected = torch.distributed.get_rank(), torch.distributed.get_world_size()
     elif rank is None or world_size is None:
-        launched = _launcher_rank_and_world()
-        if launched is not None:
-            detected = launched
-            if launched[1] > 1:
-                log.info("shardkit: no torch.distributed process group yet; rank %d of %d from the launcher's "
-                         "RANK/WORLD_SIZE", *launched)
+        detected = _launcher_rank_and_world()
+        if detected is not None and detected[1] > 1:
+            log.info("shardkit: no torch.distributed process group yet; rank %d of %d from the launcher's "
+                     "RANK/WORLD_SIZE", *detected)
+    if settled and detected is None and rank is None and world_size is not None and world_size > 1:
+        raise LoaderError(f"world_size={world_size} without rank=, and neither a torch.distributed process group nor "
+                          "the launcher's RANK says which rank this process is: pass rank= too (or rank=0, "
+                          "world_size=1 for all the data)")
+    detected = detected or (0, 1)
     rank = detected[0] if rank is None else rank
     world_size = detected[1] if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
