@@ -121,7 +121,7 @@ def print_pack_summary(result: PackResult, dst: str) -> None:
                    f"do. No file was re-read: `shardkit verify {dst}` checks the shards' bytes, and --overwrite packs "
                    f"again a source file edited in place to the same size.")
     groups = (counted(category_count(m.categories), "category", "categories") if m.categories is not None
-              else "captioned images" if m.kind == "captions" else f"{len(m.classes or ())} classes")
+              else "captioned images" if m.kind == "captions" else counted(len(m.classes or ()), "class", "classes"))
     w = label_width(m.categories)
     click.echo(f"{'samples':<{w}}{m.num_samples:,}  ({groups})")
     reused = result.reused_shards and not result.already_complete

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shardkit.errors import PackError, ShardkitError, SourceError, StorageError
-from shardkit.format.spec import key_width, normalize_extension
+from shardkit.format.dali_index import dali_index_name
+from shardkit.format.spec import key_width, normalize_extension, offsets_name
 from shardkit.index.manifest import Manifest, ShardEntry
 from shardkit.index.manifest_io import write_manifest
 from shardkit.machine import usable_cores
@@ -112,18 +113,49 @@ def mixed_image_formats(listing: SourceListing, skipped: Iterable[str] = ()) -> 
     return counts if len(counts) > 1 else Counter()
 
 
-def _warn_mixed_formats(listing: SourceListing, options: PackOptions, skipped: Iterable[str]) -> None:
+def _warn_mixed_formats(listing: SourceListing, options: PackOptions, receipts: list[ShardReceipt]) -> None:
     """Say, once a pack is done, that a mixed-format set packed without uniform names loses samples
     in readers that take their columns from the first samples (HF datasets gives ``None`` images),
-    counting the images packed (``skipped``: as for :func:`mixed_image_formats`)."""
+    counting the image members the shards hold (named by their bytes: a PNG named ``.jpg`` is a
+    ``png`` member); where a receipt of an earlier shardkit did not count them, by the names of
+    the source files packed (:func:`mixed_image_formats`)."""
     if options.uniform_names:
         return
-    counts = mixed_image_formats(listing, skipped)
-    if not counts:
+    counts: Counter[str] = Counter()
+    for r in receipts:
+        if r.image_formats is None:
+            counts = mixed_image_formats(listing, (s["source"] for r in receipts for s in r.skipped))
+            break
+        counts.update(r.image_formats)
+    if len(counts) < 2:
         return
     (common, _), *rest = counts.most_common()
     minority = ", ".join(f"{n:,} {ext}" for ext, n in rest)
     log.warning(MIXED_FORMATS, f"{sum(counts.values()):,}", f"{counts[common]:,} {common}", minority, common, "jpg")
+
+
+def _warn_emptied_classes(listing: SourceListing, skipped: Iterable[str]) -> None:
+    """Say which classes hold no sample because every input of theirs was skipped (``skipped``:
+    their ``source``s): each keeps its label, as torchvision's ``ImageFolder`` keeps it."""
+    if listing.classes is None:
+        return
+    listed, left_out = Counter(s.label for s in listing.samples), Counter(skipped)
+    packed: Counter[int | None] = Counter()
+    for s in listing.samples:
+        if left_out[s.rel] > 0:
+            left_out[s.rel] -= 1
+        else:
+            packed[s.label] += 1
+    emptied = [label for label in sorted(k for k in listed if k is not None) if not packed[label]]
+    if len(emptied) == 1:
+        (k,) = emptied
+        log.warning("shardkit: class %r holds no sample: its %s were all skipped; it keeps its label, as in "
+                    "ImageFolder", listing.classes[k], "input" if listed[k] == 1 else f"{listed[k]:,} inputs")
+    elif emptied:
+        named = ", ".join(f"{listing.classes[k]!r} ({listed[k]:,})" for k in emptied[:5])
+        more = f" and {len(emptied) - 5:,} more" if len(emptied) > 5 else ""
+        log.warning("shardkit: %d classes hold no sample, their inputs all skipped: %s%s; each keeps its label, as "
+                    "in ImageFolder", len(emptied), named, more)
 
 
 #: The warning of a mixed-format set packed without uniform names (``shardkit bench``, whose own
@@ -293,7 +325,8 @@ def pack_listing(
                     os.rmdir(store.path(""))
         check_budget(skipped, total, max_skipped, where=dst, finished=True)
         # once the pack has passed its checks (an error comes alone), of the images it packed
-        _warn_mixed_formats(listing, options, (s["source"] for r in receipts for s in r.skipped))
+        _warn_mixed_formats(listing, options, receipts)
+        _warn_emptied_classes(listing, (s["source"] for r in receipts for s in r.skipped))
         extra = dict(listing.extra)
         if listing.kind == "coco":
             # the samples the writers skipped: the scan's own refusals (a repeated image id, say) are
@@ -301,9 +334,16 @@ def pack_listing(
             # and the images whose record gives another size than theirs: their flags are made at theirs
             sizes = {int(k): (v[0], v[1]) for r in receipts for k, v in r.image_sizes.items()}
             extra[ANNOTATION_REPORT] = annotation_report(listing, [s for r in receipts for s in r.skipped], sizes)
+        # a shard whose every input was skipped holds no sample: left out of the dataset (readers such
+        # as HF datasets' fail on an empty tar), its files removed; a re-run writes and removes it again
+        packed = [r for r in receipts if r.num_samples]
+        for r in receipts:
+            if not r.num_samples:
+                for name in (r.name, offsets_name(r.name), dali_index_name(r.name)):
+                    work.remove(name)
         manifest = Manifest(
             kind=listing.kind,
-            shards=tuple(ShardEntry(r.name, r.num_samples, r.num_bytes, r.sha256) for r in receipts),
+            shards=tuple(ShardEntry(r.name, r.num_samples, r.num_bytes, r.sha256) for r in packed),
             classes=tuple(listing.classes) if listing.classes is not None else None,
             categories=tuple(listing.categories) if listing.categories is not None else None,
             skipped=tuple(skipped),
@@ -311,7 +351,7 @@ def pack_listing(
             created_by=f"shardkit {_version()}",
             extra=extra,
         )
-        _check_shards_in_place(work, receipts)
+        _check_shards_in_place(work, packed)
         if stage is not None:
             publish_replacement(store, stage, manifest)
         else:

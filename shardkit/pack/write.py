@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 
 from shardkit.format.offsets import dump_offsets
-from shardkit.format.spec import PACK_STATE_DIR, make_key, offsets_name, uniform_member_names
+from shardkit.format.spec import (
+    IMAGE_MEMBER_EXTENSIONS,
+    PACK_STATE_DIR,
+    make_key,
+    offsets_name,
+    uniform_member_names,
+)
 from shardkit.format.tarwrite import TarShardWriter
 from shardkit.index.dali import write_dali_index
 from shardkit.pack.encode import SkipSample, encode_sample
@@ -51,6 +58,10 @@ class ShardReceipt:
     #: COCO: ``{source index: [width, height]}`` of the images packed whose record gives another
     #: size (or none): the pack's annotation report checks their annotations at that size.
     image_sizes: dict[str, list[int]] = field(default_factory=dict)
+    #: Image members written per extension (``{"jpg": 998, "png": 2}``; the extension follows the
+    #: bytes, not the source file's name), before ``uniform_names``; None in a receipt of an
+    #: earlier shardkit.
+    image_formats: dict[str, int] | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -90,6 +101,7 @@ def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None)
     plan, store = task.plan, task.store
     skipped: list[dict[str, str]] = []
     image_sizes: dict[str, list[int]] = {}
+    formats: Counter[str] = Counter()
     with store.write_atomic(plan.name) as f, closing(task.files.read_each(task.samples)) as read:
         writer = TarShardWriter(f)
         for source_index, sample, data in zip(plan.members, task.samples, read, strict=True):
@@ -102,6 +114,7 @@ def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None)
             except SkipSample as skip:
                 skipped.append({"source": sample.rel, "reason": skip.reason})
             else:
+                formats.update(ext for ext, _data in fields if ext in IMAGE_MEMBER_EXTENSIONS)
                 if task.options.uniform_names:
                     fields = uniform_member_names(fields)
                 writer.add(make_key(source_index, task.key_width), fields)
@@ -114,7 +127,7 @@ def write_shard(task: ShardTask, on_sample: Callable[[int], None] | None = None)
     if task.options.dali_index:
         write_dali_index(store, plan.name)
     receipt = ShardReceipt(plan.index, plan.name, summary.num_samples, summary.num_bytes,
-                           summary.sha256, skipped, image_sizes)
+                           summary.sha256, skipped, image_sizes, dict(sorted(formats.items())))
     store.child(PACK_STATE_DIR).write_bytes(receipt_name(plan), receipt.to_json())
     return receipt
 

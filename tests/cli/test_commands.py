@@ -301,6 +301,23 @@ def test_a_max_size_below_every_sample_is_noted(runner, small_tree, tmp_path):
         assert result.exit_code == 0 and "note:" not in result.output, result.output
 
 
+def test_shards_left_with_a_sample_each_by_skipped_inputs_draw_no_note_on_max_size(runner, tmp_path):
+    """Shards of 2 inputs, one of each pair skipped: a sample a shard, but --max-size (its default)
+    is not why, as the note said."""
+    from PIL import Image
+
+    for i in range(3):
+        Image.new("RGB", (20 + i, 10), (i, 80, 160)).save(tmp_path / f"good{i}.jpg")
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for i in range(3):
+        (src / f"{i}a.jpg").write_bytes((tmp_path / f"good{i}.jpg").read_bytes())
+        (src / f"{i}b.jpg").write_bytes(b"")
+    result = runner.invoke(cli, ["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--max-count", "2",
+                                 "--no-shuffle", "--workers", "1"])
+    assert result.exit_code == 0 and "3 empty files" in result.output and "note:" not in result.output, result.output
+
+
 def test_a_second_ctrl_c_while_the_shardkit_process_says_interrupted_keeps_130(tmp_path):
     """In the ``shardkit`` process itself (``main``), a Ctrl-C that comes while the first one's
     message is printed ends it at once with 130: the handlers are set before the message, as the

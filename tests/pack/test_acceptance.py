@@ -145,3 +145,53 @@ def test_no_mixed_formats_warning_where_every_image_of_the_other_format_is_skipp
         result = pack(str(tmp_path / "src"), str(tmp_path / "out"), workers=1)
     assert result.manifest.num_samples == 2 and [s["source"] for s in result.manifest.skipped] == ["a/damaged.png"]
     assert _format_warnings(caplog) == []
+
+
+def test_the_mixed_formats_warning_counts_the_members_by_their_bytes_not_their_file_names(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A PNG named ``.jpg`` is packed as a ``.png`` member (names follow the bytes): webdataset's
+    ``to_tuple("jpg")`` then fails at it, and no warning said so; JPEGs named ``.png`` drew a
+    warning about members that are all ``.jpg``."""
+    jpeg, png = _encode(_pattern(30, 20), "JPEG"), _encode(_pattern(20, 30), "PNG")
+    write_tree(tmp_path / "hidden", {"a/one.jpg": jpeg, "a/two.jpg": jpeg, "b/disguised.jpg": png})
+    write_tree(tmp_path / "named", {"a/one.jpg": jpeg, "a/two.jpg": jpeg, "b/really_a_jpeg.png": jpeg})
+    with caplog.at_level("WARNING", logger="shardkit.pack"):
+        pack(str(tmp_path / "hidden"), str(tmp_path / "hidden_out"), workers=1)
+    said = _format_warnings(caplog)
+    assert len(said) == 1 and said[0].startswith("shardkit: 3 images are 2 jpg and 1 png: "), said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shardkit.pack"):
+        pack(str(tmp_path / "named"), str(tmp_path / "named_out"), workers=1)
+    assert _format_warnings(caplog) == []
+    with open(tmp_path / "named_out" / "shard-000000.tar", "rb") as f:
+        members = {ext for _key, fields in iter_samples(f, where="shard-000000.tar") for ext in fields}
+    assert members == {"jpg", "cls", "json"}
+
+
+def test_a_shard_whose_every_input_is_skipped_is_left_out_of_the_dataset(tmp_path: Path) -> None:
+    """Shards are cut from the listing before the inputs are read: one whose inputs all fail to
+    pack held no sample, and HF datasets' webdataset loader fails on an empty first tar."""
+    pointer = b"version https://git-lfs.github.com/spec/v1\n"  # a file git-lfs did not fetch
+    write_tree(tmp_path / "src", {**{f"a/lfs{i}.jpg": pointer for i in range(4)},
+                                  **{f"b/{i}.jpg": _encode(_pattern(20 + i, 10), "JPEG") for i in range(4)}})
+    dst = tmp_path / "out"
+    result = pack(str(tmp_path / "src"), str(dst), workers=1, options=PackOptions(max_count=4, shuffle=False))
+    shards = result.manifest.shards
+    assert [(s.url, s.num_samples) for s in shards] == [("shard-000001.tar", 4)] and len(result.manifest.skipped) == 4
+    assert sorted(p.name for p in dst.iterdir()) == ["index.hashes", "index.json", "index.table", "shard-000001.idx",
+                                                     "shard-000001.tar"]
+    assert verify_dataset(str(dst)).ok
+    again = pack(str(tmp_path / "src"), str(dst), workers=1, options=PackOptions(max_count=4, shuffle=False))
+    assert again.manifest == result.manifest  # the same command again: already packed
+
+
+def test_a_class_whose_every_input_is_skipped_is_named_in_a_warning(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    write_tree(tmp_path / "src", {"a/one.jpg": _encode(_pattern(30, 20), "JPEG"),
+                                  "b/pointer.jpg": b"version https://git-lfs.github.com/spec/v1\n",
+                                  "b/empty.jpg": b""})
+    with caplog.at_level("WARNING", logger="shardkit.pack"):
+        result = pack(str(tmp_path / "src"), str(tmp_path / "out"), workers=1)
+    assert result.manifest.classes == ("a", "b") and result.manifest.num_samples == 1
+    assert [r.getMessage() for r in caplog.records if "holds no sample" in r.getMessage()] == [
+        "shardkit: class 'b' holds no sample: its 2 inputs were all skipped; it keeps its label, as in ImageFolder"]
