@@ -68,12 +68,17 @@ def as_device(device: str | torch.device) -> torch.device:
         shardkit.errors.LoaderError: device='bogus' is not a device torch knows (cpu, cuda, cuda:1, ...)
 
     Raises:
-        LoaderError: torch makes no device of ``device`` (an unknown name, a malformed index, None).
+        LoaderError: torch makes no device of ``device`` (an unknown name, a malformed index, None),
+            or it is ``"meta"``, whose tensors hold no data.
     """
     try:
-        return torch.device(device)
+        where = torch.device(device)
     except (RuntimeError, TypeError):
         raise LoaderError(f"device={device!r:.80} is not a device torch knows (cpu, cuda, cuda:1, ...)") from None
+    if where.type == "meta":
+        raise LoaderError("device='meta' makes tensors that hold no data: batches would come without their images "
+                          "(pass device='cpu' or 'cuda')")
+    return where
 
 
 def say_if_no_batch(config: PlanConfig) -> None:

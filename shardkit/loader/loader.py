@@ -387,8 +387,21 @@ class ShardLoader:
         a mix with ``disjoint_labels``: each dataset's, one after another);
         COCO with ``contiguous_labels``: ``"__background__"`` then the category names in label
         order (torchvision's detection-model convention); otherwise None (COCO labels are the
-        category ids: see :attr:`categories`; adopted shards without names)."""
+        category ids: see :attr:`categories`; adopted shards without names). A tuple:
+        ``list(loader.classes) == ImageFolder(root).classes``."""
         return self.route.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int] | None:
+        """``{class name: label}``, as torchvision's ``ImageFolder.class_to_idx``; None where
+        :attr:`classes` is. A name given twice (a mix with ``disjoint_labels``) maps to its first label."""
+        classes = self.classes
+        if classes is None:
+            return None
+        mapping: dict[str, int] = {}
+        for label, name in enumerate(classes):
+            mapping.setdefault(name, label)
+        return mapping
 
     @property
     def batch_size(self) -> int:

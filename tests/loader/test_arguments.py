@@ -52,6 +52,12 @@ def test_a_device_torch_does_not_know_is_refused_naming_it(packed: Path, device:
     assert str(caught.value) == f"device={device!r} is not a device torch knows (cpu, cuda, cuda:1, ...)"
 
 
+def test_the_meta_device_is_refused(packed: Path) -> None:
+    """Its tensors hold no data: a loop got batches without images and no word."""
+    with pytest.raises(LoaderError, match=r"^device='meta' makes tensors that hold no data"):
+        ShardLoader(str(packed), batch_size=4, device="meta")
+
+
 def test_good_edge_values_construct(packed: Path) -> None:
     loader = ShardLoader(str(packed), batch_size=1, num_workers=0, window=1, prefetch=1,
                          gpu=GpuOptions(device_prefetch=2),

@@ -41,6 +41,7 @@ def test_labels_and_pixels_match_torchvision_imagefolder(packed: Path, indexed_t
             assert label.item() == reference.targets[index]
             assert decode_index(image) == index
     assert sorted(seen) == list(range(len(reference)))
+    assert list(loader.classes or ()) == reference.classes and loader.class_to_idx == reference.class_to_idx
 
 
 def test_shuffle_false_is_manifest_order_and_epochs_differ_when_shuffled(packed: Path) -> None:

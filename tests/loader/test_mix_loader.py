@@ -70,6 +70,7 @@ def test_each_epoch_holds_each_datasets_quota(packed: Path, other: str) -> None:
                  even_batches=False) as loader:  # every position once: the epoch as planned
         assert loader.mix is not None and loader.mix.quotas == [45, 44]  # 89 samples: 44.5 each
         assert loader.classes == ("c000", "c001", "c002", "c000", "c001")
+        assert loader.class_to_idx == {"c000": 0, "c001": 1, "c002": 2}  # a name twice: its first label
         seen: dict[str, set[str]] = {"a": set(), "b": set()}
         for epoch in (0, 1, 2):
             samples = _samples(loader, epoch)
@@ -238,6 +239,8 @@ def test_bad_dataset_lists_are_refused(packed: Path) -> None:
         ShardLoader([], batch_size=2)
     with pytest.raises(LoaderError, match="each dataset must be a path or URL"):
         ShardLoader([str(packed), 3], batch_size=2)  # type: ignore[list-item]
+    with pytest.raises(LoaderError, match=r"^dataset must be a str path or URL, got bytes b'/"):
+        ShardLoader(str(packed).encode(), batch_size=2)  # type: ignore[arg-type]
     with pytest.raises(LoaderError, match="weights has 2 entries for 1 datasets"):
         ShardLoader(str(packed), batch_size=2, weights=[1, 2])
     with ShardLoader([str(packed)], batch_size=2, weights=[3]) as single:  # one dataset: no mix

@@ -59,6 +59,8 @@ class Datasets:
 def _urls(dataset: object) -> tuple[str, ...]:
     if isinstance(dataset, (str, os.PathLike)):
         dataset = (dataset,)
+    elif isinstance(dataset, (bytes, bytearray)):  # a Sequence of ints: said whole, not as its first byte
+        raise LoaderError(f"dataset must be a str path or URL, got bytes {bytes(dataset)!r} (os.fsdecode() it)"[:200])
     elif not isinstance(dataset, Sequence) or not dataset:
         raise LoaderError(f"dataset must be a path or URL, or a non-empty list of them, got {dataset!r}"[:200])
     for item in dataset:
