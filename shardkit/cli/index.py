@@ -9,7 +9,7 @@ import click
 
 from shardkit.cli.location import LOCATION
 from shardkit.cli.report import counted
-from shardkit.cli.storage import storage_option_flag, storage_options
+from shardkit.cli.storage import storage_option_flag, url_options
 
 
 def _class_names(path: str | None) -> list[str] | None:
@@ -83,7 +83,7 @@ def index_command(dataset: str, classes_file: str | None, kind: str, dali_index:
     from shardkit.index.adopt import adopt_shards
     from shardkit.index.dali import write_dali_indexes
 
-    remote = storage_options(storage_option, dataset)
+    remote = url_options(storage_option, dataset)
     if table_only:
         if dali_index or overwrite or classes_file is not None:
             raise click.UsageError("--table takes no other option: it only writes the shard table")

@@ -15,7 +15,7 @@ from shardkit.cli.report import (
     print_annotations,
     print_drop_empty,
 )
-from shardkit.cli.storage import storage_option_flag, storage_options
+from shardkit.cli.storage import storage_option_flag, url_options
 from shardkit.index import locate_dataset, read_manifest
 from shardkit.pack.skips import describe_reasons
 
@@ -26,7 +26,7 @@ from shardkit.pack.skips import describe_reasons
 @storage_option_flag
 def info_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -> None:
     """Summarise the packed DATASET (directory, index.json path or URL)."""
-    store = locate_dataset(dataset, storage_options(storage_option, dataset))
+    store = locate_dataset(dataset, url_options(storage_option, dataset))
     m = read_manifest(store)
     sizes = m.table.num_samples.tolist()  # by column: no shard hash is read
     summary = {

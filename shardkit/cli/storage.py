@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
+from shardkit.storage import is_remote
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -27,6 +29,18 @@ def _value(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def url_options(pairs: Sequence[str], url: str) -> dict[str, Any] | None:
+    """:func:`storage_options` for a command of one location, refusing them for a local path
+    (as ``shardkit pack`` does), where they would do nothing.
+
+    Raises:
+        click.UsageError: ``pairs`` given for a local ``url``.
+    """
+    if pairs and not is_remote(url):
+        raise click.UsageError(f"--storage-option applies to URLs; {url} is a local path")
+    return storage_options(pairs, url)
 
 
 def storage_options(pairs: Sequence[str], url: str) -> dict[str, Any] | None:

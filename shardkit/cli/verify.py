@@ -11,7 +11,7 @@ import click
 from shardkit.cli.location import LOCATION
 from shardkit.cli.progress import Bar, bars_enabled
 from shardkit.cli.report import counted
-from shardkit.cli.storage import storage_option_flag, storage_options
+from shardkit.cli.storage import storage_option_flag, url_options
 from shardkit.index import ShardEntry, locate_dataset, read_manifest, verify_dataset
 from shardkit.index.manifest_io import StaleTable
 
@@ -24,7 +24,7 @@ from shardkit.index.manifest_io import StaleTable
 def verify_command(dataset: str, decode: bool, quiet: bool,
                    storage_option: tuple[str, ...]) -> None:
     """Check the packed DATASET against its index.json; exit 1 on any mismatch."""
-    options = storage_options(storage_option, dataset)
+    options = url_options(storage_option, dataset)
     store = locate_dataset(dataset, options)
     try:  # the bar's totals, from the table where it holds (verify_dataset judges it, and says so)
         shards = read_manifest(store, strict_table=True).table

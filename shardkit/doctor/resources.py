@@ -16,7 +16,14 @@ MIN_FILES, FILES_PER_WORKER = 1024, 64
 
 
 def _gib(n: float) -> str:
-    """``n`` bytes in GiB, or in MiB below one GiB (0.0 GiB says nothing)."""
+    """``n`` bytes in GiB (TiB from 1,024 of them, with thousands separators), or in MiB below
+    one GiB (0.0 GiB says nothing).
+
+    >>> _gib(3 * 2**29), _gib(12 * 2**50), _gib(2**20)
+    ('1.5 GiB', '12,288.0 TiB', '1 MiB')
+    """
+    if n >= 2**40:
+        return f"{n / 2**40:,.1f} TiB"
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import posixpath
 import re
 import warnings
@@ -54,6 +55,16 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def _source_of(fields: dict[str, bytes]) -> str:
+    """``"; packed from <file>"`` where a sample's ``json`` member names its source file (a pack
+    of shardkit's records it), else ``""``."""
+    try:
+        source = json.loads(fields["json"]).get("source")
+    except (KeyError, ValueError, AttributeError):
+        return ""
+    return f"; packed from {source}" if isinstance(source, str) else ""
 
 
 def _decodes(data: bytes) -> str | None:
@@ -155,7 +166,7 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
                 error = _decodes(fields[images[0]])
                 report.images_decoded += error is None
                 if error:
-                    report.problems.append(f"{here}.{images[0]}: does not decode ({error})")
+                    report.problems.append(f"{here}.{images[0]}: does not decode ({error}){_source_of(fields)}")
             if manifest.kind == "imagefolder":
                 _check_label(fields, manifest, here, report)
             elif manifest.kind == "coco":

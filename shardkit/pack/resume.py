@@ -184,6 +184,12 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
             return DestinationState(manifest, {})
         packed = (manifest.kind, DROP_EMPTY in manifest.extra)
         differs = _difference(manifest.options, options, packed, source)
+        changed = {k for k in set(manifest.options) | set(options or {})
+                   if k != "fingerprint" and manifest.options.get(k) != (options or {}).get(k)}
+        if changed == {"dali_index"} and (options or {}).get("dali_index"):  # the same pack, DALI's files wanted
+            raise DestinationInUse(f"holds this pack without DALI index files ({differs})",
+                                   f"`shardkit index {store.url} --dali-index` adds them without packing again "
+                                   "(or pass --overwrite to pack again)", where=store.url)
         raise DestinationInUse(f"holds a different packed dataset ({differs})", "pass --overwrite to replace it",
                                where=store.url)
     if REPLACEMENT_DIR in entries:

@@ -145,6 +145,11 @@ def _s3_option_names() -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(top), frozenset(named(create) - {"service_name"}) if create is not None else frozenset()
 
 
+#: botocore ``Config`` options that must be numbers, which it checks only when a request uses them.
+_CONFIG_NUMBERS = {"connect_timeout": "a number of seconds", "read_timeout": "a number of seconds",
+                   "max_pool_connections": "a count"}
+
+
 def _config_problem(config_kwargs: Mapping[str, Any]) -> str | None:
     """What aiobotocore's ``AioConfig`` (botocore's ``Config`` and its own connection options),
     which s3fs builds from ``config_kwargs``, says of them (``-o config_kwargs.…``), or ``None``."""
@@ -152,6 +157,11 @@ def _config_problem(config_kwargs: Mapping[str, Any]) -> str | None:
         from aiobotocore.config import AioConfig
     except ImportError:
         return None
+    for key, what in _CONFIG_NUMBERS.items():  # botocore takes any value here and fails at the first request
+        value = config_kwargs.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+                                  or (what == "a count" and not isinstance(value, int))):
+            return f"storage option config_kwargs.{key} must be {what} above 0, not {value!r}"
     retries = config_kwargs.get("retries")
     if retries is not None and not isinstance(retries, Mapping):
         return (f"storage option config_kwargs.retries must be a mapping "

@@ -294,9 +294,10 @@ class Store:
         tmp_name = f".{name}.tmp-{uuid.uuid4().hex[:12]}"
         if not self.remote:
             tmp = self.path(tmp_name)
-            with self._errors(name):
-                f = open(tmp, "wb")  # noqa: SIM115 (closed below on every path; the caller's body must stay outside _errors)
-            try:
+            f: BinaryIO | None = None
+            try:  # opened inside: a Ctrl-C between the open and the body leaves no empty temporary
+                with self._errors(name):
+                    f = open(tmp, "wb")  # noqa: SIM115 (closed below on every path; the caller's body must stay outside _errors)
                 yield f
                 with self._errors(name):
                     f.flush()
@@ -304,7 +305,7 @@ class Store:
                     f.close()
                     os.replace(tmp, self.path(name))
             finally:
-                if not f.closed or os.path.exists(tmp):
+                if f is None or not f.closed or os.path.exists(tmp):
                     self._discard_local(f, tmp)
             return
         protocol = self.url.split("://", 1)[0]
@@ -324,10 +325,12 @@ class Store:
                 self.fs.mv(target, self.path(name))
 
     @staticmethod
-    def _discard_local(f: BinaryIO, tmp: str) -> None:
-        """Drop a failed local write; best effort, so the error that caused it is what surfaces."""
-        with contextlib.suppress(OSError):
-            f.close()
+    def _discard_local(f: BinaryIO | None, tmp: str) -> None:
+        """Drop a failed local write (``f`` None: interrupted as it opened); best effort, so the
+        error that caused it is what surfaces."""
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
         with contextlib.suppress(OSError):  # a leftover temporary is removed by the next pack
             os.remove(tmp)
 

@@ -383,3 +383,14 @@ def test_an_option_this_pack_would_not_use_is_refused(runner, small_tree, tmp_pa
         assert result.exit_code == 2 and f"Error: {says}" in result.output, (args, result.output)
         assert not (tmp_path / "o").exists()
     assert _pack(runner, small_tree, tmp_path / "o", "--resize-max", "16", "--quality", "50").exit_code == 0
+
+
+def test_a_storage_option_for_a_local_dataset_is_refused_by_every_command(runner, small_tree, tmp_path):
+    """``pack`` and ``bench`` refused ``-o`` for local paths; ``info``, ``verify`` and ``index``
+    took it and did nothing with it (a typo such as ``anonn=1`` went unseen)."""
+    assert _pack(runner, small_tree, tmp_path / "out").exit_code == 0
+    out = str(tmp_path / "out")
+    for args in (["info", out], ["verify", out], ["index", out, "--table"]):
+        result = runner.invoke(cli, [*args, "-o", "anonn=1"])
+        assert result.exit_code == 2, (args, result.output)
+        assert f"--storage-option applies to URLs; {out} is a local path" in result.output, (args, result.output)

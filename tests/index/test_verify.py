@@ -226,6 +226,14 @@ def test_an_image_member_that_is_no_image_is_said_so_without_an_object_address(t
     adopt_shards(str(tmp_path), overwrite=True)
     assert verify_dataset(str(tmp_path), decode=True).problems == [
         f"{tmp_path / 'shard-000000.tar'}:a.jpg: does not decode (empty (0 bytes))"]
+    with tarfile.open(tmp_path / "shard-000000.tar", "w") as tar:  # a sample that names its source file
+        for name, data in (("a.jpg", b""), ("a.cls", b"1"), ("a.json", b'{"source": "cat/flipped.jpg"}')):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    adopt_shards(str(tmp_path), overwrite=True)
+    assert verify_dataset(str(tmp_path), decode=True).problems == [
+        f"{tmp_path / 'shard-000000.tar'}:a.jpg: does not decode (empty (0 bytes)); packed from cat/flipped.jpg"]
     # without decode, the first bytes still tell an empty member or one of no image format
     assert verify_dataset(str(tmp_path)).problems == [
         f"{tmp_path / 'shard-000000.tar'}:a.jpg: empty (0 bytes): no image the loader decodes"]

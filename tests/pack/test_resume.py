@@ -38,6 +38,10 @@ def test_complete_destination_is_kept_or_refused(small_tree, tmp_path):
     assert again.already_complete and again.manifest == first.manifest
     with pytest.raises(PackError, match=r"different packed dataset \(packed with seed=0, now 5\)"):
         pack(str(small_tree), dst, options=PackOptions(seed=5), workers=1)
+    # the same pack asked for with DALI's index files: `shardkit index` adds them, no repack needed
+    with pytest.raises(PackError, match=r"holds this pack without DALI index files \(packed with dali_index=False, "
+                                        r"now True\); `shardkit index .* --dali-index` adds them without packing"):
+        pack(str(small_tree), dst, options=PackOptions(dali_index=True), workers=1)
     (small_tree / "class0" / "extra.jpg").write_bytes((small_tree / "class0" / "img0.jpg").read_bytes())
     with pytest.raises(PackError, match=r"\(same options, other input: its files or their order differ\)"):
         pack(str(small_tree), dst, workers=1)

@@ -28,6 +28,10 @@ pytest.importorskip("s3fs")
     ({"config_kwargs": {"retries": {"max_attempt": 3}}}, 'retry configuration for "max_attempt"'),
     ({"config_kwargs": {"conect_timeout": 3}}, "unexpected keyword argument 'conect_timeout'"),
     ({"config_kwargs": {"connector_args": {"keepalive_timeoutt": 5}}}, "invalid connector_arg:keepalive_timeoutt"),
+    ({"config_kwargs": {"read_timeout": "abc"}}, "config_kwargs.read_timeout must be a number of seconds above 0, "
+                                                 "not 'abc'"),  # botocore failed at the first request
+    ({"config_kwargs": {"connect_timeout": "5"}}, "config_kwargs.connect_timeout must be a number of seconds"),
+    ({"config_kwargs": {"max_pool_connections": 2.5}}, "config_kwargs.max_pool_connections must be a count above 0"),
     ({"session_vars": {}}, "unknown storage option 'session_vars'"),  # s3fs's session would take it; ours is given
 ])
 def test_a_bad_s3_option_is_refused_naming_it(options: dict[str, Any], message: str) -> None:

@@ -66,6 +66,26 @@ def test_failed_atomic_write_leaves_nothing_visible(store):
     assert store.read_bytes("keep.bin") == b"old"
 
 
+def test_a_ctrl_c_as_an_atomic_write_opens_its_temporary_leaves_none(tmp_path, monkeypatch):
+    """Interrupted after the temporary was made but before the write began, a 0-byte
+    ``.<name>.tmp-…`` stayed beside the dataset (seen after Ctrl-C in ``shardkit index``)."""
+    import builtins
+
+    from shardkit.storage import store as store_module
+
+    local = Store(str(tmp_path / "ds"))
+    local.makedirs()
+
+    def interrupted_open(path, mode="r", *args, **kwargs):
+        builtins.open(path, mode, *args, **kwargs).close()  # the file exists, then the signal lands
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store_module, "open", interrupted_open, raising=False)
+    with pytest.raises(KeyboardInterrupt), local.write_atomic("x.idx"):
+        pass
+    assert local.listdir() == []
+
+
 def test_caller_errors_inside_an_atomic_write_keep_their_type(store):
     store.makedirs()
     with pytest.raises(UnicodeEncodeError), store.write_atomic("a.json") as f:
