@@ -93,7 +93,7 @@ def index_command(dataset: str, classes_file: str | None, kind: str, dali_index:
     if (dali_index and not overwrite and classes_file is None
         and locate_dataset(dataset, remote).exists("index.json")):
         names = write_dali_indexes(locate_dataset(dataset, remote).url, storage_options=remote)
-        click.echo(f"{dataset}: already a dataset; wrote {len(names)} DALI index files")
+        click.echo(f"{dataset}: already a dataset; wrote {counted(len(names), 'DALI index file')}")
         return
     if kind == "captions" and classes_file is not None:
         raise click.UsageError("--classes names the labels of labelled images, not of --kind captions")

@@ -280,9 +280,10 @@ def _note_one_sample_shards(result: PackResult, options: PackOptions) -> None:
     """Say so when --max-size left one sample in every shard (it is below the samples' size): a
     dataset of many tiny files, which is what shards are for avoiding."""
     m = result.manifest
-    # one sample each, and two of the smallest would not fit in --max-size: its doing, not the skips'
+    # one sample each, and either nothing skipped (each shard was cut for one input) or two of the
+    # smallest would not fit in --max-size: its doing, not the skips'
     if (options.max_count > 1 and len(m.shards) > 1 and max(s.num_samples for s in m.shards) == 1
-            and 2 * min(s.num_bytes for s in m.shards) > options.max_size):
+            and (not m.skipped or 2 * min(s.num_bytes for s in m.shards) > options.max_size)):
         average = human_bytes(m.num_bytes / m.num_samples)
         click.echo(f"note: every shard holds at most one sample: --max-size ({options.max_size:,} bytes) is below the "
                    f"size of a sample ({average} each in the shards, on average); loaders read shards of tens to "

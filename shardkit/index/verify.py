@@ -166,7 +166,8 @@ def _check_shard(store: Store, entry: ShardEntry, manifest: Manifest, keys: set[
                 error = _decodes(fields[images[0]])
                 report.images_decoded += error is None
                 if error:
-                    report.problems.append(f"{here}.{images[0]}: does not decode ({error}){_source_of(fields)}")
+                    source = "" if manifest.adopted else _source_of(fields)  # another tool's json is not ours
+                    report.problems.append(f"{here}.{images[0]}: does not decode ({error}){source}")
             if manifest.kind == "imagefolder":
                 _check_label(fields, manifest, here, report)
             elif manifest.kind == "coco":

@@ -99,10 +99,12 @@ def say_if_no_batch(config: PlanConfig) -> None:
 
 
 def plain_int(value: Any) -> Any:
-    """An integer of another type (numpy's) as an int; anything else as given, for its check to
-    name (``rank="0"`` stays a str)."""
+    """An integer of another type (numpy's) as an int, a numpy bool as a bool; anything else as
+    given, for its check to name (``rank="0"`` stays a str)."""
     if isinstance(value, (int, str, bytes, float)):
         return value
+    if isinstance(value, np.bool_):
+        return bool(value)
     try:
         return operator.index(value)
     except TypeError:

@@ -14,11 +14,11 @@
   per batch then waits on a rank that has none left (gloo fails, NCCL hangs): :func:`say_if_uneven`
   says so once per loader where the ranks' counts differ, as it starts iterating with autograd
   on (a training loop; an evaluation loop runs under ``torch.no_grad()``) or under accelerate.
-- Lightning's fit loop gives each epoch's number to ``loader.sampler.set_epoch`` (as to a
-  ``DistributedSampler``; DDP scripts call it by hand too), and nothing else: a fit resumed from a
-  checkpoint taken at an epoch's end loads no loader state. :class:`EpochSampler`, a ShardLoader's
-  ``sampler``, passes the number to :meth:`ShardLoader.set_epoch`, so such a resume runs the next
-  epoch, not the loader's own first one again.
+- Lightning's loops give each epoch's number to ``loader.sampler.set_epoch`` before they iterate
+  (as to a ``DistributedSampler``; DDP scripts call it by hand too), and nothing else: a fit
+  resumed from a checkpoint taken at an epoch's end loads no loader state. :class:`EpochSampler`,
+  a ShardLoader's ``sampler``, passes the number on, so such a resume runs the next epoch, not
+  the loader's own first one again; :class:`EpochBatches` is its ``batch_sampler``.
 - An ``Accelerator`` that runs its process alone while the launcher started several (a plain
   ``Accelerator()`` under ``torchrun`` on a machine without a GPU) trains a model per process,
   each on the share of the data the launcher's variables give it: :func:`check_accelerate_world`
@@ -35,13 +35,15 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from torch.utils.data import SequentialSampler
+
 from shardkit import _compat
 from shardkit.errors import LoaderError
 
 log = logging.getLogger("shardkit.loader")
 
-__all__ = ["NOT_A_DATASET", "NO_DATASET", "EpochSampler", "check_accelerate_world", "say_if_uneven",
-           "seen_by_accelerate"]
+__all__ = ["NOT_A_DATASET", "NO_DATASET", "EpochBatches", "EpochSampler", "InOrderEpochs", "check_accelerate_world",
+           "epoch_sampler", "say_if_uneven", "seen_by_accelerate"]
 
 #: Why ``loader.dataset`` fails (what ``skip_first_batches`` reads first, and ``len(loader.dataset)``
 #: counts with a DataLoader).
@@ -57,19 +59,20 @@ NOT_A_DATASET = ("ShardLoader is a loader, not a dataset: iterate it directly in
 
 class EpochSampler:
     """``loader.sampler``: what a ``DataLoader``'s sampler is asked for when its loader is a
-    ShardLoader, which draws its samples itself. ``set_epoch(epoch)`` is the loader's
-    :meth:`~shardkit.ShardLoader.set_epoch` (Lightning's fit loop calls it at each epoch's start,
-    and DDP scripts written for a ``DistributedSampler`` by hand); ``len()`` counts the samples
-    this rank yields in an epoch, padding included, as a ``DistributedSampler`` counts its own;
-    :attr:`epoch` is the loader's. It yields no indices.
+    ShardLoader, which draws its samples itself. ``set_epoch(epoch)`` makes the loader's next
+    iteration run ``epoch`` from its start, as a ``DistributedSampler``'s makes its next
+    ``iter()`` (Lightning's loops call it before each epoch's iteration, DDP scripts by hand; see
+    :meth:`~shardkit.ShardLoader.set_epoch` for a resume point it keeps); ``len()`` counts the
+    samples this rank yields in an epoch, padding included, as a ``DistributedSampler`` counts its
+    own; :attr:`epoch` is the loader's. It yields no indices.
     """
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the loader's next iteration run ``epoch`` (see :meth:`~shardkit.ShardLoader.set_epoch`)."""
-        self._loader.set_epoch(epoch)
+        """Make the loader's next iteration run ``epoch``."""
+        self._loader._set_epoch(epoch, by_sampler=True)
 
     @property
     def epoch(self) -> int:
@@ -77,6 +80,7 @@ class EpochSampler:
         return int(self._loader.epoch)
 
     def __len__(self) -> int:
+        len(self._loader)  # the rank and world as they are now (a loader built before the process group)
         return int(self._loader.config.rank_samples)
 
     def __iter__(self) -> Iterator[int]:
@@ -86,6 +90,34 @@ class EpochSampler:
 
     def __repr__(self) -> str:
         return f"EpochSampler(epoch={self.epoch}, samples={len(self)})"
+
+
+class InOrderEpochs(EpochSampler, SequentialSampler):
+    """The :class:`EpochSampler` of a loader made with ``shuffle=False``: a ``SequentialSampler``
+    to ``isinstance`` (Lightning's ``overfit_batches`` warns of any other that it turns shuffling
+    off), and an :class:`EpochSampler` in everything else."""
+
+
+def epoch_sampler(loader: Any) -> EpochSampler:
+    """The sampler ``loader`` shows (:class:`InOrderEpochs` where it does not shuffle)."""
+    return EpochSampler(loader) if loader.config.shuffle else InOrderEpochs(loader)
+
+
+class EpochBatches:
+    """``loader.batch_sampler``: what a ``DataLoader``'s batch sampler is asked for (Lightning's
+    DeepSpeed strategy reads its ``batch_size``; Lightning looks for a ``sampler`` behind it):
+    the loader's ``batch_size``, ``drop_last`` and :class:`EpochSampler`; ``len()`` counts the
+    loader's batches. It yields no batches of indices."""
+
+    def __init__(self, sampler: EpochSampler, batch_size: int, drop_last: bool) -> None:
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+
+    def __len__(self) -> int:
+        return len(self.sampler._loader)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        raise TypeError("a ShardLoader's batch_sampler yields no indices: the loader makes its batches itself; "
+                        "iterate the loader")
 
 
 @contextmanager

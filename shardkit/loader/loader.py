@@ -36,8 +36,10 @@ from shardkit.loader.feed.trial import PaceTrial
 from shardkit.loader.frameworks import (
     NO_DATASET,
     NOT_A_DATASET,
+    EpochBatches,
     EpochSampler,
     check_accelerate_world,
+    epoch_sampler,
     say_if_uneven,
     seen_by_accelerate,
 )
@@ -249,9 +251,6 @@ class ShardLoader:
     #: What accelerate's ``gather_for_metrics`` would cut from the last gathered batch: nothing
     #: (padding sits in the last ranks' last batches; drop it per batch with :meth:`real_samples`).
     remainder: int = 0
-    #: None, as a ``DataLoader``'s without automatic batching: the loader batches itself. Read by
-    #: code that looks for a sampler behind it (Lightning, next to :attr:`sampler`).
-    batch_sampler: None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> ShardLoader:
         if args or kwargs:  # a call, not an unpickling: DataLoader habits get a hint (check_call)
@@ -305,7 +304,7 @@ class ShardLoader:
                                         (("batch_size", batch_size), ("window", window), ("prefetch", prefetch)))
         seed = as_int("seed", seed, 0, 1 << 64)
         where = as_device(device)
-        rank, world_size = plain_int(rank), plain_int(world_size)
+        rank, world_size, pad = plain_int(rank), plain_int(world_size), plain_int(pad)
         check_arguments(batch_size=batch_size, window=window, prefetch=prefetch, on_error=on_error, rank=rank,
                         world_size=world_size, gpu=gpu, pad=pad, transform=transform)
         shuffle, drop_last, even_batches, keys, masks, contiguous_labels, verify_hashes, disjoint_labels, read_ahead = (
@@ -380,6 +379,7 @@ class ShardLoader:
         self._active = 0  # the iteration whose generator is open (0: none)
         self._told_unchecked = False  # whether the log said that samples went unchecked (stats.unchecked)
         self._last: tuple[int, Any] | None = None  # (batch index, remainder) of the batch last yielded
+        self._sampler: EpochSampler | None = None  # made at its first use: one object (Lightning tells them by id)
 
     @property
     def classes(self) -> tuple[str, ...] | None:
@@ -468,11 +468,21 @@ class ShardLoader:
     @property
     def sampler(self) -> EpochSampler:
         """What ``DataLoader.sampler`` is asked for: ``loader.sampler.set_epoch(epoch)`` (Lightning's
-        fit loop calls it at each epoch's start, DDP scripts by hand) is :meth:`set_epoch`, and
-        ``len(loader.sampler)`` counts the samples this rank yields in an epoch, padding included
-        (as a ``DistributedSampler``'s ``len``). It yields no indices: the loader draws the epoch's
-        order itself (:class:`~shardkit.loader.frameworks.EpochSampler`)."""
-        return EpochSampler(self)
+        loops call it before each epoch's iteration, DDP scripts by hand) makes the next iteration
+        run ``epoch``, as a ``DistributedSampler``'s does, and ``len(loader.sampler)`` counts the
+        samples this rank yields in an epoch, padding included (as a ``DistributedSampler``'s
+        ``len``). It yields no indices: the loader draws the epoch's order itself
+        (:class:`~shardkit.loader.frameworks.EpochSampler`)."""
+        if self._sampler is None:
+            self._sampler = epoch_sampler(self)
+        return self._sampler
+
+    @property
+    def batch_sampler(self) -> EpochBatches:
+        """What ``DataLoader.batch_sampler`` is asked for: its ``batch_size``, ``drop_last`` and
+        ``sampler`` (:attr:`sampler`) are the loader's, ``len()`` is ``len(loader)``; it yields no
+        batches of indices (:class:`~shardkit.loader.frameworks.EpochBatches`)."""
+        return EpochBatches(self.sampler, self.batch_size, self.drop_last)
 
     @property
     def dataset(self) -> Any:
@@ -511,7 +521,7 @@ class ShardLoader:
         # meanwhile is where the copy's first iteration starts)
         pos = replace(self._pos)
         pos.ended()
-        return {**self.__dict__, "_active": 0, "_pos": pos}
+        return {**self.__dict__, "_active": 0, "_pos": pos, "_sampler": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -549,13 +559,22 @@ class ShardLoader:
 
         ``set_epoch`` of another epoch there drops the resume point, with a warning.
         """
+        self._set_epoch(epoch, by_sampler=False)
+
+    def _set_epoch(self, epoch: int, *, by_sampler: bool) -> None:
+        """:meth:`set_epoch`; ``by_sampler``: given to :attr:`sampler`, as a framework gives it to a
+        ``DistributedSampler`` before each iteration of an epoch it counts itself: the next
+        iteration runs ``epoch`` from its start even where the open one (a validation cut short
+        by Lightning's sanity check) is of that epoch, and a resume point dropped for another epoch
+        (an epoch Lightning ended early, with ``limit_train_batches``) is logged at info level."""
         epoch = as_int("epoch", epoch, 0, MAX_INT)  # it travels to the workers in an int64 tensor
         midway = self._open and self._pos.batch < self.config.epoch_batches(self._pos.remainder)
-        dropped = self._pos.set_epoch(epoch, iterating=self._open, midway=midway)
+        dropped = self._pos.set_epoch(epoch, iterating=self._open, midway=midway and not by_sampler)
         if dropped is not None:
-            log.warning("shardkit: set_epoch(%d) right after load_state_dict drops its resume point (epoch %d, "
-                        "batch %d): epoch %d runs from its start; set_epoch(loader.epoch) resumes where the "
-                        "state stopped", epoch, *dropped, epoch)
+            (log.info if by_sampler else log.warning)(
+                "shardkit: set_epoch(%d) right after load_state_dict drops its resume point (epoch %d, batch %d): "
+                "epoch %d runs from its start; set_epoch(loader.epoch) resumes where the state stopped",
+                epoch, *dropped, epoch)
 
     def wait_for_feeders(self, timeout: float | None = None) -> bool:
         """With ``feeders="auto"`` the first batches come from this process while the feeder

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import PackError, ShardkitError
-from shardkit.format.dali_index import DALI_INDEX_SUFFIX
+from shardkit.format.dali_index import DALI_INDEX_SUFFIX, dali_index_name
 from shardkit.format.spec import HASHES_NAME, INDEX_NAME, OFFSETS_SUFFIX, PACK_STATE_DIR, TABLE_NAME, is_shard_name
 from shardkit.index.manifest import Manifest
 from shardkit.index.manifest_io import read_manifest
@@ -187,6 +187,11 @@ def prepare_destination(store: Store, fp: str, plans: list[ShardPlan], *, overwr
         changed = {k for k in set(manifest.options) | set(options or {})
                    if k != "fingerprint" and manifest.options.get(k) != (options or {}).get(k)}
         if changed == {"dali_index"} and (options or {}).get("dali_index"):  # the same pack, DALI's files wanted
+            same = listing is not None and manifest.options.get("fingerprint") == fingerprint(
+                listing, {**(options or {}), "dali_index": False})  # the same input too
+            if same and all(dali_index_name(shard.url) in entries for shard in manifest.shards):
+                _check_shards(store, manifest, entries)  # `shardkit index --dali-index` added them: complete
+                return DestinationState(manifest, {})
             raise DestinationInUse(f"holds this pack without DALI index files ({differs})",
                                    f"`shardkit index {store.url} --dali-index` adds them without packing again "
                                    "(or pass --overwrite to pack again)", where=store.url)

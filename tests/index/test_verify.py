@@ -226,14 +226,14 @@ def test_an_image_member_that_is_no_image_is_said_so_without_an_object_address(t
     adopt_shards(str(tmp_path), overwrite=True)
     assert verify_dataset(str(tmp_path), decode=True).problems == [
         f"{tmp_path / 'shard-000000.tar'}:a.jpg: does not decode (empty (0 bytes))"]
-    with tarfile.open(tmp_path / "shard-000000.tar", "w") as tar:  # a sample that names its source file
+    with tarfile.open(tmp_path / "shard-000000.tar", "w") as tar:  # another tool's json: not taken for ours
         for name, data in (("a.jpg", b""), ("a.cls", b"1"), ("a.json", b'{"source": "cat/flipped.jpg"}')):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     adopt_shards(str(tmp_path), overwrite=True)
     assert verify_dataset(str(tmp_path), decode=True).problems == [
-        f"{tmp_path / 'shard-000000.tar'}:a.jpg: does not decode (empty (0 bytes)); packed from cat/flipped.jpg"]
+        f"{tmp_path / 'shard-000000.tar'}:a.jpg: does not decode (empty (0 bytes))"]
     # without decode, the first bytes still tell an empty member or one of no image format
     assert verify_dataset(str(tmp_path)).problems == [
         f"{tmp_path / 'shard-000000.tar'}:a.jpg: empty (0 bytes): no image the loader decodes"]
@@ -257,3 +257,19 @@ def test_a_dataset_of_no_sample_is_a_problem(tmp_path):
     index.write_text(json.dumps(doc))
     problems = verify_dataset(str(tmp_path / "ds")).problems
     assert f"{index}: lists no sample: a dataset with nothing to load" in problems
+
+
+def test_a_packed_image_that_does_not_decode_is_named_with_its_source_file(tmp_path):
+    """A JPEG damaged inside its scan passes a default pack's checks; ``verify --decode`` names the
+    file it was packed from, not only the shard and key."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.frombytes("RGB", (64, 48), bytes(i % 251 for i in range(64 * 48 * 3))).save(out, "JPEG")
+    data = bytearray(out.getvalue())
+    data[len(data) // 2: len(data) // 2 + 64] = b"\xff\xc4" * 32  # a marker in the middle of the scan
+    (tmp_path / "src" / "cat").mkdir(parents=True)
+    (tmp_path / "src" / "cat" / "flipped.jpg").write_bytes(bytes(data))
+    pack(str(tmp_path / "src"), str(tmp_path / "out"), workers=1)
+    problems = verify_dataset(str(tmp_path / "out"), decode=True).problems
+    assert len(problems) == 1 and problems[0].endswith("; packed from cat/flipped.jpg"), problems

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shardkit import ShardLoader
 from tests.interop.conftest import run_script
 
 pytest.importorskip("lightning")
@@ -97,23 +98,26 @@ class Model(L.LightningModule):
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
         self.seen: dict[int, list[str]] = {}
+        self.validated: dict[int, list[str]] = {}
 
     def training_step(self, batch, batch_idx):
         self.seen.setdefault(self.current_epoch, []).extend(batch[2])
         return self.layer(torch.ones(1, 1)).sum()
 
     def validation_step(self, batch, batch_idx):
-        pass
+        if not self.trainer.sanity_checking:
+            self.validated.setdefault(self.current_epoch, []).extend(batch[2])
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def on_train_end(self) -> None:
         (out / f"{name}.json").write_text(json.dumps(self.seen))
+        (out / f"{name}_val.json").write_text(json.dumps(self.validated))
 
 
 train = ShardLoader(train_dir, batch_size=4, keys=True, num_workers=1, seed=1)
-val = ShardLoader(val_dir, batch_size=4, shuffle=False)
+val = ShardLoader(val_dir, batch_size=4, keys=True)  # shuffled: each validation is the fit's epoch's order
 saves = [ModelCheckpoint(dirpath=out / "ends", save_top_k=-1),  # at each epoch's end, Lightning's default
          ModelCheckpoint(dirpath=out / "steps", save_top_k=-1, every_n_train_steps=5)]
 L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, callbacks=saves, enable_progress_bar=False,
@@ -131,11 +135,20 @@ def test_fit_resumed_from_a_checkpoint_at_an_epochs_end_or_mid_epoch_trains_what
     script.write_text(_RESUME)
     data = (str(frames["train"]), str(frames["val"]), str(tmp_path))
 
+    with ShardLoader(str(frames["val"]), batch_size=4, keys=True) as val:  # the validations' orders
+        val_epochs = {}
+        for epoch in range(3):
+            val.set_epoch(epoch)
+            val_epochs[str(epoch)] = [key for *_, keys in val for key in keys]
+
     def fit(name: str, *ckpt: str) -> dict[str, list[str]]:
         done = run_script(str(script), *data, name, "3", *ckpt)
         assert done.returncode == 0, done.stderr[-4000:]
         assert "drops its resume point" not in done.stderr, done.stderr[-4000:]
         seen: dict[str, list[str]] = json.loads((tmp_path / f"{name}.json").read_text())
+        # the sanity check's two batches left the validation of epoch 0 open: its set_epoch(0) ran epoch 1
+        validated = json.loads((tmp_path / f"{name}_val.json").read_text())
+        assert validated == {epoch: val_epochs[epoch] for epoch in seen}, name
         return seen
 
     whole = fit("whole")  # 48 samples, 12 batches an epoch: checkpoints at steps 5, 10, 12 (end), 15, 20, ...

@@ -139,3 +139,63 @@ def test_the_sampler_yields_no_indices(packed: Path) -> None:
     with ShardLoader(str(packed), batch_size=8) as loader, \
             pytest.raises(TypeError, match=r"^a ShardLoader's sampler yields no indices: the loader reads its shards"):
         iter(loader.sampler)
+
+
+def test_the_batch_sampler_is_the_loaders_batching_around_the_same_sampler(packed: Path) -> None:
+    """Lightning's DeepSpeed strategy reads ``batch_sampler.batch_size``; Lightning's loops look for
+    a ``sampler`` behind it and tell samplers apart by identity."""
+    from torch.utils.data import SequentialSampler
+
+    with ShardLoader(str(packed), batch_size=8, drop_last=True) as loader:
+        batches = loader.batch_sampler
+        assert batches.batch_size == 8 and batches.drop_last is True and len(batches) == len(loader) == 8
+        assert batches.sampler is loader.sampler and not isinstance(loader.sampler, SequentialSampler)
+        with pytest.raises(TypeError, match=r"^a ShardLoader's batch_sampler yields no indices"):
+            iter(batches)
+    with ShardLoader(str(packed), batch_size=8, shuffle=False) as in_order:  # no false overfit_batches warning
+        assert isinstance(in_order.sampler, SequentialSampler) and len(in_order.sampler) == 69
+
+
+def test_the_samplers_set_epoch_runs_that_epoch_next_as_a_distributed_samplers_does(
+        packed: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Lightning's sanity check leaves a validation iteration of epoch 0 open; its
+    ``sampler.set_epoch(0)`` before the real validation ran epoch 1 (``loader.set_epoch`` of the
+    open iteration's own epoch changes nothing). And a resume point Lightning ends (an epoch cut
+    short by ``limit_train_batches``) is not warned about."""
+    with ShardLoader(str(packed), batch_size=8, keys=True) as loader, \
+            ShardLoader(str(packed), batch_size=8, keys=True) as reference:
+        epoch0 = [list(k) for *_, k in reference]
+        it = iter(loader)
+        next(it), next(it)  # a sanity check of two batches
+        loader.sampler.set_epoch(0)
+        assert [list(k) for *_, k in loader] == epoch0
+        state = reference.state_dict()
+        reference.set_epoch(0)
+        partial = iter(reference)
+        for _ in range(5):
+            next(partial)
+        state = reference.state_dict()  # epoch 0, 5 batches: where Lightning's limit ended the epoch
+        with caplog.at_level("INFO", logger="shardkit"):
+            loader.load_state_dict(state)
+            loader.sampler.set_epoch(1)
+        said = [(r.levelname, r.getMessage()) for r in caplog.records if "drops its resume point" in r.getMessage()]
+        assert [level for level, _ in said] == ["INFO"]
+        reference.set_epoch(1)
+        assert [list(k) for *_, k in loader] == [list(k) for *_, k in reference]
+
+
+def test_the_samplers_len_follows_the_live_rank(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    loader = ShardLoader(str(packed), batch_size=8, drop_last=True)  # built before the launcher's world
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert len(loader.sampler) == 32  # 69 samples: 4 full batches a rank
+    loader.close()
+
+
+def test_pad_takes_a_numpy_bool(packed: Path) -> None:
+    import numpy as np
+
+    with pytest.raises(LoaderError, match=r"^pad=True needs a COCO dataset"):  # taken as True, then judged
+        ShardLoader(str(packed), batch_size=8, pad=np.True_)  # type: ignore[arg-type]

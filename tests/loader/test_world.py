@@ -258,3 +258,10 @@ def test_a_world_size_without_a_rank_takes_the_launchers_rank(packed: Path, monk
     with ShardLoader(str(packed), batch_size=8, keys=True, world_size=2, shuffle=False) as loader, \
             ShardLoader(str(packed), batch_size=8, keys=True, rank=1, world_size=2, shuffle=False) as given:
         assert _keys(loader) == _keys(given)
+
+
+def test_a_world_size_in_the_environment_without_a_rank_is_an_error(packed: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")  # no RANK, no LOCAL_RANK: it read as rank 0
+    with pytest.raises(LoaderError, match=r"^WORLD_SIZE=2 is set but neither RANK nor LOCAL_RANK"):
+        ShardLoader(str(packed), batch_size=8)

@@ -42,6 +42,10 @@ def test_complete_destination_is_kept_or_refused(small_tree, tmp_path):
     with pytest.raises(PackError, match=r"holds this pack without DALI index files \(packed with dali_index=False, "
                                         r"now True\); `shardkit index .* --dali-index` adds them without packing"):
         pack(str(small_tree), dst, options=PackOptions(dali_index=True), workers=1)
+    from shardkit.index.dali import write_dali_indexes
+
+    write_dali_indexes(dst)  # what that command does: the same pack with DALI's files is then complete
+    assert pack(str(small_tree), dst, options=PackOptions(dali_index=True), workers=1).already_complete
     (small_tree / "class0" / "extra.jpg").write_bytes((small_tree / "class0" / "img0.jpg").read_bytes())
     with pytest.raises(PackError, match=r"\(same options, other input: its files or their order differ\)"):
         pack(str(small_tree), dst, workers=1)

@@ -48,6 +48,9 @@ def _launcher_rank_and_world() -> tuple[int, int] | None:
         if local is not None and node.strip() not in ("", "0"):
             raise LoaderError(f"the launcher set WORLD_SIZE={world}, LOCAL_RANK={local} and NODE_RANK={node} but no "
                               f"RANK: pass rank= and world_size= to ShardLoader")
+        if local is None and world.strip() not in ("", "1"):
+            raise LoaderError(f"WORLD_SIZE={world} is set but neither RANK nor LOCAL_RANK: pass rank= and world_size= "
+                              "to ShardLoader (or unset WORLD_SIZE)")
         rank = local
     try:
         return int(rank if rank is not None else "0"), int(world)
