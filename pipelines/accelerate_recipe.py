@@ -77,9 +77,10 @@ def evaluate_once(accelerator: Accelerator, dataset: str, *, batch_size: int) ->
                          shuffle=False, even_batches=False)
     classes = len(loader.classes or ())
     counts = torch.zeros(1 + classes, dtype=torch.int64)  # total, then one count per class
-    for _images, labels in loader:
-        counts[0] += len(labels)
-        counts[1:] += torch.bincount(labels, minlength=classes)
+    with torch.no_grad():  # an evaluation: nothing here calls backward, nor a collective per batch
+        for _images, labels in loader:
+            counts[0] += len(labels)
+            counts[1:] += torch.bincount(labels, minlength=classes)
     counts = accelerator.reduce(counts, reduction="sum")
     return {"total": int(counts[0]), "per_class": counts[1:].tolist()}
 

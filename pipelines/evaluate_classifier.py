@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                    f"classes of {args.shards}: {why}\n")
                 arch, classes = ckpt["arch"], ckpt["num_classes"]
             model = make_model(arch, classes).to(device)
+            recipe_args.check_image_size(model, arch, size)
             if ckpt is not None:
                 ddp.load_model_state(model, ckpt, args.checkpoint)
             if device.type == "cuda":

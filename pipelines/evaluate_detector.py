@@ -133,6 +133,9 @@ def evaluate(model: torch.nn.Module, loader: shardkit.ShardLoader, *, keys_log: 
             with autocast:
                 outputs = model([im.float().div_(255) for im in images])
             for image, target, out in zip(images, targets, outputs, strict=True):
+                if isinstance(target["image_id"], str):  # gathered over ranks as numbers, as COCO's ids are
+                    raise ShardkitError(f"image id {target['image_id']!r} is a string: this evaluation takes "
+                                        "COCO's integer image ids")
                 records.append({
                     "image_id": int(target["image_id"]), "size": tuple(image.shape[-2:]),
                     "boxes": target["boxes"].cpu(), "labels": target["labels"].cpu(),

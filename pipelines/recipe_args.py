@@ -117,12 +117,27 @@ def writable_folder(parser: argparse.ArgumentParser, option: str, folder: str | 
 
 
 def check_sizes(parser: argparse.ArgumentParser, min_size: int, max_size: int, *, given: bool = True) -> None:
-    """Refuse a ``--max-size`` not above ``--min-size`` as a usage error (``given``: both came from
-    the command line, else from a checkpoint too), before any data is read: torchvision's resize
-    refuses it at the first evaluation, after the training ran."""
-    if max_size <= min_size:
+    """Refuse a ``--max-size`` below ``--min-size`` as a usage error (``given``: both came from the
+    command line, else from a checkpoint too), before any data is read (equal sizes are taken, as
+    torchvision's detection models take them)."""
+    if max_size < min_size:
         source = "" if given else " (the checkpoint's sizes where not given)"
-        parser.error(f"--max-size {max_size} must be above --min-size {min_size}{source}")
+        parser.error(f"--max-size {max_size} must not be below --min-size {min_size}{source}")
+
+
+def check_image_size(model: torch.nn.Module, arch: str, size: int) -> None:
+    """Refuse, in one line, a model that torchvision builds for one input size (its ViTs, whose
+    ``image_size`` is fixed) at another ``--size``: its first step fails with an ``AssertionError``.
+
+    Raises:
+        ShardkitError: ``size`` is not the model's.
+    """
+    from shardkit.errors import ShardkitError
+
+    fixed = getattr(model, "image_size", None)
+    if isinstance(fixed, int) and fixed != size:
+        raise ShardkitError(f"--arch {arch} takes {fixed}x{fixed} images only (torchvision builds it for that size), "
+                            f"not --size {size}: pass --size {fixed}")
 
 
 def checkpoint_arch(parser: argparse.ArgumentParser, given: str | None, checkpoint: str, held: str) -> str:

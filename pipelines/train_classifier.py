@@ -77,7 +77,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
            if args.val else None)
     classes = list(loader.classes or ())  # a mix with --disjoint-labels: each dataset's, one after another
     num_classes = len(classes)
+    why = ddp.class_difference(classes, val.classes, args.val) if val is not None else None
+    if why is not None:  # a top-1 against labels of other classes would be a number, not a score
+        raise shardkit.ShardkitError(f"--val {args.val} is not of the training classes: "
+                                     f"{why.replace('the checkpoint', 'training')}")
     model = make_model(args.arch, num_classes).to(device)
+    recipe_args.check_image_size(model, args.arch, args.size)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)

@@ -128,6 +128,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         keys=log_dir is not None,
     )
     model = Clip(args.arch, args.dim).to(device)
+    recipe_args.check_image_size(model.image, args.arch, args.size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     step = ddp.resume(args.checkpoint, model=model, optimizer=optimizer, loader=loader, device=device, rank=rank,
                       arch=args.arch)
@@ -158,6 +159,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     clock = step_share.StepClock(args.share_steps)
     progress = ddp.ProgressClock(args.log_every)
     done = bool(args.steps) and step >= args.steps
+    if (done or loader.epoch >= args.epochs) and rank == 0:
+        print(f"nothing to train: the checkpoint is at step {step}, epoch {loader.epoch} "
+              f"(--steps {args.steps or 'unlimited'}, --epochs {args.epochs})", flush=True)
     for epoch in range(loader.epoch, args.epochs):
         if done:
             break

@@ -13,7 +13,8 @@
   step (its gradient all-reduce), accelerate's ``gather_for_metrics`` or any collective called
   per batch then waits on a rank that has none left (gloo fails, NCCL hangs): :func:`say_if_uneven`
   says so once per loader where the ranks' counts differ, as it starts iterating with autograd
-  on (a training loop; an evaluation loop runs under ``torch.no_grad()``) or under accelerate.
+  on (a training loop; an evaluation loop runs under ``torch.no_grad()``, and gathers once after
+  it, accelerate's too).
 - Lightning's loops give each epoch's number to ``loader.sampler.set_epoch`` before they iterate
   (as to a ``DistributedSampler``; DDP scripts call it by hand too), and nothing else: a fit
   resumed from a checkpoint taken at an epoch's end loads no loader state. :class:`EpochSampler`,
@@ -133,7 +134,6 @@ def seen_by_accelerate(loader: Any) -> Generator[None, None, None]:
     if state is None:
         yield
         return
-    say_if_uneven(loader)
     _compat.accelerate_track(state, loader)
     # bound now: an iterator still open at interpreter exit is closed after modules are torn down
     untrack, finalizing = _compat.accelerate_untrack, sys.is_finalizing

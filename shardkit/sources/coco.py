@@ -131,11 +131,13 @@ def _safe_rel(name: Any) -> bool:
 def _unreadable(ann: dict[str, Any]) -> bool:
     """Whether the loader cannot read ``ann``'s box, area or crowd flag as numbers (it would then
     replace the whole image, every epoch): such an annotation is dropped when packed."""
+    numbers = (int, float)  # JSON's: a string of digits ("3") is not one, though float() would take it
     try:
-        if len([float(v) for v in ann["bbox"]]) != 4:
+        box = ann["bbox"]
+        if len(box) != 4 or not all(type(v) in numbers for v in box):
             return True
-        if "area" in ann:
-            float(ann["area"])
+        if "area" in ann and type(ann["area"]) not in numbers:
+            return True
         int(ann.get("iscrowd", 0))
     except (KeyError, TypeError, ValueError, OverflowError):
         return True
@@ -336,8 +338,19 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     images: dict[Any, dict[str, Any]] = {}
     refused: set[Any] = set()  # ids of image records not packed
     records = [_record(doc, "images", i, ("id", "file_name"), annotations_json) for i in range(len(doc["images"]))]
-    last = {image["id"]: i for i, image in enumerate(records)}  # pycocotools' imgs[id] = img: the last one
+    # pycocotools' imgs[id] = img: the last one stands for an id
+    last = {image["id"]: i for i, image in enumerate(records)}  # ints or strings (_record)
+    # COCO's ids are integers; ids of other kinds beside them cannot be put in order (CocoDetection
+    # and COCO's evaluation sort them, and fail on such a mix): those records are not packed
+    numbered = any(type(image["id"]) is int for image in records)
     for i, image in enumerate(records):
+        if numbered and type(image["id"]) is not int:
+            warnings.append({"source": str(image["file_name"]),
+                             "reason": f"images[{i}]: id {image['id']!r} is not an integer, as the file's other "
+                                       "image ids are (a mix cannot be put in order); not packed"})
+            with contextlib.suppress(TypeError):  # an id that is no key is no image's either
+                refused.add(image["id"])
+            continue
         if last[image["id"]] != i:
             warnings.append({"source": str(image["file_name"]),
                              "reason": f"images[{i}]: repeated image id (id {image['id']!r}: its last record, "

@@ -121,7 +121,8 @@ def detection_train(
 def detection_val(min_size: int | None = None, max_size: int | None = None) -> DetectionTransform:
     """Evaluation transform, sized like :func:`detection_train`: nothing (``min_size=None``) or
     ``Resize(min_size, max_size=max_size)`` (shorter side to ``min_size``, longer side at most
-    ``max_size``: what torchvision's detection models do to their inputs at 800/1333).
+    ``max_size``: what torchvision's detection models do to their inputs at 800/1333; with
+    ``max_size == min_size``, longer side to ``max_size``, as those models do then).
 
     With ``min_size=None`` the loader's targets equal torchvision's ``CocoDetection`` wrapped by
     ``wrap_dataset_for_transforms_v2`` (crowd and degenerate boxes kept, as there).
@@ -136,8 +137,10 @@ def detection_val(min_size: int | None = None, max_size: int | None = None) -> D
         if max_size is not None:
             raise ValueError("max_size needs min_size (detection_val(min_size, max_size))")
         return DetectionTransform([], random=False)
-    if min_size < 1 or (max_size is not None and max_size <= min_size):
-        raise ValueError(f"need 1 <= min_size < max_size, got min_size={min_size}, max_size={max_size}")
+    if min_size < 1 or (max_size is not None and max_size < min_size):
+        raise ValueError(f"need 1 <= min_size <= max_size, got min_size={min_size}, max_size={max_size}")
+    if max_size == min_size:  # v2.Resize wants max_size above size; the longer side is what binds then
+        return DetectionTransform([v2.Resize(None, max_size=max_size)], random=False)
     return DetectionTransform([v2.Resize(min_size, max_size=max_size)], random=False)
 
 

@@ -22,6 +22,7 @@ def test_accelerate_accumulates_to_the_epoch_end_and_gathers_each_sample_once(fr
     done = run_script("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max_restarts", "0",
                       "pipelines/accelerate_recipe.py", str(frames["train"]), str(frames["val"]), str(result))
     assert done.returncode == 0, done.stderr[-4000:]
+    assert "waits forever" not in done.stderr, done.stderr[-4000:]  # its evaluation: under no_grad, as advised
     out = json.loads(result.read_text())
     assert out["world"] == 2
     # 6 batches per rank, accumulation over 4: a step at batch 3 and at the epoch's last (5), each epoch;

@@ -195,6 +195,19 @@ def test_datasets_whose_labels_clash_are_refused(packed: Path, other: str, same_
     ShardLoader([str(packed), same_classes, str(packed)], batch_size=2).close()  # a dataset may come twice
 
 
+def test_datasets_of_no_shared_class_are_pointed_at_disjoint_labels(packed: Path, tmp_path: Path) -> None:
+    """Class lists with no name in common: the advice is disjoint_labels=True (an IndexError came
+    out instead, from naming the first shared class of none)."""
+    root = tmp_path / "src"
+    make_indexed_imagefolder(root, classes=2, per_class=3, size=(32, 40))
+    for old in root.iterdir():
+        old.rename(root / f"d{old.name}")
+    pack(str(root), str(tmp_path / "ds"), workers=1)
+    with pytest.raises(LoaderError, match=r"class lists differ: .*; labels would mean different classes \(pass "
+                                          r"disjoint_labels=True to give each dataset its own labels"):
+        ShardLoader([str(packed), str(tmp_path / "ds")], batch_size=2)
+
+
 def test_mix_options_that_change_nothing_on_one_dataset_are_said(packed: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """weights=[0.5] on one dataset read as half an epoch and silently gave all of it."""

@@ -61,6 +61,30 @@ def test_checkpoints_a_recipe_cannot_use_are_refused_in_one_line(
     assert f"{ckpt}: its model does not fit this one (" in err
 
 
+def test_a_validation_set_of_other_classes_is_refused_before_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
+    """Its top-1 counted labels that mean other classes: a number, not a score."""
+    from sample_data.generate import make_indexed_imagefolder
+
+    make_indexed_imagefolder(tmp_path / "src", classes=3, per_class=2, size=(16, 16))
+    pack(str(tmp_path / "src"), str(tmp_path / "val"), workers=1)
+    ckpt = tmp_path / "ck.pt"
+    err = refused(train_classifier.main, [str(packed_sample), "--val", str(tmp_path / "val"), "--steps", "1",
+                                           "--batch-size", "4", "--checkpoint", str(ckpt), *CPU], capsys)
+    assert f"--val {tmp_path / 'val'} is not of the training classes: its classes differ from " in err
+    assert "in training, 'c000' in the dataset" in err and not ckpt.exists()
+
+
+def test_a_model_built_for_one_image_size_is_refused_at_another(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], packed_sample: Path) -> None:
+    """torchvision's ViTs take the size they are built for; another ended in an AssertionError's
+    traceback at the first step."""
+    err = refused(train_classifier.main, [str(packed_sample), "--arch", "vit_b_16", "--steps", "1",
+                                           "--batch-size", "4", *CPU], capsys)
+    assert "--arch vit_b_16 takes 224x224 images only (torchvision builds it for that size), not --size 16: " \
+           "pass --size 224" in err
+
+
 def test_a_batch_larger_than_an_epoch_is_refused_before_training(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
         packed_sample: Path) -> None:

@@ -40,6 +40,8 @@ def test_train_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str], p
     share = resumed["step_share"]  # the last step's rate over one synthetic step's
     assert share["fed_images_per_second"] > 0 and share["share"] == pytest.approx(
         share["fed_images_per_second"] / share["synthetic_images_per_second"])
+    main([*common, "--steps", "3"])  # the same command again: it said only that it resumed
+    assert "nothing to train: the checkpoint is at step 3, epoch 1 (--steps 3, --epochs 2)" in capsys.readouterr().out
 
 
 def test_the_keys_log_and_the_preemption_option_are_taken(tmp_path: Path, pairs: Path) -> None:

@@ -86,18 +86,21 @@ def test_a_checkpoint_in_a_folder_not_made_yet(tmp_path: Path, packed_coco: Path
 
 def test_sizes_or_an_arch_that_cannot_work_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             packed_coco: Path) -> None:
-    """Said before any data is read: torchvision's resize refused --max-size at or under --min-size
-    at the first evaluation, after the training, and an --arch beside a checkpoint was dropped."""
+    """Said before any data is read: torchvision's resize refused --max-size under --min-size at the
+    first evaluation, after the training, and an --arch beside a checkpoint was dropped. Equal sizes
+    are taken, as torchvision's detection models take them (they were refused)."""
     err = refused(main, [str(packed_coco), "--min-size", "256", "--max-size", "128", "--device", "cpu"], capsys)
-    assert "--max-size 128 must be above --min-size 256" in err
+    assert "--max-size 128 must not be below --min-size 256" in err
     evaluate = [str(packed_coco), "--device", "cpu", "--workers", "0"]
-    err = refused(evaluate_detector.main, [*evaluate, "--min-size", "128", "--max-size", "128"], capsys)
-    assert "--max-size 128 must be above --min-size 128 (--help" in err
+    equal = tmp_path / "equal.pt"
+    main([str(packed_coco), "--batch-size", "2", "--min-size", "64", "--max-size", "64", "--workers", "0",
+          "--device", "cpu", "--checkpoint", str(equal), "--steps", "1", "--val", str(packed_coco)])
+    assert torch.load(equal)["step"] == 1
     ckpt = tmp_path / "det.pt"
     main([str(packed_coco), "--batch-size", "2", "--min-size", "64", "--max-size", "128", "--workers", "0",
           "--device", "cpu", "--checkpoint", str(ckpt), "--steps", "1"])
     err = refused(evaluate_detector.main, [*evaluate, "--checkpoint", str(ckpt), "--max-size", "32"], capsys)
-    assert "--max-size 32 must be above --min-size 64 (the checkpoint's sizes where not given)" in err
+    assert "--max-size 32 must not be below --min-size 64 (the checkpoint's sizes where not given)" in err
     err = refused(evaluate_detector.main, [*evaluate, "--checkpoint", str(ckpt), "--arch", "retinanet_resnet50_fpn"],
                   capsys)
     assert (f"--arch retinanet_resnet50_fpn: --checkpoint {ckpt} holds a fasterrcnn_mobilenet_v3_large_320_fpn "

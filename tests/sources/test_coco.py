@@ -157,15 +157,26 @@ def test_bad_references_and_boxes_are_warned_with_counts(
     assert kept == n_anns + 3
 
 
-def test_string_ids_sort_after_ints(tmp_path: Path) -> None:
+def test_ids_other_than_the_files_integers_are_not_packed(tmp_path: Path) -> None:
+    """A string id among integer ones was packed, and CocoDetection, COCO's evaluation (which sort
+    the ids) and the evaluation recipe then failed on the mix; a file of string ids alone is taken."""
     (tmp_path / "img").mkdir()
-    (tmp_path / "img" / "b.jpg").write_bytes(b"b")  # the other two are missing: listed with size -1
-    doc = {"images": [{"id": "b", "file_name": "b.jpg"}, {"id": 7, "file_name": "a.jpg"},
+    (tmp_path / "img" / "b.jpg").write_bytes(b"b")  # c.jpg is missing: listed with size -1
+    (tmp_path / "img" / "a.jpg").write_bytes(b"a")
+    doc: dict[str, Any] = {"images": [{"id": "b", "file_name": "b.jpg"}, {"id": 7, "file_name": "a.jpg"},
                       {"id": "a", "file_name": "c.jpg"}],
-           "annotations": [], "categories": []}
+           "annotations": [{"id": 1, "image_id": "b", "category_id": 1, "bbox": [0, 0, 1, 1]}],
+           "categories": [{"id": 1, "name": "x"}]}
     listing = scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
-    assert [s.rel for s in listing.samples] == ["a.jpg", "c.jpg", "b.jpg"]
-    assert [s.size for s in listing.samples] == [-1, -1, 1]
+    assert [s.rel for s in listing.samples] == ["a.jpg"]
+    assert [w["reason"] for w in listing.warnings] == [
+        "images[0]: id 'b' is not an integer, as the file's other image ids are (a mix cannot be put in order); "
+        "not packed",
+        "images[2]: id 'a' is not an integer, as the file's other image ids are (a mix cannot be put in order); "
+        "not packed"]
+    del doc["images"][1]  # string ids alone: in their order, as CocoDetection sorts them
+    listing = scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
+    assert [s.rel for s in listing.samples] == ["c.jpg", "b.jpg"] and [s.size for s in listing.samples] == [-1, 1]
 
 
 def test_a_folder_holding_none_of_the_images_is_refused(tmp_path: Path) -> None:
@@ -258,14 +269,15 @@ def test_an_annotation_the_loader_cannot_read_is_dropped_when_packed(coco: tuple
     from shardkit.sources import coco as coco_source
 
     images_dir, ann, doc = coco
-    bad = doc["annotations"][:4]
+    bad = doc["annotations"][:6]
     bad[0]["bbox"], bad[1]["bbox"], bad[3]["area"] = "oops", [1, 2, 3], "big"
+    bad[4]["bbox"], bad[5]["area"] = [1, 2, "3", 4], "12"  # strings of digits: read as numbers, unflagged
     del bad[2]["bbox"]
-    ids = ", ".join(str(a["id"]) for a in bad)
+    ids = ", ".join(str(a["id"]) for a in bad[:5]) + ", … 1 more"  # five named
     listing = scan_coco(str(images_dir), str(_write(ann, doc)))
-    assert {"source": ann.name, "reason": "4 annotation(s) have a bbox that is not 4 numbers, or an area or iscrowd "
+    assert {"source": ann.name, "reason": "6 annotation(s) have a bbox that is not 4 numbers, or an area or iscrowd "
             f"that is not a number; dropped (a loader would replace their image) (annotation ids {ids})",
-            "annotations": 4, "dropped": True} in listing.annotation_problems
+            "annotations": 6, "dropped": True} in listing.annotation_problems
     pack_coco(str(images_dir), str(ann), str(tmp_path / "out"), workers=1)
     assert CliRunner().invoke(cli, ["verify", str(tmp_path / "out")]).exit_code == 0
     loader = ShardLoader(str(tmp_path / "out"), batch_size=2, num_workers=0, on_error="raise", shuffle=False)

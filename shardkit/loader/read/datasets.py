@@ -135,7 +135,7 @@ def _labels(urls: Sequence[str], manifests: Sequence[Manifest],
         for url, m in zip(urls[1:], manifests[1:], strict=True):
             if m.classes != first.classes:
                 shared = sorted(set(first.classes or ()) & set(m.classes or ()))
-                named = repr(shared[0]) + ("…" if len(shared) > 1 else "")
+                named = repr(shared[0]) + ("…" if len(shared) > 1 else "") if shared else ""
                 advice = (f"they share {len(shared)} class name{'s' * (len(shared) > 1)} ({named}), which "
                           "disjoint_labels=True would make classes of their own: to train each as one class, pack "
                           "every dataset with the same class folders (shardkit pack --allow-empty keeps those "

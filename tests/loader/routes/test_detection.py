@@ -221,8 +221,10 @@ def test_detection_val_is_sized_like_detection_train() -> None:
     assert transforms.detection_val().random is False
     with pytest.raises(ValueError, match="max_size needs min_size"):
         transforms.detection_val(max_size=1333)
-    with pytest.raises(ValueError, match="min_size < max_size"):
+    with pytest.raises(ValueError, match="min_size <= max_size"):
         transforms.detection_val(800, 600)
+    square, _ = run_detection_transform(transforms.detection_val(128, 128), image, target, seed=0)
+    assert square.shape == (3, 85, 128)  # equal sizes: the longer side to 128, as torchvision's detectors resize
 
 
 def test_coco_target_edge_cases() -> None:
