@@ -150,8 +150,8 @@ def resume(path: str | None, *, model: torch.nn.Module, optimizer: torch.optim.O
     loader.load_state_dict(ckpt["loader"])
     step = int(ckpt["step"])
     if rank == 0:
-        print(f"resumed from {path}: step {step}, epoch {loader.epoch}, "
-              f"batch {loader.state_dict()['batches_consumed']} of {len(loader)}", flush=True)
+        print(f"resumed from {path}: step {step}, epoch {loader.epoch}, {loader.remaining} of its "
+              f"{len(loader)} batches to go", flush=True)  # an elastic resume: those of the samples left
     return step
 
 

@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             arch, num_classes = args.arch or "fasterrcnn_mobilenet_v3_large_320_fpn", len(loader.label_map or {}) + 1
             if ckpt is not None:
                 if ckpt["label_map"] != loader.label_map:
-                    raise SystemExit(f"{args.shards}: its categories differ from those {args.checkpoint} was "
-                                     "trained on (label maps differ)")
+                    raise ShardkitError(f"{args.shards}: its categories differ from those {args.checkpoint} was "
+                                        "trained on (label maps differ)")
                 arch, num_classes = ckpt["arch"], ckpt["num_classes"]
             model = make_model(arch, num_classes, min_size, max_size).to(device)
             if ckpt is not None:

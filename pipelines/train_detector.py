@@ -77,8 +77,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     val = (val_loader(args.val, batch_size=args.batch_size, min_size=args.min_size, max_size=args.max_size,
                       workers=args.workers, device=device) if args.val else None)
     if val is not None and val.label_map != loader.label_map:
-        raise SystemExit(f"{args.val} and {' + '.join(args.shards)} have different categories: "
-                         "labels would not match")
+        raise shardkit.ShardkitError(f"--val {args.val} and {' + '.join(args.shards)} have different categories: "
+                                     "labels would not match")
     num_classes = len(loader.label_map or {}) + 1  # + background
     model = make_model(args.arch, num_classes, args.min_size, args.max_size).to(device)
     if cuda:

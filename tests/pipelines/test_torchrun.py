@@ -82,7 +82,7 @@ def test_killed_mid_epoch_then_resumed_trains_on_each_sample_once(packed: dict[s
 
     resumed = torchrun("train_classifier.py", *common, "--val", str(packed["val"]), "--log-keys", str(tmp_path / "b"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout and "step 4, epoch 0, batch 4 of 6" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "step 4, epoch 0, 2 of its 6 batches to go" in resumed.stdout
     assert "epoch 0  top-1" in resumed.stdout and "/42)" in resumed.stdout  # val: each of 42 samples once
     assert torch.load(ckpt)["step"] == 6
 
@@ -99,7 +99,7 @@ def test_a_job_preempted_on_two_ranks_resumes_on_one(packed: dict[str, Path], tm
     kill_after_step_five(common, tmp_path / "a")
     resumed = torchrun("train_classifier.py", *common, "--log-keys", str(tmp_path / "b"), nproc=1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout and "step 4, epoch 0, batch 0" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "step 4, epoch 0, 4 of its 12 batches to go" in resumed.stdout
     before = [keys for r in range(WORLD) for step, keys in read_log(tmp_path / "a" / f"train-rank{r}.txt")
               if step <= 4]  # steps after the checkpoint are redone
     after = [keys for _, keys in read_log(tmp_path / "b" / "train-rank0.txt")]

@@ -107,3 +107,22 @@ def test_sizes_or_an_arch_that_cannot_work_are_usage_errors(tmp_path: Path, caps
             "model (leave --arch out, or give fasterrcnn_mobilenet_v3_large_320_fpn)") in err
     evaluate_detector.main([*evaluate, "--checkpoint", str(ckpt), "--arch", "fasterrcnn_mobilenet_v3_large_320_fpn"])
     assert "(25 images over 1 rank" in capsys.readouterr().out
+
+
+def test_a_validation_set_of_other_categories_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  packed_coco: Path) -> None:
+    """It ended the run with a bare message and exit status 1, without the recipe's name."""
+    import json
+
+    from tests.pipelines.conftest import SAMPLE
+
+    coco = SAMPLE.parent / "coco"
+    doc = json.loads((coco / "instances.json").read_text())
+    doc["categories"] = [{**c, "id": c["id"] + 1000} for c in doc["categories"]]
+    for ann in doc["annotations"]:
+        ann["category_id"] += 1000
+    (tmp_path / "other.json").write_text(json.dumps(doc))
+    pack_coco(str(coco / "images"), str(tmp_path / "other.json"), str(tmp_path / "other"), workers=1)
+    err = refused(main, [str(packed_coco), "--val", str(tmp_path / "other"), "--batch-size", "2", "--min-size", "64",
+                         "--max-size", "128", "--workers", "0", "--device", "cpu", "--steps", "1"], capsys)
+    assert ": error: --val " in err and "have different categories: labels would not match" in err, err

@@ -250,3 +250,17 @@ def test_a_segmentation_masks_cannot_be_made_of_is_a_bad_target(segmentation: An
                                                    "segmentation": segmentation}]}
     with pytest.raises(BadTarget, match="segmentation|RLE"):  # [] raised pycocotools' IndexError, unnamed
         coco_target(meta, 8, 8, masks=True)
+
+
+def test_a_mask_decodes_where_warnings_are_errors() -> None:
+    """pycocotools' decode warns (a DeprecationWarning under numpy 2) at every call: under
+    ``-W error`` (pytest's ``filterwarnings = error``) every mask was a bad sample, replaced."""
+    import warnings
+
+    pytest.importorskip("pycocotools")
+    meta = {"image": {"id": 1}, "annotations": [{"id": 1, "bbox": [0, 0, 4, 4], "category_id": 1,
+                                                   "segmentation": [[0, 0, 4, 0, 4, 4, 0, 4]]}]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        target = coco_target(meta, 8, 8, masks=True)
+    assert target["masks"].shape == (1, 8, 8) and int(target["masks"].sum()) > 0

@@ -13,6 +13,7 @@ the box's ``w * h``, a missing ``iscrowd`` is 0.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,7 +51,10 @@ def segmentation_to_mask(segmentation: Any, height: int, width: int) -> torch.Te
         segmentation = mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width))
     else:
         raise BadTarget(f"segmentation must be polygons or RLE, got {type(segmentation).__name__}")
-    plane = torch.from_numpy(np.ascontiguousarray(mask_utils.decode(segmentation)))
+    with warnings.catch_warnings():  # pycocotools' decode under numpy 2: a DeprecationWarning each call,
+        warnings.simplefilter("ignore", DeprecationWarning)  # which -W error made a bad sample of every mask
+        decoded = mask_utils.decode(segmentation)
+    plane = torch.from_numpy(np.ascontiguousarray(decoded))
     if tuple(plane.shape) != (height, width):
         raise BadTarget(f"RLE of size {list(plane.shape)} on an image of size {[height, width]}")
     return plane
