@@ -13,8 +13,9 @@
   step (its gradient all-reduce), accelerate's ``gather_for_metrics`` or any collective called
   per batch then waits on a rank that has none left (gloo fails, NCCL hangs): :func:`say_if_uneven`
   says so once per loader where the ranks' counts differ, as it starts iterating with autograd
-  on (a training loop; an evaluation loop runs under ``torch.no_grad()``, and gathers once after
-  it, accelerate's too).
+  on (a training loop; an evaluation loop runs under ``torch.no_grad()`` and gathers once after
+  it), and where accelerate reads ``end_of_dataloader`` during an iteration (its
+  ``gather_for_metrics`` does after each batch's gather, under ``no_grad`` too).
 - Lightning's loops give each epoch's number to ``loader.sampler.set_epoch`` before they iterate
   (as to a ``DistributedSampler``; DDP scripts call it by hand too), and nothing else: a fit
   resumed from a checkpoint taken at an epoch's end loads no loader state. :class:`EpochSampler`,
@@ -89,8 +90,8 @@ class EpochSampler:
                         "order itself; iterate the loader, and give it the epoch with loader.set_epoch(epoch) "
                         "(or loader.sampler.set_epoch(epoch))")
 
-    def __repr__(self) -> str:
-        return f"EpochSampler(epoch={self.epoch}, samples={len(self)})"
+    def __repr__(self) -> str:  # no layout taken here: a repr must not raise (a world not settled yet)
+        return f"{type(self).__name__}(epoch={self.epoch}, samples={self._loader.config.rank_samples})"
 
 
 class InOrderEpochs(EpochSampler, SequentialSampler):

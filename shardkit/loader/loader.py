@@ -246,8 +246,7 @@ class ShardLoader:
             state = loader.state_dict()  # tiny, JSON-able; load_state_dict() resumes exactly
     """
 
-    #: True while the epoch's last batch is out (read by accelerate's gradient accumulation).
-    end_of_dataloader: bool = False
+    _end_of_dataloader = False
     #: What accelerate's ``gather_for_metrics`` would cut from the last gathered batch: nothing
     #: (padding sits in the last ranks' last batches; drop it per batch with :meth:`real_samples`).
     remainder: int = 0
@@ -464,6 +463,21 @@ class ShardLoader:
         else:  # the epoch last yielded from (it may have ended already when a framework fetched ahead)
             rest = self._last[1] if self._last is not None else self._pos.remainder
         return self.config.real_samples(batch_index, rest)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the epoch's last batch is out. Read per batch by accelerate's gradient
+        accumulation and its ``gather_for_metrics``: a read during an iteration says, once, where
+        ``even_batches=False`` gives the ranks different counts, that a collective per batch waits
+        forever on a rank with none left (an evaluation under ``torch.no_grad()`` is not told so
+        as it starts, see ``even_batches``)."""
+        if self._active and self._active == self._iterations:
+            say_if_uneven(self)
+        return self._end_of_dataloader
+
+    @end_of_dataloader.setter
+    def end_of_dataloader(self, value: bool) -> None:
+        self._end_of_dataloader = value
 
     @property
     def sampler(self) -> EpochSampler:

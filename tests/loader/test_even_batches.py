@@ -227,3 +227,19 @@ def test_uneven_ranks_are_said_once_as_a_training_loop_iterates(packed: Path,
         "a DDP step, a gather_for_metrics or any collective per batch waits forever on a rank with none left (train "
         "with even_batches=True, or under DDP's join()); an evaluation loop counts per rank and gathers once after "
         "it, under torch.no_grad(), which also keeps this quiet (docs: evaluation)"]
+
+
+def test_an_evaluation_that_reads_the_epochs_end_per_batch_is_told_of_uneven_ranks(
+        packed: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """accelerate's ``gather_for_metrics`` reads ``end_of_dataloader`` after each batch's gather:
+    a collective per batch, which waits forever on the rank with a batch more, under no_grad too.
+    An evaluation that gathers once after its loop reads nothing and is told nothing."""
+    uneven = ShardLoader(str(packed), batch_size=8, rank=1, world_size=2, even_batches=False)  # 4 or 5 batches
+    with caplog.at_level("WARNING", logger="shardkit.loader"), torch.no_grad():
+        assert sum(1 for _ in uneven) == 5
+        assert caplog.records == []
+        assert uneven.end_of_dataloader is False  # read outside an iteration: nothing to say
+        for _batch in uneven:
+            _ = uneven.end_of_dataloader  # as gather_for_metrics reads it, per batch
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("shardkit: with even_batches=False the ranks get 4 or 5 batches")
