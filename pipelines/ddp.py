@@ -46,7 +46,8 @@ def save_checkpoint(path: str, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def class_difference(saved: Any, classes: tuple[str, ...] | list[str] | None, dataset: str) -> str | None:
+def class_difference(saved: Any, classes: tuple[str, ...] | list[str] | None, dataset: str, *,
+                     saved_in: str = "the checkpoint") -> str | None:
     """Why a model trained on the class names ``saved`` (a checkpoint's; None: an older checkpoint
     that saved only their count, an int) cannot be used on a dataset of ``classes``, or None when
     it can. Label k means class ``saved[k]``: the same count of other names would be scored (or
@@ -66,7 +67,7 @@ def class_difference(saved: Any, classes: tuple[str, ...] | list[str] | None, da
         return None
     for k, (a, b) in enumerate(zip(saved, names, strict=False)):
         if a != b:
-            return f"its classes differ from {dataset}'s at label {k}: {a!r} in the checkpoint, {b!r} in the dataset"
+            return f"its classes differ from {dataset}'s at label {k}: {a!r} in {saved_in}, {b!r} in the dataset"
     return f"it has {len(saved)} classes, {dataset} has {len(names)}"
 
 

@@ -77,10 +77,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
            if args.val else None)
     classes = list(loader.classes or ())  # a mix with --disjoint-labels: each dataset's, one after another
     num_classes = len(classes)
-    why = ddp.class_difference(classes, val.classes, args.val) if val is not None else None
+    why = ddp.class_difference(classes, val.classes, args.val, saved_in="training") if val is not None else None
     if why is not None:  # a top-1 against labels of other classes would be a number, not a score
-        raise shardkit.ShardkitError(f"--val {args.val} is not of the training classes: "
-                                     f"{why.replace('the checkpoint', 'training')}")
+        raise shardkit.ShardkitError(f"--val {args.val} is not of the training classes: {why}")
     model = make_model(args.arch, num_classes).to(device)
     recipe_args.check_image_size(model, args.arch, args.size)
     if cuda:

@@ -70,7 +70,16 @@ class EpochSampler:
     """
 
     def __init__(self, loader: Any) -> None:
-        self._loader = loader
+        # weakly: the loader keeps its sampler, and a loader dropped without close() must stop its
+        # workers at once, not when the cycle collector comes by
+        self._ref = weakref.ref(loader)
+
+    @property
+    def _loader(self) -> Any:
+        loader = self._ref()
+        if loader is None:
+            raise ReferenceError("the ShardLoader of this sampler is gone")
+        return loader
 
     def set_epoch(self, epoch: int) -> None:
         """Make the loader's next iteration run ``epoch``."""

@@ -571,7 +571,9 @@ class ShardLoader:
                 loader.set_epoch(epoch)  # continues where the checkpoint stopped
                 for batch in loader: ...
 
-        ``set_epoch`` of another epoch there drops the resume point, with a warning.
+        ``set_epoch`` of another epoch there drops the resume point, with a warning (through
+        :attr:`sampler`, as a framework gives the epoch, a later one is only logged at info level:
+        Lightning ends an epoch early with ``limit_train_batches``).
         """
         self._set_epoch(epoch, by_sampler=False)
 
@@ -579,13 +581,14 @@ class ShardLoader:
         """:meth:`set_epoch`; ``by_sampler``: given to :attr:`sampler`, as a framework gives it to a
         ``DistributedSampler`` before each iteration of an epoch it counts itself: the next
         iteration runs ``epoch`` from its start even where the open one (a validation cut short
-        by Lightning's sanity check) is of that epoch, and a resume point dropped for another epoch
-        (an epoch Lightning ended early, with ``limit_train_batches``) is logged at info level."""
+        by Lightning's sanity check) is of that epoch, and a resume point dropped for a later
+        epoch (an epoch Lightning ended early, with ``limit_train_batches``) is logged at info
+        level; for an earlier one (a loop counting its epochs from 0 after a resume), warned of."""
         epoch = as_int("epoch", epoch, 0, MAX_INT)  # it travels to the workers in an int64 tensor
         midway = self._open and self._pos.batch < self.config.epoch_batches(self._pos.remainder)
         dropped = self._pos.set_epoch(epoch, iterating=self._open, midway=midway and not by_sampler)
         if dropped is not None:
-            (log.info if by_sampler else log.warning)(
+            (log.info if by_sampler and epoch > dropped[0] else log.warning)(
                 "shardkit: set_epoch(%d) right after load_state_dict drops its resume point (epoch %d, batch %d): "
                 "epoch %d runs from its start; set_epoch(loader.epoch) resumes where the state stopped",
                 epoch, *dropped, epoch)

@@ -138,7 +138,10 @@ def _unreadable(ann: dict[str, Any]) -> bool:
             return True
         if "area" in ann and type(ann["area"]) not in numbers:
             return True
-        int(ann.get("iscrowd", 0))
+        crowd = ann.get("iscrowd", 0)
+        if type(crowd) not in (int, float, bool):
+            return True
+        int(crowd)
     except (KeyError, TypeError, ValueError, OverflowError):
         return True
     return False
@@ -340,14 +343,17 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
     records = [_record(doc, "images", i, ("id", "file_name"), annotations_json) for i in range(len(doc["images"]))]
     # pycocotools' imgs[id] = img: the last one stands for an id
     last = {image["id"]: i for i, image in enumerate(records)}  # ints or strings (_record)
-    # COCO's ids are integers; ids of other kinds beside them cannot be put in order (CocoDetection
-    # and COCO's evaluation sort them, and fail on such a mix): those records are not packed
-    numbered = any(type(image["id"]) is int for image in records)
+    # ids are integers (COCO's) or strings (_record); a mix of both cannot be put in order
+    # (CocoDetection and COCO's evaluation sort them, and fail on it): the fewer kind is not packed
+    numbers = sum(type(image["id"]) is int for image in records)
+    kind = int if 2 * numbers >= len(records) else str
+    most = f"integers: {numbers:,}" if kind is int else f"strings: {len(records) - numbers:,}"
     for i, image in enumerate(records):
-        if numbered and type(image["id"]) is not int:
+        if type(image["id"]) is not kind:
             warnings.append({"source": str(image["file_name"]),
-                             "reason": f"images[{i}]: id {image['id']!r} is not an integer, as the file's other "
-                                       "image ids are (a mix cannot be put in order); not packed"})
+                             "reason": f"images[{i}]: id {image['id']!r} is of another kind than most of the "
+                                       f"file's image ids ({most} of {len(records):,}), and a mix cannot be put in "
+                                       "order; not packed"})
             with contextlib.suppress(TypeError):  # an id that is no key is no image's either
                 refused.add(image["id"])
             continue

@@ -146,7 +146,7 @@ def test_fit_resumed_from_a_checkpoint_at_an_epochs_end_or_mid_epoch_trains_what
         assert done.returncode == 0, done.stderr[-4000:]
         assert "drops its resume point" not in done.stderr, done.stderr[-4000:]
         seen: dict[str, list[str]] = json.loads((tmp_path / f"{name}.json").read_text())
-        # the sanity check's two batches left the validation of epoch 0 open: its set_epoch(0) ran epoch 1
+        # the sanity check's two batches leave the validation of epoch 0 open; set_epoch(0) still runs epoch 0
         validated = json.loads((tmp_path / f"{name}_val.json").read_text())
         assert validated == {epoch: val_epochs[epoch] for epoch in seen}, name
         return seen

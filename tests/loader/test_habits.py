@@ -169,7 +169,6 @@ def test_the_samplers_set_epoch_runs_that_epoch_next_as_a_distributed_samplers_d
         next(it), next(it)  # a sanity check of two batches
         loader.sampler.set_epoch(0)
         assert [list(k) for *_, k in loader] == epoch0
-        state = reference.state_dict()
         reference.set_epoch(0)
         partial = iter(reference)
         for _ in range(5):
@@ -182,6 +181,14 @@ def test_the_samplers_set_epoch_runs_that_epoch_next_as_a_distributed_samplers_d
         assert [level for level, _ in said] == ["INFO"]
         reference.set_epoch(1)
         assert [list(k) for *_, k in loader] == [list(k) for *_, k in reference]
+        caplog.clear()
+        with caplog.at_level("INFO", logger="shardkit"):
+            loader.load_state_dict(state)
+            loader.sampler.set_epoch(0)  # the state's own epoch: its resume point kept, nothing said
+            loader.load_state_dict({**state, "epoch": 2})
+            loader.sampler.set_epoch(1)  # an earlier epoch than the state's: warned
+        said = [(r.levelname, r.getMessage()) for r in caplog.records if "drops its resume point" in r.getMessage()]
+        assert [level for level, _ in said] == ["WARNING"]
 
 
 def test_the_samplers_len_follows_the_live_rank(packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -168,13 +168,15 @@ def test_ids_other_than_the_files_integers_are_not_packed(tmp_path: Path) -> Non
            "annotations": [{"id": 1, "image_id": "b", "category_id": 1, "bbox": [0, 0, 1, 1]}],
            "categories": [{"id": 1, "name": "x"}]}
     listing = scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
-    assert [s.rel for s in listing.samples] == ["a.jpg"]
+    assert [s.rel for s in listing.samples] == ["c.jpg", "b.jpg"]  # the string ids, most of the file's
     assert [w["reason"] for w in listing.warnings] == [
-        "images[0]: id 'b' is not an integer, as the file's other image ids are (a mix cannot be put in order); "
-        "not packed",
-        "images[2]: id 'a' is not an integer, as the file's other image ids are (a mix cannot be put in order); "
-        "not packed"]
-    del doc["images"][1]  # string ids alone: in their order, as CocoDetection sorts them
+        "images[1]: id 7 is of another kind than most of the file's image ids (strings: 2 of 3), and a mix cannot be "
+        "put in order; not packed"]
+    doc["images"].append({"id": 8, "file_name": "d.jpg"})  # as many integers as strings: the integers are kept
+    listing = scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
+    assert [s.rel for s in listing.samples] == ["a.jpg", "d.jpg"]
+    assert [w["reason"].split(" is of")[0] for w in listing.warnings] == ["images[0]: id 'b'", "images[2]: id 'a'"]
+    del doc["images"][1], doc["images"][-1]  # string ids alone: in their order, as CocoDetection sorts them
     listing = scan_coco(str(tmp_path / "img"), str(_write(tmp_path / "i.json", doc)))
     assert [s.rel for s in listing.samples] == ["c.jpg", "b.jpg"] and [s.size for s in listing.samples] == [-1, 1]
 

@@ -32,13 +32,17 @@ def _init_worker(worker_id: int) -> None:
     ship_from_this_worker()
 
 
-def _launcher_rank_and_world() -> tuple[int, int] | None:
+def _launcher_rank_and_world(*, settled: bool = True) -> tuple[int, int] | None:
     """``(RANK, WORLD_SIZE)`` set by torchrun (or another launcher) for this process, else None.
     Where the launcher sets ``LOCAL_RANK`` but no ``RANK`` (Lightning's processes on one node),
     ``LOCAL_RANK`` is the rank on node 0 (``NODE_RANK`` unset or 0).
 
+    ``settled=False`` (a layout taken for now): a ``WORLD_SIZE`` above 1 with neither rank
+    variable gives None, for a process group made before the first iteration to say the rank.
+
     Raises:
-        LoaderError: the variables are set but malformed, or give no rank off node 0.
+        LoaderError: the variables are set but malformed, or give no rank off node 0; settled,
+            a ``WORLD_SIZE`` above 1 with neither ``RANK`` nor ``LOCAL_RANK``.
     """
     world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
     if world is None:
@@ -48,14 +52,17 @@ def _launcher_rank_and_world() -> tuple[int, int] | None:
         if local is not None and node.strip() not in ("", "0"):
             raise LoaderError(f"the launcher set WORLD_SIZE={world}, LOCAL_RANK={local} and NODE_RANK={node} but no "
                               f"RANK: pass rank= and world_size= to ShardLoader")
-        if local is None and world.strip() not in ("", "1"):
-            raise LoaderError(f"WORLD_SIZE={world} is set but neither RANK nor LOCAL_RANK: pass rank= and world_size= "
-                              "to ShardLoader (or unset WORLD_SIZE)")
         rank = local
     try:
-        return int(rank if rank is not None else "0"), int(world)
+        found = int(rank if rank is not None else "0"), int(world)
     except ValueError:
         raise LoaderError(f"RANK={rank!r} and WORLD_SIZE={world!r} from the launcher are not integers") from None
+    if rank is None and found[1] > 1:  # neither RANK nor LOCAL_RANK: rank 0 would be a guess
+        if not settled:
+            return None
+        raise LoaderError(f"WORLD_SIZE={world} is set but neither RANK nor LOCAL_RANK: pass rank= and world_size= "
+                          "to ShardLoader (or unset WORLD_SIZE)")
+    return found
 
 
 def rank_and_world(rank: int | None, world_size: int | None, *, settled: bool = True) -> tuple[int, int]:
@@ -77,7 +84,7 @@ def rank_and_world(rank: int | None, world_size: int | None, *, settled: bool = 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         detected = torch.distributed.get_rank(), torch.distributed.get_world_size()
     elif rank is None or world_size is None:
-        detected = _launcher_rank_and_world()
+        detected = _launcher_rank_and_world(settled=settled)
         if detected is not None and detected[1] > 1:
             log.info("shardkit: no torch.distributed process group yet; rank %d of %d from the launcher's "
                      "RANK/WORLD_SIZE", *detected)

@@ -233,6 +233,7 @@ def test_a_loader_dropped_without_close_stops_its_processes_at_once(packed: Path
     gc.disable()  # only reference counting may free the loader here
     try:
         loader = _loader(packed, **kw)
+        loader.sampler.set_epoch(0)  # as Lightning and DDP scripts do: the loader keeps its sampler
         batches = iter(loader)
         next(batches), next(batches)
         del batches, loader

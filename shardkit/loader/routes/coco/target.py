@@ -13,6 +13,7 @@ the box's ``w * h``, a missing ``iscrowd`` is 0.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -51,8 +52,14 @@ def segmentation_to_mask(segmentation: Any, height: int, width: int) -> torch.Te
         segmentation = mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width))
     else:
         raise BadTarget(f"segmentation must be polygons or RLE, got {type(segmentation).__name__}")
-    with warnings.catch_warnings():  # pycocotools' decode under numpy 2: a DeprecationWarning each call,
-        warnings.simplefilter("ignore", DeprecationWarning)  # which -W error made a bad sample of every mask
+    if threading.current_thread() is threading.main_thread():  # a worker's, or the loop's without workers
+        # pycocotools' decode under numpy 2: a DeprecationWarning each call, which -W error made a
+        # bad sample of every mask; not in another thread (the COCO GPU route's without workers):
+        # catch_warnings swaps the process's filters, which the loop's thread may be changing
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            decoded = mask_utils.decode(segmentation)
+    else:
         decoded = mask_utils.decode(segmentation)
     plane = torch.from_numpy(np.ascontiguousarray(decoded))
     if tuple(plane.shape) != (height, width):
