@@ -588,10 +588,13 @@ class ShardLoader:
         midway = self._open and self._pos.batch < self.config.epoch_batches(self._pos.remainder)
         dropped = self._pos.set_epoch(epoch, iterating=self._open, midway=midway and not by_sampler)
         if dropped is not None:
-            (log.info if by_sampler and epoch > dropped[0] else log.warning)(
-                "shardkit: set_epoch(%d) right after load_state_dict drops its resume point (epoch %d, batch %d): "
+            left, batch, rest = dropped
+            point = f"batch {batch}" if rest is None else (  # an elastic resume's: batches of what was left
+                f"batch {batch} of what was left of it, {len(rest):,} samples")
+            (log.info if by_sampler and epoch > left else log.warning)(
+                "shardkit: set_epoch(%d) right after load_state_dict drops its resume point (epoch %d, %s): "
                 "epoch %d runs from its start; set_epoch(loader.epoch) resumes where the state stopped",
-                epoch, *dropped, epoch)
+                epoch, left, point, epoch)
 
     def wait_for_feeders(self, timeout: float | None = None) -> bool:
         """With ``feeders="auto"`` the first batches come from this process while the feeder

@@ -206,3 +206,19 @@ def test_pad_takes_a_numpy_bool(packed: Path) -> None:
 
     with pytest.raises(LoaderError, match=r"^pad=True needs a COCO dataset"):  # taken as True, then judged
         ShardLoader(str(packed), batch_size=8, pad=np.True_)  # type: ignore[arg-type]
+
+
+def test_a_dropped_elastic_resume_point_says_what_was_left(packed: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """After an elastic resume the resume point is batch 0 of what was left: "batch 0" alone read
+    as if nothing were lost."""
+    with ShardLoader(str(packed), batch_size=8, rank=0, world_size=2) as two:
+        batches = iter(two)
+        next(batches), next(batches)
+        state = two.state_dict()  # 2 ranks x 2 batches: 32 of 69 samples out
+    with ShardLoader(str(packed), batch_size=8) as one, caplog.at_level("WARNING", logger="shardkit"):
+        one.load_state_dict(state)
+        one.set_epoch(1)
+    said = [r.getMessage() for r in caplog.records if "drops its resume point" in r.getMessage()]
+    assert said == ["shardkit: set_epoch(1) right after load_state_dict drops its resume point (epoch 0, batch 0 of "
+                    "what was left of it, 37 samples): epoch 1 runs from its start; set_epoch(loader.epoch) resumes "
+                    "where the state stopped"]

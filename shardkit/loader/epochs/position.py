@@ -41,7 +41,8 @@ class Position:
     remainder: Remainder | None = None
     following: _Following | None = None
 
-    def set_epoch(self, epoch: int, *, iterating: bool = False, midway: bool = False) -> tuple[int, int] | None:
+    def set_epoch(self, epoch: int, *, iterating: bool = False, midway: bool = False
+                  ) -> tuple[int, int, Remainder | None] | None:
         """The next iteration runs ``epoch`` from its start (right after :meth:`resumed` into that
         epoch: from the resume point). ``iterating``: an iteration is open; it goes on with its
         own epoch, and ``epoch`` applies once it ends (:meth:`ended`) or the next one begins;
@@ -49,8 +50,9 @@ class Position:
         nothing else given meanwhile, changes nothing (a loop saying which epoch it is in; the
         next iteration runs the epoch after it).
 
-        Returns the resume point ``(epoch, batch)`` this drops: one :meth:`resumed` gave, of another
-        epoch, that nothing ran from yet (a loop counting its epochs from 0 after a resume); else None.
+        Returns the resume point ``(epoch, batch, remainder)`` this drops: one :meth:`resumed` gave,
+        of another epoch, that nothing ran from yet (a loop counting its epochs from 0 after a
+        resume); else None.
         """
         if iterating:
             f = self.following
@@ -59,11 +61,11 @@ class Position:
             if f is None and midway and epoch == self.epoch:
                 return None
             self.following = _Following(epoch)
-            return (f.epoch, f.batch) if f is not None and f.resume else None
+            return (f.epoch, f.batch, f.remainder) if f is not None and f.resume else None
         self.following = None
         if self.loaded and epoch == self.epoch:
             return None
-        dropped = (self.epoch, self.batch) if self.loaded else None
+        dropped = (self.epoch, self.batch, self.remainder) if self.loaded else None
         self.epoch, self.batch, self.fresh, self.loaded, self.remainder = epoch, 0, True, False, None
         return dropped
 

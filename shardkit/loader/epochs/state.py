@@ -181,9 +181,12 @@ class LoaderState:
                            drop_last=self.drop_last, even_batches=self.even_batches)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of every field (``json.dumps`` works on it as is); an optional field
-        at its default (``even_batches=True``) is left out."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if not (k in _OPTIONAL and v == _OPTIONAL[k])}
+        """A JSON-able dict of every field (``json.dumps`` works on it as is), the optional ones
+        at their defaults too: the keys are the same in every state, which
+        ``torch.distributed.checkpoint`` needs (it loads a checkpoint into the keys of the state a
+        fresh loader gives, and drops the others: a ``remainder`` went missing in an elastic
+        resume). :meth:`from_dict` still takes a state without them (an earlier shardkit's)."""
+        return dataclasses.asdict(self)
 
     def resume_at(self, rank: int) -> tuple[int, int]:
         """``(epoch, next batch)`` where rank ``rank`` resumes: the next epoch's start once the

@@ -129,10 +129,15 @@ def test_check_compatible_needs_every_field_the_order_depends_on():
         check_compatible(make(), **ORDER, world_size=2)  # the layout is not compared: an elastic resume
 
 
-def test_even_batches_is_recorded_only_when_false():
+def test_every_state_has_every_key_and_one_without_the_optional_ones_loads():
+    """torch.distributed.checkpoint loads a checkpoint into the keys of the state a fresh loader
+    gives: a key some states leave out (``even_batches`` at its default, ``remainder``) was
+    missing on one side or dropped on the other."""
     default = make()
-    assert "even_batches" not in default.to_dict() and "remainder" not in default.to_dict()
-    assert LoaderState.from_dict(default.to_dict()).even_batches is True
+    assert default.to_dict()["even_batches"] is True and default.to_dict()["remainder"] is None
+    assert set(default.to_dict()) == set(make(even_batches=False).to_dict())
+    earlier = {k: v for k, v in default.to_dict().items() if k not in ("even_batches", "remainder", "mix")}
+    assert LoaderState.from_dict(earlier) == default  # an earlier shardkit's state, without them
     uneven = make(even_batches=False)
     assert uneven.to_dict()["even_batches"] is False
     assert LoaderState.from_dict(json.loads(json.dumps(uneven.to_dict()))) == uneven
