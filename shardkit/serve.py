@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from shardkit._ray_reach import split_address
 from shardkit.errors import ShardkitError
 
 __all__ = ["DEFAULT_PORT", "SERVICE_RESOURCE", "start_command"]
@@ -32,7 +33,8 @@ def start_command(*, head: bool, address: str | None, port: int = DEFAULT_PORT, 
     further ``ray start`` options, passed as they are.
 
     Raises:
-        ShardkitError: both or neither of ``head`` and ``address``, or ``num_cpus`` < 1.
+        ShardkitError: both or neither of ``head`` and ``address``, an address without its port,
+            a ``port`` that is none, or ``num_cpus`` < 1.
 
     Example:
         >>> start_command(head=False, address="10.0.0.5:6379", num_cpus=4)[3:]
@@ -41,6 +43,13 @@ def start_command(*, head: bool, address: str | None, port: int = DEFAULT_PORT, 
     """
     if head == (address is not None):
         raise ShardkitError("give either --head (start a cluster) or --address HEAD:PORT (join one)")
+    if address not in (None, "auto"):  # "auto": the cluster this node is in, found as it joins
+        try:
+            split_address(address)
+        except ValueError as err:
+            raise ShardkitError(f"--address: {err}") from None
+    if head and not 0 < port < 65536:
+        raise ShardkitError(f"--port must be a port number (1 to 65535), got {port}")
     cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
     if cpus < 1:
         raise ShardkitError(f"--num-cpus must be at least 1, got {cpus}")

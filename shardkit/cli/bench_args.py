@@ -126,10 +126,11 @@ def writable(path: str, option: str) -> str:
     a symlink names) is created as pack creates its destination, then it is written as the report
     will be, without writing (:func:`~shardkit.bench.report.check_writable`); ``path`` must not be
     a directory."""
+    example = "DIR/report.png" if option == "--plot" else "DIR/report.json"
     if os.path.isdir(path):
-        raise BenchError("is a directory; name the file to write (e.g. DIR/report.json)", where=f"{option} {path}")
+        raise BenchError(f"is a directory; name the file to write (e.g. {example})", where=f"{option} {path}")
     if path.endswith(("/", os.sep)):
-        raise BenchError("names a folder (it ends in /); name the file to write (e.g. DIR/report.json)",
+        raise BenchError(f"names a folder (it ends in /); name the file to write (e.g. {example})",
                          where=f"{option} {path}")
     parent = os.path.dirname(os.path.realpath(path))
     missing = []

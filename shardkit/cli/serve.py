@@ -9,8 +9,12 @@ import sys
 
 import click
 
+from shardkit._ray_reach import reach_cluster
 from shardkit.errors import ShardkitError
 from shardkit.serve import DEFAULT_PORT, SERVICE_RESOURCE, start_command
+
+#: Seconds the head at --address has to answer before the node starts (RayService's own check).
+REACH_TIMEOUT_S = 5.0
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": True})
@@ -37,6 +41,11 @@ def serve_command(head: bool, address: str | None, port: int, num_cpus: int | No
         return
     if importlib.util.find_spec("ray") is None:
         raise ShardkitError("shardkit serve needs Ray on this node: pip install 'shardkit[ray]'")
+    if address is not None:  # `ray start` waits minutes, printing Ray's warnings, on an address no head answers
+        try:
+            reach_cluster(address, REACH_TIMEOUT_S)
+        except ConnectionError as err:
+            raise ShardkitError(f"--address: {err}") from None
     cpus = command[command.index("--num-cpus") + 1]
     where = f"a cluster with its head here, port {port}" if head else f"the cluster at {address}"
     click.echo(f"shardkit serve: {cpus} CPUs of this node join {where} as the {SERVICE_RESOURCE} resource; "

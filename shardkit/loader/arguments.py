@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -173,7 +174,7 @@ def as_flags(**given: object) -> tuple[bool, ...]:
 
 def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: str,
                      rank: int | None, world_size: int | None, gpu: GpuOptions | None,
-                     pad: object, transform: object = None) -> None:
+                     pad: object, transform: object = None, cache_dir: object = None) -> None:
     """Refuse bad arguments when the loader is built, naming the argument, rather than later in
     a worker process (where torch would re-raise the error under its own type) or on one route only
     (``num_workers``: :func:`worker_count`).
@@ -194,6 +195,9 @@ def check_arguments(*, batch_size: int, window: int, prefetch: int, on_error: st
         raise LoaderError(f"gpu must be a GpuOptions or None, got {type(gpu).__name__}")
     if not isinstance(pad, int) or (not isinstance(pad, bool) and pad < 1):
         raise LoaderError(f"pad must be False, True or a positive int (sides rounded up to it), got {pad!r}")
+    if cache_dir is not None and (not isinstance(cache_dir, (str, os.PathLike)) or not os.fspath(cache_dir)):
+        raise LoaderError(f"cache_dir must be a folder's path, or None for the default ($XDG_CACHE_HOME/shardkit, "
+                          f"else ~/.cache/shardkit), got {cache_dir!r:.80}")
     if transform is not None and not callable(transform):
         raise LoaderError("transform must be a callable (e.g. shardkit.transforms.imagenet_train(224), or any "
                           f"function of a uint8 [3, H, W] tensor) or None, got {transform!r:.80}")

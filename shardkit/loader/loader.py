@@ -305,7 +305,7 @@ class ShardLoader:
         where = as_device(device)
         rank, world_size, pad = plain_int(rank), plain_int(world_size), plain_int(pad)
         check_arguments(batch_size=batch_size, window=window, prefetch=prefetch, on_error=on_error, rank=rank,
-                        world_size=world_size, gpu=gpu, pad=pad, transform=transform)
+                        world_size=world_size, gpu=gpu, pad=pad, transform=transform, cache_dir=cache_dir)
         shuffle, drop_last, even_batches, keys, masks, contiguous_labels, verify_hashes, disjoint_labels, read_ahead = (
             as_flags(shuffle=shuffle, drop_last=drop_last, even_batches=even_batches, keys=keys, masks=masks,
                      contiguous_labels=contiguous_labels, verify_hashes=verify_hashes,

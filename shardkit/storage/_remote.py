@@ -103,10 +103,16 @@ def check_options(protocol: str, storage_options: dict[str, Any]) -> str | None:
             return f"unknown storage option {key!r} for {protocol}://{_did_you_mean(key, known)}"
         if key in ("client_kwargs", "config_kwargs", "s3_additional_kwargs") and not isinstance(value, Mapping):
             return f"storage option {key} must be a mapping (-o {key}.NAME=VALUE), not {value!r}"
-    for key in storage_options.get("client_kwargs") or {}:
+    client = storage_options.get("client_kwargs") or {}
+    for key in client:
         if client_known and key not in client_known:
             return (f"unknown storage option 'client_kwargs.{key}' for {protocol}://"
                     f"{_did_you_mean(key, client_known)}")
+    for key, (types, what) in _CLIENT_TYPES.items():  # botocore takes any value and fails at the first request
+        given: Any = client.get(key)
+        if given is not None and (not isinstance(given, types) or (key == "endpoint_url" and "://" not in str(given))
+                                  or (key == "verify" and isinstance(given, str) and not os.path.isfile(given))):
+            return f"storage option client_kwargs.{key} must be {what}, not {given!r}"
     if storage_options.get("config_kwargs"):
         return _config_problem(storage_options["config_kwargs"])
     return None
@@ -145,6 +151,13 @@ def _s3_option_names() -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(top), frozenset(named(create) - {"service_name"}) if create is not None else frozenset()
 
 
+#: S3 client options botocore checks only at the first request (a traceback there): their types.
+_CLIENT_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "endpoint_url": (str, "a URL with its scheme (http://host:port)"),
+    "region_name": (str, "a region's name (a string)"),
+    "verify": ((bool, str), "true, false or the path of a CA bundle"),
+}
+
 #: botocore ``Config`` options that must be numbers, which it checks only when a request uses them.
 _CONFIG_NUMBERS = {"connect_timeout": "a number of seconds", "read_timeout": "a number of seconds",
                    "max_pool_connections": "a count"}
@@ -166,6 +179,10 @@ def _config_problem(config_kwargs: Mapping[str, Any]) -> str | None:
     if retries is not None and not isinstance(retries, Mapping):
         return (f"storage option config_kwargs.retries must be a mapping "
                 f"(-o config_kwargs.retries.max_attempts=N), not {retries!r}")
+    for key in ("max_attempts", "total_max_attempts"):
+        value = (retries or {}).get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"storage option config_kwargs.retries.{key} must be a whole number, not {value!r}"
     try:
         AioConfig(**config_kwargs)
     except Exception as err:  # botocore's TypeError / InvalidRetryConfigurationError / ParamValidationError

@@ -12,7 +12,7 @@ import os
 import pathlib
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, TypeVar, cast
 
 from shardkit.errors import StorageError
@@ -51,6 +51,9 @@ class Store:
         if not self.remote:
             url = os.path.expanduser(url)  # "~/data", as torchvision's datasets take a root
         self.url = url.rstrip("/") if url not in ("/", "") else url
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise StorageError(f"storage_options must be a mapping of fsspec options ({{'anon': True}}), not "
+                               f"{storage_options!r:.80}", where=self.url)
         self.storage_options = dict(storage_options or {})
         if not self.remote and (typo := url_typo(url)):
             raise StorageError(typo)

@@ -96,8 +96,20 @@ class ImageTransform(abc.ABC):
         """uint8 ``[3, H, W]`` -> uint8 ``[3, *output_size]``; see :func:`crop_resize_flip`."""
         return crop_resize_flip(image, params, self.output_size, out, self.interpolation)
 
-    def __call__(self, image: torch.Tensor, rng: random.Random) -> torch.Tensor:
-        """``apply(image, sample_params(H, W, rng))``."""
+    def __call__(self, image: torch.Tensor, rng: random.Random | None = None) -> torch.Tensor:
+        """``apply(image, sample_params(H, W, rng))``.
+
+        Raises:
+            TypeError: no ``rng``: called from a function of the user's, where the loader can
+                neither seed its draws per sample nor finalise its batches (``normalize``,
+                ``dtype``, ``channels_last``); said with what to do instead.
+        """
+        if rng is None:
+            raise TypeError(f"{type(self).__name__} is called by the loader, which gives it each sample's "
+                            "random.Random and finalises its batches (normalize, dtype, channels_last): pass it "
+                            "as transform= itself; to add steps of your own, use torchvision's v2 transforms in "
+                            "your function (torchvision.transforms.v2.RandomResizedCrop, ...), or do them on each "
+                            "batch in your loop")
         return self.apply(image, self.sample_params(image.shape[-2], image.shape[-1], rng))
 
     def gpu_window(self, height: int, width: int, params: CropFlip) -> Window:

@@ -436,3 +436,10 @@ def test_a_path_under_the_home_folder_is_taken_as_torchvision_takes_it(packed: P
     (source / "x.jpg").write_bytes(encode_image())
     assert pack("~/tree", "~/packed", workers=1).manifest.num_samples == 1
     assert (tmp_path / "packed" / "index.json").exists()
+
+
+@pytest.mark.parametrize("cache_dir", ["", 3])
+def test_a_cache_dir_that_is_no_path_is_refused(packed: Path, cache_dir: Any) -> None:
+    """``cache_dir=""`` quietly meant the default folder, where remote shards were then written."""
+    with pytest.raises(LoaderError, match=r"^cache_dir must be a folder's path, or None for the default"):
+        ShardLoader(str(packed), batch_size=4, cache_dir=cache_dir)

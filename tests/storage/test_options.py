@@ -32,6 +32,12 @@ pytest.importorskip("s3fs")
                                                  "not 'abc'"),  # botocore failed at the first request
     ({"config_kwargs": {"connect_timeout": "5"}}, "config_kwargs.connect_timeout must be a number of seconds"),
     ({"config_kwargs": {"max_pool_connections": 2.5}}, "config_kwargs.max_pool_connections must be a count above 0"),
+    ({"client_kwargs": {"endpoint_url": 5611}}, "client_kwargs.endpoint_url must be a URL with its scheme "
+                                                "(http://host:port), not 5611"),  # a traceback at the first request
+    ({"client_kwargs": {"endpoint_url": "127.0.0.1:5611"}}, "client_kwargs.endpoint_url must be a URL with its scheme"),
+    ({"client_kwargs": {"verify": "maybe"}}, "client_kwargs.verify must be true, false or the path of a CA bundle"),
+    ({"config_kwargs": {"retries": {"max_attempts": "x"}}}, "config_kwargs.retries.max_attempts must be a whole "
+                                                            "number, not 'x'"),
     ({"session_vars": {}}, "unknown storage option 'session_vars'"),  # s3fs's session would take it; ours is given
 ])
 def test_a_bad_s3_option_is_refused_naming_it(options: dict[str, Any], message: str) -> None:
@@ -74,3 +80,11 @@ def test_pack_refuses_a_bad_option_before_reading_anything(tmp_path: Path) -> No
     assert code != 0
     assert stderr.strip() == ("error: s3://bucket/ds: unknown storage option 'anonn' for s3:// "
                                    "(did you mean 'anon'?)")
+
+
+def test_storage_options_that_are_not_a_mapping_are_refused_naming_them() -> None:
+    """``storage_options="anon=True"`` (the command line's form) failed in dict() with "dictionary
+    update sequence element #0 has length 1; 2 is required"."""
+    with pytest.raises(StorageError, match=r"^s3://bucket/ds: storage_options must be a mapping of fsspec options "
+                                           r"\(\{'anon': True\}\), not 'anon=True'"):
+        Store("s3://bucket/ds", "anon=True")  # type: ignore[arg-type]

@@ -110,3 +110,13 @@ def test_the_transform_classes_take_an_int_size_as_torchvision_does() -> None:
     assert imagenet_train(np.int64(64)).output_size == (64, 64)  # type: ignore[arg-type]  # numpy's ints too
     with pytest.raises(ValueError, match="output_size must be a positive int or \\(height, width\\), got 0"):
         RandomResizedCropFlip(0)  # type: ignore[arg-type]
+
+
+def test_a_preset_called_without_its_rng_says_how_to_use_it() -> None:
+    """Wrapped in a function of the user's (``lambda img: preset(img)``) it failed with "missing 1
+    required positional argument: 'rng'", which the docs never mention."""
+    from shardkit import transforms
+
+    with pytest.raises(TypeError, match=r"^RandomResizedCropFlip is called by the loader, which gives it each "
+                                        r"sample's random.Random and finalises its batches"):
+        transforms.imagenet_train(32)(torch.zeros(3, 40, 40, dtype=torch.uint8))

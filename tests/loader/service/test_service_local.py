@@ -221,3 +221,28 @@ def test_serve_needs_head_or_address(args: list[str]) -> None:
     done = CliRunner().invoke(cli, ["serve", *args, "--dry-run"])
     assert done.exit_code == 1
     assert "give either --head (start a cluster) or --address HEAD:PORT (join one)" in done.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--address", "1.2.3.4", "--dry-run"], "--address: a Ray address is 'auto', 'HOST:PORT' or 'ray://HOST:PORT', "
+                                            "got '1.2.3.4'"),  # Ray's ValueError came as a traceback
+    (["--head", "--port", "99999", "--dry-run"], "--port must be a port number (1 to 65535), got 99999"),
+])
+def test_serve_refuses_an_address_or_port_that_is_none(args: list[str], message: str) -> None:
+    done = CliRunner().invoke(cli, ["serve", *args])
+    assert done.exit_code == 1 and message in done.output, done.output
+
+
+def test_serve_refuses_an_address_no_head_answers_in_seconds() -> None:
+    """`ray start --address` printed Ray's warnings for minutes where no head answered."""
+    import socket
+    import time
+
+    pytest.importorskip("ray")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: connections are refused
+        started = time.monotonic()
+        done = CliRunner().invoke(cli, ["serve", "--address", f"127.0.0.1:{port}"])
+    assert done.exit_code == 1 and time.monotonic() - started < 10, done.output
+    assert f"--address: cannot reach the Ray cluster at 127.0.0.1:{port} within 5 s" in done.output
