@@ -61,7 +61,15 @@ def _reach(host: str, port: int, timeout: float, address: str) -> None:
     """Refuse an address whose port is closed, or open but not a gRPC server (which answers an
     HTTP/2 greeting with its SETTINGS frame), within ``timeout`` seconds."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as conn:
+        conn = socket.create_connection((host, port), timeout=timeout)
+    except TimeoutError:  # no answer to the connection itself: a machine still starting, or a firewall
+        raise ConnectionError(f"cannot reach the Ray cluster at {address} within {timeout:g} s (no answer to a "
+                              "connection: the machine is down or starting, or a firewall drops it)") from None
+    except OSError as err:
+        raise ConnectionError(f"cannot reach the Ray cluster at {address} within {timeout:g} s "
+                              f"({type(err).__name__}: {err}); is its head node running (`ray status`)?") from None
+    try:
+        with conn:
             conn.sendall(_HTTP2_HELLO)
             head = b""
             while len(head) < 9 and (chunk := conn.recv(9 - len(head))):

@@ -44,10 +44,13 @@ def start_command(*, head: bool, address: str | None, port: int = DEFAULT_PORT, 
     if head == (address is not None):
         raise ShardkitError("give either --head (start a cluster) or --address HEAD:PORT (join one)")
     if address not in (None, "auto"):  # "auto": the cluster this node is in, found as it joins
+        if address.startswith("ray://"):  # a client's address: `ray start` joins by the head's GCS port
+            raise ShardkitError(f"--address: a node joins by the head's address HOST:PORT (its GCS port, 6379 by "
+                                f"default), not a ray:// client address, got {address!r}")
         try:
             split_address(address)
         except ValueError as err:
-            raise ShardkitError(f"--address: {err}") from None
+            raise ShardkitError(f"--address: a node joins by HOST:PORT, got {address!r}") from err
     if head and not 0 < port < 65536:
         raise ShardkitError(f"--port must be a port number (1 to 65535), got {port}")
     cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)

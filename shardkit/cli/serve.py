@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shlex
 import sys
+import time
 
 import click
 
@@ -13,8 +14,29 @@ from shardkit._ray_reach import reach_cluster
 from shardkit.errors import ShardkitError
 from shardkit.serve import DEFAULT_PORT, SERVICE_RESOURCE, start_command
 
-#: Seconds the head at --address has to answer before the node starts (RayService's own check).
+#: Seconds one try to reach the head at --address has (RayService's own check).
 REACH_TIMEOUT_S = 5.0
+
+
+def _wait_for_head(address: str, wait: float) -> None:
+    """Return once the head at ``address`` answers as a Ray cluster, trying for ``wait`` seconds (a
+    head started beside this node, in the same job, may still be starting).
+
+    Raises:
+        ShardkitError: it did not answer in time (the last reason why).
+    """
+    deadline, told = time.monotonic() + wait, False
+    while True:
+        try:
+            reach_cluster(address, REACH_TIMEOUT_S)
+            return
+        except ConnectionError as err:
+            if time.monotonic() >= deadline:
+                raise ShardkitError(f"--address: {err} (waited {wait:g} s; --wait SECONDS waits longer)") from None
+            if not told:
+                click.echo(f"shardkit serve: waiting up to {wait:g} s for the head at {address} ({err})", err=True)
+                told = True
+            time.sleep(1.0)
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": True})
@@ -23,8 +45,10 @@ REACH_TIMEOUT_S = 5.0
 @click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="The head's GCS port (--head).")
 @click.option("--num-cpus", type=int, default=None, help="CPUs this node offers [default: all its cores].")
 @click.option("--dry-run", is_flag=True, help="Print the `ray start` command instead of running it.")
+@click.option("--wait", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="SECONDS",
+              help="With --address: how long the head may take to answer (it may be starting beside this node).")
 @click.argument("ray_options", nargs=-1, type=click.UNPROCESSED)
-def serve_command(head: bool, address: str | None, port: int, num_cpus: int | None, dry_run: bool,
+def serve_command(head: bool, address: str | None, port: int, num_cpus: int | None, dry_run: bool, wait: float,
                   ray_options: tuple[str, ...]) -> None:
     """Run this machine as a CPU node of the service: `ray start --block` with its CPUs offered as
     the `shardkit_service` resource, so ShardLoader(service=RayService(...)) places its workers
@@ -42,10 +66,7 @@ def serve_command(head: bool, address: str | None, port: int, num_cpus: int | No
     if importlib.util.find_spec("ray") is None:
         raise ShardkitError("shardkit serve needs Ray on this node: pip install 'shardkit[ray]'")
     if address is not None:  # `ray start` waits minutes, printing Ray's warnings, on an address no head answers
-        try:
-            reach_cluster(address, REACH_TIMEOUT_S)
-        except ConnectionError as err:
-            raise ShardkitError(f"--address: {err}") from None
+        _wait_for_head(address, wait)
     cpus = command[command.index("--num-cpus") + 1]
     where = f"a cluster with its head here, port {port}" if head else f"the cluster at {address}"
     click.echo(f"shardkit serve: {cpus} CPUs of this node join {where} as the {SERVICE_RESOURCE} resource; "

@@ -100,7 +100,10 @@ class EpochSampler:
                         "(or loader.sampler.set_epoch(epoch))")
 
     def __repr__(self) -> str:  # no layout taken here: a repr must not raise (a world not settled yet)
-        return f"{type(self).__name__}(epoch={self.epoch}, samples={self._loader.config.rank_samples})"
+        loader = self._ref()
+        if loader is None:
+            return f"{type(self).__name__}(its loader gone)"
+        return f"{type(self).__name__}(epoch={loader.epoch}, samples={loader.config.rank_samples})"
 
 
 class InOrderEpochs(EpochSampler, SequentialSampler):

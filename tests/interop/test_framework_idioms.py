@@ -119,8 +119,8 @@ def test_torch_distributed_checkpoint_saves_and_loads_the_loader_exactly_an_elas
         frames: dict[str, Path], tmp_path: Path) -> None:
     """DCP loads a checkpoint into the keys of the state a fresh loader gives: a state holding a
     ``remainder`` (after an elastic resume) lost it, and the rest of the epoch re-delivered what
-    was trained; one from 2 ranks (``even_batches`` at its default, left out) was refused
-    ("Missing key in checkpoint state_dict: loader.even_batches")."""
+    was trained; one from 2 ranks (``even_batches`` at its default, left out) was refused by a
+    loader of one rank ("Missing key in checkpoint state_dict: loader.even_batches")."""
     import torch.distributed.checkpoint as dcp
 
     train = str(frames["train"])  # 48 samples

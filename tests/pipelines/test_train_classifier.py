@@ -40,7 +40,7 @@ def test_trains_on_a_mix_and_resumes_it(tmp_path: Path, capsys, packed_sample: P
               "--workers", "0", "--device", "cpu", "--checkpoint", str(ckpt)]
     main([*common, "--steps", "2"])
     state = torch.load(ckpt)["loader"]
-    assert "mix" in state and state["batches_consumed"] == 2
+    assert state["mix"] is not None and state["batches_consumed"] == 2
     main([*common, "--steps", "4"])
     assert torch.load(ckpt)["loader"]["batches_consumed"] == 4
     assert "resumed from" in capsys.readouterr().out

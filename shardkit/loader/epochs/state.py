@@ -9,9 +9,10 @@ step while they all have batches, so ``batches_consumed`` counts the steps of th
 ``r`` resumes at ``min(batches_consumed, its batch count)`` (see :meth:`LoaderState.resume_at`).
 A rank whose shorter share is finished reports the next epoch; take the state at a step, or
 after every rank has finished the epoch (after the all-reduce of the metrics, say).
-The ``even_batches`` key is written only when it is False, so the states of default loaders are
-what they were before it existed; likewise ``mix`` (a loader over several datasets, see
-:mod:`~shardkit.loader.epochs.mix`) and ``remainder`` (after an elastic resume) only when they are set.
+Every state has every key (``torch.distributed.checkpoint`` loads into a fresh loader's keys):
+``even_batches``, ``mix`` (a loader over several datasets, see :mod:`~shardkit.loader.epochs.mix`;
+else None) and ``remainder`` (after an elastic resume; else None) too. A state without these three,
+as the loader wrote them before, still loads with their defaults.
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def test_a_mid_remainder_state_resumes_exactly(packed: Path) -> None:
     it = iter(one)
     next(it)
     mid = one.state_dict()
-    assert "remainder" in mid and mid["batches_consumed"] == 1
+    assert mid["remainder"] is not None and mid["batches_consumed"] == 1
     expected = [keys for *_, keys in it]
     again = _loader(packed, batch_size=5, num_workers=1)
     again.load_state_dict(mid)

@@ -264,3 +264,20 @@ def test_a_mask_decodes_where_warnings_are_errors() -> None:
         warnings.simplefilter("error")
         target = coco_target(meta, 8, 8, masks=True)
     assert target["masks"].shape == (1, 8, 8) and int(target["masks"].sum()) > 0
+
+
+def test_a_mask_decodes_off_the_main_thread_where_warnings_are_errors() -> None:
+    """The COCO GPU route without workers decodes in its prefetch thread, where the main thread's
+    catch_warnings cannot serve: ``python -W error`` made each of its masks a bad sample."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("pycocotools")
+    code = ("import threading\n"
+            "from shardkit.loader.routes.coco.target import segmentation_to_mask\n"
+            "out = []\n"
+            "t = threading.Thread(target=lambda: out.append(int(segmentation_to_mask([[0, 0, 4, 0, 4, 4, 0, 4]], 8, "
+            "8).sum())))\n"
+            "t.start(); t.join(); print(out)\n")
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[16]", done.stderr[-2000:]

@@ -224,8 +224,9 @@ def test_serve_needs_head_or_address(args: list[str]) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--address", "1.2.3.4", "--dry-run"], "--address: a Ray address is 'auto', 'HOST:PORT' or 'ray://HOST:PORT', "
-                                            "got '1.2.3.4'"),  # Ray's ValueError came as a traceback
+    (["--address", "1.2.3.4", "--dry-run"], "--address: a node joins by HOST:PORT, got '1.2.3.4'"),  # a traceback
+    (["--address", "ray://h:10001", "--dry-run"], "--address: a node joins by the head's address HOST:PORT (its GCS "
+                                                  "port, 6379 by default), not a ray:// client address"),
     (["--head", "--port", "99999", "--dry-run"], "--port must be a port number (1 to 65535), got 99999"),
 ])
 def test_serve_refuses_an_address_or_port_that_is_none(args: list[str], message: str) -> None:
@@ -233,16 +234,25 @@ def test_serve_refuses_an_address_or_port_that_is_none(args: list[str], message:
     assert done.exit_code == 1 and message in done.output, done.output
 
 
-def test_serve_refuses_an_address_no_head_answers_in_seconds() -> None:
-    """`ray start --address` printed Ray's warnings for minutes where no head answered."""
+def test_serve_refuses_an_address_no_head_answers_once_it_has_waited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ray start --address` printed Ray's warnings for minutes where no head answered; now the
+    head has --wait seconds to answer (it may be starting beside this node), then one line."""
+    import os
     import socket
     import time
 
     pytest.importorskip("ray")
+
+    def no_exec(*_args: object) -> None:  # never replace the test process with `ray start --block`
+        raise AssertionError("serve went on to start the node")
+
+    monkeypatch.setattr(os, "execv", no_exec)
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]  # bound, not listening: connections are refused
         started = time.monotonic()
-        done = CliRunner().invoke(cli, ["serve", "--address", f"127.0.0.1:{port}"])
-    assert done.exit_code == 1 and time.monotonic() - started < 10, done.output
+        done = CliRunner().invoke(cli, ["serve", "--address", f"127.0.0.1:{port}", "--wait", "2"])
+    waited = time.monotonic() - started
+    assert done.exit_code == 1 and 2 <= waited < 10, (waited, done.output)
     assert f"--address: cannot reach the Ray cluster at 127.0.0.1:{port} within 5 s" in done.output
+    assert "(waited 2 s; --wait SECONDS waits longer)" in done.output

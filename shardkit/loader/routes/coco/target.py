@@ -13,6 +13,7 @@ the box's ``w * h``, a missing ``iscrowd`` is 0.
 
 from __future__ import annotations
 
+import re
 import threading
 import warnings
 from collections.abc import Mapping
@@ -41,6 +42,12 @@ def contiguous_label_map(categories: Any) -> dict[Any, int]:
     return {cid: k + 1 for k, cid in enumerate(ids)}
 
 
+#: pycocotools' decode warning, ignored process-wide, ahead of ``-W error``: set once, as the
+#: module loads (a thread-safe change of the filters, unlike catch_warnings beside other threads).
+_QUIET_DECODE = "__array__ implementation doesn't accept a copy keyword"
+warnings.filterwarnings("ignore", message=re.escape(_QUIET_DECODE), category=DeprecationWarning)
+
+
 def segmentation_to_mask(segmentation: Any, height: int, width: int) -> torch.Tensor:
     """A COCO ``segmentation`` (polygons, uncompressed or compressed RLE) -> uint8 ``[H, W]``."""
     from pycocotools import mask as mask_utils  # optional dependency: only when masks are asked for
@@ -53,9 +60,10 @@ def segmentation_to_mask(segmentation: Any, height: int, width: int) -> torch.Te
     else:
         raise BadTarget(f"segmentation must be polygons or RLE, got {type(segmentation).__name__}")
     if threading.current_thread() is threading.main_thread():  # a worker's, or the loop's without workers
-        # pycocotools' decode under numpy 2: a DeprecationWarning each call, which -W error made a
-        # bad sample of every mask; not in another thread (the COCO GPU route's without workers):
-        # catch_warnings swaps the process's filters, which the loop's thread may be changing
+        # pycocotools' decode under numpy 2: a DeprecationWarning each call, which -W error (or a
+        # test run's filterwarnings = error, set per test) made a bad sample of every mask. Not
+        # in another thread (the COCO GPU route's without workers): catch_warnings swaps the
+        # process's filters, which the loop's thread may be changing; _QUIET_DECODE serves there.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             decoded = mask_utils.decode(segmentation)
