@@ -14,7 +14,11 @@ from typing import Any
 
 from shardkit._compat import ray_bootstrap_address
 
-__all__ = ["INIT_TIMEOUT_S", "join_cluster", "reach_cluster", "split_address", "why_not_joined"]
+__all__ = ["INIT_TIMEOUT_S", "NotRayError", "join_cluster", "reach_cluster", "split_address", "why_not_joined"]
+
+
+class NotRayError(ConnectionError):
+    """The address answers connections but not as a Ray cluster: waiting will not change that."""
 
 #: Seconds ``ray.init`` may take once the address answered (it starts a local core worker).
 INIT_TIMEOUT_S = 60.0
@@ -58,8 +62,9 @@ _SETTINGS = 4
 
 
 def _reach(host: str, port: int, timeout: float, address: str) -> None:
-    """Refuse an address whose port is closed, or open but not a gRPC server (which answers an
-    HTTP/2 greeting with its SETTINGS frame), within ``timeout`` seconds."""
+    """Refuse an address whose machine does not answer a connection, whose port is closed, or
+    open but not a gRPC server (which answers an HTTP/2 greeting with its SETTINGS frame; then
+    :class:`NotRayError`), within ``timeout`` seconds."""
     try:
         conn = socket.create_connection((host, port), timeout=timeout)
     except TimeoutError:  # no answer to the connection itself: a machine still starting, or a firewall
@@ -80,7 +85,7 @@ def _reach(host: str, port: int, timeout: float, address: str) -> None:
         raise ConnectionError(f"cannot reach the Ray cluster at {address} within {timeout:g} s "
                               f"({type(err).__name__}: {err}); is its head node running (`ray status`)?") from None
     if len(head) < 9 or head[3] != _SETTINGS:
-        raise ConnectionError(f"{address} accepts connections but did not answer as a Ray cluster within "
+        raise NotRayError(f"{address} accepts connections but did not answer as a Ray cluster within "
                               f"{timeout:g} s (the GCS port of the head node, 6379 by default, or a ray:// client "
                               "port, 10001, is expected)")
 

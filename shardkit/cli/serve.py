@@ -10,7 +10,7 @@ import time
 
 import click
 
-from shardkit._ray_reach import reach_cluster
+from shardkit._ray_reach import NotRayError, reach_cluster
 from shardkit.errors import ShardkitError
 from shardkit.serve import DEFAULT_PORT, SERVICE_RESOURCE, start_command
 
@@ -25,14 +25,20 @@ def _wait_for_head(address: str, wait: float) -> None:
     Raises:
         ShardkitError: it did not answer in time (the last reason why).
     """
-    deadline, told = time.monotonic() + wait, False
+    started = time.monotonic()
+    told = False
     while True:
         try:
             reach_cluster(address, REACH_TIMEOUT_S)
             return
+        except ValueError as err:  # "auto" found a ray:// address (RAY_ADDRESS), which a node cannot join by
+            raise ShardkitError(f"--address {address}: {err}") from None
+        except NotRayError as err:  # an open port of something else: waiting will not change it
+            raise ShardkitError(f"--address: {err}") from None
         except ConnectionError as err:
-            if time.monotonic() >= deadline:
-                raise ShardkitError(f"--address: {err} (waited {wait:g} s; --wait SECONDS waits longer)") from None
+            if time.monotonic() - started >= wait:
+                raise ShardkitError(f"--address: {err} (tried for {time.monotonic() - started:.0f} s; --wait SECONDS "
+                                    "tries longer)") from None
             if not told:
                 click.echo(f"shardkit serve: waiting up to {wait:g} s for the head at {address} ({err})", err=True)
                 told = True
@@ -46,7 +52,8 @@ def _wait_for_head(address: str, wait: float) -> None:
 @click.option("--num-cpus", type=int, default=None, help="CPUs this node offers [default: all its cores].")
 @click.option("--dry-run", is_flag=True, help="Print the `ray start` command instead of running it.")
 @click.option("--wait", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="SECONDS",
-              help="With --address: how long the head may take to answer (it may be starting beside this node).")
+              help="With --address: how long the head may take to answer (it may be starting beside this node); "
+                   "an address that answers as something else than Ray is refused at once.")
 @click.argument("ray_options", nargs=-1, type=click.UNPROCESSED)
 def serve_command(head: bool, address: str | None, port: int, num_cpus: int | None, dry_run: bool, wait: float,
                   ray_options: tuple[str, ...]) -> None:

@@ -42,10 +42,14 @@ def contiguous_label_map(categories: Any) -> dict[Any, int]:
     return {cid: k + 1 for k, cid in enumerate(ids)}
 
 
-#: pycocotools' decode warning, ignored process-wide, ahead of ``-W error``: set once, as the
-#: module loads (a thread-safe change of the filters, unlike catch_warnings beside other threads).
+#: pycocotools' decode warning, ignored where pycocotools raises it, ahead of the filters set
+#: before this module loads (``python -W error``): set once, as the module loads (a thread-safe
+#: change of the filters, unlike catch_warnings beside other threads). A filter set later (pytest's
+#: ``filterwarnings = error``, per test) comes first: off the main thread it turns the warning back
+#: into an error there.
 _QUIET_DECODE = "__array__ implementation doesn't accept a copy keyword"
-warnings.filterwarnings("ignore", message=re.escape(_QUIET_DECODE), category=DeprecationWarning)
+warnings.filterwarnings("ignore", message=re.escape(_QUIET_DECODE), category=DeprecationWarning,
+                        module=r"pycocotools\.mask")
 
 
 def segmentation_to_mask(segmentation: Any, height: int, width: int) -> torch.Tensor:
@@ -63,7 +67,8 @@ def segmentation_to_mask(segmentation: Any, height: int, width: int) -> torch.Te
         # pycocotools' decode under numpy 2: a DeprecationWarning each call, which -W error (or a
         # test run's filterwarnings = error, set per test) made a bad sample of every mask. Not
         # in another thread (the COCO GPU route's without workers): catch_warnings swaps the
-        # process's filters, which the loop's thread may be changing; _QUIET_DECODE serves there.
+        # process's filters, which the loop's thread may be changing; _QUIET_DECODE serves there,
+        # for filters set before this module loaded.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             decoded = mask_utils.decode(segmentation)
