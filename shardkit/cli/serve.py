@@ -14,6 +14,9 @@ from shardkit._ray_reach import NotRayError, reach_cluster
 from shardkit.errors import ShardkitError
 from shardkit.serve import DEFAULT_PORT, SERVICE_RESOURCE, start_command
 
+#: Seconds the head at --address has to answer, unless --wait says otherwise.
+DEFAULT_WAIT_S = 60.0
+
 #: Seconds one try to reach the head at --address has (RayService's own check).
 REACH_TIMEOUT_S = 5.0
 
@@ -51,12 +54,12 @@ def _wait_for_head(address: str, wait: float) -> None:
 @click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="The head's GCS port (--head).")
 @click.option("--num-cpus", type=int, default=None, help="CPUs this node offers [default: all its cores].")
 @click.option("--dry-run", is_flag=True, help="Print the `ray start` command instead of running it.")
-@click.option("--wait", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="SECONDS",
-              help="With --address: how long the head may take to answer (it may be starting beside this node); "
-                   "an address that answers as something else than Ray is refused at once.")
+@click.option("--wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="With --address: how long the head may take to answer (it may be starting beside this node) "
+                   "[default: 60]; an address that answers as something else than Ray is refused at once.")
 @click.argument("ray_options", nargs=-1, type=click.UNPROCESSED)
-def serve_command(head: bool, address: str | None, port: int, num_cpus: int | None, dry_run: bool, wait: float,
-                  ray_options: tuple[str, ...]) -> None:
+def serve_command(head: bool, address: str | None, port: int, num_cpus: int | None, dry_run: bool,
+                  wait: float | None, ray_options: tuple[str, ...]) -> None:
     """Run this machine as a CPU node of the service: `ray start --block` with its CPUs offered as
     the `shardkit_service` resource, so ShardLoader(service=RayService(...)) places its workers
     here. Further `ray start` options go after `--`. Stops on Ctrl-C.
@@ -66,6 +69,8 @@ def serve_command(head: bool, address: str | None, port: int, num_cpus: int | No
     shardkit serve --address HEAD:6379             # on every other CPU node
     ShardLoader(..., service=RayService("HEAD:6379", workers=32))   # in the training script
     """
+    if wait is not None and address is None:
+        raise ShardkitError("--wait applies with --address (how long the head may take to answer)")
     command = start_command(head=head, address=address, port=port, num_cpus=num_cpus, extra=ray_options)
     if dry_run:
         click.echo(shlex.join(command))
@@ -73,7 +78,7 @@ def serve_command(head: bool, address: str | None, port: int, num_cpus: int | No
     if importlib.util.find_spec("ray") is None:
         raise ShardkitError("shardkit serve needs Ray on this node: pip install 'shardkit[ray]'")
     if address is not None:  # `ray start` waits minutes, printing Ray's warnings, on an address no head answers
-        _wait_for_head(address, wait)
+        _wait_for_head(address, DEFAULT_WAIT_S if wait is None else wait)
     cpus = command[command.index("--num-cpus") + 1]
     where = f"a cluster with its head here, port {port}" if head else f"the cluster at {address}"
     click.echo(f"shardkit serve: {cpus} CPUs of this node join {where} as the {SERVICE_RESOURCE} resource; "

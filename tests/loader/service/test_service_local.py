@@ -228,6 +228,7 @@ def test_serve_needs_head_or_address(args: list[str]) -> None:
     (["--address", "ray://h:10001", "--dry-run"], "--address: a node joins by the head's address HOST:PORT (its GCS "
                                                   "port, 6379 by default), not a ray:// client address"),
     (["--head", "--port", "99999", "--dry-run"], "--port must be a port number (1 to 65535), got 99999"),
+    (["--head", "--wait", "5", "--dry-run"], "--wait applies with --address"),  # it was taken and did nothing
 ])
 def test_serve_refuses_an_address_or_port_that_is_none(args: list[str], message: str) -> None:
     done = CliRunner().invoke(cli, ["serve", *args])
