@@ -10,7 +10,7 @@ import posixpath
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -45,7 +45,7 @@ from shardkit.pack.resume import (
 )
 from shardkit.pack.skips import SkipBudget, check_budget
 from shardkit.pack.write import REPLACEMENT_DIR, ShardReceipt, ShardTask
-from shardkit.sources.base import SourceListing
+from shardkit.sources.base import SourceListing, SourceSample
 from shardkit.storage import Store, within
 
 Executor = Literal["processes", "ray"]
@@ -103,14 +103,19 @@ def mixed_image_formats(listing: SourceListing, skipped: Iterable[str] = ()) -> 
     >>> mixed_image_formats(listing, skipped=["b.png"])
     Counter()
     """
+    counts = Counter(normalize_extension(posixpath.splitext(s.rel)[1]) for s in _packed(listing, skipped))
+    return counts if len(counts) > 1 else Counter()
+
+
+def _packed(listing: SourceListing, skipped: Iterable[str]) -> Iterator[SourceSample]:
+    """The samples of ``listing`` the writers packed: all but one per entry of ``skipped`` (the
+    ``source`` of each skipped sample; a caption table may list one file twice)."""
     left_out = Counter(skipped)
-    counts: Counter[str] = Counter()
     for s in listing.samples:
         if left_out[s.rel] > 0:
             left_out[s.rel] -= 1
         else:
-            counts[normalize_extension(posixpath.splitext(s.rel)[1])] += 1
-    return counts if len(counts) > 1 else Counter()
+            yield s
 
 
 def _warn_mixed_formats(listing: SourceListing, options: PackOptions, receipts: list[ShardReceipt]) -> None:
@@ -122,11 +127,11 @@ def _warn_mixed_formats(listing: SourceListing, options: PackOptions, receipts: 
     if options.uniform_names:
         return
     counts: Counter[str] = Counter()
-    for r in receipts:
-        if r.image_formats is None:
-            counts = mixed_image_formats(listing, (s["source"] for r in receipts for s in r.skipped))
-            break
-        counts.update(r.image_formats)
+    if any(r.image_formats is None for r in receipts):  # a receipt of an earlier shardkit: by file names
+        counts = mixed_image_formats(listing, (s["source"] for r in receipts for s in r.skipped))
+    else:
+        for r in receipts:
+            counts.update(r.image_formats or {})
     if len(counts) < 2:
         return
     (common, _), *rest = counts.most_common()
@@ -139,13 +144,7 @@ def _warn_emptied_classes(listing: SourceListing, skipped: Iterable[str]) -> Non
     their ``source``s): each keeps its label, as torchvision's ``ImageFolder`` keeps it."""
     if listing.classes is None:
         return
-    listed, left_out = Counter(s.label for s in listing.samples), Counter(skipped)
-    packed: Counter[int | None] = Counter()
-    for s in listing.samples:
-        if left_out[s.rel] > 0:
-            left_out[s.rel] -= 1
-        else:
-            packed[s.label] += 1
+    listed, packed = Counter(s.label for s in listing.samples), Counter(s.label for s in _packed(listing, skipped))
     emptied = [label for label in sorted(k for k in listed if k is not None) if not packed[label]]
     if len(emptied) == 1:
         (k,) = emptied

@@ -354,8 +354,7 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
                              "reason": f"images[{i}]: id {image['id']!r} is of another kind than most of the "
                                        f"file's image ids ({most} of {len(records):,}), and a mix cannot be put in "
                                        "order; not packed"})
-            with contextlib.suppress(TypeError):  # an id that is no key is no image's either
-                refused.add(image["id"])
+            refused.add(image["id"])  # an int or a string (_record): a key
             continue
         if last[image["id"]] != i:
             warnings.append({"source": str(image["file_name"]),
