@@ -88,6 +88,19 @@ def test_malformed_launcher_variables_are_refused(packed: Path, monkeypatch: pyt
         ShardLoader(str(packed), batch_size=4)
 
 
+@pytest.mark.parametrize(("env", "named"), [({"WORLD_SIZE": "0", "RANK": "0"}, "launcher.s RANK=0 and WORLD_SIZE=0"),
+                                            ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 and WORLD_SIZE=2"),
+                                            ({"WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1")])
+def test_launcher_variables_out_of_range_are_named(packed: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   env: dict[str, str], named: str) -> None:
+    for name in ("RANK", "LOCAL_RANK", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(LoaderError, match=named):
+        ShardLoader(str(packed), batch_size=4)
+
+
 @pytest.mark.parametrize("threads", [0, -1, True, 1.5])
 def test_decode_threads_must_be_a_positive_int(threads: object) -> None:
     from shardkit import GpuOptions
