@@ -104,7 +104,7 @@ __all__ = ["MODELS", "SETTLE_S", "Step", "TrainBenchConfig", "TrainRun", "TrainS
 
 MODELS = ("resnet18", "resnet50")
 TRAIN_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_feeders", "shardloader_tc",
-                    "dali", "dali_files")
+                    "shardloader_cpu", "dali", "dali_files")
 DALI_CONTENDERS = ("dali", "dali_files")
 SETTLE_S = 1.0  # the pause before each synthetic run, in which the loader fills its buffers (see the module doc)
 
@@ -274,6 +274,11 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
     if "shardloader_tc" in cfg.contenders:  # TorchCodec's batched decode (hardware engines) from 4 threads
         out["shardloader_tc"] = ("shardkit ShardLoader TorchCodec x4", shardloader(GpuOptions(decode_threads=4),
                                                                                    "torchcodec", feeders=cfg.feeders))
+
+    if "shardloader_cpu" in cfg.contenders:  # decoded and cropped on the CPU; the step normalises the uint8 batch
+        out["shardloader_cpu"] = ("shardkit ShardLoader, CPU route", lambda: ShardLoader(
+            cfg.shards, batch_size=cfg.batch_size, transform=transforms.imagenet_train(cfg.size),
+            num_workers=cfg.workers, device="cpu", pin_memory=cfg.device.startswith("cuda"), drop_last=True))
 
     def dali_loader(reader: str, source: str, threads: int) -> Callable[[], Any]:
         return lambda: dali.DaliTrainLoader(reader, source, size=cfg.size, batch_size=cfg.batch_size,

@@ -38,7 +38,7 @@ CLASSIFIERS = ("resnet18", "resnet50")
 DETECTORS = ("fasterrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn",
              "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn")
 CLASSIFIER_CONTENDERS = ("imagefolder", "shardloader", "shardloader_inproc", "shardloader_feeders", "shardloader_tc",
-                         "dali", "dali_files")
+                         "shardloader_cpu", "dali", "dali_files")
 DETECTOR_CONTENDERS = ("cocodetection", "shardloader", "shardloader_cpu")
 CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
 
@@ -102,7 +102,8 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "starts on cuda (1 to 4, one per 5 workers), kept whatever the loop's pace (auto times the "
                    "loop both ways and keeps the faster); "
                    "shardloader_tc: TorchCodec's GPU decoder from 4 threads "
-                   "(GpuOptions(decode_threads=4)); "
+                   "(GpuOptions(decode_threads=4)); shardloader_cpu: the CPU route (decode and crop in the "
+                   "workers, pinned uint8 batches copied to the device, normalised in the step); "
                    "dali: DALI's webdataset reader on --shards (with their .dali.idx files if present); "
                    "dali_files: DALI's file reader on SRC. Detector [default: cocodetection, "
                    "shardloader, and on cuda shardloader_cpu]: shardloader on --device (on cuda the COCO GPU "

@@ -181,6 +181,17 @@ def test_the_fixed_feeders_contender_runs_autos_count_whatever_the_pace(tiny_tre
     assert row["label"] == "shardkit ShardLoader, feeders fixed, 1 feeder"
 
 
+def test_the_cpu_route_contender_feeds_uint8_batches_the_step_normalises(tiny_tree: Path, packed: Path) -> None:
+    """shardloader_cpu: decode and crop in the workers, uint8 batches (pinned on CUDA), normalised
+    inside the compiled step as the ImageFolder baseline's are."""
+    cfg = _cfg(tiny_tree, packed, repeats=1, contenders=("shardloader_cpu",))
+    _label, build = train._contenders(cfg)["shardloader_cpu"]
+    images, labels = next(iter(build()))
+    assert images.dtype == torch.uint8 and images.shape == (4, 3, 32, 32) and labels.dtype == torch.int64
+    [row] = run_train_bench(cfg)["results"]
+    assert row["name"] == "shardloader_cpu" and row["label"].startswith("shardkit ShardLoader, CPU route")
+
+
 def test_dali_contenders_need_dali(tiny_tree: Path, packed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from shardkit.bench import dali
 
