@@ -7,6 +7,7 @@ from typing import Any
 
 from shardkit.pack.api import Executor, PackResult, pack_listing
 from shardkit.pack.options import PackOptions, parse_size
+from shardkit.pack.pool import exit_if_reentered
 from shardkit.pack.progress import PackProgress, Progress
 from shardkit.pack.skips import SkipBudget, SkipBudgetError
 from shardkit.sources import scan_caption_folder, scan_caption_table, scan_coco, scan_imagefolder
@@ -75,6 +76,7 @@ def pack(
         result = pack("data/train", "shards/train", options=PackOptions(max_count=1000))
         print(result.manifest.num_samples, len(result.manifest.shards))
     """
+    exit_if_reentered()  # a spawned writer importing a script that calls this at its top level
     listing = scan_imagefolder(src, storage_options=_source_options(source_options, storage_options),
                                allow_empty=allow_empty)
     return pack_listing(
@@ -127,6 +129,7 @@ def pack_coco(
 
         pack_coco("coco/val2017", "coco/annotations/instances_val2017.json", "shards/val")
     """
+    exit_if_reentered()  # a spawned writer importing a script that calls this at its top level
     if options is not None and options.resize_max is not None:
         raise ValueError("resize_max is not supported for COCO: resizing would invalidate the "
                          "annotations")
@@ -186,6 +189,7 @@ def pack_captions(
 
         pack_captions("pairs.parquet", "shards/pairs", image_column="url", caption_column="text")
     """
+    exit_if_reentered()  # a spawned writer importing a script that calls this at its top level
     opts = _source_options(source_options, storage_options)
     hf = not is_table(src) and is_hf_dataset(src)
     if split is not None and not hf:

@@ -26,7 +26,7 @@ from shardkit.pack.annotations import ANNOTATION_REPORT, annotation_report
 from shardkit.pack.lock import destination_lock
 from shardkit.pack.options import PackOptions
 from shardkit.pack.plan import plan_shards
-from shardkit.pack.pool import run_local
+from shardkit.pack.pool import exit_if_reentered, run_local
 from shardkit.pack.progress import PackProgress, Progress, as_pack_progress, input_bytes
 from shardkit.pack.replace import (
     discard_replacement,
@@ -196,6 +196,7 @@ def pack_listing(
         SkipBudgetError: more inputs skipped than ``max_skipped`` allows, or none packed. Shards
             already complete stay (with their receipts) so that a re-run resumes.
     """
+    exit_if_reentered()  # a spawned writer importing a script that calls this at its top level
     if executor not in ("processes", "ray"):
         raise ValueError(f"executor must be 'processes' or 'ray', not {executor!r}")
     if ray_address is not None and executor != "ray":

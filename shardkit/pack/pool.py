@@ -43,10 +43,11 @@ import queue as queue_module
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor
+from concurrent.futures import BrokenExecutor, Future, InvalidStateError, ProcessPoolExecutor
 from typing import Any
 
 from shardkit._compat import pool_manager_thread, pool_processes, pool_queues, unlink_queue_semaphores
+from shardkit.errors import PackError
 from shardkit.pack.progress import input_bytes
 from shardkit.pack.write import ShardDone, ShardReceipt, ShardTask, write_shard
 
@@ -244,6 +245,30 @@ def _next_done(done: queue_module.SimpleQueue[Future[ShardReceipt]], reports: An
             return future
 
 
+#: the exit status of a writer that reached a pack call while it imported the main module
+REENTERED = 86
+
+
+def exit_if_reentered() -> None:
+    """End this process with :data:`REENTERED` if it is a spawned writer importing the main module.
+
+    Spawned processes import the script that started them; one that calls ``pack()`` at its top
+    level, without ``if __name__ == "__main__":``, would pack again in every writer (and find the
+    first pack's lock). :func:`run_local` turns the status into a one-line error.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        os._exit(REENTERED)  # no clean-up of a half-started process: its parent reports it
+
+
+def _reentered(processes: Iterable[Any]) -> bool:
+    """Whether a writer among ``processes`` ended with :data:`REENTERED` (waiting a little for each)."""
+    for process in processes:
+        process.join(5)
+        if process.exitcode == REENTERED:
+            return True
+    return False
+
+
 def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
               on_sample: SampleDone | None) -> list[ShardReceipt]:
     """Write ``tasks`` with ``workers`` spawned processes (in this process when 1 or one task).
@@ -266,6 +291,7 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
     tally = _Tally(on_sample) if on_sample is not None else None
     receipts = []
     futures: dict[Future[ShardReceipt], ShardTask] = {}
+    processes: list[Any] = []
     with ctrl_c_deferred():  # the workers start (on submit) with Ctrl-C blocked: see ctrl_c_deferred
         # made meanwhile too: a semaphore interrupted between its tracking and its clean-up made
         # the resource tracker warn of a leak at exit
@@ -278,6 +304,7 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
             for t in tasks:
                 futures[pool.submit(_write_reporting, t)] = t
         names.started()
+        processes = pool_processes(pool)
         done: queue_module.SimpleQueue[Future[ShardReceipt]] = queue_module.SimpleQueue()
         with ctrl_c_deferred():  # each takes the future's lock, as wait() did (see the module doc)
             for future in futures:
@@ -291,6 +318,10 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
             if on_done is not None:
                 on_done(task, receipts[-1])
     except BaseException as err:
+        if isinstance(err, BrokenExecutor) and _reentered(processes):
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise PackError("pack() ran again in the writer processes, which import the main script as they start: "
+                            "call it under `if __name__ == \"__main__\":`") from None
         if not isinstance(err, Exception):  # Ctrl-C (or exit): stop now, a resume redoes running shards
             _stop_workers(pool, futures, names)
             raise

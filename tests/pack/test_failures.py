@@ -94,3 +94,26 @@ def test_packing_into_a_file_says_dst_is_a_file(small_tree, tmp_path):
     (tmp_path / "out").write_bytes(b"not a directory")
     with pytest.raises(StorageError, match="out: is a file, not a directory"):
         pack(str(small_tree), str(tmp_path / "out"), workers=1)
+
+
+def test_pack_at_the_top_level_of_a_script_without_the_main_guard_says_so(small_tree: Path, tmp_path: Path) -> None:
+    """Spawned writers import the script that started them: one calling pack() at its top level
+    would pack again in each of them. The writers stop at once and the pack says what to write;
+    nothing is published, and the same script with the guard packs (resuming)."""
+    import subprocess
+    import sys
+
+    dst = tmp_path / "out"
+    call = f"pack({str(small_tree)!r}, {str(dst)!r}, workers=2, options=PackOptions(max_count=4))"
+    script = tmp_path / "train.py"
+    script.write_text(f"from shardkit.pack import PackOptions, pack\n{call}\n")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 1 and not (dst / "index.json").exists()
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("shardkit.errors.PackError: pack() ran again in the writer processes") and \
+        "if __name__ == \"__main__\":" in last, run.stderr[-2000:]
+    assert "another pack" not in run.stderr
+    script.write_text(f"from shardkit.pack import PackOptions, pack\nif __name__ == '__main__':\n    {call}\n")
+    subprocess.run([sys.executable, str(script)], check=True, env=env, timeout=120)
+    assert verify_dataset(str(dst)).ok
