@@ -248,7 +248,8 @@ def run_bench(cfg: BenchConfig, *, sink: ProgressSink | None = None,
             batches = counted(per_epoch, "batch", "batches")
             fewer = ("" if wds_per_epoch >= per_epoch else
                      f" (webdataset's workers, each batching its own shards: {wds_per_epoch})")
-            least = (f"at least three times what {counted(cfg.workers, 'worker')} prepare ahead" if cfg.workers else
+            least = (f"at least three times what {counted(cfg.workers, 'worker')} "
+                     f"{'prepares' if cfg.workers == 1 else 'prepare'} ahead" if cfg.workers else
                      f"at least {MIN_TIMED_BATCHES} batches, the fewest a ratio to the baseline rests on")
             notes.insert(0, f"{cfg.epochs} epochs a run: {counted(manifest.num_samples, 'image')} make {batches} of "
                             f"{cfg.batch_size} an epoch{fewer}, and a run times {least} (--epochs to choose)")

@@ -112,7 +112,9 @@ def ray_cluster(address: str | None, num_cpus: int) -> Iterator[Any]:
                     if "existing cluster" in str(err):  # Ray joins a local cluster it finds, with no num_cpus
                         raise PackError("a Ray cluster is already running (on this machine, or at RAY_ADDRESS): use "
                                         "it with --ray auto (executor='ray', ray_address='auto'), or stop it (ray "
-                                        "stop) for a cluster of the pack's own", where="local") from err
+                                        "stop) for a cluster of the pack's own; a node stopped by a signal "
+                                        "other than Ctrl-C leaves the same trace, which ray stop clears",
+                                        where="local") from err
                     raise PackError(f"cannot start a Ray cluster ({err})", where="local") from err
         _connected_here = True
         yield ray
