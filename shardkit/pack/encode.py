@@ -26,11 +26,9 @@ _TAIL = 1024
 
 
 def _open(data: bytes) -> Image.Image:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return Image.open(io.BytesIO(data))  # other warnings: see encode_sample
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+    try:  # warnings (PIL's decompression-bomb one too, as ImageFolder loads such images): see encode_sample
+        return Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as err:
         raise SkipSample(f"decompression bomb refused ({err})") from err
     except UnidentifiedImageError as err:
         raise SkipSample("not an image (no image format recognised)") from err
@@ -133,8 +131,9 @@ def _encode(sample: SourceSample, data: bytes, *, classes: list[str] | None,
     if on_size is not None:
         on_size(width, height)
     limit = Image.MAX_IMAGE_PIXELS
-    if limit is not None and width * height > limit:
-        raise SkipSample(f"decompression bomb refused ({width}x{height} pixels > PIL's limit)")
+    if limit is not None and width * height > 2 * limit:  # where PIL refuses to decode, and ImageFolder with it
+        raise SkipSample(f"decompression bomb refused ({width}x{height} pixels, over twice PIL's "
+                         f"Image.MAX_IMAGE_PIXELS of {limit})")
     ext = PIL_FORMAT_EXTENSIONS.get(img.format or "",
                                     normalize_extension(os.path.splitext(sample.path)[1]))
     restart = options.jpeg_restart

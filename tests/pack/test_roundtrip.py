@@ -110,6 +110,21 @@ def test_decompression_bomb_limit_is_respected(small_tree, tmp_path, monkeypatch
     assert result.manifest.num_samples == 12
 
 
+def test_an_image_torchvision_loads_past_pils_warning_is_packed(small_tree, tmp_path, monkeypatch):
+    """Between PIL's MAX_IMAGE_PIXELS and twice it, PIL warns and ImageFolder loads the image: a sample."""
+    import warnings
+
+    from torchvision.datasets import ImageFolder
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    (small_tree / "class0" / "large.jpg").write_bytes(_save(Image.new("RGB", (12, 12), (200, 9, 9)), "JPEG").getvalue())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        assert ImageFolder(str(small_tree))[4][0].size == (12, 12)  # class0/large.jpg, sorted after img*
+    result = pack(str(small_tree), str(tmp_path / "out"), workers=1)
+    assert result.manifest.num_samples == 13 and not result.manifest.skipped
+
+
 def _save(img, fmt):
     out = io.BytesIO()
     img.save(out, fmt)
