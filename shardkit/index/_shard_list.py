@@ -59,6 +59,12 @@ def _shard_entries(raw: list[Any], where: str) -> list[ShardEntry]:
                                 f"{entry.num_bytes} bytes (each sample takes at least {_MIN_SAMPLE_BYTES})",
                                 where=where)
         shards.append(entry)
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(shards):
+        if entry.url in seen:
+            raise ManifestError(f"shards[{i}].url {entry.url!r} is listed twice (also shards[{seen[entry.url]}]): its "
+                                "samples would be read twice an epoch", where=where)
+        seen[entry.url] = i
     return shards
 
 
@@ -85,6 +91,8 @@ def _shard_table_fast(raw: list[Any]) -> ShardTable | None:
     if (joined.count("\n") != len(urls) - 1 or min(map(len, urls), default=1) == 0 or "\x00" in joined
             or "://" in joined or joined.startswith("/") or "\n/" in joined
             or (".." in joined and _BAD_URLS.search(joined))):
+        return None
+    if len(set(urls)) != len(urls):
         return None
     hexes = "".join(shas)
     if len(hexes) != 64 * len(shas) or {len(h) for h in shas} - {64} or not _HEX.fullmatch(hexes):

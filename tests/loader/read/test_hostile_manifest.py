@@ -185,3 +185,19 @@ def test_of_many_shards_those_claiming_the_most_are_checked_before_planning(
     (ds / many[0].url).write_bytes(b"\0" * 1024)
     with pytest.raises(LoaderError, match=rf"claims \d+ samples in the {CHECKED_UP_FRONT} shards claiming the most"):
         ShardReader(Store(str(ds)), many)
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_a_shard_listed_twice_is_refused(packed: Path, tmp_path: Path, table: bool) -> None:
+    """Each of its samples would come twice an epoch (and the shard's checks pass twice)."""
+    ds = tmp_path / "ds"
+    shutil.copytree(packed, ds)
+    doc = json.loads((ds / "index.json").read_text())
+    doc["shards"].append(dict(doc["shards"][0]))
+    doc["num_samples"] = sum(s["num_samples"] for s in doc["shards"])
+    if not table:
+        del doc["table"]
+    (ds / "index.json").write_text(json.dumps(doc))
+    first = doc["shards"][0]["url"]
+    with pytest.raises(ManifestError, match=rf"shards\[{len(doc['shards']) - 1}\]\.url '{first}' is listed twice"):
+        _loader(str(ds), tmp_path / "cache")
