@@ -208,6 +208,22 @@ def test_datasets_of_no_shared_class_are_pointed_at_disjoint_labels(packed: Path
         ShardLoader([str(packed), str(tmp_path / "ds")], batch_size=2)
 
 
+def test_a_dataset_listed_twice_in_a_mix_is_said(packed: Path, other: str, caplog: pytest.LogCaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """[D, D] reads each of D's samples twice an epoch: likely a slip, so said (a relative path too)."""
+    with caplog.at_level("WARNING", logger="shardkit"):
+        ShardLoader([str(packed), other], batch_size=2, disjoint_labels=True).close()
+    assert not [r for r in caplog.records if "same dataset" in r.getMessage()]
+    monkeypatch.chdir(packed.parent)
+    with caplog.at_level("WARNING", logger="shardkit"):
+        loader = ShardLoader([str(packed), f"{packed.name}/index.json"], batch_size=2)
+    said = [r.getMessage() for r in caplog.records if "same dataset" in r.getMessage()]
+    assert said == [f"shardkit: {packed} and {packed.name}/index.json are the same dataset: the mix reads each of "
+                    "its samples once for each time it is listed (weights set a dataset's share)"]
+    assert loader.manifest.num_samples == 2 * loader.manifests[0].num_samples
+    loader.close()
+
+
 def test_mix_options_that_change_nothing_on_one_dataset_are_said(packed: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """weights=[0.5] on one dataset read as half an epoch and silently gave all of it."""

@@ -101,6 +101,13 @@ def open_datasets(dataset: str | Sequence[str], *, weights: Iterable[object] | N
             log.warning("shardkit: disjoint_labels changes nothing on one dataset (it offsets the labels of "
                         "the datasets after the first in a mix)")
         return Datasets(urls, manifests[0], manifests, (ReaderPart(stores[0], manifests[0].table),), None)
+    first: dict[str, str] = {}
+    for url, store in zip(urls, stores, strict=True):
+        where = store.url if "://" in store.url else os.path.realpath(store.url)
+        if where in first:
+            log.warning("shardkit: %s and %s are the same dataset: the mix reads each of its samples once for "
+                        "each time it is listed (weights set a dataset's share)", first[where], url)
+        first.setdefault(where, url)
     for url, m in zip(urls[1:], manifests[1:], strict=True):
         if m.kind != manifests[0].kind:
             raise LoaderError(f"cannot mix datasets of different kinds: {urls[0]} is {manifests[0].kind!r}, "
