@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import pickle
 import signal
 import threading
 import time
@@ -208,6 +209,15 @@ class WatchedLoader(DataLoader[Any]):
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             batches = super().__iter__()
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
+            if "pickle" not in str(err):
+                raise
+            context = self.multiprocessing_context
+            method = (context.get_context() if isinstance(context, DeathSafeContext) else
+                      multiprocessing.get_context()).get_start_method()
+            raise LoaderError(f"the worker processes start by {method!r}, which sends them the transform (and the "
+                              f"loader's other callables) pickled, and one cannot be: {err}; define it at a "
+                              "module's top level (no lambda or local function), or pass num_workers=0") from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return _Watched(batches, self)
