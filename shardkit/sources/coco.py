@@ -35,7 +35,6 @@ are then looked up in one listing of the folder, not one request each.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import posixpath
@@ -369,14 +368,12 @@ def scan_coco(images_dir: str, annotations_json: str, *, drop_empty: bool = Fals
             warnings.append({"source": str(image["file_name"]),
                              "reason": f'images[{i}]: "{bad[0]}" must be a positive number of pixels, not '
                                        f"{bad[1]!r}; not packed"})
-            with contextlib.suppress(TypeError):
-                refused.add(image["id"])
+            refused.add(image["id"])
         elif not isinstance(image["file_name"], str) or not _safe_rel(image["file_name"]):
             warnings.append({"source": str(image["file_name"]),
                              "reason": f"images[{i}]: file_name is not a path inside the images "
                                        "folder; not packed"})
-            with contextlib.suppress(TypeError):  # an id that is no key is no image's either
-                refused.add(image["id"])
+            refused.add(image["id"])
         else:
             images[image["id"]] = image
 
