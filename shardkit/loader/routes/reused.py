@@ -41,7 +41,8 @@ from shardkit._compat import fd_storage_descriptor
 from shardkit.errors import LoaderError
 from shardkit.loader.routes.segments import attach, descriptor, shared_segment
 
-__all__ = ["Received", "cycle_number", "forget_reused", "received", "reduce_reused", "reused_segment", "unship"]
+__all__ = ["Received", "cycle_number", "forget_reused", "is_receiving", "received", "reduce_reused", "reused_segment",
+           "unship"]
 
 #: (receiving loader's token, maker's pid, its buffer cycle, the buffer's place in it): what names a
 #: reused segment between processes. A bigger segment that replaces a buffer takes over its key.
@@ -162,6 +163,13 @@ def received(token: str) -> Received:
         if found is None:
             found = _RECEIVERS[token] = Received()
         return found
+
+
+def is_receiving(token: str) -> bool:
+    """Whether this process holds a :class:`Received` for the loader ``token`` names (a copy of
+    that loader lives here)."""
+    with _RECEIVERS_LOCK:
+        return token in _RECEIVERS
 
 
 def _forget_in_child() -> None:

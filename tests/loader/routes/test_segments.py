@@ -5,6 +5,7 @@ moment leaves nothing there, and a loader needs no ``--shm-size``."""
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -136,3 +137,29 @@ def test_the_gpu_routes_worker_half_sends_through_workers_what_it_builds_here(tm
     finally:
         torch.multiprocessing.set_sharing_strategy(before)
     assert len(here) == len(loader) and there == here
+
+
+def _token_after_unpickling(data: bytes) -> str:
+    return pickle.loads(data).token
+
+
+def test_a_copy_of_the_receiving_loaders_buffers_receives_under_a_token_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loader deep-copied or unpickled beside its original (mid-epoch) starts workers of its
+    own, and dropped the mappings the original's workers had shipped to it: they shared a token,
+    and the original's next batch named a buffer it no longer held. Its workers, and any other
+    process, keep the token: they ship to the loader that sent them the builder."""
+    import copy
+    import multiprocessing
+
+    buffers = WorkerBuffers(cycle=2)
+    mine = buffers._received
+    mine.segments[(buffers.token, 1, 0, 0)] = torch.UntypedStorage(8)  # a buffer a worker shipped
+    for twin in (copy.deepcopy(buffers), pickle.loads(pickle.dumps(buffers))):
+        assert twin.token != buffers.token
+        twin.let_go()  # before its workers start
+    assert list(mine.segments) == [(buffers.token, 1, 0, 0)]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_token_after_unpickling, (pickle.dumps(buffers),)) == buffers.token
+    monkeypatch.setattr("shardkit.loader.routes.device.payload.get_worker_info", lambda: object())
+    assert pickle.loads(pickle.dumps(buffers)).token == buffers.token  # in a worker

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from shardkit.loader.routes.reused import cycle_number, forget_reused, received, reused_segment
+from shardkit.loader.routes.reused import cycle_number, forget_reused, is_receiving, received, reused_segment
 from shardkit.loader.routes.segments import segment_view
 from shardkit.loader.stats import StageStats
 from shardkit.transforms.gpu import GEOMETRY_COLUMNS
@@ -196,6 +196,10 @@ class WorkerBuffers:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
+        if get_worker_info() is None and is_receiving(self.token):
+            # a copy beside the loader it copies (a deep-copied or unpickled loader): its workers
+            # ship to it under a token of its own, and their start leaves the original's mappings
+            self.token = f"{os.getpid()}-{next(_TOKENS)}"
         self._received = received(self.token)
 
     def let_go(self) -> None:
