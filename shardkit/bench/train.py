@@ -72,7 +72,9 @@ The step (:class:`~shardkit.bench.train_step.TrainStep`): a torchvision classifi
 (``resnet18``/``resnet50``), ``channels_last``, bf16 autocast, SGD with momentum, ``torch.compile``
 (unless ``compile=False``). ShardLoader delivers batches
 already normalised (bf16, channels_last, on its own stream); the ImageFolder baseline delivers
-uint8, which the step normalises on the device, as a careful user of it would.
+uint8, which the step normalises on the device, as a careful user of it would; so does the
+``shardloader_cpu`` contender, ShardLoader's CPU route (decode and crop in the workers), whose
+batches the step copies to the device.
 """
 
 from __future__ import annotations
@@ -278,7 +280,7 @@ def _contenders(cfg: TrainBenchConfig) -> dict[str, tuple[str, Callable[[], Any]
     if "shardloader_cpu" in cfg.contenders:  # decoded and cropped on the CPU; the step normalises the uint8 batch
         out["shardloader_cpu"] = ("shardkit ShardLoader, CPU route", lambda: ShardLoader(
             cfg.shards, batch_size=cfg.batch_size, transform=transforms.imagenet_train(cfg.size),
-            num_workers=cfg.workers, device="cpu", pin_memory=cfg.device.startswith("cuda"), drop_last=True))
+            num_workers=cfg.workers, device="cpu", drop_last=True))
 
     def dali_loader(reader: str, source: str, threads: int) -> Callable[[], Any]:
         return lambda: dali.DaliTrainLoader(reader, source, size=cfg.size, batch_size=cfg.batch_size,

@@ -103,7 +103,7 @@ CONTENDERS = tuple(dict.fromkeys(CLASSIFIER_CONTENDERS + DETECTOR_CONTENDERS))
                    "loop both ways and keeps the faster); "
                    "shardloader_tc: TorchCodec's GPU decoder from 4 threads "
                    "(GpuOptions(decode_threads=4)); shardloader_cpu: the CPU route (decode and crop in the "
-                   "workers, pinned uint8 batches copied to the device, normalised in the step); "
+                   "workers, uint8 batches copied to the device, normalised in the step); "
                    "dali: DALI's webdataset reader on --shards (with their .dali.idx files if present); "
                    "dali_files: DALI's file reader on SRC. Detector [default: cocodetection, "
                    "shardloader, and on cuda shardloader_cpu]: shardloader on --device (on cuda the COCO GPU "

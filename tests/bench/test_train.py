@@ -182,8 +182,8 @@ def test_the_fixed_feeders_contender_runs_autos_count_whatever_the_pace(tiny_tre
 
 
 def test_the_cpu_route_contender_feeds_uint8_batches_the_step_normalises(tiny_tree: Path, packed: Path) -> None:
-    """shardloader_cpu: decode and crop in the workers, uint8 batches (pinned on CUDA), normalised
-    inside the compiled step as the ImageFolder baseline's are."""
+    """shardloader_cpu: decode and crop in the workers, uint8 batches normalised inside the
+    compiled step as the ImageFolder baseline's are."""
     cfg = _cfg(tiny_tree, packed, repeats=1, contenders=("shardloader_cpu",))
     _label, build = train._contenders(cfg)["shardloader_cpu"]
     images, labels = next(iter(build()))
