@@ -26,6 +26,7 @@ import json
 import re
 import struct
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -200,6 +201,10 @@ def _urls(spec: dict[str, str] | None, blob: bytes, n: int, where: str) -> Named
         what = f"url {bad!r} is empty or not relative to the index" if bad is not None else (
             f"{len(urls)} urls for {n} shards")
         raise ManifestError(f"table {what}"[:300], where=where)
+    if len(set(urls)) != n:
+        twice = next(u for u, k in Counter(urls).items() if k > 1)
+        raise ManifestError(f"table lists shard {twice!r} twice: its samples would be read twice an epoch"[:300],
+                            where=where)
     return urls
 
 

@@ -247,16 +247,35 @@ def _next_done(done: queue_module.SimpleQueue[Future[ShardReceipt]], reports: An
 
 #: the exit status of a writer that reached a pack call while it imported the main module
 REENTERED = 86
+#: the start of a writer process's name (set before a spawned process imports the main module)
+WRITER = "shardkit-pack-writer"
+
+
+class _WriterProcess(multiprocessing.context.SpawnProcess):
+    """A spawned writer, named :data:`WRITER`-N."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.name = WRITER + self.name.removeprefix("SpawnProcess")
+
+
+class _WriterContext(multiprocessing.context.SpawnContext):
+    """The spawn context, its processes :class:`_WriterProcess` (see :func:`exit_if_reentered`)."""
+
+    Process = _WriterProcess
 
 
 def exit_if_reentered() -> None:
-    """End this process with :data:`REENTERED` if it is a spawned writer importing the main module.
+    """End this process with :data:`REENTERED` if it is a pack writer importing the main module.
 
     Spawned processes import the script that started them; one that calls ``pack()`` at its top
     level, without ``if __name__ == "__main__":``, would pack again in every writer (and find the
-    first pack's lock). :func:`run_local` turns the status into a one-line error.
+    first pack's lock). :func:`run_local` turns the status into a one-line error. Other processes
+    importing the script (a pool or a loader's workers of the script's own) pack nothing anew:
+    they find the dataset packed.
     """
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
+    here = multiprocessing.current_process()
+    if getattr(here, "_inheriting", False) and here.name.startswith(WRITER):
         os._exit(REENTERED)  # no clean-up of a half-started process: its parent reports it
 
 
@@ -287,7 +306,7 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
                 on_done(task, receipts[-1])
         return receipts
     # spawn: workers start clean (no inherited fsspec instances, threads or locks).
-    context = multiprocessing.get_context("spawn")
+    context = _WriterContext()
     tally = _Tally(on_sample) if on_sample is not None else None
     receipts = []
     futures: dict[Future[ShardReceipt], ShardTask] = {}
@@ -320,8 +339,8 @@ def run_local(tasks: list[ShardTask], workers: int, on_done: ShardDone | None,
     except BaseException as err:
         if isinstance(err, BrokenExecutor) and _reentered(processes):
             pool.shutdown(wait=False, cancel_futures=True)
-            raise PackError("pack() ran again in the writer processes, which import the main script as they start: "
-                            "call it under `if __name__ == \"__main__\":`") from None
+            raise PackError("the pack call ran again in the writer processes, which import the main script as they "
+                            "start: make it under `if __name__ == \"__main__\":`") from None
         if not isinstance(err, Exception):  # Ctrl-C (or exit): stop now, a resume redoes running shards
             _stop_workers(pool, futures, names)
             raise

@@ -205,6 +205,8 @@ def _body(counts: list[int], sizes: list[int], tail: bytes = b"") -> bytes:
          "url '/etc/passwd' is empty or not relative"),
         (_with_body(_body([1, 1], [512, 512], b"a.tar\0../b.tar"), num_shards=2, urls=None), "url '../b.tar'"),
         (_with_body(_body([1, 1], [512, 512], b"a.tar"), num_shards=2, urls=None), "1 urls for 2 shards"),
+        (_with_body(_body([1, 1], [512, 512], b"a.tar\0a.tar"), num_shards=2, urls=None),
+         "table lists shard 'a.tar' twice"),
     ],
 )
 def test_a_hostile_table_is_refused_with_one_line_naming_it(data: bytes, message: str) -> None:

@@ -90,7 +90,8 @@ def test_malformed_launcher_variables_are_refused(packed: Path, monkeypatch: pyt
 
 @pytest.mark.parametrize(("env", "named"), [({"WORLD_SIZE": "0", "RANK": "0"}, "launcher.s RANK=0 and WORLD_SIZE=0"),
                                             ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 and WORLD_SIZE=2"),
-                                            ({"WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1")])
+                                            ({"WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1"),
+                                            ({"WORLD_SIZE": "0"}, "launcher's WORLD_SIZE=0 is no number of")])
 def test_launcher_variables_out_of_range_are_named(packed: Path, monkeypatch: pytest.MonkeyPatch,
                                                    env: dict[str, str], named: str) -> None:
     for name in ("RANK", "LOCAL_RANK", "NODE_RANK"):

@@ -111,9 +111,30 @@ def test_pack_at_the_top_level_of_a_script_without_the_main_guard_says_so(small_
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 1 and not (dst / "index.json").exists()
     last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("shardkit.errors.PackError: pack() ran again in the writer processes") and \
+    assert last.startswith("shardkit.errors.PackError: the pack call ran again in the writer processes") and \
         "if __name__ == \"__main__\":" in last, run.stderr[-2000:]
     assert "another pack" not in run.stderr
     script.write_text(f"from shardkit.pack import PackOptions, pack\nif __name__ == '__main__':\n    {call}\n")
     subprocess.run([sys.executable, str(script)], check=True, env=env, timeout=120)
+    assert verify_dataset(str(dst)).ok
+
+
+def test_a_script_packing_at_its_top_level_keeps_its_own_spawned_processes(small_tree: Path, tmp_path: Path) -> None:
+    """Only the pack's own writers stop when they meet the pack call: a spawn pool of the script's
+    own imports the script too, and its processes find the dataset packed (they hung, restarted
+    one after another, while every spawned process stopped there)."""
+    import subprocess
+    import sys
+
+    dst = tmp_path / "out"
+    script = tmp_path / "job.py"
+    script.write_text("import multiprocessing\nfrom shardkit.pack import PackOptions, pack\n"
+                      f"pack({str(small_tree)!r}, {str(dst)!r}, workers=1, options=PackOptions(max_count=4))\n"
+                      "def double(x):\n    return 2 * x\n"
+                      "if __name__ == '__main__':\n"
+                      "    with multiprocessing.get_context('spawn').Pool(2) as pool:\n"
+                      "        print(pool.map(double, [1, 2]))\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert run.returncode == 0 and run.stdout.strip() == "[2, 4]", run.stderr[-2000:]
     assert verify_dataset(str(dst)).ok

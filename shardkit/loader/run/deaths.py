@@ -28,6 +28,7 @@ import pickle
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -208,24 +209,36 @@ class WatchedLoader(DataLoader[Any]):
         # they start killed them; one meant for this process arrives when it is unblocked here
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            batches = super().__iter__()
+            with warnings.catch_warnings(record=True) as said:
+                batches = super().__iter__()
         except (pickle.PicklingError, TypeError, AttributeError) as err:
-            if "pickle" not in str(err):
+            if not _unpicklable(err, said):
                 raise
             context = self.multiprocessing_context
             method = (context.get_context() if isinstance(context, DeathSafeContext) else
                       multiprocessing.get_context()).get_start_method()
-            raise LoaderError(f"the worker processes start by {method!r}, which sends them the transform (and the "
-                              f"loader's other callables) pickled, and one cannot be: {err}; define it at a "
-                              "module's top level (no lambda or local function), or pass num_workers=0") from None
+            raise LoaderError(f"the worker processes start by {method!r}, which sends them the loader's transform "
+                              f"and other arguments pickled, and one cannot be: {err}; define functions at a "
+                              "module's top level (no lambda or local function) and keep what cannot be pickled "
+                              "(locks, open files) out of them, or pass num_workers=0") from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for warning in said:  # what torch said while the workers started, said on
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         return _Watched(batches, self)
 
     def check_worker_number_rationality(self) -> None:
         """Say nothing: torch's warning about more workers than cores names a DataLoader the
         user never made; the loader says it in its own words when it is built
         (:func:`~shardkit.loader.arguments.worker_count`)."""
+
+
+def _unpicklable(err: BaseException, said: list[warnings.WarningMessage]) -> bool:
+    """Whether ``err``, raised as workers started, is pickle's refusal of something sent to them
+    (torch warns "Got pickle error" before it re-raises one; Python 3.13 names a local object
+    in an AttributeError without the word)."""
+    return (isinstance(err, pickle.PicklingError) or "pickle" in str(err) or "local object" in str(err)
+            or any("pickle" in str(w.message) for w in said))
 
 
 #: How long a connection error from the workers' queue waits for a worker death to show.

@@ -57,6 +57,8 @@ def _launcher_rank_and_world(*, settled: bool = True) -> tuple[int, int] | None:
         found = int(rank if rank is not None else "0"), int(world)
     except ValueError:
         raise LoaderError(f"RANK={rank!r} and WORLD_SIZE={world!r} from the launcher are not integers") from None
+    if rank is None and found[1] < 1:
+        raise LoaderError(f"the launcher's WORLD_SIZE={found[1]} is no number of processes: it must be at least 1")
     if found[1] < 1 or not 0 <= found[0] < found[1]:
         names = "RANK" if os.environ.get("RANK") is not None else "LOCAL_RANK"
         raise LoaderError(f"the launcher's {names}={found[0]} and WORLD_SIZE={found[1]} are no rank of a world: "
