@@ -285,6 +285,7 @@ def test_auto_feeders_that_cannot_start_leave_the_route_in_this_process(
     monkeypatch.setattr(loader_module, "feeder_count", lambda *args, **kwargs: (1, SlotLabels()))  # "auto": one
     monkeypatch.setattr(feeders.FeederPool, "start", refuse)
     monkeypatch.setattr(feeders.FeederPool, "launch", refuse)
+    monkeypatch.setattr(feeders, "ready", lambda: True)  # launched at once, not once a busy machine's forkserver is up
     with _loader(packed) as loader, caplog.at_level("WARNING", logger="shardkit.loader"):
         assert loader.feeders == 1
         assert [k for _, _, k in loader] == want  # the first batches come from here while they start
