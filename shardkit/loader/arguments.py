@@ -17,7 +17,7 @@ from shardkit.errors import LoaderError
 from shardkit.loader.epochs.config import PlanConfig
 from shardkit.loader.feed.labels import SlotLabels, probe_text
 from shardkit.loader.feed.layout import auto_feeders
-from shardkit.loader.read.captions import CaptionTargets, TextTransform
+from shardkit.loader.read.captions import ABSENT_SAID_AFTER, CaptionTargets, TextTransform
 from shardkit.loader.read.samples import ON_ERROR
 from shardkit.loader.routes.base import Route
 from shardkit.loader.routes.gpu import GpuOptions, GpuRoute
@@ -306,9 +306,12 @@ def feeder_slots(transform: object, kind: str, captions: CaptionTargets | None) 
     return probe_text(captions) if kind == "captions" else SlotLabels()
 
 
-def caption_targets(text_transform: TextTransform | None, fields: Sequence[str] | None) -> CaptionTargets | None:
+def caption_targets(text_transform: TextTransform | None, fields: Sequence[str] | None, *,
+                    per_reader: int | None = None) -> CaptionTargets | None:
     """The text side asked for (None: nothing asked; a captioned dataset then gets the captions).
-    ``fields=None`` is no field, as ``()``.
+    ``fields=None`` is no field, as ``()``. ``per_reader``: the samples one process reads of an
+    epoch, where a field none of them has is said to be missing if that is fewer than
+    :data:`~shardkit.loader.read.captions.ABSENT_SAID_AFTER`.
 
     Raises:
         LoaderError: ``fields`` is not a sequence of names, or ``text_transform`` not callable.
@@ -323,7 +326,8 @@ def caption_targets(text_transform: TextTransform | None, fields: Sequence[str] 
         raise LoaderError(f"text_transform must be callable (list of str -> anything), got {text_transform!r:.80}")
     if text_transform is None and not fields:
         return None
+    after = ABSENT_SAID_AFTER if per_reader is None else max(1, min(ABSENT_SAID_AFTER, per_reader))
     try:
-        return CaptionTargets(tuple(fields), text_transform)
+        return CaptionTargets(tuple(fields), text_transform, absent_after=after)
     except ValueError as err:
         raise LoaderError(str(err)) from err

@@ -339,9 +339,11 @@ class ShardLoader:
         self.num_workers = workers
         self.reader = ShardReader.joined(datasets.parts, cache_dir=cache, cache_bytes=cache_bytes,
                                          verify_hashes=verify_hashes)
+        per_reader = -(-self.config.num_samples // (world_size * max(1, workers)))  # an epoch's samples a process reads
         spec = RouteSpec(transform, where, batch_size, on_error=on_error, num_workers=workers,
                          prefetch=prefetch, gpu=gpu or GpuOptions(), masks=masks, pad=pad,
-                         contiguous_labels=contiguous_labels, captions=caption_targets(text_transform, fields),
+                         contiguous_labels=contiguous_labels,
+                         captions=caption_targets(text_transform, fields, per_reader=per_reader),
                          service=service is not None)
         #: The delivery route this loader takes (CPU, GPU or COCO), chosen once here.
         self.route: Route[Any, Any] = choose_route(self.manifest, self.reader, spec)

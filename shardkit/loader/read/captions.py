@@ -44,6 +44,11 @@ class _Absent:
 ABSENT: Any = _Absent()
 
 
+#: Samples without a field, none with it, before it is said to be missing (fewer where a worker
+#: reads fewer an epoch: :attr:`CaptionTargets.absent_after`).
+ABSENT_SAID_AFTER = 64
+
+
 @dataclass(frozen=True)
 class CaptionTargets:
     """The text side of captioned batches: ``fields`` (names of ``json`` fields to deliver) and
@@ -59,6 +64,9 @@ class CaptionTargets:
 
     fields: tuple[str, ...] = ()
     text_transform: TextTransform | None = None
+    #: samples read without a field asked for, none with it, before the field is said to be
+    #: missing: :data:`ABSENT_SAID_AFTER`, or what one worker reads of an epoch where that is fewer
+    absent_after: int = field(default=ABSENT_SAID_AFTER, compare=False)
     #: json field names read by this process while a field asked for was not yet found (at most
     #: :data:`_KEYS_KEPT`; ``None`` among them: a sample with a json member): the warning about a
     #: missing field names them.
@@ -140,7 +148,7 @@ class CaptionTargets:
             _check_rows(out, len(texts), where)
         if not self.fields:
             return out
-        _say_if_absent(self.fields, items, self._seen)
+        _say_if_absent(self.fields, items, self._seen, self.absent_after)
         return {TEXT: out, **{name: [None if values[i] is ABSENT else values[i] for _, values in items]
                               for i, name in enumerate(self.fields)}}
 
@@ -176,17 +184,15 @@ def _is_array(value: Any) -> bool:
 
 #: Per field asked for, in this process: samples read without it, or -1 once one had it or it was said.
 _absent: dict[str, int] = {}
-#: Samples without a field, none with it, before it is said to be missing.
-ABSENT_SAID_AFTER = 64
 #: The json field names a missing field's warning names, at most.
 _KEYS_KEPT = 40
 
 
 def _say_if_absent(fields: Sequence[str], items: Sequence[tuple[str, tuple[Any, ...]]],
-                   seen: set[str | None]) -> None:
-    """Warn once per process of a field that none of the first :data:`ABSENT_SAID_AFTER` samples
-    has in its json at all (a misspelt name, most likely; a field whose value is null is there,
-    and a sparse one shows up among them)."""
+                   seen: set[str | None], after: int = ABSENT_SAID_AFTER) -> None:
+    """Warn once per process of a field that none of the first ``after`` samples has in its json
+    at all (a misspelt name, most likely; a field whose value is null is there, and a sparse one
+    shows up among them)."""
     for i, name in enumerate(fields):
         count = _absent.get(name, 0)
         if count < 0:
@@ -195,7 +201,7 @@ def _say_if_absent(fields: Sequence[str], items: Sequence[tuple[str, tuple[Any, 
             _absent[name] = -1
             continue
         _absent[name] = count + len(items)
-        if _absent[name] >= ABSENT_SAID_AFTER:
+        if _absent[name] >= after:
             _absent[name] = -1
             there = sorted(k for k in seen if k is not None)[:_KEYS_KEPT]
             log.warning("shardkit: none of %d samples has the field %r in its json (misspelt? %s); its values are None",
