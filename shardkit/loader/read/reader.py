@@ -49,6 +49,11 @@ class CorruptSample(LoaderError):
     replaced silently."""
 
 
+#: Samples of a shard read in a process, all differing from their CRC-32 and none matching, that
+#: make the shard one written again since its offsets file (not a few damaged samples).
+STALE_AFTER = 4
+
+
 class _OpenShard:
     def __init__(self, fd: int, offsets: list[tuple[int, int]], keys: list[str],
                  crcs: list[int | None] | None = None, where: str = "", scanned: bool = False,
@@ -61,6 +66,7 @@ class _OpenShard:
         self.crcs = crcs  # each sample's CRC-32 from an offsets file of version 2, else None
         self.scanned = scanned  # no offsets file: the spans come from reading the shard's headers
         self.labels = labels  # (label offset, own class count or None) of its dataset, as ShardReader.labels_of
+        self.crc_ok = self.crc_bad = 0  # its samples read here whose CRC-32 matched, and differed
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1  # closed once: a second close() or __del__ must not close a reused number
@@ -318,12 +324,24 @@ class ShardReader:
 
     @staticmethod
     def _check_crc(shard: _OpenShard, sample_index: int, data: bytes | memoryview) -> None:
-        """:class:`CorruptSample` where the offsets file's CRC-32 does not match ``data``."""
+        """:class:`CorruptSample` where the offsets file's CRC-32 does not match ``data``; a
+        :class:`LoaderError` for the shard once its first :data:`STALE_AFTER` samples read here
+        all differ (a shard rewritten in place: replacing its samples would train on others)."""
         expected = shard.crcs[sample_index] if shard.crcs is not None else None
-        if expected is not None and (crc := crc32(data)) != expected:
-            where = f"{shard.where}:{shard.keys[sample_index]}"
-            raise CorruptSample(f"checksum mismatch: its bytes changed after packing or indexing (crc32 {crc:08x}, "
-                                f"the offsets file says {expected:08x})", where=where)
+        if expected is None:
+            return
+        if (crc := crc32(data)) == expected:
+            shard.crc_ok += 1
+            return
+        shard.crc_bad += 1
+        if not shard.crc_ok and shard.crc_bad >= STALE_AFTER:
+            raise LoaderError(f"shard's bytes changed since it was packed or indexed: the {shard.crc_bad} of its "
+                              "samples read here all differ from their CRC-32 in its offsets file (written again "
+                              "in place?); pack it again, or index an adopted dataset again (shardkit index "
+                              "--overwrite)", where=shard.where)
+        where = f"{shard.where}:{shard.keys[sample_index]}"
+        raise CorruptSample(f"checksum mismatch: its bytes changed after packing or indexing (crc32 {crc:08x}, "
+                            f"the offsets file says {expected:08x})", where=where)
 
     def _parsed(self, shard: _OpenShard, sample_index: int, data: bytes | memoryview, *,
                 crc_checked: bool = False) -> tuple[str, dict[str, bytes]]:

@@ -231,3 +231,25 @@ def test_a_damaged_offsets_file_says_what_to_do(packed: Path, tmp_path: Path) ->
     idx.unlink()  # as the message says: the shard is then scanned
     with ShardLoader(str(ds), batch_size=4, shuffle=False) as loader:
         assert sum(len(labels) for _images, labels in loader) == read_manifest(Store(str(ds))).num_samples
+
+
+def test_a_shard_written_again_at_the_same_size_is_refused_not_replaced_sample_by_sample(
+        packed: Path, tmp_path: Path) -> None:
+    """Each sample's bytes differ from its CRC-32 (a shard rewritten in place, its size kept): the
+    loader replaced every one with another sample of the batch and trained on duplicates."""
+    from shardkit import ShardLoader, transforms
+
+    ds, store = _copy(packed, tmp_path)
+    shards = read_manifest(store).shards
+    shard = ds / shards[0].url
+    reader = ShardReader(store, shards)
+    keys = [reader.key(0, i) for i in range(shards[0].num_samples)]
+    reader.close()
+    for key in keys:
+        image = next(e for e in ("jpg", "png") if any(n.startswith(f"{key}.{e}") for n in _names(shard)))
+        _flip(shard, _member(shard, key, image) + 40, 1)
+    assert shard.stat().st_size == shards[0].num_bytes
+    loader = ShardLoader(str(ds), batch_size=4, transform=transforms.imagenet_val(32), shuffle=False)
+    with pytest.raises(LoaderError, match=rf"{shards[0].url}: shard's bytes changed since it was packed or indexed: "
+                                          r"the 4 of its samples read here all differ from their CRC-32"):
+        list(loader)
