@@ -159,6 +159,12 @@ def _classes(labels: dict[int, str | None], names: Sequence[str] | None,
                                   f"{names[label]!r} in the class names given", where=first_at.get(label, where))
         return tuple(names)
     inferred = tuple(labels.get(i) or str(i) for i in range(top + 1))
+    if len(labels) < top + 1:  # labels no sample has: the class list holds them all, to keep labels = indices
+        absent = [i for i in range(top + 1) if i not in labels]
+        log.warning("shardkit: labels run from 0 to %d, but %s of them label no sample (%s): the class list holds "
+                    "all %s (a mistyped label? label %d is first at %s); pass --classes FILE to name the classes",
+                    top, f"{len(absent):,}", ", ".join(map(str, absent[:5])) + (", …" if len(absent) > 5 else ""),
+                    f"{top + 1:,}", top, first_at.get(top, where))
     named: dict[str, int] = {}
     for label, name in enumerate(inferred):
         if labels.get(label) is None:  # no json names it: its number stands in, as before

@@ -26,3 +26,25 @@ def test_a_class_list_with_a_blank_line_or_a_name_twice_is_refused(tmp_path: Pat
     assert CliRunner().invoke(cli, ["index", str(root), "--classes", str(names)]).exit_code == 0
     with pytest.raises(ValueError, match="class 'cat' is named for labels 0 and 2"):
         adopt_shards(str(root), classes=["cat", "dog", "cat"], overwrite=True)
+
+
+def test_labels_no_sample_has_below_the_largest_are_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A mistyped label (12 among 0-2) made a 13-class list without a word; --classes is quiet."""
+    import logging
+
+    import webdataset as wds
+
+    from tests.conftest import encode_image
+
+    root = tmp_path / "wds"
+    root.mkdir()
+    with wds.ShardWriter(str(root / "train-%06d.tar"), maxcount=10) as sink:
+        for i, label in enumerate([0, 1, 2, 0, 12]):
+            sink.write({"__key__": f"s{i:05d}", "jpg": encode_image((16, 16)), "cls": str(label).encode()})
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        manifest = adopt_shards(str(root))
+    assert len(manifest.classes or ()) == 13
+    said = [r.getMessage() for r in caplog.records if "label no sample" in r.getMessage()]
+    assert said == ["shardkit: labels run from 0 to 12, but 9 of them label no sample (3, 4, 5, 6, 7, …): the class "
+                    "list holds all 13 (a mistyped label? label 12 is first at "
+                    f"{root / 'train-000000.tar'}:s00004); pass --classes FILE to name the classes"]
