@@ -74,8 +74,14 @@ def not_one_image(key: str, fields: dict[str, bytes]) -> str:
     the keys rule), so webdataset's ShardWriter writes key ``img.3`` as ``img.3.jpg``, which
     reads as key ``img`` with extension ``3.jpg``."""
     dotted = sorted(ext for ext in fields if "." in ext)
-    if not any(ext in IMAGE_MEMBER_EXTENSIONS for ext in fields) and any(
-            ext.rsplit(".", 1)[1] in IMAGE_MEMBER_EXTENSIONS for ext in dotted):
+    images = [ext for ext in dotted if ext.rsplit(".", 1)[1] in IMAGE_MEMBER_EXTENSIONS]
+    if not any(ext in IMAGE_MEMBER_EXTENSIONS for ext in fields) and images and len(dotted) < len(fields):
+        # members of one sample beside the image, so no dotted key: an extension of several parts
+        ext, last = images[0], images[0].rsplit(".", 1)[1]
+        return (f"member {f'{key}.{ext}'!r}: its extension is {ext!r} (everything after the key's first dot), not "
+                f"an image extension ({', '.join(sorted(IMAGE_MEMBER_EXTENSIONS))}); write the image as "
+                f"{f'{key}.{last}'!r}")
+    if not any(ext in IMAGE_MEMBER_EXTENSIONS for ext in fields) and images:
         first = dotted[0].split(".", 1)[0]
         named = [ext for ext in dotted if ext.split(".", 1)[0] == first]
         more = len(fields) - len(named)

@@ -248,6 +248,17 @@ def test_keys_with_a_dot_are_named_as_such(tmp_path: Path) -> None:
             "with extensions '0.cls', '0.jpg')") in result.output
 
 
+def test_an_image_extension_of_several_parts_is_named_as_such(tmp_path: Path) -> None:
+    """``k0.input.jpg`` beside ``k0.cls``: one sample whose image's extension is ``input.jpg``; it
+    was said to be a key with a dot, which ``k0`` is not."""
+    _tar(tmp_path / "a-000000.tar", [("k0.cls", b"0"), ("k0.input.jpg", encode_image((8, 8)))])
+    with pytest.raises(FormatError) as refused:
+        adopt_shards(str(tmp_path))
+    assert str(refused.value).endswith("a-000000.tar:k0: member 'k0.input.jpg': its extension is 'input.jpg' "
+                                       "(everything after the key's first dot), not an image extension (bmp, jpeg, "
+                                       "jpg, pgm, png, ppm, tif, tiff, webp); write the image as 'k0.jpg'")
+
+
 def test_compressed_shards_are_named_when_there_is_no_tar(tmp_path: Path) -> None:
     (tmp_path / "shard-000000.tar.gz").write_bytes(b"\x1f\x8b")
     with pytest.raises(ManifestError, match=r"no .tar shards here to index \(found 1 compressed shard, "
