@@ -349,4 +349,5 @@ def _check_key(key: str, *, where: str) -> None:
             raise
         raise FormatError(f"{err.message}: its members lie in a folder; tar the files from inside it "
                           "as docs/guides/interop.md says: (cd DIR && ls | LC_ALL=C sort | tar -cf "
-                          "../shard-000000.tar -T -)", where=where) from None
+                          "../shard-000000.tar -T -); from webdataset's ShardWriter, write each __key__ "
+                          "without a '/'", where=where) from None

@@ -76,17 +76,38 @@ def why_no_shards(store: Store, names: list[str]) -> str:
     if cased:
         return f" (found {_some(cased)}: shard names end in {SHARD_SUFFIX}, in lower case; rename them)"
     if not store.remote:
-        below: list[str] = []
-        for folder in names:
-            with contextlib.suppress(OSError):  # not a folder, or one this user cannot list
-                below += [f"{folder}/{f}" for f in sorted(os.listdir(store.path(folder))) if f.endswith(SHARD_SUFFIX)]
+        below = _shards_below(store, names)
         if below:
-            return (f" (found {_some(below)} one folder down: index the folder that holds the shards; only the "
-                    "files directly in it are read)")
+            folders = sorted({name.rsplit("/", 1)[0] for name in below})
+            many = (f"; shards in several folders ({_some(folders)}) are datasets of their own: index each, and "
+                    "pass them together to ShardLoader([...]) to read them as one" if len(folders) > 1 else "")
+            down = "one folder" if below[0].count("/") == 1 else "two folders"
+            return (f" (found {_some(below)} {down} down: index the folder that holds the shards; only the "
+                    f"files directly in it are read{many})")
         if any(_holds_images(store.path(folder)) for folder in names[:_FOLDERS_LOOKED_INTO]):
             return (" (it holds folders of images, as an ImageFolder tree does: `shardkit pack DIR SHARDS` packs it "
                     "into shards)")
     return ""
+
+
+def _shards_below(store: Store, names: list[str]) -> list[str]:
+    """``*.tar`` files one folder below a local ``store`` (``folder/name``), else two folders below
+    (in its first :data:`_FOLDERS_LOOKED_INTO` folders and theirs)."""
+    def tars(folder: str) -> list[str]:
+        with contextlib.suppress(OSError):  # not a folder, or one this user cannot list
+            return [f"{folder}/{f}" for f in sorted(os.listdir(store.path(folder))) if f.endswith(SHARD_SUFFIX)]
+        return []
+
+    def folders(folder: str) -> list[str]:
+        with contextlib.suppress(OSError):
+            return [f"{folder}/{f}" for f in sorted(os.listdir(store.path(folder)))[:_FOLDERS_LOOKED_INTO]
+                    if os.path.isdir(store.path(f"{folder}/{f}"))]
+        return []
+
+    below = [name for folder in names for name in tars(folder)]
+    if below:
+        return below
+    return [name for folder in names[:_FOLDERS_LOOKED_INTO] for sub in folders(folder) for name in tars(sub)]
 
 
 _IMAGE_SUFFIXES = tuple(f".{x}" for x in IMAGE_EXTENSIONS)

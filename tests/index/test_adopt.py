@@ -126,7 +126,7 @@ def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
         ([("./b.cls", b"1"), ("./a.cls", b"1"), ("./b.jpg", b"x")], FormatError,
          r"x-000000.tar:./b: invalid sample key './b' \(allowed: A-Z a-z 0-9 _ -\): its members lie in a folder; "
          r"tar the files from inside it as docs/guides/interop.md says: \(cd DIR && ls \| LC_ALL=C sort \| tar -cf "
-         r"../shard-000000.tar -T -\)"),
+         r"../shard-000000.tar -T -\); from webdataset's ShardWriter, write each __key__ without a '/'"),
     ],
 )
 def test_bad_shards_are_refused_naming_the_sample(tmp_path: Path, members: list[tuple[str, bytes]],

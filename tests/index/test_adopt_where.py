@@ -24,6 +24,19 @@ def test_shards_one_folder_down_or_named_in_capitals_are_pointed_at(tmp_path: Pa
         adopt_shards(str(upper))
 
 
+def test_shards_two_folders_down_in_several_folders_are_pointed_at_each_and_a_mix(tmp_path: Path) -> None:
+    """``I/train/part0/*.tar`` and ``I/train/part1/*.tar``: said as nothing to index before."""
+    for part in ("part0", "part1"):
+        _write_wds(tmp_path / "I" / "train" / part, n=12)
+    with pytest.raises(ManifestError) as refused:
+        adopt_shards(str(tmp_path / "I"))
+    assert str(refused.value).endswith(
+        "no .tar shards here to index (found train/part0/train-000000.tar, train/part0/train-000001.tar, ... two "
+        "folders down: index the folder that holds the shards; only the files directly in it are read; shards in "
+        "several folders (train/part0, train/part1) are datasets of their own: index each, and pass them together "
+        "to ShardLoader([...]) to read them as one)")
+
+
 def test_an_imagefolder_tree_is_pointed_at_pack(tmp_path: Path) -> None:
     (tmp_path / "tree" / "cat").mkdir(parents=True)
     (tmp_path / "tree" / "cat" / "a.JPEG").write_bytes(b"x")
