@@ -26,7 +26,7 @@ from shardkit.pack import (
     pack_coco,
     parse_size,
 )
-from shardkit.sources.hf import is_hf_dataset
+from shardkit.sources.hf import hf_is_labelled, is_hf_dataset
 from shardkit.sources.table import is_table
 from shardkit.storage import is_remote
 
@@ -155,7 +155,9 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
     With --format captions (implied by a table SRC), SRC is a folder of images with .txt caption
     sidecars, a .csv/.tsv/.jsonl/.parquet table of image paths or URLs and captions, or a HF
     image-text dataset saved with save_to_disk: one sample per image, as img2dataset writes them
-    (jpg/png, txt, json).
+    (jpg/png, txt, json). A saved HF dataset of images with a ClassLabel column (no caption column)
+    is packed as labelled images, the ClassLabel's names its classes (--split names a
+    DatasetDict's split).
 
     Re-running the same command after an interruption resumes it; the output is
     byte-identical for any --workers.
@@ -164,10 +166,16 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
                      "--extra-columns": extra_columns, "--images-root": images_root, "--split": split}
     given = [name for name, value in table_options.items() if value is not None]
     hf = not is_remote(src) and not is_table(src) and is_hf_dataset(src)
-    captions = fmt == "captions" or (fmt == "auto" and annotations is None and (is_table(src) or hf or bool(given)))
+    labelled_hf = hf and annotations is None and (fmt == "imagefolder" or (fmt == "auto" and hf_is_labelled(src)))
+    if labelled_hf and [name for name in given if name != "--split"]:
+        raise click.UsageError(f"{', '.join(n for n in given if n != '--split')}: for a caption table or a saved HF "
+                               f"dataset of image-text pairs; {src} is packed as labelled images (its ClassLabel "
+                               "column), where --split alone applies")
+    captions = fmt == "captions" or (fmt == "auto" and annotations is None and not labelled_hf
+                                     and (is_table(src) or hf or bool(given)))
     if captions and annotations is not None:
         raise click.UsageError("--annotations applies to --format coco only")
-    if given and not (captions and (is_table(src) or hf)):
+    if given and not labelled_hf and not (captions and (is_table(src) or hf)):
         raise click.UsageError(f"{', '.join(given)}: for a caption table (SRC ending in .csv, .tsv, .jsonl, "
                                f".parquet) or a saved HF dataset, not {src}")
     coco = fmt == "coco" or (fmt == "auto" and annotations is not None)
@@ -177,9 +185,9 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
         named = " and ".join(n for n, v in (("--annotations", annotations is not None), ("--drop-empty", drop_empty))
                              if v)
         raise click.UsageError(f"{named} {'apply' if ' and ' in named else 'applies'} to --format coco only")
-    if allow_empty and (coco or captions):
-        which = "coco" if coco else "captions"
-        raise click.UsageError(f"--allow-empty applies to an ImageFolder tree, not to --format {which}")
+    if allow_empty and (coco or captions or labelled_hf):
+        which = "a saved HF dataset" if labelled_hf else f"--format {'coco' if coco else 'captions'}"
+        raise click.UsageError(f"--allow-empty applies to an ImageFolder tree, not to {which}")
     if coco and resize_max is not None:
         raise click.UsageError("--resize-max is not supported for COCO (it would invalidate the "
                                "boxes)")
@@ -225,7 +233,7 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
             result = pack(src, dst, options=options, workers=workers, overwrite=overwrite,
                           storage_options=remote, source_options=from_src, progress=bar,
                           executor=executor, ray_address=address, max_skipped=max_skipped,
-                          allow_empty=allow_empty)
+                          allow_empty=allow_empty, split=split if labelled_hf else None)
     except SkipBudgetError as err:
         bar.close()
         if not quiet:

@@ -11,7 +11,7 @@ from shardkit.pack.pool import exit_if_reentered
 from shardkit.pack.progress import PackProgress, Progress
 from shardkit.pack.skips import SkipBudget, SkipBudgetError
 from shardkit.sources import scan_caption_folder, scan_caption_table, scan_coco, scan_imagefolder
-from shardkit.sources.hf import is_hf_dataset, scan_hf_dataset
+from shardkit.sources.hf import is_hf_dataset, scan_hf_dataset, scan_hf_labelled
 from shardkit.sources.table import is_table
 
 __all__ = ["Executor", "PackOptions", "PackProgress", "PackResult", "Progress", "SkipBudget",
@@ -32,12 +32,15 @@ def pack(
     ray_address: str | None = None,
     max_skipped: SkipBudget | None = None,
     allow_empty: bool = False,
+    split: str | None = None,
 ) -> PackResult:
     """Pack the ImageFolder tree ``src`` into WebDataset-compatible shards under ``dst``.
 
     Args:
         src: root of an ImageFolder tree (``src/<class>/<images>``), read like torchvision: a
-            directory or an fsspec URL (``s3://bucket/train``); the same tree gives the same
+            directory or an fsspec URL (``s3://bucket/train``), or a local HF ``datasets``
+            dataset saved with ``save_to_disk`` whose ``ClassLabel`` column labels its images
+            (:func:`~shardkit.sources.hf.scan_hf_labelled`); the same tree gives the same
             shards and ``index.json`` from either.
         dst: output directory or fsspec URL (``s3://bucket/prefix``, ``memory://x``).
         options: shard sizes, shuffling, re-encoding (:class:`PackOptions`).
@@ -57,6 +60,7 @@ def pack(
             sample fails in any case.
         allow_empty: keep class folders without an image file in the class list, as
             ``ImageFolder(allow_empty=True)`` does (refused otherwise, as torchvision refuses them).
+        split: the split of a saved HF ``DatasetDict`` to pack.
 
     Returns:
         A :class:`PackResult` with the manifest written.
@@ -77,8 +81,16 @@ def pack(
         print(result.manifest.num_samples, len(result.manifest.shards))
     """
     exit_if_reentered()  # a spawned writer importing a script that calls this at its top level
-    listing = scan_imagefolder(src, storage_options=_source_options(source_options, storage_options),
-                               allow_empty=allow_empty)
+    if "://" not in src and is_hf_dataset(src):
+        if allow_empty:
+            raise ValueError("allow_empty applies to an ImageFolder tree; a HF dataset's classes are its "
+                             "ClassLabel's names, each kept")
+        listing = scan_hf_labelled(src, split=split)
+    elif split is not None:
+        raise ValueError(f"split applies to a saved HF DatasetDict, not to {src}")
+    else:
+        listing = scan_imagefolder(src, storage_options=_source_options(source_options, storage_options),
+                                   allow_empty=allow_empty)
     return pack_listing(
         listing, dst, options=options, workers=workers, overwrite=overwrite,
         storage_options=storage_options, progress=progress, executor=executor,

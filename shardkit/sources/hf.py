@@ -1,5 +1,8 @@
-"""HF ``datasets`` image–text datasets as a pack source: a dataset saved with ``save_to_disk``
-(a ``Dataset``, or a ``DatasetDict`` and one of its splits), one sample per row, in row order.
+"""HF ``datasets`` image datasets as a pack source: a dataset saved with ``save_to_disk`` (a
+``Dataset``, or a ``DatasetDict`` and one of its splits), one sample per row, in row order.
+Image–text pairs (:func:`scan_hf_dataset`) become captioned shards; images with a ``ClassLabel``
+column (:func:`scan_hf_labelled`, what ``load_dataset("imagefolder")`` and most image
+classification sets give) become labelled ones, the ``ClassLabel``'s names the classes.
 
 The image column is an ``Image`` feature (its stored bytes are packed as they are, or the file
 its ``path`` names when it holds no bytes); the caption column is text; the extra columns
@@ -14,6 +17,7 @@ copied) and reads its rows' images from it.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -25,9 +29,10 @@ from shardkit.sources.files import FileEntry, Files, SkipSample
 from shardkit.sources.local import read_local
 from shardkit.sources.table import json_value
 
-__all__ = ["HFRows", "is_hf_dataset", "scan_hf_dataset"]
+__all__ = ["HFRows", "hf_is_labelled", "is_hf_dataset", "scan_hf_dataset", "scan_hf_labelled"]
 
 _MEDIA = ("Image", "Audio", "Video")
+_CAPTION_COLUMNS = ("caption", "text", "txt")
 
 
 def is_hf_dataset(path: str) -> bool:
@@ -35,6 +40,29 @@ def is_hf_dataset(path: str) -> bool:
     ``DatasetDict.save_to_disk``."""
     return os.path.isfile(os.path.join(path, "dataset_dict.json")) or (
         os.path.isfile(os.path.join(path, "state.json")) and os.path.isfile(os.path.join(path, "dataset_info.json")))
+
+
+def _saved_features(path: str) -> dict[str, Any]:
+    """The features of a saved dataset as its ``dataset_info.json`` gives them (a DatasetDict's:
+    its first split's), without opening it; {} where they cannot be read."""
+    split = path
+    try:
+        if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+            with open(os.path.join(path, "dataset_dict.json"), encoding="utf-8") as f:
+                split = os.path.join(path, json.load(f)["splits"][0])
+        with open(os.path.join(split, "dataset_info.json"), encoding="utf-8") as f:
+            features = json.load(f).get("features") or {}
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return {}
+    return features if isinstance(features, dict) else {}
+
+
+def hf_is_labelled(path: str) -> bool:
+    """Whether the saved HF dataset at ``path`` holds labelled images: a ``ClassLabel`` column
+    and none of the caption columns (``caption``, ``text``, ``txt``)."""
+    features = _saved_features(path)
+    kinds = {name: f.get("_type") if isinstance(f, dict) else None for name, f in features.items()}
+    return "ClassLabel" in kinds.values() and not any(c in kinds for c in _CAPTION_COLUMNS)
 
 
 def _files_version(root: str) -> str:
@@ -130,6 +158,78 @@ class HFRows(Files):
             yield self._read(sample)
 
 
+def _image_column(features: dict[str, str], image_column: str | None, where: str) -> str:
+    """The Image column: ``image_column`` checked, or the only one there is."""
+    images = [name for name, kind in features.items() if kind == "Image"]
+    if image_column is None:
+        if len(images) != 1:
+            raise SourceError(f"{len(images)} Image columns ({', '.join(images) or 'none'}): name one with "
+                              "--image-column (image_column= in Python)", where=where)
+        return images[0]
+    if features.get(image_column) != "Image":
+        raise SourceError(f"no Image column {image_column!r} (Image columns: {', '.join(images) or 'none'})",
+                          where=where)
+    return image_column
+
+
+def _image_paths(ds: Any, image_column: str) -> list[str | None]:
+    """Each row's stored image path (None where it has none), without decoding an image."""
+    import datasets
+
+    return [(im or {}).get("path") for im in
+            ds.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))[image_column]]
+
+
+def scan_hf_labelled(root: str, *, split: str | None = None, image_column: str | None = None,
+                     label_column: str | None = None) -> SourceListing:
+    """List the rows of a saved HF image dataset with a ``ClassLabel`` column as labelled samples
+    (see the module doc): the label column's names are the classes, a row's label its class.
+
+    Args:
+        root: the directory ``save_to_disk`` wrote.
+        split: the split of a saved ``DatasetDict``.
+        image_column: the ``Image`` column (default: the only one).
+        label_column: the ``ClassLabel`` column (default: the only one).
+
+    Raises:
+        SourceError: no such dataset or split, no single Image or ClassLabel column (naming
+            the columns), or a label outside the ClassLabel's names.
+
+    Example::
+
+        listing = scan_hf_labelled("saved/beans", split="train")
+    """
+    root = os.path.normpath(root)
+    ds = _open(root, split)
+    where = root if split is None else f"{root} [{split}]"
+    kinds = {name: type(feature).__name__ for name, feature in ds.features.items()}
+    image_column = _image_column(kinds, image_column, where)
+    labels = [name for name, kind in kinds.items() if kind == "ClassLabel"]
+    if label_column is None:
+        if len(labels) != 1:
+            raise SourceError(f"{len(labels)} ClassLabel columns ({', '.join(labels) or 'none'}) among "
+                              f"{', '.join(kinds)}: a labelled dataset needs one", where=where)
+        label_column = labels[0]
+    elif kinds.get(label_column) != "ClassLabel":
+        raise SourceError(f"no ClassLabel column {label_column!r} (ClassLabel columns: {', '.join(labels) or 'none'})",
+                          where=where)
+    classes = list(ds.features[label_column].names)
+    version = _files_version(root)
+    samples, warnings = [], []
+    for i, (label, path) in enumerate(zip(ds[label_column], _image_paths(ds, image_column), strict=True)):
+        rel = path or f"row {i + 1}"
+        if label is None or label < 0:  # datasets' -1: no label (a test split's)
+            warnings.append({"source": rel, "reason": f"row {i + 1}: no label (the {label_column!r} column is "
+                                                      f"{'null' if label is None else label})"})
+            continue
+        if label >= len(classes):
+            raise SourceError(f"row {i + 1}: label {label} is outside the {len(classes)} names of the ClassLabel "
+                              f"column {label_column!r}", where=where)
+        samples.append(SourceSample(f"{root}#{i}", rel, 0, label=label, version=version))
+    return SourceListing(kind="imagefolder", root=root, samples=samples, classes=classes, warnings=warnings,
+                         files=HFRows(root, split, image_column))
+
+
 def scan_hf_dataset(
     root: str,
     *,
@@ -158,21 +258,16 @@ def scan_hf_dataset(
     ds = _open(root, split)
     where = root if split is None else f"{root} ({split})"
     features = {name: type(feature).__name__ for name, feature in ds.features.items()}
-    images = [name for name, kind in features.items() if kind == "Image"]
-    if image_column is None:
-        if len(images) != 1:
-            raise SourceError(f"{len(images)} Image columns ({', '.join(images) or 'none'}): name one with "
-                              "--image-column (image_column= in Python)", where=where)
-        image_column = images[0]
-    elif features.get(image_column) != "Image":
-        raise SourceError(f"no Image column {image_column!r} (Image columns: {', '.join(images) or 'none'})",
-                          where=where)
+    image_column = _image_column(features, image_column, where)
     if caption_column is None:
-        caption_column = next((c for c in ("caption", "text", "txt") if c in features), None)
+        caption_column = next((c for c in _CAPTION_COLUMNS if c in features), None)
         if caption_column is None:
+            labels = [c for c, kind in features.items() if kind == "ClassLabel"]
+            labelled = (f"; its ClassLabel column {labels[0]!r} makes it a labelled dataset: pack it as one "
+                        "(shardkit pack, --format imagefolder; pack() in Python)" if labels else "")
             raise SourceError(f"no caption column: none of caption, text, txt is there (columns: "
-                              f"{', '.join(features)}); name it with --caption-column (caption_column= in Python)",
-                              where=where)
+                              f"{', '.join(features)}); name it with --caption-column (caption_column= in Python)"
+                              f"{labelled}", where=where)
     elif caption_column not in features:
         raise SourceError(f"no caption column {caption_column!r} (columns: {', '.join(features)})", where=where)
     if extra_columns is None:
@@ -186,10 +281,7 @@ def scan_hf_dataset(
     version = _files_version(root)
     texts = ds[caption_column]
     values = {name: ds[name] for name in extras}
-    import datasets
-
-    paths = [(im or {}).get("path") for im in
-             ds.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))[image_column]]
+    paths = _image_paths(ds, image_column)
     samples, warnings = [], []
     for i, (text, path) in enumerate(zip(texts, paths, strict=True)):
         rel = path or f"row {i + 1}"

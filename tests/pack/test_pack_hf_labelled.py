@@ -1,0 +1,106 @@
+"""A saved HF ``datasets`` dataset of labelled images (an ``Image`` and a ``ClassLabel`` column)
+packs into labelled shards: the ClassLabel's names are the classes, each row one sample."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from shardkit import ShardLoader
+from shardkit.cli import cli
+from shardkit.errors import SourceError
+from shardkit.format import iter_samples
+from shardkit.index import read_manifest, verify_dataset
+from shardkit.pack import pack, pack_captions
+from shardkit.storage import Store
+from tests.conftest import encode_image
+
+datasets = pytest.importorskip("datasets")
+
+NAMES = ["cat", "dog", "eel"]
+
+
+def _saved(path: Path, labels: list[int], dict_split: str | None = None) -> Path:
+    rows = {"image": [Image.new("RGB", (8 + i, 6), (20 * i, 200 - 20 * i, 7)) for i in range(len(labels))],
+            "label": labels}
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)})
+    ds = datasets.Dataset.from_dict(rows, features=features)
+    (datasets.DatasetDict({dict_split: ds}) if dict_split else ds).save_to_disk(str(path))
+    return path
+
+
+def _packed_rows(dst: Path) -> dict[str, tuple[int, tuple[int, int], bytes]]:
+    """Each packed sample by its source (``row N``): label, image size and pixels."""
+    out = {}
+    for shard in read_manifest(Store(str(dst))).shards:
+        with open(dst / shard.url, "rb") as f:
+            for _key, fields in iter_samples(f, where=shard.url):
+                meta = json.loads(fields["json"])
+                image = Image.open(io.BytesIO(next(v for k, v in fields.items() if k in ("png", "jpg"))))
+                out[meta["source"]] = (int(fields["cls"]), image.size, image.convert("RGB").tobytes())
+    return out
+
+
+def test_the_rows_become_labelled_samples_named_by_the_classlabel(tmp_path: Path) -> None:
+    labels = [0, 1, 2, 1, 0, 2, 2]
+    saved = _saved(tmp_path / "saved", labels)
+    result = CliRunner().invoke(cli, ["pack", str(saved), str(tmp_path / "out"), "--workers", "2",
+                                      "--max-count", "3"])
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(Store(str(tmp_path / "out")))
+    assert manifest.kind == "imagefolder" and list(manifest.classes or ()) == NAMES and manifest.num_samples == 7
+    rows = datasets.load_from_disk(str(saved))
+    packed = _packed_rows(tmp_path / "out")
+    for i, row in enumerate(rows):
+        image = row["image"].convert("RGB")
+        assert packed[f"row {i + 1}"] == (row["label"], image.size, image.tobytes())
+    with ShardLoader(str(tmp_path / "out"), batch_size=7, shuffle=False) as loader:
+        [(_images, got)] = list(loader)
+    assert sorted(got.tolist()) == sorted(labels)
+    assert verify_dataset(str(tmp_path / "out")).ok
+
+
+def test_load_dataset_imagefolder_packs_as_torchvision_reads_the_tree(tmp_path: Path) -> None:
+    """The common way to such a dataset: ``load_dataset("imagefolder")``; its classes and labels
+    are the tree's as torchvision's ImageFolder gives them, each sample named by its file."""
+    from torchvision.datasets import ImageFolder
+
+    tree = tmp_path / "tree"
+    for c, name in enumerate(NAMES):
+        (tree / name).mkdir(parents=True)
+        for j in range(2 + c):
+            (tree / name / f"{name}{j}.jpg").write_bytes(encode_image((10, 8), color=(60 * c, 40 * j, 5)))
+    ds = datasets.load_dataset("imagefolder", data_dir=str(tree), split="train")
+    ds.save_to_disk(str(tmp_path / "saved"))
+    result = pack(str(tmp_path / "saved"), str(tmp_path / "out"), workers=1)
+    reference = ImageFolder(str(tree))
+    assert list(result.manifest.classes or ()) == reference.classes
+    by_file = {Path(path).name: label for path, label in reference.samples}
+    packed = _packed_rows(tmp_path / "out")
+    assert {Path(source).name: label for source, (label, _, _) in packed.items()} == by_file
+
+
+def test_a_dataset_dict_needs_its_split_and_rows_without_a_label_are_skipped(tmp_path: Path) -> None:
+    saved = _saved(tmp_path / "saved", [0, -1, 2], dict_split="train")
+    result = CliRunner().invoke(cli, ["pack", str(saved), str(tmp_path / "out")])
+    assert result.exit_code == 1 and "a DatasetDict: name its split (train) with --split" in result.output
+    result = CliRunner().invoke(cli, ["pack", str(saved), str(tmp_path / "out"), "--split", "train"])
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(Store(str(tmp_path / "out")))
+    assert manifest.num_samples == 2
+    assert [s["reason"] for s in manifest.skipped] == ["row 2: no label (the 'label' column is -1)"]
+
+
+def test_caption_options_and_the_caption_route_say_what_a_labelled_dataset_is(tmp_path: Path) -> None:
+    saved = _saved(tmp_path / "saved", [0, 1])
+    result = CliRunner().invoke(cli, ["pack", str(saved), str(tmp_path / "out"), "--caption-column", "label"])
+    assert result.exit_code == 2 and "is packed as labelled images (its ClassLabel column)" in result.output
+    with pytest.raises(SourceError, match="its ClassLabel column 'label' makes it a labelled dataset: pack it as one"):
+        pack_captions(str(saved), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="split applies to a saved HF DatasetDict"):
+        pack(str(tmp_path), str(tmp_path / "out"), split="train")
