@@ -74,7 +74,8 @@ The step (:class:`~shardkit.bench.train_step.TrainStep`): a torchvision classifi
 already normalised (bf16, channels_last, on its own stream); the ImageFolder baseline delivers
 uint8, which the step normalises on the device, as a careful user of it would; so does the
 ``shardloader_cpu`` contender, ShardLoader's CPU route (decode and crop in the workers), whose
-batches the step copies to the device.
+batches the step copies to the device from pageable memory (ShardLoader pins only on its GPU
+route, and refuses ``pin_memory`` beside a GPU; the ImageFolder baseline's are pinned).
 """
 
 from __future__ import annotations

@@ -256,7 +256,7 @@ class _WriterProcess(multiprocessing.context.SpawnProcess):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.name = WRITER + self.name.removeprefix("SpawnProcess")
+        self.name = WRITER + self.name.removeprefix(type(self).__name__)
 
 
 class _WriterContext(multiprocessing.context.SpawnContext):

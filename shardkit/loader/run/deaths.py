@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
 import time
-import warnings
+import traceback
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -209,10 +210,9 @@ class WatchedLoader(DataLoader[Any]):
         # they start killed them; one meant for this process arrives when it is unblocked here
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            with warnings.catch_warnings(record=True) as said:
-                batches = super().__iter__()
+            batches = super().__iter__()
         except (pickle.PicklingError, TypeError, AttributeError) as err:
-            if not _unpicklable(err, said):
+            if not _unpicklable(err):
                 raise
             context = self.multiprocessing_context
             method = (context.get_context() if isinstance(context, DeathSafeContext) else
@@ -223,8 +223,6 @@ class WatchedLoader(DataLoader[Any]):
                               "(locks, open files) out of them, or pass num_workers=0") from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        for warning in said:  # what torch said while the workers started, said on
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         return _Watched(batches, self)
 
     def check_worker_number_rationality(self) -> None:
@@ -233,12 +231,14 @@ class WatchedLoader(DataLoader[Any]):
         (:func:`~shardkit.loader.arguments.worker_count`)."""
 
 
-def _unpicklable(err: BaseException, said: list[warnings.WarningMessage]) -> bool:
-    """Whether ``err``, raised as workers started, is pickle's refusal of something sent to them
-    (torch warns "Got pickle error" before it re-raises one; Python 3.13 names a local object
-    in an AttributeError without the word)."""
-    return (isinstance(err, pickle.PicklingError) or "pickle" in str(err) or "local object" in str(err)
-            or any("pickle" in str(w.message) for w in said))
+def _unpicklable(err: BaseException) -> bool:
+    """Whether ``err``, raised as workers started, is pickle's refusal of something sent to them:
+    a PicklingError, or an error raised while multiprocessing pickled the process (Python 3.13
+    names a local object in an AttributeError without the word "pickle")."""
+    if isinstance(err, pickle.PicklingError) or "pickle" in str(err):
+        return True
+    frames = traceback.extract_tb(err.__traceback__)
+    return any(frame.filename.endswith(os.path.join("multiprocessing", "reduction.py")) for frame in frames)
 
 
 #: How long a connection error from the workers' queue waits for a worker death to show.

@@ -94,7 +94,7 @@ class SharedBatchPool:
         if num_workers < 1 or slots_per_worker < 1 or min(shape) < 1:
             raise ValueError(f"need num_workers, slots_per_worker and shape >= 1, got {num_workers}, "
                              f"{slots_per_worker}, {shape}")
-        self.token = f"{os.getpid()}-{next(_TOKENS)}"
+        self.token = f"{os.getpid()}-{next(_TOKENS)}-{os.urandom(4).hex()}"  # unique beyond this pid (containers)
         self.slots_per_worker = slots_per_worker
         self.shape = shape
         flags = num_workers * slots_per_worker

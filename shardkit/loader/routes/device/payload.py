@@ -42,6 +42,12 @@ __all__ = ["BatchArena", "BufferCycle", "RawImages", "StagedBatch", "WorkerBuffe
 _TOKENS = itertools.count()
 
 
+def _token() -> str:
+    """A name for a receiving loader, unique beyond this process: a process elsewhere with the same
+    pid (a container's) may have made a builder that is unpickled here."""
+    return f"{os.getpid()}-{next(_TOKENS)}-{os.urandom(4).hex()}"
+
+
 def _align(n: int) -> int:
     return (n + 7) // 8 * 8
 
@@ -187,7 +193,7 @@ class WorkerBuffers:
 
     def __init__(self, cycle: int) -> None:
         self.cycle = cycle
-        self.token = f"{os.getpid()}-{next(_TOKENS)}"
+        self.token = _token()
         self._buffers: BufferCycle | None = None
         self._received = received(self.token)
 
@@ -199,7 +205,7 @@ class WorkerBuffers:
         if get_worker_info() is None and is_receiving(self.token):
             # a copy beside the loader it copies (a deep-copied or unpickled loader): its workers
             # ship to it under a token of its own, and their start leaves the original's mappings
-            self.token = f"{os.getpid()}-{next(_TOKENS)}"
+            self.token = _token()
         self._received = received(self.token)
 
     def let_go(self) -> None:
