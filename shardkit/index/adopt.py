@@ -107,6 +107,7 @@ def _read_shard(store: Store, url: str, keys: dict[str, str], labels: dict[int, 
         images = sorted(ext for ext in fields if ext in IMAGE_MEMBER_EXTENSIONS)
         if len(images) != 1:
             raise FormatError(not_one_image(span.key, fields), where=f"{where}:{span.key}")
+        odd.image_names[images[0]] += 1
         if kind[0] == "auto":
             kind[0] = kind_of(fields)
             if kind[0] == "captions" and with_classes:  # a class list given for captioned shards

@@ -9,6 +9,7 @@ that leave most of the class list unused are refused (:func:`check_unused_run`).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from shardkit.errors import FormatError
 
@@ -35,6 +36,9 @@ class Oddities:
     def __init__(self) -> None:
         self.count: dict[str, int] = {"not_text": 0, "empty_text": 0, "not_image": 0, "misnamed": 0}
         self.first: dict[str, str] = {}
+        #: image members per extension (``jpg``, ``png``, …): a set of several loses samples in
+        #: readers that take their columns from the first samples
+        self.image_names: Counter[str] = Counter()
 
     def add(self, kind: str, what: str) -> None:
         """One more of ``kind``; ``what`` names it (the first one is kept)."""
@@ -69,6 +73,14 @@ class Oddities:
                         "datasets, webdataset's decoders) may not", f"{n:,}", "image is" if n == 1 else "images are",
                         "its" if n == 1 else "their", self.first["misnamed"], more(n),
                         "it is" if n == 1 else "they are")
+        if len(self.image_names) > 1:
+            (common, _), *rest = self.image_names.most_common()
+            log.warning("shardkit: %s images are %s and %s: HF datasets' webdataset loader and webdataset's "
+                        "to_tuple(%r) give those samples no image (None, or a skipped sample); read them with "
+                        "to_tuple(%r), or write every image member under one extension",
+                        f"{sum(self.image_names.values()):,}", f"{self.image_names[common]:,} {common}",
+                        ", ".join(f"{n:,} {ext}" for ext, n in rest), common,
+                        ";".join(ext for ext, _ in self.image_names.most_common()))
 
 
 #: TIFF and BigTIFF, both byte orders; the Netpbm headers PIL writes under either name by the mode.
