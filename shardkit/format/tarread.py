@@ -159,7 +159,11 @@ def _walk(reader: _Reader, *, where: str, read_data: bool,
             reader.skip(size + (-size % BLOCK))
             continue
         if kind not in _REGULAR:
-            raise FormatError(f"member {name!r} is not a regular file (type {kind!r})", where=here)
+            link = {b"1": "a hard link", b"2": "a symbolic link"}.get(kind)
+            raise FormatError(f"member {name!r} is not a regular file (type {kind!r}"
+                              + (f": {link}, whose bytes the shard does not hold; write the shard with tar's "
+                                 "--dereference --hard-dereference to store the files themselves)" if link else ")"),
+                              where=here)
         if size > MAX_MEMBER_BYTES:
             raise FormatError(f"member {name!r} is too large ({size} bytes)", where=here)
         data_offset = reader.pos
