@@ -27,9 +27,10 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
     options = url_options(storage_option, dataset)
     store = locate_dataset(dataset, options)
     try:  # the bar's totals, from the table where it holds (verify_dataset judges it, and says so)
-        shards = read_manifest(store, strict_table=True).table
+        manifest = read_manifest(store, strict_table=True)
     except StaleTable:
-        shards = read_manifest(store, table=False).table
+        manifest = read_manifest(store, table=False)
+    shards = manifest.table
     done = 0  # the columns, not the entries: an entry's hash would read index.hashes, which verify judges
     with Bar(bars_enabled(quiet), desc="verifying" + (" + decoding" if decode else ""),
              total=int(shards.num_bytes.sum()), unit="B") as bar:
@@ -57,9 +58,10 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
     if report.unlisted:
         first = report.unlisted[0] + (f" and {len(report.unlisted) - 1:,} more" if len(report.unlisted) > 1 else "")
         them = "it" if len(report.unlisted) == 1 else "them"
+        how = ("shardkit index --overwrite indexes them with the others" if manifest.adopted else
+               "shardkit index adopts shards made elsewhere, in a folder of their own, into a dataset of their own")
         click.secho(f"WARN {counted(len(report.unlisted), 'tar file')} beside the shards not in index.json: {first}; "
-                    f"no loader reads {them} (shardkit index adopts shards made elsewhere into a dataset of their own)",
-                    fg="yellow", err=True)
+                    f"no loader reads {them} ({how})", fg="yellow", err=True)
     if not report.ok:
         click.echo(f"{len(report.problems)} problem(s) in {store.url}", err=True)
         sys.exit(1)

@@ -188,7 +188,8 @@ def test_tar_files_the_index_does_not_name_are_listed_not_failed(packed):
     assert report.ok and report.unlisted == [str(extra)]
     result = CliRunner().invoke(cli, ["verify", str(packed), "-q"])
     assert result.exit_code == 0 and result.stderr.startswith(
-        f"WARN 1 tar file beside the shards not in index.json: {extra}; no loader reads it"), result.output
+        f"WARN 1 tar file beside the shards not in index.json: {extra}; no loader reads it (shardkit index adopts "
+        "shards made elsewhere, in a folder of their own, into a dataset of their own)"), result.output
 
 
 def test_a_folder_that_cannot_be_listed_still_verifies(packed, monkeypatch):
