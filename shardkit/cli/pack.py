@@ -73,8 +73,10 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.option("--format", "fmt", type=click.Choice(["auto", "imagefolder", "coco", "captions"]), default="auto",
               show_default=True,
               help="Input layout; auto: coco when --annotations is given, captions when SRC is a table "
-                   "(.csv, .tsv, .jsonl, .parquet) or a caption option is given, else imagefolder. captions: a "
-                   "folder of images with .txt (and .json) sidecars, or a table of image paths/URLs and captions.")
+                   "(.csv, .tsv, .jsonl, .parquet) or a caption option is given, else imagefolder; a saved HF "
+                   "dataset is imagefolder when it has a ClassLabel column and no caption column, else captions. "
+                   "captions: a folder of images with .txt (and .json) sidecars, or a table of image paths/URLs "
+                   "and captions.")
 @click.option("--annotations", default=None, type=FILE_OR_URL,
               help="COCO instances JSON, a path or URL (SRC is then the images folder).")
 @click.option("--drop-empty", is_flag=True, help="COCO: leave out images without annotations.")
@@ -82,7 +84,10 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
               help="ImageFolder: keep class folders without images as classes of no sample, as "
                    "ImageFolder(allow_empty=True) (a subset of a dataset's classes then mixes with it as is).")
 @click.option("--image-column", default=None, metavar="NAME",
-              help="Caption table: the column of image paths or URLs [default: image, url, path or file_name].")
+              help="Caption table: the column of image paths or URLs [default: image, url, path or file_name]; "
+                   "saved HF dataset: its Image column [default: the only one].")
+@click.option("--label-column", default=None, metavar="NAME",
+              help="Saved HF dataset of labelled images: its ClassLabel column [default: the only one].")
 @click.option("--caption-column", default=None, metavar="NAME",
               help="Caption table: the caption column [default: caption, text or txt].")
 @click.option("--extra-columns", default=None, metavar="A,B,...",
@@ -90,7 +95,7 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.option("--images-root", default=None, metavar="DIR|URL", type=LOCATION,
               help="Caption table: where relative image paths start [default: the table's folder].")
 @click.option("--split", default=None, metavar="NAME",
-              help="Captions from a HF DatasetDict saved with save_to_disk: the split to pack.")
+              help="A HF DatasetDict saved with save_to_disk: the split to pack.")
 @click.option("--max-count", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Samples per shard at most.")
 @click.option("--max-size", default="256MB", show_default=True, callback=_size,
@@ -138,7 +143,8 @@ def _budget(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
                    "given, SRC uses these instead of the -o options (e.g. anon=true for a public "
                    "bucket).")
 def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_empty: bool, allow_empty: bool,
-                 image_column: str | None, caption_column: str | None, extra_columns: str | None,
+                 image_column: str | None, label_column: str | None, caption_column: str | None,
+                 extra_columns: str | None,
                  images_root: str | None, split: str | None, max_count: int, max_size: int,
                  workers: int, ray_address: str | None,
                  shuffle: bool, seed: int, prefix: str, resize_max: int | None, quality: int,
@@ -166,11 +172,15 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
                      "--extra-columns": extra_columns, "--images-root": images_root, "--split": split}
     given = [name for name, value in table_options.items() if value is not None]
     hf = not is_remote(src) and not is_table(src) and is_hf_dataset(src)
-    labelled_hf = hf and annotations is None and (fmt == "imagefolder" or (fmt == "auto" and hf_is_labelled(src)))
-    if labelled_hf and [name for name in given if name != "--split"]:
-        raise click.UsageError(f"{', '.join(n for n in given if n != '--split')}: for a caption table or a saved HF "
-                               f"dataset of image-text pairs; {src} is packed as labelled images (its ClassLabel "
-                               "column), where --split alone applies")
+    labelled_hf = hf and annotations is None and (fmt == "imagefolder" or (fmt == "auto" and (
+        label_column is not None or hf_is_labelled(src))))
+    hf_options = ("--split", "--image-column")
+    if labelled_hf and [name for name in given if name not in hf_options]:
+        raise click.UsageError(f"{', '.join(n for n in given if n not in hf_options)}: for a caption table or a saved "
+                               f"HF dataset of image-text pairs; {src} is packed as labelled images (its ClassLabel "
+                               "column), where --split, --image-column and --label-column apply")
+    if label_column is not None and not labelled_hf:
+        raise click.UsageError(f"--label-column: for a saved HF dataset of labelled images, not {src}")
     captions = fmt == "captions" or (fmt == "auto" and annotations is None and not labelled_hf
                                      and (is_table(src) or hf or bool(given)))
     if captions and annotations is not None:
@@ -233,7 +243,8 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
             result = pack(src, dst, options=options, workers=workers, overwrite=overwrite,
                           storage_options=remote, source_options=from_src, progress=bar,
                           executor=executor, ray_address=address, max_skipped=max_skipped,
-                          allow_empty=allow_empty, split=split if labelled_hf else None)
+                          allow_empty=allow_empty, **({"split": split, "image_column": image_column,
+                                                       "label_column": label_column} if labelled_hf else {}))
     except SkipBudgetError as err:
         bar.close()
         if not quiet:

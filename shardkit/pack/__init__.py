@@ -33,6 +33,8 @@ def pack(
     max_skipped: SkipBudget | None = None,
     allow_empty: bool = False,
     split: str | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> PackResult:
     """Pack the ImageFolder tree ``src`` into WebDataset-compatible shards under ``dst``.
 
@@ -61,6 +63,8 @@ def pack(
         allow_empty: keep class folders without an image file in the class list, as
             ``ImageFolder(allow_empty=True)`` does (refused otherwise, as torchvision refuses them).
         split: the split of a saved HF ``DatasetDict`` to pack.
+        image_column: a saved HF dataset's ``Image`` column (default: the only one).
+        label_column: a saved HF dataset's ``ClassLabel`` column (default: the only one).
 
     Returns:
         A :class:`PackResult` with the manifest written.
@@ -85,9 +89,9 @@ def pack(
         if allow_empty:
             raise ValueError("allow_empty applies to an ImageFolder tree; a HF dataset's classes are its "
                              "ClassLabel's names, each kept")
-        listing = scan_hf_labelled(src, split=split)
-    elif split is not None:
-        raise ValueError(f"split applies to a saved HF DatasetDict, not to {src}")
+        listing = scan_hf_labelled(src, split=split, image_column=image_column, label_column=label_column)
+    elif split is not None or image_column is not None or label_column is not None:
+        raise ValueError(f"split, image_column and label_column apply to a saved HF dataset, not to {src}")
     else:
         listing = scan_imagefolder(src, storage_options=_source_options(source_options, storage_options),
                                    allow_empty=allow_empty)

@@ -89,13 +89,14 @@ def _open(root: str, split: str | None) -> Any:
         raise SourceError(f"cannot open the saved HF dataset ({err})", where=root) from err
     if isinstance(loaded, datasets.DatasetDict):
         if split is None:
-            raise SourceError(f"a DatasetDict: name its split ({', '.join(loaded)}) with --split", where=root)
+            raise SourceError(f"a DatasetDict: name its split ({', '.join(loaded)}) with --split (split= in "
+                              "Python)", where=root)
         if split not in loaded:
             raise SourceError(f"no split {split!r} in this DatasetDict (it has {', '.join(loaded)})", where=root)
-        return loaded[split]
-    if split is not None:
+        loaded = loaded[split]
+    elif split is not None:
         raise SourceError(f"a Dataset has no splits (--split {split} applies to a saved DatasetDict)", where=root)
-    return loaded
+    return loaded.with_format(None)  # saved with_format("torch"), ("pandas"), ...: rows as Python values
 
 
 class HFRows(Files):
@@ -180,6 +181,24 @@ def _image_paths(ds: Any, image_column: str) -> list[str | None]:
             ds.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))[image_column]]
 
 
+def _image_sizes(ds: Any, image_column: str, paths: Sequence[str | None]) -> list[int]:
+    """Each row's image size in bytes: its stored bytes' length (read from the Arrow offsets, no
+    image bytes touched), else the size of the file its path names, else 0. They size the shards
+    (``max_size``) and tell a dataset saved again with other images from the one packed."""
+    import pyarrow.compute as pc
+
+    lengths = pc.binary_length(pc.struct_field(ds.with_format("arrow")[image_column], "bytes")).to_pylist()
+    sizes = []
+    for length, path in zip(lengths, paths, strict=True):
+        if length is None and path:
+            try:
+                length = os.stat(path).st_size
+            except OSError:
+                length = 0
+        sizes.append(length or 0)
+    return sizes
+
+
 def scan_hf_labelled(root: str, *, split: str | None = None, image_column: str | None = None,
                      label_column: str | None = None) -> SourceListing:
     """List the rows of a saved HF image dataset with a ``ClassLabel`` column as labelled samples
@@ -205,27 +224,37 @@ def scan_hf_labelled(root: str, *, split: str | None = None, image_column: str |
     kinds = {name: type(feature).__name__ for name, feature in ds.features.items()}
     image_column = _image_column(kinds, image_column, where)
     labels = [name for name, kind in kinds.items() if kind == "ClassLabel"]
+    ints = [name for name, feature in ds.features.items()
+            if type(feature).__name__ == "Value" and str(getattr(feature, "dtype", "")).startswith(("int", "uint"))]
+    cast = (f"; make an integer column one: dataset.class_encode_column(...), or cast_column(..., "
+            f"ClassLabel(names=[...])), then save it again ({', '.join(ints)} holds integers)" if ints else "")
     if label_column is None:
-        if len(labels) != 1:
-            raise SourceError(f"{len(labels)} ClassLabel columns ({', '.join(labels) or 'none'}) among "
-                              f"{', '.join(kinds)}: a labelled dataset needs one", where=where)
+        if len(labels) > 1:
+            raise SourceError(f"{len(labels)} ClassLabel columns ({', '.join(labels)}): name one with --label-column "
+                              "(label_column= in Python)", where=where)
+        if not labels:
+            raise SourceError(f"no ClassLabel column among {', '.join(kinds)}: a labelled dataset needs one{cast}",
+                              where=where)
         label_column = labels[0]
     elif kinds.get(label_column) != "ClassLabel":
-        raise SourceError(f"no ClassLabel column {label_column!r} (ClassLabel columns: {', '.join(labels) or 'none'})",
-                          where=where)
+        raise SourceError(f"no ClassLabel column {label_column!r} (ClassLabel columns: {', '.join(labels) or 'none'})"
+                          f"{cast}", where=where)
     classes = list(ds.features[label_column].names)
     version = _files_version(root)
     samples, warnings = [], []
-    for i, (label, path) in enumerate(zip(ds[label_column], _image_paths(ds, image_column), strict=True)):
+    paths = _image_paths(ds, image_column)
+    sizes = _image_sizes(ds, image_column, paths)
+    for i, (label, path, size) in enumerate(zip(ds[label_column], paths, sizes, strict=True)):
         rel = path or f"row {i + 1}"
+        row = f"row {i + 1}: " if path else ""  # a source named by its row says it once
         if label is None or label < 0:  # datasets' -1: no label (a test split's)
-            warnings.append({"source": rel, "reason": f"row {i + 1}: no label (the {label_column!r} column is "
+            warnings.append({"source": rel, "reason": f"{row}no label (the {label_column!r} column is "
                                                       f"{'null' if label is None else label})"})
             continue
         if label >= len(classes):
             raise SourceError(f"row {i + 1}: label {label} is outside the {len(classes)} names of the ClassLabel "
                               f"column {label_column!r}", where=where)
-        samples.append(SourceSample(f"{root}#{i}", rel, 0, label=label, version=version))
+        samples.append(SourceSample(f"{root}#{i}", rel, size, label=label, version=version))
     return SourceListing(kind="imagefolder", root=root, samples=samples, classes=classes, warnings=warnings,
                          files=HFRows(root, split, image_column))
 
@@ -282,8 +311,9 @@ def scan_hf_dataset(
     texts = ds[caption_column]
     values = {name: ds[name] for name in extras}
     paths = _image_paths(ds, image_column)
+    sizes = _image_sizes(ds, image_column, paths)
     samples, warnings = [], []
-    for i, (text, path) in enumerate(zip(texts, paths, strict=True)):
+    for i, (text, path, size) in enumerate(zip(texts, paths, sizes, strict=True)):
         rel = path or f"row {i + 1}"
         if text is None:
             warnings.append({"source": rel, "reason": f"row {i + 1}: no caption (the caption column is null)"})
@@ -296,6 +326,6 @@ def scan_hf_dataset(
                                                       "or only white space)"})
             continue
         meta = {name: json_value(v[i], i + 1, name, where) for name, v in values.items()}
-        samples.append(SourceSample(f"{root}#{i}", rel, 0, meta=meta, version=version, caption=text))
+        samples.append(SourceSample(f"{root}#{i}", rel, size, meta=meta, version=version, caption=text))
     return SourceListing(kind=CAPTIONS_KIND, root=root, samples=samples, warnings=warnings,
                          files=HFRows(root, split, image_column))

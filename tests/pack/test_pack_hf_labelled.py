@@ -93,7 +93,7 @@ def test_a_dataset_dict_needs_its_split_and_rows_without_a_label_are_skipped(tmp
     assert result.exit_code == 0, result.output
     manifest = read_manifest(Store(str(tmp_path / "out")))
     assert manifest.num_samples == 2
-    assert [s["reason"] for s in manifest.skipped] == ["row 2: no label (the 'label' column is -1)"]
+    assert [(s["source"], s["reason"]) for s in manifest.skipped] == [("row 2", "no label (the 'label' column is -1)")]
 
 
 def test_caption_options_and_the_caption_route_say_what_a_labelled_dataset_is(tmp_path: Path) -> None:
@@ -102,5 +102,52 @@ def test_caption_options_and_the_caption_route_say_what_a_labelled_dataset_is(tm
     assert result.exit_code == 2 and "is packed as labelled images (its ClassLabel column)" in result.output
     with pytest.raises(SourceError, match="its ClassLabel column 'label' makes it a labelled dataset: pack it as one"):
         pack_captions(str(saved), str(tmp_path / "out"))
-    with pytest.raises(ValueError, match="split applies to a saved HF DatasetDict"):
+    with pytest.raises(ValueError, match="split, image_column and label_column apply to a saved HF dataset"):
         pack(str(tmp_path), str(tmp_path / "out"), split="train")
+
+
+def test_a_dataset_saved_again_with_other_images_is_not_taken_for_the_one_packed(tmp_path: Path) -> None:
+    """Rows have no file size of their own: they counted as 0 bytes, and a dataset saved again with
+    every image changed was 'already packed … nothing to do', its old pixels kept."""
+    saved = _saved(tmp_path / "saved", [0, 1, 2])
+    assert CliRunner().invoke(cli, ["pack", str(saved), str(tmp_path / "out")]).exit_code == 0
+    bigger = datasets.load_from_disk(str(saved)).map(lambda row: {"image": row["image"].resize((64, 64))})
+    bigger.save_to_disk(str(tmp_path / "saved2"))
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "saved2"), str(tmp_path / "out")])
+    assert result.exit_code == 1 and "a different packed dataset" in result.output, result.output
+
+
+def test_formats_and_columns_a_dataset_was_saved_with_are_taken_or_named(tmp_path: Path) -> None:
+    # saved with a format set (torch): rows came back as tensors, and the pack ended in a traceback
+    rows = datasets.load_from_disk(str(_saved(tmp_path / "plain", [0, 1])))
+    rows.with_format("torch").save_to_disk(str(tmp_path / "torch"))
+    assert pack(str(tmp_path / "torch"), str(tmp_path / "out-torch"), workers=1).manifest.num_samples == 2
+    # two ClassLabel columns (CIFAR-100's fine and coarse labels): named with --label-column
+    two = rows.add_column("coarse", [1, 0]).cast_column("coarse", datasets.ClassLabel(names=["x", "y"]))
+    two.save_to_disk(str(tmp_path / "two"))
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "two"), str(tmp_path / "out-two")])
+    assert result.exit_code == 1 and "2 ClassLabel columns (label, coarse): name one with --label-column" in \
+        result.output, result.output
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "two"), str(tmp_path / "out-two"),
+                                      "--label-column", "coarse"])
+    assert result.exit_code == 0, result.output
+    assert list(read_manifest(Store(str(tmp_path / "out-two"))).classes or ()) == ["x", "y"]
+    # two Image columns: named with --image-column
+    images = [Image.new("RGB", (8, 6), (9 * i, 0, 0)) for i in range(2)]
+    features = datasets.Features({"image": datasets.Image(), "mask": datasets.Image(),
+                                  "label": datasets.ClassLabel(names=NAMES)})
+    datasets.Dataset.from_dict({"image": images, "mask": images, "label": [0, 1]}, features=features).save_to_disk(
+        str(tmp_path / "img2"))
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "img2"), str(tmp_path / "out-img2"),
+                                      "--format", "imagefolder"])
+    assert result.exit_code == 1 and "2 Image columns (image, mask): name one with --image-column" in result.output
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "img2"), str(tmp_path / "out-img2"),
+                                      "--format", "imagefolder", "--image-column", "mask"])
+    assert result.exit_code == 0, result.output
+    # an integer label column is no ClassLabel: said how to make it one
+    ints = rows.cast_column("label", datasets.Value("int64"))
+    ints.save_to_disk(str(tmp_path / "ints"))
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "ints"), str(tmp_path / "out-ints"),
+                                      "--format", "imagefolder"])
+    assert result.exit_code == 1 and "no ClassLabel column among image, label" in result.output
+    assert "dataset.class_encode_column(...)" in result.output and "(label holds integers)" in result.output
