@@ -49,9 +49,28 @@ class CorruptSample(LoaderError):
     replaced silently."""
 
 
-#: Samples of a shard read in a process, all differing from their CRC-32 and none matching, that
-#: make the shard one written again since its offsets file (not a few damaged samples).
-STALE_AFTER = 4
+#: Samples of a shard, spread through it, that :func:`_written_again` looks at beside one that
+#: differs from its CRC-32; at least :data:`STALE_AFTER` of them, all differing, make the shard one
+#: written again since its offsets file, not one with a few damaged samples.
+STALE_LOOKS = 8
+STALE_AFTER = 3
+
+
+def _written_again(shard: _OpenShard, bad: int) -> int:
+    """How many other samples of ``shard`` were looked at, where every one of them (at least
+    :data:`STALE_AFTER`) differs from its CRC-32 as sample ``bad`` does; 0 where any matches, or
+    too few could be looked at (a shard of a few samples: they are replaced one by one)."""
+    assert shard.crcs is not None
+    n = len(shard.offsets)
+    others = [i for i in dict.fromkeys(round(k * (n - 1) / max(STALE_LOOKS, 1)) for k in range(STALE_LOOKS + 1))
+              if i != bad and shard.crcs[i] is not None][:STALE_LOOKS]
+    if len(others) < STALE_AFTER:
+        return 0
+    for i in others:
+        offset, size = shard.offsets[i]
+        if offset + size > shard.size or crc32(os.pread(shard.fd, size, offset)) == shard.crcs[i]:
+            return 0
+    return len(others)
 
 
 class _OpenShard:
@@ -66,7 +85,7 @@ class _OpenShard:
         self.crcs = crcs  # each sample's CRC-32 from an offsets file of version 2, else None
         self.scanned = scanned  # no offsets file: the spans come from reading the shard's headers
         self.labels = labels  # (label offset, own class count or None) of its dataset, as ShardReader.labels_of
-        self.crc_ok = self.crc_bad = 0  # its samples read here whose CRC-32 matched, and differed
+        self.judged = False  # a sample of it differed from its CRC-32 and the shard was looked at whole
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1  # closed once: a second close() or __del__ must not close a reused number
@@ -324,21 +343,22 @@ class ShardReader:
 
     @staticmethod
     def _check_crc(shard: _OpenShard, sample_index: int, data: bytes | memoryview) -> None:
-        """:class:`CorruptSample` where the offsets file's CRC-32 does not match ``data``; a
-        :class:`LoaderError` for the shard once its first :data:`STALE_AFTER` samples read here
-        all differ (a shard rewritten in place: replacing its samples would train on others)."""
+        """:class:`CorruptSample` where the offsets file's CRC-32 does not match ``data``. The first
+        such sample of an open shard has the shard looked at (:func:`_written_again`): a
+        :class:`LoaderError` where it was written again (replacing its samples one by one would
+        train on others in their place)."""
         expected = shard.crcs[sample_index] if shard.crcs is not None else None
-        if expected is None:
+        if expected is None or (crc := crc32(data)) == expected:
             return
-        if (crc := crc32(data)) == expected:
-            shard.crc_ok += 1
-            return
-        shard.crc_bad += 1
-        if not shard.crc_ok and shard.crc_bad >= STALE_AFTER:
-            raise LoaderError(f"shard's bytes changed since it was packed or indexed: the {shard.crc_bad} of its "
-                              "samples read here all differ from their CRC-32 in its offsets file (written again "
-                              "in place?); pack it again, or index an adopted dataset again (shardkit index "
-                              "--overwrite)", where=shard.where)
+        if not shard.judged:
+            shard.judged = True
+            checked = _written_again(shard, sample_index)
+            if checked:
+                raise LoaderError(f"shard's bytes changed since it was packed or indexed: this sample and the "
+                                  f"{checked} others looked at, spread through it, all differ from their CRC-32 in "
+                                  "its offsets file (written again in place?); pack it again, or, if its new bytes "
+                                  "are meant, index the adopted dataset again (shardkit index --overwrite)",
+                                  where=shard.where)
         where = f"{shard.where}:{shard.keys[sample_index]}"
         raise CorruptSample(f"checksum mismatch: its bytes changed after packing or indexing (crc32 {crc:08x}, "
                             f"the offsets file says {expected:08x})", where=where)

@@ -7,6 +7,7 @@ import io
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -236,7 +237,9 @@ def test_a_damaged_offsets_file_says_what_to_do(packed: Path, tmp_path: Path) ->
 def test_a_shard_written_again_at_the_same_size_is_refused_not_replaced_sample_by_sample(
         packed: Path, tmp_path: Path) -> None:
     """Each sample's bytes differ from its CRC-32 (a shard rewritten in place, its size kept): the
-    loader replaced every one with another sample of the batch and trained on duplicates."""
+    loader replaced every one with another sample of the batch and trained on duplicates. Its
+    first differing sample has the shard looked at, whatever other shards are read meanwhile; a
+    shard whose first samples alone are damaged is not taken for one written again."""
     from shardkit import ShardLoader, transforms
 
     ds, store = _copy(packed, tmp_path)
@@ -245,11 +248,25 @@ def test_a_shard_written_again_at_the_same_size_is_refused_not_replaced_sample_b
     reader = ShardReader(store, shards)
     keys = [reader.key(0, i) for i in range(shards[0].num_samples)]
     reader.close()
-    for key in keys:
-        image = next(e for e in ("jpg", "png") if any(n.startswith(f"{key}.{e}") for n in _names(shard)))
-        _flip(shard, _member(shard, key, image) + 40, 1)
-    assert shard.stat().st_size == shards[0].num_bytes
-    loader = ShardLoader(str(ds), batch_size=4, transform=transforms.imagenet_val(32), shuffle=False)
+    original = shard.read_bytes()
+
+    def damage(which: list[str]) -> None:
+        shard.write_bytes(original)
+        for key in which:
+            image = next(e for e in ("jpg", "png") if any(n.startswith(f"{key}.{e}") for n in _names(shard)))
+            _flip(shard, _member(shard, key, image) + 40, 1)
+        assert shard.stat().st_size == shards[0].num_bytes
+
+    damage(keys)
+    kw: dict[str, Any] = {"batch_size": 4, "transform": transforms.imagenet_val(32), "shuffle": False}
     with pytest.raises(LoaderError, match=rf"{shards[0].url}: shard's bytes changed since it was packed or indexed: "
-                                          r"the 4 of its samples read here all differ from their CRC-32"):
-        list(loader)
+                                          r"this sample and the \d+ others looked at, spread through it, all differ"):
+        list(ShardLoader(str(ds), **kw))
+    reader = ShardReader(store, shards)
+    with pytest.raises(LoaderError, match="shard's bytes changed"):
+        reader.read(0, 3)  # its first read, with or without others before it
+    reader.close()
+    damage(keys[:4])  # damaged, not written again: those four are replaced, the rest read
+    loader = ShardLoader(str(ds), keys=True, **kw)
+    delivered = [k for _x, _y, ks in loader for k in ks]
+    assert loader.stats.replaced == 4 and not set(keys[:4]) & set(delivered) and set(keys[4:]) <= set(delivered)
