@@ -172,13 +172,14 @@ def pack_command(src: str, dst: str, fmt: str, annotations: str | None, drop_emp
                      "--extra-columns": extra_columns, "--images-root": images_root, "--split": split}
     given = [name for name, value in table_options.items() if value is not None]
     hf = not is_remote(src) and not is_table(src) and is_hf_dataset(src)
-    labelled_hf = hf and annotations is None and (fmt == "imagefolder" or (fmt == "auto" and (
-        label_column is not None or hf_is_labelled(src))))
+    caption_options = caption_column is not None or extra_columns is not None or images_root is not None
+    labelled_hf = hf and annotations is None and (fmt == "imagefolder" or (fmt == "auto" and not caption_options and (
+        label_column is not None or hf_is_labelled(src, split))))
     hf_options = ("--split", "--image-column")
     if labelled_hf and [name for name in given if name not in hf_options]:
         raise click.UsageError(f"{', '.join(n for n in given if n not in hf_options)}: for a caption table or a saved "
-                               f"HF dataset of image-text pairs; {src} is packed as labelled images (its ClassLabel "
-                               "column), where --split, --image-column and --label-column apply")
+                               f"HF dataset of image-text pairs (--format captions); {src} is packed as labelled "
+                               "images (--format imagefolder), where --split, --image-column and --label-column apply")
     if label_column is not None and not labelled_hf:
         raise click.UsageError(f"--label-column: for a saved HF dataset of labelled images, not {src}")
     captions = fmt == "captions" or (fmt == "auto" and annotations is None and not labelled_hf

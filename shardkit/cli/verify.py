@@ -58,7 +58,8 @@ def verify_command(dataset: str, decode: bool, quiet: bool,
     if report.unlisted:
         first = report.unlisted[0] + (f" and {len(report.unlisted) - 1:,} more" if len(report.unlisted) > 1 else "")
         them = "it" if len(report.unlisted) == 1 else "them"
-        how = ("shardkit index --overwrite indexes them with the others" if manifest.adopted else
+        plain = all(name.endswith(".tar") for name in report.unlisted)  # not compressed, not .TAR
+        how = (f"shardkit index --overwrite indexes {them} with the others" if manifest.adopted and plain else
                "shardkit index adopts shards made elsewhere, in a folder of their own, into a dataset of their own")
         click.secho(f"WARN {counted(len(report.unlisted), 'tar file')} beside the shards not in index.json: {first}; "
                     f"no loader reads {them} ({how})", fg="yellow", err=True)

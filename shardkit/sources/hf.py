@@ -42,25 +42,26 @@ def is_hf_dataset(path: str) -> bool:
         os.path.isfile(os.path.join(path, "state.json")) and os.path.isfile(os.path.join(path, "dataset_info.json")))
 
 
-def _saved_features(path: str) -> dict[str, Any]:
+def _saved_features(path: str, split: str | None = None) -> dict[str, Any]:
     """The features of a saved dataset as its ``dataset_info.json`` gives them (a DatasetDict's:
-    its first split's), without opening it; {} where they cannot be read."""
-    split = path
+    those of ``split``, else of its first split), without opening it; {} where they cannot be read."""
+    folder = path
     try:
         if os.path.isfile(os.path.join(path, "dataset_dict.json")):
             with open(os.path.join(path, "dataset_dict.json"), encoding="utf-8") as f:
-                split = os.path.join(path, json.load(f)["splits"][0])
-        with open(os.path.join(split, "dataset_info.json"), encoding="utf-8") as f:
+                splits = json.load(f)["splits"]
+            folder = os.path.join(path, split if split is not None and split in splits else str(splits[0]))
+        with open(os.path.join(folder, "dataset_info.json"), encoding="utf-8") as f:
             features = json.load(f).get("features") or {}
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return {}
     return features if isinstance(features, dict) else {}
 
 
-def hf_is_labelled(path: str) -> bool:
-    """Whether the saved HF dataset at ``path`` holds labelled images: a ``ClassLabel`` column
-    and none of the caption columns (``caption``, ``text``, ``txt``)."""
-    features = _saved_features(path)
+def hf_is_labelled(path: str, split: str | None = None) -> bool:
+    """Whether the saved HF dataset at ``path`` (its ``split``, in a DatasetDict) holds labelled
+    images: a ``ClassLabel`` column and none of the caption columns (``caption``, ``text``, ``txt``)."""
+    features = _saved_features(path, split)
     kinds = {name: f.get("_type") if isinstance(f, dict) else None for name, f in features.items()}
     return "ClassLabel" in kinds.values() and not any(c in kinds for c in _CAPTION_COLUMNS)
 
@@ -87,6 +88,8 @@ def _open(root: str, split: str | None) -> Any:
         loaded = datasets.load_from_disk(root)
     except (FileNotFoundError, ValueError, OSError) as err:
         raise SourceError(f"cannot open the saved HF dataset ({err})", where=root) from err
+    except IndexError:  # datasets' load_from_disk on a dataset saved with no row
+        raise SourceError("the saved HF dataset holds no rows", where=root) from None
     if isinstance(loaded, datasets.DatasetDict):
         if split is None:
             raise SourceError(f"a DatasetDict: name its split ({', '.join(loaded)}) with --split (split= in "
@@ -174,11 +177,11 @@ def _image_column(features: dict[str, str], image_column: str | None, where: str
 
 
 def _image_paths(ds: Any, image_column: str) -> list[str | None]:
-    """Each row's stored image path (None where it has none), without decoding an image."""
-    import datasets
+    """Each row's stored image path (None where it has none), read from the Arrow column alone: no
+    image's bytes are copied."""
+    import pyarrow.compute as pc
 
-    return [(im or {}).get("path") for im in
-            ds.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))[image_column]]
+    return list(pc.struct_field(ds.with_format("arrow")[image_column], "path").to_pylist())
 
 
 def _image_sizes(ds: Any, image_column: str, paths: Sequence[str | None]) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -292,7 +293,11 @@ def test_compressed_or_upper_case_shards_beside_tar_ones_are_refused_not_left_ou
     result = CliRunner().invoke(cli, ["verify", str(root)])
     assert "1 tar file beside the shards not in index.json" in result.output, result.output
     assert str(root / "shard-000003.tgz") in result.output
-    assert "(shardkit index --overwrite indexes them with the others)" in result.output  # an adopted set
+    assert "(shardkit index adopts shards made elsewhere" in result.output  # compressed: no --overwrite takes it
+    (root / "shard-000003.tgz").unlink()
+    shutil.copy(root / "shard-000000.tar", root / "shard-000004.tar")
+    result = CliRunner().invoke(cli, ["verify", str(root)])
+    assert "no loader reads it (shardkit index --overwrite indexes it with the others)" in result.output  # adopted
 
 
 def test_two_labels_of_one_class_name_in_the_json_are_refused_as_classes_are(tmp_path: Path) -> None:

@@ -98,8 +98,17 @@ def test_a_dataset_dict_needs_its_split_and_rows_without_a_label_are_skipped(tmp
 
 def test_caption_options_and_the_caption_route_say_what_a_labelled_dataset_is(tmp_path: Path) -> None:
     saved = _saved(tmp_path / "saved", [0, 1])
-    result = CliRunner().invoke(cli, ["pack", str(saved), str(tmp_path / "out"), "--caption-column", "label"])
-    assert result.exit_code == 2 and "is packed as labelled images (its ClassLabel column)" in result.output
+    result = CliRunner().invoke(cli, ["pack", str(saved), str(tmp_path / "out"), "--format", "imagefolder",
+                                      "--caption-column", "label"])
+    assert result.exit_code == 2 and "(--format captions); " in result.output and \
+        "is packed as labelled images (--format imagefolder)" in result.output, result.output
+    # a caption option chooses the captions route for a dataset that has a ClassLabel too
+    rows = datasets.load_from_disk(str(saved)).add_column("description", ["a cat", "a dog"])
+    rows.save_to_disk(str(tmp_path / "both"))
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "both"), str(tmp_path / "out-both"),
+                                      "--caption-column", "description"])
+    assert result.exit_code == 0, result.output
+    assert read_manifest(Store(str(tmp_path / "out-both"))).kind == "captions"
     with pytest.raises(SourceError, match="its ClassLabel column 'label' makes it a labelled dataset: pack it as one"):
         pack_captions(str(saved), str(tmp_path / "out"))
     with pytest.raises(ValueError, match="split, image_column and label_column apply to a saved HF dataset"):
@@ -115,6 +124,19 @@ def test_a_dataset_saved_again_with_other_images_is_not_taken_for_the_one_packed
     bigger.save_to_disk(str(tmp_path / "saved2"))
     result = CliRunner().invoke(cli, ["pack", str(tmp_path / "saved2"), str(tmp_path / "out")])
     assert result.exit_code == 1 and "a different packed dataset" in result.output, result.output
+
+
+def test_a_split_is_judged_by_its_own_columns_and_an_empty_dataset_is_said(tmp_path: Path) -> None:
+    """A DatasetDict whose first split has integer labels and whose train split a ClassLabel: auto
+    went by the first split's columns and took the captions route."""
+    labelled = datasets.load_from_disk(str(_saved(tmp_path / "one", [0, 1])))
+    plain = labelled.cast_column("label", datasets.Value("int64"))
+    datasets.DatasetDict({"test": plain, "train": labelled}).save_to_disk(str(tmp_path / "dd"))
+    result = CliRunner().invoke(cli, ["pack", str(tmp_path / "dd"), str(tmp_path / "out"), "--split", "train"])
+    assert result.exit_code == 0, result.output
+    labelled.select([]).save_to_disk(str(tmp_path / "empty"))
+    with pytest.raises(SourceError, match="holds no rows"):
+        pack(str(tmp_path / "empty"), str(tmp_path / "out-empty"))
 
 
 def test_formats_and_columns_a_dataset_was_saved_with_are_taken_or_named(tmp_path: Path) -> None:
