@@ -328,22 +328,17 @@ def test_a_bad_local_world_size_does_not_stop_a_loader_with_a_worker_count(packe
 def test_a_transform_spawned_workers_cannot_take_is_named_in_one_line(packed: Path, tmp_path: Path) -> None:
     """Workers started by 'spawn' (or forkserver: Python 3.14's default on Linux) get the transform
     pickled: a lambda was torch's PicklingError from deep in DataLoader's start."""
-    import os
-    import subprocess
-    import sys
+    from tests.scripts import run_script_file
 
-    script = tmp_path / "train.py"
-    script.write_text("import multiprocessing, shardkit\n"
-                      "if __name__ == '__main__':\n"
-                      "    multiprocessing.set_start_method('spawn')\n"
-                      f"    loader = shardkit.ShardLoader({str(packed)!r}, batch_size=4, num_workers=2,\n"
-                      "                                  transform=lambda image: image)\n"
-                      "    try:\n"
-                      "        next(iter(loader))\n"
-                      "    except shardkit.LoaderError as err:\n"
-                      "        print(err)\n")
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    run = run_script_file(tmp_path / "train.py", "import multiprocessing, shardkit\n"
+                                                 "if __name__ == '__main__':\n"
+                                                 "    multiprocessing.set_start_method('spawn')\n"
+                                                 f"    loader = shardkit.ShardLoader({str(packed)!r}, batch_size=4, "
+                                                 "num_workers=2, transform=lambda image: image)\n"
+                                                 "    try:\n"
+                                                 "        next(iter(loader))\n"
+                                                 "    except shardkit.LoaderError as err:\n"
+                                                 "        print(err)\n")
     assert run.returncode == 0, run.stderr[-2000:]
     said = run.stdout.strip()
     assert said.startswith("the worker processes start by 'spawn', which sends them the loader's transform and "

@@ -100,22 +100,20 @@ def test_pack_at_the_top_level_of_a_script_without_the_main_guard_says_so(small_
     """Spawned writers import the script that started them: one calling pack() at its top level
     would pack again in each of them. The writers stop at once and the pack says what to write;
     nothing is published, and the same script with the guard packs (resuming)."""
-    import subprocess
-    import sys
+    from tests.scripts import run_script_file
 
     dst = tmp_path / "out"
     call = f"pack({str(small_tree)!r}, {str(dst)!r}, workers=2, options=PackOptions(max_count=4))"
     script = tmp_path / "train.py"
-    script.write_text(f"from shardkit.pack import PackOptions, pack\n{call}\n")
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    run = run_script_file(script, f"from shardkit.pack import PackOptions, pack\n{call}\n")
     assert run.returncode == 1 and not (dst / "index.json").exists()
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("shardkit.errors.PackError: the pack call ran again in the writer processes") and \
         "if __name__ == \"__main__\":" in last, run.stderr[-2000:]
     assert "another pack" not in run.stderr
-    script.write_text(f"from shardkit.pack import PackOptions, pack\nif __name__ == '__main__':\n    {call}\n")
-    subprocess.run([sys.executable, str(script)], check=True, env=env, timeout=120)
+    guarded = f"from shardkit.pack import PackOptions, pack\nif __name__ == '__main__':\n    {call}\n"
+    again = run_script_file(script, guarded)
+    assert again.returncode == 0, again.stderr[-2000:]
     assert verify_dataset(str(dst)).ok
 
 
@@ -123,18 +121,14 @@ def test_a_script_packing_at_its_top_level_keeps_its_own_spawned_processes(small
     """Only the pack's own writers stop when they meet the pack call: a spawn pool of the script's
     own imports the script too, and its processes find the dataset packed (they hung, restarted
     one after another, while every spawned process stopped there)."""
-    import subprocess
-    import sys
+    from tests.scripts import run_script_file
 
     dst = tmp_path / "out"
-    script = tmp_path / "job.py"
-    script.write_text("import multiprocessing\nfrom shardkit.pack import PackOptions, pack\n"
-                      f"pack({str(small_tree)!r}, {str(dst)!r}, workers=1, options=PackOptions(max_count=4))\n"
-                      "def double(x):\n    return 2 * x\n"
-                      "if __name__ == '__main__':\n"
-                      "    with multiprocessing.get_context('spawn').Pool(2) as pool:\n"
-                      "        print(pool.map(double, [1, 2]))\n")
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    run = run_script_file(tmp_path / "job.py", "import multiprocessing\nfrom shardkit.pack import PackOptions, pack\n"
+                          f"pack({str(small_tree)!r}, {str(dst)!r}, workers=1, options=PackOptions(max_count=4))\n"
+                          "def double(x):\n    return 2 * x\n"
+                          "if __name__ == '__main__':\n"
+                          "    with multiprocessing.get_context('spawn').Pool(2) as pool:\n"
+                          "        print(pool.map(double, [1, 2]))\n")
     assert run.returncode == 0 and run.stdout.strip() == "[2, 4]", run.stderr[-2000:]
     assert verify_dataset(str(dst)).ok
