@@ -176,30 +176,24 @@ def _image_column(features: dict[str, str], image_column: str | None, where: str
     return image_column
 
 
-def _image_paths(ds: Any, image_column: str) -> list[str | None]:
-    """Each row's stored image path (None where it has none), read from the Arrow column alone: no
-    image's bytes are copied."""
+def _image_rows(ds: Any, image_column: str) -> tuple[list[str | None], list[int]]:
+    """Each row's stored image path (None where it has none) and size in bytes, read from the
+    Arrow column alone (no image's bytes copied): the stored bytes' length (from the offsets), else
+    the size of the file its path names, else 0. The sizes size the shards (``max_size``) and tell
+    a dataset saved again with other images from the one packed."""
     import pyarrow.compute as pc
 
-    return list(pc.struct_field(ds.with_format("arrow")[image_column], "path").to_pylist())
-
-
-def _image_sizes(ds: Any, image_column: str, paths: Sequence[str | None]) -> list[int]:
-    """Each row's image size in bytes: its stored bytes' length (read from the Arrow offsets, no
-    image bytes touched), else the size of the file its path names, else 0. They size the shards
-    (``max_size``) and tell a dataset saved again with other images from the one packed."""
-    import pyarrow.compute as pc
-
-    lengths = pc.binary_length(pc.struct_field(ds.with_format("arrow")[image_column], "bytes")).to_pylist()
+    column = ds.with_format("arrow")[image_column]
+    paths = list(pc.struct_field(column, "path").to_pylist())
     sizes = []
-    for length, path in zip(lengths, paths, strict=True):
+    for length, path in zip(pc.binary_length(pc.struct_field(column, "bytes")).to_pylist(), paths, strict=True):
         if length is None and path:
             try:
                 length = os.stat(path).st_size
             except OSError:
                 length = 0
         sizes.append(length or 0)
-    return sizes
+    return paths, sizes
 
 
 def scan_hf_labelled(root: str, *, split: str | None = None, image_column: str | None = None,
@@ -245,8 +239,7 @@ def scan_hf_labelled(root: str, *, split: str | None = None, image_column: str |
     classes = list(ds.features[label_column].names)
     version = _files_version(root)
     samples, warnings = [], []
-    paths = _image_paths(ds, image_column)
-    sizes = _image_sizes(ds, image_column, paths)
+    paths, sizes = _image_rows(ds, image_column)
     for i, (label, path, size) in enumerate(zip(ds[label_column], paths, sizes, strict=True)):
         rel = path or f"row {i + 1}"
         row = f"row {i + 1}: " if path else ""  # a source named by its row says it once
@@ -313,8 +306,7 @@ def scan_hf_dataset(
     version = _files_version(root)
     texts = ds[caption_column]
     values = {name: ds[name] for name in extras}
-    paths = _image_paths(ds, image_column)
-    sizes = _image_sizes(ds, image_column, paths)
+    paths, sizes = _image_rows(ds, image_column)
     samples, warnings = [], []
     for i, (text, path, size) in enumerate(zip(texts, paths, sizes, strict=True)):
         rel = path or f"row {i + 1}"
