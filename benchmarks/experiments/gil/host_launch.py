@@ -3,12 +3,12 @@ and fed by ShardLoader: whether a loader slows the step through the host (GIL, c
 
 A compiled step is *device-bound* while the host launches its kernels faster than the GPU runs
 them; the host then runs ahead and a loader's host work costs the step nothing. Once the time
-to launch a step (the host time inside the step's call) reaches its device time, every
+to launch a step (the host time inside the step's call) reaches its GPU time, every
 millisecond the loader's threads take from the training thread (the GIL, a core) is a
 millisecond of the step's wall time. This script times, in one process and in alternating
 rounds, the step on one fixed batch (*synthetic*) and fed by ShardLoader at each ``--workers``
 count: wall time per step, host time inside the step's call (*launch*), time in ``next``
-(*wait*), and the device time of the step alone (CUDA events around a synchronised step).
+(*wait*), and the GPU time of the step alone (CUDA events around a synchronised step).
 ``--switch-intervals`` repeats each fed row under other values of ``sys.setswitchinterval``
 (how long a thread that wants the GIL waits before it asks the holder to drop it; Python's
 default is 5 ms), set while that row's loader runs.
@@ -55,7 +55,7 @@ def timed(step: TrainStep, batches: Iterator[Any], n: int) -> tuple[float, float
 
 
 def device_ms(step: TrainStep, batch: tuple[torch.Tensor, torch.Tensor], n: int = 10) -> float:
-    """Device time of one step with the host waiting between steps (nothing queued behind it)."""
+    """GPU time of one step with the host waiting between steps (nothing queued behind it)."""
     times = []
     for _ in range(n):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
